@@ -1,0 +1,1 @@
+"""REST API (FastAPI) and the pages of the event browser."""

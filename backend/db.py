@@ -1,0 +1,68 @@
+"""Database engine and sessions (SQLAlchemy 2).
+
+SQLite (embedded mode) gets WAL journaling, foreign keys and a busy timeout so the API
+process and the worker process can share one file; PostgreSQL is used as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.settings import get_settings
+
+__all__ = ["make_engine", "get_engine", "get_sessionmaker", "session_scope"]
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine for ``url`` with the pragmas this project needs."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+@lru_cache
+def get_engine() -> Engine:
+    """The process-wide engine for ``Settings.sqlalchemy_url``."""
+    return make_engine(get_settings().sqlalchemy_url)
+
+
+@lru_cache
+def get_sessionmaker() -> sessionmaker[Session]:
+    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope() -> Iterator[Session]:
+    """A session that commits on success and rolls back on any exception."""
+    session = get_sessionmaker()()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def reset_caches() -> None:
+    """Forget the cached engine and sessionmaker (after settings change, in tests)."""
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_sessionmaker.cache_clear()

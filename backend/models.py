@@ -1,0 +1,301 @@
+"""The data model (SQLAlchemy 2, typed ``Mapped`` columns).
+
+Tables: ``channels``, ``frames``, ``calibration_files``, ``products`` (with the
+``product_calibration_files`` lineage table), ``jobs`` and ``events`` (with
+``event_frames``/``event_products`` links and ``event_associations``).
+
+Times are stored timezone-aware (UTC). Names follow the field: DATE-OBS is
+``Frame.date_obs``, HEK event codes in ``Event.event_type`` (FL flare, CE CME, PR
+prominence, AR active region, CH coronal hole), helioprojective x/y in arcsec, position
+angle in degrees counter-clockwise from solar north.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import uuid
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+__all__ = [
+    "Base",
+    "Channel",
+    "Frame",
+    "CalibrationKind",
+    "CalibrationFile",
+    "ProductState",
+    "Product",
+    "ProductCalibrationFile",
+    "JobState",
+    "Job",
+    "Event",
+    "EventFrame",
+    "EventProduct",
+    "EventAssociation",
+    "utcnow",
+]
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        dt.datetime: DateTime(timezone=True),
+        dict[str, Any]: JSON,
+        list[Any]: JSON,
+    }
+
+
+class Channel(Base):
+    """One of LST's four channels (SDI, WST, SCI-UV, SCI-WL) with its nominal geometry."""
+
+    __tablename__ = "channels"
+
+    code: Mapped[str] = mapped_column(String(16), primary_key=True)
+    instrument: Mapped[str] = mapped_column(String(8))
+    description: Mapped[str] = mapped_column(String(200))
+    wavelength_nm: Mapped[float] = mapped_column(Float)
+    bandwidth_nm: Mapped[float] = mapped_column(Float)
+    naxis: Mapped[int] = mapped_column(Integer)
+    plate_scale_arcsec: Mapped[float] = mapped_column(Float)
+    fov_rsun_min: Mapped[float | None] = mapped_column(Float)
+    fov_rsun_max: Mapped[float] = mapped_column(Float)
+    bunit: Mapped[str] = mapped_column(String(40))
+    cadence_s: Mapped[float] = mapped_column(Float)
+
+
+class Frame(Base):
+    """One raw observation (L0/L1 file) as ingested. Unique on the file's sha256."""
+
+    __tablename__ = "frames"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel_code: Mapped[str] = mapped_column(ForeignKey("channels.code"), index=True)
+    date_obs: Mapped[dt.datetime] = mapped_column(index=True)
+    exposure_s: Mapped[float] = mapped_column(Float)
+    level: Mapped[str] = mapped_column(String(8), default="L1")
+    naxis1: Mapped[int] = mapped_column(Integer)
+    naxis2: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    original_name: Mapped[str] = mapped_column(String(255))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    header: Mapped[dict[str, Any]] = mapped_column(JSON)
+    quality_flags: Mapped[int] = mapped_column(Integer, default=0)
+    ingested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    channel: Mapped[Channel] = relationship()
+    products: Mapped[list[Product]] = relationship(back_populates="frame")
+
+    __table_args__ = (Index("ix_frames_channel_date_obs", "channel_code", "date_obs"),)
+
+
+class CalibrationKind(str, enum.Enum):
+    dark = "dark"
+    flat = "flat"
+    stray_light = "stray_light"
+    radiometric = "radiometric"
+    mask_geometry = "mask_geometry"
+    psf = "psf"
+
+
+class CalibrationFile(Base):
+    """A versioned calibration input (master dark, flat, stray-light model, ...).
+
+    Selection rule: the newest ``version`` of a ``kind`` for a channel whose validity
+    interval contains the frame's DATE-OBS, unless a job pins a version.
+    """
+
+    __tablename__ = "calibration_files"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel_code: Mapped[str] = mapped_column(ForeignKey("channels.code"))
+    kind: Mapped[CalibrationKind] = mapped_column(Enum(CalibrationKind, native_enum=False, length=20))
+    version: Mapped[int] = mapped_column(Integer)
+    valid_from: Mapped[dt.datetime] = mapped_column()
+    valid_to: Mapped[dt.datetime | None] = mapped_column()
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    description: Mapped[str] = mapped_column(String(400), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("channel_code", "kind", "version"),
+        Index("ix_calibration_files_lookup", "channel_code", "kind", "valid_from"),
+    )
+
+
+class ProductState(str, enum.Enum):
+    planned = "planned"
+    writing = "writing"
+    written = "written"
+    failed = "failed"
+
+
+class Product(Base):
+    """An L2 product: one frame calibrated with one calibration set and parameter set.
+
+    Unique on (frame, calibration set, parameters hash): running the same job twice adds
+    nothing; a new calibration file makes a new product version and keeps the old one.
+    """
+
+    __tablename__ = "products"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), index=True)
+    level: Mapped[str] = mapped_column(String(8), default="L2")
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    calibration_key: Mapped[str] = mapped_column(String(200))
+    params_hash: Mapped[str] = mapped_column(String(64))
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    software_version: Mapped[str] = mapped_column(String(40))
+    state: Mapped[ProductState] = mapped_column(
+        Enum(ProductState, native_enum=False, length=16), default=ProductState.planned, index=True
+    )
+    error: Mapped[str | None] = mapped_column(Text)
+    path: Mapped[str | None] = mapped_column(Text)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    quicklook_path: Mapped[str | None] = mapped_column(Text)
+    header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    frame: Mapped[Frame] = relationship(back_populates="products")
+    calibration_files: Mapped[list[CalibrationFile]] = relationship(
+        secondary="product_calibration_files", viewonly=True
+    )
+
+    __table_args__ = (UniqueConstraint("frame_id", "calibration_key", "params_hash"),)
+
+
+class ProductCalibrationFile(Base):
+    """Lineage: which calibration files made which product."""
+
+    __tablename__ = "product_calibration_files"
+
+    product_id: Mapped[int] = mapped_column(ForeignKey("products.id", ondelete="CASCADE"), primary_key=True)
+    calibration_file_id: Mapped[int] = mapped_column(
+        ForeignKey("calibration_files.id", ondelete="RESTRICT"), primary_key=True, index=True
+    )
+
+
+class JobState(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Job(Base):
+    """A (re)calibration request: channels, time range, pinned calibration versions."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    owner: Mapped[str] = mapped_column(String(100), default="anonymous")
+    kind: Mapped[str] = mapped_column(String(32), default="calibrate")
+    parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[JobState] = mapped_column(
+        Enum(JobState, native_enum=False, length=16), default=JobState.queued, index=True
+    )
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    done: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    skipped: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column()
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class Event(Base):
+    """A solar event, detected on LST products or imported from a catalogue.
+
+    ``event_type`` is the HEK code (FL, CE, PR, AR, CH, ...). ``source`` is ``detected``
+    or the catalogue name (``goes_xrs``, ``cdaw``, ``hek``, ``donki``, ``lst_wst``,
+    ``noaa_srs``); ``source_key`` identifies the row within its source, so re-importing is a
+    no-op (unique on source, source_key).
+    """
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    event_type: Mapped[str] = mapped_column(String(4), index=True)
+    source: Mapped[str] = mapped_column(String(32), index=True)
+    source_key: Mapped[str] = mapped_column(String(200))
+    start_time: Mapped[dt.datetime] = mapped_column(index=True)
+    peak_time: Mapped[dt.datetime | None] = mapped_column()
+    end_time: Mapped[dt.datetime | None] = mapped_column(index=True)
+    channels: Mapped[str | None] = mapped_column(String(64))
+    hpc_x: Mapped[float | None] = mapped_column(Float)
+    hpc_y: Mapped[float | None] = mapped_column(Float)
+    hgs_lat: Mapped[float | None] = mapped_column(Float)
+    hgs_lon: Mapped[float | None] = mapped_column(Float)
+    position_angle: Mapped[float | None] = mapped_column(Float)
+    angular_width: Mapped[float | None] = mapped_column(Float)
+    speed_km_s: Mapped[float | None] = mapped_column(Float)
+    goes_class: Mapped[str | None] = mapped_column(String(8))
+    peak_value: Mapped[float | None] = mapped_column(Float)
+    peak_unit: Mapped[str | None] = mapped_column(String(40))
+    noaa_ar: Mapped[int | None] = mapped_column(Integer)
+    frm_name: Mapped[str | None] = mapped_column(String(100))
+    frm_version: Mapped[str | None] = mapped_column(String(40))
+    description: Mapped[str | None] = mapped_column(Text)
+    attributes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("source", "source_key"),
+        Index("ix_events_type_start", "event_type", "start_time"),
+    )
+
+
+class EventFrame(Base):
+    __tablename__ = "event_frames"
+    event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True)
+
+
+class EventProduct(Base):
+    __tablename__ = "event_products"
+    event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
+    product_id: Mapped[int] = mapped_column(ForeignKey("products.id", ondelete="CASCADE"), primary_key=True)
+
+
+class EventAssociation(Base):
+    """A link between two events (e.g. a WST white-light flare and its GOES flare)."""
+
+    __tablename__ = "event_associations"
+    event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
+    other_event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), default="same_event")

@@ -1,0 +1,146 @@
+"""Runtime settings, read from the environment (pydantic-settings).
+
+Two modes share one settings class:
+
+* **embedded** (the default, the demo): SQLite file, product store on local disk and a
+  Celery broker that lives on local disk (kombu's ``filesystem://`` transport), so a worker
+  needs no server;
+* **production**: ``DATABASE_URL`` (PostgreSQL through psycopg 3), ``CELERY_BROKER_URL`` and
+  ``CELERY_RESULT_BACKEND`` (Redis), products on a shared file system.
+
+Every field is named by the environment variable that sets it (see ``Settings``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings", "ENV_NAMES"]
+
+
+def _alias(name: str) -> AliasChoices:
+    return AliasChoices(name, f"LSTDP_{name}")
+
+
+class Settings(BaseSettings):
+    """All run-time settings of the platform.
+
+    Environment variables (each also accepted with an ``LSTDP_`` prefix):
+
+    ``DATA_DIR``
+        Root of the local store: SQLite file, raw files, products, quarantine, broker
+        folders. Default ``./var``.
+    ``DATABASE_URL``
+        SQLAlchemy URL. Default ``sqlite:///<DATA_DIR>/lstdp.sqlite3``. PostgreSQL:
+        ``postgresql+psycopg://user@host:5432/db``.
+    ``CELERY_BROKER_URL``
+        Default ``filesystem://`` (broker folders under ``DATA_DIR/broker``). Production:
+        ``redis://host:6379/0``.
+    ``CELERY_RESULT_BACKEND``
+        Default ``file://<DATA_DIR>/celery-results``. Production: ``redis://host:6379/1``.
+    ``PRODUCT_DIR``, ``RAW_DIR``, ``QUARANTINE_DIR``, ``CALIBRATION_DIR``
+        Sub-stores; default to folders under ``DATA_DIR``.
+    ``HOST``, ``PORT``
+        Where ``lstdp serve`` listens. Default 127.0.0.1:8000.
+    ``WORKER_QUEUES``
+        Comma-separated Celery queues a worker consumes. Default ``cpu``.
+    ``ARRAY_BACKEND``
+        ``numpy`` or ``cupy``: the array library of the calibration kernels. Default numpy.
+    ``SAMPLE_DATA_DIR``
+        The real solar files shipped with the project. Default ``<repo>/sample-data/real``.
+    """
+
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+
+    data_dir: Path = Field(default=Path("var"), validation_alias=_alias("DATA_DIR"))
+    database_url: str | None = Field(default=None, validation_alias=_alias("DATABASE_URL"))
+    celery_broker_url: str = Field(default="filesystem://", validation_alias=_alias("CELERY_BROKER_URL"))
+    celery_result_backend: str | None = Field(default=None, validation_alias=_alias("CELERY_RESULT_BACKEND"))
+    product_dir: Path | None = Field(default=None, validation_alias=_alias("PRODUCT_DIR"))
+    raw_dir: Path | None = Field(default=None, validation_alias=_alias("RAW_DIR"))
+    quarantine_dir: Path | None = Field(default=None, validation_alias=_alias("QUARANTINE_DIR"))
+    calibration_dir: Path | None = Field(default=None, validation_alias=_alias("CALIBRATION_DIR"))
+    host: str = Field(default="127.0.0.1", validation_alias=_alias("HOST"))
+    port: int = Field(default=8000, ge=1, le=65535, validation_alias=_alias("PORT"))
+    worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
+    array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
+    sample_data_dir: Path = Field(
+        default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
+        validation_alias=_alias("SAMPLE_DATA_DIR"),
+    )
+
+    @field_validator("array_backend")
+    @classmethod
+    def _check_backend(cls, v: str) -> str:
+        if v not in {"numpy", "cupy"}:
+            raise ValueError("ARRAY_BACKEND must be 'numpy' or 'cupy'")
+        return v
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        return self.data_dir.resolve()
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.root / 'lstdp.sqlite3'}"
+
+    @property
+    def embedded(self) -> bool:
+        """True when the broker needs no server (the demo mode)."""
+        return self.celery_broker_url.startswith("filesystem://") or self.celery_broker_url.startswith("memory://")
+
+    @property
+    def result_backend(self) -> str:
+        return self.celery_result_backend or f"file://{self.root / 'celery-results'}"
+
+    @property
+    def products(self) -> Path:
+        return (self.product_dir or self.root / "products").resolve()
+
+    @property
+    def raw(self) -> Path:
+        return (self.raw_dir or self.root / "raw").resolve()
+
+    @property
+    def quarantine(self) -> Path:
+        return (self.quarantine_dir or self.root / "quarantine").resolve()
+
+    @property
+    def calibration(self) -> Path:
+        return (self.calibration_dir or self.root / "calibration").resolve()
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.root / "broker"
+
+    def ensure_dirs(self) -> None:
+        """Create every local folder the settings point at."""
+        for p in (self.root, self.products, self.raw, self.quarantine, self.calibration,
+                  self.broker_dir / "in", self.broker_dir / "processed"):
+            p.mkdir(parents=True, exist_ok=True)
+        if self.result_backend.startswith("file://"):
+            Path(self.result_backend[len("file://"):]).mkdir(parents=True, exist_ok=True)
+
+
+def _env_names() -> set[str]:
+    names: set[str] = set()
+    for f in Settings.model_fields.values():
+        alias = f.validation_alias
+        if isinstance(alias, AliasChoices):
+            names.update(str(c) for c in alias.choices)
+    return names
+
+
+#: Every environment variable the settings read (used by the docker-compose test).
+ENV_NAMES: frozenset[str] = frozenset(_env_names())
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (cached; tests call ``get_settings.cache_clear()``)."""
+    return Settings()
