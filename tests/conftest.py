@@ -1,0 +1,109 @@
+"""Shared fixtures.
+
+* ``pg_url``/``pg_engine``: a fresh PostgreSQL database for the test session (server at
+  127.0.0.1:5432, user postgres, trust auth; override with ``LSTDP_TEST_PG_ADMIN``),
+  migrated with Alembic, dropped at the end.
+* ``db_session``: a session on that database inside a transaction rolled back at the end
+  of the test (handlers may ``commit()``: they release a SAVEPOINT only).
+* ``sqlite_env``: embedded-mode settings in a temporary DATA_DIR (SQLite, migrated).
+* ``SAMPLE``: the real solar files shipped with the project (``sample-data/real``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+
+from backend import db as dbmod
+from backend.migrate import upgrade
+from backend.settings import get_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample-data" / "real"
+PG_ADMIN = os.environ.get("LSTDP_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+def _pg_base() -> str:
+    return PG_ADMIN.rsplit("/", 1)[0]
+
+
+def create_pg_database(prefix: str = "lstdp_test") -> str:
+    """Create an empty PostgreSQL database and return its URL."""
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return f"{_pg_base()}/{name}"
+
+
+def drop_pg_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url():
+    url = create_pg_database()
+    upgrade(url)
+    yield url
+    drop_pg_database(url)
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url):
+    engine = dbmod.make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db_session(pg_engine):
+    conn = pg_engine.connect()
+    trans = conn.begin()
+    session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+    try:
+        yield session
+    finally:
+        session.close()
+        trans.rollback()
+        conn.close()
+
+
+@pytest.fixture
+def settings_env(monkeypatch, tmp_path):
+    """Point the settings at a temporary DATA_DIR; returns a function to apply overrides."""
+
+    def apply(**env: str):
+        for k in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATA_DIR"):
+            monkeypatch.delenv(k, raising=False)
+            monkeypatch.delenv(f"LSTDP_{k}", raising=False)
+        monkeypatch.setenv("DATA_DIR", str(tmp_path / "var"))
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        dbmod.reset_caches()
+        s = get_settings()
+        s.ensure_dirs()
+        return s
+
+    yield apply
+    get_settings.cache_clear()
+    dbmod.reset_caches()
+
+
+@pytest.fixture
+def sqlite_env(settings_env):
+    """Embedded-mode settings (SQLite in a temporary DATA_DIR), migrated."""
+    s = settings_env()
+    upgrade(s.sqlalchemy_url)
+    return s
