@@ -1,0 +1,123 @@
+"""Recalibration jobs: validate, store, enqueue, follow.
+
+A job row is committed first and only then sent to the broker (Celery guide: enqueue after
+the DB commit), so a worker never sees a job id that is not yet visible.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend.models import CalibrationFile, CalibrationKind, Job, JobState
+from pipelines.channels import CHANNELS, get_channel
+from pipelines.errors import DataError
+
+__all__ = ["JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
+
+
+class JobRequestError(DataError):
+    """A job request that cannot be run (unknown channel, pinned version that does not exist...)."""
+
+
+class JobRequest(BaseModel):
+    """What a user asks for: recalibrate these channels over this DATE-OBS range.
+
+    ``pinned_calibrations`` maps a calibration kind (dark, flat, stray_light, radiometric,
+    mask_geometry, psf) to a version number, applied to every requested channel that has
+    it; unpinned kinds use the newest version valid at each frame's DATE-OBS.
+    """
+
+    channels: list[str] = Field(min_length=1, description="LST channels: SDI, WST, SCI-UV, SCI-WL")
+    start: dt.datetime = Field(description="DATE-OBS range start (UTC, ISO 8601)")
+    end: dt.datetime = Field(description="DATE-OBS range end (UTC, ISO 8601)")
+    pinned_calibrations: dict[str, int] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)
+    owner: str = Field(default="anonymous", max_length=100)
+
+    @field_validator("channels")
+    @classmethod
+    def _channels(cls, v: list[str]) -> list[str]:
+        out = []
+        for c in v:
+            try:
+                out.append(get_channel(c).code)
+            except KeyError:
+                raise ValueError(f"unknown channel {c!r}; expected one of {', '.join(CHANNELS)}") from None
+        return sorted(set(out))
+
+    @field_validator("start", "end")
+    @classmethod
+    def _utc(cls, v: dt.datetime) -> dt.datetime:
+        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+
+    @field_validator("pinned_calibrations")
+    @classmethod
+    def _kinds(cls, v: dict[str, int]) -> dict[str, int]:
+        kinds = {k.value for k in CalibrationKind}
+        for k, ver in v.items():
+            if k not in kinds:
+                raise ValueError(f"unknown calibration kind {k!r}; expected one of {', '.join(sorted(kinds))}")
+            if ver < 1:
+                raise ValueError(f"calibration version must be >= 1, got {ver} for {k}")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> JobRequest:
+        if self.end < self.start:
+            raise ValueError("end is before start")
+        return self
+
+
+def enqueue_job(job_id: str) -> None:
+    """Send the job to the broker (queue ``cpu``); returns at once."""
+    from pipelines.tasks import run_job
+
+    run_job.apply_async(args=[job_id], queue="cpu")
+
+
+def submit_job(session: Session, req: JobRequest, *, enqueue: bool = True) -> Job:
+    """Validate ``req`` against the database, store a ``queued`` job, commit, enqueue it.
+
+    Raises
+    ------
+    JobRequestError
+        If a pinned calibration version does not exist for any requested channel.
+    """
+    for kind, version in req.pinned_calibrations.items():
+        n = session.scalar(
+            select(func.count()).select_from(CalibrationFile).where(
+                CalibrationFile.kind == CalibrationKind(kind),
+                CalibrationFile.version == version,
+                CalibrationFile.channel_code.in_(req.channels),
+            )
+        )
+        if not n:
+            raise JobRequestError(
+                f"no {kind} calibration file version {version} for channel(s) {', '.join(req.channels)}"
+            )
+    job = Job(
+        owner=req.owner,
+        kind="calibrate",
+        parameters=req.model_dump(mode="json", exclude={"owner"}),
+        state=JobState.queued,
+    )
+    session.add(job)
+    session.commit()
+    if enqueue:
+        enqueue_job(job.id)
+    return job
+
+
+def get_job(session: Session, job_id: str) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def list_jobs(session: Session, *, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    total = session.scalar(select(func.count()).select_from(Job)) or 0
+    rows = list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit).offset(offset)))
+    return rows, total
