@@ -214,12 +214,16 @@ def read_image(path: str | os.PathLike, *, warn: bool = False) -> RawImage:
     except OSError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "SIMPLE" in msg or "Empty or corrupt" in msg or "header" in msg.lower():
-            raise FitsReadError(f"not a FITS file ({msg})") from None
+            with open(p, "rb") as f:
+                head = f.read(24).decode("ascii", "replace").split("\n")[0].strip()
+            raise FitsReadError(f"not a FITS file: no SIMPLE card, it starts with {head!r}") from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
     except (TypeError, ValueError, IndexError, EOFError) as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "buffer is too small" in msg or "cannot reshape" in msg:
-            raise FitsReadError(f"truncated file: the data unit is shorter than NAXIS implies ({msg})") from None
+            raise FitsReadError(
+                f"truncated file: {p.stat().st_size} bytes, too short for the data unit its header declares"
+            ) from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
     if data.ndim != 2:
         if data.ndim == 3 and data.shape[0] == 1:

@@ -1,0 +1,377 @@
+"""The ``lstdp`` command: demo, serve, worker, simulate, ingest, import-events, calibrate,
+detect, db upgrade/downgrade.
+
+Run ``lstdp COMMAND --help`` for each command's options. Settings come from the
+environment (see :mod:`backend.settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+DEMO_SIZES = {"SDI": 1152, "WST": 1152, "SCI-UV": 1024, "SCI-WL": 1024}
+FULL_SIZES = {"SDI": 4608, "WST": 4608, "SCI-UV": 2048, "SCI-WL": 2048}
+
+
+def _settings():
+    from backend.settings import get_settings
+
+    s = get_settings()
+    s.ensure_dirs()
+    return s
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+# --------------------------------------------------------------------------------- commands
+def cmd_db(args) -> int:
+    from backend.migrate import downgrade, upgrade
+
+    s = _settings()
+    if args.action == "upgrade":
+        upgrade(s.sqlalchemy_url, args.revision or "head")
+        _say(f"database at {s.sqlalchemy_url.split('@')[-1]} is at {args.revision or 'head'}")
+    else:
+        downgrade(s.sqlalchemy_url, args.revision or "base")
+        _say(f"database downgraded to {args.revision or 'base'}")
+    return 0
+
+
+def cmd_simulate(args) -> int:
+    from pipelines.simulate import simulate
+
+    sizes = FULL_SIZES if args.full_size else (args.size or DEMO_SIZES)
+    if isinstance(sizes, int):
+        sizes = {c: sizes for c in FULL_SIZES}
+    t0 = time.perf_counter()
+    res = simulate(Path(args.out), channels=tuple(args.channels), naxis=sizes, noise=not args.no_noise,
+                   seed=args.seed, sdi_sequence=not args.no_sequence)
+    _say(f"simulated {len(res.raw_files)} raw frames, {len(res.calibration_files)} calibration masters "
+         f"in {args.out} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+def _expand(paths: list[str]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(q for q in p.rglob("*") if q.is_file() and not q.name.endswith(".reason")))
+        else:
+            out.append(p)
+    return out
+
+
+def ingest_files(files: list[Path], *, move: bool, progress: bool = True) -> dict[str, int]:
+    """Ingest files in this process with a progress bar; one line per rejection."""
+    from tqdm import tqdm
+
+    from backend.db import session_scope
+    from backend.services.ingest import ingest_path
+
+    s = _settings()
+    counts: dict[str, int] = {}
+    # calibration masters first, so frames never wait for their masters
+    files = sorted(files, key=lambda p: (0 if "calibration" in p.parts else 1, str(p)))
+    with tqdm(files, desc="ingest", unit="file", disable=not progress, file=sys.stderr) as bar:
+        for f in bar:
+            with session_scope() as session:
+                out = ingest_path(session, f, s, move=move)
+            counts[out.status] = counts.get(out.status, 0) + 1
+            if out.status == "rejected":
+                bar.write(f"rejected {f}: {out.reason}")
+    return counts
+
+
+def cmd_ingest(args) -> int:
+    files = _expand(args.paths)
+    if not files:
+        _say("nothing to ingest")
+        return 1
+    if args.via_worker:
+        from pipelines.tasks import ingest_file
+
+        for f in files:
+            ingest_file.apply_async(args=[str(f.resolve()), not args.copy], queue="cpu")
+        _say(f"queued {len(files)} files for the ingest task")
+        return 0
+    counts = ingest_files(files, move=not args.copy)
+    _say("ingest: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 1 if (args.strict and counts.get("rejected")) else 0
+
+
+def cmd_import_events(args) -> int:
+    from backend.db import session_scope
+    from backend.services.events import import_all
+
+    s = _settings()
+    folder = Path(args.folder) if args.folder else s.sample_data_dir / "events"
+    with session_scope() as session:
+        reports = import_all(session, folder)
+    for r in reports:
+        refused = len(r.refused)
+        _say(f"{r.source:10s} rows in {r.rows_in:6d}  stored {r.stored:6d}  already there "
+             f"{r.skipped_existing:6d}  refused {refused}")
+    return 0
+
+
+def _parse_time(s: str) -> dt.datetime:
+    t = dt.datetime.fromisoformat(s)
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def wait_for_job(job_id: str, *, timeout: float = 1800, progress: bool = True):
+    from tqdm import tqdm
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState
+
+    t0 = time.monotonic()
+    bar = tqdm(total=1, desc=f"job {job_id[:8]}", unit="frame", disable=not progress, file=sys.stderr)
+    try:
+        while True:
+            with session_scope() as s:
+                job = s.get(Job, job_id)
+                state, total, n = job.state, job.total, job.done + job.failed + job.skipped
+                error = job.error
+            if total and bar.total != total:
+                bar.total = total
+            bar.n = n
+            bar.refresh()
+            if state in (JobState.succeeded, JobState.failed):
+                return state, error
+            if time.monotonic() - t0 > timeout:
+                return None, f"timed out after {timeout:.0f} s"
+            time.sleep(0.5)
+    finally:
+        bar.close()
+
+
+def cmd_calibrate(args) -> int:
+    from backend.db import session_scope
+    from backend.services.jobs import JobRequest, submit_job
+
+    pinned = {}
+    for p in args.pin or []:
+        k, _, v = p.partition("=")
+        pinned[k] = int(v)
+    req = JobRequest(channels=args.channels, start=_parse_time(args.start), end=_parse_time(args.end),
+                     pinned_calibrations=pinned)
+    with session_scope() as s:
+        job = submit_job(s, req)
+    _say(f"job {job.id} queued")
+    if args.wait:
+        state, error = wait_for_job(job.id)
+        _say(f"job {job.id} {state.value if state else 'unknown'}{': ' + error if error else ''}")
+        return 0 if state and state.value == "succeeded" else 1
+    return 0
+
+
+def cmd_detect(args) -> int:
+    from backend.db import session_scope
+    from backend.services.detection import detect_sdi_flares
+
+    with session_scope() as s:
+        events = detect_sdi_flares(s, start=_parse_time(args.start) if args.start else None,
+                                   end=_parse_time(args.end) if args.end else None)
+        for e in events:
+            _say(f"FL {e.start_time:%Y-%m-%d %H:%M} peak {e.peak_time:%H:%M} end {e.end_time:%H:%M} "
+                 f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
+        _say(f"{len(events)} flare(s) stored")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from pipelines.celery_app import ensure_configured
+
+    app = ensure_configured()
+    argv = ["worker", "-Q", args.queues or _settings().worker_queues, "-l", args.loglevel,
+            "--without-mingle", "--without-gossip", "-n", args.name]
+    if args.concurrency:
+        argv += ["-c", str(args.concurrency)]
+    if args.pool:
+        argv += ["-P", args.pool]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    s = _settings()
+    uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port,
+                log_level="info")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Everything, embedded: simulate, ingest, import catalogues, calibrate, detect, serve."""
+    from backend.db import session_scope
+    from backend.migrate import upgrade
+    from backend.models import Frame
+    from backend.services.jobs import JobRequest, submit_job
+
+    s = _settings()
+    if not s.embedded:
+        _say("note: CELERY_BROKER_URL is set; the demo uses that broker and its workers")
+    t_start = time.perf_counter()
+    _say(f"[1/7] database {s.sqlalchemy_url}")
+    upgrade(s.sqlalchemy_url)
+
+    worker = None
+    if s.embedded:
+        _say("[2/7] starting a Celery worker (filesystem broker, no server needed)")
+        log = open(s.root / "worker.log", "ab")
+        worker = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", "cpu",
+                                   "--concurrency", str(args.concurrency), "--name", f"demo@{os.getpid()}"],
+                                  stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                  start_new_session=True)
+    try:
+        sim_dir = s.root / "simulated"
+        sizes = FULL_SIZES if args.full_size else DEMO_SIZES
+        if not (sim_dir / "manifest.json").exists():
+            _say(f"[3/7] simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
+            from pipelines.simulate import simulate
+
+            t0 = time.perf_counter()
+            simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True)
+            _say(f"      done in {time.perf_counter() - t0:.1f} s")
+        else:
+            _say(f"[3/7] simulated frames already in {sim_dir}")
+        _say("[4/7] ingesting raw frames and calibration masters (and the real bad files, to show quarantine)")
+        files = _expand([str(sim_dir / "calibration"), str(sim_dir / "raw")])
+        counts = ingest_files(files, move=False)
+        inbox = s.root / "inbox"
+        inbox.mkdir(exist_ok=True)
+        bad = s.sample_data_dir / "bad-input"
+        for f in sorted(bad.iterdir()) if bad.is_dir() else []:
+            shutil.copy2(f, inbox / f.name)
+        bad_counts = ingest_files(sorted(inbox.iterdir()), move=True)
+        _say("      frames: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
+             " | bad-input: " + ", ".join(f"{k} {v}" for k, v in sorted(bad_counts.items())))
+        _say("[5/7] importing real event catalogues")
+        cmd_import_events(argparse.Namespace(folder=None))
+        _say("[6/7] recalibration job over every frame (runs in the worker)")
+        from sqlalchemy import func, select
+
+        with session_scope() as sess:
+            t_min, t_max = sess.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))).one()
+        if t_min is not None:
+            req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max,
+                             owner="demo")
+            with session_scope() as sess:
+                job = submit_job(sess, req)
+            state, error = wait_for_job(job.id, timeout=1200)
+            _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
+        _say("[7/7] flare detection on the SDI L2 series")
+        cmd_detect(argparse.Namespace(start=None, end=None))
+        _say(f"demo ready in {time.perf_counter() - t_start:.0f} s")
+        if args.no_serve:
+            return 0
+        host, port = s.host, s.port
+        _say(f"serving on http://{host}:{port}  (event browser /, API /api/v1, docs /docs; Ctrl-C stops)")
+        return cmd_serve(argparse.Namespace(host=host, port=port))
+    finally:
+        if worker is not None and worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lstdp", description="ASO-S/LST data platform")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="simulate, ingest, import, calibrate, detect and serve (embedded mode)")
+    d.add_argument("--full-size", action="store_true", help="full frames (4608/2048 px) instead of binned")
+    d.add_argument("--no-serve", action="store_true", help="stop after preparing the data")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--concurrency", type=int, default=2)
+    d.set_defaults(func=cmd_demo)
+
+    sv = sub.add_parser("serve", help="run the API and event browser (uvicorn)")
+    sv.add_argument("--host")
+    sv.add_argument("--port", type=int)
+    sv.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser("worker", help="run a Celery worker")
+    w.add_argument("--queues", help="comma-separated: cpu, gpu (default WORKER_QUEUES)")
+    w.add_argument("--concurrency", type=int)
+    w.add_argument("--pool", choices=["prefork", "solo", "threads"])
+    w.add_argument("--loglevel", default="info")
+    w.add_argument("--name", default="lstdp@%h")
+    w.set_defaults(func=cmd_worker)
+
+    sm = sub.add_parser("simulate", help="build raw LST frames from the real scenes in the sample data")
+    sm.add_argument("--out", default="var/simulated")
+    sm.add_argument("--channels", nargs="+", default=["SDI", "WST", "SCI-UV", "SCI-WL"])
+    g = sm.add_mutually_exclusive_group()
+    g.add_argument("--size", type=int, help="frame size for every channel [px]")
+    g.add_argument("--full-size", action="store_true")
+    sm.add_argument("--no-noise", action="store_true")
+    sm.add_argument("--no-sequence", action="store_true", help="skip the 13-frame SDI flare sequence")
+    sm.add_argument("--seed", type=int, default=0)
+    sm.set_defaults(func=cmd_simulate)
+
+    i = sub.add_parser("ingest", help="register FITS files (frames or calibration masters)")
+    i.add_argument("paths", nargs="+")
+    i.add_argument("--copy", action="store_true", help="copy into the store instead of moving")
+    i.add_argument("--via-worker", action="store_true", help="queue an ingest task per file")
+    i.add_argument("--strict", action="store_true", help="exit 1 if any file was rejected")
+    i.set_defaults(func=cmd_ingest)
+
+    ie = sub.add_parser("import-events", help="import event catalogues (default: the sample data)")
+    ie.add_argument("folder", nargs="?")
+    ie.set_defaults(func=cmd_import_events)
+
+    c = sub.add_parser("calibrate", help="submit a recalibration job")
+    c.add_argument("--channels", nargs="+", required=True)
+    c.add_argument("--start", required=True)
+    c.add_argument("--end", required=True)
+    c.add_argument("--pin", action="append", help="KIND=VERSION, e.g. flat=2")
+    c.add_argument("--wait", action="store_true")
+    c.set_defaults(func=cmd_calibrate)
+
+    de = sub.add_parser("detect", help="detect flares in the SDI L2 series")
+    de.add_argument("--start")
+    de.add_argument("--end")
+    de.set_defaults(func=cmd_detect)
+
+    db = sub.add_parser("db", help="database migrations")
+    db.add_argument("action", choices=["upgrade", "downgrade"])
+    db.add_argument("revision", nargs="?")
+    db.set_defaults(func=cmd_db)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # one clear line for the user; the traceback with LSTDP_DEBUG=1
+        if os.environ.get("LSTDP_DEBUG"):
+            raise
+        print(f"lstdp {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""Ingest: register raw LST frames and calibration masters; quarantine what cannot be used.
+
+``ingest_path`` is the one entry point (the CLI and the Celery task call it). Outcomes:
+
+``ingested``     a new frame row, the file stored under ``RAW_DIR/<channel>/<yyyy>/<mm>/<dd>/``;
+``calibration``  a new calibration file row (a FITS whose header has ``CALKIND``);
+``duplicate``    a file with the same SHA-256 is already registered: nothing changes;
+``rejected``     the file cannot be used: it goes to ``QUARANTINE_DIR`` with a ``.reason``
+                 file beside it, and the one-line reason is returned (never raised).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astropy.io import fits
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from backend.models import CalibrationFile, CalibrationKind, Frame
+from backend.settings import Settings
+from pipelines.channels import channel_from_header
+from pipelines.errors import DataError, FitsReadError, NotLSTFrameError
+from pipelines.fitsio import parse_date_obs, read_image, sha256_file, utc_datetime
+
+__all__ = ["IngestOutcome", "ingest_path", "header_to_json"]
+
+
+@dataclass
+class IngestOutcome:
+    path: str
+    status: str
+    reason: str = ""
+    frame_id: int | None = None
+    calibration_file_id: int | None = None
+    stored_path: str | None = None
+
+    def line(self) -> str:
+        tail = f": {self.reason}" if self.reason else ""
+        ident = f" frame {self.frame_id}" if self.frame_id else (
+            f" calibration file {self.calibration_file_id}" if self.calibration_file_id else "")
+        return f"{self.status}{ident} {Path(self.path).name}{tail}"
+
+
+def _json_value(v: Any) -> Any:
+    if isinstance(v, bool | int | str) or v is None:
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return str(v)
+
+
+def header_to_json(header: fits.Header) -> dict[str, Any]:
+    """A JSON-safe dict of a FITS header (HISTORY and COMMENT as lists of strings)."""
+    out: dict[str, Any] = {}
+    for card in header.cards:
+        key = card.keyword
+        if key in ("HISTORY", "COMMENT"):
+            out.setdefault(key, []).append(str(card.value))
+        elif key:
+            out[key] = _json_value(card.value)
+    return out
+
+
+def _move_or_copy(src: Path, dst: Path, move: bool) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        dst = dst.with_name(f"{dst.stem}.{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%S%f')}{dst.suffix}")
+    if move:
+        shutil.move(str(src), dst)
+    else:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def quarantine(src: Path, reason: str, settings: Settings, move: bool) -> Path:
+    """Keep a rejected file for inspection, with its reason in ``<name>.reason``."""
+    dst = _move_or_copy(src, settings.quarantine / src.name, move)
+    dst.with_name(dst.name + ".reason").write_text(reason + "\n")
+    return dst
+
+
+def _register_calibration(session: Session, src: Path, sha: str, header: fits.Header,
+                          settings: Settings, move: bool) -> IngestOutcome:
+    try:
+        kind = CalibrationKind(str(header["CALKIND"]).strip().lower())
+    except ValueError:
+        raise DataError(f"unknown CALKIND {header['CALKIND']!r}") from None
+    channel = str(header.get("CHANNEL", "")).strip().upper()
+    from pipelines.channels import CHANNELS
+
+    if channel not in CHANNELS:
+        raise DataError(f"calibration file names no LST channel (CHANNEL={channel!r})")
+    try:
+        version = int(header["CALVER"])
+        valid_from = utc_datetime(parse_date_obs(str(header["VALIDFRM"])))
+        valid_to = utc_datetime(parse_date_obs(str(header["VALIDTO"]))) if str(header.get("VALIDTO", "")).strip() else None
+    except (KeyError, ValueError) as exc:
+        raise DataError(f"calibration header incomplete or invalid ({exc})") from None
+    existing = session.scalar(select(CalibrationFile).where(
+        CalibrationFile.channel_code == channel, CalibrationFile.kind == kind, CalibrationFile.version == version))
+    if existing is not None:
+        raise DataError(f"{channel} {kind.value} version {version} is already registered with other content "
+                        f"(calibration file {existing.id}); give the new file a new CALVER")
+    stored = _move_or_copy(src, settings.calibration / channel / kind.value / src.name, move)
+    params = {k: _json_value(v) for k, v in header.items()
+              if k not in ("SIMPLE", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "EXTEND", "COMMENT", "HISTORY", "")}
+    row = CalibrationFile(channel_code=channel, kind=kind, version=version, valid_from=valid_from,
+                          valid_to=valid_to, path=str(stored), sha256=sha, parameters=params,
+                          description=str(header.get("CALDESC", ""))[:400])
+    session.add(row)
+    session.flush()
+    return IngestOutcome(str(src), "calibration", calibration_file_id=row.id, stored_path=str(stored))
+
+
+def _primary_header(path: Path) -> fits.Header | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with fits.open(path, memmap=False) as hdul:
+                return hdul[0].header.copy()
+    except Exception:  # noqa: BLE001 - the full reader gives the reason below
+        return None
+
+
+def ingest_path(session: Session, path: str | Path, settings: Settings, *, move: bool = True) -> IngestOutcome:
+    """Ingest one file. Never raises for bad data: returns a ``rejected`` outcome instead.
+
+    The caller commits. ``move=False`` copies instead of moving (the source stays).
+    """
+    src = Path(path)
+    if not src.is_file():
+        return IngestOutcome(str(src), "rejected", f"no such file: {src}")
+    sha = sha256_file(src)
+    if session.scalar(select(Frame.id).where(Frame.sha256 == sha)) is not None:
+        fid = session.scalar(select(Frame.id).where(Frame.sha256 == sha))
+        return IngestOutcome(str(src), "duplicate", "same SHA-256 as an ingested frame", frame_id=fid)
+    cid = session.scalar(select(CalibrationFile.id).where(CalibrationFile.sha256 == sha))
+    if cid is not None:
+        return IngestOutcome(str(src), "duplicate", "same SHA-256 as a registered calibration file",
+                             calibration_file_id=cid)
+    try:
+        primary = _primary_header(src)
+        if primary is not None and "CALKIND" in primary:
+            with session.begin_nested():
+                return _register_calibration(session, src, sha, primary, settings, move)
+        raw = read_image(src)
+        channel = channel_from_header(raw.header)
+        if channel is None:
+            raise NotLSTFrameError(
+                "not an LST frame (TELESCOP={!r}, INSTRUME={!r}, DETECTOR={!r})".format(
+                    str(raw.header.get("TELESCOP", "")).strip(), str(raw.header.get("INSTRUME", "")).strip(),
+                    str(raw.header.get("DETECTOR", "")).strip()))
+        try:
+            exposure = float(raw.header.get("EXPTIME", raw.header.get("EXPOSURE")))
+        except (TypeError, ValueError):
+            raise DataError("no usable EXPTIME (exposure time) keyword") from None
+        if not math.isfinite(exposure) or exposure <= 0:
+            raise DataError(f"EXPTIME must be a positive number of seconds, got {exposure}")
+        date_obs = utc_datetime(raw.date_obs)
+        dest = settings.raw / channel / date_obs.strftime("%Y/%m/%d") / src.name
+        header_json = header_to_json(raw.header)
+        header_json["_fixes"] = raw.fixes
+        frame = Frame(channel_code=channel, date_obs=date_obs, exposure_s=exposure,
+                      level=str(raw.header.get("LEVEL", "L1")).strip()[:8] or "L1",
+                      naxis1=int(raw.data.shape[1]), naxis2=int(raw.data.shape[0]), path=str(dest),
+                      original_name=src.name[:255], sha256=sha, size_bytes=src.stat().st_size,
+                      header=header_json, quality_flags=1 if raw.nan_fraction > 0 else 0)
+        with session.begin_nested():
+            session.add(frame)
+            session.flush()
+            stored = _move_or_copy(src, dest, move)  # a failed move rolls the row back
+            frame.path = str(stored)
+        return IngestOutcome(str(src), "ingested", frame_id=frame.id, stored_path=str(stored))
+    except IntegrityError:
+        return IngestOutcome(str(src), "duplicate", "registered concurrently by another worker")
+    except (FitsReadError, DataError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - any other failure on one file must not stop the batch
+        reason = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+    where = quarantine(src, reason, settings, move)
+    return IngestOutcome(str(src), "rejected", reason, stored_path=str(where))

@@ -1,0 +1,208 @@
+"""Processing orchestration: plan a job's products, calibrate one product, keep counts.
+
+These functions load rows by id, call the pure science (:mod:`pipelines.calibration`),
+write files atomically and move the explicit state machines:
+
+* product: ``planned`` -> ``writing`` -> ``written`` | ``failed`` (with the reason);
+* job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons).
+
+The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
+in :mod:`pipelines.tasks` are thin wrappers around them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from backend import __version__
+from backend.models import Frame, Job, JobState, Product, ProductCalibrationFile, ProductState, utcnow
+from backend.services.ingest import header_to_json
+from backend.services.registry import params_hash, select_calibrations
+from backend.settings import Settings
+from pipelines.errors import DataError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["plan_job", "plan_product", "calibrate_product", "record_item", "frames_for_job"]
+
+
+def frames_for_job(session: Session, job: Job) -> list[Frame]:
+    p = job.parameters
+    start = dt.datetime.fromisoformat(p["start"])
+    end = dt.datetime.fromisoformat(p["end"])
+    return list(session.scalars(
+        select(Frame).where(Frame.channel_code.in_(p["channels"]), Frame.date_obs >= start, Frame.date_obs <= end)
+        .order_by(Frame.date_obs, Frame.id)))
+
+
+def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options: dict | None,
+                 job_id: str | None) -> tuple[Product, bool]:
+    """Get or create the product of ``frame`` under its calibration set.
+
+    Returns ``(product, is_new_work)``; ``is_new_work`` is False when an identical product
+    (same frame, calibration set and parameters) is already written: re-running a job adds
+    nothing. Raises ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
+    """
+    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned)
+    ph = params_hash(options or {})
+    existing = session.scalar(select(Product).where(
+        Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))
+    if existing is not None:
+        if existing.state == ProductState.written:
+            return existing, False
+        existing.state = ProductState.planned
+        existing.error = None
+        existing.job_id = job_id
+        return existing, True
+    version = 1 + (session.scalar(select(func.count()).select_from(Product).where(Product.frame_id == frame.id)) or 0)
+    prod = Product(frame_id=frame.id, level="L2", version=version, calibration_key=sel.key, params_hash=ph,
+                   parameters={"options": options or {}, "pinned": pinned or {}, "warnings": sel.warnings},
+                   software_version=__version__, state=ProductState.planned, job_id=job_id)
+    session.add(prod)
+    session.flush()
+    for f in sel.files.values():
+        session.add(ProductCalibrationFile(product_id=prod.id, calibration_file_id=f.id))
+    session.flush()
+    return prod, True
+
+
+def plan_job(session: Session, job_id: str) -> list[int]:
+    """Move a job to ``running``, plan its products and return the ids that need work.
+
+    Frames whose calibration is missing are counted as failed with the reason; products
+    already written are counted as skipped. The caller commits.
+    """
+    job = session.get(Job, job_id)
+    if job is None:
+        raise DataError(f"no job {job_id}")
+    job.state = JobState.running
+    job.started_at = utcnow()
+    frames = frames_for_job(session, job)
+    job.total = len(frames)
+    job.done = job.failed = job.skipped = 0
+    errors: list[str] = []
+    todo: list[int] = []
+    for frame in frames:
+        try:
+            with session.begin_nested():
+                prod, new = plan_product(session, frame, pinned=job.parameters.get("pinned_calibrations"),
+                                         options=job.parameters.get("options"), job_id=job.id)
+        except DataError as exc:
+            job.failed += 1
+            errors.append(f"frame {frame.id}: {exc}")
+            continue
+        if new:
+            todo.append(prod.id)
+        else:
+            job.skipped += 1
+    if errors:
+        job.error = "; ".join(errors)[:4000]
+    if not todo:
+        _finish(job)
+    return todo
+
+
+def _finish(job: Job) -> None:
+    job.finished_at = utcnow()
+    if job.failed:
+        job.state = JobState.failed
+        if not job.error:
+            job.error = f"{job.failed} of {job.total} frames failed"
+    else:
+        job.state = JobState.succeeded
+
+
+def record_item(session: Session, job_id: str | None, product_id: int) -> Job | None:
+    """Count one finished product towards its job (atomic UPDATE) and close the job when all are in."""
+    if not job_id:
+        return None
+    prod = session.get(Product, product_id)
+    ok = prod is not None and prod.state == ProductState.written
+    col = Job.done if ok else Job.failed
+    session.execute(update(Job).where(Job.id == job_id).values({col: col + 1}))
+    if not ok and prod is not None and prod.error:
+        job = session.get(Job, job_id)
+        msg = f"product {product_id} (frame {prod.frame_id}): {prod.error}"
+        session.execute(update(Job).where(Job.id == job_id).values(
+            error=func.substr(func.coalesce(Job.error + "; ", "") + msg, 1, 4000)))
+    session.flush()
+    job = session.get(Job, job_id)
+    session.refresh(job)
+    if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
+        _finish(job)
+    return job
+
+
+def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
+    t = frame.date_obs
+    stamp = t.strftime("%Y%m%dT%H%M%S")
+    chan = frame.channel_code.lower().replace("-", "")
+    return settings.products / frame.channel_code / t.strftime("%Y/%m/%d") / \
+        f"lst_{chan}_l2_{stamp}_f{frame.id}_v{prod.version}.fits"
+
+
+def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:
+    """Calibrate one planned product and write its L2 FITS and quicklook.
+
+    Data errors leave the product ``failed`` with the reason (not raised); other
+    exceptions also mark it ``failed`` and are re-raised so the task can retry them.
+    """
+    from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+    from pipelines.fitsio import read_image, write_fits_atomic
+    from pipelines.products import build_product_hdul, write_quicklook_png
+
+    prod = session.get(Product, product_id)
+    if prod is None:
+        raise DataError(f"no product {product_id}")
+    if prod.state == ProductState.written:
+        return prod
+    frame = prod.frame
+    prod.state = ProductState.writing
+    prod.error = None
+    session.commit()
+    try:
+        raw = read_image(frame.path)
+        cals = {}
+        for f in prod.calibration_files:
+            ci = load_calibration_master(f.path)
+            ci.id = f.id
+            ci.version = f.version
+            cals[f.kind.value] = ci
+        result = calibrate_frame(raw.data, raw.header, cals, prod.parameters.get("options") or {})
+        result.header["PRODID"] = (prod.id, "product id in the LST data platform")
+        result.header["PRODVER"] = (prod.version, "product version for this frame")
+        result.header["FRAMEID"] = (frame.id, "raw frame id in the LST data platform")
+        result.header["FILENAME"] = _product_path(settings, frame, prod).name
+        for w in (prod.parameters or {}).get("warnings", []):
+            result.header.add_history(f"calibration warning: {w}")
+        hdul = build_product_hdul(result, software_version=__version__)
+        out = _product_path(settings, frame, prod)
+        sha = write_fits_atomic(hdul, out)
+        ql = out.with_suffix(".png")
+        write_quicklook_png(result.data, result.dq, ql, frame.channel_code)
+        prod.path = str(out)
+        prod.sha256 = sha
+        prod.quicklook_path = str(ql)
+        prod.header = header_to_json(hdul[0].header)
+        prod.stats = dict(result.stats)
+        prod.state = ProductState.written
+        session.commit()
+    except DataError as exc:
+        session.rollback()
+        prod = session.get(Product, product_id)
+        prod.state = ProductState.failed
+        prod.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        session.commit()
+    except Exception as exc:
+        session.rollback()
+        prod = session.get(Product, product_id)
+        prod.state = ProductState.failed
+        prod.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000]
+        session.commit()
+        raise
+    return prod

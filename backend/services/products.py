@@ -1,0 +1,479 @@
+"""L2 products: read-side queries, file locations, and the disk-integrated light curve.
+
+Product FITS layout (written by the calibration tasks): the image in physical units
+(``BUNIT``; float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the
+primary HDU), and a data-quality mask in an ``ImageHDU`` named ``DQ`` of the same shape,
+where any non-zero value marks a pixel not to be used (occulter, outside the field of
+view, saturated, cosmic ray...). ``Product.path`` and ``Product.quicklook_path`` are
+absolute, or relative to the product store (``Settings.products``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from astropy.io import fits
+from sqlalchemy import Select, func, select
+from sqlalchemy.orm import Session, joinedload, selectinload
+
+from backend.models import Event, EventProduct, Frame, Product, ProductState
+from pipelines.channels import CHANNELS, get_channel
+from pipelines.errors import FitsReadError
+
+__all__ = [
+    "list_products",
+    "get_product",
+    "product_ids_for_event",
+    "latest_products_in_window",
+    "latest_quicklooks_by_channel",
+    "resolve_store_path",
+    "DiskMean",
+    "disk_integrated_mean",
+    "LightCurve",
+    "product_lightcurve",
+    "event_lightcurve",
+    "event_window",
+    "RSUN_REF_M",
+]
+
+log = logging.getLogger(__name__)
+
+#: Nominal photospheric solar radius [m] (IAU 2015 Resolution B3), used when a header
+#: gives the observer distance ``DSUN_OBS`` but no apparent radius.
+RSUN_REF_M = 695_700_000.0
+
+
+# -- queries ------------------------------------------------------------------------------
+
+
+def _filtered(
+    stmt: Select,
+    *,
+    channel: str | None,
+    start: dt.datetime | None,
+    end: dt.datetime | None,
+    state: ProductState | None,
+    frame_id: int | None,
+) -> Select:
+    if channel is not None:
+        stmt = stmt.where(Frame.channel_code == channel)
+    if start is not None:
+        stmt = stmt.where(Frame.date_obs >= start)
+    if end is not None:
+        stmt = stmt.where(Frame.date_obs <= end)
+    if state is not None:
+        stmt = stmt.where(Product.state == state)
+    if frame_id is not None:
+        stmt = stmt.where(Product.frame_id == frame_id)
+    return stmt
+
+
+def list_products(
+    session: Session,
+    *,
+    channel: str | None = None,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    state: ProductState | None = None,
+    frame_id: int | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[Product], int]:
+    """Products filtered by their frame's channel and DATE-OBS, state and frame.
+
+    Every version of a product is listed (ordered by DATE-OBS, then version, then id).
+
+    Returns
+    -------
+    rows : list of Product
+        One page; ``Product.frame`` is loaded.
+    total : int
+        Number of products matching the filters (all pages).
+    """
+    kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id)
+    total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)) or 0
+    stmt = (
+        _filtered(select(Product).join(Product.frame), **kw)
+        .options(joinedload(Product.frame))
+        .order_by(Frame.date_obs, Product.version, Product.id)
+        .limit(limit)
+        .offset(offset)
+    )
+    return list(session.scalars(stmt)), total
+
+
+def get_product(session: Session, product_id: int) -> Product | None:
+    """The product with id ``product_id`` (frame and calibration files loaded) or ``None``."""
+    return session.scalar(
+        select(Product)
+        .where(Product.id == product_id)
+        .options(joinedload(Product.frame), selectinload(Product.calibration_files))
+    )
+
+
+def product_ids_for_event(session: Session, event_id: int) -> list[int]:
+    """Ids of the products an event is linked to (``event_products``), ascending."""
+    return list(session.scalars(
+        select(EventProduct.product_id).where(EventProduct.event_id == event_id).order_by(EventProduct.product_id)
+    ))
+
+
+def _latest_per_frame() -> Select:
+    """Ids of the newest written product of every frame (highest version, then id)."""
+    rank = func.row_number().over(
+        partition_by=Product.frame_id, order_by=(Product.version.desc(), Product.id.desc())
+    ).label("rank")
+    sub = select(Product.id, rank).where(Product.state == ProductState.written).subquery()
+    return select(sub.c.id).where(sub.c.rank == 1)
+
+
+def latest_products_in_window(
+    session: Session,
+    start: dt.datetime,
+    end: dt.datetime,
+    *,
+    channel: str | None = None,
+    with_quicklook: bool = False,
+    limit: int | None = None,
+) -> list[Product]:
+    """The newest written product of every frame with DATE-OBS in [``start``, ``end``].
+
+    Parameters
+    ----------
+    start, end : datetime
+        Aware UTC bounds on DATE-OBS (inclusive).
+    channel : str, optional
+        Restrict to one channel.
+    with_quicklook : bool
+        Only products that have a quicklook image.
+    limit : int, optional
+        At most this many rows.
+
+    Returns
+    -------
+    list of Product
+        Ordered by DATE-OBS; ``Product.frame`` is loaded.
+    """
+    stmt = (
+        select(Product)
+        .join(Product.frame)
+        .where(Product.id.in_(_latest_per_frame()), Frame.date_obs >= start, Frame.date_obs <= end)
+        .options(joinedload(Product.frame))
+        .order_by(Frame.date_obs, Product.id)
+    )
+    if channel is not None:
+        stmt = stmt.where(Frame.channel_code == channel)
+    if with_quicklook:
+        stmt = stmt.where(Product.quicklook_path.is_not(None))
+    if limit is not None:
+        stmt = stmt.limit(limit)
+    return list(session.scalars(stmt))
+
+
+def latest_quicklooks_by_channel(session: Session, per_channel: int = 6) -> dict[str, list[Product]]:
+    """For each of LST's channels, its ``per_channel`` most recent products with a quicklook.
+
+    Only the newest written version of each frame is considered. Every channel code is a
+    key, with an empty list when the channel has no product yet.
+
+    Returns
+    -------
+    dict of str to list of Product
+        Newest DATE-OBS first; ``Product.frame`` is loaded.
+    """
+    out: dict[str, list[Product]] = {}
+    for code in CHANNELS:
+        stmt = (
+            select(Product)
+            .join(Product.frame)
+            .where(
+                Product.id.in_(_latest_per_frame()),
+                Frame.channel_code == code,
+                Product.quicklook_path.is_not(None),
+            )
+            .options(joinedload(Product.frame))
+            .order_by(Frame.date_obs.desc(), Product.id.desc())
+            .limit(per_channel)
+        )
+        out[code] = list(session.scalars(stmt))
+    return out
+
+
+def resolve_store_path(path: str | None, root: Path) -> Path | None:
+    """The absolute location of a stored file (``path`` absolute, or relative to ``root``)."""
+    if not path:
+        return None
+    p = Path(path)
+    return p if p.is_absolute() else root / p
+
+
+# -- disk-integrated mean -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiskMean:
+    """Mean of the usable pixels of one L2 image.
+
+    Attributes
+    ----------
+    value : float
+        Mean over the pixels used, in ``unit``.
+    unit : str
+        ``BUNIT`` of the product (empty if absent).
+    n_pixels : int
+        Number of pixels averaged.
+    on_disk_only : bool
+        True when the average was restricted to the solar disk (r <= Rsun).
+    """
+
+    value: float
+    unit: str
+    n_pixels: int
+    on_disk_only: bool
+
+
+def _apparent_rsun_arcsec(header: fits.Header) -> float | None:
+    for key in ("RSUN_OBS", "RSUN_ARC", "RSUN"):
+        try:
+            v = float(header[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if v > 0:
+            return v
+    try:
+        dsun = float(header["DSUN_OBS"])
+        rsun_ref = float(header.get("RSUN_REF", RSUN_REF_M))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if dsun <= rsun_ref:
+        return None
+    return math.degrees(math.asin(rsun_ref / dsun)) * 3600.0
+
+
+def _disk_mask(header: fits.Header, shape: tuple[int, int]) -> np.ndarray | None:
+    """Boolean mask of on-disk pixels from the WCS, or ``None`` if the header cannot say."""
+    from astropy.wcs import WCS, FITSFixedWarning
+    from astropy.wcs.utils import proj_plane_pixel_scales
+    import warnings
+
+    rsun = _apparent_rsun_arcsec(header)
+    if rsun is None:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FITSFixedWarning)
+            w = WCS(header, naxis=2)
+        if not w.has_celestial:
+            return None
+        x0, y0 = w.world_to_pixel_values(0.0, 0.0)  # disk centre: helioprojective (0, 0)
+        scales = proj_plane_pixel_scales(w)  # [deg / pixel], wcslib normalises to deg
+    except Exception:  # noqa: BLE001 - any WCS the library cannot use means "cannot say"
+        return None
+    sx, sy = float(scales[0]) * 3600.0, float(scales[1]) * 3600.0
+    if not (np.isfinite([x0, y0, sx, sy]).all() and sx > 0 and sy > 0):
+        return None
+    ny, nx = shape
+    yy, xx = np.ogrid[0:ny, 0:nx]
+    r2 = ((xx - float(x0)) * sx) ** 2 + ((yy - float(y0)) * sy) ** 2
+    return r2 <= rsun * rsun
+
+
+@lru_cache(maxsize=4096)
+def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool) -> DiskMean | None:
+    try:
+        with fits.open(path, memmap=False) as hdul:
+            img_hdu = next(
+                (h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
+                None,
+            )
+            if img_hdu is None:
+                raise FitsReadError(f"{path}: no 2-D image HDU")
+            data = np.asarray(img_hdu.data, dtype=np.float64)
+            header = img_hdu.header.copy()
+            dq = np.asarray(hdul["DQ"].data) if "DQ" in hdul else None
+    except FitsReadError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise FitsReadError(f"{path}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    good = np.isfinite(data)
+    if dq is not None:
+        if dq.shape != data.shape:
+            raise FitsReadError(f"{path}: DQ shape {dq.shape} differs from image shape {data.shape}")
+        good &= dq == 0
+    used_disk = False
+    if on_disk_only:
+        disk = _disk_mask(header, data.shape)
+        if disk is not None:
+            good &= disk
+            used_disk = True
+    n = int(good.sum())
+    if n == 0:
+        return None
+    return DiskMean(value=float(data[good].mean()), unit=str(header.get("BUNIT", "")).strip(),
+                    n_pixels=n, on_disk_only=used_disk)
+
+
+def disk_integrated_mean(path: str | os.PathLike, *, on_disk_only: bool = True) -> DiskMean | None:
+    """Mean of the usable pixels of an L2 product FITS file.
+
+    Pixels are used when they are finite and their ``DQ`` value is 0. For the disk
+    imagers (``on_disk_only=True``: SDI, WST) the average is further restricted to the
+    solar disk, r <= Rsun, with the disk centre and pixel scale taken from the
+    helioprojective WCS and the apparent radius from ``RSUN_OBS``/``RSUN_ARC`` or
+    ``RSUN_REF``/``DSUN_OBS``; without those keywords every usable pixel counts. For
+    the coronagraph channels pass ``on_disk_only=False``: the mean MSB over the unmasked
+    coronal field.
+
+    Parameters
+    ----------
+    path : path-like
+        Product FITS file (image HDU + ``DQ`` ImageHDU of the same shape).
+    on_disk_only : bool
+        Restrict to on-disk pixels when the header allows it.
+
+    Returns
+    -------
+    DiskMean or None
+        ``None`` when no pixel is usable.
+
+    Raises
+    ------
+    FitsReadError
+        If the file cannot be read or its DQ mask does not match the image.
+
+    Notes
+    -----
+    Results are cached per (path, modification time, size).
+    """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise FitsReadError(f"no such product file: {p}") from None
+    return _disk_mean_cached(str(p), st.st_mtime_ns, st.st_size, on_disk_only)
+
+
+# -- light curves ---------------------------------------------------------------------------
+
+
+@dataclass
+class LightCurve:
+    """A disk-integrated light curve from L2 products.
+
+    ``times`` are the DATE-OBS of the products (aware UTC), ``values`` the means in
+    ``unit``, ``product_ids`` the product of each point; ``skipped`` lists products that
+    could not be used, with the reason.
+    """
+
+    channel: str
+    start: dt.datetime
+    end: dt.datetime
+    unit: str
+    times: list[dt.datetime] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    product_ids: list[int] = field(default_factory=list)
+    skipped: list[dict[str, object]] = field(default_factory=list)
+
+
+def _utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def product_lightcurve(
+    session: Session,
+    *,
+    channel: str,
+    start: dt.datetime,
+    end: dt.datetime,
+    product_root: Path,
+    max_points: int = 2000,
+) -> LightCurve:
+    """Disk-integrated mean of the newest written L2 product of every frame in a window.
+
+    Parameters
+    ----------
+    channel : str
+        Canonical channel code. SDI and WST are averaged over the solar disk; SCI-UV
+        and SCI-WL over their unmasked coronal field (MSB).
+    start, end : datetime
+        Aware UTC bounds on DATE-OBS.
+    product_root : Path
+        The product store, for relative ``Product.path`` values.
+    max_points : int
+        At most this many products are read (the earliest ones).
+
+    Returns
+    -------
+    LightCurve
+        Unit from the products' ``BUNIT`` (the channel's nominal unit if they have none).
+    """
+    spec = get_channel(channel)
+    lc = LightCurve(channel=spec.code, start=start, end=end, unit="")
+    units: set[str] = set()
+    for p in latest_products_in_window(session, start, end, channel=spec.code, limit=max_points):
+        path = resolve_store_path(p.path, product_root)
+        if path is None:
+            lc.skipped.append({"product_id": p.id, "reason": "no file recorded"})
+            continue
+        try:
+            m = disk_integrated_mean(path, on_disk_only=not spec.is_coronagraph)
+        except FitsReadError as exc:
+            log.warning("light curve: product %s skipped: %s", p.id, exc)
+            lc.skipped.append({"product_id": p.id, "reason": str(exc)})
+            continue
+        if m is None:
+            lc.skipped.append({"product_id": p.id, "reason": "no usable pixel (all masked or NaN)"})
+            continue
+        lc.times.append(_utc(p.frame.date_obs))
+        lc.values.append(m.value)
+        lc.product_ids.append(p.id)
+        if m.unit:
+            units.add(m.unit)
+    if len(units) > 1:
+        log.warning("light curve of %s mixes units %s", spec.code, sorted(units))
+    lc.unit = ", ".join(sorted(units)) if units else spec.bunit
+    return lc
+
+
+def event_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.datetime]:
+    """The time window of an event widened by ``margin`` on both sides.
+
+    The event lasts from its start to its end time (peak time, then start time, when
+    the catalogue gives no end).
+    """
+    start = _utc(event.start_time)
+    last = event.end_time or event.peak_time or event.start_time
+    return start - margin, _utc(last) + margin
+
+
+def event_lightcurve(
+    session: Session,
+    event: Event,
+    *,
+    channel: str = "SDI",
+    margin: dt.timedelta = dt.timedelta(minutes=30),
+    product_root: Path,
+) -> LightCurve:
+    """:func:`product_lightcurve` of ``channel`` over the event's window ± ``margin``."""
+    start, end = event_window(event, margin)
+    return product_lightcurve(session, channel=channel, start=start, end=end, product_root=product_root)
+
+
+def sample_evenly(items: Sequence, n: int) -> list:
+    """At most ``n`` items of ``items`` spread evenly (first and last kept)."""
+    if n <= 0:
+        return []
+    if len(items) <= n:
+        return list(items)
+    if n == 1:
+        return [items[0]]
+    idx = sorted({round(i * (len(items) - 1) / (n - 1)) for i in range(n)})
+    return [items[i] for i in idx]

@@ -1,0 +1,104 @@
+"""Calibration registry: register masters, select the set a frame is calibrated with.
+
+Selection rule (DKIST "most recent valid" style): for each kind, the newest version whose
+validity interval contains the frame's DATE-OBS, unless the job pins a version. A warning
+is recorded when the chosen file's validity starts far from the frame (``FAR_DAYS``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from backend.models import CalibrationFile, CalibrationKind
+from pipelines.errors import CalibrationMissingError
+
+__all__ = ["REQUIRED_KINDS", "OPTIONAL_KINDS", "SelectedCalibrations", "select_calibrations", "FAR_DAYS"]
+
+#: Kinds every L2 product of a channel needs.
+REQUIRED_KINDS: dict[str, tuple[str, ...]] = {
+    "SDI": ("dark", "flat", "radiometric"),
+    "WST": ("dark", "flat", "radiometric"),
+    "SCI-UV": ("dark", "flat", "radiometric", "stray_light"),
+    "SCI-WL": ("dark", "flat", "radiometric", "stray_light"),
+}
+#: Kinds used when present.
+OPTIONAL_KINDS: tuple[str, ...] = ("mask_geometry", "psf")
+#: A calibration file whose validity starts more than this many days from DATE-OBS is flagged.
+FAR_DAYS = 30.0
+
+
+@dataclass
+class SelectedCalibrations:
+    files: dict[str, CalibrationFile]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Stable identity of the set: ``kind:id`` pairs sorted by kind."""
+        return ",".join(f"{k}:{f.id}" for k, f in sorted(self.files.items()))
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+
+
+def select_calibrations(
+    session: Session, channel: str, date_obs: dt.datetime, pinned: dict[str, int] | None = None
+) -> SelectedCalibrations:
+    """Choose the calibration files for one frame.
+
+    Parameters
+    ----------
+    channel : str
+        LST channel code.
+    date_obs : datetime
+        The frame's DATE-OBS (UTC).
+    pinned : dict, optional
+        ``{kind: version}`` pinned by a job; a pinned version must exist for the channel.
+
+    Raises
+    ------
+    CalibrationMissingError
+        If a required kind has no file valid at DATE-OBS, or a pinned version is missing.
+    """
+    pinned = pinned or {}
+    date_obs = _aware(date_obs)
+    chosen: dict[str, CalibrationFile] = {}
+    warnings: list[str] = []
+    for kind in (*REQUIRED_KINDS[channel], *OPTIONAL_KINDS):
+        q = select(CalibrationFile).where(
+            CalibrationFile.channel_code == channel, CalibrationFile.kind == CalibrationKind(kind)
+        )
+        if kind in pinned:
+            f = session.scalar(q.where(CalibrationFile.version == pinned[kind]))
+            if f is None:
+                raise CalibrationMissingError(f"{channel}: pinned {kind} version {pinned[kind]} does not exist")
+        else:
+            f = session.scalar(
+                q.where(
+                    CalibrationFile.valid_from <= date_obs,
+                    or_(CalibrationFile.valid_to.is_(None), CalibrationFile.valid_to > date_obs),
+                ).order_by(CalibrationFile.version.desc()).limit(1)
+            )
+        if f is None:
+            if kind in REQUIRED_KINDS[channel]:
+                raise CalibrationMissingError(
+                    f"{channel}: no {kind} calibration file valid at {date_obs.isoformat()}"
+                )
+            continue
+        gap = abs((_aware(f.valid_from) - date_obs).total_seconds()) / 86400.0
+        if gap > FAR_DAYS:
+            warnings.append(f"{kind} v{f.version} starts {gap:.0f} days from DATE-OBS")
+        chosen[kind] = f
+    return SelectedCalibrations(chosen, warnings)
+
+
+def params_hash(options: dict) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(options or {}, sort_keys=True).encode()).hexdigest()[:16]
