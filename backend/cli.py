@@ -91,7 +91,7 @@ def ingest_files(files: list[Path], *, move: bool, progress: bool = True) -> dic
                 out = ingest_path(session, f, s, move=move)
             counts[out.status] = counts.get(out.status, 0) + 1
             if out.status == "rejected":
-                bar.write(f"rejected {f}: {out.reason}")
+                bar.write(f"rejected {f}: {out.reason}", file=sys.stdout)
     return counts
 
 
@@ -240,7 +240,8 @@ def cmd_demo(args) -> int:
                                   start_new_session=True)
     try:
         sim_dir = s.root / "simulated"
-        sizes = FULL_SIZES if args.full_size else DEMO_SIZES
+        sizes = FULL_SIZES if args.full_size else (
+            {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
         if not (sim_dir / "manifest.json").exists():
             _say(f"[3/7] simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
             from pipelines.simulate import simulate
@@ -299,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="simulate, ingest, import, calibrate, detect and serve (embedded mode)")
     d.add_argument("--full-size", action="store_true", help="full frames (4608/2048 px) instead of binned")
+    d.add_argument("--size", type=int, help="one frame size for every channel [px] (tests use small ones)")
     d.add_argument("--no-serve", action="store_true", help="stop after preparing the data")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--concurrency", type=int, default=2)

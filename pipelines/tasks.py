@@ -52,7 +52,9 @@ def run_job(self, job_id: str) -> dict:
                 job.error = f"{type(exc).__name__}: {exc}"[:4000]
                 job.finished_at = utcnow()
         raise
-    queue = "gpu" if get_settings().array_backend == "cupy" else "cpu"
+    with session_scope() as s:
+        options = (s.get(Job, job_id).parameters or {}).get("options") or {}
+    queue = "gpu" if options.get("device") == "gpu" else "cpu"
     for pid in todo:
         chain(calibrate_product.si(pid).set(queue=queue), record_progress.si(job_id, pid).set(queue="cpu")).apply_async()
     return {"job_id": job_id, "planned": len(todo)}

@@ -42,6 +42,7 @@ __all__ = [
     "event_lightcurve",
     "event_window",
     "RSUN_REF_M",
+    "sample_evenly",
 ]
 
 log = logging.getLogger(__name__)

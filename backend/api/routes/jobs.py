@@ -1,0 +1,64 @@
+"""``/jobs``: recalibration jobs. ``POST`` stores and enqueues a job and returns at once."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import APIRouter, HTTPException, Response, status
+
+from backend.api.deps import SessionDep
+from backend.api.routes.params import PaginationDep
+from backend.api.schemas import JobPublic, JobsPublic
+from backend.models import JobState, utcnow
+from backend.services import jobs as jobs_service
+from backend.services.jobs import JobRequest
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+log = logging.getLogger(__name__)
+
+
+@router.post(
+    "",
+    response_model=JobPublic,
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Submit a recalibration job",
+    responses={202: {"description": "Stored and queued; follow it at the Location URL"},
+               422: {"description": "Invalid request (unknown channel, end before start, unknown pinned version...)"},
+               503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
+)
+def create_job(req: JobRequest, session: SessionDep, response: Response) -> JobPublic:
+    """Store a ``queued`` job, commit, send it to the broker and return at once.
+
+    The work runs in a Celery worker; poll ``GET /api/v1/jobs/{id}`` for its progress.
+    """
+    job = jobs_service.submit_job(session, req, enqueue=False)  # validates pinned versions, commits
+    try:
+        jobs_service.enqueue_job(job.id)
+    except Exception as exc:  # broker down or misconfigured: the job must not stay queued forever
+        log.exception("could not enqueue job %s", job.id)
+        job.state = JobState.failed
+        job.error = f"could not enqueue the job: {type(exc).__name__}: {exc}"[:2000]
+        job.finished_at = utcnow()
+        session.commit()
+        raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker: {exc}") from None
+    response.headers["Location"] = f"/api/v1/jobs/{job.id}"
+    return JobPublic.model_validate(job)
+
+
+@router.get("", response_model=JobsPublic, summary="List jobs")
+def read_jobs(session: SessionDep, page: PaginationDep) -> JobsPublic:
+    """Jobs, newest first."""
+    rows, total = jobs_service.list_jobs(session, limit=page.limit, offset=page.offset)
+    return JobsPublic(items=[JobPublic.model_validate(r) for r in rows], total=total,
+                      limit=page.limit, offset=page.offset)
+
+
+@router.get("/{job_id}", response_model=JobPublic, summary="One job and its progress")
+def read_job(job_id: str, session: SessionDep) -> JobPublic:
+    """State (queued, running, succeeded, failed), counts, progress fraction, error, timestamps."""
+    if len(job_id) > 36:
+        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}...")
+    job = jobs_service.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, detail=f"no job with id {job_id!r}")
+    return JobPublic.model_validate(job)

@@ -1,0 +1,83 @@
+"""``/products``: L2 products, their FITS files and quicklook images."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import FileResponse
+
+from backend.api.deps import SessionDep, SettingsDep
+from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
+from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
+from backend.models import Product, ProductState
+from backend.services import products as products_service
+
+router = APIRouter(prefix="/products", tags=["products"])
+
+
+@router.get("", response_model=ProductsPublic, summary="List L2 products")
+def read_products(
+    session: SessionDep,
+    page: PaginationDep,
+    span: TimeRangeDep,
+    channel: ChannelQuery = None,
+    state: Annotated[ProductState | None, Query(description="planned, writing, written or failed")] = None,
+    frame_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="Only products of this frame")] = None,
+) -> ProductsPublic:
+    """Products filtered by channel, DATE-OBS range of their frame, state and frame; every version is listed."""
+    rows, total = products_service.list_products(
+        session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id,
+        limit=page.limit, offset=page.offset,
+    )
+    return ProductsPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
+                          limit=page.limit, offset=page.offset)
+
+
+def _product_or_404(session, product_id: int) -> Product:
+    row = products_service.get_product(session, product_id)
+    if row is None:
+        raise HTTPException(404, detail=f"no product with id {product_id}")
+    return row
+
+
+@router.get("/{product_id}", response_model=ProductDetail, summary="One product with its calibration lineage")
+def read_product(product_id: IdPath, session: SessionDep) -> ProductDetail:
+    """One product with its header, statistics and the calibration files it was made with."""
+    return ProductDetail.model_validate(_product_or_404(session, product_id))
+
+
+@router.get(
+    "/{product_id}/fits",
+    response_class=FileResponse,
+    summary="Download the L2 FITS file",
+    responses={200: {"content": {"application/fits": {}}, "description": "The L2 FITS file"},
+               404: {"description": "No such product, or its file is not written"}},
+)
+def read_product_fits(product_id: IdPath, session: SessionDep, settings: SettingsDep) -> FileResponse:
+    """The L2 FITS file (image + ``DQ`` extension) of a written product."""
+    row = _product_or_404(session, product_id)
+    if row.state != ProductState.written:
+        raise HTTPException(404, detail=f"product {product_id} is {row.state.value}, its FITS file is not written")
+    path = products_service.resolve_store_path(row.path, settings.products)
+    if path is None or not path.is_file():
+        raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
+    return FileResponse(path, media_type="application/fits", filename=path.name)
+
+
+@router.get(
+    "/{product_id}/quicklook.png",
+    response_class=FileResponse,
+    summary="Quicklook PNG",
+    responses={200: {"content": {"image/png": {}}, "description": "The quicklook image"},
+               404: {"description": "No such product, or it has no quicklook"}},
+)
+def read_product_quicklook(product_id: IdPath, session: SessionDep, settings: SettingsDep) -> FileResponse:
+    """The quicklook image of a product (``Product.quicklook_path``)."""
+    row = _product_or_404(session, product_id)
+    path = products_service.resolve_store_path(row.quicklook_path, settings.products)
+    if path is None:
+        raise HTTPException(404, detail=f"product {product_id} has no quicklook image")
+    if not path.is_file():
+        raise HTTPException(404, detail=f"the quicklook of product {product_id} is missing from the product store")
+    return FileResponse(path, media_type="image/png")

@@ -1,0 +1,303 @@
+"""Response schemas of the REST API (Pydantic v2, read from ORM rows with ``from_attributes``).
+
+Split as the FastAPI full-stack template: ``XPublic`` for one row, ``XDetail`` for the
+single-row endpoint with the heavy fields (full header JSON, lineage), ``XsPublic`` for a
+page of rows with the total count. All times are aware UTC (SQLite hands back naive
+datetimes; they are stamped UTC here).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import AfterValidator, AliasPath, BaseModel, ConfigDict, Field, computed_field
+
+from backend.models import CalibrationKind, JobState, ProductState
+
+__all__ = [
+    "UTCDateTime",
+    "Page",
+    "ChannelPublic",
+    "ChannelsPublic",
+    "FramePublic",
+    "FrameDetail",
+    "FramesPublic",
+    "CalibrationFilePublic",
+    "CalibrationFilesPublic",
+    "ProductPublic",
+    "ProductDetail",
+    "ProductsPublic",
+    "EventPublic",
+    "EventAssociationPublic",
+    "EventDetail",
+    "EventsPublic",
+    "LightCurvePublic",
+    "JobPublic",
+    "JobsPublic",
+    "HealthPublic",
+    "ErrorPublic",
+]
+
+
+def _as_utc(v: dt.datetime) -> dt.datetime:
+    return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+
+
+UTCDateTime = Annotated[dt.datetime, AfterValidator(_as_utc)]
+"""A datetime that is always aware UTC (naive values are taken as UTC)."""
+
+T = TypeVar("T")
+
+
+class _ORM(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class Page(BaseModel, Generic[T]):
+    """One page of a list: ``items``, the ``total`` matching the filters, ``limit``, ``offset``."""
+
+    items: list[T]
+    total: int = Field(description="Number of rows matching the filters, all pages together")
+    limit: int
+    offset: int
+
+
+# -- channels ---------------------------------------------------------------------------------
+
+
+class ChannelPublic(_ORM):
+    """One of LST's channels with its passband and nominal geometry."""
+
+    code: str = Field(examples=["SDI"])
+    instrument: str
+    description: str
+    wavelength_nm: float = Field(description="Passband centre [nm]")
+    bandwidth_nm: float = Field(description="Passband full width [nm]")
+    naxis: int = Field(description="Full frame size [pixel]")
+    plate_scale_arcsec: float = Field(description="Plate scale at full size [arcsec/pixel]")
+    fov_rsun_min: float | None = Field(description="Inner edge of the field of view [Rsun] (SCI occulter)")
+    fov_rsun_max: float = Field(description="Outer edge of the field of view [Rsun]")
+    bunit: str = Field(description="Physical unit of the L2 product (BUNIT)")
+    cadence_s: float = Field(description="Nominal cadence [s]")
+
+
+class ChannelsPublic(BaseModel):
+    items: list[ChannelPublic]
+    total: int
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+class FramePublic(_ORM):
+    """A raw observation (L0/L1) as ingested."""
+
+    id: int
+    channel: str = Field(validation_alias="channel_code", examples=["SDI"])
+    date_obs: UTCDateTime = Field(description="DATE-OBS (UTC)")
+    exposure_s: float = Field(description="Exposure time [s]")
+    level: str
+    naxis1: int
+    naxis2: int
+    original_name: str
+    sha256: str
+    size_bytes: int
+    quality_flags: int
+    ingested_at: UTCDateTime
+
+
+class FrameDetail(FramePublic):
+    """A frame with its full (repaired) FITS header as JSON."""
+
+    header: dict[str, Any]
+
+
+FramesPublic = Page[FramePublic]
+
+
+# -- calibration files ------------------------------------------------------------------------
+
+
+class CalibrationFilePublic(_ORM):
+    """A versioned calibration input (dark, flat, stray light, radiometric, ...)."""
+
+    id: int
+    channel: str = Field(validation_alias="channel_code")
+    kind: CalibrationKind
+    version: int
+    valid_from: UTCDateTime
+    valid_to: UTCDateTime | None
+    sha256: str
+    description: str
+    parameters: dict[str, Any]
+    created_at: UTCDateTime
+
+
+CalibrationFilesPublic = Page[CalibrationFilePublic]
+
+
+# -- products ---------------------------------------------------------------------------------
+
+
+class ProductPublic(_ORM):
+    """An L2 product: one frame calibrated with one calibration set."""
+
+    id: int
+    frame_id: int
+    channel: str = Field(validation_alias=AliasPath("frame", "channel_code"))
+    date_obs: UTCDateTime = Field(validation_alias=AliasPath("frame", "date_obs"), description="DATE-OBS of the frame")
+    level: str
+    version: int
+    state: ProductState
+    software_version: str
+    calibration_key: str
+    params_hash: str
+    sha256: str | None
+    job_id: str | None
+    created_at: UTCDateTime
+    updated_at: UTCDateTime
+    quicklook_path: str | None = Field(default=None, exclude=True)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def fits_url(self) -> str | None:
+        """Download link of the L2 FITS file (only when the product is written)."""
+        return f"/api/v1/products/{self.id}/fits" if self.state == ProductState.written else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def quicklook_url(self) -> str | None:
+        """Link of the quicklook PNG, when the product has one."""
+        return f"/api/v1/products/{self.id}/quicklook.png" if self.quicklook_path else None
+
+
+class ProductDetail(ProductPublic):
+    """A product with its header, statistics, parameters, error and calibration lineage."""
+
+    header: dict[str, Any] | None
+    stats: dict[str, Any] | None
+    parameters: dict[str, Any]
+    error: str | None
+    calibration_files: list[CalibrationFilePublic] = Field(
+        description="The calibration files this product was made with"
+    )
+
+
+ProductsPublic = Page[ProductPublic]
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+class EventPublic(_ORM):
+    """A solar event, detected on LST products or imported from a catalogue.
+
+    ``event_type`` is the HEK code (FL flare, CE CME, PR prominence, ...); ``hpc_x``/``hpc_y``
+    are helioprojective coordinates [arcsec]; for CMEs ``position_angle`` [deg,
+    counter-clockwise from solar north], ``angular_width`` [deg] and ``speed_km_s``.
+    """
+
+    id: int
+    event_type: str = Field(examples=["FL"])
+    source: str = Field(examples=["goes_xrs"])
+    source_key: str
+    start_time: UTCDateTime
+    peak_time: UTCDateTime | None
+    end_time: UTCDateTime | None
+    channels: str | None
+    hpc_x: float | None = Field(description="Helioprojective longitude (Solar X) [arcsec]")
+    hpc_y: float | None = Field(description="Helioprojective latitude (Solar Y) [arcsec]")
+    hgs_lat: float | None = Field(description="Stonyhurst heliographic latitude [deg]")
+    hgs_lon: float | None = Field(description="Stonyhurst heliographic longitude [deg]")
+    position_angle: float | None = Field(description="Position angle [deg], CCW from solar north")
+    angular_width: float | None = Field(description="Angular width [deg]")
+    speed_km_s: float | None = Field(description="Plane-of-sky speed [km/s]")
+    goes_class: str | None
+    peak_value: float | None
+    peak_unit: str | None
+    noaa_ar: int | None
+    frm_name: str | None = Field(description="Feature recognition method (HEK FRM_NAME)")
+    frm_version: str | None
+
+
+class EventAssociationPublic(BaseModel):
+    """Another event linked to this one, and how."""
+
+    kind: str = Field(examples=["same_event"])
+    event: EventPublic
+
+
+class EventDetail(EventPublic):
+    """An event with its description, attributes, associations and linked frames/products."""
+
+    description: str | None
+    attributes: dict[str, Any]
+    associated: list[EventAssociationPublic] = Field(default_factory=list)
+    frame_ids: list[int] = Field(default_factory=list)
+    product_ids: list[int] = Field(default_factory=list)
+
+
+EventsPublic = Page[EventPublic]
+
+
+class LightCurvePublic(BaseModel):
+    """Disk-integrated mean of L2 products around an event (SCI: mean over the coronal field)."""
+
+    event_id: int
+    channel: str
+    unit: str
+    window_start: UTCDateTime
+    window_end: UTCDateTime
+    times: list[UTCDateTime] = Field(description="DATE-OBS of each product (UTC)")
+    values: list[float]
+    product_ids: list[int]
+    skipped: list[dict[str, Any]] = Field(default_factory=list, description="Products that could not be read, and why")
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+class JobPublic(_ORM):
+    """A recalibration job and its progress."""
+
+    id: str
+    owner: str
+    kind: str
+    state: JobState
+    parameters: dict[str, Any]
+    total: int = Field(description="Frames to process")
+    done: int
+    failed: int
+    skipped: int
+    error: str | None
+    created_at: UTCDateTime
+    started_at: UTCDateTime | None
+    finished_at: UTCDateTime | None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def progress(self) -> float:
+        """Fraction of frames handled (done + failed + skipped) / total; 1 once finished."""
+        if self.total > 0:
+            return min(1.0, (self.done + self.failed + self.skipped) / self.total)
+        return 1.0 if self.state in (JobState.succeeded, JobState.failed) else 0.0
+
+
+JobsPublic = Page[JobPublic]
+
+
+# -- misc -------------------------------------------------------------------------------------
+
+
+class HealthPublic(BaseModel):
+    status: str
+    database: str
+    version: str
+
+
+class ErrorPublic(BaseModel):
+    """Every error response: a one-line ``detail``; validation errors add ``errors``."""
+
+    detail: str
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,106 @@
+"""The tolerant FITS reader on the real files' quirks, and the atomic writer."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+
+import numpy as np
+import pytest
+from astropy.io import fits
+
+from pipelines.errors import FitsReadError
+from pipelines.fitsio import fix_header, parse_date_obs, read_image, write_fits_atomic
+from tests.conftest import SAMPLE
+
+
+@pytest.mark.parametrize(
+    ("text", "iso"),
+    [
+        ("01-May-23 13:07:58.713", "2023-05-01T13:07:58.713"),  # ASO-S/HXI, two-digit year
+        ("15-Oct-99 01:02:03", "1999-10-15T01:02:03.000"),
+        ("01/01/30, 02:58:23.429", "2001-01-30T02:58:23.429"),  # TRACE
+        ("2004-03-01T00:00:10.515Z", "2004-03-01T00:00:10.515"),  # EIT
+        ("2007/05/03 10:20:18.005", "2007-05-03T10:20:18.005"),
+        ("2011-02-15T00:00:00.34", "2011-02-15T00:00:00.340"),
+    ],
+)
+def test_parse_date_obs(text, iso):
+    assert parse_date_obs(text).isot == iso
+
+
+def test_parse_date_obs_refuses_garbage():
+    with pytest.raises(ValueError, match="DATE-OBS"):
+        parse_date_obs("yesterday at noon")
+
+
+def test_hxi_header_is_repaired():
+    """The real ASO-S header: solar_x/arcsecs, SSW date, no observer keywords."""
+    header = fits.Header.fromtextfile(str(SAMPLE / "aso-s/hxi_imgcube_01e02t_20230501_130758_HXI_CLEAN_0.header"))
+    assert "HGLN_OBS" not in header
+    header, fixes = fix_header(header)
+    assert header["DATE-OBS"] == "2023-05-01T13:07:58.713"
+    assert header["CTYPE1"] == "HPLN-TAN" and header["CTYPE2"] == "HPLT-TAN"
+    assert header["CUNIT1"] == "arcsec"
+    # Earth on 2023-05-01: B0 = -4.2 deg, distance 1.0075 au
+    assert header["HGLT_OBS"] == pytest.approx(-4.2, abs=0.1)
+    assert header["DSUN_OBS"] == pytest.approx(1.0075 * 1.495978707e11, rel=1e-3)
+    assert any("observer" in f for f in fixes)
+
+
+def test_tile_compressed_with_nans():
+    img = read_image(SAMPLE / "full-disk/mdi.fd_ic.20101015_230100_TAI.data.fits")
+    assert img.data.shape == (1024, 1024)
+    assert img.hdu_index == 1  # the CompImageHDU, not the empty primary
+    assert 0.1 < img.nan_fraction < 0.5  # NaN off the disk
+    assert np.nanmax(img.data) > 1000
+
+
+def test_bzero_unsigned():
+    img = read_image(SAMPLE / "coronagraph/20070503_102018_s4c1a.fts")
+    # stored as int16 with BZERO=32768: unscaled values would be negative (672 - 32768)
+    assert img.data.min() == 672 and img.data.max() == 16382
+
+
+def test_solar_x_ctype_and_gzip(tmp_path):
+    src = SAMPLE / "full-disk/eit_sequence/efz20040301.000010_s.fits"
+    gz = tmp_path / "eit.fits.gz"
+    with open(src, "rb") as f, gzip.open(gz, "wb") as g:
+        shutil.copyfileobj(f, g)
+    img = read_image(gz)
+    assert img.header["CTYPE1"] == "HPLN-TAN"
+    assert img.date_obs.isot.startswith("2004-03-01T00:00:10")
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("not_actually_fits.fits", "not a FITS file"),
+        ("medn_halph_fl_20050501_074655.fts", "truncated file"),
+        ("gzip_test.fits.gz", "no DATE-OBS"),
+    ],
+)
+def test_broken_files_give_one_line_reasons(name, reason):
+    with pytest.raises(FitsReadError, match=reason) as info:
+        read_image(SAMPLE / "bad-input" / name)
+    assert "\n" not in str(info.value)
+
+
+def test_atomic_write_leaves_no_partial_file(tmp_path):
+    target = tmp_path / "p.fits"
+    hdul = fits.HDUList([fits.PrimaryHDU(np.ones((4, 4), np.float32))])
+    sha = write_fits_atomic(hdul, target)
+    assert len(sha) == 64
+    with fits.open(target, checksum=True) as h:
+        assert h[0].header["CHECKSUM"] and h[0].header["DATASUM"]
+
+    class Boom(fits.HDUList):
+        def writeto(self, *a, **k):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        write_fits_atomic(Boom([fits.PrimaryHDU()]), tmp_path / "q.fits")
+    assert not (tmp_path / "q.fits").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
+    assert os.path.getsize(target) > 0
