@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import EventFrame, Frame
 
-__all__ = ["list_frames", "get_frame", "frame_ids_for_event"]
+__all__ = ["list_frames", "get_frame", "frame_ids_for_event", "date_obs_span"]
 
 
 def _filtered(stmt: Select, *, channel: str | None, start: dt.datetime | None, end: dt.datetime | None) -> Select:
@@ -68,3 +68,12 @@ def frame_ids_for_event(session: Session, event_id: int) -> list[int]:
     return list(session.scalars(
         select(EventFrame.frame_id).where(EventFrame.event_id == event_id).order_by(EventFrame.frame_id)
     ))
+
+
+def date_obs_span(session: Session, channel: str | None = None) -> tuple[dt.datetime | None, dt.datetime | None]:
+    """Earliest and latest DATE-OBS of the ingested frames (``(None, None)`` when there are none)."""
+    stmt = select(func.min(Frame.date_obs), func.max(Frame.date_obs))
+    if channel is not None:
+        stmt = stmt.where(Frame.channel_code == channel)
+    lo, hi = session.execute(stmt).one()
+    return lo, hi

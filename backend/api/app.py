@@ -1,0 +1,170 @@
+"""The FastAPI application: REST API under ``/api/v1``, event browser pages, static files.
+
+Run it with ``uvicorn backend.api.app:app`` (or ``lstdp serve``). Every error is JSON
+``{"detail": "<one clear line>"}`` on the API (validation errors add ``errors``, one
+entry per bad field) and an HTML page on the browser's pages; a bad request is a 4xx,
+never a 500:
+
+* request validation (bad channel, bad time string, end before start, limit out of
+  1..500, unknown calibration kind...): 422;
+* unknown ids: 404;
+* :class:`pipelines.errors.DataError` (and its :class:`~backend.services.jobs.JobRequestError`,
+  e.g. a pinned calibration version that does not exist): 422;
+* database unreachable: 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import frontend
+from backend import __version__
+from backend.api.deps import SessionDep
+from backend.api.routes import calibrations, channels, events, frames, jobs, products
+from backend.api.schemas import ErrorPublic, HealthPublic
+from pipelines.errors import DataError
+
+__all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR"]
+
+log = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+FRONTEND_DIR = Path(frontend.__file__).resolve().parent
+STATIC_DIR = FRONTEND_DIR / "static"
+TEMPLATE_DIR = FRONTEND_DIR / "templates"
+
+_ERRORS = {404: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
+
+
+def _is_api(request: Request) -> bool:
+    return request.url.path.startswith(API_PREFIX) or request.url.path.startswith("/static")
+
+
+def _jsonable_input(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    s = value if isinstance(value, str) else repr(value)
+    return s if len(s) <= 200 else s[:200] + "..."
+
+
+def clean_validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pydantic/FastAPI error entries as plain JSON: ``loc``, ``msg``, ``type``, ``input``."""
+    out = []
+    for e in errors:
+        msg = str(e.get("msg", "invalid value"))
+        for prefix in ("Value error, ", "Assertion failed, "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix):]
+        out.append({
+            "loc": [str(x) for x in e.get("loc", ())],
+            "msg": msg,
+            "type": str(e.get("type", "value_error")),
+            "input": _jsonable_input(e.get("input")),
+        })
+    return out
+
+
+def validation_message(errors: list[dict[str, Any]]) -> str:
+    """One line for the errors: ``query.limit: Input should be greater than or equal to 1; ...``."""
+    parts = []
+    for e in errors:
+        loc = ".".join(e["loc"]) or "request"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts) or "invalid request"
+
+
+def _error_page(request: Request, status: int, detail: str) -> HTMLResponse:
+    from backend.api.pages import templates
+
+    return templates.TemplateResponse(request, "error.html", {"status": status, "detail": detail}, status_code=status)
+
+
+async def _validation_handler(request: Request, exc: RequestValidationError):
+    errors = clean_validation_errors(list(exc.errors()))
+    detail = validation_message(errors)
+    if not _is_api(request):
+        return _error_page(request, 422, detail)
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
+async def _http_handler(request: Request, exc: StarletteHTTPException):
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if not _is_api(request) and exc.status_code >= 400:
+        return _error_page(request, exc.status_code, detail)
+    return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _data_error_handler(request: Request, exc: DataError):
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if not _is_api(request):
+        return _error_page(request, 422, detail)
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _db_unavailable_handler(request: Request, exc: OperationalError):
+    log.error("database unavailable: %s", exc)
+    detail = "the database is unavailable; try again later"
+    if not _is_api(request):
+        return _error_page(request, 503, detail)
+    return JSONResponse({"detail": detail}, status_code=503)
+
+
+def _health_router() -> APIRouter:
+    router = APIRouter(tags=["health"])
+
+    @router.get("/health", response_model=HealthPublic, responses={503: {"model": HealthPublic}})
+    def health(session: SessionDep):
+        """``ok`` when the database answers; 503 with the reason when it does not."""
+        try:
+            session.execute(text("SELECT 1"))
+        except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return JSONResponse(
+                HealthPublic(status="error", database=reason, version=__version__).model_dump(), status_code=503
+            )
+        return HealthPublic(status="ok", database="ok", version=__version__)
+
+    return router
+
+
+def create_app() -> FastAPI:
+    """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
+    from backend.api import pages
+
+    app = FastAPI(
+        title="LST data platform",
+        version=__version__,
+        description=(
+            "REST API of the ASO-S Lyman-alpha Solar Telescope (LST) data platform: channels, "
+            "raw frames (L0/L1), L2 products, calibration files, solar events (HEK codes) with "
+            "light curves, and recalibration jobs."
+        ),
+        docs_url="/docs",
+        redoc_url=None,
+        openapi_url=f"{API_PREFIX}/openapi.json",
+    )
+    api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
+    api.include_router(_health_router())
+    for module in (channels, frames, products, calibrations, events, jobs):
+        api.include_router(module.router)
+    app.include_router(api)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(DataError, _data_error_handler)
+    app.add_exception_handler(OperationalError, _db_unavailable_handler)
+    return app
+
+
+app = create_app()

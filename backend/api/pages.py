@@ -1,0 +1,232 @@
+"""The event browser: server-rendered pages (Jinja2 templates in ``frontend/templates``).
+
+Pages read through the same service functions as the API; figures are not drawn here: a
+page holds a ``<div data-figure-url=...>`` that ``frontend/static/app.js`` fills with the
+Plotly JSON from the API. Bad filter values on a page are shown as a message on the page
+(the filter is then not applied), never as an error status.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from backend import __version__
+from backend.api.deps import SessionDep
+from backend.api.routes.params import MAX_ID, IdPath, canonical_event_type
+from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
+from backend.models import CalibrationKind, Event
+from backend.services import events as events_service
+from backend.services import frames as frames_service
+from backend.services import jobs as jobs_service
+from backend.services import products as products_service
+from backend.services.channels import list_channels
+from pipelines.channels import CHANNELS
+
+__all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES"]
+
+PAGE_SIZE = 50
+#: Quicklooks shown per channel on an event page, and the time added around the event.
+QUICKLOOKS_PER_CHANNEL = 6
+QUICKLOOK_MARGIN = dt.timedelta(hours=1)
+#: Margin of the light curve around an event (the API default).
+LIGHTCURVE_MARGIN = dt.timedelta(minutes=30)
+#: Event sources known to the platform (``Event.source``), offered in the filter form.
+EVENT_SOURCES = ("detected", "goes_xrs", "cdaw", "hek", "donki", "lst_wst", "noaa_srs")
+
+
+def _plotly_js_version() -> str:
+    from backend.api.app import STATIC_DIR
+
+    try:
+        with open(STATIC_DIR / "vendor" / "plotly.min.js", encoding="utf-8") as f:
+            head = f.read(200)
+    except OSError:
+        return "missing"
+    m = re.search(r"plotly\.js v(\d+\.\d+\.\d+)", head)
+    return m.group(1) if m else "unknown"
+
+
+def _templates() -> Jinja2Templates:
+    from backend.api.app import TEMPLATE_DIR
+
+    t = Jinja2Templates(directory=str(TEMPLATE_DIR))
+    t.env.globals.update(
+        version=__version__,
+        plotly_version=PLOTLY_JS_VERSION,
+        hek_label=hek_label,
+        hek_types=HEK_EVENT_TYPES,
+        event_colours=EVENT_COLOURS,
+    )
+    t.env.filters["utc"] = _fmt_utc
+    t.env.filters["num"] = _fmt_num
+    return t
+
+
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    if t is None:
+        return None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:
+    t = _utc(t)
+    if t is None:
+        return "—"
+    return t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+def _fmt_num(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+PLOTLY_JS_VERSION = _plotly_js_version()
+templates = _templates()
+router = APIRouter(include_in_schema=False)
+
+
+def _parse_time(name: str, value: str | None, errors: list[str]) -> dt.datetime | None:
+    """A form time (``YYYY-MM-DDTHH:MM[:SS]``, UTC) or ``None``; bad values go to ``errors``."""
+    if not value:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    except (ValueError, OverflowError):
+        errors.append(f"{name}: {value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)")
+        return None
+
+
+def _form_time(t: dt.datetime | None) -> str:
+    t = _utc(t)
+    return t.strftime("%Y-%m-%dT%H:%M") if t else ""
+
+
+@router.get("/", response_class=HTMLResponse)
+def events_page(
+    request: Request,
+    session: SessionDep,
+    type: Annotated[str | None, Query()] = None,  # noqa: A002 - the HEK name of the filter
+    source: Annotated[str | None, Query(max_length=32)] = None,
+    start: Annotated[str | None, Query(max_length=40)] = None,
+    end: Annotated[str | None, Query(max_length=40)] = None,
+    page: Annotated[int, Query(ge=1, le=MAX_ID // PAGE_SIZE)] = 1,
+):
+    """Events list with filters (HEK type, source, time range), paginated, and the timeline figure."""
+    errors: list[str] = []
+    try:
+        event_type = canonical_event_type(type)
+    except ValueError as exc:
+        errors.append(f"type: {exc}")
+        event_type = None
+    source = (source or "").strip() or None
+    t0 = _parse_time("start", start, errors)
+    t1 = _parse_time("end", end, errors)
+    if t0 and t1 and t1 < t0:
+        errors.append("end is before start: the time range was not applied")
+        t0 = t1 = None
+    offset = (page - 1) * PAGE_SIZE
+    rows, total = events_service.list_events(
+        session, event_type=event_type, start=t0, end=t1, source=source, channel=None,
+        limit=PAGE_SIZE, offset=offset,
+    )
+    applied = {k: v for k, v in (
+        ("type", event_type), ("source", source),
+        ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
+    ) if v}
+    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1)}
+    form_q = {k: v for k, v in form.items() if v}
+    n_pages = max(1, -(-total // PAGE_SIZE))
+    return templates.TemplateResponse(request, "events.html", {
+        "events": rows,
+        "total": total,
+        "page": page,
+        "n_pages": n_pages,
+        "first": offset + 1 if rows else 0,
+        "last": offset + len(rows),
+        "prev_url": f"/?{urlencode({**form_q, 'page': page - 1})}" if page > 1 else None,
+        "next_url": f"/?{urlencode({**form_q, 'page': page + 1})}" if page < n_pages else None,
+        "form": form,
+        "sources": EVENT_SOURCES,
+        "errors": errors,
+        "timeline_url": f"/api/v1/events/timeline/figure?{urlencode(applied)}",
+    })
+
+
+def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:
+    start = _utc(event.start_time) - QUICKLOOK_MARGIN
+    end = _utc(event.end_time or event.peak_time or event.start_time) + QUICKLOOK_MARGIN
+    by_channel: dict[str, list[Any]] = {}
+    for p in products_service.latest_products_in_window(session, start, end, with_quicklook=True, limit=5000):
+        by_channel.setdefault(p.frame.channel_code, []).append(p)
+    return {code: products_service.sample_evenly(by_channel[code], QUICKLOOKS_PER_CHANNEL)
+            for code in CHANNELS if code in by_channel}
+
+
+@router.get("/events/{event_id}", response_class=HTMLResponse)
+def event_page(request: Request, event_id: IdPath, session: SessionDep):
+    """One event in the field's terms, its associations, quicklooks around it and its light curve."""
+    from backend.api.routes.events import event_detail
+
+    row = events_service.get_event(session, event_id)
+    if row is None:
+        raise HTTPException(404, detail=f"no event with id {event_id}")
+    detail = event_detail(session, row)
+    lc_start, lc_end = products_service.event_window(row, LIGHTCURVE_MARGIN)
+    has_sdi = bool(products_service.latest_products_in_window(session, lc_start, lc_end, channel="SDI", limit=1))
+    duration = None
+    if detail.end_time is not None:
+        duration = detail.end_time - detail.start_time
+    return templates.TemplateResponse(request, "event.html", {
+        "e": detail,
+        "duration": duration,
+        "quicklooks": _quicklooks_around(session, row),
+        "quicklook_margin_h": QUICKLOOK_MARGIN.total_seconds() / 3600,
+        "has_sdi": has_sdi,
+        "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
+    })
+
+
+@router.get("/products", response_class=HTMLResponse)
+def products_page(request: Request, session: SessionDep):
+    """Gallery of the latest quicklooks of each of LST's four channels."""
+    return templates.TemplateResponse(request, "products.html", {
+        "gallery": products_service.latest_quicklooks_by_channel(session, per_channel=QUICKLOOKS_PER_CHANNEL),
+        "channels": {c.code: c for c in list_channels(session)},
+    })
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+def new_job_page(request: Request, session: SessionDep):
+    """Form for a recalibration job; submitted with fetch, then followed with a progress bar."""
+    lo, hi = frames_service.date_obs_span(session)
+    return templates.TemplateResponse(request, "job_new.html", {
+        "channels": list_channels(session),
+        "kinds": [k.value for k in CalibrationKind],
+        "default_start": _form_time(lo),
+        "default_end": _form_time(hi + dt.timedelta(minutes=1) if hi else None),
+    })
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep):
+    """The most recent jobs."""
+    rows, total = jobs_service.list_jobs(session, limit=PAGE_SIZE, offset=0)
+    return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total})
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: str, session: SessionDep):
+    """One job, its parameters and a progress bar that follows it."""
+    job = jobs_service.get_job(session, job_id) if len(job_id) <= 36 else None
+    if job is None:
+        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
+    from backend.api.schemas import JobPublic
+
+    return templates.TemplateResponse(request, "job.html", {"job": JobPublic.model_validate(job)})

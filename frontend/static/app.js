@@ -1,0 +1,136 @@
+/* LST event browser: draw Plotly figures sent as JSON by the API, and follow jobs.
+ *
+ * - Any element with data-figure-url gets the figure JSON ({data, layout}) fetched from
+ *   that URL and drawn with Plotly.newPlot (plotly.js is vendored: /static/vendor/).
+ *   With data-click-url, a click on a point whose customdata is an id opens data-click-url + id.
+ * - Any element .job-status[data-job-id] polls GET /api/v1/jobs/{id} and updates its
+ *   progress bar until the job has succeeded or failed.
+ * - The form #job-form posts a job with fetch and then follows it.
+ */
+(function () {
+  "use strict";
+
+  const FINAL_STATES = new Set(["succeeded", "failed"]);
+  const POLL_MS = 1000;
+
+  async function renderFigure(el) {
+    const url = el.dataset.figureUrl;
+    try {
+      const resp = await fetch(url, { headers: { Accept: "application/json" } });
+      const body = await resp.json();
+      if (!resp.ok) throw new Error(body.detail || resp.statusText);
+      el.innerHTML = "";
+      await Plotly.newPlot(el, body.data, body.layout, { responsive: true, displaylogo: false });
+      if (el.dataset.clickUrl) {
+        el.on("plotly_click", function (ev) {
+          const id = ev.points && ev.points[0] && ev.points[0].customdata;
+          if (id !== undefined && id !== null) window.location.href = el.dataset.clickUrl + id;
+        });
+      }
+    } catch (err) {
+      el.innerHTML = "";
+      const p = document.createElement("p");
+      p.className = "error";
+      p.textContent = "Could not draw the figure: " + err.message;
+      el.appendChild(p);
+    }
+  }
+
+  function updateJobStatus(el, job) {
+    const state = el.querySelector(".job-state");
+    state.textContent = job.state;
+    state.className = "job-state state-" + job.state;
+    const bar = el.querySelector(".job-progress");
+    bar.value = job.progress;
+    bar.textContent = Math.round(job.progress * 100) + "%";
+    el.querySelector(".job-counts").textContent =
+      `${job.done} done · ${job.failed} failed · ${job.skipped} skipped · ${job.total} frames`;
+    const err = el.querySelector(".job-error");
+    if (job.error) {
+      err.textContent = job.error;
+      err.hidden = false;
+    } else {
+      err.hidden = true;
+    }
+    el.dataset.state = job.state;
+  }
+
+  function followJob(el) {
+    const url = el.dataset.jobUrl;
+    let delay = POLL_MS;
+    async function poll() {
+      try {
+        const resp = await fetch(url, { headers: { Accept: "application/json" } });
+        const body = await resp.json();
+        if (!resp.ok) throw new Error(body.detail || resp.statusText);
+        updateJobStatus(el, body);
+        delay = POLL_MS;
+        if (FINAL_STATES.has(body.state)) return;
+      } catch (err) {
+        const e = el.querySelector(".job-error");
+        e.textContent = "Could not read the job (" + err.message + "); retrying";
+        e.hidden = false;
+        delay = Math.min(delay * 2, 15000);
+      }
+      window.setTimeout(poll, delay);
+    }
+    poll();
+  }
+
+  function localToUtcIso(value) {
+    // datetime-local gives "YYYY-MM-DDTHH:MM[:SS]"; the form's times are UTC.
+    return value.length === 16 ? value + ":00Z" : value + "Z";
+  }
+
+  function initJobForm(form) {
+    const errorBox = document.getElementById("job-form-error");
+    const follow = document.getElementById("job-follow");
+    const template = document.getElementById("job-status-template");
+    form.addEventListener("submit", async function (ev) {
+      ev.preventDefault();
+      errorBox.hidden = true;
+      const data = new FormData(form);
+      const pinned = {};
+      for (const [key, value] of data.entries()) {
+        if (key.startsWith("pin:") && String(value).trim() !== "") pinned[key.slice(4)] = Number(value);
+      }
+      const payload = {
+        channels: data.getAll("channels"),
+        start: localToUtcIso(String(data.get("start") || "")),
+        end: localToUtcIso(String(data.get("end") || "")),
+        pinned_calibrations: pinned,
+        owner: String(data.get("owner") || "anonymous"),
+      };
+      const button = form.querySelector("button[type=submit]");
+      button.disabled = true;
+      try {
+        const resp = await fetch(form.action, {
+          method: "POST",
+          headers: { "Content-Type": "application/json", Accept: "application/json" },
+          body: JSON.stringify(payload),
+        });
+        const body = await resp.json();
+        if (!resp.ok) throw new Error(body.detail || resp.statusText);
+        const html = template.innerHTML.replaceAll("JOB_ID", body.id);
+        follow.insertAdjacentHTML("afterbegin", html);
+        const el = follow.querySelector(".job-status");
+        updateJobStatus(el, body);
+        followJob(el);
+      } catch (err) {
+        errorBox.textContent = err.message;
+        errorBox.hidden = false;
+      } finally {
+        button.disabled = false;
+      }
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("[data-figure-url]").forEach(renderFigure);
+    document.querySelectorAll("main > .job-status[data-job-id]").forEach(followJob);
+    const form = document.getElementById("job-form");
+    if (form) initJobForm(form);
+  });
+
+  window.LSTDP = { renderFigure: renderFigure, followJob: followJob };
+})();
