@@ -119,6 +119,14 @@ async def _db_unavailable_handler(request: Request, exc: OperationalError):
     return JSONResponse({"detail": detail}, status_code=503)
 
 
+async def _unexpected_handler(request: Request, exc: Exception):
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    detail = "internal server error (logged on the server)"
+    if not _is_api(request):
+        return _error_page(request, 500, detail)
+    return JSONResponse({"detail": detail}, status_code=500)
+
+
 def _health_router() -> APIRouter:
     router = APIRouter(tags=["health"])
 
@@ -164,6 +172,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
+    app.add_exception_handler(Exception, _unexpected_handler)
     return app
 
 

@@ -19,7 +19,7 @@ from fastapi.templating import Jinja2Templates
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes.params import MAX_ID, IdPath, canonical_event_type
+from backend.api.routes.params import MAX_ID, IdPath, canonical_event_type, is_safe_key
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import events as events_service
@@ -126,6 +126,9 @@ def events_page(
         errors.append(f"type: {exc}")
         event_type = None
     source = (source or "").strip() or None
+    if source is not None and not is_safe_key(source, 32):
+        errors.append(f"source: {source[:40]!r} is not a source name (letters, digits, _ . -)")
+        source = None
     t0 = _parse_time("start", start, errors)
     t1 = _parse_time("end", end, errors)
     if t0 and t1 and t1 < t0:
@@ -224,7 +227,7 @@ def jobs_page(request: Request, session: SessionDep):
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str, session: SessionDep):
     """One job, its parameters and a progress bar that follows it."""
-    job = jobs_service.get_job(session, job_id) if len(job_id) <= 36 else None
+    job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
     from backend.api.schemas import JobPublic

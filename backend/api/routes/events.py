@@ -13,6 +13,7 @@ from backend.api.routes.params import (
     ChannelQuery,
     EventTypeQuery,
     IdPath,
+    SAFE_KEY_PATTERN,
     PaginationDep,
     TimeRangeDep,
     canonical_channel,
@@ -28,12 +29,20 @@ router = APIRouter(prefix="/events", tags=["events"])
 
 SourceQuery = Annotated[
     str | None,
-    Query(max_length=32, description="detected, or a catalogue: goes_xrs, cdaw, hek, donki, lst_wst, noaa_srs"),
+    Query(max_length=32, pattern=SAFE_KEY_PATTERN,
+          description="detected, or a catalogue: goes_xrs, cdaw, hek, donki, lst_wst, noaa_srs"),
 ]
+
+
+def _lightcurve_channel(value: str) -> str:
+    """The channel of a light curve: SDI when empty, else a canonical LST channel code."""
+    return canonical_channel(value) or "SDI"
+
+
 LightCurveChannel = Annotated[
     str,
     Query(description="Channel of the L2 products averaged (default SDI)"),
-    AfterValidator(canonical_channel),
+    AfterValidator(_lightcurve_channel),
 ]
 MarginQuery = Annotated[
     float,

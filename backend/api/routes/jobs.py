@@ -7,7 +7,7 @@ import logging
 from fastapi import APIRouter, HTTPException, Response, status
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import PaginationDep
+from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobsPublic
 from backend.models import JobState, utcnow
 from backend.services import jobs as jobs_service
@@ -56,9 +56,7 @@ def read_jobs(session: SessionDep, page: PaginationDep) -> JobsPublic:
 @router.get("/{job_id}", response_model=JobPublic, summary="One job and its progress")
 def read_job(job_id: str, session: SessionDep) -> JobPublic:
     """State (queued, running, succeeded, failed), counts, progress fraction, error, timestamps."""
-    if len(job_id) > 36:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}...")
-    job = jobs_service.get_job(session, job_id)
+    job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
-        raise HTTPException(404, detail=f"no job with id {job_id!r}")
+        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
     return JobPublic.model_validate(job)

@@ -19,6 +19,8 @@ from pipelines.channels import CHANNELS, get_channel
 
 __all__ = [
     "MAX_ID",
+    "SAFE_KEY_PATTERN",
+    "is_safe_key",
     "IdPath",
     "ChannelQuery",
     "EventTypeQuery",
@@ -63,6 +65,18 @@ def as_utc(value: dt.datetime | None) -> dt.datetime | None:
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
     except OverflowError:
         raise ValueError(f"time {value.isoformat()} is out of range in UTC") from None
+
+
+#: What a job id or an event source may contain (they go into SQL string comparisons;
+#: PostgreSQL refuses NUL characters, so such values are answered before the query).
+SAFE_KEY_PATTERN = r"^[A-Za-z0-9_.\-]*$"
+
+
+def is_safe_key(value: str, max_length: int = 64) -> bool:
+    """True for a short token of letters, digits, ``_``, ``.`` and ``-`` (a job id, a source name)."""
+    import re
+
+    return len(value) <= max_length and re.fullmatch(SAFE_KEY_PATTERN, value) is not None
 
 
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="Row id")]
