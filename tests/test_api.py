@@ -168,6 +168,20 @@ def make_calibration(session, channel: str, kind: CalibrationKind, version: int)
     return c
 
 
+def route_celery_to_this_data_dir() -> None:
+    """Point the Celery app at the current settings' broker (``DATA_DIR/broker/in`` for filesystem://).
+
+    ``pipelines.celery_app.ensure_configured`` reconfigures the app when the settings
+    change, but Celery keeps its producer pool (``app.amqp._producer_pool``), which still
+    holds the transport options (broker folder) of the first test that sent a message;
+    forget it so this test's messages land in this test's folder.
+    """
+    from pipelines.celery_app import app, ensure_configured
+
+    ensure_configured()
+    app.amqp._producer_pool = None
+
+
 # -- fixtures -------------------------------------------------------------------------------
 
 
@@ -442,8 +456,11 @@ def events(db_session):
                       T0 + dt.timedelta(days=2, minutes=9), goes_class="C2.0")
     pr = make_event(db_session, "PR", T0 + 300 * MIN, None, None, source="detected", channels="SCI-UV",
                     position_angle=80.0, frm_name="lstdp-prominence", frm_version="0.1")
+    # associations are stored both ways, as the catalogue import does
     db_session.add_all([EventAssociation(event_id=fl.id, other_event_id=ce.id, kind="flare_cme"),
-                        EventAssociation(event_id=wfl.id, other_event_id=fl.id, kind="same_event")])
+                        EventAssociation(event_id=ce.id, other_event_id=fl.id, kind="cme_flare"),
+                        EventAssociation(event_id=wfl.id, other_event_id=fl.id, kind="same_flare"),
+                        EventAssociation(event_id=fl.id, other_event_id=wfl.id, kind="same_flare")])
     db_session.flush()
     return {"fl": fl, "ce": ce, "wfl": wfl, "late": late, "pr": pr}
 
@@ -481,8 +498,9 @@ def test_event_detail_with_associations_and_links(client, db_session, events, tm
     assert d["hpc_x"] == -420.5 and d["hpc_y"] == 310.0
     assert d["start_time"] == "2024-05-14T16:00:00Z" and d["peak_time"] == "2024-05-14T16:12:00Z"
     assert d["frame_ids"] == [f.id] and d["product_ids"] == [p.id]
-    assoc = {a["event"]["id"] for a in d["associated"]}
-    assert assoc == {events["ce"].id, events["wfl"].id}
+    assoc = {(a["event"]["id"], a["kind"]) for a in d["associated"]}
+    assert assoc == {(events["ce"].id, "flare_cme"), (events["wfl"].id, "same_flare")}
+    assert [a["event"]["id"] for a in d["associated"]] == [events["wfl"].id, events["ce"].id]  # by start time
     ce = client.get(f"/api/v1/events/{events['ce'].id}").json()
     assert ce["position_angle"] == 285.0 and ce["angular_width"] == 120.0 and ce["speed_km_s"] == 950.0
     assert fl.id in {a["event"]["id"] for a in ce["associated"]}
@@ -589,9 +607,7 @@ def _broker_messages(settings) -> list[str]:
 
 
 def test_post_job_queues_it_on_the_filesystem_broker(client, db_session, settings):
-    from pipelines.celery_app import ensure_configured
-
-    ensure_configured()  # the Celery app follows the temporary DATA_DIR
+    route_celery_to_this_data_dir()
     make_calibration(db_session, "SDI", CalibrationKind.dark, 3)
     before = _broker_messages(settings)
     r = client.post("/api/v1/jobs", json={
@@ -646,9 +662,7 @@ BAD_JOBS = [
 
 @pytest.mark.parametrize("payload,needles", BAD_JOBS)
 def test_bad_job_requests_are_422_and_store_nothing(client, db_session, payload, needles):
-    from pipelines.celery_app import ensure_configured
-
-    ensure_configured()
+    route_celery_to_this_data_dir()
     n_before = len(list(db_session.scalars(select(Job.id))))
     assert_error(client.post("/api/v1/jobs", json=payload), 422, *needles)
     assert len(list(db_session.scalars(select(Job.id)))) == n_before

@@ -60,10 +60,8 @@ def _event_or_404(session, event_id: int) -> Event:
     return row
 
 
-def _association(item: Any) -> EventAssociationPublic:
-    """One entry of ``associated_events``: an Event, or an (Event, kind) pair."""
-    if isinstance(item, Event):
-        return EventAssociationPublic(kind="associated", event=EventPublic.model_validate(item))
+def _association(item: tuple[Event, str]) -> EventAssociationPublic:
+    """One ``(event, kind)`` entry of ``associated_events``."""
     event, kind = item
     return EventAssociationPublic(kind=str(kind), event=EventPublic.model_validate(event))
 

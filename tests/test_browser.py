@@ -1,0 +1,236 @@
+"""The event browser in a real Chromium (Debian's, driven by Playwright).
+
+A uvicorn server runs the app in a thread, on a free localhost port, against a temporary
+SQLite database (embedded mode, ``sqlite_env``) filled with events, frames, products with
+real FITS files and PNG quicklooks. Job submission goes to the real Celery app on the
+``filesystem://`` broker in the temporary DATA_DIR; no worker runs, so the job stays
+``queued``. Screenshots go to each test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from backend.db import session_scope
+from backend.models import EventAssociation, EventProduct, Job, JobState
+from tests.test_api import T0, make_event, make_frame, make_product, route_celery_to_this_data_dir
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+MIN = dt.timedelta(minutes=1)
+TIMEOUT_MS = 15_000
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _fill(settings) -> SimpleNamespace:
+    """Events, frames and written products of all four channels around a flare."""
+    ids = SimpleNamespace()
+    with session_scope() as s:
+        fl = make_event(s, "FL", T0, T0 + 12 * MIN, T0 + 30 * MIN, goes_class="M1.2", hpc_x=-420.5, hpc_y=310.0,
+                        noaa_ar=13664, frm_name="SWPC")
+        ce = make_event(s, "CE", T0 + 20 * MIN, None, T0 + 200 * MIN, source="cdaw", position_angle=285.0,
+                        angular_width=120.0, speed_km_s=950.0)
+        c2 = make_event(s, "FL", T0 + dt.timedelta(days=1), T0 + dt.timedelta(days=1, minutes=4),
+                        T0 + dt.timedelta(days=1, minutes=9), goes_class="C2.0")
+        pr = make_event(s, "PR", T0 + 300 * MIN, source="detected", channels="SCI-UV", position_angle=80.0)
+        s.add_all([EventAssociation(event_id=fl.id, other_event_id=ce.id, kind="flare_cme"),
+                   EventAssociation(event_id=ce.id, other_event_id=fl.id, kind="cme_flare")])
+        folder = settings.products
+        sdi = []
+        for i, minutes in enumerate((-10, 0, 10, 20, 40)):
+            f = make_frame(s, "SDI", T0 + minutes * MIN)
+            sdi.append(make_product(s, f, folder / "SDI", disk_value=100.0 + (30.0 if 0 <= minutes <= 30 else 0.0)))
+        others = {}
+        for code in ("WST", "SCI-UV", "SCI-WL"):
+            f = make_frame(s, code, T0 + 5 * MIN)
+            others[code] = make_product(s, f, folder / code, disk_value=10.0, bunit="MSB" if code != "WST" else
+                                        "erg cm-2 s-1 sr-1")
+        s.add(EventProduct(event_id=fl.id, product_id=sdi[2].id))
+        s.flush()
+        ids.fl, ids.ce, ids.c2, ids.pr = fl.id, ce.id, c2.id, pr.id
+        ids.sdi = [p.id for p in sdi]
+        ids.others = {k: p.id for k, p in others.items()}
+    return ids
+
+
+@pytest.fixture
+def live(sqlite_env):
+    """The app served by uvicorn in a thread, on the temporary SQLite database."""
+    import uvicorn
+
+    from backend.api.app import create_app
+    ids = _fill(sqlite_env)
+    route_celery_to_this_data_dir()  # POST /jobs sends to DATA_DIR/broker/in of this test
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ids=ids, settings=sqlite_env)
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    pg.js_errors = errors
+    yield pg
+    context.close()
+
+
+def test_events_page_lists_filters_and_draws_timeline(live, page, tmp_path):
+    page.goto(live.url + "/")
+    page.wait_for_selector("#timeline.js-plotly-plot")
+    rows = page.locator("#events-table tbody tr")
+    assert rows.count() == 4
+    assert page.locator("#event-count").inner_text().strip() == "Events 1–4 of 4"
+    # the timeline is the API's figure: its title counts the events drawn
+    page.wait_for_selector("#timeline .gtitle")
+    assert page.locator("#timeline .gtitle").text_content() == "Event timeline: 4 events"
+    assert page.locator("#timeline .bars .point").count() >= 3  # FL, FL, CE bars
+    fl_row = page.locator(f"tr[data-event-id='{live.ids.fl}']")
+    assert "GOES M1.2" in fl_row.inner_text() and "(-420″, 310″)" in fl_row.inner_text()
+    assert "PA 285°" in page.locator(f"tr[data-event-id='{live.ids.ce}']").inner_text()
+    page.screenshot(path=str(tmp_path / "events.png"), full_page=True)
+
+    page.select_option("#filter-type", "FL")
+    page.click("#event-filters button[type=submit]")
+    page.wait_for_url(re.compile(r"type=FL"))
+    page.wait_for_selector("#timeline.js-plotly-plot")
+    types = page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.eventType)")
+    assert types == ["FL", "FL"]
+    assert page.locator("#timeline .gtitle").text_content() == "Event timeline: 2 events"
+
+    page.fill("#filter-start", "2024-05-15T00:00")
+    page.click("#event-filters button[type=submit]")
+    page.wait_for_selector("#timeline.js-plotly-plot")
+    ids = page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => Number(r.dataset.eventId))")
+    assert ids == [live.ids.c2]
+    page.screenshot(path=str(tmp_path / "events-filtered.png"), full_page=True)
+    assert page.js_errors == []
+
+
+def test_event_page_shows_details_links_quicklooks_and_lightcurve(live, page, tmp_path):
+    page.goto(f"{live.url}/events/{live.ids.fl}")
+    fields = page.locator("#event-fields").inner_text()
+    for text in ("FL (Flare)", "2024-05-14 16:00:00 UTC", "2024-05-14 16:12:00 UTC", "2024-05-14 16:30:00 UTC",
+                 "M1.2", "-420.5″, 310.0″", "13664", "goes_xrs", "SWPC", "30.0 min"):
+        assert text in fields, text
+    assert page.locator("#associated-events a").inner_text() == f"CE (Coronal mass ejection) #{live.ids.ce}"
+    # quicklooks of all four channels within +-1 h, served by the API and decoded by the browser
+    page.wait_for_load_state("networkidle")
+    imgs = page.locator(".gallery img")
+    assert imgs.count() == 5 + 3
+    widths = imgs.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+    assert all(w > 0 for w in widths), widths
+    assert [h.inner_text() for h in page.locator("h3").all()] == ["SDI", "WST", "SCI-UV", "SCI-WL"]
+    page.wait_for_selector("#lightcurve.js-plotly-plot")
+    assert page.locator("#lightcurve .scatterlayer .point").count() == 5
+    assert page.locator("#lightcurve .gtitle").text_content() == f"SDI light curve around FL #{live.ids.fl}"
+    page.screenshot(path=str(tmp_path / "event.png"), full_page=True)
+
+    page.click("#associated-events a")
+    page.wait_for_url(f"{live.url}/events/{live.ids.ce}")
+    fields = page.locator("#event-fields").inner_text()
+    assert "285° (CCW from solar north)" in fields and "120°" in fields and "950 km/s" in fields
+    assert page.locator("#associated-events a").inner_text() == f"FL (Flare) #{live.ids.fl}"
+
+    page.goto(f"{live.url}/events/{live.ids.c2}")
+    assert page.locator("#no-lightcurve").is_visible()
+    resp = page.goto(f"{live.url}/events/999999")
+    assert resp.status == 404 and "no event with id 999999" in page.locator("main").inner_text()
+    assert [e for e in page.js_errors if "404" not in e] == []
+
+
+def test_products_gallery_shows_all_four_channels(live, page, tmp_path):
+    page.goto(live.url + "/products")
+    page.wait_for_load_state("networkidle")
+    for code in ("SDI", "WST", "SCI-UV", "SCI-WL"):
+        imgs = page.locator(f"#channel-{code} .gallery img")
+        assert imgs.count() >= 1, code
+        assert imgs.first.evaluate("i => i.naturalWidth") > 0, code
+    assert page.locator("#channel-SDI .gallery img").count() == 5
+    page.screenshot(path=str(tmp_path / "products.png"), full_page=True)
+    assert page.js_errors == []
+
+
+def test_job_form_submits_and_follows_the_job(live, page, tmp_path):
+    page.goto(live.url + "/jobs/new")
+    # the form is prefilled with the DATE-OBS span of the frames
+    assert page.input_value("#job-start") == "2024-05-14T15:50"
+    page.uncheck("input[name=channels][value=WST]")
+    page.uncheck("input[name=channels][value=SCI-WL]")
+
+    page.fill("#job-end", "2024-05-14T10:00")  # before the start: the API's message is shown
+    page.click("#job-submit")
+    page.wait_for_selector("#job-form-error:not([hidden])")
+    assert "end is before start" in page.locator("#job-form-error").inner_text()
+
+    page.fill("#job-end", "2024-05-14T17:00")
+    page.click("#job-submit")
+    bar = page.wait_for_selector("#job-follow .job-status progress.job-progress")
+    job_id = bar.get_attribute("data-job-id")
+    assert re.fullmatch(r"[0-9a-f-]{36}", job_id)
+    assert page.locator("#job-follow .job-id").inner_text() == job_id
+    assert page.locator("#job-follow .job-state").inner_text() == "queued"
+    assert page.locator("#job-form-error").is_hidden()
+    page.screenshot(path=str(tmp_path / "job-new.png"), full_page=True)
+
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert job.state == JobState.queued
+        assert job.parameters["channels"] == ["SCI-UV", "SDI"]
+        assert job.parameters["start"].startswith("2024-05-14T15:50:00")
+    messages = [p.read_text() for p in (live.settings.broker_dir / "in").glob("*") if p.is_file()]
+    assert any(job_id in m for m in messages)
+
+    # the job page follows it too, and the progress bar moves when the job does
+    page.goto(f"{live.url}/jobs/{job_id}")
+    assert page.locator(".job-state").inner_text() == "queued"
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        job.state, job.total, job.done, job.failed = JobState.failed, 4, 2, 2
+        job.error = "2 of 4 products failed: SDI frame 7: no flat valid at DATE-OBS"
+    page.wait_for_selector(".job-state.state-failed")
+    assert page.locator("progress.job-progress").evaluate("p => p.value") == 1.0
+    assert "no flat valid at DATE-OBS" in page.locator(".job-error").inner_text()
+    page.screenshot(path=str(tmp_path / "job.png"), full_page=True)
+    assert [e for e in page.js_errors if "422" not in e] == []
