@@ -56,6 +56,7 @@ def configure(settings: Settings | None = None) -> Celery:
             "data_folder_in": folder,
             "data_folder_out": folder,
             "processed_folder": str(s.broker_dir / "processed"),
+            "control_folder": str(s.broker_dir / "control"),
             "store_processed": False,
             "polling_interval": 0.2,
         }
