@@ -262,7 +262,7 @@ def _goes_match(wst: Event, candidates: list[Event]) -> Event | None:
         offset = abs(gp - ref)
         if not in_window and offset > WST_GOES_MAX_OFFSET:
             continue
-        key = (not in_window, g.goes_class != wst.goes_class, offset, g.id)
+        key = (g.goes_class != wst.goes_class, not in_window, offset, g.id)
         if best_key is None or key < best_key:
             best, best_key = g, key
     return best
@@ -271,12 +271,13 @@ def _goes_match(wst: Event, candidates: list[Event]) -> Event | None:
 def link_wst_goes(session: Session) -> int:
     """Link each LST/WST white-light flare to its GOES X-ray flare (``same_flare``, both ways).
 
-    The GOES flare is taken among GOES XRS flares (``source='goes_xrs'``) whose peak (start
-    when no peak) falls on the same UTC day as the WST flare: first those whose peak lies in
-    the WST window [start, end] (with the WST row's own order of times when its end precedes
-    its peak), else the nearest with its peak within 30 min of the WST peak; ties prefer the
-    GOES class the WST table gives, then the nearest peak. WST flares already linked to a
-    GOES flare are left as they are.
+    Candidates are GOES XRS flares (``source='goes_xrs'``) whose peak (start when no peak)
+    falls on the same UTC day as the WST peak and either lies in the WST window (from the
+    earliest to the latest of its start, peak and end: one published row has its end before
+    its peak) or within 30 min of the WST peak. Among candidates, the one with the GOES class
+    the WST table gives comes first (the table took class and location from the GOES
+    catalogue), then one in the window, then the nearest peak. WST flares already linked to
+    a GOES flare are left as they are.
 
     Returns
     -------
