@@ -16,7 +16,6 @@ never a 500:
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -27,11 +26,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import frontend
 from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import calibrations, channels, events, frames, jobs, products
 from backend.api.schemas import ErrorPublic, HealthPublic
+from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.errors import DataError
 
 __all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR"]
@@ -39,9 +38,6 @@ __all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR"]
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/v1"
-FRONTEND_DIR = Path(frontend.__file__).resolve().parent
-STATIC_DIR = FRONTEND_DIR / "static"
-TEMPLATE_DIR = FRONTEND_DIR / "templates"
 
 _ERRORS = {404: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
 

@@ -27,6 +27,7 @@ from backend.services import frames as frames_service
 from backend.services import jobs as jobs_service
 from backend.services import products as products_service
 from backend.services.channels import list_channels
+from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.channels import CHANNELS
 
 __all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES"]
@@ -42,8 +43,6 @@ EVENT_SOURCES = ("detected", "goes_xrs", "cdaw", "hek", "donki", "lst_wst", "noa
 
 
 def _plotly_js_version() -> str:
-    from backend.api.app import STATIC_DIR
-
     try:
         with open(STATIC_DIR / "vendor" / "plotly.min.js", encoding="utf-8") as f:
             head = f.read(200)
@@ -54,8 +53,6 @@ def _plotly_js_version() -> str:
 
 
 def _templates() -> Jinja2Templates:
-    from backend.api.app import TEMPLATE_DIR
-
     t = Jinja2Templates(directory=str(TEMPLATE_DIR))
     t.env.globals.update(
         version=__version__,
