@@ -705,3 +705,66 @@ def test_no_route_answers_500_to_garbage(client, db_session, events):
                      "/api/v1/calibration-files/", "/api/v1/channels/"):
             r = client.get(base + v)
             assert r.status_code < 500, (base, v, r.status_code, r.text)
+
+
+# -- database down, pages -------------------------------------------------------------------
+
+
+def test_database_down_is_503_not_500(settings):
+    from sqlalchemy.orm import Session
+
+    from backend.db import make_engine
+
+    engine = make_engine("postgresql+psycopg://postgres@127.0.0.1:1/nowhere")  # nothing listens on port 1
+    app = create_app()
+
+    def _session():
+        with Session(engine) as s:
+            yield s
+
+    app.dependency_overrides[get_session] = _session
+    try:
+        with TestClient(app, raise_server_exceptions=False) as c:
+            r = c.get("/api/v1/health")
+            assert r.status_code == 503 and r.json()["status"] == "error" and r.json()["database"]
+            assert_error(c.get("/api/v1/frames"), 503, "database is unavailable")
+            r = c.get("/")
+            assert r.status_code == 503 and "database is unavailable" in r.text and r.headers["content-type"].startswith("text/html")
+    finally:
+        engine.dispose()
+
+
+def test_pages_render_and_bad_page_input_is_explained(client, db_session, events, tmp_path):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert f'href="/events/{events["fl"].id}"' in r.text and "/static/vendor/plotly.min.js" in r.text
+    assert 'data-figure-url="/api/v1/events/timeline/figure?"' in r.text
+    r = client.get("/", params={"type": "fl", "start": "2024-05-14T15:00", "source": "goes_xrs"})
+    assert r.text.count("data-event-id=") == 2  # the M1.2 flare and the later C2.0, not the WST flare
+    assert f'data-event-id="{events["late"].id}"' in r.text and f'data-event-id="{events["wfl"].id}"' not in r.text
+    assert 'data-figure-url="/api/v1/events/timeline/figure?type=FL&amp;source=goes_xrs&amp;start=2024-05-14T15%3A00%3A00%2B00%3A00"' in r.text
+    r = client.get("/", params={"type": "QQ", "start": "noon", "end": "2024-01-01T00:00"})
+    assert r.status_code == 200
+    assert "unknown HEK event type &#39;QQ&#39;" in r.text and "start: &#39;noon&#39; is not a date and time" in r.text
+    r = client.get("/", params={"start": "2024-05-15T00:00", "end": "2024-05-14T00:00"})
+    assert "end is before start" in r.text and r.text.count("data-event-id=") == 5
+    r = client.get("/", params={"source": "a\x00b"})
+    assert r.status_code == 200 and "is not a source name" in r.text
+
+    d = client.get(f"/events/{events['ce'].id}")
+    assert d.status_code == 200
+    assert "285° (CCW from solar north)" in d.text and "950 km/s" in d.text
+    assert f'href="/events/{events["fl"].id}"' in d.text
+    assert "No written SDI L2 products around this event" in d.text
+
+    nf = client.get("/events/424242")
+    assert nf.status_code == 404 and "no event with id 424242" in nf.text and nf.headers["content-type"].startswith("text/html")
+    assert client.get("/events/abc").status_code == 422
+    assert client.get("/jobs/no-such-job").status_code == 404
+    assert client.get("/jobs/%00").status_code == 404
+    for url in ("/products", "/jobs/new", "/jobs"):
+        r = client.get(url)
+        assert r.status_code == 200, url
+    assert client.get("/static/app.js").headers["content-type"].startswith(("application/javascript", "text/javascript"))
+    head = client.get("/static/vendor/plotly.min.js").text[:200]
+    assert "plotly.js v" in head

@@ -145,6 +145,11 @@ def test_events_page_lists_filters_and_draws_timeline(live, page, tmp_path):
     ids = page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => Number(r.dataset.eventId))")
     assert ids == [live.ids.c2]
     page.screenshot(path=str(tmp_path / "events-filtered.png"), full_page=True)
+
+    # a click on an event of the timeline opens its page (app.js handles plotly_click)
+    page.locator("#timeline").evaluate(
+        f"el => el.emit('plotly_click', {{points: [{{customdata: {live.ids.c2}}}]}})")
+    page.wait_for_url(f"{live.url}/events/{live.ids.c2}")
     assert page.js_errors == []
 
 
