@@ -1,0 +1,391 @@
+"""The L2 calibration flow of one LST frame: the steps of :mod:`.steps` composed.
+
+:func:`calibrate_frame` takes a raw frame as :func:`pipelines.fitsio.read_image` returns it
+(float data, header with the ASO-S quirks repaired and observer keywords filled) and the
+calibration inputs chosen for it (:class:`CalibrationInput`, one per kind), and returns an
+:class:`L2Result`: float32 data in physical units, a uint8 DQ array, the L2 header (full
+helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``BUNIT``, ``CAL*`` provenance
+keywords, one HISTORY line per step) and summary statistics.
+
+Calibration masters are FITS files that describe themselves in their primary header
+(``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the
+parameters of the kind); :func:`load_calibration_master` reads one. The simulator
+(:mod:`pipelines.simulate`) writes such masters.
+
+Provenance keywords written on the product (name, version, database id, SHA-256 of each
+calibration file; ``CAL*`` keywords as punchbowl does):
+
+==============  ========  ========  ========  ========
+kind            name      version   id        sha256
+==============  ========  ========  ========  ========
+dark            CALDARK   CALDKVER  CALDKID   CALDKSHA
+flat            CALFLAT   CALFLVER  CALFLID   CALFLSHA
+radiometric     CALRAD    CALRDVER  CALRDID   CALRDSHA
+stray_light     CALSTRAY  CALSTVER  CALSTID   CALSTSHA
+mask_geometry   CALMASK   CALMKVER  CALMKID   CALMKSHA
+==============  ========  ========  ========  ========
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from astropy.io import fits
+from astropy.io.fits.verify import VerifyWarning
+
+from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
+from pipelines.calibration import steps
+from pipelines.calibration.steps import DQ, RADIANCE_UNIT, StrayLightModel
+from pipelines.channels import channel_from_header, get_channel
+from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
+from pipelines.fitsio import sha256_file
+
+__all__ = [
+    "CALIBRATION_KINDS",
+    "CAL_KEYWORDS",
+    "CalibrationInput",
+    "L2Result",
+    "load_calibration_master",
+    "calibrate_frame",
+    "required_kinds",
+]
+
+#: Kinds of calibration file the flow knows (``CALKIND`` values).
+CALIBRATION_KINDS = ("dark", "flat", "radiometric", "stray_light", "mask_geometry", "psf")
+
+#: Header keywords (name, version, id, sha256) recording each kind on the product.
+CAL_KEYWORDS: dict[str, tuple[str, str, str, str]] = {
+    "dark": ("CALDARK", "CALDKVER", "CALDKID", "CALDKSHA"),
+    "flat": ("CALFLAT", "CALFLVER", "CALFLID", "CALFLSHA"),
+    "radiometric": ("CALRAD", "CALRDVER", "CALRDID", "CALRDSHA"),
+    "stray_light": ("CALSTRAY", "CALSTVER", "CALSTID", "CALSTSHA"),
+    "mask_geometry": ("CALMASK", "CALMKVER", "CALMKID", "CALMKSHA"),
+    "psf": ("CALPSF", "CALPSVER", "CALPSID", "CALPSSHA"),
+}
+
+_KNOWN_OPTIONS = {"backend", "device", "subtract_stray_light", "rotate_north_up", "interpolation_order",
+                  "saturation_dn"}
+
+
+@dataclass
+class CalibrationInput:
+    """One calibration file as the flow uses it.
+
+    Attributes
+    ----------
+    kind : str
+        ``dark``, ``flat``, ``radiometric``, ``stray_light``, ``mask_geometry`` (or ``psf``).
+    id : int or None
+        Database id of the calibration file (set by the caller; ``None`` outside the DB).
+    version : int
+        ``CALVER``.
+    sha256 : str
+        Hex SHA-256 of the file's bytes.
+    name : str
+        File name (recorded on the product).
+    channel : str
+        ``CHANNEL`` the file is for.
+    data : dict of str to numpy.ndarray
+        Arrays by role: dark ``bias`` [DN] and ``dark_rate`` [DN/s]; flat ``flat``; empty for
+        the parameter-only kinds.
+    parameters : dict
+        The primary-header keywords (``RADCOEF``, ``RADUNIT``, ``OCCRAD``, ``FOVRAD``,
+        ``STRAYB0``, ``STRAYR0``, ``STRAYIDX``, ...).
+    path : str or None
+        Where it was read from.
+    """
+
+    kind: str
+    id: int | None
+    version: int
+    sha256: str
+    name: str
+    channel: str
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    def param(self, key: str, cast=float) -> Any:
+        """Parameter ``key`` cast by ``cast``; :class:`DataError` if missing or invalid."""
+        try:
+            return cast(self.parameters[key])
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{self.kind} calibration {self.name!r} lacks a valid {key} keyword") from None
+
+
+@dataclass
+class L2Result:
+    """A calibrated frame.
+
+    Attributes
+    ----------
+    data : numpy.ndarray, shape (ny, nx), float32
+        Physical units (``header['BUNIT']``): erg cm-2 s-1 sr-1 (SDI, WST) or MSB (SCI).
+        NaN where ``dq`` has NOT_FINITE or NO_DATA.
+    dq : numpy.ndarray, shape (ny, nx), uint8
+        DQ bits (:class:`pipelines.calibration.steps.DQ`).
+    header : astropy.io.fits.Header
+        The L2 header.
+    stats : dict
+        JSON-ready summary: ``median``, ``mean``, ``p01``, ``p99`` of the good pixels (DQ 0),
+        ``n_pixels``, ``n_good``, ``n_masked``, counts per DQ bit, ``rsun_px``, ``channel``,
+        ``bunit``, ``backend``.
+    """
+
+    data: np.ndarray
+    dq: np.ndarray
+    header: fits.Header
+    stats: dict[str, Any]
+
+
+def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for i, hdu in enumerate(hdul):
+        if hdu.data is None or getattr(hdu.data, "ndim", 0) != 2:
+            continue
+        name = str(hdu.header.get("EXTNAME", "")).strip().lower() or ("primary" if i == 0 else f"hdu{i}")
+        out[name] = np.asarray(hdu.data, dtype=np.float32)
+    if kind == "dark":
+        if "bias" not in out and "primary" in out:
+            out["bias"] = out.pop("primary")
+        if "darkrate" in out:
+            out["dark_rate"] = out.pop("darkrate")
+        if "bias" not in out or "dark_rate" not in out:
+            raise DataError("dark calibration needs a BIAS plane [DN] and a DARKRATE plane [DN/s]")
+    if kind == "flat":
+        if "flat" not in out and "primary" in out:
+            out["flat"] = out.pop("primary")
+        if "flat" not in out:
+            raise DataError("flat calibration holds no image")
+    return out
+
+
+def load_calibration_master(path: str | Path) -> CalibrationInput:
+    """Read a calibration master written by :mod:`pipelines.simulate` (or any file of that form).
+
+    Parameters
+    ----------
+    path : path-like
+        FITS file whose primary header has ``CALKIND``, ``CHANNEL``, ``CALVER``.
+
+    Returns
+    -------
+    CalibrationInput
+        ``id`` is ``None``: the caller sets it from its registry.
+
+    Raises
+    ------
+    FitsReadError
+        If the file is missing, not FITS, or fails its CHECKSUM/DATASUM.
+    DataError
+        If the header does not describe a calibration file or the arrays are missing.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FitsReadError(f"no such calibration file: {p}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with fits.open(p, memmap=False, checksum=True) as hdul:
+                hdul.verify("silentfix")
+                primary = hdul[0].header.copy()
+                bad_sum = any(
+                    ("CHECKSUM" in h.header and not getattr(h, "_checksum_valid", True))
+                    or ("DATASUM" in h.header and not getattr(h, "_datasum_valid", True))
+                    for h in hdul)
+                kind = str(primary.get("CALKIND", "")).strip().lower()
+                arrays = _master_arrays(kind, hdul) if kind else {}
+    except (OSError, ValueError, TypeError, IndexError, EOFError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FitsReadError(f"unreadable calibration file {p.name}: {msg}") from None
+    if bad_sum or any("checksum" in str(w.message).lower() and issubclass(w.category, (UserWarning, VerifyWarning))
+                      for w in caught):
+        raise FitsReadError(f"calibration file {p.name} fails its CHECKSUM/DATASUM (corrupted)")
+    if not kind:
+        raise DataError(f"{p.name} is not a calibration file (no CALKIND in the primary header)")
+    if kind not in CALIBRATION_KINDS:
+        raise DataError(f"{p.name}: unknown CALKIND {kind!r}")
+    try:
+        version = int(primary["CALVER"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{p.name}: no integer CALVER") from None
+    channel = str(primary.get("CHANNEL", "")).strip().upper()
+    params = {k: primary[k] for k in primary if k not in ("", "COMMENT", "HISTORY")}
+    return CalibrationInput(kind=kind, id=None, version=version, sha256=sha256_file(p), name=p.name,
+                            channel=channel, data=arrays, parameters=params, path=str(p))
+
+
+def required_kinds(channel: str, options: dict | None = None) -> tuple[str, ...]:
+    """Calibration kinds :func:`calibrate_frame` needs for ``channel``.
+
+    SCI channels also need ``stray_light`` unless ``options['subtract_stray_light']`` is
+    false.
+    """
+    opts = options or {}
+    kinds = ["dark", "flat", "radiometric", "mask_geometry"]
+    if get_channel(channel).is_coronagraph and opts.get("subtract_stray_light", True):
+        kinds.append("stray_light")
+    return tuple(kinds)
+
+
+def _stray_model(cal: CalibrationInput) -> StrayLightModel:
+    return StrayLightModel(b_ref=cal.param("STRAYB0"), r_ref=cal.param("STRAYR0"), index=cal.param("STRAYIDX"),
+                           r_min=float(cal.parameters.get("STRAYRMN", 1.0)),
+                           r_max=float(cal.parameters.get("STRAYRMX", 3.0)))
+
+
+def _stamp_calibration(header: fits.Header, cal: CalibrationInput) -> None:
+    kname, kver, kid, ksha = CAL_KEYWORDS[cal.kind]
+    label = cal.kind.replace("_", " ")
+    header[kname] = (cal.name, f"{label} calibration file" if len(cal.name) < 40 else "")
+    header[kver] = (int(cal.version), f"{label} calibration version (CALVER)")
+    if cal.id is not None:
+        header[kid] = (int(cal.id), f"{label} calibration file id")
+    header[ksha] = cal.sha256  # 64 hex digits: no room for a comment
+
+
+def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, backend: str) -> dict[str, Any]:
+    good = (dq == 0) & np.isfinite(data)
+    vals = data[good].astype(np.float64)
+    stats: dict[str, Any] = {
+        "channel": channel,
+        "bunit": str(header.get("BUNIT", "")),
+        "backend": backend,
+        "n_pixels": int(data.size),
+        "n_good": int(good.sum()),
+        "n_masked": int((dq != 0).sum()),
+    }
+    for bit in DQ:
+        stats[f"n_{bit.name.lower()}"] = int(((dq & int(bit)) != 0).sum())
+    if vals.size:
+        p01, med, p99 = np.percentile(vals, [1, 50, 99])
+        stats.update(median=float(med), mean=float(vals.mean()), p01=float(p01), p99=float(p99))
+    else:
+        stats.update(median=None, mean=None, p01=None, p99=None)
+    try:
+        geom = steps.sun_geometry(header)
+        stats["rsun_px"] = float(geom.rsun_px)
+    except DataError:
+        stats["rsun_px"] = None
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+
+
+def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[str, CalibrationInput],
+                    options: dict | None = None) -> L2Result:
+    """Calibrate one raw LST frame to L2.
+
+    Parameters
+    ----------
+    data : numpy.ndarray, shape (ny, nx) [DN]
+        Raw frame as read by :func:`pipelines.fitsio.read_image`.
+    header : astropy.io.fits.Header
+        Its repaired header (``HPLN-TAN`` WCS, ISO ``DATE-OBS``, observer keywords,
+        ``EXPTIME``, channel keywords).
+    calibrations : dict of str to CalibrationInput
+        By kind: ``dark``, ``flat``, ``radiometric``, ``mask_geometry``, and for SCI
+        ``stray_light``. Extra kinds (``psf``) are recorded and noted as not applied.
+    options : dict, optional
+        ``backend`` (``numpy``/``cupy``; ``device: gpu`` means CuPy), ``subtract_stray_light``
+        (default True), ``rotate_north_up`` (default True), ``interpolation_order`` (3),
+        ``saturation_dn`` (65535). Unknown keys are ignored and named in HISTORY.
+
+    Returns
+    -------
+    L2Result
+
+    Raises
+    ------
+    NotLSTFrameError
+        If the header names no LST channel.
+    CalibrationMissingError
+        If a needed kind of calibration is not given.
+    DataError
+        If a calibration is for another channel or another frame size, or the frame or
+        its header is unusable (no EXPTIME, no WCS, ...).
+    """
+    opts = dict(options or {})
+    if getattr(data, "ndim", None) != 2:
+        raise DataError(f"a frame must be a 2-D image, got shape {getattr(data, 'shape', None)}")
+    channel = channel_from_header(header)
+    if channel is None:
+        raise NotLSTFrameError("the header names no LST channel (TELESCOP/INSTRUME/DETECTOR/CHANNEL)")
+    spec = get_channel(channel)
+    cals = dict(calibrations or {})
+    missing = [k for k in required_kinds(channel, opts) if k not in cals]
+    if missing:
+        raise CalibrationMissingError(f"no {', '.join(missing)} calibration given for this {channel} frame")
+    for kind, cal in cals.items():
+        if cal.channel and cal.channel != channel:
+            raise DataError(f"the {kind} calibration {cal.name!r} is for {cal.channel}, the frame is {channel}")
+        for name, arr in cal.data.items():
+            if tuple(arr.shape) != tuple(data.shape):
+                raise DataError(f"the {kind} calibration {cal.name!r} ({name}) is {arr.shape[1]}x{arr.shape[0]}, "
+                                f"the frame is {data.shape[1]}x{data.shape[0]}")
+
+    backend = opts.get("backend") or ("cupy" if str(opts.get("device", "")).lower() == "gpu" else "numpy")
+    xp = resolve_namespace(backend)
+    order = int(opts.get("interpolation_order", 3))
+    saturation = float(opts.get("saturation_dn", steps.SATURATION_DN))
+
+    h = header.copy()
+    for key in ("BZERO", "BSCALE", "BLANK", "CHECKSUM", "DATASUM"):
+        h.remove(key, ignore_missing=True, remove_all=True)
+    if "FILENAME" in h:
+        h["RAWFILE"] = (str(h["FILENAME"]), "raw frame of this product")
+        del h["FILENAME"]
+    if "DATE_OBS" in h:
+        h["DATE_OBS"] = (str(h["DATE-OBS"]), "[UTC] ISO 8601")
+    ignored = sorted(set(opts) - _KNOWN_OPTIONS)
+    if ignored:
+        h.add_history(f"calibrate_frame: options ignored (not calibration options): {', '.join(ignored)}")
+    raw = to_device(data, xp, dtype=xp.float64)
+    dq, h = steps.flag_invalid_pixels(raw, None, h, saturation_dn=saturation)
+
+    dark = cals["dark"]
+    img, h = steps.subtract_dark(raw, h, to_device(dark.data["bias"], xp, xp.float64),
+                                 to_device(dark.data["dark_rate"], xp, xp.float64))
+    img, h = steps.correct_flat(img, h, to_device(cals["flat"].data["flat"], xp, xp.float64))
+    img, h = steps.normalize_exposure(img, h)
+    rad = cals["radiometric"]
+    unit = str(rad.parameters.get("RADUNIT", spec.bunit)).strip() or spec.bunit
+    if unit != spec.bunit:
+        raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
+    img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
+
+    if spec.is_coronagraph and not opts.get("subtract_stray_light", True):
+        h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
+    else:
+        model = _stray_model(cals["stray_light"]) if "stray_light" in cals and spec.is_coronagraph else None
+        img, h = steps.subtract_stray_light(img, h, model)
+
+    geo = cals["mask_geometry"]
+    occ = geo.parameters.get("OCCRAD")
+    occ = float(occ) if occ not in (None, "") else None
+    fov = geo.parameters.get("FOVRAD", spec.fov_rsun_max)
+    dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
+    dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
+    dq, h = steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
+
+    if opts.get("rotate_north_up", True):
+        img, dq, h = steps.rotate_north_up(img, dq, h, order=order)
+    else:
+        img = xp.astype(img, xp.float32)
+        h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
+
+    if "psf" in cals:
+        h.add_history("deconvolve_psf: not applied (no PSF deconvolution step in this version); file recorded")
+    for cal in cals.values():
+        if cal.kind in CAL_KEYWORDS:
+            _stamp_calibration(h, cal)
+    h["LEVEL"] = ("L2", "calibrated, north up (LST level 2)")
+    h["BUNIT"] = unit
+    h["CHANNEL"] = channel
+    h["BACKEND"] = (backend_name(xp), "array backend used for the arithmetic")
+    out = to_numpy(img).astype(np.float32, copy=False)
+    dq_np = to_numpy(dq).astype(np.uint8, copy=False)
+    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)))

@@ -1,0 +1,759 @@
+"""The L2 calibration steps of LST, one pure function each.
+
+Every step takes arrays and an :class:`astropy.io.fits.Header` and returns new arrays and a
+new header (the inputs are never modified). Every step appends one ``HISTORY`` line naming
+itself, also when it does nothing (for example stray light on a disk imager). No step
+touches a database, a broker or global settings.
+
+Order (``pipelines.calibration.flow.calibrate_frame``)::
+
+    flag_invalid_pixels -> subtract_dark -> correct_flat -> normalize_exposure
+    -> convert_units -> subtract_stray_light -> mask_occulter -> mask_field_of_view
+    -> rotate_north_up
+
+The arithmetic steps (dark, flat, exposure, units, stray light) and the masks are written
+against the Array API namespace of their input (:mod:`pipelines.array_backend`): they run
+on NumPy or CuPy arrays alike. :func:`rotate_north_up` uses ``scipy.ndimage`` or
+``cupyx.scipy.ndimage`` (same API) for the spline resampling.
+
+Data-quality (DQ) bits, one ``uint8`` per pixel (:class:`DQ`):
+
+=====  ==============  ============================================================
+bit    name            meaning
+=====  ==============  ============================================================
+1      SATURATED       raw value at or above the saturation level (default 65535 DN)
+2      NOT_FINITE      NaN or infinite value (in the raw frame or after a step, e.g.
+                       a flat-field value <= 0)
+4      OCCULTED        behind the SCI occulter, r < occulter radius (1.1 Rsun)
+8      OUTSIDE_FOV     beyond the field stop (SCI: 2.5 Rsun) or the disk imagers'
+                       useful field (1.2 Rsun)
+16     NO_DATA         L2 pixel whose source falls outside the detector after the
+                       north-up rotation and re-centring
+=====  ==============  ============================================================
+
+A pixel with DQ == 0 is good. The DQ array travels with the frame through
+:func:`rotate_north_up` (nearest-neighbour resampling, so bits are never mixed).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from astropy import units as u
+from astropy.io import fits
+
+from pipelines.array_backend import namespace_of, ndimage_for, to_numpy
+from pipelines.channels import channel_from_header, get_channel
+from pipelines.errors import DataError
+
+__all__ = [
+    "DQ",
+    "RSUN_REF_M",
+    "SunGeometry",
+    "StrayLightModel",
+    "sun_geometry",
+    "radius_map",
+    "flag_invalid_pixels",
+    "subtract_dark",
+    "correct_flat",
+    "normalize_exposure",
+    "convert_units",
+    "subtract_stray_light",
+    "mask_occulter",
+    "mask_field_of_view",
+    "rotate_north_up",
+]
+
+#: Photospheric radius [m] used to turn DSUN_OBS into an apparent radius, IAU 2015
+#: nominal value (Prsa et al. 2016, AJ 152, 41), the value sunpy uses.
+RSUN_REF_M = 695_700_000.0
+
+#: Saturation level of LST's 16-bit sensors [DN] (LST.md: 16-bit CMOS).
+SATURATION_DN = 65535.0
+
+RADIANCE_UNIT = "erg cm-2 s-1 sr-1"
+
+
+class DQ(enum.IntFlag):
+    """Bits of the L2 data-quality array (see the module docstring)."""
+
+    SATURATED = 1
+    NOT_FINITE = 2
+    OCCULTED = 4
+    OUTSIDE_FOV = 8
+    NO_DATA = 16
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _history(header: fits.Header, step: str, text: str) -> None:
+    header.add_history(f"{step}: {text}")
+
+
+def _copy(header: fits.Header) -> fits.Header:
+    if not isinstance(header, fits.Header):
+        raise TypeError(f"header must be an astropy.io.fits.Header, got {type(header).__name__}")
+    return header.copy()
+
+
+def _exptime(header: fits.Header) -> float:
+    try:
+        t = float(header["EXPTIME"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError("no usable EXPTIME (exposure time [s]) in the header") from None
+    if not math.isfinite(t) or t <= 0:
+        raise DataError(f"EXPTIME must be a positive number of seconds, got {t}")
+    return t
+
+
+def _check_2d(name: str, a: Any, shape: tuple[int, ...] | None = None) -> None:
+    if getattr(a, "ndim", None) != 2:
+        raise DataError(f"{name} must be a 2-D array, got shape {getattr(a, 'shape', None)}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise DataError(f"{name} has shape {tuple(a.shape)}, the frame has {tuple(shape)}")
+
+
+def _new_dq(data: Any, dq: Any | None) -> Any:
+    xp = namespace_of(data)
+    if dq is None:
+        return xp.zeros(data.shape, dtype=xp.uint8)
+    _check_2d("dq", dq, data.shape)
+    return xp.asarray(dq, dtype=xp.uint8, copy=True)
+
+
+def _bunit(header: fits.Header) -> str:
+    return str(header.get("BUNIT", "")).strip()
+
+
+def _channel_code(header: fits.Header) -> str | None:
+    code = channel_from_header(header)
+    if code is None:
+        c = str(header.get("CHANNEL", "")).strip()
+        try:
+            code = get_channel(c).code if c else None
+        except KeyError:
+            code = None
+    return code
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+@dataclass(frozen=True)
+class SunGeometry:
+    """Where the Sun is on a frame, from its WCS and observer keywords.
+
+    Attributes
+    ----------
+    x0, y0 : float
+        Pixel of the disk centre (helioprojective 0, 0), 0-based (array column, row).
+    matrix : numpy.ndarray, shape (2, 2)
+        ``CDELTi * PCi_j`` in arcsec/pixel: ``(Tx, Ty) = matrix @ (x - x0, y - y0)``.
+    rsun_arcsec : float
+        Apparent solar radius [arcsec].
+    """
+
+    x0: float
+    y0: float
+    matrix: np.ndarray
+    rsun_arcsec: float
+
+    @property
+    def scale(self) -> float:
+        """Mean plate scale [arcsec/pixel] (square root of the Jacobian)."""
+        return float(math.sqrt(abs(np.linalg.det(self.matrix))))
+
+    @property
+    def rsun_px(self) -> float:
+        """Apparent solar radius [pixel]."""
+        return self.rsun_arcsec / self.scale
+
+    @property
+    def roll_deg(self) -> float:
+        """Roll angle [deg] (CROTA2 convention: PC = [[cos, -sin], [sin, cos]])."""
+        m = self.matrix
+        return float(math.degrees(math.atan2(m[1, 0] - m[0, 1], m[0, 0] + m[1, 1])))
+
+
+def apparent_rsun_arcsec(header: fits.Header) -> float:
+    """Apparent solar radius [arcsec]: ``RSUN_OBS`` if given, else from ``DSUN_OBS``.
+
+    ``asin(RSUN_REF / DSUN_OBS)`` as sunpy computes ``rsun_obs``; ``RSUN_REF`` defaults to
+    :data:`RSUN_REF_M`.
+
+    Raises
+    ------
+    DataError
+        If neither ``RSUN_OBS`` nor a usable ``DSUN_OBS`` is present.
+    """
+    for key in ("RSUN_OBS", "RSUN_ARC"):
+        try:
+            v = float(header[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(v) and v > 0:
+            return v
+    try:
+        dsun = float(header["DSUN_OBS"])
+        rref = float(header.get("RSUN_REF", RSUN_REF_M))
+    except (KeyError, TypeError, ValueError):
+        raise DataError("cannot tell the solar radius: no RSUN_OBS and no usable DSUN_OBS") from None
+    if not (math.isfinite(dsun) and dsun > rref > 0):
+        raise DataError(f"DSUN_OBS={dsun} m is not a distance outside the Sun")
+    return float((math.asin(rref / dsun) * u.rad).to_value(u.arcsec))
+
+
+def sun_geometry(header: fits.Header) -> SunGeometry:
+    """The Sun's centre, the pixel-to-helioprojective matrix and the radius of a frame.
+
+    Parameters
+    ----------
+    header : astropy.io.fits.Header
+        With a helioprojective WCS (``CTYPE = HPLN-TAN/HPLT-TAN``; ``read_image`` maps
+        ASO-S's ``solar_x``/``solar_y`` to these) and observer keywords.
+
+    Returns
+    -------
+    SunGeometry
+
+    Raises
+    ------
+    DataError
+        If the header has no usable celestial WCS or no distance to the Sun.
+    """
+    from astropy.wcs import WCS, FITSFixedWarning
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FITSFixedWarning)
+            w = WCS(header, naxis=2)
+        if not w.has_celestial:
+            raise DataError("the header has no helioprojective WCS (CTYPE1/2)")
+        x0, y0 = (float(v) for v in w.world_to_pixel_values(0.0, 0.0))
+        m = np.asarray(w.pixel_scale_matrix, dtype=float) * 3600.0  # wcslib normalises to deg
+    except DataError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any WCS the library rejects is bad input
+        raise DataError(f"unusable WCS in the header ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if not (np.all(np.isfinite(m)) and math.isfinite(x0) and math.isfinite(y0)) or abs(np.linalg.det(m)) == 0:
+        raise DataError("the WCS does not locate the Sun (non-finite or singular)")
+    return SunGeometry(x0=x0, y0=y0, matrix=m, rsun_arcsec=apparent_rsun_arcsec(header))
+
+
+def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None) -> Any:
+    """Heliocentric distance in the plane of the sky [Rsun] of every pixel.
+
+    Parameters
+    ----------
+    shape : (ny, nx)
+    geometry : SunGeometry
+    xp : array namespace, optional
+        NumPy's by default.
+
+    Returns
+    -------
+    array, shape (ny, nx), float64
+    """
+    xp = xp if xp is not None else namespace_of()
+    ny, nx = shape
+    m = geometry.matrix / geometry.rsun_arcsec
+    dx = xp.reshape(xp.arange(nx, dtype=xp.float64) - geometry.x0, (1, nx))
+    dy = xp.reshape(xp.arange(ny, dtype=xp.float64) - geometry.y0, (ny, 1))
+    tx = m[0, 0] * dx + m[0, 1] * dy
+    ty = m[1, 0] * dx + m[1, 1] * dy
+    return xp.sqrt(tx * tx + ty * ty)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def flag_invalid_pixels(data: Any, dq: Any | None, header: fits.Header, *,
+                        saturation_dn: float = SATURATION_DN) -> tuple[Any, fits.Header]:
+    """Flag saturated and non-finite pixels of a raw frame.
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN]
+        The raw frame, before any arithmetic.
+    dq : array of uint8, shape (ny, nx), or None
+        DQ bits so far (``None``: a new all-zero array).
+    header : astropy.io.fits.Header
+    saturation_dn : float
+        Values at or above this are saturated [DN]. Default 65535 (16-bit sensors).
+
+    Returns
+    -------
+    dq : array of uint8, shape (ny, nx)
+        With :attr:`DQ.SATURATED` and :attr:`DQ.NOT_FINITE` set.
+    header : astropy.io.fits.Header
+        With a HISTORY line (the counts).
+
+    Raises
+    ------
+    DataError
+        If ``data`` is not 2-D or ``dq`` has another shape.
+    """
+    _check_2d("data", data)
+    xp = namespace_of(data)
+    out = _new_dq(data, dq)
+    finite = xp.isfinite(data)
+    sat = finite & (data >= saturation_dn)
+    out = xp.where(sat, out | xp.asarray(int(DQ.SATURATED), dtype=xp.uint8), out)
+    out = xp.where(~finite, out | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8), out)
+    h = _copy(header)
+    n_sat = int(xp.sum(xp.astype(sat, xp.int64)))
+    n_nan = int(xp.sum(xp.astype(~finite, xp.int64)))
+    _history(h, "flag_invalid_pixels", f"{n_sat} saturated (>= {saturation_dn:g} DN), {n_nan} non-finite")
+    return out, h
+
+
+def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any) -> tuple[Any, fits.Header]:
+    """Subtract the bias and the dark current scaled to the exposure time.
+
+    ``out = data - (bias + dark_rate * EXPTIME)``
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN]
+        Raw frame.
+    header : astropy.io.fits.Header
+        Needs ``EXPTIME`` [s].
+    bias : array, shape (ny, nx) [DN]
+        Zero-exposure offset (master bias plane of the dark calibration).
+    dark_rate : array, shape (ny, nx) [DN/s]
+        Dark-current rate (master dark-rate plane).
+
+    Returns
+    -------
+    data : array, shape (ny, nx), float [DN]
+    header : astropy.io.fits.Header
+        ``BUNIT='DN'`` and a HISTORY line.
+
+    Raises
+    ------
+    DataError
+        On a missing or non-positive ``EXPTIME`` or mismatched shapes.
+
+    Notes
+    -----
+    The dark current of a CMOS sensor grows linearly with exposure time at a fixed
+    temperature; a master with a rate plane lets one master serve every exposure
+    (LST.md: dark subtraction per exposure time and temperature).
+    """
+    _check_2d("data", data)
+    _check_2d("bias", bias, data.shape)
+    _check_2d("dark_rate", dark_rate, data.shape)
+    t = _exptime(header)
+    out = data - (bias + dark_rate * t)
+    h = _copy(header)
+    h["BUNIT"] = "DN"
+    xp = namespace_of(out)
+    mean_dark = float(xp.mean(dark_rate)) * t
+    _history(h, "subtract_dark", f"bias + dark rate x {t:g} s subtracted (mean dark {mean_dark:.3g} DN)")
+    return out, h
+
+
+def correct_flat(data: Any, header: fits.Header, flat: Any) -> tuple[Any, fits.Header]:
+    """Divide by the flat field.
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN]
+        Dark-subtracted frame.
+    header : astropy.io.fits.Header
+    flat : array, shape (ny, nx) [dimensionless]
+        Relative pixel response, mean 1 (with the CMOS laser-annealing stripes).
+
+    Returns
+    -------
+    data : array, shape (ny, nx) [DN]
+        NaN where the flat is not finite or not positive (flagged later as NOT_FINITE).
+    header : astropy.io.fits.Header
+
+    Raises
+    ------
+    DataError
+        If shapes differ.
+
+    References
+    ----------
+    Kuhn, Lin & Loranz 1991, PASP 103, 1097 (the KLL flat method used for WST and SDI);
+    Li J.-W. et al. 2025, Acta Astron. Sinica 66, 10 (LST in-flight flats).
+    """
+    _check_2d("data", data)
+    _check_2d("flat", flat, data.shape)
+    xp = namespace_of(data, flat)
+    good = xp.isfinite(flat) & (flat > 0)
+    safe = xp.where(good, flat, xp.ones_like(flat))
+    out = xp.where(good, data / safe, xp.asarray(float("nan"), dtype=data.dtype))
+    h = _copy(header)
+    n_bad = int(xp.sum(xp.astype(~good, xp.int64)))
+    _history(h, "correct_flat", f"divided by the flat field (mean {float(xp.mean(safe)):.4f}; {n_bad} pixels "
+             "with flat <= 0 set to NaN)")
+    return out, h
+
+
+def normalize_exposure(data: Any, header: fits.Header) -> tuple[Any, fits.Header]:
+    """Divide by the exposure time: DN to DN/s.
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN]
+    header : astropy.io.fits.Header
+        ``EXPTIME`` [s]; ``BUNIT`` must be ``DN`` (or absent).
+
+    Returns
+    -------
+    data : array [DN/s]
+    header : astropy.io.fits.Header
+        ``BUNIT='DN/s'``.
+
+    Raises
+    ------
+    DataError
+        On a bad ``EXPTIME`` or if the data are not in DN (the step ran twice).
+    """
+    _check_2d("data", data)
+    unit = _bunit(header)
+    if unit not in ("", "DN", "ADU", "COUNTS"):
+        raise DataError(f"normalize_exposure expects data in DN, got BUNIT={unit!r}")
+    t = _exptime(header)
+    out = data / t
+    h = _copy(header)
+    h["BUNIT"] = "DN/s"
+    _history(h, "normalize_exposure", f"divided by EXPTIME = {t:g} s; BUNIT DN -> DN/s")
+    return out, h
+
+
+def convert_units(data: Any, header: fits.Header, coefficient: float, unit: str) -> tuple[Any, fits.Header]:
+    """Radiometric calibration: DN/s to physical units.
+
+    ``out = data * coefficient``
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN/s]
+    header : astropy.io.fits.Header
+        ``BUNIT`` must be ``DN/s`` (set by :func:`normalize_exposure`).
+    coefficient : float
+        Radiometric coefficient C [``unit`` per DN/s], > 0.
+    unit : str
+        ``'erg cm-2 s-1 sr-1'`` (SDI, WST) or ``'MSB'`` (SCI: mean solar brightness of the
+        channel's passband).
+
+    Returns
+    -------
+    data : array [unit]
+    header : astropy.io.fits.Header
+        ``BUNIT=unit``.
+
+    Raises
+    ------
+    DataError
+        If the data are not in DN/s or ``coefficient`` is not a positive number.
+
+    References
+    ----------
+    LST.md: WST against the ASTM 2020 solar spectrum, SDI against GOES-R EUVS, SCI in MSB.
+    """
+    _check_2d("data", data)
+    if _bunit(header) != "DN/s":
+        raise DataError(f"convert_units expects data in DN/s, got BUNIT={_bunit(header)!r}")
+    c = float(coefficient)
+    if not math.isfinite(c) or c <= 0:
+        raise DataError(f"radiometric coefficient must be a positive number, got {coefficient!r}")
+    if unit not in (RADIANCE_UNIT, "MSB"):
+        raise DataError(f"unknown physical unit {unit!r}; expected {RADIANCE_UNIT!r} or 'MSB'")
+    out = data * c
+    h = _copy(header)
+    h["BUNIT"] = unit
+    _history(h, "convert_units", f"x {c:.6g} {unit} per DN/s; BUNIT DN/s -> {unit}")
+    return out, h
+
+
+@dataclass(frozen=True)
+class StrayLightModel:
+    """Radial power law of SCI stray light in MSB.
+
+    ``B(r) = b_ref * (clip(r, r_min, r_max) / r_ref) ** (-index)``, r in Rsun from the disk
+    centre in the detector frame (stray light follows the occulter, which tracks the Sun).
+
+    The default construction (:meth:`through_points`) passes through the two on-orbit
+    measurements of LST.md (SCI-WL: 7.8e-6 MSB at 1.1 Rsun, 7.6e-7 at 2.5; SCI-UV: 4.3e-3
+    and 4.1e-4).
+    """
+
+    b_ref: float
+    r_ref: float
+    index: float
+    r_min: float = 1.0
+    r_max: float = 3.0
+
+    @classmethod
+    def through_points(cls, r1: float, b1: float, r2: float, b2: float, *, r_min: float = 1.0,
+                       r_max: float = 3.0) -> StrayLightModel:
+        """The power law through (r1, b1) and (r2, b2) [Rsun, MSB]."""
+        if not (r1 > 0 and r2 > 0 and b1 > 0 and b2 > 0 and r1 != r2):
+            raise ValueError("two distinct positive radii and brightnesses are needed")
+        return cls(b_ref=float(b1), r_ref=float(r1), index=float(math.log(b1 / b2) / math.log(r2 / r1)),
+                   r_min=float(r_min), r_max=float(r_max))
+
+    def brightness(self, r: Any) -> Any:
+        """Stray light [MSB] at heliocentric distance(s) ``r`` [Rsun] (array or float)."""
+        if isinstance(r, (int, float)):
+            rc = min(max(float(r), self.r_min), self.r_max)
+            return self.b_ref * (rc / self.r_ref) ** (-self.index)
+        xp = namespace_of(r)
+        rc = xp.clip(r, self.r_min, self.r_max)
+        return self.b_ref * (rc / self.r_ref) ** (-self.index)
+
+
+def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel | None) -> tuple[Any, fits.Header]:
+    """Subtract the SCI instrumental stray light (a no-op, with HISTORY, for SDI and WST).
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [MSB]
+        Radiometrically calibrated SCI frame.
+    header : astropy.io.fits.Header
+        WCS and observer keywords (the Sun's centre and radius locate the model).
+    model : StrayLightModel or None
+        ``None`` skips the step (HISTORY says why).
+
+    Returns
+    -------
+    data : array [MSB]
+    header : astropy.io.fits.Header
+
+    Raises
+    ------
+    DataError
+        If a model is given for data that are not in MSB.
+
+    Notes
+    -----
+    In the WL channel the stray light exceeds the coronal signal near 2.5 Rsun (LST.md),
+    so the subtraction decides the science; the model is a versioned calibration product.
+
+    References
+    ----------
+    LST on-orbit tests and calibrations, Solar Physics (ASO-S topical collection): SCI
+    stray light 7.8e-6 / 7.6e-7 MSB (WL) and 4.3e-3 / 4.1e-4 MSB (UV) at 1.1 / 2.5 Rsun.
+    """
+    _check_2d("data", data)
+    h = _copy(header)
+    code = _channel_code(header)
+    if code is not None and not get_channel(code).is_coronagraph:
+        _history(h, "subtract_stray_light", f"skipped: {code} is a disk imager (no stray-light model applies)")
+        return data, h
+    if model is None:
+        _history(h, "subtract_stray_light", "skipped: no stray-light model given")
+        return data, h
+    if _bunit(header) != "MSB":
+        raise DataError(f"subtract_stray_light expects data in MSB, got BUNIT={_bunit(header)!r}")
+    xp = namespace_of(data)
+    geom = sun_geometry(header)
+    r = radius_map(data.shape, geom, xp)
+    stray = model.brightness(r)
+    out = data - xp.astype(stray, data.dtype)
+    _history(h, "subtract_stray_light",
+             f"power law {model.b_ref:.3g} MSB x (r/{model.r_ref:g} Rsun)^-{model.index:.4f}, r clipped to "
+             f"[{model.r_min:g}, {model.r_max:g}] Rsun; {model.brightness(1.1):.3g} MSB at 1.1 Rsun, "
+             f"{model.brightness(2.5):.3g} at 2.5")
+    return out, h
+
+
+def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bool, bit: DQ,
+                 step: str) -> tuple[Any, fits.Header]:
+    xp = namespace_of(dq)
+    geom = sun_geometry(header)
+    r = radius_map(dq.shape, geom, xp)
+    sel = (r < radius_rsun) if inside else (r > radius_rsun)
+    out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
+    h = _copy(header)
+    n = int(xp.sum(xp.astype(sel, xp.int64)))
+    side = "inside" if inside else "outside"
+    _history(h, step, f"{n} pixels {side} r = {radius_rsun:g} Rsun ({radius_rsun * geom.rsun_px:.2f} px) "
+             f"flagged {bit.name} (DQ bit {int(bit)})")
+    return out, h
+
+
+def mask_occulter(dq: Any, header: fits.Header, radius_rsun: float | None) -> tuple[Any, fits.Header]:
+    """Flag the pixels behind the SCI occulter (DQ bit 4, OCCULTED).
+
+    Parameters
+    ----------
+    dq : array of uint8, shape (ny, nx)
+    header : astropy.io.fits.Header
+        WCS and observer keywords.
+    radius_rsun : float or None
+        Occulter radius [Rsun] (SCI: 1.1, from the mask-geometry calibration). ``None``, or
+        a disk imager, skips the step.
+
+    Returns
+    -------
+    dq : array of uint8
+    header : astropy.io.fits.Header
+
+    References
+    ----------
+    Chen B. et al. 2019, RAA 19, 159: SCI field of view 1.1-2.5 Rsun.
+    """
+    _check_2d("dq", dq)
+    code = _channel_code(header)
+    if radius_rsun is None or (code is not None and not get_channel(code).is_coronagraph):
+        h = _copy(header)
+        _history(h, "mask_occulter", f"skipped: {code or 'this frame'} has no occulter")
+        return dq, h
+    return _mask_radius(dq, header, float(radius_rsun), inside=True, bit=DQ.OCCULTED, step="mask_occulter")
+
+
+def mask_field_of_view(dq: Any, header: fits.Header, radius_rsun: float | None) -> tuple[Any, fits.Header]:
+    """Flag the pixels beyond the useful field of view (DQ bit 8, OUTSIDE_FOV).
+
+    Parameters
+    ----------
+    dq : array of uint8, shape (ny, nx)
+    header : astropy.io.fits.Header
+    radius_rsun : float or None
+        Outer radius [Rsun]: SCI field stop 2.5, SDI/WST 1.2 (LST.md). ``None`` skips.
+
+    Returns
+    -------
+    dq : array of uint8
+    header : astropy.io.fits.Header
+    """
+    _check_2d("dq", dq)
+    if radius_rsun is None:
+        h = _copy(header)
+        _history(h, "mask_field_of_view", "skipped: no field-of-view radius given")
+        return dq, h
+    return _mask_radius(dq, header, float(radius_rsun), inside=False, bit=DQ.OUTSIDE_FOV, step="mask_field_of_view")
+
+
+_WCS_DROP = ("CROTA1", "CROTA2", "CROTA", "CD1_1", "CD1_2", "CD2_1", "CD2_2", "PC1_1", "PC1_2", "PC2_1",
+             "PC2_2", "CROTACN1", "CROTACN2")
+
+
+def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: int = 3,
+                    tolerance_px: float = 1e-3) -> tuple[Any, Any, fits.Header]:
+    """Rotate solar north up and put the disk centre on the frame centre.
+
+    The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
+    frame centre (``(n + 1) / 2``, 1-based), ``CRVAL = 0`` (the disk centre), identity
+    ``PC`` and no ``CROTA``. The data are resampled with a cubic spline
+    (``scipy.ndimage.affine_transform``, ``order=3``), the DQ bits with the nearest
+    neighbour. Pixels whose source falls outside the detector get ``DQ.NO_DATA`` and NaN;
+    pixels flagged ``NOT_FINITE`` are NaN.
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx)
+        Calibrated frame (any unit). Non-finite values are replaced by 0 before the spline
+        (they would spread) and are NaN again in the output.
+    dq : array of uint8, shape (ny, nx), or None
+    header : astropy.io.fits.Header
+        Helioprojective WCS and observer keywords.
+    order : int
+        Spline order for the data (3: cubic; 1: bilinear).
+    tolerance_px : float
+        Below this shift [pixel] and an equivalent roll, the step is skipped.
+
+    Returns
+    -------
+    data : array, shape (ny, nx), float32
+    dq : array of uint8, shape (ny, nx)
+    header : astropy.io.fits.Header
+        Updated WCS (``CTYPE HPLN-TAN/HPLT-TAN``, ``CUNIT arcsec``), ``RSUN_OBS`` [arcsec].
+
+    Raises
+    ------
+    DataError
+        If the header does not locate the Sun.
+
+    Notes
+    -----
+    With the reference point at the disk centre the TAN projection's intermediate
+    coordinates are rotated rigidly, so an affine map of pixel coordinates is exact:
+    ``p_in = s + M^-1 * scale * (p_out - c)``, with ``M = CDELT * PC`` and ``s`` the disk
+    centre on the input.
+    """
+    _check_2d("data", data)
+    xp = namespace_of(data)
+    dq0 = _new_dq(data, dq)
+    geom = sun_geometry(header)
+    ny, nx = data.shape
+    cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
+    scale = geom.scale
+    k_xy = np.linalg.inv(geom.matrix) * scale
+    h = _copy(header)
+    shift = math.hypot(geom.x0 - cx, geom.y0 - cy)
+    rot_err = float(np.abs(k_xy - np.eye(2)).max()) * max(nx, ny)
+    for key in _WCS_DROP:
+        if key in h:
+            del h[key]
+    h["WCSAXES"] = 2
+    h["CTYPE1"], h["CTYPE2"] = "HPLN-TAN", "HPLT-TAN"
+    h["CUNIT1"], h["CUNIT2"] = "arcsec", "arcsec"
+    h["CRPIX1"] = (cx + 1.0, "[pix] disk centre (1-based)")
+    h["CRPIX2"] = (cy + 1.0, "[pix] disk centre (1-based)")
+    h["CRVAL1"], h["CRVAL2"] = 0.0, 0.0
+    h["CDELT1"] = (scale, "[arcsec/pix]")
+    h["CDELT2"] = (scale, "[arcsec/pix]")
+    h["PC1_1"], h["PC1_2"], h["PC2_1"], h["PC2_2"] = 1.0, 0.0, 0.0, 1.0
+    h["RSUN_OBS"] = (geom.rsun_arcsec, "[arcsec] apparent photospheric radius")
+    if "RSUN_REF" not in h:
+        h["RSUN_REF"] = (RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
+    if shift < tolerance_px and rot_err < tolerance_px:
+        out = xp.where(xp.isfinite(data), data, xp.asarray(float("nan"), dtype=data.dtype))
+        _history(h, "rotate_north_up", "skipped: already north up with the disk centred")
+        return xp.astype(out, xp.float32), dq0, h
+    nd = ndimage_for(xp)
+    k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
+    s_yx = np.array([geom.y0, geom.x0])
+    offset = s_yx - k_yx @ np.array([cy, cx])
+    finite = xp.isfinite(data)
+    filled = xp.where(finite, data, xp.zeros_like(data))
+    filled = xp.astype(filled, xp.float64)
+    k_dev = xp.asarray(k_yx)
+    off_dev = xp.asarray(offset)
+    out = nd.affine_transform(filled, k_dev, offset=off_dev, output_shape=(ny, nx), order=int(order),
+                              mode="nearest", prefilter=True, output=xp.float32)
+    inside = nd.affine_transform(xp.ones((ny, nx), dtype=xp.float32), k_dev, offset=off_dev,
+                                 output_shape=(ny, nx), order=0, mode="constant", cval=0.0)
+    dq_flag = xp.where(finite, dq0, dq0 | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
+    dq_out = nd.affine_transform(dq_flag, k_dev, offset=off_dev, output_shape=(ny, nx), order=0,
+                                 mode="constant", cval=0)
+    dq_out = xp.astype(dq_out, xp.uint8)
+    dq_out = xp.where(inside > 0.5, dq_out, dq_out | xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8))
+    bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
+    out = xp.where(bad, xp.asarray(float("nan"), dtype=out.dtype), out)
+    n_nodata = int(xp.sum(xp.astype(inside <= 0.5, xp.int64)))
+    _history(h, "rotate_north_up",
+             f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
+             f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); spline "
+             f"order {int(order)}, DQ nearest neighbour; {n_nodata} pixels without data")
+    return xp.astype(out, xp.float32), dq_out, h
+
+
+def dq_description() -> list[str]:
+    """One line per DQ bit (``'bit 1 SATURATED: ...'``), for FITS COMMENT cards."""
+    text = {
+        DQ.SATURATED: "raw value at or above the saturation level",
+        DQ.NOT_FINITE: "NaN or infinite value",
+        DQ.OCCULTED: "behind the SCI occulter",
+        DQ.OUTSIDE_FOV: "outside the useful field of view",
+        DQ.NO_DATA: "no detector data after north-up rotation",
+    }
+    return [f"DQ bit {int(b)} {b.name}: {t}" for b, t in text.items()]
+
+
+def as_numpy(a: Any) -> np.ndarray:
+    """Host copy of an array of any backend (for writing and statistics)."""
+    return to_numpy(a)
