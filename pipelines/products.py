@@ -1,0 +1,174 @@
+"""L2 product files: the FITS layout and the quicklook PNG.
+
+FITS layout (:func:`build_product_hdul`):
+
+* HDU 0 (primary): float32 data in physical units (``BUNIT``), the full L2 header
+  (helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``CAL*`` provenance keywords,
+  HISTORY per step), software name and version.
+* HDU 1, ``EXTNAME='DQ'``: uint8 data-quality bits (meanings in COMMENT cards and in
+  :mod:`pipelines.calibration.steps`), with the same WCS and observer keywords so that it
+  is a valid map of its own.
+
+``sunpy.map.Map(path)`` therefore returns two maps, ``[data_map, dq_map]``;
+``sunpy.map.Map(path, hdus=0)`` returns the data map alone. Write the list with
+:func:`pipelines.fitsio.write_fits_atomic`, which adds ``CHECKSUM``/``DATASUM`` to both HDUs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from astropy.io import fits
+
+from pipelines.calibration.flow import L2Result
+from pipelines.calibration.steps import dq_description
+from pipelines.channels import get_channel
+
+__all__ = ["build_product_hdul", "write_quicklook_png", "quicklook_image"]
+
+_WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1", "CRPIX2", "CRVAL1", "CRVAL2",
+                     "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "DATE-OBS", "DATE_OBS",
+                     "HGLN_OBS", "HGLT_OBS", "DSUN_OBS", "RSUN_REF", "RSUN_OBS", "TELESCOP", "INSTRUME",
+                     "DETECTOR", "CHANNEL", "WAVELNTH", "WAVEUNIT")
+
+
+def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
+    """The L2 product as an HDU list (primary data + ``DQ`` extension).
+
+    Parameters
+    ----------
+    result : L2Result
+        From :func:`pipelines.calibration.flow.calibrate_frame`.
+    software_version : str
+        Version of the platform that made the product (``SOFTVERS``).
+
+    Returns
+    -------
+    astropy.io.fits.HDUList
+        Not yet written: pass it to :func:`pipelines.fitsio.write_fits_atomic`.
+
+    Raises
+    ------
+    ValueError
+        If data and DQ differ in shape.
+    """
+    data = np.asarray(result.data, dtype=np.float32)
+    dq = np.asarray(result.dq, dtype=np.uint8)
+    if data.shape != dq.shape or data.ndim != 2:
+        raise ValueError(f"data {data.shape} and DQ {dq.shape} must be 2-D arrays of one shape")
+    header = result.header.copy()
+    for key in ("SIMPLE", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "EXTEND", "BZERO", "BSCALE", "BLANK",
+                "CHECKSUM", "DATASUM"):
+        header.remove(key, ignore_missing=True, remove_all=True)
+    header["SOFTNAME"] = ("lstdp", "software that made this product")
+    header["SOFTVERS"] = (str(software_version), "software version")
+    header["DATE"] = (dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"), "[UTC] file creation time")
+    header["FILETYPE"] = ("L2", "LST level-2 calibrated image")
+    primary = fits.PrimaryHDU(data=data, header=header)
+    dq_header = fits.Header()
+    for key in _WCS_AND_OBSERVER:
+        if key in header:
+            dq_header[key] = (header[key], header.comments[key])
+    dq_header["BUNIT"] = ("", "bit mask (0 = good)")
+    for line in dq_description():
+        dq_header.add_comment(line)
+    dq_hdu = fits.ImageHDU(data=dq, header=dq_header, name="DQ")
+    return fits.HDUList([primary, dq_hdu])
+
+
+def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:
+    if factor <= 1:
+        return a
+    ny, nx = (a.shape[0] // factor) * factor, (a.shape[1] // factor) * factor
+    b = a[:ny, :nx].reshape(ny // factor, factor, nx // factor, factor)
+    return func(b, axis=(1, 3))
+
+
+def quicklook_image(data: np.ndarray, dq: np.ndarray, channel_code: str, size: int = 512) -> np.ndarray:
+    """The quicklook as values in [0, 1] (NaN for masked pixels), at most ``size`` pixels a side.
+
+    Stretch: the disk imagers (SDI, WST) an asinh stretch between the 0.5 and 99.9
+    percentiles of the good pixels (keeps the limb and the active regions readable); the
+    coronagraph (SCI) a log stretch between the 1 and 99.5 percentiles (the corona falls
+    by orders of magnitude from 1.1 to 2.5 Rsun). Masked pixels (DQ != 0) are NaN.
+    """
+    spec = get_channel(channel_code)
+    a = np.asarray(data, dtype=np.float64)
+    bad = (np.asarray(dq) != 0) | ~np.isfinite(a)
+    factor = max(1, int(np.ceil(max(a.shape) / size)))
+    with np.errstate(invalid="ignore"):
+        a = np.where(bad, np.nan, a)
+        if factor > 1:
+            good_frac = _block_reduce((~bad).astype(np.float64), factor, np.mean)
+            a = _block_reduce(np.nan_to_num(a, nan=0.0), factor, np.sum) / np.maximum(good_frac * factor * factor, 1)
+            a = np.where(good_frac < 0.5, np.nan, a)
+    vals = a[np.isfinite(a)]
+    if vals.size == 0:
+        return np.full(a.shape, np.nan)
+    if spec.is_coronagraph:
+        lo, hi = np.percentile(vals, [1.0, 99.5])
+        lo = max(lo, hi * 1e-3) if hi > 0 else lo
+        if hi <= 0 or lo <= 0:
+            out = (a - vals.min()) / max(np.ptp(vals), 1e-30)
+        else:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out = (np.log10(np.clip(a, lo, hi)) - np.log10(lo)) / max(np.log10(hi / lo), 1e-12)
+    else:
+        lo, hi = np.percentile(vals, [0.5, 99.9])
+        soft = 0.1
+        x = np.clip((a - lo) / max(hi - lo, 1e-30), 0, 1)
+        out = np.arcsinh(x / soft) / np.arcsinh(1 / soft)
+    return np.where(np.isfinite(a), np.clip(out, 0, 1), np.nan)
+
+
+_CMAPS = {"SDI": "inferno", "WST": "gray", "SCI-UV": "viridis", "SCI-WL": "bone"}
+
+
+def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLike, channel_code: str,
+                        size: int = 512) -> Path:
+    """Write a small PNG quicklook of an L2 frame (atomically).
+
+    Parameters
+    ----------
+    data : numpy.ndarray, shape (ny, nx)
+        L2 data, north up (row 0 at the bottom, as FITS).
+    dq : numpy.ndarray of uint8, shape (ny, nx)
+        Masked pixels (DQ != 0) are drawn black.
+    path : path-like
+        Output ``.png``.
+    channel_code : str
+        ``SDI``, ``WST``, ``SCI-UV`` or ``SCI-WL``: chooses the stretch and colour map.
+    size : int
+        Largest side in pixels (block-averaged down to it).
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib import colormaps
+    from matplotlib.image import imsave
+
+    img = quicklook_image(data, dq, channel_code, size)
+    cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].copy()
+    cmap.set_bad("black")
+    rgba = cmap(np.ma.masked_invalid(img), bytes=True)
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part.png", dir=p.parent)
+    os.close(fd)
+    try:
+        imsave(tmp, rgba, origin="lower", format="png")
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
