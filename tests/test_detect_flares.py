@@ -1,0 +1,328 @@
+"""SDI flare detector on synthetic series built from a real full-disk image, and the
+detection service on PostgreSQL.
+
+No public SDI image exists (LST.md), so the scene is the real PROBA2/SWAP 174 A full-disk
+frame of ``sample-data/real/full-disk`` (1024x1024, 3.16 arcsec/px, helioprojective WCS),
+repeated hourly with photon-like noise; a flare is a 2-D Gaussian brightening injected at a
+known helioprojective position with a known time profile (Gaussian rise, exponential
+decay). The truth for start/peak/end follows the detector's documented definitions applied
+to the injected profile: start = first frame above ``start_fraction`` of the peak, end =
+last frame above ``end_fraction`` of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+
+import numpy as np
+import pytest
+from astropy.io import fits
+from astropy.wcs import WCS
+from sqlalchemy import func, select
+
+from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState
+from backend.services.detection import detect_sdi_flares, flare_source_key
+from pipelines.detect.flares import (
+    DETECTOR_NAME,
+    DETECTOR_VERSION,
+    FlareDetectionError,
+    FlareDetectionParams,
+    detect_flares,
+    macropixel_factor,
+)
+from pipelines.fitsio import read_image
+from tests.conftest import SAMPLE
+
+SWAP = SAMPLE / "full-disk" / "swap_lv1_20120101_001607.fits"
+T0 = dt.datetime(2023, 3, 1, 0, 0, tzinfo=dt.UTC)
+CADENCE = dt.timedelta(hours=1)
+N_FRAMES = 13
+#: DN/s of SWAP to a radiance-like scale (the detector works on relative changes)
+TO_RADIANCE = 100.0
+
+
+def profile(hours: np.ndarray, t_peak: float = 7.0, rise: float = 1.0, decay: float = 2.0) -> np.ndarray:
+    """Injected time profile (peak 1): Gaussian rise, exponential decay [hours]."""
+    h = np.asarray(hours, dtype=float)
+    return np.where(h <= t_peak, np.exp(-0.5 * ((h - t_peak) / rise) ** 2), np.exp(-(h - t_peak) / decay))
+
+
+def truth(p: FlareDetectionParams, **kw) -> tuple[int, int, int]:
+    f = profile(np.arange(N_FRAMES), **kw)
+    peak = int(np.argmax(f))
+    above_start = np.flatnonzero(f >= p.start_fraction)
+    above_end = np.flatnonzero(f >= p.end_fraction)
+    return int(above_start.min()), peak, int(above_end.max())
+
+
+def l2_header(header: fits.Header) -> fits.Header:
+    """The WCS and observer keywords of an L2 product (CDELT/PC form) from the SWAP header
+    (which has a CD matrix and CROTA too)."""
+    h = fits.Header()
+    for key in ("CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CDELT1", "CDELT2", "CRPIX1", "CRPIX2", "CRVAL1",
+                "CRVAL2", "HGLN_OBS", "HGLT_OBS", "DSUN_OBS", "RSUN_ARC", "DATE-OBS"):
+        h[key] = header[key]
+    h["PC1_1"], h["PC1_2"], h["PC2_1"], h["PC2_2"] = 1.0, 0.0, 0.0, 1.0
+    return h
+
+
+def rebin_scene(data: np.ndarray, header: fits.Header, k: int) -> tuple[np.ndarray, fits.Header]:
+    """Block-average by k and fix the WCS (CDELT x k, CRPIX moved) to match."""
+    ny, nx = data.shape
+    out = data[: ny // k * k, : nx // k * k].reshape(ny // k, k, nx // k, k).mean(axis=(1, 3))
+    h = l2_header(header)
+    for ax in ("1", "2"):
+        h[f"CDELT{ax}"] = header[f"CDELT{ax}"] * k
+        h[f"CRPIX{ax}"] = (header[f"CRPIX{ax}"] - 0.5) / k + 0.5
+    return out, h
+
+
+@pytest.fixture(scope="module")
+def scene():
+    """The real SWAP frame (float32, radiance-like) and its repaired header, full resolution."""
+    img = read_image(SWAP)
+    return (img.data * TO_RADIANCE).astype(np.float32), l2_header(img.header)
+
+
+@pytest.fixture(scope="module")
+def scene_512(scene):
+    data, header = scene
+    d, h = rebin_scene(data, header, 2)
+    return d.astype(np.float32), h
+
+
+def make_series(base: np.ndarray, header: fits.Header, flares=(), seed: int = 0, spikes=()):
+    """13 hourly frames of ``base`` with noise and injected flares.
+
+    flares: (x_arcsec, y_arcsec, amplitude, sigma_arcsec, profile kwargs) - the amplitude is
+    the peak excess relative to the scene brightness at the flare centre.
+    spikes: (frame, x_arcsec, y_arcsec) single-frame hits (cosmic-ray like, 4x4 px, x10).
+    """
+    rng = np.random.default_rng(seed)
+    w = WCS(header, naxis=2)
+    scale = abs(header["CDELT1"])
+    yy, xx = np.mgrid[0 : base.shape[0], 0 : base.shape[1]]
+    times = [T0 + k * CADENCE for k in range(N_FRAMES)]
+    floor = 0.02 * float(np.median(base[base > np.percentile(base, 60)]))
+    frames = []
+    for k in range(N_FRAMES):
+        noise = rng.standard_normal(base.shape).astype(np.float32)
+        frame = base + noise * (0.02 * base + floor)
+        for x_as, y_as, amp, sig_as, kw in flares:
+            px, py = w.world_to_pixel_values(x_as / 3600.0, y_as / 3600.0)
+            level = float(base[int(round(float(py))), int(round(float(px)))])
+            g = np.exp(-((xx - px) ** 2 + (yy - py) ** 2) / (2 * (sig_as / scale) ** 2))
+            frame = frame + (amp * level * float(profile(k, **kw)) * g).astype(np.float32)
+        for kk, x_as, y_as in spikes:
+            if kk == k:
+                px, py = (int(round(float(v))) for v in w.world_to_pixel_values(x_as / 3600.0, y_as / 3600.0))
+                frame[py - 2 : py + 2, px - 2 : px + 2] *= 10.0
+        frames.append(frame.astype(np.float32))
+    return times, frames
+
+
+# -- the pure detector ------------------------------------------------------------------------
+
+
+def test_finds_exactly_the_injected_flare(scene):
+    base, header = scene
+    p = FlareDetectionParams()
+    x0, y0 = -300.0, 250.0
+    times, frames = make_series(base, header, flares=[(x0, y0, 2.0, 19.0, {})])
+    found = detect_flares(times, frames, header, params=p)
+    assert len(found) == 1
+    fl = found[0]
+    s, pk, e = truth(p)
+    assert (s, pk, e) == (5, 7, 8)  # the profile makes no frame borderline
+    for got, want in ((fl.start_time, s), (fl.peak_time, pk), (fl.end_time, e)):
+        assert abs(got - times[want]) <= CADENCE
+    assert abs(fl.hpc_x - x0) < 3.0 and abs(fl.hpc_y - y0) < 3.0  # one SWAP pixel is 3.16 arcsec
+    assert fl.bbox_hpc[0] < x0 < fl.bbox_hpc[2] and fl.bbox_hpc[1] < y0 < fl.bbox_hpc[3]
+    # the kernel contrast: 2x the scene at the centre, averaged over a 3x3 macropixel
+    assert 1.4 < fl.peak_enhancement < 2.3
+    assert 0 < fl.mean_enhancement < fl.peak_enhancement
+    # the area above 20 %: a disc where 2 exp(-r^2 / 2 s^2) >= 0.2, r = 2.15 s = 41 arcsec
+    assert 0.5 * np.pi * 41**2 < fl.area_arcsec2 < 2.0 * np.pi * 41**2
+    assert fl.flags == () and fl.start_time.tzinfo is not None
+    assert np.nanargmax(fl.light_curve) == pk
+
+
+def test_quiet_sequence_yields_no_flare(scene):
+    base, header = scene
+    times, frames = make_series(base, header, seed=1)
+    assert detect_flares(times, frames, header) == []
+
+
+def test_two_flares_at_once_and_a_single_frame_hit(scene_512):
+    base, header = scene_512
+    flares = [(-300.0, 250.0, 2.0, 19.0, {}), (400.0, -350.0, 1.5, 25.0, {"t_peak": 8.0, "decay": 1.5})]
+    times, frames = make_series(base, header, flares=flares, spikes=[(6, 100.0, 100.0)], seed=2)
+    found = detect_flares(times, frames, header)
+    assert len(found) == 2  # the one-frame hit at (100", 100") is not a flare
+    a, b = found
+    assert abs(a.hpc_x + 300) < 6 and abs(a.hpc_y - 250) < 6 and a.peak_index == 7
+    assert abs(b.hpc_x - 400) < 6 and abs(b.hpc_y + 350) < 6 and b.peak_index == 8
+    # with a single-frame event allowed, the hit is found too
+    more = detect_flares(times, frames, header, params=FlareDetectionParams(min_frames=1))
+    assert len(more) == 3 and any(abs(f.hpc_x - 100) < 10 and abs(f.hpc_y - 100) < 10 for f in more)
+
+
+def test_dq_masked_pixels_are_not_used(scene_512):
+    base, header = scene_512
+    times, frames = make_series(base, header, flares=[(-300.0, 250.0, 2.0, 19.0, {})], seed=3)
+    assert len(detect_flares(times, frames, header)) == 1
+    w = WCS(header, naxis=2)
+    px, py = (int(round(float(v))) for v in w.world_to_pixel_values(-300 / 3600, 250 / 3600))
+    dq = []
+    for _ in frames:
+        q = np.zeros(base.shape, dtype=np.uint8)
+        q[py - 20 : py + 20, px - 20 : px + 20] = 4  # e.g. saturated
+        dq.append(q)
+    assert detect_flares(times, frames, header, dq=dq) == []
+    # an explicit disk mask that leaves the flare out does the same
+    mask = np.ones(base.shape, dtype=bool)
+    mask[py - 20 : py + 20, px - 20 : px + 20] = False
+    assert detect_flares(times, frames, header, disk_mask=mask) == []
+
+
+def test_flare_at_the_start_of_the_series_is_flagged(scene_512):
+    base, header = scene_512
+    times, frames = make_series(base, header, flares=[(200.0, 150.0, 2.0, 19.0, {"t_peak": 4.0, "rise": 0.7})],
+                                seed=4)
+    (fl,) = detect_flares(times, frames, header)
+    assert fl.peak_index == 4
+    # frames 0-2 hold no detection (no background yet) but the run back from the peak is
+    # above 10 % down to frame 3 only: exp(-0.5 (1/0.7)^2) = 0.36, exp(-0.5 (2/0.7)^2) = 0.017
+    assert fl.start_index == 3 and "start_not_observed" not in fl.flags
+
+
+def test_inputs_are_checked(scene_512):
+    base, header = scene_512
+    times, frames = make_series(base, header, seed=5)
+    with pytest.raises(FlareDetectionError, match="times"):
+        detect_flares(times[:-1], frames, header)
+    with pytest.raises(FlareDetectionError, match="increase"):
+        detect_flares(list(reversed(times)), frames, header)
+    with pytest.raises(FlareDetectionError, match="shape"):
+        detect_flares(times, frames[:-1] + [frames[-1][:100]], header)
+    assert detect_flares(times[:3], frames[:3], header) == []  # too short for a background
+    with pytest.raises(ValueError):
+        FlareDetectionParams(start_fraction=1.5)
+    f, scale = macropixel_factor(WCS(header, naxis=2), 10.0)
+    assert (f, round(scale, 2)) == (2, 6.32)
+
+
+# -- the service on PostgreSQL ------------------------------------------------------------------
+
+
+def _write_product(path, data: np.ndarray, header: fits.Header, when: dt.datetime, dq: np.ndarray) -> None:
+    h = header.copy()
+    h["DATE-OBS"] = when.strftime("%Y-%m-%dT%H:%M:%S.000")
+    h["BUNIT"] = "erg cm-2 s-1 sr-1"
+    h["LEVEL"] = "L2"
+    h["TELESCOP"], h["INSTRUME"], h["DETECTOR"] = "ASO-S", "LST", "SDI"
+    fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), h), fits.ImageHDU(dq, name="DQ")]).writeto(path)
+
+
+@pytest.fixture
+def sdi_products(db_session, scene_512, tmp_path):
+    """13 SDI frames, each with a quiet product v1 and a flaring product v2 (relative path)."""
+    base, header = scene_512
+    times, quiet = make_series(base, header, seed=10)
+    _, flaring = make_series(base, header, flares=[(-300.0, 250.0, 2.0, 19.0, {})], seed=10)
+    dq = np.zeros(base.shape, dtype=np.uint8)
+    dq[:, 40:42] = 1  # a bad column, off the flare
+    store = tmp_path / "products"
+    store.mkdir()
+    rows = []
+    for k, when in enumerate(times):
+        fr = Frame(channel_code="SDI", date_obs=when, exposure_s=1.0, level="L1", naxis1=base.shape[1],
+                   naxis2=base.shape[0], path=f"raw/sdi_{k:02d}.fits", original_name=f"sdi_{k:02d}.fits",
+                   sha256=hashlib.sha256(f"sdi-{k}-{tmp_path}".encode()).hexdigest(), size_bytes=1, header={})
+        db_session.add(fr)
+        db_session.flush()
+        versions = []
+        for v, data in ((1, quiet[k]), (2, flaring[k])):
+            name = f"sdi_{k:02d}_v{v}.fits"
+            _write_product(store / name, data, header, when, dq)
+            prod = Product(frame_id=fr.id, level="L2", version=v, calibration_key=f"cal-v{v}", params_hash="p",
+                           software_version="test", state=ProductState.written,
+                           path=name if v == 2 else str(store / name))
+            db_session.add(prod)
+            versions.append(prod)
+        # a failed newer attempt is ignored
+        db_session.add(Product(frame_id=fr.id, level="L2", version=3, calibration_key="cal-v3", params_hash="p",
+                               software_version="test", state=ProductState.failed, error="test"))
+        db_session.flush()
+        rows.append((fr, versions))
+    return times, rows, store
+
+
+def stonyhurst(x: float, y: float, when: dt.datetime, header: fits.Header) -> tuple[float, float]:
+    """Stonyhurst lat/lon [deg] of a helioprojective point, observer from the header (sunpy)."""
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord
+    from sunpy.coordinates import HeliographicStonyhurst, Helioprojective
+
+    t = when.replace(tzinfo=None)
+    obs = SkyCoord(header["HGLN_OBS"] * u.deg, header["HGLT_OBS"] * u.deg, header["DSUN_OBS"] * u.m,
+                   frame=HeliographicStonyhurst, obstime=t)
+    c = SkyCoord(x * u.arcsec, y * u.arcsec, frame=Helioprojective(observer=obs, obstime=t))
+    hgs = c.transform_to(HeliographicStonyhurst(obstime=t))
+    return float(hgs.lat.deg), float(hgs.lon.deg)
+
+
+def test_detect_sdi_flares_stores_one_event_and_is_idempotent(db_session, sdi_products, scene_512):
+    times, rows, store = sdi_products
+    events = detect_sdi_flares(db_session, product_root=store)
+    assert len(events) == 1
+    ev = events[0]
+    assert (ev.event_type, ev.source, ev.channels) == ("FL", "detected", "SDI")
+    assert (ev.frm_name, ev.frm_version) == (DETECTOR_NAME, DETECTOR_VERSION)
+    s, pk, e = truth(FlareDetectionParams())
+    assert abs(ev.start_time - times[s]) <= CADENCE and abs(ev.end_time - times[e]) <= CADENCE
+    assert ev.peak_time == times[pk]
+    assert abs(ev.hpc_x + 300) < 6 and abs(ev.hpc_y - 250) < 6
+    assert ev.source_key.startswith(f"{DETECTOR_NAME}/{DETECTOR_VERSION}/2023-03-01T07:00:00/")
+    assert ev.source_key.endswith(f"/{round(ev.hpc_x)},{round(ev.hpc_y)}")
+    assert ev.peak_unit == "%" and 140 < ev.peak_value < 230
+    lat, lon = stonyhurst(ev.hpc_x, ev.hpc_y, ev.peak_time, scene_512[1])
+    assert (ev.hgs_lat, ev.hgs_lon) == (pytest.approx(lat, abs=1e-6), pytest.approx(lon, abs=1e-6))
+    lat0, lon0 = stonyhurst(-300.0, 250.0, ev.peak_time, scene_512[1])  # the injected place
+    assert abs(ev.hgs_lat - lat0) < 0.5 and abs(ev.hgs_lon - lon0) < 0.5
+    # linked to the newest product (v2) of each frame from start to end
+    span = range(times.index(ev.start_time), times.index(ev.end_time) + 1)
+    want_products = sorted(rows[i][1][1].id for i in span)
+    want_frames = sorted(rows[i][0].id for i in span)
+    got_products = sorted(db_session.scalars(select(EventProduct.product_id).where(EventProduct.event_id == ev.id)))
+    got_frames = sorted(db_session.scalars(select(EventFrame.frame_id).where(EventFrame.event_id == ev.id)))
+    assert got_products == want_products and got_frames == want_frames
+    assert ev.attributes["product_ids"] == [rows[i][1][1].id for i in span]
+    assert set(ev.attributes["product_versions"]) == {2}
+    assert ev.attributes["params"]["detection_threshold"] == 0.2
+
+    again = detect_sdi_flares(db_session, product_root=store)
+    assert [x.id for x in again] == [ev.id]
+    assert db_session.scalar(select(func.count()).select_from(Event).where(Event.source == "detected")) == 1
+    assert db_session.scalar(select(func.count()).select_from(EventProduct)) == len(want_products)
+    assert db_session.scalar(select(func.count()).select_from(EventFrame)) == len(want_frames)
+
+
+def test_detect_sdi_flares_time_range(db_session, sdi_products):
+    times, _, store = sdi_products
+    assert detect_sdi_flares(db_session, end=times[3], product_root=store) == []  # 4 frames: too few
+    # the quiet first half alone holds no flare
+    assert detect_sdi_flares(db_session, start=times[0], end=times[5] - dt.timedelta(minutes=1),
+                             product_root=store) == []
+    assert db_session.scalar(select(func.count()).select_from(Event)) == 0
+    # naive datetimes are UTC
+    found = detect_sdi_flares(db_session, start=times[0].replace(tzinfo=None), product_root=store)
+    assert len(found) == 1 and found[0].source_key == flare_source_key_of(found[0])
+
+
+def flare_source_key_of(ev: Event) -> str:
+    class _F:  # the attributes flare_source_key reads
+        peak_time, hpc_x, hpc_y = ev.peak_time, ev.hpc_x, ev.hpc_y
+
+    return flare_source_key(_F)
