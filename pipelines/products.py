@@ -156,8 +156,7 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
     from matplotlib.image import imsave
 
     img = quicklook_image(data, dq, channel_code, size)
-    cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].copy()
-    cmap.set_bad("black")
+    cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].with_extremes(bad="black")
     rgba = cmap(np.ma.masked_invalid(img), bytes=True)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

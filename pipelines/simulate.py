@@ -279,8 +279,8 @@ class InstrumentModel:
     target_peak_dn : float
         The radiometric coefficient is chosen so that the brightest pixel of the channel's
         frames sits at or below this [DN] (uint16 head-room).
-    offset_arcsec : (float, float)
-        Disk centre minus frame centre [arcsec] (a few pixels at every size).
+    offset_px : (float, float)
+        Disk centre minus frame centre [pixel of the simulated frame] (a few pixels).
     roll_deg : float
         CROTA2 [deg].
     stripe_amplitude : float
@@ -297,7 +297,7 @@ class InstrumentModel:
     gain_e_per_dn: float
     read_noise_dn: float
     target_peak_dn: float
-    offset_arcsec: tuple[float, float]
+    offset_px: tuple[float, float]
     roll_deg: float
     stripe_amplitude: float = 0.012
     stripe_period_full: float = 96.0
@@ -306,13 +306,13 @@ class InstrumentModel:
 
 INSTRUMENT: dict[str, InstrumentModel] = {
     "SDI": InstrumentModel(exptime_s=1.0, bias_dn=100.0, dark_rate_dn_s=2.0, gain_e_per_dn=1.6, read_noise_dn=2.5,
-                           target_peak_dn=56000.0, offset_arcsec=(6.2, -4.7), roll_deg=0.65),
+                           target_peak_dn=56000.0, offset_px=(3.2, -2.4), roll_deg=0.65),
     "WST": InstrumentModel(exptime_s=0.02, bias_dn=100.0, dark_rate_dn_s=20.0, gain_e_per_dn=1.6,
-                           read_noise_dn=2.5, target_peak_dn=56000.0, offset_arcsec=(-5.3, 3.9), roll_deg=-1.35),
+                           read_noise_dn=2.5, target_peak_dn=56000.0, offset_px=(-2.7, 2.0), roll_deg=-1.35),
     "SCI-UV": InstrumentModel(exptime_s=10.0, bias_dn=100.0, dark_rate_dn_s=1.0, gain_e_per_dn=1.6,
-                              read_noise_dn=2.5, target_peak_dn=58000.0, offset_arcsec=(13.0, -9.5), roll_deg=0.42),
+                              read_noise_dn=2.5, target_peak_dn=58000.0, offset_px=(2.6, -1.9), roll_deg=0.42),
     "SCI-WL": InstrumentModel(exptime_s=2.0, bias_dn=100.0, dark_rate_dn_s=1.0, gain_e_per_dn=1.6,
-                              read_noise_dn=2.5, target_peak_dn=58000.0, offset_arcsec=(-11.0, 8.0), roll_deg=-1.9),
+                              read_noise_dn=2.5, target_peak_dn=58000.0, offset_px=(-2.2, 1.6), roll_deg=-1.9),
 }
 
 _CHANNEL_INDEX = {c: i for i, c in enumerate(CHANNELS)}
@@ -956,8 +956,8 @@ def _detector_geometry(spec: ChannelSpec, model: InstrumentModel, n: int, scale:
     """Disk centre (0-based x, y) and roll [deg] of one frame (nominal + small jitter)."""
     c = (n - 1) / 2.0
     jx, jy = rng.normal(0.0, 0.15, 2)
-    x0 = c + model.offset_arcsec[0] / scale + jx
-    y0 = c + model.offset_arcsec[1] / scale + jy
+    x0 = c + model.offset_px[0] + jx
+    y0 = c + model.offset_px[1] + jy
     roll = model.roll_deg + float(rng.normal(0.0, 0.01))
     return float(x0), float(y0), float(roll)
 
@@ -1135,7 +1135,10 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     sample = Path(sample_dir) if sample_dir is not None else SAMPLE_DIR
     if not sample.is_dir():
         raise DataError(f"sample data folder not found: {sample}")
-    chans = tuple(dict.fromkeys(get_channel(c).code for c in channels))
+    try:
+        chans = tuple(dict.fromkeys(get_channel(c).code for c in channels))
+    except KeyError as exc:
+        raise ValueError(str(exc).strip("'\"")) from None
     if not chans:
         raise ValueError("no channel to simulate")
     if frames_per_channel < 1:

@@ -242,7 +242,9 @@ def _stray_model(cal: CalibrationInput) -> StrayLightModel:
 def _stamp_calibration(header: fits.Header, cal: CalibrationInput) -> None:
     kname, kver, kid, ksha = CAL_KEYWORDS[cal.kind]
     label = cal.kind.replace("_", " ")
-    header[kname] = (cal.name, f"{label} calibration file" if len(cal.name) < 40 else "")
+    comment = f"{label} calibration file"
+    fits_room = 80 - 10 - max(len(cal.name) + 2, 20) - 3  # card: KEYWORD = 'value' / comment
+    header[kname] = (cal.name, comment if len(comment) <= fits_room else "")
     header[kver] = (int(cal.version), f"{label} calibration version (CALVER)")
     if cal.id is not None:
         header[kid] = (int(cal.id), f"{label} calibration file id")

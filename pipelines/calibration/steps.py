@@ -32,7 +32,8 @@ bit    name            meaning
 =====  ==============  ============================================================
 
 A pixel with DQ == 0 is good. The DQ array travels with the frame through
-:func:`rotate_north_up` (nearest-neighbour resampling, so bits are never mixed).
+:func:`rotate_north_up` (region bits by nearest neighbour, so bits are never mixed; defect
+bits to every output pixel they touch).
 """
 
 from __future__ import annotations
@@ -648,15 +649,18 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
     frame centre (``(n + 1) / 2``, 1-based), ``CRVAL = 0`` (the disk centre), identity
     ``PC`` and no ``CROTA``. The data are resampled with a cubic spline
-    (``scipy.ndimage.affine_transform``, ``order=3``), the DQ bits with the nearest
-    neighbour. Pixels whose source falls outside the detector get ``DQ.NO_DATA`` and NaN;
-    pixels flagged ``NOT_FINITE`` are NaN.
+    (``scipy.ndimage.affine_transform``, ``order=3``). Region bits of the DQ (OCCULTED,
+    OUTSIDE_FOV) move with the nearest neighbour; defect bits (SATURATED, NOT_FINITE) flag
+    every output pixel the defect contributes to (bilinear support), so no defect is lost
+    between the grids. Pixels whose source falls outside the detector get ``DQ.NO_DATA``
+    and NaN; pixels flagged ``NOT_FINITE`` are NaN.
 
     Parameters
     ----------
     data : array, shape (ny, nx)
-        Calibrated frame (any unit). Non-finite values are replaced by 0 before the spline
-        (they would spread) and are NaN again in the output.
+        Calibrated frame (any unit). Non-finite values are replaced by the mean of their
+        finite neighbours before the spline (a NaN would spread) and are NaN again in the
+        output.
     dq : array of uint8, shape (ny, nx), or None
     header : astropy.io.fits.Header
         Helioprojective WCS and observer keywords.
@@ -719,18 +723,32 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     s_yx = np.array([geom.y0, geom.x0])
     offset = s_yx - k_yx @ np.array([cy, cx])
     finite = xp.isfinite(data)
-    filled = xp.where(finite, data, xp.zeros_like(data))
-    filled = xp.astype(filled, xp.float64)
+    filled = xp.astype(xp.where(finite, data, xp.zeros_like(data)), xp.float64)
+    n_bad = int(xp.sum(xp.astype(~finite, xp.int64)))
+    if n_bad:  # fill non-finite pixels with the mean of their finite neighbours (no step for the spline)
+        w = xp.astype(finite, xp.float64)
+        num = nd.uniform_filter(filled, size=5, mode="nearest")
+        den = nd.uniform_filter(w, size=5, mode="nearest")
+        filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
     k_dev = xp.asarray(k_yx)
     off_dev = xp.asarray(offset)
     out = nd.affine_transform(filled, k_dev, offset=off_dev, output_shape=(ny, nx), order=int(order),
                               mode="nearest", prefilter=True, output=xp.float32)
     inside = nd.affine_transform(xp.ones((ny, nx), dtype=xp.float32), k_dev, offset=off_dev,
                                  output_shape=(ny, nx), order=0, mode="constant", cval=0.0)
+    # region bits (occulter, field of view) follow the nearest neighbour; pixel-defect bits
+    # (saturated, not finite) flag every output pixel a defect contributes to (bilinear support)
+    defect_bits = int(DQ.SATURATED | DQ.NOT_FINITE)
     dq_flag = xp.where(finite, dq0, dq0 | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
-    dq_out = nd.affine_transform(dq_flag, k_dev, offset=off_dev, output_shape=(ny, nx), order=0,
-                                 mode="constant", cval=0)
+    dq_out = nd.affine_transform(dq_flag & xp.asarray(255 - defect_bits, dtype=xp.uint8), k_dev, offset=off_dev,
+                                 output_shape=(ny, nx), order=0, mode="constant", cval=0)
     dq_out = xp.astype(dq_out, xp.uint8)
+    for bit in (DQ.SATURATED, DQ.NOT_FINITE):
+        has = (dq_flag & xp.asarray(int(bit), dtype=xp.uint8)) != 0
+        if bool(xp.any(has)):
+            spread = nd.affine_transform(xp.astype(has, xp.float32), k_dev, offset=off_dev, output_shape=(ny, nx),
+                                         order=1, mode="constant", cval=0.0)
+            dq_out = xp.where(spread > 1e-3, dq_out | xp.asarray(int(bit), dtype=xp.uint8), dq_out)
     dq_out = xp.where(inside > 0.5, dq_out, dq_out | xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8))
     bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
     out = xp.where(bad, xp.asarray(float("nan"), dtype=out.dtype), out)
