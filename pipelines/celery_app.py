@@ -66,6 +66,9 @@ def configure(settings: Settings | None = None) -> Celery:
         conf["broker_transport_options"] = {"visibility_timeout": 6 * 3600}
     app.close()
     app.conf.update(conf)
+    # forget pooled connections and producers bound to the previous broker
+    app._pool = None
+    app.amqp._producer_pool = None
     _configured_for = (s.celery_broker_url, s.result_backend, str(s.root))
     return app
 

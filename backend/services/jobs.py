@@ -75,8 +75,10 @@ class JobRequest(BaseModel):
 
 def enqueue_job(job_id: str) -> None:
     """Send the job to the broker (queue ``cpu``); returns at once."""
+    from pipelines.celery_app import ensure_configured
     from pipelines.tasks import run_job
 
+    ensure_configured()
     run_job.apply_async(args=[job_id], queue="cpu")
 
 
