@@ -92,28 +92,32 @@ def scene_512(scene):
     return d.astype(np.float32), h
 
 
-def make_series(base: np.ndarray, header: fits.Header, flares=(), seed: int = 0, spikes=()):
-    """13 hourly frames of ``base`` with noise and injected flares.
+def make_series(base: np.ndarray, header: fits.Header, flares=(), seed: int = 0, spikes=(), hours=None):
+    """Frames of ``base`` (hourly, 13 by default; or at ``hours`` after T0) with noise and
+    injected flares.
 
-    flares: (x_arcsec, y_arcsec, amplitude, sigma_arcsec, profile kwargs) - the amplitude is
-    the peak excess relative to the scene brightness at the flare centre.
+    flares: (x_arcsec, y_arcsec, amplitude, sigma_arcsec, profile) - the amplitude is the
+    peak excess relative to the scene brightness at the flare centre; ``profile`` is a dict
+    of :func:`profile` arguments or a function of hours.
     spikes: (frame, x_arcsec, y_arcsec) single-frame hits (cosmic-ray like, 4x4 px, x10).
     """
     rng = np.random.default_rng(seed)
     w = WCS(header, naxis=2)
     scale = abs(header["CDELT1"])
     yy, xx = np.mgrid[0 : base.shape[0], 0 : base.shape[1]]
-    times = [T0 + k * CADENCE for k in range(N_FRAMES)]
+    hours = np.arange(N_FRAMES, dtype=float) if hours is None else np.asarray(hours, dtype=float)
+    times = [T0 + dt.timedelta(hours=float(h)) for h in hours]
     floor = 0.02 * float(np.median(base[base > np.percentile(base, 60)]))
     frames = []
-    for k in range(N_FRAMES):
+    for k, h in enumerate(hours):
         noise = rng.standard_normal(base.shape).astype(np.float32)
         frame = base + noise * (0.02 * base + floor)
-        for x_as, y_as, amp, sig_as, kw in flares:
+        for x_as, y_as, amp, sig_as, prof in flares:
             px, py = w.world_to_pixel_values(x_as / 3600.0, y_as / 3600.0)
             level = float(base[int(round(float(py))), int(round(float(px)))])
             g = np.exp(-((xx - px) ** 2 + (yy - py) ** 2) / (2 * (sig_as / scale) ** 2))
-            frame = frame + (amp * level * float(profile(k, **kw)) * g).astype(np.float32)
+            f_t = float(prof(h) if callable(prof) else profile(h, **prof))
+            frame = frame + (amp * level * f_t * g).astype(np.float32)
         for kk, x_as, y_as in spikes:
             if kk == k:
                 px, py = (int(round(float(v))) for v in w.world_to_pixel_values(x_as / 3600.0, y_as / 3600.0))
@@ -197,6 +201,33 @@ def test_flare_at_the_start_of_the_series_is_flagged(scene_512):
     assert fl.start_index == 3 and "start_not_observed" not in fl.flags
 
 
+def test_slow_flare_at_the_sdi_cadence(scene):
+    """A 40-min linear rise at 60-s cadence: each frame is only 1.5 % above the previous
+    one, but 10-30 min after the rise began it is far above its pre-flare background."""
+    base, header = rebin_scene(*scene, 4)  # 256 x 256, 12.6 arcsec/px
+    base = base.astype(np.float32)
+    minutes = np.arange(100.0)
+
+    def slow(h):  # rise from 30 to 70 min, then e-folding decay of 15 min
+        m = h * 60.0
+        return float(np.clip((m - 30.0) / 40.0, 0, 1) if m <= 70 else np.exp(-(m - 70.0) / 15.0))
+
+    times, frames = make_series(base, header, flares=[(250.0, -200.0, 0.6, 30.0, slow)], hours=minutes / 60.0,
+                                seed=6)
+    (fl,) = detect_flares(times, frames, header)
+    f = np.array([slow(m / 60.0) for m in minutes])
+    p = FlareDetectionParams()
+    s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
+    assert (s, pk, e) == (34, 70, 80)
+    cadence = dt.timedelta(minutes=1)
+    for got, want in ((fl.start_time, s), (fl.peak_time, pk), (fl.end_time, e)):
+        assert abs(got - times[want]) <= cadence
+    assert abs(fl.hpc_x - 250) < 8 and abs(fl.hpc_y + 200) < 8  # one pixel is 12.6 arcsec
+    # a 3-frame running background right before each frame (no lag) misses it
+    assert detect_flares(times, frames, header, params=FlareDetectionParams(
+        background_lag_s=0, background_span_s=180)) == []
+
+
 def test_inputs_are_checked(scene_512):
     base, header = scene_512
     times, frames = make_series(base, header, seed=5)
@@ -209,6 +240,8 @@ def test_inputs_are_checked(scene_512):
     assert detect_flares(times[:3], frames[:3], header) == []  # too short for a background
     with pytest.raises(ValueError):
         FlareDetectionParams(start_fraction=1.5)
+    with pytest.raises(ValueError):
+        FlareDetectionParams(min_background_frames=40)
     f, scale = macropixel_factor(WCS(header, naxis=2), 10.0)
     assert (f, round(scale, 2)) == (2, 6.32)
 

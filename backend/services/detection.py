@@ -253,7 +253,8 @@ def detect_sdi_flares(
 
 def _attributes(fl: DetectedFlare, rows: list[tuple[Product, Frame]], p: FlareDetectionParams) -> dict[str, Any]:
     span = list(fl.frame_indices)
-    lc_lo, lc_hi = max(0, fl.start_index - p.background_frames), min(len(rows) - 1, fl.end_index + p.background_frames)
+    margin = max(p.min_background_frames, fl.end_index - fl.start_index)
+    lc_lo, lc_hi = max(0, fl.start_index - margin), min(len(rows) - 1, fl.end_index + margin)
     return {
         "peak_enhancement": fl.peak_enhancement,
         "mean_enhancement": fl.mean_enhancement,
