@@ -22,6 +22,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -145,7 +146,8 @@ def create_app() -> FastAPI:
     """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
     from backend.api import pages
 
-    app = FastAPI(
+    # FastAPIOffline serves Swagger UI and ReDoc from packaged files: /docs works offline
+    app = FastAPIOffline(
         title="LST data platform",
         version=__version__,
         description=(
@@ -154,7 +156,7 @@ def create_app() -> FastAPI:
             "light curves, and recalibration jobs."
         ),
         docs_url="/docs",
-        redoc_url=None,
+        redoc_url="/redoc",
         openapi_url=f"{API_PREFIX}/openapi.json",
     )
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
