@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy import optimize
 
 from pipelines.detect.cme import (
     RSUN_KM,
@@ -325,7 +326,9 @@ def hinge_fit(t: np.ndarray, h: np.ndarray) -> tuple[float, float, float, float,
     """Two-segment least-squares fit ``h = h0 + v max(0, t - ts)``.
 
     ``ts`` is searched on a grid of 400 values from ``t[0]`` to ``t[-3]`` (at least two
-    points after the onset); ``h0`` and ``v`` are linear least squares at each ``ts``.
+    points after the onset), then refined between the neighbours of the best grid value
+    (:func:`scipy.optimize.minimize_scalar`); ``h0`` and ``v`` are linear least squares at
+    each ``ts``.
 
     Parameters
     ----------
@@ -342,23 +345,30 @@ def hinge_fit(t: np.ndarray, h: np.ndarray) -> tuple[float, float, float, float,
         fitted parameters), residual sum of squares.
     """
     n = t.size
-    grid = np.linspace(t[0], t[max(n - 3, 0)], 400)
-    best = None
-    for ts in grid:
-        x = np.clip(t - ts, 0.0, None)
-        a = np.column_stack([np.ones(n), x])
+    lo, hi = float(t[0]), float(t[max(n - 3, 0)])
+
+    def solve(ts: float):
+        a = np.column_stack([np.ones(n), np.clip(t - ts, 0.0, None)])
         coef, _, rank, _ = np.linalg.lstsq(a, h, rcond=None)
-        if rank < 2:
-            continue
-        rss = float(((h - a @ coef) ** 2).sum())
-        if best is None or rss < best[4] - 1e-15:
-            best = (float(ts), float(coef[0]), float(coef[1]), a, rss)
-    if best is None:
-        return float(t[0]), float(h.mean()), 0.0, float("inf"), float("inf")
-    ts, h0, v, a, rss = best
+        rss = float(((h - a @ coef) ** 2).sum()) if rank == 2 else float("inf")
+        return rss, coef, a
+
+    grid = np.linspace(lo, hi, 400)
+    rss_grid = np.array([solve(ts)[0] for ts in grid])
+    if not np.isfinite(rss_grid).any():
+        return lo, float(h.mean()), 0.0, float("inf"), float("inf")
+    i = int(np.argmin(rss_grid))
+    ts = float(grid[i])
+    if hi > lo:  # refine between the neighbouring grid points
+        step = grid[1] - grid[0]
+        res = optimize.minimize_scalar(lambda x: solve(x)[0], bounds=(max(lo, ts - step), min(hi, ts + step)),
+                                       method="bounded", options={"xatol": 1e-6 * max(step, 1e-12)})
+        if res.success and res.fun <= rss_grid[i]:
+            ts = float(res.x)
+    rss, coef, a = solve(ts)
     dof = max(n - 3, 1)  # h0, v and ts fitted
     cov = np.linalg.pinv(a.T @ a) * (rss / dof)
-    return ts, h0, v, math.sqrt(max(cov[1, 1], 0.0)), rss
+    return ts, float(coef[0]), float(coef[1]), math.sqrt(max(cov[1, 1], 0.0)), rss
 
 
 def detect_prominence_eruptions(
