@@ -140,6 +140,40 @@ def test_geometry_from_header():
     h["CROTA2"] = 10.0
     with pytest.raises(DataError, match="rolled"):
         geometry_from_header(h)
+    h["CROTA2"] = 0.0
+    h["CDELT1"] = -2.4
+    with pytest.raises(DataError, match="flipped"):
+        geometry_from_header(h)
+
+
+def test_runs_on_l2_product_files(background, tmp_path):
+    """What a service does with L2 products: float32 MSB primary with a helioprojective
+    header, a DQ extension (non-zero = masked), geometry from the header, sorted by DATE-OBS."""
+    rng = np.random.default_rng(99)
+    times = S.make_times(START, 12, 180)
+    ims, truth = S.inject_cme_sequence(background, times, pa_deg=150.0, width_deg=60.0, speed_km_s=800.0,
+                                       t0=times[2], plate_scale_arcsec=PS, rsun_arcsec=RSUN, contrast=0.3)
+    ims = _nuisances(ims, rng)
+    dq = _pylon_mask().astype(np.uint8)
+    for i, (t, im) in enumerate(zip(times, ims)):
+        h = fits.Header({"DATE-OBS": t.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3], "BUNIT": "MSB",
+                         "CTYPE1": "HPLN-TAN", "CTYPE2": "HPLT-TAN", "CUNIT1": "arcsec", "CUNIT2": "arcsec",
+                         "CRPIX1": CENTER[0] + 1.0, "CRPIX2": CENTER[1] + 1.0, "CRVAL1": 0.0, "CRVAL2": 0.0,
+                         "CDELT1": PS, "CDELT2": PS, "RSUN_OBS": RSUN})
+        fits.HDUList([fits.PrimaryHDU(im.astype(np.float32), h), fits.ImageHDU(dq, name="DQ")]).writeto(
+            tmp_path / f"l2_{11 - i:02d}.fits")  # names out of time order on purpose
+    frames = []
+    for path in tmp_path.glob("l2_*.fits"):
+        with fits.open(path) as hdul:
+            frames.append((hdul[0].header["DATE-OBS"], hdul[0].data.astype(np.float32),
+                           hdul["DQ"].data != 0, hdul[0].header))
+    frames.sort(key=lambda f: f[0])
+    geom = geometry_from_header(frames[0][3])
+    dets = detect_cmes([f[0] for f in frames], np.stack([f[1] for f in frames]),
+                       mask=np.stack([f[2] for f in frames]), **geom)
+    assert len(dets) == 1
+    assert _dpa(dets[0].pa_deg, 150.0) <= 10.0
+    assert dets[0].speed_km_s == pytest.approx(800.0, rel=0.2)
 
 
 def test_refuses_bad_input(background):

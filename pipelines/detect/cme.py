@@ -117,9 +117,25 @@ RSUN_KM = 695_700.0
 
 def as_utc_datetimes(times) -> list[dt.datetime]:
     """Aware UTC datetimes from datetimes (naive = UTC), astropy ``Time``, ISO strings or
-    ``numpy.datetime64``."""
-    t = times if isinstance(times, Time) else Time(list(times), scale="utc")
-    return list(np.atleast_1d(t.utc.to_datetime(timezone=dt.UTC)))
+    ``numpy.datetime64`` (mixed types allowed).
+
+    Raises
+    ------
+    DataError
+        If an element is not a time.
+    """
+    if isinstance(times, Time):
+        return list(np.atleast_1d(times.utc.to_datetime(timezone=dt.UTC)))
+    out = []
+    for x in times:
+        if isinstance(x, dt.datetime):
+            out.append(x.replace(tzinfo=dt.UTC) if x.tzinfo is None else x.astimezone(dt.UTC))
+            continue
+        try:
+            out.append(Time(x, scale="utc").to_datetime(timezone=dt.UTC))
+        except (ValueError, TypeError) as exc:
+            raise DataError(f"not a time: {x!r} ({exc})") from None
+    return out
 
 
 def _seconds(dts: Sequence[dt.datetime]) -> np.ndarray:
@@ -169,13 +185,15 @@ def _ring_index(shape: tuple[int, int], sun_center_px: tuple[float, float]) -> n
 
 
 def despike(frame: np.ndarray, *, sun_center_px: tuple[float, float], k: float = 6.0,
-            _ring: np.ndarray | None = None) -> np.ndarray:
+            ring_index: np.ndarray | None = None) -> np.ndarray:
     """Replace isolated bright pixels (cosmic-ray hits) by their 3x3 median.
 
-    A pixel is a spike when it exceeds its 3x3 median by more than ``k`` robust standard
-    deviations of ``frame - median`` in its 1-pixel-wide ring about Sun centre (the noise
-    of a coronagraph frame depends mostly on radius). Structures wider than ~2 pixels
-    (CME fronts at the working resolution) are left alone.
+    The noise is estimated per 1-pixel-wide ring about Sun centre (the noise of a
+    coronagraph frame depends mostly on radius), as the clipped mean absolute residual
+    from the mean of the 8 neighbours, scaled to a Gaussian sigma. Pixels more than
+    ``k / 2`` sigma above their neighbours' mean are candidates; a candidate exceeding
+    its 3x3 median by more than ``k`` sigma is replaced by that median. Structures wider
+    than ~2 pixels (CME fronts at the working resolution) are left alone.
 
     Parameters
     ----------
@@ -185,6 +203,8 @@ def despike(frame: np.ndarray, *, sun_center_px: tuple[float, float], k: float =
         ``(x, y)`` 0-based.
     k : float
         Threshold [robust sigma].
+    ring_index : numpy.ndarray, optional
+        ``(ny, nx)`` integer distance from Sun centre [pixel], to reuse across frames.
 
     Returns
     -------
@@ -197,7 +217,7 @@ def despike(frame: np.ndarray, *, sun_center_px: tuple[float, float], k: float =
     # residual from the mean of the 8 neighbours (cheap), robust sigma per 1-pixel ring
     nb = (9.0 * ndimage.uniform_filter(filled, 3, mode="nearest") - filled) / 8.0
     res = filled - nb
-    ring = _ring if _ring is not None else _ring_index((ny, nx), sun_center_px)
+    ring = ring_index if ring_index is not None else _ring_index((ny, nx), sun_center_px)
     rv, absr = ring[good], np.abs(res[good])
     n = np.maximum(np.bincount(rv, minlength=ring.max() + 1), 1)
     cap = np.bincount(rv, weights=absr, minlength=n.size) / n
@@ -573,7 +593,8 @@ def geometry_from_header(header, *, max_roll_deg: float = 0.5) -> dict[str, Any]
     Raises
     ------
     DataError
-        If the scale is missing or non-square, or the image is not north up.
+        If the scale is missing, non-square or negative (flipped axes), or the image is not
+        north up.
     """
     units = {"arcsec": 1.0, "arcsecs": 1.0, "deg": 3600.0, "arcmin": 60.0}
     try:
@@ -584,6 +605,8 @@ def geometry_from_header(header, *, max_roll_deg: float = 0.5) -> dict[str, Any]
         raise DataError(f"header lacks a usable CDELT/CRPIX/CUNIT: {exc}") from None
     if abs(abs(c1) - abs(c2)) > 1e-3 * abs(c1):
         raise DataError(f"non-square pixels: CDELT1={c1} CDELT2={c2} arcsec")
+    if c1 <= 0 or c2 <= 0:
+        raise DataError(f"flipped axes (CDELT1={c1}, CDELT2={c2}): L2 SCI products have west = +x, north = +y")
     roll = float(header.get("CROTA2", header.get("CROTA", 0.0)) or 0.0)
     if "PC1_2" in header or "PC2_1" in header:
         roll = math.degrees(math.atan2(float(header.get("PC2_1", 0.0)), float(header.get("PC1_1", 1.0))))
@@ -685,7 +708,7 @@ def detect_cmes(
     wc = ((cx + 0.5) / f - 0.5, (cy + 0.5) / f - 0.5)
     if p.despike_sigma > 0:
         ring = _ring_index(work.shape[1:], wc)
-        work = np.stack([despike(w, sun_center_px=wc, k=p.despike_sigma, _ring=ring) for w in work])
+        work = np.stack([despike(w, sun_center_px=wc, k=p.despike_sigma, ring_index=ring) for w in work])
     rsun_px = rsun_arcsec / (plate_scale_arcsec * f)
     ny, nx = work.shape[1:]
     reach = p.r_max_rsun * rsun_px

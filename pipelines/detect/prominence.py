@@ -437,7 +437,7 @@ def detect_prominence_eruptions(
     r_hi = min(r_hi, reach / rsun_px)  # a frame may not reach r_hi on all sides
     if p.despike_sigma > 0:
         ring = _ring_index(work.shape[1:], wc)
-        work = np.stack([despike(w, sun_center_px=wc, k=p.despike_sigma, _ring=ring) for w in work])
+        work = np.stack([despike(w, sun_center_px=wc, k=p.despike_sigma, ring_index=ring) for w in work])
 
     dr = 1.0 / rsun_px
     n_r = max(6, int(round((r_hi - r_lo) / dr)))

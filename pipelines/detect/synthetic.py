@@ -55,8 +55,9 @@ from pathlib import Path
 
 import numpy as np
 from astropy.io import fits
-from astropy.time import Time
 from scipy import ndimage
+
+from pipelines.detect.cme import as_utc_datetimes
 
 __all__ = [
     "RSUN_KM",
@@ -89,17 +90,17 @@ _SAHADE = _REPO / "sample-data" / "real" / "events" / "prominence_eruptions_saha
 
 def make_times(start: dt.datetime | str, n: int, cadence_s: float) -> list[dt.datetime]:
     """``n`` aware UTC datetimes from ``start`` every ``cadence_s`` seconds."""
-    t0 = Time(start, scale="utc").to_datetime(timezone=dt.UTC)
+    t0 = _to_datetime(start)
     return [t0 + dt.timedelta(seconds=i * cadence_s) for i in range(n)]
 
 
-def _seconds(times, ref) -> np.ndarray:
-    t = Time(list(times) if not isinstance(times, Time) else times, scale="utc")
-    return np.atleast_1d((t - Time(ref, scale="utc")).sec).astype(float)
-
-
 def _to_datetime(t) -> dt.datetime:
-    return Time(t, scale="utc").to_datetime(timezone=dt.UTC)
+    return as_utc_datetimes([t])[0]
+
+
+def _seconds(times, ref) -> np.ndarray:
+    r = _to_datetime(ref)
+    return np.array([(t - r).total_seconds() for t in as_utc_datetimes(times)], dtype=float)
 
 
 def _grid(shape: tuple[int, int], sun_center_px, plate_scale_arcsec: float, rsun_arcsec: float):
@@ -541,11 +542,11 @@ def inject_cme_sequence(
         stack[i] *= 1.0 + enh
     if electrons_per_unit is not None:
         stack = add_photon_noise(stack, electrons_per_unit, rng=rng)
-    tlist = Time(list(times) if not isinstance(times, Time) else times, scale="utc")
+    tlist = as_utc_datetimes(times)
     first = None
     for i in range(n):
         if sec[i] >= 0 and heights[i] >= r_fov_min:
-            first = _to_datetime(tlist[i])
+            first = tlist[i]
             break
     truth = InjectedCME(
         pa_deg=float(pa_deg) % 360.0,
