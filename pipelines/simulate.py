@@ -64,7 +64,7 @@ from scipy import ndimage
 from pipelines.calibration.steps import RADIANCE_UNIT, RSUN_REF_M, StrayLightModel
 from pipelines.channels import CHANNELS, ChannelSpec, get_channel
 from pipelines.errors import DataError
-from pipelines.fitsio import add_observer_keywords, read_image, sha256_file, write_fits_atomic
+from pipelines.fitsio import add_observer_keywords, read_image, write_fits_atomic
 
 __all__ = [
     "SAMPLE_DIR",
@@ -390,6 +390,12 @@ class SimulationResult:
     limb_fits: list[dict[str, Any]] = field(default_factory=list)
     radiometric: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def injected_flare(self) -> dict[str, Any] | None:
+        """The injected flare as a JSON-ready dict (``start``/``peak``/``end`` ISO UTC,
+        ``hpc_x``/``hpc_y`` [arcsec], ``peak_enhancement``, ...), or ``None``."""
+        return dataclasses.asdict(self.flare) if self.flare is not None else None
+
 
 @dataclass
 class LimbFit:
@@ -704,15 +710,6 @@ def _lyman_alpha_irradiance(sample_dir: Path, t: Time) -> float:
 # ----------------------------------------------------------------------------- scenes on the L2 grid
 
 
-@dataclass
-class _Scene:
-    """Truth on the L2 grid (before smoothing is applied it is the 'raw scene')."""
-
-    truth: np.ndarray  # float32 [physical unit]
-    flare: np.ndarray | None = None  # float32, additive flare component (SDI series)
-    notes: list[str] = field(default_factory=list)
-
-
 def _smooth_sigma_px(spec: ChannelSpec, scale: float) -> float:
     """Gaussian sigma [pixel] for the channel's on-orbit resolution (FWHM), at least 1 px."""
     return max(1.0, spec.resolution / (2.0 * math.sqrt(2.0 * math.log(2.0))) / scale)
@@ -951,8 +948,7 @@ def _aperture(rho: np.ndarray, spec: ChannelSpec, model: InstrumentModel, rsun_p
     return (np.sin(0.5 * math.pi * inner) ** 2 * np.sin(0.5 * math.pi * outer) ** 2).astype(np.float32)
 
 
-def _detector_geometry(spec: ChannelSpec, model: InstrumentModel, n: int, scale: float,
-                       rng: np.random.Generator) -> tuple[float, float, float]:
+def _detector_geometry(model: InstrumentModel, n: int, rng: np.random.Generator) -> tuple[float, float, float]:
     """Disk centre (0-based x, y) and roll [deg] of one frame (nominal + small jitter)."""
     c = (n - 1) / 2.0
     jx, jy = rng.normal(0.0, 0.15, 2)
@@ -988,7 +984,7 @@ def _detector_rho(n: int, x0: float, y0: float, rsun_px: float) -> np.ndarray:
 # ----------------------------------------------------------------------------- headers
 
 
-def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, n: int, scale: float, x0: float, y0: float,
+def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, scale: float, x0: float, y0: float,
                 roll: float, scene: str, name: str, notes: Iterable[str]) -> fits.Header:
     h = fits.Header()
     h["TELESCOP"] = ("ASO-S", "Advanced Space-based Solar Observatory")
@@ -1088,6 +1084,163 @@ def _clean(out_dir: Path) -> None:
                 p.unlink()
 
 
+@dataclass
+class _FramePlan:
+    """One frame to simulate: when, from which scene, and (filled by pass 1) its truth."""
+
+    t: Time
+    kind: str  # "sdi", "wst" or "sci"
+    src: Any
+    scene: str
+    notes: list[str]
+    sdi_ref: dict[str, float] | None = None
+    lya_irradiance: float | None = None  # [photons cm-2 s-1] at 1 au
+    flare_amp: float = 0.0
+    rsun_arcsec: float = float("nan")
+    truth_path: Path | None = None
+    raw_name: str = ""
+
+
+#: The flare injected into the SDI series: helioprojective position [arcsec], Gaussian
+#: sigma [arcsec], peak enhancement over the pre-flare level at the kernel, e-folding decay
+#: [s], and the series frames (0-based) of its start, peak and end. A strong (X-class-like)
+#: Ly-alpha kernel, placed in a quiet part of the disk where the EIT series varies by ~5 %.
+FLARE = dict(hpc_x=-400.0, hpc_y=-350.0, sigma_arcsec=30.0, peak_enhancement=2.0, decay_time_s=5400.0,
+             start_frame=3, peak_frame=5, end_frame=9)
+
+
+def _plan_frames(chan: str, sample: Path, sdi_sequence: bool, frames_per_channel: int,
+                 cache: dict[str, Any]) -> tuple[list[_FramePlan], InjectedFlare | None, list[dict[str, Any]]]:
+    """The frames of one channel, the flare injected in them (SDI series) and limb fits."""
+    spec = CHANNELS[chan]
+    plans: list[_FramePlan] = []
+    if chan == "SDI" and sdi_sequence:
+        sources, fits_info = _eit_sources(sample)
+        refs = [_sdi_reference(s) for s in sources]
+        ref = {"euv_quiet": float(np.median([r["euv_quiet"] for r in refs])),
+               "norm": float(np.median([r["norm"] for r in refs]))}
+        times = [s.date_obs for s in sources]
+        lya = _lyman_alpha_irradiance(sample, times[0])
+        f_start, f_peak, f_end = (times[FLARE[k]] for k in ("start_frame", "peak_frame", "end_frame"))
+        flare = InjectedFlare(channel="SDI", start=_iso(f_start), peak=_iso(f_peak), end=_iso(f_end),
+                              hpc_x=FLARE["hpc_x"], hpc_y=FLARE["hpc_y"], peak_enhancement=FLARE["peak_enhancement"],
+                              sigma_arcsec=FLARE["sigma_arcsec"], decay_time_s=FLARE["decay_time_s"])
+        for s in sources:
+            amp = FLARE["peak_enhancement"] * _flare_profile(s.date_obs, f_start, f_peak, f_end, FLARE["decay_time_s"])
+            flare.profile.append((_iso(s.date_obs), amp))
+            plans.append(_FramePlan(t=s.date_obs, kind="sdi", src=s, scene=s.name, notes=list(s.notes), sdi_ref=ref,
+                                    lya_irradiance=lya, flare_amp=amp))
+        return plans, flare, fits_info
+    if chan == "SDI":
+        s = _sunpy_source(sample / SWAP_FILE)
+        ref, lya = _sdi_reference(s), _lyman_alpha_irradiance(sample, s.date_obs)
+        plans = [_FramePlan(t=s.date_obs + k * spec.cadence_s * u.s, kind="sdi", src=s, scene=s.name, notes=[],
+                            sdi_ref=ref, lya_irradiance=lya) for k in range(frames_per_channel)]
+    elif chan == "WST":
+        s = _sunpy_source(sample / MDI_FILE)
+        plans = [_FramePlan(t=s.date_obs + k * spec.cadence_s * u.s, kind="wst", src=s, scene=s.name, notes=[])
+                 for k in range(frames_per_channel)]
+    else:
+        if "cor1" not in cache:
+            cache["cor1"] = _cor1_texture(sample)
+        tex = cache["cor1"]
+        note = f"coronal structure from {tex.name} ({tex.r_in}-{tex.r_out} Rsun mapped onto 1.1-2.5)"
+        plans = [_FramePlan(t=tex.date_obs + k * spec.cadence_s * u.s, kind="sci", src=tex, scene=tex.name,
+                            notes=[note]) for k in range(frames_per_channel)]
+    return plans, None, []
+
+
+def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: StrayLightModel | None,
+                 out: Path) -> float:
+    """Build, band-limit and write the truth of one frame; return its brightest signal.
+
+    The signal includes the stray light behind the aperture (what reaches the detector),
+    so that the radiometric coefficient can keep every raw pixel below the target.
+    """
+    spec, model = CHANNELS[chan], INSTRUMENT[chan]
+    rsun_arcsec, obs = _apparent_rsun_arcsec(plan.t)
+    rsun_px = rsun_arcsec / scale
+    sigma = _smooth_sigma_px(spec, scale)
+    flare_img = None
+    if plan.kind == "sdi":
+        radiance_mean = plan.lya_irradiance * LYA_PHOTON_ERG / OMEGA_SUN_1AU
+        scene = _sdi_scene(plan.src, n, scale, rsun_arcsec, plan.sdi_ref, radiance_mean)
+        plan.notes.append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; disk-average radiance {radiance_mean:.4g} "
+                          f"{RADIANCE_UNIT} (LASP composite irradiance)")
+        if plan.flare_amp > 0:
+            g = _grid_offsets(n) * np.float32(scale)
+            d2 = (g[None, :] - FLARE["hpc_x"]) ** 2 + (g[:, None] - FLARE["hpc_y"]) ** 2
+            gauss = np.exp(-d2 / (2 * FLARE["sigma_arcsec"] ** 2)).astype(np.float32)
+            base = float(np.mean(scene[d2 <= FLARE["sigma_arcsec"] ** 2]))  # pre-flare level at the kernel
+            flare_img = gauss * np.float32(plan.flare_amp * base)
+            scene += flare_img
+            plan.notes.append(f"flare injected: +{plan.flare_amp:.3f} x the pre-flare level ({base:.4g}) at "
+                              f"({FLARE['hpc_x']:g}, {FLARE['hpc_y']:g}) arcsec, sigma {FLARE['sigma_arcsec']:g} arcsec")
+    elif plan.kind == "wst":
+        scene, notes = _wst_scene(plan.src, n, scale, rsun_arcsec)
+        plan.notes.extend(notes)
+    else:
+        scene = _sci_scene(chan, plan.src, n, scale, rsun_arcsec)
+        plan.notes.append(f"radial model: Baumbach F + {WL_K_FACTOR:g} x K corona" if chan == "SCI-WL" else
+                          f"radial model: Ly-alpha streamer corona (K shape, {UV_MSB_AT_1P5:.3g} MSB at 1.5 Rsun)")
+    truth = ndimage.gaussian_filter(scene, sigma, mode="nearest").astype(np.float32)
+    del scene
+    hdus_extra = []
+    if flare_img is not None:
+        fh = fits.Header()
+        fh["BUNIT"] = (spec.bunit, "injected flare (in the primary)")
+        hdus_extra.append(fits.ImageHDU(ndimage.gaussian_filter(flare_img, sigma, mode="nearest"), header=fh,
+                                        name="FLARE"))
+    if stray is not None:
+        rho = _rho_grid(n, rsun_px)
+        ap = _aperture(rho, spec, model, rsun_px)
+        stray_grid = (stray.brightness(rho.astype(np.float64)) * ap).astype(np.float32)
+        peak = float(np.max((truth + stray_grid) * ap))
+        sh = fits.Header()
+        sh["BUNIT"] = ("MSB", "injected stray light (before the flat), L2 grid")
+        hdus_extra.insert(0, fits.ImageHDU(stray_grid, header=sh, name="STRAY"))
+        del rho, ap
+    else:
+        peak = float(np.max(truth))
+    stamp = plan.t.utc.to_datetime().strftime("%Y%m%dT%H%M%S")
+    code = chan.lower()
+    plan.raw_name = f"lst_{code}_{stamp}_raw.fits"
+    plan.truth_path = out / "truth" / f"lst_{code}_{stamp}_truth.fits"
+    plan.rsun_arcsec = rsun_arcsec
+    th = _truth_header(spec, plan.t, n, scale, rsun_arcsec, obs, spec.bunit, plan.raw_name, plan.scene, sigma)
+    _write(fits.HDUList([fits.PrimaryHDU(truth, header=th), *hdus_extra]), plan.truth_path, _iso(plan.t))
+    return peak
+
+
+def _forward_model(truth: np.ndarray, spec: ChannelSpec, model: InstrumentModel, n: int, x0: float, y0: float,
+                   roll: float, rsun_px: float, stray: StrayLightModel | None, flat: np.ndarray, bias: np.ndarray,
+                   dark_rate: np.ndarray, coef: float, noise: bool, rng: np.random.Generator) -> np.ndarray:
+    """Raw DN of one frame: ``bias + dark_rate t + flat t aperture (S + S_stray) / C``, noise, uint16."""
+    t_exp = model.exptime_s
+    s_det = _to_detector(truth, n, x0, y0, roll)
+    if stray is not None:
+        rho = _detector_rho(n, x0, y0, rsun_px)
+        s_det += stray.brightness(rho.astype(np.float64)).astype(np.float32)
+        s_det *= _aperture(rho, spec, model, rsun_px)
+        del rho
+    signal_dn = flat * (s_det * np.float32(t_exp / coef))  # DN from the Sun (and the stray light)
+    del s_det
+    dark_dn = dark_rate * np.float32(t_exp)
+    raw = np.empty((n, n), dtype=np.uint16)
+    for j0 in range(0, n, 512):  # row blocks keep the float64 Poisson temporaries small
+        sl = slice(j0, j0 + 512)
+        if noise:
+            electrons = (np.maximum(signal_dn[sl], 0) + dark_dn[sl]).astype(np.float64)
+            electrons *= model.gain_e_per_dn
+            counts = rng.poisson(electrons).astype(np.float32) / np.float32(model.gain_e_per_dn)
+            counts += rng.standard_normal(counts.shape, dtype=np.float32) * np.float32(model.read_noise_dn)
+            blk = bias[sl] + counts
+        else:
+            blk = bias[sl] + dark_dn[sl] + signal_dn[sl]
+        raw[sl] = np.clip(np.rint(blk), 0, 65535)
+    return raw
+
+
 def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST", "SCI-UV", "SCI-WL"),
              naxis: dict[str, int] | int | None = None, noise: bool = True, seed: int = 0,
              sdi_sequence: bool = True, frames_per_channel: int = 1, *,
@@ -1153,122 +1306,21 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     limb_fits: list[dict[str, Any]] = []
     radiometric: dict[str, float] = {}
     flare: InjectedFlare | None = None
-    cor1: _CoronaTexture | None = None
+    cache: dict[str, Any] = {}
 
     for chan in chans:
-        spec = CHANNELS[chan]
-        model = INSTRUMENT[chan]
-        n = sizes[chan]
+        spec, model, n = CHANNELS[chan], INSTRUMENT[chan], sizes[chan]
         scale = spec.plate_scale_for(n)
         ci = _CHANNEL_INDEX[chan]
-        sigma = _smooth_sigma_px(spec, scale)
-
-        # ---- the scenes of this channel: list of (time, builder) ---------------------------
-        plans: list[dict[str, Any]] = []
-        if chan == "SDI" and sdi_sequence:
-            sources, fits_info = _eit_sources(sample)
-            limb_fits.extend(fits_info)
-            refs = [_sdi_reference(s) for s in sources]
-            ref = {"euv_quiet": float(np.median([r["euv_quiet"] for r in refs])),
-                   "norm": float(np.median([r["norm"] for r in refs]))}
-            times = [s.date_obs for s in sources]
-            lya = _lyman_alpha_irradiance(sample, times[0])
-            f_start, f_peak, f_end = times[3], times[5], times[9]
-            tau = 1.5 * 3600.0
-            fx, fy, fsig, famp = -400.0, -350.0, 25.0, 1.0
-            flare = InjectedFlare(channel="SDI", start=_iso(f_start), peak=_iso(f_peak), end=_iso(f_end),
-                                  hpc_x=fx, hpc_y=fy, peak_enhancement=famp, sigma_arcsec=fsig, decay_time_s=tau)
-            for s in sources:
-                a = _flare_profile(s.date_obs, f_start, f_peak, f_end, tau)
-                flare.profile.append((_iso(s.date_obs), famp * a))
-                plans.append(dict(t=s.date_obs, kind="sdi", src=s, ref=ref, lya=lya, flare_amp=famp * a,
-                                  flare_xy=(fx, fy), flare_sigma=fsig, scene=s.name, notes=list(s.notes)))
-        elif chan == "SDI":
-            s = _sunpy_source(sample / SWAP_FILE)
-            ref = _sdi_reference(s)
-            lya = _lyman_alpha_irradiance(sample, s.date_obs)
-            for k in range(frames_per_channel):
-                plans.append(dict(t=s.date_obs + k * spec.cadence_s * u.s, kind="sdi", src=s, ref=ref, lya=lya,
-                                  flare_amp=0.0, scene=s.name, notes=[]))
-        elif chan == "WST":
-            s = _sunpy_source(sample / MDI_FILE)
-            for k in range(frames_per_channel):
-                plans.append(dict(t=s.date_obs + k * spec.cadence_s * u.s, kind="wst", src=s, scene=s.name,
-                                  notes=[]))
-        else:
-            if cor1 is None:
-                cor1 = _cor1_texture(sample)
-            for k in range(frames_per_channel):
-                plans.append(dict(t=cor1.date_obs + k * spec.cadence_s * u.s, kind="sci", src=cor1,
-                                  scene=cor1.name, notes=[f"coronal structure from {cor1.name} "
-                                                          f"({cor1.r_in}-{cor1.r_out} Rsun mapped onto 1.1-2.5)"]))
-
+        plans, chan_flare, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache)
+        flare = chan_flare or flare
+        limb_fits.extend(fits_info)
         stray = stray_light_model(chan) if spec.is_coronagraph else None
-        bunit = spec.bunit
 
-        # ---- pass 1: truths (written), maxima ------------------------------------------------
-        peak_signal = 0.0
-        for k, plan in enumerate(plans):
-            t = plan["t"]
-            rsun_arcsec, obs = _apparent_rsun_arcsec(t)
-            rsun_px = rsun_arcsec / scale
-            flare_img = None
-            if plan["kind"] == "sdi":
-                radiance_mean = plan["lya"] * LYA_PHOTON_ERG / OMEGA_SUN_1AU
-                scene = _sdi_scene(plan["src"], n, scale, rsun_arcsec, plan["ref"], radiance_mean)
-                if plan.get("flare_amp", 0.0) > 0:
-                    g = _grid_offsets(n) * np.float32(scale)
-                    fx, fy = plan["flare_xy"]
-                    d2 = (g[None, :] - fx) ** 2 + (g[:, None] - fy) ** 2
-                    gauss = np.exp(-d2 / (2 * plan["flare_sigma"] ** 2)).astype(np.float32)
-                    base = float(np.mean(scene[d2 <= plan["flare_sigma"] ** 2]))  # pre-flare level at the kernel
-                    flare_img = gauss * np.float32(plan["flare_amp"] * base)
-                    scene = scene + flare_img
-                    plan["notes"].append(f"flare injected: +{plan['flare_amp']:.3f} x the pre-flare level "
-                                         f"({base:.4g}) at ({fx:g}, {fy:g}) arcsec, sigma {plan['flare_sigma']:g} arcsec")
-                plan["notes"].append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; disk-average radiance "
-                                     f"{radiance_mean:.4g} {RADIANCE_UNIT} (LASP composite)")
-            elif plan["kind"] == "wst":
-                scene, notes = _wst_scene(plan["src"], n, scale, rsun_arcsec)
-                plan["notes"].extend(notes)
-            else:
-                scene = _sci_scene(chan, plan["src"], n, scale, rsun_arcsec)
-                plan["notes"].append("radial model: " + ("Baumbach F + %g x K corona" % WL_K_FACTOR if chan == "SCI-WL"
-                                                         else "Ly-alpha streamer corona (K shape, %.3g MSB at 1.5 Rsun)"
-                                                         % UV_MSB_AT_1P5))
-            truth = ndimage.gaussian_filter(scene, sigma, mode="nearest").astype(np.float32)
-            del scene
-            if flare_img is not None:
-                flare_img = ndimage.gaussian_filter(flare_img, sigma, mode="nearest").astype(np.float32)
-            rho = _rho_grid(n, rsun_px)
-            stray_grid = None
-            ap = _aperture(rho, spec, model, rsun_px)
-            if stray is not None:
-                stray_grid = (stray.brightness(rho.astype(np.float64)) * ap).astype(np.float32)
-                sig = (truth + stray_grid) * ap
-            else:
-                sig = truth
-            peak_signal = max(peak_signal, float(np.max(sig)))
-            del sig, rho
-            stamp = Time(t).utc.to_datetime().strftime("%Y%m%dT%H%M%S")
-            code = chan.lower()
-            raw_name = f"lst_{code}_{stamp}_raw.fits"
-            truth_path = out / "truth" / f"lst_{code}_{stamp}_truth.fits"
-            th = _truth_header(spec, t, n, scale, rsun_arcsec, obs, bunit, raw_name, plan["scene"], sigma)
-            hdus = [fits.PrimaryHDU(truth, header=th)]
-            if stray_grid is not None:
-                sh = fits.Header()
-                sh["BUNIT"] = ("MSB", "injected stray light (before the flat), L2 grid")
-                hdus.append(fits.ImageHDU(stray_grid, header=sh, name="STRAY"))
-            if flare_img is not None:
-                fh = fits.Header()
-                fh["BUNIT"] = (bunit, "injected flare (in the primary)")
-                hdus.append(fits.ImageHDU(flare_img, header=fh, name="FLARE"))
-            _write(fits.HDUList(hdus), truth_path, _iso(t))
-            plan.update(rsun_arcsec=rsun_arcsec, truth_path=truth_path, raw_name=raw_name, obs=obs)
-            del truth, flare_img, stray_grid
+        # pass 1: the truths (written to disk) and the brightest signal of the channel
+        peak_signal = max(_write_truth(plan, chan, n, scale, stray, out) for plan in plans)
 
-        # ---- calibration masters ---------------------------------------------------------
+        # the channel's calibration masters; C puts the brightest pixel below target_peak_dn
         rng_cal = _rng(seed, ci, 1000 + n)
         flat = _flat_field(n, spec.naxis, model, rng_cal)
         bias, dark_rate = _dark_planes(n, model, rng_cal)
@@ -1276,53 +1328,28 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         headroom = model.target_peak_dn - float(bias.max()) - float(np.percentile(dark_rate, 99.9)) * t_exp
         coef = _ceil_sig(peak_signal * float(flat.max()) * t_exp * 1.01 / headroom, 4)
         radiometric[chan] = coef
-        t_first = min(p["t"] for p in plans)
-        t_last = max(p["t"] for p in plans)
+        t_first, t_last = min(p.t for p in plans), max(p.t for p in plans)
         valid_from = (t_first - 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
         valid_to = (t_last + 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
-        cal_infos.extend(_write_masters(out, chan, spec, model, n, scale, flat, bias, dark_rate, coef, stray,
+        cal_infos.extend(_write_masters(out, chan, spec, model, n, flat, bias, dark_rate, coef, stray,
                                         valid_from, valid_to, _iso(t_first)))
 
-        # ---- pass 2: raw frames ------------------------------------------------------------
+        # pass 2: the raw frames
         for k, plan in enumerate(plans):
-            t = plan["t"]
             rng = _rng(seed, ci, k)
-            x0, y0, roll = _detector_geometry(spec, model, n, scale, rng)
-            with fits.open(plan["truth_path"], memmap=False) as hd:
+            x0, y0, roll = _detector_geometry(model, n, rng)
+            with fits.open(plan.truth_path, memmap=False) as hd:
                 truth = np.asarray(hd[0].data, dtype=np.float32)
-            s_det = _to_detector(truth, n, x0, y0, roll)
+            raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
+                                 dark_rate, coef, noise, rng)
             del truth
-            rsun_px = plan["rsun_arcsec"] / scale
-            rho_det = _detector_rho(n, x0, y0, rsun_px)
-            ap = _aperture(rho_det, spec, model, rsun_px)
-            if stray is not None:
-                s_det += stray.brightness(rho_det.astype(np.float64)).astype(np.float32)
-                s_det *= ap
-            del rho_det
-            signal_dn = flat * (s_det * np.float32(t_exp / coef))  # DN from the Sun (and stray light)
-            del s_det
-            dark_dn = dark_rate * np.float32(t_exp)
-            raw = np.empty((n, n), dtype=np.uint16)
-            for j0 in range(0, n, 512):  # row blocks keep the float64 Poisson temporaries small
-                sl = slice(j0, j0 + 512)
-                if noise:
-                    electrons = (np.maximum(signal_dn[sl], 0) + dark_dn[sl]).astype(np.float64)
-                    electrons *= model.gain_e_per_dn
-                    counts = rng.poisson(electrons).astype(np.float32) / np.float32(model.gain_e_per_dn)
-                    counts += rng.standard_normal(counts.shape, dtype=np.float32) * np.float32(model.read_noise_dn)
-                    blk = bias[sl] + counts
-                else:
-                    blk = bias[sl] + dark_dn[sl] + signal_dn[sl]
-                raw[sl] = np.clip(np.rint(blk), 0, 65535)
-            del signal_dn, dark_dn
-            raw_path = out / "raw" / plan["raw_name"]
-            notes = list(plan["notes"])
-            rh = _raw_header(spec, t, model, n, scale, x0, y0, roll, plan["scene"], plan["raw_name"], notes)
-            _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(t))
-            frames.append(SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan["truth_path"],
-                                         date_obs=_iso(t), exptime_s=t_exp, naxis=n, plate_scale=scale,
-                                         crpix=(x0 + 1.0, y0 + 1.0), crota2=roll, rsun_arcsec=plan["rsun_arcsec"],
-                                         scene=plan["scene"], peak_dn=int(raw.max()), notes=notes))
+            raw_path = out / "raw" / plan.raw_name
+            rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes)
+            _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
+            frames.append(SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path,
+                                         date_obs=_iso(plan.t), exptime_s=t_exp, naxis=n, plate_scale=scale,
+                                         crpix=(x0 + 1.0, y0 + 1.0), crota2=roll, rsun_arcsec=plan.rsun_arcsec,
+                                         scene=plan.scene, peak_dn=int(raw.max()), notes=list(plan.notes)))
             del raw
 
     manifest = out / "manifest.json"
@@ -1348,7 +1375,7 @@ def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to
     return h
 
 
-def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentModel, n: int, scale: float,
+def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentModel, n: int,
                    flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray, coef: float,
                    stray: StrayLightModel | None, valid_from: str, valid_to: str,
                    when: str) -> list[CalibrationFileInfo]:
@@ -1460,6 +1487,7 @@ def _write_manifest(result: SimulationResult, *, seed: int, noise: bool, sizes: 
             "sci_wl": f"Baumbach 1937 F + {WL_K_FACTOR} x K corona",
             "sci_uv": f"K-corona shape, {UV_MSB_AT_1P5:.3g} MSB at 1.5 Rsun",
             "cor1_contrast_gain": COR1_CONTRAST_GAIN,
+            "flare": FLARE,
             "stray_light": {c: dataclasses.asdict(stray_light_model(c)) for c in ("SCI-UV", "SCI-WL")},
             "instrument": {c: dataclasses.asdict(m) for c, m in INSTRUMENT.items()},
         },

@@ -40,7 +40,7 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration import steps
-from pipelines.calibration.steps import DQ, RADIANCE_UNIT, StrayLightModel
+from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import sha256_file
@@ -384,6 +384,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     for cal in cals.values():
         if cal.kind in CAL_KEYWORDS:
             _stamp_calibration(h, cal)
+    if "RSUN_REF" not in h:
+        h["RSUN_REF"] = (steps.RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
+    if "RSUN_OBS" not in h:
+        h["RSUN_OBS"] = (steps.apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
     h["LEVEL"] = ("L2", "calibrated, north up (LST level 2)")
     h["BUNIT"] = unit
     h["CHANNEL"] = channel

@@ -58,6 +58,7 @@ __all__ = [
     "SunGeometry",
     "StrayLightModel",
     "sun_geometry",
+    "apparent_rsun_arcsec",
     "radius_map",
     "flag_invalid_pixels",
     "subtract_dark",
