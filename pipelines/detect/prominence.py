@@ -19,11 +19,13 @@ Method
    average to at most ``max_working_naxis``, replace isolated spikes by their 3x3 median.
 2. **Polar unwrapping** around Sun centre over ``r_range_rsun`` (default 1.02-1.2 Rsun,
    clear of the limb's PSF wing), 1-degree PA bins, one working pixel in radius.
-3. **Bright off-limb features.** In each frame the azimuthal median at each radius
-   (the quiet limb: off-limb fall-off, corona) is subtracted. The noise per radius is
+3. **Bright off-limb features.** In each frame a quiet-limb model is subtracted: at each
+   radius a low-order Fourier series in PA fitted with bright outliers clipped
+   (:func:`quiet_limb`; it follows the off-limb fall-off, the corona, and the dipole a
+   small Sun-centre error leaves on the steep limb). The noise per radius is
    estimated from frame-to-frame differences (1.4826 x MAD / sqrt 2), so static structure
    does not inflate it. Pixels that are ``threshold_sigma`` above the noise *and*
-   ``min_contrast`` above the azimuthal median (relative) form features: connected
+   ``min_contrast`` above the quiet limb (relative) form features: connected
    regions (periodic in PA) of at least ``min_area_bins`` bins. A feature's top is, in
    the PA column that reaches highest, the outermost radius where the excess is half of
    that column's peak (interpolated between bins); its PA is the significance-weighted
@@ -91,6 +93,7 @@ __all__ = [
     "DETECTOR_NAME",
     "DETECTOR_VERSION",
     "hinge_fit",
+    "quiet_limb",
 ]
 
 FRM_NAME = "lst-prominence-eruption"
@@ -126,7 +129,7 @@ class ProminenceParams:
     threshold_sigma : float
         Significance of a feature pixel over the noise [sigma].
     min_contrast : float
-        Relative excess over the azimuthal median a feature pixel needs.
+        Relative excess over the quiet limb a feature pixel needs.
     min_area_bins : int
         Smallest feature [polar bins].
     max_pa_jump_deg : float
@@ -143,6 +146,9 @@ class ProminenceParams:
         Rise speed / its standard error needed.
     edge_margin_rsun : float
         Tops this close to the outer edge end the track [Rsun].
+    limb_trend_order : int
+        Highest PA harmonic of the quiet-limb model (:func:`quiet_limb`); 0 = azimuthal
+        median.
     """
 
     r_range_rsun: tuple[float, float] = SDI_RANGE_RSUN
@@ -162,6 +168,7 @@ class ProminenceParams:
     min_speed_km_s: float = 5.0
     min_speed_snr: float = 4.0
     edge_margin_rsun: float = 0.01
+    limb_trend_order: int = 2
 
     @classmethod
     def sdi(cls, **changes: Any) -> ProminenceParams:
@@ -171,7 +178,7 @@ class ProminenceParams:
     @classmethod
     def sci_uv(cls, **changes: Any) -> ProminenceParams:
         """Defaults for SCI-UV frames (1.15-2.45 Rsun): a higher contrast floor keeps
-        streamers (~30 % above the azimuthal median) out of the features."""
+        streamers (~30 % above the quiet corona) out of the features."""
         base = cls(r_range_rsun=SCI_RANGE_RSUN, max_working_naxis=512, min_contrast=0.6,
                    min_area_bins=15, smooth_r_rsun=0.01)
         return dataclasses.replace(base, **changes)
@@ -322,6 +329,57 @@ def _dpa(a: float, b: float) -> float:
     return abs((a - b + 180.0) % 360.0 - 180.0)
 
 
+def quiet_limb(polar: np.ndarray, pa_deg: np.ndarray, *, order: int = 2, n_iter: int = 3,
+               clip: float = 3.0) -> np.ndarray:
+    """The quiet limb of one polar frame: a robust low-order Fourier series in PA per radius.
+
+    At each radius ``I(PA) ~ a0 + sum_m (a_m cos m PA + b_m sin m PA)``, ``m <= order``,
+    fitted by least squares with bright outliers (prominences: residual > ``clip`` x
+    1.4826 MAD) excluded over ``n_iter`` passes. Order 1 absorbs the dipole a Sun-centre
+    error of a pixel or two makes on the steep off-limb fall-off, order 2 an ellipticity
+    (e.g. a plate-scale error); order 0 is the azimuthal median.
+
+    Parameters
+    ----------
+    polar : numpy.ndarray
+        ``(n_pa, n_r)``, NaN where masked.
+    pa_deg : numpy.ndarray
+        ``(n_pa,)`` bin centres [deg].
+    order : int
+        Highest harmonic.
+    n_iter, clip : int, float
+        Clipping passes and threshold.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n_pa, n_r)`` quiet-limb model (NaN at radii without data).
+    """
+    if order <= 0:
+        return np.broadcast_to(_nanmedian(polar, axis=0)[None, :], polar.shape).copy()
+    th = np.radians(pa_deg)
+    cols = [np.ones_like(th)]
+    for m in range(1, order + 1):
+        cols += [np.cos(m * th), np.sin(m * th)]
+    a = np.column_stack(cols)  # (n_pa, n_c)
+    good = np.isfinite(polar)
+    y = np.where(good, polar, 0.0)
+    w = good.astype(np.float64)
+    model = np.broadcast_to(_nanmedian(polar, axis=0)[None, :], polar.shape)
+    for _ in range(n_iter + 1):
+        ata = np.einsum("pi,pr,pj->rij", a, w, a)  # (n_r, n_c, n_c)
+        aty = np.einsum("pi,pr->ri", a, w * y)
+        ok = np.linalg.matrix_rank(ata) == a.shape[1]
+        coef = np.zeros((polar.shape[1], a.shape[1]))
+        coef[ok] = np.linalg.solve(ata[ok], aty[ok][..., None])[..., 0]
+        fit = a @ coef.T
+        model = np.where(ok[None, :], fit, model)
+        res = np.where(good, polar - model, np.nan)
+        mad = 1.4826 * _nanmedian(np.abs(res - _nanmedian(res, axis=0)[None, :]), axis=0)
+        w = (good & (np.nan_to_num(res, nan=np.inf) <= clip * mad[None, :])).astype(np.float64)
+    return np.where(np.isfinite(_nanmedian(polar, axis=0))[None, :], model, np.nan)
+
+
 def hinge_fit(t: np.ndarray, h: np.ndarray) -> tuple[float, float, float, float, float]:
     """Two-segment least-squares fit ``h = h0 + v max(0, t - ts)``.
 
@@ -452,14 +510,14 @@ def detect_prominence_eruptions(
         for k in range(nt)
     ])
 
-    ringmed = _nanmedian(polar, axis=1)  # (nt, n_r): the quiet limb per frame
-    excess = polar - ringmed[:, None, :]
+    quiet = np.stack([quiet_limb(polar[k], pa_cent, order=p.limb_trend_order) for k in range(nt)])
+    excess = polar - quiet
     dif = np.diff(polar, axis=0)
     dif = dif - _nanmedian(dif, axis=1)[:, None, :]
     noise = 1.4826 * _nanmedian(np.abs(dif), axis=(0, 1)) / math.sqrt(2.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         z = excess / noise[None, None, :]
-        rel = excess / np.abs(ringmed)[:, None, :]
+        rel = excess / np.abs(quiet)
 
     feats = [_features(z[k], rel[k], excess[k], p, r_cent, pa_cent, k) for k in range(nt)]
 
