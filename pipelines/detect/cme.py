@@ -730,10 +730,10 @@ def detect_cmes(
 
     # 3. relative running difference
     base = _nanmedian(polar, axis=0)
-    ring = _nanmedian(base, axis=0)  # azimuthal median of the static corona, per radius
-    floor = 0.05 * np.abs(ring)[None, :]
+    ring_level = _nanmedian(base, axis=0)  # azimuthal median of the static corona, per radius
+    floor = 0.05 * np.abs(ring_level)[None, :]
     with np.errstate(invalid="ignore"):
-        base = np.where(np.abs(base) > floor, base, np.where(np.isfinite(ring), floor, np.nan))
+        base = np.where(np.abs(base) > floor, base, np.where(np.isfinite(ring_level), floor, np.nan))
     diffs, dk = [], []
     for k in range(1, nt):
         if sec[k] - sec[k - 1] > p.max_gap_s:

@@ -1,8 +1,9 @@
 """Synthetic LST scenes with injected events, for tests and detector validation.
 
-No SCI coronal image and no SDI limb sequence is public (``LST.md``), so the event
-detectors are validated on sequences built here: a realistic static scene plus an injected
-event whose truth (time, position angle, width, speed) is known exactly.
+No LST (SCI or SDI) image was found publicly (``sample-data/real/MANIFEST.md``) and no SCI
+CME catalogue exists (``LST.md``), so the event detectors are validated on sequences built
+here: a realistic static scene plus an injected event whose truth (time, position angle,
+width, speed) is known exactly.
 
 Scenes
 ------
@@ -24,7 +25,13 @@ Events
 :func:`inject_prominence_eruption`
     A bright limb structure that sits still and then rises (constant speed, optional
     acceleration, or any height-time curve such as the real tie-points of Sahade et al.
-    2025 in ``sample-data/real/events/prominence_eruptions_sahade2025``).
+    2025 in ``sample-data/real/events/prominence_eruptions_sahade2025``, read by
+    :func:`sahade2025_height_time`).
+
+Nuisances
+---------
+:func:`add_photon_noise` (Poisson + read noise) and :func:`perturb_sequence` (per-frame
+gain jitter, pointing jitter, cosmic-ray hits): what a quiet real sequence also has.
 
 Conventions (followed by the detectors too)
 -------------------------------------------
