@@ -254,6 +254,29 @@ def test_get_event(some_events):
     assert get_event(s, 2_000_000_000) is None
 
 
+def test_concurrent_writers_do_not_fail_each_other(db_session, monkeypatch):
+    """Rows stored by another process between our key preload and our insert are skipped."""
+    from backend.services import events as svc
+    from pipelines.catalogues import parse_lst_wst
+
+    rows = [dict(e.as_row(), created_at=T("2026-01-01")) for e in parse_lst_wst(WST_FILE).events[:5]]
+    svc.insert_ignoring_conflicts(db_session, Event.__table__, rows, ["source", "source_key"])
+    svc.insert_ignoring_conflicts(db_session, Event.__table__, rows, ["source", "source_key"])
+    assert count(db_session, "lst_wst") == 5
+    # the preload sees nothing (as if the other process committed right after it)
+    real_scalars = db_session.scalars
+
+    def blind_preload(stmt, *a, **kw):
+        if "events.source_key" in str(stmt) and "count" not in str(stmt):
+            return iter(())
+        return real_scalars(stmt, *a, **kw)
+
+    monkeypatch.setattr(db_session, "scalars", blind_preload)
+    r = import_catalogue(db_session, "lst_wst", WST_FILE)
+    assert (r.stored, r.skipped_existing, r.refused) == (34, 5, [])
+    assert count(db_session, "lst_wst") == 39
+
+
 def test_import_errors(db_session, tmp_path):
     with pytest.raises(KeyError):
         import_catalogue(db_session, "cactus", EVENTS)

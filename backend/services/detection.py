@@ -9,8 +9,9 @@ end (``EventProduct``/``EventFrame``).
 
 Idempotent: the event's ``source_key`` is
 ``lst-sdi-flare/<version>/<peak DATE-OBS>/<round(x)>,<round(y)>``; a flare already stored
-under its key is returned as it is, and existing links are not added again. A new detector
-version makes new events and keeps the old ones.
+under its key is returned as it is, and existing links are not added again (inserts skip
+conflicts, so a worker and the CLI detecting at the same time do not fail each other). A
+new detector version makes new events and keeps the old ones.
 
 Product files: image in the primary HDU (float32, ``BUNIT``), ``DQ`` ImageHDU (non-zero =
 not to be used), helioprojective WCS and observer keywords in the primary header.
@@ -31,7 +32,8 @@ from astropy.io import fits
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState
+from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState, utcnow
+from backend.services.events import insert_ignoring_conflicts
 from pipelines.detect.flares import (
     DETECTOR_NAME,
     DETECTOR_VERSION,
@@ -39,6 +41,7 @@ from pipelines.detect.flares import (
     FlareDetectionParams,
     detect_flares,
 )
+from pipelines.catalogues.records import json_safe
 from pipelines.errors import FitsReadError
 
 __all__ = ["detect_sdi_flares", "flare_source_key", "SOURCE", "CHANNEL"]
@@ -221,31 +224,29 @@ def detect_sdi_flares(
     for fl in flares:
         key = flare_source_key(fl)
         ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).first()
-        span = list(fl.frame_indices)
         if ev is None:
             lat, lon = _heliographic(fl, headers[fl.peak_index])
-            ev = Event(
+            row = dict(
                 event_type="FL", source=SOURCE, source_key=key,
                 start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time, channels=CHANNEL,
                 hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
-                peak_value=100.0 * fl.peak_enhancement, peak_unit="%",
+                position_angle=None, angular_width=None, speed_km_s=None, goes_class=None,
+                peak_value=100.0 * fl.peak_enhancement, peak_unit="%", noaa_ar=None,
                 frm_name=DETECTOR_NAME, frm_version=DETECTOR_VERSION,
                 description=(f"Lyman-alpha brightening (SDI): peak enhancement {100 * fl.peak_enhancement:.0f} %, "
                              f"area {fl.area_arcsec2:.0f} arcsec2"),
-                attributes=_attributes(fl, rows, p),
+                attributes=json_safe(_attributes(fl, rows, p)), created_at=utcnow(),
             )
-            session.add(ev)
-            session.flush()
-        have_p = set(session.scalars(select(EventProduct.product_id).where(EventProduct.event_id == ev.id)))
-        have_f = set(session.scalars(select(EventFrame.frame_id).where(EventFrame.event_id == ev.id)))
-        for i in span:
-            prod, frame = rows[i]
-            if prod.id not in have_p:
-                session.add(EventProduct(event_id=ev.id, product_id=prod.id))
-                have_p.add(prod.id)
-            if frame.id not in have_f:
-                session.add(EventFrame(event_id=ev.id, frame_id=frame.id))
-                have_f.add(frame.id)
+            # another process (a worker and the CLI) may store the same flare at the same time
+            insert_ignoring_conflicts(session, Event.__table__, [row], ["source", "source_key"])
+            ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).one()
+        span = list(fl.frame_indices)
+        insert_ignoring_conflicts(session, EventProduct.__table__,
+                                  [{"event_id": ev.id, "product_id": rows[i][0].id} for i in span],
+                                  ["event_id", "product_id"])
+        insert_ignoring_conflicts(session, EventFrame.__table__,
+                                  [{"event_id": ev.id, "frame_id": rows[i][1].id} for i in span],
+                                  ["event_id", "frame_id"])
         events.append(ev)
     session.flush()
     return events

@@ -34,6 +34,7 @@ __all__ = [
     "ImportReport",
     "import_catalogue",
     "import_all",
+    "insert_ignoring_conflicts",
     "link_wst_goes",
     "list_events",
     "get_event",
@@ -96,11 +97,33 @@ class ImportReport:
         return self
 
 
-def _insert_events(session: Session, rows: list[dict]) -> None:
-    """Core (not ORM) executemany INSERT: half the time of the ORM bulk path for 47k rows."""
-    table = Event.__table__
+def insert_ignoring_conflicts(session: Session, table, rows: list[dict], conflict_columns: list[str]) -> None:
+    """Bulk INSERT of ``rows`` into ``table``, skipping rows that hit a unique constraint.
+
+    ``INSERT ... ON CONFLICT (cols) DO NOTHING`` on PostgreSQL and SQLite (another process
+    importing or detecting the same events at the same time, e.g. the demo's CLI and its
+    worker, must not fail the transaction); a plain INSERT on other databases. Core, not ORM,
+    executemany: half the time of the ORM bulk path for 47k rows.
+    """
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    else:
+        dialect_insert = None
+    if dialect_insert is not None:
+        stmt = dialect_insert(table).on_conflict_do_nothing(index_elements=conflict_columns)
+    else:  # pragma: no cover - the platform runs on PostgreSQL or SQLite
+        stmt = insert(table)
     for i in range(0, len(rows), _CHUNK):
-        session.execute(insert(table), rows[i:i + _CHUNK])
+        session.execute(stmt, rows[i:i + _CHUNK])
+
+
+def _count(session: Session, source: str) -> int:
+    return int(session.scalar(select(func.count()).select_from(Event).where(Event.source == source)) or 0)
 
 
 def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> ImportReport:
@@ -153,8 +176,10 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
         row = rec.as_row()
         row["created_at"] = now
         rows.append(row)
-    _insert_events(session, rows)
-    report.stored = len(rows)
+    before = _count(session, source) if rows else 0
+    insert_ignoring_conflicts(session, Event.__table__, rows, ["source", "source_key"])
+    report.stored = (_count(session, source) - before) if rows else 0
+    report.skipped_existing += len(rows) - report.stored  # stored meanwhile by another process
     session.flush()
     if result.associations:
         added, unresolved = _store_associations(session, result.associations)
@@ -217,7 +242,7 @@ def _add_pairs(session: Session, links: list[tuple[int, int, str]]) -> int:
                 have.add((x, y))
                 new.append({"event_id": x, "other_event_id": y, "kind": k})
     if new:
-        session.execute(insert(EventAssociation.__table__), new)
+        insert_ignoring_conflicts(session, EventAssociation.__table__, new, ["event_id", "other_event_id"])
         session.flush()
     return len(new)
 

@@ -385,7 +385,7 @@ def _background_windows(sec: np.ndarray, p: FlareDetectionParams) -> list[np.nda
     return out
 
 
-@dataclass
+@dataclass(eq=False)  # identity, not array comparison: tracks are removed from a list
 class _Track:
     footprint: np.ndarray  # bool, macropixel grid
     frames: list[int]
@@ -539,10 +539,11 @@ def detect_flares(
                 tracks.append(_Track(footprint=ker.copy(), frames=[k], last=k))
                 continue
             keep = touching[0]
-            for other in touching[1:]:
+            for other in touching[1:]:  # the kernel joins events that were apart: merge them
                 keep.footprint |= other.footprint
                 keep.frames += other.frames
-                tracks.remove(other)
+                keep.last = max(keep.last, other.last)
+                tracks = [t for t in tracks if t is not other]
             keep.footprint |= ker
             keep.frames.append(k)
             keep.last = max(keep.last, k)
