@@ -300,6 +300,15 @@ def flag_invalid_pixels(data: Any, dq: Any | None, header: fits.Header, *,
     ------
     DataError
         If ``data`` is not 2-D or ``dq`` has another shape.
+
+    Notes
+    -----
+    Run on the raw frame: after the flat and the exposure normalisation a saturated pixel
+    no longer sits at a recognisable value.
+
+    References
+    ----------
+    LST.md: WST and SDI use 16-bit CMOS sensors (0-65535 DN).
     """
     _check_2d("data", data)
     xp = namespace_of(data)
@@ -420,6 +429,11 @@ def normalize_exposure(data: Any, header: fits.Header) -> tuple[Any, fits.Header
     ------
     DataError
         On a bad ``EXPTIME`` or if the data are not in DN (the step ran twice).
+
+    Notes
+    -----
+    ``EXPTIME`` is the exposure [s] of the frame header (LST.md: up to 20 s; burst modes of
+    1-6 s cadence): frames of different exposures become comparable.
     """
     _check_2d("data", data)
     unit = _bunit(header)
@@ -630,6 +644,15 @@ def mask_field_of_view(dq: Any, header: fits.Header, radius_rsun: float | None) 
     -------
     dq : array of uint8
     header : astropy.io.fits.Header
+
+    Raises
+    ------
+    DataError
+        If the header does not locate the Sun.
+
+    References
+    ----------
+    Chen B. et al. 2019, RAA 19, 159 (LST design: SDI/WST to 1.2 Rsun, SCI 1.1-2.5 Rsun).
     """
     _check_2d("dq", dq)
     if radius_rsun is None:
