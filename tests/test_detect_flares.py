@@ -172,6 +172,19 @@ def test_two_flares_at_once_and_a_single_frame_hit(scene_512):
     assert len(more) == 3 and any(abs(f.hpc_x - 100) < 10 and abs(f.hpc_y - 100) < 10 for f in more)
 
 
+def test_brightenings_joined_by_a_later_one_are_one_event(scene_512):
+    """Two kernels 100 arcsec apart (frames 5-6), then one brightening covering both (frame 8):
+    the two events are merged into one."""
+    base, header = scene_512
+    flares = [(-330.0, 250.0, 2.0, 12.0, {"t_peak": 6.0}), (-230.0, 250.0, 2.0, 12.0, {"t_peak": 6.0}),
+              (-280.0, 250.0, 2.0, 30.0, {"t_peak": 8.0, "rise": 0.6})]
+    times, frames = make_series(base, header, flares=flares, seed=7)
+    (fl,) = detect_flares(times, frames, header)
+    assert fl.detection_frames == (5, 6, 8, 9) and fl.peak_index == 8
+    assert abs(fl.hpc_x + 280) < 8 and abs(fl.hpc_y - 250) < 8
+    assert fl.bbox_hpc[0] < -330 and fl.bbox_hpc[2] > -230
+
+
 def test_dq_masked_pixels_are_not_used(scene_512):
     base, header = scene_512
     times, frames = make_series(base, header, flares=[(-300.0, 250.0, 2.0, 19.0, {})], seed=3)
