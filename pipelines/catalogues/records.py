@@ -102,7 +102,7 @@ def full_noaa_number(number: int | None, when: dt.datetime) -> int | None:
     n = int(number)
     if n <= 0:
         return None
-    if n < 10000 and when >= dt.datetime(2002, 6, 14, tzinfo=dt.UTC) and n < 5000:
+    if n < 5000 and when >= dt.datetime(2002, 6, 14, tzinfo=dt.UTC):
         return n + 10000
     return n
 

@@ -8,18 +8,17 @@ triple-threshold method of Lu et al. (2024) for SDI:
    is averaged in square blocks of about the SDI resolution (``macropixel_arcsec``, default
    10 arcsec; the on-orbit resolution is ~9.5 arcsec, LST.md), ignoring pixels masked in
    the DQ array, non-finite pixels and pixels outside ``disk_limit_rsun``;
-2. **global threshold** (occurrence and location): in every frame the relative
-   enhancement of each macropixel over its running background, ``E = I / B - 1``, must
-   reach
+2. **global threshold** (occurrence and location): in every frame the relative enhancement
+   of each macropixel over its running background, ``E = I / B - 1``, must reach
    ``detection_threshold``, *and* its excess ``I - B`` must reach ``noise_sigma`` times the
    macropixel's own noise (robust scatter of its frame-to-frame changes); ``B`` must be at
    least ``min_background_fraction`` of the disk median. Connected macropixels
-   (8-connectivity) above it form a *kernel* if there are at least
-   ``min_area_macropixels`` of them. The running background ``B`` is the median of the
-   frames taken from ``background_lag_s + background_span_s`` to ``background_lag_s``
-   before the frame (default 30 to 10 min before: a flare rising for many minutes is
-   measured against its pre-flare level, not against its own rise), or of the last
-   ``min_background_frames`` frames before that lag when the series is sparser;
+   (8-connectivity) above it form a *kernel* if there are at least ``min_area_macropixels``
+   of them. The running background ``B`` is the median of the frames taken from
+   ``background_lag_s + background_span_s`` to ``background_lag_s`` before the frame
+   (default 30 to 10 min before: a flare rising for many minutes is measured against its
+   pre-flare level, not against its own rise), or of the last ``min_background_frames``
+   frames before that lag when the series is sparser;
 3. kernels of successive frames (gaps up to ``max_gap_frames``) that touch the same place
    are one event; an event needs kernels in at least ``min_frames`` frames (a cosmic-ray hit
    or a particle storm frame lasts one);
@@ -27,15 +26,17 @@ triple-threshold method of Lu et al. (2024) for SDI:
    its macropixels), relative to its pre-event level (the running background of the first
    frame with a kernel), gives the peak; the start is the first frame of the
    contiguous run around the peak above ``start_fraction`` of the peak enhancement, the end
-   the last frame above ``end_fraction`` of it (0.5: the GOES convention of the half-way
-   decay to the pre-flare level, Garcia 1994).
+   the last frame above ``end_fraction`` of it (0.5: as the GOES event list ends a flare
+   when the flux has decayed half-way back to its pre-flare level, NOAA/NGDC XRS report
+   documentation).
 
 Location: the centroid at the peak frame, weighted by the excess brightness above the
 pre-event background (full-resolution pixels; over the footprint, then iterated over a disc
 of 1.5 footprint radii around the centroid, so that the macropixel grid does not bias it),
-converted to helioprojective x/y [arcsec] with the frame's WCS (astropy). Peak enhancement: the largest macropixel
-``I / B - 1`` in the footprint at the peak (the kernel contrast, comparable to ``rp`` of
-Jing et al. 2024 for WST); mean enhancement: that of the footprint light curve.
+converted to helioprojective x/y [arcsec] with the frame's WCS (astropy). Peak
+enhancement: the largest macropixel ``I / B - 1`` in the footprint at the peak (the kernel
+contrast, comparable to ``rp`` of Jing et al. 2024 for WST); mean enhancement: that of the
+footprint light curve.
 
 What is *not* taken from Lu et al. (2024): their threshold values and macropixel size (not
 reproduced here); the defaults below are ours, chosen to reject photon noise and
@@ -45,10 +46,9 @@ when a change alters the output.
 
 References
 ----------
-Lu L. et al. 2024, Solar Physics 299, "Automatic solar flare detection using the Solar Disk
+Lu L. et al. 2024, Solar Physics, "Automatic solar flare detection using the Solar Disk
 Imager onboard the ASO-S mission" (doi:10.1007/s11207-024-02310-1).
 Jing Z. et al. 2024, Solar Physics (arXiv:2401.07275), WST white-light flares.
-Garcia H. A. 1994, Solar Physics 154, 275 (GOES event start/end definitions).
 """
 
 from __future__ import annotations
