@@ -1361,11 +1361,13 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     return result
 
 
-def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to: str, desc: str) -> fits.Header:
+def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to: str, desc: str,
+                   n: int) -> fits.Header:
     h = fits.Header()
     h["TELESCOP"], h["INSTRUME"] = "ASO-S", "LST"
     h["CALKIND"] = (kind, "calibration kind")
     h["CHANNEL"] = (chan, "LST channel")
+    h["FRMNAXIS"] = (n, "[pix] frame size it applies to")
     h["DETECTOR"] = (CHANNELS[chan].instrument, "LST instrument")
     h["CALVER"] = (version, "calibration version")
     h["VALIDFRM"] = (valid_from, "[UTC] valid from")
@@ -1391,7 +1393,7 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
 
     # dark: bias plane (primary) + dark-rate plane, so the dark scales with EXPTIME
     desc = f"{chan} master dark: bias [DN] (primary) and dark-current rate [DN/s] (DARKRATE), {n}x{n}"
-    h = _master_header("dark", chan, version, valid_from, valid_to, desc)
+    h = _master_header("dark", chan, version, valid_from, valid_to, desc, n)
     h["EXTNAME"] = "BIAS"
     h["BUNIT"] = "DN"
     h["BIASMEAN"] = (float(bias.mean()), "[DN] mean bias")
@@ -1403,7 +1405,7 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
          {"BIASMEAN": float(bias.mean()), "DARKMEAN": float(dark_rate.mean())})
 
     desc = (f"{chan} flat field (mean 1) with CMOS laser-annealing stripes, {n}x{n}")
-    h = _master_header("flat", chan, version, valid_from, valid_to, desc)
+    h = _master_header("flat", chan, version, valid_from, valid_to, desc, n)
     h["EXTNAME"] = "FLAT"
     h["BUNIT"] = ""
     h["FLATMEAN"] = (float(flat.mean()), "mean of the flat")
@@ -1414,7 +1416,7 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
 
     unit = spec.bunit
     desc = f"{chan} radiometric coefficient: {coef:.6g} {unit} per DN/s"
-    h = _master_header("radiometric", chan, version, valid_from, valid_to, desc)
+    h = _master_header("radiometric", chan, version, valid_from, valid_to, desc, n)
     h["RADCOEF"] = (coef, "radiometric coefficient, RADUNIT per DN/s")
     h["RADUNIT"] = (unit, "physical unit of the calibrated data")
     if unit == "MSB":
@@ -1423,13 +1425,13 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
 
     if spec.is_coronagraph:
         desc = f"{chan} geometry: occulter {spec.fov_rsun_min} Rsun, field stop {spec.fov_rsun_max} Rsun"
-        h = _master_header("mask_geometry", chan, version, valid_from, valid_to, desc)
+        h = _master_header("mask_geometry", chan, version, valid_from, valid_to, desc, n)
         h["OCCRAD"] = (spec.fov_rsun_min, "[Rsun] occulter radius")
         h["FOVRAD"] = (spec.fov_rsun_max, "[Rsun] field-stop radius")
         params = {"OCCRAD": spec.fov_rsun_min, "FOVRAD": spec.fov_rsun_max}
     else:
         desc = f"{chan} geometry: useful field to {spec.fov_rsun_max} Rsun (no occulter)"
-        h = _master_header("mask_geometry", chan, version, valid_from, valid_to, desc)
+        h = _master_header("mask_geometry", chan, version, valid_from, valid_to, desc, n)
         h["FOVRAD"] = (spec.fov_rsun_max, "[Rsun] off-field-of-view radius")
         params = {"FOVRAD": spec.fov_rsun_max}
     emit("mask_geometry", [fits.PrimaryHDU(header=h)], desc, params)
@@ -1438,7 +1440,7 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
         b11, b25 = stray.brightness(1.1), stray.brightness(2.5)
         desc = (f"{chan} stray light: {stray.b_ref:.3g} MSB x (r/{stray.r_ref} Rsun)^-{stray.index:.4f} "
                 f"({b11:.3g} MSB at 1.1 Rsun, {b25:.3g} at 2.5; LST on-orbit values)")
-        h = _master_header("stray_light", chan, version, valid_from, valid_to, desc)
+        h = _master_header("stray_light", chan, version, valid_from, valid_to, desc, n)
         h["STRAYB0"] = (stray.b_ref, "[MSB] stray light at STRAYR0")
         h["STRAYR0"] = (stray.r_ref, "[Rsun] reference radius")
         h["STRAYIDX"] = (stray.index, "power-law index (B ~ r^-STRAYIDX)")

@@ -98,7 +98,7 @@ def test_calibration_masters_describe_themselves(sim):
     for info in sim.calibration_files:
         h = fits.getheader(info.path)
         assert h["CALKIND"] == info.kind and h["CHANNEL"] == info.channel and h["CALVER"] == 1
-        assert isinstance(h["CALVER"], int) and h["CALDESC"]
+        assert isinstance(h["CALVER"], int) and h["CALDESC"] and h["FRMNAXIS"] == N
         lo, hi = parse_date_obs(h["VALIDFRM"]), parse_date_obs(h["VALIDTO"])
         assert all(lo <= t <= hi for t in dates[info.channel])
         assert sha256_file(info.path) == info.sha256
