@@ -13,8 +13,14 @@ import time
 import numpy as np
 import pytest
 
-from pipelines.calibration.kll import KLLShiftWarning, kll_flat, make_dithered_set, striped_flat
-from pipelines.fitsio import read_image
+from pipelines.calibration.kll import (
+    KLLShiftWarning,
+    flat_calibration_hdul,
+    kll_flat,
+    make_dithered_set,
+    striped_flat,
+)
+from pipelines.fitsio import read_image, write_fits_atomic
 from tests.conftest import SAMPLE
 
 SCENES = {
@@ -147,3 +153,24 @@ def test_bad_arguments():
         kll_flat([img, img], [(0, 0)])
     with pytest.raises(ValueError, match="non-zero shift"):
         kll_flat([img, img], [(1, 1), (1, 1)])
+
+
+def test_flat_master_round_trip(tmp_path):
+    """The KLL flat as a calibration master, read back by the calibration flow's loader."""
+    from pipelines.calibration.flow import load_calibration_master
+
+    scene = real_scene("mdi", n=128)
+    flat = striped_flat(scene.shape, rng=7)
+    shifts = np.array([(0, 0), (3, 7), (-5, 2), (6, -4), (-7, -6)])
+    res = kll_flat(make_dithered_set(scene, flat, shifts), shifts)
+    path = tmp_path / "wst_flat_v3.fits"
+    write_fits_atomic(flat_calibration_hdul(res, "WST", 3, "2023-04-01T00:00:00", "2023-07-01T00:00:00",
+                                            shifts=shifts), path)
+    cal = load_calibration_master(path)
+    assert (cal.kind, cal.channel, cal.version) == ("flat", "WST", 3)
+    assert cal.parameters["FLATMETH"] == "KLL" and cal.parameters["KLLSH01"] == "3,7"
+    assert cal.parameters["VALIDTO"] == "2023-07-01T00:00:00.000"
+    got = cal.data["flat"]
+    np.testing.assert_allclose(got[res.valid_mask], res.flat[res.valid_mask], rtol=1e-6)
+    assert np.all(got[~res.valid_mask] == 1.0)
+    np.testing.assert_array_equal(cal.data["valid"].astype(bool), res.valid_mask)

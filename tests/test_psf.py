@@ -155,6 +155,11 @@ def test_psf_master_round_trip(tmp_path):
     back, hdr = read_psf_calibration(path)
     np.testing.assert_allclose(back, psf / psf.sum(), rtol=1e-12)
     assert hdr["CALVER"] == 2
+    from pipelines.calibration.flow import load_calibration_master
+
+    cal = load_calibration_master(path)  # the calibration flow's loader accepts it
+    assert (cal.kind, cal.channel, cal.version) == ("psf", "SDI", 2)
+    np.testing.assert_allclose(cal.data["primary"], psf / psf.sum(), rtol=1e-6)
     open_ended = psf_calibration_hdul(psf, "SDI", 3, "01-May-23 13:07:58.713")
     assert open_ended[0].header["VALIDTO"] == "" and open_ended[0].header["VALIDFRM"] == "2023-05-01T13:07:58.713"
     with pytest.raises(ValueError, match="not after"):

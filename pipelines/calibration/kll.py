@@ -57,11 +57,12 @@ from dataclasses import dataclass
 from itertools import combinations
 
 import numpy as np
+from astropy.io import fits
 from scipy import ndimage
 
 from pipelines.errors import LSTDPWarning
 
-__all__ = ["KLLResult", "KLLShiftWarning", "kll_flat", "make_dithered_set", "striped_flat"]
+__all__ = ["KLLResult", "KLLShiftWarning", "kll_flat", "flat_calibration_hdul", "make_dithered_set", "striped_flat"]
 
 
 class KLLShiftWarning(LSTDPWarning):
@@ -442,3 +443,57 @@ def kll_flat(images: Sequence[np.ndarray], shifts, *, mask: np.ndarray | None = 
     flat[valid] = gain / gain.mean()
     return KLLResult(flat=flat, valid_mask=valid, n_iter=it, converged=converged, residual=res,
                      coverage=coverage, n_pairs=n_pairs)
+
+
+def flat_calibration_hdul(result: KLLResult, channel: str, version: int, valid_from, valid_to=None, *,
+                          fill_value: float = 1.0, shifts=None, description: str | None = None) -> fits.HDUList:
+    """A flat-field calibration master from a KLL solution.
+
+    Parameters
+    ----------
+    result : KLLResult
+        From :func:`kll_flat`.
+    channel : str
+        LST channel (``SDI`` or ``WST``).
+    version : int
+        ``CALVER``.
+    valid_from, valid_to : str, datetime.datetime or astropy.time.Time
+        Validity interval (``VALIDFRM``, ``VALIDTO``); ``valid_to=None`` leaves it open.
+        LST's flats drift (radiation damage, contamination; LST.md), so close the
+        interval when the next flat campaign is made.
+    fill_value : float
+        Flat value outside ``valid_mask`` (1: no correction where KLL measured nothing;
+        NaN would blank those pixels in the calibrated frame).
+    shifts : array-like, shape (N, 2), optional
+        The dither offsets used, recorded as ``KLLSHnn`` = ``'dy,dx'`` cards.
+    description : str, optional
+        ``CALDESC``.
+
+    Returns
+    -------
+    astropy.io.fits.HDUList
+        Primary HDU: the flat (float32, dimensionless, mean 1 over the valid pixels) with
+        the ``CAL*`` keywords and ``KLLNIMG``/``KLLNPAIR``/``KLLNITER``/``KLLCONV``/
+        ``KLLRESID``/``KLLVALID``; extension ``VALID`` (uint8): 1 where the gain was measured.
+        The form :func:`pipelines.calibration.flow.load_calibration_master` reads.
+    """
+    from pipelines.calibration.psf import calibration_header
+
+    flat = np.where(result.valid_mask, result.flat, fill_value).astype(np.float32)
+    if description is None:
+        description = f"KLL flat from {result.n_pairs} image pairs"
+    h = calibration_header("flat", channel, version, valid_from, valid_to, description)
+    h["FLATMETH"] = ("KLL", "Kuhn, Lin & Loranz 1991, PASP 103, 1097")
+    if shifts is not None:
+        a = _as_shifts(shifts, len(shifts))
+        h["KLLNIMG"] = (len(a), "images used")
+        for k, (dy, dx) in enumerate(a[:99]):
+            h[f"KLLSH{k:02d}"] = (f"{int(dy)},{int(dx)}", "[pixel] dither dy,dx of image")
+    h["KLLNPAIR"] = (int(result.n_pairs), "image pairs with a non-zero shift")
+    h["KLLNITER"] = (int(result.n_iter), "solver iterations")
+    h["KLLCONV"] = (bool(result.converged), "solver converged")
+    h["KLLRESID"] = (float(result.residual), "final relative residual")
+    h["KLLVALID"] = (float(result.valid_mask.mean()), "fraction of pixels measured")
+    h["KLLFILL"] = (float(fill_value), "flat value where not measured")
+    valid = fits.ImageHDU(result.valid_mask.astype(np.uint8), name="VALID")
+    return fits.HDUList([fits.PrimaryHDU(flat, h), valid])
