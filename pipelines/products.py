@@ -91,8 +91,8 @@ def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:
 def quicklook_image(data: np.ndarray, dq: np.ndarray, channel_code: str, size: int = 512) -> np.ndarray:
     """The quicklook as values in [0, 1] (NaN for masked pixels), at most ``size`` pixels a side.
 
-    Stretch: the disk imagers (SDI, WST) an asinh stretch between the 0.5 and 99.9
-    percentiles of the good pixels (keeps the limb and the active regions readable); the
+    Stretch between the 0.5 and 99.9 percentiles of the good pixels: SDI asinh (plage,
+    network and the limb readable together), WST linear (limb darkening and spots); the
     coronagraph (SCI) a log stretch between the 1 and 99.5 percentiles (the corona falls
     by orders of magnitude from 1.1 to 2.5 Rsun). Masked pixels (DQ != 0) are NaN.
     """
@@ -117,7 +117,10 @@ def quicklook_image(data: np.ndarray, dq: np.ndarray, channel_code: str, size: i
         else:
             with np.errstate(invalid="ignore", divide="ignore"):
                 out = (np.log10(np.clip(a, lo, hi)) - np.log10(lo)) / max(np.log10(hi / lo), 1e-12)
-    else:
+    elif spec.code == "WST":  # photosphere: linear, the limb darkening and spots readable
+        lo, hi = np.percentile(vals, [0.5, 99.9])
+        out = (a - lo) / max(hi - lo, 1e-30)
+    else:  # SDI: asinh, plage and network readable next to the quiet Sun and the limb
         lo, hi = np.percentile(vals, [0.5, 99.9])
         soft = 0.1
         x = np.clip((a - lo) / max(hi - lo, 1e-30), 0, 1)

@@ -631,6 +631,28 @@ def _inpaint_missing(img: np.ndarray, missing: np.ndarray, sigma: float = 1.5) -
     return out
 
 
+def _despike_series(frames: list[dict[str, Any]], threshold: float = 1.4) -> None:
+    """Remove transient single-pixel spikes (cosmic-ray hits) from an image series in place.
+
+    A pixel (on the disk or the bright corona) is a spike when it exceeds the median of its
+    3x3 neighbourhood by the factor ``threshold`` *and* by ``threshold`` over its own ratio
+    in the frames before and after (a persistent bright point is kept). It is replaced by
+    the 3x3 median.
+    """
+    ratios = []
+    for f in frames:
+        med = ndimage.median_filter(f["data"], size=3, mode="nearest")
+        bright = med > 0.3 * np.percentile(med, 75)  # the disk and the bright corona, not the noisy sky
+        ratios.append((np.where(bright, f["data"] / np.where(med > 0, med, 1.0), 1.0), med))
+    for k, f in enumerate(frames):
+        r, med = ratios[k]
+        nb = [ratios[j][0] for j in (k - 1, k + 1) if 0 <= j < len(frames)]
+        spike = (r > threshold) & (r > threshold * np.maximum.reduce(nb))
+        if spike.any():
+            f["data"] = np.where(spike, med, f["data"])
+            f["n_spikes"] = int(spike.sum())
+
+
 def _eit_sources(sample_dir: Path) -> tuple[list[_DiskSource], list[dict[str, Any]]]:
     """The 13 EIT frames as exposure-normalised, bias-subtracted images with fitted limbs.
 
@@ -651,6 +673,7 @@ def _eit_sources(sample_dir: Path) -> tuple[list[_DiskSource], list[dict[str, An
         d = (d - bias) / float(raw.header["EXPTIME"])
         frames.append(dict(path=p, data=d, t=raw.date_obs, wave=int(raw.header.get("WAVELNTH", 195)),
                            n_missing=int(missing.sum()), bias=bias, header=raw.header))
+    _despike_series([f for f in frames if f["wave"] == 195])  # neighbours in time, one band
     sources: list[_DiskSource] = []
     fits_out: list[dict[str, Any]] = []
     for i, f in enumerate(frames):
@@ -665,6 +688,8 @@ def _eit_sources(sample_dir: Path) -> tuple[list[_DiskSource], list[dict[str, An
                          f"({', '.join(n['path'].name for n in nb)})")
         if f["n_missing"]:
             notes.append(f"{f['n_missing']} missing-block pixels in-painted")
+        if f.get("n_spikes"):
+            notes.append(f"{f['n_spikes']} transient single-pixel spikes (cosmic rays) removed")
         lf = fit_solar_limb(data, edge="peak")
         hdr = f["header"]
         hdr_r = float(hdr.get("SOLAR_R", float("nan")))
@@ -728,10 +753,14 @@ def _sdi_scene(src: _DiskSource, n: int, scale: float, rsun_arcsec: float, ref: 
     proxy over the disk): fixed for a whole series so that real variations survive.
     """
     rsun_px = rsun_arcsec / scale
-    euv = _affine_sample(src.image, _disk_mapping(src, rsun_px), (src.x0, src.y0), n)
+    # the proxy is exp(gamma * log(EUV / quiet)): the spline works on log(EUV), so the
+    # up-sampling has no negative over-shoots next to bright points
+    floor = 1e-3 * ref["euv_quiet"]
+    log_euv = np.log(np.maximum(src.image, floor) / ref["euv_quiet"])
+    proxy = _affine_sample(log_euv, _disk_mapping(src, rsun_px), (src.x0, src.y0), n, cval=float(np.log(1e-3)))
+    proxy *= np.float32(LYA_GAMMA)
+    np.exp(proxy, out=proxy)
     rho = _rho_grid(n, rsun_px)
-    np.maximum(euv, 0.0, out=euv)
-    proxy = np.power(euv / np.float32(ref["euv_quiet"]), np.float32(LYA_GAMMA), dtype=np.float32)
     off = rho > 1.0
     w = np.exp(-(rho[off] - 1.0) / np.float32(LYA_LIMB_SCALE_RSUN)) + lyman_alpha_corona(rho[off]).astype(np.float32)
     proxy[off] *= w
