@@ -348,6 +348,11 @@ def test_calibrate_frame_refuses_missing_or_mismatched_calibrations():
     with pytest.raises(NotLSTFrameError):
         calibrate_frame(raw, h2, cals)
     assert "stray_light" in required_kinds("SCI-WL") and "stray_light" not in required_kinds("SDI")
+    # mask geometry is optional (nominal field of view), a PSF kernel is recorded, not applied
+    psf = _cal("psf", "WST", {"primary": np.ones((5, 5))})
+    res = calibrate_frame(raw, h, dict({k: v for k, v in cals.items() if k != "mask_geometry"}, psf=psf))
+    assert "nominal WST field of view" in history(res.header) and res.header["CALPSF"] == "psf.fits"
+    assert "deconvolve_psf: not applied" in history(res.header) and "outside r = 1.2 Rsun" in history(res.header)
     assert "stray_light" not in required_kinds("SCI-UV", {"subtract_stray_light": False})
 
 

@@ -224,10 +224,11 @@ def required_kinds(channel: str, options: dict | None = None) -> tuple[str, ...]
     """Calibration kinds :func:`calibrate_frame` needs for ``channel``.
 
     SCI channels also need ``stray_light`` unless ``options['subtract_stray_light']`` is
-    false.
+    false. ``mask_geometry`` is optional: without it the channel's nominal field of view
+    (:mod:`pipelines.channels`) is used. ``psf`` is optional and recorded, not applied.
     """
     opts = options or {}
-    kinds = ["dark", "flat", "radiometric", "mask_geometry"]
+    kinds = ["dark", "flat", "radiometric"]
     if get_channel(channel).is_coronagraph and opts.get("subtract_stray_light", True):
         kinds.append("stray_light")
     return tuple(kinds)
@@ -289,8 +290,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         Its repaired header (``HPLN-TAN`` WCS, ISO ``DATE-OBS``, observer keywords,
         ``EXPTIME``, channel keywords).
     calibrations : dict of str to CalibrationInput
-        By kind: ``dark``, ``flat``, ``radiometric``, ``mask_geometry``, and for SCI
-        ``stray_light``. Extra kinds (``psf``) are recorded and noted as not applied.
+        By kind: ``dark``, ``flat``, ``radiometric``, for SCI ``stray_light``; optional
+        ``mask_geometry`` (default: the channel's nominal field of view) and ``psf``
+        (recorded in the header, noted as not applied).
     options : dict, optional
         ``backend`` (``numpy``/``cupy``; ``device: gpu`` means CuPy), ``subtract_stray_light``
         (default True), ``rotate_north_up`` (default True), ``interpolation_order`` (3),
@@ -324,6 +326,8 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     for kind, cal in cals.items():
         if cal.channel and cal.channel != channel:
             raise DataError(f"the {kind} calibration {cal.name!r} is for {cal.channel}, the frame is {channel}")
+        if kind not in ("dark", "flat"):
+            continue  # only these hold frame-shaped planes (a PSF holds a kernel)
         for name, arr in cal.data.items():
             if tuple(arr.shape) != tuple(data.shape):
                 raise DataError(f"the {kind} calibration {cal.name!r} ({name}) is {arr.shape[1]}x{arr.shape[0]}, "
@@ -367,10 +371,15 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         model = _stray_model(cals["stray_light"]) if "stray_light" in cals and spec.is_coronagraph else None
         img, h = steps.subtract_stray_light(img, h, model)
 
-    geo = cals["mask_geometry"]
-    occ = geo.parameters.get("OCCRAD")
+    if "mask_geometry" in cals:
+        geo = cals["mask_geometry"].parameters
+    else:
+        geo = {"OCCRAD": spec.fov_rsun_min, "FOVRAD": spec.fov_rsun_max}
+        h.add_history(f"calibrate_frame: no mask_geometry calibration; nominal {channel} field of view used "
+                      f"(occulter {spec.fov_rsun_min} Rsun, outer {spec.fov_rsun_max} Rsun)")
+    occ = geo.get("OCCRAD")
     occ = float(occ) if occ not in (None, "") else None
-    fov = geo.parameters.get("FOVRAD", spec.fov_rsun_max)
+    fov = geo.get("FOVRAD", spec.fov_rsun_max)
     dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
     dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
     dq, h = steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
