@@ -169,7 +169,7 @@ def test_flat_master_round_trip(tmp_path):
     cal = load_calibration_master(path)
     assert (cal.kind, cal.channel, cal.version) == ("flat", "WST", 3)
     assert cal.parameters["FLATMETH"] == "KLL" and cal.parameters["KLLSH01"] == "3,7"
-    assert cal.parameters["VALIDTO"] == "2023-07-01T00:00:00.000"
+    assert cal.parameters["VALIDTO"] == "2023-07-01T00:00:00.000" and cal.parameters["FRMNAXIS"] == 128
     got = cal.data["flat"]
     np.testing.assert_allclose(got[res.valid_mask], res.flat[res.valid_mask], rtol=1e-6)
     assert np.all(got[~res.valid_mask] == 1.0)

@@ -151,7 +151,7 @@ def test_psf_master_round_trip(tmp_path):
         h = f[0].header
         assert (h["CALKIND"], h["CHANNEL"], h["CALVER"]) == ("psf", "SDI", 2)
         assert (h["VALIDFRM"], h["VALIDTO"]) == ("2023-04-01T00:00:00.000", "2024-01-01T00:00:00.000")
-        assert "airy+moffat" in h["CALDESC"] and h["PSFFWHM"] == 4.75 and h["PSFNAXIS"] == 1152
+        assert "airy+moffat" in h["CALDESC"] and h["PSFFWHM"] == 4.75 and h["FRMNAXIS"] == 1152 and h["DETECTOR"] == "SDI"
     back, hdr = read_psf_calibration(path)
     np.testing.assert_allclose(back, psf / psf.sum(), rtol=1e-12)
     assert hdr["CALVER"] == 2

@@ -472,8 +472,8 @@ def flat_calibration_hdul(result: KLLResult, channel: str, version: int, valid_f
     Returns
     -------
     astropy.io.fits.HDUList
-        Primary HDU: the flat (float32, dimensionless, mean 1 over the valid pixels) with
-        the ``CAL*`` keywords and ``KLLNIMG``/``KLLNPAIR``/``KLLNITER``/``KLLCONV``/
+        Primary HDU ``FLAT``: the flat (float32, dimensionless, mean 1 over the valid
+        pixels) with the ``CAL*`` keywords, ``FRMNAXIS``, and ``KLLNIMG``/``KLLNPAIR``/``KLLNITER``/``KLLCONV``/
         ``KLLRESID``/``KLLVALID``; extension ``VALID`` (uint8): 1 where the gain was measured.
         The form :func:`pipelines.calibration.flow.load_calibration_master` reads.
     """
@@ -482,7 +482,10 @@ def flat_calibration_hdul(result: KLLResult, channel: str, version: int, valid_f
     flat = np.where(result.valid_mask, result.flat, fill_value).astype(np.float32)
     if description is None:
         description = f"KLL flat from {result.n_pairs} image pairs"
-    h = calibration_header("flat", channel, version, valid_from, valid_to, description)
+    h = calibration_header("flat", channel, version, valid_from, valid_to, description, flat.shape[0])
+    h["EXTNAME"] = "FLAT"
+    h["BUNIT"] = ""
+    h["FLATMEAN"] = (float(flat.mean()), "mean of the flat")
     h["FLATMETH"] = ("KLL", "Kuhn, Lin & Loranz 1991, PASP 103, 1097")
     if shifts is not None:
         a = _as_shifts(shifts, len(shifts))

@@ -283,7 +283,7 @@ def _iso(value) -> str:
 
 
 def calibration_header(kind: str, channel: str, version: int, valid_from, valid_to=None,
-                       description: str = "") -> fits.Header:
+                       description: str = "", naxis: int | None = None) -> fits.Header:
     """The primary-header keywords every calibration master of the project carries.
 
     Parameters
@@ -300,10 +300,14 @@ def calibration_header(kind: str, channel: str, version: int, valid_from, valid_
         '' leaves the interval open.
     description : str
         ``CALDESC``, one line.
+    naxis : int, optional
+        ``FRMNAXIS``: the frame size [pixel] the master applies to (full frame or binned).
 
     Returns
     -------
     astropy.io.fits.Header
+        Also ``TELESCOP='ASO-S'``, ``INSTRUME='LST'``, ``DETECTOR`` (the instrument), as the
+        simulator's masters carry.
     """
     version = int(version)
     if version < 1:
@@ -313,9 +317,14 @@ def calibration_header(kind: str, channel: str, version: int, valid_from, valid_
         raise ValueError("a calibration master needs VALIDFRM")
     if vto and Time(vto) <= Time(vfrom):
         raise ValueError(f"VALIDTO {vto} is not after VALIDFRM {vfrom}")
+    spec = get_channel(channel)
     h = fits.Header()
+    h["TELESCOP"], h["INSTRUME"] = "ASO-S", "LST"
     h["CALKIND"] = (str(kind), "calibration kind")
-    h["CHANNEL"] = (get_channel(channel).code, "LST channel")
+    h["CHANNEL"] = (spec.code, "LST channel")
+    if naxis is not None:
+        h["FRMNAXIS"] = (int(naxis), "[pix] frame size it applies to")
+    h["DETECTOR"] = (spec.instrument, "LST instrument")
     h["CALVER"] = (version, "calibration version")
     h["VALIDFRM"] = (vfrom, "[UTC] valid from")
     h["VALIDTO"] = (vto, "[UTC] valid to ('' = open)")
@@ -345,7 +354,8 @@ def psf_calibration_hdul(psf: np.ndarray, channel: str, version: int, valid_from
     model : str, optional
         How the PSF was made (``PSFMODEL``), e.g. ``gaussian``, ``airy+moffat``, ``measured``.
     naxis : int, optional
-        Frame size the PSF is sampled for (``PSFNAXIS``; a binned frame needs a rebinned PSF).
+        Frame size [pixel] the PSF is sampled for (``FRMNAXIS``; a binned frame needs a
+        PSF sampled at its plate scale, see :func:`nominal_fwhm_px`).
 
     Returns
     -------
@@ -361,13 +371,11 @@ def psf_calibration_hdul(psf: np.ndarray, channel: str, version: int, valid_from
     if description is None:
         description = f"{model or 'PSF'} kernel {k.shape[1]}x{k.shape[0]}" + (
             f", FWHM {fwhm_px:.2f} px" if fwhm_px else "")
-    h = calibration_header("psf", channel, version, valid_from, valid_to, description)
+    h = calibration_header("psf", channel, version, valid_from, valid_to, description, naxis)
     if fwhm_px is not None:
         h["PSFFWHM"] = (float(fwhm_px), "[pixel] FWHM of the PSF core")
     if model:
         h["PSFMODEL"] = (str(model)[:68], "how the PSF was made")
-    if naxis is not None:
-        h["PSFNAXIS"] = (int(naxis), "[pixel] frame size the PSF is sampled for")
     h["PSFNORM"] = (1.0, "kernel normalised to unit sum")
     return fits.HDUList([fits.PrimaryHDU(k, h)])
 
