@@ -37,8 +37,10 @@ Assumptions and limits (documented, not hidden):
   recovered only where the dithers cover the disk twice or more (``valid_mask``).
 * The shift differences must generate the whole integer lattice Z^2: if, e.g., every
   shift is a multiple of 10 px, a gain pattern periodic with 10 px is invisible to the
-  method. :func:`kll_flat` checks this and warns (:class:`KLLShiftWarning`). Shifts with
-  co-prime, non-collinear differences (e.g. 0, 7, 19, 31, ... px in both axes) avoid it.
+  method; so is a checkerboard if every difference has an even ``dy + dx`` (e.g. when
+  all shifts are odd in both axes). :func:`kll_flat` checks that the differences generate
+  Z^2 and warns otherwise (:class:`KLLShiftWarning`). Non-collinear shifts of mixed
+  parity such as (0, 0), (7, 18), (-12, 5), (23, -10), ... avoid it.
 * The solution is defined up to a constant (the mean gain); the flat is normalised to a
   mean of 1 over ``valid_mask``.
 
@@ -90,7 +92,7 @@ class KLLResult:
     coverage : numpy.ndarray, shape (ny, nx), int32
         Number of pixel-pair equations each pixel takes part in (``D`` above).
     n_pairs : int
-        Image pairs with a non-zero relative shift that were used.
+        Image pairs whose relative shift is non-zero and smaller than the frame.
     """
 
     flat: np.ndarray
@@ -239,8 +241,8 @@ def kll_flat(images: Sequence[np.ndarray], shifts, *, mask: np.ndarray | None = 
     ----------
     images : sequence of N numpy.ndarray, each shape (ny, nx)
         Dark-subtracted frames of the same scene at different pointings [DN or electrons;
-        the unit cancels]. N >= 2; KLL used 9 and more images give more pairs
-        (N (N - 1) / 2) and a better conditioned solution.
+        the unit cancels]. N >= 2; more images give more pairs (N (N - 1) / 2) and a
+        better conditioned, less noisy solution (the tests use 9).
     shifts : array-like, shape (N, 2), int
         Position ``(dy, dx)`` of the scene on the detector in each image [pixel], relative
         to any common origin (typically the Sun centre from limb fitting, rounded). Whole
