@@ -267,6 +267,9 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
             hdul.writeto(f, checksum=checksum, overwrite=True)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; products are for every reader
         os.replace(tmp, p)
         dfd = os.open(p.parent, os.O_RDONLY)
         try:

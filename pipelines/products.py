@@ -5,13 +5,14 @@ FITS layout (:func:`build_product_hdul`):
 * HDU 0 (primary): float32 data in physical units (``BUNIT``), the full L2 header
   (helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``CAL*`` provenance keywords,
   HISTORY per step), software name and version.
-* HDU 1, ``EXTNAME='DQ'``: uint8 data-quality bits (meanings in COMMENT cards and in
-  :mod:`pipelines.calibration.steps`), with the same WCS and observer keywords so that it
-  is a valid map of its own.
+* HDU 1, ``EXTNAME='DQ'``: the uint8 data-quality bits (meanings in COMMENT cards and in
+  :mod:`pipelines.calibration.steps`) as a one-row binary table whose column ``DQ`` holds
+  the 2-D mask (``TDIM1 = '(nx,ny)'``, FITS standard 4.0 sect. 7.3.2). A table, not an
+  image extension, so that ``sunpy.map.Map(path)`` returns one map (sunpy turns every 2-D
+  image HDU into a map). :func:`read_product` returns ``(data, dq, header)``.
 
-``sunpy.map.Map(path)`` therefore returns two maps, ``[data_map, dq_map]``;
-``sunpy.map.Map(path, hdus=0)`` returns the data map alone. Write the list with
-:func:`pipelines.fitsio.write_fits_atomic`, which adds ``CHECKSUM``/``DATASUM`` to both HDUs.
+Write the list with :func:`pipelines.fitsio.write_fits_atomic`, which adds
+``CHECKSUM``/``DATASUM`` to both HDUs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pipelines.calibration.flow import L2Result
 from pipelines.calibration.steps import dq_description
 from pipelines.channels import get_channel
 
-__all__ = ["build_product_hdul", "write_quicklook_png", "quicklook_image"]
+__all__ = ["build_product_hdul", "dq_table_hdu", "read_product", "write_quicklook_png", "quicklook_image"]
 
 _WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1", "CRPIX2", "CRVAL1", "CRVAL2",
                      "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "DATE-OBS", "DATE_OBS",
@@ -76,8 +77,59 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     dq_header["BUNIT"] = ("", "bit mask (0 = good)")
     for line in dq_description():
         dq_header.add_comment(line)
-    dq_hdu = fits.ImageHDU(data=dq, header=dq_header, name="DQ")
-    return fits.HDUList([primary, dq_hdu])
+    return fits.HDUList([primary, dq_table_hdu(dq, dq_header)])
+
+
+def dq_table_hdu(dq: np.ndarray, header: fits.Header | None = None) -> fits.BinTableHDU:
+    """The ``DQ`` extension: a one-row table whose column ``DQ`` holds the 2-D uint8 mask.
+
+    Parameters
+    ----------
+    dq : numpy.ndarray, shape (ny, nx)
+        Data-quality bits (cast to uint8).
+    header : astropy.io.fits.Header, optional
+        Extra keywords (WCS, bit meanings in COMMENT cards).
+    """
+    dq = np.asarray(dq, dtype=np.uint8)
+    ny, nx = dq.shape
+    col = fits.Column(name="DQ", format=f"{ny * nx}B", dim=f"({nx},{ny})", array=dq[np.newaxis])
+    return fits.BinTableHDU.from_columns([col], header=header, name="DQ")
+
+
+def read_product(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, fits.Header]:
+    """Read an L2 product written by :func:`build_product_hdul`.
+
+    Returns
+    -------
+    data : numpy.ndarray, shape (ny, nx), float32
+        In ``header['BUNIT']``.
+    dq : numpy.ndarray, shape (ny, nx), uint8
+        Data-quality bits, 0 = good. Also accepts an older layout with a ``DQ`` image HDU.
+    header : astropy.io.fits.Header
+        The primary header.
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError
+        If the file is not an L2 product.
+    """
+    from pipelines.errors import FitsReadError
+
+    try:
+        with fits.open(path, memmap=False) as hdul:
+            header = hdul[0].header.copy()
+            data = np.asarray(hdul[0].data, dtype=np.float32)
+            if "DQ" in hdul:
+                hdu = hdul["DQ"]
+                dq = hdu.data["DQ"][0] if isinstance(hdu, fits.BinTableHDU) else hdu.data
+                dq = np.asarray(dq, dtype=np.uint8)
+            else:
+                dq = np.zeros(data.shape, np.uint8)
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise FitsReadError(f"not a readable L2 product: {exc}") from None
+    if data.ndim != 2 or dq.shape != data.shape:
+        raise FitsReadError(f"not an L2 product: data {data.shape}, DQ {dq.shape}")
+    return data, dq, header
 
 
 def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:

@@ -38,6 +38,7 @@ from backend.models import (
     ProductState,
 )
 from backend.services.products import disk_integrated_mean
+from pipelines.products import dq_table_hdu
 
 pytestmark = pytest.mark.postgres
 
@@ -90,7 +91,7 @@ def product_image(disk_value: float, *, off_disk: float = 5000.0, hot: float = 1
 
 
 def write_product_fits(path: Path, data: np.ndarray, dq: np.ndarray, date_obs: dt.datetime, *, bunit: str = RADIANCE) -> Path:
-    """An L2 product file as the pipeline writes it: float32 primary + ``DQ`` ImageHDU."""
+    """An L2 product file as the pipeline writes it: float32 primary + ``DQ`` table extension."""
     h = fits.Header()
     h["DATE-OBS"] = date_obs.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
     h["BUNIT"] = bunit
@@ -102,7 +103,7 @@ def write_product_fits(path: Path, data: np.ndarray, dq: np.ndarray, date_obs: d
         h[f"CRPIX{ax}"] = 32.5  # 1-based FITS pixel of the disk centre
         h[f"CRVAL{ax}"] = 0.0
     h["RSUN_OBS"] = RSUN_ARCSEC
-    hdul = fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), header=h), fits.ImageHDU(dq, name="DQ")])
+    hdul = fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), header=h), dq_table_hdu(dq)])
     path.parent.mkdir(parents=True, exist_ok=True)
     hdul.writeto(path, checksum=True, overwrite=True)
     return path
@@ -395,7 +396,7 @@ def test_product_fits_and_quicklook_downloads(client, db_session, tmp_path):
     out = tmp_path / "downloaded.fits"
     out.write_bytes(r.content)
     with fits.open(out) as hdul:
-        assert hdul[0].data.dtype.name == "float32" and hdul["DQ"].data.shape == (N, N)
+        assert hdul[0].data.dtype.name == "float32" and hdul["DQ"].data["DQ"][0].shape == (N, N)
 
     r = client.get(f"/api/v1/products/{p.id}/quicklook.png")
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"

@@ -401,7 +401,8 @@ def test_product_hdul_and_quicklook(tmp_path):
     raw, h, cals, _ = _synthetic_wst(64)
     res = calibrate_frame(raw, h, cals)
     hdul = build_product_hdul(res, software_version="9.9.9")
-    assert hdul[0].data.dtype == np.float32 and hdul["DQ"].data.dtype == np.uint8
+    assert hdul[0].data.dtype == np.float32 and hdul["DQ"].data["DQ"][0].dtype == np.uint8
+    assert hdul["DQ"].data["DQ"][0].shape == hdul[0].data.shape
     assert hdul[0].header["SOFTVERS"] == "9.9.9" and hdul["DQ"].header["CTYPE1"] == "HPLN-TAN"
     p = tmp_path / "l2.fits"
     write_fits_atomic(hdul, p)

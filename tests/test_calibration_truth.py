@@ -21,7 +21,7 @@ from astropy.io import fits
 from pipelines.calibration.flow import CAL_KEYWORDS, calibrate_frame, load_calibration_master
 from pipelines.calibration.steps import DQ
 from pipelines.fitsio import read_image, write_fits_atomic
-from pipelines.products import build_product_hdul, write_quicklook_png
+from pipelines.products import build_product_hdul, read_product, write_quicklook_png
 from pipelines.simulate import INSTRUMENT, simulate
 
 N = 384
@@ -154,20 +154,20 @@ def test_written_product_opens_in_sunpy_with_the_sun_in_place(clean, tmp_path):
             with fits.open(path, checksum=True) as hdul:
                 assert [h.name for h in hdul] == ["PRIMARY", "DQ"]
                 assert all(h._checksum_valid and h._datasum_valid for h in hdul)
-                assert hdul[0].data.dtype.kind == "f" and hdul["DQ"].data.dtype == np.uint8
+                assert hdul[0].data.dtype.kind == "f" and hdul["DQ"].data["DQ"][0].dtype == np.uint8
         assert not [w for w in caught if "checksum" in str(w.message).lower()]
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message='Could not parse unit string "MSB"')
-            maps = sunpy.map.Map(path)
-        assert isinstance(maps, list) and len(maps) == 2  # data and DQ, both with the WCS
-        m = maps[0]
+            m = sunpy.map.Map(path)
+        assert isinstance(m, sunpy.map.GenericMap)  # one map: the DQ mask is a table extension
         with fits.open(row["frame"].truth_path) as h:
             tx, ty = h[0].header["CRPIX1"] - 1, h[0].header["CRPIX2"] - 1
         centre = m.world_to_pixel(SkyCoord(0 * u.arcsec, 0 * u.arcsec, frame=m.coordinate_frame))
         d = math.hypot(centre.x.to_value(u.pix) - tx, centre.y.to_value(u.pix) - ty)
         print(f"{ch}: sunpy puts the disk centre {d:.3g} px from the truth's")
         assert d < 1.0
-        assert np.array_equal(maps[1].data, row["l2"].dq)
+        _, dq, _ = read_product(path)
+        assert np.array_equal(dq, row["l2"].dq)
         png = write_quicklook_png(row["l2"].data, row["l2"].dq, tmp_path / f"{ch}.png", ch)
         assert png.stat().st_size > 1000
 

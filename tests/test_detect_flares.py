@@ -32,6 +32,7 @@ from pipelines.detect.flares import (
     macropixel_factor,
 )
 from pipelines.fitsio import read_image
+from pipelines.products import dq_table_hdu
 from tests.conftest import SAMPLE
 
 SWAP = SAMPLE / "full-disk" / "swap_lv1_20120101_001607.fits"
@@ -268,7 +269,7 @@ def _write_product(path, data: np.ndarray, header: fits.Header, when: dt.datetim
     h["BUNIT"] = "erg cm-2 s-1 sr-1"
     h["LEVEL"] = "L2"
     h["TELESCOP"], h["INSTRUME"], h["DETECTOR"] = "ASO-S", "LST", "SDI"
-    fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), h), fits.ImageHDU(dq, name="DQ")]).writeto(path)
+    fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), h), dq_table_hdu(dq)]).writeto(path)
 
 
 @pytest.fixture

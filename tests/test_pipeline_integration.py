@@ -18,13 +18,23 @@ import time
 import warnings
 from pathlib import Path
 
+import astropy.units as u
 import pytest
 import redis
+from astropy.coordinates import SkyCoord
 from astropy.io import fits
 from sqlalchemy import func, select
 
 from backend.db import session_scope
-from backend.models import CalibrationFile, Event, Frame, Job, JobState, Product, ProductState
+from backend.models import (
+    CalibrationFile,
+    Event,
+    Frame,
+    Job,
+    JobState,
+    Product,
+    ProductState,
+)
 from backend.services.jobs import JobRequest, submit_job
 from tests.conftest import REDIS_URL, SAMPLE, create_pg_database, drop_pg_database
 
@@ -177,8 +187,12 @@ def test_end_to_end_with_worker(simulated, production, tmp_path):
                     assert hdul[0].header["LEVEL"].strip() == "L2"
                     assert "DQ" in hdul
             assert len(p.calibration_files) >= 3
-        m = sunpy.map.Map(products[0].path)
-        assert m.date is not None
+        for p in products:
+            m = sunpy.map.Map(p.path)  # one map per product (the DQ mask is a table extension)
+            assert isinstance(m, sunpy.map.GenericMap)
+            cx, cy = m.wcs.world_to_pixel(SkyCoord(0 * u.arcsec, 0 * u.arcsec, frame=m.coordinate_frame))
+            ny, nx = m.data.shape
+            assert abs(cx - (nx - 1) / 2) < 1 and abs(cy - (ny - 1) / 2) < 1, "Sun centred after north-up"
 
     # -- flare detection was queued when the jobs finished: the injected flare is found ------
     flare = res.injected_flare

@@ -13,7 +13,7 @@ under its key is returned as it is, and existing links are not added again (inse
 conflicts, so a worker and the CLI detecting at the same time do not fail each other). A
 new detector version makes new events and keeps the old ones.
 
-Product files: image in the primary HDU (float32, ``BUNIT``), ``DQ`` ImageHDU (non-zero =
+Product files: image in the primary HDU (float32, ``BUNIT``), ``DQ`` mask (non-zero =
 not to be used), helioprojective WCS and observer keywords in the primary header.
 ``Product.path`` is absolute or relative to the product store (``Settings.products``).
 """
@@ -32,8 +32,17 @@ from astropy.io import fits
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState, utcnow
+from backend.models import (
+    Event,
+    EventFrame,
+    EventProduct,
+    Frame,
+    Product,
+    ProductState,
+    utcnow,
+)
 from backend.services.events import insert_ignoring_conflicts
+from pipelines.catalogues.records import json_safe
 from pipelines.detect.flares import (
     DETECTOR_NAME,
     DETECTOR_VERSION,
@@ -41,8 +50,8 @@ from pipelines.detect.flares import (
     FlareDetectionParams,
     detect_flares,
 )
-from pipelines.catalogues.records import json_safe
 from pipelines.errors import FitsReadError
+from pipelines.products import read_product
 
 __all__ = ["detect_sdi_flares", "flare_source_key", "SOURCE", "CHANNEL"]
 
@@ -72,9 +81,9 @@ class _ProductFiles:
             return self._cache[i]
         path = self.paths[i]
         try:
-            with fits.open(path, memmap=False) as hdul:
-                data = np.asarray(hdul[0].data, dtype=np.float32)
-                dq = np.asarray(hdul["DQ"].data) if "DQ" in hdul else None
+            data, dq, _ = read_product(path)
+        except FitsReadError:
+            raise
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
         if data.ndim != 2 or (dq is not None and dq.shape != data.shape):

@@ -48,7 +48,7 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     (same frame, calibration set and parameters) is already written: re-running a job adds
     nothing. Raises ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
     """
-    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned)
+    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1)
     ph = params_hash(options or {})
     existing = session.scalar(select(Product).where(
         Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))

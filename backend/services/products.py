@@ -2,7 +2,7 @@
 
 Product FITS layout (written by the calibration tasks): the image in physical units
 (``BUNIT``; float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the
-primary HDU), and a data-quality mask in an ``ImageHDU`` named ``DQ`` of the same shape,
+primary HDU), and a data-quality mask ``DQ`` of the same shape (a one-row table column; an older image-HDU layout is also read),
 where any non-zero value marks a pixel not to be used (occulter, outside the field of
 view, saturated, cosmic ray...). ``Product.path`` and ``Product.quicklook_path`` are
 absolute, or relative to the product store (``Settings.products``).
@@ -287,6 +287,16 @@ def _disk_mask(header: fits.Header, shape: tuple[int, int]) -> np.ndarray | None
     return r2 <= rsun * rsun
 
 
+def _read_dq(hdul: fits.HDUList) -> np.ndarray | None:
+    """The DQ mask of a product: a one-row table column (current layout) or an image HDU."""
+    if "DQ" not in hdul:
+        return None
+    hdu = hdul["DQ"]
+    if isinstance(hdu, fits.BinTableHDU):
+        return np.asarray(hdu.data["DQ"][0])
+    return np.asarray(hdu.data)
+
+
 @lru_cache(maxsize=4096)
 def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool) -> DiskMean | None:
     try:
@@ -299,7 +309,7 @@ def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool)
                 raise FitsReadError(f"{path}: no 2-D image HDU")
             data = np.asarray(img_hdu.data, dtype=np.float64)
             header = img_hdu.header.copy()
-            dq = np.asarray(hdul["DQ"].data) if "DQ" in hdul else None
+            dq = _read_dq(hdul)
     except FitsReadError:
         raise
     except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -336,7 +346,7 @@ def disk_integrated_mean(path: str | os.PathLike, *, on_disk_only: bool = True) 
     Parameters
     ----------
     path : path-like
-        Product FITS file (image HDU + ``DQ`` ImageHDU of the same shape).
+        Product FITS file (image HDU + ``DQ`` mask of the same shape).
     on_disk_only : bool
         Restrict to on-disk pixels when the header allows it.
 

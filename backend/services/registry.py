@@ -47,8 +47,15 @@ def _aware(t: dt.datetime) -> dt.datetime:
     return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
+def _fits_frame(f: CalibrationFile, naxis: int | None) -> bool:
+    """A master made for another frame size (``FRMNAXIS``) cannot calibrate this frame."""
+    size = (f.parameters or {}).get("FRMNAXIS")
+    return naxis is None or size is None or int(size) == int(naxis)
+
+
 def select_calibrations(
-    session: Session, channel: str, date_obs: dt.datetime, pinned: dict[str, int] | None = None
+    session: Session, channel: str, date_obs: dt.datetime, pinned: dict[str, int] | None = None,
+    naxis: int | None = None,
 ) -> SelectedCalibrations:
     """Choose the calibration files for one frame.
 
@@ -60,6 +67,8 @@ def select_calibrations(
         The frame's DATE-OBS (UTC).
     pinned : dict, optional
         ``{kind: version}`` pinned by a job; a pinned version must exist for the channel.
+    naxis : int, optional
+        The frame's size [pixel]; masters whose ``FRMNAXIS`` differs are passed over.
 
     Raises
     ------
@@ -78,17 +87,23 @@ def select_calibrations(
             f = session.scalar(q.where(CalibrationFile.version == pinned[kind]))
             if f is None:
                 raise CalibrationMissingError(f"{channel}: pinned {kind} version {pinned[kind]} does not exist")
+            if not _fits_frame(f, naxis):
+                raise CalibrationMissingError(
+                    f"{channel}: pinned {kind} version {pinned[kind]} was made for "
+                    f"{f.parameters.get('FRMNAXIS')} px frames, this frame has {naxis}")
         else:
-            f = session.scalar(
+            candidates = session.scalars(
                 q.where(
                     CalibrationFile.valid_from <= date_obs,
                     or_(CalibrationFile.valid_to.is_(None), CalibrationFile.valid_to > date_obs),
-                ).order_by(CalibrationFile.version.desc()).limit(1)
+                ).order_by(CalibrationFile.version.desc())
             )
+            f = next((c for c in candidates if _fits_frame(c, naxis)), None)
         if f is None:
             if kind in REQUIRED_KINDS[channel]:
                 raise CalibrationMissingError(
                     f"{channel}: no {kind} calibration file valid at {date_obs.isoformat()}"
+                    + (f" for {naxis} px frames" if naxis else "")
                 )
             continue
         gap = abs((_aware(f.valid_from) - date_obs).total_seconds()) / 86400.0
