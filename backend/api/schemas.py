@@ -28,6 +28,7 @@ __all__ = [
     "ProductPublic",
     "ProductDetail",
     "ProductsPublic",
+    "CalibrationImpactPublic",
     "EventPublic",
     "EventAssociationPublic",
     "EventDetail",
@@ -185,6 +186,13 @@ class ProductDetail(ProductPublic):
 
 
 ProductsPublic = Page[ProductPublic]
+
+
+class CalibrationImpactPublic(Page[ProductPublic]):
+    """Products that would change if a calibration file were replaced (one page)."""
+
+    calibration_file: CalibrationFilePublic
+    rule: str = Field(description="How the affected products are chosen")
 
 
 # -- events -----------------------------------------------------------------------------------
