@@ -31,7 +31,10 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import event as sa_event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+from pipelines.catalogues.records import event_duration_s, goes_flux_or_none
 
 __all__ = [
     "Base",
@@ -238,6 +241,17 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column()
 
 
+def _goes_flux_default(context) -> float | None:
+    """Column default of ``Event.goes_flux`` (Core and ORM inserts): the flux of the row's class."""
+    return goes_flux_or_none(context.get_current_parameters().get("goes_class"))
+
+
+def _duration_default(context) -> float:
+    """Column default of ``Event.duration_s`` from the row's start, peak and end times."""
+    p = context.get_current_parameters()
+    return event_duration_s(p.get("start_time"), p.get("peak_time"), p.get("end_time"))
+
+
 class Event(Base):
     """A solar event, detected on LST products or imported from a catalogue.
 
@@ -250,10 +264,10 @@ class Event(Base):
     __tablename__ = "events"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    event_type: Mapped[str] = mapped_column(String(4), index=True)
+    event_type: Mapped[str] = mapped_column(String(4))
     source: Mapped[str] = mapped_column(String(32), index=True)
     source_key: Mapped[str] = mapped_column(String(200))
-    start_time: Mapped[dt.datetime] = mapped_column(index=True)
+    start_time: Mapped[dt.datetime] = mapped_column()
     peak_time: Mapped[dt.datetime | None] = mapped_column()
     end_time: Mapped[dt.datetime | None] = mapped_column(index=True)
     channels: Mapped[str | None] = mapped_column(String(64))
@@ -265,6 +279,9 @@ class Event(Base):
     angular_width: Mapped[float | None] = mapped_column(Float)
     speed_km_s: Mapped[float | None] = mapped_column(Float)
     goes_class: Mapped[str | None] = mapped_column(String(8))
+    #: GOES 0.1-0.8 nm peak flux [W m-2] of ``goes_class`` (A1 = 1e-8 ... X1 = 1e-4), filled on
+    #: insert and update from the class: the searchable, sortable form of the class.
+    goes_flux: Mapped[float | None] = mapped_column(Float, default=_goes_flux_default)
     peak_value: Mapped[float | None] = mapped_column(Float)
     peak_unit: Mapped[str | None] = mapped_column(String(40))
     noaa_ar: Mapped[int | None] = mapped_column(Integer)
@@ -273,11 +290,28 @@ class Event(Base):
     description: Mapped[str | None] = mapped_column(Text)
     attributes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    #: Seconds from ``start_time`` to ``end_time`` (to ``peak_time`` without an end; 0 for an
+    #: instantaneous event), filled on insert and update. Bounds the time-overlap search: an
+    #: event overlapping [t0, t1] started after t0 - (longest duration of its type).
+    duration_s: Mapped[float] = mapped_column(Float, default=_duration_default)
 
     __table_args__ = (
         UniqueConstraint("source", "source_key"),
-        Index("ix_events_type_start", "event_type", "start_time"),
+        # keyset pagination newest first, per type and over all types
+        Index("ix_events_type_start_id", "event_type", "start_time", "id"),
+        Index("ix_events_start_id", "start_time", "id"),
+        # longest duration of a type: one index probe (time-overlap bound)
+        Index("ix_events_type_duration", "event_type", "duration_s"),
+        Index("ix_events_goes_flux", "goes_flux"),
+        Index("ix_events_frm", "frm_name", "frm_version"),
     )
+
+
+@sa_event.listens_for(Event, "before_update")
+def _event_derived_columns(_mapper, _connection, target: Event) -> None:
+    """Keep ``goes_flux`` and ``duration_s`` in step when an ORM update changes the class or times."""
+    target.goes_flux = goes_flux_or_none(target.goes_class)
+    target.duration_s = event_duration_s(target.start_time, target.peak_time, target.end_time)
 
 
 class EventFrame(Base):

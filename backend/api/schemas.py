@@ -222,6 +222,7 @@ class EventPublic(_ORM):
     angular_width: float | None = Field(description="Angular width [deg]")
     speed_km_s: float | None = Field(description="Plane-of-sky speed [km/s]")
     goes_class: str | None
+    goes_flux: float | None = Field(default=None, description="GOES 0.1-0.8 nm peak flux of the class [W m-2]")
     peak_value: float | None
     peak_unit: str | None
     noaa_ar: int | None
@@ -246,7 +247,19 @@ class EventDetail(EventPublic):
     product_ids: list[int] = Field(default_factory=list)
 
 
-EventsPublic = Page[EventPublic]
+class EventsPublic(Page[EventPublic]):
+    """A page of an event search, with what a client needs to page on and to know it is not all.
+
+    ``next_cursor`` (keyset pagination) continues after the last item with the same filters
+    and sort; ``truncated`` is true when more events match after this page (never a silent
+    cap). ``total`` is exact unless ``total_is_estimate`` (more than 10,000 matches: the
+    database planner's estimate, at least 10,001).
+    """
+
+    total_is_estimate: bool = Field(default=False, description="True when total is an estimate (> 10,000 matches)")
+    sort: str = Field(default="-start_time", description="Sort applied: key, - prefix for descending")
+    next_cursor: str | None = Field(default=None, description="Cursor of the next page (None on the last page)")
+    truncated: bool = Field(default=False, description="True when more events match after this page")
 
 
 class LightCurvePublic(BaseModel):

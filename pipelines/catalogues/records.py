@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +48,57 @@ EVENT_COLUMNS = (
 
 _STR_LIMITS = {"event_type": 4, "source": 32, "source_key": 200, "channels": 64, "goes_class": 8,
                "peak_unit": 40, "frm_name": 100, "frm_version": 40}
+
+
+#: Lower edge of each GOES X-ray class in the 0.1-0.8 nm band [W m-2] (NOAA SWPC).
+GOES_CLASS_FLUX = {"A": 1e-8, "B": 1e-7, "C": 1e-6, "M": 1e-5, "X": 1e-4}
+_GOES_CLASS = re.compile(r"\s*([ABCMX])\s*(\d+(?:\.\d*)?)\s*\+?\s*", re.IGNORECASE)
+
+
+def goes_class_to_flux(goes_class: str) -> float:
+    """Peak 0.1-0.8 nm flux [W m-2] of a GOES class: ``M5.2`` -> 5.2e-5, ``X28`` -> 2.8e-3.
+
+    The letter gives the decade (A 1e-8, B 1e-7, C 1e-6, M 1e-5, X 1e-4 W m-2), the number
+    the multiplier; X-class numbers above 10 continue the scale (X10 = 1e-3 W m-2). A
+    trailing ``+`` (``X10+``) is accepted and means the class itself.
+
+    Raises
+    ------
+    ValueError
+        For a string that is not a GOES class.
+    """
+    m = _GOES_CLASS.fullmatch(goes_class or "")
+    if not m or float(m.group(2)) <= 0:
+        raise ValueError(f"not a GOES class: {goes_class!r} (expected e.g. C5.0, M1, X10)")
+    return float(m.group(2)) * GOES_CLASS_FLUX[m.group(1).upper()]
+
+
+def goes_flux_or_none(goes_class: str | None) -> float | None:
+    """:func:`goes_class_to_flux`, or None for a missing or unreadable class [W m-2]."""
+    if not goes_class:
+        return None
+    try:
+        return goes_class_to_flux(goes_class)
+    except ValueError:
+        return None
+
+
+def event_duration_s(start: dt.datetime | None, peak: dt.datetime | None, end: dt.datetime | None) -> float:
+    """Seconds from ``start`` to the event's last known time (end, else peak; 0 when neither).
+
+    A negative span (a catalogue row with its end before its start) counts as 0. Naive
+    datetimes are taken as UTC.
+    """
+    if start is None:
+        return 0.0
+    last = end if end is not None else peak
+    if last is None:
+        return 0.0
+
+    def utc(t: dt.datetime) -> dt.datetime:
+        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
+
+    return max(0.0, (utc(last) - utc(start)).total_seconds())
 
 
 def json_safe(value: Any) -> Any:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.params import (
     ChannelQuery,
+    EventSearchDep,
     EventTypeQuery,
     IdPath,
     SAFE_KEY_PATTERN,
@@ -21,7 +23,10 @@ from backend.api.routes.params import (
 from backend.api.schemas import EventAssociationPublic, EventDetail, EventPublic, EventsPublic, LightCurvePublic
 from backend.figures import events_timeline_figure, lightcurve_figure
 from backend.models import Event
+from backend.services import event_formats
+from backend.services import event_search as event_search_service
 from backend.services import events as events_service
+from backend.services.event_search import DEFAULT_SORT
 from backend.services import frames as frames_service
 from backend.services import products as products_service
 
@@ -75,22 +80,75 @@ def event_detail(session, row: Event) -> EventDetail:
     return detail
 
 
-@router.get("", response_model=EventsPublic, summary="List events")
+FormatQuery = Annotated[
+    Literal["json", "csv", "votable", "hek"],
+    Query(description="json (default), csv (header row), votable (IVOA VOTable) or hek "
+                      "(HEK API layout: {result, overmax})"),
+]
+SortQuery = Annotated[
+    str,
+    Query(max_length=20, pattern=r"^[-+]?[a-z_]+$",
+          description="start_time, peak_time, end_time, goes_flux, speed_km_s or id; - prefix: descending"),
+]
+CursorQuery = Annotated[
+    str | None,
+    Query(max_length=400, pattern=r"^[A-Za-z0-9_\-]*$", description="next_cursor of the previous page"),
+]
+
+
+def _page_headers(page) -> dict[str, str]:
+    h = {"X-Total-Count": str(page.total), "X-Total-Is-Estimate": str(page.total_is_estimate).lower(),
+         "X-Truncated": str(page.truncated).lower()}
+    if page.next_cursor:
+        h["X-Next-Cursor"] = page.next_cursor
+    return h
+
+
+@router.get(
+    "",
+    response_model=EventsPublic,
+    summary="Search events",
+    responses={200: {"content": {"text/csv": {}, "application/x-votable+xml": {}},
+                     "description": "JSON page (default), CSV, VOTable or HEK JSON (format=...)"}},
+)
 def read_events(
     session: SessionDep,
     page: PaginationDep,
-    span: TimeRangeDep,
-    event_type: EventTypeQuery = None,
-    source: SourceQuery = None,
-    channel: ChannelQuery = None,
-) -> EventsPublic:
-    """Events of a HEK type and source whose [start, end] overlaps [start, end] of the query."""
-    rows, total = events_service.list_events(
-        session, event_type=event_type, start=span.start, end=span.end, source=source, channel=channel,
-        limit=page.limit, offset=page.offset,
+    filters: EventSearchDep,
+    sort: SortQuery = DEFAULT_SORT,
+    cursor: CursorQuery = None,
+    format: FormatQuery = "json",  # noqa: A002 - the parameter's public name
+):
+    """Events matching every filter given: HEK type(s), time overlap with [start, end],
+    source(s), channel, helioprojective bounding box [arcsec], position-angle range [deg]
+    (wrapping through 0 when pa_min > pa_max), minimum GOES class, minimum peak value,
+    detector (frm_name, frm_version).
+
+    Sorted by ``sort`` (default newest first), ``limit`` per page. Page on with
+    ``cursor=<next_cursor>`` (keyset: same cost at any depth; ``offset`` still works for
+    numbered pages, not together with a cursor). ``total`` counts every match, exactly up to
+    10,000 and as a flagged estimate above (``total_is_estimate``); ``truncated`` says that
+    more events follow this page. CSV and VOTable carry the same information in
+    ``X-Total-Count``, ``X-Total-Is-Estimate``, ``X-Truncated`` and ``X-Next-Cursor``
+    headers (VOTable also as INFO elements); HEK JSON sets ``overmax`` when truncated.
+    """
+    result = event_search_service.search_events(
+        session, filters, sort=sort, limit=page.limit, cursor=cursor, offset=page.offset,
     )
-    return EventsPublic(items=[EventPublic.model_validate(r) for r in rows], total=total,
-                        limit=page.limit, offset=page.offset)
+    if format == "csv":
+        return Response(event_formats.events_csv(result.items), media_type="text/csv; charset=utf-8",
+                        headers={**_page_headers(result), "Content-Disposition": 'inline; filename="events.csv"'})
+    if format == "votable":
+        info = {"total": result.total, "total_is_estimate": result.total_is_estimate,
+                "truncated": result.truncated, "next_cursor": result.next_cursor, "sort": result.sort}
+        return Response(event_formats.events_votable(result.items, info), media_type="application/x-votable+xml",
+                        headers=_page_headers(result))
+    if format == "hek":
+        return JSONResponse(event_formats.events_hek(result.items, overmax=result.truncated),
+                            headers=_page_headers(result))
+    return EventsPublic(items=[EventPublic.model_validate(r) for r in result.items], total=result.total,
+                        limit=result.limit, offset=result.offset, total_is_estimate=result.total_is_estimate,
+                        sort=result.sort, next_cursor=result.next_cursor, truncated=result.truncated)
 
 
 @router.get(
@@ -120,6 +178,22 @@ def read_event(event_id: IdPath, session: SessionDep) -> EventDetail:
     """One event: HEK type, times, location, CME kinematics or GOES class, associated events,
     and the ids of the frames and products it is linked to."""
     return event_detail(session, _event_or_404(session, event_id))
+
+
+@router.get(
+    "/{event_id}/voevent",
+    summary="One event as a VOEvent 2.0 document",
+    response_class=Response,
+    responses={200: {"content": {"application/xml": {}}, "description": "VOEvent 2.0 XML"}},
+)
+def read_event_voevent(event_id: IdPath, session: SessionDep) -> Response:
+    """The event as VOEvent 2.0 XML: Who, What (HEK parameters), WhereWhen (UTC,
+    helioprojective UTC-HPC-TOPO), How (detector or catalogue), Why (HEK concept) and
+    Citations (the associated events' IVORNs)."""
+    row = _event_or_404(session, event_id)
+    xml = event_formats.event_voevent(row, events_service.associated_events(session, row.id))
+    return Response(xml, media_type="application/xml",
+                    headers={"Content-Disposition": f'inline; filename="event-{row.id}.voevent.xml"'})
 
 
 def _lightcurve(session, settings, event_id: int, channel: str, margin_min: float) -> tuple[Event, LightCurvePublic]:

@@ -1,0 +1,329 @@
+"""Event exchange formats: CSV, VOTable, HEK JSON and VOEvent 2.0.
+
+Pure functions of ``Event`` rows (no HTTP, no session):
+
+* :func:`events_csv`: one header row, then one row per event (:data:`CSV_COLUMNS`).
+* :func:`events_votable`: an IVOA VOTable (``astropy.io.votable`` from an astropy Table),
+  units and UCDs on the columns, search totals as ``INFO`` elements.
+* :func:`hek_record` / :func:`events_hek`: the HEK API response layout ``{"result": [...],
+  "overmax": bool}`` with HEK field names (Hurlburt et al. 2012, Sol. Phys. 275, 67;
+  the HEK "VOEvent parameters" list: ``event_type``, ``event_starttime``,
+  ``event_peaktime``, ``event_endtime``, ``event_coord1/2``, ``event_coordunit``,
+  ``event_coordsys``, ``hpc_x``, ``hpc_y``, ``hgs_x``, ``hgs_y``, ``frm_name``,
+  ``frm_version``, ``fl_goescls``, ``fl_peakflux``, ``cme_radiallinvel``,
+  ``cme_angularwidth``, ``ar_noaanum``, ``obs_observatory``, ``obs_instrument``,
+  ``obs_channelid``, ``kb_archivid``).
+* :func:`event_voevent`: one event as a VOEvent 2.0 document (IVOA Recommendation
+  2011-07-11) with Who, What, WhereWhen (UTC-HPC-TOPO), How, Why and Citations (the
+  associated events).
+
+Fields HEK has no name for are given with an ``lst_`` prefix (``lst_position_angle``,
+``lst_source``, ``lst_id``).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import xml.etree.ElementTree as ET
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from backend import __version__
+from backend.models import Event
+
+__all__ = [
+    "CSV_COLUMNS",
+    "IVORN_BASE",
+    "VOEVENT_NS",
+    "event_ivorn",
+    "events_csv",
+    "events_votable",
+    "hek_record",
+    "events_hek",
+    "event_voevent",
+]
+
+#: IVORN of this archive's events: ``<base>#<source>/<source_key>`` (stable across databases).
+IVORN_BASE = "ivo://aso-s.lst/lstdp/events"
+VOEVENT_NS = "http://www.ivoa.net/xml/VOEvent/v2.0"
+_XSI = "http://www.w3.org/2001/XMLSchema-instance"
+
+#: CSV/VOTable columns: (name, unit, UCD, description).
+CSV_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
+    ("id", None, "meta.id;meta.main", "Event id in this archive"),
+    ("event_type", None, "meta.code.class", "HEK event code (FL, CE, PR, ...)"),
+    ("source", None, "meta.ref", "detected, or the catalogue"),
+    ("source_key", None, "meta.id", "Identifier within the source"),
+    ("start_time", None, "time.start", "Start (UTC, ISO 8601)"),
+    ("peak_time", None, "time.epoch", "Peak (UTC, ISO 8601)"),
+    ("end_time", None, "time.end", "End (UTC, ISO 8601)"),
+    ("channels", None, "instr.bandpass", "LST channels (comma-separated)"),
+    ("hpc_x", "arcsec", "pos.cartesian.x", "Helioprojective longitude (Solar X)"),
+    ("hpc_y", "arcsec", "pos.cartesian.y", "Helioprojective latitude (Solar Y)"),
+    ("hgs_lat", "deg", "pos.bodyrc.lat", "Stonyhurst heliographic latitude"),
+    ("hgs_lon", "deg", "pos.bodyrc.lon", "Stonyhurst heliographic longitude"),
+    ("position_angle", "deg", "pos.posAng", "Position angle, counter-clockwise from solar north"),
+    ("angular_width", "deg", "phys.angSize", "CME angular width"),
+    ("speed_km_s", "km/s", "phys.veloc", "Plane-of-sky speed"),
+    ("goes_class", None, "meta.code.class", "GOES X-ray class"),
+    ("goes_flux", "W/m2", "phys.flux;em.X-ray", "GOES 0.1-0.8 nm peak flux of the class"),
+    ("peak_value", None, "phys.flux", "Peak value, in peak_unit"),
+    ("peak_unit", None, "meta.unit", "Unit of peak_value"),
+    ("noaa_ar", None, "meta.id", "NOAA active region number"),
+    ("frm_name", None, "meta.code", "Feature recognition method (detector) name"),
+    ("frm_version", None, "meta.version", "Feature recognition method version"),
+]
+_TIME_FIELDS = ("start_time", "peak_time", "end_time")
+_FLOAT_FIELDS = {name for name, unit, _, _ in CSV_COLUMNS if unit} | {"peak_value"}
+
+
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    if t is None:
+        return None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def _iso(t: dt.datetime | None, *, z: bool = True) -> str | None:
+    """ISO 8601 UTC: ``2024-05-14T16:00:00Z`` (``z=False``: no zone, as HEK writes times)."""
+    t = _utc(t)
+    if t is None:
+        return None
+    s = t.strftime("%Y-%m-%dT%H:%M:%S")
+    if t.microsecond:
+        s += f".{t.microsecond:06d}".rstrip("0")
+    return s + ("Z" if z else "")
+
+
+def event_ivorn(e: Event) -> str:
+    """``ivo://aso-s.lst/lstdp/events#<source>/<source_key>`` (URL-quoted key)."""
+    return f"{IVORN_BASE}#{quote(e.source, safe='')}/{quote(e.source_key, safe='')}"
+
+
+def _value(e: Event, name: str) -> Any:
+    v = getattr(e, name)
+    if name in _TIME_FIELDS:
+        return _iso(v)
+    return v
+
+
+def events_csv(rows: list[Event]) -> str:
+    """CSV text: a header row of :data:`CSV_COLUMNS` names, one row per event (empty = none)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([c[0] for c in CSV_COLUMNS])
+    for e in rows:
+        w.writerow(["" if (v := _value(e, c[0])) is None else v for c in CSV_COLUMNS])
+    return buf.getvalue()
+
+
+def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> bytes:
+    """A VOTable 1.4 document (XML bytes) of the events, built from an astropy Table.
+
+    Parameters
+    ----------
+    rows : list of Event
+    info : dict, optional
+        Written as ``INFO`` elements of the resource (e.g. total, next_cursor).
+
+    Notes
+    -----
+    Missing values are masked (VOTable nulls); floats carry units and UCDs, times are
+    ISO 8601 strings with ``xtype="timestamp"``.
+    """
+    from astropy.io.votable import from_table
+    from astropy.io.votable.tree import Info
+    from astropy.table import MaskedColumn, Table
+
+    t = Table()
+    for name, unit, ucd, desc in CSV_COLUMNS:
+        vals = [_value(e, name) for e in rows]
+        mask = [v is None for v in vals]
+        if name in _FLOAT_FIELDS:
+            data = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
+        elif name in ("id", "noaa_ar"):
+            data = np.array([0 if v is None else int(v) for v in vals], dtype=np.int64)
+        else:
+            data = np.array(["" if v is None else str(v) for v in vals], dtype=str)
+            if data.dtype.itemsize == 0 or len(data) == 0:
+                data = np.array(data, dtype="U1")
+        t[name] = MaskedColumn(data, mask=mask, unit=unit, description=desc)
+    vot = from_table(t)
+    table = vot.get_first_table()
+    table.name = "events"
+    for f in table.fields:
+        ucd = next((c[2] for c in CSV_COLUMNS if c[0] == f.name), None)
+        if ucd:
+            f.ucd = ucd
+        if f.name in _TIME_FIELDS:
+            f.xtype = "timestamp"
+    resource = vot.resources[0]
+    for k, v in (info or {}).items():
+        resource.infos.append(Info(name=str(k), value="" if v is None else str(v)))
+    buf = io.BytesIO()
+    vot.to_xml(buf)
+    return buf.getvalue()
+
+
+def hek_record(e: Event) -> dict[str, Any]:
+    """One event as a HEK API result row (HEK field names; ``lst_`` extensions)."""
+    has_hpc = e.hpc_x is not None and e.hpc_y is not None
+    rec: dict[str, Any] = {
+        "kb_archivid": event_ivorn(e),
+        "event_type": e.event_type,
+        "event_starttime": _iso(e.start_time, z=False),
+        "event_peaktime": _iso(e.peak_time, z=False),
+        "event_endtime": _iso(e.end_time, z=False),
+        "event_coordsys": "UTC-HPC-TOPO" if has_hpc else None,
+        "event_coordunit": "arcsec" if has_hpc else None,
+        "event_coord1": e.hpc_x if has_hpc else None,
+        "event_coord2": e.hpc_y if has_hpc else None,
+        "hpc_x": e.hpc_x,
+        "hpc_y": e.hpc_y,
+        "hpc_bbox": None,
+        "hgs_x": e.hgs_lon,
+        "hgs_y": e.hgs_lat,
+        "frm_name": e.frm_name,
+        "frm_version": e.frm_version,
+        "frm_identifier": e.source,
+        "obs_observatory": "ASO-S" if e.channels else None,
+        "obs_instrument": "LST" if e.channels else None,
+        "obs_channelid": e.channels,
+        "ar_noaanum": e.noaa_ar,
+        "fl_goescls": e.goes_class,
+        "fl_peakflux": e.goes_flux,
+        "fl_peakfluxunit": "W/m^2" if e.goes_flux is not None else None,
+        "cme_radiallinvel": e.speed_km_s,
+        "cme_radiallinvelunit": "km/s" if e.speed_km_s is not None else None,
+        "cme_angularwidth": e.angular_width,
+        "cme_angularwidthunit": "deg" if e.angular_width is not None else None,
+        "event_description": e.description,
+        "lst_id": e.id,
+        "lst_source": e.source,
+        "lst_position_angle": e.position_angle,
+    }
+    bbox = (e.attributes or {}).get("hpc_bbox")
+    if isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox):
+        x0, y0, x1, y1 = bbox
+        rec["hpc_bbox"] = f"POLYGON(({x0} {y0},{x1} {y0},{x1} {y1},{x0} {y1},{x0} {y0}))"
+    return rec
+
+
+def events_hek(rows: list[Event], *, overmax: bool) -> dict[str, Any]:
+    """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned)."""
+    return {"result": [hek_record(e) for e in rows], "overmax": bool(overmax)}
+
+
+def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k: v for k, v in attrib.items() if v is not None})
+    if text is not None:
+        el.text = text
+    return el
+
+
+def _param(group: ET.Element, name: str, value: Any, *, unit: str | None = None, ucd: str | None = None) -> None:
+    if value is None:
+        return
+    _sub(group, "Param", name=name, value=str(value), unit=unit, ucd=ucd)
+
+
+def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
+                  *, author: str = "LST data platform") -> bytes:
+    """One event as a VOEvent 2.0 XML document (UTF-8 bytes).
+
+    Parameters
+    ----------
+    e : Event
+    associated : list of (Event, str), optional
+        Linked events and the kind of link; written as ``Citations/EventIVORN`` with
+        ``cite="followup"`` and the kind in the Citations description.
+    author : str
+        ``Who/Author/contactName``.
+
+    Returns
+    -------
+    bytes
+        ``<voe:VOEvent ivorn=... role="observation" version="2.0">`` with Who, What
+        (HEK parameters as ``Param``), WhereWhen (time and helioprojective position,
+        coordinate system UTC-HPC-TOPO), How, Why and, if any, Citations.
+
+    References
+    ----------
+    IVOA VOEvent 2.0 Recommendation (Seaman et al. 2011); HEK VOEvent usage
+    (Hurlburt et al. 2012, Sol. Phys. 275, 67).
+    """
+    ET.register_namespace("voe", VOEVENT_NS)
+    ET.register_namespace("xsi", _XSI)
+    root = ET.Element(f"{{{VOEVENT_NS}}}VOEvent", {
+        "ivorn": event_ivorn(e),
+        "role": "observation",
+        "version": "2.0",
+        f"{{{_XSI}}}schemaLocation": f"{VOEVENT_NS} http://www.ivoa.net/xml/VOEvent/VOEvent-v2.0.xsd",
+    })
+    who = _sub(root, "Who")
+    _sub(who, "AuthorIVORN", IVORN_BASE)
+    _sub(who, "Date", _iso(dt.datetime.now(dt.UTC)))
+    auth = _sub(who, "Author")
+    _sub(auth, "title", "ASO-S Lyman-alpha Solar Telescope (LST) event archive")
+    _sub(auth, "contactName", author)
+
+    what = _sub(root, "What")
+    rec = hek_record(e)
+    for name in ("event_type", "frm_name", "frm_version", "frm_identifier", "obs_observatory", "obs_instrument",
+                 "obs_channelid", "fl_goescls", "ar_noaanum", "kb_archivid"):
+        _param(what, name, rec.get(name))
+    _param(what, "event_starttime", rec["event_starttime"], ucd="time.start")
+    _param(what, "event_peaktime", rec["event_peaktime"], ucd="time.epoch")
+    _param(what, "event_endtime", rec["event_endtime"], ucd="time.end")
+    _param(what, "fl_peakflux", e.goes_flux, unit="W/m^2", ucd="phys.flux;em.X-ray")
+    _param(what, "cme_radiallinvel", e.speed_km_s, unit="km/s", ucd="phys.veloc")
+    _param(what, "cme_angularwidth", e.angular_width, unit="deg", ucd="phys.angSize")
+    _param(what, "lst_position_angle", e.position_angle, unit="deg", ucd="pos.posAng")
+    _param(what, "hgs_x", e.hgs_lon, unit="deg", ucd="pos.bodyrc.lon")
+    _param(what, "hgs_y", e.hgs_lat, unit="deg", ucd="pos.bodyrc.lat")
+    if e.peak_value is not None:
+        _param(what, "lst_peak_value", e.peak_value, unit=e.peak_unit)
+
+    ww = _sub(root, "WhereWhen")
+    odl = _sub(ww, "ObsDataLocation")
+    _sub(odl, "ObservatoryLocation", id="GEOLUN")
+    ol = _sub(odl, "ObservationLocation")
+    _sub(ol, "AstroCoordSystem", id="UTC-HPC-TOPO")
+    ac = _sub(ol, "AstroCoords", coord_system_id="UTC-HPC-TOPO")
+    tm = _sub(_sub(_sub(ac, "Time"), "TimeInstant"), "ISOTime")
+    tm.text = _iso(e.peak_time or e.start_time, z=False)
+    if e.hpc_x is not None and e.hpc_y is not None:
+        pos = _sub(ac, "Position2D", unit="arcsec")
+        _sub(pos, "Name1", "X")
+        _sub(pos, "Name2", "Y")
+        v2 = _sub(pos, "Value2")
+        _sub(v2, "C1", repr(float(e.hpc_x)))
+        _sub(v2, "C2", repr(float(e.hpc_y)))
+
+    how = _sub(root, "How")
+    if e.source == "detected":
+        _sub(how, "Description", f"Detected on LST L2 products by {e.frm_name} {e.frm_version or ''}".strip()
+             + f" (lstdp {__version__})")
+    else:
+        _sub(how, "Description", f"Imported from the {e.source} catalogue"
+             + (f" (method {e.frm_name})" if e.frm_name else ""))
+
+    why = _sub(root, "Why")
+    inf = _sub(why, "Inference", probability="1.0")
+    from backend.figures import HEK_EVENT_TYPES
+
+    _sub(inf, "Name", e.event_type)
+    _sub(inf, "Concept", HEK_EVENT_TYPES.get(e.event_type, e.event_type))
+
+    if associated:
+        cit = _sub(root, "Citations")
+        for other, _kind in associated:
+            _sub(cit, "EventIVORN", event_ivorn(other), cite="followup")
+        _sub(cit, "Description", "; ".join(f"{k}: {event_ivorn(o)}" for o, k in associated))
+    if e.description:
+        _sub(root, "Description", e.description)
+    ET.indent(root)
+    return b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="utf-8")

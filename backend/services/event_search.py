@@ -1,0 +1,387 @@
+"""Event search: filters, sort, keyset (cursor) pagination and counts that scale.
+
+:func:`search_events` answers the search API (``GET /api/v1/events``) and the browser.
+
+Filters (all optional, combined with AND)
+    HEK type (several: OR), time overlap with [start, end], source (several: OR), channel,
+    helioprojective bounding box [arcsec], position-angle range [deg] (wrapping through 0
+    when ``pa_min > pa_max``), minimum GOES flux [W m-2] (from ``min_goes_class``), minimum
+    peak value, detector (``frm_name``, ``frm_version``).
+Sort
+    ``start_time``, ``peak_time``, ``end_time``, ``goes_flux``, ``speed_km_s`` or ``id``,
+    ascending or descending (``-`` prefix), the id breaking ties; events without a value of
+    a nullable key come last in either direction. Default ``-start_time`` (newest first).
+Pagination
+    Keyset: the opaque cursor holds the sort key, the last row's value and id, and a
+    fingerprint of the filters, so the next page is an index range scan whatever its depth
+    (``OFFSET`` would read and drop every earlier row). A cursor used with other filters or
+    another sort is refused (:class:`SearchError`).
+Counts
+    Exact up to :data:`EXACT_COUNT_LIMIT` matches (``count(*)`` over at most that many index
+    entries); above it, on PostgreSQL, the planner's row estimate (at least the limit) with
+    ``total_is_estimate=True``. Never a silent cap.
+
+Time overlap: an event lasts from ``start_time`` to its end (peak when no end). The
+condition ``start_time <= end AND last_time >= start`` alone has no lower bound on the
+indexed ``start_time``; the longest ``duration_s`` of the types searched (one probe of
+``ix_events_type_duration`` per type) gives one: ``start_time >= start - longest``. Exact,
+not a heuristic: no stored event can overlap and start earlier.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy import and_, func, literal_column, or_, select, text, tuple_
+from sqlalchemy.orm import Session
+
+from backend.models import Event
+from pipelines.errors import DataError
+
+__all__ = [
+    "SearchError",
+    "EventFilters",
+    "EventPage",
+    "SORT_KEYS",
+    "DEFAULT_SORT",
+    "EXACT_COUNT_LIMIT",
+    "search_events",
+    "filter_conditions",
+    "parse_sort",
+    "encode_cursor",
+    "decode_cursor",
+]
+
+#: Above this many matches the total is the planner's estimate (flagged), on PostgreSQL.
+EXACT_COUNT_LIMIT = 10_000
+#: Sort keys: column and whether it may be NULL.
+SORT_KEYS: dict[str, tuple[Any, bool]] = {
+    "start_time": (Event.start_time, False),
+    "peak_time": (Event.peak_time, True),
+    "end_time": (Event.end_time, True),
+    "goes_flux": (Event.goes_flux, True),
+    "speed_km_s": (Event.speed_km_s, True),
+    "id": (Event.id, False),
+}
+DEFAULT_SORT = "-start_time"
+_TIME_KEYS = {"start_time", "peak_time", "end_time"}
+
+
+class SearchError(DataError):
+    """A search request that cannot be answered as asked (bad cursor, bad sort); a 4xx."""
+
+
+@dataclass(frozen=True)
+class EventFilters:
+    """What to search for. Units: times aware UTC, hpc in arcsec, angles in degrees
+    counter-clockwise from solar north, ``min_goes_flux`` in W m-2.
+
+    Attributes
+    ----------
+    event_types : tuple of str
+        HEK codes; an event matches any of them.
+    start, end : datetime.datetime or None
+        The event's [start_time, end (peak) time] overlaps [start, end].
+    sources : tuple of str
+        ``detected`` or catalogue names; any of them.
+    channel : str or None
+        One LST channel code contained in the event's ``channels``.
+    hpc_x_min, hpc_x_max, hpc_y_min, hpc_y_max : float or None
+        Helioprojective bounding box of the event's ``hpc_x``/``hpc_y`` [arcsec], inclusive.
+    pa_min, pa_max : float or None
+        Position-angle range [deg, 0..360]; ``pa_min > pa_max`` wraps through north (0).
+    min_goes_flux : float or None
+        Minimum GOES 0.1-0.8 nm peak flux [W m-2] (``goes_flux``).
+    min_peak_value : float or None
+        Minimum ``peak_value`` (in the event's own ``peak_unit``).
+    frm_name, frm_version : str or None
+        Detector (HEK FRM_NAME, FRM_VERSION), exact.
+    """
+
+    event_types: tuple[str, ...] = ()
+    start: dt.datetime | None = None
+    end: dt.datetime | None = None
+    sources: tuple[str, ...] = ()
+    channel: str | None = None
+    hpc_x_min: float | None = None
+    hpc_x_max: float | None = None
+    hpc_y_min: float | None = None
+    hpc_y_max: float | None = None
+    pa_min: float | None = None
+    pa_max: float | None = None
+    min_goes_flux: float | None = None
+    min_peak_value: float | None = None
+    frm_name: str | None = None
+    frm_version: str | None = None
+
+    def fingerprint(self) -> str:
+        """A short hash of the filters (a cursor is only valid with the filters it came from)."""
+        d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in asdict(self).items()}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class EventPage:
+    """One page of a search.
+
+    Attributes
+    ----------
+    items : list of Event
+    total : int
+        Matches, all pages (an estimate when ``total_is_estimate``).
+    total_is_estimate : bool
+        True when more than :data:`EXACT_COUNT_LIMIT` match and ``total`` is the planner's
+        estimate (never below the limit).
+    next_cursor : str or None
+        Cursor of the next page; None on the last page.
+    sort : str
+    limit, offset : int
+    """
+
+    items: list[Event]
+    total: int
+    total_is_estimate: bool
+    next_cursor: str | None
+    sort: str
+    limit: int
+    offset: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        """True when more events match than this page holds (after it)."""
+        return self.next_cursor is not None
+
+
+def parse_sort(sort: str | None) -> tuple[str, bool]:
+    """``'-start_time'`` -> ``('start_time', True)`` (descending); SearchError for unknown keys."""
+    s = (sort or DEFAULT_SORT).strip()
+    desc = s.startswith("-")
+    key = s.lstrip("+-")
+    if key not in SORT_KEYS:
+        raise SearchError(f"unknown sort key {sort!r}; expected one of "
+                          f"{', '.join(sorted(SORT_KEYS))}, optionally prefixed with - for descending")
+    return key, desc
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def encode_cursor(sort: str, value: Any, row_id: int, fingerprint: str) -> str:
+    """Opaque cursor: base64url JSON of the sort, the last row's sort value and id, the filters' hash."""
+    if isinstance(value, dt.datetime):
+        v = value.replace(tzinfo=dt.UTC).isoformat() if value.tzinfo is None else value.astimezone(dt.UTC).isoformat()
+    else:
+        v = value
+    return _b64(json.dumps({"s": sort, "v": v, "i": int(row_id), "f": fingerprint}, separators=(",", ":")).encode())
+
+
+def decode_cursor(cursor: str, sort: str, fingerprint: str) -> tuple[Any, int]:
+    """The (value, id) of a cursor made for this sort and these filters; SearchError otherwise."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        d = json.loads(raw)
+        s, v, i, f = d["s"], d["v"], int(d["i"]), d["f"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise SearchError("cursor: not a cursor of this API (use next_cursor of the previous page as it is)") from None
+    if s != sort:
+        raise SearchError(f"cursor: it was made for sort={s!r}, not {sort!r}; start again without a cursor")
+    if f != fingerprint:
+        raise SearchError("cursor: it was made with other filters; start again without a cursor")
+    key = sort.lstrip("-")
+    if v is not None:
+        try:
+            if key in _TIME_KEYS:
+                v = dt.datetime.fromisoformat(v)
+            elif key == "id":
+                v = int(v)
+            else:
+                v = float(v)
+        except (TypeError, ValueError):
+            raise SearchError("cursor: damaged value; start again without a cursor") from None
+    elif not SORT_KEYS[key][1]:
+        raise SearchError("cursor: damaged value; start again without a cursor")
+    return v, i
+
+
+def _channel_filter(channel: str):
+    c = Event.channels
+    return or_(c == channel, c.like(f"{channel},%"), c.like(f"%,{channel}"), c.like(f"%,{channel},%"))
+
+
+def _longest_duration_s(session: Session, event_types: tuple[str, ...]) -> float:
+    """Longest stored ``duration_s`` [s] among events of these types (all types when empty)."""
+    if event_types:
+        if session.get_bind().dialect.name == "postgresql":
+            # one index probe (ix_events_type_duration) per type, not a scan of their events
+            sub = _union_of_max(event_types)
+            return float(session.scalar(select(func.max(sub.c.m))) or 0.0)
+        return float(session.scalar(select(func.max(Event.duration_s)).where(Event.event_type.in_(event_types))) or 0.0)
+    if session.get_bind().dialect.name == "postgresql":
+        # distinct types by a loose index scan, then the longest duration of each (index probes)
+        sql = text("""
+            WITH RECURSIVE t AS (
+                SELECT min(event_type) AS v FROM events
+                UNION ALL
+                SELECT (SELECT min(event_type) FROM events WHERE event_type > t.v) FROM t WHERE t.v IS NOT NULL
+            )
+            SELECT max((SELECT max(duration_s) FROM events e WHERE e.event_type = t.v)) FROM t WHERE t.v IS NOT NULL
+        """)
+        return float(session.scalar(sql) or 0.0)
+    return float(session.scalar(select(func.max(Event.duration_s))) or 0.0)
+
+
+def _union_of_max(event_types: tuple[str, ...]):
+    from sqlalchemy import union_all
+
+    return union_all(*[
+        select(func.max(Event.duration_s).label("m")).where(Event.event_type == t) for t in event_types
+    ]).subquery()
+
+
+def filter_conditions(session: Session, f: EventFilters) -> list:
+    """SQL conditions of the filters (see :class:`EventFilters`)."""
+    conds: list = []
+    if f.event_types:
+        conds.append(Event.event_type.in_(f.event_types) if len(f.event_types) > 1
+                     else Event.event_type == f.event_types[0])
+    if f.end is not None:
+        conds.append(Event.start_time <= f.end)
+    if f.start is not None:
+        conds.append(func.coalesce(Event.end_time, Event.peak_time, Event.start_time) >= f.start)
+        longest = _longest_duration_s(session, f.event_types)
+        conds.append(Event.start_time >= f.start - dt.timedelta(seconds=longest + 1.0))
+    if f.sources:
+        conds.append(Event.source.in_(f.sources) if len(f.sources) > 1 else Event.source == f.sources[0])
+    if f.channel:
+        conds.append(_channel_filter(f.channel))
+    if f.hpc_x_min is not None:
+        conds.append(Event.hpc_x >= f.hpc_x_min)
+    if f.hpc_x_max is not None:
+        conds.append(Event.hpc_x <= f.hpc_x_max)
+    if f.hpc_y_min is not None:
+        conds.append(Event.hpc_y >= f.hpc_y_min)
+    if f.hpc_y_max is not None:
+        conds.append(Event.hpc_y <= f.hpc_y_max)
+    if f.pa_min is not None or f.pa_max is not None:
+        lo = 0.0 if f.pa_min is None else f.pa_min
+        hi = 360.0 if f.pa_max is None else f.pa_max
+        pa = Event.position_angle
+        conds.append(and_(pa >= lo, pa <= hi) if lo <= hi else or_(pa >= lo, pa <= hi))
+    if f.min_goes_flux is not None:
+        # the stored flux comes from the same class table: allow for float rounding only
+        conds.append(Event.goes_flux >= f.min_goes_flux * (1 - 1e-9))
+    if f.min_peak_value is not None:
+        conds.append(Event.peak_value >= f.min_peak_value)
+    if f.frm_name:
+        conds.append(Event.frm_name == f.frm_name)
+    if f.frm_version:
+        conds.append(Event.frm_version == f.frm_version)
+    return conds
+
+
+def _keyset(key: str, desc: bool, value: Any, row_id: int):
+    """Rows after (value, id) in the order ``key`` (desc or not), NULLs of the key last."""
+    col, nullable = SORT_KEYS[key]
+    if key == "id":
+        return Event.id < row_id if desc else Event.id > row_id
+    if value is None:  # already among the NULLs (they come last)
+        return and_(col.is_(None), Event.id < row_id if desc else Event.id > row_id)
+    after = tuple_(col, Event.id) < tuple_(value, row_id) if desc else tuple_(col, Event.id) > tuple_(value, row_id)
+    return or_(after, col.is_(None)) if nullable else after
+
+
+def _order(key: str, desc: bool) -> list:
+    col, nullable = SORT_KEYS[key]
+    if key == "id":
+        return [Event.id.desc() if desc else Event.id.asc()]
+    order = []
+    if nullable:
+        order.append(col.is_(None).asc())  # NULLs last in both directions
+    order += [col.desc(), Event.id.desc()] if desc else [col.asc(), Event.id.asc()]
+    return order
+
+
+def _count(session: Session, conds: list) -> tuple[int, bool]:
+    base = select(literal_column("1")).select_from(Event)
+    if conds:
+        base = base.where(*conds)
+    n = int(session.scalar(select(func.count()).select_from(base.limit(EXACT_COUNT_LIMIT + 1).subquery())) or 0)
+    if n <= EXACT_COUNT_LIMIT:
+        return n, False
+    if session.get_bind().dialect.name != "postgresql":
+        full = select(func.count()).select_from(Event)
+        return int(session.scalar(full.where(*conds) if conds else full) or 0), False
+    compiled = base.compile(dialect=session.get_bind().dialect, compile_kwargs={"literal_binds": True})
+    plan = session.execute(text(f"EXPLAIN (FORMAT JSON) {compiled}")).scalar()
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    estimate = int(plan[0]["Plan"]["Plan Rows"])
+    return max(estimate, EXACT_COUNT_LIMIT + 1), True
+
+
+def search_events(
+    session: Session,
+    filters: EventFilters | None = None,
+    *,
+    sort: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+    offset: int = 0,
+    with_total: bool = True,
+) -> EventPage:
+    """Search the events.
+
+    Parameters
+    ----------
+    session : sqlalchemy.orm.Session
+    filters : EventFilters, optional
+    sort : str, optional
+        A key of :data:`SORT_KEYS`, ``-`` prefix for descending; default ``-start_time``.
+    limit : int
+        Page size (>= 1).
+    cursor : str, optional
+        ``next_cursor`` of the previous page (same filters and sort).
+    offset : int
+        Rows to skip (kept for the browser's numbered pages; 0 with a cursor).
+    with_total : bool
+        Count the matches (False: ``total`` is -1).
+
+    Returns
+    -------
+    EventPage
+
+    Raises
+    ------
+    SearchError
+        For an unknown sort key, a cursor of another search, or a cursor with an offset.
+    """
+    f = filters or EventFilters()
+    key, desc = parse_sort(sort)
+    sort_s = ("-" if desc else "") + key
+    fp = f.fingerprint()
+    conds = filter_conditions(session, f)
+    page_conds = list(conds)
+    if cursor:
+        if offset:
+            raise SearchError("cursor and offset cannot be combined: a cursor already says where the page starts")
+        value, row_id = decode_cursor(cursor, sort_s, fp)
+        page_conds.append(_keyset(key, desc, value, row_id))
+    q = select(Event)
+    if page_conds:
+        q = q.where(*page_conds)
+    rows = list(session.scalars(q.order_by(*_order(key, desc)).limit(limit + 1).offset(offset)))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = None
+    if more and rows:
+        last = rows[-1]
+        next_cursor = encode_cursor(sort_s, getattr(last, key), last.id, fp)
+    total, estimate = _count(session, conds) if with_total else (-1, False)
+    return EventPage(items=rows, total=total, total_is_estimate=estimate, next_cursor=next_cursor,
+                     sort=sort_s, limit=limit, offset=offset)

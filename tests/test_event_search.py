@@ -1,0 +1,224 @@
+"""The event search API: filters, sort, cursor pagination, counts, formats, VOEvent."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+import uuid
+import xml.etree.ElementTree as ET
+
+import pytest
+from astropy.io.votable import parse_single_table
+
+from backend.models import Event, EventAssociation
+from backend.services import event_search
+from backend.services.event_search import EventFilters, SearchError, search_events
+from pipelines.catalogues.records import goes_class_to_flux, goes_flux_or_none
+from tests.test_api import assert_error, client, settings  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.postgres
+
+T0 = dt.datetime(2024, 5, 14, 16, 0, tzinfo=dt.UTC)
+MIN = dt.timedelta(minutes=1)
+VOE = "{http://www.ivoa.net/xml/VOEvent/v2.0}"
+
+
+def ev(session, event_type, start, end=None, *, peak=None, source="goes_xrs", **kw) -> Event:
+    e = Event(event_type=event_type, source=source, source_key=uuid.uuid4().hex, start_time=start,
+              peak_time=peak, end_time=end, attributes=kw.pop("attributes", {}), **kw)
+    session.add(e)
+    session.flush()
+    return e
+
+
+@pytest.fixture
+def catalogue(db_session):
+    """Flares of several classes and places, CMEs at several position angles, a long event."""
+    s = db_session
+    e = {
+        "c5": ev(s, "FL", T0, T0 + 20 * MIN, peak=T0 + 10 * MIN, goes_class="C5.0", hpc_x=-500, hpc_y=200),
+        "m1": ev(s, "FL", T0 + 60 * MIN, T0 + 90 * MIN, peak=T0 + 70 * MIN, goes_class="M1.0", hpc_x=300, hpc_y=-100),
+        "m9": ev(s, "FL", T0 + 120 * MIN, T0 + 150 * MIN, peak=T0 + 130 * MIN, goes_class="M9.9", hpc_x=310, hpc_y=-90),
+        "x2": ev(s, "FL", T0 + 180 * MIN, T0 + 240 * MIN, peak=T0 + 200 * MIN, goes_class="X2.1", hpc_x=800, hpc_y=400),
+        "x10": ev(s, "FL", T0 + 300 * MIN, T0 + 330 * MIN, peak=T0 + 310 * MIN, goes_class="X10", hpc_x=-50, hpc_y=-600),
+        "ce10": ev(s, "CE", T0 + 30 * MIN, source="cdaw", position_angle=10.0, angular_width=60, speed_km_s=500),
+        "ce350": ev(s, "CE", T0 + 40 * MIN, source="cdaw", position_angle=350.0, angular_width=40, speed_km_s=900),
+        "ce180": ev(s, "CE", T0 + 50 * MIN, source="cdaw", position_angle=180.0, angular_width=80, speed_km_s=1500),
+        "det": ev(s, "FL", T0 + 65 * MIN, T0 + 80 * MIN, peak=T0 + 70 * MIN, source="detected", channels="SDI",
+                  frm_name="lst-sdi-flare", frm_version="1.0.0", peak_value=35.0, peak_unit="%",
+                  hpc_x=305, hpc_y=-95),
+        # a 3-day event that started well before the search window
+        "ar": ev(s, "AR", T0 - dt.timedelta(days=2), T0 + dt.timedelta(days=1), source="noaa_srs"),
+    }
+    return e
+
+
+def ids(client, **params) -> tuple[list[int], dict]:
+    r = client.get("/api/v1/events", params=params)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return [x["id"] for x in body["items"]], body
+
+
+def test_goes_class_flux():
+    assert goes_class_to_flux("M1.0") == pytest.approx(1e-5)
+    assert goes_class_to_flux("x10") == pytest.approx(1e-3)
+    assert goes_class_to_flux("X28+") == pytest.approx(2.8e-3)
+    assert goes_class_to_flux("C5") == pytest.approx(5e-6)
+    assert goes_flux_or_none("Z3") is None and goes_flux_or_none(None) is None
+    with pytest.raises(ValueError):
+        goes_class_to_flux("M0")
+
+
+def test_derived_columns_follow_inserts_and_updates(db_session, catalogue):
+    x2 = catalogue["x2"]
+    db_session.refresh(x2)
+    assert x2.goes_flux == pytest.approx(2.1e-4) and x2.duration_s == 3600.0
+    assert catalogue["ce10"].duration_s == 0.0
+    x2.goes_class, x2.end_time = "C1.0", x2.start_time + 5 * MIN
+    db_session.flush()
+    db_session.refresh(x2)
+    assert x2.goes_flux == pytest.approx(1e-6) and x2.duration_s == 300.0
+
+
+def test_filters(client, catalogue):
+    e = {k: v.id for k, v in catalogue.items()}
+    assert set(ids(client, min_goes_class="M1.0")[0]) == {e["m1"], e["m9"], e["x2"], e["x10"]}
+    assert set(ids(client, min_goes_class="X10")[0]) == {e["x10"]}
+    assert set(ids(client, min_goes_class="M9.9")[0]) == {e["m9"], e["x2"], e["x10"]}  # X2.1 > M9.9
+    # PA range, and wrapping through north
+    assert set(ids(client, pa_min=0, pa_max=90)[0]) == {e["ce10"]}
+    assert set(ids(client, pa_min=300, pa_max=30)[0]) == {e["ce10"], e["ce350"]}
+    assert set(ids(client, type="CE", pa_min=90)[0]) == {e["ce180"], e["ce350"]}
+    assert set(ids(client, type="CE", pa_min=90, pa_max=270)[0]) == {e["ce180"]}
+    # bounding box
+    box = dict(hpc_x_min=250, hpc_x_max=350, hpc_y_min=-120, hpc_y_max=-80)
+    assert set(ids(client, **box)[0]) == {e["m1"], e["m9"], e["det"]}
+    assert set(ids(client, **box, source="goes_xrs")[0]) == {e["m1"], e["m9"]}
+    # several types, several sources
+    assert set(ids(client, type=["CE", "AR"])[0]) == {e["ce10"], e["ce350"], e["ce180"], e["ar"]}
+    assert set(ids(client, type="CE,AR", source=["noaa_srs", "detected"])[0]) == {e["ar"]}
+    # detector, peak value
+    assert ids(client, frm_name="lst-sdi-flare", frm_version="1.0.0")[0] == [e["det"]]
+    assert ids(client, frm_name="lst-sdi-flare", frm_version="0.9")[0] == []
+    assert ids(client, min_peak_value=30)[0] == [e["det"]]
+    # time overlap finds the long event that started two days before
+    got = set(ids(client, start=(T0 + 100 * MIN).isoformat(), end=(T0 + 125 * MIN).isoformat())[0])
+    assert got == {e["m9"], e["ar"]}
+    assert ids(client, type="AR", start=(T0 + dt.timedelta(hours=23)).isoformat())[0] == [e["ar"]]
+    assert ids(client, type="AR", start=(T0 + dt.timedelta(days=1, minutes=1)).isoformat())[0] == []
+
+
+def test_sort_and_cursor_pagination(client, catalogue):
+    all_ids, body = ids(client, limit=500)
+    assert body["total"] == 10 and not body["truncated"] and body["next_cursor"] is None
+    starts = [x["start_time"] for x in client.get("/api/v1/events", params={"limit": 500}).json()["items"]]
+    assert starts == sorted(starts, reverse=True)  # newest first by default
+    for sort in ("-start_time", "start_time", "goes_flux", "-goes_flux", "-speed_km_s", "peak_time", "id"):
+        full = ids(client, sort=sort, limit=500)[0]
+        got, cursor, pages = [], None, 0
+        while True:
+            params = {"sort": sort, "limit": 3, **({"cursor": cursor} if cursor else {})}
+            page, body = ids(client, **params)
+            got += page
+            pages += 1
+            assert body["total"] == 10 and body["truncated"] == (body["next_cursor"] is not None)
+            cursor = body["next_cursor"]
+            if cursor is None:
+                break
+        assert got == full and len(set(got)) == 10 and pages == 4, sort
+    by_flux = ids(client, sort="-goes_flux", type="FL")[0]
+    e = catalogue
+    assert by_flux[:5] == [e["x10"].id, e["x2"].id, e["m9"].id, e["m1"].id, e["c5"].id]
+    assert by_flux[-1] == e["det"].id  # no class: last
+
+
+def test_cursor_misuse_is_422(client, catalogue):
+    _, body = ids(client, limit=2)
+    cur = body["next_cursor"]
+    assert_error(client.get("/api/v1/events", params={"cursor": cur, "sort": "peak_time"}), 422, "made for sort")
+    assert_error(client.get("/api/v1/events", params={"cursor": cur, "type": "FL"}), 422, "other filters")
+    assert_error(client.get("/api/v1/events", params={"cursor": cur, "offset": 2}), 422, "cannot be combined")
+    assert_error(client.get("/api/v1/events", params={"cursor": "abc"}), 422, "not a cursor")
+
+
+@pytest.mark.parametrize("params, needle", [
+    ({"sort": "magnitude"}, "unknown sort key"),
+    ({"min_goes_class": "Q5"}, "not a GOES class"),
+    ({"pa_min": 400}, "query.pa_min"),
+    ({"hpc_x_min": 10, "hpc_x_max": -10}, "hpc_x_max (-10.0) is smaller than hpc_x_min"),
+    ({"type": ["FL", "ZZ"]}, "unknown HEK event type 'ZZ'"),
+    ({"source": "a b"}, "not a source name"),
+    ({"format": "fits"}, "query.format"),
+    ({"min_peak_value": "nan"}, "min_peak_value"),
+])
+def test_bad_search_requests(client, params, needle):
+    assert_error(client.get("/api/v1/events", params=params), 422, needle)
+
+
+def test_estimated_total_above_the_exact_limit(db_session, catalogue, monkeypatch):
+    monkeypatch.setattr(event_search, "EXACT_COUNT_LIMIT", 3)
+    page = search_events(db_session, EventFilters(), limit=2)
+    assert page.total_is_estimate and page.total >= 4 and page.truncated
+    page = search_events(db_session, EventFilters(event_types=("CE",)), limit=5)
+    assert not page.total_is_estimate and page.total == 3 and not page.truncated
+    with pytest.raises(SearchError):
+        search_events(db_session, EventFilters(), sort="-nothing")
+
+
+def test_csv_votable_hek_formats(client, catalogue):
+    e = catalogue
+    params = {"type": "FL", "min_goes_class": "M1", "sort": "start_time", "limit": 3}
+    r = client.get("/api/v1/events", params={**params, "format": "csv"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [int(x["id"]) for x in rows] == [e["m1"].id, e["m9"].id, e["x2"].id]
+    assert rows[0]["goes_class"] == "M1.0" and float(rows[0]["goes_flux"]) == pytest.approx(1e-5)
+    assert rows[0]["start_time"] == "2024-05-14T17:00:00Z" and rows[0]["position_angle"] == ""
+    assert r.headers["x-total-count"] == "4" and r.headers["x-truncated"] == "true" and r.headers["x-next-cursor"]
+
+    r = client.get("/api/v1/events", params={**params, "format": "votable"})
+    assert r.status_code == 200 and "votable" in r.headers["content-type"]
+    t = parse_single_table(io.BytesIO(r.content)).to_table()
+    assert list(t["id"]) == [e["m1"].id, e["m9"].id, e["x2"].id]
+    assert str(t["hpc_x"].unit) == "arcsec" and t["hpc_x"][2] == 800
+    assert bool(t["position_angle"].mask[0])
+
+    r = client.get("/api/v1/events", params={**params, "format": "hek"})
+    body = r.json()
+    assert body["overmax"] is True and len(body["result"]) == 3
+    h = body["result"][2]
+    assert h["event_type"] == "FL" and h["fl_goescls"] == "X2.1" and h["event_starttime"] == "2024-05-14T19:00:00"
+    assert h["event_peaktime"] == "2024-05-14T19:20:00" and h["event_endtime"] == "2024-05-14T20:00:00"
+    assert h["hpc_x"] == 800 and h["event_coordsys"] == "UTC-HPC-TOPO" and h["event_coord2"] == 400
+    last = client.get("/api/v1/events", params={**params, "format": "hek", "cursor": r.headers["x-next-cursor"]}).json()
+    assert last["overmax"] is False and [x["lst_id"] for x in last["result"]] == [e["x10"].id]
+    cme = client.get("/api/v1/events", params={"type": "CE", "format": "hek", "pa_min": 170, "pa_max": 190}).json()
+    assert cme["result"][0]["cme_radiallinvel"] == 1500 and cme["result"][0]["cme_angularwidth"] == 80
+
+
+def test_voevent(client, db_session, catalogue):
+    fl, det = catalogue["m1"], catalogue["det"]
+    db_session.add_all([EventAssociation(event_id=det.id, other_event_id=fl.id, kind="same_flare"),
+                        EventAssociation(event_id=fl.id, other_event_id=det.id, kind="same_flare")])
+    db_session.flush()
+    r = client.get(f"/api/v1/events/{det.id}/voevent")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/xml")
+    assert r.content.startswith(b"<?xml") and b"<voe:VOEvent" in r.content
+    root = ET.fromstring(r.content)
+    assert root.tag == f"{VOE}VOEvent" and root.get("version") == "2.0" and root.get("role") == "observation"
+    assert root.get("ivorn").startswith("ivo://aso-s.lst/lstdp/events#detected/")
+    assert [c.tag for c in root][:5] == ["Who", "What", "WhereWhen", "How", "Why"]
+    params = {p.get("name"): p.get("value") for p in root.iter("Param")}
+    assert params["event_type"] == "FL" and params["frm_name"] == "lst-sdi-flare" and params["frm_version"] == "1.0.0"
+    assert params["event_starttime"] == "2024-05-14T17:05:00" and params["obs_channelid"] == "SDI"
+    c = root.find("WhereWhen/ObsDataLocation/ObservationLocation/AstroCoords")
+    assert c.get("coord_system_id") == "UTC-HPC-TOPO"
+    assert float(c.find("Position2D/Value2/C1").text) == 305.0 and float(c.find("Position2D/Value2/C2").text) == -95.0
+    assert c.find("Time/TimeInstant/ISOTime").text == "2024-05-14T17:10:00"
+    assert "lst-sdi-flare" in root.find("How/Description").text
+    cites = [x.text for x in root.iter("EventIVORN")]
+    assert cites == [f"ivo://aso-s.lst/lstdp/events#goes_xrs/{fl.source_key}"]
+    assert_error(client.get("/api/v1/events/999999/voevent"), 404, "no event with id 999999")
