@@ -83,7 +83,7 @@ __all__ = [
 #: Detector name (HEK ``frm_name`` of the events it makes).
 DETECTOR_NAME = "lst-sdi-flare"
 #: Detector version (HEK ``frm_version``); bump it when a change alters detections.
-DETECTOR_VERSION = "1.0.0"
+DETECTOR_VERSION = "1.1.0"
 
 _MAD_TO_SIGMA = 1.4826
 
@@ -137,6 +137,12 @@ class FlareDetectionParams:
         noise). Default 0.05.
     min_valid_fraction : float
         Fraction of a macropixel's pixels that must be usable. Default 0.5.
+    max_rise_s, impulsive_fraction : float or None, float
+        Flares are impulsive: GOES flare rise times are minutes to tens of minutes, rarely
+        above an hour (Veronig et al. 2002, A&A 382, 1070). An event must gain at least
+        ``impulsive_fraction`` of its peak enhancement within ``max_rise_s`` [s] before the
+        peak; brightenings that climb more slowly are active-region evolution and are not
+        reported. Defaults 7200 s (generous for hourly series) and 0.5; ``None`` keeps all.
     """
 
     macropixel_arcsec: float = 10.0
@@ -154,6 +160,8 @@ class FlareDetectionParams:
     disk_limit_rsun: float = 1.1
     min_background_fraction: float = 0.05
     min_valid_fraction: float = 0.5
+    max_rise_s: float | None = 7200.0
+    impulsive_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if self.macropixel_arcsec <= 0:
@@ -606,6 +614,12 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
 
     start, start_edge = walk(-1, p.start_fraction * r_peak)
     end, end_edge = walk(+1, p.end_fraction * r_peak)
+    if p.max_rise_s is not None:
+        # impulsive phase: at least half of the peak enhancement gained within max_rise_s
+        recent = [j for j in range(peak + 1) if float(sec[peak] - sec[j]) <= p.max_rise_s]
+        low = min((float(rel[j]) for j in recent if np.isfinite(rel[j])), default=r_peak)
+        if r_peak - min(low, r_peak) < p.impulsive_fraction * r_peak:
+            return None  # a gradual brightening (active-region evolution), not a flare
     flags = []
     if start_edge and start == 0:
         flags.append("start_not_observed")
