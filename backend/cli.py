@@ -114,16 +114,18 @@ def cmd_ingest(args) -> int:
 
 def cmd_import_events(args) -> int:
     from backend.db import session_scope
-    from backend.services.events import import_all
+    from backend.services.events import associate_events, import_all
 
     s = _settings()
     folder = Path(args.folder) if args.folder else s.sample_data_dir / "events"
     with session_scope() as session:
         reports = import_all(session, folder)
+        linked = associate_events(session)
     for r in reports:
         refused = len(r.refused)
         _say(f"{r.source:10s} rows in {r.rows_in:6d}  stored {r.stored:6d}  already there "
              f"{r.skipped_existing:6d}  refused {refused}")
+    _say(f"associations: {linked} new link(s) across sources and types")
     return 0
 
 
@@ -190,6 +192,9 @@ def cmd_detect(args) -> int:
             _say(f"FL {e.start_time:%Y-%m-%d %H:%M} peak {e.peak_time:%H:%M} end {e.end_time:%H:%M} "
                  f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
         _say(f"{len(events)} flare(s) stored")
+        from backend.services.events import associate_events
+
+        _say(f"associations: {associate_events(s)} new link(s)")
     return 0
 
 
@@ -216,6 +221,17 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the demo's worker gets SIGTERM when the demo process dies, however it dies
+    (uvicorn re-raises SIGTERM/SIGINT after its graceful shutdown, which skips ``finally``)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def cmd_demo(args) -> int:
     """Everything, embedded: simulate, ingest, import catalogues, calibrate, detect, serve."""
     from backend.db import session_scope
@@ -237,7 +253,7 @@ def cmd_demo(args) -> int:
         worker = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", "cpu",
                                    "--concurrency", str(args.concurrency), "--name", f"demo@{os.getpid()}"],
                                   stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=_die_with_parent)
     try:
         sim_dir = s.root / "simulated"
         sizes = FULL_SIZES if args.full_size else (

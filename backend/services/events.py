@@ -19,6 +19,7 @@ its reverse ``is_preceded_by``), ``same_flare`` for WST-GOES pairs.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import os
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ __all__ = [
     "import_all",
     "insert_ignoring_conflicts",
     "link_wst_goes",
+    "associate_events",
+    "FLARE_CME",
+    "PROMINENCE_CME",
     "list_events",
     "get_event",
     "associated_events",
@@ -45,6 +49,10 @@ __all__ = [
 
 #: Association kind of an LST/WST white-light flare and its GOES X-ray flare.
 SAME_FLARE = "same_flare"
+#: Association kind from a flare to the CME it launched (reverse: ``cme_flare``).
+FLARE_CME = "flare_cme"
+#: Association kind from a prominence eruption to its CME (reverse: ``cme_prominence``).
+PROMINENCE_CME = "prominence_cme"
 #: Farthest a GOES peak may lie from the WST peak when it is outside the WST window.
 WST_GOES_MAX_OFFSET = dt.timedelta(minutes=30)
 #: Rows per INSERT statement.
@@ -55,6 +63,10 @@ _REVERSE_KIND = {
     "is_preceded_by": "is_followed_by",
     "causes": "is_caused_by",
     "is_caused_by": "causes",
+    FLARE_CME: "cme_flare",
+    "cme_flare": FLARE_CME,
+    PROMINENCE_CME: "cme_prominence",
+    "cme_prominence": PROMINENCE_CME,
 }
 
 
@@ -334,6 +346,94 @@ def link_wst_goes(session: Session) -> int:
             links.append((w.id, g.id, SAME_FLARE))
     _add_pairs(session, links)
     return len(links)
+
+
+def associate_events(session: Session, *, start: dt.datetime | None = None, end: dt.datetime | None = None) -> int:
+    """Link stored events across sources and types by time and place (both ways); idempotent.
+
+    Run after catalogue imports and detections. Rules (:mod:`pipelines.detect.associate`):
+
+    * ``same_flare``: an LST/WST white-light flare and its GOES flare
+      (:func:`link_wst_goes`); a flare detected on LST products (``source='detected'``) or
+      a WST flare and a flare of another source whose peak falls in its window (10 min
+      slack) within 150 arcsec. For each flare, the nearest peak of each other source.
+    * ``flare_cme`` / ``cme_flare``: a CME appearing from 10 min before to 90 min after a
+      flare's start, in a direction consistent with the flare's position angle on the disk
+      (within the CME's span + 20 deg; halo CMEs accept any). For each CME the best flare
+      of each source (time offset, then PA offset).
+    * ``prominence_cme`` / ``cme_prominence``: the same window, the eruption's position
+      angle within the CME's span + 20 deg; the best eruption of each source.
+
+    Parameters
+    ----------
+    session : sqlalchemy.orm.Session
+        Flushed, not committed.
+    start, end : datetime.datetime, optional
+        Only events starting in [start - 2 h, end + 2 h] are considered (aware UTC).
+
+    Returns
+    -------
+    int
+        Links made now (each stored both ways); links already stored are not counted.
+    """
+    from pipelines.detect.associate import CME_AFTER_FLARE, CME_BEFORE_FLARE, cme_follows, same_flare
+
+    made = link_wst_goes(session)
+    margin = dt.timedelta(hours=2)
+    conds = [Event.event_type.in_(("FL", "CE", "PR"))]
+    if start is not None:
+        conds.append(Event.start_time >= _utc(start) - margin)
+    if end is not None:
+        conds.append(Event.start_time <= _utc(end) + margin)
+    rows = list(session.scalars(select(Event).where(*conds).order_by(Event.start_time, Event.id)))
+    flares = [e for e in rows if e.event_type == "FL"]
+    cmes = [e for e in rows if e.event_type == "CE"]
+    proms = [e for e in rows if e.event_type == "PR"]
+    links: list[tuple[int, int, str]] = []
+
+    # same flare: LST flares (detected, WST) against flares of other sources
+    lst = [f for f in flares if f.source in ("detected", "lst_wst")]
+    slack = dt.timedelta(hours=12)  # longest flare window considered around a peak
+    starts = [_utc(f.start_time) for f in flares]
+    for a in lst:
+        ap = _utc(a.peak_time or a.start_time)
+        lo = bisect.bisect_left(starts, ap - slack)
+        hi = bisect.bisect_right(starts, ap + slack)
+        best: dict[str, tuple[float, int]] = {}
+        for b in flares[lo:hi]:
+            if b.id == a.id or b.source == a.source or {a.source, b.source} == {"lst_wst", "goes_xrs"}:
+                continue
+            if not same_flare(a, b):
+                continue
+            off = abs((_utc(b.peak_time or b.start_time) - ap).total_seconds())
+            if b.source not in best or (off, b.id) < best[b.source]:
+                best[b.source] = (off, b.id)
+        links += [(a.id, bid, SAME_FLARE) for _, bid in best.values()]
+
+    # CMEs: the flare and the prominence eruption they follow
+    pstarts = [_utc(p.start_time) for p in proms]
+    for c in cmes:
+        c0 = _utc(c.start_time)
+        for pool, pool_starts, kind in ((flares, starts, FLARE_CME), (proms, pstarts, PROMINENCE_CME)):
+            lo = bisect.bisect_left(pool_starts, c0 - CME_AFTER_FLARE)
+            hi = bisect.bisect_right(pool_starts, c0 + CME_BEFORE_FLARE)
+            best = {}
+            for src in pool[lo:hi]:
+                ok, score = cme_follows(src, c)
+                if ok and (src.source not in best or (score, src.id) < best[src.source]):
+                    best[src.source] = (score, src.id)
+            links += [(sid, c.id, kind) for _, sid in best.values()]
+    have = _existing_pairs(session, {a for a, _, _ in links})
+    # drop pairs already linked, and a pair proposed from both ends (detected -> WST, WST -> detected)
+    seen: set[frozenset[int]] = set()
+    unique = []
+    for a, b, kind in links:
+        k = frozenset((a, b))
+        if (a, b) not in have and k not in seen:
+            seen.add(k)
+            unique.append((a, b, kind))
+    _add_pairs(session, unique)
+    return made + len(unique)
 
 
 def _overlap(start: dt.datetime | None, end: dt.datetime | None):

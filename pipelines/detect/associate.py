@@ -1,0 +1,143 @@
+"""Rules that link solar events seen by different instruments or catalogues (pure functions).
+
+The same physical event appears as several rows: a GOES X-ray flare, an LST/WST
+white-light flare, an SDI Lyman-alpha brightening; a CME seen by SCI or LASCO follows a
+flare or a prominence eruption. These functions decide from times and positions whether
+two rows belong together; ``backend.services.events.associate_events`` applies them to
+the stored events.
+
+Rules
+-----
+Same flare (FL-FL, different sources)
+    The peak of one lies within the other's [start, end] window widened by
+    :data:`FLARE_TIME_SLACK`, and, when both have helioprojective positions, they are
+    within :data:`FLARE_MAX_DISTANCE_ARCSEC` of each other.
+Flare -> CME (FL-CE)
+    The CME's first appearance (``start_time``) lies from :data:`CME_AFTER_FLARE` before
+    to after the flare's start: from 10 min before the flare start to 90 min after it
+    (SCI sees a CME from 1.1 Rsun, LASCO C2 from 2 Rsun; Yashiro et al. 2006, ApJ 650,
+    L143, find CME onsets mostly within tens of minutes of the flare). The flare's
+    position angle on the disk lies within the CME's angular span widened by
+    :data:`PA_SLACK_DEG` (a flare near disk centre, closer than
+    :data:`DISK_CENTRE_ARCSEC`, has no defined direction and passes; a halo CME, width
+    >= 270 deg, accepts any direction).
+Prominence eruption -> CME (PR-CE)
+    The same window, and the eruption's position angle within the CME's span widened by
+    :data:`PA_SLACK_DEG`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+__all__ = [
+    "FLARE_TIME_SLACK",
+    "FLARE_MAX_DISTANCE_ARCSEC",
+    "CME_BEFORE_FLARE",
+    "CME_AFTER_FLARE",
+    "PA_SLACK_DEG",
+    "DISK_CENTRE_ARCSEC",
+    "HALO_WIDTH_DEG",
+    "disk_position_angle",
+    "pa_difference",
+    "same_flare",
+    "cme_follows",
+]
+
+#: Widening of a flare's [start, end] when matching another flare's peak.
+FLARE_TIME_SLACK = dt.timedelta(minutes=10)
+#: Farthest apart two rows of the same flare may be [arcsec] (GOES/NOAA locations are
+#: given to 1 deg, ~16 arcsec at disk centre and much more near the limb).
+FLARE_MAX_DISTANCE_ARCSEC = 150.0
+#: A CME may appear this long before the flare start (pre-flare onset) ...
+CME_BEFORE_FLARE = dt.timedelta(minutes=10)
+#: ... and this long after it.
+CME_AFTER_FLARE = dt.timedelta(minutes=90)
+#: Tolerance added to each side of a CME's angular span [deg].
+PA_SLACK_DEG = 20.0
+#: Flares closer than this to disk centre have no usable position angle [arcsec].
+DISK_CENTRE_ARCSEC = 200.0
+#: A CME at least this wide is a (partial) halo: any source direction fits [deg].
+HALO_WIDTH_DEG = 270.0
+
+
+def disk_position_angle(hpc_x: float, hpc_y: float) -> float:
+    """Position angle [deg, 0..360, counter-clockwise from solar north] of a point on the disk.
+
+    PA = atan2(-x, y): north (+y) is 0, east (-x, left in a north-up image) is 90.
+    """
+    return math.degrees(math.atan2(-hpc_x, hpc_y)) % 360.0
+
+
+def pa_difference(a: float, b: float) -> float:
+    """Smallest angle between two position angles [deg, 0..180]."""
+    d = abs(a - b) % 360.0
+    return min(d, 360.0 - d)
+
+
+def _utc(t: dt.datetime | None) -> dt.datetime | None:
+    if t is None:
+        return None
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+
+
+def _window(start, peak, end) -> tuple[dt.datetime, dt.datetime]:
+    times = [_utc(t) for t in (start, peak, end) if t is not None]
+    return min(times), max(times)
+
+
+def same_flare(a, b) -> bool:
+    """True when flare rows ``a`` and ``b`` (objects with start_time, peak_time, end_time,
+    hpc_x, hpc_y) are the same flare (see the module rules)."""
+    a0, a1 = _window(a.start_time, a.peak_time, a.end_time)
+    b0, b1 = _window(b.start_time, b.peak_time, b.end_time)
+    ap, bp = _utc(a.peak_time or a.start_time), _utc(b.peak_time or b.start_time)
+    in_b = b0 - FLARE_TIME_SLACK <= ap <= b1 + FLARE_TIME_SLACK
+    in_a = a0 - FLARE_TIME_SLACK <= bp <= a1 + FLARE_TIME_SLACK
+    if not (in_a or in_b):
+        return False
+    if None not in (a.hpc_x, a.hpc_y, b.hpc_x, b.hpc_y):
+        return math.hypot(a.hpc_x - b.hpc_x, a.hpc_y - b.hpc_y) <= FLARE_MAX_DISTANCE_ARCSEC
+    return True
+
+
+def _source_pa(src) -> float | None:
+    """Direction of a flare (from hpc) or prominence eruption (its position angle); None if
+    undefined (no position, or a flare near disk centre)."""
+    if src.event_type == "FL":
+        if src.hpc_x is None or src.hpc_y is None:
+            return None
+        if math.hypot(src.hpc_x, src.hpc_y) < DISK_CENTRE_ARCSEC:
+            return None
+        return disk_position_angle(src.hpc_x, src.hpc_y)
+    return src.position_angle
+
+
+def cme_follows(src, cme) -> tuple[bool, float]:
+    """Whether CME row ``cme`` follows flare or prominence-eruption row ``src``, and a score
+    (smaller is better: minutes between the source start and the CME start plus the PA
+    offset in degrees / 10).
+
+    ``src`` needs event_type, start_time, hpc_x/hpc_y (flare) or position_angle
+    (prominence); ``cme`` needs start_time, position_angle, angular_width.
+    """
+    s0, c0 = _utc(src.start_time), _utc(cme.start_time)
+    if not (s0 - CME_BEFORE_FLARE <= c0 <= s0 + CME_AFTER_FLARE):
+        return False, math.inf
+    minutes = abs((c0 - s0).total_seconds()) / 60.0
+    width = cme.angular_width
+    halo = width is not None and width >= HALO_WIDTH_DEG
+    pa = _source_pa(src)
+    if halo:
+        return True, minutes
+    if cme.position_angle is None:
+        return False, math.inf
+    if pa is None:
+        # a flare at disk centre can launch a CME in any direction; an eruption without PA cannot be placed
+        return (src.event_type == "FL" and src.hpc_x is not None), minutes + 18.0
+    half = (width or 0.0) / 2.0 + PA_SLACK_DEG
+    d = pa_difference(pa, cme.position_angle)
+    if d > half:
+        return False, math.inf
+    return True, minutes + d / 10.0
