@@ -23,7 +23,17 @@ flat            CALFLAT   CALFLVER  CALFLID   CALFLSHA
 radiometric     CALRAD    CALRDVER  CALRDID   CALRDSHA
 stray_light     CALSTRAY  CALSTVER  CALSTID   CALSTSHA
 mask_geometry   CALMASK   CALMKVER  CALMKID   CALMKSHA
+psf             CALPSF    CALPSVER  CALPSID   CALPSSHA
 ==============  ========  ========  ========  ========
+
+Every calibration file given to :func:`calibrate_frame` is recorded, also one that a step
+did not apply (a PSF without ``deconvolve_psf``); HISTORY says which were applied.
+
+Per-job options (``options`` of :func:`calibrate_frame`, also the ``options`` of a
+recalibration job): ``deconvolve_psf`` (SDI Richardson-Lucy with the PSF master),
+``psf_iterations``, ``remove_cosmic_rays`` (L.A.Cosmic), ``flag_bad_pixels`` (default on),
+``subtract_stray_light``, ``rotate_north_up``, ``interpolation_order``, ``saturation_dn``,
+``backend``/``device``.
 """
 
 from __future__ import annotations
@@ -69,7 +79,7 @@ CAL_KEYWORDS: dict[str, tuple[str, str, str, str]] = {
 }
 
 _KNOWN_OPTIONS = {"backend", "device", "subtract_stray_light", "rotate_north_up", "interpolation_order",
-                  "saturation_dn"}
+                  "saturation_dn", "deconvolve_psf", "psf_iterations", "remove_cosmic_rays", "flag_bad_pixels"}
 
 
 @dataclass
@@ -157,6 +167,9 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
             out["dark_rate"] = out.pop("darkrate")
         if "bias" not in out or "dark_rate" not in out:
             raise DataError("dark calibration needs a BIAS plane [DN] and a DARKRATE plane [DN/s]")
+    if kind == "stray_light" and out:
+        if "straymap" not in out:
+            out["straymap"] = out.pop("primary") if "primary" in out else next(iter(out.values()))
     if kind == "flat":
         if "flat" not in out and "primary" in out:
             out["flat"] = out.pop("primary")
@@ -224,14 +237,40 @@ def required_kinds(channel: str, options: dict | None = None) -> tuple[str, ...]
     """Calibration kinds :func:`calibrate_frame` needs for ``channel``.
 
     SCI channels also need ``stray_light`` unless ``options['subtract_stray_light']`` is
-    false. ``mask_geometry`` is optional: without it the channel's nominal field of view
-    (:mod:`pipelines.channels`) is used. ``psf`` is optional and recorded, not applied.
+    false; ``options['deconvolve_psf']`` needs ``psf``. ``mask_geometry`` is optional:
+    without it the channel's nominal field of view (:mod:`pipelines.channels`) is used. A
+    ``psf`` given without ``deconvolve_psf`` is recorded, not applied.
     """
     opts = options or {}
     kinds = ["dark", "flat", "radiometric"]
     if get_channel(channel).is_coronagraph and opts.get("subtract_stray_light", True):
         kinds.append("stray_light")
+    if opts.get("deconvolve_psf", False):
+        kinds.append("psf")
     return tuple(kinds)
+
+
+def bad_pixel_map(dark: CalibrationInput, *, nsigma: float = 8.0) -> np.ndarray:
+    """The bad-pixel map of a dark master (cached on it: a worker keeps its masters).
+
+    The master's ``BADPIX`` plane (non-zero = bad) when it has one, else the hot pixels of
+    its dark-rate plane by :func:`pipelines.calibration.cosmics.find_hot_pixels`
+    (``nsigma`` robust standard deviations above the 5 x 5 local median).
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (ny, nx)
+    """
+    from pipelines.calibration.cosmics import find_hot_pixels
+
+    cached = dark.data.get("_bad_pixels")
+    if cached is None:
+        if "badpix" in dark.data:
+            cached = dark.data["badpix"] != 0
+        else:
+            cached = find_hot_pixels(dark.data["dark_rate"], nsigma=nsigma, box=5)
+        dark.data["_bad_pixels"] = cached
+    return cached
 
 
 def _stray_model(cal: CalibrationInput) -> StrayLightModel:
@@ -326,9 +365,11 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     for kind, cal in cals.items():
         if cal.channel and cal.channel != channel:
             raise DataError(f"the {kind} calibration {cal.name!r} is for {cal.channel}, the frame is {channel}")
-        if kind not in ("dark", "flat"):
+        if kind not in ("dark", "flat", "stray_light"):
             continue  # only these hold frame-shaped planes (a PSF holds a kernel)
         for name, arr in cal.data.items():
+            if name.startswith("_"):
+                continue
             if tuple(arr.shape) != tuple(data.shape):
                 raise DataError(f"the {kind} calibration {cal.name!r} ({name}) is {arr.shape[1]}x{arr.shape[0]}, "
                                 f"the frame is {data.shape[1]}x{data.shape[0]}")
@@ -355,8 +396,18 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     dq, h = steps.flag_invalid_pixels(raw, None, h, saturation_dn=saturation)
 
     dark = cals["dark"]
+    if opts.get("flag_bad_pixels", True):
+        dq, h = steps.flag_bad_pixels(dq, h, to_device(bad_pixel_map(dark), xp), source=dark.name)
+    else:
+        dq, h = steps.flag_bad_pixels(dq, h, None)
+    tref, tdbl = dark.parameters.get("DARKTREF"), dark.parameters.get("DARKTDBL")
     img, h = steps.subtract_dark(raw, h, to_device(dark.data["bias"], xp, xp.float32),
-                                 to_device(dark.data["dark_rate"], xp, xp.float32))
+                                 to_device(dark.data["dark_rate"], xp, xp.float32),
+                                 reference_temperature_c=float(tref) if tref not in (None, "") else None,
+                                 doubling_temperature_c=float(tdbl) if tdbl not in (None, "") else None)
+    del raw
+    img, dq, h = steps.clean_cosmic_rays(img, dq, h, enabled=bool(opts.get("remove_cosmic_rays", False)),
+                                         gain=float(h.get("GAIN", dark.parameters.get("GAIN", 1.0)) or 1.0))
     img, h = steps.correct_flat(img, h, to_device(cals["flat"].data["flat"], xp, xp.float32))
     img, h = steps.normalize_exposure(img, h)
     rad = cals["radiometric"]
@@ -368,8 +419,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if spec.is_coronagraph and not opts.get("subtract_stray_light", True):
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
     else:
-        model = _stray_model(cals["stray_light"]) if "stray_light" in cals and spec.is_coronagraph else None
-        img, h = steps.subtract_stray_light(img, h, model)
+        stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
+        if stray_cal is not None and "straymap" in stray_cal.data:
+            model = to_device(stray_cal.data["straymap"], xp, xp.float32)
+        else:
+            model = _stray_model(stray_cal) if stray_cal is not None else None
+        img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
 
     if "mask_geometry" in cals:
         geo = cals["mask_geometry"].parameters
@@ -384,14 +439,25 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
     dq, h = steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
 
+    if opts.get("deconvolve_psf", False):
+        psf_cal = cals["psf"]
+        kernel = psf_cal.data.get("primary", psf_cal.data.get("psf"))
+        if kernel is None:
+            raise DataError(f"PSF calibration {psf_cal.name!r} holds no kernel")
+        img, h = steps.deconvolve_psf(img, dq, h, kernel, n_iter=int(opts.get("psf_iterations", 30)),
+                                      source=psf_cal.name)
+    else:
+        img, h = steps.deconvolve_psf(img, dq, h, None)
+        if "psf" in cals:
+            h.add_history(f"deconvolve_psf: not applied (option deconvolve_psf=false); PSF file {cals['psf'].name} "
+                          "recorded")
+
     if opts.get("rotate_north_up", True):
         img, dq, h = steps.rotate_north_up(img, dq, h, order=order)
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
 
-    if "psf" in cals:
-        h.add_history("deconvolve_psf: not applied (no PSF deconvolution step in this version); file recorded")
     for cal in cals.values():
         if cal.kind in CAL_KEYWORDS:
             _stamp_calibration(h, cal)

@@ -7,9 +7,10 @@ touches a database, a broker or global settings.
 
 Order (``pipelines.calibration.flow.calibrate_frame``)::
 
-    flag_invalid_pixels -> subtract_dark -> correct_flat -> normalize_exposure
-    -> convert_units -> subtract_stray_light -> mask_occulter -> mask_field_of_view
-    -> rotate_north_up
+    flag_invalid_pixels -> flag_bad_pixels -> subtract_dark (exposure, temperature)
+    -> clean_cosmic_rays -> correct_flat -> normalize_exposure -> convert_units
+    -> subtract_stray_light (power law or measured map) -> mask_occulter
+    -> mask_field_of_view -> deconvolve_psf (SDI, on request) -> rotate_north_up
 
 The arithmetic steps (dark, flat, exposure, units, stray light) and the masks are written
 against the Array API namespace of their input (:mod:`pipelines.array_backend`): they run
@@ -29,11 +30,14 @@ bit    name            meaning
                        useful field (1.2 Rsun)
 16     NO_DATA         L2 pixel whose source falls outside the detector after the
                        north-up rotation and re-centring
+32     BAD_PIXEL       hot or dead pixel of the detector (bad-pixel map of the dark
+                       master, or hot pixels found in its dark-rate plane)
+64     COSMIC_RAY      cosmic-ray hit found and replaced by :func:`clean_cosmic_rays`
 =====  ==============  ============================================================
 
 A pixel with DQ == 0 is good. The DQ array travels with the frame through
 :func:`rotate_north_up` (region bits by nearest neighbour, so bits are never mixed; defect
-bits to every output pixel they touch).
+bits, BAD_PIXEL and COSMIC_RAY to every output pixel they touch).
 """
 
 from __future__ import annotations
@@ -61,13 +65,18 @@ __all__ = [
     "apparent_rsun_arcsec",
     "radius_map",
     "flag_invalid_pixels",
+    "flag_bad_pixels",
+    "dark_temperature_factor",
+    "detector_temperature",
     "subtract_dark",
+    "clean_cosmic_rays",
     "correct_flat",
     "normalize_exposure",
     "convert_units",
     "subtract_stray_light",
     "mask_occulter",
     "mask_field_of_view",
+    "deconvolve_psf",
     "rotate_north_up",
 ]
 
@@ -89,6 +98,16 @@ class DQ(enum.IntFlag):
     OCCULTED = 4
     OUTSIDE_FOV = 8
     NO_DATA = 16
+    BAD_PIXEL = 32
+    COSMIC_RAY = 64
+
+
+#: DQ bits that mark a defect of one pixel (spread to every L2 pixel they touch by the
+#: north-up resampling), as opposed to region bits (occulter, field of view, no data).
+DEFECT_BITS = (DQ.SATURATED, DQ.NOT_FINITE, DQ.BAD_PIXEL, DQ.COSMIC_RAY)
+
+#: Header keywords read, in this order, for the detector temperature [deg C].
+TEMPERATURE_KEYWORDS = ("DET_TEMP", "CCDTEMP", "TEMPCCD", "SENSTEMP", "DETTEMP")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -324,10 +343,72 @@ def flag_invalid_pixels(data: Any, dq: Any | None, header: fits.Header, *,
     return out, h
 
 
-def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any) -> tuple[Any, fits.Header]:
-    """Subtract the bias and the dark current scaled to the exposure time.
+def detector_temperature(header: fits.Header) -> float | None:
+    """Detector temperature [deg C] from the first of :data:`TEMPERATURE_KEYWORDS` present.
 
-    ``out = data - (bias + dark_rate * EXPTIME)``
+    Returns ``None`` when the header has none (or only non-finite values): the dark is
+    then scaled by exposure time only.
+    """
+    for key in TEMPERATURE_KEYWORDS:
+        try:
+            v = float(header[key])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if math.isfinite(v):
+            return v
+    return None
+
+
+def dark_temperature_factor(temperature_c: float, reference_c: float, doubling_c: float) -> float:
+    """Dark-current scale factor between two detector temperatures.
+
+    ``f = 2 ** ((T - T_ref) / T_double)``
+
+    Parameters
+    ----------
+    temperature_c : float
+        Detector temperature of the frame [deg C].
+    reference_c : float
+        Temperature at which the master's dark-rate plane was measured [deg C]
+        (``DARKTREF`` of the dark master).
+    doubling_c : float
+        Temperature rise that doubles the dark current [deg C] (``DARKTDBL`` of the dark
+        master), > 0.
+
+    Returns
+    -------
+    float
+        Dimensionless factor on the dark-rate plane.
+
+    Raises
+    ------
+    DataError
+        If ``doubling_c`` is not a positive finite number.
+
+    Notes
+    -----
+    Thermally generated dark current in silicon follows ``T^3/2 exp(-E_g / 2kT)``; over the
+    few tens of degrees a space detector sees this is close to an exponential, usually
+    quoted as a doubling temperature of 5-9 deg C for CMOS sensors (Janesick 2001,
+    *Scientific Charge-Coupled Devices*, SPIE, ch. 5; Widenhorn et al. 2002, Proc. SPIE
+    4669, 193). LST's own value is not public (LST.md: dark "per exposure time and
+    temperature"), so it is a parameter of each dark master, never a constant here.
+    """
+    d = float(doubling_c)
+    if not math.isfinite(d) or d <= 0:
+        raise DataError(f"dark doubling temperature must be a positive number of deg C, got {doubling_c!r}")
+    return float(2.0 ** ((float(temperature_c) - float(reference_c)) / d))
+
+
+def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any, *,
+                  reference_temperature_c: float | None = None,
+                  doubling_temperature_c: float | None = None) -> tuple[Any, fits.Header]:
+    """Subtract the bias and the dark current scaled to exposure time and temperature.
+
+    ``out = data - (bias + f(T) * dark_rate * EXPTIME)``, with
+    ``f(T) = 2 ** ((T - reference_temperature_c) / doubling_temperature_c)``
+    (:func:`dark_temperature_factor`) when the header gives the detector temperature
+    ``T`` (:func:`detector_temperature`) and the master gives both temperatures, else 1.
 
     Parameters
     ----------
@@ -338,13 +419,18 @@ def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any) -> 
     bias : array, shape (ny, nx) [DN]
         Zero-exposure offset (master bias plane of the dark calibration).
     dark_rate : array, shape (ny, nx) [DN/s]
-        Dark-current rate (master dark-rate plane).
+        Dark-current rate (master dark-rate plane) at ``reference_temperature_c``.
+    reference_temperature_c : float, optional
+        Detector temperature of the dark-rate plane [deg C] (master keyword ``DARKTREF``).
+    doubling_temperature_c : float, optional
+        Temperature rise doubling the dark current [deg C] (master keyword ``DARKTDBL``).
 
     Returns
     -------
     data : array, shape (ny, nx), float [DN]
     header : astropy.io.fits.Header
-        ``BUNIT='DN'`` and a HISTORY line.
+        ``BUNIT='DN'``, ``DARKTFAC`` (the temperature factor applied) and a HISTORY line
+        that says whether and why the temperature scaling was applied or skipped.
 
     Raises
     ------
@@ -361,13 +447,123 @@ def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any) -> 
     _check_2d("bias", bias, data.shape)
     _check_2d("dark_rate", dark_rate, data.shape)
     t = _exptime(header)
-    out = data - (bias + dark_rate * t)
+    temp = detector_temperature(header)
+    if temp is None:
+        factor, why = 1.0, "no detector temperature in the header: exposure scaling only"
+    elif reference_temperature_c is None or doubling_temperature_c is None:
+        factor, why = 1.0, f"detector at {temp:g} C but the master has no DARKTREF/DARKTDBL: exposure scaling only"
+    else:
+        factor = dark_temperature_factor(temp, reference_temperature_c, doubling_temperature_c)
+        why = (f"dark rate x {factor:.4f} for {temp:g} C (master at {float(reference_temperature_c):g} C, "
+               f"doubling every {float(doubling_temperature_c):g} C)")
+    xp = namespace_of(data)
+    scale = xp.asarray(t * factor, dtype=dark_rate.dtype)
+    out = data - (bias + dark_rate * scale)
     h = _copy(header)
     h["BUNIT"] = "DN"
-    xp = namespace_of(out)
-    mean_dark = float(xp.mean(dark_rate)) * t
-    _history(h, "subtract_dark", f"bias + dark rate x {t:g} s subtracted (mean dark {mean_dark:.3g} DN)")
+    h["DARKTFAC"] = (factor, "dark-current temperature factor applied")
+    mean_dark = float(xp.mean(dark_rate)) * t * factor
+    _history(h, "subtract_dark", f"bias + dark rate x {t:g} s subtracted (mean dark {mean_dark:.3g} DN); {why}")
     return out, h
+
+
+def flag_bad_pixels(dq: Any, header: fits.Header, bad: Any | None, *, source: str = "") -> tuple[Any, fits.Header]:
+    """Flag the detector's known bad (hot, dead) pixels in the DQ (bit 32, BAD_PIXEL).
+
+    Parameters
+    ----------
+    dq : array of uint8, shape (ny, nx)
+    header : astropy.io.fits.Header
+    bad : array of bool, shape (ny, nx), or None
+        True at bad pixels (detector frame). ``None`` skips the step (HISTORY says so).
+    source : str
+        Where the map comes from, for the HISTORY line (e.g. the dark master's name).
+
+    Returns
+    -------
+    dq : array of uint8
+    header : astropy.io.fits.Header
+
+    Notes
+    -----
+    A hot pixel's dark signal is subtracted with the dark master, but its noise and its
+    drift between dark campaigns are not: the pixel is kept and flagged, not trusted.
+    The map comes from the dark master (a ``BADPIX`` plane, or hot pixels found in its
+    dark-rate plane by :func:`pipelines.calibration.cosmics.find_hot_pixels`).
+    """
+    _check_2d("dq", dq)
+    h = _copy(header)
+    if bad is None:
+        _history(h, "flag_bad_pixels", "skipped: no bad-pixel map given")
+        return dq, h
+    _check_2d("bad", bad, dq.shape)
+    xp = namespace_of(dq)
+    badb = xp.asarray(bad, dtype=xp.bool)
+    out = xp.where(badb, dq | xp.asarray(int(DQ.BAD_PIXEL), dtype=xp.uint8), dq)
+    n = int(xp.sum(xp.astype(badb, xp.int64)))
+    _history(h, "flag_bad_pixels", f"{n} bad pixels flagged BAD_PIXEL (DQ bit {int(DQ.BAD_PIXEL)})"
+             + (f" from {source}" if source else ""))
+    return out, h
+
+
+def clean_cosmic_rays(data: Any, dq: Any, header: fits.Header, *, enabled: bool = True, gain: float = 1.0,
+                      read_noise: float = 0.0, sigma_clip: float = 4.5) -> tuple[Any, Any, fits.Header]:
+    """Find and replace cosmic-ray hits (L.A.Cosmic, :mod:`pipelines.calibration.cosmics`).
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [DN]
+        Dark-subtracted frame (before the flat: the noise model is in detector DN).
+    dq : array of uint8, shape (ny, nx)
+        Pixels with a non-zero DQ are excluded (never flagged, never used as replacements).
+    header : astropy.io.fits.Header
+    enabled : bool
+        False skips the step with a HISTORY line (the flow's default; see Notes).
+    gain : float
+        Detector gain [electron/DN] for the Poisson part of the noise model.
+    read_noise : float
+        Read noise [electron RMS].
+    sigma_clip : float
+        Detection limit on the noise-normalised Laplacian.
+
+    Returns
+    -------
+    data : array, shape (ny, nx), same dtype
+        Hits replaced by the median of good neighbours.
+    dq : array of uint8
+        COSMIC_RAY (bit 64) set at replaced pixels.
+    header : astropy.io.fits.Header
+
+    Notes
+    -----
+    Runs on the host (``scipy.ndimage`` median filters): a device array is copied to the
+    host and back. L.A.Cosmic costs about 0.3 s per 512 x 512 frame on one core, so about
+    25 s at 4608 x 4608: the flow runs it only on request (option ``remove_cosmic_rays``).
+
+    References
+    ----------
+    van Dokkum, P. G. 2001, PASP 113, 1420.
+    """
+    from pipelines.array_backend import to_device
+    from pipelines.calibration import cosmics
+
+    _check_2d("data", data)
+    _check_2d("dq", dq, data.shape)
+    h = _copy(header)
+    if not enabled:
+        _history(h, "clean_cosmic_rays", "skipped (not requested: option remove_cosmic_rays=false)")
+        return data, dq, h
+    xp = namespace_of(data)
+    host = to_numpy(data)
+    mask = to_numpy(dq) != 0
+    cleaned, hits = cosmics.remove_cosmic_rays(host, mask=mask | ~np.isfinite(host), gain=gain, read_noise=read_noise,
+                                               sigma_clip=sigma_clip)
+    out = to_device(cleaned.astype(host.dtype, copy=False), xp)
+    hits_dev = to_device(hits, xp)
+    dq_out = xp.where(hits_dev, dq | xp.asarray(int(DQ.COSMIC_RAY), dtype=xp.uint8), dq)
+    _history(h, "clean_cosmic_rays", f"L.A.Cosmic (van Dokkum 2001): {int(hits.sum())} pixels replaced, "
+             f"flagged COSMIC_RAY (DQ bit {int(DQ.COSMIC_RAY)}); sigma_clip {sigma_clip:g}, gain {gain:g} e/DN")
+    return out, dq_out, h
 
 
 def correct_flat(data: Any, header: fits.Header, flat: Any) -> tuple[Any, fits.Header]:
@@ -530,7 +726,8 @@ class StrayLightModel:
         return self.b_ref * (rc / self.r_ref) ** (-self.index)
 
 
-def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel | None) -> tuple[Any, fits.Header]:
+def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel | Any | None, *,
+                         source: str = "") -> tuple[Any, fits.Header]:
     """Subtract the SCI instrumental stray light (a no-op, with HISTORY, for SDI and WST).
 
     Parameters
@@ -539,8 +736,14 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
         Radiometrically calibrated SCI frame.
     header : astropy.io.fits.Header
         WCS and observer keywords (the Sun's centre and radius locate the model).
-    model : StrayLightModel or None
-        ``None`` skips the step (HISTORY says why).
+    model : StrayLightModel, array of shape (ny, nx) [MSB], or None
+        The radial power law (default master, LST.md's on-orbit values), or a *measured*
+        stray-light map on the detector grid (:mod:`pipelines.calibration.stray_light`):
+        stray light is fixed to the instrument (occulter, field stop, optics), so the map
+        is subtracted pixel for pixel before any resampling. ``None`` skips the step
+        (HISTORY says why).
+    source : str
+        Name of the calibration file, for the HISTORY line.
 
     Returns
     -------
@@ -574,6 +777,19 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
     if _bunit(header) != "MSB":
         raise DataError(f"subtract_stray_light expects data in MSB, got BUNIT={_bunit(header)!r}")
     xp = namespace_of(data)
+    if not isinstance(model, StrayLightModel):
+        _check_2d("stray-light map", model, data.shape)
+        out = data - xp.astype(model, data.dtype)
+        geom = sun_geometry(header)
+        r = radius_map(data.shape, geom, xp)
+        at = []
+        for r0 in (1.1, 2.5):
+            ring = (r >= r0 - 0.02) & (r <= r0 + 0.02) & xp.isfinite(model)
+            n = int(xp.sum(xp.astype(ring, xp.int64)))
+            at.append(float(xp.sum(xp.where(ring, model, xp.zeros_like(model)))) / n if n else float("nan"))
+        _history(h, "subtract_stray_light", f"measured stray-light map subtracted{' (' + source + ')' if source else ''}; "
+                 f"{at[0]:.3g} MSB at 1.1 Rsun, {at[1]:.3g} at 2.5")
+        return out, h
     geom = sun_geometry(header)
     r = radius_map(data.shape, geom, xp)
     stray = model.brightness(r)
@@ -662,8 +878,80 @@ def mask_field_of_view(dq: Any, header: fits.Header, radius_rsun: float | None) 
     return _mask_radius(dq, header, float(radius_rsun), inside=False, bit=DQ.OUTSIDE_FOV, step="mask_field_of_view")
 
 
+def deconvolve_psf(data: Any, dq: Any, header: fits.Header, psf: np.ndarray | None, *, n_iter: int = 30,
+                   source: str = "") -> tuple[Any, fits.Header]:
+    """Richardson-Lucy deconvolution by the channel's PSF (SDI routine processing).
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx) [erg cm-2 s-1 sr-1]
+        Radiometrically calibrated frame on the detector grid (before the north-up
+        resampling: the PSF is the instrument's, fixed to the detector).
+    dq : array of uint8, shape (ny, nx)
+        Pixels with a non-zero DQ are masked during the iteration and keep their values.
+    header : astropy.io.fits.Header
+    psf : numpy.ndarray, shape (k, k), or None
+        The PSF master's kernel at the frame's sampling (odd sides, unit sum). ``None``
+        skips the step with a HISTORY line.
+    n_iter : int
+        Richardson-Lucy iterations (the regularisation).
+    source : str
+        Name of the PSF calibration file, for the HISTORY line.
+
+    Returns
+    -------
+    data : array, shape (ny, nx), float32
+    header : astropy.io.fits.Header
+        HISTORY names the file and the iterations; ``PSFDECON = True``.
+
+    Notes
+    -----
+    Runs on the host (:func:`pipelines.calibration.psf.deconvolve_richardson_lucy`,
+    scikit-image): a device array goes to the host and back.
+
+    References
+    ----------
+    Richardson 1972, JOSA 62, 55; Lucy 1974, AJ 79, 745; Liu H. et al. 2025, RAA (SDI PSF:
+    deconvolution improves the resolution by more than 3x).
+    """
+    from pipelines.array_backend import to_device
+    from pipelines.calibration import psf as psfmod
+
+    _check_2d("data", data)
+    _check_2d("dq", dq, data.shape)
+    h = _copy(header)
+    if psf is None:
+        _history(h, "deconvolve_psf", "skipped: not requested (option deconvolve_psf=false)")
+        return data, h
+    xp = namespace_of(data)
+    host = to_numpy(data)
+    mask = to_numpy(dq) != 0
+    try:
+        dec = psfmod.deconvolve_richardson_lucy(host, np.asarray(psf, dtype=np.float64), n_iter=int(n_iter),
+                                                mask=mask)
+    except ValueError as exc:
+        raise DataError(f"PSF deconvolution failed: {exc}") from None
+    out = to_device(dec.astype(np.float32), xp)
+    h["PSFDECON"] = (True, "Richardson-Lucy PSF deconvolution applied")
+    _history(h, "deconvolve_psf", f"Richardson-Lucy, {int(n_iter)} iterations, PSF {psf.shape[1]}x{psf.shape[0]}"
+             + (f" from {source}" if source else "") + "; DQ pixels masked")
+    return out, h
+
+
 _WCS_DROP = ("CROTA1", "CROTA2", "CROTA", "CD1_1", "CD1_2", "CD2_1", "CD2_2", "PC1_1", "PC1_2", "PC2_1",
              "PC2_2", "CROTACN1", "CROTACN2")
+
+
+def _or_dilate3(bits: Any) -> Any:
+    """Bitwise OR of each uint8 pixel's 3 x 3 neighbourhood (separable: rows, then columns)."""
+    xp = namespace_of(bits)
+    rows = xp.asarray(bits, copy=True)
+    rows[1:, :] |= bits[:-1, :]
+    rows[:-1, :] |= bits[1:, :]
+    out = xp.asarray(rows, copy=True)
+    out[:, 1:] |= rows[:, :-1]
+    out[:, :-1] |= rows[:, 1:]
+    return out
 
 
 def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: int = 3,
@@ -673,10 +961,11 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
     frame centre (``(n + 1) / 2``, 1-based), ``CRVAL = 0`` (the disk centre), identity
     ``PC`` and no ``CROTA``. The data are resampled with a cubic spline
-    (``scipy.ndimage.affine_transform``, ``order=3``). Region bits of the DQ (OCCULTED,
-    OUTSIDE_FOV) move with the nearest neighbour; defect bits (SATURATED, NOT_FINITE) flag
-    every output pixel the defect contributes to (bilinear support), so no defect is lost
-    between the grids. Pixels whose source falls outside the detector get ``DQ.NO_DATA``
+    (``scipy.ndimage.affine_transform``, ``order=3``, float32 spline coefficients). Region
+    bits of the DQ (OCCULTED, OUTSIDE_FOV) move with the nearest neighbour; defect bits
+    (SATURATED, NOT_FINITE, BAD_PIXEL, COSMIC_RAY) flag every output pixel whose bilinear
+    support holds the defect (one nearest-neighbour pass of the 3 x 3-OR-ed bits and one
+    bilinear pass of "any defect"): no defect is lost between the grids. Pixels whose source falls outside the detector get ``DQ.NO_DATA``
     and NaN; pixels flagged ``NOT_FINITE`` are NaN.
 
     Parameters
@@ -747,36 +1036,51 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     s_yx = np.array([geom.y0, geom.x0])
     offset = s_yx - k_yx @ np.array([cy, cx])
     finite = xp.isfinite(data)
-    filled = xp.astype(xp.where(finite, data, xp.zeros_like(data)), xp.float64)
     n_bad = int(xp.sum(xp.astype(~finite, xp.int64)))
+    filled = xp.astype(data, xp.float32, copy=True)
     if n_bad:  # fill non-finite pixels with the mean of their finite neighbours (no step for the spline)
-        w = xp.astype(finite, xp.float64)
+        filled = xp.where(finite, filled, xp.zeros_like(filled))
+        w = xp.astype(finite, xp.float32)
         num = nd.uniform_filter(filled, size=5, mode="nearest")
         den = nd.uniform_filter(w, size=5, mode="nearest")
         filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
+        del w, num, den
     k_dev = xp.asarray(k_yx)
     off_dev = xp.asarray(offset)
+    # spline coefficients in float32, computed in place (one frame; the relative rounding,
+    # ~1e-7, is far below what the calibration resolves), then resampled without a second prefilter
+    if int(order) > 1:
+        nd.spline_filter(filled, order=int(order), output=filled, mode="nearest")
     out = nd.affine_transform(filled, k_dev, offset=off_dev, output_shape=(ny, nx), order=int(order),
-                              mode="nearest", prefilter=True, output=xp.float32)
-    inside = nd.affine_transform(xp.ones((ny, nx), dtype=xp.float32), k_dev, offset=off_dev,
-                                 output_shape=(ny, nx), order=0, mode="constant", cval=0.0)
+                              mode="nearest", prefilter=False, output=xp.float32)
+    del filled
     # region bits (occulter, field of view) follow the nearest neighbour; pixel-defect bits
-    # (saturated, not finite) flag every output pixel a defect contributes to (bilinear support)
-    defect_bits = int(DQ.SATURATED | DQ.NOT_FINITE)
+    # (saturated, not finite, bad pixel, cosmic ray) are OR-ed over each pixel's 3 x 3
+    # neighbourhood, so the nearest-neighbour sample carries every defect bit of the 2 x 2
+    # bilinear support of the output pixel; one bilinear pass of "any defect" then keeps them
+    # only on the output pixels a defect really touches; outside the detector: NO_DATA
+    defect_bits = 0
+    for bit in DEFECT_BITS:
+        defect_bits |= int(bit)
     dq_flag = xp.where(finite, dq0, dq0 | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
-    dq_out = nd.affine_transform(dq_flag & xp.asarray(255 - defect_bits, dtype=xp.uint8), k_dev, offset=off_dev,
-                                 output_shape=(ny, nx), order=0, mode="constant", cval=0)
+    defects = dq_flag & xp.asarray(defect_bits, dtype=xp.uint8)
+    has_defects = bool(xp.any(defects != 0))
+    if has_defects:
+        grown = _or_dilate3(defects)
+        dq_flag = (dq_flag & xp.asarray(255 - defect_bits, dtype=xp.uint8)) | grown
+        del grown
+    dq_out = nd.affine_transform(dq_flag, k_dev, offset=off_dev, output_shape=(ny, nx), order=0, mode="constant",
+                                 cval=int(DQ.NO_DATA))
     dq_out = xp.astype(dq_out, xp.uint8)
-    for bit in (DQ.SATURATED, DQ.NOT_FINITE):
-        has = (dq_flag & xp.asarray(int(bit), dtype=xp.uint8)) != 0
-        if bool(xp.any(has)):
-            spread = nd.affine_transform(xp.astype(has, xp.float32), k_dev, offset=off_dev, output_shape=(ny, nx),
-                                         order=1, mode="constant", cval=0.0)
-            dq_out = xp.where(spread > 1e-3, dq_out | xp.asarray(int(bit), dtype=xp.uint8), dq_out)
-    dq_out = xp.where(inside > 0.5, dq_out, dq_out | xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8))
+    if has_defects:  # keep defect bits only where the bilinear support really holds a defect
+        spread = nd.affine_transform(xp.astype(defects != 0, xp.float32), k_dev, offset=off_dev,
+                                     output_shape=(ny, nx), order=1, mode="constant", cval=0.0)
+        dq_out = xp.where(spread > 1e-3, dq_out, dq_out & xp.asarray(255 - defect_bits, dtype=xp.uint8))
+        del spread
+    del defects
     bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
     out = xp.where(bad, xp.asarray(float("nan"), dtype=out.dtype), out)
-    n_nodata = int(xp.sum(xp.astype(inside <= 0.5, xp.int64)))
+    n_nodata = int(xp.sum(xp.astype((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0, xp.int64)))
     _history(h, "rotate_north_up",
              f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
              f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); spline "
@@ -792,6 +1096,8 @@ def dq_description() -> list[str]:
         DQ.OCCULTED: "behind the SCI occulter",
         DQ.OUTSIDE_FOV: "outside the useful field of view",
         DQ.NO_DATA: "no detector data after north-up rotation",
+        DQ.BAD_PIXEL: "hot or dead detector pixel",
+        DQ.COSMIC_RAY: "cosmic-ray hit, replaced by the median of its neighbours",
     }
     return [f"DQ bit {int(b)} {b.name}: {t}" for b, t in text.items()]
 
