@@ -544,15 +544,15 @@ def clean_cosmic_rays(data: Any, dq: Any, header: fits.Header, *, enabled: bool 
     ----------
     van Dokkum, P. G. 2001, PASP 113, 1420.
     """
-    from pipelines.array_backend import to_device
-    from pipelines.calibration import cosmics
-
     _check_2d("data", data)
     _check_2d("dq", dq, data.shape)
     h = _copy(header)
     if not enabled:
         _history(h, "clean_cosmic_rays", "skipped (not requested: option remove_cosmic_rays=false)")
         return data, dq, h
+    from pipelines.array_backend import to_device
+    from pipelines.calibration import cosmics
+
     xp = namespace_of(data)
     host = to_numpy(data)
     mask = to_numpy(dq) != 0
@@ -914,15 +914,15 @@ def deconvolve_psf(data: Any, dq: Any, header: fits.Header, psf: np.ndarray | No
     Richardson 1972, JOSA 62, 55; Lucy 1974, AJ 79, 745; Liu H. et al. 2025, RAA (SDI PSF:
     deconvolution improves the resolution by more than 3x).
     """
-    from pipelines.array_backend import to_device
-    from pipelines.calibration import psf as psfmod
-
     _check_2d("data", data)
     _check_2d("dq", dq, data.shape)
     h = _copy(header)
     if psf is None:
         _history(h, "deconvolve_psf", "skipped: not requested (option deconvolve_psf=false)")
         return data, h
+    from pipelines.array_backend import to_device
+    from pipelines.calibration import psf as psfmod  # scipy.signal, skimage: imported only when used
+
     xp = namespace_of(data)
     host = to_numpy(data)
     mask = to_numpy(dq) != 0
