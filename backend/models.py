@@ -302,6 +302,7 @@ class Event(Base):
         Index("ix_events_start_id", "start_time", "id"),
         # longest duration of a type: one index probe (time-overlap bound)
         Index("ix_events_type_duration", "event_type", "duration_s"),
+        Index("ix_events_duration", "duration_s"),
         Index("ix_events_goes_flux", "goes_flux"),
         Index("ix_events_frm", "frm_name", "frm_version"),
     )

@@ -24,7 +24,8 @@ Counts
 Time overlap: an event lasts from ``start_time`` to its end (peak when no end). The
 condition ``start_time <= end AND last_time >= start`` alone has no lower bound on the
 indexed ``start_time``; the longest ``duration_s`` of the types searched (one probe of
-``ix_events_type_duration`` per type) gives one: ``start_time >= start - longest``. Exact,
+``ix_events_type_duration`` per type, or of ``ix_events_duration`` for all types, in a
+subquery PostgreSQL evaluates once) gives one: ``start_time >= start - longest``. Exact,
 not a heuristic: no stored event can overlap and start earlier.
 """
 
@@ -37,8 +38,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, func, literal_column, or_, select, text, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy import DateTime, and_, func, literal, literal_column, or_, select, text, tuple_
+from sqlalchemy.orm import Session, defer
 
 from backend.models import Event
 from pipelines.errors import DataError
@@ -215,34 +216,15 @@ def _channel_filter(channel: str):
     return or_(c == channel, c.like(f"{channel},%"), c.like(f"%,{channel}"), c.like(f"%,{channel},%"))
 
 
-def _longest_duration_s(session: Session, event_types: tuple[str, ...]) -> float:
-    """Longest stored ``duration_s`` [s] among events of these types (all types when empty)."""
-    if event_types:
-        if session.get_bind().dialect.name == "postgresql":
-            # one index probe (ix_events_type_duration) per type, not a scan of their events
-            sub = _union_of_max(event_types)
-            return float(session.scalar(select(func.max(sub.c.m))) or 0.0)
-        return float(session.scalar(select(func.max(Event.duration_s)).where(Event.event_type.in_(event_types))) or 0.0)
-    if session.get_bind().dialect.name == "postgresql":
-        # distinct types by a loose index scan, then the longest duration of each (index probes)
-        sql = text("""
-            WITH RECURSIVE t AS (
-                SELECT min(event_type) AS v FROM events
-                UNION ALL
-                SELECT (SELECT min(event_type) FROM events WHERE event_type > t.v) FROM t WHERE t.v IS NOT NULL
-            )
-            SELECT max((SELECT max(duration_s) FROM events e WHERE e.event_type = t.v)) FROM t WHERE t.v IS NOT NULL
-        """)
-        return float(session.scalar(sql) or 0.0)
-    return float(session.scalar(select(func.max(Event.duration_s))) or 0.0)
-
-
-def _union_of_max(event_types: tuple[str, ...]):
-    from sqlalchemy import union_all
-
-    return union_all(*[
-        select(func.max(Event.duration_s).label("m")).where(Event.event_type == t) for t in event_types
-    ]).subquery()
+def _longest_duration(event_types: tuple[str, ...]):
+    """Scalar SQL expression: the longest stored ``duration_s`` [s] of these types (all
+    types when empty), 0 when none. Each ``max`` is one probe of an index on
+    ``(event_type, duration_s)`` or ``(duration_s)``, evaluated once per query."""
+    if not event_types:
+        return func.coalesce(select(func.max(Event.duration_s)).scalar_subquery(), 0.0)
+    subs = [func.coalesce(select(func.max(Event.duration_s)).where(Event.event_type == t).scalar_subquery(), 0.0)
+            for t in event_types]
+    return subs[0] if len(subs) == 1 else func.greatest(*subs)
 
 
 def filter_conditions(session: Session, f: EventFilters) -> list:
@@ -255,8 +237,18 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
         conds.append(Event.start_time <= f.end)
     if f.start is not None:
         conds.append(func.coalesce(Event.end_time, Event.peak_time, Event.start_time) >= f.start)
-        longest = _longest_duration_s(session, f.event_types)
-        conds.append(Event.start_time >= f.start - dt.timedelta(seconds=longest + 1.0))
+        # lower bound on the indexed start_time: no event starts earlier and still overlaps
+        if session.get_bind().dialect.name == "postgresql":
+            # a subquery evaluated once (InitPlan) and used as the index bound: no extra round trip
+            earliest = literal(f.start - dt.timedelta(seconds=1), DateTime(timezone=True)) - func.make_interval(
+                0, 0, 0, 0, 0, 0, _longest_duration(f.event_types))
+            conds.append(Event.start_time >= earliest)
+        else:  # SQLite (the embedded mode): small tables, one more query
+            q = select(func.max(Event.duration_s))
+            if f.event_types:
+                q = q.where(Event.event_type.in_(f.event_types))
+            secs = float(session.scalar(q) or 0.0)
+            conds.append(Event.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
     if f.sources:
         conds.append(Event.source.in_(f.sources) if len(f.sources) > 1 else Event.source == f.sources[0])
     if f.channel:
@@ -334,6 +326,7 @@ def search_events(
     cursor: str | None = None,
     offset: int = 0,
     with_total: bool = True,
+    light: bool = False,
 ) -> EventPage:
     """Search the events.
 
@@ -351,6 +344,9 @@ def search_events(
         Rows to skip (kept for the browser's numbered pages; 0 with a cursor).
     with_total : bool
         Count the matches (False: ``total`` is -1).
+    light : bool
+        Leave ``attributes`` and ``description`` unloaded (a list page does not show them;
+        the JSON column is the costliest to read).
 
     Returns
     -------
@@ -373,6 +369,9 @@ def search_events(
         value, row_id = decode_cursor(cursor, sort_s, fp)
         page_conds.append(_keyset(key, desc, value, row_id))
     q = select(Event)
+    if light:
+        q = q.options(defer(Event.attributes), defer(Event.description), defer(Event.created_at),
+                      defer(Event.duration_s))
     if page_conds:
         q = q.where(*page_conds)
     rows = list(session.scalars(q.order_by(*_order(key, desc)).limit(limit + 1).offset(offset)))

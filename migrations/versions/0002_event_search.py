@@ -4,7 +4,8 @@
   sort by class), filled here for the rows already stored.
 * ``events.duration_s`` [s]: start to end (peak without an end), bounds time-overlap
   searches (an event overlapping [t0, t1] starts after t0 minus the longest duration of
-  its type, one probe of ``ix_events_type_duration``).
+  its type, one probe of ``ix_events_type_duration``; of ``ix_events_duration`` for all
+  types).
 * ``(event_type, start_time, id)`` and ``(start_time, id)``: keyset pagination, newest first;
   they replace the single-column ``event_type``/``start_time`` indexes and
   ``ix_events_type_start`` (prefixes of the new ones).
@@ -54,6 +55,7 @@ def upgrade() -> None:
         batch.create_index("ix_events_type_start_id", ["event_type", "start_time", "id"], unique=False)
         batch.create_index("ix_events_start_id", ["start_time", "id"], unique=False)
         batch.create_index("ix_events_type_duration", ["event_type", "duration_s"], unique=False)
+        batch.create_index("ix_events_duration", ["duration_s"], unique=False)
         batch.create_index("ix_events_goes_flux", ["goes_flux"], unique=False)
         batch.create_index("ix_events_frm", ["frm_name", "frm_version"], unique=False)
 
@@ -62,6 +64,7 @@ def downgrade() -> None:
     with op.batch_alter_table("events") as batch:
         batch.drop_index("ix_events_frm")
         batch.drop_index("ix_events_goes_flux")
+        batch.drop_index("ix_events_duration")
         batch.drop_index("ix_events_type_duration")
         batch.drop_index("ix_events_start_id")
         batch.drop_index("ix_events_type_start_id")

@@ -134,6 +134,7 @@ def read_events(
     """
     result = event_search_service.search_events(
         session, filters, sort=sort, limit=page.limit, cursor=cursor, offset=page.offset,
+        light=format in ("json", "csv", "votable"),
     )
     if format == "csv":
         return Response(event_formats.events_csv(result.items), media_type="text/csv; charset=utf-8",
@@ -146,9 +147,11 @@ def read_events(
     if format == "hek":
         return JSONResponse(event_formats.events_hek(result.items, overmax=result.truncated),
                             headers=_page_headers(result))
-    return EventsPublic(items=[EventPublic.model_validate(r) for r in result.items], total=result.total,
+    body = EventsPublic(items=[EventPublic.model_validate(r) for r in result.items], total=result.total,
                         limit=result.limit, offset=result.offset, total_is_estimate=result.total_is_estimate,
                         sort=result.sort, next_cursor=result.next_cursor, truncated=result.truncated)
+    # serialised once here: returning the model would make FastAPI validate it a second time
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 @router.get(
@@ -174,10 +177,12 @@ def read_events_timeline_figure(
 
 
 @router.get("/{event_id}", response_model=EventDetail, summary="One event with its associations")
-def read_event(event_id: IdPath, session: SessionDep) -> EventDetail:
-    """One event: HEK type, times, location, CME kinematics or GOES class, associated events,
-    and the ids of the frames and products it is linked to."""
-    return event_detail(session, _event_or_404(session, event_id))
+def read_event(event_id: IdPath, session: SessionDep) -> Response:
+    """One event: HEK type, times, location, CME kinematics or GOES class, associated events
+    (both directions are stored, so the list is complete from either end), and the ids of
+    the frames and products it is linked to."""
+    detail = event_detail(session, _event_or_404(session, event_id))
+    return Response(detail.model_dump_json(), media_type="application/json")
 
 
 @router.get(

@@ -1,0 +1,414 @@
+"""Scale benchmark of the event search API on PostgreSQL.
+
+Creates its own database (dropped at the end), migrates it with Alembic (the indexes under
+test are those of the migrations), seeds 1,000,000 events, 2,000,000 frames and links
+between events with COPY, runs VACUUM ANALYZE, then measures five searches through the
+API (in process: ``httpx.AsyncClient`` over ``httpx.ASGITransport``, the app's session
+pointed at the benchmark database) against the same SQL statements run directly on the
+database (the statements the API sent, captured with a SQLAlchemy ``before_cursor_execute``
+hook and replayed with their parameters through psycopg):
+
+1. a day of flares (``type=FL``, one UTC day, solar maximum);
+2. a year of CMEs in a position-angle range (``type=CE``, 2024, PA 60-120 deg);
+3. events in a helioprojective bounding box over a month;
+4. the events linked to one GOES X flare (``GET /events/{id}``);
+5. the newest 100 events of every type.
+
+Each is repeated ``--repeat`` times (default 30, after 3 warm-ups). The EXPLAIN (ANALYZE,
+BUFFERS) plan of every statement of each query is printed. The last line is::
+
+    RESULT p50_ms=<worst p50 of the five> p99_ms=<worst p99> api_over_sql=<worst ratio of medians> seeded=<events>
+
+Targets: p99 <= 50 ms for every query, API <= 2x the direct SQL.
+
+Seeded distributions (10 years, 2016-2025, rate following an 11-year cycle with a
+maximum in 2024.8 and a floor of 15 % of the peak):
+
+* types: FL 55 % (goes_xrs, hek, detected), CE 15 % (cdaw, donki, detected), AR 12 %
+  (noaa_srs), PR 8 % (detected), CH 5 % (hek), others 5 % (hek: CJ, FI, FE, CW);
+* flares: durations log-normal (median 18 min), GOES flux power law dN/dF ~ F^-2 from
+  B1 (1e-7 W m-2), cut at X30; positions uniform in latitude +-35 deg, longitude +-90 deg
+  (Earth view, B0=0), converted to helioprojective arcsec with Rsun = 960 arcsec;
+* CMEs: PA uniform, width log-normal (median 45 deg; 3 % halos of 360 deg), speed
+  log-normal (median 420 km/s), no end time (like CDAW) or + 2-10 h;
+* ARs last one day (an SRS row), coronal holes 1-8 days, prominences 30-240 min;
+* frames: four channels at their share of the archive, uniform over the 10 years;
+* links: 200,000 flare-CME pairs and 100,000 same-flare pairs, stored both ways.
+
+Run: ``.venv/bin/python benchmarks/events_api.py [--events N] [--frames N] [--report PATH]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import io
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PG_ADMIN = os.environ.get("LSTDP_BENCH_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+EPOCH = dt.datetime(2016, 1, 1, tzinfo=dt.UTC)
+YEARS = 10
+SPAN_S = (dt.datetime(2026, 1, 1, tzinfo=dt.UTC) - EPOCH).total_seconds()
+RSUN_ARCSEC = 960.0
+CLASS_LETTERS = np.array(["A", "B", "C", "M", "X"])
+
+
+def _admin():
+    from sqlalchemy import create_engine
+
+    return create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+
+
+def create_database() -> str:
+    from sqlalchemy import text
+
+    name = f"lstdp_bench_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    eng = _admin()
+    with eng.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    eng.dispose()
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + name
+
+
+def drop_database(url: str) -> None:
+    from sqlalchemy import text
+
+    eng = _admin()
+    with eng.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)'))
+    eng.dispose()
+
+
+# -- seeding ---------------------------------------------------------------------------------
+
+
+def _cycle_times(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Seconds since EPOCH, with a rate following an 11-year cycle peaking at 2024.8."""
+    out = np.empty(0)
+    while out.size < n:
+        t = rng.uniform(0, SPAN_S, 2 * n)
+        years = 2016 + t / (365.25 * 86400)
+        rate = 0.15 + 0.85 * np.cos(np.pi * (years - 2024.8) / 11.0) ** 2
+        out = np.concatenate([out, t[rng.uniform(0, 1, t.size) < rate]])
+    return np.sort(out[:n])
+
+
+def _iso(sec: np.ndarray) -> np.ndarray:
+    base = np.datetime64("2016-01-01T00:00:00")
+    t = base + (sec * 1e6).astype("timedelta64[us]")
+    return np.char.add(np.datetime_as_string(t, unit="s"), "+00")
+
+
+def _fmt(a: np.ndarray, mask: np.ndarray | None = None, fmt: str = "%.6g") -> np.ndarray:
+    s = np.char.mod(fmt, a) if a.dtype.kind == "f" else a.astype(str)
+    if mask is not None:
+        s = np.where(mask, "\\N", s)
+    return s
+
+
+def seed_events(conn, n: int, rng: np.random.Generator) -> dict:
+    """COPY ``n`` events; returns ids of interest (an X flare with links)."""
+    kinds = rng.choice(["FL", "CE", "AR", "PR", "CH", "OT"], size=n, p=[0.55, 0.15, 0.12, 0.08, 0.05, 0.05])
+    start = _cycle_times(rng, n)
+    rng.shuffle(kinds)
+    is_fl, is_ce, is_pr = kinds == "FL", kinds == "CE", kinds == "PR"
+    other_types = rng.choice(["CJ", "FI", "FE", "CW"], size=n)
+    kinds = np.where(kinds == "OT", other_types, kinds)
+    source = np.full(n, "hek", dtype=object)
+    source[is_fl] = rng.choice(["goes_xrs", "hek", "detected"], size=is_fl.sum(), p=[0.4, 0.3, 0.3])
+    source[is_ce] = rng.choice(["cdaw", "donki", "detected"], size=is_ce.sum(), p=[0.5, 0.3, 0.2])
+    source[kinds == "AR"] = "noaa_srs"
+    source[is_pr] = "detected"
+    dur = np.zeros(n)
+    dur[is_fl] = 60 * np.exp(rng.normal(np.log(18), 0.6, is_fl.sum()))
+    ce_end = rng.uniform(0, 1, n) < 0.4
+    dur[is_ce & ce_end] = rng.uniform(2 * 3600, 10 * 3600, (is_ce & ce_end).sum())
+    dur[kinds == "AR"] = 86400.0
+    dur[kinds == "CH"] = rng.uniform(1, 8, (kinds == "CH").sum()) * 86400
+    dur[is_pr] = rng.uniform(30, 240, is_pr.sum()) * 60
+    oth = np.isin(kinds, ["CJ", "FI", "FE", "CW"])
+    dur[oth] = rng.uniform(5, 180, oth.sum()) * 60
+    no_end = is_ce & ~ce_end
+    peak = start + np.where(is_fl, 0.4 * dur, 0.0)
+    end = start + dur
+    # GOES flux: dN/dF ~ F^-2 above 1e-7, cut at X30 (3e-3 W m-2)
+    flux = np.minimum(1e-7 / rng.uniform(1e-7 / 3e-3, 1, n), 3e-3)
+    has_cls = is_fl & (source != "detected")
+    dec = np.clip(np.floor(np.log10(flux)).astype(int), -8, -4)
+    mult = np.floor(flux / 10.0 ** dec * 10) / 10
+    cls = np.char.add(CLASS_LETTERS[dec + 8], np.char.mod("%.1f", mult))
+    flux = mult * 10.0 ** dec
+    lat = np.radians(rng.uniform(-35, 35, n))
+    lon = np.radians(rng.uniform(-90, 90, n))
+    hpc_x = RSUN_ARCSEC * np.cos(lat) * np.sin(lon)
+    hpc_y = RSUN_ARCSEC * np.sin(lat)
+    has_pos = is_fl | (kinds == "AR") | oth | (kinds == "CH")
+    pa = rng.uniform(0, 360, n)
+    width = np.where(rng.uniform(0, 1, n) < 0.03, 360.0, np.minimum(np.exp(rng.normal(np.log(45), 0.5, n)), 359))
+    speed = np.exp(rng.normal(np.log(420), 0.5, n))
+    has_pa = is_ce | is_pr
+    peak_value = np.where(source == "detected", rng.uniform(5, 300, n), np.nan)
+    frm = np.where(source == "detected",
+                   np.where(is_fl, "lst-sdi-flare", np.where(is_ce, "lst-sci-cme", "lst-prominence-eruption")),
+                   np.where(source == "goes_xrs", "SWPC", "\\N"))
+    frm_v = np.where(source == "detected", np.where(rng.uniform(0, 1, n) < 0.7, "1.0.0", "0.9.0"), "\\N")
+    channels = np.where(source == "detected", np.where(is_fl, "SDI", "SCI-UV"), "\\N")
+    ids = np.arange(1, n + 1)
+    cols = [
+        ids.astype(str), kinds.astype(str), source.astype(str), np.char.add("bench-", ids.astype(str)),
+        _iso(start), np.where(is_fl, _iso(peak), "\\N"), np.where(no_end | (dur == 0), "\\N", _iso(end)),
+        channels, _fmt(hpc_x, ~has_pos, "%.1f"), _fmt(hpc_y, ~has_pos, "%.1f"),
+        _fmt(np.degrees(lat), ~has_pos, "%.1f"), _fmt(np.degrees(lon), ~has_pos, "%.1f"),
+        _fmt(pa, ~has_pa, "%.1f"), _fmt(width, ~is_ce, "%.0f"), _fmt(speed, ~is_ce, "%.0f"),
+        np.where(has_cls, cls, "\\N"), _fmt(flux, ~has_cls, "%.3e"), _fmt(peak_value, np.isnan(peak_value), "%.2f"),
+        np.where(np.isnan(peak_value), "\\N", "%"), frm, frm_v, np.full(n, "{}"), np.full(n, "2026-01-01 00:00:00+00"),
+        _fmt(np.where(no_end, 0.0, dur), None, "%.1f"),
+    ]
+    columns = ("id, event_type, source, source_key, start_time, peak_time, end_time, channels, hpc_x, hpc_y, "
+               "hgs_lat, hgs_lon, position_angle, angular_width, speed_km_s, goes_class, goes_flux, peak_value, "
+               "peak_unit, frm_name, frm_version, attributes, created_at, duration_s")
+    _copy(conn, f"COPY events ({columns}) FROM STDIN", cols)
+    conn.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), %s)", (n,))
+    # links: flare -> CME (a CME 0-90 min after the flare), same-flare pairs
+    fl_ids, ce_ids = ids[is_fl], ids[is_ce]
+    ce_start = start[is_ce]
+    a = rng.choice(fl_ids, size=min(200_000, fl_ids.size), replace=False)
+    j = np.clip(np.searchsorted(ce_start, start[a - 1] + rng.uniform(0, 5400, a.size)), 0, ce_ids.size - 1)
+    b = ce_ids[j]
+    g = rng.choice(fl_ids, size=min(100_000, fl_ids.size), replace=False)
+    h = np.clip(g + rng.integers(1, 5, g.size), 1, n)
+    src = np.concatenate([a, b, g, h])
+    dst = np.concatenate([b, a, h, g])
+    kind = np.concatenate([np.full(a.size, "flare_cme"), np.full(a.size, "cme_flare"),
+                           np.full(2 * g.size, "same_flare")])
+    keep = src != dst
+    pairs = {}
+    for s_, d_, k_ in zip(src[keep].tolist(), dst[keep].tolist(), kind[keep].tolist()):
+        pairs.setdefault((s_, d_), k_)
+    arr = np.array(list(pairs.keys()))
+    _copy(conn, "COPY event_associations (event_id, other_event_id, kind) FROM STDIN",
+          [arr[:, 0].astype(str), arr[:, 1].astype(str), np.array(list(pairs.values()))])
+    # an X flare of the GOES source that has links
+    linked = np.zeros(n + 1, bool)
+    linked[arr[:, 0]] = True
+    xs = ids[has_cls & (flux >= 1e-4) & (source == "goes_xrs") & linked[1:]]
+    return {"x_flare_id": int(xs[len(xs) // 2]), "associations": len(pairs)}
+
+
+def seed_frames(conn, n: int, rng: np.random.Generator) -> None:
+    ch = rng.choice(["SDI", "WST", "SCI-UV", "SCI-WL"], size=n, p=[0.5, 0.25, 0.125, 0.125])
+    t = np.sort(rng.uniform(0, SPAN_S, n))
+    ids = np.arange(1, n + 1)
+    naxis = np.where(np.isin(ch, ["SDI", "WST"]), "4608", "2048")
+    sha = np.char.add(np.char.mod("%032x", ids), np.char.mod("%032x", ids * 2654435761 % (1 << 62)))
+    name = np.char.add(np.char.add(np.char.add("lst_", ch), "_"), np.char.add(ids.astype(str), ".fits"))
+    cols = [ids.astype(str), ch, _iso(t), np.char.mod("%.2f", rng.uniform(0.01, 20, n)), np.full(n, "L1"),
+            naxis, naxis, np.char.add("/archive/", name), name, sha, np.full(n, "42467328"), np.full(n, "{}"),
+            np.full(n, "0"), np.full(n, "2026-01-01 00:00:00+00")]
+    _copy(conn, "COPY frames (id, channel_code, date_obs, exposure_s, level, naxis1, naxis2, path, original_name, "
+                "sha256, size_bytes, header, quality_flags, ingested_at) FROM STDIN", cols)
+    conn.execute("SELECT setval(pg_get_serial_sequence('frames', 'id'), %s)", (n,))
+
+
+def _copy(conn, sql: str, cols: list[np.ndarray], chunk: int = 200_000) -> None:
+    n = len(cols[0])
+    with conn.cursor() as cur, cur.copy(sql) as cp:
+        for i in range(0, n, chunk):
+            parts = [np.asarray(c[i:i + chunk]).astype(str) for c in cols]
+            line = parts[0]
+            for p in parts[1:]:
+                line = np.char.add(np.char.add(line, "\t"), p)
+            cp.write("\n".join(line.tolist()) + "\n")
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+
+def queries(x_flare_id: int) -> list[tuple[str, str, dict]]:
+    return [
+        ("day of flares", "/api/v1/events",
+         {"type": "FL", "start": "2024-10-03T00:00:00Z", "end": "2024-10-03T23:59:59Z", "limit": 100}),
+        ("year of CMEs, PA 60-120", "/api/v1/events",
+         {"type": "CE", "start": "2024-01-01T00:00:00Z", "end": "2024-12-31T23:59:59Z", "pa_min": 60,
+          "pa_max": 120, "limit": 100}),
+        ("bbox over a month", "/api/v1/events",
+         {"start": "2024-06-01T00:00:00Z", "end": "2024-06-30T23:59:59Z", "hpc_x_min": 200, "hpc_x_max": 500,
+          "hpc_y_min": -300, "hpc_y_max": 0, "limit": 100}),
+        ("linked to a GOES X flare", f"/api/v1/events/{x_flare_id}", {}),
+        ("newest 100", "/api/v1/events", {"limit": 100}),
+    ]
+
+
+def pct(values: list[float], q: float) -> float:
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo = int(np.floor(k))
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
+    import httpx
+    from sqlalchemy import event
+
+    from backend import db as dbmod
+    from backend.api.app import create_app
+    from backend.settings import get_settings
+
+    # the app's own settings and engine, pointed at the benchmark database (no dependency
+    # override: FastAPI analyses an override's signature on every request, ~10 ms)
+    os.environ["DATABASE_URL"] = url
+    get_settings.cache_clear()
+    dbmod.reset_caches()
+    engine = dbmod.get_engine()
+    app = create_app()
+    captured: list[tuple[str, object]] = []
+    capturing = {"on": False}
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _capture(conn, cursor, statement, parameters, context, executemany):
+        if capturing["on"]:
+            captured.append((statement, parameters))
+
+    results = {}
+    raw = engine.raw_connection()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+        for name, path, params in queries(x_flare_id):
+            captured.clear()
+            capturing["on"] = True
+            r = await client.get(path, params=params)
+            capturing["on"] = False
+            assert r.status_code == 200, r.text
+            body = r.json()
+            stmts = [(s, p) for s, p in captured if not s.lstrip().upper().startswith(("SELECT 1", "ROLLBACK"))]
+            api_ms, sql_ms = [], []
+            for i in range(repeat + 3):
+                t0 = time.perf_counter()
+                r = await client.get(path, params=params)
+                t1 = time.perf_counter()
+                assert r.status_code == 200
+                cur = raw.cursor()
+                t2 = time.perf_counter()
+                for s, p in stmts:
+                    cur.execute(s, p)
+                    cur.fetchall()
+                t3 = time.perf_counter()
+                cur.close()
+                raw.rollback()
+                if i >= 3:
+                    api_ms.append(1e3 * (t1 - t0))
+                    sql_ms.append(1e3 * (t3 - t2))
+            res = {
+                "api_p50": pct(api_ms, 0.5), "api_p99": pct(api_ms, 0.99),
+                "sql_p50": pct(sql_ms, 0.5), "sql_p99": pct(sql_ms, 0.99),
+                "items": len(body.get("items", body.get("associated", []))),
+                "total": body.get("total"), "estimate": body.get("total_is_estimate"),
+                "truncated": body.get("truncated"), "statements": len(stmts),
+            }
+            res["ratio"] = res["api_p50"] / res["sql_p50"]
+            results[name] = res
+            print(f"\n### {name}\n", file=out)
+            print(f"`GET {path}?{'&'.join(f'{k}={v}' for k, v in params.items())}`\n", file=out)
+            print(f"API p50 {res['api_p50']:.2f} ms, p99 {res['api_p99']:.2f} ms; direct SQL p50 "
+                  f"{res['sql_p50']:.2f} ms, p99 {res['sql_p99']:.2f} ms; API/SQL {res['ratio']:.2f}; "
+                  f"{res['items']} rows returned, total {res['total']} (estimate: {res['estimate']}), "
+                  f"truncated {res['truncated']}; {len(stmts)} SQL statements\n", file=out)
+            cur = raw.cursor()
+            for s, p in stmts:
+                if s.lstrip().upper().startswith("EXPLAIN"):
+                    print("```\n" + s.strip() + "\n-- (the planner's row estimate for total_is_estimate)\n```", file=out)
+                    continue
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + s, p)
+                plan = "\n".join(row[0] for row in cur.fetchall())
+                print("```\n" + s.strip() + "\n-- params: " + json.dumps(p, default=str) + "\n\n" + plan + "\n```",
+                      file=out)
+            cur.close()
+            raw.rollback()
+            out.flush()
+    raw.close()
+    engine.dispose()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--frames", type=int, default=2_000_000)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--report", type=Path, default=None, help="also write the output (Markdown) here")
+    ap.add_argument("--keep", action="store_true", help="keep the database (its URL is printed)")
+    args = ap.parse_args(argv)
+
+    import psycopg
+
+    from backend.migrate import upgrade
+
+    buf = io.StringIO()
+
+    class Tee:
+        def write(self, s):
+            sys.stdout.write(s)
+            buf.write(s)
+
+        def flush(self):
+            sys.stdout.flush()
+
+    out = Tee()
+    url = create_database()
+    try:
+        t0 = time.perf_counter()
+        upgrade(url)
+        rng = np.random.default_rng(args.seed)
+        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+            info = seed_events(conn, args.events, rng)
+            seed_frames(conn, args.frames, rng)
+            conn.commit()
+        t1 = time.perf_counter()
+        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            sizes = conn.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
+                                 "WHERE relname IN ('events', 'frames', 'event_associations')").fetchall()
+        t2 = time.perf_counter()
+        print("# Event search API at scale\n", file=out)
+        print(f"Seeded {args.events:,} events, {args.frames:,} frames, {info['associations']:,} association rows "
+              f"by COPY in {t1 - t0:.0f} s (with migrations); VACUUM ANALYZE {t2 - t1:.0f} s. Sizes: "
+              + ", ".join(f"{a} {b}" for a, b in sizes) + f". {args.repeat} repetitions per query after 3 warm-ups; "
+              "API in process (httpx ASGITransport), direct SQL = the API's statements replayed through psycopg.",
+              file=out)
+        results = asyncio.run(measure(url, info["x_flare_id"], args.repeat, out))
+        print("\n## Summary\n", file=out)
+        print("| query | API p50 ms | API p99 ms | SQL p50 ms | SQL p99 ms | API/SQL |\n|---|---|---|---|---|---|",
+              file=out)
+        for name, r in results.items():
+            print(f"| {name} | {r['api_p50']:.2f} | {r['api_p99']:.2f} | {r['sql_p50']:.2f} | {r['sql_p99']:.2f} "
+                  f"| {r['ratio']:.2f} |", file=out)
+        p50 = max(r["api_p50"] for r in results.values())
+        p99 = max(r["api_p99"] for r in results.values())
+        ratio = max(r["ratio"] for r in results.values())
+        print(f"\nRESULT p50_ms={p50:.2f} p99_ms={p99:.2f} api_over_sql={ratio:.2f} seeded={args.events}", file=out)
+    finally:
+        if args.keep:
+            print(f"database kept: {url}", file=sys.stderr)
+        else:
+            drop_database(url)
+        if args.report:
+            args.report.parent.mkdir(parents=True, exist_ok=True)
+            args.report.write_text(buf.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
