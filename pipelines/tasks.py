@@ -93,19 +93,75 @@ def record_progress(self, job_id: str, product_id: int) -> dict:
         state = job.state.value if job else None
         finished = job is not None and job.state in (JobState.succeeded, JobState.failed)
         params = dict(job.parameters) if job else {}
-    if finished and "SDI" in params.get("channels", []):
-        detect_flares.apply_async(kwargs={"start": params.get("start"), "end": params.get("end")}, queue="cpu")
+    if finished:
+        span = {"start": params.get("start"), "end": params.get("end")}
+        channels = params.get("channels", [])
+        if "SDI" in channels:
+            detect_flares.apply_async(kwargs=span, queue="cpu")
+            detect_prominences.apply_async(kwargs={**span, "channel": "SDI"}, queue="cpu")
+        for ch in ("SCI-UV", "SCI-WL"):
+            if ch in channels:
+                detect_cmes.apply_async(kwargs={**span, "channel": ch}, queue="cpu")
+        if "SCI-UV" in channels:
+            detect_prominences.apply_async(kwargs={**span, "channel": "SCI-UV"}, queue="cpu")
+        if "WST" in channels:
+            detect_white_light_flares.apply_async(kwargs=span, queue="cpu")
     return {"job_id": job_id, "state": state}
 
 
 @app.task(name="pipelines.tasks.detect_flares", bind=True, **RETRY)
 def detect_flares(self, start: str | None = None, end: str | None = None) -> dict:
-    """Run the SDI flare detector on written L2 products in a DATE-OBS range."""
-    import datetime as dt
-
+    """Run the SDI flare detector on written L2 products in a DATE-OBS range, then link the
+    new events to those of other sources (:func:`backend.services.events.associate_events`)."""
     from backend.services.detection import detect_sdi_flares
 
     with session_scope() as s:
-        events = detect_sdi_flares(s, start=dt.datetime.fromisoformat(start) if start else None,
-                                   end=dt.datetime.fromisoformat(end) if end else None)
-        return {"events": [e.id for e in events]}
+        events = detect_sdi_flares(s, start=_time(start), end=_time(end))
+        linked = associate_events(s, start=_time(start), end=_time(end))
+        return {"events": [e.id for e in events], "associations": linked}
+
+
+def _time(value: str | None):
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(value) if value else None
+
+
+def associate_events(session, *, start=None, end=None) -> int:
+    from backend.services.events import associate_events as _associate
+
+    return _associate(session, start=start, end=end)
+
+
+@app.task(name="pipelines.tasks.detect_cmes", bind=True, **RETRY)
+def detect_cmes(self, channel: str = "SCI-UV", start: str | None = None, end: str | None = None) -> dict:
+    """Run the CME detector on the written L2 products of an SCI channel in a DATE-OBS range,
+    then link the new events (flare/prominence -> CME)."""
+    from backend.services.detection import detect_sci_cmes
+
+    with session_scope() as s:
+        events = detect_sci_cmes(s, channel=channel, start=_time(start), end=_time(end))
+        linked = associate_events(s, start=_time(start), end=_time(end))
+        return {"channel": channel, "events": [e.id for e in events], "associations": linked}
+
+
+@app.task(name="pipelines.tasks.detect_prominences", bind=True, **RETRY)
+def detect_prominences(self, channel: str = "SDI", start: str | None = None, end: str | None = None) -> dict:
+    """Run the prominence-eruption detector on SDI or SCI-UV L2 products in a DATE-OBS range."""
+    from backend.services.detection import detect_prominence_eruptions
+
+    with session_scope() as s:
+        events = detect_prominence_eruptions(s, channel=channel, start=_time(start), end=_time(end))
+        linked = associate_events(s, start=_time(start), end=_time(end))
+        return {"channel": channel, "events": [e.id for e in events], "associations": linked}
+
+
+@app.task(name="pipelines.tasks.detect_white_light_flares", bind=True, **RETRY)
+def detect_white_light_flares(self, start: str | None = None, end: str | None = None) -> dict:
+    """Run the WST white-light flare detector (8 % over the pre-flare level) in a DATE-OBS range."""
+    from backend.services.detection import detect_wst_white_light_flares
+
+    with session_scope() as s:
+        events = detect_wst_white_light_flares(s, start=_time(start), end=_time(end))
+        linked = associate_events(s, start=_time(start), end=_time(end))
+        return {"events": [e.id for e in events], "associations": linked}

@@ -53,7 +53,15 @@ from pipelines.detect.flares import (
 from pipelines.errors import FitsReadError
 from pipelines.products import read_product
 
-__all__ = ["detect_sdi_flares", "flare_source_key", "SOURCE", "CHANNEL"]
+__all__ = [
+    "detect_sdi_flares",
+    "detect_sci_cmes",
+    "detect_prominence_eruptions",
+    "detect_wst_white_light_flares",
+    "flare_source_key",
+    "SOURCE",
+    "CHANNEL",
+]
 
 log = logging.getLogger(__name__)
 
@@ -119,10 +127,16 @@ class _View:
 
 
 def _latest_written_sdi(session: Session, start: dt.datetime | None, end: dt.datetime | None) -> list[tuple[Product, Frame]]:
+    return _latest_written(session, CHANNEL, start, end)
+
+
+def _latest_written(session: Session, channel: str, start: dt.datetime | None,
+                    end: dt.datetime | None) -> list[tuple[Product, Frame]]:
+    """(newest written product, frame) of every frame of ``channel`` with DATE-OBS in [start, end]."""
     rank = func.row_number().over(
         partition_by=Product.frame_id, order_by=(Product.version.desc(), Product.id.desc())
     ).label("rank")
-    conds = [Frame.channel_code == CHANNEL, Product.state == ProductState.written, Product.path.is_not(None)]
+    conds = [Frame.channel_code == channel, Product.state == ProductState.written, Product.path.is_not(None)]
     if start is not None:
         conds.append(Frame.date_obs >= start)
     if end is not None:
@@ -282,5 +296,320 @@ def _attributes(fl: DetectedFlare, rows: list[tuple[Product, Frame]], p: FlareDe
         },
         "flags": list(fl.flags),
         "params": p.as_dict(),
+        "detector": {"frm_name": DETECTOR_NAME, "frm_version": DETECTOR_VERSION},
         "method": "Lu et al. 2024 (Sol. Phys.) style triple threshold on macropixels; see pipelines.detect.flares",
     }
+
+
+# -- CMEs, prominence eruptions and white-light flares --------------------------------------------
+
+
+def _product_paths(rows: list[tuple[Product, Frame]], product_root: Path | None) -> list[Path]:
+    root = product_root
+    paths = []
+    for prod, _ in rows:
+        path = Path(prod.path)
+        if not path.is_absolute():
+            if root is None:
+                from backend.settings import get_settings
+
+                root = get_settings().products
+            path = root / path
+        paths.append(path)
+    return paths
+
+
+def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None, fits.Header]:
+    try:
+        return read_product(path)
+    except FitsReadError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+
+
+def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarray, dict[str, Any], list[fits.Header]]:
+    """The products block-averaged to the detector's working size, one frame in memory at a time.
+
+    Returns the ``(nt, ny, nx)`` float64 stack (NaN where the DQ mask is set or the data are
+    not finite), the geometry of :func:`pipelines.detect.cme.geometry_from_header` at the
+    working size (the detectors then use block factor 1, so the result is the same as
+    passing the full frames), and the primary headers.
+
+    Raises
+    ------
+    pipelines.errors.DataError
+        If the frames differ in shape or in geometry by more than 1 working pixel.
+    """
+    import math
+
+    from pipelines.detect.cme import _block_reduce, geometry_from_header
+    from pipelines.errors import DataError
+
+    frames, headers, geo0, shape0, f = [], [], None, None, 1
+    for path in paths:
+        data, dq, header = _read(path)
+        if data.ndim != 2:
+            raise FitsReadError(f"{path}: image of shape {data.shape}, expected 2-D")
+        if shape0 is None:
+            shape0 = data.shape
+            f = max(1, math.ceil(max(shape0) / max_working_naxis))
+        elif data.shape != shape0:
+            raise DataError(f"{path}: shape {data.shape} differs from the first product's {shape0}")
+        arr = np.array(data, dtype=np.float64)
+        arr[~np.isfinite(arr)] = np.nan
+        if dq is not None:
+            arr[np.asarray(dq) != 0] = np.nan
+        frames.append(_block_reduce(arr[None], f)[0])
+        geo = geometry_from_header(header)
+        if geo0 is None:
+            geo0 = geo
+        else:
+            dx = math.hypot(geo["sun_center_px"][0] - geo0["sun_center_px"][0],
+                            geo["sun_center_px"][1] - geo0["sun_center_px"][1]) / f
+            if dx > 1.0 or abs(geo["plate_scale_arcsec"] / geo0["plate_scale_arcsec"] - 1) > 1e-3:
+                raise DataError(f"{path}: Sun centre or plate scale differ from the first product's "
+                                f"({dx:.2f} working pixels); products of one sequence must share a geometry")
+        headers.append(header)
+    cx, cy = geo0["sun_center_px"]
+    geometry = {"sun_center_px": ((cx + 0.5) / f - 0.5, (cy + 0.5) / f - 0.5),
+                "plate_scale_arcsec": geo0["plate_scale_arcsec"] * f, "rsun_arcsec": geo0["rsun_arcsec"]}
+    return np.stack(frames), geometry, headers
+
+
+def _indices_between(times: list[dt.datetime], t0: dt.datetime, t1: dt.datetime) -> list[int]:
+    return [i for i, t in enumerate(times) if t0 <= t <= t1]
+
+
+def _store_detection(session: Session, row: dict[str, Any], key: str, rows: list[tuple[Product, Frame]],
+                     span: list[int], provenance: dict[str, Any]) -> Event:
+    """Insert a detected event (skipping an existing key) and link it to its products and frames."""
+    ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).first()
+    if ev is None:
+        full = {c: None for c in ("peak_time", "end_time", "channels", "hpc_x", "hpc_y", "hgs_lat", "hgs_lon",
+                                  "position_angle", "angular_width", "speed_km_s", "goes_class", "peak_value",
+                                  "peak_unit", "noaa_ar", "description")}
+        full.update(row)
+        attrs = dict(row.get("attributes") or {})
+        attrs.update(provenance)
+        full.update(source=SOURCE, source_key=key, attributes=json_safe(attrs), created_at=utcnow())
+        insert_ignoring_conflicts(session, Event.__table__, [full], ["source", "source_key"])
+        ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).one()
+    insert_ignoring_conflicts(session, EventProduct.__table__,
+                              [{"event_id": ev.id, "product_id": rows[i][0].id} for i in span],
+                              ["event_id", "product_id"])
+    insert_ignoring_conflicts(session, EventFrame.__table__,
+                              [{"event_id": ev.id, "frame_id": rows[i][1].id} for i in span],
+                              ["event_id", "frame_id"])
+    return ev
+
+
+def _provenance(rows: list[tuple[Product, Frame]], span: list[int], frm_name: str, frm_version: str,
+                params: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "detector": {"frm_name": frm_name, "frm_version": frm_version},
+        "product_ids": [rows[i][0].id for i in span],
+        "product_versions": [rows[i][0].version for i in span],
+        "frame_ids": [rows[i][1].id for i in span],
+        "n_products_searched": len(rows),
+        "params": params,
+    }
+
+
+def _iso_key(t: dt.datetime) -> str:
+    return _utc(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def detect_sci_cmes(
+    session: Session,
+    *,
+    channel: str = "SCI-UV",
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    params=None,
+    product_root: Path | None = None,
+) -> list[Event]:
+    """Run the CME detector (:func:`pipelines.detect.cme.detect_cmes`) on the newest written
+    L2 products of an SCI channel and store the CMEs (HEK ``CE``, ``source='detected'``).
+
+    Parameters
+    ----------
+    session : sqlalchemy.orm.Session
+        Flushed, not committed.
+    channel : {'SCI-UV', 'SCI-WL'}
+    start, end : datetime.datetime, optional
+        DATE-OBS range of the products used (aware UTC).
+    params : pipelines.detect.cme.CMEParams, optional
+    product_root : pathlib.Path, optional
+        Store for relative product paths; default ``Settings.products``.
+
+    Returns
+    -------
+    list of Event
+        The CMEs found, by first appearance (new ones and those stored by an earlier run:
+        idempotent on ``lst-sci-cme/<version>/<channel>/<first appearance>/<round(PA)>``).
+        Each event is linked to the products and frames from its first appearance to its
+        last sighting; ``attributes`` hold the detector name/version, the product ids and
+        versions, the parameters and the height-time track.
+
+    Raises
+    ------
+    ValueError
+        For a channel other than SCI-UV or SCI-WL.
+    pipelines.errors.DataError
+        Unreadable products, or products that do not share a geometry.
+    """
+    from pipelines.detect.cme import FRM_NAME, FRM_VERSION, CMEParams, detect_cmes
+
+    if channel not in ("SCI-UV", "SCI-WL"):
+        raise ValueError(f"CMEs are detected on SCI-UV or SCI-WL, not {channel!r}")
+    p = params or CMEParams()
+    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    if len(rows) < max(3, p.min_track_points):
+        log.info("CME detection: %d %s products in range, too few", len(rows), channel)
+        return []
+    stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), p.max_working_naxis)
+    times = [_utc(f.date_obs) for _, f in rows]
+    cmes = detect_cmes(times, stack, params=p, **geo)
+    events = []
+    import dataclasses as _dc
+
+    for c in cmes:
+        key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
+        row = c.to_event_row(rsun_arcsec=geo["rsun_arcsec"], channel=channel)
+        row["description"] = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
+                              f"{c.speed_km_s:.0f} km/s")
+        span = _indices_between(times, _utc(c.first_appearance), _utc(c.last_seen))
+        prov = _provenance(rows, span, FRM_NAME, FRM_VERSION, _dc.asdict(p))
+        events.append(_store_detection(session, row, key, rows, span, prov))
+    session.flush()
+    return events
+
+
+def detect_prominence_eruptions(
+    session: Session,
+    *,
+    channel: str = "SDI",
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    params=None,
+    product_root: Path | None = None,
+) -> list[Event]:
+    """Run the prominence-eruption detector
+    (:func:`pipelines.detect.prominence.detect_prominence_eruptions`) on the newest written
+    L2 products of SDI (limb, 1.02-1.2 Rsun) or SCI-UV (1.15-2.45 Rsun) and store the
+    eruptions (HEK ``PR``, ``source='detected'``).
+
+    Parameters
+    ----------
+    session : sqlalchemy.orm.Session
+    channel : {'SDI', 'SCI-UV'}
+    start, end : datetime.datetime, optional
+    params : pipelines.detect.prominence.ProminenceParams, optional
+        Default ``ProminenceParams.sdi()`` or ``.sci_uv()`` for the channel.
+    product_root : pathlib.Path, optional
+
+    Returns
+    -------
+    list of Event
+        By start time; idempotent on
+        ``lst-prominence-eruption/<version>/<channel>/<start>/<round(PA)>``; linked to the
+        products and frames from the start to the last sighting; attributes hold the
+        detector name/version, product ids/versions, parameters and height-time track.
+
+    Raises
+    ------
+    ValueError
+        For a channel other than SDI or SCI-UV.
+    pipelines.errors.DataError
+        Unreadable products, or products that do not share a geometry.
+    """
+    from pipelines.detect.prominence import FRM_NAME, FRM_VERSION, ProminenceParams
+    from pipelines.detect.prominence import detect_prominence_eruptions as detect
+
+    if channel not in ("SDI", "SCI-UV"):
+        raise ValueError(f"prominence eruptions are detected on SDI or SCI-UV, not {channel!r}")
+    p = params or (ProminenceParams.sdi() if channel == "SDI" else ProminenceParams.sci_uv())
+    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    if len(rows) < 3:
+        log.info("prominence detection: %d %s products in range, too few", len(rows), channel)
+        return []
+    stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), p.max_working_naxis)
+    times = [_utc(f.date_obs) for _, f in rows]
+    found = detect(times, stack, params=p, **geo)
+    events = []
+    import dataclasses as _dc
+
+    for e in found:
+        key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
+        row = e.to_event_row(rsun_arcsec=geo["rsun_arcsec"], channel=channel)
+        row["description"] = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
+                              f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
+        span = _indices_between(times, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen))
+        prov = _provenance(rows, span, FRM_NAME, FRM_VERSION, _dc.asdict(p))
+        events.append(_store_detection(session, row, key, rows, span, prov))
+    session.flush()
+    return events
+
+
+def detect_wst_white_light_flares(
+    session: Session,
+    *,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    params=None,
+    product_root: Path | None = None,
+) -> list[Event]:
+    """Run the white-light flare detector (:mod:`pipelines.detect.whitelight`, 8 %
+    enhancement over the pre-flare level, Jing et al. 2024) on the newest written WST L2
+    products and store the flares (HEK ``FL``, ``channels='WST'``, ``source='detected'``).
+
+    Returns
+    -------
+    list of Event
+        By peak time; idempotent on ``lst-wst-wlf/<version>/<peak>/<round(x)>,<round(y)>``.
+        ``peak_value`` is the peak relative enhancement [%]; attributes hold the detector
+        name/version, product ids/versions, parameters and the light curve.
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError, pipelines.detect.flares.FlareDetectionError
+    """
+    from pipelines.detect.whitelight import FRM_NAME, FRM_VERSION, WhiteLightParams, detect_white_light_flares
+
+    p = params or WhiteLightParams()
+    fp = p.flare_params()
+    rows = _latest_written(session, "WST", _utc(start) if start else None, _utc(end) if end else None)
+    if len(rows) < fp.min_background_frames + fp.min_frames:
+        log.info("white-light flare detection: %d WST products in range, too few", len(rows))
+        return []
+    paths = _product_paths(rows, product_root)
+    headers = []
+    for path in paths:
+        try:
+            headers.append(fits.getheader(path, 0))
+        except (OSError, ValueError) as exc:
+            raise FitsReadError(f"{path}: unreadable product header ({exc})") from None
+    files = _ProductFiles(paths)
+    images = [_View(files, i, 0) for i in range(len(paths))]
+    dqs = [_View(files, i, 1) for i in range(len(paths))]
+    times = [_utc(f.date_obs) for _, f in rows]
+    events = []
+    for fl in detect_white_light_flares(times, images, headers, dq=dqs, params=p):
+        peak = _iso_key(fl.peak_time)
+        key = f"{FRM_NAME}/{FRM_VERSION}/{peak}/{round(fl.hpc_x)},{round(fl.hpc_y)}"
+        lat, lon = _heliographic(fl, headers[fl.peak_index])
+        span = list(fl.frame_indices)
+        attrs = _attributes(fl, rows, fp)
+        attrs["method"] = "Jing et al. 2024 (Sol. Phys.): relative enhancement over the pre-flare level >= 8 %"
+        attrs.update(_provenance(rows, span, FRM_NAME, FRM_VERSION, p.as_dict()))
+        row = dict(
+            event_type="FL", start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time, channels="WST",
+            hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon, peak_value=100.0 * fl.peak_enhancement,
+            peak_unit="%", frm_name=FRM_NAME, frm_version=FRM_VERSION, attributes=attrs,
+            description=(f"White-light flare (WST 360 nm): peak enhancement {100 * fl.peak_enhancement:.1f} % "
+                         f"over the pre-flare level, area {fl.area_arcsec2:.0f} arcsec2"),
+        )
+        events.append(_store_detection(session, row, key, rows, span, {}))
+    session.flush()
+    return events
