@@ -19,6 +19,7 @@ from pipelines.calibration import validation as v
 from pipelines.simulate import simulate
 
 N = 192
+N_SEQ = 384  # below ~300 px the coronal structure's azimuthal median is too coarse for a 1 % profile
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +59,17 @@ def test_stray_light_residual_with_the_power_law_master(rows):
 
 
 def test_stray_light_residual_with_a_map_measured_from_a_sequence(tmp_path):
-    seq = simulate(tmp_path / "seq", channels=("SCI-UV", "SCI-WL"), naxis=N, noise=False, seed=8,
+    seq = simulate(tmp_path / "seq", channels=("SCI-UV", "SCI-WL"), naxis=N_SEQ, noise=False, seed=8,
                    sdi_sequence=False, frames_per_channel=4)
-    res = v.stray_map_check(seq, corona="model")
+    # a static scene: the median over time is unbiased; the minimum is biased low by the pointing
+    # jitter times the radial gradient (~0.7 % at 1.1 Rsun at this size, 5x less at full size)
+    res = v.stray_map_check(seq, corona="model", percentile=50.0)
+    low = v.stray_map_check(seq, corona="model", percentile=0.0, version=4)
     for ch, r in res.items():
-        print(f"{ch}: measured map, worst annulus residual {100 * r['stray_residual']:.3f} % of the stray light")
+        print(f"{ch}: measured profile, worst annulus residual {100 * r['stray_residual']:.3f} % of the stray light "
+              f"(time median), {100 * low[ch]['stray_residual']:.3f} % (time minimum)")
         assert r["stray_residual"] < v.GATES["stray_residual"], ch
+        assert low[ch]["stray_residual"] < 3 * v.GATES["stray_residual"], ch
         assert r["n_frames"] == 4 and r["power_law_index"] == pytest.approx(r["injected_index"], rel=0.02)
     # without a coronal model the background keeps the steady corona: the check must see it
     raw = v.stray_map_check(seq, corona=None, version=3)

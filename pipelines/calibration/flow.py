@@ -155,6 +155,10 @@ class L2Result:
 
 def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
+    if kind == "stray_light" and "PROFILE" in hdul:
+        tab = hdul["PROFILE"].data
+        out["_profile_r"] = np.asarray(tab["R"], dtype=np.float64)
+        out["_profile"] = np.asarray(tab["STRAY"], dtype=np.float64)
     for i, hdu in enumerate(hdul):
         if hdu.data is None or getattr(hdu.data, "ndim", 0) != 2:
             continue
@@ -167,7 +171,7 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
             out["dark_rate"] = out.pop("darkrate")
         if "bias" not in out or "dark_rate" not in out:
             raise DataError("dark calibration needs a BIAS plane [DN] and a DARKRATE plane [DN/s]")
-    if kind == "stray_light" and out:
+    if kind == "stray_light" and any(not k.startswith("_") for k in out):
         if "straymap" not in out:
             out["straymap"] = out.pop("primary") if "primary" in out else next(iter(out.values()))
     if kind == "flat":
@@ -420,7 +424,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
     else:
         stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
-        if stray_cal is not None and "straymap" in stray_cal.data:
+        stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
+        if stray_type == "PROFILE" and "_profile" in stray_cal.data:
+            ok = np.isfinite(stray_cal.data["_profile"])
+            model = steps.StrayLightProfile(tuple(stray_cal.data["_profile_r"][ok].tolist()),
+                                            tuple(stray_cal.data["_profile"][ok].tolist()))
+        elif stray_cal is not None and "straymap" in stray_cal.data:
             model = to_device(stray_cal.data["straymap"], xp, xp.float32)
         else:
             model = _stray_model(stray_cal) if stray_cal is not None else None

@@ -61,6 +61,7 @@ __all__ = [
     "RSUN_REF_M",
     "SunGeometry",
     "StrayLightModel",
+    "StrayLightProfile",
     "sun_geometry",
     "apparent_rsun_arcsec",
     "radius_map",
@@ -726,7 +727,30 @@ class StrayLightModel:
         return self.b_ref * (rc / self.r_ref) ** (-self.index)
 
 
-def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel | Any | None, *,
+@dataclass(frozen=True)
+class StrayLightProfile:
+    """A measured radial stray-light profile [MSB] about the disk centre.
+
+    ``B(r)`` is linear interpolation of ``values`` at ``radii`` [Rsun], constant beyond the
+    ends (``numpy.interp``). Made by
+    :func:`pipelines.calibration.stray_light.measure_stray_light_map` (azimuthal median
+    of a time-minimum background) and stored in the ``PROFILE`` table of a stray-light
+    master with ``STRAYTYP='PROFILE'``; evaluated, like the power law, about each frame's
+    own disk centre.
+    """
+
+    radii: tuple[float, ...]
+    values: tuple[float, ...]
+
+    def brightness(self, r: Any) -> Any:
+        """Stray light [MSB] at ``r`` [Rsun] (array or float)."""
+        if isinstance(r, (int, float)):
+            return float(np.interp(float(r), self.radii, self.values))
+        xp = namespace_of(r)
+        return xp.interp(r, xp.asarray(self.radii, dtype=r.dtype), xp.asarray(self.values, dtype=r.dtype))
+
+
+def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel | StrayLightProfile | Any | None, *,
                          source: str = "") -> tuple[Any, fits.Header]:
     """Subtract the SCI instrumental stray light (a no-op, with HISTORY, for SDI and WST).
 
@@ -736,12 +760,13 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
         Radiometrically calibrated SCI frame.
     header : astropy.io.fits.Header
         WCS and observer keywords (the Sun's centre and radius locate the model).
-    model : StrayLightModel, array of shape (ny, nx) [MSB], or None
-        The radial power law (default master, LST.md's on-orbit values), or a *measured*
-        stray-light map on the detector grid (:mod:`pipelines.calibration.stray_light`):
-        stray light is fixed to the instrument (occulter, field stop, optics), so the map
-        is subtracted pixel for pixel before any resampling. ``None`` skips the step
-        (HISTORY says why).
+    model : StrayLightModel, StrayLightProfile, array of shape (ny, nx) [MSB], or None
+        The radial power law (default master, LST.md's on-orbit values); a *measured*
+        radial profile (:class:`StrayLightProfile`), evaluated about the frame's disk
+        centre like the power law; or a measured per-pixel map on the detector grid
+        (:mod:`pipelines.calibration.stray_light`, for stray light fixed to the instrument
+        and not radially symmetric), subtracted pixel for pixel before any resampling.
+        ``None`` skips the step (HISTORY says why).
     source : str
         Name of the calibration file, for the HISTORY line.
 
@@ -777,6 +802,14 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
     if _bunit(header) != "MSB":
         raise DataError(f"subtract_stray_light expects data in MSB, got BUNIT={_bunit(header)!r}")
     xp = namespace_of(data)
+    if isinstance(model, StrayLightProfile):
+        geom = sun_geometry(header)
+        r = radius_map(data.shape, geom, xp)
+        out = data - xp.astype(model.brightness(r), data.dtype)
+        _history(h, "subtract_stray_light", f"measured radial profile{' (' + source + ')' if source else ''}, "
+                 f"{len(model.radii)} radii {model.radii[0]:.3g}-{model.radii[-1]:.3g} Rsun; "
+                 f"{model.brightness(1.1):.3g} MSB at 1.1 Rsun, {model.brightness(2.5):.3g} at 2.5")
+        return out, h
     if not isinstance(model, StrayLightModel):
         _check_2d("stray-light map", model, data.shape)
         out = data - xp.astype(model, data.dtype)

@@ -1,0 +1,339 @@
+"""Validate the L2 calibration chain against truth, noise off and on, and write the report.
+
+Simulates raw frames of all four LST channels from real solar scenes
+(:func:`pipelines.simulate.simulate`), calibrates them with their masters, and compares the
+products with the truth (:mod:`pipelines.calibration.validation`, where the gates are
+defined). Also: SCI stray light with a map measured from a sequence, and KLL flats of WST
+and SDI recovered from dithered sets.
+
+Writes ``benchmarks/reports/calibration_validation.md``, ``calibration_validation.json``
+and figures ``calibration_residuals_noise_{off,on}.png``, ``calibration_stray_profiles.png``,
+``calibration_flat_recovery.png``.
+
+Usage::
+
+    .venv/bin/python benchmarks/validate_calibration.py            # full size: SDI/WST 4608, SCI 2048
+    .venv/bin/python benchmarks/validate_calibration.py --size 1024 # SDI/WST 1024, SCI min(1024, 2048)
+
+Exit status 1 if a gate fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipelines.calibration import validation as v  # noqa: E402
+from pipelines.simulate import simulate  # noqa: E402
+
+REPORTS = ROOT / "benchmarks" / "reports"
+CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
+
+
+def _sizes(size: int | None, sci_size: int | None) -> dict[str, int]:
+    disk = 4608 if size is None else int(size)
+    sci = sci_size if sci_size is not None else (2048 if size is None else min(int(size), 2048))
+    return {"SDI": disk, "WST": disk, "SCI-UV": int(sci), "SCI-WL": int(sci)}
+
+
+def _strip(d):
+    if isinstance(d, dict):
+        return {k: _strip(x) for k, x in d.items() if not k.startswith("_")}
+    if isinstance(d, list):
+        return [_strip(x) for x in d]
+    if isinstance(d, (np.floating, np.integer)):
+        return d.item()
+    return d
+
+
+def _fig_residuals(rows, noise: bool, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(4.2 * len(rows), 4.2), constrained_layout=True)
+    for ax, r in zip(np.atleast_1d(axes), rows):
+        lim = 0.02 if noise else 0.002
+        im = ax.imshow(r["_relmap"], origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim)
+        ax.set_title(f"{r['channel']} {r['naxis']} px\nmedian |err| {100 * r['median_rel_error_all']:.3f} %", fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        fig.colorbar(im, ax=ax, shrink=0.75, label="(L2 - truth) / truth")
+    fig.suptitle(f"L2 minus truth, noise {'on' if noise else 'off'} (block-averaged to <= 512 px; NaN = DQ/no signal)")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _fig_stray(rows_off, rows_on, measured, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sci = [r for r in rows_off if "stray_profile" in r]
+    fig, axes = plt.subplots(1, len(sci), figsize=(6.2 * len(sci), 4.6), constrained_layout=True)
+    for ax, r in zip(np.atleast_1d(axes), sci):
+        ch = r["channel"]
+        p = r["stray_profile"]
+        rr = [0.5 * (a["r_lo"] + a["r_hi"]) for a in p]
+        ax.semilogy(rr, [a["stray"] for a in p], "k-", label="injected stray light")
+        ax.semilogy(rr, [a["corona"] for a in p], "g-", label="corona (truth)")
+        ax.semilogy(rr, [abs(a["residual"]) for a in p], "bo-", ms=3, label="|residual|, power-law master, noise off")
+        on = next((x for x in rows_on if x["channel"] == ch), None)
+        if on is not None:
+            ax.semilogy(rr, [abs(a["residual"]) for a in on["stray_profile"]], "c^-", ms=3,
+                        label="|residual|, power-law master, noise on")
+        if ch in measured:
+            mp = measured[ch]["stray_profile"]
+            ax.semilogy(rr, [abs(a["residual"]) for a in mp], "rs-", ms=3, label="|residual|, measured map, noise off")
+        ax.semilogy(rr, [0.01 * a["stray"] for a in p], "k:", label="1 % of the stray light (gate)")
+        ax.set_xlabel("r [Rsun]")
+        ax.set_ylabel("MSB")
+        ax.set_title(f"{ch}: radial stray light and residual (0.05 Rsun annuli)")
+        ax.legend(fontsize=7)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _fig_flat(flats, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(flats), 3, figsize=(13, 4.0 * len(flats)), constrained_layout=True)
+    axes = np.atleast_2d(axes)
+    for row, f in zip(axes, flats):
+        im = row[0].imshow(f["_injected"], origin="lower", cmap="gray")
+        row[0].set_title(f"{f['channel']} injected flat (RMS {100 * f['injected_rms']:.2f} %)", fontsize=9)
+        fig.colorbar(im, ax=row[0], shrink=0.75)
+        lim = 0.01 if f["noise"] else 0.001
+        im = row[1].imshow(f["_ratio"] - 1, origin="lower", cmap="RdBu_r", vmin=-lim, vmax=lim)
+        row[1].set_title(f"recovered / injected - 1, noise {'on' if f['noise'] else 'off'} (RMS {100 * f['rms']:.3f} %)",
+                         fontsize=9)
+        fig.colorbar(im, ax=row[1], shrink=0.75)
+        counts, edges = f["_ratio_hist"]
+        row[2].stairs(counts, 100 * edges)
+        row[2].set_xlabel("recovered / injected - 1 [%]")
+        row[2].set_yscale("log")
+        row[2].set_title("per-pixel distribution (KLL-measured pixels)", fontsize=9)
+        for a in row[:2]:
+            a.set_xticks([])
+            a.set_yticks([])
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _pct(x, digits=4):
+    return "n/a" if x is None or not np.isfinite(x) else f"{100 * x:.{digits}f} %"
+
+
+def _report(res: dict, path: Path) -> list[str]:
+    G = v.GATES
+    fails: list[str] = []
+    L = ["# Calibration validation against truth", ""]
+    L.append(f"Generated by `{res['command']}` on {res['when']} ({res['machine']}); total {res['seconds']:.0f} s.")
+    L.append("")
+    sz = res["sizes"]
+    L.append(f"Frame sizes: SDI {sz['SDI']}, WST {sz['WST']}, SCI-UV {sz['SCI-UV']}, SCI-WL {sz['SCI-WL']} px"
+             + (" (full size)." if sz["WST"] == 4608 and sz["SCI-UV"] == 2048 else "."))
+    L.append("Frames simulated from real scenes (SDI: SWAP 174 A proxy; WST: SOHO/MDI continuum; SCI: STEREO/COR1 "
+             "structure on Baumbach/Ly-alpha radial models) with the simulator's flats (CMOS stripes), darks (hot "
+             "pixels), pointing offsets and rolls, SCI stray light (LST.md power law) and occulter/field-stop "
+             "vignetting; noise off leaves only the ADC's rounding to whole DN. Definitions and gates: "
+             "`pipelines/calibration/validation.py`.")
+    L.append("")
+    L.append("## Gates")
+    L.append("")
+    L.append("| gate | threshold | measured (worst) | pass |")
+    L.append("|---|---|---|---|")
+
+    def gate(name, thr, val, ok):
+        L.append(f"| {name} | {thr} | {val} | {'yes' if ok else '**NO**'} |")
+        if not ok:
+            fails.append(name)
+
+    off = res["noise_off"]
+    for r in off:
+        gate(f"{r['channel']}: median relative error, noise off (ADC-resolved pixels)", "< 0.1 %",
+             _pct(r["median_rel_error"]), r["median_rel_error"] < G["median_rel_error"])
+    for r in off:
+        gate(f"{r['channel']}: median signed error (bias), noise off, all signal pixels", "< 0.1 %",
+             _pct(r["median_bias"], 5), abs(r["median_bias"]) < G["median_bias"])
+    for f in res["flats"]:
+        if not f["noise"]:
+            gate(f"{f['channel']}: KLL flat vs injected, RMS, noise off", "< 0.5 %", _pct(f["rms"], 5),
+                 f["rms"] < G["flat_rms"])
+    for r in off:
+        if "stray_residual" in r:
+            gate(f"{r['channel']}: stray-light residual 1.1-2.5 Rsun, power-law master", "< 1 %",
+                 _pct(r["stray_residual"], 3), r["stray_residual"] < G["stray_residual"])
+    for ch, m in res["measured_stray"].items():
+        gate(f"{ch}: stray-light residual 1.1-2.5 Rsun, map measured from {m['n_frames']} frames", "< 1 %",
+             _pct(m["stray_residual"], 3), m["stray_residual"] < G["stray_residual"])
+    for r in off:
+        if "centre_offset_px" in r:
+            gate(f"{r['channel']}: Sun centre after north-up (L2 limb fit - truth limb fit)", "< 0.25 px",
+                 f"{r['centre_offset_px']:.4f} px", r["centre_offset_px"] < G["sun_centre_px"])
+    L.append("")
+    L.append("## Per channel")
+    L.append("")
+    L.append("| channel | noise | px | median \\|err\\| (resolved px) | resolved fraction | median \\|err\\| (all signal px) "
+             "| ADC floor (median) | bias | stray residual (worst annulus) | Sun centre offset | calibrate_frame [s] |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for label, rows in (("off", res["noise_off"]), ("on", res["noise_on"])):
+        for r in rows:
+            stray = _pct(r["stray_residual"], 3) if "stray_residual" in r else "-"
+            centre = f"{r['centre_offset_px']:.4f} px" if "centre_offset_px" in r else "-"
+            L.append(f"| {r['channel']} | {label} | {r['naxis']} | {_pct(r['median_rel_error'])} | "
+                     f"{100 * r['resolved_fraction']:.0f} % | {_pct(r['median_rel_error_all'])} | "
+                     f"{_pct(r['adc_floor_median'])} | {_pct(r['median_bias'], 5)} | {stray} | {centre} | "
+                     f"{r['seconds']:.2f} |")
+    L.append("")
+    L.append("Reading the table. *Resolved* pixels are those whose ADC rounding (1/sqrt(12) DN RMS) is below "
+             "0.02 % of their signal. In SDI and WST that is nearly every disk pixel. In SCI the corona beyond "
+             "~1.5 Rsun is 30-150 times fainter than the stray light recorded with it, so a coronal pixel holds "
+             "tens of DN after the stray light is removed and the ADC rounding alone is 0.3-1 % of it: the "
+             "all-pixel median there follows the ADC floor column, not the calibration. The signed median (bias) "
+             "over all pixels shows no systematic error. With noise on, the errors are the photon and read noise "
+             "of one frame (not gated).")
+    L.append("")
+    L.append("## SCI stray light")
+    L.append("")
+    L.append("Default master: the power law through LST.md's on-orbit points. Measured "
+             "(`pipelines/calibration/stray_light.py`): per-pixel time minimum (or median) of a sequence "
+             "calibrated to MSB on the detector grid, minus a steady-corona model, azimuthal median in 0.01 Rsun "
+             "annuli, written as a stray-light master version (STRAYTYP='PROFILE', CALVER 2-4) and used to "
+             "recalibrate the sequence (the flow evaluates the profile about each frame's disk centre). The gate "
+             "applies to the time minimum; the per-pixel minimum of frames whose pointing jitters (0.15 px) is "
+             "biased low by about 1.2 x jitter x the radial gradient, which the time median of a static scene "
+             "avoids.")
+    L.append("")
+    L.append("| channel | map | frames | worst annulus residual / stray | median \\|map / injected - 1\\| | fitted index "
+             "(injected) |")
+    L.append("|---|---|---|---|---|---|")
+    for key, label in (("measured_stray", "time minimum - coronal model"),
+                       ("measured_stray_median", "time median - coronal model"),
+                       ("measured_stray_nocorona", "time minimum, no coronal model")):
+        for ch, m in res[key].items():
+            L.append(f"| {ch} | {label} | {m['n_frames']} | {_pct(m['stray_residual'], 3)} | "
+                     f"{_pct(m['map_vs_injected'], 3)} | {m['power_law_index']:.4f} ({m['injected_index']:.4f}) |")
+    L.append("")
+    L.append("Limits, stated plainly: the coronal model subtracted here is the simulator's own radial model, i.e. "
+             "a coronal model without error in the azimuthal median; it is the best case. Without a coronal "
+             "model the map keeps the steady corona (row 'no coronal model') and over-subtracts it by tens of "
+             "percent of the stray light near 1.1 Rsun. On the real instrument the residual is set by how well "
+             "the steady K+F corona is known, not by this code. The simulated sequence has a static scene, so "
+             "the time minimum removes only the pointing jitter and noise; real sequences need days of frames "
+             "to suppress streamers.")
+    L.append("")
+    L.append("![stray light profiles](calibration_stray_profiles.png)")
+    L.append("")
+    L.append("## KLL flat from a dithered set")
+    L.append("")
+    L.append("Nine images of the channel's truth scene (real solar image) shifted by a non-collinear, mixed-parity "
+             "pattern scaled with the frame, multiplied by the simulator's injected flat (CMOS stripes, gradient, "
+             "PRNU); `pipelines/calibration/flatfield.derive_flat_master` makes the flat master version. Compared "
+             "on the pixels KLL measures (the disk covered twice or more).")
+    L.append("")
+    L.append("| channel | noise | px | RMS (recovered / injected - 1) | p99 | injected RMS | measured fraction | "
+             "iterations | seconds |")
+    L.append("|---|---|---|---|---|---|---|---|---|")
+    for f in res["flats"]:
+        L.append(f"| {f['channel']} | {'on (Poisson, 3e4 e- peak)' if f['noise'] else 'off'} | {f['naxis']} | "
+                 f"{_pct(f['rms'], 4)} | {_pct(f['p99'], 3)} | {_pct(f['injected_rms'], 2)} | "
+                 f"{100 * f['valid_fraction']:.0f} % | {f['n_iter']} | {f['seconds']:.1f} |")
+    L.append("")
+    L.append("![flat recovery](calibration_flat_recovery.png)")
+    L.append("")
+    L.append("## Residual maps")
+    L.append("")
+    L.append("![residuals noise off](calibration_residuals_noise_off.png)")
+    L.append("")
+    L.append("![residuals noise on](calibration_residuals_noise_on.png)")
+    L.append("")
+    L.append(f"Result: {'all gates pass' if not fails else 'FAILED: ' + ', '.join(fails)}.")
+    path.write_text("\n".join(L) + "\n")
+    return fails
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=None, help="SDI/WST frame size [px] (default 4608, full size)")
+    ap.add_argument("--sci-size", type=int, default=None, help="SCI frame size [px] (default 2048 or min(size, 2048))")
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--sequence", type=int, default=5, help="SCI frames for the measured stray-light map")
+    ap.add_argument("--out", type=Path, default=REPORTS)
+    ap.add_argument("--workdir", type=Path, default=None, help="where simulated files go (default: a temp folder)")
+    ap.add_argument("--skip-kll", action="store_true")
+    args = ap.parse_args(argv)
+    sizes = _sizes(args.size, args.sci_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="lst_validate_"))
+    t0 = time.perf_counter()
+    res: dict = {"sizes": sizes, "command": "python benchmarks/validate_calibration.py " + " ".join(argv or sys.argv[1:]),
+                 "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs, numpy {np.__version__}"}
+    try:
+        for noise in (False, True):
+            t = time.perf_counter()
+            sim = simulate(work / f"noise_{int(noise)}", naxis=sizes, noise=noise, seed=args.seed, sdi_sequence=False)
+            print(f"simulated noise={noise} in {time.perf_counter() - t:.1f} s", flush=True)
+            rows = v.validate_simulation(sim, keep_maps=True)
+            for r in rows:
+                print(f"  {r['channel']:7s} median|err| resolved {_pct(r['median_rel_error'])} all "
+                      f"{_pct(r['median_rel_error_all'])} bias {_pct(r['median_bias'], 5)} "
+                      f"stray {_pct(r.get('stray_residual'), 3)} centre {r.get('centre_offset_px', float('nan')):.4f} px "
+                      f"({r['seconds']:.1f} s)", flush=True)
+            res["noise_on" if noise else "noise_off"] = rows
+            _fig_residuals(rows, noise, args.out / f"calibration_residuals_noise_{'on' if noise else 'off'}.png")
+            if not args.skip_kll:
+                flats = res.setdefault("flats", [])
+                for ch in ("WST", "SDI"):
+                    t = time.perf_counter()
+                    f = v.kll_flat_check(sim, ch, noise=noise, seed=args.seed, keep_maps=True)
+                    f["naxis"] = sizes[ch]
+                    flats.append(f)
+                    print(f"  KLL {ch} noise={noise}: RMS {_pct(f['rms'], 5)} ({time.perf_counter() - t:.1f} s)", flush=True)
+            del sim
+        t = time.perf_counter()
+        seq = simulate(work / "sequence", channels=("SCI-UV", "SCI-WL"), naxis=sizes, noise=False, seed=args.seed + 1,
+                       sdi_sequence=False, frames_per_channel=args.sequence)
+        res["measured_stray"] = v.stray_map_check(seq, corona="model")
+        res["measured_stray_median"] = v.stray_map_check(seq, corona="model", percentile=50.0, version=3)
+        res["measured_stray_nocorona"] = v.stray_map_check(seq, corona=None, version=4)
+        for ch, m in res["measured_stray"].items():
+            print(f"  measured map {ch}: worst annulus {_pct(m['stray_residual'], 3)}", flush=True)
+        print(f"stray-light sequence in {time.perf_counter() - t:.1f} s", flush=True)
+        _fig_stray(res["noise_off"], res["noise_on"], res["measured_stray"], args.out / "calibration_stray_profiles.png")
+        if not args.skip_kll:
+            _fig_flat([f for f in res["flats"] if f["channel"] == "WST"] + [f for f in res["flats"] if f["channel"] == "SDI"
+                                                                            and not f["noise"]],
+                      args.out / "calibration_flat_recovery.png")
+        else:
+            res["flats"] = []
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    res["seconds"] = time.perf_counter() - t0
+    fails = _report(res, args.out / "calibration_validation.md")
+    (args.out / "calibration_validation.json").write_text(json.dumps(_strip(res), indent=1, default=str) + "\n")
+    print(f"report: {args.out / 'calibration_validation.md'} ({res['seconds']:.0f} s); "
+          + ("all gates pass" if not fails else "FAILED: " + ", ".join(fails)))
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
