@@ -241,6 +241,10 @@ class Job(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column()
 
 
+#: Columns carried in the search indexes (PostgreSQL ``INCLUDE``): what the filters test.
+SEARCH_INCLUDE = ["end_time", "peak_time", "position_angle", "hpc_x", "hpc_y", "goes_flux"]
+
+
 def _goes_flux_default(context) -> float | None:
     """Column default of ``Event.goes_flux`` (Core and ORM inserts): the flux of the row's class."""
     return goes_flux_or_none(context.get_current_parameters().get("goes_class"))
@@ -297,9 +301,11 @@ class Event(Base):
 
     __table_args__ = (
         UniqueConstraint("source", "source_key"),
-        # keyset pagination newest first, per type and over all types
-        Index("ix_events_type_start_id", "event_type", "start_time", "id"),
-        Index("ix_events_start_id", "start_time", "id"),
+        # keyset pagination newest first, per type and over all types; the INCLUDE columns
+        # let PostgreSQL test the search filters (overlap, PA, bbox, class) and count the
+        # matches from the index alone (index-only scans), without visiting the table
+        Index("ix_events_type_start_id", "event_type", "start_time", "id", postgresql_include=SEARCH_INCLUDE),
+        Index("ix_events_start_id", "start_time", "id", postgresql_include=SEARCH_INCLUDE),
         # longest duration of a type: one index probe (time-overlap bound)
         Index("ix_events_type_duration", "event_type", "duration_s"),
         Index("ix_events_duration", "duration_s"),

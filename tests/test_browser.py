@@ -60,7 +60,8 @@ def _fill(settings) -> SimpleNamespace:
                         angular_width=120.0, speed_km_s=950.0)
         c2 = make_event(s, "FL", T0 + dt.timedelta(days=1), T0 + dt.timedelta(days=1, minutes=4),
                         T0 + dt.timedelta(days=1, minutes=9), goes_class="C2.0")
-        pr = make_event(s, "PR", T0 + 300 * MIN, source="detected", channels="SCI-UV", position_angle=80.0)
+        pr = make_event(s, "PR", T0 + 300 * MIN, source="detected", channels="SCI-UV", position_angle=80.0,
+                        frm_name="lst-prominence-eruption", frm_version="0.1.0")
         s.add_all([EventAssociation(event_id=fl.id, other_event_id=ce.id, kind="flare_cme"),
                    EventAssociation(event_id=ce.id, other_event_id=fl.id, kind="cme_flare")])
         folder = settings.products
@@ -150,6 +151,32 @@ def test_events_page_lists_filters_and_draws_timeline(live, page, tmp_path):
     page.locator("#timeline").evaluate(
         f"el => el.emit('plotly_click', {{points: [{{customdata: {live.ids.c2}}}]}})")
     page.wait_for_url(f"{live.url}/events/{live.ids.c2}")
+    assert page.js_errors == []
+
+
+def test_events_page_filters_by_class_position_angle_and_box(live, page, tmp_path):
+    def listed(query: str) -> list[int]:
+        page.goto(f"{live.url}/?{query}")
+        return page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => Number(r.dataset.eventId))")
+
+    assert listed("min_goes_class=M1") == [live.ids.fl]
+    assert listed("min_goes_class=C1") == [live.ids.fl, live.ids.c2]
+    assert listed("pa_min=250&pa_max=300") == [live.ids.ce]
+    assert listed("pa_min=270&pa_max=90") == [live.ids.ce, live.ids.pr]  # wraps through north
+    assert listed("hpc_x_min=-500&hpc_x_max=-400&hpc_y_min=300&hpc_y_max=320") == [live.ids.fl]
+    # the form keeps the values, and the timeline draws the same selection
+    assert page.locator("#filter-x-min").input_value() == "-500"
+    page.wait_for_selector("#timeline .gtitle")
+    assert page.locator("#timeline .gtitle").text_content() == "Event timeline: 1 event"
+    assert "format=csv" in page.locator("#event-export a").first.get_attribute("href")
+    # a bad value is reported, not a server error
+    listed("min_goes_class=Q7")
+    assert "not a GOES class" in page.locator(".error").inner_text()
+    # a detected event shows its detector name and version
+    page.goto(f"{live.url}/events/{live.ids.pr}")
+    assert page.locator("#event-frm").inner_text() == "lst-prominence-eruption 0.1.0"
+    assert "Detector (FRM)" in page.locator("#event-fields").inner_text()
+    assert page.locator("#event-voevent").get_attribute("href") == f"/api/v1/events/{live.ids.pr}/voevent"
     assert page.js_errors == []
 
 

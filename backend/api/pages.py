@@ -105,6 +105,24 @@ def _form_time(t: dt.datetime | None) -> str:
     return t.strftime("%Y-%m-%dT%H:%M") if t else ""
 
 
+def _form_float(name: str, value: str | None, lo: float, hi: float, errors: list[str]) -> float | None:
+    """A number from the filter form in [lo, hi], or None; bad values go to ``errors``."""
+    if value is None or not value.strip():
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        errors.append(f"{name}: {value[:40]!r} is not a number")
+        return None
+    if not (lo <= v <= hi):
+        errors.append(f"{name}: {v:g} is outside {lo:g}..{hi:g}")
+        return None
+    return v
+
+
+_NUM = Annotated[str | None, Query(max_length=24)]
+
+
 @router.get("/", response_class=HTMLResponse)
 def events_page(
     request: Request,
@@ -113,9 +131,20 @@ def events_page(
     source: Annotated[str | None, Query(max_length=32)] = None,
     start: Annotated[str | None, Query(max_length=40)] = None,
     end: Annotated[str | None, Query(max_length=40)] = None,
+    min_goes_class: Annotated[str | None, Query(max_length=12)] = None,
+    pa_min: _NUM = None,
+    pa_max: _NUM = None,
+    hpc_x_min: _NUM = None,
+    hpc_x_max: _NUM = None,
+    hpc_y_min: _NUM = None,
+    hpc_y_max: _NUM = None,
     page: Annotated[int, Query(ge=1, le=MAX_ID // PAGE_SIZE)] = 1,
 ):
-    """Events list with filters (HEK type, source, time range), paginated, and the timeline figure."""
+    """Events list with filters (HEK type, source, time range, minimum GOES class,
+    position-angle range, helioprojective box), paginated, and the timeline figure."""
+    from backend.services.event_search import EventFilters, search_events
+    from pipelines.catalogues.records import goes_class_to_flux
+
     errors: list[str] = []
     try:
         event_type = canonical_event_type(type)
@@ -131,31 +160,53 @@ def events_page(
     if t0 and t1 and t1 < t0:
         errors.append("end is before start: the time range was not applied")
         t0 = t1 = None
+    min_class = (min_goes_class or "").strip().upper() or None
+    flux = None
+    if min_class:
+        try:
+            flux = goes_class_to_flux(min_class)
+        except ValueError as exc:
+            errors.append(f"minimum GOES class: {exc}")
+            min_class = None
+    num = {name: _form_float(label, value, lo, hi, errors) for name, label, value, lo, hi in (
+        ("pa_min", "PA from", pa_min, 0, 360), ("pa_max", "PA to", pa_max, 0, 360),
+        ("hpc_x_min", "Solar X from", hpc_x_min, -10000, 10000), ("hpc_x_max", "Solar X to", hpc_x_max, -10000, 10000),
+        ("hpc_y_min", "Solar Y from", hpc_y_min, -10000, 10000), ("hpc_y_max", "Solar Y to", hpc_y_max, -10000, 10000),
+    )}
+    for lo, hi in (("hpc_x_min", "hpc_x_max"), ("hpc_y_min", "hpc_y_max")):
+        if num[lo] is not None and num[hi] is not None and num[lo] > num[hi]:
+            errors.append(f"{hi} is smaller than {lo}: that bound was not applied")
+            num[lo] = num[hi] = None
+    filters = EventFilters(event_types=(event_type,) if event_type else (), start=t0, end=t1,
+                           sources=(source,) if source else (), min_goes_flux=flux, **num)
     offset = (page - 1) * PAGE_SIZE
-    rows, total = events_service.list_events(
-        session, event_type=event_type, start=t0, end=t1, source=source, channel=None,
-        limit=PAGE_SIZE, offset=offset,
-    )
+    result = search_events(session, filters, sort="start_time", limit=PAGE_SIZE, offset=offset)
+    rows, total = result.items, result.total
     applied = {k: v for k, v in (
         ("type", event_type), ("source", source),
         ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
+        ("min_goes_class", min_class), *((k, f"{v:g}" if v is not None else None) for k, v in num.items()),
     ) if v}
-    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1)}
+    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
+            "min_goes_class": min_class or "", **{k: f"{v:g}" if v is not None else "" for k, v in num.items()}}
     form_q = {k: v for k, v in form.items() if v}
     n_pages = max(1, -(-total // PAGE_SIZE))
     return templates.TemplateResponse(request, "events.html", {
         "events": rows,
         "total": total,
+        "total_is_estimate": result.total_is_estimate,
         "page": page,
         "n_pages": n_pages,
         "first": offset + 1 if rows else 0,
         "last": offset + len(rows),
         "prev_url": f"/?{urlencode({**form_q, 'page': page - 1})}" if page > 1 else None,
-        "next_url": f"/?{urlencode({**form_q, 'page': page + 1})}" if page < n_pages else None,
+        "next_url": f"/?{urlencode({**form_q, 'page': page + 1})}" if result.truncated else None,
         "form": form,
         "sources": EVENT_SOURCES,
         "errors": errors,
         "timeline_url": f"/api/v1/events/timeline/figure?{urlencode(applied)}",
+        "export_urls": {fmt: f"/api/v1/events?{urlencode({**applied, 'format': fmt, 'limit': 500})}"
+                        for fmt in ("csv", "votable", "hek")},
     })
 
 

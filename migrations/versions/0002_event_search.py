@@ -6,7 +6,9 @@
   searches (an event overlapping [t0, t1] starts after t0 minus the longest duration of
   its type, one probe of ``ix_events_type_duration``; of ``ix_events_duration`` for all
   types).
-* ``(event_type, start_time, id)`` and ``(start_time, id)``: keyset pagination, newest first;
+* ``(event_type, start_time, id)`` and ``(start_time, id)``, both ``INCLUDE (end_time,
+  peak_time, position_angle, hpc_x, hpc_y, goes_flux)`` on PostgreSQL: keyset pagination,
+  newest first, and filters and counts from the index alone;
   they replace the single-column ``event_type``/``start_time`` indexes and
   ``ix_events_type_start`` (prefixes of the new ones).
 * ``goes_flux``; ``(frm_name, frm_version)``: the detector filters.
@@ -25,6 +27,10 @@ revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+#: Columns carried in the search indexes (PostgreSQL INCLUDE): the filters are tested, and
+#: matches counted, from the index alone (index-only scans).
+SEARCH_INCLUDE = ["end_time", "peak_time", "position_angle", "hpc_x", "hpc_y", "goes_flux"]
 
 _FLUX_SQL = """
 UPDATE events SET goes_flux = CAST(substr(trim(goes_class), 2) AS FLOAT) * CASE upper(substr(trim(goes_class), 1, 1))
@@ -52,8 +58,10 @@ def upgrade() -> None:
         batch.drop_index("ix_events_type_start")
         batch.drop_index("ix_events_event_type")
         batch.drop_index("ix_events_start_time")
-        batch.create_index("ix_events_type_start_id", ["event_type", "start_time", "id"], unique=False)
-        batch.create_index("ix_events_start_id", ["start_time", "id"], unique=False)
+        batch.create_index("ix_events_type_start_id", ["event_type", "start_time", "id"], unique=False,
+                           postgresql_include=SEARCH_INCLUDE)
+        batch.create_index("ix_events_start_id", ["start_time", "id"], unique=False,
+                           postgresql_include=SEARCH_INCLUDE)
         batch.create_index("ix_events_type_duration", ["event_type", "duration_s"], unique=False)
         batch.create_index("ix_events_duration", ["duration_s"], unique=False)
         batch.create_index("ix_events_goes_flux", ["goes_flux"], unique=False)

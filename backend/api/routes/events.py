@@ -161,19 +161,13 @@ def read_events(
 )
 def read_events_timeline_figure(
     session: SessionDep,
-    span: TimeRangeDep,
-    event_type: EventTypeQuery = None,
-    source: SourceQuery = None,
-    channel: ChannelQuery = None,
+    filters: EventSearchDep,
     limit: Annotated[int, Query(ge=1, le=TIMELINE_MAX, description=f"Most events drawn (1..{TIMELINE_MAX})")] = 500,
 ) -> Response:
     """The same filters as ``GET /events``; at most ``limit`` events are drawn (the earliest),
     and the figure title says so when more matched."""
-    rows, total = events_service.list_events(
-        session, event_type=event_type, start=span.start, end=span.end, source=source, channel=channel,
-        limit=limit, offset=0,
-    )
-    return Response(events_timeline_figure(rows, total=total).to_json(), media_type="application/json")
+    result = event_search_service.search_events(session, filters, sort="start_time", limit=limit, light=True)
+    return Response(events_timeline_figure(result.items, total=result.total).to_json(), media_type="application/json")
 
 
 @router.get("/{event_id}", response_model=EventDetail, summary="One event with its associations")
