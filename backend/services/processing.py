@@ -16,6 +16,8 @@ import datetime as dt
 import logging
 from pathlib import Path
 
+import numpy as np
+
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
@@ -166,7 +168,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     prod.error = None
     session.commit()
     try:
-        raw = read_image(frame.path)
+        raw = read_image(frame.path, dtype=np.float32)  # 16-bit DN exactly, half the memory
         cals = {}
         for f in prod.calibration_files:
             ci = load_calibration_master(f.path)

@@ -149,6 +149,12 @@ def _new_dq(data: Any, dq: Any | None) -> Any:
     return xp.asarray(dq, dtype=xp.uint8, copy=True)
 
 
+def _float_dtype(a: Any) -> Any:
+    """float32 for float32 (and integer) data, else float64: the radius map's precision."""
+    xp = namespace_of(a)
+    return xp.float32 if a.dtype == xp.float32 or not xp.isdtype(a.dtype, "real floating") else xp.float64
+
+
 def _bunit(header: fits.Header) -> str:
     return str(header.get("BUNIT", "")).strip()
 
@@ -268,7 +274,7 @@ def sun_geometry(header: fits.Header) -> SunGeometry:
     return SunGeometry(x0=x0, y0=y0, matrix=m, rsun_arcsec=apparent_rsun_arcsec(header))
 
 
-def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None) -> Any:
+def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None, dtype: Any = None) -> Any:
     """Heliocentric distance in the plane of the sky [Rsun] of every pixel.
 
     Parameters
@@ -277,19 +283,28 @@ def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None) ->
     geometry : SunGeometry
     xp : array namespace, optional
         NumPy's by default.
+    dtype : dtype, optional
+        ``xp.float64`` by default; the calibration steps use ``xp.float32`` (relative
+        error ~1e-7, two frames of memory instead of about ten).
 
     Returns
     -------
-    array, shape (ny, nx), float64
+    array, shape (ny, nx)
     """
     xp = xp if xp is not None else namespace_of()
+    dtype = dtype if dtype is not None else xp.float64
     ny, nx = shape
     m = geometry.matrix / geometry.rsun_arcsec
     dx = xp.reshape(xp.arange(nx, dtype=xp.float64) - geometry.x0, (1, nx))
     dy = xp.reshape(xp.arange(ny, dtype=xp.float64) - geometry.y0, (ny, 1))
-    tx = m[0, 0] * dx + m[0, 1] * dy
-    ty = m[1, 0] * dx + m[1, 1] * dy
-    return xp.sqrt(tx * tx + ty * ty)
+    # row and column terms in float64 (small), the frame-sized sums in ``dtype``, in place
+    tx = xp.astype(m[0, 0] * dx, dtype) + xp.astype(m[0, 1] * dy, dtype)
+    ty = xp.astype(m[1, 0] * dx, dtype) + xp.astype(m[1, 1] * dy, dtype)
+    tx *= tx
+    ty *= ty
+    tx += ty
+    del ty
+    return xp.sqrt(tx)
 
 
 # --------------------------------------------------------------------------- steps
@@ -459,7 +474,8 @@ def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any, *,
                f"doubling every {float(doubling_temperature_c):g} C)")
     xp = namespace_of(data)
     scale = xp.asarray(t * factor, dtype=dark_rate.dtype)
-    out = data - (bias + dark_rate * scale)
+    out = data - bias  # new array (the input is not modified); the dark current in place
+    out -= dark_rate * scale
     h = _copy(header)
     h["BUNIT"] = "DN"
     h["DARKTFAC"] = (factor, "dark-current temperature factor applied")
@@ -598,10 +614,15 @@ def correct_flat(data: Any, header: fits.Header, flat: Any) -> tuple[Any, fits.H
     _check_2d("flat", flat, data.shape)
     xp = namespace_of(data, flat)
     good = xp.isfinite(flat) & (flat > 0)
-    safe = xp.where(good, flat, xp.ones_like(flat))
-    out = xp.where(good, data / safe, xp.asarray(float("nan"), dtype=data.dtype))
-    h = _copy(header)
     n_bad = int(xp.sum(xp.astype(~good, xp.int64)))
+    if n_bad:
+        safe = xp.where(good, flat, xp.ones_like(flat))
+        out = data / safe
+        out[~good] = float("nan")
+    else:  # the usual case: no copy of the flat, one output frame
+        safe = flat
+        out = data / flat
+    h = _copy(header)
     _history(h, "correct_flat", f"divided by the flat field (mean {float(xp.mean(safe)):.4f}; {n_bad} pixels "
              "with flat <= 0 set to NaN)")
     return out, h
@@ -804,7 +825,7 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
     xp = namespace_of(data)
     if isinstance(model, StrayLightProfile):
         geom = sun_geometry(header)
-        r = radius_map(data.shape, geom, xp)
+        r = radius_map(data.shape, geom, xp, dtype=_float_dtype(data))
         out = data - xp.astype(model.brightness(r), data.dtype)
         _history(h, "subtract_stray_light", f"measured radial profile{' (' + source + ')' if source else ''}, "
                  f"{len(model.radii)} radii {model.radii[0]:.3g}-{model.radii[-1]:.3g} Rsun; "
@@ -814,7 +835,7 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
         _check_2d("stray-light map", model, data.shape)
         out = data - xp.astype(model, data.dtype)
         geom = sun_geometry(header)
-        r = radius_map(data.shape, geom, xp)
+        r = radius_map(data.shape, geom, xp, dtype=_float_dtype(data))
         at = []
         for r0 in (1.1, 2.5):
             ring = (r >= r0 - 0.02) & (r <= r0 + 0.02) & xp.isfinite(model)
@@ -824,7 +845,7 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
                  f"{at[0]:.3g} MSB at 1.1 Rsun, {at[1]:.3g} at 2.5")
         return out, h
     geom = sun_geometry(header)
-    r = radius_map(data.shape, geom, xp)
+    r = radius_map(data.shape, geom, xp, dtype=_float_dtype(data))
     stray = model.brightness(r)
     out = data - xp.astype(stray, data.dtype)
     _history(h, "subtract_stray_light",
@@ -838,7 +859,7 @@ def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bo
                  step: str) -> tuple[Any, fits.Header]:
     xp = namespace_of(dq)
     geom = sun_geometry(header)
-    r = radius_map(dq.shape, geom, xp)
+    r = radius_map(dq.shape, geom, xp, dtype=xp.float32)
     sel = (r < radius_rsun) if inside else (r > radius_rsun)
     out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
     h = _copy(header)
