@@ -426,9 +426,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
         stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
         if stray_type == "PROFILE" and "_profile" in stray_cal.data:
-            ok = np.isfinite(stray_cal.data["_profile"])
-            model = steps.StrayLightProfile(tuple(stray_cal.data["_profile_r"][ok].tolist()),
-                                            tuple(stray_cal.data["_profile"][ok].tolist()))
+            prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
+            ok = np.isfinite(prof)
+            model = steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist()))
         elif stray_cal is not None and "straymap" in stray_cal.data:
             model = to_device(stray_cal.data["straymap"], xp, xp.float32)
         else:

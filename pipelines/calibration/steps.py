@@ -1104,7 +1104,10 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     # spline coefficients in float32, computed in place (one frame; the relative rounding,
     # ~1e-7, is far below what the calibration resolves), then resampled without a second prefilter
     if int(order) > 1:
-        nd.spline_filter(filled, order=int(order), output=filled, mode="nearest")
+        if isinstance(filled, np.ndarray):
+            nd.spline_filter(filled, order=int(order), output=filled, mode="nearest")
+        else:  # cupyx.scipy.ndimage: a new float32 array
+            filled = nd.spline_filter(filled, order=int(order), output=xp.float32, mode="nearest")
     out = nd.affine_transform(filled, k_dev, offset=off_dev, output_shape=(ny, nx), order=int(order),
                               mode="nearest", prefilter=False, output=xp.float32)
     del filled
