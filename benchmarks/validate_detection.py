@@ -46,14 +46,18 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from astropy.io import fits  # noqa: E402
-from astropy.wcs import WCS  # noqa: E402
+from astropy.io import fits
+from astropy.wcs import WCS
 
-from pipelines.detect import synthetic as S  # noqa: E402
-from pipelines.detect.cme import detect_cmes  # noqa: E402
-from pipelines.detect.flares import FlareDetectionParams, detect_flares, macropixel_factor  # noqa: E402
-from pipelines.detect.prominence import detect_prominence_eruptions  # noqa: E402
-from pipelines.fitsio import read_image  # noqa: E402
+from pipelines.detect import synthetic as S
+from pipelines.detect.cme import detect_cmes
+from pipelines.detect.flares import (
+    FlareDetectionParams,
+    detect_flares,
+    macropixel_factor,
+)
+from pipelines.detect.prominence import detect_prominence_eruptions
+from pipelines.fitsio import read_image
 
 SWAP = ROOT / "sample-data" / "real" / "full-disk" / "swap_lv1_20120101_001607.fits"
 REPORT = ROOT / "benchmarks" / "reports" / "detection_validation.md"

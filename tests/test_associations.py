@@ -9,7 +9,12 @@ import pytest
 
 from backend.models import Event
 from backend.services.events import associate_events, associated_events
-from pipelines.detect.associate import cme_follows, disk_position_angle, pa_difference, same_flare
+from pipelines.detect.associate import (
+    cme_follows,
+    disk_position_angle,
+    pa_difference,
+    same_flare,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -16,7 +16,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.validate_detection import CME_CASES, FLARE_SIGMAS, validate_cmes, validate_flares  # noqa: E402
+from benchmarks.validate_detection import (
+    CME_CASES,
+    FLARE_SIGMAS,
+    validate_cmes,
+    validate_flares,
+)
 
 
 def test_flare_gate_above_3_sigma():

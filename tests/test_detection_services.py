@@ -12,7 +12,11 @@ from astropy.io import fits
 from sqlalchemy import func, select
 
 from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState
-from backend.services.detection import detect_prominence_eruptions, detect_sci_cmes, detect_wst_white_light_flares
+from backend.services.detection import (
+    detect_prominence_eruptions,
+    detect_sci_cmes,
+    detect_wst_white_light_flares,
+)
 from pipelines.detect import synthetic as S
 from pipelines.detect.whitelight import FRM_NAME as WLF_NAME
 from pipelines.detect.whitelight import WhiteLightParams, detect_white_light_flares

@@ -575,7 +575,12 @@ def detect_wst_white_light_flares(
     ------
     pipelines.errors.FitsReadError, pipelines.detect.flares.FlareDetectionError
     """
-    from pipelines.detect.whitelight import FRM_NAME, FRM_VERSION, WhiteLightParams, detect_white_light_flares
+    from pipelines.detect.whitelight import (
+        FRM_NAME,
+        FRM_VERSION,
+        WhiteLightParams,
+        detect_white_light_flares,
+    )
 
     p = params or WhiteLightParams()
     fp = p.flare_params()

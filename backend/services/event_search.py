@@ -24,9 +24,10 @@ Counts
 Time overlap: an event lasts from ``start_time`` to its end (peak when no end). The
 condition ``start_time <= end AND last_time >= start`` alone has no lower bound on the
 indexed ``start_time``; the longest ``duration_s`` of the types searched (one probe of
-``ix_events_type_duration`` per type, or of ``ix_events_duration`` for all types, in a
-subquery PostgreSQL evaluates once) gives one: ``start_time >= start - longest``. Exact,
-not a heuristic: no stored event can overlap and start earlier.
+``ix_events_type_duration`` per type, or of ``ix_events_duration`` for all types, one
+short query) gives one: ``start_time >= start - longest``, passed as a literal so that the
+planner can estimate the range. Exact, not a heuristic: no stored event can overlap and
+start earlier.
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import DateTime, and_, func, literal, literal_column, or_, select, text, tuple_
-from sqlalchemy.orm import Session, defer
+from sqlalchemy import (
+    and_,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+    tuple_,
+)
+from sqlalchemy.orm import Session
 
 from backend.models import Event
 from pipelines.errors import DataError
@@ -70,6 +79,10 @@ SORT_KEYS: dict[str, tuple[Any, bool]] = {
     "id": (Event.id, False),
 }
 DEFAULT_SORT = "-start_time"
+#: Columns of a light search row (what a list, CSV, VOTable or timeline shows).
+LIGHT_COLUMNS = ("id", "event_type", "source", "source_key", "start_time", "peak_time", "end_time", "channels",
+                 "hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s",
+                 "goes_class", "goes_flux", "peak_value", "peak_unit", "noaa_ar", "frm_name", "frm_version")
 _TIME_KEYS = {"start_time", "peak_time", "end_time"}
 
 
@@ -239,16 +252,15 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
         conds.append(func.coalesce(Event.end_time, Event.peak_time, Event.start_time) >= f.start)
         # lower bound on the indexed start_time: no event starts earlier and still overlaps
         if session.get_bind().dialect.name == "postgresql":
-            # a subquery evaluated once (InitPlan) and used as the index bound: no extra round trip
-            earliest = literal(f.start - dt.timedelta(seconds=1), DateTime(timezone=True)) - func.make_interval(
-                0, 0, 0, 0, 0, 0, _longest_duration(f.event_types))
-            conds.append(Event.start_time >= earliest)
-        else:  # SQLite (the embedded mode): small tables, one more query
+            # index probes only; a literal bound (not a subquery) lets the planner estimate the
+            # time range, so that it picks a backward index scan that stops at the page end
+            secs = float(session.scalar(select(_longest_duration(f.event_types))) or 0.0)
+        else:  # SQLite (the embedded mode): small tables
             q = select(func.max(Event.duration_s))
             if f.event_types:
                 q = q.where(Event.event_type.in_(f.event_types))
             secs = float(session.scalar(q) or 0.0)
-            conds.append(Event.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
+        conds.append(Event.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
     if f.sources:
         conds.append(Event.source.in_(f.sources) if len(f.sources) > 1 else Event.source == f.sources[0])
     if f.channel:
@@ -345,8 +357,9 @@ def search_events(
     with_total : bool
         Count the matches (False: ``total`` is -1).
     light : bool
-        Leave ``attributes`` and ``description`` unloaded (a list page does not show them;
-        the JSON column is the costliest to read).
+        Return read-only rows (``sqlalchemy.Row``, attribute access like an ``Event``) of
+        :data:`LIGHT_COLUMNS` instead of ORM objects: no ``attributes`` JSON, no
+        ``description``; a third of the cost of a page of 100 (a list does not show them).
 
     Returns
     -------
@@ -368,13 +381,12 @@ def search_events(
             raise SearchError("cursor and offset cannot be combined: a cursor already says where the page starts")
         value, row_id = decode_cursor(cursor, sort_s, fp)
         page_conds.append(_keyset(key, desc, value, row_id))
-    q = select(Event)
-    if light:
-        q = q.options(defer(Event.attributes), defer(Event.description), defer(Event.created_at),
-                      defer(Event.duration_s))
+    # light: plain rows of the listed columns (read-only; no ORM identity map, no JSON column)
+    q = select(*[Event.__table__.c[c] for c in LIGHT_COLUMNS]) if light else select(Event)
     if page_conds:
         q = q.where(*page_conds)
-    rows = list(session.scalars(q.order_by(*_order(key, desc)).limit(limit + 1).offset(offset)))
+    q = q.order_by(*_order(key, desc)).limit(limit + 1).offset(offset)
+    rows = list(session.execute(q)) if light else list(session.scalars(q))
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = None

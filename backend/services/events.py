@@ -25,11 +25,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import and_, func, insert, or_, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from backend.models import Event, EventAssociation, utcnow
-from pipelines.catalogues import CATALOGUES, AssociationRecord, CatalogueError, catalogue_files, parse_catalogue
+from pipelines.catalogues import (
+    CATALOGUES,
+    AssociationRecord,
+    CatalogueError,
+    catalogue_files,
+    parse_catalogue,
+)
 
 __all__ = [
     "ImportReport",
@@ -376,7 +382,12 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     int
         Links made now (each stored both ways); links already stored are not counted.
     """
-    from pipelines.detect.associate import CME_AFTER_FLARE, CME_BEFORE_FLARE, cme_follows, same_flare
+    from pipelines.detect.associate import (
+        CME_AFTER_FLARE,
+        CME_BEFORE_FLARE,
+        cme_follows,
+        same_flare,
+    )
 
     made = link_wst_goes(session)
     margin = dt.timedelta(hours=2)
@@ -436,20 +447,6 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     return made + len(unique)
 
 
-def _overlap(start: dt.datetime | None, end: dt.datetime | None):
-    conds = []
-    if end is not None:
-        conds.append(Event.start_time <= end)
-    if start is not None:
-        conds.append(func.coalesce(Event.end_time, Event.peak_time, Event.start_time) >= start)
-    return conds
-
-
-def _channel_filter(channel: str):
-    c = Event.channels
-    return or_(c == channel, c.like(f"{channel},%"), c.like(f"%,{channel}"), c.like(f"%,{channel},%"))
-
-
 def list_events(
     session: Session,
     *,
@@ -462,6 +459,10 @@ def list_events(
     offset: int = 0,
 ) -> tuple[list[Event], int]:
     """Events matching the filters, ordered by start time, and how many match in all.
+
+    The offset-paged form of :func:`backend.services.event_search.search_events` (which has
+    every filter, any sort and cursors); ``total`` is exact up to 10,000 matches and the
+    planner's estimate above (on PostgreSQL).
 
     Parameters
     ----------
@@ -483,21 +484,12 @@ def list_events(
     total : int
         Number of matching events (all pages).
     """
-    conds = _overlap(start, end)
-    if event_type:
-        conds.append(Event.event_type == event_type)
-    if source:
-        conds.append(Event.source == source)
-    if channel:
-        conds.append(_channel_filter(channel))
-    where = and_(*conds) if conds else None
-    q = select(Event)
-    cq = select(func.count()).select_from(Event)
-    if where is not None:
-        q, cq = q.where(where), cq.where(where)
-    total = session.scalar(cq) or 0
-    rows = list(session.scalars(q.order_by(Event.start_time, Event.id).limit(limit).offset(offset)))
-    return rows, int(total)
+    from backend.services.event_search import EventFilters, search_events
+
+    filters = EventFilters(event_types=(event_type,) if event_type else (), start=start, end=end,
+                           sources=(source,) if source else (), channel=channel)
+    page = search_events(session, filters, sort="start_time", limit=limit, offset=offset)
+    return page.items, page.total
 
 
 def get_event(session: Session, event_id: int) -> Event | None:

@@ -11,24 +11,27 @@ from pydantic import AfterValidator
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.params import (
-    ChannelQuery,
-    EventSearchDep,
-    EventTypeQuery,
-    IdPath,
     SAFE_KEY_PATTERN,
+    EventSearchDep,
+    IdPath,
     PaginationDep,
-    TimeRangeDep,
     canonical_channel,
 )
-from backend.api.schemas import EventAssociationPublic, EventDetail, EventPublic, EventsPublic, LightCurvePublic
+from backend.api.schemas import (
+    EventAssociationPublic,
+    EventDetail,
+    EventPublic,
+    EventsPublic,
+    LightCurvePublic,
+)
 from backend.figures import events_timeline_figure, lightcurve_figure
 from backend.models import Event
 from backend.services import event_formats
 from backend.services import event_search as event_search_service
 from backend.services import events as events_service
-from backend.services.event_search import DEFAULT_SORT
 from backend.services import frames as frames_service
 from backend.services import products as products_service
+from backend.services.event_search import DEFAULT_SORT
 
 router = APIRouter(prefix="/events", tags=["events"])
 
