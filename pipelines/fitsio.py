@@ -89,6 +89,12 @@ def parse_date_obs(value: str) -> Time:
         yy, mo, d, hh, mm, ss = m.groups()
         iso = f"{_century(yy):04d}-{int(mo):02d}-{int(d):02d}T{int(hh):02d}:{mm}:{ss}"
         return Time(iso, format="isot", scale="utc")
+    if re.search(r"[T ]\d{1,2}:\d{2}(:\d{2}(\.\d*)?)?[+-]\d{2}:?\d{2}$", s):  # ISO with a UTC offset
+        try:
+            when = dt.datetime.fromisoformat(s).astimezone(dt.UTC).replace(tzinfo=None)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
+        return Time(when, scale="utc")
     s = s.rstrip("Zz").replace(" ", "T", 1) if "T" not in s else s.rstrip("Zz")
     try:
         return Time(s, scale="utc")
@@ -220,7 +226,10 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "SIMPLE" in msg or "Empty or corrupt" in msg or "header" in msg.lower():
             with open(p, "rb") as f:
-                head = f.read(24).decode("ascii", "replace").split("\n")[0].strip()
+                raw = f.read(24)
+            if raw[:2] == b"\x1f\x8b":
+                raise FitsReadError("a gzip file that does not decompress to a FITS file") from None
+            head = raw.decode("ascii", "replace").split("\n")[0].strip()
             raise FitsReadError(f"not a FITS file: no SIMPLE card, it starts with {head!r}") from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
     except (TypeError, ValueError, IndexError, EOFError) as exc:
@@ -289,5 +298,8 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
 
 
 def utc_datetime(t: Time) -> dt.datetime:
-    """An aware UTC ``datetime`` from an astropy ``Time``."""
-    return t.utc.to_datetime(timezone=dt.UTC)
+    """An aware UTC ``datetime`` from an astropy ``Time``.
+
+    ``datetime`` has no second 60: a time inside a leap second is carried into the next
+    second (astropy's ``leap_second_strict='silent'``)."""
+    return t.utc.to_datetime(timezone=dt.UTC, leap_second_strict="silent")

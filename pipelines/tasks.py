@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import chain
+from celery.signals import worker_ready
 from sqlalchemy.exc import OperationalError
 
 from backend.db import session_scope
@@ -16,6 +17,20 @@ from backend.settings import get_settings
 from pipelines.celery_app import app
 
 log = logging.getLogger(__name__)
+
+@worker_ready.connect
+def _reap_on_start(**_kwargs) -> None:
+    """A starting worker fails the products that dead workers left behind."""
+    from backend.services.processing import reap_stale_work
+
+    try:
+        with session_scope() as s:
+            n = reap_stale_work(s)
+        if n:
+            log.warning("reaped %d products lost by earlier workers", n)
+    except Exception:  # noqa: BLE001 - never keep a worker from starting
+        log.exception("could not reap stale work")
+
 
 RETRY = dict(autoretry_for=(OperationalError,), retry_backoff=2, retry_backoff_max=60, max_retries=5)
 
@@ -35,8 +50,12 @@ def ingest_file(self, path: str, move: bool = True) -> dict:
 def run_job(self, job_id: str) -> dict:
     """Plan a job and fan out one chain per product: calibrate -> record progress."""
     from backend.models import Job, JobState
-    from backend.services.processing import plan_job
+    from backend.services.processing import plan_job, reap_stale_work
 
+    with session_scope() as s:
+        reaped = reap_stale_work(s)
+    if reaped:
+        log.warning("reaped %d products lost by earlier jobs", reaped)
     try:
         with session_scope() as s:
             todo = plan_job(s, job_id)

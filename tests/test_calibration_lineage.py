@@ -163,14 +163,15 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     prod1 = calibrate_product(db_session, prod1.id, settings)
     assert prod1.state == ProductState.written, prod1.error
     data1, _, h1 = read_product(prod1.path)
-    # the header names every calibration file and version used, PSF included
+    # the header names every calibration file and version used; a registered PSF master is
+    # not part of the set unless the job asks for deconvolution
     used = {f.kind.value: f for f in prod1.calibration_files}
-    assert set(used) == {"dark", "flat", "radiometric", "mask_geometry", "psf"}
+    assert set(used) == {"dark", "flat", "radiometric", "mask_geometry"}
     for kind, f in used.items():
         name, ver, cid, sha = CAL_KEYWORDS[kind]
         assert h1[ver] == f.version and h1[cid] == f.id and h1[sha] == f.sha256, kind
         assert h1[name] == f.path.rsplit("/", 1)[1], kind
-    assert "deconvolve_psf: not applied" in "".join(str(v) for v in h1["HISTORY"])
+    assert "deconvolve_psf" in "".join(str(v) for v in h1["HISTORY"])  # skipped, and said so
 
     # a re-plan with the same calibration set is a no-op
     same, new = plan_product(db_session, frame, pinned=None, options={}, job_id=None)
@@ -216,3 +217,13 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     pinned, new = plan_product(db_session, frame, pinned={"flat": 1}, options={}, job_id=None)
     assert pinned.calibration_key == prod1.calibration_key and pinned.params_hash == prod1.params_hash
     assert pinned.id == prod1.id and not new
+
+    # PSF deconvolution asked for: the PSF master joins the set and the header names it too
+    prod_psf, new = plan_product(db_session, frame, pinned=None, options={"deconvolve_psf": True}, job_id=None)
+    assert new and "psf" in {f.kind.value for f in prod_psf.calibration_files}
+    prod_psf = calibrate_product(db_session, prod_psf.id, settings)
+    assert prod_psf.state == ProductState.written, prod_psf.error
+    _, _, hp = read_product(prod_psf.path)
+    for kind, f in {f.kind.value: f for f in prod_psf.calibration_files}.items():
+        name, ver, cid, sha = CAL_KEYWORDS[kind]
+        assert hp[ver] == f.version and hp[cid] == f.id and hp[sha] == f.sha256, kind

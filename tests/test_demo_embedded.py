@@ -46,10 +46,11 @@ def test_demo_embedded(tmp_path):
         n_events = s.scalar(select(func.count()).select_from(Event))
         n_products = s.scalar(select(func.count()).select_from(Product))
     quarantine = tmp_path / "var" / "quarantine"
-    kept = sorted(p.name for p in quarantine.iterdir() if not p.name.endswith(".reason"))
+    kept = sorted(p.name.split("_", 1)[1] for p in quarantine.iterdir() if not p.name.endswith(".reason"))
     from tests.conftest import SAMPLE
 
     assert kept == sorted(p.name for p in (SAMPLE / "bad-input").iterdir())
+    n_quarantined = len(list(quarantine.iterdir()))
     for name in kept:
         assert (quarantine / f"{name}.reason").read_text().strip()
     assert not any((tmp_path / "var" / "inbox").iterdir())
@@ -61,4 +62,5 @@ def test_demo_embedded(tmp_path):
         assert s.scalar(select(func.count()).select_from(Event)) == n_events
         assert s.scalar(select(func.count()).select_from(Product)) == n_products
         assert s.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    assert len(list(quarantine.iterdir())) == n_quarantined, "the same bad bytes are kept once"
     engine.dispose()

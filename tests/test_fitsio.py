@@ -24,10 +24,20 @@ from tests.conftest import SAMPLE
         ("2004-03-01T00:00:10.515Z", "2004-03-01T00:00:10.515"),  # EIT
         ("2007/05/03 10:20:18.005", "2007-05-03T10:20:18.005"),
         ("2011-02-15T00:00:00.34", "2011-02-15T00:00:00.340"),
+        ("2024-05-01T08:00:00+08:00", "2024-05-01T00:00:00.000"),  # UTC offset
+        ("2016-12-31T23:59:60.5", "2016-12-31T23:59:60.500"),  # a leap second is a valid UTC time
     ],
 )
 def test_parse_date_obs(text, iso):
     assert parse_date_obs(text).isot == iso
+
+
+def test_leap_second_becomes_an_aware_datetime():
+    from pipelines.fitsio import utc_datetime
+
+    # datetime cannot hold second 60: astropy carries it into the next second
+    t = utc_datetime(parse_date_obs("2016-12-31T23:59:60.5"))
+    assert t.isoformat() == "2017-01-01T00:00:00.500000+00:00"
 
 
 def test_parse_date_obs_refuses_garbage():

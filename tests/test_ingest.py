@@ -83,10 +83,39 @@ def test_every_bad_input_file_is_rejected_and_kept(sqlite_env, tmp_path, name):
     assert out.status == "rejected"
     assert out.reason and "\n" not in out.reason and "Traceback" not in out.reason
     kept = Path(out.stored_path)
-    assert kept.parent == sqlite_env.quarantine and kept.read_bytes() == (SAMPLE / "bad-input" / name).read_bytes()
+    assert kept.parent == sqlite_env.quarantine and kept.name.endswith("_" + name) and kept.read_bytes() == (SAMPLE / "bad-input" / name).read_bytes()
     assert kept.with_name(kept.name + ".reason").read_text().strip() == out.reason
     with session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Frame)) == 0
+
+
+def test_same_bad_file_is_quarantined_once(sqlite_env, tmp_path):
+    for i in range(2):
+        src = tmp_path / "junk.fits"
+        src.write_text("<html>500 Internal Server Error</html>")
+        with session_scope() as s:
+            out = ingest_path(s, src, sqlite_env)
+        assert out.status == "rejected" and not src.exists()
+    kept = sorted(p.name for p in sqlite_env.quarantine.iterdir())
+    assert len(kept) == 2 and kept[1] == kept[0] + ".reason"
+
+
+def test_unreadable_file_is_rejected_and_the_batch_goes_on(sqlite_env, tmp_path, monkeypatch):
+    import backend.services.ingest as ingest_mod
+
+    bad, good = lst_raw(tmp_path / "a_unreadable.fits", seed=4), lst_raw(tmp_path / "b_good.fits", seed=5)
+    real = ingest_mod.sha256_file
+
+    def deny(path, *a, **k):
+        if Path(path).name == bad.name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(ingest_mod, "sha256_file", deny)
+    from backend.cli import ingest_files
+
+    assert ingest_files([bad, good], move=True, progress=False) == {"rejected": 1, "ingested": 1}
+    assert bad.exists(), "a file that cannot be read is left where it is"
 
 
 def test_rejections_do_not_stop_the_batch(sqlite_env, tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import shutil
 import warnings
 from dataclasses import dataclass
@@ -80,10 +81,22 @@ def _move_or_copy(src: Path, dst: Path, move: bool) -> Path:
     return dst
 
 
-def quarantine(src: Path, reason: str, settings: Settings, move: bool) -> Path:
-    """Keep a rejected file for inspection, with its reason in ``<name>.reason``."""
-    dst = _move_or_copy(src, settings.quarantine / src.name, move)
-    dst.with_name(dst.name + ".reason").write_text(reason + "\n")
+def quarantine(src: Path, reason: str, settings: Settings, move: bool, sha: str | None = None) -> Path:
+    """Keep a rejected file for inspection, with its reason in ``<name>.reason``.
+
+    Files are kept under ``<first 12 hex of SHA-256>_<name>``: the same bytes rejected again
+    are not stored twice (with ``move`` the source is then removed, its copy being kept).
+    """
+    sha = sha or sha256_file(src)
+    dst = settings.quarantine / f"{sha[:12]}_{src.name}"
+    if dst.exists():
+        if move:
+            src.unlink()
+        return dst
+    dst = _move_or_copy(src, dst, move)
+    tmp = dst.with_name(dst.name + ".reason.part")
+    tmp.write_text(reason + "\n")
+    os.replace(tmp, dst.with_name(dst.name + ".reason"))
     return dst
 
 
@@ -137,8 +150,12 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
     """
     src = Path(path)
     if not src.is_file():
-        return IngestOutcome(str(src), "rejected", f"no such file: {src}")
-    sha = sha256_file(src)
+        why = "a symbolic link that leads nowhere" if src.is_symlink() else "no such file"
+        return IngestOutcome(str(src), "rejected", f"{why}: {src}")
+    try:
+        sha = sha256_file(src)
+    except OSError as exc:  # unreadable: nothing can be moved either; say why and carry on
+        return IngestOutcome(str(src), "rejected", f"cannot read the file: {exc.strerror or exc}")
     if session.scalar(select(Frame.id).where(Frame.sha256 == sha)) is not None:
         fid = session.scalar(select(Frame.id).where(Frame.sha256 == sha))
         return IngestOutcome(str(src), "duplicate", "same SHA-256 as an ingested frame", frame_id=fid)
@@ -185,5 +202,5 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - any other failure on one file must not stop the batch
         reason = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
-    where = quarantine(src, reason, settings, move)
+    where = quarantine(src, reason, settings, move, sha)
     return IngestOutcome(str(src), "rejected", reason, stored_path=str(where))

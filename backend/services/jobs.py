@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -17,11 +19,38 @@ from backend.models import CalibrationFile, CalibrationKind, Job, JobState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 
-__all__ = ["JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
+__all__ = ["JobOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
+
+#: Largest calibration version number accepted (a 32-bit signed integer column).
+MAX_VERSION = 2**31 - 1
 
 
 class JobRequestError(DataError):
     """A job request that cannot be run (unknown channel, pinned version that does not exist...)."""
+
+
+class JobOptions(BaseModel):
+    """Calibration options of a job; unknown keys and wrong types are refused.
+
+    Only options that differ from their defaults identify a product (``params_hash``), so a
+    job that spells out the defaults adds nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: Literal["cpu", "gpu"] = Field("cpu", description="gpu: run on the GPU workers (queue gpu, CuPy)")
+    deconvolve_psf: StrictBool = Field(False, description="SDI: Richardson-Lucy PSF deconvolution")
+    psf_iterations: int = Field(30, ge=1, le=500, description="Richardson-Lucy iterations")
+    remove_cosmic_rays: StrictBool = Field(False, description="L.A.Cosmic cosmic-ray removal (van Dokkum 2001)")
+    flag_bad_pixels: StrictBool = Field(True, description="flag hot/bad pixels of the dark master in DQ")
+    subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
+    rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
+    interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
+    saturation_dn: float = Field(65535.0, gt=0, le=65535, description="[DN] pixels at or above are flagged")
+
+    def identity(self) -> dict[str, Any]:
+        """The options that change the product's values (``device`` does not)."""
+        return self.model_dump(exclude_defaults=True, exclude={"device"})
 
 
 class JobRequest(BaseModel):
@@ -36,7 +65,7 @@ class JobRequest(BaseModel):
     start: dt.datetime = Field(description="DATE-OBS range start (UTC, ISO 8601)")
     end: dt.datetime = Field(description="DATE-OBS range end (UTC, ISO 8601)")
     pinned_calibrations: dict[str, int] = Field(default_factory=dict)
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: JobOptions = Field(default_factory=JobOptions)
     owner: str = Field(default="anonymous", max_length=100)
 
     @field_validator("channels")
@@ -53,7 +82,10 @@ class JobRequest(BaseModel):
     @field_validator("start", "end")
     @classmethod
     def _utc(cls, v: dt.datetime) -> dt.datetime:
-        return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+        try:
+            return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError("date out of range once converted to UTC") from None
 
     @field_validator("pinned_calibrations")
     @classmethod
@@ -62,8 +94,8 @@ class JobRequest(BaseModel):
         for k, ver in v.items():
             if k not in kinds:
                 raise ValueError(f"unknown calibration kind {k!r}; expected one of {', '.join(sorted(kinds))}")
-            if ver < 1:
-                raise ValueError(f"calibration version must be >= 1, got {ver} for {k}")
+            if not 1 <= ver <= MAX_VERSION:
+                raise ValueError(f"calibration version must be between 1 and {MAX_VERSION}, got {ver} for {k}")
         return v
 
     @model_validator(mode="after")
@@ -90,6 +122,16 @@ def submit_job(session: Session, req: JobRequest, *, enqueue: bool = True) -> Jo
     JobRequestError
         If a pinned calibration version does not exist for any requested channel.
     """
+    if req.options.device == "gpu":
+        from backend.settings import get_settings
+
+        if get_settings().embedded:
+            raise JobRequestError("device 'gpu' needs GPU workers (production mode); the embedded mode has a CPU worker only")
+    if req.options.deconvolve_psf and "SDI" in req.channels:
+        n = session.scalar(select(func.count()).select_from(CalibrationFile).where(
+            CalibrationFile.kind == CalibrationKind.psf, CalibrationFile.channel_code == "SDI"))
+        if not n:
+            raise JobRequestError("deconvolve_psf needs an SDI psf calibration file; none is registered")
     for kind, version in req.pinned_calibrations.items():
         n = session.scalar(
             select(func.count()).select_from(CalibrationFile).where(

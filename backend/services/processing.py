@@ -30,7 +30,13 @@ from pipelines.errors import DataError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "record_item", "frames_for_job"]
+__all__ = ["plan_job", "plan_product", "calibrate_product", "record_item", "frames_for_job",
+           "reap_stale_work", "STALE_AFTER_S"]
+
+#: A product of a running job with no state change for this long [s] is taken as lost
+#: (its worker died, or no worker consumes its queue). A full-size frame calibrates in
+#: tens of seconds, so this leaves a wide margin.
+STALE_AFTER_S = 1800.0
 
 
 def frames_for_job(session: Session, job: Job) -> list[Frame]:
@@ -50,8 +56,13 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     (same frame, calibration set and parameters) is already written: re-running a job adds
     nothing. Raises ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
     """
-    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1)
-    ph = params_hash(options or {})
+    from backend.services.jobs import JobOptions
+
+    opts = JobOptions.model_validate(options or {})
+    also = ("psf",) if opts.deconvolve_psf and frame.channel_code == "SDI" else ()
+    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1,
+                              also_required=also)
+    ph = params_hash(opts.identity())
     existing = session.scalar(select(Product).where(
         Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))
     if existing is not None:
@@ -61,7 +72,7 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
         existing.error = None
         existing.job_id = job_id
         return existing, True
-    version = 1 + (session.scalar(select(func.count()).select_from(Product).where(Product.frame_id == frame.id)) or 0)
+    version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
     prod = Product(frame_id=frame.id, level="L2", version=version, calibration_key=sel.key, params_hash=ph,
                    parameters={"options": options or {}, "pinned": pinned or {}, "warnings": sel.warnings},
                    software_version=__version__, state=ProductState.planned, job_id=job_id)
@@ -137,6 +148,7 @@ def record_item(session: Session, job_id: str | None, product_id: int) -> Job | 
     session.refresh(job)
     if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
         _finish(job)
+        session.flush()
     return job
 
 
@@ -208,3 +220,32 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
         session.commit()
         raise
     return prod
+
+
+def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
+                    now: dt.datetime | None = None) -> int:
+    """Fail the products of running jobs that made no progress for ``stale_after_s``.
+
+    A worker killed mid-task, a message lost by the broker, or a job sent to a queue no
+    worker consumes would otherwise leave products ``planned``/``writing`` and their job
+    ``running`` for ever. Each such product becomes ``failed`` with the reason and counts
+    towards its job, which then ends (``failed``, with the reasons) like any other.
+    Returns the number of products reaped. The caller commits.
+    """
+    now = now or utcnow()
+    cutoff = now - dt.timedelta(seconds=stale_after_s)
+    stuck = list(session.scalars(
+        select(Product).join(Job, Product.job_id == Job.id).where(
+            Job.state == JobState.running,
+            Product.state.in_([ProductState.planned, ProductState.writing]),
+            Product.updated_at < cutoff,
+        )))
+    for prod in stuck:
+        was = prod.state.value
+        queue = ((prod.parameters or {}).get("options") or {}).get("device", "cpu")
+        prod.state = ProductState.failed
+        prod.error = (f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
+                      f"(worker died, message lost, or no worker consumes queue '{queue}')")
+        session.flush()
+        record_item(session, prod.job_id, prod.id)
+    return len(stuck)

@@ -27,7 +27,9 @@ REQUIRED_KINDS: dict[str, tuple[str, ...]] = {
     "SCI-WL": ("dark", "flat", "radiometric", "stray_light"),
 }
 #: Kinds used when present.
-OPTIONAL_KINDS: tuple[str, ...] = ("mask_geometry", "psf")
+OPTIONAL_KINDS: tuple[str, ...] = ("mask_geometry",)
+#: Kinds used only when a job's options ask for them (``deconvolve_psf`` -> ``psf``).
+ON_REQUEST_KINDS: tuple[str, ...] = ("psf",)
 #: A calibration file whose validity starts more than this many days from DATE-OBS is flagged.
 FAR_DAYS = 30.0
 
@@ -55,7 +57,7 @@ def _fits_frame(f: CalibrationFile, naxis: int | None) -> bool:
 
 def select_calibrations(
     session: Session, channel: str, date_obs: dt.datetime, pinned: dict[str, int] | None = None,
-    naxis: int | None = None,
+    naxis: int | None = None, also_required: tuple[str, ...] = (),
 ) -> SelectedCalibrations:
     """Choose the calibration files for one frame.
 
@@ -69,6 +71,10 @@ def select_calibrations(
         ``{kind: version}`` pinned by a job; a pinned version must exist for the channel.
     naxis : int, optional
         The frame's size [pixel]; masters whose ``FRMNAXIS`` differs are passed over.
+    also_required : tuple of str
+        Kinds the job's options need (e.g. ``("psf",)`` for PSF deconvolution). A kind of
+        :data:`ON_REQUEST_KINDS` is selected only when asked for here, so registering a PSF
+        master does not change the calibration set of products that do not use it.
 
     Raises
     ------
@@ -79,7 +85,8 @@ def select_calibrations(
     date_obs = _aware(date_obs)
     chosen: dict[str, CalibrationFile] = {}
     warnings: list[str] = []
-    for kind in (*REQUIRED_KINDS[channel], *OPTIONAL_KINDS):
+    required = (*REQUIRED_KINDS[channel], *also_required)
+    for kind in dict.fromkeys((*required, *OPTIONAL_KINDS)):
         q = select(CalibrationFile).where(
             CalibrationFile.channel_code == channel, CalibrationFile.kind == CalibrationKind(kind)
         )
@@ -100,7 +107,7 @@ def select_calibrations(
             )
             f = next((c for c in candidates if _fits_frame(c, naxis)), None)
         if f is None:
-            if kind in REQUIRED_KINDS[channel]:
+            if kind in required:
                 raise CalibrationMissingError(
                     f"{channel}: no {kind} calibration file valid at {date_obs.isoformat()}"
                     + (f" for {naxis} px frames" if naxis else "")

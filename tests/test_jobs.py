@@ -1,0 +1,100 @@
+"""Job requests: strict options, bounded values, and what makes a product the same."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from backend.api.app import create_app
+from backend.api.deps import get_session
+from backend.models import Job
+from backend.services.jobs import JobOptions, JobRequest
+from backend.services.registry import params_hash
+
+pytestmark = pytest.mark.postgres
+
+BASE = {"channels": ["SDI"], "start": "2004-03-01T00:00:00", "end": "2004-03-02T00:00:00"}
+
+
+@pytest.fixture
+def client(db_session, settings_env):
+    settings_env()
+    app = create_app()
+
+    def _session():
+        yield db_session
+
+    app.dependency_overrides[get_session] = _session
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"options": {"bogus": [1, 2]}}, "bogus"),
+        ({"options": {"deconvolve_psf": "yes"}}, "deconvolve_psf"),
+        ({"options": {"interpolation_order": 9}}, "interpolation_order"),
+        ({"options": {"device": "tpu"}}, "device"),
+        ({"start": "9999-12-31T23:00:00-05:00"}, "out of range"),
+        ({"start": "0001-01-01T00:00:00+05:00"}, "out of range"),
+        ({"pinned_calibrations": {"flat": 99999999999999999999999}}, "between 1 and"),
+    ],
+)
+def test_bad_options_and_values_are_422(client, db_session, extra, needle):
+    r = client.post("/api/v1/jobs", json={**BASE, **extra})
+    assert r.status_code == 422, r.text
+    assert needle in r.text
+    assert db_session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_gpu_device_is_refused_in_the_embedded_mode(client, db_session):
+    r = client.post("/api/v1/jobs", json={**BASE, "options": {"device": "gpu"}})
+    assert r.status_code in (400, 422) and "GPU workers" in r.json()["detail"]
+    assert db_session.scalar(select(func.count()).select_from(Job)) == 0
+
+
+def test_psf_deconvolution_needs_a_psf_master(client, db_session):
+    r = client.post("/api/v1/jobs", json={**BASE, "options": {"deconvolve_psf": True}})
+    assert r.status_code in (400, 422) and "psf calibration" in r.json()["detail"]
+
+
+def test_spelled_out_defaults_identify_the_same_product():
+    explicit = JobOptions(rotate_north_up=True, subtract_stray_light=True, interpolation_order=3, device="cpu")
+    assert params_hash(explicit.identity()) == params_hash(JobOptions().identity()) == params_hash({})
+    assert params_hash(JobOptions(interpolation_order=1).identity()) != params_hash({})
+    req = JobRequest(**BASE, options={"remove_cosmic_rays": True})
+    assert req.options.identity() == {"remove_cosmic_rays": True}
+
+
+def test_lost_work_is_reaped_and_the_job_ends(db_session):
+    """A worker killed mid-task leaves a product 'writing': the reaper fails it and the job ends."""
+    import datetime as dt
+
+    from backend.models import Frame, JobState, Product, ProductState
+    from backend.services.processing import reap_stale_work
+
+    s = db_session
+    now = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    job = Job(parameters={"channels": ["SDI"]}, state=JobState.running, total=2, done=1)
+    s.add(job)
+    s.flush()
+    prods = []
+    for i, state in enumerate((ProductState.written, ProductState.writing)):
+        f = Frame(channel_code="SDI", date_obs=now, exposure_s=1.0, naxis1=8, naxis2=8, path=f"/x/{i}",
+                  original_name=f"{i}.fits", sha256=f"{i:064d}", size_bytes=1, header={})
+        s.add(f)
+        s.flush()
+        p = Product(frame_id=f.id, calibration_key="k", params_hash="h", software_version="t", state=state,
+                    job_id=job.id, updated_at=now - dt.timedelta(hours=2))
+        s.add(p)
+        prods.append(p)
+    s.flush()
+    assert reap_stale_work(s, now=now - dt.timedelta(hours=1, minutes=45)) == 0  # not stale yet
+    assert reap_stale_work(s, now=now) == 1
+    s.refresh(job)
+    assert prods[0].state == ProductState.written
+    assert prods[1].state == ProductState.failed and "lost: writing" in prods[1].error
+    assert job.state == JobState.failed and job.failed == 1 and "lost" in job.error
+    assert reap_stale_work(s, now=now) == 0
