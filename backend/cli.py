@@ -191,7 +191,7 @@ def cmd_detect(args) -> int:
         for e in events:
             _say(f"FL {e.start_time:%Y-%m-%d %H:%M} peak {e.peak_time:%H:%M} end {e.end_time:%H:%M} "
                  f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
-        _say(f"{len(events)} flare(s) stored")
+        _say(f"{len(events)} flare(s) in the SDI series (re-running stores nothing twice)")
         from backend.services.events import associate_events
 
         _say(f"associations: {associate_events(s)} new link(s)")
