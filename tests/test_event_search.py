@@ -195,6 +195,9 @@ def test_csv_votable_hek_formats(client, catalogue):
     assert h["hpc_x"] == 800 and h["event_coordsys"] == "UTC-HPC-TOPO" and h["event_coord2"] == 400
     last = client.get("/api/v1/events", params={**params, "format": "hek", "cursor": r.headers["x-next-cursor"]}).json()
     assert last["overmax"] is False and [x["lst_id"] for x in last["result"]] == [e["x10"].id]
+    empty = client.get("/api/v1/events", params={"type": "CH", "format": "votable"})
+    assert len(parse_single_table(io.BytesIO(empty.content)).to_table()) == 0
+    assert client.get("/api/v1/events", params={"type": "CH", "format": "csv"}).text.startswith("id,event_type,")
     cme = client.get("/api/v1/events", params={"type": "CE", "format": "hek", "pa_min": 170, "pa_max": 190}).json()
     assert cme["result"][0]["cme_radiallinvel"] == 1500 and cme["result"][0]["cme_angularwidth"] == 80
 
