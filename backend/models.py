@@ -198,7 +198,11 @@ class Product(Base):
         secondary="product_calibration_files", viewonly=True
     )
 
-    __table_args__ = (UniqueConstraint("frame_id", "calibration_key", "params_hash"),)
+    __table_args__ = (
+        UniqueConstraint("frame_id", "calibration_key", "params_hash"),
+        # two jobs planning the same frame at once cannot both take the next version number
+        UniqueConstraint("frame_id", "version", name="uq_products_frame_id_version"),
+    )
 
 
 class ProductCalibrationFile(Base):

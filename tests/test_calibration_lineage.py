@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from astropy.io import fits
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from backend.api.app import create_app
 from backend.api.deps import get_session
@@ -63,8 +63,10 @@ def _cal(session, version: int, start: dt.datetime, end: dt.datetime | None) -> 
     return c
 
 
-def _product(session, frame: Frame, cal: CalibrationFile, version: int = 1, *,
+def _product(session, frame: Frame, cal: CalibrationFile, version: int | None = None, *,
              state: ProductState = ProductState.written, pinned: dict | None = None) -> Product:
+    if version is None:  # the next version of this frame (unique per frame)
+        version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
     p = Product(frame_id=frame.id, level="L2", version=version, calibration_key=f"flat:{cal.id}",
                 params_hash=uuid.uuid4().hex[:16], parameters={"options": {}, "pinned": pinned or {}},
                 software_version="test", state=state)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backend import __version__
@@ -102,9 +103,15 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     todo: list[int] = []
     for frame in frames:
         try:
-            with session.begin_nested():
-                prod, new = plan_product(session, frame, pinned=job.parameters.get("pinned_calibrations"),
-                                         options=job.parameters.get("options"), job_id=job.id)
+            for attempt in (1, 2):
+                try:
+                    with session.begin_nested():
+                        prod, new = plan_product(session, frame, pinned=job.parameters.get("pinned_calibrations"),
+                                                 options=job.parameters.get("options"), job_id=job.id)
+                    break
+                except IntegrityError:  # another job took this version number (or product) meanwhile
+                    if attempt == 2:
+                        raise
         except DataError as exc:
             job.failed += 1
             errors.append(f"frame {frame.id}: {exc}")
