@@ -55,12 +55,20 @@ ANNULI = np.round(np.arange(1.10, 2.5001, 0.05), 3)
 
 
 def load_masters(calibration_files) -> dict[str, dict[str, CalibrationInput]]:
-    """Masters of a :class:`pipelines.simulate.SimulationResult` by channel and kind (ids 1, 2, ...)."""
+    """Masters of a :class:`pipelines.simulate.SimulationResult` by channel and kind (ids 1, 2, ...).
+
+    The bad-pixel map of each dark master is derived here, once, as a worker keeps its
+    masters resident (so that the calibration times measured later are per frame).
+    """
+    from pipelines.calibration.flow import bad_pixel_map
+
     cals: dict[str, dict[str, CalibrationInput]] = {}
     for i, c in enumerate(calibration_files):
         ci = load_calibration_master(c.path)
         ci.id = i + 1
         cals.setdefault(c.channel, {})[c.kind] = ci
+        if c.kind == "dark":
+            bad_pixel_map(ci)
     return cals
 
 
@@ -161,7 +169,8 @@ def frame_metrics(l2, truth: np.ndarray, stray: np.ndarray | None, truth_header:
 
 
 def validate_simulation(sim, *, options: dict | None = None, keep_maps: bool = False,
-                        stray_overrides: dict[str, CalibrationInput] | None = None) -> list[dict[str, Any]]:
+                        stray_overrides: dict[str, CalibrationInput] | None = None,
+                        masters: dict[str, dict[str, CalibrationInput]] | None = None) -> list[dict[str, Any]]:
     """Calibrate every frame of a simulation and compare it with its truth.
 
     Parameters
@@ -174,13 +183,16 @@ def validate_simulation(sim, *, options: dict | None = None, keep_maps: bool = F
     stray_overrides : dict, optional
         ``{channel: CalibrationInput}`` replacing the channel's stray-light master (a
         measured map).
+    masters : dict, optional
+        :func:`load_masters` of ``sim`` (loaded here if not given).
 
     Returns
     -------
     list of dict
-        :func:`frame_metrics` per frame, plus ``date_obs``, ``seconds`` (calibration time).
+        :func:`frame_metrics` per frame, plus ``date_obs``, ``seconds`` (calibration time
+        of the frame, masters resident).
     """
-    cals = load_masters(sim.calibration_files)
+    cals = masters if masters is not None else load_masters(sim.calibration_files)
     rows = []
     for f in sim.frames:
         raw = read_image(f.raw_path)
@@ -201,7 +213,8 @@ def validate_simulation(sim, *, options: dict | None = None, keep_maps: bool = F
 
 
 def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.0, version: int = 2,
-                    out_dir: str | Path | None = None) -> dict[str, dict[str, Any]]:
+                    out_dir: str | Path | None = None, variants: list[tuple[str | None, float, int]] | None = None,
+                    masters: dict[str, dict[str, CalibrationInput]] | None = None) -> Any:
     """Measure a stray-light map from an SCI sequence, write it as a master, recalibrate with it.
 
     Parameters
@@ -218,10 +231,15 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
         ``CALVER`` of the new stray-light master.
     out_dir : path-like, optional
         Where the new master is written (default: the simulation's calibration folder).
+    variants : list of (corona, percentile, version), optional
+        Several measurements from one calibration of the sequence; the result is then a
+        list with one dict (as below) per variant.
+    masters : dict, optional
+        :func:`load_masters` of ``sim``.
 
     Returns
     -------
-    dict
+    dict (or list of dict with ``variants``)
         Per channel: ``stray_residual`` (worst annulus, recalibrated with the measured map),
         ``stray_profile``, ``map_vs_injected`` (median |map / injected - 1| from 1.15 to
         2.45 Rsun on the detector), ``n_frames``, ``path`` (the master), ``method``.
@@ -231,8 +249,9 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
     from pipelines.calibration.stray_light import measure_stray_light_map, stray_light_map_hdul
     from pipelines.fitsio import write_fits_atomic
 
-    cals = load_masters(sim.calibration_files)
-    out: dict[str, dict[str, Any]] = {}
+    cals = masters if masters is not None else load_masters(sim.calibration_files)
+    todo = variants if variants is not None else [(corona, percentile, version)]
+    outs: list[dict[str, dict[str, Any]]] = [{} for _ in todo]
     chans = sorted({f.channel for f in sim.frames if f.channel.startswith("SCI")})
     for ch in chans:
         frames = [f for f in sim.frames if f.channel == ch]
@@ -246,33 +265,35 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
             if header is None:
                 header = l1.header
         valid = np.all(np.stack(dqs) == 0, axis=0)
-        model = None
-        if corona == "model":
-            model = simmod.sci_wl_corona if ch == "SCI-WL" else simmod.lyman_alpha_corona
-        meas = measure_stray_light_map(msb, header, corona=model, percentile=percentile, valid=valid)
+        del dqs
         geom = sun_geometry(header)
         header_shape = msb[0].shape
         r = radius_map(header_shape, geom)
         inj = simmod.stray_light_model(ch).brightness(r)
         ring = (r > 1.15) & (r < 2.45)
-        map_err = float(np.median(np.abs(meas.map[ring] / inj[ring] - 1.0)))
-        del msb, dqs
         folder = Path(out_dir) if out_dir is not None else Path(frames[0].raw_path).parent.parent / "calibration"
         n = header_shape[0]
-        path = folder / f"lst_{ch.lower()}_stray_light_{n}_v{version:02d}.fits"
         first = next(c for c in sim.calibration_files if c.channel == ch and c.kind == "stray_light")
-        write_fits_atomic(stray_light_map_hdul(meas, ch, version, first.valid_from, first.valid_to), path)
-        master = load_calibration_master(path)
-        master.id = 1000 + version
-        rows = validate_simulation(_only(sim, ch), stray_overrides={ch: master})
-        worst = max(rows, key=lambda m: m["stray_residual"])
-        pl = meas.power_law if isinstance(meas.power_law, StrayLightModel) else None
-        out[ch] = {"stray_residual": worst["stray_residual"], "stray_profile": worst["stray_profile"],
-                   "map_vs_injected": map_err, "n_frames": len(frames), "path": str(path), "method": meas.method,
-                   "power_law_index": pl.index if pl else None,
-                   "injected_index": simmod.stray_light_model(ch).index,
-                   "profile_r": meas.radii.tolist(), "profile": meas.profile.tolist()}
-    return out
+        for out, (cor, pct, ver) in zip(outs, todo):
+            model = None
+            if cor == "model":
+                model = simmod.sci_wl_corona if ch == "SCI-WL" else simmod.lyman_alpha_corona
+            meas = measure_stray_light_map(msb, header, corona=model, percentile=pct, valid=valid)
+            map_err = float(np.median(np.abs(meas.map[ring] / inj[ring] - 1.0)))
+            path = folder / f"lst_{ch.lower()}_stray_light_{n}_v{ver:02d}.fits"
+            write_fits_atomic(stray_light_map_hdul(meas, ch, ver, first.valid_from, first.valid_to), path)
+            master = load_calibration_master(path)
+            master.id = 1000 + ver
+            rows = validate_simulation(_only(sim, ch), stray_overrides={ch: master}, masters=cals)
+            worst = max(rows, key=lambda m: m["stray_residual"])
+            pl = meas.power_law if isinstance(meas.power_law, StrayLightModel) else None
+            out[ch] = {"stray_residual": worst["stray_residual"], "stray_profile": worst["stray_profile"],
+                       "map_vs_injected": map_err, "n_frames": len(frames), "path": str(path),
+                       "method": meas.method, "power_law_index": pl.index if pl else None,
+                       "injected_index": simmod.stray_light_model(ch).index,
+                       "profile_r": meas.radii.tolist(), "profile": meas.profile.tolist()}
+        del msb
+    return outs if variants is not None else outs[0]
 
 
 def _only(sim, channel: str):
