@@ -135,6 +135,20 @@ def test_sort_and_cursor_pagination(client, catalogue):
     assert by_flux[-1] == e["det"].id  # no class: last
 
 
+def test_fast_page_json_is_the_models_json(db_session, catalogue):
+    from backend.api.routes.events import page_json
+    from backend.api.schemas import EventPublic, EventsPublic
+    from backend.services.event_search import LIGHT_COLUMNS
+
+    assert tuple(EventPublic.model_fields) == LIGHT_COLUMNS
+    light = search_events(db_session, EventFilters(), limit=4, light=True)
+    full = search_events(db_session, EventFilters(), limit=4)
+    model = EventsPublic(items=[EventPublic.model_validate(r) for r in full.items], total=full.total, limit=4,
+                         offset=0, total_is_estimate=full.total_is_estimate, sort=full.sort,
+                         next_cursor=full.next_cursor, truncated=full.truncated)
+    assert page_json(light) == model.model_dump_json().encode()
+
+
 def test_cursor_misuse_is_422(client, catalogue):
     _, body = ids(client, limit=2)
     cur = body["next_cursor"]

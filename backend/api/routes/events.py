@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
+import pydantic_core
 from fastapi import APIRouter, HTTPException, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
@@ -31,7 +32,7 @@ from backend.services import event_search as event_search_service
 from backend.services import events as events_service
 from backend.services import frames as frames_service
 from backend.services import products as products_service
-from backend.services.event_search import DEFAULT_SORT
+from backend.services.event_search import DEFAULT_SORT, LIGHT_COLUMNS
 
 router = APIRouter(prefix="/events", tags=["events"])
 
@@ -150,11 +151,27 @@ def read_events(
     if format == "hek":
         return JSONResponse(event_formats.events_hek(result.items, overmax=result.truncated),
                             headers=_page_headers(result))
-    body = EventsPublic(items=[EventPublic.model_validate(r) for r in result.items], total=result.total,
-                        limit=result.limit, offset=result.offset, total_is_estimate=result.total_is_estimate,
-                        sort=result.sort, next_cursor=result.next_cursor, truncated=result.truncated)
-    # serialised once here: returning the model would make FastAPI validate it a second time
-    return Response(body.model_dump_json(), media_type="application/json")
+    return Response(page_json(result), media_type="application/json")
+
+
+def page_json(result) -> bytes:
+    """The :class:`EventsPublic` JSON of a light search page, without re-validating each row.
+
+    The rows come from the database with the types of :class:`EventPublic` (whose fields are
+    exactly :data:`LIGHT_COLUMNS`, a test checks it); pydantic-core serialises them as the model
+    would (aware UTC times as ``...Z``). A third of the cost of validating 100 models.
+    """
+    items = [{c: (_as_utc(v) if isinstance(v, dt.datetime) else v) for c, v in zip(LIGHT_COLUMNS, row)}
+             for row in result.items]
+    return pydantic_core.to_json({
+        "items": items, "total": result.total, "limit": result.limit, "offset": result.offset,
+        "total_is_estimate": result.total_is_estimate, "sort": result.sort, "next_cursor": result.next_cursor,
+        "truncated": result.truncated,
+    })
+
+
+def _as_utc(t: dt.datetime) -> dt.datetime:
+    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
 
 
 @router.get(
