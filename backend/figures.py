@@ -196,8 +196,10 @@ def lightcurve_figure(
     event: _EventLike,
     *,
     channel: str = "SDI",
+    region: str | None = None,
+    roi: tuple[float, float, float] | None = None,
 ) -> go.Figure:
-    """Disk-integrated light curve of one channel around an event.
+    """Light curve of one channel around an event (disk, coronal field or a region).
 
     Parameters
     ----------
@@ -212,6 +214,10 @@ def lightcurve_figure(
         (``layout.shapes``, one per time the event has) labelled by annotations.
     channel : str
         The channel the products come from (``SDI`` by default), for the titles.
+    region : str, optional
+        ``disk``, ``field`` or ``roi``; default: ``field`` for SCI, else ``disk``.
+    roi : (hpc_x, hpc_y, half_width), optional
+        The box [arcsec] of a ``roi`` light curve, named in the axis title.
 
     Returns
     -------
@@ -220,7 +226,14 @@ def lightcurve_figure(
     """
     if len(times) != len(values):
         raise ValueError(f"times ({len(times)}) and values ({len(values)}) differ in length")
-    what = "Mean over coronal field" if channel.upper().startswith("SCI") else "Disk-integrated mean"
+    region = region or ("field" if channel.upper().startswith("SCI") else "disk")
+    if region == "roi" and roi is not None:
+        x, y, hw = roi
+        what = f"Mean over ({x:.0f}\u2033, {y:.0f}\u2033) \u00b1{hw:.0f}\u2033"
+    elif region == "roi":
+        what = "Mean over the event region"
+    else:
+        what = "Mean over coronal field" if region == "field" else "Disk-integrated mean"
     fig = go.Figure(go.Scatter(
         name=f"{channel} L2",
         x=[_utc(t) for t in times],

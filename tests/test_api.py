@@ -38,7 +38,7 @@ from backend.models import (
     ProductState,
 )
 from backend.services.products import disk_integrated_mean
-from pipelines.products import dq_table_hdu
+from pipelines.products import dq_table_hdu, read_product
 
 pytestmark = pytest.mark.postgres
 
@@ -561,7 +561,8 @@ def test_event_lightcurve_reads_written_products(client, db_session, events, tmp
     wst = make_product(db_session, make_frame(db_session, "WST", T0 + 5 * MIN), tmp_path, disk_value=2.0)
     make_product(db_session, make_frame(db_session, "SDI", T0 + 5 * MIN), None, state=ProductState.planned)
 
-    lc = client.get(f"/api/v1/events/{fl.id}/lightcurve").json()
+    disk = {"region": "disk", "context_frames": 0}
+    lc = client.get(f"/api/v1/events/{fl.id}/lightcurve", params=disk).json()
     assert lc["channel"] == "SDI" and lc["unit"] == RADIANCE and lc["event_id"] == fl.id
     assert lc["window_start"] == "2024-05-14T15:30:00Z" and lc["window_end"] == "2024-05-14T17:00:00Z"
     assert lc["times"] == ["2024-05-14T15:40:00Z", "2024-05-14T16:00:00Z", "2024-05-14T16:12:00Z", "2024-05-14T16:45:00Z"]
@@ -570,12 +571,12 @@ def test_event_lightcurve_reads_written_products(client, db_session, events, tmp
     assert lc["values"] == pytest.approx([100.0, 110.0, 500.0, 130.0], rel=1e-6)
     assert lc["skipped"] == []
 
-    narrow = client.get(f"/api/v1/events/{fl.id}/lightcurve", params={"margin_min": 0}).json()
+    narrow = client.get(f"/api/v1/events/{fl.id}/lightcurve", params={"margin_min": 0, **disk}).json()
     assert narrow["product_ids"] == [inside[1][1].id, newer.id]
-    other = client.get(f"/api/v1/events/{fl.id}/lightcurve", params={"channel": "wst"}).json()
+    other = client.get(f"/api/v1/events/{fl.id}/lightcurve", params={"channel": "wst", **disk}).json()
     assert other["channel"] == "WST" and other["product_ids"] == [wst.id] and other["values"] == pytest.approx([2.0])
 
-    fig = client.get(f"/api/v1/events/{fl.id}/lightcurve/figure").json()
+    fig = client.get(f"/api/v1/events/{fl.id}/lightcurve/figure", params=disk).json()
     assert fig["data"][0]["y"] == pytest.approx([100.0, 110.0, 500.0, 130.0], rel=1e-6)
     assert [s["name"] for s in fig["layout"]["shapes"]] == ["start", "peak", "end"]
     assert fig["layout"]["yaxis"]["title"]["text"] == f"Disk-integrated mean [{RADIANCE}]"
@@ -586,7 +587,7 @@ def test_lightcurve_skips_unreadable_products(client, db_session, events, tmp_pa
     p = make_product(db_session, f, tmp_path)
     Path(p.path).write_bytes(b"this is not FITS at all" * 200)
     ok = make_product(db_session, make_frame(db_session, "SDI", T0 + 6 * MIN), tmp_path, disk_value=77.0)
-    lc = client.get(f"/api/v1/events/{events['fl'].id}/lightcurve").json()
+    lc = client.get(f"/api/v1/events/{events['fl'].id}/lightcurve", params={"region": "disk"}).json()
     assert lc["product_ids"] == [ok.id] and lc["values"] == pytest.approx([77.0])
     assert [s["product_id"] for s in lc["skipped"]] == [p.id]
     assert "unreadable" in lc["skipped"][0]["reason"]
@@ -768,3 +769,33 @@ def test_pages_render_and_bad_page_input_is_explained(client, db_session, events
     assert client.get("/static/app.js").headers["content-type"].startswith(("application/javascript", "text/javascript"))
     head = client.get("/static/vendor/plotly.min.js").text[:200]
     assert "plotly.js v" in head
+
+
+def test_event_lightcurve_of_the_flare_region_with_context_frames(client, db_session, tmp_path):
+    """An hourly series: the region about the flare shows it, the disk mean hardly does, and
+    the window takes in three frames on each side whatever the margin."""
+    ev = make_event(db_session, "FL", T0, T0 + 60 * MIN, T0 + 60 * MIN, source="detected", hpc_x=200.0, hpc_y=-120.0)
+    bump = {0: 0.0, 1: 900.0, 2: 300.0}  # at 16:00, 17:00, 18:00
+    made = []
+    for h in range(-4, 7):  # 12:00 .. 22:00 hourly
+        f = make_frame(db_session, "SDI", T0 + h * 60 * MIN)
+        p = make_product(db_session, f, tmp_path, disk_value=100.0)
+        data, dq, header = read_product(p.path)
+        # +200" -> column 32.5 - 1 + 5 = 36.5, -120" -> row 31.5 - 3 = 28.5 (40"/px, 0-based)
+        data[27:31, 35:39] += bump.get(h, 0.0)
+        fits.HDUList([fits.PrimaryHDU(data, header), dq_table_hdu(dq)]).writeto(p.path, overwrite=True)
+        made.append(p)
+    roi = client.get(f"/api/v1/events/{ev.id}/lightcurve").json()
+    assert roi["region"] == "roi" and roi["roi"] == [200.0, -120.0, 60.0]
+    # 16:00-17:00 +- 30 min, widened to three frames each side: 13:00 .. 20:00
+    assert roi["times"][0] == "2024-05-14T13:00:00Z" and roi["times"][-1] == "2024-05-14T20:00:00Z"
+    vals = dict(zip(roi["times"], roi["values"], strict=True))
+    assert vals["2024-05-14T17:00:00Z"] > 5 * vals["2024-05-14T15:00:00Z"]  # the flare, plainly
+    disk = client.get(f"/api/v1/events/{ev.id}/lightcurve", params={"region": "disk"}).json()
+    dvals = dict(zip(disk["times"], disk["values"], strict=True))
+    assert dvals["2024-05-14T17:00:00Z"] < 1.2 * dvals["2024-05-14T15:00:00Z"]
+    fig = client.get(f"/api/v1/events/{ev.id}/lightcurve/figure").json()
+    assert "(200\u2033, -120\u2033) \u00b160\u2033" in fig["layout"]["yaxis"]["title"]["text"]
+    nopos = make_event(db_session, "FL", T0, T0, T0, source="goes_xrs")
+    r = client.get(f"/api/v1/events/{nopos.id}/lightcurve", params={"region": "roi"})
+    assert_error(r, 422, "no helioprojective position")

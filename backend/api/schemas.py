@@ -9,7 +9,7 @@ datetimes; they are stamped UTC here).
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, AliasPath, BaseModel, ConfigDict, Field, computed_field
 
@@ -270,6 +270,10 @@ class LightCurvePublic(BaseModel):
     unit: str
     window_start: UTCDateTime
     window_end: UTCDateTime
+    region: Literal["disk", "field", "roi"] = Field(
+        "disk", description="disk: disk-integrated; field: SCI coronal field; roi: box about the event")
+    roi: tuple[float, float, float] | None = Field(
+        None, description="ROI centre hpc_x, hpc_y and half side [arcsec]")
     times: list[UTCDateTime] = Field(description="DATE-OBS of each product (UTC)")
     values: list[float]
     product_ids: list[int]

@@ -332,6 +332,55 @@ def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool)
                     n_pixels=n, on_disk_only=used_disk)
 
 
+def region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width: float) -> DiskMean | None:
+    """Mean of the usable pixels of an L2 product in a helioprojective box.
+
+    Parameters
+    ----------
+    path : path-like
+        L2 product FITS (:func:`pipelines.products.read_product` layout).
+    hpc_x, hpc_y : float
+        Box centre, helioprojective [arcsec].
+    half_width : float
+        Half side of the box [arcsec].
+
+    Returns
+    -------
+    DiskMean or None
+        ``None`` when no usable pixel (finite, DQ 0) lies in the box.
+
+    Raises
+    ------
+    FitsReadError
+        If the file is not a readable L2 product.
+    """
+    import warnings
+
+    from astropy.wcs import WCS
+
+    from pipelines.products import read_product
+
+    data, dq, header = read_product(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wcs = WCS(header, naxis=2)
+    (x0, x1), (y0, y1) = wcs.world_to_pixel_values(
+        [(hpc_x - half_width) / 3600.0, (hpc_x + half_width) / 3600.0],
+        [(hpc_y - half_width) / 3600.0, (hpc_y + half_width) / 3600.0])
+    ny, nx = data.shape
+    i0, i1 = max(0, int(math.floor(min(y0, y1)))), min(ny, int(math.ceil(max(y0, y1))) + 1)
+    j0, j1 = max(0, int(math.floor(min(x0, x1)))), min(nx, int(math.ceil(max(x0, x1))) + 1)
+    if i0 >= i1 or j0 >= j1:
+        return None
+    box = data[i0:i1, j0:j1]
+    good = np.isfinite(box) & (dq[i0:i1, j0:j1] == 0)
+    n = int(good.sum())
+    if n == 0:
+        return None
+    return DiskMean(value=float(box[good].mean()), unit=str(header.get("BUNIT", "")).strip(),
+                    n_pixels=n, on_disk_only=False)
+
+
 def disk_integrated_mean(path: str | os.PathLike, *, on_disk_only: bool = True) -> DiskMean | None:
     """Mean of the usable pixels of an L2 product FITS file.
 
@@ -388,6 +437,8 @@ class LightCurve:
     start: dt.datetime
     end: dt.datetime
     unit: str
+    region: str = "disk"
+    roi: tuple[float, float, float] | None = None
     times: list[dt.datetime] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
     product_ids: list[int] = field(default_factory=list)
@@ -406,8 +457,9 @@ def product_lightcurve(
     end: dt.datetime,
     product_root: Path,
     max_points: int = 2000,
+    roi: tuple[float, float, float] | None = None,
 ) -> LightCurve:
-    """Disk-integrated mean of the newest written L2 product of every frame in a window.
+    """Disk-integrated (or region) mean of the newest written L2 product of every frame.
 
     Parameters
     ----------
@@ -420,6 +472,8 @@ def product_lightcurve(
         The product store, for relative ``Product.path`` values.
     max_points : int
         At most this many products are read (the earliest ones).
+    roi : (hpc_x, hpc_y, half_width), optional
+        Average over this helioprojective box [arcsec] instead of the disk.
 
     Returns
     -------
@@ -427,7 +481,8 @@ def product_lightcurve(
         Unit from the products' ``BUNIT`` (the channel's nominal unit if they have none).
     """
     spec = get_channel(channel)
-    lc = LightCurve(channel=spec.code, start=start, end=end, unit="")
+    lc = LightCurve(channel=spec.code, start=start, end=end, unit="", region="roi" if roi else (
+        "field" if spec.is_coronagraph else "disk"), roi=roi)
     units: set[str] = set()
     for p in latest_products_in_window(session, start, end, channel=spec.code, limit=max_points):
         path = resolve_store_path(p.path, product_root)
@@ -435,7 +490,7 @@ def product_lightcurve(
             lc.skipped.append({"product_id": p.id, "reason": "no file recorded"})
             continue
         try:
-            m = disk_integrated_mean(path, on_disk_only=not spec.is_coronagraph)
+            m = region_mean(path, *roi) if roi else disk_integrated_mean(path, on_disk_only=not spec.is_coronagraph)
         except FitsReadError as exc:
             log.warning("light curve: product %s skipped: %s", p.id, exc)
             lc.skipped.append({"product_id": p.id, "reason": str(exc)})
@@ -465,6 +520,28 @@ def event_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.da
     return start - margin, _utc(last) + margin
 
 
+#: Half side [arcsec] of the region-of-interest box of an event light curve: a flare
+#: kernel of SDI is a few tens of arcsec (on-orbit resolution ~9.5 arcsec, LST.md).
+ROI_HALF_WIDTH = 60.0
+#: Frames shown before the start and after the end of an event at least, whatever the
+#: cadence (an hourly series would otherwise give one or two points in a 30-min margin).
+CONTEXT_FRAMES = 3
+
+
+def _context_window(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
+                    n: int) -> tuple[dt.datetime, dt.datetime]:
+    """Widen ``[start, end]`` to take in ``n`` frames of ``channel`` on each side."""
+    before = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs < start)
+                             .order_by(Frame.date_obs.desc()).limit(n)).all()
+    after = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs > end)
+                            .order_by(Frame.date_obs).limit(n)).all()
+    if before:
+        start = min(start, _utc(before[-1]))
+    if after:
+        end = max(end, _utc(after[-1]))
+    return start, end
+
+
 def event_lightcurve(
     session: Session,
     event: Event,
@@ -472,10 +549,31 @@ def event_lightcurve(
     channel: str = "SDI",
     margin: dt.timedelta = dt.timedelta(minutes=30),
     product_root: Path,
+    region: str = "auto",
+    context_frames: int = CONTEXT_FRAMES,
 ) -> LightCurve:
-    """:func:`product_lightcurve` of ``channel`` over the event's window ± ``margin``."""
+    """:func:`product_lightcurve` of ``channel`` around an event.
+
+    The window is the event's ± ``margin``, widened to hold ``context_frames`` frames of
+    the channel before the start and after the end. ``region``: ``disk`` (disk-integrated;
+    SCI: the coronal field), ``roi`` (a box of ±:data:`ROI_HALF_WIDTH` arcsec about the
+    event's helioprojective position: what shows a flare) or ``auto`` (``roi`` for a disk
+    imager when the event has a position, else ``disk``).
+
+    Raises
+    ------
+    ValueError
+        If ``region='roi'`` and the event has no helioprojective position.
+    """
     start, end = event_window(event, margin)
-    return product_lightcurve(session, channel=channel, start=start, end=end, product_root=product_root)
+    spec = get_channel(channel)
+    start, end = _context_window(session, spec.code, start, end, context_frames)
+    has_pos = event.hpc_x is not None and event.hpc_y is not None
+    if region == "roi" and not has_pos:
+        raise ValueError(f"event {event.id} has no helioprojective position for a region light curve")
+    use_roi = region == "roi" or (region == "auto" and has_pos and not spec.is_coronagraph)
+    roi = (float(event.hpc_x), float(event.hpc_y), ROI_HALF_WIDTH) if use_roi else None
+    return product_lightcurve(session, channel=channel, start=start, end=end, product_root=product_root, roi=roi)
 
 
 def sample_evenly(items: Sequence, n: int) -> list:

@@ -215,13 +215,31 @@ def read_event_voevent(event_id: IdPath, session: SessionDep) -> Response:
                     headers={"Content-Disposition": f'inline; filename="event-{row.id}.voevent.xml"'})
 
 
-def _lightcurve(session, settings, event_id: int, channel: str, margin_min: float) -> tuple[Event, LightCurvePublic]:
+RegionQuery = Annotated[
+    Literal["auto", "disk", "roi"],
+    Query(description="auto (default: a box about the event's position for SDI/WST, else disk), "
+                      "disk (disk-integrated; SCI: coronal field) or roi"),
+]
+
+
+ContextQuery = Annotated[
+    int, Query(ge=0, le=50, description="Frames of the channel shown at least before the start and after the end")
+]
+
+
+def _lightcurve(session, settings, event_id: int, channel: str, margin_min: float,
+                region: str = "auto", context_frames: int = 3) -> tuple[Event, LightCurvePublic]:
     row = _event_or_404(session, event_id)
-    lc = products_service.event_lightcurve(
-        session, row, channel=channel, margin=dt.timedelta(minutes=margin_min), product_root=settings.products
-    )
+    try:
+        lc = products_service.event_lightcurve(
+            session, row, channel=channel, margin=dt.timedelta(minutes=margin_min), product_root=settings.products,
+            region=region, context_frames=context_frames,
+        )
+    except ValueError as exc:
+        raise HTTPException(422, detail=str(exc)) from None
     return row, LightCurvePublic(
         event_id=row.id, channel=lc.channel, unit=lc.unit, window_start=lc.start, window_end=lc.end,
+        region=lc.region, roi=lc.roi,
         times=lc.times, values=lc.values, product_ids=lc.product_ids, skipped=lc.skipped,
     )
 
@@ -233,11 +251,14 @@ def read_event_lightcurve(
     settings: SettingsDep,
     channel: LightCurveChannel = "SDI",
     margin_min: MarginQuery = 30.0,
+    region: RegionQuery = "auto",
+    context_frames: ContextQuery = 3,
 ) -> LightCurvePublic:
-    """Disk-integrated mean of the written L2 products of ``channel`` (DQ-masked pixels
-    skipped; SCI: mean over the coronal field) from the event's start - margin to its
-    end + margin, one point per frame (its newest product version)."""
-    return _lightcurve(session, settings, event_id, channel, margin_min)[1]
+    """Mean of the written L2 products of ``channel`` (DQ-masked pixels skipped) over a
+    box about the event (``roi``), the disk or, for SCI, the coronal field, from the
+    event's start - margin to its end + margin widened to three frames on each side, one
+    point per frame (its newest product version)."""
+    return _lightcurve(session, settings, event_id, channel, margin_min, region, context_frames)[1]
 
 
 @router.get(
@@ -251,8 +272,10 @@ def read_event_lightcurve_figure(
     settings: SettingsDep,
     channel: LightCurveChannel = "SDI",
     margin_min: MarginQuery = 30.0,
+    region: RegionQuery = "auto",
+    context_frames: ContextQuery = 3,
 ) -> Response:
     """The light curve of ``GET /events/{id}/lightcurve`` with the event's start, peak and end marked."""
-    row, lc = _lightcurve(session, settings, event_id, channel, margin_min)
-    fig = lightcurve_figure(lc.times, lc.values, lc.unit, row, channel=lc.channel)
+    row, lc = _lightcurve(session, settings, event_id, channel, margin_min, region, context_frames)
+    fig = lightcurve_figure(lc.times, lc.values, lc.unit, row, channel=lc.channel, region=lc.region, roi=lc.roi)
     return Response(fig.to_json(), media_type="application/json")
