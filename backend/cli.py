@@ -183,18 +183,26 @@ def cmd_calibrate(args) -> int:
 
 def cmd_detect(args) -> int:
     from backend.db import session_scope
-    from backend.services.detection import detect_sdi_flares
+    from backend.services import detection
+    from backend.services.events import associate_events
 
+    t0 = _parse_time(args.start) if args.start else None
+    t1 = _parse_time(args.end) if args.end else None
+    runs = {
+        "flares": lambda s: detection.detect_sdi_flares(s, start=t0, end=t1),
+        "cmes": lambda s: detection.detect_sci_cmes(s, channel=args.channel or "SCI-UV", start=t0, end=t1),
+        "prominences": lambda s: detection.detect_prominence_eruptions(s, channel=args.channel or "SDI",
+                                                                       start=t0, end=t1),
+        "white-light": lambda s: detection.detect_wst_white_light_flares(s, start=t0, end=t1),
+    }
     with session_scope() as s:
-        events = detect_sdi_flares(s, start=_parse_time(args.start) if args.start else None,
-                                   end=_parse_time(args.end) if args.end else None)
+        events = runs[args.kind](s)
         for e in events:
-            _say(f"FL {e.start_time:%Y-%m-%d %H:%M} peak {e.peak_time:%H:%M} end {e.end_time:%H:%M} "
-                 f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
-        _say(f"{len(events)} flare(s) in the SDI series (re-running stores nothing twice)")
-        from backend.services.events import associate_events
-
-        _say(f"associations: {associate_events(s)} new link(s)")
+            where = (f"PA {e.position_angle:.0f} deg, {e.speed_km_s:.0f} km/s" if e.position_angle is not None
+                     else f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
+            _say(f"{e.event_type} {e.start_time:%Y-%m-%d %H:%M} {e.channels} {where} [{e.frm_name} {e.frm_version}]")
+        _say(f"{len(events)} event(s) found by the {args.kind} detector (re-running stores nothing twice)")
+        _say(f"associations: {associate_events(s, start=t0, end=t1)} new link(s)")
     return 0
 
 
@@ -293,7 +301,7 @@ def cmd_demo(args) -> int:
             state, error = wait_for_job(job.id, timeout=1200)
             _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
         _say("[7/7] flare detection on the SDI L2 series")
-        cmd_detect(argparse.Namespace(start=None, end=None))
+        cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
         _say(f"demo ready in {time.perf_counter() - t_start:.0f} s")
         if args.no_serve:
             return 0
@@ -365,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wait", action="store_true")
     c.set_defaults(func=cmd_calibrate)
 
-    de = sub.add_parser("detect", help="detect flares in the SDI L2 series")
+    de = sub.add_parser("detect", help="run a detector on the L2 series (default: SDI flares)")
+    de.add_argument("--kind", choices=["flares", "cmes", "prominences", "white-light"], default="flares",
+                    help="flares (SDI), cmes (SCI-UV/SCI-WL), prominences (SDI/SCI-UV), white-light (WST)")
+    de.add_argument("--channel", help="SCI-UV or SCI-WL for cmes; SDI or SCI-UV for prominences")
     de.add_argument("--start")
     de.add_argument("--end")
     de.set_defaults(func=cmd_detect)
