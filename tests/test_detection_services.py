@@ -193,3 +193,15 @@ def test_detect_wst_white_light_flares_on_products(db_session, tmp_path):
     assert ev.hgs_lat is not None
     check_links_and_provenance(db_session, ev, rows, WLF_NAME)
     assert [e.id for e in detect_wst_white_light_flares(db_session, product_root=tmp_path)] == [ev.id]
+
+
+def test_detection_tasks_run_on_the_configured_database(sqlite_env):
+    """The Celery tasks (called in process) load by range, detect, link, and report ids."""
+    from pipelines import tasks
+
+    assert tasks.detect_cmes.run(channel="SCI-UV") == {"channel": "SCI-UV", "events": [], "associations": 0}
+    assert tasks.detect_prominences.run(channel="SDI", start="2024-03-01T00:00:00+00:00") == {
+        "channel": "SDI", "events": [], "associations": 0}
+    assert tasks.detect_white_light_flares.run() == {"events": [], "associations": 0}
+    with pytest.raises(ValueError, match="SCI-UV or SCI-WL"):
+        tasks.detect_cmes.run(channel="WST")
