@@ -107,3 +107,23 @@ def sqlite_env(settings_env):
     s = settings_env()
     upgrade(s.sqlalchemy_url)
     return s
+
+
+@pytest.fixture
+def api_client(db_session, settings_env):
+    """A TestClient of the app whose requests use ``db_session`` (rolled back after the test),
+    with embedded-mode settings in a temporary DATA_DIR; 500s come back as responses."""
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.api.deps import get_session
+
+    settings_env()
+    app = create_app()
+
+    def _session():
+        yield db_session
+
+    app.dependency_overrides[get_session] = _session
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c

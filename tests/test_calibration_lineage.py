@@ -17,12 +17,16 @@ import uuid
 import numpy as np
 import pytest
 from astropy.io import fits
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from backend.api.app import create_app
-from backend.api.deps import get_session
-from backend.models import CalibrationFile, CalibrationKind, Frame, Product, ProductCalibrationFile, ProductState
+from backend.models import (
+    CalibrationFile,
+    CalibrationKind,
+    Frame,
+    Product,
+    ProductCalibrationFile,
+    ProductState,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -31,16 +35,8 @@ DAY = dt.timedelta(days=1)
 
 
 @pytest.fixture
-def client(db_session, settings_env):
-    settings_env()
-    app = create_app()
-
-    def _session():
-        yield db_session
-
-    app.dependency_overrides[get_session] = _session
-    with TestClient(app, raise_server_exceptions=False) as c:
-        yield c
+def client(api_client):
+    return api_client
 
 
 def _frame(session, when: dt.datetime) -> Frame:

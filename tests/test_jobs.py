@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from backend.api.app import create_app
-from backend.api.deps import get_session
 from backend.models import Job
 from backend.services.jobs import JobOptions, JobRequest
 from backend.services.registry import params_hash
@@ -18,16 +15,8 @@ BASE = {"channels": ["SDI"], "start": "2004-03-01T00:00:00", "end": "2004-03-02T
 
 
 @pytest.fixture
-def client(db_session, settings_env):
-    settings_env()
-    app = create_app()
-
-    def _session():
-        yield db_session
-
-    app.dependency_overrides[get_session] = _session
-    with TestClient(app, raise_server_exceptions=False) as c:
-        yield c
+def client(api_client):
+    return api_client
 
 
 @pytest.mark.parametrize(
