@@ -97,7 +97,7 @@ def _floor_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     from pipelines.products import build_product_hdul
 
     t0 = time.perf_counter()
-    raw = read_image(raw_path)
+    raw = read_image(raw_path, dtype=np.float32)  # as the workers read (16-bit DN exact)
     timer.add("read", time.perf_counter() - t0)
     t0 = time.perf_counter()
     res = L2Result(data=raw.data.astype(np.float32, copy=False), dq=np.zeros(raw.data.shape, np.uint8),
@@ -115,7 +115,7 @@ def _pipeline_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     from pipelines.products import build_product_hdul
 
     t0 = time.perf_counter()
-    raw = read_image(raw_path)
+    raw = read_image(raw_path, dtype=np.float32)  # as the workers read (16-bit DN exact)
     timer.add("read", time.perf_counter() - t0)
     t0 = time.perf_counter()
     l2 = calibrate_frame(raw.data, raw.header, cals)
@@ -137,7 +137,7 @@ def _peer_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     from pipelines.fitsio import read_image
 
     t0 = time.perf_counter()
-    raw = read_image(raw_path)  # the ASO-S header quirks (arcsecs, SSW dates) need repair for sunpy too
+    raw = read_image(raw_path, dtype=np.float32)  # the ASO-S header quirks (arcsecs, SSW dates) need repair for sunpy too
     m = sunpy.map.Map((raw.data, raw.header))
     timer.add("read", time.perf_counter() - t0)
     t0 = time.perf_counter()

@@ -353,8 +353,8 @@ def flag_invalid_pixels(data: Any, dq: Any | None, header: fits.Header, *,
     out = xp.where(sat, out | xp.asarray(int(DQ.SATURATED), dtype=xp.uint8), out)
     out = xp.where(~finite, out | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8), out)
     h = _copy(header)
-    n_sat = int(xp.sum(xp.astype(sat, xp.int64)))
-    n_nan = int(xp.sum(xp.astype(~finite, xp.int64)))
+    n_sat = int(xp.count_nonzero(sat))
+    n_nan = int(xp.count_nonzero(~finite))
     _history(h, "flag_invalid_pixels", f"{n_sat} saturated (>= {saturation_dn:g} DN), {n_nan} non-finite")
     return out, h
 
@@ -517,7 +517,7 @@ def flag_bad_pixels(dq: Any, header: fits.Header, bad: Any | None, *, source: st
     xp = namespace_of(dq)
     badb = xp.asarray(bad, dtype=xp.bool)
     out = xp.where(badb, dq | xp.asarray(int(DQ.BAD_PIXEL), dtype=xp.uint8), dq)
-    n = int(xp.sum(xp.astype(badb, xp.int64)))
+    n = int(xp.count_nonzero(badb))
     _history(h, "flag_bad_pixels", f"{n} bad pixels flagged BAD_PIXEL (DQ bit {int(DQ.BAD_PIXEL)})"
              + (f" from {source}" if source else ""))
     return out, h
@@ -614,7 +614,7 @@ def correct_flat(data: Any, header: fits.Header, flat: Any) -> tuple[Any, fits.H
     _check_2d("flat", flat, data.shape)
     xp = namespace_of(data, flat)
     good = xp.isfinite(flat) & (flat > 0)
-    n_bad = int(xp.sum(xp.astype(~good, xp.int64)))
+    n_bad = int(xp.count_nonzero(~good))
     if n_bad:
         safe = xp.where(good, flat, xp.ones_like(flat))
         out = data / safe
@@ -839,7 +839,7 @@ def subtract_stray_light(data: Any, header: fits.Header, model: StrayLightModel 
         at = []
         for r0 in (1.1, 2.5):
             ring = (r >= r0 - 0.02) & (r <= r0 + 0.02) & xp.isfinite(model)
-            n = int(xp.sum(xp.astype(ring, xp.int64)))
+            n = int(xp.count_nonzero(ring))
             at.append(float(xp.sum(xp.where(ring, model, xp.zeros_like(model)))) / n if n else float("nan"))
         _history(h, "subtract_stray_light", f"measured stray-light map subtracted{' (' + source + ')' if source else ''}; "
                  f"{at[0]:.3g} MSB at 1.1 Rsun, {at[1]:.3g} at 2.5")
@@ -863,7 +863,7 @@ def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bo
     sel = (r < radius_rsun) if inside else (r > radius_rsun)
     out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
     h = _copy(header)
-    n = int(xp.sum(xp.astype(sel, xp.int64)))
+    n = int(xp.count_nonzero(sel))
     side = "inside" if inside else "outside"
     _history(h, step, f"{n} pixels {side} r = {radius_rsun:g} Rsun ({radius_rsun * geom.rsun_px:.2f} px) "
              f"flagged {bit.name} (DQ bit {int(bit)})")
@@ -1084,13 +1084,13 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     if shift < tolerance_px and rot_err < tolerance_px:
         out = xp.where(xp.isfinite(data), data, xp.asarray(float("nan"), dtype=data.dtype))
         _history(h, "rotate_north_up", "skipped: already north up with the disk centred")
-        return xp.astype(out, xp.float32), dq0, h
+        return xp.astype(out, xp.float32, copy=False), dq0, h
     nd = ndimage_for(xp)
     k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
     s_yx = np.array([geom.y0, geom.x0])
     offset = s_yx - k_yx @ np.array([cy, cx])
     finite = xp.isfinite(data)
-    n_bad = int(xp.sum(xp.astype(~finite, xp.int64)))
+    n_bad = int(xp.count_nonzero(~finite))
     filled = xp.astype(data, xp.float32, copy=True)
     if n_bad:  # fill non-finite pixels with the mean of their finite neighbours (no step for the spline)
         filled = xp.where(finite, filled, xp.zeros_like(filled))
@@ -1128,21 +1128,26 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
         del grown
     dq_out = nd.affine_transform(dq_flag, k_dev, offset=off_dev, output_shape=(ny, nx), order=0, mode="constant",
                                  cval=int(DQ.NO_DATA))
-    dq_out = xp.astype(dq_out, xp.uint8)
+    dq_out = xp.astype(dq_out, xp.uint8, copy=False)
     if has_defects:  # keep defect bits only where the bilinear support really holds a defect
-        spread = nd.affine_transform(xp.astype(defects != 0, xp.float32), k_dev, offset=off_dev,
-                                     output_shape=(ny, nx), order=1, mode="constant", cval=0.0)
-        dq_out = xp.where(spread > 1e-3, dq_out, dq_out & xp.asarray(255 - defect_bits, dtype=xp.uint8))
+        # bilinear weights of the defects in 8 bits (a quarter of a float32 frame): a defect
+        # whose weight in an output pixel is below ~1/255 of it does not flag that pixel
+        marks = xp.where(defects != 0, xp.asarray(255, dtype=xp.uint8), xp.asarray(0, dtype=xp.uint8))
+        spread = nd.affine_transform(marks, k_dev, offset=off_dev, output_shape=(ny, nx), order=1,
+                                     mode="constant", cval=0, output=xp.uint8)
+        del marks
+        dq_out = xp.where(spread > 0, dq_out, dq_out & xp.asarray(255 - defect_bits, dtype=xp.uint8))
         del spread
     del defects
     bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
-    out = xp.where(bad, xp.asarray(float("nan"), dtype=out.dtype), out)
-    n_nodata = int(xp.sum(xp.astype((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0, xp.int64)))
+    out[bad] = float("nan")  # in place: no second output frame
+    del bad
+    n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
     _history(h, "rotate_north_up",
              f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
              f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); spline "
              f"order {int(order)}, DQ nearest neighbour; {n_nodata} pixels without data")
-    return xp.astype(out, xp.float32), dq_out, h
+    return xp.astype(out, xp.float32, copy=False), dq_out, h
 
 
 def dq_description() -> list[str]:
