@@ -225,3 +225,39 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     for kind, f in {f.kind.value: f for f in prod_psf.calibration_files}.items():
         name, ver, cid, sha = CAL_KEYWORDS[kind]
         assert hp[ver] == f.version and hp[cid] == f.id and hp[sha] == f.sha256, kind
+
+
+def test_psf_deconvolution_is_selected_per_job(db_session, settings_env, simulated, tmp_path):
+    """``options={'deconvolve_psf': True}`` makes a separate product, deconvolved with the
+    registered PSF master (which only that product's calibration set holds); without a PSF
+    master the plan fails with the reason."""
+    from backend.services.processing import calibrate_product, plan_product
+    from pipelines.errors import CalibrationMissingError
+    from pipelines.products import read_product
+
+    settings = settings_env()
+    cal1 = {c.kind: c for c in simulated.calibration_files}
+    _ingest_all(db_session, [c.path for c in simulated.calibration_files], settings)
+    (frame_out,) = _ingest_all(db_session, simulated.raw_files, settings)
+    frame = db_session.get(Frame, frame_out.frame_id)
+    opts = {"deconvolve_psf": True, "psf_iterations": 5}
+    with pytest.raises(CalibrationMissingError, match="psf"):
+        plan_product(db_session, frame, pinned=None, options=opts, job_id=None)
+
+    psf = _psf_master(tmp_path / "lst_sdi_psf_64_v01.fits", "SDI", 1, cal1["flat"].valid_from,
+                      cal1["flat"].valid_to)
+    _ingest_all(db_session, [psf], settings)
+    plain, _ = plan_product(db_session, frame, pinned=None, options={}, job_id=None)
+    deconv, new = plan_product(db_session, frame, pinned=None, options=opts, job_id=None)
+    assert new and deconv.id != plain.id and deconv.params_hash != plain.params_hash
+    plain = calibrate_product(db_session, plain.id, settings)
+    deconv = calibrate_product(db_session, deconv.id, settings)
+    assert plain.state == deconv.state == ProductState.written, (plain.error, deconv.error)
+    d_plain, dq, h_plain = read_product(plain.path)
+    d_dec, _, h_dec = read_product(deconv.path)
+    assert h_dec["PSFDECON"] is True and "PSFDECON" not in h_plain and "CALPSF" not in h_plain
+    assert h_dec["CALPSF"] == "lst_sdi_psf_64_v01.fits" and h_dec["CALPSVER"] == 1
+    text = "".join(str(v) for v in h_dec["HISTORY"])
+    assert "deconvolve_psf: Richardson-Lucy, 5 iterations, PSF 7x7 from lst_sdi_psf_64_v01.fits" in text
+    good = (dq == 0) & np.isfinite(d_plain) & np.isfinite(d_dec)
+    assert not np.allclose(d_dec[good], d_plain[good], rtol=1e-4)
