@@ -5,7 +5,6 @@ version. Small synthetic frames whose right answer is known.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

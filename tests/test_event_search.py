@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-import json
 import uuid
 import xml.etree.ElementTree as ET
 

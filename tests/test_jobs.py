@@ -87,3 +87,22 @@ def test_lost_work_is_reaped_and_the_job_ends(db_session):
     assert prods[1].state == ProductState.failed and "lost: writing" in prods[1].error
     assert job.state == JobState.failed and job.failed == 1 and "lost" in job.error
     assert reap_stale_work(s, now=now) == 0
+
+
+def test_masters_stay_resident_and_are_checked_against_the_registry(tmp_path):
+    from types import SimpleNamespace
+
+    from backend.models import CalibrationKind
+    from backend.services.processing import resident_master
+    from pipelines.errors import DataError
+    from pipelines.fitsio import sha256_file
+    from tests.test_ingest import cal_master
+
+    path = cal_master(tmp_path / "flat_v1.fits")
+    row = SimpleNamespace(id=7, version=1, path=str(path), sha256=sha256_file(path), kind=CalibrationKind.flat)
+    first = resident_master(row)
+    assert resident_master(row) is first and (first.id, first.version) == (7, 1)
+    other = cal_master(tmp_path / "flat_v2.fits", version=2)
+    stale = SimpleNamespace(id=8, version=2, path=str(other), sha256="0" * 64, kind=CalibrationKind.flat)
+    with pytest.raises(DataError, match="changed on disk"):
+        resident_master(stale)
