@@ -5,7 +5,7 @@ Queues: ``cpu`` (default) and ``gpu`` (GPU workers, ``ARRAY_BACKEND=cupy``). Lon
 
 Embedded mode (``CELERY_BROKER_URL=filesystem://``, the default) uses kombu's filesystem
 transport with its folders under ``DATA_DIR/broker``: a worker needs no server, and a
-submitted job still runs asynchronously in the worker process (never ``task_always_eager``).
+submitted job still runs asynchronously in the worker process (never in eager mode).
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None,
+                    reason="CuPy is installed here: benchmarks/gpu_check.py runs for real instead")
 def test_gpu_check_exits_cleanly_without_cupy():
-    if importlib.util.find_spec("cupy") is not None:
-        pytest.skip("CuPy is installed here: run benchmarks/gpu_check.py itself")
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "skipped, no GPU" in r.stdout and "CuPy" in r.stdout
