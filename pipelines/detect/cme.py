@@ -142,6 +142,43 @@ def _seconds(dts: Sequence[dt.datetime]) -> np.ndarray:
     return np.array([(d - dts[0]).total_seconds() for d in dts], dtype=np.float64)
 
 
+def checked_sequence(times, images, mask=None) -> tuple[list[dt.datetime], np.ndarray, np.ndarray]:
+    """A time series of frames, checked: aware UTC times, the stack, seconds from the first.
+
+    Parameters
+    ----------
+    times : sequence of datetime, str or astropy Time
+        DATE-OBS of each frame.
+    images : sequence of 2-D arrays, shape (ny, nx) each
+    mask : sequence of 2-D bool arrays, optional
+        True where a pixel must not be used.
+
+    Returns
+    -------
+    dts : list of datetime
+    arr : numpy.ndarray, shape (nt, ny, nx), float
+        As :func:`_stack` makes it (masked pixels NaN).
+    sec : numpy.ndarray, shape (nt,)
+        Seconds since the first frame.
+
+    Raises
+    ------
+    DataError
+        Times and images differ in number, fewer than 3 frames, or times not increasing.
+    """
+    dts = as_utc_datetimes(times)
+    arr, _ = _stack(images, mask)
+    nt = arr.shape[0]
+    if len(dts) != nt:
+        raise DataError(f"{len(dts)} times for {nt} images")
+    if nt < 3:
+        raise DataError("need at least 3 frames")
+    sec = _seconds(dts)
+    if np.any(np.diff(sec) <= 0):
+        raise DataError("times must be strictly increasing")
+    return dts, arr, sec
+
+
 def _stack(images, mask) -> tuple[np.ndarray, np.ndarray]:
     """Float64 ``(nt, ny, nx)`` copy with NaN wherever masked or not finite."""
     arr = np.array(images, dtype=np.float64, copy=True)
@@ -690,16 +727,8 @@ def detect_cmes(
     Yashiro et al. 2004, JGR 109, A07105.
     """
     p = params
-    dts = as_utc_datetimes(times)
-    arr, _ = _stack(images, mask)
+    dts, arr, sec = checked_sequence(times, images, mask)
     nt = arr.shape[0]
-    if len(dts) != nt:
-        raise DataError(f"{len(dts)} times for {nt} images")
-    if nt < 3:
-        raise DataError("need at least 3 frames")
-    sec = _seconds(dts)
-    if np.any(np.diff(sec) <= 0):
-        raise DataError("times must be strictly increasing")
 
     # 1. working resolution
     f = max(1, math.ceil(max(arr.shape[1:]) / p.max_working_naxis))

@@ -73,10 +73,8 @@ from pipelines.detect.cme import (
     _label_periodic,
     _nanmedian,
     _ring_index,
-    _seconds,
     _smooth_nan,
-    _stack,
-    as_utc_datetimes,
+    checked_sequence,
     despike,
     polar_unwrap,
 )
@@ -471,16 +469,8 @@ def detect_prominence_eruptions(
         outside the image.
     """
     p = params if params is not None else ProminenceParams.sdi()
-    dts = as_utc_datetimes(times)
-    arr, _ = _stack(images, mask)
+    dts, arr, sec = checked_sequence(times, images, mask)
     nt = arr.shape[0]
-    if len(dts) != nt:
-        raise DataError(f"{len(dts)} times for {nt} images")
-    if nt < 3:
-        raise DataError("need at least 3 frames")
-    sec = _seconds(dts)
-    if np.any(np.diff(sec) <= 0):
-        raise DataError("times must be strictly increasing")
 
     f = max(1, math.ceil(max(arr.shape[1:]) / p.max_working_naxis))
     work = _block_reduce(arr, f)
