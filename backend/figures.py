@@ -112,7 +112,7 @@ def events_timeline_figure(
         ``end_time`` (and optionally ``goes_class``), already capped by the caller.
     total : int, optional
         How many events matched before capping; when larger than the number drawn, the
-        title says that only the first N of ``total`` are shown.
+        title says that only the newest N of ``total`` are shown (the caller passes them).
     title : str, optional
         Overrides the default title.
 
@@ -162,7 +162,7 @@ def events_timeline_figure(
     n = len(rows)
     if title is None:
         if total is not None and total > n:
-            title = f"Event timeline: first {n} of {total} events shown (capped)"
+            title = f"Event timeline: newest {n} of {total} events shown (capped)"
         else:
             title = f"Event timeline: {n} event{'s' if n != 1 else ''}"
     fig.update_layout(

@@ -517,9 +517,10 @@ def test_events_timeline_figure(client, events):
     assert ids == {e.id for e in events.values()}
 
     fig = client.get("/api/v1/events/timeline/figure", params={"type": "FL", "limit": 2}).json()
-    assert fig["layout"]["title"]["text"] == "Event timeline: first 2 of 3 events shown (capped)"
+    assert fig["layout"]["title"]["text"] == "Event timeline: newest 2 of 3 events shown (capped)"
     drawn = {i for t in fig["data"] if t["type"] == "scatter" for i in t["customdata"]}
-    assert len(drawn) == 2 and drawn <= {events["fl"].id, events["wfl"].id, events["late"].id}
+    fl3 = sorted((events[k] for k in ("fl", "wfl", "late")), key=lambda e: e.start_time)
+    assert drawn == {fl3[1].id, fl3[2].id}, "the capped timeline keeps the newest events"
 
 
 # -- light curves ---------------------------------------------------------------------------

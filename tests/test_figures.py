@@ -70,7 +70,7 @@ def test_timeline_one_row_per_hek_type_with_bars_and_peaks():
 def test_timeline_title_says_when_capped():
     events = [ev(i, "FL", i, i + 1, i + 2) for i in range(1, 4)]
     fig = events_timeline_figure(events, total=250)
-    assert fig.layout.title.text == "Event timeline: first 3 of 250 events shown (capped)"
+    assert fig.layout.title.text == "Event timeline: newest 3 of 250 events shown (capped)"
     assert events_timeline_figure(events, total=3).layout.title.text == "Event timeline: 3 events"
 
 

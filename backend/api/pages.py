@@ -180,7 +180,7 @@ def events_page(
     filters = EventFilters(event_types=(event_type,) if event_type else (), start=t0, end=t1,
                            sources=(source,) if source else (), min_goes_flux=flux, **num)
     offset = (page - 1) * PAGE_SIZE
-    result = search_events(session, filters, sort="start_time", limit=PAGE_SIZE, offset=offset)
+    result = search_events(session, filters, sort="-start_time", limit=PAGE_SIZE, offset=offset)
     rows, total = result.items, result.total
     applied = {k: v for k, v in (
         ("type", event_type), ("source", source),

@@ -186,7 +186,7 @@ def read_events_timeline_figure(
 ) -> Response:
     """The same filters as ``GET /events``; at most ``limit`` events are drawn (the earliest),
     and the figure title says so when more matched."""
-    result = event_search_service.search_events(session, filters, sort="start_time", limit=limit, light=True)
+    result = event_search_service.search_events(session, filters, sort="-start_time", limit=limit, light=True)
     return Response(events_timeline_figure(result.items, total=result.total).to_json(), media_type="application/json")
 
 
