@@ -464,26 +464,16 @@ def detect_sci_cmes(
     if channel not in ("SCI-UV", "SCI-WL"):
         raise ValueError(f"CMEs are detected on SCI-UV or SCI-WL, not {channel!r}")
     p = params or CMEParams()
-    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
-    if len(rows) < max(3, p.min_track_points):
-        log.info("CME detection: %d %s products in range, too few", len(rows), channel)
-        return []
-    stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), p.max_working_naxis)
-    times = [_utc(f.date_obs) for _, f in rows]
-    cmes = detect_cmes(times, stack, params=p, **geo)
-    events = []
-    import dataclasses as _dc
 
-    for c in cmes:
+    def describe(c):
         key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
-        row = c.to_event_row(rsun_arcsec=geo["rsun_arcsec"], channel=channel)
-        row["description"] = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
-                              f"{c.speed_km_s:.0f} km/s")
-        span = _indices_between(times, _utc(c.first_appearance), _utc(c.last_seen))
-        prov = _provenance(rows, span, FRM_NAME, FRM_VERSION, _dc.asdict(p))
-        events.append(_store_detection(session, row, key, rows, span, prov))
-    session.flush()
-    return events
+        text = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
+                f"{c.speed_km_s:.0f} km/s")
+        return key, text, _utc(c.first_appearance), _utc(c.last_seen)
+
+    return _run_sequence_detector(session, channel, start, end, p, product_root, detect_cmes, describe,
+                                  min_frames=max(3, p.min_track_points), what="CME",
+                                  frm=(FRM_NAME, FRM_VERSION))
 
 
 def detect_prominence_eruptions(
@@ -530,23 +520,42 @@ def detect_prominence_eruptions(
     if channel not in ("SDI", "SCI-UV"):
         raise ValueError(f"prominence eruptions are detected on SDI or SCI-UV, not {channel!r}")
     p = params or (ProminenceParams.sdi() if channel == "SDI" else ProminenceParams.sci_uv())
-    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
-    if len(rows) < 3:
-        log.info("prominence detection: %d %s products in range, too few", len(rows), channel)
-        return []
-    stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), p.max_working_naxis)
-    times = [_utc(f.date_obs) for _, f in rows]
-    found = detect(times, stack, params=p, **geo)
-    events = []
-    import dataclasses as _dc
 
-    for e in found:
+    def describe(e):
         key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
-        row = e.to_event_row(rsun_arcsec=geo["rsun_arcsec"], channel=channel)
-        row["description"] = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
-                              f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
-        span = _indices_between(times, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen))
-        prov = _provenance(rows, span, FRM_NAME, FRM_VERSION, _dc.asdict(p))
+        text = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
+                f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
+        return key, text, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen)
+
+    return _run_sequence_detector(session, channel, start, end, p, product_root, detect, describe,
+                                  min_frames=3, what="prominence", frm=(FRM_NAME, FRM_VERSION))
+
+
+def _run_sequence_detector(session: Session, channel: str, start, end, params, product_root, detect, describe, *,
+                           min_frames: int, what: str, frm: tuple[str, str]) -> list[Event]:
+    """Run a detector of limb/coronal sequences (CMEs, prominence eruptions) on the newest
+    written L2 products of ``channel`` and store what it finds.
+
+    ``detect(times, stack, params=..., **geometry)`` returns detections with
+    ``to_event_row(rsun_arcsec=, channel=)``; ``describe(detection)`` gives its idempotency
+    key, a description and the (first, last) times it was seen, which set the products and
+    frames it is linked to.
+    """
+    import dataclasses
+
+    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    if len(rows) < min_frames:
+        log.info("%s detection: %d %s products in range, too few", what, len(rows), channel)
+        return []
+    stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), params.max_working_naxis)
+    times = [_utc(f.date_obs) for _, f in rows]
+    events = []
+    for det in detect(times, stack, params=params, **geo):
+        key, text, first, last = describe(det)
+        row = det.to_event_row(rsun_arcsec=geo["rsun_arcsec"], channel=channel)
+        row["description"] = text
+        span = _indices_between(times, first, last)
+        prov = _provenance(rows, span, frm[0], frm[1], dataclasses.asdict(params))
         events.append(_store_detection(session, row, key, rows, span, prov))
     session.flush()
     return events
