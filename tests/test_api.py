@@ -231,6 +231,21 @@ def test_openapi_lists_every_resource(client):
     assert client.get("/docs").status_code == 200
 
 
+def test_openapi_light_curve_routes_document_the_same_query_parameters(client):
+    paths = client.get("/api/v1/openapi.json").json()["paths"]
+    data = paths["/api/v1/events/{event_id}/lightcurve"]["get"]["parameters"]
+    figure = paths["/api/v1/events/{event_id}/lightcurve/figure"]["get"]["parameters"]
+    assert [(p["in"], p["name"]) for p in data] == [
+        ("path", "event_id"), ("query", "channel"), ("query", "margin_min"), ("query", "region"),
+        ("query", "context_frames")]
+    assert figure == data
+    by_name = {p["name"]: p for p in data}
+    assert by_name["channel"]["schema"]["default"] == "SDI"
+    assert (by_name["margin_min"]["schema"]["minimum"], by_name["margin_min"]["schema"]["maximum"]) == (0, 1440)
+    assert by_name["region"]["schema"]["enum"] == ["auto", "disk", "roi"]
+    assert by_name["context_frames"]["schema"]["default"] == 3
+
+
 def test_channels(client):
     body = client.get("/api/v1/channels").json()
     assert body["total"] == 4
@@ -311,6 +326,9 @@ BAD_REQUESTS = [
     ("/api/v1/events/1/lightcurve?channel=AIA", 422, ["unknown LST channel 'AIA'"]),
     ("/api/v1/events/1/lightcurve?margin_min=-3", 422, ["query.margin_min"]),
     ("/api/v1/events/1/lightcurve/figure?margin_min=1e9", 422, ["query.margin_min"]),
+    ("/api/v1/events/1/lightcurve/figure?channel=AIA", 422, ["unknown LST channel 'AIA'"]),
+    ("/api/v1/events/1/lightcurve?region=box", 422, ["query.region"]),
+    ("/api/v1/events/1/lightcurve/figure?context_frames=51", 422, ["query.context_frames"]),
     ("/api/v1/frames/424242", 404, ["no frame with id 424242"]),
     ("/api/v1/products/424242", 404, ["no product with id 424242"]),
     ("/api/v1/products/424242/fits", 404, ["no product with id 424242"]),

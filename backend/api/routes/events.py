@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Annotated, Literal
 
 import pydantic_core
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
@@ -227,13 +227,46 @@ ContextQuery = Annotated[
 ]
 
 
-def _lightcurve(session, settings, event_id: int, channel: str, margin_min: float,
-                region: str = "auto", context_frames: int = 3) -> tuple[Event, LightCurvePublic]:
+class LightCurveQuery:
+    """The query parameters of the two light-curve routes, read once (a FastAPI dependency).
+
+    Attributes
+    ----------
+    channel : str
+        Canonical LST channel code of the L2 products averaged (``SDI`` when empty).
+    margin_min : float
+        Minutes added before the event's start and after its end (0..1440).
+    region : str
+        ``auto``, ``disk`` or ``roi`` (see :func:`backend.services.products.event_lightcurve`).
+    context_frames : int
+        Frames of the channel shown at least before the start and after the end (0..50).
+
+    Bad values are 422 with the parameter named, as for any query parameter.
+    """
+
+    def __init__(
+        self,
+        channel: LightCurveChannel = "SDI",
+        margin_min: MarginQuery = 30.0,
+        region: RegionQuery = "auto",
+        context_frames: ContextQuery = 3,
+    ) -> None:
+        self.channel = channel
+        self.margin_min = margin_min
+        self.region = region
+        self.context_frames = context_frames
+
+
+LightCurveDep = Annotated[LightCurveQuery, Depends()]
+
+
+def _lightcurve(session, settings, event_id: int, q: LightCurveQuery) -> tuple[Event, LightCurvePublic]:
+    """The event (404 if none) and its light curve as asked by ``q`` (422 for a ValueError of the service)."""
     row = _event_or_404(session, event_id)
     try:
         lc = products_service.event_lightcurve(
-            session, row, channel=channel, margin=dt.timedelta(minutes=margin_min), product_root=settings.products,
-            region=region, context_frames=context_frames,
+            session, row, channel=q.channel, margin=dt.timedelta(minutes=q.margin_min),
+            product_root=settings.products, region=q.region, context_frames=q.context_frames,
         )
     except ValueError as exc:
         raise HTTPException(422, detail=str(exc)) from None
@@ -249,16 +282,13 @@ def read_event_lightcurve(
     event_id: IdPath,
     session: SessionDep,
     settings: SettingsDep,
-    channel: LightCurveChannel = "SDI",
-    margin_min: MarginQuery = 30.0,
-    region: RegionQuery = "auto",
-    context_frames: ContextQuery = 3,
+    q: LightCurveDep,
 ) -> LightCurvePublic:
     """Mean of the written L2 products of ``channel`` (DQ-masked pixels skipped) over a
     box about the event (``roi``), the disk or, for SCI, the coronal field, from the
     event's start - margin to its end + margin widened to three frames on each side, one
     point per frame (its newest product version)."""
-    return _lightcurve(session, settings, event_id, channel, margin_min, region, context_frames)[1]
+    return _lightcurve(session, settings, event_id, q)[1]
 
 
 @router.get(
@@ -270,12 +300,9 @@ def read_event_lightcurve_figure(
     event_id: IdPath,
     session: SessionDep,
     settings: SettingsDep,
-    channel: LightCurveChannel = "SDI",
-    margin_min: MarginQuery = 30.0,
-    region: RegionQuery = "auto",
-    context_frames: ContextQuery = 3,
+    q: LightCurveDep,
 ) -> Response:
     """The light curve of ``GET /events/{id}/lightcurve`` with the event's start, peak and end marked."""
-    row, lc = _lightcurve(session, settings, event_id, channel, margin_min, region, context_frames)
+    row, lc = _lightcurve(session, settings, event_id, q)
     fig = lightcurve_figure(lc.times, lc.values, lc.unit, row, channel=lc.channel, region=lc.region, roi=lc.roi)
     return Response(fig.to_json(), media_type="application/json")
