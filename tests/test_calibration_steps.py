@@ -258,6 +258,27 @@ def test_rotate_north_up_moves_dq_bits_by_nearest_neighbour_and_flags_no_data():
     assert np.allclose(out[good], 1.0, atol=1e-5)  # a flat field stays flat (the NaN did not spread)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_rotate_north_up_on_threads_equals_one_call(threads):
+    # row blocks (resampling) and column/row blocks (spline prefilter) on threads must
+    # join into exactly the single-threaded result: data, region and defect DQ bits
+    n = 300
+    rng = np.random.default_rng(4)
+    h = make_header(n, x0=151.7, y0=146.2, roll=-7.5, scale=8.0)
+    data = 50.0 + 10.0 * _blob(n, 120.0, 170.0, sigma=9.0) + rng.normal(0.0, 1.0, (n, n))
+    data[40, 200] = np.nan
+    dq = np.zeros((n, n), np.uint8)
+    dq[140:160, 140:160] = DQ.OCCULTED
+    dq[77, 33] = DQ.BAD_PIXEL
+    one, dq_one, _ = steps.rotate_north_up(data, dq, h, threads=1)
+    many, dq_many, h2 = steps.rotate_north_up(data, dq, h, threads=threads)
+    assert steps._blocks(n, threads) and len(steps._blocks(n, threads)) == threads
+    np.testing.assert_array_equal(dq_many, dq_one)
+    assert (dq_one & DQ.BAD_PIXEL).any() and (dq_one & DQ.NO_DATA).any()
+    np.testing.assert_allclose(many, one, rtol=0, atol=1e-5, equal_nan=True)
+    assert np.array_equal(np.isnan(many), np.isnan(one))
+
+
 def test_rotate_north_up_skips_a_frame_already_north_up_and_centred():
     n = 16
     out, dq, h = steps.rotate_north_up(np.arange(n * n, dtype=float).reshape(n, n), None, make_header(n))
