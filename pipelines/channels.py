@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChannelSpec", "CHANNELS", "get_channel", "channel_from_header"]
+__all__ = ["ChannelSpec", "CHANNELS", "MIN_FRAME_SIDE", "get_channel", "channel_from_header"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,17 @@ CHANNELS: dict[str, ChannelSpec] = {
                     1.1, 2.5, "MSB", 60.0),
     )
 }
+
+
+#: Smallest side [pixel] of a frame that ingest accepts as an LST frame (largest: the
+#: channel's ``naxis``, the full detector; a binned frame keeps the field of view).
+#: LST.md names no binned readout modes, so this is the platform's own floor, not an
+#: instrument fact: 32 px is 2048 px SCI binned 64x64 (about 150 arcsec/pixel over SCI's
+#: 81.1 arcmin; 36 px would be 4608 px SDI/WST binned 128x128), the smallest frame
+#: ``pipelines.simulate`` makes (it refuses ``naxis`` < 32) and the smallest the tests
+#: ingest (``tests/test_ingest.py``: 32 px). Far below it (a 3x3 image with an LST
+#: header) nothing of the disk or corona would be resolved: not a frame.
+MIN_FRAME_SIDE = 32
 
 
 def get_channel(code: str) -> ChannelSpec:

@@ -20,8 +20,8 @@ from tests.conftest import SAMPLE
 
 
 def lst_raw(path: Path, channel: str = "SDI", date_obs: str = "01-May-23 13:07:58.713", exptime: float = 2.0,
-            seed: int = 0) -> Path:
-    """A small raw frame in the ASO-S header style (two-digit year, solar_x, arcsecs)."""
+            seed: int = 0, shape: tuple[int, ...] = (32, 32)) -> Path:
+    """A small raw frame in the ASO-S header style (two-digit year, solar_x, arcsecs); ``shape`` (NAXIS2, NAXIS1)."""
     rng = np.random.default_rng(seed)
     h = fits.Header()
     h["TELESCOP"] = "ASO-S"
@@ -36,7 +36,7 @@ def lst_raw(path: Path, channel: str = "SDI", date_obs: str = "01-May-23 13:07:5
     h["CRPIX1"] = h["CRPIX2"] = 16.5
     h["CRVAL1"] = h["CRVAL2"] = 0.0
     h["CDELT1"] = h["CDELT2"] = 72.0
-    data = rng.integers(100, 4000, size=(32, 32)).astype(np.uint16)
+    data = rng.integers(100, 4000, size=shape).astype(np.uint16)
     fits.PrimaryHDU(data, h).writeto(path, overwrite=True)
     return path
 
@@ -127,6 +127,45 @@ def test_rejections_do_not_stop_the_batch(sqlite_env, tmp_path):
 
     counts = ingest_files(files, move=True, progress=False)
     assert counts == {"ingested": 2, "rejected": 1}
+
+
+@pytest.mark.parametrize("channel,shape,needle", [
+    ("SDI", (3, 3), "3x3 px image is too small for an LST SDI frame (at least 32 px a side)"),
+    ("SCI-UV", (31, 64), "64x31 px image is too small for an LST SCI-UV frame"),
+    ("SCI-WL", (2304, 2304), "2304x2304 px image is larger than the SCI-WL detector (2048x2048 px)"),
+    ("WST", (32, 4609), "4609x32 px image is larger than the WST detector (4608x4608 px)"),
+    ("SDI", (2, 32, 32), "image has 3 dimensions, expected 2"),
+], ids=["3x3", "one-side-31", "sdi-sized-sci", "wider-than-wst", "cube"])
+def test_frame_of_impossible_size_is_quarantined_and_the_batch_goes_on(sqlite_env, tmp_path, channel, shape, needle):
+    bad = lst_raw(tmp_path / "a_bad.fits", channel=channel, shape=shape, seed=6)
+    good = lst_raw(tmp_path / "b_good.fits", channel=channel, seed=7)
+    with session_scope() as s:
+        out = ingest_path(s, bad, sqlite_env)
+    assert out.status == "rejected" and needle in out.reason and "\n" not in out.reason
+    kept = Path(out.stored_path)
+    assert kept.parent == sqlite_env.quarantine and not bad.exists()
+    assert kept.with_name(kept.name + ".reason").read_text().strip() == out.reason
+    from backend.cli import ingest_files
+
+    assert ingest_files([good], move=True, progress=False) == {"ingested": 1}
+    with session_scope() as s:
+        assert [(f.naxis1, f.naxis2) for f in s.scalars(select(Frame))] == [(32, 32)]
+
+
+@pytest.mark.parametrize("channel,shape", [
+    ("SDI", (1152, 1152)),  # the demo's binned SDI/WST size (backend.cli.DEMO_SIZES)
+    ("SCI-UV", (1024, 1024)),  # the demo's binned SCI size
+    ("WST", (32, 4608)),  # the smallest and the largest side at once
+    ("SCI-WL", (2048, 32)),
+], ids=["sdi-1152", "sci-uv-1024", "wst-edges", "sci-wl-edges"])
+def test_frames_of_lst_sizes_are_ingested(sqlite_env, tmp_path, channel, shape):
+    src = lst_raw(tmp_path / "f.fits", channel=channel, shape=shape, seed=8)
+    with session_scope() as s:
+        out = ingest_path(s, src, sqlite_env)
+    assert out.status == "ingested", out.reason
+    with session_scope() as s:
+        f = s.get(Frame, out.frame_id)
+        assert (f.channel_code, f.naxis2, f.naxis1) == (channel, *shape)
 
 
 def test_missing_exposure_is_rejected(sqlite_env, tmp_path):

@@ -27,11 +27,11 @@ from sqlalchemy.orm import Session
 
 from backend.models import CalibrationFile, CalibrationKind, Frame
 from backend.settings import Settings
-from pipelines.channels import channel_from_header
+from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, channel_from_header
 from pipelines.errors import DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import parse_date_obs, read_image, sha256_file, utc_datetime
 
-__all__ = ["IngestOutcome", "ingest_path", "header_to_json"]
+__all__ = ["IngestOutcome", "ingest_path", "header_to_json", "check_frame_shape"]
 
 
 @dataclass
@@ -133,6 +133,35 @@ def _register_calibration(session: Session, src: Path, sha: str, header: fits.He
     return IngestOutcome(str(src), "calibration", calibration_file_id=row.id, stored_path=str(stored))
 
 
+def check_frame_shape(shape: tuple[int, ...], channel: str) -> None:
+    """Refuse an image whose shape cannot be a raw frame of ``channel``.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        ``data.shape`` of the image, (NAXIS2, NAXIS1) [pixel].
+    channel : str
+        An LST channel code (a key of :data:`pipelines.channels.CHANNELS`).
+
+    Raises
+    ------
+    DataError
+        With a one-line reason when the image is not 2-D, has a side shorter than
+        :data:`pipelines.channels.MIN_FRAME_SIDE` (32 px), or a side longer than the
+        channel's detector (``ChannelSpec.naxis``: 4608 px for SDI and WST, 2048 px for
+        SCI-UV and SCI-WL, LST.md).
+    """
+    if len(shape) != 2:
+        raise DataError(f"image has {len(shape)} dimensions, expected a 2-D {channel} frame")
+    ny, nx = (int(n) for n in shape)
+    full = CHANNELS[channel].naxis
+    if min(nx, ny) < MIN_FRAME_SIDE:
+        raise DataError(f"{nx}x{ny} px image is too small for an LST {channel} frame "
+                        f"(at least {MIN_FRAME_SIDE} px a side)")
+    if max(nx, ny) > full:
+        raise DataError(f"{nx}x{ny} px image is larger than the {channel} detector ({full}x{full} px)")
+
+
 def _primary_header(path: Path) -> fits.Header | None:
     try:
         with warnings.catch_warnings():
@@ -175,6 +204,7 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
                 "not an LST frame (TELESCOP={!r}, INSTRUME={!r}, DETECTOR={!r})".format(
                     str(raw.header.get("TELESCOP", "")).strip(), str(raw.header.get("INSTRUME", "")).strip(),
                     str(raw.header.get("DETECTOR", "")).strip()))
+        check_frame_shape(raw.data.shape, channel)
         try:
             exposure = float(raw.header.get("EXPTIME", raw.header.get("EXPOSURE")))
         except (TypeError, ValueError):
