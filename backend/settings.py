@@ -52,6 +52,13 @@ class Settings(BaseSettings):
         ``numpy`` or ``cupy``: the array library of the calibration kernels. Default numpy.
     ``SAMPLE_DATA_DIR``
         The real solar files shipped with the project. Default ``<repo>/sample-data/real``.
+    ``GPU_BATCH_SIZE``
+        Products per task on the ``gpu`` queue (one device batch: masters resident,
+        copies overlapped with compute); read where a job is planned (``run_job``, on
+        the ``cpu`` workers). Default 16, a choice (not a measured optimum):
+        enough frames that the copies of one overlap the compute of the others after the
+        first, few enough (16 x 85 MB of float32 at 4608 x 4608) that a retried batch
+        redoes little.
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -68,6 +75,7 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, validation_alias=_alias("PORT"))
     worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
     array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
+    gpu_batch_size: int = Field(default=16, ge=1, le=1024, validation_alias=_alias("GPU_BATCH_SIZE"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),

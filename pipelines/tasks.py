@@ -48,7 +48,13 @@ def ingest_file(self, path: str, move: bool = True) -> dict:
 
 @app.task(name="pipelines.tasks.run_job", bind=True, **RETRY)
 def run_job(self, job_id: str) -> dict:
-    """Plan a job and fan out one chain per product: calibrate -> record progress."""
+    """Plan a job and fan out its work.
+
+    CPU jobs: one chain per product, calibrate -> record progress (queue ``cpu``). GPU jobs
+    (option ``device: gpu``): batches of ``GPU_BATCH_SIZE`` products, one
+    :func:`calibrate_products_gpu_batch` task each (queue ``gpu``), which count every
+    product as it finishes.
+    """
     from backend.models import Job, JobState
     from backend.services.processing import plan_job, reap_stale_work
 
@@ -73,9 +79,15 @@ def run_job(self, job_id: str) -> dict:
         raise
     with session_scope() as s:
         options = (s.get(Job, job_id).parameters or {}).get("options") or {}
-    queue = "gpu" if options.get("device") == "gpu" else "cpu"
+    if options.get("device") == "gpu":
+        # GPU workers take batches: masters stay on the device, copies overlap compute
+        size = get_settings().gpu_batch_size
+        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+        for batch in batches:
+            calibrate_products_gpu_batch.apply_async(args=[job_id, batch], queue="gpu")
+        return {"job_id": job_id, "planned": len(todo), "gpu_batches": len(batches)}
     for pid in todo:
-        chain(calibrate_product.si(pid).set(queue=queue), record_progress.si(job_id, pid).set(queue="cpu")).apply_async()
+        chain(calibrate_product.si(pid).set(queue="cpu"), record_progress.si(job_id, pid).set(queue="cpu")).apply_async()
     return {"job_id": job_id, "planned": len(todo)}
 
 
@@ -101,6 +113,49 @@ def calibrate_product_gpu(self, product_id: int) -> dict:
     return calibrate_product.run(product_id)
 
 
+@app.task(name="pipelines.tasks.calibrate_products_gpu_batch", bind=True, **RETRY)
+def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int]) -> dict:
+    """Calibrate a batch of products on this worker's GPU (queue ``gpu``) and count each
+    towards its job as it is written or fails (:func:`backend.services.gpu_batch.calibrate_products_batch`).
+
+    Without a usable GPU the batch runs on NumPy and the products say so (see that module).
+    If the batch breaks as a whole (not a database fault, which is retried), its products
+    not yet finished fail with the reason, so the job ends. When the job ends, its
+    follow-up detections are queued.
+    """
+    from backend.services.gpu_batch import calibrate_products_batch, fail_unfinished
+
+    try:
+        with session_scope() as s:
+            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id)
+    except OperationalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
+        log.exception("GPU batch of job %s failed", job_id)
+        with session_scope() as s:
+            report = fail_unfinished(s, list(product_ids), job_id,
+                                     f"GPU batch failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000])
+    if report.job_finished:
+        _queue_follow_ups(report.job_parameters)
+    return {"job_id": job_id, **report.as_dict()}
+
+
+def _queue_follow_ups(params: dict) -> None:
+    """Queue the detections that run once a calibration job over ``params`` has ended."""
+    span = {"start": params.get("start"), "end": params.get("end")}
+    channels = params.get("channels", [])
+    if "SDI" in channels:
+        detect_flares.apply_async(kwargs=span, queue="cpu")
+        detect_prominences.apply_async(kwargs={**span, "channel": "SDI"}, queue="cpu")
+    for ch in ("SCI-UV", "SCI-WL"):
+        if ch in channels:
+            detect_cmes.apply_async(kwargs={**span, "channel": ch}, queue="cpu")
+    if "SCI-UV" in channels:
+        detect_prominences.apply_async(kwargs={**span, "channel": "SCI-UV"}, queue="cpu")
+    if "WST" in channels:
+        detect_white_light_flares.apply_async(kwargs=span, queue="cpu")
+
+
 @app.task(name="pipelines.tasks.record_progress", bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
     """Count one product towards its job; when the job ends, queue flare detection."""
@@ -113,18 +168,7 @@ def record_progress(self, job_id: str, product_id: int) -> dict:
         finished = job is not None and job.state in (JobState.succeeded, JobState.failed)
         params = dict(job.parameters) if job else {}
     if finished:
-        span = {"start": params.get("start"), "end": params.get("end")}
-        channels = params.get("channels", [])
-        if "SDI" in channels:
-            detect_flares.apply_async(kwargs=span, queue="cpu")
-            detect_prominences.apply_async(kwargs={**span, "channel": "SDI"}, queue="cpu")
-        for ch in ("SCI-UV", "SCI-WL"):
-            if ch in channels:
-                detect_cmes.apply_async(kwargs={**span, "channel": ch}, queue="cpu")
-        if "SCI-UV" in channels:
-            detect_prominences.apply_async(kwargs={**span, "channel": "SCI-UV"}, queue="cpu")
-        if "WST" in channels:
-            detect_white_light_flares.apply_async(kwargs=span, queue="cpu")
+        _queue_follow_ups(params)
     return {"job_id": job_id, "state": state}
 
 

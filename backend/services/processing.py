@@ -32,8 +32,8 @@ from pipelines.errors import DataError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "record_item", "frames_for_job",
-           "reap_stale_work", "STALE_AFTER_S"]
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "failure_reason", "record_item",
+           "frames_for_job", "reap_stale_work", "resident_master", "STALE_AFTER_S"]
 
 #: A product of a running job with no state change for this long [s] is taken as lost
 #: (its worker died, or no worker consumes its queue). A full-size frame calibrates in
@@ -204,6 +204,48 @@ def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
         f"lst_{chan}_l2_{stamp}_f{frame.id}_v{prod.version}.fits"
 
 
+def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = ()) -> None:
+    """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.flow.L2Result`)
+    for ``prod`` and fill the row (state ``written``); the caller commits.
+
+    ``notes`` become HISTORY lines of the product (e.g. the GPU worker's CPU fallback).
+    The file is fsynced and renamed before the row says ``written``.
+    """
+    from pipelines.fitsio import write_fits_atomic
+    from pipelines.products import build_product_hdul, write_quicklook_png
+
+    frame = prod.frame
+    result.header["PRODID"] = (prod.id, "product id in the LST data platform")
+    result.header["PRODVER"] = (prod.version, "product version for this frame")
+    result.header["FRAMEID"] = (frame.id, "raw frame id in the LST data platform")
+    result.header["FILENAME"] = _product_path(settings, frame, prod).name
+    for w in (prod.parameters or {}).get("warnings", []):
+        result.header.add_history(f"calibration warning: {w}")
+    for note in notes:
+        result.header.add_history(note)
+    hdul = build_product_hdul(result, software_version=__version__)
+    out = _product_path(settings, frame, prod)
+    sha = write_fits_atomic(hdul, out)
+    ql = out.with_suffix(".png")
+    write_quicklook_png(result.data, result.dq, ql, frame.channel_code)
+    prod.path = str(out)
+    prod.sha256 = sha
+    prod.quicklook_path = str(ql)
+    prod.header = header_to_json(hdul[0].header)
+    prod.stats = dict(result.stats)
+    prod.state = ProductState.written
+    prod.error = None
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The reason recorded on a failed product: a data error's first line; anything else
+    prefixed with its type (at most 2000 characters)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    if isinstance(exc, DataError):
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}"[:2000]
+
+
 def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:
     """Calibrate one planned product and write its L2 FITS and quicklook.
 
@@ -211,8 +253,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     exceptions also mark it ``failed`` and are re-raised so the task can retry them.
     """
     from pipelines.calibration.flow import calibrate_frame
-    from pipelines.fitsio import read_image, write_fits_atomic
-    from pipelines.products import build_product_hdul, write_quicklook_png
+    from pipelines.fitsio import read_image
 
     prod = session.get(Product, product_id)
     if prod is None:
@@ -227,35 +268,19 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
         raw = read_image(frame.path, dtype=np.float32)  # 16-bit DN exactly, half the memory
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         result = calibrate_frame(raw.data, raw.header, cals, prod.parameters.get("options") or {})
-        result.header["PRODID"] = (prod.id, "product id in the LST data platform")
-        result.header["PRODVER"] = (prod.version, "product version for this frame")
-        result.header["FRAMEID"] = (frame.id, "raw frame id in the LST data platform")
-        result.header["FILENAME"] = _product_path(settings, frame, prod).name
-        for w in (prod.parameters or {}).get("warnings", []):
-            result.header.add_history(f"calibration warning: {w}")
-        hdul = build_product_hdul(result, software_version=__version__)
-        out = _product_path(settings, frame, prod)
-        sha = write_fits_atomic(hdul, out)
-        ql = out.with_suffix(".png")
-        write_quicklook_png(result.data, result.dq, ql, frame.channel_code)
-        prod.path = str(out)
-        prod.sha256 = sha
-        prod.quicklook_path = str(ql)
-        prod.header = header_to_json(hdul[0].header)
-        prod.stats = dict(result.stats)
-        prod.state = ProductState.written
+        write_product(session, settings, prod, result)
         session.commit()
     except DataError as exc:
         session.rollback()
         prod = session.get(Product, product_id)
         prod.state = ProductState.failed
-        prod.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        prod.error = failure_reason(exc)
         session.commit()
     except Exception as exc:
         session.rollback()
         prod = session.get(Product, product_id)
         prod.state = ProductState.failed
-        prod.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000]
+        prod.error = failure_reason(exc)
         session.commit()
         raise
     return prod

@@ -1,0 +1,216 @@
+"""The GPU worker's service: calibrate a batch of planned products on one device.
+
+:func:`calibrate_products_batch` is what the Celery task
+``pipelines.tasks.calibrate_products_gpu_batch`` (queue ``gpu``) runs. It claims the
+products of the batch, streams their raw frames through the process's
+:class:`~pipelines.calibration.batch.BatchExecutor` (calibration masters resident on the
+device across batches, host-to-device copies overlapped with compute) and, as each frame
+comes back, writes its L2 FITS and quicklook, moves the product to ``written`` or
+``failed`` (with the reason) and counts it towards its job (:func:`record_item`) in the
+same commit. One bad frame fails that product only; the job ends ``failed`` with the
+reasons, as the CPU path does.
+
+Retries are idempotent: a product already ``written`` or ``failed`` when the batch starts
+was counted by an earlier attempt (or by the reaper) and is left alone.
+
+No GPU on a GPU worker
+----------------------
+A job asks for ``device: gpu`` for speed; the product's values do not depend on the
+device beyond float32 rounding (``benchmarks/gpu_check.py`` checks that parity), and
+``device`` is not part of a product's identity. So a GPU worker that finds no usable GPU
+(CuPy missing, no CUDA device) or is configured ``ARRAY_BACKEND=numpy`` calibrates the
+batch with NumPy rather than failing the job: the product records what happened
+(``BACKEND = 'numpy'`` and a HISTORY line giving the reason), the worker logs a warning,
+and the task's return value names the backend used.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backend.models import Job, JobState, Product, ProductState
+from backend.services.processing import failure_reason, record_item, resident_master, write_product
+from backend.settings import Settings
+from pipelines.array_backend import cupy_available
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BatchReport", "calibrate_products_batch", "fail_unfinished", "gpu_executor", "choose_backend"]
+
+_EXECUTORS: dict[str, object] = {}
+
+
+def choose_backend(settings: Settings) -> tuple[str, str | None]:
+    """The array backend a GPU worker uses, and the reason when it is not CuPy.
+
+    Returns
+    -------
+    (backend, note)
+        ``("cupy", None)`` when ``ARRAY_BACKEND=cupy`` and CuPy sees a GPU; otherwise
+        ``("numpy", reason)``.
+    """
+    if settings.array_backend != "cupy":
+        return "numpy", (f"device gpu requested; this worker is configured ARRAY_BACKEND={settings.array_backend}: "
+                         "calibrated with NumPy on the CPU")
+    if not cupy_available():
+        return "numpy", ("device gpu requested; this worker has no usable GPU (CuPy not importable or no CUDA "
+                         "device): calibrated with NumPy on the CPU")
+    return "cupy", None
+
+
+def gpu_executor(backend: str):
+    """This process's :class:`~pipelines.calibration.batch.BatchExecutor` for ``backend``
+    (made once: its resident masters serve every later batch)."""
+    from pipelines.calibration.batch import BatchExecutor
+
+    ex = _EXECUTORS.get(backend)
+    if ex is None:
+        ex = _EXECUTORS[backend] = BatchExecutor(backend)
+    return ex
+
+
+@dataclass
+class BatchReport:
+    """What one batch did (JSON-ready through :meth:`as_dict`).
+
+    ``job_finished`` is True when one of this batch's products was the last of its job
+    (the caller then queues the job's follow-ups once); ``job_parameters`` are the job's.
+    """
+
+    backend: str
+    written: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)
+    job_finished: bool = False
+    job_state: str | None = None
+    job_parameters: dict = field(default_factory=dict)
+    note: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"backend": self.backend, "written": self.written, "failed": {str(k): v for k, v in self.failed.items()},
+                "skipped": self.skipped, "job_state": self.job_state, "note": self.note}
+
+
+def _count(session: Session, report: BatchReport, job_id: str | None, product_id: int) -> None:
+    if not job_id:
+        return
+    before = session.scalar(select(Job.state).where(Job.id == job_id))
+    job = record_item(session, job_id, product_id)
+    if job is not None:
+        report.job_state = job.state.value
+        report.job_parameters = dict(job.parameters or {})
+        if before == JobState.running and job.state in (JobState.succeeded, JobState.failed):
+            report.job_finished = True  # this product closed the job
+
+
+def _fail(session: Session, report: BatchReport, job_id: str | None, product_id: int, reason: str) -> None:
+    prod = session.get(Product, product_id)
+    prod.state = ProductState.failed
+    prod.error = reason
+    session.flush()
+    _count(session, report, job_id, product_id)
+    session.commit()
+    report.failed[product_id] = reason
+
+
+def calibrate_products_batch(session: Session, product_ids: list[int], settings: Settings, *,
+                             job_id: str | None = None, executor=None) -> BatchReport:
+    """Calibrate the planned products ``product_ids`` as one device batch.
+
+    Parameters
+    ----------
+    session : Session
+        Used on the calling thread only (the executor's threads read files and compute).
+    product_ids : list of int
+        Products planned by :func:`backend.services.processing.plan_job`.
+    settings : Settings
+        Product store and ``ARRAY_BACKEND``.
+    job_id : str, optional
+        The job each finished product is counted towards.
+    executor : BatchExecutor, optional
+        Default: this process's executor for :func:`choose_backend`'s backend.
+
+    Returns
+    -------
+    BatchReport
+
+    Raises
+    ------
+    sqlalchemy.exc.OperationalError
+        A database fault (the task retries; products not yet counted are redone).
+    """
+    from pipelines.calibration.batch import BatchItem
+
+    backend, note = choose_backend(settings)
+    if executor is None:
+        executor = gpu_executor(backend)
+    else:
+        backend = executor.backend
+        if backend == "cupy":
+            note = None
+        elif note is None:
+            note = "device gpu requested; calibrated with NumPy on the CPU (executor given by the caller)"
+    if note:
+        log.warning("%s", note)
+    report = BatchReport(backend=backend, note=note)
+    notes = (note,) if note else ()
+
+    # claim: planned/writing products are ours; written/failed ones were counted already
+    claimed: list[int] = []
+    for pid in product_ids:
+        prod = session.get(Product, pid)
+        if prod is None or prod.state in (ProductState.written, ProductState.failed):
+            report.skipped.append(pid)
+            continue
+        prod.state = ProductState.writing
+        prod.error = None
+        claimed.append(pid)
+    session.commit()
+
+    items = []
+    for pid in claimed:
+        prod = session.get(Product, pid)
+        try:
+            cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
+        except Exception as exc:  # noqa: BLE001 - a master changed on disk or unreadable: this product fails
+            _fail(session, report, job_id, pid, failure_reason(exc))
+            continue
+        options = dict((prod.parameters or {}).get("options") or {})
+        items.append(BatchItem.from_path(pid, prod.frame.path, cals, options))
+
+    def on_result(outcome) -> None:
+        pid = outcome.key
+        if not outcome.ok:
+            _fail(session, report, job_id, pid, failure_reason(outcome.exception) if outcome.exception else outcome.error)
+            return
+        prod = session.get(Product, pid)
+        try:
+            write_product(session, settings, prod, outcome.result, notes=notes)
+            session.flush()
+        except Exception as exc:  # noqa: BLE001 - e.g. product store full: this product fails
+            session.rollback()
+            log.exception("product %s could not be written", pid)
+            _fail(session, report, job_id, pid, failure_reason(exc))
+            return
+        _count(session, report, job_id, pid)
+        session.commit()
+        report.written.append(pid)
+
+    executor.run(items, on_result=on_result)
+    return report
+
+
+def fail_unfinished(session: Session, product_ids: list[int], job_id: str | None, reason: str) -> BatchReport:
+    """Fail (with ``reason``) and count the products of a batch still ``planned``/``writing``
+    after the batch task itself broke, so that their job ends instead of waiting for the
+    reaper."""
+    report = BatchReport(backend="none")
+    for pid in product_ids:
+        prod = session.get(Product, pid)
+        if prod is not None and prod.state in (ProductState.planned, ProductState.writing):
+            _fail(session, report, job_id, pid, reason)
+    return report

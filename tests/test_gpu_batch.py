@@ -1,0 +1,281 @@
+"""The device-batch executor and the GPU worker's batch task.
+
+On NumPy (every machine): batched products equal per-frame ``calibrate_frame`` products
+bit for bit, masters are made resident once per master across batches, a bad frame in the
+middle of a batch fails alone, and a ``device: gpu`` job runs end to end through the
+Celery tasks (eager) on a worker without a GPU: calibrated with NumPy, the products say
+so. With CuPy and a GPU: the CuPy batch agrees with NumPy to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.array_backend import cupy_available
+from pipelines.calibration.batch import RESIDENT_KINDS, BatchExecutor, BatchItem, DeviceMasters
+from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+from pipelines.fitsio import read_image
+
+SIZES = {"WST": 64, "SCI-WL": 48}
+N_PER_CHANNEL = 3
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    from pipelines.simulate import simulate
+
+    out = tmp_path_factory.mktemp("gpu_batch_sim")
+    res = simulate(out, channels=tuple(SIZES), naxis=SIZES, noise=True, seed=11, sdi_sequence=False,
+                   frames_per_channel=N_PER_CHANNEL)
+    return out, res
+
+
+def _masters(out: Path, channel: str) -> dict:
+    cals = {}
+    for p in sorted((out / "calibration").glob(f"lst_{channel.lower()}_*.fits")):
+        c = load_calibration_master(p)
+        c.id = 100 + len(cals)
+        cals[c.kind] = c
+    return cals
+
+
+def _items(out: Path, frames) -> list[BatchItem]:
+    masters = {ch: _masters(out, ch) for ch in SIZES}
+    return [BatchItem.from_path(i, f.raw_path, masters[f.channel]) for i, f in enumerate(frames)]
+
+
+def _per_frame(out: Path, frame):
+    raw = read_image(frame.raw_path, dtype=np.float32)
+    return calibrate_frame(raw.data, raw.header, _masters(out, frame.channel), {"backend": "numpy"})
+
+
+def _same(a, b) -> None:
+    assert a.data.dtype == b.data.dtype == np.float32
+    np.testing.assert_array_equal(a.data, b.data)  # NaN == NaN here
+    np.testing.assert_array_equal(a.dq, b.dq)
+    assert a.stats == b.stats
+    assert list(a.header.items()) == list(b.header.items())
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_batched_products_equal_per_frame_products(sim, lanes):
+    out, res = sim
+    # the channels interleaved: two frame shapes and two master sets in one batch
+    frames = [f for pair in zip(*[[f for f in res.frames if f.channel == ch] for ch in SIZES]) for f in pair]
+    ex = BatchExecutor("numpy", lanes=lanes, prefetch=1)
+    seen = []
+    outcomes = ex.run(_items(out, frames), on_result=lambda o: seen.append(o.key))
+    assert [o.key for o in outcomes] == seen == list(range(len(frames)))
+    assert all(o.ok and o.error is None and o.backend == "numpy" for o in outcomes)
+    for frame, o in zip(frames, outcomes):
+        assert o.result.data.shape == (SIZES[frame.channel],) * 2
+        _same(o.result, _per_frame(out, frame))
+    assert (ex.frames_done, ex.frames_failed) == (len(frames), 0)
+
+
+def _expected_uploads(cals: dict) -> tuple[int, int]:
+    """(masters, planes) the device would hold: frame-shaped planes of the resident kinds."""
+    n_masters = n_planes = 0
+    for c in cals.values():
+        if c.kind not in RESIDENT_KINDS:
+            continue
+        planes = [k for k, v in c.data.items() if v.ndim == 2 and not k.startswith("_")]
+        planes += ["_bad_pixels"] if c.kind == "dark" else []
+        n_masters += bool(planes)
+        n_planes += len(planes)
+    return n_masters, n_planes
+
+
+def test_masters_are_copied_once_across_batches(sim):
+    out, res = sim
+    masters = {ch: _masters(out, ch) for ch in SIZES}
+    copies = []
+
+    def upload(a):
+        copies.append(a.shape)
+        return a.copy()
+
+    dm = DeviceMasters(upload, max_bytes=2**30)
+    wst = masters["WST"]
+    first = dm.resolve(wst)
+    again = dm.resolve(wst)
+    n_masters, n_planes = _expected_uploads(wst)
+    assert n_masters >= 2 and len(copies) == n_planes and dm.uploads == n_masters
+    assert all(again[k] is first[k] for k in wst)
+    assert dm.hits == n_masters  # the second resolve: every resident master served without a copy
+    assert first["dark"].data["_bad_pixels"].dtype == bool  # derived on the host, then resident
+    assert first["radiometric"] is wst["radiometric"]  # parameter-only kinds stay as they are
+
+    # the executor: two batches of the same channels copy each master once
+    ex = BatchExecutor("numpy")
+    frames = list(res.frames)
+    ex.run([BatchItem.from_path(i, f.raw_path, masters[f.channel]) for i, f in enumerate(frames)])
+    after_one = ex.masters.uploads
+    ex.run([BatchItem.from_path(i, f.raw_path, masters[f.channel]) for i, f in enumerate(frames)])
+    want = sum(_expected_uploads(m)[0] for m in masters.values())
+    assert after_one == ex.masters.uploads == want
+    requests = 2 * sum(_expected_uploads(masters[f.channel])[0] for f in frames)
+    assert ex.masters.hits == requests - want
+    assert ex.masters.resident_bytes == ex.masters.uploaded_bytes > 0
+
+
+def test_device_master_lru_is_bounded_by_bytes(sim):
+    out, _res = sim
+    masters = {ch: _masters(out, ch) for ch in SIZES}
+    one_dark = DeviceMasters(lambda a: a, max_bytes=2**30)
+    one_dark.get(masters["WST"]["dark"])
+    budget = one_dark.resident_bytes  # room for the WST dark only
+    dm = DeviceMasters(lambda a: a, max_bytes=budget)
+    dm.get(masters["WST"]["dark"])
+    dm.get(masters["WST"]["flat"])  # over budget: the dark (least recently used) goes
+    assert len(dm) == 1 and dm.evictions == 1 and dm.resident_bytes <= budget
+    dm.get(masters["WST"]["dark"])  # needed again: copied again
+    assert dm.uploads == 3 and dm.evictions == 2
+
+
+def test_a_bad_frame_fails_alone(sim, tmp_path):
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    masters = _masters(out, "WST")
+    garbage = tmp_path / "garbage.fits"
+    garbage.write_bytes(b"SIMPLE  =                    T" + b"\0" * 500)
+    raw = read_image(wst[1].raw_path, dtype=np.float32)
+    no_exptime = raw.header.copy()
+    del no_exptime["EXPTIME"]
+
+    def boom():
+        raise OSError("disk went away")
+
+    items = [BatchItem.from_path("a", wst[0].raw_path, masters),
+             BatchItem.from_path("garbage", garbage, masters),
+             BatchItem("no-exptime", lambda: (raw.data.copy(), no_exptime), masters),
+             BatchItem("io", boom, masters),
+             BatchItem.from_path("b", wst[2].raw_path, masters)]
+    outs = BatchExecutor("numpy", lanes=2).run(items)
+    assert [o.key for o in outs] == ["a", "garbage", "no-exptime", "io", "b"]
+    assert [o.ok for o in outs] == [True, False, False, False, True]
+    assert "\n" not in outs[1].error and outs[1].error
+    assert "EXPTIME" in outs[2].error
+    assert outs[3].error == "OSError: disk went away"
+    _same(outs[0].result, _per_frame(out, wst[0]))
+    _same(outs[4].result, _per_frame(out, wst[2]))
+
+
+def test_a_failing_callback_stops_the_batch(sim):
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    seen = []
+
+    def on_result(o):
+        seen.append(o.key)
+        raise RuntimeError("database gone")
+
+    with pytest.raises(RuntimeError, match="database gone"):
+        BatchExecutor("numpy", lanes=2).run(_items(out, wst), on_result=on_result)
+    assert seen == [0]
+
+
+def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypatch):
+    """A device-gpu job through run_job -> calibrate_products_gpu_batch (Celery, eager) on a
+    worker without a usable GPU: calibrated with NumPy, said in each product; one corrupt
+    frame fails its product alone and the job ends failed with the reason; follow-ups once."""
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Frame, Job, JobState, Product, ProductState
+    from backend.services.gpu_batch import calibrate_products_batch
+    from backend.services.ingest import ingest_path
+    from backend.services.jobs import JobRequest
+    from backend.settings import get_settings
+    from pipelines import tasks
+    from pipelines.celery_app import app
+
+    out, res = sim
+    monkeypatch.setenv("GPU_BATCH_SIZE", "2")
+    monkeypatch.setenv("ARRAY_BACKEND", "numpy")  # a gpu-queue worker configured for NumPy
+    get_settings.cache_clear()
+    settings = get_settings()
+    assert settings.gpu_batch_size == 2
+    with session_scope() as s:
+        for p in sorted((out / "calibration").glob("lst_wst_*.fits")):
+            assert ingest_path(s, p, settings, move=False).status == "calibration"
+        for f in res.frames:
+            if f.channel == "WST":
+                assert ingest_path(s, f.raw_path, settings, move=False).status == "ingested"
+    with session_scope() as s:
+        frames = list(s.scalars(select(Frame).order_by(Frame.date_obs)))
+        assert len(frames) == N_PER_CHANNEL
+        bad_frame_id = frames[1].id
+        Path(frames[1].path).write_bytes(b"not a FITS file any more")  # corrupted in the store
+        t0 = min(f.date_obs for f in frames) - dt.timedelta(minutes=1)
+        t1 = max(f.date_obs for f in frames) + dt.timedelta(minutes=1)
+        req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": "gpu"})
+        job = Job(owner="test", kind="calibrate", parameters=req.model_dump(mode="json", exclude={"owner"}),
+                  state=JobState.queued)
+        s.add(job)
+        s.flush()
+        job_id = job.id
+
+    follow_ups = []
+    monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async",
+                        lambda *a, **k: follow_ups.append(k.get("kwargs")))
+    sent = []
+    real_apply_async = tasks.calibrate_products_gpu_batch.apply_async
+
+    def spy(*a, **k):
+        sent.append((k.get("args"), k.get("queue")))
+        return real_apply_async(*a, **k)
+
+    monkeypatch.setattr(tasks.calibrate_products_gpu_batch, "apply_async", spy)
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    r = tasks.run_job.apply(args=[job_id]).get()
+    assert r == {"job_id": job_id, "planned": 3, "gpu_batches": 2}
+    assert [q for _a, q in sent] == ["gpu", "gpu"] and [len(a[1]) for a, _q in sent] == [2, 1]
+
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert job.state == JobState.failed and (job.total, job.done, job.failed, job.skipped) == (3, 2, 1, 0)
+        prods = {p.frame_id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
+        bad = prods.pop(bad_frame_id)
+        assert bad.state == ProductState.failed and bad.error and "\n" not in bad.error
+        assert f"frame {bad_frame_id}" in job.error and bad.error in job.error
+        for p in prods.values():
+            assert p.state == ProductState.written and Path(p.path).is_file()
+            assert p.stats["backend"] == "numpy"
+            with fits.open(p.path) as hdul:
+                h = hdul[0].header
+                assert h["BACKEND"] == "numpy"
+                assert any("device gpu requested" in str(x) and "ARRAY_BACKEND=numpy" in str(x)
+                           for x in h["HISTORY"])
+        assert len(follow_ups) == 1  # the WST follow-up, queued once when the job ended
+
+        # a retried batch redoes nothing and counts nothing twice
+        again = calibrate_products_batch(s, [p.id for p in prods.values()] + [bad.id], settings, job_id=job_id)
+        assert sorted(again.skipped) == sorted([p.id for p in prods.values()] + [bad.id]) and not again.written
+        s.refresh(job)
+        assert (job.done, job.failed) == (2, 1)
+
+
+@pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a CUDA GPU (none here)")
+def test_cupy_batch_matches_numpy(sim):
+    out, res = sim
+    ex = BatchExecutor("cupy")
+    outs = ex.run(_items(out, res.frames))
+    assert all(o.ok and o.backend == "cupy" for o in outs), [o.error for o in outs]
+    for frame, o in zip(res.frames, outs):
+        cpu = _per_frame(out, frame)
+        good = (cpu.dq == 0) & np.isfinite(cpu.data) & np.isfinite(o.result.data)
+        a, b = cpu.data[good].astype(np.float64), o.result.data[good].astype(np.float64)
+        rel = np.abs(b - a) / np.maximum(np.abs(a), 1e-6 * np.abs(a).max())
+        assert np.median(rel) < 1e-6 and np.percentile(rel, 99.9) < 1e-4
+        assert np.mean(cpu.dq != o.result.dq) < 1e-3
+        assert o.result.header["BACKEND"] == "cupy"
+    # the second batch finds every master resident
+    uploads = ex.masters.uploads
+    ex.run(_items(out, res.frames))
+    assert ex.masters.uploads == uploads
