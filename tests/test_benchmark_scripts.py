@@ -25,6 +25,20 @@ def test_gpu_check_exits_cleanly_without_cupy():
     assert r.returncode == 2
 
 
+def test_gpu_check_cpu_only_smoke_runs_the_batch_executor():
+    """--cpu-only: the script's steps with NumPy for CuPy at a tiny size; the batched products
+    must equal the per-frame ones bit for bit."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--cpu-only", "--wst-size", "96",
+                        "--sci-size", "64", "--frames", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"CPU_SMOKE_RESULT batch_identical=(\d) cpu_fps=([\d.]+) batch_fps=([\d.]+)", last)
+    assert m, last
+    assert m.group(1) == "1" and float(m.group(2)) > 0 and float(m.group(3)) > 0
+    assert r.stdout.count("NumPy batch vs NumPy per frame") == 2 and "-> FAIL" not in r.stdout
+    assert "numpy_batch1" in r.stdout and "numpy_batch2" in r.stdout
+
+
 @pytest.mark.slow
 def test_calibrate_benchmark_prints_one_result_line(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--wst-size", "96", "--sci-size",

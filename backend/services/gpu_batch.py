@@ -200,7 +200,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         session.commit()
         report.written.append(pid)
 
-    executor.run(items, on_result=on_result)
+    executor.run(items, on_result=on_result, keep_results=False)
     return report
 
 

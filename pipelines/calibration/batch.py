@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -58,6 +59,8 @@ import numpy as np
 from pipelines.array_backend import backend_name, resolve_namespace
 from pipelines.calibration.flow import CalibrationInput, L2Result, bad_pixel_map, calibrate_frame
 from pipelines.errors import DataError, LSTDPError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BatchItem", "BatchOutcome", "BatchExecutor", "DeviceMasters", "failure_reason",
            "DEFAULT_DEVICE_MASTER_BYTES", "RESIDENT_KINDS"]
@@ -73,6 +76,15 @@ RESIDENT_KINDS = ("dark", "flat", "stray_light")
 #: 0.36 GB, so 8 GiB holds the sets of all four channels many times over and stays a small
 #: part of a data-centre GPU (an H200 has 141 GB).
 DEFAULT_DEVICE_MASTER_BYTES = 8 * 2**30
+
+
+def _failed(key: Hashable, exc: BaseException, backend: str, read_s: float = 0.0,
+            compute_s: float = 0.0) -> BatchOutcome:
+    if not isinstance(exc, LSTDPError):  # not bad data: a bug or a device fault, keep its traceback
+        log.warning("frame %r failed: %s", key, failure_reason(exc), exc_info=exc)
+    exc = exc.with_traceback(None)
+    return BatchOutcome(key=key, error=failure_reason(exc), exception=exc, read_s=read_s, compute_s=compute_s,
+                        backend=backend)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -134,11 +146,13 @@ class BatchOutcome:
     key : hashable
         The item's key.
     result : L2Result or None
-        The product (host arrays), ``None`` if the item failed.
+        The product (host arrays); ``None`` if the item failed, or once handed to the
+        callback of a :meth:`BatchExecutor.run` with ``keep_results=False``.
     error : str or None
         One-line reason (:func:`failure_reason`) if it failed.
     exception : BaseException or None
-        The exception itself, for callers that tell data errors from faults.
+        The exception itself, for callers that tell data errors from faults (its
+        traceback is logged, then dropped: it would keep the frame's arrays alive).
     read_s, compute_s : float
         Wall time [s] of reading the raw file (reader thread) and of ``calibrate_frame``
         (lane thread, including its device-to-host copy and host statistics).
@@ -156,7 +170,7 @@ class BatchOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.result is not None
+        return self.error is None
 
 
 # -- transfers: how a frame reaches the device --------------------------------------------
@@ -425,8 +439,7 @@ class BatchExecutor:
                 finally:
                     self.transfer.mark_done(staged, lane)
         except Exception as exc:  # noqa: BLE001 - the frame fails alone, with its reason
-            return BatchOutcome(key=item.key, error=failure_reason(exc), exception=exc, read_s=read_s,
-                                compute_s=time.perf_counter() - t0, backend=self.backend)
+            return _failed(item.key, exc, self.backend, read_s, time.perf_counter() - t0)
         return BatchOutcome(key=item.key, result=result, read_s=read_s, compute_s=time.perf_counter() - t0,
                             backend=self.backend)
 
@@ -438,8 +451,8 @@ class BatchExecutor:
             raise DataError(f"a frame must be a 2-D image, got shape {getattr(data, 'shape', None)}")
         return data, header, time.perf_counter() - t0
 
-    def run(self, items: Iterable[BatchItem],
-            on_result: Callable[[BatchOutcome], None] | None = None) -> list[BatchOutcome]:
+    def run(self, items: Iterable[BatchItem], on_result: Callable[[BatchOutcome], None] | None = None, *,
+            keep_results: bool = True) -> list[BatchOutcome]:
         """Calibrate ``items``; outcomes in input order.
 
         Parameters
@@ -450,6 +463,9 @@ class BatchExecutor:
             and all before it are in (while the next frames compute). If it raises, no
             further frame is started, the frames under way are waited for, and the
             exception propagates.
+        keep_results : bool
+            False: each outcome's ``result`` is dropped once ``on_result`` has had it (a
+            full-size product is about 106 MB on the host; a worker writes it and lets it go).
 
         Returns
         -------
@@ -479,6 +495,8 @@ class BatchExecutor:
             outcomes.append(out)
             if on_result is not None:
                 on_result(out)
+                if not keep_results:
+                    out.result = None
 
         try:
             for i in range(min(len(items), self.prefetch + 1)):
@@ -489,7 +507,7 @@ class BatchExecutor:
                 try:
                     data, header, read_s = reads.pop(seq).result()
                 except Exception as exc:  # noqa: BLE001 - unreadable frame: fails alone
-                    entry = BatchOutcome(key=item.key, error=failure_reason(exc), exception=exc, backend=self.backend)
+                    entry = _failed(item.key, exc, self.backend)
                     data = None
                 want(seq + self.prefetch + 1)
                 if data is not None:
@@ -499,8 +517,7 @@ class BatchExecutor:
                         # at most ``lanes`` frames (seq - lanes .. seq - 1) are in flight here
                         staged = self.transfer.stage(seq % self.nslots, data)
                     except Exception as exc:  # noqa: BLE001 - e.g. device out of memory: fails alone
-                        entry = BatchOutcome(key=item.key, error=failure_reason(exc), exception=exc, read_s=read_s,
-                                             backend=self.backend)
+                        entry = _failed(item.key, exc, self.backend, read_s)
                     else:
                         entry = None  # submitted below, once a lane is free
                     del data
