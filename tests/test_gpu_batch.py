@@ -279,3 +279,134 @@ def test_cupy_batch_matches_numpy(sim):
     uploads = ex.masters.uploads
     ex.run(_items(out, res.frames))
     assert ex.masters.uploads == uploads
+
+
+class _FakeCuda:
+    """A stand-in for the few CuPy calls of ``_CupyTransfer`` (NumPy arrays as "device"
+    arrays, streams and events that log what is asked of them), to check the executor's
+    stream/event protocol where no GPU exists. It checks the calls, not CUDA itself."""
+
+    def __init__(self):
+        import threading
+        import types
+
+        self.log: list[tuple] = []
+        self.tls = threading.local()
+        fake = self
+
+        class Stream:
+            def __init__(self, non_blocking=False):
+                assert non_blocking, "streams must not synchronise with the legacy null stream"
+
+            def __enter__(self):
+                fake.tls.current = self
+                return self
+
+            def __exit__(self, *exc):
+                fake.tls.current = None
+
+            def wait_event(self, event):
+                fake.log.append(("wait", self, event))
+
+            def synchronize(self):
+                fake.log.append(("stream-sync", self))
+
+        class Event:
+            def __init__(self, block=False, disable_timing=False, interprocess=False):
+                pass
+
+            def record(self, stream=None):
+                fake.log.append(("record", self, stream))
+
+            def synchronize(self):
+                fake.log.append(("event-sync", self))
+
+        class DeviceArray(np.ndarray):
+            def set(self, arr, stream=None):
+                assert isinstance(arr, _Pinned), "host-to-device copies must come from pinned memory"
+                assert stream is not None, "the copy must be asynchronous, on the copy stream"
+                fake.log.append(("set", self, stream))
+                np.copyto(self, arr)
+
+        class _Pinned(np.ndarray):
+            pass
+
+        class Device:
+            mem_info = (80 * 2**30, 96 * 2**30)
+
+            def synchronize(self):
+                pass
+
+        self.Stream, self.Event, self.DeviceArray = Stream, Event, DeviceArray
+        self.cupy = types.SimpleNamespace(
+            cuda=types.SimpleNamespace(Stream=Stream, Event=Event, Device=Device),
+            empty=lambda shape, dtype: np.empty(shape, dtype).view(DeviceArray),
+            asarray=lambda a: np.array(a),
+        )
+        self.cupyx = types.SimpleNamespace(empty_pinned=lambda shape, dtype: np.empty(shape, dtype).view(_Pinned))
+
+    def import_module(self, name):
+        return {"cupy": self.cupy, "cupyx": self.cupyx}[name]
+
+
+def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
+    """With a logging stand-in for CuPy: every frame's copy waits for the last compute on its
+    device buffer, goes through pinned memory on the copy stream, and every compute runs on
+    its lane's stream after waiting for its frame's copy; products equal per-frame ones."""
+    import types
+
+    from pipelines.calibration import batch
+
+    out, res = sim
+    fake = _FakeCuda()
+    monkeypatch.setattr(batch, "importlib", types.SimpleNamespace(import_module=fake.import_module))
+    monkeypatch.setattr(batch, "resolve_namespace", lambda name: __import__("array_api_compat").numpy)
+    computes = []
+    real = batch.calibrate_frame
+
+    def spy(data, header, cals, opts):
+        computes.append((getattr(fake.tls, "current", None), data))
+        fake.log.append(("compute", getattr(fake.tls, "current", None), data))
+        return real(np.asarray(data), header, cals, opts)
+
+    monkeypatch.setattr(batch, "calibrate_frame", spy)
+    ex = BatchExecutor("numpy", lanes=2)
+    tr = batch._CupyTransfer(ex.lanes, ex.nslots)
+    ex.transfer = tr
+    ex.masters = DeviceMasters(tr.upload, tr.default_master_bytes())
+    assert ex.masters.max_bytes == batch.DEFAULT_DEVICE_MASTER_BYTES  # min(8 GiB, 96 GiB / 4)
+    frames = list(res.frames)  # two shapes
+    outs = ex.run(_items(out, frames))
+    assert all(o.ok for o in outs), [o.error for o in outs]
+    for f, o in zip(frames, outs):
+        _same(o.result, _per_frame(out, f))
+
+    slots = list(tr._slots.values())
+    assert len(slots) == ex.nslots * len(SIZES)  # lanes + 1 buffers per frame shape, reused
+    for s in slots:
+        ops = [op for op in fake.log if (op[0] == "set" and op[1] is s.device)
+               or (op[0] in ("wait", "record", "event-sync") and id(op[-1] if op[0] == "wait" else op[1]) in
+                   (id(s.uploaded), id(s.done)))
+               or (op[0] == "compute" and op[2] is s.device)]
+        names = []
+        for op in ops:
+            if op[0] == "set":
+                names.append("set")
+            elif op[0] == "compute":
+                names.append("compute")
+            elif op[0] == "event-sync":
+                names.append("sync-uploaded" if op[1] is s.uploaded else "sync-done")
+            elif op[0] == "wait":
+                who = "copy" if op[1] is tr.copy_stream else "lane"
+                names.append(f"{who}-waits-{'uploaded' if op[2] is s.uploaded else 'done'}")
+            else:
+                who = "copy" if op[2] is tr.copy_stream else "lane"
+                names.append(f"{who}-records-{'uploaded' if op[1] is s.uploaded else 'done'}")
+        uses = names.count("set")
+        assert uses >= 1
+        cycle = ["sync-uploaded", "copy-waits-done", "set", "copy-records-uploaded", "lane-waits-uploaded",
+                 "compute", "lane-records-done"]
+        assert names == cycle * uses, names
+    assert all(stream in tr.lane_streams for stream, _ in computes)
+    assert len({id(s) for s, _ in computes}) == 2  # both lanes used
+    assert ex.masters.uploads == sum(_expected_uploads(_masters(out, ch))[0] for ch in SIZES)
