@@ -20,8 +20,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from sqlalchemy import select
+
 from backend.db import session_scope
-from backend.models import EventAssociation, EventProduct, Job, JobState
+from backend.models import Event, EventAssociation, EventProduct, Job, JobState
 from tests.test_api import T0, make_event, make_frame, make_product, route_celery_to_this_data_dir
 
 pytestmark = pytest.mark.browser
@@ -177,6 +179,107 @@ def test_events_page_filters_by_class_position_angle_and_box(live, page, tmp_pat
     assert page.locator("#event-frm").inner_text() == "lst-prominence-eruption 0.1.0"
     assert "Detector (FRM)" in page.locator("#event-fields").inner_text()
     assert page.locator("#event-voevent").get_attribute("href") == f"/api/v1/events/{live.ids.pr}/voevent"
+    assert page.js_errors == []
+
+
+def _add_many_events(n: int = 130) -> None:
+    """``n`` more events an hour apart before T0, every third a CDAW CME, the others GOES
+    flares; two runs of 16 share one start time, across the page boundaries (50, 100)."""
+    with session_scope() as s:
+        for k in range(n):
+            hours = 41 if 40 <= k <= 55 else 91 if 90 <= k <= 105 else k + 1
+            if k % 3 == 0:
+                make_event(s, "CE", T0 - dt.timedelta(hours=hours), None, T0 - dt.timedelta(hours=hours - 2),
+                           source="cdaw", position_angle=float(k % 360), speed_km_s=400.0 + k)
+            else:
+                make_event(s, "FL", T0 - dt.timedelta(hours=hours), None, T0 - dt.timedelta(hours=hours) + 20 * MIN,
+                           goes_class="C1.0")
+
+
+def _newest_first(event_type: str | None = None) -> list[int]:
+    """Ids of the stored events, newest start first, the higher id first on a tie (the list's order)."""
+    q = select(Event.id).order_by(Event.start_time.desc(), Event.id.desc())
+    if event_type:
+        q = q.where(Event.event_type == event_type)
+    with session_scope() as s:
+        return list(s.scalars(q))
+
+
+def _listed(page) -> list[int]:
+    return page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => Number(r.dataset.eventId))")
+
+
+def _click_and_load(page, selector: str) -> str:
+    """Click a link and wait until the next page has loaded; its URL."""
+    before = page.url
+    page.click(selector)
+    page.wait_for_url(lambda url: url != before)
+    return page.url
+
+
+def test_events_list_pages_by_cursor_forward_and_back(live, page, tmp_path):
+    _add_many_events()
+    order = _newest_first()
+    assert len(order) == 134
+    page.goto(live.url + "/")
+    assert _listed(page) == order[:50]
+    assert page.locator("#event-count").inner_text().strip() == "Events 1–50 of 134"
+    assert page.locator("#page-prev").count() == 0 and page.locator("#page-newest").count() == 0
+
+    url2 = _click_and_load(page, "#page-next")
+    assert "after=" in url2
+    assert _listed(page) == order[50:100]  # through the tie of 16 events at the boundary
+    assert page.locator("#event-count").inner_text().strip().endswith(", of 134")
+    url3 = _click_and_load(page, "#page-next")
+    assert _listed(page) == order[100:]
+    assert page.locator("#page-next").count() == 0  # the oldest page
+    page.screenshot(path=str(tmp_path / "events-page3.png"), full_page=True)
+
+    back = _click_and_load(page, "#page-prev")
+    assert "before=" in back
+    assert _listed(page) == order[50:100]
+    _click_and_load(page, "#page-prev")
+    assert _listed(page) == order[:50]
+    assert page.locator("#event-count").inner_text().strip() == "Events 1–50 of 134"
+    assert page.locator("#page-prev").count() == 0
+    # keyset links only: no offset or page number is ever issued
+    for url in (url2, url3, back):
+        assert "offset" not in url and "page=" not in url, url
+    assert page.js_errors == []
+
+
+def test_event_filter_survives_paging(live, page, tmp_path):
+    _add_many_events()
+    flares = _newest_first("FL")
+    assert len(flares) == 88
+    page.goto(live.url + "/")
+    page.select_option("#filter-type", "FL")
+    page.fill("#filter-source", "goes_xrs")
+    page.click("#event-filters button[type=submit]")
+    page.wait_for_url(re.compile(r"type=FL"))
+    assert _listed(page) == flares[:50]
+    assert page.locator("#event-count").inner_text().strip() == "Events 1–50 of 88"
+
+    url = _click_and_load(page, "#page-next")
+    assert "type=FL" in url and "source=goes_xrs" in url and "after=" in url
+    assert _listed(page) == flares[50:]
+    types = page.locator("#events-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.eventType)")
+    assert set(types) == {"FL"}
+    # the form and the timeline keep the filter on the later page
+    assert page.locator("#filter-type").input_value() == "FL"
+    assert page.locator("#filter-source").input_value() == "goes_xrs"
+    assert "type=FL" in page.locator("#timeline").get_attribute("data-figure-url")
+    assert page.locator(".error").count() == 0
+
+    url = _click_and_load(page, "#page-prev")
+    assert "type=FL" in url and "before=" in url
+    assert _listed(page) == flares[:50]
+
+    # a page link of the flares used with another filter is reported, and the newest CMEs shown
+    next_href = page.locator("#page-next").get_attribute("href")
+    page.goto(live.url + next_href.replace("type=FL", "type=CE").replace("source=goes_xrs", "source=cdaw"))
+    assert "made with other filters" in page.locator(".error").inner_text()
+    assert _listed(page) == _newest_first("CE")[:50]
     assert page.js_errors == []
 
 

@@ -4,12 +4,18 @@ Pages read through the same service functions as the API; figures are not drawn 
 page holds a ``<div data-figure-url=...>`` that ``frontend/static/app.js`` fills with the
 Plotly JSON from the API. Bad filter values on a page are shown as a message on the page
 (the filter is then not applied), never as an error status.
+
+The events list pages with the search API's keyset cursors (``after``: the events older
+than a row, ``before``: the events newer than a row), never with an offset: every page
+costs the same index range scan whatever its depth, and its total is exact up to
+:data:`backend.services.event_search.EXACT_COUNT_LIMIT` and flagged as an estimate above.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -19,20 +25,34 @@ from fastapi.templating import Jinja2Templates
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes.params import MAX_ID, IdPath, canonical_event_type, is_safe_key
+from backend.api.routes.params import IdPath, canonical_event_type, is_safe_key
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import events as events_service
 from backend.services import frames as frames_service
 from backend.services import jobs as jobs_service
 from backend.services import products as products_service
+from backend.services import event_search
 from backend.services.channels import list_channels
+from backend.services.event_search import (
+    DEFAULT_SORT,
+    EventFilters,
+    SearchError,
+    encode_cursor,
+    parse_sort,
+    search_events,
+)
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.channels import CHANNELS
 
 __all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES"]
 
 PAGE_SIZE = 50
+#: Order of the events list: newest first (the API's default), the id breaking ties; the
+#: "previous" link reads the same key ascending from the first row shown and turns it round.
+LIST_SORT = DEFAULT_SORT
+_LIST_KEY, _ = parse_sort(LIST_SORT)
+_REVERSE_SORT = _LIST_KEY if LIST_SORT.startswith("-") else "-" + _LIST_KEY
 #: Quicklooks shown per channel on an event page, and the time added around the event.
 QUICKLOOKS_PER_CHANNEL = 6
 QUICKLOOK_MARGIN = dt.timedelta(hours=1)
@@ -101,8 +121,22 @@ def _parse_time(name: str, value: str | None, errors: list[str]) -> dt.datetime 
 
 
 def _form_time(t: dt.datetime | None) -> str:
+    """A time for the form and the page links, to the minute unless it has seconds (exact:
+    a page link must give back the same filters, or its cursor is refused)."""
     t = _utc(t)
-    return t.strftime("%Y-%m-%dT%H:%M") if t else ""
+    if t is None:
+        return ""
+    if t.microsecond:
+        return t.replace(tzinfo=None).isoformat()
+    return t.strftime("%Y-%m-%dT%H:%M:%S" if t.second else "%Y-%m-%dT%H:%M")
+
+
+def _form_num(v: float | None) -> str:
+    """A number for the form and the page links: short (``-500``) when that is exact, else ``repr``."""
+    if v is None:
+        return ""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(v)
 
 
 def _form_float(name: str, value: str | None, lo: float, hi: float, errors: list[str]) -> float | None:
@@ -121,6 +155,71 @@ def _form_float(name: str, value: str | None, lo: float, hi: float, errors: list
 
 
 _NUM = Annotated[str | None, Query(max_length=24)]
+#: A page link's cursor (the API's ``cursor`` allows as much).
+_CURSOR = Annotated[str | None, Query(max_length=400)]
+
+
+@dataclass
+class ListPage:
+    """One page of the events list.
+
+    Attributes
+    ----------
+    rows : list
+        Light event rows (:data:`backend.services.event_search.LIGHT_COLUMNS`), newest first.
+    total : int
+        Events matching the filters, all pages (an estimate when ``total_is_estimate``).
+    total_is_estimate : bool
+    first : bool
+        The newest page (no cursor, or a ``before`` cursor that reached the newest events).
+    after, before : str or None
+        Cursors of the next (older) and previous (newer) page; None where there is none.
+    """
+
+    rows: list[Any]
+    total: int
+    total_is_estimate: bool
+    first: bool
+    after: str | None
+    before: str | None
+
+
+def event_list_page(session, filters: EventFilters, *, after: str | None = None,
+                    before: str | None = None, size: int | None = None) -> ListPage:
+    """The page of ``size`` events (default :data:`PAGE_SIZE`), newest first: those older than
+    the ``after`` cursor, newer than the ``before`` cursor, or the newest when neither is given.
+
+    ``before`` is a cursor of the reversed order (:data:`_REVERSE_SORT`) made from the first row
+    of the page after it; when fewer than a page of newer events remain, the newest page is
+    returned (full, ``first=True``). Each page is one keyset query plus the count of
+    :func:`~backend.services.event_search.search_events`, at any depth.
+
+    Raises
+    ------
+    SearchError
+        A cursor made for other filters or another order, a damaged cursor, or both cursors.
+    """
+    if after and before:
+        raise SearchError("a page link carries either after or before, not both")
+    size = size or PAGE_SIZE
+    fp = filters.fingerprint()
+
+    def cursor(sort: str, row) -> str:
+        return encode_cursor(sort, getattr(row, _LIST_KEY), row.id, fp)
+
+    if before:
+        res = search_events(session, filters, sort=_REVERSE_SORT, limit=size, cursor=before, light=True)
+        if res.truncated:  # newer events remain above this page
+            rows = res.items[::-1]
+            return ListPage(rows, res.total, res.total_is_estimate, False,
+                            after=cursor(LIST_SORT, rows[-1]), before=cursor(_REVERSE_SORT, rows[0]))
+    elif after:
+        res = search_events(session, filters, sort=LIST_SORT, limit=size, cursor=after, light=True)
+        rows = res.items
+        return ListPage(rows, res.total, res.total_is_estimate, False, after=res.next_cursor,
+                        before=cursor(_REVERSE_SORT, rows[0]) if rows else None)
+    res = search_events(session, filters, sort=LIST_SORT, limit=size, light=True)
+    return ListPage(res.items, res.total, res.total_is_estimate, True, after=res.next_cursor, before=None)
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -138,11 +237,13 @@ def events_page(
     hpc_x_max: _NUM = None,
     hpc_y_min: _NUM = None,
     hpc_y_max: _NUM = None,
-    page: Annotated[int, Query(ge=1, le=MAX_ID // PAGE_SIZE)] = 1,
+    after: _CURSOR = None,
+    before: _CURSOR = None,
 ):
     """Events list with filters (HEK type, source, time range, minimum GOES class,
-    position-angle range, helioprojective box), paginated, and the timeline figure."""
-    from backend.services.event_search import EventFilters, search_events
+    position-angle range, helioprojective box), newest first, paged by cursor
+    (:func:`event_list_page`; the filters ride along in the page links), and the timeline
+    figure. A page link made for other filters is reported and the newest page shown."""
     from pipelines.catalogues.records import goes_class_to_flux
 
     errors: list[str] = []
@@ -179,28 +280,28 @@ def events_page(
             num[lo] = num[hi] = None
     filters = EventFilters(event_types=(event_type,) if event_type else (), start=t0, end=t1,
                            sources=(source,) if source else (), min_goes_flux=flux, **num)
-    offset = (page - 1) * PAGE_SIZE
-    result = search_events(session, filters, sort="-start_time", limit=PAGE_SIZE, offset=offset)
-    rows, total = result.items, result.total
+    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
+            "min_goes_class": min_class or "", **{k: _form_num(v) for k, v in num.items()}}
+    form_q = {k: v for k, v in form.items() if v}
+    try:
+        page = event_list_page(session, filters, after=after, before=before)
+    except SearchError as exc:
+        errors.append(f"page link not followed ({exc}): the newest events are shown")
+        page = event_list_page(session, filters)
     applied = {k: v for k, v in (
         ("type", event_type), ("source", source),
         ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
-        ("min_goes_class", min_class), *((k, f"{v:g}" if v is not None else None) for k, v in num.items()),
+        ("min_goes_class", min_class), *((k, _form_num(v)) for k, v in num.items()),
     ) if v}
-    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
-            "min_goes_class": min_class or "", **{k: f"{v:g}" if v is not None else "" for k, v in num.items()}}
-    form_q = {k: v for k, v in form.items() if v}
-    n_pages = max(1, -(-total // PAGE_SIZE))
     return templates.TemplateResponse(request, "events.html", {
-        "events": rows,
-        "total": total,
-        "total_is_estimate": result.total_is_estimate,
-        "page": page,
-        "n_pages": n_pages,
-        "first": offset + 1 if rows else 0,
-        "last": offset + len(rows),
-        "prev_url": f"/?{urlencode({**form_q, 'page': page - 1})}" if page > 1 else None,
-        "next_url": f"/?{urlencode({**form_q, 'page': page + 1})}" if result.truncated else None,
+        "events": page.rows,
+        "total": page.total,
+        "total_is_estimate": page.total_is_estimate,
+        "exact_count_limit": event_search.EXACT_COUNT_LIMIT,
+        "first_page": page.first,
+        "newest_url": f"/?{urlencode(form_q)}",
+        "prev_url": f"/?{urlencode({**form_q, 'before': page.before})}" if page.before else None,
+        "next_url": f"/?{urlencode({**form_q, 'after': page.after})}" if page.after else None,
         "form": form,
         "sources": EVENT_SOURCES,
         "errors": errors,
