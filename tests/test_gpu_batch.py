@@ -179,21 +179,16 @@ def test_a_failing_callback_stops_the_batch(sim):
     assert seen == [0]
 
 
-def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypatch):
-    """A device-gpu job through run_job -> calibrate_products_gpu_batch (Celery, eager) on a
-    worker without a usable GPU: calibrated with NumPy, said in each product; one corrupt
-    frame fails its product alone and the job ends failed with the reason; follow-ups once."""
-    from astropy.io import fits
+def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
+    """Ingest the simulated WST frames and masters into the embedded store, optionally
+    corrupt one stored raw frame, and add a queued device-gpu job over them."""
     from sqlalchemy import select
 
     from backend.db import session_scope
-    from backend.models import Frame, Job, JobState, Product, ProductState
-    from backend.services.gpu_batch import calibrate_products_batch
+    from backend.models import Frame, Job, JobState
     from backend.services.ingest import ingest_path
     from backend.services.jobs import JobRequest
     from backend.settings import get_settings
-    from pipelines import tasks
-    from pipelines.celery_app import app
 
     out, res = sim
     monkeypatch.setenv("GPU_BATCH_SIZE", "2")
@@ -210,8 +205,10 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypa
     with session_scope() as s:
         frames = list(s.scalars(select(Frame).order_by(Frame.date_obs)))
         assert len(frames) == N_PER_CHANNEL
-        bad_frame_id = frames[1].id
-        Path(frames[1].path).write_bytes(b"not a FITS file any more")  # corrupted in the store
+        bad_frame_id = None
+        if corrupt is not None:
+            bad_frame_id = frames[corrupt].id
+            Path(frames[corrupt].path).write_bytes(b"not a FITS file any more")  # corrupted in the store
         t0 = min(f.date_obs for f in frames) - dt.timedelta(minutes=1)
         t1 = max(f.date_obs for f in frames) + dt.timedelta(minutes=1)
         req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": "gpu"})
@@ -219,8 +216,23 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypa
                   state=JobState.queued)
         s.add(job)
         s.flush()
-        job_id = job.id
+        return settings, job.id, bad_frame_id
 
+
+def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypatch):
+    """A device-gpu job through run_job -> calibrate_products_gpu_batch (Celery, eager) on a
+    worker without a usable GPU: calibrated with NumPy, said in each product; one corrupt
+    frame fails its product alone and the job ends failed with the reason; follow-ups once."""
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.services.gpu_batch import calibrate_products_batch
+    from pipelines import tasks
+    from pipelines.celery_app import app
+
+    settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=1)
     follow_ups = []
     monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async",
                         lambda *a, **k: follow_ups.append(k.get("kwargs")))
@@ -410,3 +422,34 @@ def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
     assert all(stream in tr.lane_streams for stream, _ in computes)
     assert len({id(s) for s, _ in computes}) == 2  # both lanes used
     assert ex.masters.uploads == sum(_expected_uploads(_masters(out, ch))[0] for ch in SIZES)
+
+
+def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env, monkeypatch):
+    """If the batch task breaks as a whole (a bug, not bad data), its unfinished products fail
+    with the reason and the job ends failed at once instead of waiting for the reaper."""
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.services import gpu_batch
+    from pipelines import tasks
+    from pipelines.celery_app import app
+
+    _settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None)
+
+    def broken(*_a, **_k):
+        raise RuntimeError("executor exploded")
+
+    monkeypatch.setattr(gpu_batch, "calibrate_products_batch", broken)
+    follow_ups = []
+    monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async", lambda *a, **k: follow_ups.append(k))
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    tasks.run_job.apply(args=[job_id]).get()
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert job.state == JobState.failed and (job.done, job.failed) == (0, N_PER_CHANNEL)
+        prods = list(s.scalars(select(Product).where(Product.job_id == job_id)))
+        assert len(prods) == N_PER_CHANNEL
+        assert all(p.state == ProductState.failed and p.error == "GPU batch failed: RuntimeError: executor exploded"
+                   for p in prods)
+    assert len(follow_ups) == 1
