@@ -34,25 +34,19 @@ from backend.services import jobs as jobs_service
 from backend.services import products as products_service
 from backend.services import event_search
 from backend.services.channels import list_channels
-from backend.services.event_search import (
-    DEFAULT_SORT,
-    EventFilters,
-    SearchError,
-    encode_cursor,
-    parse_sort,
-    search_events,
-)
+from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.channels import CHANNELS
 
-__all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES"]
+__all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
 
 PAGE_SIZE = 50
-#: Order of the events list: newest first (the API's default), the id breaking ties; the
-#: "previous" link reads the same key ascending from the first row shown and turns it round.
-LIST_SORT = DEFAULT_SORT
-_LIST_KEY, _ = parse_sort(LIST_SORT)
-_REVERSE_SORT = _LIST_KEY if LIST_SORT.startswith("-") else "-" + _LIST_KEY
+#: Order of the events list: newest first (the API's default too), the higher id first on a
+#: tie; the "previous" link reads the same key ascending from the first row shown and turns
+#: the rows round (exact: ``start_time`` is never NULL, so both orders hold the same rows).
+LIST_SORT = "-start_time"
+_LIST_KEY = "start_time"
+_REVERSE_SORT = "start_time"
 #: Quicklooks shown per channel on an event page, and the time added around the event.
 QUICKLOOKS_PER_CHANNEL = 6
 QUICKLOOK_MARGIN = dt.timedelta(hours=1)
