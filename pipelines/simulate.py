@@ -62,7 +62,7 @@ from astropy.time import Time
 from scipy import ndimage
 
 from pipelines.calibration.steps import RADIANCE_UNIT, RSUN_REF_M, StrayLightModel
-from pipelines.channels import CHANNELS, ChannelSpec, get_channel
+from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, ChannelSpec, get_channel
 from pipelines.errors import DataError
 from pipelines.fitsio import add_observer_keywords, read_image, write_fits_atomic
 
@@ -1083,13 +1083,14 @@ def _sizes(channels: tuple[str, ...], naxis: dict[str, int] | int | None) -> dic
         spec = CHANNELS[c]
         if naxis is None:
             n = spec.naxis
-        elif isinstance(naxis, int):
-            n = naxis
+        elif isinstance(naxis, int):  # one size for all: capped at each channel's detector (SCI 2048)
+            n = min(int(naxis), spec.naxis)
         else:
             key = next((k for k in naxis if get_channel(k).code == c), None)
             n = int(naxis[key]) if key is not None else spec.naxis
-        if not 32 <= n <= 8192:
-            raise ValueError(f"naxis for {c} must be between 32 and 8192 pixels, got {n}")
+        if not MIN_FRAME_SIDE <= n <= spec.naxis:  # what ingest accepts for this channel
+            raise ValueError(f"naxis for {c} must be between {MIN_FRAME_SIDE} and {spec.naxis} pixels "
+                             f"(the detector), got {n}")
         out[c] = int(n)
     return out
 
@@ -1309,7 +1310,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     Raises
     ------
     ValueError
-        On unknown channels or sizes outside 32-8192.
+        On unknown channels or sizes outside 32 px to the channel's detector size
+        (4608 SDI/WST, 2048 SCI); an ``int`` size is capped at each detector.
     DataError
         If a real input file is missing or unusable.
     """

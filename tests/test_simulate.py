@@ -234,6 +234,13 @@ def test_single_sdi_frames_come_from_swap_and_sizes_per_channel(tmp_path):
     assert res.frames[0].scene.endswith("swap_lv1_20120101_001607.fits")
     with pytest.raises(ValueError):
         simulate(tmp_path, channels=("HMI",))
+    # sizes are those ingest accepts: 32 px to the channel's detector
+    with pytest.raises(ValueError, match="between 32 and 2048 pixels"):
+        simulate(tmp_path, channels=("SCI-WL",), naxis={"SCI-WL": 2304})
+    with pytest.raises(ValueError, match="between 32 and 4608"):
+        simulate(tmp_path, channels=("SDI",), naxis={"SDI": 16})
+    from pipelines.simulate import _sizes
+    assert _sizes(("WST", "SCI-UV"), 4608) == {"WST": 4608, "SCI-UV": 2048}  # one size for all: capped
 
 
 def test_ssw_date_format():
