@@ -405,7 +405,9 @@ class BatchExecutor:
     Notes
     -----
     The executor keeps its resident masters between :meth:`run` calls: make one per
-    worker process and reuse it. :meth:`run` is not re-entrant.
+    worker process and reuse it. :meth:`run` is not re-entrant. Until it has calibrated
+    one frame it uses one lane (CuPy compiles its kernels on first use: that happens once,
+    on one thread).
     """
 
     def __init__(self, backend: str = "numpy", *, lanes: int | None = None, prefetch: int | None = None,
@@ -521,8 +523,10 @@ class BatchExecutor:
                     else:
                         entry = None  # submitted below, once a lane is free
                     del data
-                # the copy of frame seq is under way; wait for a free lane, then compute it
-                while len(inflight) >= self.lanes:
+                # the copy of frame seq is under way; wait for a free lane, then compute it. Until
+                # one frame has been calibrated by this executor, one lane only: the first frame
+                # compiles the device kernels (CuPy compiles on first use), done once, alone
+                while len(inflight) >= (self.lanes if self.frames_done else 1):
                     emit()
                 if entry is None:
                     entry = lanes.submit(self._compute, item, header, staged, cals, seq % self.lanes, read_s)
