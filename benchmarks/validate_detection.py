@@ -1,44 +1,71 @@
 """Validation of the event detectors against injected events of known truth.
 
 Three parts, each a function returning a :class:`Result` (counts and errors) so that the
-gates test (``tests/test_detection_gates.py``) runs the same code at a small size:
+gates test (``tests/test_detection_gates.py``) runs the same code at a small size. Two sizes:
+
+``full`` (the report's default)
+    The instruments' frames (``/work/shared/LST.md``): SDI 4608 x 4608 at 0.5 arcsec/px
+    (flares, prominence eruptions), SCI 2048 x 2048 at 2.4 arcsec/px (CMEs). Frames are
+    made one at a time (flares: lazily, on the detector's request), so a sequence never
+    holds more than a few full frames; CME and prominence frames are block-averaged to the
+    detectors' working size as the detection service does
+    (``backend.services.detection._reduced_stack``).
+``small`` (``--quick`` and the tests)
+    512 x 512: flares on the SWAP frame binned 2x (6.32 arcsec/px), CMEs at 9.6 arcsec/px,
+    prominences at 4.5 arcsec/px.
+
+The noise is drawn per pixel at the working size and scaled to the same photon count per
+unit solar area at both sizes (per-pixel counts scale with the pixel area, so the per-pixel
+noise grows as 1/plate scale): the noise of a 10-arcsec macropixel is then the same.
 
 Flares (:func:`validate_flares`)
-    Sequences built like ``tests/test_detect_flares.py``: the real SWAP 17.4 nm full-disk
-    frame (``sample-data/real/full-disk/swap_lv1_20120101_001607.fits``) binned to 512^2,
-    frames with Gaussian noise (2 % of the scene plus a floor of 2 % of the
-    bright-disk median), 28 frames 2 min apart, and several Gaussian enhancements (sigma 20 arcsec,
-    Gaussian rise of 2 frames to the peak at frame 18, exponential decay of 3 frames: a
-    flare resolved in time) at random places on the disk. The amplitude of each is set in units of **sigma, the per-frame noise of the
-    10-arcsec macropixel at its centre** (from the noise model; the quantity the detector's
-    MAD estimate measures): 1.5, 2.5 (below 3 sigma) and 4, 6, 10, 20 sigma (above).
-    The detector runs at a 3-sigma operating point (``noise_sigma=3``, relative
-    threshold 1 %) and, for comparison, with its SDI defaults (5 sigma and 20 %).
-    A detection matches an injection within 30 arcsec and 2 frames of its peak.
-    Recall: over injections above 3 sigma; precision: detections matching any injection.
+    The real SWAP 17.4 nm full-disk frame (``sample-data/real/full-disk/
+    swap_lv1_20120101_001607.fits``, 1024^2, 3.16 arcsec/px): binned 2x (small) or
+    resampled onto the SDI grid, 4608^2 at 0.5 arcsec/px (cubic spline,
+    ``scipy.ndimage.affine_transform``; SWAP's 54-arcmin field covers SDI's 38.4). Gaussian
+    noise per pixel: 2 % of the scene plus a floor of 2 % of the bright-disk median, at 6.32
+    arcsec/px, scaled as above (ours: a photon-noise-like model; no SDI noise figure is
+    public). 28 frames 2 min apart, several Gaussian enhancements (sigma 20 arcsec, Gaussian
+    rise of 2 frames to the peak at frame 18, exponential decay of 3 frames) at random places
+    on the disk. The amplitude of each is set in units of **sigma, the per-frame noise of the
+    10-arcsec macropixel at its centre** as the detector measures it (robust scatter of
+    frame-to-frame changes, from the same series without injections): 1.5, 2.5 (below 3
+    sigma) and 4, 6, 10, 20 sigma (above). The detector runs with its **defaults** (those of
+    the detection service) and, at the small size, with the former defaults (5 sigma and
+    20 %) for comparison. A detection matches an injection within 30 arcsec and 2 frames of
+    its peak. Recall: over injections above 3 sigma; precision: detections matching any
+    injection. False detections per hour (:func:`flare_false_positives`): the same scene and
+    noise at the SDI cadence (60 s), no injection.
 CMEs (:func:`validate_cmes`)
     ``pipelines.detect.synthetic``: a coronal background with real COR1 structure
     (``coronal_background``), CMEs injected with ``inject_cme_sequence`` (PA, width,
     speed, contrast, acceleration), brightness and pointing jitter, cosmic rays and photon
-    noise; 512^2 SCI frames at 9.6 arcsec/px. Found: PA within 10 deg and speed within 20 %.
-    Timing error: first appearance minus the truth's (in seconds).
+    noise. Found: PA within 10 deg and speed within 20 %. Timing error: first appearance
+    minus the truth's (in seconds).
 Prominence eruptions (:func:`validate_prominences`)
-    ``limb_background`` (SDI, 4.5 arcsec/px, 60 s) with eruptions from
-    ``inject_prominence_eruption``. Found: PA within 10 deg; errors of start time, PA and
-    rise speed.
+    ``limb_background`` (SDI, 60 s) with eruptions from ``inject_prominence_eruption``.
+    Found: PA within 10 deg; errors of start time, PA and rise speed.
 
-Run: ``.venv/bin/python benchmarks/validate_detection.py`` (writes
-``benchmarks/reports/detection_validation.md``; ``--quick`` for a smaller run).
+Nuisances scale with the frame as the noise does: pointing jitter 0.1 px at 512 (the same
+in arcsec at full size), cosmic-ray hits 30 per 512^2 frame (the same per detector pixel).
+
+Run: ``.venv/bin/python benchmarks/validate_detection.py`` (full size; writes
+``benchmarks/reports/detection_validation.md`` with the small-size figures as a second
+section), ``--quick`` for the small size only; ``--parts`` and ``--cache`` run parts
+separately (e.g. in two processes) and assemble the report from their saved results.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
+import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,15 +75,16 @@ sys.path.insert(0, str(ROOT))
 
 from astropy.io import fits
 from astropy.wcs import WCS
+from scipy import ndimage
 
 from pipelines.detect import synthetic as S
-from pipelines.detect.cme import detect_cmes
+from pipelines.detect.cme import _block_reduce, detect_cmes
 from pipelines.detect.flares import (
     FlareDetectionParams,
     detect_flares,
     macropixel_factor,
 )
-from pipelines.detect.prominence import detect_prominence_eruptions
+from pipelines.detect.prominence import ProminenceParams, detect_prominence_eruptions
 from pipelines.fitsio import read_image
 
 SWAP = ROOT / "sample-data" / "real" / "full-disk" / "swap_lv1_20120101_001607.fits"
@@ -70,12 +98,21 @@ RISE_FRAMES, DECAY_FRAMES = 2.0, 3.0
 #: Frame spacing [s]: 2 min (the WST cadence; SDI's is 60 s), so that the detector's
 #: pre-flare window (10 to 30 min before) holds frames before the rise.
 FLARE_CADENCE_S = 120.0
+#: SDI cadence [s] (LST.md), for the false-detection rate on quiet series.
+SDI_CADENCE_S = 60.0
 #: Injected amplitudes [sigma]: two below the 3-sigma gate, four above.
 FLARE_SIGMAS = (1.5, 2.5, 4.0, 6.0, 10.0, 20.0)
-#: Detector configuration at the 3-sigma operating point of the gates.
-FLARE_PARAMS_3SIGMA = FlareDetectionParams(noise_sigma=3.0, detection_threshold=0.01)
+#: The former SDI defaults (detector 1.1.0), shown for comparison.
+FLARE_PARAMS_OLD = FlareDetectionParams(noise_sigma=5.0, detection_threshold=0.2)
 MATCH_ARCSEC = 30.0
 MATCH_FRAMES = 2
+#: SDI and WST frame and plate scale (LST.md; SDI's "unconfirmed" there) and SCI's.
+SDI_NAXIS, SDI_SCALE = 4608, 0.5
+SCI_NAXIS, SCI_SCALE = 2048, 2.4
+SMALL = 512
+#: Plate scale of the small flare scene (SWAP binned 2x) [arcsec/px]: the noise model's
+#: reference (2 % + 2 % floor per pixel at this scale).
+REF_SCALE = 2 * 3.16226783969
 
 
 @dataclass
@@ -120,57 +157,143 @@ def _l2_header(header: fits.Header) -> fits.Header:
     return h
 
 
+@functools.lru_cache(maxsize=1)
+def _swap() -> tuple[np.ndarray, fits.Header]:
+    img = read_image(SWAP)
+    return (img.data * 100.0).astype(np.float32), img.header
+
+
 def swap_scene(k: int = 2) -> tuple[np.ndarray, fits.Header]:
     """The real SWAP frame (radiance-like, x100) binned by ``k`` with its WCS fixed to match."""
-    img = read_image(SWAP)
-    data = img.data * 100.0
+    data, header = _swap()
     ny, nx = data.shape
     out = data[: ny // k * k, : nx // k * k].reshape(ny // k, k, nx // k, k).mean(axis=(1, 3))
-    h = _l2_header(img.header)
+    h = _l2_header(header)
     for ax in ("1", "2"):
-        h[f"CDELT{ax}"] = img.header[f"CDELT{ax}"] * k
-        h[f"CRPIX{ax}"] = (img.header[f"CRPIX{ax}"] - 0.5) / k + 0.5
+        h[f"CDELT{ax}"] = header[f"CDELT{ax}"] * k
+        h[f"CRPIX{ax}"] = (header[f"CRPIX{ax}"] - 0.5) / k + 0.5
     return out.astype(np.float32), h
+
+
+def sdi_scene(naxis: int = SDI_NAXIS, scale: float = SDI_SCALE) -> tuple[np.ndarray, fits.Header]:
+    """The real SWAP frame resampled onto an SDI grid: ``naxis``^2 at ``scale`` arcsec/px, Sun
+    centred (cubic spline; SWAP has no roll, CROTA2 = 0). Returns float32 data and its L2 header."""
+    data, header = _swap()
+    s_in = float(header["CDELT1"])
+    c_in = float(header["CRPIX1"]) - 1.0, float(header["CRPIX2"]) - 1.0  # 0-based (x, y)
+    c_out = (naxis - 1) / 2.0
+    zoom = scale / s_in  # input pixels per output pixel
+    out = ndimage.affine_transform(data, [zoom, zoom], offset=[c_in[1] - c_out * zoom, c_in[0] - c_out * zoom],
+                                   output_shape=(naxis, naxis), order=3, output=np.float32, mode="nearest")
+    h = _l2_header(header)
+    for ax in ("1", "2"):
+        h[f"CDELT{ax}"] = scale
+        h[f"CRPIX{ax}"] = c_out + 1.0
+    return out, h
+
+
+def flare_scene(full: bool) -> tuple[np.ndarray, fits.Header]:
+    """SDI full frame (4608^2, 0.5 arcsec/px) or the small scene (SWAP binned 2x, 512^2)."""
+    return sdi_scene() if full else swap_scene(2)
+
+
+def noise_sigma_px(base: np.ndarray, scale: float) -> np.ndarray:
+    """Per-pixel noise [image units]: ``(2 % of the scene + 2 % of the bright-disk median)``
+    at :data:`REF_SCALE`, times ``REF_SCALE / scale`` (the same photons per unit solar area:
+    per-pixel counts scale with the pixel area). The bright-disk median is that of the native
+    SWAP frame above its 60th percentile. Ours, not an SDI figure (none is public)."""
+    data, _ = _swap()
+    floor = 0.02 * float(np.median(data[data > np.percentile(data, 60)]))
+    out = np.abs(base, dtype=np.float32)
+    out *= 0.02
+    out += floor
+    out *= REF_SCALE / scale
+    return out
 
 
 def _profile(h: float, rise: float = RISE_FRAMES, decay: float = DECAY_FRAMES) -> float:
     return math.exp(-0.5 * ((h - T_PEAK) / rise) ** 2) if h <= T_PEAK else math.exp(-(h - T_PEAK) / decay)
 
 
-def detector_noise(frames: list[np.ndarray], f: int) -> np.ndarray:
+def _binned(frame: np.ndarray, f: int) -> np.ndarray:
+    ny, nx = (frame.shape[0] // f) * f, (frame.shape[1] // f) * f
+    return frame[:ny, :nx].reshape(ny // f, f, nx // f, f).mean(axis=(1, 3), dtype=np.float64)
+
+
+def detector_noise(frames, f: int) -> np.ndarray:
     """Per-frame noise of each f x f macropixel as :func:`pipelines.detect.flares.detect_flares`
     measures it: robust scatter (1.4826 MAD) of the frame-to-frame changes / sqrt(2),
-    floored by the median of its 5 x 5 neighbourhood [image units]."""
-    from scipy import ndimage
-
-    ny, nx = (frames[0].shape[0] // f) * f, (frames[0].shape[1] // f) * f
-    cube = np.stack([fr[:ny, :nx].reshape(ny // f, f, nx // f, f).mean(axis=(1, 3)) for fr in frames])
+    floored by the median of its 5 x 5 neighbourhood [image units]. ``frames`` is any
+    iterable of 2-D frames (read one at a time)."""
+    cube = np.stack([_binned(np.asarray(fr), f) for fr in frames])
     d = np.diff(cube, axis=0)
     sigma = 1.4826 * np.median(np.abs(d - np.median(d, axis=0)), axis=0) / math.sqrt(2.0)
     return np.maximum(sigma, ndimage.median_filter(sigma, size=5, mode="nearest"))
 
 
+class FlareSeries(Sequence):
+    """A lazily made series: frame ``k`` is ``base + noise_k + injections * profile(k)``.
+
+    The noise of frame ``k`` comes from its own seeded generator, so a frame asked for twice
+    (the detector reads each once for its macropixels and again for the centroid) is the
+    same; the last few frames are cached. Injections are stamps ``(y0, x0, array)`` of the
+    excess at the peak, added in place.
+    """
+
+    def __init__(self, base: np.ndarray, sigma_px: np.ndarray, seed: tuple[int, ...], n: int,
+                 profile=_profile, cache: int = 8):
+        self.base, self.sigma_px, self.seed, self.n, self.profile = base, sigma_px, seed, n, profile
+        self.stamps: list[tuple[int, int, np.ndarray]] = []
+        self._frame = functools.lru_cache(maxsize=cache)(self._make)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def quiet(self, k: int) -> np.ndarray:
+        """Frame ``k`` without the injections (float32)."""
+        noise = np.random.default_rng((*self.seed, k)).standard_normal(self.base.shape, dtype=np.float32)
+        noise *= self.sigma_px
+        noise += self.base
+        return noise
+
+    def _make(self, k: int) -> np.ndarray:
+        frame = self.quiet(k)
+        w = self.profile(float(k))
+        for y0, x0, stamp in self.stamps:
+            frame[y0:y0 + stamp.shape[0], x0:x0 + stamp.shape[1]] += (w * stamp).astype(np.float32)
+        return frame
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self.n))]
+        if k < 0:
+            k += self.n
+        if not 0 <= k < self.n:
+            raise IndexError(k)
+        return self._frame(k)
+
+
 def flare_sequence(base: np.ndarray, header: fits.Header, rng: np.random.Generator, n_inject: int,
-                   sigmas=FLARE_SIGMAS, sigma_arcsec: float = 20.0):
+                   sigmas=FLARE_SIGMAS, sigma_arcsec: float = 20.0, seed: tuple[int, ...] = (0,),
+                   cadence_s: float = FLARE_CADENCE_S, n_frames: int = N_FRAMES):
     """A series with injections at random disk positions (r < 0.75 Rsun, >= 150 arcsec
     apart), each of a given number of sigmas: sigma is the per-frame noise of the macropixel
     at the injection centre as the detector measures it (:func:`detector_noise` of the same
-    series without injections). Returns times, frames and the truth ``[(x, y, k_sigma,
-    relative amplitude), ...]``."""
+    series without injections). Returns times, the lazy :class:`FlareSeries` and the truth
+    ``[(x, y, k_sigma, relative amplitude), ...]``."""
     w = WCS(header, naxis=2)
     scale = abs(header["CDELT1"])
     f, _ = macropixel_factor(w, 10.0)
     rsun = float(header["RSUN_ARC"])
-    floor = 0.02 * float(np.median(base[base > np.percentile(base, 60)]))
-    sigma_px = 0.02 * base + floor
-    times = [T0 + dt.timedelta(seconds=FLARE_CADENCE_S * h) for h in range(N_FRAMES)]
-    quiet = [(base + rng.standard_normal(base.shape).astype(np.float32) * sigma_px).astype(np.float32)
-             for _ in range(N_FRAMES)]
-    noise = detector_noise(quiet, f)
-    yy, xx = np.mgrid[0: base.shape[0], 0: base.shape[1]]
+    times = [T0 + dt.timedelta(seconds=cadence_s * h) for h in range(n_frames)]
+    series = FlareSeries(base, noise_sigma_px(base, scale), seed, n_frames)
+    if n_inject == 0:
+        return times, series, []
+    noise = detector_noise((series.quiet(k) for k in range(n_frames)), f)
     truth, placed = [], []
     ks = [sigmas[i % len(sigmas)] for i in range(n_inject)]
     rng.shuffle(ks)
+    half = int(math.ceil(5.0 * sigma_arcsec / scale))
     for k in ks:
         for _ in range(200):
             r, th = 0.75 * rsun * math.sqrt(rng.uniform()), rng.uniform(0, 2 * math.pi)
@@ -179,31 +302,33 @@ def flare_sequence(base: np.ndarray, header: fits.Header, rng: np.random.Generat
                 break
         placed.append((x, y))
         px, py = (float(v) for v in w.world_to_pixel_values(x / 3600.0, y / 3600.0))
+        y0, x0 = max(0, int(py) - half), max(0, int(px) - half)
+        y1, x1 = min(base.shape[0], int(py) + half + 1), min(base.shape[1], int(px) + half + 1)
+        yy, xx = np.mgrid[y0:y1, x0:x1]
         g = np.exp(-((xx - px) ** 2 + (yy - py) ** 2) / (2 * (sigma_arcsec / scale) ** 2))
         iy, ix = int(py) // f, int(px) // f
-        blk = (slice(iy * f, iy * f + f), slice(ix * f, ix * f + f))
+        blk = (slice(iy * f - y0, iy * f + f - y0), slice(ix * f - x0, ix * f + f - x0))
+        stamp_base = base[y0:y1, x0:x1].astype(np.float64)
         # peak excess of the macropixel = amp * mean(base * g) over it = k * its noise
-        amp = k * float(noise[iy, ix]) / float(np.mean(base[blk] * g[blk]))
-        truth.append((x, y, k, amp, g))
-    frames = []
-    for h in range(N_FRAMES):
-        frame = quiet[h].astype(np.float64)
-        for _, _, _, amp, g in truth:
-            frame = frame + amp * base * g * _profile(h)
-        frames.append(frame.astype(np.float32))
-    return times, frames, [(x, y, k, amp) for x, y, k, amp, _ in truth]
+        amp = k * float(noise[iy, ix]) / float(np.mean(stamp_base[blk] * g[blk]))
+        series.stamps.append((y0, x0, (amp * stamp_base * g).astype(np.float32)))
+        truth.append((x, y, k, amp))
+    return times, series, truth
 
 
 def validate_flares(n_sequences: int = 5, per_sequence: int = 6, seed: int = 2024,
-                    params: FlareDetectionParams = FLARE_PARAMS_3SIGMA, name: str = "flares") -> Result:
-    """Recall (injections above 3 sigma), precision, timing and position errors."""
-    base, header = swap_scene()
+                    params: FlareDetectionParams | None = None, name: str = "flares",
+                    full: bool = False, log=None) -> Result:
+    """Recall (injections above 3 sigma), precision, timing and position errors.
+
+    ``params`` None: the detector's defaults, as the detection service runs it."""
+    base, header = flare_scene(full)
     rng = np.random.default_rng(seed)
     res = Result(name)
     by_sigma: dict[float, list[int]] = {}
     t_start = time.perf_counter()
-    for _ in range(n_sequences):
-        times, frames, truth = flare_sequence(base, header, rng, per_sequence)
+    for i_seq in range(n_sequences):
+        times, frames, truth = flare_sequence(base, header, rng, per_sequence, seed=(seed, i_seq))
         dets = detect_flares(times, frames, header, params=params)
         res.n_detections += len(dets)
         matched_dets = set()
@@ -228,15 +353,74 @@ def validate_flares(n_sequences: int = 5, per_sequence: int = 6, seed: int = 202
                 res.n_truth += 1
                 res.n_found += hit
         res.n_true_detections += len(matched_dets)
+        if log:
+            log(f"{name}: sequence {i_seq + 1}/{n_sequences}: {len(dets)} detections, {len(matched_dets)} true; "
+                f"{time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     res.extra["recall_by_sigma"] = {k: (v[1], v[0]) for k, v in sorted(by_sigma.items())}
+    res.extra["frame"] = f"{base.shape[1]}x{base.shape[0]} at {abs(header['CDELT1']):.2f} arcsec/px"
     return res
+
+
+def flare_false_positives(n_sequences: int = 2, n_frames: int = 60, seed: int = 99, full: bool = False,
+                          params: FlareDetectionParams | None = None, name: str = "flares, quiet",
+                          log=None) -> Result:
+    """Detections on the real scene with noise and no injection, at the SDI cadence (60 s):
+    all are false. ``extra['hours']`` is the time searched: the span of the frames that can
+    hold a detection (those with a full pre-flare background)."""
+    base, header = flare_scene(full)
+    res = Result(name)
+    t_start = time.perf_counter()
+    p = params or FlareDetectionParams()
+    # frames before lag + min_background_frames cadences cannot hold a detection
+    first_usable = int(math.ceil(p.background_lag_s / SDI_CADENCE_S)) + p.min_background_frames
+    hours = 0.0
+    for i_seq in range(n_sequences):
+        times, frames, _ = flare_sequence(base, header, np.random.default_rng(seed), 0, seed=(seed, i_seq),
+                                          cadence_s=SDI_CADENCE_S, n_frames=n_frames)
+        dets = detect_flares(times, frames, header, params=params)
+        res.n_detections += len(dets)
+        hours += (n_frames - first_usable) * SDI_CADENCE_S / 3600.0
+        res.rows += [f"| {i_seq} | {d.peak_time:%H:%M} | {d.hpc_x:.0f}, {d.hpc_y:.0f} | {d.peak_enhancement:.3f} "
+                     f"| {len(d.detection_frames)} |" for d in dets]
+        if log:
+            log(f"{name}: sequence {i_seq + 1}/{n_sequences}: {len(dets)} detections; "
+                f"{time.perf_counter() - t_start:.0f} s")
+    res.seconds = time.perf_counter() - t_start
+    res.extra["hours"] = hours
+    res.extra["frame"] = f"{base.shape[1]}x{base.shape[0]} at {abs(header['CDELT1']):.2f} arcsec/px"
+    # relative noise of the 10-arcsec macropixels on the disk (the quantity the relative
+    # threshold is compared with)
+    w = WCS(header, naxis=2)
+    f, _ = macropixel_factor(w, 10.0)
+    noise = detector_noise((frames.quiet(k) for k in range(min(n_frames, 28))), f)
+    level = _binned(base, f)
+    px0, py0 = (float(v) for v in w.world_to_pixel_values(0.0, 0.0))
+    yy, xx = np.indices(level.shape)
+    r = np.hypot((xx + 0.5) * f - 0.5 - px0, (yy + 0.5) * f - 0.5 - py0) * abs(header["CDELT1"])
+    disk = r < 0.95 * float(header["RSUN_ARC"])
+    rel = noise[disk] / level[disk]
+    res.extra["rel_noise_pct"] = [float(v) for v in np.percentile(100 * rel, [1, 5, 50, 95])]
+    return res
+
+
+# -- service-like reduction (CMEs and prominences) ---------------------------------------------
+
+
+def _reduce(frame: np.ndarray, max_working_naxis: int) -> tuple[np.ndarray, int]:
+    """Block-average one frame to the detector's working size, as the detection service does
+    (``backend.services.detection._reduced_stack``)."""
+    f = max(1, math.ceil(max(frame.shape) / max_working_naxis))
+    return _block_reduce(np.asarray(frame, dtype=np.float64)[None], f)[0].astype(np.float32), f
+
+
+def _reduced_geometry(naxis: int, scale: float, f: int) -> dict:
+    c = (naxis - 1) / 2.0
+    return {"sun_center_px": ((c + 0.5) / f - 0.5, (c + 0.5) / f - 0.5), "plate_scale_arcsec": scale * f}
 
 
 # -- CMEs --------------------------------------------------------------------------------------
 
-CME_N = 512
-CME_PS = 2.4 * 2048 / CME_N
 RSUN = 960.0
 CME_START = dt.datetime(2024, 3, 1, 12, 0, tzinfo=dt.UTC)
 #: (label, [(pa, width, speed, contrast, acceleration, first frame)], cadence [s])
@@ -251,30 +435,59 @@ CME_CASES = [
     ("two", [(60.0, 40.0, 400.0, 0.30, 0.0, 1), (240.0, 50.0, 900.0, 0.25, 0.0, 8)], 180),
     ("faint-6pc", [(200.0, 50.0, 650.0, 0.06, 0.0, 2)], 180),
 ]
+#: Photo-electrons per MSB per pixel at 9.6 arcsec/px (512^2 SCI); scaled with the pixel area.
+CME_E_PER_MSB_512 = 1e10
+#: Photo-electrons per unit (disk centre = 1) per pixel at 4.5 arcsec/px (512^2 SDI).
+PR_E_PER_UNIT_512 = 2e4
+#: Cosmic-ray hits per 512^2 frame (the same per detector pixel at full size); pointing
+#: jitter [px] at 512^2 (the same in arcsec at full size).
+CR_PER_512, JITTER_PX_512 = 30, 0.1
 
 
-def validate_cmes(cases=CME_CASES, n_frames: int = 16, seed: int = 20240301, quiet: int = 2) -> Result:
-    """Recall (PA within 10 deg and speed within 20 %), precision, PA/speed/timing errors."""
-    bg = S.coronal_background(CME_N, CME_PS, rsun_arcsec=RSUN)
+def _nuisances(frame: np.ndarray, naxis: int, e_per_unit_512: float, rng: np.random.Generator) -> np.ndarray:
+    """Gain and pointing jitter, cosmic rays and photon noise on one frame, scaled to its size."""
+    k = naxis / SMALL
+    out = S.perturb_sequence(frame[None], brightness_jitter=0.01, pointing_jitter_px=JITTER_PX_512 * k,
+                             cosmic_rays_per_frame=int(round(CR_PER_512 * k * k)), rng=rng)
+    return S.add_photon_noise(out, e_per_unit_512 / (k * k), rng=rng)[0]
+
+
+def validate_cmes(cases=CME_CASES, n_frames: int = 16, seed: int = 20240301, quiet: int = 2,
+                  full: bool = False, log=None) -> Result:
+    """Recall (PA within 10 deg and speed within 20 %), precision, PA/speed/timing errors.
+
+    Frames are made one at a time (SCI 2048^2 at 2.4 arcsec/px when ``full``, else 512^2 at
+    9.6) and reduced to the detector's working size as the detection service does."""
+    naxis = SCI_NAXIS if full else SMALL
+    ps = SCI_SCALE * SCI_NAXIS / naxis
+    bg = S.coronal_background(naxis, ps, rsun_arcsec=RSUN)
     rng = np.random.default_rng(seed)
     res = Result("CMEs")
+    res.extra["frame"] = f"{naxis}x{naxis} at {ps:.1f} arcsec/px"
     t_start = time.perf_counter()
     sequences = [(label, inj, cad) for label, inj, cad in cases] + [(f"quiet-{i}", [], 180) for i in range(quiet)]
+    from pipelines.detect.cme import CMEParams
+
+    max_naxis = CMEParams().max_working_naxis
     for label, injections, cadence in sequences:
         times = S.make_times(CME_START, n_frames, cadence)
-        ims, truths = bg, []
+        kin = []
         for pa, width, speed, contrast, acc, k0 in injections:
             t0 = times[k0] + dt.timedelta(seconds=float(rng.uniform(0, cadence)))
-            ims, tr = S.inject_cme_sequence(ims, times, pa_deg=pa, width_deg=width, speed_km_s=speed, t0=t0,
-                                            plate_scale_arcsec=CME_PS, rsun_arcsec=RSUN, contrast=contrast,
-                                            acceleration_m_s2=acc)
-            truths.append(tr)
-        ims = np.broadcast_to(ims, (n_frames, CME_N, CME_N)) if not injections else ims
-        ims = S.perturb_sequence(ims, brightness_jitter=0.01, pointing_jitter_px=0.1, cosmic_rays_per_frame=30,
-                                 rng=rng)
-        ims = S.add_photon_noise(ims, 1e10, rng=rng)
-        dets = detect_cmes(times, ims.astype(np.float32), sun_center_px=((CME_N - 1) / 2, (CME_N - 1) / 2),
-                           plate_scale_arcsec=CME_PS, rsun_arcsec=RSUN)
+            kin.append(dict(pa_deg=pa, width_deg=width, speed_km_s=speed, t0=t0, rsun_arcsec=RSUN,
+                            contrast=contrast, acceleration_m_s2=acc))
+        # truth (heights, first appearance) does not depend on the frame: a tiny background
+        truths = [S.inject_cme_sequence(np.ones((4, 4)), times, plate_scale_arcsec=ps * naxis / 4, **kw)[1]
+                  for kw in kin]
+        work, f = [], 1
+        for i, t in enumerate(times):
+            frame = bg
+            for kw in kin:
+                frame = S.inject_cme_sequence(frame, [t], plate_scale_arcsec=ps, **kw)[0][0]
+            frame = _nuisances(frame, naxis, CME_E_PER_MSB_512, rng)
+            red, f = _reduce(frame, max_naxis)
+            work.append(red)
+        dets = detect_cmes(times, np.stack(work), rsun_arcsec=RSUN, **_reduced_geometry(naxis, ps, f))
         res.n_detections += len(dets)
         res.n_true_detections += sum(any(_dpa(d.pa_deg, tr.pa_deg) <= 10.0 for tr in truths) for d in dets)
         for tr in truths:
@@ -296,36 +509,47 @@ def validate_cmes(cases=CME_CASES, n_frames: int = 16, seed: int = 20240301, qui
                                 f"| — | missed |")
         if not injections:
             res.rows.append(f"| {label} | — | {len(dets)} detections | | | | | quiet |")
+        if log:
+            log(f"CMEs: {label}: {len(dets)} detections; {time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     return res
 
 
 # -- prominence eruptions ------------------------------------------------------------------------
 
-PR_PS = 4608 * 0.5 / 512
 #: (pa, speed [km/s], contrast, width [deg], first rising frame)
 PR_CASES = [(100.0, 40.0, 1.5, 10.0, 5), (300.0, 80.0, 1.0, 12.0, 4), (355.0, 200.0, 2.0, 8.0, 6),
             (200.0, 60.0, 1.5, 10.0, 7)]
 
 
-def validate_prominences(cases=PR_CASES, seed: int = 11) -> Result:
-    """Recall (PA within 10 deg), precision, start-time, PA and rise-speed errors (SDI)."""
-    limb = S.limb_background(512, PR_PS, rsun_arcsec=RSUN,
+def validate_prominences(cases=PR_CASES, seed: int = 11, full: bool = False, log=None) -> Result:
+    """Recall (PA within 10 deg), precision, start-time, PA and rise-speed errors (SDI).
+
+    SDI frames (4608^2 at 0.5 arcsec/px when ``full``, else 512^2 at 4.5) made one at a time
+    and reduced to the detector's working size as the detection service does."""
+    naxis = SDI_NAXIS if full else SMALL
+    ps = SDI_SCALE * SDI_NAXIS / naxis
+    limb = S.limb_background(naxis, ps, rsun_arcsec=RSUN,
                              static_prominences=[(45.0, 1.05, 8.0, 0.05), (160.0, 1.07, 12.0, 0.08)])
     rng = np.random.default_rng(seed)
     res = Result("prominence eruptions")
+    res.extra["frame"] = f"{naxis}x{naxis} at {ps:.1f} arcsec/px"
+    params = ProminenceParams.sdi()
     t_start = time.perf_counter()
     for pa, v, contrast, width, k0 in cases:
         times = S.make_times(CME_START, 20, 60.0)
         t0 = times[k0] + dt.timedelta(seconds=float(rng.uniform(0, 60.0)))
-        ims, tr = S.inject_prominence_eruption(limb, times, pa_deg=pa, t_start=t0, speed_km_s=v,
-                                               plate_scale_arcsec=PR_PS, rsun_arcsec=RSUN, contrast=contrast,
-                                               width_deg=width, resolution_arcsec=9.5)
-        ims = S.perturb_sequence(ims, brightness_jitter=0.01, pointing_jitter_px=0.1, cosmic_rays_per_frame=30,
-                                 rng=rng)
-        ims = S.add_photon_noise(ims, 2e4, rng=rng)
-        dets = detect_prominence_eruptions(times, ims, sun_center_px=(255.5, 255.5), plate_scale_arcsec=PR_PS,
-                                           rsun_arcsec=RSUN)
+        work, f, tr = [], 1, None
+        for t in times:
+            ims, tr = S.inject_prominence_eruption(limb, [t], pa_deg=pa, t_start=t0, speed_km_s=v,
+                                                   plate_scale_arcsec=ps, rsun_arcsec=RSUN, contrast=contrast,
+                                                   width_deg=width, resolution_arcsec=9.5)
+            frame = _nuisances(ims[0], naxis, PR_E_PER_UNIT_512, rng)
+            del ims
+            red, f = _reduce(frame, params.max_working_naxis)
+            work.append(red)
+        dets = detect_prominence_eruptions(times, np.stack(work), rsun_arcsec=RSUN, params=params,
+                                           **_reduced_geometry(naxis, ps, f))
         res.n_truth += 1
         res.n_detections += len(dets)
         good = [d for d in dets if _dpa(d.pa_deg, pa) <= 10.0]
@@ -340,6 +564,8 @@ def validate_prominences(cases=PR_CASES, seed: int = 11) -> Result:
                             f"{(d.start_time - tr.t_start).total_seconds():+.0f} |")
         else:
             res.rows.append(f"| {pa:.0f} | missed ({len(dets)} detections) | {v:.0f} | — | — |")
+        if log:
+            log(f"prominences: PA {pa:.0f}: {len(dets)} detections; {time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     return res
 
@@ -354,58 +580,206 @@ def _stats(values: list[float], fmt: str = "{:.1f}") -> str:
     return f"median {fmt.format(np.median(a))}, max {fmt.format(np.max(a))}"
 
 
-def report(flares: Result, flares_default: Result, cmes: Result, proms: Result) -> str:
-    lines = ["# Detection validation with injected events", "",
-             "Produced by `benchmarks/validate_detection.py` (see its docstring for how the sequences are built). "
-             "Gates (asserted at a small size by `tests/test_detection_gates.py`): flare recall and precision "
-             ">= 0.9 for injections above 3 sigma; CME recall >= 0.8 with PA within 10 deg and speed within 20 %.",
-             "", "## Summary", "",
-             "| detector | recall | precision | timing error | PA error | speed error | position error | run time |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r, extra in ((flares, " (3-sigma operating point, injections > 3 sigma)"),
-                     (flares_default, " (SDI defaults: 5 sigma and 20 %)"), (cmes, ""), (proms, "")):
-        lines.append(
-            f"| {r.name}{extra} | {r.recall:.2f} ({r.n_found}/{r.n_truth}) | {r.precision:.2f} "
+def _row(r: Result, label: str) -> str:
+    return (f"| {label} | {r.extra.get('frame', '')} | {r.recall:.2f} ({r.n_found}/{r.n_truth}) | {r.precision:.2f} "
             f"({r.n_true_detections}/{r.n_detections}) | {_stats(r.timing_err_s, '{:.0f} s')} | "
             f"{_stats(r.pa_err_deg, '{:.1f} deg')} | {_stats([100 * v for v in r.speed_err_rel], '{:.1f} %')} | "
             f"{_stats(r.position_err_arcsec, '{:.1f} arcsec')} | {r.seconds:.0f} s |")
-    lines += ["", "## Flares: recall by injected amplitude", "",
-              "Amplitude in sigma = per-frame noise of the 10-arcsec macropixel at the injection centre, as the "
-              "detector measures it (robust scatter of frame-to-frame changes, floored by its 5 x 5 neighbourhood). "
-              "The SDI defaults also require a 20 % relative enhancement, so faint (low-contrast) injections are "
-              "missed by design. "
-              "Timing error: detected peak minus injected peak (frames 2 min apart: 0 means the right frame).", "",
-              "| amplitude [sigma] | found, 3-sigma point | found, SDI defaults |", "|---|---|---|"]
-    for k, (hit, n) in flares.extra["recall_by_sigma"].items():
-        hd, nd = flares_default.extra["recall_by_sigma"].get(k, (0, 0))
-        lines.append(f"| {k:g} | {hit}/{n} | {hd}/{nd} |")
-    lines += ["", "## CMEs", "", "Timing error: first appearance minus the truth's first frame with the front "
-              "in the field [s].", "",
-              "| case | PA true | PA found | speed true | speed found | width true | width found | result |",
-              "|---|---|---|---|---|---|---|---|"] + cmes.rows
-    lines += ["", "## Prominence eruptions (SDI, 60 s)", "",
-              "| PA true | PA found | speed true [km/s] | speed found | start error [s] |", "|---|---|---|---|---|"]
-    lines += proms.rows
-    return "\n".join(lines) + "\n"
+
+
+def section(title: str, res: dict[str, Result]) -> list[str]:
+    """One size's figures: ``res`` holds flares, flares_old (optional), quiet, cmes, proms."""
+    p = FlareDetectionParams()
+    lines = [f"## {title}", "",
+             "| detector | frame | recall | precision | timing error | PA error | speed error | position error "
+             "| run time |", "|---|---|---|---|---|---|---|---|---|"]
+    if "flares" in res:
+        lines.append(_row(res["flares"], f"flares, defaults ({p.noise_sigma:g} sigma, "
+                                         f"{100 * p.detection_threshold:g} %), injections > 3 sigma"))
+    if "flares_old" in res:
+        lines.append(_row(res["flares_old"], "flares, former defaults (5 sigma, 20 %)"))
+    if "cmes" in res:
+        lines.append(_row(res["cmes"], "CMEs (PA within 10 deg, speed within 20 %)"))
+    if "proms" in res:
+        lines.append(_row(res["proms"], "prominence eruptions (PA within 10 deg)"))
+    if "quiet" in res:
+        q = res["quiet"]
+        h = q.extra["hours"]
+        lo1, lo5, med, hi95 = q.extra["rel_noise_pct"]
+        lines += ["", f"**False flare detections on quiet data** (the real SWAP scene with noise, no injection, "
+                      f"{q.extra['frame']}, 60-s cadence, defaults): {q.n_detections} in {h:.1f} h searched = "
+                      f"**{q.n_detections / h:.2f} per hour** ({q.seconds:.0f} s). Relative noise of the "
+                      f"10-arcsec macropixels on the disk (r < 0.95 Rsun), per frame: 1st percentile "
+                      f"{lo1:.2f} %, 5th {lo5:.2f} %, median {med:.2f} %, 95th {hi95:.2f} %."]
+        if q.rows:
+            lines += ["", "| sequence | peak | x, y [arcsec] | peak enhancement | frames with a kernel |",
+                      "|---|---|---|---|---|"] + q.rows
+    if "flares" in res:
+        fl, old = res["flares"], res.get("flares_old")
+        lines += ["", f"### Flares: recall by injected amplitude ({title.split('(')[0].strip().lower()})", "",
+                  "| amplitude [sigma] | found, defaults |" + (" found, former defaults |" if old else ""),
+                  "|---|---|" + ("---|" if old else "")]
+        for k, (hit, n) in fl.extra["recall_by_sigma"].items():
+            cell = ""
+            if old:
+                hd, nd = old.extra["recall_by_sigma"].get(k, (0, 0))
+                cell = f" {hd}/{nd} |"
+            lines.append(f"| {k:g} | {hit}/{n} |{cell}")
+    if "cmes" in res:
+        lines += ["", "### CMEs", "", "| case | PA true | PA found | speed true | speed found | width true | "
+                  "width found | result |", "|---|---|---|---|---|---|---|---|"] + res["cmes"].rows
+    if "proms" in res:
+        lines += ["", "### Prominence eruptions (SDI, 60 s)", "",
+                  "| PA true | PA found | speed true [km/s] | speed found | start error [s] |",
+                  "|---|---|---|---|---|"] + res["proms"].rows
+    return lines + [""]
+
+
+HEADER = """# Detection validation with injected events
+
+Produced by `benchmarks/validate_detection.py` (its docstring says how the sequences are
+built). Gates (asserted at the small size by `tests/test_detection_gates.py`, part of
+`make test`): flare recall and precision >= 0.9 for injections above 3 sigma, **with the
+detector's default parameters** (those the detection service and the Celery task
+`detect_flares` use); CME recall >= 0.8 with PA within 10 deg and speed within 20 %.
+
+Sigma is the per-frame noise of the 10-arcsec macropixel at the injection centre, as the
+detector measures it. Timing error: flares, detected peak minus injected peak (frames 2 min
+apart, 0 = the right frame); CMEs, first appearance minus the truth's first frame with the
+front in the field; prominences, start minus the injected start of the rise. Speed error:
+relative. Run times were measured on a shared 2-core machine (other jobs running): noisy.
+"""
+
+
+def flare_default_notes(res_full: dict[str, Result], res_small: dict[str, Result]) -> list[str]:
+    p = FlareDetectionParams()
+    lines = ["## The flare defaults", "",
+             f"Detector {__import__('pipelines.detect.flares', fromlist=['x']).DETECTOR_VERSION}: "
+             f"`noise_sigma = {p.noise_sigma:g}`, `detection_threshold = {p.detection_threshold:g}` "
+             "(were 5 and 0.2 in 1.1.0). Both numbers are ours (Lu et al. 2024 give the method, "
+             "not values we could reproduce). Why:", "",
+             "* The gate is stated in sigma, so the significance test must sit at the gate: at 5 sigma the "
+             "4- and 6-sigma injections are missed by construction (the former-defaults column), at 3.5 sigma "
+             "about half the 4-sigma ones (measured at the small size while choosing: recall 0.92, 2/3 at 4 "
+             "sigma, over 3 sequences), at 3 sigma they are found. The excess is now compared with the noise of "
+             "the *difference* I - B (the frame's noise and that of the background median, pi sigma^2 / 2n), "
+             "so 3 sigma means 3 sigma also with a 3-frame background.",
+             "* The relative threshold is a floor that must not bind where the noise test should decide: it "
+             "has to stay below 3 sigma of the relative macropixel noise. With the noise model here that "
+             "noise is above 1 % per frame on nearly all of the disk (percentiles below), so 2 % "
+             "is below 3 sigma everywhere that matters, and it still rejects changes of a few tenths of a "
+             "percent that are significant only because the noise is low (gain drift, exposure errors). "
+             "If SDI's real macropixel noise is well below 0.7 %, the floor binds and the 3-sigma gate does "
+             "not hold there: retune on SDI data.",
+             "* The impulsive-phase check (half the peak gained within 2 h; Veronig et al. 2002) and the "
+             "two-frame, two-macropixel kernel rule are kept: they are what holds false detections down at "
+             "3 sigma (the quiet rows).", ""]
+    return lines
+
+
+def report(res_full: dict[str, Result], res_small: dict[str, Result]) -> str:
+    lines = [HEADER]
+    if res_full:
+        lines += section("Full size (SDI 4608 x 4608 at 0.5 arcsec/px, SCI 2048 x 2048 at 2.4 arcsec/px)",
+                         res_full)
+    if res_small:
+        lines += section("Small size (512 x 512; what the gates test asserts)", res_small)
+    lines += flare_default_notes(res_full, res_small)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# -- running -----------------------------------------------------------------------------------
+
+#: Work per part and size: the small size is the gates test's scale; the full size uses
+#: fewer flare sequences (each holds 28 frames of 4608^2) but 6 injections each.
+PLAN = {
+    "small": {"flares": dict(n_sequences=6), "flares_old": dict(n_sequences=6, params=FLARE_PARAMS_OLD),
+              "quiet": dict(n_sequences=2, n_frames=60), "cmes": dict(), "proms": dict()},
+    "full": {"flares": dict(n_sequences=6), "quiet": dict(n_sequences=2, n_frames=60), "cmes": dict(),
+             "proms": dict()},
+}
+
+
+def run_part(part: str, full: bool, log=None) -> Result:
+    kw = dict(PLAN["full" if full else "small"][part])
+    if part == "flares":
+        return validate_flares(full=full, log=log, **kw)
+    if part == "flares_old":
+        return validate_flares(full=full, log=log, name="flares (former defaults)", **kw)
+    if part == "quiet":
+        return flare_false_positives(full=full, log=log, **kw)
+    if part == "cmes":
+        return validate_cmes(full=full, log=log, **kw)
+    if part == "proms":
+        return validate_prominences(full=full, log=log, **kw)
+    raise ValueError(part)
+
+
+def _save(r: Result, path: Path) -> None:
+    d = asdict(r)
+    d["extra"] = dict(r.extra)
+    if "recall_by_sigma" in d["extra"]:
+        d["extra"]["recall_by_sigma"] = [[k, h, n] for k, (h, n) in r.extra["recall_by_sigma"].items()]
+    path.write_text(json.dumps(d))
+
+
+def _load(path: Path) -> Result:
+    d = json.loads(path.read_text())
+    r = Result(**d)
+    if "recall_by_sigma" in r.extra:
+        r.extra["recall_by_sigma"] = {float(k): (h, n) for k, h, n in r.extra["recall_by_sigma"]}
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer sequences")
+    ap.add_argument("--quick", action="store_true", help="small size only (512^2)")
+    ap.add_argument("--parts", default="all",
+                    help="comma-separated parts to run now: flares, flares_old, quiet, cmes, proms, each as "
+                         "small:NAME or full:NAME; 'all' (default) or 'none' (assemble from --cache)")
+    ap.add_argument("--cache", type=Path, default=None, help="folder for each part's result (JSON)")
     ap.add_argument("--report", type=Path, default=REPORT)
     args = ap.parse_args(argv)
-    n = 2 if args.quick else 6
-    flares = validate_flares(n_sequences=n)
-    flares_default = validate_flares(n_sequences=n, params=FlareDetectionParams(), name="flares")
-    cmes = validate_cmes(CME_CASES[:4] if args.quick else CME_CASES, quiet=1 if args.quick else 2)
-    proms = validate_prominences(PR_CASES[:2] if args.quick else PR_CASES)
-    text = report(flares, flares_default, cmes, proms)
+    sizes = ["small"] if args.quick else ["full", "small"]
+    wanted = [f"{s}:{p}" for s in sizes for p in PLAN[s]]
+    todo = wanted if args.parts == "all" else [] if args.parts == "none" else args.parts.split(",")
+    cache = args.cache
+    if cache:
+        cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.0f} s] {msg}", flush=True)
+
+    results: dict[str, dict[str, Result]] = {"full": {}, "small": {}}
+    for key in todo:
+        size, part = key.split(":")
+        r = run_part(part, size == "full", log=log)
+        results[size][part] = r
+        log(f"{key} done: recall {r.recall:.2f}, precision {r.precision:.2f}, {r.n_detections} detections")
+        if cache:
+            _save(r, cache / f"{size}_{part}.json")
+    if cache:
+        for key in wanted:
+            size, part = key.split(":")
+            path = cache / f"{size}_{part}.json"
+            if part not in results[size] and path.exists():
+                results[size][part] = _load(path)
+    if args.parts not in ("all", "none") and not cache:
+        return 0
+    text = report(results["full"], results["small"])
     args.report.parent.mkdir(parents=True, exist_ok=True)
     args.report.write_text(text)
     print(text)
-    print(f"RESULT flare_recall={flares.recall:.2f} flare_precision={flares.precision:.2f} "
-          f"cme_recall={cmes.recall:.2f} cme_precision={cmes.precision:.2f} "
-          f"prominence_recall={proms.recall:.2f}")
+    for size in ("full", "small"):
+        r = results[size]
+        if {"flares", "cmes", "proms"} <= set(r):
+            print(f"RESULT size={size} flare_recall={r['flares'].recall:.2f} "
+                  f"flare_precision={r['flares'].precision:.2f} cme_recall={r['cmes'].recall:.2f} "
+                  f"cme_precision={r['cmes'].precision:.2f} prominence_recall={r['proms'].recall:.2f}"
+                  + (f" false_flares_per_hour={r['quiet'].n_detections / r['quiet'].extra['hours']:.2f}"
+                     if "quiet" in r else ""))
+    log("total")
     return 0
 
 

@@ -147,8 +147,11 @@ def test_finds_exactly_the_injected_flare(scene):
     # the kernel contrast: 2x the scene at the centre, averaged over a 3x3 macropixel
     assert 1.4 < fl.peak_enhancement < 2.3
     assert 0 < fl.mean_enhancement < fl.peak_enhancement
-    # the area above 20 %: a disc where 2 exp(-r^2 / 2 s^2) >= 0.2, r = 2.15 s = 41 arcsec
-    assert 0.5 * np.pi * 41**2 < fl.area_arcsec2 < 2.0 * np.pi * 41**2
+    # the area above the relative threshold t: a disc where 2 exp(-r^2 / 2 s^2) >= t,
+    # r = s sqrt(2 ln(2 / t)) (t = 0.02: 58 arcsec), less where the scene is dim and the
+    # macropixel misses the significance test
+    r = 19.0 * np.sqrt(2 * np.log(2.0 / p.detection_threshold))
+    assert 0.5 * np.pi * r**2 < fl.area_arcsec2 < 1.5 * np.pi * r**2, (fl.area_arcsec2, np.pi * r**2)
     assert fl.flags == () and fl.start_time.tzinfo is not None
     assert np.nanargmax(fl.light_curve) == pk
 
@@ -181,7 +184,9 @@ def test_brightenings_joined_by_a_later_one_are_one_event(scene_512):
               (-280.0, 250.0, 2.0, 30.0, {"t_peak": 8.0, "rise": 0.6})]
     times, frames = make_series(base, header, flares=flares, seed=7)
     (fl,) = detect_flares(times, frames, header)
-    assert fl.detection_frames == (5, 6, 8, 9) and fl.peak_index == 8
+    # frame 7 holds a kernel too at the 3-sigma default (the decaying pair, 1.2x their scene,
+    # against a background of frames 4-6 that already holds them); the merge is the point
+    assert fl.detection_frames[:2] == (5, 6) and {8, 9} <= set(fl.detection_frames) and fl.peak_index == 8
     assert abs(fl.hpc_x + 280) < 8 and abs(fl.hpc_y - 250) < 8
     assert fl.bbox_hpc[0] < -330 and fl.bbox_hpc[2] > -230
 
@@ -234,8 +239,12 @@ def test_slow_flare_at_the_sdi_cadence(scene):
     s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
     assert (s, pk, e) == (34, 70, 80)
     cadence = dt.timedelta(minutes=1)
-    for got, want in ((fl.start_time, s), (fl.peak_time, pk), (fl.end_time, e)):
+    for got, want in ((fl.start_time, s), (fl.peak_time, pk)):
         assert abs(got - times[want]) <= cadence
+    # the decay crosses half the peak slowly (frames 79, 80: 0.54, 0.51 of it) while the
+    # footprint curve scatters by ~3 % of the peak from frame to frame (and the measured peak
+    # is a noise maximum): the end may land two frames early
+    assert abs(fl.end_time - times[e]) <= 2 * cadence
     assert abs(fl.hpc_x - 250) < 8 and abs(fl.hpc_y + 200) < 8  # one pixel is 12.6 arcsec
     # a 3-frame running background right before each frame (no lag) misses it
     assert detect_flares(times, frames, header, params=FlareDetectionParams(
@@ -347,7 +356,7 @@ def test_detect_sdi_flares_stores_one_event_and_is_idempotent(db_session, sdi_pr
     assert got_products == want_products and got_frames == want_frames
     assert ev.attributes["product_ids"] == [rows[i][1][1].id for i in span]
     assert set(ev.attributes["product_versions"]) == {2}
-    assert ev.attributes["params"]["detection_threshold"] == 0.2
+    assert ev.attributes["params"] == FlareDetectionParams().as_dict()  # the defaults, stored
 
     again = detect_sdi_flares(db_session, product_root=store)
     assert [x.id for x in again] == [ev.id]

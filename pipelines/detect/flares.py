@@ -11,7 +11,8 @@ triple-threshold method of Lu et al. (2024) for SDI:
 2. **global threshold** (occurrence and location): in every frame the relative enhancement
    of each macropixel over its running background, ``E = I / B - 1``, must reach
    ``detection_threshold``, *and* its excess ``I - B`` must reach ``noise_sigma`` times the
-   macropixel's own noise (robust scatter of its frame-to-frame changes); ``B`` must be at
+   noise of that excess (the macropixel's own noise, from the robust scatter of its
+   frame-to-frame changes, combined with that of the background median); ``B`` must be at
    least ``min_background_fraction`` of the disk median. Connected macropixels
    (8-connectivity) above it form a *kernel* if there are at least ``min_area_macropixels``
    of them. The running background ``B`` is the median of the frames taken from
@@ -39,10 +40,18 @@ contrast, comparable to ``rp`` of Jing et al. 2024 for WST); mean enhancement: t
 footprint light curve.
 
 What is *not* taken from Lu et al. (2024): their threshold values and macropixel size (not
-reproduced here); the defaults below are ours, chosen to reject photon noise and
-single-frame hits on 60-s SDI series and validated on synthetic series
-(``tests/test_detect_flares.py``). Tune them on SDI data and bump :data:`DETECTOR_VERSION`
-when a change alters the output.
+reproduced here); the method is theirs in spirit, the numbers are ours. The significance
+(``noise_sigma = 3``) is that of the validation gate (recall and precision >= 0.9 for
+brightenings above 3 sigma, ``tests/test_detection_gates.py``); the relative floor
+(``detection_threshold = 0.02``) sits below 3 sigma of the relative noise of a 10-arcsec
+macropixel in the validation's noise model (1st percentile on the disk ~1 % per frame,
+``benchmarks/reports/detection_validation.md``) so that the noise test decides; single-frame
+hits, single macropixels and slow brightenings are rejected by ``min_frames``,
+``min_area_macropixels`` and the impulsive-phase check. No SDI noise figure is public: tune
+on SDI data (if its macropixel noise is well below 0.7 %, the 2 % floor binds) and bump
+:data:`DETECTOR_VERSION` when a change alters the output. Version 1.2.0 lowered the
+defaults from 5 sigma and 20 % (which found 9 of 24 injections above 3 sigma in the
+small-size validation) and added the background median's noise to the significance test.
 
 References
 ----------
@@ -83,9 +92,13 @@ __all__ = [
 #: Detector name (HEK ``frm_name`` of the events it makes).
 DETECTOR_NAME = "lst-sdi-flare"
 #: Detector version (HEK ``frm_version``); bump it when a change alters detections.
-DETECTOR_VERSION = "1.1.0"
+DETECTOR_VERSION = "1.2.0"
 
 _MAD_TO_SIGMA = 1.4826
+#: Variance of the median of n Gaussian values is about pi / 2 sigma^2 / n (its asymptotic
+#: value, e.g. Kendall & Stuart, The Advanced Theory of Statistics, vol. 1; for n = 3 the
+#: exact value is 0.45 sigma^2, so the factor errs on the safe side).
+_MEDIAN_VARIANCE = math.pi / 2.0
 
 
 class FlareDetectionError(DataError):
@@ -114,11 +127,15 @@ class FlareDetectionParams:
         Default 30.
     detection_threshold : float
         Global threshold: relative enhancement ``I/B - 1`` a macropixel must reach.
-        Default 0.2 (20 %).
+        Default 0.02 (2 %; ours: below 3 sigma of the relative macropixel noise of the
+        validation noise model, so that ``noise_sigma`` decides; see the module notes).
     noise_sigma : float
-        ... and its excess ``I - B`` this many times its noise: the robust scatter (MAD) of
-        its frame-to-frame changes over the series, at least the median of that of its
-        5 x 5 neighbours. Default 5.
+        ... and its excess ``I - B`` this many times the noise of the excess,
+        ``sigma sqrt(1 + pi / (2 n))``: ``sigma`` is the robust scatter (1.4826 MAD) of the
+        macropixel's frame-to-frame changes over the series divided by sqrt(2), at least
+        the median of that of its 5 x 5 neighbours; ``pi sigma^2 / (2 n)`` is the variance
+        of the median of the ``n`` background frames. Default 3 (ours: the significance of
+        the validation gate, ``tests/test_detection_gates.py``).
     min_area_macropixels : int
         Fewest connected macropixels in a kernel. Default 2.
     min_frames : int
@@ -150,8 +167,8 @@ class FlareDetectionParams:
     background_span_s: float = 1200.0
     min_background_frames: int = 3
     max_background_frames: int = 30
-    detection_threshold: float = 0.2
-    noise_sigma: float = 5.0
+    detection_threshold: float = 0.02
+    noise_sigma: float = 3.0
     min_area_macropixels: int = 2
     min_frames: int = 2
     max_gap_frames: int = 1
@@ -524,9 +541,12 @@ def detect_flares(
         bg = _nanmedian(window, axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             e = cube[k] / bg - 1.0
+            # noise of the excess I - B: the frame's own plus that of the background median
+            # (variance pi sigma^2 / (2 n) for n frames; 3 frames: x1.24, 20 frames: x1.04)
+            sigma_excess = sigma * np.sqrt(1.0 + _MEDIAN_VARIANCE / np.maximum(valid_count, 1))
         hit = (
             (valid_count >= p.min_background_frames) & bright_enough & (bg >= min_background) & np.isfinite(e)
-            & (e >= p.detection_threshold) & (cube[k] - bg >= p.noise_sigma * sigma)
+            & (e >= p.detection_threshold) & (cube[k] - bg >= p.noise_sigma * sigma_excess)
         )
         if not hit.any():
             continue

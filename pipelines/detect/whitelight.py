@@ -15,8 +15,9 @@ WST parameters (:meth:`WhiteLightParams.flare_params`):
   10 frames at the 120-s WST cadence), so an enhancement lasting minutes is measured
   against the quiet photosphere, not against its own rise;
 * global threshold ``I/B - 1 >= 0.08`` (Jing et al. 2024) **and** an excess of at least
-  ``noise_sigma`` (default 5) times the macropixel's own frame-to-frame scatter
-  (granulation, p-modes and photon noise: at 3 arcsec the photospheric intensity
+  ``noise_sigma`` (default 5) times the noise of that excess (the macropixel's own
+  frame-to-frame scatter combined with that of the pre-flare median, as in
+  :mod:`pipelines.detect.flares`) (granulation, p-modes and photon noise: at 3 arcsec the photospheric intensity
   fluctuates by ~1-3 % from frame to frame, so 8 % alone would be met by noise in a
   4608-px frame);
 * at least ``min_area_macropixels`` connected macropixels (2: ~18 arcsec2) in at least
@@ -73,7 +74,8 @@ class WhiteLightParams:
         Relative enhancement ``I / I_pre - 1`` a macropixel must reach; 0.08 (Jing et al.
         2024).
     noise_sigma : float
-        ... and its excess this many times its frame-to-frame robust noise.
+        ... and its excess this many times the noise of the excess (frame-to-frame robust
+        noise and that of the pre-flare median; :class:`pipelines.detect.flares.FlareDetectionParams`).
     macropixel_arcsec : float
         Macropixel side [arcsec] (~ the WST resolution).
     background_lag_s, background_span_s : float
