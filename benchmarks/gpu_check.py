@@ -30,10 +30,10 @@ On a machine with an NVIDIA GPU and CuPy (``pip install -e '.[gpu]'``):
 
 Sized to finish in under 5 minutes on an H100/H200-class machine, but not yet run on one
 (written where no GPU exists). What was measured: ``--cpu-only --frames 2`` at full size
-took 199 s on a shared 2-core development machine (simulation 47 s, then 13 full-size
-NumPy calibrations); on a GPU machine the same simulation and 5 NumPy frames remain, and
-about 30 GPU frames whose host-side work (read, statistics) is of the order of a second
-each. Where CuPy or a GPU is absent it prints why and exits with status 0 without doing
+took 199 s on a shared 2-core development machine (simulation 47 s, then 15 NumPy
+calibrations, 11 of them WST at 4608 px). On a GPU machine the same simulation and 5 NumPy
+calibrations remain, plus 33 GPU frames whose host-side work (read, statistics, first-use
+kernel compilation) is estimated, not measured, at about a second each. Where CuPy or a GPU is absent it prints why and exits with status 0 without doing
 anything (status 2 with ``--require``). Exit status 1 if a
 parity check fails. The last line is::
 
