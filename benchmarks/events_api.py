@@ -35,17 +35,32 @@ maximum in 2024.8 and a floor of 15 % of the peak):
 * frames: four channels at their share of the archive, uniform over the 10 years;
 * links: 200,000 flare-CME pairs and 100,000 same-flare pairs, stored both ways.
 
-Run: ``.venv/bin/python benchmarks/events_api.py [--events N] [--frames N] [--report PATH]``.
+With ``--profile N`` each query is then called N more times under :mod:`cProfile` (in the
+event loop's thread and, through a wrapper of ``anyio.to_thread.run_sync``, in the worker
+threads where FastAPI runs the synchronous dependencies and handlers; the profiles are
+merged), and the functions with the most own and cumulative time are printed for every
+query, with the share of the call spent in the database driver (psycopg's ``execute`` and
+``fetch``). Profiling slows Python down (each function call is counted), so its times are
+shares, not latencies; the latencies are those measured before it.
+
+``--keep`` keeps the seeded database (its URL is printed); ``--database URL`` measures an
+already seeded one (no seeding, not dropped), for iterating on the code.
+
+Run: ``.venv/bin/python benchmarks/events_api.py [--events N] [--frames N] [--repeat N]
+[--profile N] [--report PATH] [--keep | --database URL]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import cProfile
 import datetime as dt
 import io
 import json
 import os
+import pstats
 import sys
 import time
 import uuid
@@ -258,7 +273,251 @@ def pct(values: list[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
-async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
+def x_flare_of(url: str) -> tuple[int, int]:
+    """The X flare of the GOES source with links that :func:`seed_events` picks (the middle
+    one by id) and the number of events, in an already seeded database."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT id FROM events e WHERE source = 'goes_xrs' AND goes_flux >= 1e-4 AND EXISTS "
+            "(SELECT 1 FROM event_associations a WHERE a.event_id = e.id) ORDER BY id")]
+        n = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    return ids[len(ids) // 2], n
+
+
+# -- profiling -------------------------------------------------------------------------------
+
+#: Package of a profiled function, by its file path (the first match wins).
+_PACKAGES = (("/psycopg", "psycopg (driver)"), ("/sqlalchemy/", "sqlalchemy"), ("/fastapi/", "fastapi"),
+             ("/starlette/", "starlette"), ("/pydantic", "pydantic"), ("/anyio/", "anyio"),
+             ("/httpx/", "httpx (benchmark client)"), ("/httpcore/", "httpx (benchmark client)"),
+             ("/asyncio/", "asyncio"), ("/backend/", "backend (this project)"), ("/threading.py", "threading"))
+
+
+def _package(key: tuple) -> str:
+    path, _line, name = key
+    if path == "~":
+        if "epoll" in name or "select" in name:
+            return "event loop waiting (epoll)"
+        if "acquire" in name:
+            return "threads waiting (locks)"
+        return "builtins"
+    for needle, label in _PACKAGES:
+        if needle in path:
+            return label
+    return "other Python"
+
+
+def _short(key: tuple) -> str:
+    path, line, name = key
+    if path == "~":
+        return name
+    for marker in ("site-packages/", "/lib/python3.11/", str(ROOT) + "/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{path}:{line}({name})"
+
+
+@contextlib.contextmanager
+def worker_thread_profiles(profiles: list):
+    """Profile every function that FastAPI and Starlette run in worker threads: wrap
+    ``anyio.to_thread.run_sync`` (which ``run_in_threadpool`` and FastAPI's synchronous
+    dependencies call) so that each call runs under its own :class:`cProfile.Profile`,
+    appended to ``profiles`` (cProfile hooks one thread only)."""
+    import anyio.to_thread
+
+    original = anyio.to_thread.run_sync
+
+    async def run_sync(func, *args, **kwargs):
+        def profiled(*a):
+            prof = cProfile.Profile()
+            prof.enable()
+            try:
+                return func(*a)
+            finally:
+                prof.disable()
+                profiles.append(prof)
+
+        return await original(profiled, *args, **kwargs)
+
+    anyio.to_thread.run_sync = run_sync
+    try:
+        yield
+    finally:
+        anyio.to_thread.run_sync = original
+
+
+class Breakdown:
+    """Exclusive wall time [s] spent in labelled functions during one API call, by wrapping them
+    (:func:`instrumented`); a function called inside another labelled one counts for itself
+    only (the outer one gets the rest). One request at a time (the benchmark's case)."""
+
+    def __init__(self):
+        self.times: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.inclusive: dict[str, float] = {}
+        self._stack: list[list] = []
+
+    def wrap(self, label: str, func, inclusive: bool = False):
+        """``func`` timed under ``label``; ``inclusive``: an "of which" figure, the whole time
+        of the call (its labelled callees keep theirs), left out of the exclusive times."""
+        if inclusive:
+            def timed_inclusive(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    self.inclusive[label] = self.inclusive.get(label, 0.0) + time.perf_counter() - t0
+
+            return timed_inclusive
+
+        def timed(*args, **kwargs):
+            frame = [time.perf_counter(), 0.0]
+            self._stack.append(frame)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self._stack.pop()
+                elapsed = time.perf_counter() - frame[0]
+                self.times[label] = self.times.get(label, 0.0) + elapsed - frame[1]
+                self.calls[label] = self.calls.get(label, 0) + 1
+                if self._stack:
+                    self._stack[-1][1] += elapsed
+
+        return timed
+
+    def reset(self) -> None:
+        self.times.clear()
+        self.calls.clear()
+        self.inclusive.clear()
+
+
+#: (module, attribute, label) of the functions :func:`instrumented` times. Driver: every
+#: psycopg call that talks to the server (``execute`` includes the BEGIN psycopg sends first
+#: in a transaction, and the pool's pre-ping), the fetches and the transaction end.
+_TIMED = (
+    ("psycopg", "Cursor.execute", "driver"), ("psycopg", "Cursor.fetchall", "driver"),
+    ("psycopg", "Cursor.fetchmany", "driver"), ("psycopg", "Cursor.fetchone", "driver"),
+    ("psycopg", "Connection.rollback", "driver"), ("psycopg", "Connection.commit", "driver"),
+    ("backend.services.event_search", "search_events", "search service (SQLAlchemy, Python)"),
+    ("backend.api.routes.events", "_event_or_404", "detail service (SQLAlchemy, Python)"),
+    ("backend.api.routes.events", "event_detail", "detail service (SQLAlchemy, Python)"),
+    ("backend.api.routes.events", "detail_json", "serialisation"),
+    ("backend.api.routes.events", "page_json", "serialisation"),
+    ("sqlalchemy.engine.default", "DefaultDialect._do_ping_w_event", "of which pool pre-ping (its round trip included)"),
+)
+#: Labels of :data:`_TIMED` that are "of which" figures (see :meth:`Breakdown.wrap`).
+_INCLUSIVE = {"of which pool pre-ping (its round trip included)"}
+
+
+@contextlib.contextmanager
+def instrumented(clock: Breakdown):
+    """Wrap the functions of :data:`_TIMED` (those that exist) with ``clock`` while active."""
+    import importlib
+
+    undo = []
+    for module, attr, label in _TIMED:
+        owner = importlib.import_module(module)
+        *path, name = attr.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        if not hasattr(owner, name):
+            continue
+        original = owner.__dict__.get(name, getattr(owner, name))
+        setattr(owner, name, clock.wrap(label, original, inclusive=label in _INCLUSIVE))
+        undo.append((owner, name, original))
+    try:
+        yield
+    finally:
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+async def breakdown_query(client, path: str, params: dict, calls: int) -> dict:
+    """Median wall time [ms] per API call in each labelled part (see :data:`_TIMED`), the rest
+    (FastAPI/Starlette routing, parameter validation, dependencies, worker-thread hand-offs,
+    the in-process httpx client) and the driver calls per API call."""
+    clock = Breakdown()
+    per: dict[str, list[float]] = {}
+    ncalls = []
+    with instrumented(clock):
+        for _ in range(calls):
+            clock.reset()
+            t0 = time.perf_counter()
+            r = await client.get(path, params=params)
+            total = time.perf_counter() - t0
+            assert r.status_code == 200
+            for k, v in clock.times.items():
+                per.setdefault(k, []).append(1e3 * v)
+            for k in _INCLUSIVE:
+                per.setdefault(k, []).append(1e3 * clock.inclusive.get(k, 0.0))
+            per.setdefault("rest: routing, validation, threads, client", []).append(
+                1e3 * (total - sum(clock.times.values())))
+            per.setdefault("total", []).append(1e3 * total)
+            ncalls.append(clock.calls.get("driver", 0))
+    out = {k: pct(v, 0.5) for k, v in per.items()}
+    out["driver calls"] = pct(ncalls, 0.5)
+    return out
+
+
+async def profile_query(client, path: str, params: dict, calls: int) -> dict:
+    """``calls`` API calls of one query under cProfile (event-loop thread and worker threads).
+
+    Returns the merged :class:`pstats.Stats`, the profiled wall time per call [ms], and the
+    own time per package and the cumulative time of psycopg's ``Cursor.execute`` per call [ms].
+    """
+    main = cProfile.Profile()
+    workers: list[cProfile.Profile] = []
+    with worker_thread_profiles(workers):
+        t0 = time.perf_counter()
+        main.enable()
+        for _ in range(calls):
+            r = await client.get(path, params=params)
+            assert r.status_code == 200
+        main.disable()
+        wall = 1e3 * (time.perf_counter() - t0) / calls
+    stats = pstats.Stats(main)
+    for p in workers:
+        stats.add(p)
+    by_pkg: dict[str, float] = {}
+    execute = 0.0
+    # primitive calls (cc): a coroutine's resumptions are not counted as calls
+    fcalls = sum(cc for cc, *_ in stats.stats.values()) / calls
+    calls_pkg: dict[str, float] = {}
+    for key, (cc, _nc, tt, ct, _callers) in stats.stats.items():
+        by_pkg[_package(key)] = by_pkg.get(_package(key), 0.0) + 1e3 * tt / calls
+        calls_pkg[_package(key)] = calls_pkg.get(_package(key), 0.0) + cc / calls
+        if "/psycopg/cursor.py" in key[0] and key[2] == "execute":
+            execute += 1e3 * ct / calls
+    return {"stats": stats, "wall": wall, "by_package": by_pkg, "execute": execute, "calls": calls,
+            "function_calls": fcalls, "calls_by_package": calls_pkg}
+
+
+def print_profile(name: str, prof: dict, out, top: int = 0) -> None:
+    """One query's profile: own time per package; with ``top``, the ``top`` functions by own
+    and by cumulative time (ms per call, under the profiler)."""
+    n = prof["calls"]
+    pk = sorted(prof["by_package"].items(), key=lambda kv: -kv[1])
+    print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a measure of the "
+          f"overhead that machine load does not change); {prof['wall']:.2f} ms per call under the profiler; psycopg "
+          f"`Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own time per "
+          "package (ms per call; function calls): "
+          + ", ".join(f"{k} {v:.2f} ({prof['calls_by_package'][k]:,.0f})" for k, v in pk if v >= 0.005) + ".", file=out)
+    if not top:
+        return
+    st = prof["stats"].stats
+    for label, idx in (("own", 2), ("cumulative", 3)):
+        rows = sorted(st.items(), key=lambda kv: -kv[1][idx])[:top]
+        print(f"\nTop {top} by {label} time (ms per call; calls per API call):\n", file=out)
+        print("```\n   own    cum  calls  function", file=out)
+        for key, (_cc, nc, tt, ct, _c) in rows:
+            print(f"{1e3 * tt / n:6.3f} {1e3 * ct / n:6.3f} {nc / n:6.1f}  {_short(key)}", file=out)
+        print("```", file=out)
+
+
+async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0) -> dict:
     import httpx
     from sqlalchemy import event
 
@@ -276,10 +535,13 @@ async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
     captured: list[tuple[str, object]] = []
     capturing = {"on": False}
 
+    autocommit = {"api": False}
+
     @event.listens_for(engine, "before_cursor_execute")
     def _capture(conn, cursor, statement, parameters, context, executemany):
         if capturing["on"]:
             captured.append((statement, parameters))
+            autocommit["api"] = bool(conn.connection.dbapi_connection.autocommit)
 
     results = {}
     raw = engine.raw_connection()
@@ -292,26 +554,36 @@ async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
             assert r.status_code == 200, r.text
             body = r.json()
             stmts = [(s, p) for s, p in captured if not s.lstrip().upper().startswith(("SELECT 1", "ROLLBACK"))]
-            api_ms, sql_ms = [], []
+            # replayed as the API ran them: in autocommit or in a transaction (psycopg's BEGIN first)
+            raw.rollback()
+            raw.driver_connection.autocommit = autocommit["api"]
+            api_ms, sql_ms, tx_ms = [], [], []
             for i in range(repeat + 3):
                 t0 = time.perf_counter()
                 r = await client.get(path, params=params)
                 t1 = time.perf_counter()
                 assert r.status_code == 200
-                cur = raw.cursor()
-                t2 = time.perf_counter()
-                for s, p in stmts:
-                    cur.execute(s, p)
-                    cur.fetchall()
-                t3 = time.perf_counter()
-                cur.close()
-                raw.rollback()
+                # the replay as the API ran it, and the same statements in a transaction (psycopg's
+                # BEGIN first; ROLLBACK untimed) for what autocommit saves; in turn first
+                took = {}
+                for which in ("api", "tx") if i % 2 == 0 else ("tx", "api"):
+                    raw.driver_connection.autocommit = autocommit["api"] if which == "api" else False
+                    cur = raw.cursor()
+                    t2 = time.perf_counter()
+                    for s, p in stmts:
+                        cur.execute(s, p)
+                        cur.fetchall()
+                    took[which] = time.perf_counter() - t2
+                    cur.close()
+                    raw.rollback()
+                raw.driver_connection.autocommit = autocommit["api"]
                 if i >= 3:
                     api_ms.append(1e3 * (t1 - t0))
-                    sql_ms.append(1e3 * (t3 - t2))
+                    sql_ms.append(1e3 * took["api"])
+                    tx_ms.append(1e3 * took["tx"])
             res = {
                 "api_p50": pct(api_ms, 0.5), "api_p99": pct(api_ms, 0.99),
-                "sql_p50": pct(sql_ms, 0.5), "sql_p99": pct(sql_ms, 0.99),
+                "sql_p50": pct(sql_ms, 0.5), "sql_p99": pct(sql_ms, 0.99), "tx_p50": pct(tx_ms, 0.5),
                 "items": len(body.get("items", body.get("associated", []))),
                 "total": body.get("total"), "estimate": body.get("total_is_estimate"),
                 "truncated": body.get("truncated"), "statements": len(stmts),
@@ -323,7 +595,9 @@ async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
             print(f"API p50 {res['api_p50']:.2f} ms, p99 {res['api_p99']:.2f} ms; direct SQL p50 "
                   f"{res['sql_p50']:.2f} ms, p99 {res['sql_p99']:.2f} ms; API/SQL {res['ratio']:.2f}; "
                   f"{res['items']} rows returned, total {res['total']} (estimate: {res['estimate']}), "
-                  f"truncated {res['truncated']}; {len(stmts)} SQL statements\n", file=out)
+                  f"truncated {res['truncated']}; {len(stmts)} SQL statements, "
+                  f"{'in autocommit' if autocommit['api'] else 'in a transaction'} (the replay too); the same "
+                  f"statements in a transaction (BEGIN first) p50 {res['tx_p50']:.2f} ms\n", file=out)
             cur = raw.cursor()
             for s, p in stmts:
                 if s.lstrip().upper().startswith("EXPLAIN"):
@@ -344,9 +618,50 @@ async def measure(url: str, x_flare_id: int, repeat: int, out) -> dict:
             if i >= 3:
                 floor.append(1e3 * (time.perf_counter() - t0))
         results["_floor"] = {"p50": pct(floor, 0.5), "p99": pct(floor, 0.99)}
+        raw.rollback()
+        raw.driver_connection.autocommit = False
+        results["_breakdown"] = {name: await breakdown_query(client, path, params, repeat)
+                                 for name, path, params in queries(x_flare_id)}
+        if profile:
+            results["_profiles"] = {name: await profile_query(client, path, params, profile)
+                                    for name, path, params in queries(x_flare_id)}
+    results["_floors"] = await floors(raw, repeat)
     raw.close()
     engine.dispose()
     return results
+
+
+async def floors(raw, repeat: int) -> dict:
+    """p50 [ms] of what no API call can avoid here: the in-process client and ASGI transport
+    (a bare Starlette app answering ``{}``), and one database round trip (``SELECT 1``
+    through psycopg)."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def bare(request):
+        return Response(b"{}", media_type="application/json")
+
+    app = Starlette(routes=[Route("/bare", bare)])
+    client_ms, rt_ms = [], []
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+        for i in range(repeat + 3):
+            t0 = time.perf_counter()
+            r = await client.get("/bare", params={"type": "FL", "start": "2024-10-03T00:00:00Z", "limit": 100})
+            if i >= 3:
+                client_ms.append(1e3 * (time.perf_counter() - t0))
+            assert r.status_code == 200
+    cur = raw.cursor()
+    for i in range(repeat + 3):
+        t0 = time.perf_counter()
+        cur.execute("SELECT 1")
+        cur.fetchall()
+        if i >= 3:
+            rt_ms.append(1e3 * (time.perf_counter() - t0))
+    cur.close()
+    raw.rollback()
+    return {"client": pct(client_ms, 0.5), "round_trip": pct(rt_ms, 0.5)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--report", type=Path, default=None, help="also write the output (Markdown) here")
     ap.add_argument("--keep", action="store_true", help="keep the database (its URL is printed)")
+    ap.add_argument("--database", default=None,
+                    help="measure this already seeded database (a URL printed by --keep): no seeding, not dropped")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="then profile N API calls of each query with cProfile (0: no profile)")
     args = ap.parse_args(argv)
 
     import psycopg
@@ -374,44 +693,83 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
 
     out = Tee()
-    url = create_database()
+    url = args.database or create_database()
     try:
-        t0 = time.perf_counter()
-        upgrade(url)
-        rng = np.random.default_rng(args.seed)
-        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
-            info = seed_events(conn, args.events, rng)
-            seed_frames(conn, args.frames, rng)
-            conn.commit()
-        t1 = time.perf_counter()
-        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
-            conn.execute("VACUUM ANALYZE")
-            sizes = conn.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
-                                 "WHERE relname IN ('events', 'frames', 'event_associations')").fetchall()
-        t2 = time.perf_counter()
         print("# Event search API at scale\n", file=out)
-        print(f"Seeded {args.events:,} events, {args.frames:,} frames, {info['associations']:,} association rows "
-              f"by COPY in {t1 - t0:.0f} s (with migrations); VACUUM ANALYZE {t2 - t1:.0f} s. Sizes: "
-              + ", ".join(f"{a} {b}" for a, b in sizes) + f". {args.repeat} repetitions per query after 3 warm-ups; "
-              "API in process (httpx ASGITransport), direct SQL = the API's statements replayed through psycopg.",
-              file=out)
-        results = asyncio.run(measure(url, info["x_flare_id"], args.repeat, out))
+        if args.database:
+            x_flare_id, n_events = x_flare_of(url)
+            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+                n_frames = conn.execute("SELECT count(*) FROM frames").fetchone()[0]
+            print(f"Measured an already seeded database: {n_events:,} events, {n_frames:,} frames. "
+                  f"{args.repeat} repetitions per query after 3 warm-ups; API in process (httpx ASGITransport), "
+                  "direct SQL = the API's statements replayed through psycopg.", file=out)
+        else:
+            t0 = time.perf_counter()
+            upgrade(url)
+            rng = np.random.default_rng(args.seed)
+            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+                info = seed_events(conn, args.events, rng)
+                seed_frames(conn, args.frames, rng)
+                conn.commit()
+            t1 = time.perf_counter()
+            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+                conn.execute("VACUUM ANALYZE")
+                sizes = conn.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
+                                     "WHERE relname IN ('events', 'frames', 'event_associations')").fetchall()
+            t2 = time.perf_counter()
+            x_flare_id, n_events = info["x_flare_id"], args.events
+            print(f"Seeded {args.events:,} events, {args.frames:,} frames, {info['associations']:,} association "
+                  f"rows by COPY in {t1 - t0:.0f} s (with migrations); VACUUM ANALYZE {t2 - t1:.0f} s. Sizes: "
+                  + ", ".join(f"{a} {b}" for a, b in sizes) + f". {args.repeat} repetitions per query after 3 "
+                  "warm-ups; API in process (httpx ASGITransport), direct SQL = the API's statements replayed "
+                  "through psycopg.", file=out)
+        results = asyncio.run(measure(url, x_flare_id, args.repeat, out, args.profile))
+        profiles = results.pop("_profiles", None)
         floor = results.pop("_floor")
+        breakdown = results.pop("_breakdown")
+        bare = results.pop("_floors")
         print("\n## Summary\n", file=out)
-        print("| query | API p50 ms | API p99 ms | SQL p50 ms | SQL p99 ms | API/SQL |\n|---|---|---|---|---|---|",
-              file=out)
+        print("| query | API p50 ms | API p99 ms | SQL p50 ms | SQL p99 ms | API/SQL | SQL in a transaction p50 ms |\n"
+              "|---|---|---|---|---|---|---|", file=out)
         for name, r in results.items():
             print(f"| {name} | {r['api_p50']:.2f} | {r['api_p99']:.2f} | {r['sql_p50']:.2f} | {r['sql_p99']:.2f} "
-                  f"| {r['ratio']:.2f} |", file=out)
-        print(f"\nFloor of an API call (`GET /api/v1/health`: routing, session with pool pre-ping, SELECT 1, "
+                  f"| {r['ratio']:.2f} | {r['tx_p50']:.2f} |", file=out)
+        print(f"\nFloor of an API call (`GET /api/v1/health`: routing, session with pool pre-ping, BEGIN, SELECT 1, ROLLBACK, "
               f"JSON): p50 {floor['p50']:.2f} ms, p99 {floor['p99']:.2f} ms. API minus direct SQL per query (p50): "
               + ", ".join(f"{n} {r['api_p50'] - r['sql_p50']:.1f} ms" for n, r in results.items()) + ".", file=out)
+        print(f"\nFloors: the in-process client and ASGI transport alone (bare Starlette app answering `{{}}`) "
+              f"p50 {bare['client']:.2f} ms; one database round trip (`SELECT 1` through psycopg) p50 "
+              f"{bare['round_trip']:.2f} ms.", file=out)
+        print("\n## Where the API time goes\n", file=out)
+        print(f"Median wall time per call [ms] of {args.repeat} further calls per query, the parts timed by wrapping "
+              "functions (no profiler): *driver* = psycopg calls that talk to the server (statements, the BEGIN "
+              "psycopg sends first, pool pre-ping, transaction end; server time included); *service* = the search "
+              "or detail service minus its driver calls (SQLAlchemy statement building, compilation cache, "
+              "execution, row handling); *serialisation* = building the JSON; *rest* = the call minus all that "
+              "(FastAPI/Starlette routing, query validation, dependencies, worker-thread hand-offs, the "
+              "in-process httpx client). Medians of parts do not add up exactly to the median total.\n", file=out)
+        labels = []
+        for b in breakdown.values():
+            labels += [k for k in b if k not in labels and k not in ("total", "driver calls")]
+        print("| query | total | driver calls | " + " | ".join(labels) + " |", file=out)
+        print("|---" * (len(labels) + 3) + "|", file=out)
+        for name, b in breakdown.items():
+            print(f"| {name} | {b['total']:.2f} | {b['driver calls']:.0f} | "
+                  + " | ".join(f"{b[k]:.2f}" if k in b else "-" for k in labels) + " |", file=out)
+        if profiles:
+            worst = max(results, key=lambda n: results[n]["ratio"])
+            print("\n## Profile\n", file=out)
+            print(f"cProfile of {args.profile} API calls per query, in process (see the module docstring); times "
+                  "are per call and inflated by the profiler (shares, not latencies). Worst API/SQL ratio: "
+                  f"{worst}; its top functions follow its per-package summary.", file=out)
+            for name, prof in profiles.items():
+                print_profile(name, prof, out, top=25 if name == worst else 0)
         p50 = max(r["api_p50"] for r in results.values())
         p99 = max(r["api_p99"] for r in results.values())
         ratio = max(r["ratio"] for r in results.values())
-        print(f"\nRESULT p50_ms={p50:.2f} p99_ms={p99:.2f} api_over_sql={ratio:.2f} seeded={args.events}", file=out)
+        print(f"\nRESULT p50_ms={p50:.2f} p99_ms={p99:.2f} api_over_sql={ratio:.2f} seeded={n_events}", file=out)
     finally:
-        if args.keep:
+        if args.keep or args.database:
             print(f"database kept: {url}", file=sys.stderr)
         else:
             drop_database(url)

@@ -148,6 +148,75 @@ def test_fast_page_json_is_the_models_json(db_session, catalogue):
     assert page_json(light) == model.model_dump_json().encode()
 
 
+def test_fast_page_json_converts_naive_and_offset_times():
+    """Naive times (SQLite) are UTC and other offsets are converted, as UTCDateTime does."""
+    from zoneinfo import ZoneInfo
+
+    from backend.api.routes.events import page_json
+    from backend.api.schemas import EventPublic, EventsPublic
+    from backend.services.event_search import LIGHT_COLUMNS, EventPage
+
+    values = {c: None for c in LIGHT_COLUMNS}
+    values.update(id=7, event_type="FL", source="hek", source_key="k7",
+                  start_time=dt.datetime(2024, 5, 14, 16, 0),  # naive: UTC
+                  peak_time=dt.datetime(2024, 5, 14, 18, 5, tzinfo=ZoneInfo("Europe/Berlin")),  # 16:05 UTC
+                  end_time=dt.datetime(2024, 5, 14, 16, 20, tzinfo=ZoneInfo("Etc/UTC")), hpc_x=1.5)
+    row = tuple(values[c] for c in LIGHT_COLUMNS)
+    page = EventPage(items=[row], total=1, total_is_estimate=False, next_cursor=None, sort="-start_time", limit=5)
+    model = EventsPublic(items=[EventPublic.model_validate(values)], total=1, limit=5, offset=0,
+                         total_is_estimate=False, sort="-start_time", next_cursor=None, truncated=False)
+    got = page_json(page)
+    assert got == model.model_dump_json().encode()
+    assert b'"start_time":"2024-05-14T16:00:00Z"' in got and b'"peak_time":"2024-05-14T16:05:00Z"' in got
+
+
+def test_search_sees_pending_events(db_session):
+    """Events added to the session and not yet flushed are searched: the statements are Core
+    ones on the table, which the session autoflushes before like ORM ones."""
+    e = Event(event_type="FL", source="hek", source_key=uuid.uuid4().hex, start_time=T0, end_time=T0 + MIN,
+              attributes={})
+    db_session.add(e)
+    page = search_events(db_session, EventFilters(event_types=("FL",), start=T0 - MIN, end=T0 + 2 * MIN))
+    assert [r.id for r in page.items] == [e.id] and page.total == 1
+
+
+def test_filters_fingerprint_is_stable():
+    """Cursors issued before stay valid: the fingerprint is the hash of the filters' JSON."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    f = EventFilters(event_types=("FL", "CE"), start=T0, end=T0 + MIN, pa_min=10.0, min_goes_flux=1e-5)
+    d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in asdict(f).items()}
+    assert f.fingerprint() == hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    assert f.fingerprint() != EventFilters(event_types=("FL",)).fingerprint()
+
+
+def test_autocommit_reads(pg_engine, db_session):
+    """A session on the engine reads in autocommit (no BEGIN, no transaction left open) and its
+    connection goes back to the pool at the engine's isolation level; the tests' sessions
+    (bound to a connection in a transaction) are left alone."""
+    from psycopg.pq import TransactionStatus
+    from sqlalchemy import text
+    from sqlalchemy.orm import Session
+
+    from backend.db import autocommit_reads
+
+    s = Session(bind=pg_engine)
+    try:
+        assert autocommit_reads(s) is s
+        dbapi = s.connection().connection.dbapi_connection
+        assert dbapi.autocommit is True
+        assert s.execute(text("SELECT count(*) FROM events")).scalar() >= 0
+        assert dbapi.info.transaction_status == TransactionStatus.IDLE
+    finally:
+        s.close()
+    assert dbapi.autocommit is False
+    autocommit_reads(db_session)
+    conn = db_session.connection().connection.dbapi_connection
+    assert conn.autocommit is False and conn.info.transaction_status == TransactionStatus.INTRANS
+
+
 def test_cursor_misuse_is_422(client, catalogue):
     _, body = ids(client, limit=2)
     cur = body["next_cursor"]

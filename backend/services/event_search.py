@@ -36,7 +36,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import (
@@ -67,16 +67,24 @@ __all__ = [
     "decode_cursor",
 ]
 
+#: The events table and its columns. Statements are built on the table (SQLAlchemy Core), not
+#: on the mapped class: a Core statement goes from ``Session.execute`` straight to the
+#: connection, without the ORM's compile-state and loading steps (fewer Python calls per
+#: statement, see benchmarks/reports/events_api.md); the full-object query still selects the
+#: mapped class.
+_EVENTS = Event.__table__
+_E = _EVENTS.c
+
 #: Above this many matches the total is the planner's estimate (flagged), on PostgreSQL.
 EXACT_COUNT_LIMIT = 10_000
 #: Sort keys: column and whether it may be NULL.
 SORT_KEYS: dict[str, tuple[Any, bool]] = {
-    "start_time": (Event.start_time, False),
-    "peak_time": (Event.peak_time, True),
-    "end_time": (Event.end_time, True),
-    "goes_flux": (Event.goes_flux, True),
-    "speed_km_s": (Event.speed_km_s, True),
-    "id": (Event.id, False),
+    "start_time": (_E.start_time, False),
+    "peak_time": (_E.peak_time, True),
+    "end_time": (_E.end_time, True),
+    "goes_flux": (_E.goes_flux, True),
+    "speed_km_s": (_E.speed_km_s, True),
+    "id": (_E.id, False),
 }
 DEFAULT_SORT = "-start_time"
 #: Columns of a light search row (what a list, CSV, VOTable or timeline shows).
@@ -84,6 +92,7 @@ LIGHT_COLUMNS = ("id", "event_type", "source", "source_key", "start_time", "peak
                  "hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s",
                  "goes_class", "goes_flux", "peak_value", "peak_unit", "noaa_ar", "frm_name", "frm_version")
 _TIME_KEYS = {"start_time", "peak_time", "end_time"}
+_LIGHT = tuple(_E[c] for c in LIGHT_COLUMNS)
 
 
 class SearchError(DataError):
@@ -135,7 +144,9 @@ class EventFilters:
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
-        d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in asdict(self).items()}
+        # the fields' values as they are (asdict would deep-copy them): the same JSON, the same hash
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in d.items()}
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -225,7 +236,7 @@ def decode_cursor(cursor: str, sort: str, fingerprint: str) -> tuple[Any, int]:
 
 
 def _channel_filter(channel: str):
-    c = Event.channels
+    c = _E.channels
     return or_(c == channel, c.like(f"{channel},%"), c.like(f"%,{channel}"), c.like(f"%,{channel},%"))
 
 
@@ -234,8 +245,8 @@ def _longest_duration(event_types: tuple[str, ...]):
     types when empty), 0 when none. Each ``max`` is one probe of an index on
     ``(event_type, duration_s)`` or ``(duration_s)``, evaluated once per query."""
     if not event_types:
-        return func.coalesce(select(func.max(Event.duration_s)).scalar_subquery(), 0.0)
-    subs = [func.coalesce(select(func.max(Event.duration_s)).where(Event.event_type == t).scalar_subquery(), 0.0)
+        return func.coalesce(select(func.max(_E.duration_s)).scalar_subquery(), 0.0)
+    subs = [func.coalesce(select(func.max(_E.duration_s)).where(_E.event_type == t).scalar_subquery(), 0.0)
             for t in event_types]
     return subs[0] if len(subs) == 1 else func.greatest(*subs)
 
@@ -244,49 +255,49 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
     """SQL conditions of the filters (see :class:`EventFilters`)."""
     conds: list = []
     if f.event_types:
-        conds.append(Event.event_type.in_(f.event_types) if len(f.event_types) > 1
-                     else Event.event_type == f.event_types[0])
+        conds.append(_E.event_type.in_(f.event_types) if len(f.event_types) > 1
+                     else _E.event_type == f.event_types[0])
     if f.end is not None:
-        conds.append(Event.start_time <= f.end)
+        conds.append(_E.start_time <= f.end)
     if f.start is not None:
-        conds.append(func.coalesce(Event.end_time, Event.peak_time, Event.start_time) >= f.start)
+        conds.append(func.coalesce(_E.end_time, _E.peak_time, _E.start_time) >= f.start)
         # lower bound on the indexed start_time: no event starts earlier and still overlaps
         if session.get_bind().dialect.name == "postgresql":
             # index probes only; a literal bound (not a subquery) lets the planner estimate the
             # time range, so that it picks a backward index scan that stops at the page end
             secs = float(session.scalar(select(_longest_duration(f.event_types))) or 0.0)
         else:  # SQLite (the embedded mode): small tables
-            q = select(func.max(Event.duration_s))
+            q = select(func.max(_E.duration_s))
             if f.event_types:
-                q = q.where(Event.event_type.in_(f.event_types))
+                q = q.where(_E.event_type.in_(f.event_types))
             secs = float(session.scalar(q) or 0.0)
-        conds.append(Event.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
+        conds.append(_E.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
     if f.sources:
-        conds.append(Event.source.in_(f.sources) if len(f.sources) > 1 else Event.source == f.sources[0])
+        conds.append(_E.source.in_(f.sources) if len(f.sources) > 1 else _E.source == f.sources[0])
     if f.channel:
         conds.append(_channel_filter(f.channel))
     if f.hpc_x_min is not None:
-        conds.append(Event.hpc_x >= f.hpc_x_min)
+        conds.append(_E.hpc_x >= f.hpc_x_min)
     if f.hpc_x_max is not None:
-        conds.append(Event.hpc_x <= f.hpc_x_max)
+        conds.append(_E.hpc_x <= f.hpc_x_max)
     if f.hpc_y_min is not None:
-        conds.append(Event.hpc_y >= f.hpc_y_min)
+        conds.append(_E.hpc_y >= f.hpc_y_min)
     if f.hpc_y_max is not None:
-        conds.append(Event.hpc_y <= f.hpc_y_max)
+        conds.append(_E.hpc_y <= f.hpc_y_max)
     if f.pa_min is not None or f.pa_max is not None:
         lo = 0.0 if f.pa_min is None else f.pa_min
         hi = 360.0 if f.pa_max is None else f.pa_max
-        pa = Event.position_angle
+        pa = _E.position_angle
         conds.append(and_(pa >= lo, pa <= hi) if lo <= hi else or_(pa >= lo, pa <= hi))
     if f.min_goes_flux is not None:
         # the stored flux comes from the same class table: allow for float rounding only
-        conds.append(Event.goes_flux >= f.min_goes_flux * (1 - 1e-9))
+        conds.append(_E.goes_flux >= f.min_goes_flux * (1 - 1e-9))
     if f.min_peak_value is not None:
-        conds.append(Event.peak_value >= f.min_peak_value)
+        conds.append(_E.peak_value >= f.min_peak_value)
     if f.frm_name:
-        conds.append(Event.frm_name == f.frm_name)
+        conds.append(_E.frm_name == f.frm_name)
     if f.frm_version:
-        conds.append(Event.frm_version == f.frm_version)
+        conds.append(_E.frm_version == f.frm_version)
     return conds
 
 
@@ -294,33 +305,33 @@ def _keyset(key: str, desc: bool, value: Any, row_id: int):
     """Rows after (value, id) in the order ``key`` (desc or not), NULLs of the key last."""
     col, nullable = SORT_KEYS[key]
     if key == "id":
-        return Event.id < row_id if desc else Event.id > row_id
+        return _E.id < row_id if desc else _E.id > row_id
     if value is None:  # already among the NULLs (they come last)
-        return and_(col.is_(None), Event.id < row_id if desc else Event.id > row_id)
-    after = tuple_(col, Event.id) < tuple_(value, row_id) if desc else tuple_(col, Event.id) > tuple_(value, row_id)
+        return and_(col.is_(None), _E.id < row_id if desc else _E.id > row_id)
+    after = tuple_(col, _E.id) < tuple_(value, row_id) if desc else tuple_(col, _E.id) > tuple_(value, row_id)
     return or_(after, col.is_(None)) if nullable else after
 
 
 def _order(key: str, desc: bool) -> list:
     col, nullable = SORT_KEYS[key]
     if key == "id":
-        return [Event.id.desc() if desc else Event.id.asc()]
+        return [_E.id.desc() if desc else _E.id.asc()]
     order = []
     if nullable:
         order.append(col.is_(None).asc())  # NULLs last in both directions
-    order += [col.desc(), Event.id.desc()] if desc else [col.asc(), Event.id.asc()]
+    order += [col.desc(), _E.id.desc()] if desc else [col.asc(), _E.id.asc()]
     return order
 
 
 def _count(session: Session, conds: list) -> tuple[int, bool]:
-    base = select(literal_column("1")).select_from(Event)
+    base = select(literal_column("1")).select_from(_EVENTS)
     if conds:
         base = base.where(*conds)
     n = int(session.scalar(select(func.count()).select_from(base.limit(EXACT_COUNT_LIMIT + 1).subquery())) or 0)
     if n <= EXACT_COUNT_LIMIT:
         return n, False
     if session.get_bind().dialect.name != "postgresql":
-        full = select(func.count()).select_from(Event)
+        full = select(func.count()).select_from(_EVENTS)
         return int(session.scalar(full.where(*conds) if conds else full) or 0), False
     compiled = base.compile(dialect=session.get_bind().dialect, compile_kwargs={"literal_binds": True})
     plan = session.execute(text(f"EXPLAIN (FORMAT JSON) {compiled}")).scalar()
@@ -382,11 +393,11 @@ def search_events(
         value, row_id = decode_cursor(cursor, sort_s, fp)
         page_conds.append(_keyset(key, desc, value, row_id))
     # light: plain rows of the listed columns (read-only; no ORM identity map, no JSON column)
-    q = select(*[Event.__table__.c[c] for c in LIGHT_COLUMNS]) if light else select(Event)
+    q = select(*_LIGHT) if light else select(Event)
     if page_conds:
         q = q.where(*page_conds)
     q = q.order_by(*_order(key, desc)).limit(limit + 1).offset(offset)
-    rows = list(session.execute(q)) if light else list(session.scalars(q))
+    rows = session.execute(q).all() if light else session.scalars(q).all()
     more = len(rows) > limit
     rows = rows[:limit]
     next_cursor = None
