@@ -179,6 +179,23 @@ def test_a_failing_callback_stops_the_batch(sim):
     assert seen == [0]
 
 
+@pytest.fixture
+def eager(monkeypatch):
+    """The Celery app in eager mode for one test; its result backend, which eager tasks
+    create from the embedded settings, is put back afterwards (``configure`` does not
+    replace a backend already made, and a later test with a real worker needs its own)."""
+    from pipelines.celery_app import app
+
+    monkeypatch.setitem(app.conf, "task_always_eager", True)
+    # Celery 5 keeps the backend in _backend_cache (thread-safe backends) or _local.backend
+    monkeypatch.setattr(app, "_backend_cache", None)
+    monkeypatch.delattr(app._local, "backend", raising=False)
+    yield app
+    app._backend_cache = None
+    if hasattr(app._local, "backend"):
+        del app._local.backend
+
+
 def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
     """Ingest the simulated WST frames and masters into the embedded store, optionally
     corrupt one stored raw frame, and add a queued device-gpu job over them."""
@@ -219,7 +236,7 @@ def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
         return settings, job.id, bad_frame_id
 
 
-def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypatch):
+def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, monkeypatch):
     """A device-gpu job through run_job -> calibrate_products_gpu_batch (Celery, eager) on a
     worker without a usable GPU: calibrated with NumPy, said in each product; one corrupt
     frame fails its product alone and the job ends failed with the reason; follow-ups once."""
@@ -230,7 +247,6 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypa
     from backend.models import Job, JobState, Product, ProductState
     from backend.services.gpu_batch import calibrate_products_batch
     from pipelines import tasks
-    from pipelines.celery_app import app
 
     settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=1)
     follow_ups = []
@@ -244,7 +260,6 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, monkeypa
         return real_apply_async(*a, **k)
 
     monkeypatch.setattr(tasks.calibrate_products_gpu_batch, "apply_async", spy)
-    monkeypatch.setitem(app.conf, "task_always_eager", True)
     r = tasks.run_job.apply(args=[job_id]).get()
     assert r == {"job_id": job_id, "planned": 3, "gpu_batches": 2}
     assert [q for _a, q in sent] == ["gpu", "gpu"] and [len(a[1]) for a, _q in sent] == [2, 1]
@@ -424,7 +439,7 @@ def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
     assert ex.masters.uploads == sum(_expected_uploads(_masters(out, ch))[0] for ch in SIZES)
 
 
-def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env, monkeypatch):
+def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env, eager, monkeypatch):
     """If the batch task breaks as a whole (a bug, not bad data), its unfinished products fail
     with the reason and the job ends failed at once instead of waiting for the reaper."""
     from sqlalchemy import select
@@ -433,7 +448,6 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
     from backend.models import Job, JobState, Product, ProductState
     from backend.services import gpu_batch
     from pipelines import tasks
-    from pipelines.celery_app import app
 
     _settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None)
 
@@ -443,7 +457,6 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
     monkeypatch.setattr(gpu_batch, "calibrate_products_batch", broken)
     follow_ups = []
     monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async", lambda *a, **k: follow_ups.append(k))
-    monkeypatch.setitem(app.conf, "task_always_eager", True)
     tasks.run_job.apply(args=[job_id]).get()
     with session_scope() as s:
         job = s.get(Job, job_id)
