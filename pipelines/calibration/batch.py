@@ -72,9 +72,10 @@ RESIDENT_KINDS = ("dark", "flat", "stray_light")
 
 #: Upper bound of the device bytes the resident masters may hold [bytes]: 8 GiB, or a
 #: quarter of the device's memory if that is less. A full-size master set of one channel
-#: (4608 x 4608: dark bias and rate, flat as float32, bad-pixel map as bool) is about
-#: 0.36 GB, so 8 GiB holds the sets of all four channels many times over and stays a small
-#: part of a data-centre GPU (an H200 has 141 GB).
+#: (4608 x 4608: dark bias and rate and flat as float32, 3 x 85 MB, bad-pixel map as bool,
+#: 21 MB) is about 0.28 GB (benchmarks/gpu_check.py reports 315 MiB resident for the WST
+#: and SCI-WL sets together), so 8 GiB holds the sets of all four channels many times over
+#: and stays a small part of a data-centre GPU (an H200 has 141 GB).
 DEFAULT_DEVICE_MASTER_BYTES = 8 * 2**30
 
 
