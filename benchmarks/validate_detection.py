@@ -35,7 +35,9 @@ Flares (:func:`validate_flares`)
     20 %) for comparison. A detection matches an injection within 30 arcsec and 2 frames of
     its peak. Recall: over injections above 3 sigma; precision: detections matching any
     injection. False detections per hour (:func:`flare_false_positives`): the same scene and
-    noise at the SDI cadence (60 s), no injection.
+    noise at the SDI cadence (60 s), no injection; and on real evolving data
+    (:func:`flare_real_sequence`: the SOHO/EIT 195 A hourly frames, compared with the GOES
+    event list of that day).
 CMEs (:func:`validate_cmes`)
     ``pipelines.detect.synthetic``: a coronal background with real COR1 structure
     (``coronal_background``), CMEs injected with ``inject_cme_sequence`` (PA, width,
@@ -62,6 +64,7 @@ import datetime as dt
 import functools
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -404,6 +407,59 @@ def flare_false_positives(n_sequences: int = 2, n_frames: int = 60, seed: int = 
     return res
 
 
+EIT_SEQUENCE = ROOT / "sample-data" / "real" / "full-disk" / "eit_sequence"
+GOES_2004 = ROOT / "sample-data" / "real" / "events" / "goes_xrs_reports" / "goes-xrs-report_2004.txt"
+
+
+def flare_real_sequence(params: FlareDetectionParams | None = None, name: str = "flares, real EIT") -> Result:
+    """The detector on a real evolving sequence: the SOHO/EIT 195 A frames of 2004-03-01
+    00-12 UT (``sample-data/real/full-disk/eit_sequence``; the two 171 A frames are left
+    out), hourly, 128^2. Their header keeps the native CDELT (2.63 arcsec) although the
+    frames are rebinned 8x (MANIFEST.md): the WCS is rebuilt at 21.04 arcsec/px, centre
+    CRPIX 64.5, radius SOLAR_R x 2.63 arcsec. DN are divided by the exposure time. Nothing is
+    injected: every detection is compared with the GOES XRS event list of that day
+    (``goes-xrs-report_2004.txt``) in ``rows``; ``extra['hours']`` is the span searched."""
+    frames, times, header = [], [], None
+    for path in sorted(EIT_SEQUENCE.glob("efz*.fits")):
+        with fits.open(path) as hdul:
+            hd = hdul[0].header
+            if int(hd["WAVELNTH"]) != 195:
+                continue
+            frames.append(np.asarray(hdul[0].data, dtype=np.float32) / np.float32(hd["EXPTIME"]))
+        times.append(dt.datetime.fromisoformat(hd["DATE_OBS"].rstrip("Z")).replace(tzinfo=dt.UTC))
+        if header is None:
+            header = fits.Header()
+            header["CTYPE1"], header["CTYPE2"] = "HPLN-TAN", "HPLT-TAN"
+            header["CUNIT1"] = header["CUNIT2"] = "arcsec"
+            header["CDELT1"] = header["CDELT2"] = float(hd["CDELT1"]) * 8
+            header["CRPIX1"], header["CRPIX2"] = float(hd["CRPIX1"]), float(hd["CRPIX2"])
+            header["CRVAL1"] = header["CRVAL2"] = 0.0
+            header["RSUN_ARC"] = float(hd["SOLAR_R"]) * float(hd["CDELT1"])
+    t_start = time.perf_counter()
+    dets = detect_flares(times, frames, header, params=params)
+    res = Result(name, n_detections=len(dets), seconds=time.perf_counter() - t_start)
+    p = params or FlareDetectionParams()
+    sec = np.array([(t - times[0]).total_seconds() for t in times])
+    first = next(k for k in range(len(times))
+                 if (sec[k] - sec[:k] >= p.background_lag_s).sum() >= p.min_background_frames)
+    res.extra["hours"] = float(sec[-1] - sec[first]) / 3600.0
+    res.extra["frame"] = f"128x128 at {header['CDELT1']:.2f} arcsec/px, {len(frames)} frames hourly"
+    goes = [line for line in GOES_2004.read_text().splitlines() if line[5:11] == "040301"]
+    res.extra["goes"] = []
+    for g in goes:  # '31777YYMMDD  start end peak location ... class (letter, then 2 digits = x.y)'
+        m = re.search(r"\s([ABCMX])\s?(\d)(\d)\s", g[34:])
+        cls = f"{m.group(1)}{m.group(2)}.{m.group(3)}" if m else "?"
+        res.extra["goes"].append(f"{g[13:17]}-{g[18:22]} UT, peak {g[23:27]}, {g[28:34]}, {cls}")
+    res.extra["peak_enhancement"] = [d.peak_enhancement for d in dets]
+    peaks = [dt.datetime(2004, 3, 1, int(g[23:25]), int(g[25:27]), tzinfo=dt.UTC) for g in goes]
+    # a detection "is" a GOES event if its start-end span, widened by one frame, holds the GOES peak
+    res.n_true_detections = sum(any(d.start_time - dt.timedelta(hours=1) <= t <= d.end_time + dt.timedelta(hours=1)
+                                    for t in peaks) for d in dets)
+    res.rows = [f"| {d.peak_time:%H:%M} | {d.hpc_x:.0f}, {d.hpc_y:.0f} | {d.peak_enhancement:.2f} | "
+                f"{', '.join(times[k].strftime('%H:%M') for k in d.detection_frames)} |" for d in dets]
+    return res
+
+
 # -- service-like reduction (CMEs and prominences) ---------------------------------------------
 
 
@@ -596,6 +652,8 @@ def section(title: str, res: dict[str, Result]) -> list[str]:
     if "flares" in res:
         lines.append(_row(res["flares"], f"flares, defaults ({p.noise_sigma:g} sigma, "
                                          f"{100 * p.detection_threshold:g} %), injections > 3 sigma"))
+    if "flares_35" in res:
+        lines.append(_row(res["flares_35"], "flares, 3.5 sigma and 2 % (for comparison)"))
     if "flares_old" in res:
         lines.append(_row(res["flares_old"], "flares, former defaults (5 sigma, 20 %)"))
     if "cmes" in res:
@@ -614,17 +672,32 @@ def section(title: str, res: dict[str, Result]) -> list[str]:
         if q.rows:
             lines += ["", "| sequence | peak | x, y [arcsec] | peak enhancement | frames with a kernel |",
                       "|---|---|---|---|---|"] + q.rows
+    if "real" in res:
+        q, qo = res["real"], res.get("real_old")
+        lines += ["", f"**Real evolving data** (SOHO/EIT 195 A, 2004-03-01, {q.extra['frame']}; nothing "
+                      f"injected): defaults {q.n_detections} detections in {q.extra['hours']:.0f} h searched"
+                  + (f", former defaults {qo.n_detections}" if qo else "")
+                  + f". GOES XRS events that day: {'; '.join(q.extra['goes']) or 'none'}; detections within an "
+                    f"hour of a GOES peak: {q.n_true_detections}. The others are EUV brightenings of "
+                  + (f"{100 * min(q.extra['peak_enhancement']):.0f}-{100 * max(q.extra['peak_enhancement']):.0f} %"
+                     if q.extra["peak_enhancement"] else "—")
+                  + " between hourly frames, which the impulsive-phase check cannot tell from flares at this "
+                    "cadence (any change is within its 2 h). Counted as false detections: the cost of the lower "
+                    "defaults on real evolving data (EIT 195 A is not Lyman-alpha and an hour is not 60 s: an "
+                    "indication, not SDI's rate)."]
+        if q.rows:
+            lines += ["", "| peak | x, y [arcsec] | peak enhancement | frames with a kernel |", "|---|---|---|---|"]
+            lines += q.rows
     if "flares" in res:
-        fl, old = res["flares"], res.get("flares_old")
+        fl = res["flares"]
+        others = [(key, label) for key, label in (("flares_35", "3.5 sigma, 2 %"), ("flares_old", "former defaults"))
+                  if key in res]
         lines += ["", f"### Flares: recall by injected amplitude ({title.split('(')[0].strip().lower()})", "",
-                  "| amplitude [sigma] | found, defaults |" + (" found, former defaults |" if old else ""),
-                  "|---|---|" + ("---|" if old else "")]
+                  "| amplitude [sigma] | found, defaults |" + "".join(f" found, {lab} |" for _, lab in others),
+                  "|---|---|" + "---|" * len(others)]
         for k, (hit, n) in fl.extra["recall_by_sigma"].items():
-            cell = ""
-            if old:
-                hd, nd = old.extra["recall_by_sigma"].get(k, (0, 0))
-                cell = f" {hd}/{nd} |"
-            lines.append(f"| {k:g} | {hit}/{n} |{cell}")
+            cells = "".join(" {}/{} |".format(*res[key].extra["recall_by_sigma"].get(k, (0, 0))) for key, _ in others)
+            lines.append(f"| {k:g} | {hit}/{n} |{cells}")
     if "cmes" in res:
         lines += ["", "### CMEs", "", "| case | PA true | PA found | speed true | speed found | width true | "
                   "width found | result |", "|---|---|---|---|---|---|---|---|"] + res["cmes"].rows
@@ -659,9 +732,8 @@ def flare_default_notes(res_full: dict[str, Result], res_small: dict[str, Result
              "(were 5 and 0.2 in 1.1.0). Both numbers are ours (Lu et al. 2024 give the method, "
              "not values we could reproduce). Why:", "",
              "* The gate is stated in sigma, so the significance test must sit at the gate: at 5 sigma the "
-             "4- and 6-sigma injections are missed by construction (the former-defaults column), at 3.5 sigma "
-             "about half the 4-sigma ones (measured at the small size while choosing: recall 0.92, 2/3 at 4 "
-             "sigma, over 3 sequences), at 3 sigma they are found. The excess is now compared with the noise of "
+             "4- and 6-sigma injections are missed by construction (the former-defaults column); at 3.5 sigma "
+             "part of the 4-sigma ones are (the 3.5-sigma column of the small size); at 3 sigma they are found. The excess is now compared with the noise of "
              "the *difference* I - B (the frame's noise and that of the background median, pi sigma^2 / 2n), "
              "so 3 sigma means 3 sigma also with a 3-frame background.",
              "* The relative threshold is a floor that must not bind where the noise test should decide: it "
@@ -694,8 +766,10 @@ def report(res_full: dict[str, Result], res_small: dict[str, Result]) -> str:
 #: fewer flare sequences (each holds 28 frames of 4608^2) but 6 injections each.
 PLAN = {
     "small": {"flares": dict(n_sequences=6), "flares_old": dict(n_sequences=6, params=FLARE_PARAMS_OLD),
-              "quiet": dict(n_sequences=2, n_frames=60), "cmes": dict(), "proms": dict()},
-    "full": {"flares": dict(n_sequences=6), "quiet": dict(n_sequences=2, n_frames=60), "cmes": dict(),
+              "flares_35": dict(n_sequences=6, params=FlareDetectionParams(noise_sigma=3.5)),
+              "quiet": dict(n_sequences=10, n_frames=120), "cmes": dict(), "proms": dict(), "real": dict(),
+              "real_old": dict(params=FLARE_PARAMS_OLD, name="flares, real EIT, former defaults")},
+    "full": {"flares": dict(n_sequences=6), "quiet": dict(n_sequences=4, n_frames=90), "cmes": dict(),
              "proms": dict()},
 }
 
@@ -704,10 +778,12 @@ def run_part(part: str, full: bool, log=None) -> Result:
     kw = dict(PLAN["full" if full else "small"][part])
     if part == "flares":
         return validate_flares(full=full, log=log, **kw)
-    if part == "flares_old":
-        return validate_flares(full=full, log=log, name="flares (former defaults)", **kw)
+    if part in ("flares_old", "flares_35"):
+        return validate_flares(full=full, log=log, name=f"flares ({part})", **kw)
     if part == "quiet":
         return flare_false_positives(full=full, log=log, **kw)
+    if part in ("real", "real_old"):
+        return flare_real_sequence(**kw)
     if part == "cmes":
         return validate_cmes(full=full, log=log, **kw)
     if part == "proms":
@@ -735,8 +811,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small size only (512^2)")
     ap.add_argument("--parts", default="all",
-                    help="comma-separated parts to run now: flares, flares_old, quiet, cmes, proms, each as "
-                         "small:NAME or full:NAME; 'all' (default) or 'none' (assemble from --cache)")
+                    help="comma-separated parts to run now, each SIZE:NAME (see PLAN: full:flares, full:quiet, "
+                         "full:cmes, full:proms, small:flares, small:flares_35, small:flares_old, small:quiet, "
+                         "small:cmes, small:proms, small:real, small:real_old); 'all' (default) or 'none' "
+                         "(assemble the report from --cache)")
     ap.add_argument("--cache", type=Path, default=None, help="folder for each part's result (JSON)")
     ap.add_argument("--report", type=Path, default=REPORT)
     args = ap.parse_args(argv)

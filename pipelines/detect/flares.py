@@ -32,7 +32,8 @@ triple-threshold method of Lu et al. (2024) for SDI:
    documentation).
 
 Location: the centroid at the peak frame, weighted by the excess brightness above the
-pre-event background (full-resolution pixels; over the footprint, then iterated over a disc
+pre-event background (full-resolution pixels, the excess smoothed by a Gaussian of sigma half
+a macropixel so that per-pixel noise does not weigh it; over the footprint, then iterated over a disc
 of 1.5 footprint radii around the centroid, so that the macropixel grid does not bias it),
 converted to helioprojective x/y [arcsec] with the frame's WCS (astropy). Peak
 enhancement: the largest macropixel ``I / B - 1`` in the footprint at the peak (the kernel
@@ -677,10 +678,15 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
     if dq is not None:
         good &= np.asarray(dq[peak][sl]) == 0
     excess = np.where(good, cut - bg, 0.0)
-    excess[excess < 0] = 0.0
+    if f > 1:
+        # a pixel's noise is f times a macropixel's: at 0.5 arcsec/px (f = 20) the noise,
+        # not the flare, would weigh the centroid. Smooth at the macropixel scale first (a
+        # symmetric kernel leaves the centroid of the excess where it is).
+        excess = ndimage.gaussian_filter(excess, sigma=f / 2.0, mode="nearest")
     yy, xx = np.mgrid[y0:y1, x0:x1]
     grown = ndimage.binary_dilation(footprint, structure=np.ones((3, 3), dtype=bool))
     region = np.kron(grown, np.ones((f, f), dtype=bool))[sl]
+    excess[excess < 0] = 0.0
     cx = cy = float("nan")
     for _ in range(4):
         w = np.where(region, excess, 0.0)
