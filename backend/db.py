@@ -1,7 +1,22 @@
 """Database engine and sessions (SQLAlchemy 2).
 
 SQLite (embedded mode) gets WAL journaling, foreign keys and a busy timeout so the API
-process and the worker process can share one file; PostgreSQL is used as it is.
+process and the worker process can share one file.
+
+PostgreSQL connections are opened with ``plan_cache_mode=force_custom_plan``. psycopg prepares
+a statement on the server after its fifth execution on a connection (``prepare_threshold``,
+default 5), and PostgreSQL may then switch a prepared statement to a generic plan, made without
+the parameter values (after five custom plans, when its estimated cost is not higher). The
+event search relies on the planner seeing its time bounds (a backward index scan that stops at
+the page end): with a generic plan, the year-of-CMEs page of benchmarks/events_api.py went from
+1.5 ms to 16-35 ms (a bitmap scan of 26,801 index entries and a sort). Custom plans cost a
+planning per execution (about 0.1 ms for these statements); preparing still saves the parsing.
+Until reads ran in autocommit (:func:`autocommit_reads`) the ``ROLLBACK`` that ends every
+request made psycopg drop its prepared statements, which hid this.
+
+Pools: ``pool_pre_ping`` is kept on PostgreSQL. It costs one round trip per checkout
+(0.1-0.3 ms per API call, measured in benchmarks/reports/events_api.md) and turns a connection
+that the server or a firewall dropped into a reconnect instead of a failed request.
 """
 
 from __future__ import annotations
@@ -32,7 +47,9 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    # Every statement is planned with its parameter values (see the module docstring).
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
+                         connect_args={"options": "-c plan_cache_mode=force_custom_plan"})
 
 
 @lru_cache

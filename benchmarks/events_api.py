@@ -14,8 +14,11 @@ hook and replayed with their parameters through psycopg):
 4. the events linked to one GOES X flare (``GET /events/{id}``);
 5. the newest 100 events of every type.
 
-Each is repeated ``--repeat`` times (default 30, after 3 warm-ups). The EXPLAIN (ANALYZE,
-BUFFERS) plan of every statement of each query is printed. The last line is::
+Each is repeated ``--repeat`` times (default 30, after 3 warm-ups). The replay runs the
+statements as the API ran them (in autocommit when the API's session was, see
+:func:`backend.db.autocommit_reads`), and, in turn before or after, once more inside a
+transaction (psycopg's ``BEGIN`` first), which shows what autocommit saves. The EXPLAIN
+(ANALYZE, BUFFERS) plan of every statement of each query is printed. The last line is::
 
     RESULT p50_ms=<worst p50 of the five> p99_ms=<worst p99> api_over_sql=<worst ratio of medians> seeded=<events>
 
@@ -35,13 +38,21 @@ maximum in 2024.8 and a floor of 15 % of the peak):
 * frames: four channels at their share of the archive, uniform over the 10 years;
 * links: 200,000 flare-CME pairs and 100,000 same-flare pairs, stored both ways.
 
+Where the API time goes, without a profiler: ``--repeat`` more calls of each query with the
+driver's calls (psycopg ``execute``, ``fetch*``, ``commit``, ``rollback``: round trips and
+server time), the search or detail service, the JSON serialisation and the pool's pre-ping
+timed by wrapping them (:func:`instrumented`); the rest of the call is FastAPI/Starlette
+(routing, query validation, dependencies, worker-thread hand-offs) and the in-process
+client. Two floors are measured too: the client and ASGI transport with a bare Starlette
+app, and one ``SELECT 1`` round trip.
+
 With ``--profile N`` each query is then called N more times under :mod:`cProfile` (in the
 event loop's thread and, through a wrapper of ``anyio.to_thread.run_sync``, in the worker
-threads where FastAPI runs the synchronous dependencies and handlers; the profiles are
-merged), and the functions with the most own and cumulative time are printed for every
-query, with the share of the call spent in the database driver (psycopg's ``execute`` and
-``fetch``). Profiling slows Python down (each function call is counted), so its times are
-shares, not latencies; the latencies are those measured before it.
+threads where FastAPI runs the synchronous dependencies and handlers), and for each query
+the own time and the number of function calls per package are printed, with the top
+functions of the query with the worst API/SQL ratio. Profiling slows Python down (each
+function call is counted), so its times are shares, not latencies; the latencies are those
+measured before it. The function-call counts do not depend on the machine's load.
 
 ``--keep`` keeps the seeded database (its URL is printed); ``--database URL`` measures an
 already seeded one (no seeding, not dropped), for iterating on the code.
@@ -406,7 +417,8 @@ _TIMED = (
     ("backend.api.routes.events", "event_detail", "detail service (SQLAlchemy, Python)"),
     ("backend.api.routes.events", "detail_json", "serialisation"),
     ("backend.api.routes.events", "page_json", "serialisation"),
-    ("sqlalchemy.engine.default", "DefaultDialect._do_ping_w_event", "of which pool pre-ping (its round trip included)"),
+    ("sqlalchemy.engine.default", "DefaultDialect._do_ping_w_event",
+     "of which pool pre-ping (its round trip included)"),
 )
 #: Labels of :data:`_TIMED` that are "of which" figures (see :meth:`Breakdown.wrap`).
 _INCLUSIVE = {"of which pool pre-ping (its round trip included)"}
@@ -465,8 +477,9 @@ async def breakdown_query(client, path: str, params: dict, calls: int) -> dict:
 async def profile_query(client, path: str, params: dict, calls: int) -> dict:
     """``calls`` API calls of one query under cProfile (event-loop thread and worker threads).
 
-    Returns the merged :class:`pstats.Stats`, the profiled wall time per call [ms], and the
-    own time per package and the cumulative time of psycopg's ``Cursor.execute`` per call [ms].
+    Returns the :class:`pstats.Stats` of the worker threads, of the event-loop thread and both
+    merged, the profiled wall time per call [ms], the own time [ms] and primitive function calls
+    per package per API call, and the cumulative time of psycopg's ``Cursor.execute`` [ms].
     """
     main = cProfile.Profile()
     workers: list[cProfile.Profile] = []
@@ -478,42 +491,72 @@ async def profile_query(client, path: str, params: dict, calls: int) -> dict:
             assert r.status_code == 200
         main.disable()
         wall = 1e3 * (time.perf_counter() - t0) / calls
+    loop_stats = pstats.Stats(main)
+    worker_stats = pstats.Stats(workers[0])
+    for p in workers[1:]:
+        worker_stats.add(p)
     stats = pstats.Stats(main)
     for p in workers:
         stats.add(p)
     by_pkg: dict[str, float] = {}
+    calls_pkg: dict[str, float] = {}
     execute = 0.0
     # primitive calls (cc): a coroutine's resumptions are not counted as calls
     fcalls = sum(cc for cc, *_ in stats.stats.values()) / calls
-    calls_pkg: dict[str, float] = {}
     for key, (cc, _nc, tt, ct, _callers) in stats.stats.items():
         by_pkg[_package(key)] = by_pkg.get(_package(key), 0.0) + 1e3 * tt / calls
         calls_pkg[_package(key)] = calls_pkg.get(_package(key), 0.0) + cc / calls
         if "/psycopg/cursor.py" in key[0] and key[2] == "execute":
             execute += 1e3 * ct / calls
-    return {"stats": stats, "wall": wall, "by_package": by_pkg, "execute": execute, "calls": calls,
-            "function_calls": fcalls, "calls_by_package": calls_pkg}
+    return {"stats": stats, "loop": loop_stats, "workers": worker_stats, "wall": wall, "by_package": by_pkg,
+            "execute": execute, "calls": calls, "function_calls": fcalls, "calls_by_package": calls_pkg,
+            "hand_offs": len(workers) / calls}
+
+
+def _top(st: dict, n: int, calls: int, idx: int, skip=lambda key: False) -> list[str]:
+    rows = sorted(((k, v) for k, v in st.items() if not skip(k)), key=lambda kv: -kv[1][idx])[:n]
+    return [f"{1e3 * tt / calls:6.3f} {1e3 * ct / calls:6.3f} {cc / calls:6.1f}  {_short(key)}"
+            for key, (cc, _nc, tt, ct, _c) in rows]
+
+
+def _benchmark_frame(key: tuple) -> bool:
+    """The benchmark's own frames and the event loop's idle wait (not the app's work)."""
+    return ("benchmarks/" in key[0] or "/asyncio/" in key[0] or "selectors.py" in key[0]
+            or _package(key) == "event loop waiting (epoll)"
+            or key[2] == "<method 'run' of '_contextvars.Context' objects>")
 
 
 def print_profile(name: str, prof: dict, out, top: int = 0) -> None:
-    """One query's profile: own time per package; with ``top``, the ``top`` functions by own
-    and by cumulative time (ms per call, under the profiler)."""
+    """One query's profile: own time and function calls per package; with ``top``, the
+    ``top`` functions of the worker threads by cumulative time, of the event-loop thread by
+    cumulative time, and of both by own time (ms per call under the profiler)."""
     n = prof["calls"]
-    pk = sorted(prof["by_package"].items(), key=lambda kv: -kv[1])
-    print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a measure of the "
-          f"overhead that machine load does not change); {prof['wall']:.2f} ms per call under the profiler; psycopg "
+    idle = prof["by_package"].get("event loop waiting (epoll)", 0.0)
+    pk = sorted(((k, v) for k, v in prof["by_package"].items() if k != "event loop waiting (epoll)"),
+                key=lambda kv: -kv[1])
+    print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a count that machine "
+          f"load does not change), {prof['hand_offs']:.0f} hand-offs to a worker thread; {prof['wall']:.2f} ms per "
+          f"call under the profiler, of which the event loop idles {idle:.2f} ms while a worker thread runs; psycopg "
           f"`Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own time per "
           "package (ms per call; function calls): "
-          + ", ".join(f"{k} {v:.2f} ({prof['calls_by_package'][k]:,.0f})" for k, v in pk if v >= 0.005) + ".", file=out)
+          + ", ".join(f"{k} {v:.2f} ({prof['calls_by_package'][k]:,.0f})" for k, v in pk if v >= 0.005) + ".",
+          file=out)
     if not top:
         return
-    st = prof["stats"].stats
-    for label, idx in (("own", 2), ("cumulative", 3)):
-        rows = sorted(st.items(), key=lambda kv: -kv[1][idx])[:top]
-        print(f"\nTop {top} by {label} time (ms per call; calls per API call):\n", file=out)
-        print("```\n   own    cum  calls  function", file=out)
-        for key, (_cc, nc, tt, ct, _c) in rows:
-            print(f"{1e3 * tt / n:6.3f} {1e3 * ct / n:6.3f} {nc / n:6.1f}  {_short(key)}", file=out)
+    head = "```\n   own    cum  calls  function"
+    lists = (
+        ("worker threads (FastAPI's synchronous dependencies and the handler), by cumulative time",
+         prof["workers"].stats, 3, lambda k: False),
+        ("event-loop thread (routing, validation, the ASGI app, the httpx client), by cumulative time; the "
+         "benchmark's frames and the idle wait left out", prof["loop"].stats, 3, _benchmark_frame),
+        ("both threads, by own time; the idle wait left out", prof["stats"].stats, 2,
+         lambda k: _package(k) == "event loop waiting (epoll)"),
+    )
+    for label, st, idx, skip in lists:
+        print(f"\nTop {top}, {label} (ms per API call under the profiler; calls per API call, a coroutine "
+              "counted once per call):\n", file=out)
+        print(head, file=out)
+        print("\n".join(_top(st, top, n, idx, skip)), file=out)
         print("```", file=out)
 
 
@@ -545,6 +588,9 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
 
     results = {}
     raw = engine.raw_connection()
+    # a second connection for the replay in a transaction: its ROLLBACKs make psycopg drop the
+    # connection's prepared statements, which the replay as the API ran it keeps (like the API)
+    raw_tx = engine.raw_connection()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
         for name, path, params in queries(x_flare_id):
             captured.clear()
@@ -567,16 +613,15 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
                 # BEGIN first; ROLLBACK untimed) for what autocommit saves; in turn first
                 took = {}
                 for which in ("api", "tx") if i % 2 == 0 else ("tx", "api"):
-                    raw.driver_connection.autocommit = autocommit["api"] if which == "api" else False
-                    cur = raw.cursor()
+                    conn = raw if which == "api" else raw_tx
+                    cur = conn.cursor()
                     t2 = time.perf_counter()
                     for s, p in stmts:
                         cur.execute(s, p)
                         cur.fetchall()
                     took[which] = time.perf_counter() - t2
                     cur.close()
-                    raw.rollback()
-                raw.driver_connection.autocommit = autocommit["api"]
+                    conn.rollback()
                 if i >= 3:
                     api_ms.append(1e3 * (t1 - t0))
                     sql_ms.append(1e3 * took["api"])
@@ -601,7 +646,8 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
             cur = raw.cursor()
             for s, p in stmts:
                 if s.lstrip().upper().startswith("EXPLAIN"):
-                    print("```\n" + s.strip() + "\n-- (the planner's row estimate for total_is_estimate)\n```", file=out)
+                    print("```\n" + s.strip() + "\n-- (the planner's row estimate for total_is_estimate)\n```",
+                          file=out)
                     continue
                 cur.execute("EXPLAIN (ANALYZE, BUFFERS) " + s, p)
                 plan = "\n".join(row[0] for row in cur.fetchall())
@@ -627,6 +673,7 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
                                     for name, path, params in queries(x_flare_id)}
     results["_floors"] = await floors(raw, repeat)
     raw.close()
+    raw_tx.close()
     engine.dispose()
     return results
 
@@ -734,8 +781,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results.items():
             print(f"| {name} | {r['api_p50']:.2f} | {r['api_p99']:.2f} | {r['sql_p50']:.2f} | {r['sql_p99']:.2f} "
                   f"| {r['ratio']:.2f} | {r['tx_p50']:.2f} |", file=out)
-        print(f"\nFloor of an API call (`GET /api/v1/health`: routing, session with pool pre-ping, BEGIN, SELECT 1, ROLLBACK, "
-              f"JSON): p50 {floor['p50']:.2f} ms, p99 {floor['p99']:.2f} ms. API minus direct SQL per query (p50): "
+        print("\nFloor of an API call (`GET /api/v1/health`: routing, session with pool pre-ping, BEGIN, SELECT 1, "
+              f"ROLLBACK, JSON): p50 {floor['p50']:.2f} ms, p99 {floor['p99']:.2f} ms. API minus direct SQL per query "
+              "(p50): "
               + ", ".join(f"{n} {r['api_p50'] - r['sql_p50']:.1f} ms" for n, r in results.items()) + ".", file=out)
         print(f"\nFloors: the in-process client and ASGI transport alone (bare Starlette app answering `{{}}`) "
               f"p50 {bare['client']:.2f} ms; one database round trip (`SELECT 1` through psycopg) p50 "

@@ -217,6 +217,15 @@ def test_autocommit_reads(pg_engine, db_session):
     assert conn.autocommit is False and conn.info.transaction_status == TransactionStatus.INTRANS
 
 
+def test_engine_plans_with_parameter_values(pg_engine):
+    """Prepared statements (psycopg prepares after five executions) keep custom plans: the
+    search's page query needs its time bounds in the plan (backward index scan to the page end)."""
+    from sqlalchemy import text
+
+    with pg_engine.connect() as c:
+        assert c.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+
+
 def test_cursor_misuse_is_422(client, catalogue):
     _, body = ids(client, limit=2)
     cur = body["next_cursor"]
