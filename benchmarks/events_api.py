@@ -43,8 +43,10 @@ driver's calls (psycopg ``execute``, ``fetch*``, ``commit``, ``rollback``: round
 server time), the search or detail service, the JSON serialisation and the pool's pre-ping
 timed by wrapping them (:func:`instrumented`); the rest of the call is FastAPI/Starlette
 (routing, query validation, dependencies, worker-thread hand-offs) and the in-process
-client. Two floors are measured too: the client and ASGI transport with a bare Starlette
-app, and one ``SELECT 1`` round trip.
+client. Floors are measured too (:func:`floors`): the client and ASGI transport with a bare
+Starlette app, FastAPI with an async and with a synchronous endpoint, FastAPI with the
+parameters and dependencies of ``GET /events`` but no database work, and one ``SELECT 1``
+round trip.
 
 With ``--profile N`` each query is then called N more times under :mod:`cProfile` (in the
 event loop's thread and, through a wrapper of ``anyio.to_thread.run_sync``, in the worker
@@ -678,27 +680,67 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
     return results
 
 
-async def floors(raw, repeat: int) -> dict:
-    """p50 [ms] of what no API call can avoid here: the in-process client and ASGI transport
-    (a bare Starlette app answering ``{}``), and one database round trip (``SELECT 1``
-    through psycopg)."""
-    import httpx
+def floor_apps():
+    """ASGI apps for the floors of :func:`floors`, each answering ``{}`` at ``/floor``: a bare
+    Starlette app; FastAPI with an ``async`` endpoint and with a synchronous one (run in a worker
+    thread); FastAPI with the parameters and dependencies of ``GET /events`` (the project's own,
+    from ``backend.api.routes``) and a synchronous endpoint, without session, search or JSON."""
+    from fastapi import FastAPI, Response
     from starlette.applications import Starlette
-    from starlette.responses import Response
     from starlette.routing import Route
+
+    from backend.api.routes.events import CursorQuery, FormatQuery, SortQuery
+    from backend.api.routes.params import EventSearchDep, PaginationDep
+    from backend.services.event_search import DEFAULT_SORT
 
     async def bare(request):
         return Response(b"{}", media_type="application/json")
 
-    app = Starlette(routes=[Route("/bare", bare)])
-    client_ms, rt_ms = [], []
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
-        for i in range(repeat + 3):
-            t0 = time.perf_counter()
-            r = await client.get("/bare", params={"type": "FL", "start": "2024-10-03T00:00:00Z", "limit": 100})
-            if i >= 3:
-                client_ms.append(1e3 * (time.perf_counter() - t0))
-            assert r.status_code == 200
+    fa_async, fa_sync, fa_search = FastAPI(), FastAPI(), FastAPI()
+
+    @fa_async.get("/floor")
+    async def floor_async():
+        return Response(b"{}", media_type="application/json")
+
+    @fa_sync.get("/floor")
+    def floor_sync():
+        return Response(b"{}", media_type="application/json")
+
+    def floor_search(page, filters, sort=DEFAULT_SORT, cursor=None, format="json"):  # noqa: A002
+        return Response(b"{}", media_type="application/json")
+
+    # the annotations as objects (this module's are strings, resolved in its globals by FastAPI)
+    floor_search.__annotations__ = {"page": PaginationDep, "filters": EventSearchDep, "sort": SortQuery,
+                                    "cursor": CursorQuery, "format": FormatQuery}
+    fa_search.get("/floor")(floor_search)
+
+    return {
+        "client and ASGI transport (bare Starlette app)": Starlette(routes=[Route("/floor", bare)]),
+        "FastAPI, async endpoint": fa_async,
+        "FastAPI, synchronous endpoint (one worker-thread hand-off)": fa_sync,
+        "FastAPI with the parameters and dependencies of GET /events": fa_search,
+    }
+
+
+async def floors(raw, repeat: int) -> dict:
+    """p50 [ms] of what an API call cannot go below here: the apps of :func:`floor_apps` called
+    with the parameters of the "day of flares" query, and one database round trip
+    (``SELECT 1`` through psycopg)."""
+    import httpx
+
+    params = queries(0)[0][2]
+    out = {}
+    for name, app in floor_apps().items():
+        ms = []
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bench") as client:
+            for i in range(repeat + 3):
+                t0 = time.perf_counter()
+                r = await client.get("/floor", params=params)
+                if i >= 3:
+                    ms.append(1e3 * (time.perf_counter() - t0))
+                assert r.status_code == 200, r.text
+        out[name] = pct(ms, 0.5)
+    rt_ms = []
     cur = raw.cursor()
     for i in range(repeat + 3):
         t0 = time.perf_counter()
@@ -708,7 +750,8 @@ async def floors(raw, repeat: int) -> dict:
             rt_ms.append(1e3 * (time.perf_counter() - t0))
     cur.close()
     raw.rollback()
-    return {"client": pct(client_ms, 0.5), "round_trip": pct(rt_ms, 0.5)}
+    out["one database round trip (SELECT 1 through psycopg)"] = pct(rt_ms, 0.5)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -785,9 +828,8 @@ def main(argv: list[str] | None = None) -> int:
               f"ROLLBACK, JSON): p50 {floor['p50']:.2f} ms, p99 {floor['p99']:.2f} ms. API minus direct SQL per query "
               "(p50): "
               + ", ".join(f"{n} {r['api_p50'] - r['sql_p50']:.1f} ms" for n, r in results.items()) + ".", file=out)
-        print(f"\nFloors: the in-process client and ASGI transport alone (bare Starlette app answering `{{}}`) "
-              f"p50 {bare['client']:.2f} ms; one database round trip (`SELECT 1` through psycopg) p50 "
-              f"{bare['round_trip']:.2f} ms.", file=out)
+        print("\nFloors (p50 ms, the parameters of the day of flares): "
+              + "; ".join(f"{k} {v:.2f}" for k, v in bare.items()) + ".", file=out)
         print("\n## Where the API time goes\n", file=out)
         print(f"Median wall time per call [ms] of {args.repeat} further calls per query, the parts timed by wrapping "
               "functions (no profiler): *driver* = psycopg calls that talk to the server (statements, the BEGIN "
