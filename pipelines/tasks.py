@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import chain
-from celery.signals import worker_ready
+from celery.signals import worker_init, worker_ready
 from sqlalchemy.exc import OperationalError
 
 from backend.db import session_scope
@@ -17,6 +17,25 @@ from backend.settings import get_settings
 from pipelines.celery_app import app
 
 log = logging.getLogger(__name__)
+
+@worker_init.connect
+def _share_cores(sender=None, **_kwargs) -> None:
+    """Give each of the worker's ``c`` processes ``cores // c`` threads for the threaded steps.
+
+    Sent in the main process before the pool forks (``sender`` is the ``WorkController``;
+    its ``concurrency`` is the process count), so the children inherit the setting.
+    """
+    from pipelines.calibration.steps import available_cores, set_default_threads
+
+    try:
+        processes = int(getattr(sender, "concurrency", 0) or 0)
+    except (TypeError, ValueError):  # "auto": resolved later; keep one thread per core
+        return
+    if processes > 0:
+        set_default_threads(max(1, available_cores() // processes))
+        log.info("threaded calibration steps: %d thread(s) in each of %d worker processes",
+                 max(1, available_cores() // processes), processes)
+
 
 @worker_ready.connect
 def _reap_on_start(**_kwargs) -> None:

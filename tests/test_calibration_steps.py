@@ -457,3 +457,20 @@ def test_array_backend_resolves_numpy_and_refuses_missing_cupy():
         cpu = calibrate_frame(raw, h, cals)
         gpu = calibrate_frame(raw, h, cals, {"backend": "cupy"})
         assert np.allclose(cpu.data, gpu.data, rtol=1e-5, equal_nan=True)
+
+
+def test_worker_shares_its_cores_among_its_processes():
+    from types import SimpleNamespace
+
+    from pipelines import tasks
+
+    try:
+        tasks._share_cores(sender=SimpleNamespace(concurrency=2))
+        assert steps.default_threads() == max(1, steps.available_cores() // 2)
+        tasks._share_cores(sender=SimpleNamespace(concurrency=10_000))
+        assert steps.default_threads() == 1
+        steps.set_default_threads(None)
+        tasks._share_cores(sender=SimpleNamespace(concurrency="auto"))  # left alone
+        assert steps.default_threads() == steps.available_cores()
+    finally:
+        steps.set_default_threads(None)

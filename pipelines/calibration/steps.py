@@ -1015,12 +1015,31 @@ def _or_dilate3(bits: Any) -> Any:
     return out
 
 
-def default_threads() -> int:
+_THREADS: int | None = None  # set by set_default_threads (a Celery worker shares its cores among its processes)
+
+
+def available_cores() -> int:
     """CPU cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` elsewhere)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """Threads a step uses when not told: :func:`set_default_threads`'s value, else every core."""
+    return _THREADS if _THREADS is not None else available_cores()
+
+
+def set_default_threads(n: int | None) -> None:
+    """Set (``None``: reset) the threads steps use by default in this process.
+
+    A Celery worker with ``c`` processes sets ``cores // c`` before it forks them
+    (``pipelines.tasks``), so ``c`` frames resampled at once do not start ``c x cores``
+    threads.
+    """
+    global _THREADS
+    _THREADS = None if n is None else max(1, int(n))
 
 
 def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
