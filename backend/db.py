@@ -83,11 +83,12 @@ def autocommit_reads(session: Session) -> Session:
     A read at PostgreSQL's default isolation, READ COMMITTED, takes a new snapshot for every
     statement inside a transaction too, so autocommit sees the same data; it saves the
     ``BEGIN`` that psycopg sends before the first statement and the ``ROLLBACK`` when the
-    connection goes back to the pool (two round trips), and each statement runs faster
-    outside an explicit transaction (about 0.1-0.25 ms for the event search's statements,
-    measured in benchmarks/reports/events_api.md). The connection is checked out now, with
-    the isolation level as an execution option; SQLAlchemy restores the engine's level when
-    it returns to the pool.
+    connection goes back to the pool (two round trips; the event search's statements took
+    0.1-0.3 ms less in autocommit than in a transaction, BEGIN included, in
+    benchmarks/reports/events_api.md). The connection is checked out now, with the isolation
+    level as an execution option; SQLAlchemy restores the engine's level when it returns to
+    the pool. Prepared statements then outlive the request (psycopg drops them at a
+    ``ROLLBACK``): see the module docstring for why plans stay custom.
 
     Left as it is: a session bound to a connection (the tests' sessions inside a rolled-back
     transaction), a session already in a transaction, SQLite. Never for a session that
