@@ -54,7 +54,8 @@ threads where FastAPI runs the synchronous dependencies and handlers), and for e
 the own time and the number of function calls per package are printed, with the top
 functions of the query with the worst API/SQL ratio. Profiling slows Python down (each
 function call is counted), so its times are shares, not latencies; the latencies are those
-measured before it. The function-call counts do not depend on the machine's load.
+measured before it. The function-call counts hardly depend on the machine's load (only the
+event loop's iterations vary).
 
 ``--keep`` keeps the seeded database (its URL is printed); ``--database URL`` measures an
 already seeded one (no seeding, not dropped), for iterating on the code.
@@ -536,10 +537,10 @@ def print_profile(name: str, prof: dict, out, top: int = 0) -> None:
     idle = prof["by_package"].get("event loop waiting (epoll)", 0.0)
     pk = sorted(((k, v) for k, v in prof["by_package"].items() if k != "event loop waiting (epoll)"),
                 key=lambda kv: -kv[1])
-    print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a count that machine "
-          f"load does not change), {prof['hand_offs']:.0f} hand-offs to a worker thread; {prof['wall']:.2f} ms per "
-          f"call under the profiler, of which the event loop idles {idle:.2f} ms while a worker thread runs; psycopg "
-          f"`Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own time per "
+    print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a count that hardly "
+          f"depends on the machine load), {prof['hand_offs']:.0f} hand-offs to a worker thread; {prof['wall']:.2f} ms "
+          f"per call under the profiler, of which the event loop idles {idle:.2f} ms while a worker thread runs; "
+          f"psycopg `Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own time per "
           "package (ms per call; function calls): "
           + ", ".join(f"{k} {v:.2f} ({prof['calls_by_package'][k]:,.0f})" for k, v in pk if v >= 0.005) + ".",
           file=out)
