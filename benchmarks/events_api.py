@@ -540,8 +540,8 @@ def print_profile(name: str, prof: dict, out, top: int = 0) -> None:
     print(f"\n**{name}**: {prof['function_calls']:,.0f} Python function calls per API call (a count that hardly "
           f"depends on the machine load), {prof['hand_offs']:.0f} hand-offs to a worker thread; {prof['wall']:.2f} ms "
           f"per call under the profiler, of which the event loop idles {idle:.2f} ms while a worker thread runs; "
-          f"psycopg `Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own time per "
-          "package (ms per call; function calls): "
+          f"psycopg `Cursor.execute` (round trips and result transfer) {prof['execute']:.2f} ms cumulative. Own "
+          "time per package (ms per call; function calls): "
           + ", ".join(f"{k} {v:.2f} ({prof['calls_by_package'][k]:,.0f})" for k, v in pk if v >= 0.005) + ".",
           file=out)
     if not top:
