@@ -147,13 +147,34 @@ def test_finds_exactly_the_injected_flare(scene):
     # the kernel contrast: 2x the scene at the centre, averaged over a 3x3 macropixel
     assert 1.4 < fl.peak_enhancement < 2.3
     assert 0 < fl.mean_enhancement < fl.peak_enhancement
+    # hourly frames: a sparse series, so the sparse thresholds apply (5 sigma, 20 %)
+    applied, sparse = p.for_cadence(3600.0)
+    assert sparse and applied.detection_threshold == 0.2 and applied.noise_sigma == 5.0
     # the area above the relative threshold t: a disc where 2 exp(-r^2 / 2 s^2) >= t,
-    # r = s sqrt(2 ln(2 / t)) (t = 0.02: 58 arcsec), less where the scene is dim and the
+    # r = s sqrt(2 ln(2 / t)) (t = 0.2: 41 arcsec), less where the scene is dim and the
     # macropixel misses the significance test
-    r = 19.0 * np.sqrt(2 * np.log(2.0 / p.detection_threshold))
+    r = 19.0 * np.sqrt(2 * np.log(2.0 / applied.detection_threshold))
     assert 0.5 * np.pi * r**2 < fl.area_arcsec2 < 1.5 * np.pi * r**2, (fl.area_arcsec2, np.pi * r**2)
-    assert fl.flags == () and fl.start_time.tzinfo is not None
+    assert fl.flags == ("sparse_cadence",) and fl.start_time.tzinfo is not None
     assert np.nanargmax(fl.light_curve) == pk
+
+
+def test_sparse_series_use_the_stricter_thresholds(scene_512):
+    # a 15 % brightening (above 3 sigma of the 2 % per-pixel noise, below 20 %) in hourly frames:
+    # found with the dense thresholds forced, not with the defaults (sparse: 5 sigma, 20 %)
+    base, header = scene_512
+    times, frames = make_series(base, header, flares=[(-300.0, 250.0, 0.15, 25.0, {})], seed=4)
+    dense = FlareDetectionParams(sparse_cadence_s=None)
+    found = detect_flares(times, frames, header, params=dense)
+    assert len(found) == 1 and found[0].flags == () and abs(found[0].hpc_x + 300) < 10
+    assert detect_flares(times, frames, header) == []
+    # the rule follows the median cadence: 60-s frames are dense, 10-min frames sparse
+    p = FlareDetectionParams()
+    assert p.for_cadence(60.0) == (p, False)
+    assert p.for_cadence(600.0)[1] and p.for_cadence(600.0)[0].noise_sigma == 5.0
+    assert FlareDetectionParams(noise_sigma=7.0).for_cadence(600.0)[0].noise_sigma == 7.0  # never lowered
+    with pytest.raises(ValueError):
+        FlareDetectionParams(sparse_cadence_s=0.0)
 
 
 def test_quiet_sequence_yields_no_flare(scene):

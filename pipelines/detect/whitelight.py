@@ -58,7 +58,7 @@ __all__ = [
 
 #: Detector name (HEK ``frm_name``) and version of the events it makes.
 FRM_NAME = "lst-wst-wlf"
-FRM_VERSION = "1.0.0"
+FRM_VERSION = "1.1.0"  # 1.1.0: significance against the noise of I - B (flares 1.2.0)
 #: Relative enhancement over the pre-flare level that makes a WST white-light flare
 #: (Jing et al. 2024, Sol. Phys.).
 JING2024_THRESHOLD = 0.08
@@ -110,6 +110,7 @@ class WhiteLightParams:
             detection_threshold=self.threshold, noise_sigma=self.noise_sigma,
             min_area_macropixels=self.min_area_macropixels, min_frames=self.min_frames,
             disk_limit_rsun=self.disk_limit_rsun, max_rise_s=self.max_rise_s,
+            sparse_cadence_s=None,  # the 8 % criterion of Jing et al. 2024 holds at any cadence
         )
 
     def as_dict(self) -> dict[str, Any]:
