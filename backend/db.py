@@ -47,9 +47,23 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    # Every statement is planned with its parameter values (see the module docstring).
-    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10,
-                         connect_args={"options": "-c plan_cache_mode=force_custom_plan"})
+    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+    @event.listens_for(engine, "connect")
+    def _custom_plans(dbapi_conn, _record):
+        # Every statement is planned with its parameter values (see the module docstring).
+        # A SET on the new connection, outside a transaction (a rolled-back SET is undone),
+        # rather than the startup ``options``: those would replace any ``options`` given in
+        # DATABASE_URL, and some poolers (PgBouncer) refuse them.
+        autocommit = dbapi_conn.autocommit
+        dbapi_conn.autocommit = True
+        try:
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SET plan_cache_mode = force_custom_plan")
+        finally:
+            dbapi_conn.autocommit = autocommit
+
+    return engine
 
 
 @lru_cache

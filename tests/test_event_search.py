@@ -108,6 +108,8 @@ def test_filters(client, catalogue):
     assert got == {e["m9"], e["ar"]}
     assert ids(client, type="AR", start=(T0 + dt.timedelta(hours=23)).isoformat())[0] == [e["ar"]]
     assert ids(client, type="AR", start=(T0 + dt.timedelta(days=1, minutes=1)).isoformat())[0] == []
+    # a start at the beginning of the calendar: every event (no overflow below year 1)
+    assert len(ids(client, start="0001-01-01T00:00:01", limit=500)[0]) == len(catalogue)
 
 
 def test_sort_and_cursor_pagination(client, catalogue):
@@ -224,6 +226,23 @@ def test_engine_plans_with_parameter_values(pg_engine):
 
     with pg_engine.connect() as c:
         assert c.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+        c.rollback()  # the setting is the session's, not undone by a rollback
+        assert c.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+
+
+def test_engine_keeps_the_options_of_the_database_url(pg_url):
+    from sqlalchemy import text
+
+    from backend.db import make_engine
+
+    sep = "&" if "?" in pg_url else "?"
+    engine = make_engine(pg_url + sep + "options=-c%20statement_timeout%3D1234")
+    try:
+        with engine.connect() as c:
+            assert c.execute(text("SHOW statement_timeout")).scalar() == "1234ms"
+            assert c.execute(text("SHOW plan_cache_mode")).scalar() == "force_custom_plan"
+    finally:
+        engine.dispose()
 
 
 def test_cursor_misuse_is_422(client, catalogue):

@@ -466,3 +466,11 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
         assert all(p.state == ProductState.failed and p.error == "GPU batch failed: RuntimeError: executor exploded"
                    for p in prods)
     assert len(follow_ups) == 1
+
+
+def test_numpy_executor_keeps_host_masters_alive_within_a_small_budget():
+    # on NumPy the "resident" masters are the host arrays: bounded like a CPU worker's host
+    # cache (about three full-size sets), not by the 8 GiB device budget
+    from pipelines.calibration import batch
+
+    assert BatchExecutor("numpy").masters.max_bytes == batch.HOST_MASTER_BYTES < batch.DEFAULT_DEVICE_MASTER_BYTES

@@ -135,7 +135,8 @@ def test_rejections_do_not_stop_the_batch(sqlite_env, tmp_path):
     ("SCI-WL", (2304, 2304), "2304x2304 px image is larger than the SCI-WL detector (2048x2048 px)"),
     ("WST", (32, 4609), "4609x32 px image is larger than the WST detector (4608x4608 px)"),
     ("SDI", (2, 32, 32), "image has 3 dimensions, expected 2"),
-], ids=["3x3", "one-side-31", "sdi-sized-sci", "wider-than-wst", "cube"])
+    ("WST", (40, 4608), "4608x40 px image is not square; LST WST frames are"),
+], ids=["3x3", "one-side-31", "sdi-sized-sci", "wider-than-wst", "cube", "not-square"])
 def test_frame_of_impossible_size_is_quarantined_and_the_batch_goes_on(sqlite_env, tmp_path, channel, shape, needle):
     bad = lst_raw(tmp_path / "a_bad.fits", channel=channel, shape=shape, seed=6)
     good = lst_raw(tmp_path / "b_good.fits", channel=channel, seed=7)
@@ -155,9 +156,10 @@ def test_frame_of_impossible_size_is_quarantined_and_the_batch_goes_on(sqlite_en
 @pytest.mark.parametrize("channel,shape", [
     ("SDI", (1152, 1152)),  # the demo's binned SDI/WST size (backend.cli.DEMO_SIZES)
     ("SCI-UV", (1024, 1024)),  # the demo's binned SCI size
-    ("WST", (32, 4608)),  # the smallest and the largest side at once
-    ("SCI-WL", (2048, 32)),
-], ids=["sdi-1152", "sci-uv-1024", "wst-edges", "sci-wl-edges"])
+    ("WST", (32, 32)),  # the smallest side
+    ("WST", (4608, 4608)),  # the full detector
+    ("SCI-WL", (2048, 2048)),
+], ids=["sdi-1152", "sci-uv-1024", "wst-smallest", "wst-full", "sci-wl-full"])
 def test_frames_of_lst_sizes_are_ingested(sqlite_env, tmp_path, channel, shape):
     src = lst_raw(tmp_path / "f.fits", channel=channel, shape=shape, seed=8)
     with session_scope() as s:

@@ -271,7 +271,10 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
             if f.event_types:
                 q = q.where(_E.event_type.in_(f.event_types))
             secs = float(session.scalar(q) or 0.0)
-        conds.append(_E.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
+        try:
+            conds.append(_E.start_time >= f.start - dt.timedelta(seconds=secs + 1.0))
+        except OverflowError:  # a start near 0001-01-01: no lower bound on start_time is needed
+            pass
     if f.sources:
         conds.append(_E.source.in_(f.sources) if len(f.sources) > 1 else _E.source == f.sources[0])
     if f.channel:

@@ -149,7 +149,9 @@ def check_frame_shape(shape: tuple[int, ...], channel: str) -> None:
         With a one-line reason when the image is not 2-D, has a side shorter than
         :data:`pipelines.channels.MIN_FRAME_SIDE` (32 px), or a side longer than the
         channel's detector (``ChannelSpec.naxis``: 4608 px for SDI and WST, 2048 px for
-        SCI-UV and SCI-WL, LST.md).
+        SCI-UV and SCI-WL, LST.md), or is not square (the detectors are square and a binned
+        frame keeps the field of view; LST.md lists no windowed read-out, and the calibration
+        masters are matched by frame size, so a non-square frame could not be calibrated).
     """
     if len(shape) != 2:
         raise DataError(f"image has {len(shape)} dimensions, expected a 2-D {channel} frame")
@@ -160,6 +162,8 @@ def check_frame_shape(shape: tuple[int, ...], channel: str) -> None:
                         f"(at least {MIN_FRAME_SIDE} px a side)")
     if max(nx, ny) > full:
         raise DataError(f"{nx}x{ny} px image is larger than the {channel} detector ({full}x{full} px)")
+    if nx != ny:
+        raise DataError(f"{nx}x{ny} px image is not square; LST {channel} frames are (full or binned detector)")
 
 
 def _primary_header(path: Path) -> fits.Header | None:

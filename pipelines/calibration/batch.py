@@ -63,7 +63,7 @@ from pipelines.errors import DataError, LSTDPError
 log = logging.getLogger(__name__)
 
 __all__ = ["BatchItem", "BatchOutcome", "BatchExecutor", "DeviceMasters", "failure_reason",
-           "DEFAULT_DEVICE_MASTER_BYTES", "RESIDENT_KINDS"]
+           "DEFAULT_DEVICE_MASTER_BYTES", "HOST_MASTER_BYTES", "RESIDENT_KINDS"]
 
 #: Kinds whose frame-shaped planes are made resident on the device (the kinds whose planes
 #: ``calibrate_frame`` checks against the frame's shape). The PSF kernel, the stray-light
@@ -77,6 +77,11 @@ RESIDENT_KINDS = ("dark", "flat", "stray_light")
 #: and SCI-WL sets together), so 8 GiB holds the sets of all four channels many times over
 #: and stays a small part of a data-centre GPU (an H200 has 141 GB).
 DEFAULT_DEVICE_MASTER_BYTES = 8 * 2**30
+
+#: The same bound on NumPy [bytes], where "resident" masters are references to host arrays:
+#: 1 GiB, about three full-size master sets (0.28 GB each), so that a GPU worker without a GPU
+#: keeps no more masters alive than the host cache of a CPU worker does.
+HOST_MASTER_BYTES = 2**30
 
 
 def _failed(key: Hashable, exc: BaseException, backend: str, read_s: float = 0.0,
@@ -206,7 +211,10 @@ class _HostTransfer:
         return host
 
     def default_master_bytes(self) -> int:
-        return DEFAULT_DEVICE_MASTER_BYTES
+        # the "device" copies are the host masters themselves: hold about as many sets as the
+        # worker's host cache (backend.services.processing.MASTER_CACHE_SIZE: 8 masters), not
+        # 8 GiB of host memory per process
+        return HOST_MASTER_BYTES
 
     def synchronize(self) -> None:
         pass
