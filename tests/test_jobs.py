@@ -106,3 +106,39 @@ def test_masters_stay_resident_and_are_checked_against_the_registry(tmp_path):
     stale = SimpleNamespace(id=8, version=2, path=str(other), sha256="0" * 64, kind=CalibrationKind.flat)
     with pytest.raises(DataError, match="changed on disk"):
         resident_master(stale)
+
+
+def test_products_queued_behind_a_busy_queue_are_not_reaped(db_session):
+    """A long backlog: products 'planned' for hours are waiting, not lost, while workers of
+    their queue keep finishing others; with no activity on their queue they are lost."""
+    import datetime as dt
+
+    from backend.models import Frame, JobState, Product, ProductState
+    from backend.services.processing import reap_stale_work
+
+    s = db_session
+    now = dt.datetime(2026, 2, 1, 12, tzinfo=dt.UTC)
+    job = Job(parameters={"channels": ["WST"]}, state=JobState.running, total=3)
+    s.add(job)
+    s.flush()
+    prods = []
+    for i, (state, age_min, device) in enumerate(((ProductState.planned, 120, "gpu"),
+                                                  (ProductState.written, 5, "gpu"),
+                                                  (ProductState.planned, 120, "cpu"))):
+        f = Frame(channel_code="WST", date_obs=now, exposure_s=1.0, naxis1=8, naxis2=8, path=f"/q/{i}",
+                  original_name=f"q{i}.fits", sha256=f"{i + 100:064d}", size_bytes=1, header={})
+        s.add(f)
+        s.flush()
+        p = Product(frame_id=f.id, calibration_key="k", params_hash=f"h{i}", software_version="t", state=state,
+                    job_id=job.id, parameters={"options": {"device": device}},
+                    updated_at=now - dt.timedelta(minutes=age_min))
+        s.add(p)
+        prods.append(p)
+    s.flush()
+    # the gpu queue finished a product 5 min ago: its planned product waits; the cpu one is lost
+    assert reap_stale_work(s, now=now) == 1
+    assert prods[0].state == ProductState.planned
+    assert prods[2].state == ProductState.failed and "queue 'cpu'" in prods[2].error
+    # an hour later nothing moved on the gpu queue either: lost
+    assert reap_stale_work(s, now=now + dt.timedelta(hours=1)) == 1
+    assert prods[0].state == ProductState.failed and "lost: planned" in prods[0].error

@@ -286,15 +286,27 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     return prod
 
 
+def _queue_of(parameters: dict | None) -> str:
+    return str(((parameters or {}).get("options") or {}).get("device", "cpu"))
+
+
 def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
                     now: dt.datetime | None = None) -> int:
-    """Fail the products of running jobs that made no progress for ``stale_after_s``.
+    """Fail the products of running jobs that were lost.
 
     A worker killed mid-task, a message lost by the broker, or a job sent to a queue no
     worker consumes would otherwise leave products ``planned``/``writing`` and their job
-    ``running`` for ever. Each such product becomes ``failed`` with the reason and counts
-    towards its job, which then ends (``failed``, with the reasons) like any other.
-    Returns the number of products reaped. The caller commits.
+    ``running`` for ever. Lost means:
+
+    * ``writing`` with no state change for ``stale_after_s`` (a worker took it and died: a
+      frame takes seconds to minutes), or
+    * ``planned`` for ``stale_after_s`` *and* no product of the same queue (``cpu``/``gpu``)
+      was taken or finished by a worker in that time: products waiting behind a long
+      backlog on a queue whose workers are busy are not lost.
+
+    Each such product becomes ``failed`` with the reason and counts towards its job, which
+    then ends (``failed``, with the reasons) like any other. Returns the number of products
+    reaped. The caller commits.
     """
     now = now or utcnow()
     cutoff = now - dt.timedelta(seconds=stale_after_s)
@@ -304,9 +316,15 @@ def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
             Product.state.in_([ProductState.planned, ProductState.writing]),
             Product.updated_at < cutoff,
         )))
+    if any(p.state == ProductState.planned for p in stuck):
+        busy = {_queue_of(params) for params in session.scalars(
+            select(Product.parameters).where(
+                Product.updated_at >= cutoff, Product.updated_at <= now,
+                Product.state.in_([ProductState.writing, ProductState.written, ProductState.failed])))}
+        stuck = [p for p in stuck if p.state == ProductState.writing or _queue_of(p.parameters) not in busy]
     for prod in stuck:
         was = prod.state.value
-        queue = ((prod.parameters or {}).get("options") or {}).get("device", "cpu")
+        queue = _queue_of(prod.parameters)
         prod.state = ProductState.failed
         prod.error = (f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
                       f"(worker died, message lost, or no worker consumes queue '{queue}')")
