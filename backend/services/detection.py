@@ -220,57 +220,24 @@ def detect_sdi_flares(
     if len(rows) < p.min_background_frames + p.min_frames:
         log.info("flare detection: %d SDI products in range, too few", len(rows))
         return []
-    root = product_root
-    paths = []
-    for prod, _ in rows:
-        path = Path(prod.path)
-        if not path.is_absolute():
-            if root is None:
-                from backend.settings import get_settings
-
-                root = get_settings().products
-            path = root / path
-        paths.append(path)
-    headers = []
-    for path in paths:
-        try:
-            headers.append(fits.getheader(path, 0))
-        except (OSError, ValueError) as exc:
-            raise FitsReadError(f"{path}: unreadable product header ({exc})") from None
-    files = _ProductFiles(paths)
-    images = [_View(files, i, 0) for i in range(len(paths))]
-    dqs = [_View(files, i, 1) for i in range(len(paths))]
-    times = [_utc(f.date_obs) for _, f in rows]
+    times, images, dqs, headers = _lazy_series(rows, product_root)
     flares = detect_flares(times, images, headers, dq=dqs, params=p)
 
     events: list[Event] = []
     for fl in flares:
-        key = flare_source_key(fl)
-        ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).first()
-        if ev is None:
-            lat, lon = _heliographic(fl, headers[fl.peak_index])
-            row = dict(
-                event_type="FL", source=SOURCE, source_key=key,
-                start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time, channels=CHANNEL,
-                hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
-                position_angle=None, angular_width=None, speed_km_s=None, goes_class=None,
-                peak_value=100.0 * fl.peak_enhancement, peak_unit="%", noaa_ar=None,
-                frm_name=DETECTOR_NAME, frm_version=DETECTOR_VERSION,
-                description=(f"Lyman-alpha brightening (SDI): peak enhancement {100 * fl.peak_enhancement:.0f} %, "
-                             f"area {fl.area_arcsec2:.0f} arcsec2"),
-                attributes=json_safe(_attributes(fl, rows, p)), created_at=utcnow(),
-            )
-            # another process (a worker and the CLI) may store the same flare at the same time
-            insert_ignoring_conflicts(session, Event.__table__, [row], ["source", "source_key"])
-            ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).one()
-        span = list(fl.frame_indices)
-        insert_ignoring_conflicts(session, EventProduct.__table__,
-                                  [{"event_id": ev.id, "product_id": rows[i][0].id} for i in span],
-                                  ["event_id", "product_id"])
-        insert_ignoring_conflicts(session, EventFrame.__table__,
-                                  [{"event_id": ev.id, "frame_id": rows[i][1].id} for i in span],
-                                  ["event_id", "frame_id"])
-        events.append(ev)
+        lat, lon = _heliographic(fl, headers[fl.peak_index])
+        row = dict(
+            event_type="FL", start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time,
+            channels=CHANNEL, hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
+            peak_value=100.0 * fl.peak_enhancement, peak_unit="%",
+            frm_name=DETECTOR_NAME, frm_version=DETECTOR_VERSION,
+            description=(f"Lyman-alpha brightening (SDI): peak enhancement {100 * fl.peak_enhancement:.0f} %, "
+                         f"area {fl.area_arcsec2:.0f} arcsec2"),
+            attributes=_attributes(fl, rows, p),
+        )
+        # another process (a worker and the CLI) may store the same flare at the same time:
+        # _store_detection skips an existing key
+        events.append(_store_detection(session, row, flare_source_key(fl), rows, list(fl.frame_indices), {}))
     session.flush()
     return events
 
@@ -317,6 +284,31 @@ def _product_paths(rows: list[tuple[Product, Frame]], product_root: Path | None)
             path = root / path
         paths.append(path)
     return paths
+
+
+def _lazy_series(rows: list[tuple[Product, Frame]], product_root: Path | None):
+    """The products of ``rows`` as a lazily read series for the flare detectors.
+
+    Returns ``(times, images, dqs, headers)``: DATE-OBS (aware UTC), one array-like view per
+    product of its image and of its DQ (each file read when a detector asks, at most two
+    held at once: :class:`_ProductFiles`), and the primary headers (read now).
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError
+        If a product's header cannot be read.
+    """
+    paths = _product_paths(rows, product_root)
+    headers = []
+    for path in paths:
+        try:
+            headers.append(fits.getheader(path, 0))
+        except (OSError, ValueError) as exc:
+            raise FitsReadError(f"{path}: unreadable product header ({exc})") from None
+    files = _ProductFiles(paths)
+    images = [_View(files, i, 0) for i in range(len(paths))]
+    dqs = [_View(files, i, 1) for i in range(len(paths))]
+    return [_utc(f.date_obs) for _, f in rows], images, dqs, headers
 
 
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None, fits.Header]:
@@ -597,17 +589,7 @@ def detect_wst_white_light_flares(
     if len(rows) < fp.min_background_frames + fp.min_frames:
         log.info("white-light flare detection: %d WST products in range, too few", len(rows))
         return []
-    paths = _product_paths(rows, product_root)
-    headers = []
-    for path in paths:
-        try:
-            headers.append(fits.getheader(path, 0))
-        except (OSError, ValueError) as exc:
-            raise FitsReadError(f"{path}: unreadable product header ({exc})") from None
-    files = _ProductFiles(paths)
-    images = [_View(files, i, 0) for i in range(len(paths))]
-    dqs = [_View(files, i, 1) for i in range(len(paths))]
-    times = [_utc(f.date_obs) for _, f in rows]
+    times, images, dqs, headers = _lazy_series(rows, product_root)
     events = []
     for fl in detect_white_light_flares(times, images, headers, dq=dqs, params=p):
         peak = _iso_key(fl.peak_time)
