@@ -151,7 +151,9 @@ def _dpa(a: float, b: float) -> float:
 # -- flares ------------------------------------------------------------------------------------
 
 
-def _l2_header(header: fits.Header) -> fits.Header:
+def l2_header(header: fits.Header) -> fits.Header:
+    """The WCS and observer keywords of an L2 product (``CDELT``/``PC`` form, identity ``PC``)
+    from the header of a north-up real frame (SWAP's has a ``CD`` matrix and ``CROTA`` too)."""
     h = fits.Header()
     for key in ("CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CDELT1", "CDELT2", "CRPIX1", "CRPIX2", "CRVAL1",
                 "CRVAL2", "HGLN_OBS", "HGLT_OBS", "DSUN_OBS", "RSUN_ARC", "DATE-OBS"):
@@ -171,7 +173,7 @@ def swap_scene(k: int = 2) -> tuple[np.ndarray, fits.Header]:
     data, header = _swap()
     ny, nx = data.shape
     out = data[: ny // k * k, : nx // k * k].reshape(ny // k, k, nx // k, k).mean(axis=(1, 3))
-    h = _l2_header(header)
+    h = l2_header(header)
     for ax in ("1", "2"):
         h[f"CDELT{ax}"] = header[f"CDELT{ax}"] * k
         h[f"CRPIX{ax}"] = (header[f"CRPIX{ax}"] - 0.5) / k + 0.5
@@ -188,7 +190,7 @@ def sdi_scene(naxis: int = SDI_NAXIS, scale: float = SDI_SCALE) -> tuple[np.ndar
     zoom = scale / s_in  # input pixels per output pixel
     out = ndimage.affine_transform(data, [zoom, zoom], offset=[c_in[1] - c_out * zoom, c_in[0] - c_out * zoom],
                                    output_shape=(naxis, naxis), order=3, output=np.float32, mode="nearest")
-    h = _l2_header(header)
+    h = l2_header(header)
     for ax in ("1", "2"):
         h[f"CDELT{ax}"] = scale
         h[f"CRPIX{ax}"] = c_out + 1.0

@@ -21,6 +21,7 @@ from astropy.io import fits
 from astropy.wcs import WCS
 from sqlalchemy import func, select
 
+from benchmarks.validate_detection import l2_header  # the WCS of an L2 product from a real frame
 from backend.models import Event, EventFrame, EventProduct, Frame, Product, ProductState
 from backend.services.detection import detect_sdi_flares, flare_source_key
 from pipelines.detect.flares import (
@@ -55,17 +56,6 @@ def truth(p: FlareDetectionParams, **kw) -> tuple[int, int, int]:
     above_start = np.flatnonzero(f >= p.start_fraction)
     above_end = np.flatnonzero(f >= p.end_fraction)
     return int(above_start.min()), peak, int(above_end.max())
-
-
-def l2_header(header: fits.Header) -> fits.Header:
-    """The WCS and observer keywords of an L2 product (CDELT/PC form) from the SWAP header
-    (which has a CD matrix and CROTA too)."""
-    h = fits.Header()
-    for key in ("CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CDELT1", "CDELT2", "CRPIX1", "CRPIX2", "CRVAL1",
-                "CRVAL2", "HGLN_OBS", "HGLT_OBS", "DSUN_OBS", "RSUN_ARC", "DATE-OBS"):
-        h[key] = header[key]
-    h["PC1_1"], h["PC1_2"], h["PC2_1"], h["PC2_2"] = 1.0, 0.0, 0.0, 1.0
-    return h
 
 
 def rebin_scene(data: np.ndarray, header: fits.Header, k: int) -> tuple[np.ndarray, fits.Header]:
