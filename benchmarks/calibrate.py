@@ -60,14 +60,9 @@ STEP_NAMES = ("flag_invalid_pixels", "flag_bad_pixels", "subtract_dark", "clean_
 
 
 def _masters(data_dir: Path, channel: str):
-    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.simulate import load_simulated_masters
 
-    cals = {}
-    for p in sorted((data_dir / "calibration").glob(f"lst_{channel.lower()}_*.fits")):
-        c = load_calibration_master(p)
-        c.id = len(cals) + 1
-        cals[c.kind] = c
-    return cals
+    return load_simulated_masters(data_dir, channel)
 
 
 def _raw_path(data_dir: Path, channel: str) -> Path:

@@ -85,13 +85,10 @@ def _gpu_or_reason() -> str | None:
 
 
 def _masters(out: Path, channel: str):
-    from pipelines.calibration.flow import bad_pixel_map, load_calibration_master
+    from pipelines.calibration.flow import bad_pixel_map
+    from pipelines.simulate import load_simulated_masters
 
-    cals = {}
-    for p in sorted((out / "calibration").glob(f"lst_{channel.lower()}_*.fits")):
-        c = load_calibration_master(p)
-        c.id = len(cals) + 1
-        cals[c.kind] = c
+    cals = load_simulated_masters(out, channel)
     bad_pixel_map(cals["dark"])  # derived once on the host, cached on the master
     return cals
 

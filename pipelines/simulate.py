@@ -76,6 +76,7 @@ __all__ = [
     "InstrumentModel",
     "INSTRUMENT",
     "simulate",
+    "load_simulated_masters",
     "fit_solar_limb",
     "limb_darkening_neckel2005",
     "baumbach_k_corona",
@@ -1406,6 +1407,40 @@ def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to
     h["CALDESC"] = desc
     h["ORIGIN"] = ("lstdp simulator", "simulated calibration, not flight data")
     return h
+
+
+def load_simulated_masters(out_dir: str | os.PathLike, channel: str, *, first_id: int = 1) -> dict[str, Any]:
+    """The calibration masters :func:`simulate` wrote for ``channel``, as the calibration takes them.
+
+    Parameters
+    ----------
+    out_dir : path-like
+        The folder given to :func:`simulate` (masters in ``calibration/lst_<chan>_*.fits``).
+    channel : str
+        LST channel code (``SDI``, ``WST``, ``SCI-UV``, ``SCI-WL``).
+    first_id : int
+        Registry ids given to the masters in file-name order (``first_id``, ``first_id + 1``,
+        ...), standing in for the database ids that ingest would give them.
+
+    Returns
+    -------
+    dict of str to pipelines.calibration.flow.CalibrationInput
+        By calibration kind (``dark``, ``flat``, ``radiometric``, ...): the mapping
+        :func:`pipelines.calibration.flow.calibrate_frame` takes.
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError, pipelines.errors.DataError
+        If a master cannot be read or does not describe itself.
+    """
+    from pipelines.calibration.flow import load_calibration_master
+
+    cals: dict[str, Any] = {}
+    for path in sorted((Path(out_dir) / "calibration").glob(f"lst_{channel.lower()}_*.fits")):
+        cal = load_calibration_master(path)
+        cal.id = first_id + len(cals)
+        cals[cal.kind] = cal
+    return cals
 
 
 def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentModel, n: int,

@@ -17,8 +17,9 @@ import pytest
 
 from pipelines.array_backend import cupy_available
 from pipelines.calibration.batch import RESIDENT_KINDS, BatchExecutor, BatchItem, DeviceMasters
-from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+from pipelines.calibration.flow import calibrate_frame
 from pipelines.fitsio import read_image
+from pipelines.simulate import load_simulated_masters
 
 SIZES = {"WST": 64, "SCI-WL": 48}
 N_PER_CHANNEL = 3
@@ -35,12 +36,7 @@ def sim(tmp_path_factory):
 
 
 def _masters(out: Path, channel: str) -> dict:
-    cals = {}
-    for p in sorted((out / "calibration").glob(f"lst_{channel.lower()}_*.fits")):
-        c = load_calibration_master(p)
-        c.id = 100 + len(cals)
-        cals[c.kind] = c
-    return cals
+    return load_simulated_masters(out, channel, first_id=100)
 
 
 def _items(out: Path, frames) -> list[BatchItem]:
