@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from typing import Any
 
 import numpy as np
 from astropy.io import fits
@@ -162,6 +163,23 @@ def nominal_fwhm_px(channel: str, naxis: int) -> float:
     return spec.resolution / spec.plate_scale_for(int(naxis))
 
 
+def _unit_kernel(psf: Any) -> np.ndarray:
+    """``psf`` as a float64 kernel of unit sum, after checking it is one.
+
+    Raises
+    ------
+    ValueError
+        If it is not 2-D with odd sides (a centred kernel), or not finite and non-negative
+        with a positive sum.
+    """
+    k = np.asarray(psf, dtype=np.float64)
+    if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
+        raise ValueError(f"psf must be 2-D with odd sides (a centred kernel), got shape {k.shape}")
+    if not np.all(np.isfinite(k)) or np.any(k < 0) or k.sum() <= 0:
+        raise ValueError("psf must be finite, non-negative and have a positive sum")
+    return k / k.sum()
+
+
 def deconvolve_richardson_lucy(image: np.ndarray, psf: np.ndarray, *, n_iter: int = 30,
                                mask: np.ndarray | None = None, clip: bool = False, fill_value: float = 0.0,
                                preserve_flux: bool = True, pad: bool = True) -> np.ndarray:
@@ -229,12 +247,7 @@ def deconvolve_richardson_lucy(image: np.ndarray, psf: np.ndarray, *, n_iter: in
     img = np.asarray(image, dtype=np.float64)
     if img.ndim != 2:
         raise ValueError(f"image must be 2-D, got shape {img.shape}")
-    k = np.asarray(psf, dtype=np.float64)
-    if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
-        raise ValueError(f"psf must be 2-D with odd sides (a centred kernel), got shape {k.shape}")
-    if not np.all(np.isfinite(k)) or np.any(k < 0) or k.sum() <= 0:
-        raise ValueError("psf must be finite, non-negative and have a positive sum")
-    k = k / k.sum()
+    k = _unit_kernel(psf)
     bad = ~np.isfinite(img)
     if mask is not None:
         mask = np.asarray(mask, dtype=bool)
@@ -368,12 +381,7 @@ def psf_calibration_hdul(psf: np.ndarray, channel: str, version: int, valid_from
     astropy.io.fits.HDUList
         Write it with :func:`pipelines.fitsio.write_fits_atomic`.
     """
-    k = np.asarray(psf, dtype=np.float64)
-    if k.ndim != 2 or k.shape[0] % 2 == 0 or k.shape[1] % 2 == 0:
-        raise ValueError(f"psf must be 2-D with odd sides, got shape {k.shape}")
-    if not np.all(np.isfinite(k)) or np.any(k < 0) or k.sum() <= 0:
-        raise ValueError("psf must be finite, non-negative and have a positive sum")
-    k = k / k.sum()
+    k = _unit_kernel(psf)
     if description is None:
         description = f"{model or 'PSF'} kernel {k.shape[1]}x{k.shape[0]}" + (
             f", FWHM {fwhm_px:.2f} px" if fwhm_px else "")
