@@ -14,6 +14,7 @@ __all__ = [
     "LSTDPWarning",
     "CalibrationDistanceWarning",
     "HeaderFixWarning",
+    "failure_reason",
 ]
 
 
@@ -47,3 +48,17 @@ class CalibrationDistanceWarning(LSTDPWarning):
 
 class HeaderFixWarning(LSTDPWarning):
     """A header quirk was repaired on read (non-ISO date, solar_x CTYPE, ...)."""
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The one-line reason recorded for a failed product, frame or file.
+
+    An :class:`LSTDPError` (raised on purpose: bad data, a missing calibration, no array
+    backend) gives its message's first line; anything else (a bug, a device or disk fault)
+    is prefixed with its type so that it is told apart from bad data. At most 2000
+    characters.
+    """
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    if isinstance(exc, LSTDPError):
+        return (first or type(exc).__name__)[:2000]
+    return f"{type(exc).__name__}: {first}"[:2000]

@@ -33,9 +33,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.models import Job, JobState, Product, ProductState
-from backend.services.processing import failure_reason, record_item, resident_master, write_product
+from backend.services.processing import record_item, resident_master, write_product
 from backend.settings import Settings
 from pipelines.array_backend import cupy_available
+from pipelines.errors import failure_reason
 
 log = logging.getLogger(__name__)
 

@@ -28,11 +28,11 @@ from backend.models import Frame, Job, JobState, Product, ProductCalibrationFile
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
-from pipelines.errors import DataError
+from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "failure_reason", "record_item",
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "record_item",
            "frames_for_job", "reap_stale_work", "resident_master", "STALE_AFTER_S"]
 
 #: A product of a running job with no state change for this long [s] is taken as lost
@@ -235,15 +235,6 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.stats = dict(result.stats)
     prod.state = ProductState.written
     prod.error = None
-
-
-def failure_reason(exc: BaseException) -> str:
-    """The reason recorded on a failed product: a data error's first line; anything else
-    prefixed with its type (at most 2000 characters)."""
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    if isinstance(exc, DataError):
-        return first or type(exc).__name__
-    return f"{type(exc).__name__}: {first}"[:2000]
 
 
 def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:

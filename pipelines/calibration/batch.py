@@ -58,11 +58,11 @@ import numpy as np
 
 from pipelines.array_backend import backend_name, resolve_namespace
 from pipelines.calibration.flow import CalibrationInput, L2Result, bad_pixel_map, calibrate_frame
-from pipelines.errors import DataError, LSTDPError
+from pipelines.errors import DataError, LSTDPError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchItem", "BatchOutcome", "BatchExecutor", "DeviceMasters", "failure_reason",
+__all__ = ["BatchItem", "BatchOutcome", "BatchExecutor", "DeviceMasters",
            "DEFAULT_DEVICE_MASTER_BYTES", "HOST_MASTER_BYTES", "RESIDENT_KINDS"]
 
 #: Kinds whose frame-shaped planes are made resident on the device (the kinds whose planes
@@ -91,19 +91,6 @@ def _failed(key: Hashable, exc: BaseException, backend: str, read_s: float = 0.0
     exc = exc.with_traceback(None)
     return BatchOutcome(key=key, error=failure_reason(exc), exception=exc, read_s=read_s, compute_s=compute_s,
                         backend=backend)
-
-
-def failure_reason(exc: BaseException) -> str:
-    """The one-line reason recorded for a failed frame.
-
-    A :class:`~pipelines.errors.LSTDPError` (bad data, missing calibration, no backend)
-    gives its message's first line; anything else (a bug, a device fault) is prefixed
-    with its type so it is told apart from bad data. At most 2000 characters.
-    """
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    if isinstance(exc, LSTDPError):
-        return (first or type(exc).__name__)[:2000]
-    return f"{type(exc).__name__}: {first}"[:2000]
 
 
 @dataclass
@@ -155,7 +142,7 @@ class BatchOutcome:
         The product (host arrays); ``None`` if the item failed, or once handed to the
         callback of a :meth:`BatchExecutor.run` with ``keep_results=False``.
     error : str or None
-        One-line reason (:func:`failure_reason`) if it failed.
+        One-line reason (:func:`pipelines.errors.failure_reason`) if it failed.
     exception : BaseException or None
         The exception itself, for callers that tell data errors from faults (its
         traceback is logged, then dropped: it would keep the frame's arrays alive).
