@@ -128,7 +128,11 @@ def calibrate_product(self, product_id: int) -> dict:
 
 @app.task(name="pipelines.tasks.calibrate_product_gpu", bind=True, **RETRY)
 def calibrate_product_gpu(self, product_id: int) -> dict:
-    """The same as :func:`calibrate_product`, routed to the ``gpu`` queue."""
+    """The same as :func:`calibrate_product`, routed to the ``gpu`` queue.
+
+    No longer sent by :func:`run_job` (GPU jobs go in batches, :func:`calibrate_products_gpu_batch`);
+    kept so that messages queued by an earlier version are still consumed.
+    """
     return calibrate_product.run(product_id)
 
 

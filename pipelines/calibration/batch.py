@@ -52,7 +52,7 @@ import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable
 
 import numpy as np
 
@@ -537,10 +537,3 @@ class BatchExecutor:
             with contextlib.suppress(Exception):
                 self.transfer.synchronize()
         return outcomes
-
-    def calibrate(self, frames: Sequence[tuple[Any, Any]], calibrations: dict[str, CalibrationInput],
-                  options: dict | None = None) -> list[BatchOutcome]:
-        """Calibrate frames already in memory (``(data, header)`` pairs) with one master set."""
-        items = [BatchItem(key=i, load=(lambda f=f: f), calibrations=calibrations, options=dict(options or {}))
-                 for i, f in enumerate(frames)]
-        return self.run(items)
