@@ -74,6 +74,7 @@ def get_engine() -> Engine:
 
 @lru_cache
 def get_sessionmaker() -> sessionmaker[Session]:
+    """The process-wide session factory on :func:`get_engine` (objects stay usable after commit)."""
     return sessionmaker(bind=get_engine(), expire_on_commit=False)
 
 

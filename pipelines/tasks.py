@@ -214,6 +214,8 @@ def _time(value: str | None):
 
 
 def associate_events(session, *, start=None, end=None) -> int:
+    """Link events across sources and types between ``start`` and ``end`` (aware UTC or None);
+    returns the number of new links (:func:`backend.services.events.associate_events`)."""
     from backend.services.events import associate_events as _associate
 
     return _associate(session, start=start, end=end)

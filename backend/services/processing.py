@@ -42,6 +42,8 @@ STALE_AFTER_S = 1800.0
 
 
 def frames_for_job(session: Session, job: Job) -> list[Frame]:
+    """The frames a recalibration job covers: its channels, DATE-OBS within its ``start``..``end``
+    (ISO 8601, UTC), ordered by DATE-OBS."""
     p = job.parameters
     start = dt.datetime.fromisoformat(p["start"])
     end = dt.datetime.fromisoformat(p["end"])

@@ -163,6 +163,7 @@ class BatchOutcome:
 
     @property
     def ok(self) -> bool:
+        """True if the frame was calibrated."""
         return self.error is None
 
 
@@ -322,6 +323,7 @@ class DeviceMasters:
 
     @property
     def resident_bytes(self) -> int:
+        """Bytes [bytes] the resident planes hold now."""
         return sum(n for _c, n in self._entries.values())
 
     def __len__(self) -> int:
