@@ -101,10 +101,10 @@ def cmd_ingest(args) -> int:
         _say("nothing to ingest")
         return 1
     if args.via_worker:
-        from pipelines.tasks import ingest_file
+        from backend.broker import TaskName, send
 
         for f in files:
-            ingest_file.apply_async(args=[str(f.resolve()), not args.copy], queue="cpu")
+            send(TaskName.ingest_file, args=[str(f.resolve()), not args.copy], queue="cpu")
         _say(f"queued {len(files)} files for the ingest task")
         return 0
     counts = ingest_files(files, move=not args.copy)
@@ -207,7 +207,7 @@ def cmd_detect(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from pipelines.celery_app import ensure_configured
+    from backend.broker import ensure_configured
 
     app = ensure_configured()
     argv = ["worker", "-Q", args.queues or _settings().worker_queues, "-l", args.loglevel,

@@ -174,10 +174,10 @@ def main(argv=None) -> int:
             failed = True
             continue
         raw = read_image(f.raw_path, dtype=np.float32)
-        cpu = calibrate_frame(raw.data, raw.header, masters[f.channel], {"backend": "numpy"})
+        cpu = calibrate_frame(raw.data, raw.header, masters[f.channel], backend="numpy")
         if dev_backend == "cupy":
             resident = executor.masters.resolve(masters[f.channel])
-            gpu = calibrate_frame(raw.data, raw.header, resident, {"backend": "cupy"})
+            gpu = calibrate_frame(raw.data, raw.header, resident, backend="cupy")
             p = _parity(cpu, gpu)
             ok = _parity_ok(p) and gpu.header["BACKEND"] == "cupy"
             failed |= not ok
@@ -206,12 +206,12 @@ def main(argv=None) -> int:
 
     def per_frame(backend: str, c, count: int) -> float:
         raw = read_image(wst.raw_path, dtype=np.float32)
-        calibrate_frame(raw.data, raw.header, c, {"backend": backend})  # warm-up (kernels compiled, caches)
+        calibrate_frame(raw.data, raw.header, c, backend=backend)  # warm-up (kernels compiled, caches)
         _sync(backend)
         t0 = time.perf_counter()
         for _ in range(count):
             raw = read_image(wst.raw_path, dtype=np.float32)
-            calibrate_frame(raw.data, raw.header, c, {"backend": backend})
+            calibrate_frame(raw.data, raw.header, c, backend=backend)
         _sync(backend)
         return count / (time.perf_counter() - t0)
 

@@ -55,10 +55,10 @@ def failure_reason(exc: BaseException) -> str:
 
     An :class:`LSTDPError` (raised on purpose: bad data, a missing calibration, no array
     backend) gives its message's first line; anything else (a bug, a device or disk fault)
-    is prefixed with its type so that it is told apart from bad data. At most 2000
-    characters.
+    is prefixed with its type so that it is told apart from bad data. Not cut to a length:
+    where it is stored, the store's one rule applies (``backend.state.MAX_REASON_CHARS``).
     """
     first = str(exc).splitlines()[0] if str(exc) else ""
     if isinstance(exc, LSTDPError):
-        return (first or type(exc).__name__)[:2000]
-    return f"{type(exc).__name__}: {first}"[:2000]
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}"

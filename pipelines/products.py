@@ -28,6 +28,7 @@ from astropy.io import fits
 from pipelines.calibration.flow import L2Result
 from pipelines.calibration.steps import dq_description
 from pipelines.channels import get_channel
+from pipelines.provenance import stamp_provenance
 
 __all__ = ["build_product_hdul", "dq_table_hdu", "read_product", "write_quicklook_png", "quicklook_image"]
 
@@ -65,10 +66,8 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     for key in ("SIMPLE", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "EXTEND", "BZERO", "BSCALE", "BLANK",
                 "CHECKSUM", "DATASUM"):
         header.remove(key, ignore_missing=True, remove_all=True)
-    header["SOFTNAME"] = ("lstdp", "software that made this product")
-    header["SOFTVERS"] = (str(software_version), "software version")
-    header["DATE"] = (dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"), "[UTC] file creation time")
-    header["FILETYPE"] = ("L2", "LST level-2 calibrated image")
+    stamp_provenance(header, {"SOFTNAME": "lstdp", "SOFTVERS": str(software_version),
+                              "DATE": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"), "FILETYPE": "L2"})
     primary = fits.PrimaryHDU(data=data, header=header)
     dq_header = fits.Header()
     for key in _WCS_AND_OBSERVER:

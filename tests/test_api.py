@@ -171,12 +171,12 @@ def make_calibration(session, channel: str, kind: CalibrationKind, version: int)
 def route_celery_to_this_data_dir() -> None:
     """Point the Celery app at the current settings' broker (``DATA_DIR/broker/in`` for filesystem://).
 
-    ``pipelines.celery_app.ensure_configured`` reconfigures the app when the settings
+    ``backend.broker.ensure_configured`` reconfigures the app when the settings
     change, but Celery keeps its producer pool (``app.amqp._producer_pool``), which still
     holds the transport options (broker folder) of the first test that sent a message;
     forget it so this test's messages land in this test's folder.
     """
-    from pipelines.celery_app import app, ensure_configured
+    from backend.broker import app, ensure_configured
 
     ensure_configured()
     app.amqp._producer_pool = None

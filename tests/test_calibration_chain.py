@@ -12,6 +12,7 @@ from scipy import ndimage
 
 from pipelines.calibration import steps
 from pipelines.calibration.flow import CalibrationInput, calibrate_frame, load_calibration_master, required_kinds
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ
 from pipelines.errors import CalibrationMissingError, DataError
 from tests.test_calibration_steps import _cal, _synthetic_wst, history, make_header
@@ -41,11 +42,11 @@ def test_dark_scales_with_detector_temperature_by_the_masters_doubling_law():
 
 def test_flow_applies_the_temperature_model_of_the_dark_master():
     raw, h, cals, _ = _synthetic_wst(48, roll=0.0)
-    base = calibrate_frame(raw, h, cals, {"rotate_north_up": False})
+    base = calibrate_frame(raw, h, cals, CalibrationOptions(rotate_north_up=False))
     h["CCDTEMP"] = 5.0
     dark = cals["dark"]
     warm = dict(cals, dark=_cal("dark", "WST", dict(dark.data), DARKTREF=-5.0, DARKTDBL=10.0))
-    res = calibrate_frame(raw, h, warm, {"rotate_north_up": False})  # 2x the dark: lower by rate t / flat / t C
+    res = calibrate_frame(raw, h, warm, CalibrationOptions(rotate_north_up=False))  # 2x the dark: lower by rate t / flat / t C
     expected = base.data - (dark.data["dark_rate"] * 0.5 / cals["flat"].data["flat"] / 0.5 * 2.0)
     ok = (res.dq == 0) & (base.dq == 0)
     assert res.header["DARKTFAC"] == pytest.approx(2.0)
@@ -63,13 +64,13 @@ def test_hot_pixels_of_the_dark_master_are_flagged_and_survive_the_rotation():
     bad = (res.dq & DQ.BAD_PIXEL) != 0
     lab, n = ndimage.label(bad)
     assert n == 2 and 2 <= bad.sum() <= 12  # each hot pixel flags the few L2 pixels it touches
-    off = calibrate_frame(raw, h, dict(cals, dark=dark), {"flag_bad_pixels": False})
+    off = calibrate_frame(raw, h, dict(cals, dark=dark), CalibrationOptions(flag_bad_pixels=False))
     assert not ((off.dq & DQ.BAD_PIXEL) != 0).any() and "flag_bad_pixels: skipped" in history(off.header)
     # a BADPIX plane of the master wins over the hot-pixel search
     plane = np.zeros_like(rate)
     plane[5, 5] = 1
     dark2 = _cal("dark", "WST", {"bias": cals["dark"].data["bias"], "dark_rate": rate, "badpix": plane})
-    res2 = calibrate_frame(raw, h, dict(cals, dark=dark2), {"rotate_north_up": False})
+    res2 = calibrate_frame(raw, h, dict(cals, dark=dark2), CalibrationOptions(rotate_north_up=False))
     assert np.argwhere((res2.dq & DQ.BAD_PIXEL) != 0).tolist() == [[5, 5]]
 
 
@@ -80,14 +81,14 @@ def test_cosmic_rays_are_replaced_and_flagged_on_request():
     for y, x in hits:
         raw[y, x] += 3000.0
     raw[50, 50:54] += 2000.0  # a short track
-    off = calibrate_frame(raw, h, cals, {"rotate_north_up": False})
+    off = calibrate_frame(raw, h, cals, CalibrationOptions(rotate_north_up=False))
     assert "clean_cosmic_rays: skipped" in history(off.header)
-    on = calibrate_frame(raw, h, cals, {"rotate_north_up": False, "remove_cosmic_rays": True})
+    on = calibrate_frame(raw, h, cals, CalibrationOptions(rotate_north_up=False, remove_cosmic_rays=True))
     cr = (on.dq & DQ.COSMIC_RAY) != 0
     for y, x in hits + [(50, 51)]:
         assert cr[y, x], (y, x)
     assert cr.sum() <= 12
-    clean = calibrate_frame(raw * 0 + _synthetic_wst(96, roll=0.0)[0], h, cals, {"rotate_north_up": False})
+    clean = calibrate_frame(raw * 0 + _synthetic_wst(96, roll=0.0)[0], h, cals, CalibrationOptions(rotate_north_up=False))
     for y, x in hits:
         assert on.data[y, x] == pytest.approx(clean.data[y, x], rel=0.01)  # replaced by its neighbours
         assert off.data[y, x] > 1.5 * clean.data[y, x]
@@ -128,11 +129,11 @@ def test_flow_deconvolves_sdi_with_the_psf_master_only_when_asked():
     for key in ("CHANNEL", "DETECTOR"):
         h[key] = "SDI"
     cals = {k: CalibrationInput(**{**v.__dict__, "channel": "SDI"}) for k, v in cals.items()}
-    assert "psf" in required_kinds("SDI", {"deconvolve_psf": True}) and "psf" not in required_kinds("SDI")
+    assert "psf" in required_kinds("SDI", CalibrationOptions(deconvolve_psf=True)) and "psf" not in required_kinds("SDI")
     with pytest.raises(CalibrationMissingError, match="psf"):
-        calibrate_frame(raw, h, cals, {"deconvolve_psf": True})
+        calibrate_frame(raw, h, cals, CalibrationOptions(deconvolve_psf=True))
     psf = _cal("psf", "SDI", {"primary": gaussian_psf(9, 2.0)})
-    res = calibrate_frame(raw, h, dict(cals, psf=psf), {"deconvolve_psf": True, "psf_iterations": 5})
+    res = calibrate_frame(raw, h, dict(cals, psf=psf), CalibrationOptions(deconvolve_psf=True, psf_iterations=5))
     text = history(res.header)
     assert "deconvolve_psf: Richardson-Lucy, 5 iterations, PSF 9x9 from psf.fits" in text
     assert res.header["PSFDECON"] is True and res.header["CALPSF"] == "psf.fits" and res.header["CALPSVER"] == 3

@@ -3,7 +3,7 @@
 * ``GET /calibration-files/{id}/products`` lists the products made with a file (paginated);
   ``GET /calibration-files/{id}/impact`` only those a replacement would recompute (used
   the file, frame inside its validity interval, version not pinned, written).
-* Through :func:`backend.services.processing.plan_product` / ``calibrate_product`` on
+* Through :func:`backend.worker.processing.plan_product` / ``calibrate_product`` on
   simulated frames and masters: the product header names every calibration file used,
   PSF included; a new flat version makes a new product version and keeps the old one.
 """
@@ -143,7 +143,7 @@ def _psf_master(path, channel: str, version: int, valid_from: str, valid_to: str
 
 
 def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session, settings_env, simulated, tmp_path):
-    from backend.services.processing import calibrate_product, plan_product
+    from backend.worker.processing import calibrate_product, plan_product
     from pipelines.calibration.flow import CAL_KEYWORDS
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import read_product
@@ -231,7 +231,7 @@ def test_psf_deconvolution_is_selected_per_job(db_session, settings_env, simulat
     """``options={'deconvolve_psf': True}`` makes a separate product, deconvolved with the
     registered PSF master (which only that product's calibration set holds); without a PSF
     master the plan fails with the reason."""
-    from backend.services.processing import calibrate_product, plan_product
+    from backend.worker.processing import calibrate_product, plan_product
     from pipelines.errors import CalibrationMissingError
     from pipelines.products import read_product
 

@@ -19,6 +19,7 @@ from pipelines import array_backend
 from pipelines.calibration import steps
 from pipelines.calibration.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
                                         required_kinds)
+from pipelines.calibration.options import CalibrationOptions, as_options
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import write_fits_atomic
@@ -374,16 +375,22 @@ def test_calibrate_frame_refuses_missing_or_mismatched_calibrations():
     res = calibrate_frame(raw, h, dict({k: v for k, v in cals.items() if k != "mask_geometry"}, psf=psf))
     assert "nominal WST field of view" in history(res.header) and res.header["CALPSF"] == "psf.fits"
     assert "deconvolve_psf: not applied" in history(res.header) and "outside r = 1.2 Rsun" in history(res.header)
-    assert "stray_light" not in required_kinds("SCI-UV", {"subtract_stray_light": False})
+    assert "stray_light" not in required_kinds("SCI-UV", CalibrationOptions(subtract_stray_light=False))
 
 
-def test_calibrate_frame_options_skip_steps_and_name_ignored_keys():
+def test_calibrate_frame_options_skip_steps_and_unknown_options_are_refused():
     raw, h, cals, _ = _synthetic_wst(32, roll=3.0)
-    res = calibrate_frame(raw, h, cals, {"rotate_north_up": False, "device": "cpu", "colour": "blue"})
+    res = calibrate_frame(raw, h, cals, CalibrationOptions(rotate_north_up=False, device="cpu"))
     text = history(res.header)
     assert "rotate_north_up: skipped on request" in text
-    assert "options ignored" in text and "colour" in text
     assert res.header["CROTA2"] == 3.0  # not rotated: the WCS is the input's
+    with pytest.raises(DataError, match="colour"):
+        as_options({"rotate_north_up": False, "colour": "blue"})
+    with pytest.raises(DataError, match="interpolation_order"):
+        as_options({"interpolation_order": 7})
+    assert as_options({"rotate_north_up": False}) == CalibrationOptions(rotate_north_up=False)
+    with pytest.raises(TypeError, match="CalibrationOptions"):
+        calibrate_frame(raw, h, cals, {"rotate_north_up": False})
 
 
 # ------------------------------------------------------------------ masters, products, backend
@@ -455,14 +462,14 @@ def test_array_backend_resolves_numpy_and_refuses_missing_cupy():
     else:  # pragma: no cover - only where a GPU is present
         raw, h, cals, _ = _synthetic_wst(48)
         cpu = calibrate_frame(raw, h, cals)
-        gpu = calibrate_frame(raw, h, cals, {"backend": "cupy"})
+        gpu = calibrate_frame(raw, h, cals, backend="cupy")
         assert np.allclose(cpu.data, gpu.data, rtol=1e-5, equal_nan=True)
 
 
 def test_worker_shares_its_cores_among_its_processes():
     from types import SimpleNamespace
 
-    from pipelines import tasks
+    from backend.worker import tasks
 
     try:
         tasks._share_cores(sender=SimpleNamespace(concurrency=2))

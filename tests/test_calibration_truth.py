@@ -19,6 +19,7 @@ import pytest
 from astropy.io import fits
 
 from pipelines.calibration.flow import CAL_KEYWORDS, calibrate_frame, load_calibration_master
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ
 from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, read_product, write_quicklook_png
@@ -115,7 +116,7 @@ def test_sci_stray_light_residual_in_thin_annuli(clean):
             assert abs(resid) < 0.05 * injected
         # without the subtraction the stray light would be all there is near 2.5 Rsun
         raw = read_image(row["frame"].raw_path)
-        off = calibrate_frame(raw.data, raw.header, row["cals"], {"subtract_stray_light": False})
+        off = calibrate_frame(raw.data, raw.header, row["cals"], CalibrationOptions(subtract_stray_light=False))
         sel = good & (rho >= 2.47) & (rho <= 2.5)
         assert np.mean(off.data[sel] - truth[sel]) == pytest.approx(np.mean(stray[sel]), rel=0.02)
 

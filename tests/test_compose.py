@@ -46,7 +46,7 @@ def test_our_services_commands_match_the_code():
 
 
 def test_worker_queues_are_declared():
-    from pipelines.celery_app import app
+    from backend.broker import app
 
     declared = {q.name for q in app.conf.task_queues}
     for name, queue in (("worker-cpu", "cpu"), ("worker-gpu", "gpu")):

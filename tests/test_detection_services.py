@@ -197,7 +197,7 @@ def test_detect_wst_white_light_flares_on_products(db_session, tmp_path):
 
 def test_detection_tasks_run_on_the_configured_database(sqlite_env):
     """The Celery tasks (called in process) load by range, detect, link, and report ids."""
-    from pipelines import tasks
+    from backend.worker import tasks
 
     assert tasks.detect_cmes.run(channel="SCI-UV") == {"channel": "SCI-UV", "events": [], "associations": 0}
     assert tasks.detect_prominences.run(channel="SDI", start="2024-03-01T00:00:00+00:00") == {

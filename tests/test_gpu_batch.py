@@ -46,7 +46,7 @@ def _items(out: Path, frames) -> list[BatchItem]:
 
 def _per_frame(out: Path, frame):
     raw = read_image(frame.raw_path, dtype=np.float32)
-    return calibrate_frame(raw.data, raw.header, _masters(out, frame.channel), {"backend": "numpy"})
+    return calibrate_frame(raw.data, raw.header, _masters(out, frame.channel), backend="numpy")
 
 
 def _same(a, b) -> None:
@@ -180,7 +180,7 @@ def eager(monkeypatch):
     """The Celery app in eager mode for one test; its result backend, which eager tasks
     create from the embedded settings, is put back afterwards (``configure`` does not
     replace a backend already made, and a later test with a real worker needs its own)."""
-    from pipelines.celery_app import app
+    from backend.broker import app
 
     monkeypatch.setitem(app.conf, "task_always_eager", True)
     # Celery 5 keeps the backend in _backend_cache (thread-safe backends) or _local.backend
@@ -241,8 +241,8 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
 
     from backend.db import session_scope
     from backend.models import Job, JobState, Product, ProductState
-    from backend.services.gpu_batch import calibrate_products_batch
-    from pipelines import tasks
+    from backend.worker.gpu_batch import calibrate_products_batch
+    from backend.worker import tasks
 
     settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=1)
     follow_ups = []
@@ -442,8 +442,8 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
 
     from backend.db import session_scope
     from backend.models import Job, JobState, Product, ProductState
-    from backend.services import gpu_batch
-    from pipelines import tasks
+    from backend.worker import gpu_batch
+    from backend.worker import tasks
 
     _settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None)
 

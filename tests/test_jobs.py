@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import func, select
 
 from backend.models import Job
-from backend.services.jobs import JobOptions, JobRequest
+from backend.services.jobs import JobRequest
+from pipelines.calibration.options import CalibrationOptions
 from backend.services.registry import params_hash
 
 pytestmark = pytest.mark.postgres
@@ -50,9 +51,9 @@ def test_psf_deconvolution_needs_a_psf_master(client, db_session):
 
 
 def test_spelled_out_defaults_identify_the_same_product():
-    explicit = JobOptions(rotate_north_up=True, subtract_stray_light=True, interpolation_order=3, device="cpu")
-    assert params_hash(explicit.identity()) == params_hash(JobOptions().identity()) == params_hash({})
-    assert params_hash(JobOptions(interpolation_order=1).identity()) != params_hash({})
+    explicit = CalibrationOptions(rotate_north_up=True, subtract_stray_light=True, interpolation_order=3, device="cpu")
+    assert params_hash(explicit.identity()) == params_hash(CalibrationOptions().identity()) == params_hash({})
+    assert params_hash(CalibrationOptions(interpolation_order=1).identity()) != params_hash({})
     req = JobRequest(**BASE, options={"remove_cosmic_rays": True})
     assert req.options.identity() == {"remove_cosmic_rays": True}
 
@@ -62,7 +63,7 @@ def test_lost_work_is_reaped_and_the_job_ends(db_session):
     import datetime as dt
 
     from backend.models import Frame, JobState, Product, ProductState
-    from backend.services.processing import reap_stale_work
+    from backend.worker.processing import reap_stale_work
 
     s = db_session
     now = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
@@ -93,7 +94,7 @@ def test_masters_stay_resident_and_are_checked_against_the_registry(tmp_path):
     from types import SimpleNamespace
 
     from backend.models import CalibrationKind
-    from backend.services.processing import resident_master
+    from backend.worker.processing import resident_master
     from pipelines.errors import DataError
     from pipelines.fitsio import sha256_file
     from tests.test_ingest import cal_master
@@ -114,7 +115,7 @@ def test_products_queued_behind_a_busy_queue_are_not_reaped(db_session):
     import datetime as dt
 
     from backend.models import Frame, JobState, Product, ProductState
-    from backend.services.processing import reap_stale_work
+    from backend.worker.processing import reap_stale_work
 
     s = db_session
     now = dt.datetime(2026, 2, 1, 12, tzinfo=dt.UTC)

@@ -62,7 +62,7 @@ def production(settings_env, tmp_path):
     r.flushdb()
     s = settings_env(DATABASE_URL=url, CELERY_BROKER_URL=REDIS_URL, CELERY_RESULT_BACKEND=REDIS_URL)
     upgrade(url)
-    from pipelines.celery_app import ensure_configured
+    from backend.broker import ensure_configured
 
     ensure_configured()
     env = os.environ.copy()
@@ -100,7 +100,7 @@ def _wait_job(job_id: str, timeout: float = 240.0) -> Job:
 
 
 def _ingest_via_worker(paths: list[Path], move: bool = False) -> list[dict]:
-    from pipelines.tasks import ingest_file
+    from backend.worker.tasks import ingest_file
 
     results = [ingest_file.apply_async(args=[str(p), move], queue="cpu") for p in paths]
     return [r.get(timeout=120) for r in results]

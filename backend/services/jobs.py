@@ -9,17 +9,16 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.models import CalibrationFile, CalibrationKind, Job, JobState
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 
-__all__ = ["JobOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
+__all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
 
 #: Largest calibration version number accepted (a 32-bit signed integer column).
 MAX_VERSION = 2**31 - 1
@@ -27,30 +26,6 @@ MAX_VERSION = 2**31 - 1
 
 class JobRequestError(DataError):
     """A job request that cannot be run (unknown channel, pinned version that does not exist...)."""
-
-
-class JobOptions(BaseModel):
-    """Calibration options of a job; unknown keys and wrong types are refused.
-
-    Only options that differ from their defaults identify a product (``params_hash``), so a
-    job that spells out the defaults adds nothing.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    device: Literal["cpu", "gpu"] = Field("cpu", description="gpu: run on the GPU workers (queue gpu, CuPy)")
-    deconvolve_psf: StrictBool = Field(False, description="SDI: Richardson-Lucy PSF deconvolution")
-    psf_iterations: int = Field(30, ge=1, le=500, description="Richardson-Lucy iterations")
-    remove_cosmic_rays: StrictBool = Field(False, description="L.A.Cosmic cosmic-ray removal (van Dokkum 2001)")
-    flag_bad_pixels: StrictBool = Field(True, description="flag hot/bad pixels of the dark master in DQ")
-    subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
-    rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
-    interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
-    saturation_dn: float = Field(65535.0, gt=0, le=65535, description="[DN] pixels at or above are flagged")
-
-    def identity(self) -> dict[str, Any]:
-        """The options that change the product's values (``device`` does not)."""
-        return self.model_dump(exclude_defaults=True, exclude={"device"})
 
 
 class JobRequest(BaseModel):
@@ -65,7 +40,8 @@ class JobRequest(BaseModel):
     start: dt.datetime = Field(description="DATE-OBS range start (UTC, ISO 8601)")
     end: dt.datetime = Field(description="DATE-OBS range end (UTC, ISO 8601)")
     pinned_calibrations: dict[str, int] = Field(default_factory=dict)
-    options: JobOptions = Field(default_factory=JobOptions)
+    options: CalibrationOptions = Field(default_factory=CalibrationOptions,
+                                        description="calibration options (pipelines.calibration.options)")
     owner: str = Field(default="anonymous", max_length=100)
 
     @field_validator("channels")
@@ -106,12 +82,10 @@ class JobRequest(BaseModel):
 
 
 def enqueue_job(job_id: str) -> None:
-    """Send the job to the broker (queue ``cpu``); returns at once."""
-    from pipelines.celery_app import ensure_configured
-    from pipelines.tasks import run_job
+    """Send the job to the broker (task ``run_job`` by name, queue ``cpu``); returns at once."""
+    from backend.broker import TaskName, send
 
-    ensure_configured()
-    run_job.apply_async(args=[job_id], queue="cpu")
+    send(TaskName.run_job, args=[job_id], queue="cpu")
 
 
 def submit_job(session: Session, req: JobRequest, *, enqueue: bool = True) -> Job:

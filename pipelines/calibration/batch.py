@@ -58,6 +58,7 @@ import numpy as np
 
 from pipelines.array_backend import backend_name, resolve_namespace
 from pipelines.calibration.flow import CalibrationInput, L2Result, bad_pixel_map, calibrate_frame
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.errors import DataError, LSTDPError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -107,18 +108,18 @@ class BatchItem:
         thread; it may raise (the item then fails with the reason).
     calibrations : dict of str to CalibrationInput
         The host masters by kind (as :func:`calibrate_frame` takes them).
-    options : dict
-        Per-frame options of :func:`calibrate_frame` (``backend`` is set by the executor).
+    options : CalibrationOptions
+        The frame's calibration options (the array backend is the executor's).
     """
 
     key: Hashable
     load: Callable[[], tuple[Any, Any]]
     calibrations: dict[str, CalibrationInput]
-    options: dict = field(default_factory=dict)
+    options: CalibrationOptions = field(default_factory=CalibrationOptions)
 
     @classmethod
     def from_path(cls, key: Hashable, path, calibrations: dict[str, CalibrationInput],
-                  options: dict | None = None) -> BatchItem:
+                  options: CalibrationOptions | None = None) -> BatchItem:
         """An item that reads ``path`` with :func:`pipelines.fitsio.read_image` as float32
         (16-bit DN exactly, half the bytes of float64: what the workers read)."""
         from pipelines.fitsio import read_image
@@ -127,7 +128,7 @@ class BatchItem:
             raw = read_image(path, dtype=np.float32)
             return raw.data, raw.header
 
-        return cls(key=key, load=load, calibrations=calibrations, options=dict(options or {}))
+        return cls(key=key, load=load, calibrations=calibrations, options=options or CalibrationOptions())
 
 
 @dataclass
@@ -200,7 +201,7 @@ class _HostTransfer:
 
     def default_master_bytes(self) -> int:
         # the "device" copies are the host masters themselves: hold about as many sets as the
-        # worker's host cache (backend.services.processing.MASTER_CACHE_SIZE: 8 masters), not
+        # worker's host cache (backend.worker.processing.MASTER_CACHE_SIZE: 8 masters), not
         # 8 GiB of host memory per process
         return HOST_MASTER_BYTES
 
@@ -428,14 +429,12 @@ class BatchExecutor:
     # one frame on one lane (runs on a lane thread)
     def _compute(self, item: BatchItem, header: Any, staged: _Staged, cals: dict, lane: int,
                  read_s: float) -> BatchOutcome:
-        opts = dict(item.options)
-        opts["backend"] = self.backend
         t0 = time.perf_counter()
         try:
             with self.transfer.lane(lane):
                 self.transfer.wait_ready(staged, lane)
                 try:
-                    result = calibrate_frame(staged.array, header, cals, opts)
+                    result = calibrate_frame(staged.array, header, cals, item.options, backend=self.backend)
                 finally:
                     self.transfer.mark_done(staged, lane)
         except Exception as exc:  # noqa: BLE001 - the frame fails alone, with its reason

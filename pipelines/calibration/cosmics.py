@@ -241,6 +241,8 @@ def remove_cosmic_rays(image: np.ndarray, *, sigma_clip: float = 4.5, sigma_frac
     ----------
     van Dokkum, P. G. 2001, PASP 113, 1420.
     """
+    # Long: the six numbered steps of L.A.Cosmic (van Dokkum 2001) iterate together on shared
+    # arrays; split into functions they would pass a dozen buffers each way.
     img = np.asarray(image, dtype=np.float64)
     if img.ndim != 2:
         raise ValueError(f"image must be 2-D, got shape {img.shape}")

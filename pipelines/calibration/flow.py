@@ -13,27 +13,16 @@ parameters of the kind); :func:`load_calibration_master` reads one. The simulato
 (:mod:`pipelines.simulate`) writes such masters.
 
 Provenance keywords written on the product (name, version, database id, SHA-256 of each
-calibration file; ``CAL*`` keywords as punchbowl does):
-
-==============  ========  ========  ========  ========
-kind            name      version   id        sha256
-==============  ========  ========  ========  ========
-dark            CALDARK   CALDKVER  CALDKID   CALDKSHA
-flat            CALFLAT   CALFLVER  CALFLID   CALFLSHA
-radiometric     CALRAD    CALRDVER  CALRDID   CALRDSHA
-stray_light     CALSTRAY  CALSTVER  CALSTID   CALSTSHA
-mask_geometry   CALMASK   CALMKVER  CALMKID   CALMKSHA
-psf             CALPSF    CALPSVER  CALPSID   CALPSSHA
-==============  ========  ========  ========  ========
+calibration file in ``CAL*`` keywords, as punchbowl does; ``LEVEL``, ``BUNIT``, ``BACKEND``)
+come from the spec :data:`pipelines.provenance.L2_PROVENANCE`, stamped by its one writer.
 
 Every calibration file given to :func:`calibrate_frame` is recorded, also one that a step
 did not apply (a PSF without ``deconvolve_psf``); HISTORY says which were applied.
 
-Per-job options (``options`` of :func:`calibrate_frame`, also the ``options`` of a
-recalibration job): ``deconvolve_psf`` (SDI Richardson-Lucy with the PSF master),
-``psf_iterations``, ``remove_cosmic_rays`` (L.A.Cosmic), ``flag_bad_pixels`` (default on),
-``subtract_stray_light``, ``rotate_north_up``, ``interpolation_order``, ``saturation_dn``,
-``backend``/``device``.
+Options: one :class:`~pipelines.calibration.options.CalibrationOptions` (defined once, with
+its defaults and limits; a recalibration job's request embeds the same object). The array
+backend (NumPy or CuPy) is an execution choice, not an option: the ``backend`` argument, or
+CuPy when the options say ``device='gpu'``.
 """
 
 from __future__ import annotations
@@ -50,10 +39,12 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration import steps
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import sha256_file
+from pipelines.provenance import CAL_KEYWORDS, calibration_values, stamp_provenance
 
 __all__ = [
     "CALIBRATION_KINDS",
@@ -67,19 +58,6 @@ __all__ = [
 
 #: Kinds of calibration file the flow knows (``CALKIND`` values).
 CALIBRATION_KINDS = ("dark", "flat", "radiometric", "stray_light", "mask_geometry", "psf")
-
-#: Header keywords (name, version, id, sha256) recording each kind on the product.
-CAL_KEYWORDS: dict[str, tuple[str, str, str, str]] = {
-    "dark": ("CALDARK", "CALDKVER", "CALDKID", "CALDKSHA"),
-    "flat": ("CALFLAT", "CALFLVER", "CALFLID", "CALFLSHA"),
-    "radiometric": ("CALRAD", "CALRDVER", "CALRDID", "CALRDSHA"),
-    "stray_light": ("CALSTRAY", "CALSTVER", "CALSTID", "CALSTSHA"),
-    "mask_geometry": ("CALMASK", "CALMKVER", "CALMKID", "CALMKSHA"),
-    "psf": ("CALPSF", "CALPSVER", "CALPSID", "CALPSSHA"),
-}
-
-_KNOWN_OPTIONS = {"backend", "device", "subtract_stray_light", "rotate_north_up", "interpolation_order",
-                  "saturation_dn", "deconvolve_psf", "psf_iterations", "remove_cosmic_rays", "flag_bad_pixels"}
 
 
 @dataclass
@@ -237,19 +215,19 @@ def load_calibration_master(path: str | Path) -> CalibrationInput:
                             channel=channel, data=arrays, parameters=params, path=str(p))
 
 
-def required_kinds(channel: str, options: dict | None = None) -> tuple[str, ...]:
+def required_kinds(channel: str, options: CalibrationOptions | None = None) -> tuple[str, ...]:
     """Calibration kinds :func:`calibrate_frame` needs for ``channel``.
 
-    SCI channels also need ``stray_light`` unless ``options['subtract_stray_light']`` is
-    false; ``options['deconvolve_psf']`` needs ``psf``. ``mask_geometry`` is optional:
+    SCI channels also need ``stray_light`` unless ``options.subtract_stray_light`` is
+    false; ``options.deconvolve_psf`` needs ``psf``. ``mask_geometry`` is optional:
     without it the channel's nominal field of view (:mod:`pipelines.channels`) is used. A
     ``psf`` given without ``deconvolve_psf`` is recorded, not applied.
     """
-    opts = options or {}
+    opts = _options(options)
     kinds = ["dark", "flat", "radiometric"]
-    if get_channel(channel).is_coronagraph and opts.get("subtract_stray_light", True):
+    if get_channel(channel).is_coronagraph and opts.subtract_stray_light:
         kinds.append("stray_light")
-    if opts.get("deconvolve_psf", False):
+    if opts.deconvolve_psf:
         kinds.append("psf")
     return tuple(kinds)
 
@@ -283,18 +261,6 @@ def _stray_model(cal: CalibrationInput) -> StrayLightModel:
                            r_max=float(cal.parameters.get("STRAYRMX", 3.0)))
 
 
-def _stamp_calibration(header: fits.Header, cal: CalibrationInput) -> None:
-    kname, kver, kid, ksha = CAL_KEYWORDS[cal.kind]
-    label = cal.kind.replace("_", " ")
-    comment = f"{label} calibration file"
-    fits_room = 80 - 10 - max(len(cal.name) + 2, 20) - 3  # card: KEYWORD = 'value' / comment
-    header[kname] = (cal.name, comment if len(comment) <= fits_room else "")
-    header[kver] = (int(cal.version), f"{label} calibration version (CALVER)")
-    if cal.id is not None:
-        header[kid] = (int(cal.id), f"{label} calibration file id")
-    header[ksha] = cal.sha256  # 64 hex digits: no room for a comment
-
-
 def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, backend: str) -> dict[str, Any]:
     good = (dq == 0) & np.isfinite(data)
     vals = data[good]  # a float32 copy, ours: the percentiles may reorder it in place
@@ -325,8 +291,17 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
 
 
+def _options(options: CalibrationOptions | None) -> CalibrationOptions:
+    if options is None:
+        return CalibrationOptions()
+    if not isinstance(options, CalibrationOptions):
+        raise TypeError(f"options must be CalibrationOptions (pipelines.calibration.options.as_options "
+                        f"validates a dict), got {type(options).__name__}")
+    return options
+
+
 def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[str, CalibrationInput],
-                    options: dict | None = None) -> L2Result:
+                    options: CalibrationOptions | None = None, *, backend: str | None = None) -> L2Result:
     """Calibrate one raw LST frame to L2.
 
     Parameters
@@ -340,10 +315,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         By kind: ``dark``, ``flat``, ``radiometric``, for SCI ``stray_light``; optional
         ``mask_geometry`` (default: the channel's nominal field of view) and ``psf``
         (recorded in the header, noted as not applied).
-    options : dict, optional
-        ``backend`` (``numpy``/``cupy``; ``device: gpu`` means CuPy), ``subtract_stray_light``
-        (default True), ``rotate_north_up`` (default True), ``interpolation_order`` (3),
-        ``saturation_dn`` (65535). Unknown keys are ignored and named in HISTORY.
+    options : CalibrationOptions, optional
+        The calibration options (default: all defaults).
+    backend : {"numpy", "cupy"}, optional
+        Array backend of the arithmetic; default CuPy if ``options.device == 'gpu'``, else NumPy.
 
     Returns
     -------
@@ -351,6 +326,8 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
 
     Raises
     ------
+    TypeError
+        If ``options`` is not a :class:`CalibrationOptions` (a dict goes through ``as_options``).
     NotLSTFrameError
         If the header names no LST channel.
     CalibrationMissingError
@@ -359,13 +336,38 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         If a calibration is for another channel or another frame size, or the frame or
         its header is unusable (no EXPTIME, no WCS, ...).
     """
-    opts = dict(options or {})
+    opts = _options(options)
+    channel, cals = _checked_inputs(data, header, calibrations, opts)
+    spec = get_channel(channel)
+    xp = resolve_namespace(backend or ("cupy" if opts.device == "gpu" else "numpy"))
+    img, dq, h = _detector_steps(data, _l2_header(header), cals, opts, xp)
+    rad = cals["radiometric"]
+    unit = str(rad.parameters.get("RADUNIT", spec.bunit)).strip() or spec.bunit
+    if unit != spec.bunit:
+        raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
+    img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
+    img, h = _stray_light_step(img, h, cals, opts, spec, xp)
+    dq, h = _mask_steps(img, dq, h, cals, spec, xp)
+    img, h = _psf_step(img, dq, h, cals, opts)
+    if opts.rotate_north_up:
+        img, dq, h = steps.rotate_north_up(img, dq, h, order=opts.interpolation_order)
+    else:
+        img = xp.astype(img, xp.float32)
+        h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
+    _stamp_l2(h, cals, unit, channel, backend_name(xp))
+    out = to_numpy(img).astype(np.float32, copy=False)
+    dq_np = to_numpy(dq).astype(np.uint8, copy=False)
+    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)))
+
+
+def _checked_inputs(data: Any, header: fits.Header, calibrations: dict[str, CalibrationInput] | None,
+                    opts: CalibrationOptions) -> tuple[str, dict[str, CalibrationInput]]:
+    """The frame's channel and its calibrations, checked (kinds, channel, frame size)."""
     if getattr(data, "ndim", None) != 2:
         raise DataError(f"a frame must be a 2-D image, got shape {getattr(data, 'shape', None)}")
     channel = channel_from_header(header)
     if channel is None:
         raise NotLSTFrameError("the header names no LST channel (TELESCOP/INSTRUME/DETECTOR/CHANNEL)")
-    spec = get_channel(channel)
     cals = dict(calibrations or {})
     missing = [k for k in required_kinds(channel, opts) if k not in cals]
     if missing:
@@ -381,30 +383,32 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
             if tuple(arr.shape) != tuple(data.shape):
                 raise DataError(f"the {kind} calibration {cal.name!r} ({name}) is {arr.shape[1]}x{arr.shape[0]}, "
                                 f"the frame is {data.shape[1]}x{data.shape[0]}")
+    return channel, cals
 
-    backend = opts.get("backend") or ("cupy" if str(opts.get("device", "")).lower() == "gpu" else "numpy")
-    xp = resolve_namespace(backend)
-    order = int(opts.get("interpolation_order", 3))
-    saturation = float(opts.get("saturation_dn", steps.SATURATION_DN))
 
+def _l2_header(header: fits.Header) -> fits.Header:
+    """The raw header as the start of the L2 one: scaling and checksums dropped, the raw
+    file named in ``RAWFILE``, ``DATE_OBS`` kept equal to ``DATE-OBS``."""
     h = header.copy()
     for key in ("BZERO", "BSCALE", "BLANK", "CHECKSUM", "DATASUM"):
         h.remove(key, ignore_missing=True, remove_all=True)
     if "FILENAME" in h:
-        h["RAWFILE"] = (str(h["FILENAME"]), "raw frame of this product")
+        stamp_provenance(h, {"RAWFILE": str(h["FILENAME"])})
         del h["FILENAME"]
     if "DATE_OBS" in h:
         h["DATE_OBS"] = (str(h["DATE-OBS"]), "[UTC] ISO 8601")
-    ignored = sorted(set(opts) - _KNOWN_OPTIONS)
-    if ignored:
-        h.add_history(f"calibrate_frame: options ignored (not calibration options): {', '.join(ignored)}")
+    return h
+
+
+def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput],
+                    opts: CalibrationOptions, xp: Any) -> tuple[Any, Any, fits.Header]:
+    """Invalid and bad pixels, dark (by exposure and temperature), cosmic rays, flat, DN/s."""
     # float32 arithmetic: raw DN (<= 65535) are exact, masters are stored as float32, and the
     # relative rounding (6e-8) is far below what the calibration can resolve
     raw = to_device(data, xp, dtype=xp.float32)
-    dq, h = steps.flag_invalid_pixels(raw, None, h, saturation_dn=saturation)
-
+    dq, h = steps.flag_invalid_pixels(raw, None, h, saturation_dn=float(opts.saturation_dn))
     dark = cals["dark"]
-    if opts.get("flag_bad_pixels", True):
+    if opts.flag_bad_pixels:
         dq, h = steps.flag_bad_pixels(dq, h, to_device(bad_pixel_map(dark), xp), source=dark.name)
     else:
         dq, h = steps.flag_bad_pixels(dq, h, None)
@@ -414,74 +418,73 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
                                  reference_temperature_c=float(tref) if tref not in (None, "") else None,
                                  doubling_temperature_c=float(tdbl) if tdbl not in (None, "") else None)
     del raw
-    img, dq, h = steps.clean_cosmic_rays(img, dq, h, enabled=bool(opts.get("remove_cosmic_rays", False)),
+    img, dq, h = steps.clean_cosmic_rays(img, dq, h, enabled=opts.remove_cosmic_rays,
                                          gain=float(h.get("GAIN", dark.parameters.get("GAIN", 1.0)) or 1.0))
     img, h = steps.correct_flat(img, h, to_device(cals["flat"].data["flat"], xp, xp.float32))
     img, h = steps.normalize_exposure(img, h)
-    rad = cals["radiometric"]
-    unit = str(rad.parameters.get("RADUNIT", spec.bunit)).strip() or spec.bunit
-    if unit != spec.bunit:
-        raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
-    img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
+    return img, dq, h
 
-    if spec.is_coronagraph and not opts.get("subtract_stray_light", True):
+
+def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput], opts: CalibrationOptions,
+                      spec: Any, xp: Any) -> tuple[Any, fits.Header]:
+    """SCI stray light: a measured radial profile, a measured map or the power-law model."""
+    if spec.is_coronagraph and not opts.subtract_stray_light:
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
+        return img, h
+    stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
+    stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
+    if stray_type == "PROFILE" and "_profile" in stray_cal.data:
+        prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
+        ok = np.isfinite(prof)
+        model = steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist()))
+    elif stray_cal is not None and "straymap" in stray_cal.data:
+        model = to_device(stray_cal.data["straymap"], xp, xp.float32)
     else:
-        stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
-        stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
-        if stray_type == "PROFILE" and "_profile" in stray_cal.data:
-            prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
-            ok = np.isfinite(prof)
-            model = steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist()))
-        elif stray_cal is not None and "straymap" in stray_cal.data:
-            model = to_device(stray_cal.data["straymap"], xp, xp.float32)
-        else:
-            model = _stray_model(stray_cal) if stray_cal is not None else None
-        img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
+        model = _stray_model(stray_cal) if stray_cal is not None else None
+    return steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
 
+
+def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput], spec: Any,
+                xp: Any) -> tuple[Any, fits.Header]:
+    """Non-finite pixels, the occulter (SCI) and the field stop, from ``mask_geometry`` or
+    the channel's nominal field of view."""
     if "mask_geometry" in cals:
         geo = cals["mask_geometry"].parameters
     else:
         geo = {"OCCRAD": spec.fov_rsun_min, "FOVRAD": spec.fov_rsun_max}
-        h.add_history(f"calibrate_frame: no mask_geometry calibration; nominal {channel} field of view used "
+        h.add_history(f"calibrate_frame: no mask_geometry calibration; nominal {spec.code} field of view used "
                       f"(occulter {spec.fov_rsun_min} Rsun, outer {spec.fov_rsun_max} Rsun)")
     occ = geo.get("OCCRAD")
     occ = float(occ) if occ not in (None, "") else None
     fov = geo.get("FOVRAD", spec.fov_rsun_max)
     dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
     dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
-    dq, h = steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
+    return steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
 
-    if opts.get("deconvolve_psf", False):
+
+def _psf_step(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput],
+              opts: CalibrationOptions) -> tuple[Any, fits.Header]:
+    """SDI Richardson-Lucy deconvolution on request; a PSF file given but not applied is said so."""
+    if opts.deconvolve_psf:
         psf_cal = cals["psf"]
         kernel = psf_cal.data.get("primary", psf_cal.data.get("psf"))
         if kernel is None:
             raise DataError(f"PSF calibration {psf_cal.name!r} holds no kernel")
-        img, h = steps.deconvolve_psf(img, dq, h, kernel, n_iter=int(opts.get("psf_iterations", 30)),
-                                      source=psf_cal.name)
-    else:
-        img, h = steps.deconvolve_psf(img, dq, h, None)
-        if "psf" in cals:
-            h.add_history(f"deconvolve_psf: not applied (option deconvolve_psf=false); PSF file {cals['psf'].name} "
-                          "recorded")
+        return steps.deconvolve_psf(img, dq, h, kernel, n_iter=opts.psf_iterations, source=psf_cal.name)
+    img, h = steps.deconvolve_psf(img, dq, h, None)
+    if "psf" in cals:
+        h.add_history(f"deconvolve_psf: not applied (option deconvolve_psf=false); PSF file {cals['psf'].name} "
+                      "recorded")
+    return img, h
 
-    if opts.get("rotate_north_up", True):
-        img, dq, h = steps.rotate_north_up(img, dq, h, order=order)
-    else:
-        img = xp.astype(img, xp.float32)
-        h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
 
+def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, channel: str, backend: str) -> None:
+    """Calibration files, solar radius keywords, level, unit, channel and backend."""
     for cal in cals.values():
         if cal.kind in CAL_KEYWORDS:
-            _stamp_calibration(h, cal)
+            stamp_provenance(h, calibration_values(cal.kind, cal.name, cal.version, cal.id, cal.sha256))
     if "RSUN_REF" not in h:
         h["RSUN_REF"] = (steps.RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
     if "RSUN_OBS" not in h:
         h["RSUN_OBS"] = (steps.apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
-    h["LEVEL"] = ("L2", "calibrated, north up (LST level 2)")
-    h["BUNIT"] = unit
-    h["CHANNEL"] = channel
-    h["BACKEND"] = (backend_name(xp), "array backend used for the arithmetic")
-    out = to_numpy(img).astype(np.float32, copy=False)
-    dq_np = to_numpy(dq).astype(np.uint8, copy=False)
-    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)))
+    stamp_provenance(h, {"LEVEL": "L2", "BUNIT": unit, "CHANNEL": channel, "BACKEND": backend})

@@ -310,6 +310,8 @@ def kll_flat(images: Sequence[np.ndarray], shifts, *, mask: np.ndarray | None = 
     ----------
     Kuhn, J. R., Lin, H., & Loranz, D. 1991, PASP 103, 1097.
     """
+    # Long: Kuhn, Lin & Loranz (1991) as one iteration over shared per-image buffers (log
+    # images, usable masks, the lattice of shifts); its steps follow the paper's equations in order.
     n = len(images)
     if n < 2:
         raise ValueError("KLL needs at least two displaced images")

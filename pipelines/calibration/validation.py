@@ -35,6 +35,7 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.calibration.flow import CalibrationInput, calibrate_frame, load_calibration_master
+from pipelines.calibration.options import CalibrationOptions
 from pipelines.fitsio import read_image
 
 __all__ = ["GATES", "ADC_RMS_DN", "load_masters", "frame_metrics", "validate_simulation", "stray_map_check",
@@ -168,7 +169,7 @@ def frame_metrics(l2, truth: np.ndarray, stray: np.ndarray | None, truth_header:
     return out
 
 
-def validate_simulation(sim, *, options: dict | None = None, keep_maps: bool = False,
+def validate_simulation(sim, *, options: CalibrationOptions | None = None, keep_maps: bool = False,
                         stray_overrides: dict[str, CalibrationInput] | None = None,
                         masters: dict[str, dict[str, CalibrationInput]] | None = None) -> list[dict[str, Any]]:
     """Calibrate every frame of a simulation and compare it with its truth.
@@ -176,8 +177,8 @@ def validate_simulation(sim, *, options: dict | None = None, keep_maps: bool = F
     Parameters
     ----------
     sim : pipelines.simulate.SimulationResult
-    options : dict, optional
-        Options of :func:`calibrate_frame`.
+    options : CalibrationOptions, optional
+        Options of :func:`calibrate_frame` (default: the defaults).
     keep_maps : bool
         Keep block-averaged residual maps (figures).
     stray_overrides : dict, optional
@@ -258,8 +259,8 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
         msb, dqs, header = [], [], None
         for f in frames:
             raw = read_image(f.raw_path)
-            l1 = calibrate_frame(raw.data, raw.header, cals[ch], {"subtract_stray_light": False,
-                                                                   "rotate_north_up": False})
+            l1 = calibrate_frame(raw.data, raw.header, cals[ch],
+                                 CalibrationOptions(subtract_stray_light=False, rotate_north_up=False))
             msb.append(l1.data)
             dqs.append(l1.dq)
             if header is None:

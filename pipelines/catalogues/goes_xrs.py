@@ -164,6 +164,8 @@ def parse_goes_xrs(path: str | os.PathLike) -> ParseResult:
     CatalogueError
         If the file cannot be read.
     """
+    # Long: one pass over the report's fixed-width columns, with a refusal reason for each
+    # malformed field; the checks read the same line's slices and belong together.
     p = Path(path)
     try:
         raw = p.read_bytes()

@@ -726,6 +726,8 @@ def detect_cmes(
     Robbrecht & Berghmans 2004, A&A 425, 1097; Olmedo et al. 2008, Sol. Phys. 248, 485;
     Yashiro et al. 2004, JGR 109, A07105.
     """
+    # Long: the seven numbered steps of the detector (CACTus-like, Robbrecht & Berghmans 2004)
+    # share the polar grid and the running-difference stack; each step is a few lines.
     p = params
     dts, arr, sec = checked_sequence(times, images, mask)
     nt = arr.shape[0]
@@ -847,6 +849,8 @@ def _suppress_fragments(events: list[DetectedCME], window_s: float) -> list[Dete
 
 def _characterise(cells, lead, zmax, r_cent, pa_cent, dk, dts, sec, p: CMEParams) -> DetectedCME | None:
     """Kinematics, span and acceptance of one grouped event; None if rejected."""
+    # Long: apex, angular span and per-PA speeds of one event read the same significance
+    # cube slices; split, each part would recompute or pass them all.
     n_pa = cells.shape[0]
     frames = np.flatnonzero(cells.any(axis=0))
     if frames.size < p.min_track_points:

@@ -494,6 +494,8 @@ def detect_flares(
     Memory: the macropixel cube (N x ny/f x nx/f float32) is kept; full-resolution frames
     are read one at a time. See the module notes for the method and its references.
     """
+    # Long: the four numbered steps (macropixels, global threshold, tracking, local thresholds)
+    # share the macropixel stacks and noise maps of one series.
     p = params or FlareDetectionParams()
     when = _as_datetimes(times)
     n = len(when)
@@ -628,6 +630,8 @@ _CENTROID_BACKGROUND_FRAMES = 5
 
 def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_items, f, scale,
                   p) -> DetectedFlare | None:
+    # Long: timing, contrast and the full-resolution centroid of one flare use the same
+    # footprint and series slices; each block is commented where it starts.
     n = cube.shape[0]
     k0 = frames[0]
     base_idx = windows[k0]

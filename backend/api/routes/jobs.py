@@ -9,7 +9,8 @@ from fastapi import APIRouter, HTTPException, Response, status
 from backend.api.deps import SessionDep
 from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobsPublic
-from backend.models import JobState, utcnow
+from backend.models import JobState
+from backend.state import move_job
 from backend.services import jobs as jobs_service
 from backend.services.jobs import JobRequest
 
@@ -36,9 +37,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response) -> JobP
         jobs_service.enqueue_job(job.id)
     except Exception as exc:  # broker down or misconfigured: the job must not stay queued forever
         log.exception("could not enqueue job %s", job.id)
-        job.state = JobState.failed
-        job.error = f"could not enqueue the job: {type(exc).__name__}: {exc}"[:2000]
-        job.finished_at = utcnow()
+        move_job(job, JobState.failed, f"could not enqueue the job: {type(exc).__name__}: {exc}")
         session.commit()
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker: {exc}") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"

@@ -7,7 +7,7 @@ write files atomically and move the explicit state machines:
 * job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons).
 
 The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
-in :mod:`pipelines.tasks` are thin wrappers around them.
+in :mod:`backend.worker.tasks` are thin wrappers around them.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from backend.models import Frame, Job, JobState, Product, ProductCalibrationFile
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
+from backend.state import JOB_FINAL, MAX_REASON_CHARS, move_job, move_product, reason_text
+from pipelines.calibration.options import as_options
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,7 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     (same frame, calibration set and parameters) is already written: re-running a job adds
     nothing. Raises ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
     """
-    from backend.services.jobs import JobOptions
-
-    opts = JobOptions.model_validate(options or {})
+    opts = as_options(options)
     also = ("psf",) if opts.deconvolve_psf and frame.channel_code == "SDI" else ()
     sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1,
                               also_required=also)
@@ -72,8 +72,7 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     if existing is not None:
         if existing.state == ProductState.written:
             return existing, False
-        existing.state = ProductState.planned
-        existing.error = None
+        move_product(existing, ProductState.planned)
         existing.job_id = job_id
         return existing, True
     version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
@@ -97,8 +96,10 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     job = session.get(Job, job_id)
     if job is None:
         raise DataError(f"no job {job_id}")
-    job.state = JobState.running
-    job.started_at = utcnow()
+    if job.state in JOB_FINAL:  # a late or redelivered message of a job that has ended
+        log.warning("job %s already %s: not planned again", job_id, job.state.value)
+        return []
+    move_job(job, JobState.running)
     frames = frames_for_job(session, job)
     job.total = len(frames)
     job.done = job.failed = job.skipped = 0
@@ -124,20 +125,14 @@ def plan_job(session: Session, job_id: str) -> list[int]:
         else:
             job.skipped += 1
     if errors:
-        job.error = "; ".join(errors)[:4000]
+        job.error = reason_text("; ".join(errors))
     if not todo:
         _finish(job)
     return todo
 
 
 def _finish(job: Job) -> None:
-    job.finished_at = utcnow()
-    if job.failed:
-        job.state = JobState.failed
-        if not job.error:
-            job.error = f"{job.failed} of {job.total} frames failed"
-    else:
-        job.state = JobState.succeeded
+    move_job(job, JobState.failed if job.failed else JobState.succeeded)
 
 
 def record_item(session: Session, job_id: str | None, product_id: int) -> Job | None:
@@ -152,7 +147,7 @@ def record_item(session: Session, job_id: str | None, product_id: int) -> Job | 
         job = session.get(Job, job_id)
         msg = f"product {product_id} (frame {prod.frame_id}): {prod.error}"
         session.execute(update(Job).where(Job.id == job_id).values(
-            error=func.substr(func.coalesce(Job.error + "; ", "") + msg, 1, 4000)))
+            error=func.substr(func.coalesce(Job.error + "; ", "") + msg, 1, MAX_REASON_CHARS)))
     session.flush()
     job = session.get(Job, job_id)
     session.refresh(job)
@@ -215,12 +210,11 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     """
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
+    from pipelines.provenance import stamp_provenance
 
     frame = prod.frame
-    result.header["PRODID"] = (prod.id, "product id in the LST data platform")
-    result.header["PRODVER"] = (prod.version, "product version for this frame")
-    result.header["FRAMEID"] = (frame.id, "raw frame id in the LST data platform")
-    result.header["FILENAME"] = _product_path(settings, frame, prod).name
+    stamp_provenance(result.header, {"PRODID": prod.id, "PRODVER": prod.version, "FRAMEID": frame.id,
+                                     "FILENAME": _product_path(settings, frame, prod).name})
     for w in (prod.parameters or {}).get("warnings", []):
         result.header.add_history(f"calibration warning: {w}")
     for note in notes:
@@ -235,8 +229,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.quicklook_path = str(ql)
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
-    prod.state = ProductState.written
-    prod.error = None
+    move_product(prod, ProductState.written)
 
 
 def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:
@@ -254,33 +247,33 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     if prod.state == ProductState.written:
         return prod
     frame = prod.frame
-    prod.state = ProductState.writing
-    prod.error = None
+    move_product(prod, ProductState.writing)
     session.commit()
     try:
         raw = read_image(frame.path, dtype=np.float32)  # 16-bit DN exactly, half the memory
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
-        result = calibrate_frame(raw.data, raw.header, cals, prod.parameters.get("options") or {})
+        result = calibrate_frame(raw.data, raw.header, cals, as_options(prod.parameters.get("options")))
         write_product(session, settings, prod, result)
         session.commit()
     except DataError as exc:
         session.rollback()
         prod = session.get(Product, product_id)
-        prod.state = ProductState.failed
-        prod.error = failure_reason(exc)
+        move_product(prod, ProductState.failed, failure_reason(exc))
         session.commit()
     except Exception as exc:
         session.rollback()
         prod = session.get(Product, product_id)
-        prod.state = ProductState.failed
-        prod.error = failure_reason(exc)
+        move_product(prod, ProductState.failed, failure_reason(exc))
         session.commit()
         raise
     return prod
 
 
 def _queue_of(parameters: dict | None) -> str:
-    return str(((parameters or {}).get("options") or {}).get("device", "cpu"))
+    try:
+        return as_options((parameters or {}).get("options")).device
+    except DataError:  # options no worker would take: its products wait on the default queue
+        return "cpu"
 
 
 def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
@@ -318,9 +311,9 @@ def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
     for prod in stuck:
         was = prod.state.value
         queue = _queue_of(prod.parameters)
-        prod.state = ProductState.failed
-        prod.error = (f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
-                      f"(worker died, message lost, or no worker consumes queue '{queue}')")
+        move_product(prod, ProductState.failed,
+                     f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
+                     f"(worker died, message lost, or no worker consumes queue '{queue}')")
         session.flush()
         record_item(session, prod.job_id, prod.id)
     return len(stuck)

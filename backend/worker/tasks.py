@@ -1,22 +1,42 @@
 """Celery tasks: thin wrappers that load rows by id, call the services, record state.
 
+Registered under the names of :class:`backend.broker.TaskName` (``pipelines.tasks.*``, the
+first release's module path), so messages queued by an earlier version are still consumed.
+
 Pass ids, not objects (Celery guide). Data errors are never retried; transient database or
-broker faults (``OperationalError``) are retried with exponential backoff.
+broker faults (``OperationalError``) are retried with exponential backoff. State changes go
+through :mod:`backend.state`. The detections that follow a calibration job come from the
+detector registry (:data:`pipelines.detect.registry.DETECTORS`): one generic task,
+:func:`detect_events`, runs any of them.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from celery import chain
 from celery.signals import worker_init, worker_ready
 from sqlalchemy.exc import OperationalError
 
+from backend.broker import TaskName, app
 from backend.db import session_scope
+from backend.models import Job, JobState
+from backend.services.detection import run_detector
+from backend.services.events import associate_events
+from backend.services.ingest import ingest_path
 from backend.settings import get_settings
-from pipelines.celery_app import app
+from backend.state import JOB_FINAL, move_job
+from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
+from backend.worker.processing import calibrate_product as _calibrate_product
+from backend.worker.processing import plan_job, reap_stale_work, record_item
+from pipelines.calibration.options import as_options
+from pipelines.calibration.resample import available_cores, set_default_threads
+from pipelines.detect.registry import follow_ups
+from pipelines.errors import failure_reason
 
 log = logging.getLogger(__name__)
+
 
 @worker_init.connect
 def _share_cores(sender=None, **_kwargs) -> None:
@@ -25,8 +45,6 @@ def _share_cores(sender=None, **_kwargs) -> None:
     Sent in the main process before the pool forks (``sender`` is the ``WorkController``;
     its ``concurrency`` is the process count), so the children inherit the setting.
     """
-    from pipelines.calibration.steps import available_cores, set_default_threads
-
     try:
         processes = int(getattr(sender, "concurrency", 0) or 0)
     except (TypeError, ValueError):  # "auto": resolved later; keep one thread per core
@@ -40,8 +58,6 @@ def _share_cores(sender=None, **_kwargs) -> None:
 @worker_ready.connect
 def _reap_on_start(**_kwargs) -> None:
     """A starting worker fails the products that dead workers left behind."""
-    from backend.services.processing import reap_stale_work
-
     try:
         with session_scope() as s:
             n = reap_stale_work(s)
@@ -54,18 +70,16 @@ def _reap_on_start(**_kwargs) -> None:
 RETRY = dict(autoretry_for=(OperationalError,), retry_backoff=2, retry_backoff_max=60, max_retries=5)
 
 
-@app.task(name="pipelines.tasks.ingest_file", bind=True, **RETRY)
+@app.task(name=TaskName.ingest_file, bind=True, **RETRY)
 def ingest_file(self, path: str, move: bool = True) -> dict:
     """Ingest one file; returns the outcome (status, reason, ids). Never fails on bad data."""
-    from backend.services.ingest import ingest_path
-
     with session_scope() as s:
         out = ingest_path(s, path, get_settings(), move=move)
     log.info("ingest %s", out.line())
     return out.__dict__
 
 
-@app.task(name="pipelines.tasks.run_job", bind=True, **RETRY)
+@app.task(name=TaskName.run_job, bind=True, **RETRY)
 def run_job(self, job_id: str) -> dict:
     """Plan a job and fan out its work.
 
@@ -74,9 +88,6 @@ def run_job(self, job_id: str) -> dict:
     :func:`calibrate_products_gpu_batch` task each (queue ``gpu``), which count every
     product as it finishes.
     """
-    from backend.models import Job, JobState
-    from backend.services.processing import plan_job, reap_stale_work
-
     with session_scope() as s:
         reaped = reap_stale_work(s)
     if reaped:
@@ -89,16 +100,12 @@ def run_job(self, job_id: str) -> dict:
     except Exception as exc:  # the job must end failed with the reason, never stay queued
         with session_scope() as s:
             job = s.get(Job, job_id)
-            if job is not None:
-                from backend.models import utcnow
-
-                job.state = JobState.failed
-                job.error = f"{type(exc).__name__}: {exc}"[:4000]
-                job.finished_at = utcnow()
+            if job is not None and job.state not in JOB_FINAL:
+                move_job(job, JobState.failed, failure_reason(exc))
         raise
     with session_scope() as s:
-        options = (s.get(Job, job_id).parameters or {}).get("options") or {}
-    if options.get("device") == "gpu":
+        options = as_options((s.get(Job, job_id).parameters or {}).get("options"))
+    if options.device == "gpu":
         # GPU workers take batches: masters stay on the device, copies overlap compute
         size = get_settings().gpu_batch_size
         batches = [todo[i:i + size] for i in range(0, len(todo), size)]
@@ -110,14 +117,12 @@ def run_job(self, job_id: str) -> dict:
     return {"job_id": job_id, "planned": len(todo)}
 
 
-@app.task(name="pipelines.tasks.calibrate_product", bind=True, **RETRY)
+@app.task(name=TaskName.calibrate_product, bind=True, **RETRY)
 def calibrate_product(self, product_id: int) -> dict:
     """Calibrate one product (state planned -> writing -> written | failed)."""
-    from backend.services.processing import calibrate_product as _calibrate
-
     with session_scope() as s:
         try:
-            prod = _calibrate(s, product_id, get_settings())
+            prod = _calibrate_product(s, product_id, get_settings())
             return {"product_id": product_id, "state": prod.state.value, "error": prod.error}
         except OperationalError:
             raise
@@ -126,7 +131,7 @@ def calibrate_product(self, product_id: int) -> dict:
             return {"product_id": product_id, "state": "failed", "error": str(exc)}
 
 
-@app.task(name="pipelines.tasks.calibrate_product_gpu", bind=True, **RETRY)
+@app.task(name=TaskName.calibrate_product_gpu, bind=True, **RETRY)
 def calibrate_product_gpu(self, product_id: int) -> dict:
     """The same as :func:`calibrate_product`, routed to the ``gpu`` queue.
 
@@ -136,18 +141,16 @@ def calibrate_product_gpu(self, product_id: int) -> dict:
     return calibrate_product.run(product_id)
 
 
-@app.task(name="pipelines.tasks.calibrate_products_gpu_batch", bind=True, **RETRY)
+@app.task(name=TaskName.calibrate_products_gpu_batch, bind=True, **RETRY)
 def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int]) -> dict:
     """Calibrate a batch of products on this worker's GPU (queue ``gpu``) and count each
-    towards its job as it is written or fails (:func:`backend.services.gpu_batch.calibrate_products_batch`).
+    towards its job as it is written or fails (:func:`backend.worker.gpu_batch.calibrate_products_batch`).
 
     Without a usable GPU the batch runs on NumPy and the products say so (see that module).
     If the batch breaks as a whole (not a database fault, which is retried), its products
     not yet finished fail with the reason, so the job ends. When the job ends, its
     follow-up detections are queued.
     """
-    from backend.services.gpu_batch import calibrate_products_batch, fail_unfinished
-
     try:
         with session_scope() as s:
             report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id)
@@ -156,100 +159,80 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
         log.exception("GPU batch of job %s failed", job_id)
         with session_scope() as s:
-            report = fail_unfinished(s, list(product_ids), job_id,
-                                     f"GPU batch failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:2000])
+            report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}")
     if report.job_finished:
         _queue_follow_ups(report.job_parameters)
     return {"job_id": job_id, **report.as_dict()}
 
 
 def _queue_follow_ups(params: dict) -> None:
-    """Queue the detections that run once a calibration job over ``params`` has ended."""
+    """Queue the detections that run once a calibration job over ``params`` has ended:
+    one :func:`detect_events` per (detector, channel) of the registry's
+    :func:`~pipelines.detect.registry.follow_ups` for the job's channels."""
     span = {"start": params.get("start"), "end": params.get("end")}
-    channels = params.get("channels", [])
-    if "SDI" in channels:
-        detect_flares.apply_async(kwargs=span, queue="cpu")
-        detect_prominences.apply_async(kwargs={**span, "channel": "SDI"}, queue="cpu")
-    for ch in ("SCI-UV", "SCI-WL"):
-        if ch in channels:
-            detect_cmes.apply_async(kwargs={**span, "channel": ch}, queue="cpu")
-    if "SCI-UV" in channels:
-        detect_prominences.apply_async(kwargs={**span, "channel": "SCI-UV"}, queue="cpu")
-    if "WST" in channels:
-        detect_white_light_flares.apply_async(kwargs=span, queue="cpu")
+    for name, channel in follow_ups(params.get("channels", [])):
+        detect_events.apply_async(kwargs={"detector": name, "channel": channel, **span}, queue="cpu")
 
 
-@app.task(name="pipelines.tasks.record_progress", bind=True, **RETRY)
+@app.task(name=TaskName.record_progress, bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
     """Count one product towards its job; when the job ends, queue flare detection."""
-    from backend.models import JobState
-    from backend.services.processing import record_item
-
     with session_scope() as s:
         job = record_item(s, job_id, product_id)
         state = job.state.value if job else None
-        finished = job is not None and job.state in (JobState.succeeded, JobState.failed)
+        finished = job is not None and job.state in JOB_FINAL
         params = dict(job.parameters) if job else {}
     if finished:
         _queue_follow_ups(params)
     return {"job_id": job_id, "state": state}
 
 
-@app.task(name="pipelines.tasks.detect_flares", bind=True, **RETRY)
-def detect_flares(self, start: str | None = None, end: str | None = None) -> dict:
-    """Run the SDI flare detector on written L2 products in a DATE-OBS range, then link the
-    new events to those of other sources (:func:`backend.services.events.associate_events`)."""
-    from backend.services.detection import detect_sdi_flares
-
-    with session_scope() as s:
-        events = detect_sdi_flares(s, start=_time(start), end=_time(end))
-        linked = associate_events(s, start=_time(start), end=_time(end))
-        return {"events": [e.id for e in events], "associations": linked}
-
-
-def _time(value: str | None):
-    import datetime as dt
-
+def _time(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value) if value else None
 
 
-def associate_events(session, *, start=None, end=None) -> int:
-    """Link events across sources and types between ``start`` and ``end`` (aware UTC or None);
-    returns the number of new links (:func:`backend.services.events.associate_events`)."""
-    from backend.services.events import associate_events as _associate
+@app.task(name=TaskName.detect_events, bind=True, **RETRY)
+def detect_events(self, detector: str, channel: str | None = None, start: str | None = None,
+                  end: str | None = None) -> dict:
+    """Run registry detector ``detector`` (``flares``, ``cmes``, ``prominences``,
+    ``white-light``) on the written L2 products of ``channel`` (default: the detector's) with
+    DATE-OBS in ``start``..``end`` (ISO 8601), then link the new events to those of other
+    sources and types (:func:`backend.services.events.associate_events`)."""
+    t0, t1 = _time(start), _time(end)
+    with session_scope() as s:
+        events = run_detector(s, detector, channel=channel, start=t0, end=t1)
+        linked = associate_events(s, start=t0, end=t1)
+        return {"detector": detector, "channel": channel, "events": [e.id for e in events], "associations": linked}
 
-    return _associate(session, start=start, end=end)
+
+# The first release's per-detector tasks: kept so that messages already queued are consumed.
+def _legacy(detector: str, channel: str | None, start: str | None, end: str | None) -> dict:
+    out = detect_events.run(detector, channel, start, end)
+    out.pop("detector")
+    if channel is None:
+        out.pop("channel")
+    return out
 
 
-@app.task(name="pipelines.tasks.detect_cmes", bind=True, **RETRY)
+@app.task(name=TaskName.detect_flares, bind=True, **RETRY)
+def detect_flares(self, start: str | None = None, end: str | None = None) -> dict:
+    """SDI flares (:func:`detect_events` with ``flares``); the first release's task."""
+    return _legacy("flares", None, start, end)
+
+
+@app.task(name=TaskName.detect_cmes, bind=True, **RETRY)
 def detect_cmes(self, channel: str = "SCI-UV", start: str | None = None, end: str | None = None) -> dict:
-    """Run the CME detector on the written L2 products of an SCI channel in a DATE-OBS range,
-    then link the new events (flare/prominence -> CME)."""
-    from backend.services.detection import detect_sci_cmes
-
-    with session_scope() as s:
-        events = detect_sci_cmes(s, channel=channel, start=_time(start), end=_time(end))
-        linked = associate_events(s, start=_time(start), end=_time(end))
-        return {"channel": channel, "events": [e.id for e in events], "associations": linked}
+    """CMEs on SCI-UV or SCI-WL (:func:`detect_events` with ``cmes``); the first release's task."""
+    return _legacy("cmes", channel, start, end)
 
 
-@app.task(name="pipelines.tasks.detect_prominences", bind=True, **RETRY)
+@app.task(name=TaskName.detect_prominences, bind=True, **RETRY)
 def detect_prominences(self, channel: str = "SDI", start: str | None = None, end: str | None = None) -> dict:
-    """Run the prominence-eruption detector on SDI or SCI-UV L2 products in a DATE-OBS range."""
-    from backend.services.detection import detect_prominence_eruptions
-
-    with session_scope() as s:
-        events = detect_prominence_eruptions(s, channel=channel, start=_time(start), end=_time(end))
-        linked = associate_events(s, start=_time(start), end=_time(end))
-        return {"channel": channel, "events": [e.id for e in events], "associations": linked}
+    """Prominence eruptions on SDI or SCI-UV (:func:`detect_events` with ``prominences``)."""
+    return _legacy("prominences", channel, start, end)
 
 
-@app.task(name="pipelines.tasks.detect_white_light_flares", bind=True, **RETRY)
+@app.task(name=TaskName.detect_white_light_flares, bind=True, **RETRY)
 def detect_white_light_flares(self, start: str | None = None, end: str | None = None) -> dict:
-    """Run the WST white-light flare detector (8 % over the pre-flare level) in a DATE-OBS range."""
-    from backend.services.detection import detect_wst_white_light_flares
-
-    with session_scope() as s:
-        events = detect_wst_white_light_flares(s, start=_time(start), end=_time(end))
-        linked = associate_events(s, start=_time(start), end=_time(end))
-        return {"events": [e.id for e in events], "associations": linked}
+    """WST white-light flares (:func:`detect_events` with ``white-light``); the first release's task."""
+    return _legacy("white-light", None, start, end)

@@ -1,4 +1,9 @@
-"""The Celery application: explicit queues, routes and reliability settings.
+"""The Celery application as the API and the CLI see it: configuration, queues, task names.
+
+The API sends work **by task name** (:func:`send`): no module of the API imports the worker
+(:mod:`backend.worker`), which registers the tasks on this same :data:`app`. The registered
+names (:class:`TaskName`) are those of the first release (``pipelines.tasks.*``), so messages
+already queued by an earlier version are still consumed.
 
 Queues: ``cpu`` (default) and ``gpu`` (GPU workers, ``ARRAY_BACKEND=cupy``). Long tasks use
 ``acks_late`` with ``worker_prefetch_multiplier=1`` (Celery guide, "optimizing").
@@ -15,9 +20,34 @@ from kombu import Exchange, Queue
 
 from backend.settings import Settings, get_settings
 
-__all__ = ["app", "configure", "ensure_configured"]
+__all__ = ["app", "configure", "ensure_configured", "send", "TaskName"]
 
-app = Celery("lstdp", include=["pipelines.tasks"])
+
+class TaskName:
+    """Registered Celery task names (kept from the first release: queued messages name them)."""
+
+    ingest_file = "pipelines.tasks.ingest_file"
+    run_job = "pipelines.tasks.run_job"
+    calibrate_product = "pipelines.tasks.calibrate_product"
+    calibrate_product_gpu = "pipelines.tasks.calibrate_product_gpu"
+    calibrate_products_gpu_batch = "pipelines.tasks.calibrate_products_gpu_batch"
+    record_progress = "pipelines.tasks.record_progress"
+    detect_flares = "pipelines.tasks.detect_flares"
+    detect_cmes = "pipelines.tasks.detect_cmes"
+    detect_prominences = "pipelines.tasks.detect_prominences"
+    detect_white_light_flares = "pipelines.tasks.detect_white_light_flares"
+    detect_events = "pipelines.tasks.detect_events"
+
+    @classmethod
+    def all(cls) -> list[str]:
+        """Every registered name."""
+        return [v for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, str)]
+
+
+#: The worker's task module: imported by a worker at start, never by the API.
+WORKER_MODULE = "backend.worker.tasks"
+
+app = Celery("lstdp", include=[WORKER_MODULE])
 _configured_for: tuple[str, str, str] | None = None
 
 
@@ -35,7 +65,7 @@ def configure(settings: Settings | None = None) -> Celery:
         task_default_queue="cpu",
         task_default_exchange="cpu",
         task_default_routing_key="cpu",
-        task_routes={"pipelines.tasks.calibrate_product_gpu": {"queue": "gpu", "routing_key": "gpu"}},
+        task_routes={TaskName.calibrate_product_gpu: {"queue": "gpu", "routing_key": "gpu"}},
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -79,6 +109,12 @@ def ensure_configured() -> Celery:
     if _configured_for != (s.celery_broker_url, s.result_backend, str(s.root)):
         configure(s)
     return app
+
+
+def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None, *, queue: str = "cpu"):
+    """Send task ``name`` (a :class:`TaskName`) to ``queue`` with JSON arguments; returns its
+    ``AsyncResult`` at once. The sender needs no import of the task's code."""
+    return ensure_configured().send_task(name, args=list(args or ()), kwargs=dict(kwargs or {}), queue=queue)
 
 
 configure()

@@ -33,10 +33,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.models import Job, JobState, Product, ProductState
-from backend.services.processing import record_item, resident_master, write_product
+from backend.worker.processing import record_item, resident_master, write_product
 from backend.settings import Settings
+from backend.state import move_product
 from pipelines.array_backend import cupy_available
-from pipelines.errors import failure_reason
+from pipelines.calibration.options import as_options
+from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +112,7 @@ def _count(session: Session, report: BatchReport, job_id: str | None, product_id
 
 def _fail(session: Session, report: BatchReport, job_id: str | None, product_id: int, reason: str) -> None:
     prod = session.get(Product, product_id)
-    prod.state = ProductState.failed
-    prod.error = reason
+    move_product(prod, ProductState.failed, reason)
     session.flush()
     _count(session, report, job_id, product_id)
     session.commit()
@@ -127,7 +128,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     session : Session
         Used on the calling thread only (the executor's threads read files and compute).
     product_ids : list of int
-        Products planned by :func:`backend.services.processing.plan_job`.
+        Products planned by :func:`backend.worker.processing.plan_job`.
     settings : Settings
         Product store and ``ARRAY_BACKEND``.
     job_id : str, optional
@@ -167,8 +168,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         if prod is None or prod.state in (ProductState.written, ProductState.failed):
             report.skipped.append(pid)
             continue
-        prod.state = ProductState.writing
-        prod.error = None
+        move_product(prod, ProductState.writing)
         claimed.append(pid)
     session.commit()
 
@@ -180,7 +180,11 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         except Exception as exc:  # noqa: BLE001 - a master changed on disk or unreadable: this product fails
             _fail(session, report, job_id, pid, failure_reason(exc))
             continue
-        options = dict((prod.parameters or {}).get("options") or {})
+        try:
+            options = as_options((prod.parameters or {}).get("options"))
+        except DataError as exc:  # options stored by hand or by an older version: this product fails
+            _fail(session, report, job_id, pid, failure_reason(exc))
+            continue
         items.append(BatchItem.from_path(pid, prod.frame.path, cals, options))
 
     def on_result(outcome) -> None:

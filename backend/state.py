@@ -1,0 +1,123 @@
+"""The two state machines, product and job: the only place a state changes.
+
+Product (one L2 file of one frame under one calibration set)::
+
+    planned -> writing -> written            (final: a new calibration makes a new version)
+       |  ^       |  \\
+       |  |       |   -> planned             (re-planned by a new job run)
+       v  |       v
+      failed <----+      failed -> planned | writing   (re-planned, or its message ran late)
+
+Job (a recalibration request)::
+
+    queued -> running -> succeeded | failed  (final)
+       \\-> failed                            (could not be sent, or could not be planned)
+
+:func:`move_product` and :func:`move_job` refuse any other move (:class:`IllegalTransition`)
+and record the reason of a failure with one rule (:data:`MAX_REASON_CHARS`, the first line
+of an exception as :func:`pipelines.errors.failure_reason` gives it). A product's reason is
+cleared when it goes back to work; a job gets ``started_at`` when it starts running and
+``finished_at`` when it ends. No other module assigns ``.state`` (a test walks the code).
+"""
+
+from __future__ import annotations
+
+from backend.models import Job, JobState, Product, ProductState, utcnow
+from pipelines.errors import LSTDPError
+
+__all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
+           "move_product", "move_job", "JOB_FINAL"]
+
+#: Longest error text stored on a product or a job [characters]; longer text is cut.
+MAX_REASON_CHARS = 4000
+
+P, J = ProductState, JobState
+
+#: Legal product moves: state -> the states it may go to.
+PRODUCT_MOVES: dict[ProductState, frozenset[ProductState]] = {
+    P.planned: frozenset({P.planned, P.writing, P.failed}),
+    P.writing: frozenset({P.writing, P.written, P.failed, P.planned}),
+    P.failed: frozenset({P.planned, P.writing}),
+    P.written: frozenset(),
+}
+
+#: Legal job moves (``running -> running``: a redelivered plan message re-plans the job).
+JOB_MOVES: dict[JobState, frozenset[JobState]] = {
+    J.queued: frozenset({J.running, J.failed}),
+    J.running: frozenset({J.running, J.succeeded, J.failed}),
+    J.succeeded: frozenset(),
+    J.failed: frozenset(),
+}
+
+#: Job states that end a job.
+JOB_FINAL = frozenset({J.succeeded, J.failed})
+
+
+class IllegalTransition(LSTDPError):
+    """A state change that the state machine does not allow (the message says which)."""
+
+
+def reason_text(reason: str | None) -> str | None:
+    """``reason`` cut to :data:`MAX_REASON_CHARS` (``None`` and ``''`` stay ``None``)."""
+    if not reason:
+        return None
+    return reason[:MAX_REASON_CHARS]
+
+
+def move_product(product: Product, to: ProductState, reason: str | None = None) -> Product:
+    """Move ``product`` to state ``to``; the caller flushes or commits.
+
+    Parameters
+    ----------
+    product : backend.models.Product
+    to : ProductState
+    reason : str, optional
+        Why it failed (required for ``failed``; stored cut to :data:`MAX_REASON_CHARS`).
+        Moving to any other state clears the product's error.
+
+    Raises
+    ------
+    IllegalTransition
+        If the machine does not allow ``product.state -> to``, or ``failed`` has no reason.
+    """
+    was = product.state
+    if was is not None and to not in PRODUCT_MOVES[ProductState(was)]:
+        raise IllegalTransition(f"product {product.id}: {ProductState(was).value} -> {to.value} is not allowed")
+    if to == ProductState.failed and not reason:
+        raise IllegalTransition(f"product {product.id}: failed needs a reason")
+    product.state = to
+    product.error = reason_text(reason) if to == ProductState.failed else None
+    return product
+
+
+def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
+    """Move ``job`` to state ``to`` (setting ``started_at``/``finished_at``); the caller commits.
+
+    Parameters
+    ----------
+    job : backend.models.Job
+    to : JobState
+    reason : str, optional
+        Stored as the job's error (cut to :data:`MAX_REASON_CHARS`) when given; a job that
+        ends ``failed`` without one keeps the error its products gave it, or else says how
+        many frames failed.
+
+    Raises
+    ------
+    IllegalTransition
+        If the machine does not allow ``job.state -> to``.
+    """
+    was = JobState(job.state) if job.state is not None else JobState.queued
+    if to not in JOB_MOVES[was]:
+        raise IllegalTransition(f"job {job.id}: {was.value} -> {to.value} is not allowed")
+    job.state = to
+    now = utcnow()
+    if to == JobState.running:
+        job.started_at = now
+    if to in JOB_FINAL:
+        job.finished_at = now
+    if reason:
+        job.error = reason_text(reason)
+    elif to == JobState.failed and not job.error:
+        job.error = f"{job.failed or 0} of {job.total or 0} frames failed"
+    return job

@@ -1,0 +1,85 @@
+"""The calibration options: one typed, frozen object with its defaults, units and limits.
+
+:class:`CalibrationOptions` is the only definition. :func:`pipelines.calibration.flow.calibrate_frame`
+takes it; a recalibration job's request (``backend.services.jobs.JobRequest.options``)
+embeds it, so the API's schema, the job's stored parameters and the flow read the same
+fields. Unknown keys and wrong types are refused (never silently ignored).
+
+A product's identity (``params_hash``) holds only the options that differ from their
+defaults and change its values (:meth:`CalibrationOptions.identity`): a job that spells out
+the defaults, or that only chooses the device, makes the same products.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from pipelines.calibration.steps import SATURATION_DN
+from pipelines.errors import DataError
+
+__all__ = ["CalibrationOptions", "as_options"]
+
+
+class CalibrationOptions(BaseModel):
+    """Options of the L2 calibration of one frame (also those of a recalibration job).
+
+    Attributes
+    ----------
+    device : {"cpu", "gpu"}
+        Where a job's frames run: ``gpu`` sends them to the GPU workers (queue ``gpu``,
+        CuPy). Not part of the product's identity: CPU and GPU agree to float32 rounding.
+    deconvolve_psf : bool
+        SDI: Richardson-Lucy deconvolution by the PSF master (needs a ``psf`` calibration).
+    psf_iterations : int, 1..500
+        Richardson-Lucy iterations.
+    remove_cosmic_rays : bool
+        L.A.Cosmic cosmic-ray removal (van Dokkum 2001, PASP 113, 1420), DQ bit 64.
+    flag_bad_pixels : bool
+        Flag the dark master's hot/bad pixels in DQ (bit 32).
+    subtract_stray_light : bool
+        SCI: subtract the stray-light model (needs a ``stray_light`` calibration).
+    rotate_north_up : bool
+        Rotate solar north up and centre the Sun (cubic spline resampling by default).
+    interpolation_order : int, 0..5
+        Spline order of the north-up resampling (3: cubic B-spline).
+    saturation_dn : float, (0, 65535] [DN]
+        Raw pixels at or above are flagged saturated (DQ bit 1).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: Literal["cpu", "gpu"] = Field("cpu", description="gpu: run on the GPU workers (queue gpu, CuPy)")
+    deconvolve_psf: StrictBool = Field(False, description="SDI: Richardson-Lucy PSF deconvolution")
+    psf_iterations: int = Field(30, ge=1, le=500, description="Richardson-Lucy iterations")
+    remove_cosmic_rays: StrictBool = Field(False, description="L.A.Cosmic cosmic-ray removal (van Dokkum 2001)")
+    flag_bad_pixels: StrictBool = Field(True, description="flag hot/bad pixels of the dark master in DQ")
+    subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
+    rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
+    interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
+    saturation_dn: float = Field(SATURATION_DN, gt=0, le=SATURATION_DN,
+                                 description="[DN] pixels at or above are flagged")
+
+    def identity(self) -> dict[str, Any]:
+        """The options that change the product's values and differ from their defaults
+        (``device`` does not change them). JSON-ready."""
+        return self.model_dump(exclude_defaults=True, exclude={"device"})
+
+
+def as_options(value: CalibrationOptions | dict[str, Any] | None) -> CalibrationOptions:
+    """``value`` as :class:`CalibrationOptions` (``None``: the defaults; a dict: validated).
+
+    Raises
+    ------
+    DataError
+        If a dict names an unknown option or gives a value out of its limits (the message
+        names each field).
+    """
+    if isinstance(value, CalibrationOptions):
+        return value
+    try:
+        return CalibrationOptions.model_validate(value or {})
+    except ValidationError as exc:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}" for e in exc.errors())
+        raise DataError(f"invalid calibration options: {reasons}") from None
