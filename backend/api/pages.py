@@ -36,6 +36,7 @@ from backend.services import event_search
 from backend.services.channels import list_channels
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
 from frontend import STATIC_DIR, TEMPLATE_DIR
+from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS
 
 __all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
@@ -53,7 +54,7 @@ QUICKLOOK_MARGIN = dt.timedelta(hours=1)
 #: Margin of the light curve around an event (the API default).
 LIGHTCURVE_MARGIN = dt.timedelta(minutes=30)
 #: Event sources known to the platform (``Event.source``), offered in the filter form.
-EVENT_SOURCES = ("detected", "goes_xrs", "cdaw", "hek", "donki", "lst_wst", "noaa_srs")
+EVENT_SOURCES = SOURCES
 
 
 def _plotly_js_version() -> str:

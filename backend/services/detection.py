@@ -42,6 +42,7 @@ from backend.models import (
     utcnow,
 )
 from backend.services.events import insert_ignoring_conflicts
+from pipelines.catalogues import DETECTED_SOURCE
 from pipelines.catalogues.records import json_safe
 from pipelines.detect.flares import (
     DETECTOR_NAME,
@@ -65,7 +66,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCE = "detected"
+SOURCE = DETECTED_SOURCE
 CHANNEL = "SDI"
 
 

@@ -20,6 +20,7 @@ from pydantic import AfterValidator
 
 from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
+from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
 from pipelines.channels import CHANNELS, get_channel
 
 __all__ = [
@@ -191,7 +192,7 @@ async def event_search(
     type: Annotated[list[str] | None, Query(  # noqa: A002 - the HEK name of the filter
         description="HEK event code(s): FL, CE, PR, ...; repeat the parameter or separate with commas")] = None,
     source: Annotated[list[str] | None, Query(
-        description="detected, or a catalogue (goes_xrs, cdaw, hek, donki, lst_wst, noaa_srs); repeatable")] = None,
+        description=f"{DETECTED_SOURCE}, or a catalogue ({', '.join(CATALOGUES)}); repeatable")] = None,
     channel: ChannelQuery = None,
     hpc_x_min: Annotated[_Hpc, Query(description="Bounding box: smallest Solar X [arcsec]")] = None,
     hpc_x_max: Annotated[_Hpc, Query(description="Bounding box: largest Solar X [arcsec]")] = None,
