@@ -183,20 +183,14 @@ def cmd_calibrate(args) -> int:
 
 def cmd_detect(args) -> int:
     from backend.db import session_scope
-    from backend.services import detection
+    from backend.services.detection import run_detector
     from backend.services.events import associate_events
 
     t0 = _parse_time(args.start) if args.start else None
     t1 = _parse_time(args.end) if args.end else None
-    runs = {
-        "flares": lambda s: detection.detect_sdi_flares(s, start=t0, end=t1),
-        "cmes": lambda s: detection.detect_sci_cmes(s, channel=args.channel or "SCI-UV", start=t0, end=t1),
-        "prominences": lambda s: detection.detect_prominence_eruptions(s, channel=args.channel or "SDI",
-                                                                       start=t0, end=t1),
-        "white-light": lambda s: detection.detect_wst_white_light_flares(s, start=t0, end=t1),
-    }
     with session_scope() as s:
-        events = runs[args.kind](s)
+        # the detector's default channel when none is given (pipelines.detect.registry)
+        events = run_detector(s, args.kind, channel=args.channel or None, start=t0, end=t1)
         for e in events:
             where = (f"PA {e.position_angle:.0f} deg, {e.speed_km_s:.0f} km/s" if e.position_angle is not None
                      else f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
@@ -373,10 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wait", action="store_true")
     c.set_defaults(func=cmd_calibrate)
 
+    from pipelines.detect.registry import DETECTORS
+
     de = sub.add_parser("detect", help="run a detector on the L2 series (default: SDI flares)")
-    de.add_argument("--kind", choices=["flares", "cmes", "prominences", "white-light"], default="flares",
-                    help="flares (SDI), cmes (SCI-UV/SCI-WL), prominences (SDI/SCI-UV), white-light (WST)")
-    de.add_argument("--channel", help="SCI-UV or SCI-WL for cmes; SDI or SCI-UV for prominences")
+    de.add_argument("--kind", choices=list(DETECTORS), default="flares",
+                    help=", ".join(f"{d.name} ({'/'.join(d.channels)})" for d in DETECTORS.values()))
+    de.add_argument("--channel", help="; ".join(f"{' or '.join(d.channels)} for {d.name} (default {d.default_channel})"
+                                                for d in DETECTORS.values() if len(d.channels) > 1))
     de.add_argument("--start")
     de.add_argument("--end")
     de.set_defaults(func=cmd_detect)

@@ -335,3 +335,29 @@ def test_voevent(client, db_session, catalogue):
     cites = [x.text for x in root.iter("EventIVORN")]
     assert cites == [f"ivo://aso-s.lst/lstdp/events#goes_xrs/{fl.source_key}"]
     assert_error(client.get("/api/v1/events/999999/voevent"), 404, "no event with id 999999")
+
+
+def test_one_filter_parser_for_the_api_and_the_page():
+    from backend.api.routes.params import parse_event_filters
+
+    # the same values give the same filters, whether parsed (API) or text (page form)
+    api = parse_event_filters(types=["fl"], sources=[" cdaw "], start=dt.datetime(2024, 5, 14, 12),
+                              hpc_x_min=-100.0, hpc_x_max=100.0, pa_min=300.0, pa_max=30.0, min_goes_class="m1")
+    page = parse_event_filters(types="fl", sources=" cdaw ", start="2024-05-14T12:00", hpc_x_min="-100",
+                               hpc_x_max="100", pa_min="300", pa_max="30", min_goes_class=" m1 ", form=True)
+    assert api.filters == page.filters and not api.problems and not page.problems
+    assert api.filters.start == dt.datetime(2024, 5, 14, 12, tzinfo=dt.UTC)
+    assert page.min_goes_class == "M1" and api.filters.min_goes_flux == pytest.approx(1e-5)
+
+    # lists: comma-separated for the API, one value on the page
+    assert parse_event_filters(types="FL,CE").filters.event_types == ("FL", "CE")
+    assert [p.param for p in parse_event_filters(types="FL,CE", form=True).problems] == ["type"]
+
+    # a refused value: left out, reported with the API's message and the page's note
+    bad = parse_event_filters(start="2024-05-14T13:00", end="2024-05-14T12:00", hpc_y_min="5", hpc_y_max="-5",
+                              pa_min="abc", form=True)
+    assert [p.param for p in bad.problems] == ["end", "pa_min", "hpc_y_max"]
+    assert bad.filters == EventFilters()
+    assert bad.problems[0].note == "end is before start: the time range was not applied"
+    assert bad.problems[1].note == "PA from: 'abc' is not a number"
+    assert bad.problems[2].message == "hpc_y_max (-5.0) is smaller than hpc_y_min (5.0)"

@@ -3,7 +3,8 @@
 Pages read through the same service functions as the API; figures are not drawn here: a
 page holds a ``<div data-figure-url=...>`` that ``frontend/static/app.js`` fills with the
 Plotly JSON from the API. Bad filter values on a page are shown as a message on the page
-(the filter is then not applied), never as an error status.
+(the filter is then not applied), never as an error status; they are read by the API's parser,
+:func:`backend.api.routes.params.parse_event_filters`.
 
 The events list pages with the search API's keyset cursors (``after``: the events older
 than a row, ``before``: the events newer than a row), never with an offset: every page
@@ -25,7 +26,7 @@ from fastapi.templating import Jinja2Templates
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes.params import IdPath, canonical_event_type, is_safe_key
+from backend.api.routes.params import NUMERIC_FILTERS, IdPath, is_safe_key, parse_event_filters
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import events as events_service
@@ -36,6 +37,7 @@ from backend.services import event_search
 from backend.services.channels import list_channels
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
 from frontend import STATIC_DIR, TEMPLATE_DIR
+from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS
 
 __all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
@@ -53,7 +55,7 @@ QUICKLOOK_MARGIN = dt.timedelta(hours=1)
 #: Margin of the light curve around an event (the API default).
 LIGHTCURVE_MARGIN = dt.timedelta(minutes=30)
 #: Event sources known to the platform (``Event.source``), offered in the filter form.
-EVENT_SOURCES = ("detected", "goes_xrs", "cdaw", "hek", "donki", "lst_wst", "noaa_srs")
+EVENT_SOURCES = SOURCES
 
 
 def _plotly_js_version() -> str:
@@ -102,18 +104,6 @@ templates = _templates()
 router = APIRouter(include_in_schema=False)
 
 
-def _parse_time(name: str, value: str | None, errors: list[str]) -> dt.datetime | None:
-    """A form time (``YYYY-MM-DDTHH:MM[:SS]``, UTC) or ``None``; bad values go to ``errors``."""
-    if not value:
-        return None
-    try:
-        t = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-    except (ValueError, OverflowError):
-        errors.append(f"{name}: {value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)")
-        return None
-
-
 def _form_time(t: dt.datetime | None) -> str:
     """A time for the form and the page links, to the minute unless it has seconds (exact:
     a page link must give back the same filters, or its cursor is refused)."""
@@ -131,21 +121,6 @@ def _form_num(v: float | None) -> str:
         return ""
     short = f"{v:g}"
     return short if float(short) == v else repr(v)
-
-
-def _form_float(name: str, value: str | None, lo: float, hi: float, errors: list[str]) -> float | None:
-    """A number from the filter form in [lo, hi], or None; bad values go to ``errors``."""
-    if value is None or not value.strip():
-        return None
-    try:
-        v = float(value)
-    except ValueError:
-        errors.append(f"{name}: {value[:40]!r} is not a number")
-        return None
-    if not (lo <= v <= hi):
-        errors.append(f"{name}: {v:g} is outside {lo:g}..{hi:g}")
-        return None
-    return v
 
 
 _NUM = Annotated[str | None, Query(max_length=24)]
@@ -238,42 +213,17 @@ def events_page(
     position-angle range, helioprojective box), newest first, paged by cursor
     (:func:`event_list_page`; the filters ride along in the page links), and the timeline
     figure. A page link made for other filters is reported and the newest page shown."""
-    from pipelines.catalogues.records import goes_class_to_flux
-
-    errors: list[str] = []
-    try:
-        event_type = canonical_event_type(type)
-    except ValueError as exc:
-        errors.append(f"type: {exc}")
-        event_type = None
-    source = (source or "").strip() or None
-    if source is not None and not is_safe_key(source, 32):
-        errors.append(f"source: {source[:40]!r} is not a source name (letters, digits, _ . -)")
-        source = None
-    t0 = _parse_time("start", start, errors)
-    t1 = _parse_time("end", end, errors)
-    if t0 and t1 and t1 < t0:
-        errors.append("end is before start: the time range was not applied")
-        t0 = t1 = None
-    min_class = (min_goes_class or "").strip().upper() or None
-    flux = None
-    if min_class:
-        try:
-            flux = goes_class_to_flux(min_class)
-        except ValueError as exc:
-            errors.append(f"minimum GOES class: {exc}")
-            min_class = None
-    num = {name: _form_float(label, value, lo, hi, errors) for name, label, value, lo, hi in (
-        ("pa_min", "PA from", pa_min, 0, 360), ("pa_max", "PA to", pa_max, 0, 360),
-        ("hpc_x_min", "Solar X from", hpc_x_min, -10000, 10000), ("hpc_x_max", "Solar X to", hpc_x_max, -10000, 10000),
-        ("hpc_y_min", "Solar Y from", hpc_y_min, -10000, 10000), ("hpc_y_max", "Solar Y to", hpc_y_max, -10000, 10000),
-    )}
-    for lo, hi in (("hpc_x_min", "hpc_x_max"), ("hpc_y_min", "hpc_y_max")):
-        if num[lo] is not None and num[hi] is not None and num[lo] > num[hi]:
-            errors.append(f"{hi} is smaller than {lo}: that bound was not applied")
-            num[lo] = num[hi] = None
-    filters = EventFilters(event_types=(event_type,) if event_type else (), start=t0, end=t1,
-                           sources=(source,) if source else (), min_goes_flux=flux, **num)
+    parsed = parse_event_filters(
+        types=type, sources=source, start=start, end=end, min_goes_class=min_goes_class,
+        pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
+        hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, form=True,
+    )
+    errors = [p.note for p in parsed.problems]
+    filters = parsed.filters
+    event_type = filters.event_types[0] if filters.event_types else None
+    source = filters.sources[0] if filters.sources else None
+    t0, t1, min_class = filters.start, filters.end, parsed.min_goes_class
+    num = {name: getattr(filters, name) for name, *_ in NUMERIC_FILTERS}
     form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
             "min_goes_class": min_class or "", **{k: _form_num(v) for k, v in num.items()}}
     form_q = {k: v for k, v in form.items() if v}

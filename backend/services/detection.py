@@ -1,4 +1,12 @@
-"""Flare detection on the written SDI L2 products, stored as events.
+"""Detection on the written L2 products, stored as events.
+
+:func:`run_detector` runs a detector of :data:`pipelines.detect.registry.DETECTORS` by
+name (``flares``, ``cmes``, ``prominences``, ``white-light``) on one of its channels: it
+checks the channel and calls the service function the registry entry names
+(:func:`detect_sdi_flares`, :func:`detect_sci_cmes`, :func:`detect_prominence_eruptions`,
+:func:`detect_wst_white_light_flares`), each called as ``fn(session, *, channel, start,
+end, params, product_root)``. Names, versions, channels and default parameters come from
+the registry.
 
 :func:`detect_sdi_flares` loads the newest written L2 product of every SDI frame in a
 DATE-OBS range (ordered by ``Frame.date_obs``), runs the pure detector
@@ -42,18 +50,20 @@ from backend.models import (
     utcnow,
 )
 from backend.services.events import insert_ignoring_conflicts
+from pipelines.catalogues import DETECTED_SOURCE
 from pipelines.catalogues.records import json_safe
 from pipelines.detect.flares import (
     DETECTOR_NAME,
     DETECTOR_VERSION,
     DetectedFlare,
     FlareDetectionParams,
-    detect_flares,
 )
+from pipelines.detect.registry import DETECTORS, get_detector
 from pipelines.errors import FitsReadError
 from pipelines.products import read_product
 
 __all__ = [
+    "run_detector",
     "detect_sdi_flares",
     "detect_sci_cmes",
     "detect_prominence_eruptions",
@@ -65,7 +75,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SOURCE = "detected"
+SOURCE = DETECTED_SOURCE
 CHANNEL = "SDI"
 
 
@@ -179,9 +189,58 @@ def _heliographic(flare: DetectedFlare, header: fits.Header) -> tuple[float | No
     return lat, lon
 
 
+def run_detector(
+    session: Session,
+    name: str,
+    *,
+    channel: str | None = None,
+    start: dt.datetime | None = None,
+    end: dt.datetime | None = None,
+    params: Any = None,
+    product_root: Path | None = None,
+) -> list[Event]:
+    """Run detector ``name`` of :data:`pipelines.detect.registry.DETECTORS` on the written L2
+    products of ``channel`` in a DATE-OBS range and store what it finds.
+
+    Parameters
+    ----------
+    session : sqlalchemy.orm.Session
+        Flushed, not committed: the caller owns the transaction.
+    name : str
+        ``flares``, ``cmes``, ``prominences`` or ``white-light`` (``lstdp detect --kind``).
+    channel : str, optional
+        One of the detector's channels; default its ``default_channel``.
+    start, end : datetime.datetime, optional
+        DATE-OBS range of the products used (aware UTC; naive means UTC); open if None.
+    params : optional
+        The detector's parameters object; default the registry's for the channel.
+    product_root : pathlib.Path, optional
+        Store for relative ``Product.path`` values; default ``Settings.products``.
+
+    Returns
+    -------
+    list of Event
+        What the detector found in the range (new events and those an earlier run stored).
+
+    Raises
+    ------
+    KeyError
+        For an unknown detector name.
+    ValueError
+        For a channel the detector does not run on.
+    pipelines.errors.DataError
+        Unreadable products, or products that cannot be used together.
+    """
+    det = get_detector(name)
+    channel = det.channel(channel)
+    service = globals()[det.service]
+    return service(session, channel=channel, start=start, end=end, params=params, product_root=product_root)
+
+
 def detect_sdi_flares(
     session: Session,
     *,
+    channel: str = CHANNEL,
     start: dt.datetime | None = None,
     end: dt.datetime | None = None,
     params: FlareDetectionParams | None = None,
@@ -193,6 +252,8 @@ def detect_sdi_flares(
     ----------
     session : sqlalchemy.orm.Session
         Flushed, not committed: the caller owns the transaction.
+    channel : {'SDI'}
+        The only channel of this detector (ValueError for another).
     start, end : datetime.datetime, optional
         DATE-OBS range of the frames used (aware UTC; naive means UTC); open if None.
     params : FlareDetectionParams, optional
@@ -213,7 +274,9 @@ def detect_sdi_flares(
     pipelines.detect.flares.FlareDetectionError
         If the products cannot be used together (shapes, times, WCS).
     """
-    p = params or FlareDetectionParams()
+    det = DETECTORS["flares"]
+    channel = det.channel(channel)
+    p = params or det.params(channel)
     start = _utc(start) if start is not None else None
     end = _utc(end) if end is not None else None
     rows = _latest_written_sdi(session, start, end)
@@ -221,16 +284,16 @@ def detect_sdi_flares(
         log.info("flare detection: %d SDI products in range, too few", len(rows))
         return []
     times, images, dqs, headers = _lazy_series(rows, product_root)
-    flares = detect_flares(times, images, headers, dq=dqs, params=p)
+    flares = det.detect(times, images, headers, dq=dqs, params=p)
 
     events: list[Event] = []
     for fl in flares:
         lat, lon = _heliographic(fl, headers[fl.peak_index])
         row = dict(
-            event_type="FL", start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time,
-            channels=CHANNEL, hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
+            event_type=det.event_type, start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time,
+            channels=channel, hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
             peak_value=100.0 * fl.peak_enhancement, peak_unit="%",
-            frm_name=DETECTOR_NAME, frm_version=DETECTOR_VERSION,
+            frm_name=det.frm_name, frm_version=det.version,
             description=(f"Lyman-alpha brightening (SDI): peak enhancement {100 * fl.peak_enhancement:.0f} %, "
                          f"area {fl.area_arcsec2:.0f} arcsec2"),
             attributes=_attributes(fl, rows, p),
@@ -451,21 +514,19 @@ def detect_sci_cmes(
     pipelines.errors.DataError
         Unreadable products, or products that do not share a geometry.
     """
-    from pipelines.detect.cme import FRM_NAME, FRM_VERSION, CMEParams, detect_cmes
-
-    if channel not in ("SCI-UV", "SCI-WL"):
-        raise ValueError(f"CMEs are detected on SCI-UV or SCI-WL, not {channel!r}")
-    p = params or CMEParams()
+    det = DETECTORS["cmes"]
+    channel = det.channel(channel)
+    p = params or det.params(channel)
 
     def describe(c):
-        key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
+        key = f"{det.frm_name}/{det.version}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
         text = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
                 f"{c.speed_km_s:.0f} km/s")
         return key, text, _utc(c.first_appearance), _utc(c.last_seen)
 
-    return _run_sequence_detector(session, channel, start, end, p, product_root, detect_cmes, describe,
+    return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
                                   min_frames=max(3, p.min_track_points), what="CME",
-                                  frm=(FRM_NAME, FRM_VERSION))
+                                  frm=(det.frm_name, det.version))
 
 
 def detect_prominence_eruptions(
@@ -506,21 +567,18 @@ def detect_prominence_eruptions(
     pipelines.errors.DataError
         Unreadable products, or products that do not share a geometry.
     """
-    from pipelines.detect.prominence import FRM_NAME, FRM_VERSION, ProminenceParams
-    from pipelines.detect.prominence import detect_prominence_eruptions as detect
-
-    if channel not in ("SDI", "SCI-UV"):
-        raise ValueError(f"prominence eruptions are detected on SDI or SCI-UV, not {channel!r}")
-    p = params or (ProminenceParams.sdi() if channel == "SDI" else ProminenceParams.sci_uv())
+    det = DETECTORS["prominences"]
+    channel = det.channel(channel)
+    p = params or det.params(channel)
 
     def describe(e):
-        key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
+        key = f"{det.frm_name}/{det.version}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
         text = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
                 f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
         return key, text, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen)
 
-    return _run_sequence_detector(session, channel, start, end, p, product_root, detect, describe,
-                                  min_frames=3, what="prominence", frm=(FRM_NAME, FRM_VERSION))
+    return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
+                                  min_frames=3, what="prominence", frm=(det.frm_name, det.version))
 
 
 def _run_sequence_detector(session: Session, channel: str, start, end, params, product_root, detect, describe, *,
@@ -556,6 +614,7 @@ def _run_sequence_detector(session: Session, channel: str, start, end, params, p
 def detect_wst_white_light_flares(
     session: Session,
     *,
+    channel: str = "WST",
     start: dt.datetime | None = None,
     end: dt.datetime | None = None,
     params=None,
@@ -564,6 +623,7 @@ def detect_wst_white_light_flares(
     """Run the white-light flare detector (:mod:`pipelines.detect.whitelight`, 8 %
     enhancement over the pre-flare level, Jing et al. 2024) on the newest written WST L2
     products and store the flares (HEK ``FL``, ``channels='WST'``, ``source='detected'``).
+    ``channel`` can only be ``WST`` (ValueError for another).
 
     Returns
     -------
@@ -576,33 +636,29 @@ def detect_wst_white_light_flares(
     ------
     pipelines.errors.FitsReadError, pipelines.detect.flares.FlareDetectionError
     """
-    from pipelines.detect.whitelight import (
-        FRM_NAME,
-        FRM_VERSION,
-        WhiteLightParams,
-        detect_white_light_flares,
-    )
-
-    p = params or WhiteLightParams()
+    det = DETECTORS["white-light"]
+    channel = det.channel(channel)
+    p = params or det.params(channel)
     fp = p.flare_params()
-    rows = _latest_written(session, "WST", _utc(start) if start else None, _utc(end) if end else None)
+    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
     if len(rows) < fp.min_background_frames + fp.min_frames:
         log.info("white-light flare detection: %d WST products in range, too few", len(rows))
         return []
     times, images, dqs, headers = _lazy_series(rows, product_root)
     events = []
-    for fl in detect_white_light_flares(times, images, headers, dq=dqs, params=p):
+    for fl in det.detect(times, images, headers, dq=dqs, params=p):
         peak = _iso_key(fl.peak_time)
-        key = f"{FRM_NAME}/{FRM_VERSION}/{peak}/{round(fl.hpc_x)},{round(fl.hpc_y)}"
+        key = f"{det.frm_name}/{det.version}/{peak}/{round(fl.hpc_x)},{round(fl.hpc_y)}"
         lat, lon = _heliographic(fl, headers[fl.peak_index])
         span = list(fl.frame_indices)
         attrs = _attributes(fl, rows, fp)
         attrs["method"] = "Jing et al. 2024 (Sol. Phys.): relative enhancement over the pre-flare level >= 8 %"
-        attrs.update(_provenance(rows, span, FRM_NAME, FRM_VERSION, p.as_dict()))
+        attrs.update(_provenance(rows, span, det.frm_name, det.version, p.as_dict()))
         row = dict(
-            event_type="FL", start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time, channels="WST",
-            hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon, peak_value=100.0 * fl.peak_enhancement,
-            peak_unit="%", frm_name=FRM_NAME, frm_version=FRM_VERSION, attributes=attrs,
+            event_type=det.event_type, start_time=fl.start_time, peak_time=fl.peak_time, end_time=fl.end_time,
+            channels=channel, hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, hgs_lat=lat, hgs_lon=lon,
+            peak_value=100.0 * fl.peak_enhancement, peak_unit="%", frm_name=det.frm_name, frm_version=det.version,
+            attributes=attrs,
             description=(f"White-light flare (WST 360 nm): peak enhancement {100 * fl.peak_enhancement:.1f} % "
                          f"over the pre-flare level, area {fl.area_arcsec2:.0f} arcsec2"),
         )

@@ -34,6 +34,7 @@ import numpy as np
 
 from backend import __version__
 from backend.models import Event
+from pipelines.catalogues import DETECTED_SOURCE
 
 __all__ = [
     "CSV_COLUMNS",
@@ -304,7 +305,7 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
         _sub(v2, "C2", repr(float(e.hpc_y)))
 
     how = _sub(root, "How")
-    if e.source == "detected":
+    if e.source == DETECTED_SOURCE:
         _sub(how, "Description", f"Detected on LST L2 products by {e.frm_name} {e.frm_version or ''}".strip()
              + f" (lstdp {__version__})")
     else:

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from backend.models import Event, EventAssociation, utcnow
 from pipelines.catalogues import (
     CATALOGUES,
+    DETECTED_SOURCE,
     AssociationRecord,
     CatalogueError,
     catalogue_files,
@@ -403,7 +404,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     links: list[tuple[int, int, str]] = []
 
     # same flare: LST flares (detected, WST) against flares of other sources
-    lst = [f for f in flares if f.source in ("detected", "lst_wst")]
+    lst = [f for f in flares if f.source in (DETECTED_SOURCE, "lst_wst")]
     slack = dt.timedelta(hours=12)  # longest flare window considered around a peak
     starts = [_utc(f.start_time) for f in flares]
     for a in lst:

@@ -45,6 +45,8 @@ __all__ = [
     "CatalogueError",
     "Catalogue",
     "CATALOGUES",
+    "DETECTED_SOURCE",
+    "SOURCES",
     "catalogue_files",
     "parse_catalogue",
     "full_noaa_number",
@@ -81,6 +83,14 @@ CATALOGUES: dict[str, Catalogue] = {
         Catalogue("noaa_srs", parse_noaa_srs, "noaa_srs", "*SRS.txt", "NOAA Solar Region Summaries"),
     )
 }
+
+
+#: ``Event.source`` of the events the platform's own detectors store (``pipelines.detect``).
+DETECTED_SOURCE = "detected"
+
+#: Every ``Event.source`` the platform knows: the detectors' and the catalogues' (in
+#: :data:`CATALOGUES` order).
+SOURCES: tuple[str, ...] = (DETECTED_SOURCE, *CATALOGUES)
 
 
 def catalogue_files(source: str, path: str | os.PathLike) -> list[Path]:

@@ -51,6 +51,8 @@ from pipelines.detect.flares import DetectedFlare, FlareDetectionParams, detect_
 __all__ = [
     "FRM_NAME",
     "FRM_VERSION",
+    "DETECTOR_NAME",
+    "DETECTOR_VERSION",
     "JING2024_THRESHOLD",
     "WhiteLightParams",
     "detect_white_light_flares",
@@ -59,6 +61,8 @@ __all__ = [
 #: Detector name (HEK ``frm_name``) and version of the events it makes.
 FRM_NAME = "lst-wst-wlf"
 FRM_VERSION = "1.1.0"  # 1.1.0: significance against the noise of I - B (flares 1.2.0)
+#: The same, under the names every detector module has (``pipelines.detect.registry``).
+DETECTOR_NAME, DETECTOR_VERSION = FRM_NAME, FRM_VERSION
 #: Relative enhancement over the pre-flare level that makes a WST white-light flare
 #: (Jing et al. 2024, Sol. Phys.).
 JING2024_THRESHOLD = 0.08

@@ -12,7 +12,6 @@ from pydantic import AfterValidator
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.params import (
-    SAFE_KEY_PATTERN,
     EventSearchDep,
     IdPath,
     PaginationDep,
@@ -36,13 +35,6 @@ from backend.services import products as products_service
 from backend.services.event_search import DEFAULT_SORT, LIGHT_COLUMNS
 
 router = APIRouter(prefix="/events", tags=["events"])
-
-SourceQuery = Annotated[
-    str | None,
-    Query(max_length=32, pattern=SAFE_KEY_PATTERN,
-          description="detected, or a catalogue: goes_xrs, cdaw, hek, donki, lst_wst, noaa_srs"),
-]
-
 
 def _lightcurve_channel(value: str) -> str:
     """The channel of a light curve: SDI when empty, else a canonical LST channel code."""

@@ -1,7 +1,13 @@
-"""Query and path parameters shared by the routers: channel, HEK type, time range, paging.
+"""Query and path parameters shared by the routers: channel, HEK type, time range, paging,
+and the event filters.
 
 Bad values raise 422 with a message that names the parameter and says what is expected
 (see ``backend.api.app`` for the error body).
+
+The event filters (type, source, time range, channel, helioprojective box, position angle,
+minimum GOES class...) are read by one parser, :func:`parse_event_filters`, for both the
+API (:func:`event_search`: the first refused value is a 422) and the browser's events page
+(``backend.api.pages``: a refused value is shown as a note and that filter not applied).
 
 The dependencies that only check parameters are ``async def``: FastAPI calls them in the
 event loop instead of handing each to a worker thread (no I/O happens in them; about
@@ -11,8 +17,10 @@ event loop instead of handing each to a worker thread (no I/O happens in them; a
 from __future__ import annotations
 
 import datetime as dt
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -20,6 +28,7 @@ from pydantic import AfterValidator
 
 from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
+from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
 from pipelines.channels import CHANNELS, get_channel
 
 __all__ = [
@@ -37,6 +46,10 @@ __all__ = [
     "canonical_event_type",
     "as_utc",
     "EVENT_FORMATS",
+    "FilterProblem",
+    "ParsedEventFilters",
+    "NUMERIC_FILTERS",
+    "parse_event_filters",
     "EventSearchDep",
     "event_search",
 ]
@@ -115,12 +128,8 @@ async def time_range(
 ) -> TimeRange:
     """The ``start``/``end`` query parameters; 422 when ``end`` is before ``start``."""
     if start is not None and end is not None and end < start:
-        raise RequestValidationError([{
-            "type": "value_error",
-            "loc": ("query", "end"),
-            "msg": f"end ({end.isoformat()}) is before start ({start.isoformat()})",
-            "input": end.isoformat(),
-        }])
+        p = _time_order_problem(start, end)
+        raise _query_error(p.param, p.message, p.value)
     return TimeRange(start, end)
 
 
@@ -144,11 +153,64 @@ async def pagination(
 PaginationDep = Annotated[Pagination, Depends(pagination)]
 
 
-# -- event search ------------------------------------------------------------------------------
+# -- event filters ------------------------------------------------------------------------------
 
 #: Largest |hpc_x|, |hpc_y| accepted [arcsec] (SCI's field reaches ~2.5 Rsun, ~2400 arcsec).
 MAX_HPC_ARCSEC = 10_000.0
 EVENT_FORMATS = ("json", "csv", "votable", "hek")
+
+#: The numeric event filters: (query parameter, label on the events page, lowest, highest).
+NUMERIC_FILTERS: tuple[tuple[str, str, float, float], ...] = (
+    ("pa_min", "PA from", 0, 360),
+    ("pa_max", "PA to", 0, 360),
+    ("hpc_x_min", "Solar X from", -MAX_HPC_ARCSEC, MAX_HPC_ARCSEC),
+    ("hpc_x_max", "Solar X to", -MAX_HPC_ARCSEC, MAX_HPC_ARCSEC),
+    ("hpc_y_min", "Solar Y from", -MAX_HPC_ARCSEC, MAX_HPC_ARCSEC),
+    ("hpc_y_max", "Solar Y to", -MAX_HPC_ARCSEC, MAX_HPC_ARCSEC),
+)
+_BOXES = (("hpc_x_min", "hpc_x_max"), ("hpc_y_min", "hpc_y_max"))
+
+
+@dataclass(frozen=True)
+class FilterProblem:
+    """An event-filter value that :func:`parse_event_filters` refused.
+
+    Attributes
+    ----------
+    param : str
+        The query parameter (``type``, ``source``, ``end``, ``hpc_x_max``...).
+    message : str
+        What the API answers (the 422 ``detail`` after ``query.<param>:``).
+    note : str
+        What the events page shows (the filter is then not applied).
+    value : object
+        The value as given (the 422 body's ``input``).
+    """
+
+    param: str
+    message: str
+    note: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class ParsedEventFilters:
+    """What :func:`parse_event_filters` read.
+
+    Attributes
+    ----------
+    filters : EventFilters
+        The filters without the refused values.
+    problems : tuple of FilterProblem
+        The refused values, in the order of the events page's form.
+    min_goes_class : str or None
+        The minimum GOES class as applied (trimmed and upper-cased for a form), None when
+        absent or refused.
+    """
+
+    filters: EventFilters
+    problems: tuple[FilterProblem, ...] = ()
+    min_goes_class: str | None = None
 
 
 def _query_error(name: str, msg: str, value) -> RequestValidationError:
@@ -156,30 +218,183 @@ def _query_error(name: str, msg: str, value) -> RequestValidationError:
                                     "input": None if value is None else str(value)}])
 
 
-def _event_types(values: list[str] | None) -> tuple[str, ...]:
-    out: list[str] = []
-    for v in values or []:
-        for part in v.split(","):
+def _values(values: str | Sequence[str] | None, split: bool) -> list[str]:
+    """The values of a repeatable filter; with ``split``, comma-separated lists are split."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [part for v in values for part in (v.split(",") if split else [v])]
+
+
+def _time_order_problem(start: dt.datetime, end: dt.datetime) -> FilterProblem:
+    return FilterProblem("end", f"end ({end.isoformat()}) is before start ({start.isoformat()})",
+                         "end is before start: the time range was not applied", end.isoformat())
+
+
+def _filter_time(name: str, value: str | dt.datetime | None, problems: list[FilterProblem]) -> dt.datetime | None:
+    """Aware UTC time of a datetime or of a form's text (``YYYY-MM-DDTHH:MM[:SS]``, UTC if no offset)."""
+    if value is None or value == "":
+        return None
+    try:
+        if isinstance(value, dt.datetime):
+            return as_utc(value)
+        return as_utc(dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+    except (ValueError, OverflowError):
+        msg = f"{value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)"
+        problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
+        return None
+
+
+def _filter_number(name: str, label: str, value: str | float | None, lo: float, hi: float,
+                   problems: list[FilterProblem]) -> float | None:
+    """A number in [lo, hi] (a form's text or an already parsed number), or None."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        msg = f"{value[:40]!r} is not a number"
+        problems.append(FilterProblem(name, msg, f"{label}: {msg}", value))
+        return None
+    if not (lo <= v <= hi):
+        msg = f"{v:g} is outside {lo:g}..{hi:g}"
+        problems.append(FilterProblem(name, msg, f"{label}: {msg}", value))
+        return None
+    return v
+
+
+def parse_event_filters(
+    *,
+    types: str | Sequence[str] | None = None,
+    sources: str | Sequence[str] | None = None,
+    start: str | dt.datetime | None = None,
+    end: str | dt.datetime | None = None,
+    channel: str | None = None,
+    pa_min: str | float | None = None,
+    pa_max: str | float | None = None,
+    hpc_x_min: str | float | None = None,
+    hpc_x_max: str | float | None = None,
+    hpc_y_min: str | float | None = None,
+    hpc_y_max: str | float | None = None,
+    min_goes_class: str | None = None,
+    min_peak_value: float | None = None,
+    frm_name: str | None = None,
+    frm_version: str | None = None,
+    form: bool = False,
+) -> ParsedEventFilters:
+    """Read the event filters of the API (:func:`event_search`) or of the events page.
+
+    Every value may be absent (None or empty). A refused value is left out of the filters
+    and reported as a :class:`FilterProblem`; an ``end`` before ``start`` drops both, and so
+    does a ``*_max`` below its ``*_min`` (both bounds of that axis).
+
+    Parameters
+    ----------
+    types : str or sequence of str
+        HEK event codes (any case); with ``form=False`` each value may be a comma-separated list.
+    sources : str or sequence of str
+        ``detected`` or catalogue names (letters, digits, ``_ . -``, at most 32); split on
+        commas like ``types``; blanks are ignored.
+    start, end : str or datetime.datetime
+        Aware or naive (UTC) datetimes, or ISO 8601 text (``Z`` accepted; UTC if no offset).
+    channel : str
+        An LST channel in any accepted spelling.
+    pa_min, pa_max, hpc_x_min, hpc_x_max, hpc_y_min, hpc_y_max : str or float
+        Numbers (or their text) within the bounds of :data:`NUMERIC_FILTERS`.
+    min_goes_class : str
+        A GOES class (``M1``, ``X10+``...).
+    min_peak_value : float
+        Must be finite.
+    frm_name, frm_version : str
+        Exact detector name and version; empty means absent.
+    form : bool
+        The values come from the events page's form: one type and one source (no
+        comma-separated lists), and the GOES class is trimmed and upper-cased (blank: absent).
+
+    Returns
+    -------
+    ParsedEventFilters
+        The filters, the problems in the order of the page's form (type, source, start, end,
+        time order, GOES class, numbers, box order, channel, peak value) and the GOES class.
+    """
+    from pipelines.catalogues.records import goes_class_to_flux
+
+    problems: list[FilterProblem] = []
+
+    event_types: list[str] = []
+    for part in _values(types, split=not form):
+        try:
             code = canonical_event_type(part)
-            if code and code not in out:
-                out.append(code)
-    return tuple(out)
+        except ValueError as exc:
+            problems.append(FilterProblem("type", str(exc), f"type: {exc}", types))
+            event_types = []
+            break
+        if code and code not in event_types:
+            event_types.append(code)
+
+    names: list[str] = []
+    for part in _values(sources, split=not form):
+        part = part.strip()
+        if not part:
+            continue
+        if not is_safe_key(part, 32):
+            problems.append(FilterProblem(
+                "source", f"{part[:40]!r} is not a source name (letters, digits, _ . -; at most 32)",
+                f"source: {part[:40]!r} is not a source name (letters, digits, _ . -)", sources))
+            names = []
+            break
+        if part not in names:
+            names.append(part)
+
+    t0 = _filter_time("start", start, problems)
+    t1 = _filter_time("end", end, problems)
+    if t0 is not None and t1 is not None and t1 < t0:
+        problems.append(_time_order_problem(t0, t1))
+        t0 = t1 = None
+
+    goes_class = ((min_goes_class or "").strip().upper() or None) if form else min_goes_class
+    flux = None
+    if goes_class:
+        try:
+            flux = goes_class_to_flux(goes_class)
+        except ValueError as exc:
+            problems.append(FilterProblem("min_goes_class", str(exc), f"minimum GOES class: {exc}", min_goes_class))
+            goes_class = None
+
+    given = {"pa_min": pa_min, "pa_max": pa_max, "hpc_x_min": hpc_x_min, "hpc_x_max": hpc_x_max,
+             "hpc_y_min": hpc_y_min, "hpc_y_max": hpc_y_max}
+    num = {name: _filter_number(name, label, given[name], lo, hi, problems) for name, label, lo, hi in NUMERIC_FILTERS}
+    for lo, hi in _BOXES:
+        if num[lo] is not None and num[hi] is not None and num[lo] > num[hi]:
+            problems.append(FilterProblem(hi, f"{hi} ({num[hi]}) is smaller than {lo} ({num[lo]})",
+                                          f"{hi} is smaller than {lo}: that bound was not applied", num[hi]))
+            num[lo] = num[hi] = None
+
+    code = None
+    if channel:
+        try:
+            code = canonical_channel(channel)
+        except ValueError as exc:
+            problems.append(FilterProblem("channel", str(exc), f"channel: {exc}", channel))
+
+    if min_peak_value is not None and not math.isfinite(min_peak_value):
+        problems.append(FilterProblem("min_peak_value", "must be a finite number",
+                                      "minimum peak value: must be a finite number", min_peak_value))
+        min_peak_value = None
+
+    filters = EventFilters(
+        event_types=tuple(event_types), start=t0, end=t1, sources=tuple(names), channel=code,
+        min_goes_flux=flux, min_peak_value=min_peak_value,
+        frm_name=frm_name or None, frm_version=frm_version or None, **num,
+    )
+    return ParsedEventFilters(filters, tuple(problems), goes_class)
 
 
-def _sources(values: list[str] | None) -> tuple[str, ...]:
-    import re
-
-    out: list[str] = []
-    for v in values or []:
-        for part in v.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if len(part) > 32 or not re.fullmatch(SAFE_KEY_PATTERN, part):
-                raise ValueError(f"{part[:40]!r} is not a source name (letters, digits, _ . -; at most 32)")
-            if part not in out:
-                out.append(part)
-    return tuple(out)
+#: The order in which the API has always checked the event filters: a request with several
+#: bad values is answered with the first of them.
+_API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name, *_ in NUMERIC_FILTERS),
+                    "min_goes_class", "min_peak_value")
 
 
 _Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC)]
@@ -191,7 +406,7 @@ async def event_search(
     type: Annotated[list[str] | None, Query(  # noqa: A002 - the HEK name of the filter
         description="HEK event code(s): FL, CE, PR, ...; repeat the parameter or separate with commas")] = None,
     source: Annotated[list[str] | None, Query(
-        description="detected, or a catalogue (goes_xrs, cdaw, hek, donki, lst_wst, noaa_srs); repeatable")] = None,
+        description=f"{DETECTED_SOURCE}, or a catalogue ({', '.join(CATALOGUES)}); repeatable")] = None,
     channel: ChannelQuery = None,
     hpc_x_min: Annotated[_Hpc, Query(description="Bounding box: smallest Solar X [arcsec]")] = None,
     hpc_x_max: Annotated[_Hpc, Query(description="Bounding box: largest Solar X [arcsec]")] = None,
@@ -207,38 +422,18 @@ async def event_search(
     frm_version: Annotated[str | None, Query(max_length=40, pattern=r"^[^\x00]*$",
                                              description="Detector version (HEK FRM_VERSION), exact")] = None,
 ):
-    """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`; 422 with
-    the parameter named for a bad value."""
-    import math
-
-    from pipelines.catalogues.records import goes_class_to_flux
-
-    try:
-        types = _event_types(type)
-    except ValueError as exc:
-        raise _query_error("type", str(exc), type) from None
-    try:
-        sources = _sources(source)
-    except ValueError as exc:
-        raise _query_error("source", str(exc), source) from None
-    for lo_name, lo, hi_name, hi in (("hpc_x_min", hpc_x_min, "hpc_x_max", hpc_x_max),
-                                     ("hpc_y_min", hpc_y_min, "hpc_y_max", hpc_y_max)):
-        if lo is not None and hi is not None and lo > hi:
-            raise _query_error(hi_name, f"{hi_name} ({hi}) is smaller than {lo_name} ({lo})", hi)
-    flux = None
-    if min_goes_class:
-        try:
-            flux = goes_class_to_flux(min_goes_class)
-        except ValueError as exc:
-            raise _query_error("min_goes_class", str(exc), min_goes_class) from None
-    if min_peak_value is not None and not math.isfinite(min_peak_value):
-        raise _query_error("min_peak_value", "must be a finite number", min_peak_value)
-    return EventFilters(
-        event_types=types, start=span.start, end=span.end, sources=sources, channel=channel,
-        hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max, hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max,
-        pa_min=pa_min, pa_max=pa_max, min_goes_flux=flux, min_peak_value=min_peak_value,
-        frm_name=frm_name or None, frm_version=frm_version or None,
+    """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`
+    (:func:`parse_event_filters`); 422 with the parameter named for a bad value."""
+    parsed = parse_event_filters(
+        types=type, sources=source, start=span.start, end=span.end, channel=channel,
+        pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
+        hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, min_goes_class=min_goes_class,
+        min_peak_value=min_peak_value, frm_name=frm_name, frm_version=frm_version,
     )
+    if parsed.problems:
+        p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
+        raise _query_error(p.param, p.message, p.value)
+    return parsed.filters
 
 
 EventSearchDep = Annotated[EventFilters, Depends(event_search)]
