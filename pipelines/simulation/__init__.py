@@ -68,6 +68,9 @@ Modules
     The dataclasses :func:`simulate` returns.
 :mod:`~pipelines.simulation.output`
     Software stamp, ISO times, checksums stamped with the observation time.
+:mod:`~pipelines.simulation.synthetic`
+    In-memory scenes with injected CMEs and prominence eruptions, for the detectors'
+    tests and validation (``from pipelines.simulation import synthetic``).
 """
 
 

@@ -1,5 +1,8 @@
 """Synthetic LST scenes with injected events, for tests and detector validation.
 
+Independent of :func:`pipelines.simulation.simulate` (no instrument model, no files
+written): in-memory image sequences whose event truth is known exactly.
+
 No LST (SCI or SDI) image was found publicly (``sample-data/real/MANIFEST.md``) and no SCI
 CME catalogue exists (``LST.md``), so the event detectors are validated on sequences built
 here: a realistic static scene plus an injected event whose truth (time, position angle,
@@ -65,6 +68,7 @@ from astropy.io import fits
 from scipy import ndimage
 
 from pipelines.detect.cme import as_utc_datetimes
+from pipelines.simulation.sources import COR1_FILE, SAMPLE_DIR
 
 __all__ = [
     "RSUN_KM",
@@ -85,10 +89,9 @@ __all__ = [
 #: IAU 2015 nominal solar radius [km] (Prsa et al. 2016, AJ 152, 41).
 RSUN_KM = 695_700.0
 
-_REPO = Path(__file__).resolve().parents[2]
 #: The real STEREO/COR1-A frame whose azimuthal structure textures :func:`coronal_background`.
-DEFAULT_COR1_TEXTURE = _REPO / "sample-data" / "real" / "coronagraph" / "20070503_102018_s4c1a.fts"
-_SAHADE = _REPO / "sample-data" / "real" / "events" / "prominence_eruptions_sahade2025"
+DEFAULT_COR1_TEXTURE = SAMPLE_DIR / COR1_FILE
+_SAHADE = SAMPLE_DIR / "events" / "prominence_eruptions_sahade2025"
 
 
 # --------------------------------------------------------------------------------------
