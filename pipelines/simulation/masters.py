@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from astropy import units as u
 from astropy.io import fits
+from astropy.time import Time
 
 from pipelines.calibration.steps import StrayLightModel
 from pipelines.channels import CHANNELS, ChannelSpec
@@ -28,6 +30,26 @@ def _ceil_sig(x: float, digits: int = 3) -> float:
         return x
     e = math.floor(math.log10(x)) - digits + 1
     return math.ceil(x / 10.0 ** e) * 10.0 ** e
+
+
+def _radiometric_coefficient(peak_signal: float, flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray,
+                             model: InstrumentModel) -> float:
+    """The channel's radiometric coefficient C [unit per DN/s], 4 significant digits (rounded up).
+
+    Chosen so that the brightest signal ``peak_signal`` (physical units, stray light
+    included) on the flat's brightest pixel, plus the bias and the 99.9th-percentile dark,
+    stays below ``model.target_peak_dn`` with a 1 % margin (uint16 head-room).
+    """
+    t_exp = model.exptime_s
+    headroom = model.target_peak_dn - float(bias.max()) - float(np.percentile(dark_rate, 99.9)) * t_exp
+    return _ceil_sig(peak_signal * float(flat.max()) * t_exp * 1.01 / headroom, 4)
+
+
+def _validity(t_first: Time, t_last: Time) -> tuple[str, str]:
+    """``VALIDFRM``/``VALIDTO`` of a channel's masters: midnight UTC 30 days either side of its frames."""
+    valid_from = (t_first - 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
+    valid_to = (t_last + 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
+    return valid_from, valid_to
 
 
 def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to: str, desc: str,

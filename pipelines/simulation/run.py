@@ -5,23 +5,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-from astropy import units as u
 from astropy.io import fits
 
+from pipelines.calibration.steps import StrayLightModel
 from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, get_channel
 from pipelines.errors import DataError
 from pipelines.simulation.forward import (INSTRUMENT, _dark_planes, _detector_geometry, _flat_field, _forward_model,
                                           _raw_header, stray_light_model)
-from pipelines.simulation.masters import _ceil_sig, _write_masters
+from pipelines.simulation.masters import _radiometric_coefficient, _validity, _write_masters
 from pipelines.simulation.models import (COR1_CONTRAST_GAIN, IRRADIANCE_360NM, LYA_GAMMA, LYA_LIMB_SCALE_RSUN,
                                          UV_MSB_AT_1P5, WL_K_FACTOR)
 from pipelines.simulation.output import SOFTWARE, _iso, _write
 from pipelines.simulation.results import CalibrationFileInfo, InjectedFlare, SimulatedFrame, SimulationResult
-from pipelines.simulation.series import FLARE, _plan_frames
+from pipelines.simulation.series import FLARE, _FramePlan, _plan_frames
 from pipelines.simulation.sources import SAMPLE_DIR
 from pipelines.simulation.truth import _write_truth
 
@@ -126,50 +127,14 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     radiometric: dict[str, float] = {}
     flare: InjectedFlare | None = None
     cache: dict[str, Any] = {}
-
     for chan in chans:
-        spec, model, n = CHANNELS[chan], INSTRUMENT[chan], sizes[chan]
-        scale = spec.plate_scale_for(n)
-        ci = _CHANNEL_INDEX[chan]
-        plans, chan_flare, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache)
-        flare = chan_flare or flare
-        limb_fits.extend(fits_info)
-        stray = stray_light_model(chan) if spec.is_coronagraph else None
-
-        # pass 1: the truths (written to disk) and the brightest signal of the channel
-        peak_signal = max(_write_truth(plan, chan, n, scale, stray, out) for plan in plans)
-
-        # the channel's calibration masters; C puts the brightest pixel below target_peak_dn
-        rng_cal = _rng(seed, ci, 1000 + n)
-        flat = _flat_field(n, spec.naxis, model, rng_cal)
-        bias, dark_rate = _dark_planes(n, model, rng_cal)
-        t_exp = model.exptime_s
-        headroom = model.target_peak_dn - float(bias.max()) - float(np.percentile(dark_rate, 99.9)) * t_exp
-        coef = _ceil_sig(peak_signal * float(flat.max()) * t_exp * 1.01 / headroom, 4)
-        radiometric[chan] = coef
-        t_first, t_last = min(p.t for p in plans), max(p.t for p in plans)
-        valid_from = (t_first - 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
-        valid_to = (t_last + 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
-        cal_infos.extend(_write_masters(out, chan, spec, model, n, flat, bias, dark_rate, coef, stray,
-                                        valid_from, valid_to, _iso(t_first)))
-
-        # pass 2: the raw frames
-        for k, plan in enumerate(plans):
-            rng = _rng(seed, ci, k)
-            x0, y0, roll = _detector_geometry(model, n, rng)
-            with fits.open(plan.truth_path, memmap=False) as hd:
-                truth = np.asarray(hd[0].data, dtype=np.float32)
-            raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
-                                 dark_rate, coef, noise, rng)
-            del truth
-            raw_path = out / "raw" / plan.raw_name
-            rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes)
-            _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
-            frames.append(SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path,
-                                         date_obs=_iso(plan.t), exptime_s=t_exp, naxis=n, plate_scale=scale,
-                                         crpix=(x0 + 1.0, y0 + 1.0), crota2=roll, rsun_arcsec=plan.rsun_arcsec,
-                                         scene=plan.scene, peak_dn=int(raw.max()), notes=list(plan.notes)))
-            del raw
+        done = _simulate_channel(chan, sizes[chan], out, sample, seed=seed, noise=noise, sdi_sequence=sdi_sequence,
+                                 frames_per_channel=frames_per_channel, cache=cache)
+        flare = done.flare or flare
+        limb_fits.extend(done.limb_fits)
+        radiometric[chan] = done.radiometric_coef
+        cal_infos.extend(done.calibration_files)
+        frames.extend(done.frames)
 
     manifest = out / "manifest.json"
     result = SimulationResult(out_dir=out, raw_files=[f.raw_path for f in frames],
@@ -178,6 +143,76 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
                               radiometric=radiometric)
     _write_manifest(result, seed=seed, noise=noise, sizes=sizes)
     return result
+
+
+@dataclass
+class _ChannelOutput:
+    """What :func:`_simulate_channel` wrote for one channel."""
+
+    frames: list[SimulatedFrame]
+    calibration_files: list[CalibrationFileInfo]
+    radiometric_coef: float
+    flare: InjectedFlare | None
+    limb_fits: list[dict[str, Any]]
+
+
+def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, noise: bool, sdi_sequence: bool,
+                      frames_per_channel: int, cache: dict[str, Any]) -> _ChannelOutput:
+    """Truths, masters and raw frames of one channel, in that order.
+
+    Pass 1 writes every truth and finds the channel's brightest signal, which fixes the
+    radiometric coefficient; the masters come next (their random planes from the stream
+    ``(seed, channel, 1000 + n)``), then pass 2 the raw frames (frame ``k`` from the
+    stream ``(seed, channel, k)``).
+    """
+    spec, model = CHANNELS[chan], INSTRUMENT[chan]
+    scale = spec.plate_scale_for(n)
+    ci = _CHANNEL_INDEX[chan]
+    plans, flare, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache)
+    stray = stray_light_model(chan) if spec.is_coronagraph else None
+
+    # pass 1: the truths (written to disk) and the brightest signal of the channel
+    peak_signal = max(_write_truth(plan, chan, n, scale, stray, out) for plan in plans)
+
+    # the channel's calibration masters; C puts the brightest pixel below target_peak_dn
+    rng_cal = _rng(seed, ci, 1000 + n)
+    flat = _flat_field(n, spec.naxis, model, rng_cal)
+    bias, dark_rate = _dark_planes(n, model, rng_cal)
+    coef = _radiometric_coefficient(peak_signal, flat, bias, dark_rate, model)
+    t_first, t_last = min(p.t for p in plans), max(p.t for p in plans)
+    valid_from, valid_to = _validity(t_first, t_last)
+    cal_infos = _write_masters(out, chan, spec, model, n, flat, bias, dark_rate, coef, stray, valid_from, valid_to,
+                               _iso(t_first))
+
+    # pass 2: the raw frames
+    frames = [_write_raw_frame(plan, chan, n, out, _rng(seed, ci, k), stray, flat, bias, dark_rate, coef, noise)
+              for k, plan in enumerate(plans)]
+    return _ChannelOutput(frames=frames, calibration_files=cal_infos, radiometric_coef=coef, flare=flare,
+                          limb_fits=fits_info)
+
+
+def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.random.Generator,
+                     stray: StrayLightModel | None, flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray,
+                     coef: float, noise: bool) -> SimulatedFrame:
+    """Point the detector, run the forward model on the frame's truth and write ``raw/``.
+
+    ``rng`` draws the pointing jitter first, then the noise.
+    """
+    spec, model = CHANNELS[chan], INSTRUMENT[chan]
+    scale = spec.plate_scale_for(n)
+    x0, y0, roll = _detector_geometry(model, n, rng)
+    with fits.open(plan.truth_path, memmap=False) as hd:
+        truth = np.asarray(hd[0].data, dtype=np.float32)
+    raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
+                         dark_rate, coef, noise, rng)
+    del truth
+    raw_path = out / "raw" / plan.raw_name
+    rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes)
+    _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
+    return SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path, date_obs=_iso(plan.t),
+                          exptime_s=model.exptime_s, naxis=n, plate_scale=scale, crpix=(x0 + 1.0, y0 + 1.0),
+                          crota2=roll, rsun_arcsec=plan.rsun_arcsec, scene=plan.scene, peak_dn=int(raw.max()),
+                          notes=list(plan.notes))
 
 
 def _jsonable(v: Any) -> Any:

@@ -17,6 +17,7 @@ from astropy import units as u
 from astropy.time import Time
 
 from pipelines.channels import CHANNELS
+from pipelines.simulation.grid import _grid_offsets
 from pipelines.simulation.output import _iso
 from pipelines.simulation.results import InjectedFlare
 from pipelines.simulation.scenes import _sdi_reference
@@ -99,3 +100,34 @@ def _plan_frames(chan: str, sample: Path, sdi_sequence: bool, frames_per_channel
         plans = [_FramePlan(t=tex.date_obs + k * spec.cadence_s * u.s, kind="sci", src=tex, scene=tex.name,
                             notes=[note]) for k in range(frames_per_channel)]
     return plans, None, []
+
+
+def _inject_flare(scene: np.ndarray, scale: float, amp: float, notes: list[str]) -> np.ndarray:
+    """Add the :data:`FLARE` kernel at enhancement ``amp`` to an SDI scene, in place.
+
+    Parameters
+    ----------
+    scene : numpy.ndarray, shape (n, n), float32
+        Ly-alpha radiance on the L2 grid [erg cm-2 s-1 sr-1], disk centre on the frame centre.
+    scale : float
+        Plate scale [arcsec / pixel].
+    amp : float
+        Enhancement at the kernel over the pre-flare level (the mean of ``scene`` within
+        one sigma of the kernel), this frame's point of the light curve.
+    notes : list of str
+        A line describing the injection is appended (the raw header's HISTORY).
+
+    Returns
+    -------
+    numpy.ndarray, shape (n, n), float32
+        The flare component added (a Gaussian of ``FLARE["sigma_arcsec"]``).
+    """
+    g = _grid_offsets(scene.shape[0]) * np.float32(scale)
+    d2 = (g[None, :] - FLARE["hpc_x"]) ** 2 + (g[:, None] - FLARE["hpc_y"]) ** 2
+    gauss = np.exp(-d2 / (2 * FLARE["sigma_arcsec"] ** 2)).astype(np.float32)
+    base = float(np.mean(scene[d2 <= FLARE["sigma_arcsec"] ** 2]))  # pre-flare level at the kernel
+    flare_img = gauss * np.float32(amp * base)
+    scene += flare_img
+    notes.append(f"flare injected: +{amp:.3f} x the pre-flare level ({base:.4g}) at "
+                 f"({FLARE['hpc_x']:g}, {FLARE['hpc_y']:g}) arcsec, sigma {FLARE['sigma_arcsec']:g} arcsec")
+    return flare_img

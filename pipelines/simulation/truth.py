@@ -17,11 +17,11 @@ from scipy import ndimage
 from pipelines.calibration.steps import RADIANCE_UNIT, StrayLightModel
 from pipelines.channels import CHANNELS, ChannelSpec
 from pipelines.simulation.forward import INSTRUMENT, _aperture
-from pipelines.simulation.grid import _apparent_rsun_arcsec, _grid_offsets, _rho_grid
+from pipelines.simulation.grid import _apparent_rsun_arcsec, _rho_grid
 from pipelines.simulation.models import LYA_GAMMA, LYA_PHOTON_ERG, OMEGA_SUN_1AU, UV_MSB_AT_1P5, WL_K_FACTOR
 from pipelines.simulation.output import SOFTWARE, _iso, _write
 from pipelines.simulation.scenes import _sci_scene, _sdi_scene, _wst_scene
-from pipelines.simulation.series import FLARE, _FramePlan
+from pipelines.simulation.series import _FramePlan, _inject_flare
 
 
 def _smooth_sigma_px(spec: ChannelSpec, scale: float) -> float:
@@ -72,14 +72,7 @@ def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: Stray
         plan.notes.append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; disk-average radiance {radiance_mean:.4g} "
                           f"{RADIANCE_UNIT} (LASP composite irradiance)")
         if plan.flare_amp > 0:
-            g = _grid_offsets(n) * np.float32(scale)
-            d2 = (g[None, :] - FLARE["hpc_x"]) ** 2 + (g[:, None] - FLARE["hpc_y"]) ** 2
-            gauss = np.exp(-d2 / (2 * FLARE["sigma_arcsec"] ** 2)).astype(np.float32)
-            base = float(np.mean(scene[d2 <= FLARE["sigma_arcsec"] ** 2]))  # pre-flare level at the kernel
-            flare_img = gauss * np.float32(plan.flare_amp * base)
-            scene += flare_img
-            plan.notes.append(f"flare injected: +{plan.flare_amp:.3f} x the pre-flare level ({base:.4g}) at "
-                              f"({FLARE['hpc_x']:g}, {FLARE['hpc_y']:g}) arcsec, sigma {FLARE['sigma_arcsec']:g} arcsec")
+            flare_img = _inject_flare(scene, scale, plan.flare_amp, plan.notes)
     elif plan.kind == "wst":
         scene, notes = _wst_scene(plan.src, n, scale, rsun_arcsec)
         plan.notes.extend(notes)
