@@ -86,6 +86,23 @@ def stray_light_model(channel: str) -> StrayLightModel:
 
     SCI-WL: 7.8e-6 MSB at 1.1 Rsun, 7.6e-7 at 2.5; SCI-UV: 4.3e-3 and 4.1e-4 (LST on-orbit
     tests and calibrations, Solar Physics, ASO-S topical collection).
+
+    Parameters
+    ----------
+    channel : str
+        ``SCI-UV`` or ``SCI-WL`` (any spelling :func:`pipelines.channels.get_channel` takes).
+
+    Returns
+    -------
+    pipelines.calibration.steps.StrayLightModel
+        Brightness [MSB] as a power law in r [Rsun], r clipped to 1-3 Rsun.
+
+    Raises
+    ------
+    ValueError
+        For a disk imager (SDI, WST).
+    KeyError
+        For an unknown channel.
     """
     points = {"SCI-WL": (1.1, 7.8e-6, 2.5, 7.6e-7), "SCI-UV": (1.1, 4.3e-3, 2.5, 4.1e-4)}
     code = get_channel(channel).code
@@ -178,6 +195,7 @@ def _to_detector(grid_image: np.ndarray, n: int, x0: float, y0: float, roll_deg:
 
 
 def _detector_rho(n: int, x0: float, y0: float, rsun_px: float) -> np.ndarray:
+    """Heliocentric distance [Rsun] of every detector pixel, disk centre at (``x0``, ``y0``), float32."""
     dx = (np.arange(n, dtype=np.float32) - np.float32(x0)) / np.float32(rsun_px)
     dy = (np.arange(n, dtype=np.float32) - np.float32(y0)) / np.float32(rsun_px)
     return np.sqrt(dx[None, :] ** 2 + dy[:, None] ** 2, dtype=np.float32)
@@ -213,7 +231,18 @@ def _forward_model(truth: np.ndarray, spec: ChannelSpec, model: InstrumentModel,
 
 
 def ssw_date(t: Time) -> str:
-    """DATE-OBS in the SSW/ASO-S style ``'01-Mar-04 00:00:10.515'`` (two-digit year)."""
+    """DATE-OBS in the SSW/ASO-S style ``'01-Mar-04 00:00:10.515'`` (two-digit year).
+
+    Parameters
+    ----------
+    t : astropy.time.Time
+        Any scale; written in UTC, rounded to the millisecond.
+
+    Returns
+    -------
+    str
+        ``DD-Mon-YY hh:mm:ss.sss``.
+    """
     d = t.utc.to_datetime()
     ms = int(round(d.microsecond / 1000.0))
     sec = d.second + ms / 1000.0
@@ -225,6 +254,7 @@ def ssw_date(t: Time) -> str:
 
 def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, scale: float, x0: float, y0: float,
                 roll: float, scene: str, name: str, notes: Iterable[str]) -> fits.Header:
+    """The ASO-S style raw header: two-digit-year DATE-OBS, ``solar_x``/``arcsecs``, CROTA, no observer keywords."""
     h = fits.Header()
     h["TELESCOP"] = ("ASO-S", "Advanced Space-based Solar Observatory")
     h["INSTRUME"] = ("LST", "Lyman-alpha Solar Telescope")

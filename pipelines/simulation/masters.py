@@ -54,6 +54,7 @@ def _validity(t_first: Time, t_last: Time) -> tuple[str, str]:
 
 def _master_header(kind: str, chan: str, version: int, valid_from: str, valid_to: str, desc: str,
                    n: int) -> fits.Header:
+    """The keywords every master carries (``CALKIND``, ``CHANNEL``, ``FRMNAXIS``, ``CALVER``, validity, ``CALDESC``)."""
     h = fits.Header()
     h["TELESCOP"], h["INSTRUME"] = "ASO-S", "LST"
     h["CALKIND"] = (kind, "calibration kind")
@@ -106,6 +107,7 @@ def _write_masters(out: Path, chan: str, spec: ChannelSpec, model: InstrumentMod
                    flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray, coef: float,
                    stray: StrayLightModel | None, valid_from: str, valid_to: str,
                    when: str) -> list[CalibrationFileInfo]:
+    """Write the channel's masters under ``out/calibration`` (checksums stamped with ``when``); in file order."""
     infos = []
     code = chan.lower()
     version = 1

@@ -61,6 +61,16 @@ def baumbach_k_corona(r: Any) -> Any:
 
     ``1e-6 * (1.425 r**-7 + 2.565 r**-17)``
 
+    Parameters
+    ----------
+    r : array-like
+        Heliocentric distance in the plane of the sky [Rsun], > 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        Brightness [MSB], float64, the shape of ``r``.
+
     References
     ----------
     Baumbach S. 1937, Astron. Nachr. 263, 121; Allen's Astrophysical Quantities (Cox 2000).
@@ -70,7 +80,22 @@ def baumbach_k_corona(r: Any) -> Any:
 
 
 def baumbach_f_corona(r: Any) -> Any:
-    """F (dust) corona brightness [MSB] at ``r`` [Rsun] (Baumbach 1937): ``1e-6 * 0.0532 r**-2.5``."""
+    """F (dust) corona brightness [MSB] at ``r`` [Rsun] (Baumbach 1937): ``1e-6 * 0.0532 r**-2.5``.
+
+    Parameters
+    ----------
+    r : array-like
+        Heliocentric distance in the plane of the sky [Rsun], > 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        Brightness [MSB], float64, the shape of ``r``.
+
+    References
+    ----------
+    Baumbach S. 1937, Astron. Nachr. 263, 121.
+    """
     r = np.asarray(r, dtype=np.float64)
     return 1e-6 * 0.0532 * r ** -2.5
 
@@ -92,7 +117,19 @@ def lyman_alpha_corona(r: Any) -> Any:
 
 
 def sci_wl_corona(r: Any) -> Any:
-    """SCI-WL radial model [MSB] at 700 nm: F corona + WL_K_FACTOR x Baumbach K corona."""
+    """SCI-WL radial model [MSB] at 700 nm: F corona + WL_K_FACTOR x Baumbach K corona.
+
+    Parameters
+    ----------
+    r : array-like
+        Heliocentric distance in the plane of the sky [Rsun], > 0.
+
+    Returns
+    -------
+    numpy.ndarray
+        Brightness [MSB], float64, the shape of ``r``: :func:`baumbach_f_corona` plus
+        :data:`WL_K_FACTOR` times :func:`baumbach_k_corona`.
+    """
     return baumbach_f_corona(r) + WL_K_FACTOR * baumbach_k_corona(r)
 
 

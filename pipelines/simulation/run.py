@@ -31,10 +31,12 @@ _CHANNEL_INDEX = {c: i for i, c in enumerate(CHANNELS)}
 
 
 def _rng(seed: int, *keys: int) -> np.random.Generator:
+    """The random stream of ``seed`` and ``keys`` (channel index, frame or master key)."""
     return np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, *keys]))
 
 
 def _sizes(channels: tuple[str, ...], naxis: dict[str, int] | int | None) -> dict[str, int]:
+    """Frame side [pixel] per channel from ``simulate``'s ``naxis``; ValueError outside what ingest accepts."""
     out = {}
     for c in channels:
         spec = CHANNELS[c]
@@ -53,6 +55,7 @@ def _sizes(channels: tuple[str, ...], naxis: dict[str, int] | int | None) -> dic
 
 
 def _clean(out_dir: Path) -> None:
+    """Remove earlier ``lst_*.fits`` files from ``raw/``, ``calibration/`` and ``truth/``."""
     for sub in ("raw", "calibration", "truth"):
         d = out_dir / sub
         if d.is_dir():
@@ -216,6 +219,7 @@ def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.ran
 
 
 def _jsonable(v: Any) -> Any:
+    """``v`` with paths as str and numpy scalars as Python numbers, recursively."""
     if isinstance(v, Path):
         return str(v)
     if isinstance(v, (np.floating, np.integer)):
@@ -228,6 +232,7 @@ def _jsonable(v: Any) -> Any:
 
 
 def _write_manifest(result: SimulationResult, *, seed: int, noise: bool, sizes: dict[str, int]) -> None:
+    """Write ``manifest.json`` atomically: the frames, masters, flare, limb fits and every model parameter."""
     out = result.out_dir
     rel = lambda p: str(Path(p).relative_to(out))  # noqa: E731
     doc = {

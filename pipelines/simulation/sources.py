@@ -51,10 +51,12 @@ class _DiskSource:
 
     @property
     def rsun_px(self) -> float:
+        """Apparent solar radius [pixel of the source]."""
         return self.rsun_arcsec / math.sqrt(abs(np.linalg.det(self.matrix)))
 
 
 def _sunpy_source(path: Path) -> _DiskSource:
+    """A full-disk FITS file read with sunpy (its WCS gives the disk centre and orientation)."""
     import sunpy.map
     from astropy.coordinates import SkyCoord
 
@@ -208,6 +210,7 @@ class _CoronaTexture:
 
 
 def _cor1_texture(sample_dir: Path) -> _CoronaTexture:
+    """COR1-A's structure: bias-subtracted image over its radial median profile, contrast x COR1_CONTRAST_GAIN."""
     src = _sunpy_source(sample_dir / COR1_FILE)
     img = src.image
     bias = float(np.percentile(img, 0.5))

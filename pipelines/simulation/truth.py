@@ -31,6 +31,7 @@ def _smooth_sigma_px(spec: ChannelSpec, scale: float) -> float:
 
 def _truth_header(spec: ChannelSpec, t: Time, n: int, scale: float, rsun_arcsec: float, obs: fits.Header,
                   bunit: str, raw_name: str, scene: str, sigma_px: float) -> fits.Header:
+    """Header of a truth: helioprojective WCS of the L2 grid, observer keywords, the raw file and band limit."""
     h = fits.Header()
     h["TELESCOP"], h["INSTRUME"], h["DETECTOR"], h["CHANNEL"] = "ASO-S", "LST", spec.instrument, spec.code
     h["WAVELNTH"], h["WAVEUNIT"] = spec.wavelength_nm, "nm"
