@@ -51,7 +51,7 @@ def cmd_db(args) -> int:
 
 
 def cmd_simulate(args) -> int:
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     sizes = FULL_SIZES if args.full_size else (args.size or DEMO_SIZES)
     if isinstance(sizes, int):
@@ -262,7 +262,7 @@ def cmd_demo(args) -> int:
             {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
         if not (sim_dir / "manifest.json").exists():
             _say(f"[3/7] simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
-            from pipelines.simulate import simulate
+            from pipelines.simulation import simulate
 
             t0 = time.perf_counter()
             simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True)

@@ -60,7 +60,7 @@ STEP_NAMES = ("flag_invalid_pixels", "flag_bad_pixels", "subtract_dark", "clean_
 
 
 def _masters(data_dir: Path, channel: str):
-    from pipelines.simulate import load_simulated_masters
+    from pipelines.simulation import load_simulated_masters
 
     return load_simulated_masters(data_dir, channel)
 
@@ -247,7 +247,7 @@ def _run_worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: b
 
 
 def _prepare(data_dir: Path, wst: int, sci: int, seed: int) -> None:
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     want = {"WST": wst, "SCI-WL": sci}
     ok = all(any((data_dir / "raw").glob(f"lst_{c.lower()}_*_raw.fits")) for c in want) if data_dir.is_dir() else False

@@ -3,7 +3,7 @@
 On a machine with an NVIDIA GPU and CuPy (``pip install -e '.[gpu]'``):
 
 1. simulates one WST frame (4608 x 4608) and one SCI-WL frame (2048 x 2048) with noise
-   (:func:`pipelines.simulate.simulate`), with their masters;
+   (:func:`pipelines.simulation.simulate`), with their masters;
 2. parity: calibrates each frame with NumPy (``calibrate_frame``, ``backend: numpy``),
    with CuPy frame by frame, and with CuPy through the GPU worker's batch executor
    (:class:`pipelines.calibration.batch.BatchExecutor`: masters resident, pinned buffers,
@@ -86,7 +86,7 @@ def _gpu_or_reason() -> str | None:
 
 def _masters(out: Path, channel: str):
     from pipelines.calibration.flow import bad_pixel_map
-    from pipelines.simulate import load_simulated_masters
+    from pipelines.simulation import load_simulated_masters
 
     cals = load_simulated_masters(out, channel)
     bad_pixel_map(cals["dark"])  # derived once on the host, cached on the master
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     from pipelines.calibration.batch import BatchExecutor, BatchItem
     from pipelines.calibration.flow import calibrate_frame
     from pipelines.fitsio import read_image
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="lst_gpu_"))

@@ -1,7 +1,7 @@
 """Validate the L2 calibration chain against truth, noise off and on, and write the report.
 
 Simulates raw frames of all four LST channels from real solar scenes
-(:func:`pipelines.simulate.simulate`), calibrates them with their masters, and compares the
+(:func:`pipelines.simulation.simulate`), calibrates them with their masters, and compares the
 products with the truth (:mod:`pipelines.calibration.validation`, where the gates are
 defined). Also: SCI stray light with a map measured from a sequence, and KLL flats of WST
 and SDI recovered from dithered sets.
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pipelines.calibration import validation as v  # noqa: E402
-from pipelines.simulate import simulate  # noqa: E402
+from pipelines.simulation import simulate  # noqa: E402
 
 REPORTS = ROOT / "benchmarks" / "reports"
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")

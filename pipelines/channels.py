@@ -84,7 +84,7 @@ CHANNELS: dict[str, ChannelSpec] = {
 #: LST.md names no binned readout modes, so this is the platform's own floor, not an
 #: instrument fact: 32 px is 2048 px SCI binned 64x64 (about 150 arcsec/pixel over SCI's
 #: 81.1 arcmin; 36 px would be 4608 px SDI/WST binned 128x128), the smallest frame
-#: ``pipelines.simulate`` makes (it refuses ``naxis`` < 32) and the smallest the tests
+#: ``pipelines.simulation`` makes (it refuses ``naxis`` < 32) and the smallest the tests
 #: ingest (``tests/test_ingest.py``: 32 px). Far below it (a 3x3 image with an LST
 #: header) nothing of the disk or corona would be resolved: not a frame.
 MIN_FRAME_SIDE = 32

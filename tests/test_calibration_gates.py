@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipelines.calibration import validation as v
-from pipelines.simulate import simulate
+from pipelines.simulation import simulate
 
 N = 192
 N_SEQ = 384  # below ~300 px the coronal structure's azimuthal median is too coarse for a 1 % profile

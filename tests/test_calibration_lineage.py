@@ -119,7 +119,7 @@ N = 64
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     out = tmp_path_factory.mktemp("lineage_sim")
     return simulate(out, channels=("SDI",), naxis=N, noise=False, seed=5, sdi_sequence=False)

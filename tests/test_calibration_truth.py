@@ -23,7 +23,7 @@ from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ
 from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, read_product, write_quicklook_png
-from pipelines.simulate import INSTRUMENT, simulate
+from pipelines.simulation import INSTRUMENT, simulate
 
 N = 384
 STEPS = ("flag_invalid_pixels", "subtract_dark", "correct_flat", "normalize_exposure", "convert_units",

@@ -46,7 +46,7 @@ def test_demo_embedded(tmp_path):
         assert sources.get("detected", 0) >= 1, "the injected SDI flare must be detected"
         # ... where it was injected, and not buried among false ones: the demo's SDI series is
         # hourly (sparse: 5 sigma and 20 %); without that rule 3 sigma and 2 % found 93 at the default size
-        from pipelines.simulate import FLARE
+        from pipelines.simulation import FLARE
 
         flares = s.execute(select(Event.hpc_x, Event.hpc_y).where(
             Event.source == "detected", Event.event_type == "FL")).all()

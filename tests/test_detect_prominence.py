@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from backend.models import Event
-from pipelines.detect import synthetic as S
 from pipelines.detect.prominence import (
     FRM_NAME,
     ProminenceParams,
@@ -23,6 +22,7 @@ from pipelines.detect.prominence import (
     hinge_fit,
 )
 from pipelines.errors import DataError
+from pipelines.simulation import synthetic as S
 
 N = 512
 RSUN = 960.0

@@ -19,7 +19,7 @@ from pipelines.array_backend import cupy_available
 from pipelines.calibration.batch import RESIDENT_KINDS, BatchExecutor, BatchItem, DeviceMasters
 from pipelines.calibration.flow import calibrate_frame
 from pipelines.fitsio import read_image
-from pipelines.simulate import load_simulated_masters
+from pipelines.simulation import load_simulated_masters
 
 SIZES = {"WST": 64, "SCI-WL": 48}
 N_PER_CHANNEL = 3
@@ -27,7 +27,7 @@ N_PER_CHANNEL = 3
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory):
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     out = tmp_path_factory.mktemp("gpu_batch_sim")
     res = simulate(out, channels=tuple(SIZES), naxis=SIZES, noise=True, seed=11, sdi_sequence=False,

@@ -45,7 +45,7 @@ SIZE = 128
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    from pipelines.simulate import simulate
+    from pipelines.simulation import simulate
 
     out = tmp_path_factory.mktemp("sim")
     res = simulate(out, naxis=SIZE, noise=True, seed=3, sdi_sequence=True)

@@ -16,9 +16,9 @@ from astropy.time import Time
 from pipelines.calibration.flow import load_calibration_master
 from pipelines.channels import CHANNELS, channel_from_header
 from pipelines.fitsio import parse_date_obs, read_image, sha256_file
-from pipelines.simulate import (SAMPLE_DIR, baumbach_f_corona, baumbach_k_corona, fit_solar_limb,
-                                limb_darkening_neckel2005, lyman_alpha_corona, simulate, ssw_date,
-                                stray_light_model)
+from pipelines.simulation import (SAMPLE_DIR, baumbach_f_corona, baumbach_k_corona, fit_solar_limb,
+                                  limb_darkening_neckel2005, lyman_alpha_corona, simulate, ssw_date,
+                                  stray_light_model)
 from tests.conftest import SAMPLE
 
 N = 128
@@ -239,7 +239,7 @@ def test_single_sdi_frames_come_from_swap_and_sizes_per_channel(tmp_path):
         simulate(tmp_path, channels=("SCI-WL",), naxis={"SCI-WL": 2304})
     with pytest.raises(ValueError, match="between 32 and 4608"):
         simulate(tmp_path, channels=("SDI",), naxis={"SDI": 16})
-    from pipelines.simulate import _sizes
+    from pipelines.simulation.run import _sizes
     assert _sizes(("WST", "SCI-UV"), 4608) == {"WST": 4608, "SCI-UV": 2048}  # one size for all: capped
 
 

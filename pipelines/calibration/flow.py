@@ -10,7 +10,7 @@ keywords, one HISTORY line per step) and summary statistics.
 Calibration masters are FITS files that describe themselves in their primary header
 (``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the
 parameters of the kind); :func:`load_calibration_master` reads one. The simulator
-(:mod:`pipelines.simulate`) writes such masters.
+(:mod:`pipelines.simulation`) writes such masters.
 
 Provenance keywords written on the product (name, version, database id, SHA-256 of each
 calibration file in ``CAL*`` keywords, as punchbowl does; ``LEVEL``, ``BUNIT``, ``BACKEND``)
@@ -161,7 +161,7 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
 
 
 def load_calibration_master(path: str | Path) -> CalibrationInput:
-    """Read a calibration master written by :mod:`pipelines.simulate` (or any file of that form).
+    """Read a calibration master written by :mod:`pipelines.simulation` (or any file of that form).
 
     Parameters
     ----------

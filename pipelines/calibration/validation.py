@@ -2,7 +2,7 @@
 
 Used by ``benchmarks/validate_calibration.py`` (full or large size, report and figures) and
 by ``tests/test_calibration_gates.py`` (small size). Every number compares a calibrated
-frame with the band-limited truth the raw frame was made from (:func:`pipelines.simulate.simulate`
+frame with the band-limited truth the raw frame was made from (:func:`pipelines.simulation.simulate`
 writes both, from real solar scenes: SOHO/EIT and SWAP for SDI, SOHO/MDI for WST, STEREO/COR1
 structure for SCI).
 
@@ -21,7 +21,7 @@ Gates (:data:`GATES`):
   0.05 Rsun from 1.1 to 2.5 Rsun, the worst annulus < 1 %; for the default power-law master
   and for a map measured from a sequence (:mod:`pipelines.calibration.stray_light`).
 * ``sun_centre_px``: disk imagers, the limb-fitted disk centre of the L2 image within
-  0.25 px of the truth's (same fit on both, :func:`pipelines.simulate.fit_solar_limb`).
+  0.25 px of the truth's (same fit on both, :func:`pipelines.simulation.fit_solar_limb`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ ANNULI = np.round(np.arange(1.10, 2.5001, 0.05), 3)
 
 
 def load_masters(calibration_files) -> dict[str, dict[str, CalibrationInput]]:
-    """Masters of a :class:`pipelines.simulate.SimulationResult` by channel and kind (ids 1, 2, ...).
+    """Masters of a :class:`pipelines.simulation.SimulationResult` by channel and kind (ids 1, 2, ...).
 
     The bad-pixel map of each dark master is derived here, once, as a worker keeps its
     masters resident (so that the calibration times measured later are per frame).
@@ -87,7 +87,7 @@ def _rho(n: int, header: fits.Header) -> np.ndarray:
 
 
 def _limb_centre(img: np.ndarray) -> tuple[float, float]:
-    from pipelines.simulate import fit_solar_limb
+    from pipelines.simulation import fit_solar_limb
 
     fit = fit_solar_limb(np.where(np.isfinite(img), img, 0.0))
     return fit.x0, fit.y0
@@ -176,7 +176,7 @@ def validate_simulation(sim, *, options: CalibrationOptions | None = None, keep_
 
     Parameters
     ----------
-    sim : pipelines.simulate.SimulationResult
+    sim : pipelines.simulation.SimulationResult
     options : CalibrationOptions, optional
         Options of :func:`calibrate_frame` (default: the defaults).
     keep_maps : bool
@@ -220,7 +220,7 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
 
     Parameters
     ----------
-    sim : pipelines.simulate.SimulationResult
+    sim : pipelines.simulation.SimulationResult
         SCI frames (several per channel: ``frames_per_channel``) with their masters.
     corona : {'model', None}
         ``'model'``: subtract the simulator's radial coronal model (Baumbach K + F for WL,
@@ -245,7 +245,7 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
         ``stray_profile``, ``map_vs_injected`` (median |map / injected - 1| from 1.15 to
         2.45 Rsun on the detector), ``n_frames``, ``path`` (the master), ``method``.
     """
-    from pipelines import simulate as simmod
+    from pipelines import simulation as simmod
     from pipelines.calibration.steps import StrayLightModel, radius_map, sun_geometry
     from pipelines.calibration.stray_light import measure_stray_light_map, stray_light_map_hdul
     from pipelines.fitsio import write_fits_atomic

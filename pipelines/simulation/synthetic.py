@@ -1,5 +1,8 @@
 """Synthetic LST scenes with injected events, for tests and detector validation.
 
+Independent of :func:`pipelines.simulation.simulate` (no instrument model, no files
+written): in-memory image sequences whose event truth is known exactly.
+
 No LST (SCI or SDI) image was found publicly (``sample-data/real/MANIFEST.md``) and no SCI
 CME catalogue exists (``LST.md``), so the event detectors are validated on sequences built
 here: a realistic static scene plus an injected event whose truth (time, position angle,
@@ -65,6 +68,7 @@ from astropy.io import fits
 from scipy import ndimage
 
 from pipelines.detect.cme import as_utc_datetimes
+from pipelines.simulation.sources import COR1_FILE, SAMPLE_DIR
 
 __all__ = [
     "RSUN_KM",
@@ -85,10 +89,9 @@ __all__ = [
 #: IAU 2015 nominal solar radius [km] (Prsa et al. 2016, AJ 152, 41).
 RSUN_KM = 695_700.0
 
-_REPO = Path(__file__).resolve().parents[2]
 #: The real STEREO/COR1-A frame whose azimuthal structure textures :func:`coronal_background`.
-DEFAULT_COR1_TEXTURE = _REPO / "sample-data" / "real" / "coronagraph" / "20070503_102018_s4c1a.fts"
-_SAHADE = _REPO / "sample-data" / "real" / "events" / "prominence_eruptions_sahade2025"
+DEFAULT_COR1_TEXTURE = SAMPLE_DIR / COR1_FILE
+_SAHADE = SAMPLE_DIR / "events" / "prominence_eruptions_sahade2025"
 
 
 # --------------------------------------------------------------------------------------
@@ -456,6 +459,44 @@ class InjectedCME:
     heights_rsun: tuple[float, ...]
 
 
+def _kinematic_heights(sec: np.ndarray, h0: float, speed_km_s: float, acceleration_m_s2: float) -> np.ndarray:
+    """``h0 + v t + a t^2 / 2`` [Rsun] at ``sec`` [s]; ``v`` [km/s] and ``a`` [m/s^2] via :data:`RSUN_KM`."""
+    v = speed_km_s / RSUN_KM  # Rsun / s
+    a = acceleration_m_s2 / 1e3 / RSUN_KM  # Rsun / s^2
+    return h0 + v * sec + 0.5 * a * sec**2
+
+
+def _cme_enhancement(xx: np.ndarray, yy: np.ndarray, r: np.ndarray, h: float, *, pa_deg: float, width_deg: float,
+                     contrast: float, interior_fill: float, front_thickness_rsun: float) -> np.ndarray:
+    """Fractional brightness enhancement of a CME whose leading edge is at ``h`` [Rsun].
+
+    The projected bubble (see :func:`inject_cme_sequence`): a circle of radius ``rho``
+    centred ``d`` from Sun centre along ``pa_deg``, ``h = d + rho``, ``rho / d =
+    sin(width / 2)``; a Gaussian rim plus ``interior_fill`` times a soft-edged interior,
+    zero on the disk. ``xx``, ``yy``, ``r``: heliocentric pixel coordinates [Rsun].
+    """
+    ax, ay = -np.sin(np.radians(pa_deg)), np.cos(np.radians(pa_deg))
+    s = np.sin(np.radians(width_deg / 2.0))
+    sigma = front_thickness_rsun / 2.0
+    d = h / (1.0 + s)
+    rho = h * s / (1.0 + s)
+    q = np.hypot(xx - d * ax, yy - d * ay)
+    rim = np.exp(-0.5 * ((q - rho) / sigma) ** 2)
+    interior = 0.5 * (1.0 - np.tanh((q - rho) / sigma))
+    enh = contrast * (rim + interior_fill * interior)
+    enh[r < 1.0] = 0.0
+    return enh
+
+
+def _first_appearance(times: Sequence[dt.datetime], sec: np.ndarray, heights: np.ndarray,
+                      r_fov_min: float) -> dt.datetime | None:
+    """The first frame time at or after ``t0`` whose leading edge is in the field, or None."""
+    for t, s, h in zip(times, sec, heights):
+        if s >= 0 and h >= r_fov_min:
+            return t
+    return None
+
+
 def inject_cme_sequence(
     background: np.ndarray,
     times,
@@ -529,32 +570,16 @@ def inject_cme_sequence(
     n = len(times)
     stack = _as_stack(background, n)
     sec = _seconds(times, t0)
-    v = speed_km_s / RSUN_KM  # Rsun / s
-    a = acceleration_m_s2 / 1e3 / RSUN_KM  # Rsun / s^2
-    heights = r_fov_min + v * sec + 0.5 * a * sec**2
+    heights = _kinematic_heights(sec, r_fov_min, speed_km_s, acceleration_m_s2)
     xx, yy, r = _grid(stack.shape[1:], sun_center_px, plate_scale_arcsec, rsun_arcsec)
-    ax, ay = -np.sin(np.radians(pa_deg)), np.cos(np.radians(pa_deg))
-    s = np.sin(np.radians(width_deg / 2.0))
-    sigma = front_thickness_rsun / 2.0
     for i, h in enumerate(heights):
         if h <= 0.5:
             continue
-        d = h / (1.0 + s)
-        rho = h * s / (1.0 + s)
-        q = np.hypot(xx - d * ax, yy - d * ay)
-        rim = np.exp(-0.5 * ((q - rho) / sigma) ** 2)
-        interior = 0.5 * (1.0 - np.tanh((q - rho) / sigma))
-        enh = contrast * (rim + interior_fill * interior)
-        enh[r < 1.0] = 0.0
-        stack[i] *= 1.0 + enh
+        stack[i] *= 1.0 + _cme_enhancement(xx, yy, r, h, pa_deg=pa_deg, width_deg=width_deg, contrast=contrast,
+                                           interior_fill=interior_fill, front_thickness_rsun=front_thickness_rsun)
     if electrons_per_unit is not None:
         stack = add_photon_noise(stack, electrons_per_unit, rng=rng)
-    tlist = as_utc_datetimes(times)
-    first = None
-    for i in range(n):
-        if sec[i] >= 0 and heights[i] >= r_fov_min:
-            first = tlist[i]
-            break
+    first = _first_appearance(as_utc_datetimes(times), sec, heights, r_fov_min)
     truth = InjectedCME(
         pa_deg=float(pa_deg) % 360.0,
         width_deg=float(width_deg),
@@ -609,6 +634,36 @@ class InjectedProminence:
     h0_rsun: float
     speed_km_s: float
     heights_rsun: tuple[float, ...] = field(default=())
+
+
+def _prominence_heights(sec: np.ndarray, h0_rsun: float, height_time: Callable[[np.ndarray], np.ndarray] | None,
+                        speed_km_s: float, acceleration_m_s2: float) -> tuple[np.ndarray, float]:
+    """Top height [Rsun] at ``sec`` [s from the start of the rise], and the truth's speed.
+
+    ``h0_rsun`` before the rise; after, ``height_time(t)`` if given (the speed is then NaN),
+    else constant-acceleration kinematics (:func:`_kinematic_heights`).
+    """
+    rising = np.clip(sec, 0.0, None)
+    if height_time is not None:
+        return np.where(sec > 0, np.asarray(height_time(rising), dtype=float), h0_rsun), float("nan")
+    return _kinematic_heights(rising, h0_rsun, speed_km_s, acceleration_m_s2), float(speed_km_s)
+
+
+def _erupting_prominence(r: np.ndarray, pa: np.ndarray, h: float, *, pa_deg: float, h0_rsun: float,
+                         width_deg: float, brightness: float, dimming_exponent: float,
+                         psf_sigma_px: float) -> np.ndarray:
+    """The prominence with its top at ``h`` [Rsun] (see :func:`inject_prominence_eruption`).
+
+    The foot lifts off the limb to half the rise, the brightness falls as
+    ``((h0 - 1) / (h - 1)) ** dimming_exponent``; blurred by a Gaussian of
+    ``psf_sigma_px`` [pixel] when > 0. ``r`` [Rsun], ``pa`` [deg]: per pixel.
+    """
+    r_bot = 1.0 + 0.5 * max(h - h0_rsun, 0.0)
+    dim = ((h0_rsun - 1.0) / max(h - 1.0, h0_rsun - 1.0)) ** dimming_exponent
+    blob = _prominence_blob(r, pa, pa_deg, r_bot, h, width_deg, brightness * dim)
+    if psf_sigma_px > 0:
+        blob = ndimage.gaussian_filter(blob, psf_sigma_px)
+    return blob
 
 
 def inject_prominence_eruption(
@@ -690,23 +745,11 @@ def inject_prominence_eruption(
     if brightness is None:
         ring = np.abs(r - h0_rsun) < max(2.0 * plate_scale_arcsec / rsun_arcsec, 0.003)
         brightness = contrast * float(np.median(stack[0][ring]))
-    rising = np.clip(sec, 0.0, None)
-    if height_time is not None:
-        heights = np.where(sec > 0, np.asarray(height_time(rising), dtype=float), h0_rsun)
-        v_truth = float("nan")
-    else:
-        v = speed_km_s / RSUN_KM
-        a = acceleration_m_s2 / 1e3 / RSUN_KM
-        heights = h0_rsun + v * rising + 0.5 * a * rising**2
-        v_truth = float(speed_km_s)
+    heights, v_truth = _prominence_heights(sec, h0_rsun, height_time, speed_km_s, acceleration_m_s2)
     psf = resolution_arcsec / 2.3548 / plate_scale_arcsec if resolution_arcsec > 0 else 0.0
     for i, h in enumerate(heights):
-        r_bot = 1.0 + 0.5 * max(h - h0_rsun, 0.0)
-        dim = ((h0_rsun - 1.0) / max(h - 1.0, h0_rsun - 1.0)) ** dimming_exponent
-        blob = _prominence_blob(r, pa, pa_deg, r_bot, h, width_deg, brightness * dim)
-        if psf > 0:
-            blob = ndimage.gaussian_filter(blob, psf)
-        stack[i] += blob
+        stack[i] += _erupting_prominence(r, pa, h, pa_deg=pa_deg, h0_rsun=h0_rsun, width_deg=width_deg,
+                                         brightness=brightness, dimming_exponent=dimming_exponent, psf_sigma_px=psf)
     if electrons_per_unit is not None:
         stack = add_photon_noise(stack, electrons_per_unit, rng=rng)
     truth = InjectedProminence(
