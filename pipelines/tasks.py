@@ -25,7 +25,7 @@ def _share_cores(sender=None, **_kwargs) -> None:
     Sent in the main process before the pool forks (``sender`` is the ``WorkController``;
     its ``concurrency`` is the process count), so the children inherit the setting.
     """
-    from pipelines.calibration.steps import available_cores, set_default_threads
+    from pipelines.calibration.resample import available_cores, set_default_threads
 
     try:
         processes = int(getattr(sender, "concurrency", 0) or 0)

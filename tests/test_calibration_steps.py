@@ -16,7 +16,7 @@ from astropy.io import fits
 from astropy.wcs import WCS
 
 from pipelines import array_backend
-from pipelines.calibration import steps
+from pipelines.calibration import resample, steps
 from pipelines.calibration.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
                                         required_kinds)
 from pipelines.calibration.steps import DQ, StrayLightModel
@@ -223,7 +223,7 @@ def test_rotate_north_up_puts_a_known_feature_where_the_sky_says(roll):
         warnings.simplefilter("ignore")
         px, py = WCS(h).world_to_pixel_values(300.0 / 3600.0, 100.0 / 3600.0)
     data = 5.0 + 100.0 * _blob(n, float(px), float(py))
-    out, dq, h2 = steps.rotate_north_up(data, None, h)
+    out, dq, h2 = resample.rotate_north_up(data, None, h)
     c = (n - 1) / 2.0
     cx, cy = _centroid(np.where(dq == 0, out - 5.0, 0.0))
     assert cx == pytest.approx(c + 300.0 / scale, abs=0.05)
@@ -246,7 +246,7 @@ def test_rotate_north_up_moves_dq_bits_by_nearest_neighbour_and_flags_no_data():
     data[10, 12] = np.nan
     dq = np.zeros((n, n), np.uint8)
     dq[28:36, 28:36] = DQ.OCCULTED
-    out, dq2, _ = steps.rotate_north_up(data, dq, h)
+    out, dq2, _ = resample.rotate_north_up(data, dq, h)
     assert set(np.unique(dq2)) <= {0, int(DQ.OCCULTED), int(DQ.NO_DATA), int(DQ.NOT_FINITE),
                                    int(DQ.NO_DATA | DQ.OCCULTED)}
     assert (dq2 == DQ.OCCULTED).sum() == pytest.approx(64, abs=8)  # the 8x8 block, rotated, not smeared
@@ -270,9 +270,9 @@ def test_rotate_north_up_on_threads_equals_one_call(threads):
     dq = np.zeros((n, n), np.uint8)
     dq[140:160, 140:160] = DQ.OCCULTED
     dq[77, 33] = DQ.BAD_PIXEL
-    one, dq_one, _ = steps.rotate_north_up(data, dq, h, threads=1)
-    many, dq_many, h2 = steps.rotate_north_up(data, dq, h, threads=threads)
-    assert steps._blocks(n, threads) and len(steps._blocks(n, threads)) == threads
+    one, dq_one, _ = resample.rotate_north_up(data, dq, h, threads=1)
+    many, dq_many, h2 = resample.rotate_north_up(data, dq, h, threads=threads)
+    assert resample._blocks(n, threads) and len(resample._blocks(n, threads)) == threads
     np.testing.assert_array_equal(dq_many, dq_one)
     assert (dq_one & DQ.BAD_PIXEL).any() and (dq_one & DQ.NO_DATA).any()
     np.testing.assert_allclose(many, one, rtol=0, atol=1e-5, equal_nan=True)
@@ -281,7 +281,7 @@ def test_rotate_north_up_on_threads_equals_one_call(threads):
 
 def test_rotate_north_up_skips_a_frame_already_north_up_and_centred():
     n = 16
-    out, dq, h = steps.rotate_north_up(np.arange(n * n, dtype=float).reshape(n, n), None, make_header(n))
+    out, dq, h = resample.rotate_north_up(np.arange(n * n, dtype=float).reshape(n, n), None, make_header(n))
     assert "rotate_north_up: skipped" in history(h)
     assert out[3, 5] == 3 * n + 5
 
@@ -466,11 +466,11 @@ def test_worker_shares_its_cores_among_its_processes():
 
     try:
         tasks._share_cores(sender=SimpleNamespace(concurrency=2))
-        assert steps.default_threads() == max(1, steps.available_cores() // 2)
+        assert resample.default_threads() == max(1, resample.available_cores() // 2)
         tasks._share_cores(sender=SimpleNamespace(concurrency=10_000))
-        assert steps.default_threads() == 1
-        steps.set_default_threads(None)
+        assert resample.default_threads() == 1
+        resample.set_default_threads(None)
         tasks._share_cores(sender=SimpleNamespace(concurrency="auto"))  # left alone
-        assert steps.default_threads() == steps.available_cores()
+        assert resample.default_threads() == resample.available_cores()
     finally:
-        steps.set_default_threads(None)
+        resample.set_default_threads(None)

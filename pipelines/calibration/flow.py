@@ -49,7 +49,7 @@ from astropy.io import fits
 from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
-from pipelines.calibration import steps
+from pipelines.calibration import resample, steps
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
@@ -466,7 +466,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
                           "recorded")
 
     if opts.get("rotate_north_up", True):
-        img, dq, h = steps.rotate_north_up(img, dq, h, order=order)
+        img, dq, h = resample.rotate_north_up(img, dq, h, order=order)
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
