@@ -15,7 +15,7 @@ import pytest
 from astropy.io import fits
 from astropy.wcs import WCS
 
-from pipelines import array_backend
+from pipelines import array_backend, sun
 from pipelines.calibration import resample, steps
 from pipelines.calibration.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
                                         required_kinds)
@@ -290,13 +290,13 @@ def test_sun_geometry_needs_a_wcs_and_a_distance():
     h = make_header(8)
     del h["RSUN_OBS"], h["DSUN_OBS"]
     with pytest.raises(DataError, match="radius"):
-        steps.sun_geometry(h)
+        sun.sun_geometry(h)
     h = make_header(8)
     for k in ("CTYPE1", "CTYPE2"):
         del h[k]
     with pytest.raises(DataError):
-        steps.sun_geometry(h)
-    g = steps.sun_geometry(make_header(8, roll=2.0, scale=10.0))
+        sun.sun_geometry(h)
+    g = sun.sun_geometry(make_header(8, roll=2.0, scale=10.0))
     assert g.roll_deg == pytest.approx(2.0) and g.scale == pytest.approx(10.0) and g.rsun_px == pytest.approx(96.0)
 
 

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend.models import Event, EventProduct, Frame, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import FitsReadError
+from pipelines.sun import RSUN_REF_M  # re-exported (__all__): used when a header has DSUN_OBS but no radius
 
 __all__ = [
     "list_products",
@@ -46,10 +47,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Nominal photospheric solar radius [m] (IAU 2015 Resolution B3), used when a header
-#: gives the observer distance ``DSUN_OBS`` but no apparent radius.
-RSUN_REF_M = 695_700_000.0
 
 
 # -- queries ------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import sha256_file
+from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec, sun_geometry
 
 __all__ = [
     "CALIBRATION_KINDS",
@@ -318,7 +319,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     else:
         stats.update(median=None, mean=None, p01=None, p99=None)
     try:
-        geom = steps.sun_geometry(header)
+        geom = sun_geometry(header)
         stats["rsun_px"] = float(geom.rsun_px)
     except DataError:
         stats["rsun_px"] = None
@@ -475,9 +476,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         if cal.kind in CAL_KEYWORDS:
             _stamp_calibration(h, cal)
     if "RSUN_REF" not in h:
-        h["RSUN_REF"] = (steps.RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
+        h["RSUN_REF"] = (RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
     if "RSUN_OBS" not in h:
-        h["RSUN_OBS"] = (steps.apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
+        h["RSUN_OBS"] = (apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
     h["LEVEL"] = ("L2", "calibrated, north up (LST level 2)")
     h["BUNIT"] = unit
     h["CHANNEL"] = channel

@@ -22,8 +22,8 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.array_backend import namespace_of, ndimage_for
-from pipelines.calibration.steps import (DEFECT_BITS, DQ, RSUN_REF_M, SunGeometry, _check_2d, _copy, _history,
-                                         _new_dq, sun_geometry)
+from pipelines.calibration.steps import DEFECT_BITS, DQ, _check_2d, _copy, _history, _new_dq
+from pipelines.sun import RSUN_REF_M, SunGeometry, sun_geometry
 
 __all__ = ["rotate_north_up", "available_cores", "default_threads", "set_default_threads"]
 

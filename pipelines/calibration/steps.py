@@ -48,27 +48,21 @@ from __future__ import annotations
 
 import enum
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from astropy import units as u
 from astropy.io import fits
 
 from pipelines.array_backend import namespace_of, to_numpy
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import DataError
+from pipelines.sun import RSUN_REF_M, radius_map, sun_geometry  # noqa: F401 - RSUN_REF_M: pipelines.simulate imports it from here
 
 __all__ = [
     "DQ",
-    "RSUN_REF_M",
-    "SunGeometry",
     "StrayLightModel",
     "StrayLightProfile",
-    "sun_geometry",
-    "apparent_rsun_arcsec",
-    "radius_map",
     "flag_invalid_pixels",
     "flag_bad_pixels",
     "dark_temperature_factor",
@@ -83,10 +77,6 @@ __all__ = [
     "mask_field_of_view",
     "deconvolve_psf",
 ]
-
-#: Photospheric radius [m] used to turn DSUN_OBS into an apparent radius, IAU 2015
-#: nominal value (Prsa et al. 2016, AJ 152, 41), the value sunpy uses.
-RSUN_REF_M = 695_700_000.0
 
 #: Saturation level of LST's 16-bit sensors [DN] (LST.md: 16-bit CMOS).
 SATURATION_DN = 65535.0
@@ -171,143 +161,6 @@ def _channel_code(header: fits.Header) -> str | None:
         except KeyError:
             code = None
     return code
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-@dataclass(frozen=True)
-class SunGeometry:
-    """Where the Sun is on a frame, from its WCS and observer keywords.
-
-    Attributes
-    ----------
-    x0, y0 : float
-        Pixel of the disk centre (helioprojective 0, 0), 0-based (array column, row).
-    matrix : numpy.ndarray, shape (2, 2)
-        ``CDELTi * PCi_j`` in arcsec/pixel: ``(Tx, Ty) = matrix @ (x - x0, y - y0)``.
-    rsun_arcsec : float
-        Apparent solar radius [arcsec].
-    """
-
-    x0: float
-    y0: float
-    matrix: np.ndarray
-    rsun_arcsec: float
-
-    @property
-    def scale(self) -> float:
-        """Mean plate scale [arcsec/pixel] (square root of the Jacobian)."""
-        return float(math.sqrt(abs(np.linalg.det(self.matrix))))
-
-    @property
-    def rsun_px(self) -> float:
-        """Apparent solar radius [pixel]."""
-        return self.rsun_arcsec / self.scale
-
-    @property
-    def roll_deg(self) -> float:
-        """Roll angle [deg] (CROTA2 convention: PC = [[cos, -sin], [sin, cos]])."""
-        m = self.matrix
-        return float(math.degrees(math.atan2(m[1, 0] - m[0, 1], m[0, 0] + m[1, 1])))
-
-
-def apparent_rsun_arcsec(header: fits.Header) -> float:
-    """Apparent solar radius [arcsec]: ``RSUN_OBS`` if given, else from ``DSUN_OBS``.
-
-    ``asin(RSUN_REF / DSUN_OBS)`` as sunpy computes ``rsun_obs``; ``RSUN_REF`` defaults to
-    :data:`RSUN_REF_M`.
-
-    Raises
-    ------
-    DataError
-        If neither ``RSUN_OBS`` nor a usable ``DSUN_OBS`` is present.
-    """
-    for key in ("RSUN_OBS", "RSUN_ARC"):
-        try:
-            v = float(header[key])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if math.isfinite(v) and v > 0:
-            return v
-    try:
-        dsun = float(header["DSUN_OBS"])
-        rref = float(header.get("RSUN_REF", RSUN_REF_M))
-    except (KeyError, TypeError, ValueError):
-        raise DataError("cannot tell the solar radius: no RSUN_OBS and no usable DSUN_OBS") from None
-    if not (math.isfinite(dsun) and dsun > rref > 0):
-        raise DataError(f"DSUN_OBS={dsun} m is not a distance outside the Sun")
-    return float((math.asin(rref / dsun) * u.rad).to_value(u.arcsec))
-
-
-def sun_geometry(header: fits.Header) -> SunGeometry:
-    """The Sun's centre, the pixel-to-helioprojective matrix and the radius of a frame.
-
-    Parameters
-    ----------
-    header : astropy.io.fits.Header
-        With a helioprojective WCS (``CTYPE = HPLN-TAN/HPLT-TAN``; ``read_image`` maps
-        ASO-S's ``solar_x``/``solar_y`` to these) and observer keywords.
-
-    Returns
-    -------
-    SunGeometry
-
-    Raises
-    ------
-    DataError
-        If the header has no usable celestial WCS or no distance to the Sun.
-    """
-    from astropy.wcs import WCS, FITSFixedWarning
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FITSFixedWarning)
-            w = WCS(header, naxis=2)
-        if not w.has_celestial:
-            raise DataError("the header has no helioprojective WCS (CTYPE1/2)")
-        x0, y0 = (float(v) for v in w.world_to_pixel_values(0.0, 0.0))
-        m = np.asarray(w.pixel_scale_matrix, dtype=float) * 3600.0  # wcslib normalises to deg
-    except DataError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any WCS the library rejects is bad input
-        raise DataError(f"unusable WCS in the header ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    if not (np.all(np.isfinite(m)) and math.isfinite(x0) and math.isfinite(y0)) or abs(np.linalg.det(m)) == 0:
-        raise DataError("the WCS does not locate the Sun (non-finite or singular)")
-    return SunGeometry(x0=x0, y0=y0, matrix=m, rsun_arcsec=apparent_rsun_arcsec(header))
-
-
-def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None, dtype: Any = None) -> Any:
-    """Heliocentric distance in the plane of the sky [Rsun] of every pixel.
-
-    Parameters
-    ----------
-    shape : (ny, nx)
-    geometry : SunGeometry
-    xp : array namespace, optional
-        NumPy's by default.
-    dtype : dtype, optional
-        ``xp.float64`` by default; the calibration steps use ``xp.float32`` (relative
-        error ~1e-7, two frames of memory instead of about ten).
-
-    Returns
-    -------
-    array, shape (ny, nx)
-    """
-    xp = xp if xp is not None else namespace_of()
-    dtype = dtype if dtype is not None else xp.float64
-    ny, nx = shape
-    m = geometry.matrix / geometry.rsun_arcsec
-    dx = xp.reshape(xp.arange(nx, dtype=xp.float64) - geometry.x0, (1, nx))
-    dy = xp.reshape(xp.arange(ny, dtype=xp.float64) - geometry.y0, (ny, 1))
-    # row and column terms in float64 (small), the frame-sized sums in ``dtype``, in place
-    tx = xp.astype(m[0, 0] * dx, dtype) + xp.astype(m[0, 1] * dy, dtype)
-    ty = xp.astype(m[1, 0] * dx, dtype) + xp.astype(m[1, 1] * dy, dtype)
-    tx *= tx
-    ty *= ty
-    tx += ty
-    del ty
-    return xp.sqrt(tx)
 
 
 # --------------------------------------------------------------------------- steps
