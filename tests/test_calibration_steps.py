@@ -418,6 +418,36 @@ def test_load_calibration_master_reads_and_verifies(tmp_path):
         load_calibration_master(plain)
 
 
+def test_read_product_reads_both_dq_layouts_and_names_the_file_on_errors(tmp_path):
+    from pipelines.products import dq_table_hdu, read_product
+
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dq = np.zeros((3, 4), np.uint8)
+    dq[1, 2] = DQ.OCCULTED
+    h = fits.Header({"BUNIT": "MSB"})
+    table, image, none = tmp_path / "table.fits", tmp_path / "image.fits", tmp_path / "none.fits"
+    fits.HDUList([fits.PrimaryHDU(data, h), dq_table_hdu(dq)]).writeto(table)
+    fits.HDUList([fits.PrimaryHDU(data, h), fits.ImageHDU(dq, name="DQ")]).writeto(image)
+    fits.HDUList([fits.PrimaryHDU(), fits.ImageHDU(data, h)]).writeto(none)  # image in an extension, no DQ
+    for p in (table, image):
+        d, q, hh = read_product(p)
+        assert d.dtype == np.float32 and q.dtype == np.uint8 and np.array_equal(d, data) and np.array_equal(q, dq)
+        assert hh["BUNIT"] == "MSB"
+    d, q, _ = read_product(none, dtype=np.float64)
+    assert d.dtype == np.float64 and np.array_equal(d, data) and not q.any() and q.shape == data.shape
+    bad = tmp_path / "bad.fits"
+    fits.HDUList([fits.PrimaryHDU(data), dq_table_hdu(np.zeros((2, 2), np.uint8))]).writeto(bad)
+    with pytest.raises(FitsReadError, match="DQ shape"):
+        read_product(bad)
+    junk = tmp_path / "junk.fits"
+    junk.write_bytes(b"not FITS" * 400)
+    with pytest.raises(FitsReadError, match="junk.fits: unreadable"):
+        read_product(junk)
+    fits.PrimaryHDU(np.zeros(5)).writeto(tmp_path / "one_d.fits")
+    with pytest.raises(FitsReadError, match="no 2-D image"):
+        read_product(tmp_path / "one_d.fits")
+
+
 def test_product_hdul_and_quicklook(tmp_path):
     raw, h, cals, _ = _synthetic_wst(64)
     res = calibrate_frame(raw, h, cals)

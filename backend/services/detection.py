@@ -81,21 +81,13 @@ class _ProductFiles:
     def __init__(self, paths: list[Path], keep: int = 2) -> None:
         self.paths = paths
         self.keep = keep
-        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
-    def load(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if i in self._cache:
             self._cache.move_to_end(i)
             return self._cache[i]
-        path = self.paths[i]
-        try:
-            data, dq, _ = read_product(path)
-        except FitsReadError:
-            raise
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
-        if data.ndim != 2 or (dq is not None and dq.shape != data.shape):
-            raise FitsReadError(f"{path}: image {data.shape} and DQ {None if dq is None else dq.shape} unusable")
+        data, dq, _ = read_product(self.paths[i])  # FitsReadError if unreadable or not an L2 product
         self._cache[i] = (data, dq)
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
@@ -109,10 +101,7 @@ class _View:
         self.files, self.i, self.part = files, i, part
 
     def _array(self) -> np.ndarray:
-        a = self.files.load(self.i)[self.part]
-        if a is None:  # no DQ extension: every pixel usable
-            a = np.zeros(self.files.load(self.i)[0].shape, dtype=np.uint8)
-        return a
+        return self.files.load(self.i)[self.part]  # no DQ extension: read_product's zeros, every pixel usable
 
     def __array__(self, dtype=None, copy=None):
         a = self._array()
@@ -311,15 +300,6 @@ def _lazy_series(rows: list[tuple[Product, Frame]], product_root: Path | None):
     return [_utc(f.date_obs) for _, f in rows], images, dqs, headers
 
 
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None, fits.Header]:
-    try:
-        return read_product(path)
-    except FitsReadError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
-
-
 def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarray, dict[str, Any], list[fits.Header]]:
     """The products block-averaged to the detector's working size, one frame in memory at a time.
 
@@ -340,9 +320,7 @@ def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarra
 
     frames, headers, geo0, shape0, f = [], [], None, None, 1
     for path in paths:
-        data, dq, header = _read(path)
-        if data.ndim != 2:
-            raise FitsReadError(f"{path}: image of shape {data.shape}, expected 2-D")
+        data, dq, header = read_product(path)  # 2-D image, DQ of its shape
         if shape0 is None:
             shape0 = data.shape
             f = max(1, math.ceil(max(shape0) / max_working_naxis))
@@ -350,8 +328,7 @@ def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarra
             raise DataError(f"{path}: shape {data.shape} differs from the first product's {shape0}")
         arr = np.array(data, dtype=np.float64)
         arr[~np.isfinite(arr)] = np.nan
-        if dq is not None:
-            arr[np.asarray(dq) != 0] = np.nan
+        arr[dq != 0] = np.nan
         frames.append(_block_reduce(arr[None], f)[0])
         geo = geometry_from_header(header)
         if geo0 is None:

@@ -1,11 +1,13 @@
 """L2 products: read-side queries, file locations, and the disk-integrated light curve.
 
-Product FITS layout (written by the calibration tasks): the image in physical units
-(``BUNIT``; float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the
-primary HDU), and a data-quality mask ``DQ`` of the same shape (a one-row table column; an older image-HDU layout is also read),
-where any non-zero value marks a pixel not to be used (occulter, outside the field of
-view, saturated, cosmic ray...). ``Product.path`` and ``Product.quicklook_path`` are
-absolute, or relative to the product store (``Settings.products``).
+Product FITS layout (written by the calibration tasks, read by
+:func:`pipelines.products.read_product`): the image in physical units (``BUNIT``;
+float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the primary
+HDU), and a data-quality mask ``DQ`` of the same shape (a one-row table column; an older
+image-HDU layout is also read), where any non-zero value marks a pixel not to be used
+(occulter, outside the field of view, saturated, cosmic ray...). ``Product.path`` and
+``Product.quicklook_path`` are absolute, or relative to the product store
+(``Settings.products``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend.models import Event, EventProduct, Frame, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import FitsReadError
+from pipelines.products import read_product
 from pipelines.sun import RSUN_REF_M  # re-exported (__all__): used when a header has DSUN_OBS but no radius
 
 __all__ = [
@@ -284,38 +287,10 @@ def _disk_mask(header: fits.Header, shape: tuple[int, int]) -> np.ndarray | None
     return r2 <= rsun * rsun
 
 
-def _read_dq(hdul: fits.HDUList) -> np.ndarray | None:
-    """The DQ mask of a product: a one-row table column (current layout) or an image HDU."""
-    if "DQ" not in hdul:
-        return None
-    hdu = hdul["DQ"]
-    if isinstance(hdu, fits.BinTableHDU):
-        return np.asarray(hdu.data["DQ"][0])
-    return np.asarray(hdu.data)
-
-
 @lru_cache(maxsize=4096)
 def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool) -> DiskMean | None:
-    try:
-        with fits.open(path, memmap=False) as hdul:
-            img_hdu = next(
-                (h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
-                None,
-            )
-            if img_hdu is None:
-                raise FitsReadError(f"{path}: no 2-D image HDU")
-            data = np.asarray(img_hdu.data, dtype=np.float64)
-            header = img_hdu.header.copy()
-            dq = _read_dq(hdul)
-    except FitsReadError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise FitsReadError(f"{path}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    good = np.isfinite(data)
-    if dq is not None:
-        if dq.shape != data.shape:
-            raise FitsReadError(f"{path}: DQ shape {dq.shape} differs from image shape {data.shape}")
-        good &= dq == 0
+    data, dq, header = read_product(path, dtype=np.float64)
+    good = np.isfinite(data) & (dq == 0)
     used_disk = False
     if on_disk_only:
         disk = _disk_mask(header, data.shape)
@@ -354,8 +329,6 @@ def region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width:
     import warnings
 
     from astropy.wcs import WCS
-
-    from pipelines.products import read_product
 
     data, dq, header = read_product(path)
     with warnings.catch_warnings():
