@@ -52,6 +52,7 @@ from pipelines.detect.flares import (
 )
 from pipelines.errors import FitsReadError
 from pipelines.products import read_product
+from pipelines.utc import as_utc
 
 __all__ = [
     "detect_sdi_flares",
@@ -141,10 +142,6 @@ def _latest_written(session: Session, channel: str, start: dt.datetime | None,
     return [(p, f) for p, f in session.execute(q)]
 
 
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _heliographic(flare: DetectedFlare, header: fits.Header) -> tuple[float | None, float | None]:
     """Stonyhurst lat/lon [deg] of the flare centroid (None off the disk), observer from the header."""
     import astropy.units as u
@@ -203,8 +200,7 @@ def detect_sdi_flares(
         If the products cannot be used together (shapes, times, WCS).
     """
     p = params or FlareDetectionParams()
-    start = _utc(start) if start is not None else None
-    end = _utc(end) if end is not None else None
+    start, end = as_utc(start), as_utc(end)
     rows = _latest_written_sdi(session, start, end)
     if len(rows) < p.min_background_frames + p.min_frames:
         log.info("flare detection: %d SDI products in range, too few", len(rows))
@@ -247,7 +243,7 @@ def _attributes(fl: DetectedFlare, rows: list[tuple[Product, Frame]], p: FlareDe
         "peak_product_id": rows[fl.peak_index][0].id,
         "detection_product_ids": [rows[i][0].id for i in fl.detection_frames],
         "light_curve": {
-            "date_obs": [_utc(rows[i][1].date_obs).isoformat() for i in range(lc_lo, lc_hi + 1)],
+            "date_obs": [as_utc(rows[i][1].date_obs).isoformat() for i in range(lc_lo, lc_hi + 1)],
             "relative_enhancement": [None if not np.isfinite(v) else v for v in fl.light_curve[lc_lo:lc_hi + 1]],
         },
         "flags": list(fl.flags),
@@ -297,7 +293,7 @@ def _lazy_series(rows: list[tuple[Product, Frame]], product_root: Path | None):
     files = _ProductFiles(paths)
     images = [_View(files, i, 0) for i in range(len(paths))]
     dqs = [_View(files, i, 1) for i in range(len(paths))]
-    return [_utc(f.date_obs) for _, f in rows], images, dqs, headers
+    return [as_utc(f.date_obs) for _, f in rows], images, dqs, headers
 
 
 def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarray, dict[str, Any], list[fits.Header]]:
@@ -386,7 +382,7 @@ def _provenance(rows: list[tuple[Product, Frame]], span: list[int], frm_name: st
 
 
 def _iso_key(t: dt.datetime) -> str:
-    return _utc(t).strftime("%Y-%m-%dT%H:%M:%S")
+    return as_utc(t).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def detect_sci_cmes(
@@ -438,7 +434,7 @@ def detect_sci_cmes(
         key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
         text = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
                 f"{c.speed_km_s:.0f} km/s")
-        return key, text, _utc(c.first_appearance), _utc(c.last_seen)
+        return key, text, as_utc(c.first_appearance), as_utc(c.last_seen)
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, detect_cmes, describe,
                                   min_frames=max(3, p.min_track_points), what="CME",
@@ -494,7 +490,7 @@ def detect_prominence_eruptions(
         key = f"{FRM_NAME}/{FRM_VERSION}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
         text = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
                 f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
-        return key, text, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen)
+        return key, text, min(as_utc(e.start_time), as_utc(e.first_seen)), as_utc(e.last_seen)
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, detect, describe,
                                   min_frames=3, what="prominence", frm=(FRM_NAME, FRM_VERSION))
@@ -512,12 +508,12 @@ def _run_sequence_detector(session: Session, channel: str, start, end, params, p
     """
     import dataclasses
 
-    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    rows = _latest_written(session, channel, as_utc(start), as_utc(end))
     if len(rows) < min_frames:
         log.info("%s detection: %d %s products in range, too few", what, len(rows), channel)
         return []
     stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), params.max_working_naxis)
-    times = [_utc(f.date_obs) for _, f in rows]
+    times = [as_utc(f.date_obs) for _, f in rows]
     events = []
     for det in detect(times, stack, params=params, **geo):
         key, text, first, last = describe(det)
@@ -562,7 +558,7 @@ def detect_wst_white_light_flares(
 
     p = params or WhiteLightParams()
     fp = p.flare_params()
-    rows = _latest_written(session, "WST", _utc(start) if start else None, _utc(end) if end else None)
+    rows = _latest_written(session, "WST", as_utc(start), as_utc(end))
     if len(rows) < fp.min_background_frames + fp.min_frames:
         log.info("white-light flare detection: %d WST products in range, too few", len(rows))
         return []

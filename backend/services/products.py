@@ -31,6 +31,7 @@ from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import FitsReadError
 from pipelines.products import read_product
 from pipelines.sun import RSUN_REF_M  # re-exported (__all__): used when a header has DSUN_OBS but no radius
+from pipelines.utc import as_utc
 
 __all__ = [
     "list_products",
@@ -415,10 +416,6 @@ class LightCurve:
     skipped: list[dict[str, object]] = field(default_factory=list)
 
 
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def product_lightcurve(
     session: Session,
     *,
@@ -468,7 +465,7 @@ def product_lightcurve(
         if m is None:
             lc.skipped.append({"product_id": p.id, "reason": "no usable pixel (all masked or NaN)"})
             continue
-        lc.times.append(_utc(p.frame.date_obs))
+        lc.times.append(as_utc(p.frame.date_obs))
         lc.values.append(m.value)
         lc.product_ids.append(p.id)
         if m.unit:
@@ -485,9 +482,9 @@ def event_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.da
     The event lasts from its start to its end time (peak time, then start time, when
     the catalogue gives no end).
     """
-    start = _utc(event.start_time)
+    start = as_utc(event.start_time)
     last = event.end_time or event.peak_time or event.start_time
-    return start - margin, _utc(last) + margin
+    return start - margin, as_utc(last) + margin
 
 
 #: Half side [arcsec] of the region-of-interest box of an event light curve: a flare
@@ -506,9 +503,9 @@ def _context_window(session: Session, channel: str, start: dt.datetime, end: dt.
     after = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs > end)
                             .order_by(Frame.date_obs).limit(n)).all()
     if before:
-        start = min(start, _utc(before[-1]))
+        start = min(start, as_utc(before[-1]))
     if after:
-        end = max(end, _utc(after[-1]))
+        end = max(end, as_utc(after[-1]))
     return start, end
 
 

@@ -86,6 +86,7 @@ from scipy import ndimage
 
 from pipelines.errors import DataError
 from pipelines.sun import RSUN_KM, RSUN_REF_M  # RSUN_KM re-exported (__all__)
+from pipelines.utc import as_utc
 
 __all__ = [
     "FRM_NAME",
@@ -128,7 +129,7 @@ def as_utc_datetimes(times) -> list[dt.datetime]:
     out = []
     for x in times:
         if isinstance(x, dt.datetime):
-            out.append(x.replace(tzinfo=dt.UTC) if x.tzinfo is None else x.astimezone(dt.UTC))
+            out.append(as_utc(x))
             continue
         try:
             out.append(Time(x, scale="utc").to_datetime(timezone=dt.UTC))

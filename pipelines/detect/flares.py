@@ -83,6 +83,7 @@ from scipy import ndimage
 
 from pipelines.errors import DataError
 from pipelines.sun import apparent_rsun_arcsec
+from pipelines.utc import as_utc
 
 __all__ = [
     "DETECTOR_NAME",
@@ -294,7 +295,7 @@ def _as_datetimes(times) -> list[dt.datetime]:
     else:
         items = list(times)
         if items and isinstance(items[0], dt.datetime):
-            return [x.replace(tzinfo=dt.UTC) if x.tzinfo is None else x.astimezone(dt.UTC) for x in items]
+            return [as_utc(x) for x in items]
         t = Time(items, scale="utc")
     return [x.replace(tzinfo=dt.UTC) for x in np.atleast_1d(t.utc.to_datetime())]
 

@@ -21,6 +21,7 @@ from pydantic import AfterValidator
 from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
 from pipelines.channels import CHANNELS, get_channel
+from pipelines.utc import as_utc as _as_utc
 
 __all__ = [
     "MAX_ID",
@@ -66,11 +67,12 @@ def canonical_event_type(value: str | None) -> str | None:
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC time; a naive time is taken as UTC."""
-    if value is None:
-        return None
+    """Aware UTC time; a naive time is taken as UTC (:func:`pipelines.utc.as_utc`).
+
+    A query-parameter validator: a time out of range once in UTC is a ``ValueError``.
+    """
     try:
-        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+        return _as_utc(value)
     except OverflowError:
         raise ValueError(f"time {value.isoformat()} is out of range in UTC") from None
 
