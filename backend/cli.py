@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.utc import assume_utc
+
 __all__ = ["main", "build_parser"]
 
 DEMO_SIZES = {"SDI": 1152, "WST": 1152, "SCI-UV": 1024, "SCI-WL": 1024}
@@ -130,8 +132,7 @@ def cmd_import_events(args) -> int:
 
 
 def _parse_time(s: str) -> dt.datetime:
-    t = dt.datetime.fromisoformat(s)
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
+    return assume_utc(dt.datetime.fromisoformat(s))
 
 
 def wait_for_job(job_id: str, *, timeout: float = 1800, progress: bool = True):

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import plotly.graph_objects as go
 
+from pipelines.utc import as_utc
+
 __all__ = [
     "HEK_EVENT_TYPES",
     "hek_label",
@@ -76,14 +78,8 @@ def hek_label(code: str) -> str:
     return f"{code} ({name})" if name else code
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    if t is None:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _iso(t: dt.datetime | None) -> str:
-    t = _utc(t)
+    t = as_utc(t)
     return t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
@@ -126,7 +122,7 @@ def events_timeline_figure(
     """
     rows = list(events)
     by_type: dict[str, list[_EventLike]] = {}
-    for e in sorted(rows, key=lambda e: (_utc(e.start_time), e.id)):
+    for e in sorted(rows, key=lambda e: (as_utc(e.start_time), e.id)):
         by_type.setdefault(e.event_type, []).append(e)
     fig = go.Figure()
     for code in sorted(by_type):
@@ -140,8 +136,8 @@ def events_timeline_figure(
                 legendgroup=code,
                 orientation="h",
                 y=[label] * len(with_end),
-                base=[_utc(e.start_time) for e in with_end],
-                x=[max((_utc(e.end_time) - _utc(e.start_time)).total_seconds(), 0.0) * 1000.0 for e in with_end],
+                base=[as_utc(e.start_time) for e in with_end],
+                x=[max((as_utc(e.end_time) - as_utc(e.start_time)).total_seconds(), 0.0) * 1000.0 for e in with_end],
                 customdata=[e.id for e in with_end],
                 hovertext=[_hover(e) for e in with_end],
                 hoverinfo="text",
@@ -153,7 +149,7 @@ def events_timeline_figure(
             showlegend=not with_end,
             mode="markers",
             y=[label] * len(evs),
-            x=[_utc(e.peak_time or e.start_time) for e in evs],
+            x=[as_utc(e.peak_time or e.start_time) for e in evs],
             customdata=[e.id for e in evs],
             hovertext=[_hover(e) for e in evs],
             hoverinfo="text",
@@ -236,7 +232,7 @@ def lightcurve_figure(
         what = "Mean over coronal field" if region == "field" else "Disk-integrated mean"
     fig = go.Figure(go.Scatter(
         name=f"{channel} L2",
-        x=[_utc(t) for t in times],
+        x=[as_utc(t) for t in times],
         y=list(values),
         mode="lines+markers",
         line={"color": "#333", "width": 1.5},
@@ -247,9 +243,9 @@ def lightcurve_figure(
         if t is None:
             continue
         style = _MARK_STYLE[name]
-        fig.add_shape(type="line", xref="x", yref="paper", x0=_utc(t), x1=_utc(t), y0=0, y1=1,
+        fig.add_shape(type="line", xref="x", yref="paper", x0=as_utc(t), x1=as_utc(t), y0=0, y1=1,
                       line={"color": style["color"], "dash": style["dash"], "width": 1.5}, name=name)
-        fig.add_annotation(x=_utc(t), xref="x", y=1.0, yref="paper", yanchor="bottom", text=name,
+        fig.add_annotation(x=as_utc(t), xref="x", y=1.0, yref="paper", yanchor="bottom", text=name,
                            showarrow=False, font={"color": style["color"]})
     fig.update_layout(
         title={"text": f"{channel} light curve around {event.event_type} #{event.id}"},

@@ -21,6 +21,7 @@ import datetime as dt
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from astropy.io import fits
@@ -95,39 +96,58 @@ def dq_table_hdu(dq: np.ndarray, header: fits.Header | None = None) -> fits.BinT
     return fits.BinTableHDU.from_columns([col], header=header, name="DQ")
 
 
-def read_product(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, fits.Header]:
-    """Read an L2 product written by :func:`build_product_hdul`.
+def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray, fits.Header]:
+    """Read an L2 product written by :func:`build_product_hdul`: the one reader of L2 files.
+
+    Parameters
+    ----------
+    path : path-like
+        The product FITS file.
+    dtype : numpy dtype
+        Of the returned image: ``float32`` (the file's own) by default; the light curves
+        ask for ``float64``.
 
     Returns
     -------
-    data : numpy.ndarray, shape (ny, nx), float32
-        In ``header['BUNIT']``.
+    data : numpy.ndarray, shape (ny, nx), ``dtype``
+        The first 2-D image HDU not named ``DQ`` (the primary HDU of an L2 product), in
+        ``header['BUNIT']``.
     dq : numpy.ndarray, shape (ny, nx), uint8
-        Data-quality bits, 0 = good. Also accepts an older layout with a ``DQ`` image HDU.
+        Data-quality bits, 0 = good. Both layouts are read: the ``DQ`` one-row table
+        extension whose column ``DQ`` holds the 2-D mask (current), and an older ``DQ``
+        image extension. Without a ``DQ`` extension every pixel is good (zeros).
     header : astropy.io.fits.Header
-        The primary header.
+        A copy of the image HDU's header.
 
     Raises
     ------
     pipelines.errors.FitsReadError
-        If the file is not an L2 product.
+        If the file cannot be opened or read (``'<path>: unreadable product FITS (...)'``),
+        has no 2-D image HDU, or its DQ mask differs in shape from the image. The message
+        starts with the path.
     """
     from pipelines.errors import FitsReadError
 
     try:
         with fits.open(path, memmap=False) as hdul:
-            header = hdul[0].header.copy()
-            data = np.asarray(hdul[0].data, dtype=np.float32)
+            hdu = next((h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
+                       None)
+            if hdu is None:
+                raise FitsReadError(f"{path}: no 2-D image HDU")
+            data = np.asarray(hdu.data, dtype=dtype)
+            header = hdu.header.copy()
             if "DQ" in hdul:
-                hdu = hdul["DQ"]
-                dq = hdu.data["DQ"][0] if isinstance(hdu, fits.BinTableHDU) else hdu.data
+                dq_hdu = hdul["DQ"]
+                dq = dq_hdu.data["DQ"][0] if isinstance(dq_hdu, fits.BinTableHDU) else dq_hdu.data
                 dq = np.asarray(dq, dtype=np.uint8)
             else:
                 dq = np.zeros(data.shape, np.uint8)
+    except FitsReadError:
+        raise
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise FitsReadError(f"not a readable L2 product: {exc}") from None
-    if data.ndim != 2 or dq.shape != data.shape:
-        raise FitsReadError(f"not an L2 product: data {data.shape}, DQ {dq.shape}")
+        raise FitsReadError(f"{path}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if dq.shape != data.shape:
+        raise FitsReadError(f"{path}: DQ shape {dq.shape} differs from image shape {data.shape}")
     return data, dq, header
 
 

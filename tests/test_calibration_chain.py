@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from pipelines import sun
 from pipelines.calibration import steps
 from pipelines.calibration.flow import CalibrationInput, calibrate_frame, load_calibration_master, required_kinds
 from pipelines.calibration.options import CalibrationOptions
@@ -148,8 +149,8 @@ def test_measured_stray_light_map_round_trips_through_a_master(tmp_path):
 
     n = 128
     h = make_header(n, channel="SCI-WL", scale=960.0 / 22.0, bunit="MSB")
-    geom = steps.sun_geometry(h)
-    r = steps.radius_map((n, n), geom)
+    geom = sun.sun_geometry(h)
+    r = sun.radius_map((n, n), geom)
     model = steps.StrayLightModel.through_points(1.1, 7.8e-6, 2.5, 7.6e-7)
     stray = model.brightness(r)
     corona = lambda rr: 1e-6 * 1.425 * np.maximum(rr, 1.0) ** -7.0  # noqa: E731

@@ -15,8 +15,8 @@ import pytest
 from astropy.io import fits
 from astropy.wcs import WCS
 
-from pipelines import array_backend
-from pipelines.calibration import steps
+from pipelines import array_backend, sun
+from pipelines.calibration import resample, steps
 from pipelines.calibration.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
                                         required_kinds)
 from pipelines.calibration.options import CalibrationOptions, as_options
@@ -224,7 +224,7 @@ def test_rotate_north_up_puts_a_known_feature_where_the_sky_says(roll):
         warnings.simplefilter("ignore")
         px, py = WCS(h).world_to_pixel_values(300.0 / 3600.0, 100.0 / 3600.0)
     data = 5.0 + 100.0 * _blob(n, float(px), float(py))
-    out, dq, h2 = steps.rotate_north_up(data, None, h)
+    out, dq, h2 = resample.rotate_north_up(data, None, h)
     c = (n - 1) / 2.0
     cx, cy = _centroid(np.where(dq == 0, out - 5.0, 0.0))
     assert cx == pytest.approx(c + 300.0 / scale, abs=0.05)
@@ -247,7 +247,7 @@ def test_rotate_north_up_moves_dq_bits_by_nearest_neighbour_and_flags_no_data():
     data[10, 12] = np.nan
     dq = np.zeros((n, n), np.uint8)
     dq[28:36, 28:36] = DQ.OCCULTED
-    out, dq2, _ = steps.rotate_north_up(data, dq, h)
+    out, dq2, _ = resample.rotate_north_up(data, dq, h)
     assert set(np.unique(dq2)) <= {0, int(DQ.OCCULTED), int(DQ.NO_DATA), int(DQ.NOT_FINITE),
                                    int(DQ.NO_DATA | DQ.OCCULTED)}
     assert (dq2 == DQ.OCCULTED).sum() == pytest.approx(64, abs=8)  # the 8x8 block, rotated, not smeared
@@ -271,9 +271,9 @@ def test_rotate_north_up_on_threads_equals_one_call(threads):
     dq = np.zeros((n, n), np.uint8)
     dq[140:160, 140:160] = DQ.OCCULTED
     dq[77, 33] = DQ.BAD_PIXEL
-    one, dq_one, _ = steps.rotate_north_up(data, dq, h, threads=1)
-    many, dq_many, h2 = steps.rotate_north_up(data, dq, h, threads=threads)
-    assert steps._blocks(n, threads) and len(steps._blocks(n, threads)) == threads
+    one, dq_one, _ = resample.rotate_north_up(data, dq, h, threads=1)
+    many, dq_many, h2 = resample.rotate_north_up(data, dq, h, threads=threads)
+    assert resample._blocks(n, threads) and len(resample._blocks(n, threads)) == threads
     np.testing.assert_array_equal(dq_many, dq_one)
     assert (dq_one & DQ.BAD_PIXEL).any() and (dq_one & DQ.NO_DATA).any()
     np.testing.assert_allclose(many, one, rtol=0, atol=1e-5, equal_nan=True)
@@ -282,7 +282,7 @@ def test_rotate_north_up_on_threads_equals_one_call(threads):
 
 def test_rotate_north_up_skips_a_frame_already_north_up_and_centred():
     n = 16
-    out, dq, h = steps.rotate_north_up(np.arange(n * n, dtype=float).reshape(n, n), None, make_header(n))
+    out, dq, h = resample.rotate_north_up(np.arange(n * n, dtype=float).reshape(n, n), None, make_header(n))
     assert "rotate_north_up: skipped" in history(h)
     assert out[3, 5] == 3 * n + 5
 
@@ -291,13 +291,13 @@ def test_sun_geometry_needs_a_wcs_and_a_distance():
     h = make_header(8)
     del h["RSUN_OBS"], h["DSUN_OBS"]
     with pytest.raises(DataError, match="radius"):
-        steps.sun_geometry(h)
+        sun.sun_geometry(h)
     h = make_header(8)
     for k in ("CTYPE1", "CTYPE2"):
         del h[k]
     with pytest.raises(DataError):
-        steps.sun_geometry(h)
-    g = steps.sun_geometry(make_header(8, roll=2.0, scale=10.0))
+        sun.sun_geometry(h)
+    g = sun.sun_geometry(make_header(8, roll=2.0, scale=10.0))
     assert g.roll_deg == pytest.approx(2.0) and g.scale == pytest.approx(10.0) and g.rsun_px == pytest.approx(96.0)
 
 
@@ -425,6 +425,36 @@ def test_load_calibration_master_reads_and_verifies(tmp_path):
         load_calibration_master(plain)
 
 
+def test_read_product_reads_both_dq_layouts_and_names_the_file_on_errors(tmp_path):
+    from pipelines.products import dq_table_hdu, read_product
+
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dq = np.zeros((3, 4), np.uint8)
+    dq[1, 2] = DQ.OCCULTED
+    h = fits.Header({"BUNIT": "MSB"})
+    table, image, none = tmp_path / "table.fits", tmp_path / "image.fits", tmp_path / "none.fits"
+    fits.HDUList([fits.PrimaryHDU(data, h), dq_table_hdu(dq)]).writeto(table)
+    fits.HDUList([fits.PrimaryHDU(data, h), fits.ImageHDU(dq, name="DQ")]).writeto(image)
+    fits.HDUList([fits.PrimaryHDU(), fits.ImageHDU(data, h)]).writeto(none)  # image in an extension, no DQ
+    for p in (table, image):
+        d, q, hh = read_product(p)
+        assert d.dtype == np.float32 and q.dtype == np.uint8 and np.array_equal(d, data) and np.array_equal(q, dq)
+        assert hh["BUNIT"] == "MSB"
+    d, q, _ = read_product(none, dtype=np.float64)
+    assert d.dtype == np.float64 and np.array_equal(d, data) and not q.any() and q.shape == data.shape
+    bad = tmp_path / "bad.fits"
+    fits.HDUList([fits.PrimaryHDU(data), dq_table_hdu(np.zeros((2, 2), np.uint8))]).writeto(bad)
+    with pytest.raises(FitsReadError, match="DQ shape"):
+        read_product(bad)
+    junk = tmp_path / "junk.fits"
+    junk.write_bytes(b"not FITS" * 400)
+    with pytest.raises(FitsReadError, match="junk.fits: unreadable"):
+        read_product(junk)
+    fits.PrimaryHDU(np.zeros(5)).writeto(tmp_path / "one_d.fits")
+    with pytest.raises(FitsReadError, match="no 2-D image"):
+        read_product(tmp_path / "one_d.fits")
+
+
 def test_product_hdul_and_quicklook(tmp_path):
     raw, h, cals, _ = _synthetic_wst(64)
     res = calibrate_frame(raw, h, cals)
@@ -473,11 +503,11 @@ def test_worker_shares_its_cores_among_its_processes():
 
     try:
         tasks._share_cores(sender=SimpleNamespace(concurrency=2))
-        assert steps.default_threads() == max(1, steps.available_cores() // 2)
+        assert resample.default_threads() == max(1, resample.available_cores() // 2)
         tasks._share_cores(sender=SimpleNamespace(concurrency=10_000))
-        assert steps.default_threads() == 1
-        steps.set_default_threads(None)
+        assert resample.default_threads() == 1
+        resample.set_default_threads(None)
         tasks._share_cores(sender=SimpleNamespace(concurrency="auto"))  # left alone
-        assert steps.default_threads() == steps.available_cores()
+        assert resample.default_threads() == resample.available_cores()
     finally:
-        steps.set_default_threads(None)
+        resample.set_default_threads(None)

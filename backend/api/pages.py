@@ -39,6 +39,7 @@ from backend.services.event_search import EventFilters, SearchError, encode_curs
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS
+from pipelines.utc import as_utc
 
 __all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
 
@@ -82,14 +83,8 @@ def _templates() -> Jinja2Templates:
     return t
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    if t is None:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:
-    t = _utc(t)
+    t = as_utc(t)
     if t is None:
         return "—"
     return t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
@@ -107,7 +102,7 @@ router = APIRouter(include_in_schema=False)
 def _form_time(t: dt.datetime | None) -> str:
     """A time for the form and the page links, to the minute unless it has seconds (exact:
     a page link must give back the same filters, or its cursor is refused)."""
-    t = _utc(t)
+    t = as_utc(t)
     if t is None:
         return ""
     if t.microsecond:
@@ -256,8 +251,8 @@ def events_page(
 
 
 def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:
-    start = _utc(event.start_time) - QUICKLOOK_MARGIN
-    end = _utc(event.end_time or event.peak_time or event.start_time) + QUICKLOOK_MARGIN
+    start = as_utc(event.start_time) - QUICKLOOK_MARGIN
+    end = as_utc(event.end_time or event.peak_time or event.start_time) + QUICKLOOK_MARGIN
     by_channel: dict[str, list[Any]] = {}
     for p in products_service.latest_products_in_window(session, start, end, with_quicklook=True, limit=5000):
         by_channel.setdefault(p.frame.channel_code, []).append(p)

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, AliasPath, BaseModel, ConfigDict, Field, computed_field
 
 from backend.models import CalibrationKind, JobState, ProductState
+from pipelines.utc import as_utc
 
 __all__ = [
     "UTCDateTime",
@@ -41,11 +42,7 @@ __all__ = [
 ]
 
 
-def _as_utc(v: dt.datetime) -> dt.datetime:
-    return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
-
-
-UTCDateTime = Annotated[dt.datetime, AfterValidator(_as_utc)]
+UTCDateTime = Annotated[dt.datetime, AfterValidator(as_utc)]
 """A datetime that is always aware UTC (naive values are taken as UTC)."""
 
 T = TypeVar("T")

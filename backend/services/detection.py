@@ -61,6 +61,7 @@ from pipelines.detect.flares import (
 from pipelines.detect.registry import DETECTORS, get_detector
 from pipelines.errors import FitsReadError
 from pipelines.products import read_product
+from pipelines.utc import as_utc
 
 __all__ = [
     "run_detector",
@@ -91,21 +92,13 @@ class _ProductFiles:
     def __init__(self, paths: list[Path], keep: int = 2) -> None:
         self.paths = paths
         self.keep = keep
-        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray | None]] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
-    def load(self, i: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def load(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if i in self._cache:
             self._cache.move_to_end(i)
             return self._cache[i]
-        path = self.paths[i]
-        try:
-            data, dq, _ = read_product(path)
-        except FitsReadError:
-            raise
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
-        if data.ndim != 2 or (dq is not None and dq.shape != data.shape):
-            raise FitsReadError(f"{path}: image {data.shape} and DQ {None if dq is None else dq.shape} unusable")
+        data, dq, _ = read_product(self.paths[i])  # FitsReadError if unreadable or not an L2 product
         self._cache[i] = (data, dq)
         while len(self._cache) > self.keep:
             self._cache.popitem(last=False)
@@ -119,10 +112,7 @@ class _View:
         self.files, self.i, self.part = files, i, part
 
     def _array(self) -> np.ndarray:
-        a = self.files.load(self.i)[self.part]
-        if a is None:  # no DQ extension: every pixel usable
-            a = np.zeros(self.files.load(self.i)[0].shape, dtype=np.uint8)
-        return a
+        return self.files.load(self.i)[self.part]  # no DQ extension: read_product's zeros, every pixel usable
 
     def __array__(self, dtype=None, copy=None):
         a = self._array()
@@ -160,10 +150,6 @@ def _latest_written(session: Session, channel: str, start: dt.datetime | None,
         .order_by(Frame.date_obs, Frame.id)
     )
     return [(p, f) for p, f in session.execute(q)]
-
-
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
 
 
 def _heliographic(flare: DetectedFlare, header: fits.Header) -> tuple[float | None, float | None]:
@@ -277,8 +263,7 @@ def detect_sdi_flares(
     det = DETECTORS["flares"]
     channel = det.channel(channel)
     p = params or det.params(channel)
-    start = _utc(start) if start is not None else None
-    end = _utc(end) if end is not None else None
+    start, end = as_utc(start), as_utc(end)
     rows = _latest_written_sdi(session, start, end)
     if len(rows) < p.min_background_frames + p.min_frames:
         log.info("flare detection: %d SDI products in range, too few", len(rows))
@@ -321,7 +306,7 @@ def _attributes(fl: DetectedFlare, rows: list[tuple[Product, Frame]], p: FlareDe
         "peak_product_id": rows[fl.peak_index][0].id,
         "detection_product_ids": [rows[i][0].id for i in fl.detection_frames],
         "light_curve": {
-            "date_obs": [_utc(rows[i][1].date_obs).isoformat() for i in range(lc_lo, lc_hi + 1)],
+            "date_obs": [as_utc(rows[i][1].date_obs).isoformat() for i in range(lc_lo, lc_hi + 1)],
             "relative_enhancement": [None if not np.isfinite(v) else v for v in fl.light_curve[lc_lo:lc_hi + 1]],
         },
         "flags": list(fl.flags),
@@ -371,16 +356,7 @@ def _lazy_series(rows: list[tuple[Product, Frame]], product_root: Path | None):
     files = _ProductFiles(paths)
     images = [_View(files, i, 0) for i in range(len(paths))]
     dqs = [_View(files, i, 1) for i in range(len(paths))]
-    return [_utc(f.date_obs) for _, f in rows], images, dqs, headers
-
-
-def _read(path: Path) -> tuple[np.ndarray, np.ndarray | None, fits.Header]:
-    try:
-        return read_product(path)
-    except FitsReadError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise FitsReadError(f"{path}: unreadable product ({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+    return [as_utc(f.date_obs) for _, f in rows], images, dqs, headers
 
 
 def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarray, dict[str, Any], list[fits.Header]]:
@@ -403,9 +379,7 @@ def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarra
 
     frames, headers, geo0, shape0, f = [], [], None, None, 1
     for path in paths:
-        data, dq, header = _read(path)
-        if data.ndim != 2:
-            raise FitsReadError(f"{path}: image of shape {data.shape}, expected 2-D")
+        data, dq, header = read_product(path)  # 2-D image, DQ of its shape
         if shape0 is None:
             shape0 = data.shape
             f = max(1, math.ceil(max(shape0) / max_working_naxis))
@@ -413,8 +387,7 @@ def _reduced_stack(paths: list[Path], max_working_naxis: int) -> tuple[np.ndarra
             raise DataError(f"{path}: shape {data.shape} differs from the first product's {shape0}")
         arr = np.array(data, dtype=np.float64)
         arr[~np.isfinite(arr)] = np.nan
-        if dq is not None:
-            arr[np.asarray(dq) != 0] = np.nan
+        arr[dq != 0] = np.nan
         frames.append(_block_reduce(arr[None], f)[0])
         geo = geometry_from_header(header)
         if geo0 is None:
@@ -472,7 +445,7 @@ def _provenance(rows: list[tuple[Product, Frame]], span: list[int], frm_name: st
 
 
 def _iso_key(t: dt.datetime) -> str:
-    return _utc(t).strftime("%Y-%m-%dT%H:%M:%S")
+    return as_utc(t).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def detect_sci_cmes(
@@ -522,7 +495,7 @@ def detect_sci_cmes(
         key = f"{det.frm_name}/{det.version}/{channel}/{_iso_key(c.first_appearance)}/{round(c.pa_deg) % 360}"
         text = (f"CME in {channel}: PA {c.pa_deg:.0f} deg, width {c.width_deg:.0f} deg, "
                 f"{c.speed_km_s:.0f} km/s")
-        return key, text, _utc(c.first_appearance), _utc(c.last_seen)
+        return key, text, as_utc(c.first_appearance), as_utc(c.last_seen)
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
                                   min_frames=max(3, p.min_track_points), what="CME",
@@ -575,7 +548,7 @@ def detect_prominence_eruptions(
         key = f"{det.frm_name}/{det.version}/{channel}/{_iso_key(e.start_time)}/{round(e.pa_deg) % 360}"
         text = (f"Prominence eruption in {channel}: PA {e.pa_deg:.0f} deg, rise "
                 f"{e.rise_speed_km_s:.0f} km/s to {e.max_height_rsun:.2f} Rsun")
-        return key, text, min(_utc(e.start_time), _utc(e.first_seen)), _utc(e.last_seen)
+        return key, text, min(as_utc(e.start_time), as_utc(e.first_seen)), as_utc(e.last_seen)
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
                                   min_frames=3, what="prominence", frm=(det.frm_name, det.version))
@@ -593,12 +566,12 @@ def _run_sequence_detector(session: Session, channel: str, start, end, params, p
     """
     import dataclasses
 
-    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    rows = _latest_written(session, channel, as_utc(start), as_utc(end))
     if len(rows) < min_frames:
         log.info("%s detection: %d %s products in range, too few", what, len(rows), channel)
         return []
     stack, geo, _ = _reduced_stack(_product_paths(rows, product_root), params.max_working_naxis)
-    times = [_utc(f.date_obs) for _, f in rows]
+    times = [as_utc(f.date_obs) for _, f in rows]
     events = []
     for det in detect(times, stack, params=params, **geo):
         key, text, first, last = describe(det)
@@ -640,7 +613,7 @@ def detect_wst_white_light_flares(
     channel = det.channel(channel)
     p = params or det.params(channel)
     fp = p.flare_params()
-    rows = _latest_written(session, channel, _utc(start) if start else None, _utc(end) if end else None)
+    rows = _latest_written(session, channel, as_utc(start), as_utc(end))
     if len(rows) < fp.min_background_frames + fp.min_frames:
         log.info("white-light flare detection: %d WST products in range, too few", len(rows))
         return []

@@ -35,6 +35,7 @@ import numpy as np
 from backend import __version__
 from backend.models import Event
 from pipelines.catalogues import DETECTED_SOURCE
+from pipelines.utc import as_utc
 
 __all__ = [
     "CSV_COLUMNS",
@@ -82,15 +83,9 @@ _TIME_FIELDS = ("start_time", "peak_time", "end_time")
 _FLOAT_FIELDS = {name for name, unit, _, _ in CSV_COLUMNS if unit} | {"peak_value"}
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    if t is None:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _iso(t: dt.datetime | None, *, z: bool = True) -> str | None:
     """ISO 8601 UTC: ``2024-05-14T16:00:00Z`` (``z=False``: no zone, as HEK writes times)."""
-    t = _utc(t)
+    t = as_utc(t)
     if t is None:
         return None
     s = t.strftime("%Y-%m-%dT%H:%M:%S")

@@ -52,6 +52,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import Event
 from pipelines.errors import DataError
+from pipelines.utc import as_utc
 
 __all__ = [
     "SearchError",
@@ -201,7 +202,7 @@ def _b64(data: bytes) -> str:
 def encode_cursor(sort: str, value: Any, row_id: int, fingerprint: str) -> str:
     """Opaque cursor: base64url JSON of the sort, the last row's sort value and id, the filters' hash."""
     if isinstance(value, dt.datetime):
-        v = value.replace(tzinfo=dt.UTC).isoformat() if value.tzinfo is None else value.astimezone(dt.UTC).isoformat()
+        v = as_utc(value).isoformat()
     else:
         v = value
     return _b64(json.dumps({"s": sort, "v": v, "i": int(row_id), "f": fingerprint}, separators=(",", ":")).encode())

@@ -37,6 +37,7 @@ from pipelines.catalogues import (
     catalogue_files,
     parse_catalogue,
 )
+from pipelines.utc import as_utc
 
 __all__ = [
     "ImportReport",
@@ -287,21 +288,14 @@ def _store_associations(session: Session, assocs: list[AssociationRecord]) -> tu
     return _add_pairs(session, links), unresolved
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC (SQLite hands back naive datetimes)."""
-    if t is None:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _goes_match(wst: Event, candidates: list[Event]) -> Event | None:
     """The GOES flare of a WST flare among GOES flares of the same day (see link_wst_goes)."""
-    times = [_utc(t) for t in (wst.start_time, wst.peak_time, wst.end_time) if t is not None]
+    times = [as_utc(t) for t in (wst.start_time, wst.peak_time, wst.end_time) if t is not None]
     lo, hi = min(times), max(times)
-    ref = _utc(wst.peak_time or wst.start_time)
+    ref = as_utc(wst.peak_time or wst.start_time)
     best, best_key = None, None
     for g in candidates:
-        gp = _utc(g.peak_time or g.start_time)
+        gp = as_utc(g.peak_time or g.start_time)
         in_window = lo <= gp <= hi
         offset = abs(gp - ref)
         if not in_window and offset > WST_GOES_MAX_OFFSET:
@@ -341,7 +335,7 @@ def link_wst_goes(session: Session) -> int:
     for w in wst_rows:
         if w.id in linked:
             continue
-        ref = _utc(w.peak_time or w.start_time)
+        ref = as_utc(w.peak_time or w.start_time)
         day0 = dt.datetime(ref.year, ref.month, ref.day, tzinfo=dt.UTC)
         day1 = day0 + dt.timedelta(days=1)
         gp = func.coalesce(Event.peak_time, Event.start_time)
@@ -394,9 +388,9 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     margin = dt.timedelta(hours=2)
     conds = [Event.event_type.in_(("FL", "CE", "PR"))]
     if start is not None:
-        conds.append(Event.start_time >= _utc(start) - margin)
+        conds.append(Event.start_time >= as_utc(start) - margin)
     if end is not None:
-        conds.append(Event.start_time <= _utc(end) + margin)
+        conds.append(Event.start_time <= as_utc(end) + margin)
     rows = list(session.scalars(select(Event).where(*conds).order_by(Event.start_time, Event.id)))
     flares = [e for e in rows if e.event_type == "FL"]
     cmes = [e for e in rows if e.event_type == "CE"]
@@ -406,9 +400,9 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     # same flare: LST flares (detected, WST) against flares of other sources
     lst = [f for f in flares if f.source in (DETECTED_SOURCE, "lst_wst")]
     slack = dt.timedelta(hours=12)  # longest flare window considered around a peak
-    starts = [_utc(f.start_time) for f in flares]
+    starts = [as_utc(f.start_time) for f in flares]
     for a in lst:
-        ap = _utc(a.peak_time or a.start_time)
+        ap = as_utc(a.peak_time or a.start_time)
         lo = bisect.bisect_left(starts, ap - slack)
         hi = bisect.bisect_right(starts, ap + slack)
         best: dict[str, tuple[float, int]] = {}
@@ -417,15 +411,15 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
                 continue
             if not same_flare(a, b):
                 continue
-            off = abs((_utc(b.peak_time or b.start_time) - ap).total_seconds())
+            off = abs((as_utc(b.peak_time or b.start_time) - ap).total_seconds())
             if b.source not in best or (off, b.id) < best[b.source]:
                 best[b.source] = (off, b.id)
         links += [(a.id, bid, SAME_FLARE) for _, bid in best.values()]
 
     # CMEs: the flare and the prominence eruption they follow
-    pstarts = [_utc(p.start_time) for p in proms]
+    pstarts = [as_utc(p.start_time) for p in proms]
     for c in cmes:
-        c0 = _utc(c.start_time)
+        c0 = as_utc(c.start_time)
         for pool, pool_starts, kind in ((flares, starts, FLARE_CME), (proms, pstarts, PROMINENCE_CME)):
             lo = bisect.bisect_left(pool_starts, c0 - CME_AFTER_FLARE)
             hi = bisect.bisect_right(pool_starts, c0 + CME_BEFORE_FLARE)

@@ -17,6 +17,7 @@ from backend.models import CalibrationFile, CalibrationKind, Job, JobState
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
+from pipelines.utc import as_utc
 
 __all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
 
@@ -59,7 +60,7 @@ class JobRequest(BaseModel):
     @classmethod
     def _utc(cls, v: dt.datetime) -> dt.datetime:
         try:
-            return v.replace(tzinfo=dt.UTC) if v.tzinfo is None else v.astimezone(dt.UTC)
+            return as_utc(v)
         except OverflowError:
             raise ValueError("date out of range once converted to UTC") from None
 

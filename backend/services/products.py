@@ -1,11 +1,13 @@
 """L2 products: read-side queries, file locations, and the disk-integrated light curve.
 
-Product FITS layout (written by the calibration tasks): the image in physical units
-(``BUNIT``; float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the
-primary HDU), and a data-quality mask ``DQ`` of the same shape (a one-row table column; an older image-HDU layout is also read),
-where any non-zero value marks a pixel not to be used (occulter, outside the field of
-view, saturated, cosmic ray...). ``Product.path`` and ``Product.quicklook_path`` are
-absolute, or relative to the product store (``Settings.products``).
+Product FITS layout (written by the calibration tasks, read by
+:func:`pipelines.products.read_product`): the image in physical units (``BUNIT``;
+float32) in the first HDU with 2-D data that is not named ``DQ`` (normally the primary
+HDU), and a data-quality mask ``DQ`` of the same shape (a one-row table column; an older
+image-HDU layout is also read), where any non-zero value marks a pixel not to be used
+(occulter, outside the field of view, saturated, cosmic ray...). ``Product.path`` and
+``Product.quicklook_path`` are absolute, or relative to the product store
+(``Settings.products``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend.models import Event, EventProduct, Frame, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import FitsReadError
+from pipelines.products import read_product
+from pipelines.sun import RSUN_REF_M  # re-exported (__all__): used when a header has DSUN_OBS but no radius
+from pipelines.utc import as_utc
 
 __all__ = [
     "list_products",
@@ -46,10 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Nominal photospheric solar radius [m] (IAU 2015 Resolution B3), used when a header
-#: gives the observer distance ``DSUN_OBS`` but no apparent radius.
-RSUN_REF_M = 695_700_000.0
 
 
 # -- queries ------------------------------------------------------------------------------
@@ -287,38 +288,10 @@ def _disk_mask(header: fits.Header, shape: tuple[int, int]) -> np.ndarray | None
     return r2 <= rsun * rsun
 
 
-def _read_dq(hdul: fits.HDUList) -> np.ndarray | None:
-    """The DQ mask of a product: a one-row table column (current layout) or an image HDU."""
-    if "DQ" not in hdul:
-        return None
-    hdu = hdul["DQ"]
-    if isinstance(hdu, fits.BinTableHDU):
-        return np.asarray(hdu.data["DQ"][0])
-    return np.asarray(hdu.data)
-
-
 @lru_cache(maxsize=4096)
 def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool) -> DiskMean | None:
-    try:
-        with fits.open(path, memmap=False) as hdul:
-            img_hdu = next(
-                (h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
-                None,
-            )
-            if img_hdu is None:
-                raise FitsReadError(f"{path}: no 2-D image HDU")
-            data = np.asarray(img_hdu.data, dtype=np.float64)
-            header = img_hdu.header.copy()
-            dq = _read_dq(hdul)
-    except FitsReadError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise FitsReadError(f"{path}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    good = np.isfinite(data)
-    if dq is not None:
-        if dq.shape != data.shape:
-            raise FitsReadError(f"{path}: DQ shape {dq.shape} differs from image shape {data.shape}")
-        good &= dq == 0
+    data, dq, header = read_product(path, dtype=np.float64)
+    good = np.isfinite(data) & (dq == 0)
     used_disk = False
     if on_disk_only:
         disk = _disk_mask(header, data.shape)
@@ -357,8 +330,6 @@ def region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width:
     import warnings
 
     from astropy.wcs import WCS
-
-    from pipelines.products import read_product
 
     data, dq, header = read_product(path)
     with warnings.catch_warnings():
@@ -445,10 +416,6 @@ class LightCurve:
     skipped: list[dict[str, object]] = field(default_factory=list)
 
 
-def _utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def product_lightcurve(
     session: Session,
     *,
@@ -498,7 +465,7 @@ def product_lightcurve(
         if m is None:
             lc.skipped.append({"product_id": p.id, "reason": "no usable pixel (all masked or NaN)"})
             continue
-        lc.times.append(_utc(p.frame.date_obs))
+        lc.times.append(as_utc(p.frame.date_obs))
         lc.values.append(m.value)
         lc.product_ids.append(p.id)
         if m.unit:
@@ -515,9 +482,9 @@ def event_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.da
     The event lasts from its start to its end time (peak time, then start time, when
     the catalogue gives no end).
     """
-    start = _utc(event.start_time)
+    start = as_utc(event.start_time)
     last = event.end_time or event.peak_time or event.start_time
-    return start - margin, _utc(last) + margin
+    return start - margin, as_utc(last) + margin
 
 
 #: Half side [arcsec] of the region-of-interest box of an event light curve: a flare
@@ -536,9 +503,9 @@ def _context_window(session: Session, channel: str, start: dt.datetime, end: dt.
     after = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs > end)
                             .order_by(Frame.date_obs).limit(n)).all()
     if before:
-        start = min(start, _utc(before[-1]))
+        start = min(start, as_utc(before[-1]))
     if after:
-        end = max(end, _utc(after[-1]))
+        end = max(end, as_utc(after[-1]))
     return start, end
 
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from backend.models import CalibrationFile, CalibrationKind
 from pipelines.errors import CalibrationMissingError
+from pipelines.utc import assume_utc
 
 __all__ = ["REQUIRED_KINDS", "OPTIONAL_KINDS", "SelectedCalibrations", "select_calibrations", "FAR_DAYS"]
 
@@ -43,10 +44,6 @@ class SelectedCalibrations:
     def key(self) -> str:
         """Stable identity of the set: ``kind:id`` pairs sorted by kind."""
         return ",".join(f"{k}:{f.id}" for k, f in sorted(self.files.items()))
-
-
-def _aware(t: dt.datetime) -> dt.datetime:
-    return t if t.tzinfo else t.replace(tzinfo=dt.UTC)
 
 
 def _fits_frame(f: CalibrationFile, naxis: int | None) -> bool:
@@ -82,7 +79,7 @@ def select_calibrations(
         If a required kind has no file valid at DATE-OBS, or a pinned version is missing.
     """
     pinned = pinned or {}
-    date_obs = _aware(date_obs)
+    date_obs = assume_utc(date_obs)
     chosen: dict[str, CalibrationFile] = {}
     warnings: list[str] = []
     required = (*REQUIRED_KINDS[channel], *also_required)
@@ -113,7 +110,7 @@ def select_calibrations(
                     + (f" for {naxis} px frames" if naxis else "")
                 )
             continue
-        gap = abs((_aware(f.valid_from) - date_obs).total_seconds()) / 86400.0
+        gap = abs((assume_utc(f.valid_from) - date_obs).total_seconds()) / 86400.0
         if gap > FAR_DAYS:
             warnings.append(f"{kind} v{f.version} starts {gap:.0f} days from DATE-OBS")
         chosen[kind] = f

@@ -38,13 +38,14 @@ from astropy.io import fits
 from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
-from pipelines.calibration import steps
+from pipelines.calibration import resample, steps
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import sha256_file
 from pipelines.provenance import CAL_KEYWORDS, calibration_values, stamp_provenance
+from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec, sun_geometry
 
 __all__ = [
     "CALIBRATION_KINDS",
@@ -284,7 +285,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     else:
         stats.update(median=None, mean=None, p01=None, p99=None)
     try:
-        geom = steps.sun_geometry(header)
+        geom = sun_geometry(header)
         stats["rsun_px"] = float(geom.rsun_px)
     except DataError:
         stats["rsun_px"] = None
@@ -350,7 +351,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
     if opts.rotate_north_up:
-        img, dq, h = steps.rotate_north_up(img, dq, h, order=opts.interpolation_order)
+        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order)
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
@@ -484,7 +485,7 @@ def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, chan
         if cal.kind in CAL_KEYWORDS:
             stamp_provenance(h, calibration_values(cal.kind, cal.name, cal.version, cal.id, cal.sha256))
     if "RSUN_REF" not in h:
-        h["RSUN_REF"] = (steps.RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
+        h["RSUN_REF"] = (RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
     if "RSUN_OBS" not in h:
-        h["RSUN_OBS"] = (steps.apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
+        h["RSUN_OBS"] = (apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
     stamp_provenance(h, {"LEVEL": "L2", "BUNIT": unit, "CHANNEL": channel, "BACKEND": backend})

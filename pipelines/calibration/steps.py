@@ -12,9 +12,12 @@ Order (``pipelines.calibration.flow.calibrate_frame``)::
     -> subtract_stray_light (power law or measured map) -> mask_occulter
     -> mask_field_of_view -> deconvolve_psf (SDI, on request) -> rotate_north_up
 
+The last, ``rotate_north_up``, lives in :mod:`pipelines.calibration.resample` with the
+threads it runs on.
+
 The arithmetic steps (dark, flat, exposure, units, stray light) and the masks are written
 against the Array API namespace of their input (:mod:`pipelines.array_backend`): they run
-on NumPy or CuPy arrays alike. :func:`rotate_north_up` uses ``scipy.ndimage`` or
+on NumPy or CuPy arrays alike. ``rotate_north_up`` uses ``scipy.ndimage`` or
 ``cupyx.scipy.ndimage`` (same API) for the spline resampling.
 
 Data-quality (DQ) bits, one ``uint8`` per pixel (:class:`DQ`):
@@ -36,37 +39,30 @@ bit    name            meaning
 =====  ==============  ============================================================
 
 A pixel with DQ == 0 is good. The DQ array travels with the frame through
-:func:`rotate_north_up` (region bits by nearest neighbour, so bits are never mixed; defect
-bits, BAD_PIXEL and COSMIC_RAY to every output pixel they touch).
+:func:`pipelines.calibration.resample.rotate_north_up` (region bits by nearest neighbour,
+so bits are never mixed; defect bits, BAD_PIXEL and COSMIC_RAY to every output pixel they
+touch).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import os
-import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from astropy import units as u
 from astropy.io import fits
 
-from pipelines.array_backend import namespace_of, ndimage_for, to_numpy
+from pipelines.array_backend import namespace_of, to_numpy
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import DataError
+from pipelines.sun import radius_map, sun_geometry  # noqa: F401 - re-exported for callers of steps
 
 __all__ = [
     "DQ",
-    "RSUN_REF_M",
-    "SunGeometry",
     "StrayLightModel",
     "StrayLightProfile",
-    "sun_geometry",
-    "apparent_rsun_arcsec",
-    "radius_map",
     "flag_invalid_pixels",
     "flag_bad_pixels",
     "dark_temperature_factor",
@@ -80,12 +76,7 @@ __all__ = [
     "mask_occulter",
     "mask_field_of_view",
     "deconvolve_psf",
-    "rotate_north_up",
 ]
-
-#: Photospheric radius [m] used to turn DSUN_OBS into an apparent radius, IAU 2015
-#: nominal value (Prsa et al. 2016, AJ 152, 41), the value sunpy uses.
-RSUN_REF_M = 695_700_000.0
 
 #: Saturation level of LST's 16-bit sensors [DN] (LST.md: 16-bit CMOS).
 SATURATION_DN = 65535.0
@@ -170,143 +161,6 @@ def _channel_code(header: fits.Header) -> str | None:
         except KeyError:
             code = None
     return code
-
-
-# --------------------------------------------------------------------------- geometry
-
-
-@dataclass(frozen=True)
-class SunGeometry:
-    """Where the Sun is on a frame, from its WCS and observer keywords.
-
-    Attributes
-    ----------
-    x0, y0 : float
-        Pixel of the disk centre (helioprojective 0, 0), 0-based (array column, row).
-    matrix : numpy.ndarray, shape (2, 2)
-        ``CDELTi * PCi_j`` in arcsec/pixel: ``(Tx, Ty) = matrix @ (x - x0, y - y0)``.
-    rsun_arcsec : float
-        Apparent solar radius [arcsec].
-    """
-
-    x0: float
-    y0: float
-    matrix: np.ndarray
-    rsun_arcsec: float
-
-    @property
-    def scale(self) -> float:
-        """Mean plate scale [arcsec/pixel] (square root of the Jacobian)."""
-        return float(math.sqrt(abs(np.linalg.det(self.matrix))))
-
-    @property
-    def rsun_px(self) -> float:
-        """Apparent solar radius [pixel]."""
-        return self.rsun_arcsec / self.scale
-
-    @property
-    def roll_deg(self) -> float:
-        """Roll angle [deg] (CROTA2 convention: PC = [[cos, -sin], [sin, cos]])."""
-        m = self.matrix
-        return float(math.degrees(math.atan2(m[1, 0] - m[0, 1], m[0, 0] + m[1, 1])))
-
-
-def apparent_rsun_arcsec(header: fits.Header) -> float:
-    """Apparent solar radius [arcsec]: ``RSUN_OBS`` if given, else from ``DSUN_OBS``.
-
-    ``asin(RSUN_REF / DSUN_OBS)`` as sunpy computes ``rsun_obs``; ``RSUN_REF`` defaults to
-    :data:`RSUN_REF_M`.
-
-    Raises
-    ------
-    DataError
-        If neither ``RSUN_OBS`` nor a usable ``DSUN_OBS`` is present.
-    """
-    for key in ("RSUN_OBS", "RSUN_ARC"):
-        try:
-            v = float(header[key])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if math.isfinite(v) and v > 0:
-            return v
-    try:
-        dsun = float(header["DSUN_OBS"])
-        rref = float(header.get("RSUN_REF", RSUN_REF_M))
-    except (KeyError, TypeError, ValueError):
-        raise DataError("cannot tell the solar radius: no RSUN_OBS and no usable DSUN_OBS") from None
-    if not (math.isfinite(dsun) and dsun > rref > 0):
-        raise DataError(f"DSUN_OBS={dsun} m is not a distance outside the Sun")
-    return float((math.asin(rref / dsun) * u.rad).to_value(u.arcsec))
-
-
-def sun_geometry(header: fits.Header) -> SunGeometry:
-    """The Sun's centre, the pixel-to-helioprojective matrix and the radius of a frame.
-
-    Parameters
-    ----------
-    header : astropy.io.fits.Header
-        With a helioprojective WCS (``CTYPE = HPLN-TAN/HPLT-TAN``; ``read_image`` maps
-        ASO-S's ``solar_x``/``solar_y`` to these) and observer keywords.
-
-    Returns
-    -------
-    SunGeometry
-
-    Raises
-    ------
-    DataError
-        If the header has no usable celestial WCS or no distance to the Sun.
-    """
-    from astropy.wcs import WCS, FITSFixedWarning
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FITSFixedWarning)
-            w = WCS(header, naxis=2)
-        if not w.has_celestial:
-            raise DataError("the header has no helioprojective WCS (CTYPE1/2)")
-        x0, y0 = (float(v) for v in w.world_to_pixel_values(0.0, 0.0))
-        m = np.asarray(w.pixel_scale_matrix, dtype=float) * 3600.0  # wcslib normalises to deg
-    except DataError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any WCS the library rejects is bad input
-        raise DataError(f"unusable WCS in the header ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-    if not (np.all(np.isfinite(m)) and math.isfinite(x0) and math.isfinite(y0)) or abs(np.linalg.det(m)) == 0:
-        raise DataError("the WCS does not locate the Sun (non-finite or singular)")
-    return SunGeometry(x0=x0, y0=y0, matrix=m, rsun_arcsec=apparent_rsun_arcsec(header))
-
-
-def radius_map(shape: tuple[int, int], geometry: SunGeometry, xp: Any = None, dtype: Any = None) -> Any:
-    """Heliocentric distance in the plane of the sky [Rsun] of every pixel.
-
-    Parameters
-    ----------
-    shape : (ny, nx)
-    geometry : SunGeometry
-    xp : array namespace, optional
-        NumPy's by default.
-    dtype : dtype, optional
-        ``xp.float64`` by default; the calibration steps use ``xp.float32`` (relative
-        error ~1e-7, two frames of memory instead of about ten).
-
-    Returns
-    -------
-    array, shape (ny, nx)
-    """
-    xp = xp if xp is not None else namespace_of()
-    dtype = dtype if dtype is not None else xp.float64
-    ny, nx = shape
-    m = geometry.matrix / geometry.rsun_arcsec
-    dx = xp.reshape(xp.arange(nx, dtype=xp.float64) - geometry.x0, (1, nx))
-    dy = xp.reshape(xp.arange(ny, dtype=xp.float64) - geometry.y0, (ny, 1))
-    # row and column terms in float64 (small), the frame-sized sums in ``dtype``, in place
-    tx = xp.astype(m[0, 0] * dx, dtype) + xp.astype(m[0, 1] * dy, dtype)
-    ty = xp.astype(m[1, 0] * dx, dtype) + xp.astype(m[1, 1] * dy, dtype)
-    tx *= tx
-    ty *= ty
-    tx += ty
-    del ty
-    return xp.sqrt(tx)
 
 
 # --------------------------------------------------------------------------- steps
@@ -997,247 +851,6 @@ def deconvolve_psf(data: Any, dq: Any, header: fits.Header, psf: np.ndarray | No
     _history(h, "deconvolve_psf", f"Richardson-Lucy, {int(n_iter)} iterations, PSF {psf.shape[1]}x{psf.shape[0]}"
              + (f" from {source}" if source else "") + "; DQ pixels masked")
     return out, h
-
-
-_WCS_DROP = ("CROTA1", "CROTA2", "CROTA", "CD1_1", "CD1_2", "CD2_1", "CD2_2", "PC1_1", "PC1_2", "PC2_1",
-             "PC2_2", "CROTACN1", "CROTACN2")
-
-
-def _or_dilate3(bits: Any) -> Any:
-    """Bitwise OR of each uint8 pixel's 3 x 3 neighbourhood (separable: rows, then columns)."""
-    xp = namespace_of(bits)
-    rows = xp.asarray(bits, copy=True)
-    rows[1:, :] |= bits[:-1, :]
-    rows[:-1, :] |= bits[1:, :]
-    out = xp.asarray(rows, copy=True)
-    out[:, 1:] |= rows[:, :-1]
-    out[:, :-1] |= rows[:, 1:]
-    return out
-
-
-_THREADS: int | None = None  # set by set_default_threads (a Celery worker shares its cores among its processes)
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count`` elsewhere)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def default_threads() -> int:
-    """Threads a step uses when not told: :func:`set_default_threads`'s value, else every core."""
-    return _THREADS if _THREADS is not None else available_cores()
-
-
-def set_default_threads(n: int | None) -> None:
-    """Set (``None``: reset) the threads steps use by default in this process.
-
-    A Celery worker with ``c`` processes sets ``cores // c`` before it forks them
-    (``pipelines.tasks``), so ``c`` frames resampled at once do not start ``c x cores``
-    threads.
-    """
-    global _THREADS
-    _THREADS = None if n is None else max(1, int(n))
-
-
-def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``(start, stop)`` ranges covering ``range(n)`` (fewer if n is small)."""
-    parts = max(1, min(int(parts), n // 64 or 1))
-    edges = [round(i * n / parts) for i in range(parts + 1)]
-    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-
-
-def _spline_filter_inplace(nd: Any, a: np.ndarray, order: int, threads: int) -> None:
-    """Cubic (``order``) B-spline prefilter of a float32 NumPy frame, in place, on ``threads`` threads.
-
-    The prefilter is separable (Unser 1999, IEEE Signal Proc. Mag. 16, 22): the pass along
-    axis 0 treats each column alone and the pass along axis 1 each row alone, so column and
-    row blocks are filtered by ``scipy.ndimage.spline_filter1d`` on separate threads (it
-    releases the GIL) with results identical to ``scipy.ndimage.spline_filter``.
-    """
-    ny, nx = a.shape
-    if threads <= 1:
-        nd.spline_filter(a, order=order, output=a, mode="nearest")
-        return
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda c: nd.spline_filter1d(a[:, c[0]:c[1]], order=order, axis=0, output=a[:, c[0]:c[1]],
-                                                    mode="nearest"), _blocks(nx, threads)))
-        list(pool.map(lambda r: nd.spline_filter1d(a[r[0]:r[1]], order=order, axis=1, output=a[r[0]:r[1]],
-                                                    mode="nearest"), _blocks(ny, threads)))
-
-
-def _affine(nd: Any, src: Any, matrix: Any, offset: np.ndarray, shape: tuple[int, int], *, order: int,
-            mode: str, cval: float = 0.0, dtype: Any, threads: int = 1) -> Any:
-    """``ndimage.affine_transform`` (no prefilter) of ``src`` onto ``shape``, by row blocks on threads.
-
-    Output rows ``r0:r1`` are the transform with ``offset + matrix @ (r0, 0)`` (the same map,
-    the origin moved to the block), so the blocks join into the single-call result: the DQ
-    planes exactly, the data to float rounding (the shifted offsets round differently:
-    differences up to ~6e-8 of the value were seen at 2048 px).
-    CuPy arrays go in one call (the GPU parallelises the kernel itself).
-    """
-    if threads <= 1 or not isinstance(src, np.ndarray):
-        return nd.affine_transform(src, matrix, offset=offset, output_shape=shape, order=order, mode=mode,
-                                   cval=cval, prefilter=False, output=dtype)
-    k = np.asarray(matrix, dtype=float)
-    out = np.empty(shape, dtype=dtype)
-
-    def run(rows: tuple[int, int]) -> None:
-        r0, r1 = rows
-        nd.affine_transform(src, k, offset=offset + k @ np.array([r0, 0.0]), output_shape=(r1 - r0, shape[1]),
-                            order=order, mode=mode, cval=cval, prefilter=False, output=out[r0:r1])
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(run, _blocks(shape[0], threads)))
-    return out
-
-
-def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: int = 3,
-                    tolerance_px: float = 1e-3, threads: int | None = None) -> tuple[Any, Any, fits.Header]:
-    """Rotate solar north up and put the disk centre on the frame centre.
-
-    The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
-    frame centre (``(n + 1) / 2``, 1-based), ``CRVAL = 0`` (the disk centre), identity
-    ``PC`` and no ``CROTA``. The data are resampled with a cubic spline
-    (``scipy.ndimage.affine_transform``, ``order=3``, float32 spline coefficients). Region
-    bits of the DQ (OCCULTED, OUTSIDE_FOV) move with the nearest neighbour; defect bits
-    (SATURATED, NOT_FINITE, BAD_PIXEL, COSMIC_RAY) flag every output pixel whose bilinear
-    support holds the defect (one nearest-neighbour pass of the 3 x 3-OR-ed bits and one
-    bilinear pass of "any defect"): no defect is lost between the grids. Pixels whose source falls outside the detector get ``DQ.NO_DATA``
-    and NaN; pixels flagged ``NOT_FINITE`` are NaN.
-
-    Parameters
-    ----------
-    data : array, shape (ny, nx)
-        Calibrated frame (any unit). Non-finite values are replaced by the mean of their
-        finite neighbours before the spline (a NaN would spread) and are NaN again in the
-        output.
-    dq : array of uint8, shape (ny, nx), or None
-    header : astropy.io.fits.Header
-        Helioprojective WCS and observer keywords.
-    order : int
-        Spline order for the data (3: cubic; 1: bilinear).
-    tolerance_px : float
-        Below this shift [pixel] and an equivalent roll, the step is skipped.
-    threads : int or None
-        CPU threads for the prefilter and the resampling (NumPy input only; row blocks,
-        results equal to one call's to float rounding). ``None``: the cores this process may use.
-
-    Returns
-    -------
-    data : array, shape (ny, nx), float32
-    dq : array of uint8, shape (ny, nx)
-    header : astropy.io.fits.Header
-        Updated WCS (``CTYPE HPLN-TAN/HPLT-TAN``, ``CUNIT arcsec``), ``RSUN_OBS`` [arcsec].
-
-    Raises
-    ------
-    DataError
-        If the header does not locate the Sun.
-
-    Notes
-    -----
-    With the reference point at the disk centre the TAN projection's intermediate
-    coordinates are rotated rigidly, so an affine map of pixel coordinates is exact:
-    ``p_in = s + M^-1 * scale * (p_out - c)``, with ``M = CDELT * PC`` and ``s`` the disk
-    centre on the input.
-    """
-    _check_2d("data", data)
-    xp = namespace_of(data)
-    dq0 = _new_dq(data, dq)
-    geom = sun_geometry(header)
-    ny, nx = data.shape
-    cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
-    scale = geom.scale
-    k_xy = np.linalg.inv(geom.matrix) * scale
-    h = _copy(header)
-    shift = math.hypot(geom.x0 - cx, geom.y0 - cy)
-    rot_err = float(np.abs(k_xy - np.eye(2)).max()) * max(nx, ny)
-    for key in _WCS_DROP:
-        if key in h:
-            del h[key]
-    h["WCSAXES"] = 2
-    h["CTYPE1"], h["CTYPE2"] = "HPLN-TAN", "HPLT-TAN"
-    h["CUNIT1"], h["CUNIT2"] = "arcsec", "arcsec"
-    h["CRPIX1"] = (cx + 1.0, "[pix] disk centre (1-based)")
-    h["CRPIX2"] = (cy + 1.0, "[pix] disk centre (1-based)")
-    h["CRVAL1"], h["CRVAL2"] = 0.0, 0.0
-    h["CDELT1"] = (scale, "[arcsec/pix]")
-    h["CDELT2"] = (scale, "[arcsec/pix]")
-    h["PC1_1"], h["PC1_2"], h["PC2_1"], h["PC2_2"] = 1.0, 0.0, 0.0, 1.0
-    h["RSUN_OBS"] = (geom.rsun_arcsec, "[arcsec] apparent photospheric radius")
-    if "RSUN_REF" not in h:
-        h["RSUN_REF"] = (RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
-    if shift < tolerance_px and rot_err < tolerance_px:
-        out = xp.where(xp.isfinite(data), data, xp.asarray(float("nan"), dtype=data.dtype))
-        _history(h, "rotate_north_up", "skipped: already north up with the disk centred")
-        return xp.astype(out, xp.float32, copy=False), dq0, h
-    nd = ndimage_for(xp)
-    k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
-    s_yx = np.array([geom.y0, geom.x0])
-    offset = s_yx - k_yx @ np.array([cy, cx])
-    finite = xp.isfinite(data)
-    n_bad = int(xp.count_nonzero(~finite))
-    filled = xp.astype(data, xp.float32, copy=True)
-    if n_bad:  # fill non-finite pixels with the mean of their finite neighbours (no step for the spline)
-        filled = xp.where(finite, filled, xp.zeros_like(filled))
-        w = xp.astype(finite, xp.float32)
-        num = nd.uniform_filter(filled, size=5, mode="nearest")
-        den = nd.uniform_filter(w, size=5, mode="nearest")
-        filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
-        del w, num, den
-    k_dev = xp.asarray(k_yx)
-    off_dev = xp.asarray(offset)
-    # spline coefficients in float32, computed in place (one frame; the relative rounding,
-    # ~1e-7, is far below what the calibration resolves), then resampled without a second prefilter
-    n_threads = default_threads() if threads is None else max(1, int(threads))
-    if int(order) > 1:
-        if isinstance(filled, np.ndarray):
-            _spline_filter_inplace(nd, filled, int(order), n_threads)
-        else:  # cupyx.scipy.ndimage: a new float32 array
-            filled = nd.spline_filter(filled, order=int(order), output=xp.float32, mode="nearest")
-    out = _affine(nd, filled, k_dev, off_dev, (ny, nx), order=int(order), mode="nearest", dtype=xp.float32,
-                  threads=n_threads)
-    del filled
-    # region bits (occulter, field of view) follow the nearest neighbour; pixel-defect bits
-    # (saturated, not finite, bad pixel, cosmic ray) are OR-ed over each pixel's 3 x 3
-    # neighbourhood, so the nearest-neighbour sample carries every defect bit of the 2 x 2
-    # bilinear support of the output pixel; one bilinear pass of "any defect" then keeps them
-    # only on the output pixels a defect really touches; outside the detector: NO_DATA
-    defect_bits = 0
-    for bit in DEFECT_BITS:
-        defect_bits |= int(bit)
-    dq_flag = xp.where(finite, dq0, dq0 | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
-    defects = dq_flag & xp.asarray(defect_bits, dtype=xp.uint8)
-    has_defects = bool(xp.any(defects != 0))
-    if has_defects:
-        grown = _or_dilate3(defects)
-        dq_flag = (dq_flag & xp.asarray(255 - defect_bits, dtype=xp.uint8)) | grown
-        del grown
-    dq_out = _affine(nd, dq_flag, k_dev, off_dev, (ny, nx), order=0, mode="constant", cval=int(DQ.NO_DATA),
-                     dtype=xp.uint8, threads=n_threads)
-    dq_out = xp.astype(dq_out, xp.uint8, copy=False)
-    if has_defects:  # keep defect bits only where the bilinear support really holds a defect
-        # bilinear weights of the defects in 8 bits (a quarter of a float32 frame): a defect
-        # whose weight in an output pixel is below ~1/255 of it does not flag that pixel
-        marks = xp.where(defects != 0, xp.asarray(255, dtype=xp.uint8), xp.asarray(0, dtype=xp.uint8))
-        spread = _affine(nd, marks, k_dev, off_dev, (ny, nx), order=1, mode="constant", cval=0, dtype=xp.uint8,
-                         threads=n_threads)
-        del marks
-        dq_out = xp.where(spread > 0, dq_out, dq_out & xp.asarray(255 - defect_bits, dtype=xp.uint8))
-        del spread
-    del defects
-    bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
-    out[bad] = float("nan")  # in place: no second output frame
-    del bad
-    n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
-    _history(h, "rotate_north_up",
-             f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
-             f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); spline "
-             f"order {int(order)}, DQ nearest neighbour; {n_nodata} pixels without data")
-    return xp.astype(out, xp.float32, copy=False), dq_out, h
 
 
 def dq_description() -> list[str]:

@@ -57,7 +57,8 @@ from typing import Any
 import numpy as np
 from astropy.io import fits
 
-from pipelines.calibration.steps import StrayLightModel, radius_map, sun_geometry
+from pipelines.calibration.steps import StrayLightModel
+from pipelines.sun import radius_map, sun_geometry
 
 __all__ = ["StrayLightMeasurement", "measure_stray_light_map", "stray_light_map_hdul", "radial_profile"]
 

@@ -246,9 +246,10 @@ def stray_map_check(sim, *, corona: str | None = "model", percentile: float = 0.
         2.45 Rsun on the detector), ``n_frames``, ``path`` (the master), ``method``.
     """
     from pipelines import simulation as simmod
-    from pipelines.calibration.steps import StrayLightModel, radius_map, sun_geometry
+    from pipelines.calibration.steps import StrayLightModel
     from pipelines.calibration.stray_light import measure_stray_light_map, stray_light_map_hdul
     from pipelines.fitsio import write_fits_atomic
+    from pipelines.sun import radius_map, sun_geometry
 
     cals = masters if masters is not None else load_masters(sim.calibration_files)
     todo = variants if variants is not None else [(corona, percentile, version)]

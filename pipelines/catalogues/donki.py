@@ -50,6 +50,7 @@ from pipelines.catalogues.records import (
     full_noaa_number,
     refuse_duplicates,
 )
+from pipelines.utc import as_utc
 
 __all__ = ["parse_donki", "choose_analysis", "SOURCE"]
 
@@ -62,8 +63,7 @@ NEAR_SUN_EARTH_LINE_DEG = 20.0
 def _time(value: Any) -> dt.datetime | None:
     if value in (None, ""):
         return None
-    t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def choose_analysis(analyses: list[dict] | None) -> tuple[dict | None, str]:

@@ -39,6 +39,7 @@ from pipelines.catalogues.records import (
     full_noaa_number,
     refuse_duplicates,
 )
+from pipelines.utc import as_utc
 
 __all__ = ["parse_hek", "SOURCE"]
 
@@ -56,8 +57,7 @@ _DROPPED = {"hpc_geom", "hpc_bbox_geom", "hgs_geom"}
 def _time(value: Any) -> dt.datetime | None:
     if value in (None, ""):
         return None
-    t = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
+    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
 
 
 def _num(value: Any) -> float | None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipelines.errors import DataError
+from pipelines.utc import assume_utc
 
 __all__ = [
     "CatalogueError",
@@ -95,10 +96,7 @@ def event_duration_s(start: dt.datetime | None, peak: dt.datetime | None, end: d
     if last is None:
         return 0.0
 
-    def utc(t: dt.datetime) -> dt.datetime:
-        return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t
-
-    return max(0.0, (utc(last) - utc(start)).total_seconds())
+    return max(0.0, (assume_utc(last) - assume_utc(start)).total_seconds())
 
 
 def json_safe(value: Any) -> Any:

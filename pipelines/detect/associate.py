@@ -31,6 +31,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from pipelines.utc import as_utc
+
 __all__ = [
     "FLARE_TIME_SLACK",
     "FLARE_MAX_DISTANCE_ARCSEC",
@@ -76,14 +78,8 @@ def pa_difference(a: float, b: float) -> float:
     return min(d, 360.0 - d)
 
 
-def _utc(t: dt.datetime | None) -> dt.datetime | None:
-    if t is None:
-        return None
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
-
-
 def _window(start, peak, end) -> tuple[dt.datetime, dt.datetime]:
-    times = [_utc(t) for t in (start, peak, end) if t is not None]
+    times = [as_utc(t) for t in (start, peak, end) if t is not None]
     return min(times), max(times)
 
 
@@ -92,7 +88,7 @@ def same_flare(a, b) -> bool:
     hpc_x, hpc_y) are the same flare (see the module rules)."""
     a0, a1 = _window(a.start_time, a.peak_time, a.end_time)
     b0, b1 = _window(b.start_time, b.peak_time, b.end_time)
-    ap, bp = _utc(a.peak_time or a.start_time), _utc(b.peak_time or b.start_time)
+    ap, bp = as_utc(a.peak_time or a.start_time), as_utc(b.peak_time or b.start_time)
     in_b = b0 - FLARE_TIME_SLACK <= ap <= b1 + FLARE_TIME_SLACK
     in_a = a0 - FLARE_TIME_SLACK <= bp <= a1 + FLARE_TIME_SLACK
     if not (in_a or in_b):
@@ -122,7 +118,7 @@ def cme_follows(src, cme) -> tuple[bool, float]:
     ``src`` needs event_type, start_time, hpc_x/hpc_y (flare) or position_angle
     (prominence); ``cme`` needs start_time, position_angle, angular_width.
     """
-    s0, c0 = _utc(src.start_time), _utc(cme.start_time)
+    s0, c0 = as_utc(src.start_time), as_utc(cme.start_time)
     if not (s0 - CME_BEFORE_FLARE <= c0 <= s0 + CME_AFTER_FLARE):
         return False, math.inf
     minutes = abs((c0 - s0).total_seconds()) / 60.0

@@ -85,6 +85,8 @@ from astropy.time import Time
 from scipy import ndimage
 
 from pipelines.errors import DataError
+from pipelines.sun import RSUN_KM, RSUN_REF_M  # RSUN_KM re-exported (__all__)
+from pipelines.utc import as_utc
 
 __all__ = [
     "FRM_NAME",
@@ -107,8 +109,6 @@ FRM_VERSION = "0.1.0"
 #: Aliases matching :mod:`pipelines.detect.flares` (HEK ``frm_name``/``frm_version``).
 DETECTOR_NAME, DETECTOR_VERSION = FRM_NAME, FRM_VERSION
 
-#: IAU 2015 nominal solar radius [km] (Prsa et al. 2016, AJ 152, 41).
-RSUN_KM = 695_700.0
 
 
 # --------------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def as_utc_datetimes(times) -> list[dt.datetime]:
     out = []
     for x in times:
         if isinstance(x, dt.datetime):
-            out.append(x.replace(tzinfo=dt.UTC) if x.tzinfo is None else x.astimezone(dt.UTC))
+            out.append(as_utc(x))
             continue
         try:
             out.append(Time(x, scale="utc").to_datetime(timezone=dt.UTC))
@@ -659,7 +659,7 @@ def geometry_from_header(header, *, max_roll_deg: float = 0.5) -> dict[str, Any]
             rsun = float(header[key])
             break
     if rsun is None and header.get("DSUN_OBS"):
-        rsun = math.degrees(math.asin(RSUN_KM * 1e3 / float(header["DSUN_OBS"]))) * 3600.0
+        rsun = math.degrees(math.asin(RSUN_REF_M / float(header["DSUN_OBS"]))) * 3600.0
     if rsun is None:
         date = header.get("DATE-OBS") or header.get("DATE_OBS")
         if not date:

@@ -82,6 +82,8 @@ from astropy.wcs.utils import proj_plane_pixel_scales
 from scipy import ndimage
 
 from pipelines.errors import DataError
+from pipelines.sun import apparent_rsun_arcsec
+from pipelines.utc import as_utc
 
 __all__ = [
     "DETECTOR_NAME",
@@ -293,7 +295,7 @@ def _as_datetimes(times) -> list[dt.datetime]:
     else:
         items = list(times)
         if items and isinstance(items[0], dt.datetime):
-            return [x.replace(tzinfo=dt.UTC) if x.tzinfo is None else x.astimezone(dt.UTC) for x in items]
+            return [as_utc(x) for x in items]
         t = Time(items, scale="utc")
     return [x.replace(tzinfo=dt.UTC) for x in np.atleast_1d(t.utc.to_datetime())]
 
@@ -336,28 +338,6 @@ def macropixel_factor(wcs: WCS, macropixel_arcsec: float) -> tuple[int, float]:
     return max(1, int(round(macropixel_arcsec / scale))), scale
 
 
-def _rsun_arcsec(header: fits.Header | None, when: dt.datetime) -> float:
-    """Apparent solar radius [arcsec]: RSUN_OBS/RSUN_ARC, or from DSUN_OBS, or Earth's at ``when``."""
-    if header is not None:
-        for key in ("RSUN_OBS", "RSUN_ARC"):
-            try:
-                v = float(header[key])
-                if v > 0:
-                    return v
-            except (KeyError, TypeError, ValueError):
-                pass
-        try:
-            dsun = float(header["DSUN_OBS"])
-            rsun_ref = float(header.get("RSUN_REF", 695_700_000.0))
-            if dsun > rsun_ref:
-                return math.degrees(math.asin(rsun_ref / dsun)) * 3600.0
-        except (KeyError, TypeError, ValueError):
-            pass
-    from sunpy.coordinates import sun
-
-    return float(sun.angular_radius(Time(when.replace(tzinfo=None), scale="utc")).to_value("arcsec"))
-
-
 def _hpc(wcs: WCS, x, y) -> tuple[np.ndarray, np.ndarray]:
     """Helioprojective x/y [arcsec] of 0-based pixel coordinates (longitude wrapped to +-180 deg)."""
     lon, lat = wcs.pixel_to_world_values(np.asarray(x, float), np.asarray(y, float))
@@ -372,7 +352,7 @@ def _disk(wcs: WCS, header: fits.Header | None, when: dt.datetime, shape: tuple[
     Distances use the plate scales along x and y (TAN projection, small-angle: the error is
     below 1e-5 relative within 1.2 Rsun).
     """
-    rsun = _rsun_arcsec(header, when)
+    rsun = apparent_rsun_arcsec(header, when=when)  # a header that cannot tell: Earth's view at ``when``
     cx, cy = wcs.world_to_pixel_values(0.0, 0.0)
     sx, sy = (float(v) * 3600.0 for v in proj_plane_pixel_scales(wcs)[:2])
     if not np.isfinite([cx, cy, sx, sy]).all():

@@ -67,7 +67,6 @@ import numpy as np
 from scipy import optimize
 
 from pipelines.detect.cme import (
-    RSUN_KM,
     _block_reduce,
     _circular_span,
     _label_periodic,
@@ -79,6 +78,7 @@ from pipelines.detect.cme import (
     polar_unwrap,
 )
 from pipelines.errors import DataError
+from pipelines.sun import RSUN_KM
 
 __all__ = [
     "FRM_NAME",

@@ -13,12 +13,17 @@ from astropy.io import fits
 from astropy.time import Time
 from scipy import ndimage
 
-from pipelines.calibration.steps import RSUN_REF_M
+from pipelines.sun import RSUN_REF_M
 from pipelines.fitsio import add_observer_keywords
 
 
 def _apparent_rsun_arcsec(t: Time) -> tuple[float, fits.Header]:
-    """Apparent radius [arcsec] seen from Earth at ``t`` and the observer keywords."""
+    """Apparent radius [arcsec] seen from Earth at ``t`` and the observer keywords.
+
+    The simulator's truth side keeps its own arcsine (``math.degrees``): it differs from
+    :func:`pipelines.sun.apparent_rsun_arcsec` (astropy units) by at most 1 ulp, and the
+    simulated files, which tests and the demo compare bit for bit, were made with it.
+    """
     h = fits.Header()
     add_observer_keywords(h, t)
     h["RSUN_REF"] = RSUN_REF_M

@@ -15,7 +15,7 @@ import numpy as np
 from astropy import constants as const
 from astropy import units as u
 
-from pipelines.calibration.steps import RSUN_REF_M
+from pipelines.sun import RSUN_REF_M
 
 
 #: Energy of a Lyman-alpha photon (121.567 nm) [erg].

@@ -67,6 +67,7 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
+from pipelines.sun import RSUN_KM  # the one solar radius [km] (IAU 2015 nominal; re-exported)
 from pipelines.detect.cme import as_utc_datetimes
 from pipelines.simulation.sources import COR1_FILE, SAMPLE_DIR
 
@@ -86,8 +87,6 @@ __all__ = [
     "sahade2025_height_time",
 ]
 
-#: IAU 2015 nominal solar radius [km] (Prsa et al. 2016, AJ 152, 41).
-RSUN_KM = 695_700.0
 
 #: The real STEREO/COR1-A frame whose azimuthal structure textures :func:`coronal_background`.
 DEFAULT_COR1_TEXTURE = SAMPLE_DIR / COR1_FILE

@@ -33,6 +33,7 @@ from backend.services import events as events_service
 from backend.services import frames as frames_service
 from backend.services import products as products_service
 from backend.services.event_search import DEFAULT_SORT, LIGHT_COLUMNS
+from pipelines.utc import as_utc
 
 router = APIRouter(prefix="/events", tags=["events"])
 
@@ -162,7 +163,7 @@ def page_json(result) -> bytes:
         for k in _TIME_COLUMNS:
             t = d[k]
             if t is not None and t.utcoffset() != _ZERO:
-                d[k] = _as_utc(t)
+                d[k] = as_utc(t)
         items.append(d)
     return pydantic_core.to_json({
         "items": items, "total": result.total, "limit": result.limit, "offset": result.offset,
@@ -173,10 +174,6 @@ def page_json(result) -> bytes:
 
 _TIME_COLUMNS = ("start_time", "peak_time", "end_time")
 _ZERO = dt.timedelta(0)
-
-
-def _as_utc(t: dt.datetime) -> dt.datetime:
-    return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
 
 
 @router.get(

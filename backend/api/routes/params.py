@@ -30,6 +30,7 @@ from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
 from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
 from pipelines.channels import CHANNELS, get_channel
+from pipelines.utc import as_utc as _as_utc
 
 __all__ = [
     "MAX_ID",
@@ -79,11 +80,12 @@ def canonical_event_type(value: str | None) -> str | None:
 
 
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC time; a naive time is taken as UTC."""
-    if value is None:
-        return None
+    """Aware UTC time; a naive time is taken as UTC (:func:`pipelines.utc.as_utc`).
+
+    A query-parameter validator: a time out of range once in UTC is a ``ValueError``.
+    """
     try:
-        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+        return _as_utc(value)
     except OverflowError:
         raise ValueError(f"time {value.isoformat()} is out of range in UTC") from None
 

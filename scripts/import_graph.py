@@ -1,0 +1,165 @@
+#!/usr/bin/env python
+"""The import graph of the product's own modules (``backend/``, ``pipelines/``), from source.
+
+Every ``import`` statement counts, at module level or inside a function (a lazy import is
+still a dependency: it only moves the cycle to run time). An edge goes to the module the
+statement names (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``);
+the implicit import of parent packages is not an edge. Prints each import cycle (a strongly
+connected component of more than one module, or a module importing itself) and, with
+``--layers``, every import from ``pipelines`` into ``backend``.
+
+Usage::
+
+    python scripts/import_graph.py            # cycles; exit 1 if any
+    python scripts/import_graph.py --layers   # also imports that cross pipelines -> backend
+    python scripts/import_graph.py --edges    # the whole graph, one edge a line
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("backend", "pipelines")
+
+__all__ = ["modules", "import_graph", "cycles", "layer_violations"]
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` under the product's packages."""
+    out: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts = list(f.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = f
+    return out
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The product modules one import statement names."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+        return [_nearest(n, known) for n in names if _nearest(n, known)]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        stem = ".".join(base + ([node.module] if node.module else []))
+    else:
+        stem = node.module or ""
+    out = []
+    for alias in node.names:
+        sub = f"{stem}.{alias.name}"
+        hit = sub if sub in known else _nearest(stem, known)
+        if hit:
+            out.append(hit)
+    return out
+
+
+def _nearest(name: str, known: set[str]) -> str | None:
+    """``name`` or its closest enclosing module that is one of ours (``a.b.c`` -> ``a.b``)."""
+    parts = name.split(".")
+    while parts:
+        cand = ".".join(parts)
+        if cand in known:
+            return cand
+        parts.pop()
+    return None
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the product modules it imports (anywhere in its source)."""
+    mods = modules(root)
+    known = set(mods)
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _targets(node, name, is_pkg, known):
+                    if t != name or isinstance(node, ast.Import):
+                        graph[name].add(t)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module, or with a self-import
+    (Tarjan's algorithm, iterative), each sorted, the list sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1 or v in graph[v]:
+                        out.append(sorted(comp))
+    return sorted(out)
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a ``pipelines`` module of a ``backend`` module (the science stays pure)."""
+    return sorted((a, b) for a, deps in graph.items() if a.split(".")[0] == "pipelines"
+                  for b in deps if b.split(".")[0] == "backend")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", action="store_true", help="also list pipelines -> backend imports")
+    ap.add_argument("--edges", action="store_true", help="print every edge")
+    args = ap.parse_args(argv)
+    graph = import_graph()
+    if args.edges:
+        for a in sorted(graph):
+            for b in sorted(graph[a]):
+                print(f"{a} -> {b}")
+    found = cycles(graph)
+    for comp in found:
+        print("cycle: " + " <-> ".join(comp))
+    bad = layer_violations(graph) if args.layers else []
+    for a, b in bad:
+        print(f"layer: {a} imports {b}")
+    print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports, {len(found)} cycle(s)"
+          + (f", {len(bad)} pipelines->backend import(s)" if args.layers else ""))
+    return 1 if found or bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The shape of the code: layers, import cycles, task names, function length.
+
+* ``pipelines/`` (the science) imports nothing from ``backend/``: checked from the source of
+  every module (lazy imports included) and at run time by importing every module.
+* No import cycle between the product's modules (``scripts/import_graph.py``).
+* The API never imports the worker: it sends work by task name (``backend.broker``).
+* The worker registers every task name the broker knows, under the first release's names.
+* No function of the product is over 100 lines of code without a comment saying why.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(import_graph)
+
+GRAPH = import_graph.import_graph(ROOT)
+PIPELINES = sorted(m for m in GRAPH if m.split(".")[0] == "pipelines")
+
+
+def test_the_graph_sees_every_module_and_real_edges():
+    assert len(PIPELINES) > 30 and "backend.api.app" in GRAPH
+    # a lazy import inside a function is an edge too
+    assert "backend.broker" in GRAPH["backend.services.jobs"]
+    assert "pipelines.calibration.steps" in GRAPH["pipelines.calibration.flow"]
+
+
+def test_no_pipelines_module_imports_backend_in_its_source():
+    assert import_graph.layer_violations(GRAPH) == []
+
+
+def test_importing_every_pipelines_module_loads_no_backend_module():
+    code = (
+        "import importlib, json, sys\n"
+        "import pipelines.calibration.flow, pipelines.detect, pipelines.catalogues\n"
+        "first = sorted(m for m in sys.modules if m == 'backend' or m.startswith('backend.'))\n"
+        f"for m in {PIPELINES!r}:\n"
+        "    importlib.import_module(m)\n"
+        "after = sorted(m for m in sys.modules if m == 'backend' or m.startswith('backend.'))\n"
+        "print(json.dumps([first, after]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    first, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert first == [] and after == []
+
+
+def test_no_import_cycles():
+    assert import_graph.cycles(GRAPH) == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    """On a tree with a lazy three-module cycle and a self-import, both are reported."""
+    for pkg in import_graph.PACKAGES:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "backend" / "a.py").write_text("from backend import b\n")
+    (tmp_path / "backend" / "b.py").write_text("import pipelines.c\n")
+    (tmp_path / "pipelines" / "c.py").write_text("def f():\n    from backend.a import thing\n")
+    (tmp_path / "pipelines" / "d.py").write_text("from . import e\n")
+    (tmp_path / "pipelines" / "e.py").write_text("import pipelines.e\n")
+    g = import_graph.import_graph(tmp_path)
+    assert import_graph.cycles(g) == [["backend.a", "backend.b", "pipelines.c"], ["pipelines.e"]]
+    assert import_graph.layer_violations(g) == [("pipelines.c", "backend.a")]
+    assert g["pipelines.d"] == {"pipelines.e"}
+
+
+def _reachable(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(GRAPH.get(m, ()))
+    return seen
+
+
+def test_the_api_never_imports_the_worker():
+    reach = _reachable("backend.api.app")
+    assert "backend.broker" in reach  # it sends work by name
+    assert not {m for m in reach if m.startswith("backend.worker")}
+
+
+def test_the_worker_registers_every_task_name_of_the_broker():
+    from backend.broker import TaskName, app
+    import backend.worker.tasks  # noqa: F401 - registers the tasks
+
+    names = TaskName.all()
+    assert len(names) == 11 and all(n.startswith("pipelines.tasks.") for n in names)
+    assert set(names) <= set(app.tasks)
+    assert app.conf.include == ["backend.worker.tasks"] or "backend.worker.tasks" in app.conf.include
+
+
+def _code_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    n = fn.end_lineno - fn.lineno + 1
+    first = fn.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        n -= first.end_lineno - first.lineno + 1
+    return n
+
+
+def long_functions_without_reason(root: Path = ROOT, limit: int = 100) -> list[str]:
+    """Functions of ``backend``/``pipelines`` with more than ``limit`` lines of code (the
+    docstring not counted) and no ``# Long:`` comment in their first lines saying why."""
+    bad = []
+    for pkg in import_graph.PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            lines = f.read_text().splitlines()
+            for node in ast.walk(ast.parse("\n".join(lines))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _code_lines(node) > limit:
+                    head = lines[max(0, node.lineno - 3): node.body[0].end_lineno + 3]
+                    if not any(line.strip().startswith("# Long:") for line in head):
+                        bad.append(f"{f.relative_to(root)}:{node.lineno} {node.name} ({_code_lines(node)} lines)")
+    return bad
+
+
+def test_no_function_over_100_lines_without_a_reason():
+    assert long_functions_without_reason() == []
+
+
+def test_the_length_rule_can_fail(tmp_path):
+    (tmp_path / "backend").mkdir()
+    (tmp_path / "pipelines").mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(101))
+    (tmp_path / "pipelines" / "m.py").write_text(f'def f():\n    """Doc."""\n{body}')
+    (tmp_path / "backend" / "n.py").write_text(f'def g():\n    # Long: one table of cases.\n{body}')
+    assert long_functions_without_reason(tmp_path) == ["pipelines/m.py:1 f (102 lines)"]
+
+
+@pytest.mark.parametrize("name", ["calibrate_frame"])
+def test_calibration_flow_takes_the_options_object(name):
+    import inspect
+
+    from pipelines.calibration import flow
+    from pipelines.calibration.options import CalibrationOptions
+
+    sig = inspect.signature(getattr(flow, name))
+    assert sig.parameters["options"].annotation in (CalibrationOptions, "CalibrationOptions | None",
+                                                      "CalibrationOptions")
