@@ -78,10 +78,12 @@ class SunGeometry:
         return float(math.degrees(math.atan2(m[1, 0] - m[0, 1], m[0, 0] + m[1, 1])))
 
 
-def apparent_rsun_arcsec(header: fits.Header | None, *, when: dt.datetime | None = None) -> float:
+def apparent_rsun_arcsec(header: fits.Header | None, *, when: dt.datetime | None = None,
+                         keys: tuple[str, ...] = ("RSUN_OBS", "RSUN_ARC")) -> float:
     """Apparent solar radius [arcsec] of a frame.
 
-    The first that is usable of: ``RSUN_OBS``, ``RSUN_ARC`` (a finite positive number);
+    The first that is usable of: the radius keywords ``keys`` (default ``RSUN_OBS``,
+    ``RSUN_ARC``; other missions' headers also say ``RSUN``), a finite positive number;
     ``asin(RSUN_REF / DSUN_OBS)`` as sunpy computes ``rsun_obs`` (``RSUN_REF`` defaults to
     :data:`RSUN_REF_M`; a finite ``DSUN_OBS > RSUN_REF > 0``); with ``when``, the radius
     seen from Earth at that time.
@@ -95,6 +97,8 @@ def apparent_rsun_arcsec(header: fits.Header | None, *, when: dt.datetime | None
         header that cannot tell falls back to Earth's view
         (:func:`sunpy.coordinates.sun.angular_radius`) instead of raising: the flare
         detector does so, the calibration steps do not.
+    keys : tuple of str
+        Radius keywords [arcsec] read first, in this order.
 
     Returns
     -------
@@ -109,7 +113,7 @@ def apparent_rsun_arcsec(header: fits.Header | None, *, when: dt.datetime | None
     """
     problem = "cannot tell the solar radius: no header"
     if header is not None:
-        for key in ("RSUN_OBS", "RSUN_ARC"):
+        for key in keys:
             try:
                 v = float(header[key])
             except (KeyError, TypeError, ValueError):

@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 
 from backend.models import Event, EventProduct, Frame, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
-from pipelines.errors import FitsReadError
+from pipelines.errors import DataError, FitsReadError
 from pipelines.products import read_product
-from pipelines.sun import RSUN_REF_M  # re-exported (__all__): used when a header has DSUN_OBS but no radius
+from pipelines.sun import apparent_rsun_arcsec
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "product_lightcurve",
     "event_lightcurve",
     "event_window",
-    "RSUN_REF_M",
     "sample_evenly",
 ]
 
@@ -243,21 +242,12 @@ class DiskMean:
 
 
 def _apparent_rsun_arcsec(header: fits.Header) -> float | None:
-    for key in ("RSUN_OBS", "RSUN_ARC", "RSUN"):
-        try:
-            v = float(header[key])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if v > 0:
-            return v
+    """:func:`pipelines.sun.apparent_rsun_arcsec` (also reading ``RSUN``), or ``None`` if the
+    header cannot tell."""
     try:
-        dsun = float(header["DSUN_OBS"])
-        rsun_ref = float(header.get("RSUN_REF", RSUN_REF_M))
-    except (KeyError, TypeError, ValueError):
+        return apparent_rsun_arcsec(header, keys=("RSUN_OBS", "RSUN_ARC", "RSUN"))
+    except DataError:
         return None
-    if dsun <= rsun_ref:
-        return None
-    return math.degrees(math.asin(rsun_ref / dsun)) * 3600.0
 
 
 def _disk_mask(header: fits.Header, shape: tuple[int, int]) -> np.ndarray | None:

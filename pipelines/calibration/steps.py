@@ -57,7 +57,7 @@ from astropy.io import fits
 from pipelines.array_backend import namespace_of, to_numpy
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import DataError
-from pipelines.sun import radius_map, sun_geometry  # noqa: F401 - re-exported for callers of steps
+from pipelines.sun import radius_map, sun_geometry
 
 __all__ = [
     "DQ",

@@ -85,7 +85,7 @@ from astropy.time import Time
 from scipy import ndimage
 
 from pipelines.errors import DataError
-from pipelines.sun import RSUN_KM, RSUN_REF_M  # RSUN_KM re-exported (__all__)
+from pipelines.sun import RSUN_KM, apparent_rsun_arcsec
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -93,7 +93,6 @@ __all__ = [
     "FRM_VERSION",
     "DETECTOR_NAME",
     "DETECTOR_VERSION",
-    "RSUN_KM",
     "CMEParams",
     "HeightTimePoint",
     "DetectedCME",
@@ -653,20 +652,15 @@ def geometry_from_header(header, *, max_roll_deg: float = 0.5) -> dict[str, Any]
     crval2 = float(header.get("CRVAL2", 0.0)) * units[str(header.get("CUNIT2", "arcsec")).strip().lower()]
     cx = crpix1 - 1.0 - crval1 / c1
     cy = crpix2 - 1.0 - crval2 / c2
-    rsun = None
-    for key in ("RSUN_OBS", "RSUN_ARC", "RSUN"):
-        if header.get(key) not in (None, ""):
-            rsun = float(header[key])
-            break
-    if rsun is None and header.get("DSUN_OBS"):
-        rsun = math.degrees(math.asin(RSUN_REF_M / float(header["DSUN_OBS"]))) * 3600.0
-    if rsun is None:
-        date = header.get("DATE-OBS") or header.get("DATE_OBS")
-        if not date:
-            raise DataError("no RSUN_OBS, DSUN_OBS or DATE-OBS to get the solar radius from")
-        from sunpy.coordinates import sun
-
-        rsun = float(sun.angular_radius(Time(date, scale="utc")).to_value("arcsec"))
+    date = header.get("DATE-OBS") or header.get("DATE_OBS")
+    try:
+        when = Time(date, scale="utc").to_datetime() if date else None
+    except ValueError:
+        when = None
+    try:
+        rsun = apparent_rsun_arcsec(header, when=when, keys=("RSUN_OBS", "RSUN_ARC", "RSUN"))
+    except DataError:
+        raise DataError("no RSUN_OBS, DSUN_OBS or DATE-OBS to get the solar radius from") from None
     return {"sun_center_px": (cx, cy), "plate_scale_arcsec": abs(c1), "rsun_arcsec": rsun}
 
 

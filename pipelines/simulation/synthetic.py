@@ -67,12 +67,11 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-from pipelines.sun import RSUN_KM  # the one solar radius [km] (IAU 2015 nominal; re-exported)
+from pipelines.sun import RSUN_KM
 from pipelines.detect.cme import as_utc_datetimes
 from pipelines.simulation.sources import COR1_FILE, SAMPLE_DIR
 
 __all__ = [
-    "RSUN_KM",
     "DEFAULT_COR1_TEXTURE",
     "baumbach_brightness",
     "coronal_background",
