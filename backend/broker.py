@@ -2,8 +2,10 @@
 
 The API sends work **by task name** (:func:`send`): no module of the API imports the worker
 (:mod:`backend.worker`), which registers the tasks on this same :data:`app`. The registered
-names (:class:`TaskName`) are those of the first release (``pipelines.tasks.*``), so messages
-already queued by an earlier version are still consumed.
+names (:class:`TaskName`) keep the first release's module path (``pipelines.tasks.*``), so
+messages already queued by an earlier version are still consumed. ``detect_events`` (any
+registry detector) is new: follow-up detections are sent under it, so upgrade every worker
+before the first job ends on the new code (an older worker refuses a name it does not know).
 
 Queues: ``cpu`` (default) and ``gpu`` (GPU workers, ``ARRAY_BACKEND=cupy``). Long tasks use
 ``acks_late`` with ``worker_prefetch_multiplier=1`` (Celery guide, "optimizing").
@@ -24,7 +26,7 @@ __all__ = ["app", "configure", "ensure_configured", "send", "TaskName"]
 
 
 class TaskName:
-    """Registered Celery task names (kept from the first release: queued messages name them)."""
+    """Registered Celery task names (queued messages name them: never rename one)."""
 
     ingest_file = "pipelines.tasks.ingest_file"
     run_job = "pipelines.tasks.run_job"

@@ -2,28 +2,32 @@
 
 Product (one L2 file of one frame under one calibration set)::
 
-    planned -> writing -> written            (final: a new calibration makes a new version)
-       |  ^       |  \\
-       |  |       |   -> planned             (re-planned by a new job run)
-       v  |       v
-      failed <----+      failed -> planned | writing   (re-planned, or its message ran late)
+    planned -> planned | writing | failed
+    writing -> writing | written | failed | planned   (redelivered; re-planned by a new run)
+    failed  -> planned | writing | written | failed   (re-planned; or its message ran after the
+                                                        reaper gave it up: the file it then
+                                                        wrote is sound; a new reason replaces
+                                                        the old)
+    written -> (final: a new calibration makes a new version)
 
 Job (a recalibration request)::
 
-    queued -> running -> succeeded | failed  (final)
-       \\-> failed                            (could not be sent, or could not be planned)
+    queued  -> running | failed               (failed: could not be sent or planned)
+    running -> running | succeeded | failed   (running again: a redelivered plan message)
+    succeeded, failed -> (final: a late plan message for an ended job is not acted on,
+                          ``backend.worker.processing.plan_job``)
 
 :func:`move_product` and :func:`move_job` refuse any other move (:class:`IllegalTransition`)
-and record the reason of a failure with one rule (:data:`MAX_REASON_CHARS`, the first line
-of an exception as :func:`pipelines.errors.failure_reason` gives it). A product's reason is
-cleared when it goes back to work; a job gets ``started_at`` when it starts running and
-``finished_at`` when it ends. No other module assigns ``.state`` (a test walks the code).
+and record the reason of a failure with one rule: the text as given (callers pass
+:func:`pipelines.errors.failure_reason` of an exception: its first line), cut to
+:data:`MAX_REASON_CHARS`. A product's reason is cleared when it goes back to work; a job
+gets ``started_at`` when it starts running and ``finished_at`` when it ends. No other
+module assigns ``.state`` (a test walks the code).
 """
 
 from __future__ import annotations
 
 from backend.models import Job, JobState, Product, ProductState, utcnow
-from pipelines.errors import LSTDPError
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL"]
@@ -37,7 +41,7 @@ P, J = ProductState, JobState
 PRODUCT_MOVES: dict[ProductState, frozenset[ProductState]] = {
     P.planned: frozenset({P.planned, P.writing, P.failed}),
     P.writing: frozenset({P.writing, P.written, P.failed, P.planned}),
-    P.failed: frozenset({P.planned, P.writing}),
+    P.failed: frozenset({P.planned, P.writing, P.written, P.failed}),
     P.written: frozenset(),
 }
 
@@ -53,8 +57,9 @@ JOB_MOVES: dict[JobState, frozenset[JobState]] = {
 JOB_FINAL = frozenset({J.succeeded, J.failed})
 
 
-class IllegalTransition(LSTDPError):
-    """A state change that the state machine does not allow (the message says which)."""
+class IllegalTransition(RuntimeError):
+    """A state change that the state machine does not allow (the message says which): a bug
+    in the caller, not bad data, so it is reported with its type."""
 
 
 def reason_text(reason: str | None) -> str | None:

@@ -4,7 +4,7 @@ On a machine with an NVIDIA GPU and CuPy (``pip install -e '.[gpu]'``):
 
 1. simulates one WST frame (4608 x 4608) and one SCI-WL frame (2048 x 2048) with noise
    (:func:`pipelines.simulation.simulate`), with their masters;
-2. parity: calibrates each frame with NumPy (``calibrate_frame``, ``backend: numpy``),
+2. parity: calibrates each frame with NumPy (``calibrate_frame``, ``backend="numpy"``),
    with CuPy frame by frame, and with CuPy through the GPU worker's batch executor
    (:class:`pipelines.calibration.batch.BatchExecutor`: masters resident, pinned buffers,
    copy and compute streams). CPU vs GPU: the relative difference on the good pixels

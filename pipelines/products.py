@@ -122,18 +122,19 @@ def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[n
     Raises
     ------
     pipelines.errors.FitsReadError
-        If the file cannot be opened or read (``'<path>: unreadable product FITS (...)'``),
+        If the file cannot be opened or read (``'<name>: unreadable product FITS (...)'``),
         has no 2-D image HDU, or its DQ mask differs in shape from the image. The message
-        starts with the path.
+        starts with the file's name (not its folder: messages reach API responses).
     """
     from pipelines.errors import FitsReadError
 
+    name = os.path.basename(os.fspath(path))
     try:
         with fits.open(path, memmap=False) as hdul:
             hdu = next((h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
                        None)
             if hdu is None:
-                raise FitsReadError(f"{path}: no 2-D image HDU")
+                raise FitsReadError(f"{name}: no 2-D image HDU")
             data = np.asarray(hdu.data, dtype=dtype)
             header = hdu.header.copy()
             if "DQ" in hdul:
@@ -145,9 +146,9 @@ def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[n
     except FitsReadError:
         raise
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        raise FitsReadError(f"{path}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise FitsReadError(f"{name}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
     if dq.shape != data.shape:
-        raise FitsReadError(f"{path}: DQ shape {dq.shape} differs from image shape {data.shape}")
+        raise FitsReadError(f"{name}: DQ shape {dq.shape} differs from image shape {data.shape}")
     return data, dq, header
 
 

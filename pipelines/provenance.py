@@ -42,17 +42,20 @@ class ProvenanceKeyword:
         FITS keyword (at most 8 characters).
     comment : str or None
         Card comment; ``None`` keeps the comment a card already has (``BUNIT`` of the raw
-        frame), and no comment on a new card. Dropped when the card would not fit in 80
-        characters (a long file name).
+        frame), and no comment on a new card.
     stamped_by : str
         ``flow`` (:func:`pipelines.calibration.flow.calibrate_frame`), ``writer``
         (:func:`pipelines.products.build_product_hdul`) or ``store`` (the platform's product
         store: ids and file name).
+    drop_long_comment : bool
+        Leave the comment out when the card would not fit in 80 characters (a calibration
+        file's long name), instead of letting astropy cut it.
     """
 
     name: str
     comment: str | None
     stamped_by: str
+    drop_long_comment: bool = False
 
 
 #: Keywords (name, version, id, sha256) recording each kind of calibration file.
@@ -70,7 +73,7 @@ def _calibration_rows() -> tuple[ProvenanceKeyword, ...]:
     rows = []
     for kind, (kname, kver, kid, ksha) in CAL_KEYWORDS.items():
         label = kind.replace("_", " ")
-        rows += [ProvenanceKeyword(kname, f"{label} calibration file", "flow"),
+        rows += [ProvenanceKeyword(kname, f"{label} calibration file", "flow", drop_long_comment=True),
                  ProvenanceKeyword(kver, f"{label} calibration version (CALVER)", "flow"),
                  ProvenanceKeyword(kid, f"{label} calibration file id", "flow"),
                  ProvenanceKeyword(ksha, None, "flow")]  # 64 hex digits: no room for a comment
@@ -134,7 +137,8 @@ def stamp_provenance(header: fits.Header, values: Mapping[str, Any]) -> fits.Hea
         if spec.comment is None:
             header[name] = value
         else:
-            header[name] = (value, spec.comment if _fits(name, value, spec.comment) else "")
+            keep = not spec.drop_long_comment or _fits(name, value, spec.comment)
+            header[name] = (value, spec.comment if keep else "")
     return header
 
 

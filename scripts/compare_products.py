@@ -40,6 +40,13 @@ def _same_array(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     return a.tobytes() == b.tobytes()  # bit for bit, NaN payloads included
 
 
+def _payload(hdu) -> np.ndarray | None:
+    """An image HDU's array; a table's ``DQ`` column (the L2 layout) or its raw rows."""
+    if isinstance(hdu, fits.BinTableHDU) and hdu.data is not None:
+        return np.asarray(hdu.data["DQ"]) if "DQ" in hdu.columns.names else np.frombuffer(hdu.data.tobytes(), np.uint8)
+    return hdu.data
+
+
 def compare_files(old: Path, new: Path) -> list[str]:
     """The differences between two product files (empty when they agree)."""
     out: list[str] = []
@@ -52,8 +59,7 @@ def compare_files(old: Path, new: Path) -> list[str]:
                 diff = next((f"card {k}: {x} vs {y}" for k, (x, y) in enumerate(zip(ca, cb)) if x != y),
                             f"{len(ca)} cards vs {len(cb)}")
                 out.append(f"HDU {i} header: {diff}")
-            da = a.data if not isinstance(a, fits.BinTableHDU) else a.data["DQ"]
-            db = b.data if not isinstance(b, fits.BinTableHDU) else b.data["DQ"]
+            da, db = _payload(a), _payload(b)
             if not _same_array(da, db):
                 out.append(f"HDU {i} ({a.name}) data differ")
     return out

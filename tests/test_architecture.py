@@ -91,6 +91,16 @@ def test_the_api_never_imports_the_worker():
     assert not {m for m in reach if m.startswith("backend.worker")}
 
 
+def test_the_running_api_loads_no_worker_module(tmp_path):
+    code = ("import sys\nfrom backend.api.app import create_app\nfrom fastapi.testclient import TestClient\n"
+            "app = create_app()\n"
+            "print(sorted(m for m in sys.modules if m.startswith('backend.worker')))\n")
+    env = {**__import__("os").environ, "DATA_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_worker_registers_every_task_name_of_the_broker():
     from backend.broker import TaskName, app
     import backend.worker.tasks  # noqa: F401 - registers the tasks
@@ -98,7 +108,7 @@ def test_the_worker_registers_every_task_name_of_the_broker():
     names = TaskName.all()
     assert len(names) == 11 and all(n.startswith("pipelines.tasks.") for n in names)
     assert set(names) <= set(app.tasks)
-    assert app.conf.include == ["backend.worker.tasks"] or "backend.worker.tasks" in app.conf.include
+    assert list(app.conf.include) == ["backend.worker.tasks"]
 
 
 def _code_lines(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:

@@ -205,3 +205,9 @@ def test_detection_tasks_run_on_the_configured_database(sqlite_env):
     assert tasks.detect_white_light_flares.run() == {"events": [], "associations": 0}
     with pytest.raises(ValueError, match="SCI-UV or SCI-WL"):
         tasks.detect_cmes.run(channel="WST")
+    # the generic task that follow-ups send: any registry detector by name
+    assert tasks.detect_events.run("cmes", "SCI-WL") == {"detector": "cmes", "channel": "SCI-WL", "events": [],
+                                                         "associations": 0}
+    assert tasks.detect_flares.run() == {"events": [], "associations": 0}
+    with pytest.raises(KeyError, match="white-light"):
+        tasks.detect_events.run("sunspots")

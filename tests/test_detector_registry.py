@@ -99,12 +99,13 @@ def test_unknown_detector_and_wrong_channel_are_refused():
 
 def test_run_detector_calls_the_named_service_on_the_default_channel(monkeypatch):
     calls = []
+    assert set(detection.SERVICES) == set(DETECTORS)
     for det in DETECTORS.values():
-        fn = getattr(detection, det.service)
+        fn = detection.SERVICES[det.name]
         sig = inspect.signature(fn)
-        assert {"channel", "start", "end", "params", "product_root"} <= set(sig.parameters), det.service
+        assert {"channel", "start", "end", "params", "product_root"} <= set(sig.parameters), det.name
         assert sig.parameters["channel"].default == det.default_channel
-        monkeypatch.setattr(detection, det.service,
+        monkeypatch.setitem(detection.SERVICES, det.name,
                             lambda session, _name=det.name, **kw: calls.append((_name, kw)) or [])
     for name in DETECTORS:
         assert detection.run_detector("session", name, start=None, end=None) == []

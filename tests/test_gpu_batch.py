@@ -246,7 +246,7 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
 
     settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=1)
     follow_ups = []
-    monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async",
+    monkeypatch.setattr(tasks.detect_events, "apply_async",
                         lambda *a, **k: follow_ups.append(k.get("kwargs")))
     sent = []
     real_apply_async = tasks.calibrate_products_gpu_batch.apply_async
@@ -276,6 +276,7 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
                 assert any("device gpu requested" in str(x) and "ARRAY_BACKEND=numpy" in str(x)
                            for x in h["HISTORY"])
         assert len(follow_ups) == 1  # the WST follow-up, queued once when the job ended
+        assert follow_ups[0]["detector"] == "white-light" and follow_ups[0]["channel"] == "WST"
 
         # a retried batch redoes nothing and counts nothing twice
         again = calibrate_products_batch(s, [p.id for p in prods.values()] + [bad.id], settings, job_id=job_id)
@@ -387,10 +388,10 @@ def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
     computes = []
     real = batch.calibrate_frame
 
-    def spy(data, header, cals, opts):
+    def spy(data, header, cals, opts, *, backend):
         computes.append((getattr(fake.tls, "current", None), data))
         fake.log.append(("compute", getattr(fake.tls, "current", None), data))
-        return real(np.asarray(data), header, cals, opts)
+        return real(np.asarray(data), header, cals, opts, backend=backend)
 
     monkeypatch.setattr(batch, "calibrate_frame", spy)
     ex = BatchExecutor("numpy", lanes=2)
@@ -450,9 +451,9 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
     def broken(*_a, **_k):
         raise RuntimeError("executor exploded")
 
-    monkeypatch.setattr(gpu_batch, "calibrate_products_batch", broken)
+    monkeypatch.setattr(tasks, "calibrate_products_batch", broken)
     follow_ups = []
-    monkeypatch.setattr(tasks.detect_white_light_flares, "apply_async", lambda *a, **k: follow_ups.append(k))
+    monkeypatch.setattr(tasks.detect_events, "apply_async", lambda *a, **k: follow_ups.append(k))
     tasks.run_job.apply(args=[job_id]).get()
     with session_scope() as s:
         job = s.get(Job, job_id)

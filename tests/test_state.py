@@ -24,8 +24,17 @@ def test_no_state_is_assigned_outside_the_transition_functions():
                 targets = node.targets if isinstance(node, ast.Assign) else (
                     [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
                 for t in targets:
-                    if isinstance(t, ast.Attribute) and t.attr == "state":
+                    elts = t.elts if isinstance(t, ast.Tuple) else [t]
+                    if any(isinstance(e, ast.Attribute) and e.attr == "state" for e in elts):
                         raw.append(f"{f.relative_to(ROOT)}:{node.lineno}")
+                if isinstance(node, ast.Call):
+                    fn = node.func
+                    if (isinstance(fn, ast.Name) and fn.id == "setattr" and len(node.args) > 1
+                            and isinstance(node.args[1], ast.Constant) and node.args[1].value == "state"):
+                        raw.append(f"{f.relative_to(ROOT)}:{node.lineno} setattr")
+                    if isinstance(fn, ast.Attribute) and fn.attr == "values" and any(
+                            k.arg == "state" for k in node.keywords):
+                        raw.append(f"{f.relative_to(ROOT)}:{node.lineno} UPDATE ... state")
     assert raw == []
 
 
@@ -40,6 +49,8 @@ def test_product_moves_and_reasons():
         move_product(p, ProductState.failed)
     move_product(p, ProductState.failed, "x" * (MAX_REASON_CHARS + 50))
     assert p.state == ProductState.failed and len(p.error) == MAX_REASON_CHARS
+    move_product(p, ProductState.failed, "failed again")  # a second failure replaces the reason
+    assert p.error == "failed again"
     move_product(p, ProductState.planned)
     assert p.error is None
     move_product(p, ProductState.writing)

@@ -32,6 +32,7 @@ import datetime as dt
 import logging
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,8 +220,7 @@ def run_detector(
     """
     det = get_detector(name)
     channel = det.channel(channel)
-    service = globals()[det.service]
-    return service(session, channel=channel, start=start, end=end, params=params, product_root=product_root)
+    return SERVICES[det.name](session, channel=channel, start=start, end=end, params=params, product_root=product_root)
 
 
 def detect_sdi_flares(
@@ -638,3 +638,14 @@ def detect_wst_white_light_flares(
         events.append(_store_detection(session, row, key, rows, span, {}))
     session.flush()
     return events
+
+
+#: The service function of each registry detector (``pipelines.detect.registry.DETECTORS``),
+#: by registry name: it loads the detector's input series from the written L2 products and
+#: stores the events. A test checks that every detector has one.
+SERVICES: dict[str, Callable[..., list[Event]]] = {
+    "flares": detect_sdi_flares,
+    "cmes": detect_sci_cmes,
+    "prominences": detect_prominence_eruptions,
+    "white-light": detect_wst_white_light_flares,
+}

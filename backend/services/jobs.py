@@ -42,7 +42,7 @@ class JobRequest(BaseModel):
     end: dt.datetime = Field(description="DATE-OBS range end (UTC, ISO 8601)")
     pinned_calibrations: dict[str, int] = Field(default_factory=dict)
     options: CalibrationOptions = Field(default_factory=CalibrationOptions,
-                                        description="calibration options (pipelines.calibration.options)")
+                                        description="calibration options, each with its default and limits")
     owner: str = Field(default="anonymous", max_length=100)
 
     @field_validator("channels")

@@ -32,7 +32,7 @@ from backend.worker.processing import calibrate_product as _calibrate_product
 from backend.worker.processing import plan_job, reap_stale_work, record_item
 from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
-from pipelines.detect.registry import follow_ups
+from pipelines.detect.registry import follow_ups, get_detector
 from pipelines.errors import failure_reason
 
 log = logging.getLogger(__name__)
@@ -176,7 +176,7 @@ def _queue_follow_ups(params: dict) -> None:
 
 @app.task(name=TaskName.record_progress, bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
-    """Count one product towards its job; when the job ends, queue flare detection."""
+    """Count one product towards its job; when the job ends, queue its follow-up detections."""
     with session_scope() as s:
         job = record_item(s, job_id, product_id)
         state = job.state.value if job else None
@@ -200,16 +200,20 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
     sources and types (:func:`backend.services.events.associate_events`)."""
     t0, t1 = _time(start), _time(end)
     with session_scope() as s:
+        channel = get_detector(detector).channel(channel)
         events = run_detector(s, detector, channel=channel, start=t0, end=t1)
         linked = associate_events(s, start=t0, end=t1)
         return {"detector": detector, "channel": channel, "events": [e.id for e in events], "associations": linked}
 
 
 # The first release's per-detector tasks: kept so that messages already queued are consumed.
-def _legacy(detector: str, channel: str | None, start: str | None, end: str | None) -> dict:
+def _legacy(detector: str, channel: str | None, start: str | None, end: str | None, *,
+            says_channel: bool) -> dict:
+    """:func:`detect_events`, answered as the first release's task did (no detector name; the
+    channel only where the task takes one)."""
     out = detect_events.run(detector, channel, start, end)
     out.pop("detector")
-    if channel is None:
+    if not says_channel:
         out.pop("channel")
     return out
 
@@ -217,22 +221,22 @@ def _legacy(detector: str, channel: str | None, start: str | None, end: str | No
 @app.task(name=TaskName.detect_flares, bind=True, **RETRY)
 def detect_flares(self, start: str | None = None, end: str | None = None) -> dict:
     """SDI flares (:func:`detect_events` with ``flares``); the first release's task."""
-    return _legacy("flares", None, start, end)
+    return _legacy("flares", None, start, end, says_channel=False)
 
 
 @app.task(name=TaskName.detect_cmes, bind=True, **RETRY)
 def detect_cmes(self, channel: str = "SCI-UV", start: str | None = None, end: str | None = None) -> dict:
     """CMEs on SCI-UV or SCI-WL (:func:`detect_events` with ``cmes``); the first release's task."""
-    return _legacy("cmes", channel, start, end)
+    return _legacy("cmes", channel, start, end, says_channel=True)
 
 
 @app.task(name=TaskName.detect_prominences, bind=True, **RETRY)
 def detect_prominences(self, channel: str = "SDI", start: str | None = None, end: str | None = None) -> dict:
     """Prominence eruptions on SDI or SCI-UV (:func:`detect_events` with ``prominences``)."""
-    return _legacy("prominences", channel, start, end)
+    return _legacy("prominences", channel, start, end, says_channel=True)
 
 
 @app.task(name=TaskName.detect_white_light_flares, bind=True, **RETRY)
 def detect_white_light_flares(self, start: str | None = None, end: str | None = None) -> dict:
     """WST white-light flares (:func:`detect_events` with ``white-light``); the first release's task."""
-    return _legacy("white-light", None, start, end)
+    return _legacy("white-light", None, start, end, says_channel=False)

@@ -54,7 +54,7 @@ def set_default_threads(n: int | None) -> None:
     """Set (``None``: reset) the threads steps use by default in this process.
 
     A Celery worker with ``c`` processes sets ``cores // c`` before it forks them
-    (``pipelines.tasks``), so ``c`` frames resampled at once do not start ``c x cores``
+    (``backend.worker.tasks``), so ``c`` frames resampled at once do not start ``c x cores``
     threads.
     """
     global _THREADS

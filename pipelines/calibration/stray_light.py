@@ -151,8 +151,8 @@ def measure_stray_light_map(frames_in_msb: Sequence[np.ndarray], header: fits.He
     ----------
     frames_in_msb : sequence of N numpy.ndarray, each shape (ny, nx) [MSB]
         SCI frames calibrated to MSB on the detector grid, without stray-light subtraction
-        and without north-up rotation (``calibrate_frame(..., options={'subtract_stray_light':
-        False, 'rotate_north_up': False})``). N >= 1; several days of frames are best
+        and without north-up rotation (``calibrate_frame(..., CalibrationOptions(subtract_stray_light=False,
+        rotate_north_up=False))``). N >= 1; several days of frames are best
         (module notes).
     header : astropy.io.fits.Header
         WCS and observer keywords of one frame of the sequence (the Sun centre and radius

@@ -12,8 +12,9 @@ white-light ``lst-wst-wlf``              FL   WST            WST     ``whiteligh
 
 The names are those of ``lstdp detect --kind``. Pure: no database, no settings, nothing
 from ``backend``. The service layer (:func:`backend.services.detection.run_detector`) looks
-a detector up here, checks the channel and calls the service function the entry names,
-which reads the written L2 products and stores what the detector finds as events.
+a detector up here, checks the channel and calls its service function (the platform's map
+``backend.services.detection.SERVICES``, by registry name), which reads the written L2
+products and stores what the detector finds as events.
 
 Adding a detector
 -----------------
@@ -21,8 +22,8 @@ Adding a detector
    dataclass, and ``DETECTOR_NAME`` (HEK ``frm_name``) / ``DETECTOR_VERSION``.
 2. One :class:`Detector` line in :data:`DETECTORS`; and, if it should run by itself after
    a calibration job over its channels, its ``(name, channel)`` pairs in :data:`FOLLOW_UPS`.
-3. Its service function in :mod:`backend.services.detection`, named by
-   :attr:`Detector.service` and called as ``fn(session, *, channel, start, end, params,
+3. Its service function in :mod:`backend.services.detection`, one line in its ``SERVICES``
+   map (registry name -> function), called as ``fn(session, *, channel, start, end, params,
    product_root) -> list[Event]``: the loading of one kind of input series
    (``_run_sequence_detector``: block-averaged limb/coronal stacks; ``_lazy_series``:
    full-resolution image series read on demand) and the event rows. A detector on a new
@@ -61,9 +62,6 @@ class Detector:
         The pure detect function.
     default_params : callable
         ``default_params(channel) -> params``: the default parameters object on a channel.
-    service : str
-        Name of the function in :mod:`backend.services.detection` that runs it on the
-        database's L2 products.
     label : str
         What it finds, plural (``CMEs``), for messages.
     description : str
@@ -78,7 +76,6 @@ class Detector:
     default_channel: str
     detect: Callable[..., Any]
     default_params: Callable[[str], Any]
-    service: str
     label: str
     description: str
 
@@ -114,17 +111,17 @@ DETECTORS: dict[str, Detector] = {
     d.name: d
     for d in (
         Detector("flares", flares.DETECTOR_NAME, flares.DETECTOR_VERSION, "FL", ("SDI",), "SDI",
-                 flares.detect_flares, lambda channel: flares.FlareDetectionParams(), "detect_sdi_flares",
+                 flares.detect_flares, lambda channel: flares.FlareDetectionParams(),
                  "flares", "Lyman-alpha flares on SDI full-disk series (macropixel running background)"),
         Detector("cmes", cme.DETECTOR_NAME, cme.DETECTOR_VERSION, "CE", ("SCI-UV", "SCI-WL"), "SCI-UV",
-                 cme.detect_cmes, lambda channel: cme.CMEParams(), "detect_sci_cmes",
+                 cme.detect_cmes, lambda channel: cme.CMEParams(),
                  "CMEs", "coronal mass ejections in SCI coronagraph series (height-time tracks)"),
         Detector("prominences", prominence.DETECTOR_NAME, prominence.DETECTOR_VERSION, "PR", ("SDI", "SCI-UV"),
-                 "SDI", prominence.detect_prominence_eruptions, _prominence_params, "detect_prominence_eruptions",
+                 "SDI", prominence.detect_prominence_eruptions, _prominence_params,
                  "prominence eruptions", "prominence eruptions above the limb (SDI 1.02-1.2 Rsun, SCI-UV 1.15-2.45 Rsun)"),
         Detector("white-light", whitelight.DETECTOR_NAME, whitelight.DETECTOR_VERSION, "FL", ("WST",), "WST",
                  whitelight.detect_white_light_flares, lambda channel: whitelight.WhiteLightParams(),
-                 "detect_wst_white_light_flares", "white-light flares",
+                 "white-light flares",
                  "white-light flares on WST 360 nm series (8 % over the pre-flare level, Jing et al. 2024)"),
     )
 }
