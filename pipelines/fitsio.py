@@ -5,12 +5,21 @@ Reader quirks handled (all met in the project's real sample data):
 * gzip files and tile-compressed HDUs (the first HDU with 2-D image data is used);
 * ``BZERO``/``BSCALE`` scaled integers (astropy applies them) and ``BLANK`` on float data;
 * non-ISO ``DATE-OBS`` (SSW ``01-May-23 13:07:58.713``, ``01/01/30, 02:58:23.429``,
-  ``2007/05/03 10:20:18``, trailing ``Z``; ``DATE_OBS`` when ``DATE-OBS`` is missing);
+  ``2007/05/03 10:20:18``, trailing ``Z``, FITS old format ``DD/MM/YY`` with ``TIME-OBS``);
+  when ``DATE-OBS`` is missing, blank or does not parse, ``DATE_OBS``, ``DATE-BEG``,
+  ``DATE-AVG`` in this order;
 * ``CTYPE = 'solar_x'/'solar_y'`` with ``CUNIT='arcsecs'`` (mapped to ``HPLN-TAN``/``HPLT-TAN``
   and ``arcsec``, as sunpy's ASO-S/HXI source does);
-* missing observer keywords (``HGLN_OBS``, ``HGLT_OBS``, ``DSUN_OBS``): filled from Earth's
-  ephemeris at DATE-OBS (ASO-S is in low Earth orbit, LST.md);
+* missing observer keywords (``HGLN_OBS``, ``HGLT_OBS``, ``DSUN_OBS``): each one missing is
+  filled from Earth's ephemeris at DATE-OBS (ASO-S is in low Earth orbit, LST.md), the
+  given ones are kept;
 * NaN pixels (kept; counted by the caller).
+
+Verified: ``CHECKSUM``/``DATASUM`` of every HDU that carries them (a mismatch refuses the
+file). Defaults applied (each recorded in ``RawImage.fixes`` and as a HISTORY card, so the
+product carries it): observer at Earth's centre for whichever observer keyword is missing,
+``CUNITi = 'arcsec'`` when a helioprojective axis has no unit, roll 0 when the header gives
+no ``CROTA2``/``PCi_j``/``CDi_j``; ``DSUN_OBS`` in km is converted to m.
 
 Every refusal raises :class:`~pipelines.errors.FitsReadError` with a one-line reason.
 """
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import math
 import os
 import re
 import tempfile
@@ -31,7 +41,7 @@ import numpy as np
 from astropy.io import fits
 from astropy.time import Time
 
-from pipelines.errors import FitsReadError, HeaderFixWarning
+from pipelines.errors import DataError, FitsReadError, HeaderFixWarning
 
 __all__ = [
     "RawImage",
@@ -39,6 +49,11 @@ __all__ = [
     "parse_date_obs",
     "fix_header",
     "add_observer_keywords",
+    "exposure_seconds",
+    "verify_checksums",
+    "DATE_KEYWORDS",
+    "EXPOSURE_KEYWORDS",
+    "DSUN_RANGE_M",
     "write_fits_atomic",
     "sha256_file",
 ]
@@ -49,12 +64,87 @@ _SSW_DMY = re.compile(r"^\s*(\d{1,2})-([A-Za-z]{3})-(\d{2}|\d{4})[ T]+(\d{1,2}):
 _YMD_SLASH = re.compile(r"^\s*(\d{2}|\d{4})/(\d{1,2})/(\d{1,2})[,\sT]+(\d{1,2}):(\d{2}):(\d{2}(?:\.\d*)?)\s*$")
 
 
+_DMY_SLASH = re.compile(r"^\s*(\d{1,2})/(\d{1,2})/(\d{2})\s*$")  # FITS old format 'DD/MM/YY'
+_SSW_DMY_DATE = re.compile(r"^\s*(\d{1,2})-([A-Za-z]{3})-(\d{2}|\d{4})\s*$")
+
+#: Date keywords tried, in order, for the observation time (FITS standard 4.0 sect. 9.1:
+#: DATE-OBS, then the time of the start and the mean of the observation; ``DATE_OBS`` the
+#: SSW spelling). The first that gives a valid time is used.
+DATE_KEYWORDS = ("DATE-OBS", "DATE_OBS", "DATE-BEG", "DATE-AVG")
+
+#: Exposure keywords read, in this order [s]: ``XPOSURE`` is the FITS 4.0 keyword
+#: (sect. 8.4.2 and Table 22), ``EXPTIME`` and ``EXPOSURE`` the common ones.
+EXPOSURE_KEYWORDS = ("EXPTIME", "XPOSURE", "EXPOSURE")
+
+#: Plausible Sun-observer distance for an observer in Earth orbit [m]: Earth's perihelion
+#: and aphelion are 0.9833 and 1.0167 au (1.471e11 and 1.521e11 m; IAU/JPL orbital
+#: elements), LST is in low Earth orbit (< 1e7 m from the geocentre); the range keeps a
+#: margin of about 5 %.
+DSUN_RANGE_M = (1.4e11, 1.6e11)
+
+
 def _century(yy: str) -> int:
     y = int(yy)
     if len(yy) == 4:
         return y
     # SSW convention: two-digit years 50-99 are 1950-1999, 00-49 are 2000-2049
     return 1900 + y if y >= 50 else 2000 + y
+
+
+def _is_missing(value: Any) -> bool:
+    """A keyword with no value: absent, undefined (``KEY =`` with no value), or a blank string."""
+    return value is None or isinstance(value, fits.card.Undefined) or str(value).strip() == ""
+
+
+def _parse_date(value: str, time_obs: str | None = None) -> tuple[Time, str | None]:
+    """``parse_date_obs`` and a note when a two-digit year was given a century."""
+    s = str(value).strip()
+    m = _DMY_SLASH.match(s)
+    if m:  # FITS 4.0 sect. 9.1.1: the old 'DD/MM/YY' format means 19YY
+        d, mo, yy = m.groups()
+        if _is_missing(time_obs):
+            raise ValueError(f"DATE-OBS {value!r} gives no time of day (and no TIME-OBS)")
+        iso = f"19{yy}-{int(mo):02d}-{int(d):02d}T{str(time_obs).strip()}"
+        return _iso_time(iso, value), f"two-digit year '{yy}' read as 19{yy} (FITS 4.0 sect. 9.1.1, old 'DD/MM/YY' format)"
+    m = _SSW_DMY_DATE.match(s)
+    if m and not _is_missing(time_obs):
+        s = f"{s} {str(time_obs).strip()}"
+    m = _SSW_DMY.match(s)
+    if m:
+        d, mon, yy, hh, mm, ss = m.groups()
+        if mon.upper() not in _MONTHS:
+            raise ValueError(f"unknown month in DATE-OBS {value!r}")
+        iso = f"{_century(yy):04d}-{_MONTHS[mon.upper()]:02d}-{int(d):02d}T{int(hh):02d}:{mm}:{ss}"
+        return _iso_time(iso, value), _two_digit_note(yy)
+    m = _YMD_SLASH.match(s)
+    if m:
+        yy, mo, d, hh, mm, ss = m.groups()
+        iso = f"{_century(yy):04d}-{int(mo):02d}-{int(d):02d}T{int(hh):02d}:{mm}:{ss}"
+        return _iso_time(iso, value), _two_digit_note(yy)
+    if re.search(r"[T ]\d{1,2}:\d{2}(:\d{2}(\.\d*)?)?[+-]\d{2}:?\d{2}$", s):  # ISO with a UTC offset
+        try:
+            when = dt.datetime.fromisoformat(s).astimezone(dt.UTC).replace(tzinfo=None)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
+        return Time(when, scale="utc"), None
+    s = s.rstrip("Zz").replace(" ", "T", 1) if "T" not in s else s.rstrip("Zz")
+    if not re.match(r"^\d{4}-\d{2}-\d{2}", s):  # ISO 8601 only (astropy also takes e.g. 'J2000')
+        raise ValueError(f"unrecognised DATE-OBS {value!r}")
+    return _iso_time(s, value), None
+
+
+def _iso_time(iso: str, value: Any) -> Time:
+    try:
+        return Time(iso, format="isot" if "T" in iso else None, scale="utc")
+    except ValueError as exc:
+        raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
+
+
+def _two_digit_note(yy: str) -> str | None:
+    if len(yy) != 2:
+        return None
+    return (f"two-digit year '{yy}' read as {_century(yy)} (SSW practice, as ASO-S writes its dates: "
+            "00-49 are 20YY, 50-99 are 19YY)")
 
 
 def parse_date_obs(value: str) -> Time:
@@ -64,7 +154,9 @@ def parse_date_obs(value: str) -> Time:
     ----------
     value : str
         ISO 8601 (with or without ``Z``), SSW ``DD-Mon-YY hh:mm:ss.sss`` or
-        ``YY/MM/DD, hh:mm:ss.sss``.
+        ``YY/MM/DD, hh:mm:ss.sss``. Two-digit years follow the SSW practice (00-49 are
+        20YY, 50-99 are 19YY), except in the FITS old format ``DD/MM/YY`` (a date only,
+        with ``TIME-OBS``; see :func:`fix_header`) where they mean 19YY (FITS 4.0 sect. 9.1.1).
 
     Returns
     -------
@@ -76,87 +168,148 @@ def parse_date_obs(value: str) -> Time:
     ValueError
         If the string matches no known format.
     """
-    s = str(value).strip()
-    m = _SSW_DMY.match(s)
-    if m:
-        d, mon, yy, hh, mm, ss = m.groups()
-        if mon.upper() not in _MONTHS:
-            raise ValueError(f"unknown month in DATE-OBS {value!r}")
-        iso = f"{_century(yy):04d}-{_MONTHS[mon.upper()]:02d}-{int(d):02d}T{int(hh):02d}:{mm}:{ss}"
-        return Time(iso, format="isot", scale="utc")
-    m = _YMD_SLASH.match(s)
-    if m:
-        yy, mo, d, hh, mm, ss = m.groups()
-        iso = f"{_century(yy):04d}-{int(mo):02d}-{int(d):02d}T{int(hh):02d}:{mm}:{ss}"
-        return Time(iso, format="isot", scale="utc")
-    if re.search(r"[T ]\d{1,2}:\d{2}(:\d{2}(\.\d*)?)?[+-]\d{2}:?\d{2}$", s):  # ISO with a UTC offset
-        try:
-            when = dt.datetime.fromisoformat(s).astimezone(dt.UTC).replace(tzinfo=None)
-        except (ValueError, OverflowError) as exc:
-            raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
-        return Time(when, scale="utc")
-    s = s.rstrip("Zz").replace(" ", "T", 1) if "T" not in s else s.rstrip("Zz")
-    try:
-        return Time(s, scale="utc")
-    except ValueError as exc:
-        raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
+    return _parse_date(value)[0]
 
 
-def add_observer_keywords(header: fits.Header, when: Time) -> bool:
-    """Fill ``HGLN_OBS``, ``HGLT_OBS``, ``DSUN_OBS``, ``RSUN_REF`` from Earth at ``when``.
+def exposure_seconds(header: fits.Header) -> float:
+    """The exposure time [s] of a frame: the first of :data:`EXPOSURE_KEYWORDS` that is set.
 
-    Returns True if any keyword was added. Earth is the right default observer for ASO-S
-    (low Earth orbit; LST.md). Uses ``sunpy.coordinates.get_earth``.
+    The one reader of the exposure, used by ingest and by calibration alike.
+
+    Raises
+    ------
+    DataError
+        If none is set, or the value is not a positive finite number.
     """
-    if all(k in header for k in ("HGLN_OBS", "HGLT_OBS", "DSUN_OBS")):
-        return False
+    for key in EXPOSURE_KEYWORDS:
+        value = header.get(key)
+        if _is_missing(value):
+            continue
+        try:
+            t = float(value)
+        except (TypeError, ValueError):
+            raise DataError(f"{key} = {value!r} is not a number of seconds") from None
+        if not math.isfinite(t) or t <= 0:
+            raise DataError(f"{key} must be a positive number of seconds, got {t}")
+        return t
+    raise DataError("no usable exposure time (EXPTIME, XPOSURE or EXPOSURE keyword)")
+
+
+def add_observer_keywords(header: fits.Header, when: Time) -> list[str]:
+    """Fill whichever of ``HGLN_OBS``, ``HGLT_OBS``, ``DSUN_OBS`` is missing from Earth at ``when``.
+
+    Keywords the header gives are kept. Earth's centre is the default observer for ASO-S
+    (low Earth orbit, < 7000 km from the geocentre; LST.md). Uses
+    ``sunpy.coordinates.get_earth``.
+
+    Returns
+    -------
+    list of str
+        One repair text per keyword filled (empty if none was).
+    """
+    missing = [k for k in ("HGLN_OBS", "HGLT_OBS", "DSUN_OBS") if _is_missing(header.get(k))]
+    if not missing:
+        return []
     from sunpy.coordinates import get_earth
 
     earth = get_earth(when)
-    header["HGLN_OBS"] = (float(earth.lon.to_value("deg")), "[deg] observer Stonyhurst lon (Earth)")
-    header["HGLT_OBS"] = (float(earth.lat.to_value("deg")), "[deg] observer Stonyhurst lat (Earth)")
-    header["DSUN_OBS"] = (float(earth.radius.to_value("m")), "[m] observer-Sun distance (Earth)")
-    return True
+    values = {"HGLN_OBS": (float(earth.lon.to_value("deg")), "[deg] observer Stonyhurst lon (Earth)"),
+              "HGLT_OBS": (float(earth.lat.to_value("deg")), "[deg] observer Stonyhurst lat (Earth)"),
+              "DSUN_OBS": (float(earth.radius.to_value("m")), "[m] observer-Sun distance (Earth)")}
+    fixes = []
+    for key in missing:
+        header[key] = values[key]
+        fixes.append(f"{key} missing: {values[key][0]:.6g} from Earth's centre at DATE-OBS "
+                     "(default observer for ASO-S, in low Earth orbit)")
+    return fixes
+
+
+def _observation_date(header: fits.Header) -> tuple[Time, list[str]]:
+    """The observation time from the first of :data:`DATE_KEYWORDS` that parses, with its repairs."""
+    time_obs = header.get("TIME-OBS")
+    given = [(k, header.get(k)) for k in DATE_KEYWORDS if not _is_missing(header.get(k))]
+    if not given:
+        raise FitsReadError("no DATE-OBS (nor DATE_OBS, DATE-BEG, DATE-AVG) keyword with a value")
+    errors = []
+    for key, value in given:
+        try:
+            t, note = _parse_date(str(value), time_obs)
+        except ValueError as exc:
+            errors.append((key, value, str(exc)))
+            continue
+        fixes = [f"{k} {v!r} does not parse ({why}); {key} used" for k, v, why in errors]
+        if note:
+            fixes.append(f"{key} {str(value).strip()!r}: {note}")
+        return t, fixes
+    raise FitsReadError(errors[0][2] if len(errors) == 1 else
+                        "no date keyword parses: " + "; ".join(f"{k} {v!r}" for k, v, _ in errors))
+
+
+def _check_dsun(header: fits.Header) -> list[str]:
+    """``DSUN_OBS`` given in km converted to m; an implausible one refused."""
+    value = header.get("DSUN_OBS")
+    if _is_missing(value):
+        return []
+    try:
+        d = float(value)
+    except (TypeError, ValueError):
+        raise FitsReadError(f"DSUN_OBS = {value!r} is not a number") from None
+    lo, hi = DSUN_RANGE_M
+    if lo <= d <= hi:
+        return []
+    if lo <= d * 1000.0 <= hi:
+        header["DSUN_OBS"] = (d * 1000.0, "[m] observer-Sun distance (given in km, x1000)")
+        return [f"DSUN_OBS {d:.6g} is in km, not m: x1000 -> {d * 1000.0:.6g} m"]
+    raise FitsReadError(f"implausible DSUN_OBS {d:.6g} m (an Earth-orbit observer is {lo:.2g}..{hi:.2g} m from the Sun)")
 
 
 def fix_header(header: fits.Header) -> tuple[fits.Header, list[str]]:
-    """Repair the known quirks of a header in place.
+    """Repair the known quirks of a header in place and apply the reader's defaults.
+
+    Each repair and each default is returned and also written as a ``HISTORY`` card
+    (``read_image: ...``), so that the products made from the frame carry it.
 
     Returns
     -------
     header : astropy.io.fits.Header
         The same object, repaired.
     fixes : list of str
-        One short text per repair (also written as HISTORY by the caller if it wishes).
+        One short text per repair or default.
 
     Raises
     ------
     FitsReadError
-        If there is no usable DATE-OBS.
+        If there is no usable date, or ``DSUN_OBS`` is implausible.
     """
-    fixes: list[str] = []
-    raw_date = header.get("DATE-OBS") or header.get("DATE_OBS") or header.get("DATE_BEG")
-    if raw_date is None and header.get("DATE-OBS") is None:
-        raise FitsReadError("no DATE-OBS (nor DATE_OBS) keyword")
-    try:
-        t = parse_date_obs(str(raw_date))
-    except ValueError as exc:
-        raise FitsReadError(str(exc)) from None
+    t, fixes = _observation_date(header)
     iso = t.isot
-    if str(raw_date).strip() != iso:
-        fixes.append(f"DATE-OBS {str(raw_date).strip()!r} -> {iso}")
+    raw_date = header.get("DATE-OBS")
+    if _is_missing(raw_date) or str(raw_date).strip() != iso:
+        shown = "missing" if _is_missing(raw_date) else repr(str(raw_date).strip())
+        fixes.append(f"DATE-OBS {shown} -> {iso}")
     header["DATE-OBS"] = iso
+    helioprojective = False
     for axis, ctype in (("1", "HPLN-TAN"), ("2", "HPLT-TAN")):
         c = str(header.get(f"CTYPE{axis}", "")).strip().lower()
         if c in ("solar_x", "solar-x", "solarx", "solar_y", "solar-y", "solary"):
             header[f"CTYPE{axis}"] = ctype
             fixes.append(f"CTYPE{axis} {c!r} -> {ctype}")
+            c = ctype.lower()
+        helioprojective |= c.startswith(("hpln", "hplt"))
         u = str(header.get(f"CUNIT{axis}", "")).strip().lower()
         if u in ("arcsecs", "arcsec.", "arcseconds"):
             header[f"CUNIT{axis}"] = "arcsec"
             fixes.append(f"CUNIT{axis} {u!r} -> arcsec")
-    if add_observer_keywords(header, t):
-        fixes.append("observer keywords from Earth's ephemeris")
+        elif not u and c.startswith(("hpln", "hplt")):
+            header[f"CUNIT{axis}"] = "arcsec"
+            fixes.append(f"CUNIT{axis} missing: arcsec assumed (ASO-S practice; the FITS default would be deg)")
+    if helioprojective and not any(k in header for k in ("CROTA2", "CROTA", "PC1_1", "PC1_2", "PC2_1", "PC2_2",
+                                                           "CD1_1", "CD1_2", "CD2_1", "CD2_2")):
+        fixes.append("no CROTA2 nor PCi_j/CDi_j: roll 0 assumed (image rows along solar west)")
+    fixes += _check_dsun(header)
+    fixes += add_observer_keywords(header, t)
+    for f in fixes:
+        header.add_history(f"read_image: {f}")
     return header, fixes
 
 
@@ -172,6 +325,40 @@ class RawImage:
     nan_fraction: float
 
 
+def verify_checksums(path: str | os.PathLike) -> int:
+    """Verify ``CHECKSUM``/``DATASUM`` of every HDU of a file that carries them.
+
+    Every HDU is loaded (astropy verifies an extension only when it is loaded), and a
+    tile-compressed HDU is checked as the binary table it is stored as (its keywords are
+    there). An HDU without the keywords has nothing to verify.
+
+    Returns
+    -------
+    int
+        How many HDUs carried a checksum or datasum (all verified).
+
+    Raises
+    ------
+    FitsReadError
+        ``DATASUM mismatch in HDU n (name)`` or ``CHECKSUM mismatch in HDU n (name)``
+        (``n`` counts from 0, the primary HDU).
+    """
+    checked = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with fits.open(path, memmap=False, checksum=True, disable_image_compression=True) as hdul:
+            for n, hdu in enumerate(hdul):
+                name = hdu.name or ("PRIMARY" if n == 0 else "")
+                has_data_sum = str(hdu.header.get("DATASUM", "")).strip() != ""
+                has_sum = str(hdu.header.get("CHECKSUM", "")).strip() != ""
+                if has_data_sum and not getattr(hdu, "_datasum_valid", True):
+                    raise FitsReadError(f"DATASUM mismatch in HDU {n} ({name}): the data are not what was written")
+                if has_sum and not getattr(hdu, "_checksum_valid", True):
+                    raise FitsReadError(f"CHECKSUM mismatch in HDU {n} ({name}): the HDU is not what was written")
+                checked += has_data_sum or has_sum
+    return checked
+
+
 def _first_image_hdu(hdul: fits.HDUList) -> int:
     for i, hdu in enumerate(hdul):
         if isinstance(hdu, (fits.PrimaryHDU, fits.ImageHDU, fits.CompImageHDU)) and hdu.header.get("NAXIS", 0) >= 2:
@@ -181,6 +368,9 @@ def _first_image_hdu(hdul: fits.HDUList) -> int:
 
 def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.float64) -> RawImage:
     """Read the first 2-D image of a FITS file, repairing its header.
+
+    ``CHECKSUM``/``DATASUM`` of every HDU that carries them are verified
+    (:func:`verify_checksums`); a mismatch refuses the file.
 
     Parameters
     ----------
@@ -230,6 +420,9 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
             if raw[:2] == b"\x1f\x8b":
                 raise FitsReadError("a gzip file that does not decompress to a FITS file") from None
             head = raw.decode("ascii", "replace").split("\n")[0].strip()
+            if raw.startswith(b"SIMPLE  ="):
+                raise FitsReadError("not a FITS file: a FITS header saved as text (its cards are not "
+                                    "80-character records in 2880-byte blocks, or no data follow)") from None
             raise FitsReadError(f"not a FITS file: no SIMPLE card, it starts with {head!r}") from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
     except (TypeError, ValueError, IndexError, EOFError) as exc:
@@ -239,6 +432,13 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
                 f"truncated file: {p.stat().st_size} bytes, too short for the data unit its header declares"
             ) from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
+    try:
+        verify_checksums(p)
+    except FitsReadError:
+        raise
+    except (OSError, TypeError, ValueError, IndexError, EOFError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FitsReadError(f"unreadable FITS (checksum verification): {msg}") from None
     if data.ndim != 2:
         if data.ndim == 3 and data.shape[0] == 1:
             data = data[0]

@@ -29,7 +29,7 @@ from backend.models import CalibrationFile, CalibrationKind, Frame
 from backend.settings import Settings
 from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, channel_from_header
 from pipelines.errors import DataError, FitsReadError, NotLSTFrameError
-from pipelines.fitsio import parse_date_obs, read_image, sha256_file, utc_datetime
+from pipelines.fitsio import exposure_seconds, parse_date_obs, read_image, sha256_file, utc_datetime
 
 __all__ = ["IngestOutcome", "ingest_path", "header_to_json", "check_frame_shape"]
 
@@ -209,12 +209,7 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
                     str(raw.header.get("TELESCOP", "")).strip(), str(raw.header.get("INSTRUME", "")).strip(),
                     str(raw.header.get("DETECTOR", "")).strip()))
         check_frame_shape(raw.data.shape, channel)
-        try:
-            exposure = float(raw.header.get("EXPTIME", raw.header.get("EXPOSURE")))
-        except (TypeError, ValueError):
-            raise DataError("no usable EXPTIME (exposure time) keyword") from None
-        if not math.isfinite(exposure) or exposure <= 0:
-            raise DataError(f"EXPTIME must be a positive number of seconds, got {exposure}")
+        exposure = exposure_seconds(raw.header)  # EXPTIME, XPOSURE or EXPOSURE, as calibration reads it
         date_obs = utc_datetime(raw.date_obs)
         dest = settings.raw / channel / date_obs.strftime("%Y/%m/%d") / src.name
         header_json = header_to_json(raw.header)

@@ -57,6 +57,7 @@ from astropy.io import fits
 from pipelines.array_backend import namespace_of, to_numpy
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import DataError
+from pipelines.fitsio import exposure_seconds
 from pipelines.sun import radius_map, sun_geometry
 
 __all__ = [
@@ -118,13 +119,8 @@ def _copy(header: fits.Header) -> fits.Header:
 
 
 def _exptime(header: fits.Header) -> float:
-    try:
-        t = float(header["EXPTIME"])
-    except (KeyError, TypeError, ValueError):
-        raise DataError("no usable EXPTIME (exposure time [s]) in the header") from None
-    if not math.isfinite(t) or t <= 0:
-        raise DataError(f"EXPTIME must be a positive number of seconds, got {t}")
-    return t
+    """The exposure [s]: :func:`pipelines.fitsio.exposure_seconds` (``EXPTIME``, ``XPOSURE``, ``EXPOSURE``)."""
+    return exposure_seconds(header)
 
 
 def _check_2d(name: str, a: Any, shape: tuple[int, ...] | None = None) -> None:
