@@ -5,7 +5,8 @@
 calibration inputs chosen for it (:class:`CalibrationInput`, one per kind), and returns an
 :class:`L2Result`: float32 data in physical units, a uint8 DQ array, the L2 header (full
 helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``BUNIT``, ``CAL*`` provenance
-keywords, one HISTORY line per step) and summary statistics.
+keywords, one HISTORY line per step, ``DATE-BEG``/``DATE-AVG``/``DATE-END``/``TIMESYS`` from
+``DATE-OBS`` and the exposure) and summary statistics.
 
 Calibration masters are FITS files that describe themselves in their primary header
 (``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the
@@ -43,7 +44,7 @@ from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
-from pipelines.fitsio import sha256_file
+from pipelines.fitsio import exposure_seconds, sha256_file
 from pipelines.provenance import CAL_KEYWORDS, calibration_values, stamp_provenance
 from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec, sun_geometry
 
@@ -356,6 +357,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
     _stamp_l2(h, cals, unit, channel, backend_name(xp))
+    _stamp_dates(h)
     out = to_numpy(img).astype(np.float32, copy=False)
     dq_np = to_numpy(dq).astype(np.uint8, copy=False)
     return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)))
@@ -477,6 +479,36 @@ def _psf_step(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInpu
         h.add_history(f"deconvolve_psf: not applied (option deconvolve_psf=false); PSF file {cals['psf'].name} "
                       "recorded")
     return img, h
+
+
+def _stamp_dates(h: fits.Header) -> None:
+    """``DATE-BEG``, ``DATE-AVG``, ``DATE-END`` and ``TIMESYS`` from ``DATE-OBS`` and the exposure.
+
+    ``DATE-OBS`` is the start of the exposure (FITS 4.0 sect. 9.1.1; LST writes it so), the
+    end is ``DATE-OBS`` + the exposure (:func:`pipelines.fitsio.exposure_seconds`), the mean
+    their midpoint (what sunpy's ``Map.date_start``, ``date_end`` and ``date_average`` read).
+    They describe the observation, not the making of the product, so they are stamped here
+    and are not rows of :data:`pipelines.provenance.L2_PROVENANCE`. A date is never written
+    empty: no valid ``DATE-OBS`` refuses the frame.
+    """
+    from astropy import units as u
+    from astropy.time import Time
+
+    raw = h.get("DATE-OBS")
+    try:
+        if raw is None or str(raw).strip() == "":
+            raise ValueError("empty")
+        start = Time(str(raw).strip(), format="isot", scale="utc")
+    except ValueError:
+        raise DataError(f"the frame has no valid ISO DATE-OBS ({raw!r}); read it with pipelines.fitsio.read_image") from None
+    t = exposure_seconds(h)
+    end = start + t * u.s
+    mid = start + (t / 2.0) * u.s
+    h.set("TIMESYS", "UTC", "time scale of the DATE-* keywords", after="DATE-OBS")
+    h.set("DATE-BEG", start.isot, "[UTC] start of the exposure (DATE-OBS)", after="TIMESYS")
+    h.set("DATE-AVG", mid.isot, "[UTC] middle of the exposure", after="DATE-BEG")
+    h.set("DATE-END", end.isot, "[UTC] end of the exposure", after="DATE-AVG")
+    h["DATE-OBS"] = (start.isot, "[UTC] start of the exposure")
 
 
 def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, channel: str, backend: str) -> None:
