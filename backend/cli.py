@@ -396,7 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one clear line for the user; the traceback with LSTDP_DEBUG=1
         if os.environ.get("LSTDP_DEBUG"):
             raise
-        print(f"lstdp {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from backend.db import SCHEMA_MISSING, is_schema_missing
+
+        if is_schema_missing(exc):
+            print(f"lstdp {args.command}: error: {SCHEMA_MISSING}", file=sys.stderr)
+            return 1
+        text = str(exc).splitlines()[0] if str(exc) else ""  # not the SQL and the link SQLAlchemy append
+        print(f"lstdp {args.command}: error: {type(exc).__name__}: {text}", file=sys.stderr)
         return 1
 
 

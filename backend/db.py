@@ -30,7 +30,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.settings import get_settings
 
-__all__ = ["make_engine", "get_engine", "get_sessionmaker", "session_scope", "autocommit_reads"]
+__all__ = ["make_engine", "get_engine", "get_sessionmaker", "session_scope", "autocommit_reads", "SCHEMA_MISSING",
+           "is_schema_missing"]
+
+#: What the user is told when the database has no tables yet (a fresh DATA_DIR).
+SCHEMA_MISSING = "the database has no LST schema yet; run `lstdp db upgrade`"
 
 
 def make_engine(url: str) -> Engine:
@@ -126,3 +130,16 @@ def reset_caches() -> None:
         get_engine().dispose()
     get_engine.cache_clear()
     get_sessionmaker.cache_clear()
+
+
+def is_schema_missing(exc: BaseException) -> bool:
+    """Whether a database error means the tables do not exist (SQLite ``no such table``,
+    PostgreSQL ``UndefinedTable``): the schema was never created, not a fault to retry."""
+    from sqlalchemy.exc import DBAPIError
+
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    text = str(orig).splitlines()[0].lower() if str(orig) else ""
+    return ("no such table" in text or type(orig).__name__ == "UndefinedTable"
+            or (text.startswith("relation ") and "does not exist" in text))

@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
@@ -108,9 +108,17 @@ async def _data_error_handler(request: Request, exc: DataError):
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-async def _db_unavailable_handler(request: Request, exc: OperationalError):
-    log.error("database unavailable: %s", exc)
-    detail = "the database is unavailable; try again later"
+async def _db_unavailable_handler(request: Request, exc: OperationalError | ProgrammingError):
+    from backend.db import SCHEMA_MISSING, is_schema_missing
+
+    if is_schema_missing(exc):
+        log.error("database has no schema: %s", str(exc).splitlines()[0])
+        detail = SCHEMA_MISSING
+    elif isinstance(exc, ProgrammingError):
+        return await _unexpected_handler(request, exc)
+    else:
+        log.error("database unavailable: %s", exc)
+        detail = "the database is unavailable; try again later"
     if not _is_api(request):
         return _error_page(request, 503, detail)
     return JSONResponse({"detail": detail}, status_code=503)
@@ -170,6 +178,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
+    app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
     return app
 
