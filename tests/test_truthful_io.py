@@ -15,7 +15,8 @@ from backend.db import session_scope
 from backend.services.ingest import ingest_path
 from pipelines.calibration.flow import calibrate_frame
 from pipelines.errors import DataError, FitsReadError
-from pipelines.fitsio import exposure_seconds, fix_header, read_image, write_fits_atomic
+from pipelines import fitsio
+from pipelines.fitsio import fix_header, read_image, write_fits_atomic
 from pipelines.products import build_product_hdul
 from tests.test_calibration_steps import _synthetic_wst, history
 from tests.test_ingest import lst_raw
@@ -123,9 +124,9 @@ def test_exposure_keywords_are_read_by_ingest_and_calibration_alike(sqlite_env, 
     raw, hdr, cals, _ = _synthetic_wst(48, roll=0.0)
     hdr[key] = hdr.pop("EXPTIME")
     res = calibrate_frame(raw, hdr, cals)
-    assert np.isfinite(res.data).any() and exposure_seconds(hdr) == 0.5
+    assert np.isfinite(res.data).any() and fitsio.exposure_seconds(hdr) == 0.5
     with pytest.raises(DataError, match="positive"):
-        exposure_seconds(fits.Header({"XPOSURE": -1.0}))
+        fitsio.exposure_seconds(fits.Header({"XPOSURE": -1.0}))
 
 
 # -- 4. L2 dates -------------------------------------------------------------------------

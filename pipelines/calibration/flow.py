@@ -482,7 +482,7 @@ def _psf_step(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInpu
 
 
 def _stamp_dates(h: fits.Header) -> None:
-    """``DATE-BEG``, ``DATE-AVG``, ``DATE-END`` and ``TIMESYS`` from ``DATE-OBS`` and the exposure.
+    """``DATE-BEG``, ``DATE-AVG``, ``DATE-END``, ``TIMESYS`` (and ``XPOSURE``) from ``DATE-OBS`` and the exposure.
 
     ``DATE-OBS`` is the start of the exposure (FITS 4.0 sect. 9.1.1; LST writes it so), the
     end is ``DATE-OBS`` + the exposure (:func:`pipelines.fitsio.exposure_seconds`), the mean
@@ -509,6 +509,8 @@ def _stamp_dates(h: fits.Header) -> None:
     h.set("DATE-AVG", mid.isot, "[UTC] middle of the exposure", after="DATE-BEG")
     h.set("DATE-END", end.isot, "[UTC] end of the exposure", after="DATE-AVG")
     h["DATE-OBS"] = (start.isot, "[UTC] start of the exposure")
+    if "XPOSURE" not in h:  # the FITS 4.0 keyword, whichever the raw frame gave (sunpy's exposure_time)
+        h.set("XPOSURE", t, "[s] exposure time", after="DATE-END")
 
 
 def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, channel: str, backend: str) -> None:
