@@ -54,6 +54,18 @@ def test_raw_frame_with_bad_datasum_is_quarantined(sqlite_env, tmp_path):
     assert (Path(out.stored_path).parent / (Path(out.stored_path).name + ".reason")).read_text().startswith("DATASUM")
 
 
+def test_calibration_master_with_bad_datasum_is_quarantined_on_ingest(sqlite_env, tmp_path):
+    from tests.test_ingest import cal_master
+
+    p = cal_master(tmp_path / "flat.fits")
+    with fits.open(p) as h:
+        h.writeto(p, checksum=True, overwrite=True)
+    _flip_data_byte(p)
+    with session_scope() as s:
+        out = ingest_path(s, p, sqlite_env)
+    assert out.status == "rejected" and out.reason.startswith("DATASUM mismatch in HDU 0 (PRIMARY)")
+
+
 def test_bad_checksum_card_alone_is_a_checksum_mismatch(tmp_path):
     p = _with_checksums(lst_raw(tmp_path / "c.fits"))
     with fits.open(p, mode="update", checksum=False) as h:  # edit a card, keep the old CHECKSUM

@@ -29,7 +29,7 @@ from backend.models import CalibrationFile, CalibrationKind, Frame
 from backend.settings import Settings
 from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, channel_from_header
 from pipelines.errors import DataError, FitsReadError, NotLSTFrameError
-from pipelines.fitsio import exposure_seconds, parse_date_obs, read_image, sha256_file, utc_datetime
+from pipelines.fitsio import exposure_seconds, parse_date_obs, read_image, sha256_file, utc_datetime, verify_checksums
 
 __all__ = ["IngestOutcome", "ingest_path", "header_to_json", "check_frame_shape"]
 
@@ -199,6 +199,7 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
     try:
         primary = _primary_header(src)
         if primary is not None and "CALKIND" in primary:
+            verify_checksums(src)  # a master is checked on ingest too, not only when it is used
             with session.begin_nested():
                 return _register_calibration(session, src, sha, primary, settings, move)
         raw = read_image(src)
