@@ -12,7 +12,8 @@ Reader quirks handled (all met in the project's real sample data):
   and ``arcsec``, as sunpy's ASO-S/HXI source does);
 * missing observer keywords (``HGLN_OBS``, ``HGLT_OBS``, ``DSUN_OBS``): each one missing is
   filled from Earth's ephemeris at DATE-OBS (ASO-S is in low Earth orbit, LST.md), the
-  given ones are kept;
+  given ones are kept; an ASO-S frame's ``DSUN_OBS`` in km is converted, an implausible one
+  refused (:data:`DSUN_RANGE_M`);
 * NaN pixels (kept; counted by the caller).
 
 Verified: ``CHECKSUM``/``DATASUM`` of every HDU that carries them (a mismatch refuses the
@@ -246,9 +247,13 @@ def _observation_date(header: fits.Header) -> tuple[Time, list[str]]:
 
 
 def _check_dsun(header: fits.Header) -> list[str]:
-    """``DSUN_OBS`` given in km converted to m; an implausible one refused."""
+    """``DSUN_OBS`` of an ASO-S frame given in km converted to m; an implausible one refused.
+
+    Only for ASO-S (``TELESCOP``) frames: the range is that of an Earth-orbit observer, and
+    the reader also reads other missions' files (the simulator's scenes, e.g. PSP/WISPR at
+    0.1 au)."""
     value = header.get("DSUN_OBS")
-    if _is_missing(value):
+    if _is_missing(value) or not str(header.get("TELESCOP", "")).strip().upper().startswith("ASO-S"):
         return []
     try:
         d = float(value)

@@ -188,10 +188,14 @@ def test_partial_observer_keywords_are_kept_and_each_fill_recorded():
 
 
 def test_dsun_obs_in_km_is_converted_and_an_implausible_one_refused():
-    h, fixes = fix_header(fits.Header({"DATE-OBS": "2023-05-01T13:07:58", "DSUN_OBS": 1.5e8}))
+    aso = {"TELESCOP": "ASO-S", "DATE-OBS": "2023-05-01T13:07:58"}
+    h, fixes = fix_header(fits.Header({**aso, "DSUN_OBS": 1.5e8}))
     assert h["DSUN_OBS"] == pytest.approx(1.5e11) and any("km" in f for f in fixes)
     with pytest.raises(FitsReadError, match="implausible DSUN_OBS"):
-        fix_header(fits.Header({"DATE-OBS": "2023-05-01T13:07:58", "DSUN_OBS": 6.96e8}))
+        fix_header(fits.Header({**aso, "DSUN_OBS": 6.96e8}))
+    # another mission's file (a simulator scene) keeps its own distance: PSP at 0.1 au
+    assert fix_header(fits.Header({"TELESCOP": "Parker Solar Probe", "DATE-OBS": "2021-08-08T10:37:09",
+                                   "DSUN_OBS": 1.57e10}))[0]["DSUN_OBS"] == 1.57e10
 
 
 # -- 6. defaults in HISTORY --------------------------------------------------------------
