@@ -128,6 +128,8 @@ def _parse_date(value: str, time_obs: str | None = None) -> tuple[Time, str | No
         except (ValueError, OverflowError) as exc:
             raise ValueError(f"unrecognised DATE-OBS {value!r}") from exc
         return Time(when, scale="utc"), None
+    if re.fullmatch(r"\d{4}-\d{2}-\d{2}", s) and not _is_missing(time_obs):  # date in DATE-OBS, time in TIME-OBS
+        s = f"{s}T{str(time_obs).strip()}"
     s = s.rstrip("Zz").replace(" ", "T", 1) if "T" not in s else s.rstrip("Zz")
     if not re.match(r"^\d{4}-\d{2}-\d{2}", s):  # ISO 8601 only (astropy also takes e.g. 'J2000')
         raise ValueError(f"unrecognised DATE-OBS {value!r}")

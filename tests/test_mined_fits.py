@@ -190,3 +190,10 @@ def test_sunpy_8037_l2_radiance_unit_parses_in_sunpy(tmp_path):
         warnings.simplefilter("error")
         unit = m.unit
     assert unit == u.Unit("erg cm-2 s-1 sr-1")
+
+
+# https://github.com/sunpy/sunpy/issues/405 (DATE-OBS and TIME-OBS in SOHO files): an ISO
+# date in DATE-OBS with the time of day in TIME-OBS is one time, not midnight.
+def test_sunpy_405_date_obs_with_time_obs_is_not_midnight():
+    h, fixes = fix_header(fits.Header({"DATE-OBS": "2004-03-01", "TIME-OBS": "00:00:10.515"}))
+    assert h["DATE-OBS"] == "2004-03-01T00:00:10.515"
