@@ -258,3 +258,27 @@ def test_hek_overmax_is_reported_as_truncated(db_session, tmp_path):
     (r,) = import_all(db_session, tmp_path)
     assert r.stored == 5 and len(r.truncated) == 1 and "overmax" in r.truncated[0]
     assert any("TRUNCATED" in line and "overmax" in line for line in r.lines())
+
+
+# -- the CLI prints what the report says ------------------------------------------------------------
+
+
+def test_cli_import_events_names_skipped_folders_failures_refusals_and_truncation(sqlite_env, tmp_path, capsys):
+    from backend.cli import main
+
+    doc = hek_doc()
+    doc["overmax"] = True
+    (tmp_path / "hek").mkdir()
+    (tmp_path / "hek" / "hek.json").write_text(json.dumps(doc), encoding="utf-8")
+    shutil.copytree(EVENTS / "noaa_srs", tmp_path / "noaa_srs")
+    (tmp_path / "cdaw").mkdir()
+    (tmp_path / "cdaw" / "univ_all.txt").write_text("not a CDAW table\nat all\n", encoding="ascii")
+    (tmp_path / "cactus").mkdir()
+    rc = main(["import-events", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 1  # a catalogue failed
+    assert "skipped cactus/: no parser for this catalogue" in out
+    assert any(line.startswith("cdaw") and "FAILED" in line for line in out)
+    assert any(line.startswith("hek") and "stored      5" in line for line in out)
+    assert any("TRUNCATED" in line and "overmax" in line for line in out)
+    assert any("refused" in line and " x section II" in line for line in out)
