@@ -16,6 +16,14 @@ dict (Hurlburt et al. 2012, Sol. Phys. 275, 67) of any event type; the fields us
 * ``frm_name``, ``frm_versionnumber``; ``search_instrument`` + ``search_channelid`` (HEK's
   normalised names, e.g. ``AIA 131``, ``LASCO C2,C3``) -> ``channels``.
 
+Read truthfully: a response that is not valid UTF-8 (real answers carry lone Latin-1 bytes
+such as 0xC5 in free text) is decoded with the bad bytes read as Latin-1, a
+``CatalogueWarning`` and a line in ``ParseResult.repairs``; ``overmax: true`` (HEK cut the
+answer at its limit) is noted in ``ParseResult.truncated``; ``fl_goescls`` is upper-cased
+and a class the GOES scale does not have (``M0.0``) is flagged ``goes_class_impossible`` and
+dropped; an ``fl_peakflux`` of zero or below (the -9999 fill) is flagged ``peak_flux_fill``
+and not stored as a peak; ``T24:00:00`` is midnight at the end of that day.
+
 Every other non-empty field goes to ``attributes``. The ``association`` list links two
 events by IVORN (``first_ivorn`` -> ``second_ivorn``, ``edge_type`` e.g.
 ``is_followed_by``): returned as :class:`AssociationRecord` for the import service, and

@@ -155,22 +155,7 @@ def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
             "issued": issued,
             "srs_number": srs_number,
         }
-        desc = f"NOAA AR {noaa} at {loc_s}"
-        if section == "I":
-            # the upper-case files of the 1990s write 'BXO', 'BETA': one spelling for all years
-            mcintosh, mag = m.group(5).title(), m.group(8).title()
-            attrs.update({
-                "area_msh": int(m.group(4)),
-                "mcintosh_class": mcintosh,
-                "longitudinal_extent_deg": int(m.group(6)),
-                "number_of_spots": int(m.group(7)),
-                "mag_type": mag,
-            })
-            desc += f" ({mcintosh}, {mag}, {int(m.group(4))} MSH)"
-        else:
-            desc += " (plage without spots)"
-            if m.group(4):
-                attrs["comment"] = m.group(4).strip()
+        desc = f"NOAA AR {noaa} at {loc_s}" + _section_columns(section, m, attrs)
         rec = EventRecord(
             event_type="AR", source=SOURCE, source_key=f"{valid:%Y-%m-%d}/{noaa}", start_time=valid,
             end_time=valid + dt.timedelta(days=1), hgs_lat=loc[0], hgs_lon=loc[1], noaa_ar=noaa,
@@ -189,3 +174,21 @@ def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
                 e.flag("behind_limb")
     refuse_duplicates(result, row_ids)
     return result.check()
+
+
+def _section_columns(section: str, m: re.Match, attrs: dict) -> str:
+    """Put the section-specific columns of a row into ``attrs``; the description's tail."""
+    if section == "I":
+        # the upper-case files of the 1990s write 'BXO', 'BETA': one spelling for all years
+        mcintosh, mag = m.group(5).title(), m.group(8).title()
+        attrs.update({
+            "area_msh": int(m.group(4)),
+            "mcintosh_class": mcintosh,
+            "longitudinal_extent_deg": int(m.group(6)),
+            "number_of_spots": int(m.group(7)),
+            "mag_type": mag,
+        })
+        return f" ({mcintosh}, {mag}, {int(m.group(4))} MSH)"
+    if m.group(4):
+        attrs["comment"] = m.group(4).strip()
+    return " (plage without spots)"
