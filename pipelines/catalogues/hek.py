@@ -102,7 +102,7 @@ def _decode(raw: bytes, name: str) -> tuple[str, str | None]:
                 out.append(raw[i:i + e.start].decode("utf-8"))
                 out.append(raw[i + e.start:i + e.end].decode("latin-1"))
                 i += e.end
-        return "".join(out), note
+        return "".join(out).removeprefix("\ufeff"), note
 
 
 def _num(value: Any) -> float | None:
