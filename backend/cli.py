@@ -121,14 +121,12 @@ def cmd_import_events(args) -> int:
     s = _settings()
     folder = Path(args.folder) if args.folder else s.sample_data_dir / "events"
     with session_scope() as session:
-        reports = import_all(session, folder)
+        run = import_all(session, folder)
         linked = associate_events(session)
-    for r in reports:
-        refused = len(r.refused)
-        _say(f"{r.source:10s} rows in {r.rows_in:6d}  stored {r.stored:6d}  already there "
-             f"{r.skipped_existing:6d}  refused {refused}")
+    for line in run.lines():
+        _say(line)
     _say(f"associations: {linked} new link(s) across sources and types")
-    return 0
+    return 1 if run.failed else 0
 
 
 def _parse_time(s: str) -> dt.datetime:

@@ -14,6 +14,7 @@ __all__ = [
     "LSTDPWarning",
     "CalibrationDistanceWarning",
     "HeaderFixWarning",
+    "CatalogueWarning",
     "failure_reason",
 ]
 
@@ -48,6 +49,10 @@ class CalibrationDistanceWarning(LSTDPWarning):
 
 class HeaderFixWarning(LSTDPWarning):
     """A header quirk was repaired on read (non-ISO date, solar_x CTYPE, ...)."""
+
+
+class CatalogueWarning(LSTDPWarning):
+    """A catalogue file was read with a repair (undecodable bytes, a truncated response)."""
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
@@ -36,11 +37,14 @@ from pipelines.catalogues import (
     CatalogueError,
     catalogue_files,
     parse_catalogue,
+    refusal_summary,
 )
+from pipelines.errors import failure_reason
 from pipelines.utc import as_utc
 
 __all__ = [
     "ImportReport",
+    "ImportRun",
     "import_catalogue",
     "import_all",
     "insert_ignoring_conflicts",
@@ -98,6 +102,12 @@ class ImportReport:
         Association rows inserted (each link counts twice: both directions).
     associations_unresolved : list of (str, str)
         Associations the catalogue states whose other end is not stored, and why.
+    truncated : list of str
+        Files that say they hold only part of their answer (HEK ``overmax``), one line each.
+    repairs : list of str
+        Files read with a repair (bytes that are not UTF-8), one line each.
+    error : str or None
+        Why the catalogue was not imported (:func:`import_all` only; nothing of it is stored).
     """
 
     source: str
@@ -108,6 +118,26 @@ class ImportReport:
     files: list[str] = field(default_factory=list)
     associations_added: int = 0
     associations_unresolved: list[tuple[str, str]] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    def refusal_sample(self, n: int = 5) -> list[tuple[str, int, str]]:
+        """The ``n`` commonest refusal reasons: (reason, count, example row id)."""
+        return refusal_summary(self.refused, n)
+
+    def lines(self) -> list[str]:
+        """The report as text lines (the CLI prints them): counts, then the commonest refusal
+        reasons with their counts, truncations, repairs; or the error."""
+        if self.error is not None:
+            return [f"{self.source:10s} FAILED, nothing stored: {self.error}"]
+        out = [f"{self.source:10s} rows in {self.rows_in:6d}  stored {self.stored:6d}  already there "
+               f"{self.skipped_existing:6d}  refused {len(self.refused)}"]
+        for why, n, rid in self.refusal_sample():
+            out.append(f"{'':10s}   refused {n:6d} x {why} (e.g. {rid})")
+        out += [f"{'':10s}   TRUNCATED: {t}" for t in self.truncated]
+        out += [f"{'':10s}   repaired: {r}" for r in self.repairs]
+        return out
 
     def check(self) -> ImportReport:
         """Assert ``rows_in == stored + skipped_existing + len(refused)``; returns self."""
@@ -180,7 +210,8 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
     """
     result = parse_catalogue(source, path)
     report = ImportReport(source=source, rows_in=result.rows_in, refused=list(result.refused),
-                          files=[str(f) for f in catalogue_files(source, path)])
+                          files=[str(f) for f in catalogue_files(source, path)],
+                          truncated=list(result.truncated), repairs=list(result.repairs))
     existing = set(session.scalars(select(Event.source_key).where(Event.source == source)))
     now = utcnow()
     rows: list[dict] = []
@@ -210,8 +241,34 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
     return report.check()
 
 
-def import_all(session: Session, events_dir: str | os.PathLike) -> list[ImportReport]:
-    """Import every catalogue found in ``events_dir`` (the sample-data ``events`` layout).
+class ImportRun(list):
+    """What :func:`import_all` did: a list of :class:`ImportReport` (one per catalogue found,
+    failed ones included, with ``error`` set), plus ``skipped``: ``(name, why)`` of each
+    entry of the events folder that no parser reads."""
+
+    def __init__(self, reports=(), skipped=()):
+        super().__init__(reports)
+        self.skipped: list[tuple[str, str]] = list(skipped)
+
+    @property
+    def failed(self) -> list[ImportReport]:
+        return [r for r in self if r.error is not None]
+
+    def lines(self) -> list[str]:
+        out = [line for r in self for line in r.lines()]
+        out += [f"skipped {name}: {why}" for name, why in self.skipped]
+        return out
+
+
+def import_all(session: Session, events_dir: str | os.PathLike) -> ImportRun:
+    """Import every catalogue found in ``events_dir`` (the sample-data ``events`` layout),
+    each in its own transaction.
+
+    Each catalogue is committed on its own (``session.commit()`` after it; what the session
+    held before is committed first): one that cannot be read (a :class:`CatalogueError`, a
+    file of which every row is refused, a parser fault) is rolled back and reported with
+    ``error`` set, and the others are stored. Folders and files of ``events_dir`` that no
+    parser reads are named in ``skipped``, never passed over silently.
 
     Parameters
     ----------
@@ -222,8 +279,9 @@ def import_all(session: Session, events_dir: str | os.PathLike) -> list[ImportRe
 
     Returns
     -------
-    list of ImportReport
-        One per catalogue found, in :data:`pipelines.catalogues.CATALOGUES` order.
+    ImportRun
+        One ImportReport per catalogue found, in :data:`pipelines.catalogues.CATALOGUES`
+        order, and the skipped entries.
 
     Raises
     ------
@@ -233,14 +291,39 @@ def import_all(session: Session, events_dir: str | os.PathLike) -> list[ImportRe
     root = Path(events_dir)
     if not root.is_dir():
         raise CatalogueError(f"no such folder: {root}")
-    reports = []
+    known = {cat.folder: source for source, cat in CATALOGUES.items()}
+    run = ImportRun()
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir() and entry.name not in known:
+            run.skipped.append((f"{entry.name}/", "no parser for this catalogue"))
+        elif not entry.is_dir():
+            run.skipped.append((entry.name, "not a catalogue folder"))
+    session.commit()
     for source, cat in CATALOGUES.items():
-        if (root / cat.folder).is_dir() and catalogue_files(source, root / cat.folder):
-            reports.append(import_catalogue(session, source, root / cat.folder))
-    if not reports:
+        folder = root / cat.folder
+        if not folder.is_dir():
+            continue
+        if not catalogue_files(source, folder):
+            run.skipped.append((f"{cat.folder}/", f"no {cat.pattern} file in it"))
+            continue
+        try:
+            report = import_catalogue(session, source, folder)
+            session.commit()
+        except (sa_exc.OperationalError, sa_exc.InterfaceError):
+            session.rollback()
+            raise  # the database, not the catalogue: the other catalogues would fail the same way
+        except Exception as exc:  # noqa: BLE001 - one catalogue's fault must not lose the others
+            session.rollback()
+            report = ImportReport(source=source, files=[str(f) for f in catalogue_files(source, folder)],
+                                  error=failure_reason(exc))
+        run.append(report)
+    if not run:
         raise CatalogueError(f"{root} holds none of the catalogue folders "
-                             f"({', '.join(c.folder for c in CATALOGUES.values())})")
-    return reports
+                             f"({', '.join(c.folder for c in CATALOGUES.values())})"
+                             + (f"; skipped: {', '.join(n for n, _ in run.skipped)}" if run.skipped else ""))
+    return run
 
 
 def _existing_pairs(session: Session, ids: set[int]) -> set[tuple[int, int]]:
@@ -357,7 +440,10 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     * ``same_flare``: an LST/WST white-light flare and its GOES flare
       (:func:`link_wst_goes`); a flare detected on LST products (``source='detected'``) or
       a WST flare and a flare of another source whose peak falls in its window (10 min
-      slack) within 150 arcsec. For each flare, the nearest peak of each other source.
+      slack) within 150 arcsec or in the same NOAA region. Flares of two catalogues (or of
+      two methods within HEK, e.g. SWPC and SSW Latest Events) overlapping so in time are
+      linked when they name the same NOAA region (full numbers: 3664 and 13664 are one) or
+      lie within 150 arcsec. For each flare, the nearest peak of each other source.
     * ``flare_cme`` / ``cme_flare``: a CME appearing from 10 min before to 90 min after a
       flare's start, in a direction consistent with the flare's position angle on the disk
       (within the CME's span + 20 deg; halo CMEs accept any). For each CME the best flare
@@ -380,6 +466,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     from pipelines.detect.associate import (
         CME_AFTER_FLARE,
         CME_BEFORE_FLARE,
+        FLARE_TIME_SLACK,
         cme_follows,
         same_flare,
     )
@@ -416,6 +503,25 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
                 best[b.source] = (off, b.id)
         links += [(a.id, bid, SAME_FLARE) for _, bid in best.values()]
 
+    # same flare across catalogues: each pair looked at once, from the flare that starts first
+    others = [f for f in flares if f.source not in (DETECTED_SOURCE, "lst_wst")]
+    ostarts = [as_utc(f.start_time) for f in others]
+    for i, a in enumerate(others):
+        a0 = ostarts[i]
+        a_last = max(as_utc(t) for t in (a.start_time, a.peak_time, a.end_time) if t is not None)
+        ap = as_utc(a.peak_time or a.start_time)
+        hi = bisect.bisect_right(ostarts, min(a_last, a0 + slack) + FLARE_TIME_SLACK)
+        best = {}
+        for b in others[i + 1:hi]:
+            if _origin(a) == _origin(b) or {a.source, b.source} == {"lst_wst", "goes_xrs"}:
+                continue
+            if not same_flare(a, b, require_place=True):
+                continue
+            off = abs((as_utc(b.peak_time or b.start_time) - ap).total_seconds())
+            if _origin(b) not in best or (off, b.id) < best[_origin(b)]:
+                best[_origin(b)] = (off, b.id)
+        links += [(a.id, bid, SAME_FLARE) for _, bid in best.values()]
+
     # CMEs: the flare and the prominence eruption they follow
     pstarts = [as_utc(p.start_time) for p in proms]
     for c in cmes:
@@ -440,6 +546,12 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
             unique.append((a, b, kind))
     _add_pairs(session, unique)
     return made + len(unique)
+
+
+def _origin(e: Event) -> str:
+    """Who reported a row: its source, and within HEK its method (SWPC, SSW Latest Events,
+    Flare Detective are different reporters of one flare)."""
+    return f"hek:{e.frm_name}" if e.source == "hek" else e.source
 
 
 def list_events(

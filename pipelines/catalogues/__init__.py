@@ -36,6 +36,7 @@ from pipelines.catalogues.records import (
     EventRecord,
     ParseResult,
     full_noaa_number,
+    refusal_summary,
 )
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "catalogue_files",
     "parse_catalogue",
     "full_noaa_number",
+    "refusal_summary",
     "parse_lst_wst",
     "parse_goes_xrs",
     "parse_cdaw",
@@ -136,7 +138,8 @@ def parse_catalogue(source: str, path: str | os.PathLike) -> ParseResult:
     KeyError
         For an unknown source.
     CatalogueError
-        If a file cannot be read, or no file is found.
+        If a file cannot be read, no file is found, or every row of a file is refused
+        (the message gives the commonest reasons with their counts).
     """
     if source not in CATALOGUES:
         raise KeyError(f"unknown catalogue {source!r}; expected one of {', '.join(CATALOGUES)}")
@@ -145,5 +148,9 @@ def parse_catalogue(source: str, path: str | os.PathLike) -> ParseResult:
         raise CatalogueError(f"no {source} files ({CATALOGUES[source].pattern}) at {path}")
     total = ParseResult(source=source, path=str(path))
     for f in files:
-        total.extend(CATALOGUES[source].parse(f))
+        one = CATALOGUES[source].parse(f)
+        if one.rows_in and not one.events:
+            reasons = "; ".join(f"{n} x {why}" for why, n, _ in refusal_summary(one.refused, 3))
+            raise CatalogueError(f"{source}: every one of the {one.rows_in} rows of {f.name} was refused ({reasons})")
+        total.extend(one)
     return total.check()

@@ -31,7 +31,10 @@ Quirks met in the 1990-2014 files and how they are handled:
   flagged ``peak_after_end``;
 * a missing or malformed end/max time is stored as None and flagged; a row without a
   valid date or start time is refused;
-* rows without an X-ray class (1993, 1996, 1999) are kept with ``goes_class=None``;
+* rows without an X-ray class (1993, 1996, 1999) are kept with ``goes_class=None``; a
+  class the scale does not have (``M0.0``, ``C12.0``: multipliers run from 1.0 to 9.9
+  below X) is kept with ``goes_class=None``, no flux and the flag
+  ``xray_class_impossible:<as printed>``;
 * data/station codes other than 31/777 (typos such as ``33777``, ``11777``) are kept and
   flagged;
 * rows repeated verbatim (blocks of 2005 and 2006 are repeated) are refused as duplicates;
@@ -59,6 +62,7 @@ from pipelines.catalogues.records import (
     EventRecord,
     ParseResult,
     full_noaa_number,
+    goes_class_to_flux,
     refuse_duplicates,
 )
 
@@ -81,10 +85,7 @@ def goes_class_flux(goes_class: str) -> float:
     ValueError
         For a string that is not a GOES class.
     """
-    m = re.fullmatch(r"\s*([ABCMX])\s*(\d+(?:\.\d*)?)\s*", goes_class or "")
-    if not m:
-        raise ValueError(f"not a GOES class: {goes_class!r}")
-    return float(m.group(2)) * _CLASS_FLUX[m.group(1)]
+    return goes_class_to_flux(goes_class)
 
 
 def _hhmm(text: str) -> tuple[int, int] | None:
@@ -242,8 +243,14 @@ def parse_goes_xrs(path: str | os.PathLike) -> ParseResult:
         goes_class = peak_flux = None
         if letter in _CLASS_FLUX and inten.strip().isdigit():
             value = int(inten.strip()) / 10.0
-            goes_class = f"{letter}{value:.1f}"
-            peak_flux = value * _CLASS_FLUX[letter]
+            printed = f"{letter}{value:.1f}"
+            try:
+                peak_flux = goes_class_to_flux(printed)
+                goes_class = printed
+            except ValueError:
+                # 'M0.0', 'C12.0': not a class the scale has; kept in the attributes, never as
+                # a class or flux a GOES-class filter would read
+                flags.append(f"xray_class_impossible:{printed}")
         elif letter.strip() or inten.strip():
             flags.append(f"xray_class_unreadable:{ln[59:63].strip()}")
         else:

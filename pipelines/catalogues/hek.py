@@ -16,6 +16,14 @@ dict (Hurlburt et al. 2012, Sol. Phys. 275, 67) of any event type; the fields us
 * ``frm_name``, ``frm_versionnumber``; ``search_instrument`` + ``search_channelid`` (HEK's
   normalised names, e.g. ``AIA 131``, ``LASCO C2,C3``) -> ``channels``.
 
+Read truthfully: a response that is not valid UTF-8 (real answers carry lone Latin-1 bytes
+such as 0xC5 in free text) is decoded with the bad bytes read as Latin-1, a
+``CatalogueWarning`` and a line in ``ParseResult.repairs``; ``overmax: true`` (HEK cut the
+answer at its limit) is noted in ``ParseResult.truncated``; ``fl_goescls`` is upper-cased
+and a class the GOES scale does not have (``M0.0``) is flagged ``goes_class_impossible`` and
+dropped; an ``fl_peakflux`` of zero or below (the -9999 fill) is flagged ``peak_flux_fill``
+and not stored as a peak; ``T24:00:00`` is midnight at the end of that day.
+
 Every other non-empty field goes to ``attributes``. The ``association`` list links two
 events by IVORN (``first_ivorn`` -> ``second_ivorn``, ``edge_type`` e.g.
 ``is_followed_by``): returned as :class:`AssociationRecord` for the import service, and
@@ -28,6 +36,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +47,11 @@ from pipelines.catalogues.records import (
     EventRecord,
     ParseResult,
     full_noaa_number,
+    goes_class_to_flux,
+    normalise_goes_class,
     refuse_duplicates,
 )
+from pipelines.errors import CatalogueWarning
 from pipelines.utc import as_utc
 
 __all__ = ["parse_hek", "SOURCE"]
@@ -54,10 +67,42 @@ _USED = {
 _DROPPED = {"hpc_geom", "hpc_bbox_geom", "hgs_geom"}
 
 
+_MIDNIGHT_24 = re.compile(r"^(\d{4}-\d{2}-\d{2})[T ]24:00(?::00(?:\.0*)?)?(Z|[+-]00:?00)?$")
+
+
 def _time(value: Any) -> dt.datetime | None:
+    """An ISO time as aware UTC; ``YYYY-MM-DDT24:00:00`` (ISO 8601's end-of-day midnight)
+    is 00:00 of the next day."""
     if value in (None, ""):
         return None
-    return as_utc(dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    text = str(value).strip()
+    m = _MIDNIGHT_24.match(text)
+    if m:
+        day = dt.date.fromisoformat(m.group(1)) + dt.timedelta(days=1)
+        return dt.datetime(day.year, day.month, day.day, tzinfo=dt.UTC)
+    return as_utc(dt.datetime.fromisoformat(text.replace("Z", "+00:00")))
+
+
+def _decode(raw: bytes, name: str) -> tuple[str, str | None]:
+    """The text of a HEK response; bytes that are not UTF-8 (HEK answers carry lone Latin-1
+    bytes such as 0xC5 in free-text fields) are decoded as Latin-1, with a note why."""
+    try:
+        return raw.decode("utf-8-sig"), None
+    except UnicodeDecodeError as exc:
+        bad = raw[exc.start:exc.start + 1]
+        n_bad = len(raw.decode("utf-8", errors="replace").split("\ufffd")) - 1
+        note = (f"{name}: not valid UTF-8 (byte 0x{bad.hex().upper()} at offset {exc.start}, "
+                f"{n_bad} undecodable byte(s)); decoded the bytes as Latin-1")
+        out, i = [], 0
+        while i < len(raw):  # keep the valid UTF-8, read only the bad bytes as Latin-1
+            try:
+                out.append(raw[i:].decode("utf-8"))
+                break
+            except UnicodeDecodeError as e:
+                out.append(raw[i:i + e.start].decode("utf-8"))
+                out.append(raw[i + e.start:i + e.end].decode("latin-1"))
+                i += e.end
+        return "".join(out).removeprefix("\ufeff"), note
 
 
 def _num(value: Any) -> float | None:
@@ -101,14 +146,22 @@ def parse_hek(path: str | os.PathLike) -> ParseResult:
     """
     p = Path(path)
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text, repair = _decode(p.read_bytes(), p.name)
+        doc = json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
         raise CatalogueError(f"cannot read {p} as JSON: {exc}") from None
     if isinstance(doc, list):
         doc = {"result": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("result"), list):
         raise CatalogueError(f"{p.name}: not a HEK response (no 'result' list)")
     result = ParseResult(source=SOURCE, path=str(p))
+    if repair:
+        warnings.warn(repair, CatalogueWarning, stacklevel=2)
+        result.repairs.append(repair)
+    if _true(doc.get("overmax")):
+        result.truncated.append(
+            f"{p.name}: HEK answered overmax=true: the response holds only the first "
+            f"{len(doc['result'])} events of a search that matched more (narrow the search or page it)")
     row_ids: list[str] = []
     assoc_by_ivorn: dict[str, list[dict]] = {}
     for a in doc.get("association") or []:
@@ -148,14 +201,31 @@ def parse_hek(path: str | os.PathLike) -> ParseResult:
             continue
         attrs = {k: v for k, v in e.items() if k not in _USED and k not in _DROPPED and v not in (None, "", [], {})}
         noposition = _true(e.get("noposition"))
+        flags: list[str] = []
+        goes_class = normalise_goes_class(e.get("fl_goescls"))
+        if goes_class is not None:
+            try:
+                goes_class_to_flux(goes_class)
+            except ValueError:
+                flags.append(f"goes_class_impossible:{goes_class}")
+                attrs["fl_goescls_as_reported"] = e.get("fl_goescls")
+                goes_class = None
+        peak_flux = _num(e.get("fl_peakflux"))
+        if peak_flux is not None and peak_flux <= 0:
+            # 0 and the -9999 fill: no measurement, not a flux
+            flags.append(f"peak_flux_fill:{e.get('fl_peakflux')}")
+            attrs["fl_peakflux_as_reported"] = e.get("fl_peakflux")
+            peak_flux = None
         rec = EventRecord(
             event_type=etype, source=SOURCE, source_key=ivorn, start_time=start, peak_time=peak, end_time=end,
-            channels=_channels(e), goes_class=(e.get("fl_goescls") or "").strip() or None,
-            peak_value=_num(e.get("fl_peakflux")), peak_unit=(e.get("fl_peakfluxunit") or None),
+            channels=_channels(e), goes_class=goes_class,
+            peak_value=peak_flux, peak_unit=(e.get("fl_peakfluxunit") or None) if peak_flux is not None else None,
             noaa_ar=full_noaa_number(int(_num(e["ar_noaanum"])), start) if _num(e.get("ar_noaanum")) else None,
             frm_name=e.get("frm_name") or None, frm_version=_version(e.get("frm_versionnumber")),
             description=f"{e.get('concept') or etype} ({e.get('frm_name') or 'HEK'})", attributes=attrs,
         )
+        for f in flags:
+            rec.flag(f)
         if not noposition:
             rec.hpc_x, rec.hpc_y = _num(e.get("hpc_x")), _num(e.get("hpc_y"))
             rec.hgs_lat, rec.hgs_lon = _num(e.get("hgs_y")), _num(e.get("hgs_x"))

@@ -24,7 +24,10 @@ hemisphere, MSH], ``Z`` McIntosh class, ``LL`` longitudinal extent [deg], ``NN``
 spots and ``Mag Type`` (Mount Wilson/Hale class) go to ``attributes``.
 
 Section II rows (regions expected to return around the east limb) are not observations
-of a region: they are refused with that reason. ``NONE`` lines are not rows. Region
+of a region: they are refused with that reason. ``NONE`` lines are not rows. Files in
+upper case (1990s) are read as the others; McIntosh and Mount Wilson classes are stored
+title-cased (``Bxo``, ``Beta-Gamma``) whatever the file's case. A first row glued to its
+column titles (``NMBR LAT    LO7997 N05   242``) is read as a row. Region
 numbers printed with four digits after 2002-06-14 are lifted to the 10000 series
 (:func:`~pipelines.catalogues.records.full_noaa_number`).
 """
@@ -60,6 +63,9 @@ _ROW_I = re.compile(
 )
 _ROW_IA = re.compile(r"^(\d{4})\s+([NS]\d{2}[EW]\d{2,3})\s+(\d{1,3})(?:\s+(.*))?$")
 _ROW_II = re.compile(r"^(\d{4})\s+([NS]\d{2})\s+(\d{1,3})\s*$")
+#: A column-title line with the first row glued to it (``NMBR LAT    LO7997 N05   242`` in
+#: the SRS of 1996-12-09, sunpy issue 7126).
+_GLUED_HEADER = re.compile(r"^(nmbr\b.*?(?:lo|type))(\d{4}\s.*)$", re.I)
 
 
 def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
@@ -117,7 +123,10 @@ def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
             continue
         if section not in ("I", "IA", "II"):
             continue
-        if not line or line.upper() == "NONE" or line.lower().startswith("nmbr"):
+        glued = _GLUED_HEADER.match(line)
+        if glued:
+            line = glued.group(2)  # the row after the titles, read as a row
+        elif not line or line.upper() == "NONE" or line.lower().startswith("nmbr"):
             continue
         if not re.match(r"^\d{4}\s", line):
             section = None  # free text after the tables (comments, notices)
@@ -146,20 +155,7 @@ def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
             "issued": issued,
             "srs_number": srs_number,
         }
-        desc = f"NOAA AR {noaa} at {loc_s}"
-        if section == "I":
-            attrs.update({
-                "area_msh": int(m.group(4)),
-                "mcintosh_class": m.group(5),
-                "longitudinal_extent_deg": int(m.group(6)),
-                "number_of_spots": int(m.group(7)),
-                "mag_type": m.group(8),
-            })
-            desc += f" ({m.group(5)}, {m.group(8)}, {int(m.group(4))} MSH)"
-        else:
-            desc += " (plage without spots)"
-            if m.group(4):
-                attrs["comment"] = m.group(4).strip()
+        desc = f"NOAA AR {noaa} at {loc_s}" + _section_columns(section, m, attrs)
         rec = EventRecord(
             event_type="AR", source=SOURCE, source_key=f"{valid:%Y-%m-%d}/{noaa}", start_time=valid,
             end_time=valid + dt.timedelta(days=1), hgs_lat=loc[0], hgs_lon=loc[1], noaa_ar=noaa,
@@ -178,3 +174,21 @@ def parse_noaa_srs(path: str | os.PathLike) -> ParseResult:
                 e.flag("behind_limb")
     refuse_duplicates(result, row_ids)
     return result.check()
+
+
+def _section_columns(section: str, m: re.Match, attrs: dict) -> str:
+    """Put the section-specific columns of a row into ``attrs``; the description's tail."""
+    if section == "I":
+        # the upper-case files of the 1990s write 'BXO', 'BETA': one spelling for all years
+        mcintosh, mag = m.group(5).title(), m.group(8).title()
+        attrs.update({
+            "area_msh": int(m.group(4)),
+            "mcintosh_class": mcintosh,
+            "longitudinal_extent_deg": int(m.group(6)),
+            "number_of_spots": int(m.group(7)),
+            "mag_type": mag,
+        })
+        return f" ({mcintosh}, {mag}, {int(m.group(4))} MSH)"
+    if m.group(4):
+        attrs["comment"] = m.group(4).strip()
+    return " (plage without spots)"

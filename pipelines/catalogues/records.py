@@ -32,6 +32,8 @@ __all__ = [
     "full_noaa_number",
     "EVENT_COLUMNS",
     "refuse_duplicates",
+    "normalise_goes_class",
+    "refusal_summary",
 ]
 
 
@@ -60,18 +62,36 @@ def goes_class_to_flux(goes_class: str) -> float:
     """Peak 0.1-0.8 nm flux [W m-2] of a GOES class: ``M5.2`` -> 5.2e-5, ``X28`` -> 2.8e-3.
 
     The letter gives the decade (A 1e-8, B 1e-7, C 1e-6, M 1e-5, X 1e-4 W m-2), the number
-    the multiplier; X-class numbers above 10 continue the scale (X10 = 1e-3 W m-2). A
-    trailing ``+`` (``X10+``) is accepted and means the class itself.
+    the multiplier. Letters B to M take a multiplier from 1.0 to 9.9 (ten times the lower
+    edge is the next letter: 'M10' is X1.0 and 'M0.5' is C5.0, no GOES report writes
+    either; 'M0.0' is no flux at all). The scale is open at both ends: X-class numbers
+    above 10 continue it (X10 = 1e-3 W m-2, X28 the largest reported) and A-class numbers
+    below 1 write fluxes under 1e-8 W m-2 (``A0.6``, as sunpy's ``flux_to_flareclass``
+    writes them); zero is never a class. A trailing ``+`` (``X10+``) is accepted
+    and means the class itself; the letter may be lower case (``m1.5``).
 
     Raises
     ------
     ValueError
-        For a string that is not a GOES class.
+        For a string that is not a GOES class, or a multiplier the class scale does not allow.
     """
     m = _GOES_CLASS.fullmatch(goes_class or "")
-    if not m or float(m.group(2)) <= 0:
+    if not m:
         raise ValueError(f"not a GOES class: {goes_class!r} (expected e.g. C5.0, M1, X10)")
-    return float(m.group(2)) * GOES_CLASS_FLUX[m.group(1).upper()]
+    letter, mult = m.group(1).upper(), float(m.group(2))
+    above_floor = mult > 0.0 if letter == "A" else mult >= 1.0
+    if not (above_floor and (mult < 10.0 or letter == "X")):
+        raise ValueError(f"impossible GOES class {goes_class!r}: {letter} takes a multiplier "
+                         f"{'above 0' if letter == 'A' else 'from 1.0'} to {'any' if letter == 'X' else '9.9'}")
+    return mult * GOES_CLASS_FLUX[letter]
+
+
+def normalise_goes_class(goes_class: str | None) -> str | None:
+    """``goes_class`` stripped and upper-cased (``' m1.5 '`` -> ``'M1.5'``); None if empty."""
+    if goes_class is None:
+        return None
+    text = str(goes_class).strip().upper()
+    return text or None
 
 
 def goes_flux_or_none(goes_class: str | None) -> float | None:
@@ -133,7 +153,7 @@ def full_noaa_number(number: int | None, when: dt.datetime) -> int | None:
     10001) in SRS and other operational products; "for historical purposes all regions
     beyond Region 9999 will be understood to be in a series of region numbers 10000 and
     higher" (SWPC notice printed in the SRS of 2002-06-24). Numbers below 5000 seen after
-    that date are therefore lifted by 10000; older regions still on the disk in June 2002
+    that date are therefore lifted by 10000 (``0000`` is region 10000); older regions still on the disk in June 2002
     (9xxx) are kept. HEK's SSW Latest Events also reports 4-digit numbers (3664 for 13664).
 
     Parameters
@@ -150,9 +170,12 @@ def full_noaa_number(number: int | None, when: dt.datetime) -> int | None:
     if number is None:
         return None
     n = int(number)
-    if n <= 0:
+    if n < 0:
         return None
-    if n < 5000 and when >= dt.datetime(2002, 6, 14, tzinfo=dt.UTC):
+    after = when >= dt.datetime(2002, 6, 14, tzinfo=dt.UTC)
+    if n == 0:  # '0000' is region 10000 once the series passed 9999; before that no region
+        return 10000 if after else None
+    if n < 5000 and after:
         return n + 10000
     return n
 
@@ -294,6 +317,12 @@ class ParseResult:
         rows).
     associations : list of AssociationRecord
         Links between events the catalogue states.
+    truncated : list of str
+        One line per file that says it holds only part of its answer (a HEK response with
+        ``overmax: true``): the events read are not all the catalogue has.
+    repairs : list of str
+        One line per file read with a repair (e.g. bytes that are not UTF-8 decoded as
+        Latin-1); the same text is emitted as a ``CatalogueWarning``.
     """
 
     source: str
@@ -302,6 +331,8 @@ class ParseResult:
     refused: list[tuple[str, str]] = field(default_factory=list)
     rows_in: int = 0
     associations: list[AssociationRecord] = field(default_factory=list)
+    truncated: list[str] = field(default_factory=list)
+    repairs: list[str] = field(default_factory=list)
 
     def check(self) -> ParseResult:
         """Assert that every row was either kept or refused; returns self."""
@@ -318,6 +349,26 @@ class ParseResult:
         self.refused.extend(other.refused)
         self.rows_in += other.rows_in
         self.associations.extend(other.associations)
+        self.truncated.extend(other.truncated)
+        self.repairs.extend(other.repairs)
+
+
+_LITERAL = re.compile(r"'[^']*'|\"[^\"]*\"|-?\d+(?:\.\d+)?")
+
+
+def refusal_summary(refused: list[tuple[str, str]], n: int = 5) -> list[tuple[str, int, str]]:
+    """The ``n`` commonest refusal reasons: ``(reason, count, example row id)``, commonest first.
+
+    Reasons that differ only in the values they quote (``unreadable location 'N9X'``,
+    ``invalid date '940231'``) count as one; the reason shown is the first one met.
+    """
+    groups: dict[str, list] = {}
+    for rid, why in refused:
+        key = _LITERAL.sub("#", why)
+        g = groups.setdefault(key, [why, 0, rid])
+        g[1] += 1
+    ranked = sorted(groups.values(), key=lambda g: -g[1])
+    return [(why, count, rid) for why, count, rid in ranked[:n]]
 
 
 def refuse_duplicates(

@@ -10,8 +10,13 @@ Rules
 -----
 Same flare (FL-FL, different sources)
     The peak of one lies within the other's [start, end] window widened by
-    :data:`FLARE_TIME_SLACK`, and, when both have helioprojective positions, they are
-    within :data:`FLARE_MAX_DISTANCE_ARCSEC` of each other.
+    :data:`FLARE_TIME_SLACK`, and the place agrees: both name the same NOAA region (compared
+    as full numbers, :func:`~pipelines.catalogues.records.full_noaa_number`: 3664 and 13664
+    are one region), or both have helioprojective positions within
+    :data:`FLARE_MAX_DISTANCE_ARCSEC` of each other. Two different region numbers and no
+    positions: not the same flare. With neither a region pair nor a position pair the time
+    decides, unless ``require_place`` (catalogue against catalogue: SWPC reports several
+    flares at once without positions).
 Flare -> CME (FL-CE)
     The CME's first appearance (``start_time``) lies from :data:`CME_AFTER_FLARE` before
     to after the flare's start: from 10 min before the flare start to 90 min after it
@@ -31,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from pipelines.catalogues.records import full_noaa_number
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -44,6 +50,7 @@ __all__ = [
     "disk_position_angle",
     "pa_difference",
     "same_flare",
+    "same_region",
     "cme_follows",
 ]
 
@@ -83,9 +90,25 @@ def _window(start, peak, end) -> tuple[dt.datetime, dt.datetime]:
     return min(times), max(times)
 
 
-def same_flare(a, b) -> bool:
+def _region(e) -> int | None:
+    n = getattr(e, "noaa_ar", None)
+    if n is None:
+        return None
+    return full_noaa_number(n, as_utc(e.start_time))
+
+
+def same_region(a, b) -> bool | None:
+    """Whether two rows name the same NOAA region (full numbers compared: 3664 in 2024 is
+    13664); None when either names none."""
+    ra, rb = _region(a), _region(b)
+    if ra is None or rb is None:
+        return None
+    return ra == rb
+
+
+def same_flare(a, b, *, require_place: bool = False) -> bool:
     """True when flare rows ``a`` and ``b`` (objects with start_time, peak_time, end_time,
-    hpc_x, hpc_y) are the same flare (see the module rules)."""
+    hpc_x, hpc_y and optionally noaa_ar) are the same flare (see the module rules)."""
     a0, a1 = _window(a.start_time, a.peak_time, a.end_time)
     b0, b1 = _window(b.start_time, b.peak_time, b.end_time)
     ap, bp = as_utc(a.peak_time or a.start_time), as_utc(b.peak_time or b.start_time)
@@ -93,9 +116,14 @@ def same_flare(a, b) -> bool:
     in_a = a0 - FLARE_TIME_SLACK <= bp <= a1 + FLARE_TIME_SLACK
     if not (in_a or in_b):
         return False
+    region = same_region(a, b)
+    if region:
+        return True
     if None not in (a.hpc_x, a.hpc_y, b.hpc_x, b.hpc_y):
         return math.hypot(a.hpc_x - b.hpc_x, a.hpc_y - b.hpc_y) <= FLARE_MAX_DISTANCE_ARCSEC
-    return True
+    if region is False:
+        return False
+    return not require_place
 
 
 def _source_pa(src) -> float | None:
