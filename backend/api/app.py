@@ -61,20 +61,30 @@ def _jsonable_input(value: Any) -> Any:
         return repr(value)
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    s = value if isinstance(value, str) else repr(value)
+    s = _utf8_safe(value if isinstance(value, str) else repr(value))
     return s if len(s) <= 200 else s[:200] + "..."
+
+
+def _utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates (a JSON ``\\ud800`` decodes to one; UTF-8 has none) as
+    ``\\ud800`` escapes, so that the answer can be encoded."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def clean_validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic/FastAPI error entries as plain JSON: ``loc``, ``msg``, ``type``, ``input``."""
     out = []
     for e in errors:
-        msg = str(e.get("msg", "invalid value"))
+        msg = _utf8_safe(str(e.get("msg", "invalid value")))
         for prefix in ("Value error, ", "Assertion failed, "):
             if msg.startswith(prefix):
                 msg = msg[len(prefix):]
         out.append({
-            "loc": [str(x) for x in e.get("loc", ())],
+            "loc": [_utf8_safe(str(x)) for x in e.get("loc", ())],
             "msg": msg,
             "type": str(e.get("type", "value_error")),
             "input": _jsonable_input(e.get("input")),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import quote
@@ -265,9 +266,18 @@ def hek_record(e: Event) -> dict[str, Any]:
     return rec
 
 
+def _finite_or_none(value: Any) -> Any:
+    """A float that JSON can carry: NaN and infinities (a stored float may be one) as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def events_hek(rows: list[Event], *, overmax: bool) -> dict[str, Any]:
-    """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned)."""
-    return {"result": [hek_record(e) for e in rows], "overmax": bool(overmax)}
+    """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned);
+    a NaN or infinite number is ``null`` (JSON has none)."""
+    result = [{k: _finite_or_none(v) for k, v in hek_record(e).items()} for e in rows]
+    return {"result": result, "overmax": bool(overmax)}
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -> ET.Element:
@@ -278,7 +288,7 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -
 
 
 def _param(group: ET.Element, name: str, value: Any, *, unit: str | None = None, ucd: str | None = None) -> None:
-    if value is None:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return
     _sub(group, "Param", name=name, value=str(value), unit=unit, ucd=ucd)
 
@@ -348,7 +358,7 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     ac = _sub(ol, "AstroCoords", coord_system_id="UTC-HPC-TOPO")
     tm = _sub(_sub(_sub(ac, "Time"), "TimeInstant"), "ISOTime")
     tm.text = _iso(e.peak_time or e.start_time, z=False)
-    if e.hpc_x is not None and e.hpc_y is not None:
+    if e.hpc_x is not None and e.hpc_y is not None and math.isfinite(e.hpc_x) and math.isfinite(e.hpc_y):
         pos = _sub(ac, "Position2D", unit="arcsec")
         _sub(pos, "Name1", "X")
         _sub(pos, "Name2", "Y")

@@ -26,11 +26,20 @@ __all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", 
 MAX_VERSION = 2**31 - 1
 
 
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _unusable_value(value: Any, where: str = "") -> str | None:
     """Where in a decoded JSON body a value is that no job can carry, and why; None if none.
 
     JSON has no NaN or infinity (Python's decoder still reads ``NaN``, ``Infinity`` and
-    ``1e400``), and PostgreSQL text cannot hold a NUL character: such a value is refused
+    ``1e400``), PostgreSQL text cannot hold a NUL character and UTF-8 has no lone surrogate
+    (a JSON ``\\ud800`` decodes to one): such a value is refused
     wherever it is, before any field is read.
     """
     if isinstance(value, float) and not math.isfinite(value):
@@ -38,11 +47,13 @@ def _unusable_value(value: Any, where: str = "") -> str | None:
                "1.8e308 are not accepted)"
     if isinstance(value, str) and "\x00" in value:
         return f"{where or 'body'}: text must not contain a NUL character (\\u0000)"
+    if isinstance(value, str) and not _encodes(value):
+        return f"{where or 'body'}: text must not contain a lone surrogate (\\ud800-\\udfff): not UTF-8"
     if isinstance(value, dict):
         for k, v in value.items():
             key = str(k)
-            if "\x00" in key:
-                return f"{where or 'body'}: a key must not contain a NUL character (\\u0000)"
+            if "\x00" in key or not _encodes(key):
+                return f"{where or 'body'}: a key must not contain a NUL character or a lone surrogate"
             if (why := _unusable_value(v, f"{where}.{key}" if where else key)) is not None:
                 return why
     if isinstance(value, list):

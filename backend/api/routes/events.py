@@ -156,6 +156,7 @@ def page_json(result) -> bytes:
     would (times with a zero UTC offset as ``...Z``). Only the three time columns are looked at:
     a time that is naive (SQLite) or has another offset is converted to UTC as
     :data:`~backend.api.schemas.UTCDateTime` does. A third of the cost of validating 100 models.
+    A stored NaN or infinity (PostgreSQL floats hold them; JSON has no such number) is ``null``.
     """
     items = []
     for row in result.items:
@@ -169,7 +170,7 @@ def page_json(result) -> bytes:
         "items": items, "total": result.total, "limit": result.limit, "offset": result.offset,
         "total_is_estimate": result.total_is_estimate, "sort": result.sort, "next_cursor": result.next_cursor,
         "truncated": result.truncated,
-    })
+    }, inf_nan_mode="null")
 
 
 _TIME_COLUMNS = ("start_time", "peak_time", "end_time")
