@@ -193,3 +193,32 @@ def test_plotly_js_1454_masked_light_curve_samples_are_null_gaps(client, db_sess
     fig = _strict_json(client.get(f"/api/v1/events/{e.id}/lightcurve/figure", params=q).text)
     trace = fig["data"][0]
     assert trace["y"][1] is None and trace["y"][2] is None and trace["connectgaps"] is False
+
+
+# https://github.com/celery/kombu/issues/1067 (JSON serializer to handle numpy/frozendict):
+# kombu's JSON serializer raises EncodeError on numpy scalars and other non-JSON types. What
+# a job stores and sends must be plain JSON: the stored parameters and the broker message
+# are strict JSON, and light-curve values are Python floats (not numpy float32).
+def test_kombu_1067_job_message_and_parameters_are_plain_json(client, db_session, settings, tmp_path):
+    from kombu.serialization import dumps
+
+    from backend.models import Job
+
+    route_celery_to_this_data_dir()
+    before = {p.name for p in (settings.broker_dir / "in").glob("*")}
+    r = client.post("/api/v1/jobs", json={**JOB, "options": {"saturation_dn": 60000.5, "psf_iterations": 7}})
+    assert r.status_code == 202, r.text
+    row = db_session.get(Job, r.json()["id"])
+    json.dumps(row.parameters, allow_nan=False)
+    dumps(row.parameters, serializer="json")
+    new = [p for p in (settings.broker_dir / "in").glob("*") if p.name not in before]
+    assert len(new) == 1
+    message = _strict_json(new[0].read_text())
+    assert row.id in json.dumps(message)
+
+    from backend.services.products import product_lightcurve
+
+    make_product(db_session, make_frame(db_session, "SDI", T0), tmp_path, disk_value=42.0)
+    lc = product_lightcurve(db_session, channel="SDI", start=T0 - MIN, end=T0 + MIN, product_root=tmp_path)
+    assert lc.values and all(type(v) is float for v in lc.values)
+    dumps({"values": lc.values}, serializer="json")
