@@ -201,8 +201,9 @@ def lightcurve_figure(
     ----------
     times : sequence of datetime
         DATE-OBS of each L2 product (UTC).
-    values : sequence of float
-        Mean over the solar disk (SCI: over the unmasked coronal field) in ``unit``.
+    values : sequence of float or None
+        Mean over the solar disk (SCI: over the unmasked coronal field) in ``unit``; None
+        or NaN for a missing sample, drawn as a gap (``connectgaps=False``).
     unit : str
         Physical unit of ``values`` (``BUNIT``, e.g. ``erg cm-2 s-1 sr-1`` or ``MSB``).
     event : Event
@@ -233,8 +234,10 @@ def lightcurve_figure(
     fig = go.Figure(go.Scatter(
         name=f"{channel} L2",
         x=[as_utc(t) for t in times],
-        y=list(values),
+        # a missing sample (None or NaN: every pixel masked) is a gap in the line, not bridged
+        y=[None if v is None or v != v else v for v in values],
         mode="lines+markers",
+        connectgaps=False,
         line={"color": "#333", "width": 1.5},
         marker={"size": 5},
         hovertemplate="%{x|%Y-%m-%d %H:%M:%S}<br>%{y:.4g} " + unit.replace("%", "%%") + "<extra></extra>",

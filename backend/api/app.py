@@ -10,12 +10,18 @@ never a 500:
 * unknown ids: 404;
 * :class:`pipelines.errors.DataError` (and its :class:`~backend.services.jobs.JobRequestError`,
   e.g. a pinned calibration version that does not exist): 422;
+* a value the database cannot store or compare (a NUL character, a number out of the
+  column's range) that got past the checks: 422;
 * database unreachable: 503.
+
+``HEAD`` is answered on every ``GET`` route (API, pages, downloads) by
+:class:`HeadAsGetMiddleware`: the ``GET`` response's status and headers, no body.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -24,6 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import text
+from sqlalchemy.exc import DataError as DatabaseDataError
 from sqlalchemy.exc import OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -48,22 +55,36 @@ def _is_api(request: Request) -> bool:
 
 
 def _jsonable_input(value: Any) -> Any:
+    """The offending value as JSON can carry it: NaN and infinities (which JSON has no
+    number for) as their text, long text cut to 200 characters."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    s = value if isinstance(value, str) else repr(value)
+    s = _utf8_safe(value if isinstance(value, str) else repr(value))
     return s if len(s) <= 200 else s[:200] + "..."
+
+
+def _utf8_safe(text: str) -> str:
+    """``text`` with lone surrogates (a JSON ``\\ud800`` decodes to one; UTF-8 has none) as
+    ``\\ud800`` escapes, so that the answer can be encoded."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def clean_validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Pydantic/FastAPI error entries as plain JSON: ``loc``, ``msg``, ``type``, ``input``."""
     out = []
     for e in errors:
-        msg = str(e.get("msg", "invalid value"))
+        msg = _utf8_safe(str(e.get("msg", "invalid value")))
         for prefix in ("Value error, ", "Assertion failed, "):
             if msg.startswith(prefix):
                 msg = msg[len(prefix):]
         out.append({
-            "loc": [str(x) for x in e.get("loc", ())],
+            "loc": [_utf8_safe(str(x)) for x in e.get("loc", ())],
             "msg": msg,
             "type": str(e.get("type", "value_error")),
             "input": _jsonable_input(e.get("input")),
@@ -108,6 +129,18 @@ async def _data_error_handler(request: Request, exc: DataError):
     return JSONResponse({"detail": detail}, status_code=422)
 
 
+async def _db_data_error_handler(request: Request, exc: DatabaseDataError):
+    # PostgreSQL refused a value (NUL character, integer out of range...): a bad request
+    # that got past the parameter checks, not a server failure
+    log.warning("database refused a value on %s %s: %s", request.method, request.url.path,
+                str(exc.orig).splitlines()[0] if exc.orig else exc)
+    reason = str(exc.orig).splitlines()[0] if exc.orig is not None and str(exc.orig) else "invalid value"
+    detail = f"a value of the request cannot be used: {reason}"
+    if not _is_api(request):
+        return _error_page(request, 422, detail)
+    return JSONResponse({"detail": detail}, status_code=422)
+
+
 async def _db_unavailable_handler(request: Request, exc: OperationalError | ProgrammingError):
     from backend.db import SCHEMA_MISSING, is_schema_missing
 
@@ -130,6 +163,32 @@ async def _unexpected_handler(request: Request, exc: Exception):
     if not _is_api(request):
         return _error_page(request, 500, detail)
     return JSONResponse({"detail": detail}, status_code=500)
+
+
+class HeadAsGetMiddleware:
+    """Answer ``HEAD`` on every ``GET`` route: run the request as ``GET`` and send the
+    status and headers (``Content-Length`` included) without the body.
+
+    Starlette adds ``HEAD`` to its own ``Route`` objects but FastAPI's ``APIRoute`` only
+    answers the methods it is declared with, so ``HEAD`` was a 405 on the API.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_no_body(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, send_no_body)
 
 
 def _health_router() -> APIRouter:
@@ -177,9 +236,11 @@ def create_app() -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
+    app.add_exception_handler(DatabaseDataError, _db_data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
+    app.add_middleware(HeadAsGetMiddleware)
     return app
 
 

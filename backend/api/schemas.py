@@ -272,7 +272,8 @@ class LightCurvePublic(BaseModel):
     roi: tuple[float, float, float] | None = Field(
         None, description="ROI centre hpc_x, hpc_y and half side [arcsec]")
     times: list[UTCDateTime] = Field(description="DATE-OBS of each product (UTC)")
-    values: list[float]
+    values: list[float | None] = Field(
+        description="Mean of each product in unit; null where every pixel of the region is masked or NaN (a gap)")
     product_ids: list[int]
     skipped: list[dict[str, Any]] = Field(default_factory=list, description="Products that could not be read, and why")
 

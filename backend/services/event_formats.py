@@ -12,7 +12,8 @@ Pure functions of ``Event`` rows (no HTTP, no session):
   ``event_coordsys``, ``hpc_x``, ``hpc_y``, ``hgs_x``, ``hgs_y``, ``frm_name``,
   ``frm_version``, ``fl_goescls``, ``fl_peakflux``, ``cme_radiallinvel``,
   ``cme_angularwidth``, ``ar_noaanum``, ``obs_observatory``, ``obs_instrument``,
-  ``obs_channelid``, ``kb_archivid``).
+  ``obs_channelid``, ``kb_archivid``). The ``obs_*`` fields name the catalogue's own
+  observatory and instrument (:func:`observation`): ASO-S/LST only for LST events.
 * :func:`event_voevent`: one event as a VOEvent 2.0 document (IVOA Recommendation
   2011-07-11) with Who, What, WhereWhen (UTC-HPC-TOPO), How, Why and Citations (the
   associated events).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 import xml.etree.ElementTree as ET
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +44,7 @@ __all__ = [
     "IVORN_BASE",
     "VOEVENT_NS",
     "event_ivorn",
+    "observation",
     "events_csv",
     "events_votable",
     "hek_record",
@@ -164,9 +167,64 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
     return buf.getvalue()
 
 
+#: Observatory and instrument of the catalogues whose events all come from one instrument.
+_CATALOGUE_OBSERVATION: dict[str, tuple[str, str]] = {
+    "cdaw": ("SOHO", "LASCO"),
+    "goes_xrs": ("GOES", "XRS"),
+    "noaa_srs": ("NOAA SWPC", "SRS"),
+    "lst_wst": ("ASO-S", "LST"),
+    DETECTED_SOURCE: ("ASO-S", "LST"),
+}
+
+
+def _text(v: Any) -> str | None:
+    s = str(v).strip() if v is not None else ""
+    return s or None
+
+
+def _joined(values: list[str]) -> str | None:
+    out: list[str] = []
+    for v in values:
+        if v and v not in out:
+            out.append(v)
+    return ",".join(out) or None
+
+
+def observation(e: Event) -> tuple[str | None, str | None, str | None]:
+    """``(obs_observatory, obs_instrument, obs_channelid)`` of the catalogue the event came from.
+
+    ASO-S/LST (with the LST channel) only for events detected on LST products or from the
+    LST/WST flare list; SOHO/LASCO for CDAW; GOES/XRS for the GOES reports; NOAA SWPC/SRS
+    for the region summaries; what HEK says (``obs_observatory``, ``obs_instrument``,
+    ``obs_channelid`` of the HEK row, kept in the attributes); DONKI's instruments
+    (``SOHO: LASCO/C2`` -> SOHO, LASCO, C2). Unknown parts are None.
+    """
+    attrs = e.attributes or {}
+    if e.source == "hek":
+        return (_text(attrs.get("obs_observatory")), _text(attrs.get("obs_instrument")),
+                _text(attrs.get("obs_channelid")) or e.channels)
+    if e.source == "donki":
+        names = [str(n) for n in (attrs.get("instruments") or []) if n]
+        obs, inst, chan = [], [], []
+        for n in names:
+            where, _, what = n.partition(":")
+            if not what:
+                where, what = "", where
+            i, _, c = what.strip().partition("/")
+            obs.append(where.strip())
+            inst.append(i.strip())
+            chan.append(c.strip())
+        return _joined(obs), _joined(inst), _joined(chan) or e.channels
+    if e.source in _CATALOGUE_OBSERVATION:
+        observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
+        return observatory, instrument, e.channels
+    return None, None, e.channels
+
+
 def hek_record(e: Event) -> dict[str, Any]:
     """One event as a HEK API result row (HEK field names; ``lst_`` extensions)."""
     has_hpc = e.hpc_x is not None and e.hpc_y is not None
+    observatory, instrument, channel = observation(e)
     rec: dict[str, Any] = {
         "kb_archivid": event_ivorn(e),
         "event_type": e.event_type,
@@ -185,9 +243,9 @@ def hek_record(e: Event) -> dict[str, Any]:
         "frm_name": e.frm_name,
         "frm_version": e.frm_version,
         "frm_identifier": e.source,
-        "obs_observatory": "ASO-S" if e.channels else None,
-        "obs_instrument": "LST" if e.channels else None,
-        "obs_channelid": e.channels,
+        "obs_observatory": observatory,
+        "obs_instrument": instrument,
+        "obs_channelid": channel,
         "ar_noaanum": e.noaa_ar,
         "fl_goescls": e.goes_class,
         "fl_peakflux": e.goes_flux,
@@ -208,9 +266,18 @@ def hek_record(e: Event) -> dict[str, Any]:
     return rec
 
 
+def _finite_or_none(value: Any) -> Any:
+    """A float that JSON can carry: NaN and infinities (a stored float may be one) as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 def events_hek(rows: list[Event], *, overmax: bool) -> dict[str, Any]:
-    """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned)."""
-    return {"result": [hek_record(e) for e in rows], "overmax": bool(overmax)}
+    """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned);
+    a NaN or infinite number is ``null`` (JSON has none)."""
+    result = [{k: _finite_or_none(v) for k, v in hek_record(e).items()} for e in rows]
+    return {"result": result, "overmax": bool(overmax)}
 
 
 def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -> ET.Element:
@@ -221,7 +288,7 @@ def _sub(parent: ET.Element, tag: str, text: str | None = None, **attrib: str) -
 
 
 def _param(group: ET.Element, name: str, value: Any, *, unit: str | None = None, ucd: str | None = None) -> None:
-    if value is None:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return
     _sub(group, "Param", name=name, value=str(value), unit=unit, ucd=ucd)
 
@@ -291,7 +358,7 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     ac = _sub(ol, "AstroCoords", coord_system_id="UTC-HPC-TOPO")
     tm = _sub(_sub(_sub(ac, "Time"), "TimeInstant"), "ISOTime")
     tm.text = _iso(e.peak_time or e.start_time, z=False)
-    if e.hpc_x is not None and e.hpc_y is not None:
+    if e.hpc_x is not None and e.hpc_y is not None and math.isfinite(e.hpc_x) and math.isfinite(e.hpc_y):
         pos = _sub(ac, "Position2D", unit="arcsec")
         _sub(pos, "Name1", "X")
         _sub(pos, "Name2", "Y")
@@ -306,6 +373,10 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     else:
         _sub(how, "Description", f"Imported from the {e.source} catalogue"
              + (f" (method {e.frm_name})" if e.frm_name else ""))
+    observed = " ".join(x for x in (rec["obs_observatory"], rec["obs_instrument"]) if x)
+    if observed:
+        _sub(how, "Description", f"Observed with {observed}"
+             + (f" ({rec['obs_channelid']})" if rec["obs_channelid"] else ""))
 
     why = _sub(root, "Why")
     inf = _sub(why, "Inference", probability="1.0")

@@ -36,6 +36,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -88,6 +89,8 @@ SORT_KEYS: dict[str, tuple[Any, bool]] = {
     "id": (_E.id, False),
 }
 DEFAULT_SORT = "-start_time"
+#: Largest event id (PostgreSQL ``integer``): a cursor with a bigger id is damaged, not a query.
+MAX_EVENT_ID = 2**31 - 1
 #: Columns of a light search row (what a list, CSV, VOTable or timeline shows).
 LIGHT_COLUMNS = ("id", "event_type", "source", "source_key", "start_time", "peak_time", "end_time", "channels",
                  "hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s",
@@ -216,6 +219,8 @@ def decode_cursor(cursor: str, sort: str, fingerprint: str) -> tuple[Any, int]:
         s, v, i, f = d["s"], d["v"], int(d["i"]), d["f"]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise SearchError("cursor: not a cursor of this API (use next_cursor of the previous page as it is)") from None
+    if not 0 <= i <= MAX_EVENT_ID:
+        raise SearchError("cursor: damaged id; start again without a cursor")
     if s != sort:
         raise SearchError(f"cursor: it was made for sort={s!r}, not {sort!r}; start again without a cursor")
     if f != fingerprint:
@@ -224,12 +229,16 @@ def decode_cursor(cursor: str, sort: str, fingerprint: str) -> tuple[Any, int]:
     if v is not None:
         try:
             if key in _TIME_KEYS:
-                v = dt.datetime.fromisoformat(v)
+                v = as_utc(dt.datetime.fromisoformat(v))
             elif key == "id":
                 v = int(v)
+                if not 0 <= v <= MAX_EVENT_ID:
+                    raise ValueError("id out of range")
             else:
                 v = float(v)
-        except (TypeError, ValueError):
+                if not math.isfinite(v):
+                    raise ValueError("not a finite number")
+        except (TypeError, ValueError, OverflowError):
             raise SearchError("cursor: damaged value; start again without a cursor") from None
     elif not SORT_KEYS[key][1]:
         raise SearchError("cursor: damaged value; start again without a cursor")

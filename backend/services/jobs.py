@@ -7,6 +7,7 @@ the DB commit), so a worker never sees a job id that is not yet visible.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -23,6 +24,43 @@ __all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", 
 
 #: Largest calibration version number accepted (a 32-bit signed integer column).
 MAX_VERSION = 2**31 - 1
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unusable_value(value: Any, where: str = "") -> str | None:
+    """Where in a decoded JSON body a value is that no job can carry, and why; None if none.
+
+    JSON has no NaN or infinity (Python's decoder still reads ``NaN``, ``Infinity`` and
+    ``1e400``), PostgreSQL text cannot hold a NUL character and UTF-8 has no lone surrogate
+    (a JSON ``\\ud800`` decodes to one): such a value is refused
+    wherever it is, before any field is read.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'body'}: {value!r} is not a finite number (NaN, Infinity and numbers beyond " \
+               "1.8e308 are not accepted)"
+    if isinstance(value, str) and "\x00" in value:
+        return f"{where or 'body'}: text must not contain a NUL character (\\u0000)"
+    if isinstance(value, str) and not _encodes(value):
+        return f"{where or 'body'}: text must not contain a lone surrogate (\\ud800-\\udfff): not UTF-8"
+    if isinstance(value, dict):
+        for k, v in value.items():
+            key = str(k)
+            if "\x00" in key or not _encodes(key):
+                return f"{where or 'body'}: a key must not contain a NUL character or a lone surrogate"
+            if (why := _unusable_value(v, f"{where}.{key}" if where else key)) is not None:
+                return why
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            if (why := _unusable_value(v, f"{where}[{i}]" if where else f"[{i}]")) is not None:
+                return why
+    return None
 
 
 class JobRequestError(DataError):
@@ -44,6 +82,13 @@ class JobRequest(BaseModel):
     options: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                         description="calibration options, each with its default and limits")
     owner: str = Field(default="anonymous", max_length=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unusable_values(cls, data: Any) -> Any:
+        if (why := _unusable_value(data)) is not None:
+            raise ValueError(why)
+        return data
 
     @field_validator("channels")
     @classmethod

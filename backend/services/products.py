@@ -390,8 +390,9 @@ class LightCurve:
     """A disk-integrated light curve from L2 products.
 
     ``times`` are the DATE-OBS of the products (aware UTC), ``values`` the means in
-    ``unit``, ``product_ids`` the product of each point; ``skipped`` lists products that
-    could not be used, with the reason.
+    ``unit`` (None for a product whose region is all masked or NaN: a gap, not a value),
+    ``product_ids`` the product of each point; ``skipped`` lists products that could not be
+    read, with the reason.
     """
 
     channel: str
@@ -401,7 +402,7 @@ class LightCurve:
     region: str = "disk"
     roi: tuple[float, float, float] | None = None
     times: list[dt.datetime] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
+    values: list[float | None] = field(default_factory=list)
     product_ids: list[int] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)
 
@@ -452,13 +453,12 @@ def product_lightcurve(
             log.warning("light curve: product %s skipped: %s", p.id, exc)
             lc.skipped.append({"product_id": p.id, "reason": str(exc)})
             continue
-        if m is None:
-            lc.skipped.append({"product_id": p.id, "reason": "no usable pixel (all masked or NaN)"})
-            continue
         lc.times.append(as_utc(p.frame.date_obs))
-        lc.values.append(m.value)
         lc.product_ids.append(p.id)
-        if m.unit:
+        # no usable pixel (all masked or NaN): the sample is missing, a gap in the curve
+        value = None if m is None or m.value is None or not math.isfinite(m.value) else float(m.value)
+        lc.values.append(value)
+        if m is not None and m.unit:
             units.add(m.unit)
     if len(units) > 1:
         log.warning("light curve of %s mixes units %s", spec.code, sorted(units))
@@ -485,12 +485,21 @@ ROI_HALF_WIDTH = 60.0
 CONTEXT_FRAMES = 3
 
 
+#: Most the context frames may widen a light-curve window on each side, beyond the event's
+#: start - margin and end + margin: a sparse series never pulls in frames from years away.
+MAX_CONTEXT = dt.timedelta(hours=6)
+
+
 def _context_window(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
                     n: int) -> tuple[dt.datetime, dt.datetime]:
-    """Widen ``[start, end]`` to take in ``n`` frames of ``channel`` on each side."""
-    before = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs < start)
+    """Widen ``[start, end]`` to take in ``n`` frames of ``channel`` on each side, by at
+    most :data:`MAX_CONTEXT` on each side."""
+    lo, hi = start - MAX_CONTEXT, end + MAX_CONTEXT
+    before = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs < start,
+                                                          Frame.date_obs >= lo)
                              .order_by(Frame.date_obs.desc()).limit(n)).all()
-    after = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs > end)
+    after = session.scalars(select(Frame.date_obs).where(Frame.channel_code == channel, Frame.date_obs > end,
+                                                         Frame.date_obs <= hi)
                             .order_by(Frame.date_obs).limit(n)).all()
     if before:
         start = min(start, as_utc(before[-1]))
@@ -512,7 +521,8 @@ def event_lightcurve(
     """:func:`product_lightcurve` of ``channel`` around an event.
 
     The window is the event's ± ``margin``, widened to hold ``context_frames`` frames of
-    the channel before the start and after the end. ``region``: ``disk`` (disk-integrated;
+    the channel before the start and after the end, by at most :data:`MAX_CONTEXT` (6 h)
+    on each side. ``region``: ``disk`` (disk-integrated;
     SCI: the coronal field), ``roi`` (a box of ±:data:`ROI_HALF_WIDTH` arcsec about the
     event's helioprojective position: what shows a flare) or ``auto`` (``roi`` for a disk
     imager when the event has a position, else ``disk``).

@@ -156,6 +156,7 @@ def page_json(result) -> bytes:
     would (times with a zero UTC offset as ``...Z``). Only the three time columns are looked at:
     a time that is naive (SQLite) or has another offset is converted to UTC as
     :data:`~backend.api.schemas.UTCDateTime` does. A third of the cost of validating 100 models.
+    A stored NaN or infinity (PostgreSQL floats hold them; JSON has no such number) is ``null``.
     """
     items = []
     for row in result.items:
@@ -169,7 +170,7 @@ def page_json(result) -> bytes:
         "items": items, "total": result.total, "limit": result.limit, "offset": result.offset,
         "total_is_estimate": result.total_is_estimate, "sort": result.sort, "next_cursor": result.next_cursor,
         "truncated": result.truncated,
-    })
+    }, inf_nan_mode="null")
 
 
 _TIME_COLUMNS = ("start_time", "peak_time", "end_time")
@@ -186,8 +187,9 @@ def read_events_timeline_figure(
     filters: EventSearchDep,
     limit: Annotated[int, Query(ge=1, le=TIMELINE_MAX, description=f"Most events drawn (1..{TIMELINE_MAX})")] = 500,
 ) -> Response:
-    """The same filters as ``GET /events``; at most ``limit`` events are drawn (the earliest),
-    and the figure title says so when more matched."""
+    """The same filters as ``GET /events``; at most ``limit`` events are drawn: the newest
+    (latest start time first, as ``sort=-start_time``), and the figure title says so
+    ("newest N of M events shown") when more matched."""
     result = event_search_service.search_events(session, filters, sort="-start_time", limit=limit, light=True)
     return Response(events_timeline_figure(result.items, total=result.total).to_json(), media_type="application/json")
 
@@ -289,8 +291,10 @@ def read_event_lightcurve(
 ) -> LightCurvePublic:
     """Mean of the written L2 products of ``channel`` (DQ-masked pixels skipped) over a
     box about the event (``roi``), the disk or, for SCI, the coronal field, from the
-    event's start - margin to its end + margin widened to three frames on each side, one
-    point per frame (its newest product version)."""
+    event's start - margin to its end + margin, widened to ``context_frames`` frames on each
+    side but by at most 6 hours (``MAX_CONTEXT``) on each side, one point per frame (its
+    newest product version). A frame whose region is all masked or NaN is a ``null`` value
+    (a gap in the figure)."""
     return _lightcurve(session, settings, event_id, q)[1]
 
 

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BeforeValidator
 
 from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
-from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
+from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE, SOURCES
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.utc import as_utc as _as_utc
 
@@ -97,8 +98,6 @@ SAFE_KEY_PATTERN = r"^[A-Za-z0-9_.\-]*$"
 
 def is_safe_key(value: str, max_length: int = 64) -> bool:
     """True for a short token of letters, digits, ``_``, ``.`` and ``-`` (a job id, a source name)."""
-    import re
-
     return len(value) <= max_length and re.fullmatch(SAFE_KEY_PATTERN, value) is not None
 
 
@@ -113,7 +112,21 @@ EventTypeQuery = Annotated[
     Query(alias="type", description="HEK event code: FL (flare), CE (CME), PR (prominence), ..."),
     AfterValidator(canonical_event_type),
 ]
-_TimeQuery = Annotated[dt.datetime | None, AfterValidator(as_utc)]
+#: ``2024-05-10T00:00:00 00:00``: an ISO time whose ``+`` offset arrived as a space (a raw
+#: ``+`` in a URL query string means a space).
+_PLUS_AS_SPACE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)? \d{2}(:?\d{2})?\s*$")
+PLUS_AS_SPACE_MESSAGE = ("{value!r} has a space where its UTC offset's '+' should be: a raw '+' in a URL query "
+                         "is read as a space; encode it as %2B (e.g. 2024-05-10T00:00:00%2B00:00) or use Z")
+
+
+def reject_plus_as_space(value: Any) -> Any:
+    """A BeforeValidator of query times: ValueError for a time whose ``+`` came as a space."""
+    if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
+        raise ValueError(PLUS_AS_SPACE_MESSAGE.format(value=value))
+    return value
+
+
+_TimeQuery = Annotated[dt.datetime | None, BeforeValidator(reject_plus_as_space), AfterValidator(as_utc)]
 
 
 @dataclass(frozen=True)
@@ -238,6 +251,10 @@ def _filter_time(name: str, value: str | dt.datetime | None, problems: list[Filt
     """Aware UTC time of a datetime or of a form's text (``YYYY-MM-DDTHH:MM[:SS]``, UTC if no offset)."""
     if value is None or value == "":
         return None
+    if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
+        msg = PLUS_AS_SPACE_MESSAGE.format(value=value)
+        problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
+        return None
     try:
         if isinstance(value, dt.datetime):
             return as_utc(value)
@@ -296,8 +313,9 @@ def parse_event_filters(
     types : str or sequence of str
         HEK event codes (any case); with ``form=False`` each value may be a comma-separated list.
     sources : str or sequence of str
-        ``detected`` or catalogue names (letters, digits, ``_ . -``, at most 32); split on
-        commas like ``types``; blanks are ignored.
+        ``detected`` or catalogue names (:data:`pipelines.catalogues.SOURCES`; any other
+        name is refused, as an unknown type is); split on commas like ``types``; blanks
+        are ignored.
     start, end : str or datetime.datetime
         Aware or naive (UTC) datetimes, or ISO 8601 text (``Z`` accepted; UTC if no offset).
     channel : str
@@ -344,6 +362,11 @@ def parse_event_filters(
             problems.append(FilterProblem(
                 "source", f"{part[:40]!r} is not a source name (letters, digits, _ . -; at most 32)",
                 f"source: {part[:40]!r} is not a source name (letters, digits, _ . -)", sources))
+            names = []
+            break
+        if part not in SOURCES:
+            msg = f"unknown event source {part!r}; expected one of {', '.join(SOURCES)}"
+            problems.append(FilterProblem("source", msg, f"source: {msg}", sources))
             names = []
             break
         if part not in names:
