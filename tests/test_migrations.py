@@ -61,3 +61,26 @@ def test_sqlite_upgrade(tmp_path):
         assert set(Base.metadata.tables) <= set(inspect(engine).get_table_names())
     finally:
         engine.dispose()
+
+
+def test_0004_clears_the_flux_of_impossible_goes_classes(fresh_pg):
+    """Rows stored before the class rule lose the flux of a class GOES cannot report."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    upgrade(fresh_pg, "0003")
+    engine = dbmod.make_engine(fresh_pg)
+    try:
+        with engine.begin() as c:
+            for i, (cls, flux) in enumerate([("M12.0", 1.2e-4), ("C0.8", 8e-7), ("M1.5", 1.5e-5), ("X28", 2.8e-3)]):
+                c.execute(text("INSERT INTO events (id, event_type, source, source_key, start_time, goes_class, "
+                               "goes_flux, duration_s, attributes, created_at) "
+                               "VALUES (:i, 'FL', 'goes_xrs', :k, :t, :c, :f, 0, '{}', :t)"),
+                          {"i": i + 1, "k": f"k{i}", "t": dt.datetime(2024, 5, 10, tzinfo=dt.UTC), "c": cls, "f": flux})
+        upgrade(fresh_pg)
+        with engine.connect() as c:
+            got = dict(c.execute(text("SELECT goes_class, goes_flux FROM events")).all())
+        assert got == {"M12.0": None, "C0.8": None, "M1.5": 1.5e-5, "X28": 2.8e-3}
+    finally:
+        engine.dispose()
