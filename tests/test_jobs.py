@@ -30,6 +30,10 @@ def client(api_client):
         ({"start": "9999-12-31T23:00:00-05:00"}, "out of range"),
         ({"start": "0001-01-01T00:00:00+05:00"}, "out of range"),
         ({"pinned_calibrations": {"flat": 99999999999999999999999}}, "between 1 and"),
+        # a key misplaced or misnamed at the top level is refused, not dropped (it would run
+        # another job than the one asked for)
+        ({"device": "gpu"}, "device"),
+        ({"pins": {"flat": 2}}, "pins"),
     ],
 )
 def test_bad_options_and_values_are_422(client, db_session, extra, needle):

@@ -10,7 +10,7 @@ import datetime as dt
 import math
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -74,6 +74,8 @@ class JobRequest(BaseModel):
     mask_geometry, psf) to a version number, applied to every requested channel that has
     it; unpinned kinds use the newest version valid at each frame's DATE-OBS.
     """
+
+    model_config = ConfigDict(extra="forbid")  # a misplaced key ("device" outside options) is a 422
 
     channels: list[str] = Field(min_length=1, description="LST channels: SDI, WST, SCI-UV, SCI-WL")
     start: dt.datetime = Field(description="DATE-OBS range start (UTC, ISO 8601)")
