@@ -108,7 +108,9 @@ def _parse_date(value: str, time_obs: str | None = None) -> tuple[Time, str | No
         iso = f"19{yy}-{int(mo):02d}-{int(d):02d}T{str(time_obs).strip()}"
         return _iso_time(iso, value), f"two-digit year '{yy}' read as 19{yy} (FITS 4.0 sect. 9.1.1, old 'DD/MM/YY' format)"
     m = _SSW_DMY_DATE.match(s)
-    if m and not _is_missing(time_obs):
+    if m and _is_missing(time_obs):
+        raise ValueError(f"DATE-OBS {value!r} gives no time of day (and no TIME-OBS)")
+    if m:
         s = f"{s} {str(time_obs).strip()}"
     m = _SSW_DMY.match(s)
     if m:

@@ -287,3 +287,10 @@ def test_lightcurve_figure_draws_nan_as_gap():
 def test_timeline_route_documents_the_newest_events(client):
     op = client.get("/api/v1/openapi.json").json()["paths"]["/api/v1/events/timeline/figure"]["get"]
     assert "newest" in op["description"] and "earliest" not in op["description"]
+
+
+@pytest.mark.parametrize("query", ["hpc_x_min=NaN", "pa_min=nan", "pa_max=inf", "hpc_y_max=-Infinity"])
+def test_non_finite_filter_values_say_finite_not_out_of_range(client, query):
+    """A NaN bound is 'not a finite number', not 'less than or equal to 10000' (reviewer's find)."""
+    r = client.get(f"/api/v1/events?{query}")
+    assert r.status_code == 422 and "finite" in r.text, r.text

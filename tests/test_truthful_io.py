@@ -112,6 +112,17 @@ def test_old_fits_dd_mm_yy_date_means_19yy_and_is_a_repair():
     assert h["DATE-OBS"] == "2023-05-01T13:07:58.713" and any("read as 2023" in f for f in fixes)
 
 
+def test_a_date_without_its_time_of_day_says_so():
+    """'11-DEC-96' (SSW, date only) with no TIME-OBS is a recognised date that lacks its time,
+    not an unrecognised one (found by a reviewer trying ingest as a user)."""
+    for value in ("11-DEC-96", "11/12/96"):
+        with pytest.raises(FitsReadError, match="gives no time of day") as info:
+            fix_header(fits.Header({"DATE-OBS": value}))
+        assert "unrecognised" not in str(info.value)
+    h, _ = fix_header(fits.Header({"DATE-OBS": "11-DEC-96", "TIME-OBS": "10:20:30"}))
+    assert h["DATE-OBS"] == "1996-12-11T10:20:30.000"
+
+
 def test_empty_date_obs_is_missing_not_unrecognised():
     with pytest.raises(FitsReadError) as info:
         fix_header(fits.Header({"DATE-OBS": ""}))

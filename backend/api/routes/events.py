@@ -49,7 +49,7 @@ LightCurveChannel = Annotated[
 ]
 MarginQuery = Annotated[
     float,
-    Query(ge=0, le=1440, description="Minutes added before the start and after the end of the event"),
+    Query(ge=0, le=1440, allow_inf_nan=False, description="Minutes added before the start and after the end of the event"),
 ]
 
 #: Most events a timeline figure draws; the title says when more matched.

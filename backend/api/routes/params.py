@@ -422,8 +422,8 @@ _API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name
                     "min_goes_class", "min_peak_value")
 
 
-_Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC)]
-_Pa = Annotated[float | None, Query(ge=0, le=360)]
+_Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC, allow_inf_nan=False)]
+_Pa = Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False)]
 
 
 async def event_search(
