@@ -142,4 +142,6 @@ def is_schema_missing(exc: BaseException) -> bool:
     orig = exc.orig
     text = str(orig).splitlines()[0].lower() if str(orig) else ""
     return ("no such table" in text or type(orig).__name__ == "UndefinedTable"
-            or (text.startswith("relation ") and "does not exist" in text))
+            or (text.startswith("relation ") and "does not exist" in text)
+            # SQLite in a DATA_DIR that does not exist yet: `lstdp db upgrade` creates both
+            or (type(orig).__name__ == "OperationalError" and "unable to open database file" in text))

@@ -246,6 +246,16 @@ def test_fresh_data_dir_says_run_db_upgrade(settings_env, tmp_path, capsys):
     assert err.startswith("lstdp ingest: error:") and err.endswith("run `lstdp db upgrade`") and "\n" not in err and "SQL" not in err
 
 
+def test_a_database_folder_that_does_not_exist_says_run_db_upgrade(settings_env, tmp_path, capsys):
+    """SQLite in a folder not made yet: the same one line, not 'unable to open database file'."""
+    from backend.cli import main
+
+    settings_env(DATABASE_URL=f"sqlite:///{tmp_path / 'not-made' / 'lstdp.sqlite3'}")
+    assert main(["detect"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == "lstdp detect: error: the database has no LST schema yet; run `lstdp db upgrade`"
+
+
 def test_fresh_data_dir_api_is_503_run_db_upgrade(settings_env):
     from fastapi.testclient import TestClient
 
