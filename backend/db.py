@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+import os
 from functools import lru_cache
 
 from sqlalchemy import Engine, create_engine, event
@@ -122,6 +123,22 @@ def autocommit_reads(session: Session) -> Session:
     if isinstance(bind, Engine) and bind.dialect.name == "postgresql" and not session.in_transaction():
         session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
     return session
+
+
+def forget_connections_after_fork() -> None:
+    """In a freshly forked child: drop the pooled connections inherited from the parent
+    without closing them (they are the parent's sockets; ``dispose(close=False)``, SQLAlchemy's
+    "using connection pools with multiprocessing" recipe), so the child opens its own.
+
+    Registered with :func:`os.register_at_fork` (every fork of this process) and called by
+    the Celery worker's ``worker_process_init`` signal. Without it, a pool child that
+    replaces a killed one talks to PostgreSQL through its parent's socket.
+    """
+    if get_engine.cache_info().currsize:
+        get_engine().dispose(close=False)
+
+
+os.register_at_fork(after_in_child=forget_connections_after_fork)
 
 
 def reset_caches() -> None:

@@ -16,11 +16,11 @@ import datetime as dt
 import logging
 
 from celery import chain
-from celery.signals import worker_init, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy.exc import OperationalError
 
 from backend.broker import TaskName, app
-from backend.db import session_scope
+from backend.db import forget_connections_after_fork, session_scope
 from backend.models import Job, JobState
 from backend.services.detection import run_detector
 from backend.services.events import associate_events
@@ -53,6 +53,13 @@ def _share_cores(sender=None, **_kwargs) -> None:
         set_default_threads(max(1, available_cores() // processes))
         log.info("threaded calibration steps: %d thread(s) in each of %d worker processes",
                  max(1, available_cores() // processes), processes)
+
+
+@worker_process_init.connect
+def _own_connections(**_kwargs) -> None:
+    """A pool child (also one that replaces a killed child) never uses its parent's database
+    connections (the start-up reaper opened some in the parent)."""
+    forget_connections_after_fork()
 
 
 @worker_ready.connect
