@@ -17,12 +17,14 @@ submitted job still runs asynchronously in the worker process (never in eager mo
 
 from __future__ import annotations
 
+import os
+
 from celery import Celery
 from kombu import Exchange, Queue
 
 from backend.settings import Settings, get_settings
 
-__all__ = ["app", "configure", "ensure_configured", "send", "TaskName"]
+__all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName"]
 
 
 class TaskName:
@@ -111,6 +113,35 @@ def ensure_configured() -> Celery:
     if _configured_for != (s.celery_broker_url, s.result_backend, str(s.root)):
         configure(s)
     return app
+
+
+def broker_status(timeout_s: float = 1.0) -> str:
+    """``"ok"`` when the broker takes connections, else a one-line reason; within about ``timeout_s``.
+
+    Redis (production): a connection with connect and socket timeouts and a ``PING``, so a
+    frozen server is reported as down instead of hanging the caller. The embedded
+    filesystem broker: its folder exists and is writable.
+    """
+    s = get_settings()
+    if s.embedded:
+        folder = s.broker_dir / "in"
+        if folder.is_dir() and os.access(folder, os.W_OK):
+            return "ok"
+        return f"broker folder {folder.name} is missing or not writable"
+    from kombu import Connection
+
+    try:
+        with Connection(s.celery_broker_url, connect_timeout=timeout_s,
+                        transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                                           "max_retries": 0}) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+            client = getattr(conn.default_channel, "client", None)
+            if client is not None and hasattr(client, "ping"):
+                client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"broker unreachable: {type(exc).__name__}: {first}"[:300]
+    return "ok"
 
 
 def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None, *, queue: str = "cpu"):

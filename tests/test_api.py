@@ -220,7 +220,24 @@ def test_health(client):
     r = client.get("/api/v1/health")
     assert r.status_code == 200
     body = r.json()
-    assert body["status"] == "ok" and body["database"] == "ok"
+    assert body["status"] == "ok" and body["database"] == "ok" and body["broker"] == "ok"
+
+
+def test_health_reports_a_broker_that_is_down_on_its_own(client, settings_env):
+    """The database answers, the broker does not: 503 naming the broker, within about 1 s
+    (issue 10: /health said ok while Redis was down)."""
+    import time
+
+    settings_env(CELERY_BROKER_URL="redis://127.0.0.1:1/0", CELERY_RESULT_BACKEND="redis://127.0.0.1:1/0")
+    t0 = time.perf_counter()
+    r = client.get("/api/v1/health")
+    took = time.perf_counter() - t0
+    body = r.json()
+    assert r.status_code == 503 and body["status"] == "error"
+    assert body["database"] == "ok" and body["broker"].startswith("broker unreachable"), body
+    assert took < 5.0
+    settings_env()
+    assert client.get("/api/v1/health").json()["broker"] == "ok"
 
 
 def test_openapi_lists_every_resource(client):

@@ -196,15 +196,19 @@ def _health_router() -> APIRouter:
 
     @router.get("/health", response_model=HealthPublic, responses={503: {"model": HealthPublic}})
     def health(session: SessionDep):
-        """``ok`` when the database answers; 503 with the reason when it does not."""
+        """Each dependency separately: ``database`` and ``broker`` are ``ok`` or the reason they
+        are not; 503 when any is not (a frozen broker is given up after about 1 s)."""
+        from backend.broker import broker_status
+
         try:
             session.execute(text("SELECT 1"))
+            database = "ok"
         except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            return JSONResponse(
-                HealthPublic(status="error", database=reason, version=__version__).model_dump(), status_code=503
-            )
-        return HealthPublic(status="ok", database="ok", version=__version__)
+            database = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        broker = broker_status(timeout_s=1.0)
+        ok = database == "ok" and broker == "ok"
+        body = HealthPublic(status="ok" if ok else "error", database=database, broker=broker, version=__version__)
+        return body if ok else JSONResponse(body.model_dump(), status_code=503)
 
     return router
 

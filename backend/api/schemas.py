@@ -314,8 +314,11 @@ JobsPublic = Page[JobPublic]
 
 
 class HealthPublic(BaseModel):
-    status: str
+    """Each dependency separately: ``ok`` or the one-line reason it is not."""
+
+    status: str = Field(description="ok when every dependency answers, else error (HTTP 503)")
     database: str
+    broker: str = Field(description="the Celery broker (Redis in production, a folder when embedded)")
     version: str
 
 
