@@ -147,3 +147,92 @@ def test_products_queued_behind_a_busy_queue_are_not_reaped(db_session):
     # an hour later nothing moved on the gpu queue either: lost
     assert reap_stale_work(s, now=now + dt.timedelta(hours=1)) == 1
     assert prods[0].state == ProductState.failed and "lost: planned" in prods[0].error
+
+
+def _job_with_products(s, states, *, total=None):
+    import datetime as dt
+
+    from backend.models import Frame, JobState, Product
+
+    now = dt.datetime(2026, 1, 1, 12, tzinfo=dt.UTC)
+    job = Job(parameters={"channels": ["WST"], "start": now.isoformat(), "end": now.isoformat()},
+              state=JobState.running, total=len(states) if total is None else total, done=0, failed=0, skipped=0)
+    s.add(job)
+    s.flush()
+    prods = []
+    for i, state in enumerate(states):
+        f = Frame(channel_code="WST", date_obs=now, exposure_s=1.0, naxis1=8, naxis2=8, path=f"/x/{job.id}/{i}",
+                  original_name=f"{i}.fits", sha256=f"{job.id[:8]}{i:056d}", size_bytes=1, header={})
+        s.add(f)
+        s.flush()
+        p = Product(frame_id=f.id, calibration_key="k", params_hash="h", software_version="t", state=state,
+                    job_id=job.id, error="bad frame" if state.value == "failed" else None)
+        s.add(p)
+        prods.append(p)
+    s.flush()
+    return job, prods
+
+
+def test_progress_counts_each_product_once_and_close_the_job_once(db_session):
+    """Issue 10: a redelivered or duplicated progress message counted a product twice (a
+    100-frame job ended with done 106). Counts are taken once per (product, job); a product
+    not finished yet counts nothing; exactly one call closes the job."""
+    from backend.models import JobState, ProductState
+    from backend.state import move_product
+    from backend.worker.processing import count_item
+
+    s = db_session
+    job, (p0, p1, p2) = _job_with_products(s, [ProductState.written, ProductState.failed, ProductState.planned])
+    assert count_item(s, job.id, p0.id)[1] is False
+    for _ in range(3):  # redelivered
+        count_item(s, job.id, p0.id)
+    count_item(s, job.id, p2.id)  # not finished: nothing
+    s.refresh(job)
+    assert (job.done, job.failed, job.state) == (1, 0, JobState.running)
+    count_item(s, job.id, p1.id)
+    count_item(s, job.id, p1.id)
+    move_product(p2, ProductState.writing)
+    move_product(p2, ProductState.written)
+    s.flush()
+    closes = [count_item(s, job.id, p2.id)[1] for _ in range(3)]
+    s.refresh(job)
+    assert closes == [True, False, False]
+    assert (job.done, job.failed, job.done + job.failed) == (2, 1, job.total) and job.state == JobState.failed
+    assert job.error.count("bad frame") == 1
+
+
+def test_a_replanned_product_counts_again(db_session):
+    from backend.models import ProductState
+    from backend.worker.processing import count_item
+
+    s = db_session
+    job, (p0,) = _job_with_products(s, [ProductState.failed], total=2)
+    count_item(s, job.id, p0.id)
+    assert p0.counted_for_job == job.id
+    from sqlalchemy import update
+
+    from backend.models import Product
+
+    s.execute(update(Product).where(Product.id == p0.id).values(counted_for_job=None))  # as plan_product does
+    s.expire(p0)
+    count_item(s, job.id, p0.id)
+    s.refresh(job)
+    assert job.failed == 2
+
+
+def test_follow_ups_are_queued_once_however_often_the_last_message_comes(sqlite_env, monkeypatch):
+    from backend.db import session_scope
+    from backend.models import ProductState
+    from backend.worker import tasks
+
+    with session_scope() as s:
+        job, prods = _job_with_products(s, [ProductState.written, ProductState.written])
+        job_id, ids = job.id, [p.id for p in prods]
+    sent = []
+    monkeypatch.setattr(tasks.detect_events, "apply_async", lambda *a, **k: sent.append(k["kwargs"]))
+    for pid in ids + ids + ids:  # every message delivered three times
+        tasks.record_progress.run(job_id, pid)
+    assert sent == [{"detector": "white-light", "channel": "WST", "start": sent[0]["start"], "end": sent[0]["end"]}]
+    with session_scope() as s:
+        j = s.get(Job, job_id)
+        assert (j.done, j.failed, j.total, j.state.value) == (2, 0, 2, "succeeded")

@@ -6,7 +6,7 @@ products of the batch, streams their raw frames through the process's
 :class:`~pipelines.calibration.batch.BatchExecutor` (calibration masters resident on the
 device across batches, host-to-device copies overlapped with compute) and, as each frame
 comes back, writes its L2 FITS and quicklook, moves the product to ``written`` or
-``failed`` (with the reason) and counts it towards its job (:func:`record_item`) in the
+``failed`` (with the reason) and counts it towards its job (:func:`~backend.worker.processing.count_item`) in the
 same commit. One bad frame fails that product only; the job ends ``failed`` with the
 reasons, as the CPU path does.
 
@@ -29,11 +29,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.models import Job, JobState, Product, ProductState
-from backend.worker.processing import record_item, resident_master, write_product
+from backend.models import Product, ProductState
+from backend.worker.processing import count_item, resident_master, write_product
 from backend.settings import Settings
 from backend.state import move_product
 from pipelines.array_backend import cupy_available
@@ -101,12 +100,11 @@ class BatchReport:
 def _count(session: Session, report: BatchReport, job_id: str | None, product_id: int) -> None:
     if not job_id:
         return
-    before = session.scalar(select(Job.state).where(Job.id == job_id))
-    job = record_item(session, job_id, product_id)
+    job, closed = count_item(session, job_id, product_id)
     if job is not None:
         report.job_state = job.state.value
         report.job_parameters = dict(job.parameters or {})
-        if before == JobState.running and job.state in (JobState.succeeded, JobState.failed):
+        if closed:
             report.job_finished = True  # this product closed the job
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,7 +34,7 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "record_item",
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "record_item", "count_item",
            "frames_for_job", "reap_stale_work", "resident_master", "STALE_AFTER_S"]
 
 #: A product of a running job with no state change for this long [s] is taken as lost
@@ -74,6 +74,11 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
             return existing, False
         move_product(existing, ProductState.planned)
         existing.job_id = job_id
+        # planned again: its next outcome counts (a statement, not the attribute: the
+        # session's copy of the mark may be stale after count_item's UPDATE)
+        session.execute(update(Product).where(Product.id == existing.id).values(counted_for_job=None)
+                        .execution_options(synchronize_session=False))
+        _expire_count_mark(session, existing.id)
         return existing, True
     version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
     prod = Product(frame_id=frame.id, level="L2", version=version, calibration_key=sel.key, params_hash=ph,
@@ -135,10 +140,47 @@ def _finish(job: Job) -> None:
     move_job(job, JobState.failed if job.failed else JobState.succeeded)
 
 
+def _expire_count_mark(session: Session, product_id: int) -> None:
+    """Forget the session's copy of ``counted_for_job`` after an UPDATE statement changed it."""
+    prod = session.identity_map.get(session.identity_key(Product, product_id))  # no query
+    if prod is not None:
+        session.expire(prod, ["counted_for_job"])
+
+
 def record_item(session: Session, job_id: str | None, product_id: int) -> Job | None:
-    """Count one finished product towards its job (atomic UPDATE) and close the job when all are in."""
+    """:func:`count_item` without the flag: the job (``None`` without a job)."""
+    return count_item(session, job_id, product_id)[0]
+
+
+def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[Job | None, bool]:
+    """Count one finished product towards its job and close the job when all are in.
+
+    Idempotent per (product, job): the count is taken by one ``UPDATE products SET
+    counted_for_job`` that only a first message for a finished (``written`` or ``failed``)
+    product wins; a redelivered or duplicated message, or one for a product that is not
+    finished yet, counts nothing.
+
+    Returns
+    -------
+    (job, closed)
+        The job (``None`` without a job), and whether this call ended it: true for exactly
+        one call per job, the one whose follow-ups are queued.
+    """
     if not job_id:
-        return None
+        return None, False
+    claimed = session.execute(
+        update(Product)
+        .where(Product.id == product_id,
+               Product.state.in_([ProductState.written, ProductState.failed]),
+               or_(Product.counted_for_job.is_(None), Product.counted_for_job != job_id))
+        .values(counted_for_job=job_id)
+        .execution_options(synchronize_session=False))
+    _expire_count_mark(session, product_id)
+    if claimed.rowcount != 1:  # counted already, or not finished: nothing to add
+        job = session.get(Job, job_id)
+        if job is not None:
+            session.refresh(job)
+        return job, False
     prod = session.get(Product, product_id)
     ok = prod is not None and prod.state == ProductState.written
     col = Job.done if ok else Job.failed
@@ -154,7 +196,8 @@ def record_item(session: Session, job_id: str | None, product_id: int) -> Job | 
     if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
         _finish(job)
         session.flush()
-    return job
+        return job, True
+    return job, False
 
 
 #: Calibration masters a worker process keeps loaded, by (path, sha256): a full-size set

@@ -29,7 +29,7 @@ from backend.settings import get_settings
 from backend.state import JOB_FINAL, move_job
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
 from backend.worker.processing import calibrate_product as _calibrate_product
-from backend.worker.processing import plan_job, reap_stale_work, record_item
+from backend.worker.processing import count_item, plan_job, reap_stale_work
 from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
 from pipelines.detect.registry import follow_ups, get_detector
@@ -185,11 +185,10 @@ def _queue_follow_ups(params: dict) -> None:
 def record_progress(self, job_id: str, product_id: int) -> dict:
     """Count one product towards its job; when the job ends, queue its follow-up detections."""
     with session_scope() as s:
-        job = record_item(s, job_id, product_id)
+        job, closed = count_item(s, job_id, product_id)
         state = job.state.value if job else None
-        finished = job is not None and job.state in JOB_FINAL
         params = dict(job.parameters) if job else {}
-    if finished:
+    if closed:  # once per job: a late or redelivered message of an ended job queues nothing
         _queue_follow_ups(params)
     return {"job_id": job_id, "state": state}
 
