@@ -20,6 +20,8 @@ never a 500:
 
 from __future__ import annotations
 
+import json
+
 import logging
 import math
 from typing import Any
@@ -191,6 +193,68 @@ class HeadAsGetMiddleware:
         await self.app({**scope, "method": "GET"}, receive, send_no_body)
 
 
+#: Largest request body the API reads [bytes]: a job request is well under 10 kB; a body
+#: of many megabytes is a mistake or an attack, answered 413 before it is read in full.
+MAX_BODY_BYTES = 1 << 20
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` with 413 and a message, by ``Content-Length``
+    before anything is read. A body sent without it (chunked) stops being read at the limit:
+    FastAPI then answers its own 400 "error parsing the body" (it wraps errors of the read),
+    or this middleware 413 where nothing was answered yet."""
+
+    def __init__(self, app, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def _too_large(self, send) -> None:
+        body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        try:
+            declared = int(length) if length is not None else None
+        except ValueError:
+            declared = None
+        if declared is not None and declared > self.max_bytes:
+            await self._too_large(send)
+            return
+        seen = 0
+        started = False
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _BodyTooLarge
+            return message
+
+        async def tracking_send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _BodyTooLarge:
+            if not started:
+                await self._too_large(send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
 def _health_router() -> APIRouter:
     router = APIRouter(tags=["health"])
 
@@ -245,6 +309,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
     app.add_middleware(HeadAsGetMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware)
     return app
 
 
