@@ -33,6 +33,7 @@ import math
 import os
 import re
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,6 +505,40 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
             os.unlink(tmp)
         raise
     return sha256_file(p)
+
+
+#: Name patterns of the temporary files the atomic writers leave when killed mid-write
+#: (:func:`write_fits_atomic`, ``pipelines.products.write_quicklook_png``).
+PARTIAL_PATTERNS = (".*.part", ".*.part.png")
+
+
+def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = 3600.0,
+                        now: float | None = None) -> list[Path]:
+    """Remove the temporary files of atomic writes killed mid-way under ``root``.
+
+    Only the writers' own hidden temporary names (:data:`PARTIAL_PATTERNS`) last modified
+    more than ``older_than_s`` seconds ago are removed: a write in progress elsewhere (a
+    full-size product takes seconds) is left alone. A missing ``root`` is nothing to sweep.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files removed.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    cutoff = (time.time() if now is None else now) - older_than_s
+    removed = []
+    for pattern in PARTIAL_PATTERNS:
+        for f in base.rglob(pattern):
+            try:
+                if f.is_file() and f.stat().st_mtime < cutoff:
+                    f.unlink()
+                    removed.append(f)
+            except FileNotFoundError:  # removed by another sweeper meanwhile
+                continue
+    return sorted(removed)
 
 
 def utc_datetime(t: Time) -> dt.datetime:

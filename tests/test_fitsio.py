@@ -114,3 +114,26 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
     assert not (tmp_path / "q.fits").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")] == []
     assert os.path.getsize(target) > 0
+
+
+def test_partial_files_of_killed_writes_are_swept_and_live_ones_kept(tmp_path):
+    """Issue 10: killed writes left 0-byte ``.part`` files in the product store."""
+    import os
+    import time
+
+    from pipelines.fitsio import sweep_partial_files
+
+    d = tmp_path / "SDI" / "2024" / "05" / "10"
+    d.mkdir(parents=True)
+    old = [d / ".lst_sdi_l2_x.fits.abc123.part", d / ".lst_sdi_l2_x.fits.def456.part.png"]
+    live = d / ".lst_sdi_l2_y.fits.ghi789.part"
+    product = d / "lst_sdi_l2_x.fits"
+    other = d / "notes.part"  # not a writer's temporary name
+    for f in (*old, live, product, other):
+        f.write_bytes(b"")
+    two_hours_ago = time.time() - 7200
+    for f in (*old, product, other):
+        os.utime(f, (two_hours_ago, two_hours_ago))
+    assert sweep_partial_files(tmp_path) == sorted(old)
+    assert all(f.exists() for f in (live, product, other)) and not any(f.exists() for f in old)
+    assert sweep_partial_files(tmp_path / "missing") == []

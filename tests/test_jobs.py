@@ -236,3 +236,18 @@ def test_follow_ups_are_queued_once_however_often_the_last_message_comes(sqlite_
     with session_scope() as s:
         j = s.get(Job, job_id)
         assert (j.done, j.failed, j.total, j.state.value) == (2, 0, 2, "succeeded")
+
+
+def test_a_starting_worker_sweeps_partial_files_of_killed_writes(sqlite_env):
+    import os
+    import time
+
+    from backend.worker import tasks
+
+    d = sqlite_env.products / "WST" / "2024"
+    d.mkdir(parents=True, exist_ok=True)
+    stale = d / ".lst_wst_l2_a.fits.x1.part"
+    stale.write_bytes(b"")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    tasks._reap_on_start()
+    assert not stale.exists()

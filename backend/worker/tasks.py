@@ -34,6 +34,7 @@ from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
 from pipelines.detect.registry import follow_ups, get_detector
 from pipelines.errors import failure_reason
+from pipelines.fitsio import sweep_partial_files
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ def _own_connections(**_kwargs) -> None:
 
 @worker_ready.connect
 def _reap_on_start(**_kwargs) -> None:
-    """A starting worker fails the products that dead workers left behind."""
+    """A starting worker fails the products that dead workers left behind, and removes the
+    temporary files of their killed writes (older than an hour) from the product store."""
     try:
         with session_scope() as s:
             n = reap_stale_work(s)
@@ -72,6 +74,12 @@ def _reap_on_start(**_kwargs) -> None:
             log.warning("reaped %d products lost by earlier workers", n)
     except Exception:  # noqa: BLE001 - never keep a worker from starting
         log.exception("could not reap stale work")
+    try:
+        swept = sweep_partial_files(get_settings().products)
+        if swept:
+            log.warning("removed %d partial files of killed writes, e.g. %s", len(swept), swept[0].name)
+    except OSError:
+        log.exception("could not sweep partial files")
 
 
 RETRY = dict(autoretry_for=(OperationalError,), retry_backoff=2, retry_backoff_max=60, max_retries=5)
