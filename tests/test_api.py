@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import uuid
 from pathlib import Path
 
@@ -420,9 +421,9 @@ def test_products_filters_and_detail(client, db_session, tmp_path):
     assert failed["fits_url"] is None and failed["quicklook_url"] is None and failed["calibration_files"] == []
 
 
-def test_product_fits_and_quicklook_downloads(client, db_session, tmp_path):
+def test_product_fits_and_quicklook_downloads(client, db_session, tmp_path, settings):
     f = make_frame(db_session, "SDI", T0)
-    p = make_product(db_session, f, tmp_path, disk_value=42.0)
+    p = make_product(db_session, f, settings.products / "SDI", disk_value=42.0)
     r = client.get(f"/api/v1/products/{p.id}/fits")
     assert r.status_code == 200
     assert r.headers["content-type"] == "application/fits"
@@ -445,6 +446,25 @@ def test_product_fits_and_quicklook_downloads(client, db_session, tmp_path):
     Path(p.quicklook_path).unlink()
     assert_error(client.get(f"/api/v1/products/{p.id}/fits"), 404, "missing from the product store")
     assert_error(client.get(f"/api/v1/products/{p.id}/quicklook.png"), 404, "missing from the product store")
+
+
+def test_a_stored_path_outside_the_product_store_is_never_served(client, db_session, settings, tmp_path):
+    """Issue 10 (limits): the row's path is not trusted: a file outside the store (an
+    absolute path elsewhere, ``..`` out of it, a link pointing out) is a 404, not served."""
+    f = make_frame(db_session, "SDI", T0)
+    outside = make_product(db_session, f, tmp_path / "elsewhere", disk_value=1.0)  # a real file, not in the store
+    assert Path(outside.path).is_file()
+    assert_error(client.get(f"/api/v1/products/{outside.id}/fits"), 404, "missing from the product store")
+    assert_error(client.get(f"/api/v1/products/{outside.id}/quicklook.png"), 404, "missing from the product store")
+    inside = make_product(db_session, f, settings.products / "SDI", version=2, disk_value=2.0)
+    inside.path = os.path.relpath(outside.path, settings.products)  # '../../elsewhere/...': climbs out
+    assert inside.path.startswith("..") and (settings.products / inside.path).resolve().is_file()
+    link = settings.products / "SDI" / "link.png"
+    link.symlink_to(outside.quicklook_path)
+    inside.quicklook_path = str(link)
+    db_session.flush()
+    assert client.get(f"/api/v1/products/{inside.id}/fits").status_code == 404
+    assert client.get(f"/api/v1/products/{inside.id}/quicklook.png").status_code == 404
 
 
 def test_relative_product_paths_resolve_in_the_product_store(client, db_session, settings):

@@ -111,9 +111,9 @@ def test_pydantic_3994_nan_string_in_a_float_job_option_is_422(client, value):
 
 # https://github.com/fastapi/fastapi/issues/1773 (Automatically support HEAD method for all
 # GET routes, as Starlette does): HEAD on a GET route was a 405.
-def test_fastapi_1773_head_on_get_routes_answers_like_get_without_a_body(client, db_session, tmp_path):
+def test_fastapi_1773_head_on_get_routes_answers_like_get_without_a_body(client, db_session, settings):
     f = make_frame(db_session, "SDI", T0)
-    p = make_product(db_session, f, tmp_path)
+    p = make_product(db_session, f, settings.products / "SDI")
     for url in ("/api/v1/health", "/api/v1/events?format=csv", f"/api/v1/products/{p.id}/fits",
                 f"/api/v1/products/{p.id}/quicklook.png", "/api/v1/events/424242"):
         g, h = client.get(url), client.head(url)

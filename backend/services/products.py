@@ -40,6 +40,7 @@ __all__ = [
     "latest_products_in_window",
     "latest_quicklooks_by_channel",
     "resolve_store_path",
+    "served_store_path",
     "DiskMean",
     "disk_integrated_mean",
     "LightCurve",
@@ -214,6 +215,20 @@ def resolve_store_path(path: str | None, root: Path) -> Path | None:
         return None
     p = Path(path)
     return p if p.is_absolute() else root / p
+
+
+def served_store_path(path: str | None, root: Path) -> Path | None:
+    """:func:`resolve_store_path`, confined to the store: the file to serve, with links and
+    ``..`` resolved, or ``None`` when the row names no file, no file is there, or it lies
+    outside ``root`` (a path outside the store is never served, whatever the row says)."""
+    p = resolve_store_path(path, root)
+    if p is None:
+        return None
+    real, store = p.resolve(), Path(root).resolve()
+    if not real.is_relative_to(store):
+        log.warning("refused to serve %s: outside the product store %s", real, store)
+        return None
+    return real if real.is_file() else None
 
 
 # -- disk-integrated mean -------------------------------------------------------------------

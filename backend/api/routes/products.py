@@ -59,8 +59,8 @@ def read_product_fits(product_id: IdPath, session: SessionDep, settings: Setting
     row = _product_or_404(session, product_id)
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}, its FITS file is not written")
-    path = products_service.resolve_store_path(row.path, settings.products)
-    if path is None or not path.is_file():
+    path = products_service.served_store_path(row.path, settings.products)
+    if path is None:
         raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
     return FileResponse(path, media_type="application/fits", filename=path.name)
 
@@ -75,9 +75,9 @@ def read_product_fits(product_id: IdPath, session: SessionDep, settings: Setting
 def read_product_quicklook(product_id: IdPath, session: SessionDep, settings: SettingsDep) -> FileResponse:
     """The quicklook image of a product (``Product.quicklook_path``)."""
     row = _product_or_404(session, product_id)
-    path = products_service.resolve_store_path(row.quicklook_path, settings.products)
-    if path is None:
+    if not row.quicklook_path:
         raise HTTPException(404, detail=f"product {product_id} has no quicklook image")
-    if not path.is_file():
+    path = products_service.served_store_path(row.quicklook_path, settings.products)
+    if path is None:
         raise HTTPException(404, detail=f"the quicklook of product {product_id} is missing from the product store")
     return FileResponse(path, media_type="image/png")
