@@ -190,7 +190,7 @@ class Product(Base):
     header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
-    #: The job this product's outcome was counted towards (``backend.worker.processing.record_item``):
+    #: The job this product's outcome was counted towards (``backend.worker.processing.count_item``):
     #: a redelivered or duplicated progress message finds it set and counts nothing twice.
     #: Cleared when the product is planned again.
     counted_for_job: Mapped[str | None] = mapped_column(String(36))

@@ -34,7 +34,7 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "record_item", "count_item",
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item",
            "frames_for_job", "reap_stale_work", "resident_master", "STALE_AFTER_S"]
 
 #: A product of a running job with no state change for this long [s] is taken as lost
@@ -145,11 +145,6 @@ def _expire_count_mark(session: Session, product_id: int) -> None:
     prod = session.identity_map.get(session.identity_key(Product, product_id))  # no query
     if prod is not None:
         session.expire(prod, ["counted_for_job"])
-
-
-def record_item(session: Session, job_id: str | None, product_id: int) -> Job | None:
-    """:func:`count_item` without the flag: the job (``None`` without a job)."""
-    return count_item(session, job_id, product_id)[0]
 
 
 def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[Job | None, bool]:
@@ -358,5 +353,5 @@ def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
                      f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
                      f"(worker died, message lost, or no worker consumes queue '{queue}')")
         session.flush()
-        record_item(session, prod.job_id, prod.id)
+        count_item(session, prod.job_id, prod.id)
     return len(stuck)
