@@ -59,6 +59,22 @@ class Settings(BaseSettings):
         enough frames that the copies of one overlap the compute of the others after the
         first, few enough (16 x 85 MB of float32 at 4608 x 4608) that a retried batch
         redoes little.
+    ``TASK_SOFT_TIME_LIMIT_S``, ``TASK_TIME_LIMIT_S``
+        Celery soft and hard time limits of every task [s]. Default 840 and 900: a
+        full-size frame calibrates in tens of seconds on one core (benchmarks/calibrate.py),
+        a GPU batch of 16 in under a minute, so 15 min is a wide margin. At the soft limit
+        the task's product fails with the reason; at the hard limit the pool child is
+        killed and the reconciler takes the product back.
+    ``BROKER_VISIBILITY_TIMEOUT_S``
+        Redis transport: how long a delivered, unacknowledged message waits before it is
+        given to another worker [s]. Default 3600. A worker refuses to start unless it is
+        longer than ``TASK_TIME_LIMIT_S`` (a task still running would run twice).
+    ``RECONCILE_INTERVAL_S``
+        Period of the reconciler (``backend.worker.reconcile``) [s]. Default 30.
+    ``MAX_DELIVERIES``
+        Times a product's calibration may start without finishing (its worker killed, or
+        past the hard time limit) before it is failed with the reason: a poison frame stops
+        after this many. Default 3.
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -76,6 +92,12 @@ class Settings(BaseSettings):
     worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
     array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
     gpu_batch_size: int = Field(default=16, ge=1, le=1024, validation_alias=_alias("GPU_BATCH_SIZE"))
+    task_soft_time_limit_s: float = Field(default=840.0, gt=0, validation_alias=_alias("TASK_SOFT_TIME_LIMIT_S"))
+    task_time_limit_s: float = Field(default=900.0, gt=0, validation_alias=_alias("TASK_TIME_LIMIT_S"))
+    broker_visibility_timeout_s: float = Field(default=3600.0, gt=0,
+                                               validation_alias=_alias("BROKER_VISIBILITY_TIMEOUT_S"))
+    reconcile_interval_s: float = Field(default=30.0, gt=0, validation_alias=_alias("RECONCILE_INTERVAL_S"))
+    max_deliveries: int = Field(default=3, ge=1, le=100, validation_alias=_alias("MAX_DELIVERIES"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),
@@ -87,6 +109,12 @@ class Settings(BaseSettings):
         if v not in {"numpy", "cupy"}:
             raise ValueError("ARRAY_BACKEND must be 'numpy' or 'cupy'")
         return v
+
+    @property
+    def lease_s(self) -> float:
+        """How long a started calibration may hold its product before the reconciler takes it
+        back [s]: the hard time limit (after which no live worker still runs it) plus 60 s."""
+        return self.task_time_limit_s + 60.0
 
     # -- derived ---------------------------------------------------------------------------
     @property
