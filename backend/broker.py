@@ -17,14 +17,19 @@ submitted job still runs asynchronously in the worker process (never in eager mo
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from celery import Celery
 from kombu import Exchange, Queue
 
 from backend.settings import Settings, get_settings
 
-__all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName"]
+__all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName", "InFlight", "in_flight"]
 
 
 class TaskName:
@@ -148,6 +153,107 @@ def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None
     """Send task ``name`` (a :class:`TaskName`) to ``queue`` with JSON arguments; returns its
     ``AsyncResult`` at once. The sender needs no import of the task's code."""
     return ensure_configured().send_task(name, args=list(args or ()), kwargs=dict(kwargs or {}), queue=queue)
+
+
+@dataclass
+class InFlight:
+    """The work the broker still holds: messages waiting in a queue, or delivered to a
+    worker and not yet acknowledged (recently: see :func:`in_flight`).
+
+    ``products``: product ids of calibration messages; ``jobs``: job ids of plan
+    (``run_job``) messages; ``follow_ups``: ``(job_id, detector, channel)`` of follow-up
+    detection messages; ``messages``: how many messages were read.
+    """
+
+    products: set[int] = field(default_factory=set)
+    jobs: set[str] = field(default_factory=set)
+    follow_ups: set[tuple[str, str, str]] = field(default_factory=set)
+    messages: int = 0
+
+    def add_message(self, payload: bytes | str) -> None:
+        """Record one kombu message (its JSON envelope, body base64 or plain JSON)."""
+        try:
+            msg = json.loads(payload)
+            headers = msg.get("headers") or {}
+            body = msg.get("body", "")
+            if (msg.get("properties") or {}).get("body_encoding") == "base64":
+                body = base64.b64decode(body)
+            args, kwargs, embed = json.loads(body)
+        except (ValueError, TypeError, KeyError):  # not a Celery protocol-2 message: not ours
+            return
+        self.messages += 1
+        self._add_task(headers.get("task"), args, kwargs)
+        for sig in (embed or {}).get("chain") or []:  # the rest of a chain rides in the first message
+            self._add_task(sig.get("task"), sig.get("args") or [], sig.get("kwargs") or {})
+
+    def _add_task(self, name: str | None, args: list, kwargs: dict) -> None:
+        try:
+            if name in (TaskName.calibrate_product, TaskName.calibrate_product_gpu):
+                self.products.add(int(args[0] if args else kwargs["product_id"]))
+            elif name == TaskName.calibrate_products_gpu_batch:
+                self.products.update(int(p) for p in (args[1] if len(args) > 1 else kwargs["product_ids"]))
+            elif name == TaskName.run_job:
+                self.jobs.add(str(args[0] if args else kwargs["job_id"]))
+            elif name == TaskName.detect_events and kwargs.get("job_id"):
+                self.follow_ups.add((str(kwargs["job_id"]), str(kwargs.get("detector")), str(kwargs.get("channel"))))
+        except (IndexError, KeyError, TypeError, ValueError):
+            return
+
+
+#: Queues whose messages :func:`in_flight` reads.
+QUEUES = ("cpu", "gpu")
+
+
+def in_flight(*, unacked_within_s: float, settings: Settings | None = None) -> InFlight | None:
+    """What the broker holds now, for the reconciler; ``None`` when it cannot be read.
+
+    Redis (kombu's layout): each queue's lists (one per priority step) and the ``unacked``
+    hash of delivered, unacknowledged messages; a delivery older than ``unacked_within_s``
+    [s] (its ``unacked_index`` score) is left out, as its worker is taken as dead (the
+    reconciler passes ``Settings.lease_s``: no live worker runs a task that long). The
+    embedded filesystem broker: the message files in its folder (a message is removed from
+    the folder when a worker takes it).
+    """
+    s = settings or get_settings()
+    out = InFlight()
+    if s.embedded:
+        folder = s.broker_dir / "in"
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            return None
+        for name in names:
+            if name.endswith(".msg"):
+                try:
+                    out.add_message(Path(folder, name).read_bytes())
+                except OSError:  # taken by a worker meanwhile
+                    continue
+        return out
+    from kombu import Connection
+
+    try:
+        with Connection(s.celery_broker_url, connect_timeout=2.0,
+                        transport_options={"socket_timeout": 5.0, "socket_connect_timeout": 2.0,
+                                           "max_retries": 0}) as conn:
+            channel = conn.default_channel
+            client = channel.client
+            for queue in QUEUES:
+                for pri in channel.priority_steps:
+                    for payload in client.lrange(channel._q_for_pri(queue, pri), 0, -1):
+                        out.add_message(payload)
+            oldest = time.time() - unacked_within_s
+            recent = {t if isinstance(t, str) else t.decode() for t, score in
+                      client.zrange(channel.unacked_index_key, 0, -1, withscores=True) if score >= oldest}
+            for tag, value in client.hgetall(channel.unacked_key).items():
+                tag = tag if isinstance(tag, str) else tag.decode()
+                if tag in recent:
+                    try:
+                        out.add_message(json.dumps(json.loads(value)[0]))
+                    except (ValueError, TypeError, IndexError):
+                        continue
+    except Exception:  # noqa: BLE001 - broker down or frozen: the reconciler skips what needs it
+        return None
+    return out
 
 
 configure()

@@ -8,6 +8,7 @@ environment (see :mod:`backend.settings`).
 from __future__ import annotations
 
 import argparse
+import json
 import datetime as dt
 import logging
 import os
@@ -209,7 +210,43 @@ def cmd_worker(args) -> int:
         argv += ["-c", str(args.concurrency)]
     if args.pool:
         argv += ["-P", args.pool]
-    app.worker_main(argv)
+    reconciler = None
+    if not args.no_reconciler:
+        # its own process (no threads in the forking worker), stopped with the worker; it
+        # also stops by itself if this process is killed (it checks its parent each pass)
+        reconciler = subprocess.Popen([sys.executable, "-m", "backend.cli", "reconcile", "--parent", str(os.getpid())],
+                                      env=os.environ.copy(), preexec_fn=_die_with_parent)
+    try:
+        app.worker_main(argv)
+    finally:
+        if reconciler is not None and reconciler.poll() is None:
+            reconciler.terminate()
+            try:
+                reconciler.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                reconciler.kill()
+    return 0
+
+
+def cmd_reconcile(args) -> int:
+    """Run the reconciler (:mod:`backend.worker.reconcile`): one pass with ``--once`` (its
+    report as JSON), else every RECONCILE_INTERVAL_S until stopped."""
+    from backend.worker.reconcile import reconcile_once, run_forever
+
+    logging.getLogger("backend").setLevel(logging.INFO)
+    if args.once:
+        from backend.broker import ensure_configured
+        from backend.db import session_scope
+
+        ensure_configured()
+        with session_scope() as s:
+            report = reconcile_once(s)
+        print(json.dumps(report.as_dict()))
+        return 0
+    from backend.broker import ensure_configured
+
+    ensure_configured()
+    run_forever(parent_pid=args.parent)
     return 0
 
 
@@ -334,7 +371,14 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--pool", choices=["prefork", "solo", "threads"])
     w.add_argument("--loglevel", default="info")
     w.add_argument("--name", default="lstdp@%h")
+    w.add_argument("--no-reconciler", action="store_true",
+                   help="do not start the reconciler beside the worker (run `lstdp reconcile` elsewhere)")
     w.set_defaults(func=cmd_worker)
+
+    rc = sub.add_parser("reconcile", help="re-send lost work, settle counts, end settled jobs (periodic)")
+    rc.add_argument("--once", action="store_true", help="one pass, its report as JSON")
+    rc.add_argument("--parent", type=int, help=argparse.SUPPRESS)
+    rc.set_defaults(func=cmd_reconcile)
 
     sm = sub.add_parser("simulate", help="build raw LST frames from the real scenes in the sample data")
     sm.add_argument("--out", default="var/simulated")

@@ -1,8 +1,9 @@
 """The data model (SQLAlchemy 2, typed ``Mapped`` columns).
 
 Tables: ``channels``, ``frames``, ``calibration_files``, ``products`` (with the
-``product_calibration_files`` lineage table), ``jobs`` and ``events`` (with
-``event_frames``/``event_products`` links and ``event_associations``).
+``product_calibration_files`` lineage table), ``jobs`` (with ``job_items``, one row per
+frame of a job, and ``job_follow_ups``, the detections a job queues when it ends) and
+``events`` (with ``event_frames``/``event_products`` links and ``event_associations``).
 
 Times are stored timezone-aware (UTC). Names follow the field: DATE-OBS is
 ``Frame.date_obs``, HEK event codes in ``Event.event_type`` (FL flare, CE CME, PR
@@ -47,6 +48,10 @@ __all__ = [
     "ProductCalibrationFile",
     "JobState",
     "Job",
+    "ItemOutcome",
+    "JobItem",
+    "FollowUpState",
+    "JobFollowUp",
     "Event",
     "EventFrame",
     "EventProduct",
@@ -189,11 +194,18 @@ class Product(Base):
     quicklook_path: Mapped[str | None] = mapped_column(Text)
     header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The job that last planned this product (several jobs may wait on one product: see
+    #: ``JobItem``).
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
-    #: The job this product's outcome was counted towards (``backend.worker.processing.count_item``):
-    #: a redelivered or duplicated progress message finds it set and counts nothing twice.
-    #: Cleared when the product is planned again.
-    counted_for_job: Mapped[str | None] = mapped_column(String(36))
+    #: Times a calibration of this product started (claims, ``backend.state.claim_product``):
+    #: one that reaches ``MAX_DELIVERIES`` without finishing fails the product (a poison frame).
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: When the running claim was taken, and by whom (``host:pid`` of the worker process):
+    #: a claim older than ``Settings.lease_s``, or one whose process is gone, is taken back.
+    claimed_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    #: When a calibration message for it was last sent (the reconciler re-sends lost ones).
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -244,9 +256,65 @@ class Job(Base):
     failed: Mapped[int] = mapped_column(Integer, default=0)
     skipped: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
+    #: Times its plan message (``run_job``) was delivered: a job whose planning never finishes
+    #: (its worker dies each time) fails after ``MAX_DELIVERIES``.
+    deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column()
     finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class ItemOutcome(str, enum.Enum):
+    """What became of one frame of a job."""
+
+    pending = "pending"  #: its product is not finished yet
+    done = "done"  #: its product was written
+    failed = "failed"  #: its product failed, or it could not be planned (the reason says)
+    skipped = "skipped"  #: an identical product was already written
+
+
+class JobItem(Base):
+    """One frame of a job, and its outcome: the job's counts are the counts of its items.
+
+    An item is settled once (``pending`` -> ``done``/``failed``, by one conditional UPDATE,
+    ``backend.worker.processing.count_item``): a redelivered or duplicated message settles
+    nothing twice. Several jobs may wait on one product (each has its own item).
+    """
+
+    __tablename__ = "job_items"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True)
+    product_id: Mapped[int | None] = mapped_column(ForeignKey("products.id", ondelete="SET NULL"), index=True)
+    outcome: Mapped[ItemOutcome] = mapped_column(
+        Enum(ItemOutcome, native_enum=False, length=16), default=ItemOutcome.pending, index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    settled_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class FollowUpState(str, enum.Enum):
+    queued = "queued"
+    done = "done"
+    failed = "failed"
+
+
+class JobFollowUp(Base):
+    """A detection a calibration job queues when it ends (registry ``follow_ups``), keyed by
+    (job, detector, channel): a redelivered or re-sent detection message of a ``done`` key
+    runs nothing again."""
+
+    __tablename__ = "job_follow_ups"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    detector: Mapped[str] = mapped_column(String(40), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(16), primary_key=True)
+    state: Mapped[FollowUpState] = mapped_column(
+        Enum(FollowUpState, native_enum=False, length=16), default=FollowUpState.queued, index=True)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
+    events: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
 
 
 #: Columns carried in the search indexes (PostgreSQL ``INCLUDE``): what the filters test.

@@ -1,4 +1,4 @@
-"""The two state machines, product and job: the only place a state changes.
+"""The state machines, product, job and follow-up: the only place a state changes.
 
 Product (one L2 file of one frame under one calibration set)::
 
@@ -23,14 +23,37 @@ and record the reason of a failure with one rule: the text as given (callers pas
 :data:`MAX_REASON_CHARS`. A product's reason is cleared when it goes back to work; a job
 gets ``started_at`` when it starts running and ``finished_at`` when it ends. No other
 module assigns ``.state`` (a test walks the code).
+
+Claims (at-most-once effects for at-least-once delivery)
+--------------------------------------------------------
+A calibration message may be delivered twice (a killed worker's message is redelivered, a
+visibility timeout passes, the reconciler re-sends one it found lost). Each delivery first
+**claims** its product (:func:`claim_product`): one conditional ``UPDATE`` moves it
+``planned -> writing`` (or takes back a ``writing`` claim whose lease expired or whose
+process is gone), adds one to ``attempts`` and records who holds it. A delivery that finds
+the product finished, or held by a live claim, does nothing. Before its row is marked
+``written`` the holder confirms the claim is still its own (:func:`confirm_claim`, which also
+takes the row's write lock for the rest of the transaction), so a worker that was frozen
+past its lease cannot overwrite the work of the one that took the product over. After
+``MAX_DELIVERIES`` claims without a finish the product fails with the reason (a poison frame
+stops instead of killing workers for ever).
 """
 
 from __future__ import annotations
 
-from backend.models import Job, JobState, Product, ProductState, utcnow
+import datetime as dt
+import os
+import socket
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from backend.models import FollowUpState, Job, JobFollowUp, JobState, Product, ProductState, utcnow
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
-           "move_product", "move_job", "JOB_FINAL"]
+           "move_product", "move_job", "JOB_FINAL", "Claim", "claim_product", "confirm_claim", "this_process",
+           "claim_is_dead", "settle_follow_up"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -126,3 +149,140 @@ def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
     elif to == JobState.failed and not job.error:
         job.error = f"{job.failed or 0} of {job.total or 0} frames failed"
     return job
+
+
+def this_process() -> str:
+    """``host:pid`` of the calling process: who holds a claim."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def claim_is_dead(claimed_by: str | None) -> bool:
+    """Whether the process holding a claim is known to be gone: it ran on this host and its
+    pid no longer exists, or it is this very process (a process of the prefork or solo pool
+    runs one task at a time, so its earlier claim is not running any more). A claim from
+    another host is never known dead here: its lease decides."""
+    if not claimed_by:
+        return True
+    host, _, pid = claimed_by.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    return int(pid) == os.getpid() or not _pid_alive(int(pid))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The outcome of :func:`claim_product`.
+
+    ``status``: ``claimed`` (this delivery calibrates; ``attempt`` is its number),
+    ``finished`` (written or failed already: nothing to do), ``busy`` (a live claim holds
+    it), ``exhausted`` (it reached the delivery limit and is now ``failed``, to be counted),
+    ``missing`` (no such product).
+    """
+
+    status: str
+    attempt: int = 0
+
+
+def claim_product(session: Session, product_id: int, *, lease_s: float, max_deliveries: int,
+                  holder: str | None = None, now: dt.datetime | None = None) -> Claim:
+    """Claim product ``product_id`` for one calibration, committed before the work starts.
+
+    Parameters
+    ----------
+    session : Session
+        Committed by this function (the claim must be visible before the work starts).
+    lease_s : float
+        A ``writing`` claim older than this [s] is taken back (``Settings.lease_s``: the
+        hard task time limit plus a margin, after which no live worker still runs it).
+    max_deliveries : int
+        Claims a product may take without finishing (``Settings.max_deliveries``); the next
+        delivery fails it, with the reason, instead of calibrating again.
+    holder : str, optional
+        Who claims (default :func:`this_process`).
+
+    Returns
+    -------
+    Claim
+    """
+    now = now or utcnow()
+    holder = holder or this_process()
+    prod = session.scalar(select(Product).where(Product.id == product_id).execution_options(populate_existing=True))
+    if prod is None:
+        return Claim("missing")
+    if prod.state in (ProductState.written, ProductState.failed):
+        return Claim("finished")
+    if prod.state == ProductState.writing:
+        claimed_at = prod.claimed_at
+        if claimed_at is not None and claimed_at.tzinfo is None:
+            claimed_at = claimed_at.replace(tzinfo=dt.UTC)
+        live = claimed_at is not None and claimed_at > now - dt.timedelta(seconds=lease_s)
+        if live and not claim_is_dead(prod.claimed_by):
+            return Claim("busy")
+    # this process's own earlier claim (a task retried after a database fault) is taken again
+    # as the same attempt: only a start that never finished counts towards the limit
+    again = prod.state == ProductState.writing and prod.claimed_by == holder
+    seen = prod.attempts or 0
+    if not again and seen >= max_deliveries:
+        move_product(prod, ProductState.failed, give_up_reason(seen))
+        session.commit()
+        return Claim("exhausted")
+    attempt = seen if again and seen else seen + 1
+    won = session.execute(
+        update(Product).where(Product.id == product_id, Product.state == prod.state, Product.attempts == seen)
+        .values(state=ProductState.writing, attempts=attempt, claimed_at=now, claimed_by=holder, error=None)
+        .execution_options(synchronize_session=False))
+    session.commit()
+    if won.rowcount != 1:  # another delivery claimed it between our read and our update
+        return Claim("busy")
+    session.expire(prod)
+    return Claim("claimed", attempt)
+
+
+def give_up_reason(attempts: int) -> str:
+    """Why a product that started ``attempts`` times without finishing is failed."""
+    return (f"gave up after {attempts} deliveries: each started calibrating this frame and none finished "
+            "(its worker process died or passed the hard time limit each time: a frame that kills its worker)")
+
+
+def confirm_claim(session: Session, product_id: int, attempt: int) -> bool:
+    """Whether the claim ``attempt`` on ``product_id`` is still the product's (``writing``,
+    same attempt number); also takes the row's write lock until the transaction ends, so no
+    other delivery can take the product over while the holder writes its file and row."""
+    res = session.execute(
+        update(Product).where(Product.id == product_id, Product.state == ProductState.writing,
+                              Product.attempts == attempt)
+        .values(claimed_at=Product.claimed_at)
+        .execution_options(synchronize_session=False))
+    return res.rowcount == 1
+
+
+def settle_follow_up(row: JobFollowUp, to: FollowUpState, *, events: int | None = None,
+                     reason: str | None = None) -> JobFollowUp:
+    """Move follow-up detection ``row`` (``queued``) to ``done`` (with its event count) or
+    ``failed`` (with the reason); a settled row is not moved again.
+
+    Raises
+    ------
+    IllegalTransition
+        If ``row`` is settled already, or ``failed`` has no reason.
+    """
+    if row.state != FollowUpState.queued or to == FollowUpState.queued:
+        raise IllegalTransition(f"follow-up {row.job_id}/{row.detector}/{row.channel}: "
+                                f"{FollowUpState(row.state).value} -> {to.value} is not allowed")
+    if to == FollowUpState.failed and not reason:
+        raise IllegalTransition("a failed follow-up needs a reason")
+    row.state = to
+    row.finished_at = utcnow()
+    row.events = events
+    row.error = reason_text(reason) if to == FollowUpState.failed else None
+    return row

@@ -10,8 +10,9 @@ comes back, writes its L2 FITS and quicklook, moves the product to ``written`` o
 same commit. One bad frame fails that product only; the job ends ``failed`` with the
 reasons, as the CPU path does.
 
-Retries are idempotent: a product already ``written`` or ``failed`` when the batch starts
-was counted by an earlier attempt (or by the reaper) and is left alone.
+Retries and redeliveries are idempotent: each product is claimed first
+(:func:`backend.state.claim_product`); one already ``written`` or ``failed``, or held by a
+live claim of another delivery, is left alone.
 
 No GPU on a GPU worker
 ----------------------
@@ -34,7 +35,7 @@ from sqlalchemy.orm import Session
 from backend.models import Product, ProductState
 from backend.worker.processing import count_item, resident_master, write_product
 from backend.settings import Settings
-from backend.state import move_product
+from backend.state import claim_product, move_product
 from pipelines.array_backend import cupy_available
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError, failure_reason
@@ -110,6 +111,9 @@ def _count(session: Session, report: BatchReport, job_id: str | None, product_id
 
 def _fail(session: Session, report: BatchReport, job_id: str | None, product_id: int, reason: str) -> None:
     prod = session.get(Product, product_id)
+    session.refresh(prod)
+    if prod.state not in (ProductState.planned, ProductState.writing):
+        return  # finished meanwhile (another delivery): its outcome stands
     move_product(prod, ProductState.failed, reason)
     session.flush()
     _count(session, report, job_id, product_id)
@@ -159,16 +163,19 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     report = BatchReport(backend=backend, note=note)
     notes = (note,) if note else ()
 
-    # claim: planned/writing products are ours; written/failed ones were counted already
-    claimed: list[int] = []
+    # claim each product (backend.state.claim_product): finished ones, and ones a live
+    # claim holds, are left alone; one past the delivery limit fails and is counted
+    claimed: dict[int, int] = {}
     for pid in product_ids:
-        prod = session.get(Product, pid)
-        if prod is None or prod.state in (ProductState.written, ProductState.failed):
+        claim = claim_product(session, pid, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries)
+        if claim.status == "claimed":
+            claimed[pid] = claim.attempt
+        elif claim.status == "exhausted":
+            _count(session, report, job_id, pid)
+            session.commit()
+            report.failed[pid] = session.get(Product, pid).error
+        else:
             report.skipped.append(pid)
-            continue
-        move_product(prod, ProductState.writing)
-        claimed.append(pid)
-    session.commit()
 
     items = []
     for pid in claimed:
@@ -192,7 +199,10 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             return
         prod = session.get(Product, pid)
         try:
-            write_product(session, settings, prod, outcome.result, notes=notes)
+            if not write_product(session, settings, prod, outcome.result, notes=notes, attempt=claimed[pid]):
+                session.rollback()
+                report.skipped.append(pid)  # taken over by another delivery meanwhile
+                return
             session.flush()
         except Exception as exc:  # noqa: BLE001 - e.g. product store full: this product fails
             session.rollback()

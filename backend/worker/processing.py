@@ -19,28 +19,25 @@ from pathlib import Path
 
 import numpy as np
 
-from sqlalchemy import func, or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from backend import __version__
-from backend.models import Frame, Job, JobState, Product, ProductCalibrationFile, ProductState, utcnow
+from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
+                            ProductCalibrationFile, ProductState, utcnow)
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
-from backend.state import JOB_FINAL, MAX_REASON_CHARS, move_job, move_product, reason_text
+from backend.state import MAX_REASON_CHARS, claim_product, confirm_claim, move_job, move_product, reason_text
 from pipelines.calibration.options import as_options
+from pipelines.detect.registry import follow_ups
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item",
-           "frames_for_job", "reap_stale_work", "resident_master", "STALE_AFTER_S"]
-
-#: A product of a running job with no state change for this long [s] is taken as lost
-#: (its worker died, or no worker consumes its queue). A full-size frame calibrates in
-#: tens of seconds, so this leaves a wide margin.
-STALE_AFTER_S = 1800.0
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item", "recount_job",
+           "lock_job", "frames_for_job", "resident_master"]
 
 
 def frames_for_job(session: Session, job: Job) -> list[Frame]:
@@ -60,7 +57,9 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
 
     Returns ``(product, is_new_work)``; ``is_new_work`` is False when an identical product
     (same frame, calibration set and parameters) is already written: re-running a job adds
-    nothing. Raises ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
+    nothing. A product another job is calibrating right now (``planned``/``writing``) is
+    shared: this job waits on it too, and no second calibration is sent. Raises
+    ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
     """
     opts = as_options(options)
     also = ("psf",) if opts.deconvolve_psf and frame.channel_code == "SDI" else ()
@@ -72,13 +71,11 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     if existing is not None:
         if existing.state == ProductState.written:
             return existing, False
-        move_product(existing, ProductState.planned)
+        if existing.state == ProductState.failed:  # a failed product is tried again, from a clean slate
+            move_product(existing, ProductState.planned)
+            existing.attempts = 0
+            existing.claimed_at = existing.claimed_by = None
         existing.job_id = job_id
-        # planned again: its next outcome counts (a statement, not the attribute: the
-        # session's copy of the mark may be stale after count_item's UPDATE)
-        session.execute(update(Product).where(Product.id == existing.id).values(counted_for_job=None)
-                        .execution_options(synchronize_session=False))
-        _expire_count_mark(session, existing.id)
         return existing, True
     version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
     prod = Product(frame_id=frame.id, level="L2", version=version, calibration_key=sel.key, params_hash=ph,
@@ -92,16 +89,29 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     return prod, True
 
 
-def plan_job(session: Session, job_id: str) -> list[int]:
-    """Move a job to ``running``, plan its products and return the ids that need work.
+def lock_job(session: Session, job_id: str) -> Job | None:
+    """Take ``job_id``'s row write lock for the rest of the transaction (PostgreSQL: the row;
+    SQLite: the database) and return the job as committed: two deliveries of one job's plan
+    message, or two settlements closing it, run one after the other."""
+    session.execute(update(Job).where(Job.id == job_id).values(deliveries=Job.deliveries)
+                    .execution_options(synchronize_session=False))
+    return session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
 
-    Frames whose calibration is missing are counted as failed with the reason; products
-    already written are counted as skipped. The caller commits.
+
+def plan_job(session: Session, job_id: str) -> list[int]:
+    """Move a queued job to ``running``, give it one item per frame and return the ids of the
+    products to send for calibration.
+
+    Frames whose calibration is missing become ``failed`` items with the reason; frames
+    whose product is already written become ``skipped`` items. Idempotent: the plan is one
+    transaction (the caller commits), so a job that is ``running`` was planned completely; a
+    redelivered plan message of a running or ended job plans nothing again and returns
+    ``[]`` (products whose messages were lost are re-sent by the reconciler).
     """
-    job = session.get(Job, job_id)
+    job = lock_job(session, job_id)
     if job is None:
         raise DataError(f"no job {job_id}")
-    if job.state in JOB_FINAL:  # a late or redelivered message of a job that has ended
+    if job.state != JobState.queued:  # a redelivered plan message: planned already
         log.warning("job %s already %s: not planned again", job_id, job.state.value)
         return []
     move_job(job, JobState.running)
@@ -110,6 +120,7 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     job.done = job.failed = job.skipped = 0
     errors: list[str] = []
     todo: list[int] = []
+    now = utcnow()
     for frame in frames:
         try:
             for attempt in (1, 2):
@@ -124,75 +135,97 @@ def plan_job(session: Session, job_id: str) -> list[int]:
         except DataError as exc:
             job.failed += 1
             errors.append(f"frame {frame.id}: {exc}")
+            session.add(JobItem(job_id=job.id, frame_id=frame.id, outcome=ItemOutcome.failed,
+                                reason=reason_text(failure_reason(exc)), settled_at=now))
             continue
         if new:
-            todo.append(prod.id)
+            session.add(JobItem(job_id=job.id, frame_id=frame.id, product_id=prod.id, outcome=ItemOutcome.pending))
+            if prod.state == ProductState.planned:  # one being written by another job is not sent again
+                prod.sent_at = now
+                todo.append(prod.id)
         else:
             job.skipped += 1
+            session.add(JobItem(job_id=job.id, frame_id=frame.id, product_id=prod.id, outcome=ItemOutcome.skipped,
+                                settled_at=now))
     if errors:
         job.error = reason_text("; ".join(errors))
-    if not todo:
-        _finish(job)
+    session.flush()
+    if job.done + job.failed + job.skipped >= job.total:
+        _finish(session, job)
     return todo
 
 
-def _finish(job: Job) -> None:
+def _finish(session: Session, job: Job) -> None:
+    """End ``job`` (``failed`` if any frame failed) and record its follow-up detections, in
+    the caller's transaction: the rows exist exactly when the job has ended."""
     move_job(job, JobState.failed if job.failed else JobState.succeeded)
-
-
-def _expire_count_mark(session: Session, product_id: int) -> None:
-    """Forget the session's copy of ``counted_for_job`` after an UPDATE statement changed it."""
-    prod = session.identity_map.get(session.identity_key(Product, product_id))  # no query
-    if prod is not None:
-        session.expire(prod, ["counted_for_job"])
+    for name, channel in follow_ups((job.parameters or {}).get("channels", [])):
+        session.add(JobFollowUp(job_id=job.id, detector=name, channel=channel, state=FollowUpState.queued))
+    session.flush()
 
 
 def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[Job | None, bool]:
-    """Count one finished product towards its job and close the job when all are in.
+    """Settle job ``job_id``'s item for finished product ``product_id`` and end the job when
+    all its items are settled.
 
-    Idempotent per (product, job): the count is taken by one ``UPDATE products SET
-    counted_for_job`` that only a first message for a finished (``written`` or ``failed``)
-    product wins; a redelivered or duplicated message, or one for a product that is not
-    finished yet, counts nothing.
+    Idempotent per (job, product): one conditional ``UPDATE job_items ... WHERE outcome =
+    'pending'`` settles the item (``done`` if the product is ``written``, ``failed`` with its
+    reason if ``failed``); a redelivered or duplicated message, or one for a product that is
+    not finished yet, settles nothing. The job's counts go up under its row lock, so
+    concurrent settlements add up and exactly one sees the last item. The caller commits.
 
     Returns
     -------
     (job, closed)
         The job (``None`` without a job), and whether this call ended it: true for exactly
-        one call per job, the one whose follow-ups are queued.
+        one call per job, the one after whose commit the follow-ups are sent.
     """
     if not job_id:
         return None, False
-    claimed = session.execute(
-        update(Product)
-        .where(Product.id == product_id,
-               Product.state.in_([ProductState.written, ProductState.failed]),
-               or_(Product.counted_for_job.is_(None), Product.counted_for_job != job_id))
-        .values(counted_for_job=job_id)
+    prod = session.scalar(select(Product).where(Product.id == product_id).execution_options(populate_existing=True))
+    if prod is None or prod.state not in (ProductState.written, ProductState.failed):
+        return session.get(Job, job_id), False
+    ok = prod.state == ProductState.written
+    reason = None if ok else reason_text(f"product {product_id} (frame {prod.frame_id}): {prod.error}")
+    settled = session.execute(
+        update(JobItem).where(JobItem.job_id == job_id, JobItem.product_id == product_id,
+                              JobItem.outcome == ItemOutcome.pending)
+        .values(outcome=ItemOutcome.done if ok else ItemOutcome.failed, reason=reason, settled_at=utcnow())
         .execution_options(synchronize_session=False))
-    _expire_count_mark(session, product_id)
-    if claimed.rowcount != 1:  # counted already, or not finished: nothing to add
+    if settled.rowcount != 1:  # settled already (or not this job's): nothing to add
         job = session.get(Job, job_id)
         if job is not None:
             session.refresh(job)
         return job, False
-    prod = session.get(Product, product_id)
-    ok = prod is not None and prod.state == ProductState.written
     col = Job.done if ok else Job.failed
-    session.execute(update(Job).where(Job.id == job_id).values({col: col + 1}))
-    if not ok and prod is not None and prod.error:
-        job = session.get(Job, job_id)
-        msg = f"product {product_id} (frame {prod.frame_id}): {prod.error}"
-        session.execute(update(Job).where(Job.id == job_id).values(
-            error=func.substr(func.coalesce(Job.error + "; ", "") + msg, 1, MAX_REASON_CHARS)))
-    session.flush()
-    job = session.get(Job, job_id)
-    session.refresh(job)
+    values = {col: col + 1}
+    if reason:
+        values["error"] = func.substr(func.coalesce(Job.error + "; ", "") + reason, 1, MAX_REASON_CHARS)
+    session.execute(update(Job).where(Job.id == job_id).values(values).execution_options(synchronize_session=False))
+    job = session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
     if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
-        _finish(job)
-        session.flush()
+        _finish(session, job)
         return job, True
     return job, False
+
+
+def recount_job(session: Session, job: Job) -> bool:
+    """Set ``job``'s counts from its items (the source of truth) and end it if every item is
+    settled; for the reconciler, under the job's row lock. Returns whether it ended the job."""
+    rows = dict(session.execute(select(JobItem.outcome, func.count()).where(JobItem.job_id == job.id)
+                                .group_by(JobItem.outcome)).all())
+    done, failed = rows.get(ItemOutcome.done, 0), rows.get(ItemOutcome.failed, 0)
+    skipped, pending = rows.get(ItemOutcome.skipped, 0), rows.get(ItemOutcome.pending, 0)
+    if (job.done, job.failed, job.skipped) != (done, failed, skipped):
+        log.warning("job %s counts %s/%s/%s repaired from its items to %s/%s/%s", job.id, job.done, job.failed,
+                    job.skipped, done, failed, skipped)
+        job.done, job.failed, job.skipped = done, failed, skipped
+    if job.total != done + failed + skipped + pending:
+        job.total = done + failed + skipped + pending
+    if job.state == JobState.running and pending == 0:
+        _finish(session, job)
+        return True
+    return False
 
 
 #: Calibration masters a worker process keeps loaded, by (path, sha256): a full-size set
@@ -239,13 +272,19 @@ def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
         f"lst_{chan}_l2_{stamp}_f{frame.id}_v{prod.version}.fits"
 
 
-def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = ()) -> None:
+def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = (),
+                  attempt: int | None = None) -> bool:
     """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.flow.L2Result`)
     for ``prod`` and fill the row (state ``written``); the caller commits.
 
     ``notes`` become HISTORY lines of the product (e.g. the GPU worker's CPU fallback).
-    The file is fsynced and renamed before the row says ``written``.
+    ``attempt``: the claim this write belongs to (:func:`backend.state.claim_product`); it
+    is confirmed, and the row locked, before any file is touched, so a delivery whose claim
+    was taken over writes nothing and returns False. The file is fsynced and renamed before
+    the row says ``written``. Returns True when written.
     """
+    if attempt is not None and not confirm_claim(session, prod.id, attempt):
+        return False
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
     from pipelines.provenance import stamp_provenance
@@ -268,90 +307,65 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
     move_product(prod, ProductState.written)
+    return True
 
 
 def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:
-    """Calibrate one planned product and write its L2 FITS and quicklook.
+    """Claim and calibrate one product and write its L2 FITS and quicklook.
 
-    Data errors leave the product ``failed`` with the reason (not raised); other
-    exceptions also mark it ``failed`` and are re-raised so the task can retry them.
+    The product is claimed first (:func:`backend.state.claim_product`): a delivery that
+    finds it written, failed, or held by a live claim does nothing and returns it as it is;
+    one that finds it past ``MAX_DELIVERIES`` claims fails it with the reason. Data errors
+    leave the product ``failed`` with the reason (not raised); other exceptions also mark it
+    ``failed`` and are re-raised so the task can retry them.
+
+    Raises
+    ------
+    DataError
+        If there is no product ``product_id``.
     """
     from pipelines.calibration.flow import calibrate_frame
     from pipelines.fitsio import read_image
 
-    prod = session.get(Product, product_id)
-    if prod is None:
+    claim = claim_product(session, product_id, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries)
+    if claim.status == "missing":
         raise DataError(f"no product {product_id}")
-    if prod.state == ProductState.written:
+    prod = session.get(Product, product_id)
+    if claim.status != "claimed":
+        if claim.status == "busy":
+            log.info("product %s is being calibrated by %s: this delivery does nothing", product_id, prod.claimed_by)
         return prod
     frame = prod.frame
-    move_product(prod, ProductState.writing)
-    session.commit()
     try:
         raw = read_image(frame.path, dtype=np.float32)  # 16-bit DN exactly, half the memory
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         result = calibrate_frame(raw.data, raw.header, cals, as_options(prod.parameters.get("options")))
-        write_product(session, settings, prod, result)
-        session.commit()
+        if write_product(session, settings, prod, result, attempt=claim.attempt):
+            session.commit()
+        else:
+            session.rollback()
+            log.warning("product %s was taken over by another delivery while this one calibrated: not written",
+                        product_id)
+            prod = session.get(Product, product_id)
+            session.refresh(prod)
+    except OperationalError:  # a database fault: the claim stays ours and the task retries it
+        session.rollback()
+        raise
     except DataError as exc:
         session.rollback()
+        _fail_claimed(session, product_id, claim.attempt, failure_reason(exc))
         prod = session.get(Product, product_id)
-        move_product(prod, ProductState.failed, failure_reason(exc))
-        session.commit()
     except Exception as exc:
         session.rollback()
-        prod = session.get(Product, product_id)
-        move_product(prod, ProductState.failed, failure_reason(exc))
-        session.commit()
+        _fail_claimed(session, product_id, claim.attempt, failure_reason(exc))
         raise
     return prod
 
 
-def _queue_of(parameters: dict | None) -> str:
-    try:
-        return as_options((parameters or {}).get("options")).device
-    except DataError:  # options no worker would take: its products wait on the default queue
-        return "cpu"
-
-
-def reap_stale_work(session: Session, *, stale_after_s: float = STALE_AFTER_S,
-                    now: dt.datetime | None = None) -> int:
-    """Fail the products of running jobs that were lost.
-
-    A worker killed mid-task, a message lost by the broker, or a job sent to a queue no
-    worker consumes would otherwise leave products ``planned``/``writing`` and their job
-    ``running`` for ever. Lost means:
-
-    * ``writing`` with no state change for ``stale_after_s`` (a worker took it and died: a
-      frame takes seconds to minutes), or
-    * ``planned`` for ``stale_after_s`` *and* no product of the same queue (``cpu``/``gpu``)
-      was taken or finished by a worker in that time: products waiting behind a long
-      backlog on a queue whose workers are busy are not lost.
-
-    Each such product becomes ``failed`` with the reason and counts towards its job, which
-    then ends (``failed``, with the reasons) like any other. Returns the number of products
-    reaped. The caller commits.
-    """
-    now = now or utcnow()
-    cutoff = now - dt.timedelta(seconds=stale_after_s)
-    stuck = list(session.scalars(
-        select(Product).join(Job, Product.job_id == Job.id).where(
-            Job.state == JobState.running,
-            Product.state.in_([ProductState.planned, ProductState.writing]),
-            Product.updated_at < cutoff,
-        )))
-    if any(p.state == ProductState.planned for p in stuck):
-        busy = {_queue_of(params) for params in session.scalars(
-            select(Product.parameters).where(
-                Product.updated_at >= cutoff, Product.updated_at <= now,
-                Product.state.in_([ProductState.writing, ProductState.written, ProductState.failed])))}
-        stuck = [p for p in stuck if p.state == ProductState.writing or _queue_of(p.parameters) not in busy]
-    for prod in stuck:
-        was = prod.state.value
-        queue = _queue_of(prod.parameters)
-        move_product(prod, ProductState.failed,
-                     f"lost: {was} for more than {stale_after_s / 60:.0f} min with no progress "
-                     f"(worker died, message lost, or no worker consumes queue '{queue}')")
-        session.flush()
-        count_item(session, prod.job_id, prod.id)
-    return len(stuck)
+def _fail_claimed(session: Session, product_id: int, attempt: int, reason: str) -> None:
+    """Fail a product this delivery still holds (another delivery that took it over keeps it)."""
+    if confirm_claim(session, product_id, attempt):
+        prod = session.get(Product, product_id)
+        session.refresh(prod)
+        move_product(prod, ProductState.failed, reason)
+    session.commit()

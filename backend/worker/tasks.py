@@ -21,19 +21,20 @@ from sqlalchemy.exc import OperationalError
 
 from backend.broker import TaskName, app
 from backend.db import forget_connections_after_fork, session_scope
-from backend.models import Job, JobState
+from backend.models import FollowUpState, Job, JobFollowUp, JobState
 from backend.services.detection import run_detector
 from backend.services.events import associate_events
 from backend.services.ingest import ingest_path
 from backend.settings import get_settings
-from backend.state import JOB_FINAL, move_job
+from backend.state import JOB_FINAL, move_job, settle_follow_up
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
 from backend.worker.processing import calibrate_product as _calibrate_product
-from backend.worker.processing import count_item, plan_job, reap_stale_work
+from backend.worker.processing import count_item, lock_job, plan_job
+from backend.worker.reconcile import send_follow_ups
 from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
-from pipelines.detect.registry import follow_ups, get_detector
-from pipelines.errors import failure_reason
+from pipelines.detect.registry import get_detector
+from pipelines.errors import DataError, failure_reason
 from pipelines.fitsio import sweep_partial_files
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,10 @@ def _own_connections(**_kwargs) -> None:
 
 
 @worker_ready.connect
-def _reap_on_start(**_kwargs) -> None:
-    """A starting worker fails the products that dead workers left behind, and removes the
-    temporary files of their killed writes (older than an hour) from the product store."""
-    try:
-        with session_scope() as s:
-            n = reap_stale_work(s)
-        if n:
-            log.warning("reaped %d products lost by earlier workers", n)
-    except Exception:  # noqa: BLE001 - never keep a worker from starting
-        log.exception("could not reap stale work")
+def _sweep_on_start(**_kwargs) -> None:
+    """A starting worker removes the temporary files of killed writes (older than an hour)
+    from the product store. (Work that dead workers left behind is the reconciler's,
+    :mod:`backend.worker.reconcile`, which ``lstdp worker`` starts beside the worker.)"""
     try:
         swept = sweep_partial_files(get_settings().products)
         if swept:
@@ -102,14 +97,29 @@ def run_job(self, job_id: str) -> dict:
     (option ``device: gpu``): batches of ``GPU_BATCH_SIZE`` products, one
     :func:`calibrate_products_gpu_batch` task each (queue ``gpu``), which count every
     product as it finishes.
+
+    Idempotent: a redelivered message of a job planned already sends nothing (products whose
+    messages were lost are re-sent by the reconciler). Each delivery is counted first, in a
+    commit of its own: a job whose planning kills its worker every time fails after
+    ``MAX_DELIVERIES`` deliveries instead of looping.
     """
+    settings = get_settings()
     with session_scope() as s:
-        reaped = reap_stale_work(s)
-    if reaped:
-        log.warning("reaped %d products lost by earlier jobs", reaped)
+        job = lock_job(s, job_id)
+        if job is None:
+            return {"job_id": job_id, "planned": 0, "note": "no such job"}
+        if job.state != JobState.queued:
+            return {"job_id": job_id, "planned": 0, "note": f"already {job.state.value}"}
+        if (job.deliveries or 0) >= settings.max_deliveries:
+            move_job(job, JobState.failed, f"planning did not finish after {job.deliveries} deliveries of its plan "
+                                           "message (its worker died each time)")
+            return {"job_id": job_id, "planned": 0, "note": "gave up"}
+        job.deliveries = (job.deliveries or 0) + 1
     try:
         with session_scope() as s:
             todo = plan_job(s, job_id)
+            job = s.get(Job, job_id)
+            ended = job.state in JOB_FINAL
     except OperationalError:
         raise
     except Exception as exc:  # the job must end failed with the reason, never stay queued
@@ -118,11 +128,15 @@ def run_job(self, job_id: str) -> dict:
             if job is not None and job.state not in JOB_FINAL:
                 move_job(job, JobState.failed, failure_reason(exc))
         raise
+    if ended:  # nothing to calibrate: its follow-ups (if any) go now
+        with session_scope() as s:
+            send_follow_ups(s, job_id)
+        return {"job_id": job_id, "planned": 0}
     with session_scope() as s:
         options = as_options((s.get(Job, job_id).parameters or {}).get("options"))
     if options.device == "gpu":
         # GPU workers take batches: masters stay on the device, copies overlap compute
-        size = get_settings().gpu_batch_size
+        size = settings.gpu_batch_size
         batches = [todo[i:i + size] for i in range(0, len(todo), size)]
         for batch in batches:
             calibrate_products_gpu_batch.apply_async(args=[job_id, batch], queue="gpu")
@@ -176,28 +190,21 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
         with session_scope() as s:
             report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}")
     if report.job_finished:
-        _queue_follow_ups(report.job_parameters)
+        with session_scope() as s:
+            send_follow_ups(s, job_id)
     return {"job_id": job_id, **report.as_dict()}
-
-
-def _queue_follow_ups(params: dict) -> None:
-    """Queue the detections that run once a calibration job over ``params`` has ended:
-    one :func:`detect_events` per (detector, channel) of the registry's
-    :func:`~pipelines.detect.registry.follow_ups` for the job's channels."""
-    span = {"start": params.get("start"), "end": params.get("end")}
-    for name, channel in follow_ups(params.get("channels", [])):
-        detect_events.apply_async(kwargs={"detector": name, "channel": channel, **span}, queue="cpu")
 
 
 @app.task(name=TaskName.record_progress, bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
-    """Count one product towards its job; when the job ends, queue its follow-up detections."""
+    """Settle one product's item of its job; the call that ends the job sends its follow-up
+    detections (a late or redelivered message of an ended job sends nothing)."""
     with session_scope() as s:
         job, closed = count_item(s, job_id, product_id)
         state = job.state.value if job else None
-        params = dict(job.parameters) if job else {}
-    if closed:  # once per job: a late or redelivered message of an ended job queues nothing
-        _queue_follow_ups(params)
+    if closed:
+        with session_scope() as s:
+            send_follow_ups(s, job_id)
     return {"job_id": job_id, "state": state}
 
 
@@ -207,16 +214,38 @@ def _time(value: str | None) -> dt.datetime | None:
 
 @app.task(name=TaskName.detect_events, bind=True, **RETRY)
 def detect_events(self, detector: str, channel: str | None = None, start: str | None = None,
-                  end: str | None = None) -> dict:
+                  end: str | None = None, job_id: str | None = None) -> dict:
     """Run registry detector ``detector`` (``flares``, ``cmes``, ``prominences``,
     ``white-light``) on the written L2 products of ``channel`` (default: the detector's) with
     DATE-OBS in ``start``..``end`` (ISO 8601), then link the new events to those of other
-    sources and types (:func:`backend.services.events.associate_events`)."""
+    sources and types (:func:`backend.services.events.associate_events`).
+
+    ``job_id``: sent as a follow-up of that job (a ``job_follow_ups`` row keyed by job,
+    detector and channel): a follow-up done already runs nothing again; one whose detection
+    fails on its data is ``failed`` with the reason.
+    """
     t0, t1 = _time(start), _time(end)
     with session_scope() as s:
         channel = get_detector(detector).channel(channel)
-        events = run_detector(s, detector, channel=channel, start=t0, end=t1)
-        linked = associate_events(s, start=t0, end=t1)
+        row = None
+        if job_id:
+            row = s.get(JobFollowUp, (job_id, detector, channel))
+            if row is not None and row.state != FollowUpState.queued:
+                return {"detector": detector, "channel": channel, "job_id": job_id, "note": f"already {row.state.value}"}
+            if row is not None:
+                row.deliveries = (row.deliveries or 0) + 1
+                s.commit()
+        try:
+            with s.begin_nested():
+                events = run_detector(s, detector, channel=channel, start=t0, end=t1)
+                linked = associate_events(s, start=t0, end=t1)
+        except (DataError, ValueError) as exc:
+            if row is None:
+                raise
+            settle_follow_up(row, FollowUpState.failed, reason=failure_reason(exc))
+            return {"detector": detector, "channel": channel, "job_id": job_id, "error": failure_reason(exc)}
+        if row is not None:
+            settle_follow_up(row, FollowUpState.done, events=len(events))
         return {"detector": detector, "channel": channel, "events": [e.id for e in events], "associations": linked}
 
 

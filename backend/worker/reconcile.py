@@ -1,0 +1,358 @@
+"""The reconciler: nothing stays unfinished for ever.
+
+Messages are delivered at least once and may be lost (Redis flushed or restarted without
+persistence, a worker killed while it held them, the embedded broker's file taken by a
+worker that then died). The database says what work there is; the broker is only the way
+it travels. Every ``RECONCILE_INTERVAL_S`` (default 30 s) one pass of :func:`reconcile_once`
+compares the two and repairs:
+
+1. **counts**: a pending item of a running job whose product is written or failed (its
+   progress message was lost) is settled;
+2. **lost calibrations**: a product of a running job still ``planned`` whose message is
+   neither queued nor recently delivered (:func:`backend.broker.in_flight`), and sent more
+   than a grace ago, is sent again; a ``writing`` product whose claim is dead (the process
+   on this host is gone) or older than its lease (``Settings.lease_s``: the hard time
+   limit plus a margin) is taken back and sent again, or failed with the reason once it
+   has started ``MAX_DELIVERIES`` times (a poison frame stops);
+3. **queues nobody consumes**: a product ``planned`` for ``STALE_AFTER_S`` whose queue saw
+   no calibration start or finish in that time fails with the reason (a GPU job and no GPU
+   worker);
+4. **lost plans**: a ``queued`` job whose plan message is gone is sent again (a job whose
+   plan message was delivered ``MAX_DELIVERIES`` times without a plan fails);
+5. **lost follow-ups**: a queued follow-up detection of an ended job whose message is gone
+   is sent again;
+6. **ends**: a running job whose items are all settled ends, its counts recomputed from
+   its items.
+
+Every repair is idempotent (the tasks claim their work, :mod:`backend.state`), so a pass
+that races a worker, or two reconcilers at once, at worst sends a message that does
+nothing. On PostgreSQL one pass runs at a time across all workers (an advisory lock).
+
+Bound: after a fault, with a worker running, a job settles within about
+``lease_s + 2 x RECONCILE_INTERVAL_S`` (a frozen or dead worker on another host), or
+``2 x RECONCILE_INTERVAL_S`` plus the frames' calibration time when the fault is a lost
+message or a dead process on a host that runs a reconciler. Defaults: 960 s + 60 s, and 60 s.
+
+Started by ``lstdp worker`` (a child process; ``--no-reconciler`` to leave it out), so the
+demo and every compose worker run one; ``lstdp reconcile [--once]`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, select, text
+from sqlalchemy.orm import Session
+
+from backend.broker import InFlight, TaskName, in_flight, send
+from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
+                            ProductState, utcnow)
+from backend.settings import Settings, get_settings
+from backend.state import claim_is_dead, give_up_reason, move_job, move_product, settle_follow_up
+from backend.worker.processing import count_item, lock_job, recount_job
+from pipelines.calibration.options import as_options
+from pipelines.errors import DataError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReconcileReport", "reconcile_once", "run_forever", "send_calibration", "send_follow_ups",
+           "STALE_AFTER_S", "grace_s"]
+
+#: A product ``planned`` this long [s] while no calibration of its queue started or finished
+#: is failed: no worker consumes that queue. A full-size frame calibrates in tens of
+#: seconds (benchmarks/calibrate.py), so 30 min is a wide margin for a busy queue.
+STALE_AFTER_S = 1800.0
+
+#: PostgreSQL advisory lock key of a reconcile pass (any constant: "LSTR").
+ADVISORY_KEY = 0x4C535452
+
+
+def grace_s(settings: Settings) -> float:
+    """How long [s] after it was sent a message may be missing from the broker before it is
+    taken as lost: two reconcile intervals, at least 10 s (a worker may hold a message it
+    took from the queue before it claims the product)."""
+    return max(10.0, 2.0 * settings.reconcile_interval_s)
+
+
+@dataclass
+class ReconcileReport:
+    """What one pass repaired (JSON-ready through :meth:`as_dict`)."""
+
+    settled: int = 0
+    resent: list[int] = field(default_factory=list)
+    taken_back: list[int] = field(default_factory=list)
+    given_up: list[int] = field(default_factory=list)
+    unconsumed: list[int] = field(default_factory=list)
+    jobs_resent: list[str] = field(default_factory=list)
+    jobs_failed: list[str] = field(default_factory=list)
+    jobs_ended: list[str] = field(default_factory=list)
+    follow_ups_resent: int = 0
+    broker: str = "ok"
+    skipped: bool = False
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def changed(self) -> bool:
+        return bool(self.settled or self.resent or self.taken_back or self.given_up or self.unconsumed
+                    or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent)
+
+
+def _aware(t: dt.datetime | None) -> dt.datetime | None:
+    return t.replace(tzinfo=dt.UTC) if t is not None and t.tzinfo is None else t
+
+
+def _queue_of(parameters: dict | None) -> str:
+    try:
+        return as_options((parameters or {}).get("options")).device
+    except DataError:  # options no worker would take: its products wait on the default queue
+        return "cpu"
+
+
+def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") -> None:
+    """Send one product's calibration: calibrate then settle, on ``queue`` (a GPU product
+    as a batch of one)."""
+    if queue == "gpu":
+        send(TaskName.calibrate_products_gpu_batch, [job_id, [product_id]], queue="gpu")
+        return
+    from celery import chain, signature
+
+    chain(signature(TaskName.calibrate_product, args=[product_id], queue="cpu", immutable=True),
+          signature(TaskName.record_progress, args=[job_id, product_id], queue="cpu", immutable=True)).apply_async()
+
+
+def send_follow_ups(session: Session, job_id: str, *, only_unsent: bool = True) -> int:
+    """Send the queued follow-up detections of ended job ``job_id`` (each keyed by
+    (job, detector, channel), so a second message runs nothing); marks them sent and
+    commits. Returns how many were sent."""
+    job = session.get(Job, job_id)
+    if job is None:
+        return 0
+    rows = list(session.scalars(select(JobFollowUp).where(JobFollowUp.job_id == job_id,
+                                                         JobFollowUp.state == FollowUpState.queued)))
+    if only_unsent:
+        rows = [r for r in rows if r.sent_at is None]
+    span = {"start": (job.parameters or {}).get("start"), "end": (job.parameters or {}).get("end")}
+    for r in rows:
+        r.sent_at = utcnow()
+    session.commit()
+    for r in rows:
+        send(TaskName.detect_events, kwargs={"detector": r.detector, "channel": r.channel, "job_id": job_id, **span})
+    return len(rows)
+
+
+def _settle_finished(session: Session, report: ReconcileReport, closed: list[str]) -> None:
+    """Step 1: settle pending items of running jobs whose product has finished."""
+    rows = session.execute(
+        select(JobItem.job_id, JobItem.product_id).join(Job, Job.id == JobItem.job_id)
+        .join(Product, Product.id == JobItem.product_id)
+        .where(Job.state == JobState.running, JobItem.outcome == ItemOutcome.pending,
+               Product.state.in_([ProductState.written, ProductState.failed]))).all()
+    for job_id, product_id in rows:
+        job, was_closed = count_item(session, job_id, product_id)
+        session.commit()
+        report.settled += 1
+        if was_closed:
+            closed.append(job_id)
+
+
+def _lost_products(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
+                   now: dt.datetime, closed: list[str]) -> None:
+    """Steps 2 and 3: products of running jobs whose work is lost."""
+    lease = dt.timedelta(seconds=settings.lease_s)
+    grace = dt.timedelta(seconds=grace_s(settings))
+    stale = now - dt.timedelta(seconds=STALE_AFTER_S)
+    waited_on = (select(JobItem.product_id).join(Job, Job.id == JobItem.job_id)
+                 .where(Job.state == JobState.running, JobItem.outcome == ItemOutcome.pending))
+    rows = list(session.scalars(
+        select(Product).where(Product.id.in_(waited_on),
+                              Product.state.in_([ProductState.planned, ProductState.writing]))
+        .order_by(Product.id).execution_options(populate_existing=True)))
+    busy_queues: set[str] | None = None
+    for prod in rows:
+        queue = _queue_of(prod.parameters)
+        if prod.state == ProductState.writing:
+            claimed_at = _aware(prod.claimed_at)
+            expired = claimed_at is None or claimed_at < now - lease
+            if not (expired or claim_is_dead(prod.claimed_by)):
+                continue
+            if (prod.attempts or 0) >= settings.max_deliveries:
+                move_product(prod, ProductState.failed, give_up_reason(prod.attempts or 0))
+                report.given_up.append(prod.id)
+            else:
+                move_product(prod, ProductState.planned)  # a later wake of the old holder writes nothing
+                prod.sent_at = now
+                report.taken_back.append(prod.id)
+                session.commit()
+                send_calibration(prod.id, prod.job_id, queue)
+            session.commit()
+            continue
+        # planned
+        if flight is None:
+            continue
+        sent_at = _aware(prod.sent_at) or _aware(prod.updated_at) or now
+        if prod.id in flight.products:
+            if sent_at < stale and _aware(prod.updated_at) < stale:
+                if busy_queues is None:
+                    busy_queues = {_queue_of(p) for p in session.scalars(
+                        select(Product.parameters).where(Product.updated_at >= stale,
+                                                         Product.state != ProductState.planned))}
+                if queue not in busy_queues:
+                    move_product(prod, ProductState.failed,
+                                 f"lost: planned for more than {STALE_AFTER_S / 60:.0f} min and no worker took "
+                                 f"any work from queue '{queue}' meanwhile (no worker consumes it?)")
+                    session.commit()
+                    report.unconsumed.append(prod.id)
+            continue
+        if sent_at < now - grace:
+            prod.sent_at = now
+            session.commit()
+            send_calibration(prod.id, prod.job_id, queue)
+            report.resent.append(prod.id)
+    if report.given_up or report.unconsumed:
+        _settle_finished(session, report, closed)
+
+
+def _lost_plans(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
+                now: dt.datetime) -> None:
+    """Step 4: queued jobs whose plan message is gone."""
+    if flight is None:
+        return
+    cutoff = now - dt.timedelta(seconds=grace_s(settings))
+    for job in list(session.scalars(select(Job).where(Job.state == JobState.queued, Job.created_at < cutoff))):
+        if job.id in flight.jobs:
+            continue
+        job = lock_job(session, job.id)
+        if job is None or job.state != JobState.queued:
+            session.commit()
+            continue
+        if (job.deliveries or 0) >= settings.max_deliveries:
+            move_job(job, JobState.failed, f"planning did not finish after {job.deliveries} deliveries of its plan "
+                                           "message (its worker died each time)")
+            session.commit()
+            report.jobs_failed.append(job.id)
+            continue
+        session.commit()
+        send(TaskName.run_job, [job.id])
+        report.jobs_resent.append(job.id)
+
+
+def _lost_follow_ups(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
+                     now: dt.datetime) -> None:
+    """Step 5: queued follow-up detections of ended jobs whose message is gone (or was never
+    sent: the process that ended the job died before sending)."""
+    if flight is None:
+        return
+    cutoff = now - dt.timedelta(seconds=grace_s(settings))
+    rows = list(session.scalars(select(JobFollowUp).where(JobFollowUp.state == FollowUpState.queued)))
+    for r in rows:
+        sent = _aware(r.sent_at)
+        if (r.job_id, r.detector, r.channel) in flight.follow_ups or (sent is not None and sent >= cutoff):
+            continue
+        if (r.deliveries or 0) >= settings.max_deliveries:
+            settle_follow_up(r, FollowUpState.failed, reason=f"gave up after {r.deliveries} deliveries that "
+                                                             "did not finish")
+            session.commit()
+            continue
+        job = session.get(Job, r.job_id)
+        span = {"start": (job.parameters or {}).get("start"), "end": (job.parameters or {}).get("end")}
+        r.sent_at = now
+        session.commit()
+        send(TaskName.detect_events, kwargs={"detector": r.detector, "channel": r.channel, "job_id": r.job_id, **span})
+        report.follow_ups_resent += 1
+
+
+def _end_settled(session: Session, report: ReconcileReport, closed: list[str]) -> None:
+    """Step 6: running jobs with every item settled end; counts are recomputed from items."""
+    for job_id in list(session.scalars(select(Job.id).where(Job.state == JobState.running))):
+        job = lock_job(session, job_id)
+        if job is not None and job.state == JobState.running and recount_job(session, job):
+            closed.append(job_id)
+            report.jobs_ended.append(job_id)
+        session.commit()
+
+
+def reconcile_once(session: Session, settings: Settings | None = None, *, now: dt.datetime | None = None,
+                   flight: InFlight | None | bool = True) -> ReconcileReport:
+    """One reconcile pass (see the module docstring); commits as it goes.
+
+    Parameters
+    ----------
+    session : Session
+    settings : Settings, optional
+    now : datetime, optional
+        The pass's clock (tests).
+    flight : InFlight, None or True
+        What the broker holds; ``True`` (default) reads it (:func:`backend.broker.in_flight`),
+        ``None`` means unknown (steps that need it are skipped).
+
+    Returns
+    -------
+    ReconcileReport
+    """
+    settings = settings or get_settings()
+    report = ReconcileReport()
+    bind = session.get_bind()
+    lock_conn = None
+    if isinstance(bind, Engine) and bind.dialect.name == "postgresql":
+        # a connection of its own holds the lock for the pass (the session's connections
+        # go back to the pool at each commit)
+        lock_conn = bind.connect()
+        if not lock_conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": ADVISORY_KEY}):
+            lock_conn.close()
+            report.skipped = True
+            return report
+        lock_conn.commit()
+    try:
+        now = now or utcnow()
+        closed: list[str] = []
+        _settle_finished(session, report, closed)
+        # read the broker after the database: a message taken meanwhile is at worst sent twice
+        if flight is True:
+            flight = in_flight(unacked_within_s=settings.lease_s, settings=settings)
+        if flight is None:
+            report.broker = "unreadable"
+        _lost_products(session, settings, report, flight, now, closed)
+        _lost_plans(session, settings, report, flight, now)
+        _end_settled(session, report, closed)
+        for job_id in closed:
+            report.follow_ups_resent += send_follow_ups(session, job_id)
+        _lost_follow_ups(session, settings, report, flight, now)
+    finally:
+        if lock_conn is not None:
+            try:
+                lock_conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_KEY})
+                lock_conn.commit()
+            except Exception:  # noqa: BLE001 - the lock goes with the connection anyway
+                pass
+            finally:
+                lock_conn.close()
+    return report
+
+
+def run_forever(settings: Settings | None = None, *, parent_pid: int | None = None) -> None:
+    """Run :func:`reconcile_once` every ``RECONCILE_INTERVAL_S`` until killed, or until
+    process ``parent_pid`` (the worker that started this one) is gone. A failed pass (the
+    database down) is logged and the next one runs on time."""
+    from backend.db import session_scope
+
+    settings = settings or get_settings()
+    log.info("reconciler: every %.0f s (lease %.0f s, %d deliveries at most)", settings.reconcile_interval_s,
+             settings.lease_s, settings.max_deliveries)
+    while True:
+        if parent_pid is not None and os.getppid() != parent_pid:
+            log.info("reconciler: the worker that started it is gone; stopping")
+            return
+        t0 = time.monotonic()
+        try:
+            with session_scope() as s:
+                report = reconcile_once(s, settings)
+            if report.changed():
+                log.warning("reconciler: %s", {k: v for k, v in report.as_dict().items() if v})
+        except Exception:  # noqa: BLE001 - the next pass tries again
+            log.exception("reconciler: pass failed")
+        time.sleep(max(0.0, settings.reconcile_interval_s - (time.monotonic() - t0)))
