@@ -263,6 +263,10 @@ class Job(Base):
     started_at: Mapped[dt.datetime | None] = mapped_column()
     finished_at: Mapped[dt.datetime | None] = mapped_column()
 
+    #: The detections it queued when it ended (``JobFollowUp``), loaded with the job.
+    follow_ups: Mapped[list[JobFollowUp]] = relationship(
+        lazy="selectin", order_by="(JobFollowUp.detector, JobFollowUp.channel)", viewonly=True)
+
 
 class ItemOutcome(str, enum.Enum):
     """What became of one frame of a job."""

@@ -245,9 +245,12 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
     from backend.worker import tasks
 
     settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=1)
+    from backend.broker import TaskName
+    from backend.worker import reconcile
+
     follow_ups = []
-    monkeypatch.setattr(tasks.detect_events, "apply_async",
-                        lambda *a, **k: follow_ups.append(k.get("kwargs")))
+    monkeypatch.setattr(reconcile, "send", lambda name, args=None, kwargs=None, queue="cpu":
+                        follow_ups.append(kwargs) if name == TaskName.detect_events else None)
     sent = []
     real_apply_async = tasks.calibrate_products_gpu_batch.apply_async
 
@@ -277,6 +280,7 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
                            for x in h["HISTORY"])
         assert len(follow_ups) == 1  # the WST follow-up, queued once when the job ended
         assert follow_ups[0]["detector"] == "white-light" and follow_ups[0]["channel"] == "WST"
+        assert follow_ups[0]["job_id"] == job_id and [f.detector for f in job.follow_ups] == ["white-light"]
 
         # a retried batch redoes nothing and counts nothing twice
         again = calibrate_products_batch(s, [p.id for p in prods.values()] + [bad.id], settings, job_id=job_id)

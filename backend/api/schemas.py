@@ -281,6 +281,16 @@ class LightCurvePublic(BaseModel):
 # -- jobs -------------------------------------------------------------------------------------
 
 
+class FollowUpPublic(_ORM):
+    """A detection the job queued when it ended (run once per job, detector and channel)."""
+
+    detector: str = Field(description="registry detector: flares, cmes, prominences, white-light")
+    channel: str
+    state: str = Field(description="queued, done or failed")
+    events: int | None = Field(description="events the detection found (done)")
+    error: str | None
+
+
 class JobPublic(_ORM):
     """A recalibration job and its progress."""
 
@@ -297,6 +307,8 @@ class JobPublic(_ORM):
     created_at: UTCDateTime
     started_at: UTCDateTime | None
     finished_at: UTCDateTime | None
+    follow_ups: list[FollowUpPublic] = Field(default_factory=list,
+                                             description="detections queued when the job ended")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+from celery.exceptions import SoftTimeLimitExceeded
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -354,6 +355,12 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     except DataError as exc:
         session.rollback()
         _fail_claimed(session, product_id, claim.attempt, failure_reason(exc))
+        prod = session.get(Product, product_id)
+    except SoftTimeLimitExceeded:
+        session.rollback()
+        _fail_claimed(session, product_id, claim.attempt,
+                      f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
+                      "(TASK_SOFT_TIME_LIMIT_S)")
         prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
