@@ -456,8 +456,12 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
         raise RuntimeError("executor exploded")
 
     monkeypatch.setattr(tasks, "calibrate_products_batch", broken)
+    from backend.broker import TaskName
+    from backend.worker import reconcile
+
     follow_ups = []
-    monkeypatch.setattr(tasks.detect_events, "apply_async", lambda *a, **k: follow_ups.append(k))
+    monkeypatch.setattr(reconcile, "send", lambda name, args=None, kwargs=None, queue="cpu":
+                        follow_ups.append(kwargs) if name == TaskName.detect_events else None)
     tasks.run_job.apply(args=[job_id]).get()
     with session_scope() as s:
         job = s.get(Job, job_id)
