@@ -53,7 +53,7 @@ from backend.models import FollowUpState, Job, JobFollowUp, JobState, Product, P
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "Claim", "claim_product", "confirm_claim", "this_process",
-           "claim_is_dead", "settle_follow_up"]
+           "claim_is_dead", "is_retry_of", "settle_follow_up"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -151,9 +151,31 @@ def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
     return job
 
 
-def this_process() -> str:
-    """``host:pid`` of the calling process: who holds a claim."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+def this_process(task_id: str | None = None, retries: int = 0) -> str:
+    """Who holds a claim: ``host:pid``, and for a Celery task ``host:pid task=<id> try=<n>``
+    (its id and retry number: a retry keeps the id and adds one to the number, a
+    redelivery after a crash keeps both)."""
+    who = f"{socket.gethostname()}:{os.getpid()}"
+    return f"{who} task={task_id} try={retries}" if task_id else who
+
+
+def _task_of(holder: str | None) -> tuple[str | None, int]:
+    parts = dict(p.split("=", 1) for p in (holder or "").split()[1:] if "=" in p)
+    try:
+        return parts.get("task"), int(parts.get("try", 0))
+    except ValueError:
+        return parts.get("task"), 0
+
+
+def is_retry_of(holder: str, claimed_by: str | None) -> bool:
+    """Whether ``holder`` is a later try of the task that holds the claim (the earlier try
+    raised a database fault and was retried: it is not running any more, and it was no
+    crash), or the very same holder."""
+    if holder == claimed_by:
+        return True
+    mine, my_try = _task_of(holder)
+    theirs, their_try = _task_of(claimed_by)
+    return mine is not None and mine == theirs and my_try > their_try
 
 
 def _pid_alive(pid: int) -> bool:
@@ -173,7 +195,7 @@ def claim_is_dead(claimed_by: str | None) -> bool:
     another host is never known dead here: its lease decides."""
     if not claimed_by:
         return True
-    host, _, pid = claimed_by.rpartition(":")
+    host, _, pid = claimed_by.split()[0].rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
     return int(pid) == os.getpid() or not _pid_alive(int(pid))
@@ -208,7 +230,7 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         Claims a product may take without finishing (``Settings.max_deliveries``); the next
         delivery fails it, with the reason, instead of calibrating again.
     holder : str, optional
-        Who claims (default :func:`this_process`).
+        Who claims (default :func:`this_process`; a task passes its id and retry number).
 
     Returns
     -------
@@ -226,11 +248,11 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         if claimed_at is not None and claimed_at.tzinfo is None:
             claimed_at = claimed_at.replace(tzinfo=dt.UTC)
         live = claimed_at is not None and claimed_at > now - dt.timedelta(seconds=lease_s)
-        if live and not claim_is_dead(prod.claimed_by):
+        if live and not claim_is_dead(prod.claimed_by) and not is_retry_of(holder, prod.claimed_by):
             return Claim("busy")
-    # this process's own earlier claim (a task retried after a database fault) is taken again
-    # as the same attempt: only a start that never finished counts towards the limit
-    again = prod.state == ProductState.writing and prod.claimed_by == holder
+    # a retry of the task that holds the claim (after a database fault) takes it again as
+    # the same attempt: only a start that never finished counts towards the limit
+    again = prod.state == ProductState.writing and is_retry_of(holder, prod.claimed_by)
     seen = prod.attempts or 0
     if not again and seen >= max_deliveries:
         move_product(prod, ProductState.failed, give_up_reason(seen))

@@ -358,3 +358,19 @@ def test_a_follow_up_done_runs_nothing_again(sqlite_env, monkeypatch):
     with session_scope() as s:
         row = s.get(JobFollowUp, (job_id, "white-light", "WST"))
         assert (row.state, row.deliveries, row.events) == (FollowUpState.done, 1, 0)
+
+
+def test_a_retried_task_retakes_its_claim_but_a_redelivery_after_a_crash_is_a_new_attempt(db_session):
+    """A retry (database fault) keeps the task id and adds one to its try number; a message
+    redelivered after its worker died keeps both."""
+    from backend.state import this_process
+
+    s = db_session
+    _, (p,) = _job(s, [ProductState.planned])
+    kw = dict(lease_s=100, max_deliveries=3, now=NOW)
+    first = this_process("task-1", 0).replace(socket.gethostname(), "other-host")
+    assert claim_product(s, p.id, holder=first, **kw) == Claim("claimed", 1)
+    retry = first.replace("try=0", "try=1")  # in another process, on another host
+    assert claim_product(s, p.id, holder=retry, **kw) == Claim("claimed", 1)
+    redelivered = retry.replace("other-host", "third-host")  # same id, same try: a live claim
+    assert claim_product(s, p.id, holder=redelivered, **kw).status == "busy"

@@ -122,7 +122,7 @@ def _fail(session: Session, report: BatchReport, job_id: str | None, product_id:
 
 
 def calibrate_products_batch(session: Session, product_ids: list[int], settings: Settings, *,
-                             job_id: str | None = None, executor=None) -> BatchReport:
+                             job_id: str | None = None, executor=None, holder: str | None = None) -> BatchReport:
     """Calibrate the planned products ``product_ids`` as one device batch.
 
     Parameters
@@ -137,6 +137,9 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         The job each finished product is counted towards.
     executor : BatchExecutor, optional
         Default: this process's executor for :func:`choose_backend`'s backend.
+    holder : str, optional
+        Who claims the products (:func:`backend.state.this_process`, with the task's id
+        and retry number).
 
     Returns
     -------
@@ -167,7 +170,8 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     # claim holds, are left alone; one past the delivery limit fails and is counted
     claimed: dict[int, int] = {}
     for pid in product_ids:
-        claim = claim_product(session, pid, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries)
+        claim = claim_product(session, pid, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,
+                              holder=holder)
         if claim.status == "claimed":
             claimed[pid] = claim.attempt
         elif claim.status == "exhausted":

@@ -311,14 +311,15 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     return True
 
 
-def calibrate_product(session: Session, product_id: int, settings: Settings) -> Product:
+def calibrate_product(session: Session, product_id: int, settings: Settings, *, holder: str | None = None) -> Product:
     """Claim and calibrate one product and write its L2 FITS and quicklook.
 
     The product is claimed first (:func:`backend.state.claim_product`): a delivery that
     finds it written, failed, or held by a live claim does nothing and returns it as it is;
     one that finds it past ``MAX_DELIVERIES`` claims fails it with the reason. Data errors
     leave the product ``failed`` with the reason (not raised); other exceptions also mark it
-    ``failed`` and are re-raised so the task can retry them.
+    ``failed`` and are re-raised so the task can retry them. ``holder``: who claims
+    (:func:`backend.state.this_process` with the task's id and retry number).
 
     Raises
     ------
@@ -328,7 +329,8 @@ def calibrate_product(session: Session, product_id: int, settings: Settings) -> 
     from pipelines.calibration.flow import calibrate_frame
     from pipelines.fitsio import read_image
 
-    claim = claim_product(session, product_id, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries)
+    claim = claim_product(session, product_id, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,
+                          holder=holder)
     if claim.status == "missing":
         raise DataError(f"no product {product_id}")
     prod = session.get(Product, product_id)

@@ -26,7 +26,7 @@ from backend.services.detection import run_detector
 from backend.services.events import associate_events
 from backend.services.ingest import ingest_path
 from backend.settings import get_settings
-from backend.state import JOB_FINAL, move_job, settle_follow_up
+from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
 from backend.worker.processing import calibrate_product as _calibrate_product
 from backend.worker.processing import count_item, lock_job, plan_job
@@ -155,7 +155,8 @@ def calibrate_product(self, product_id: int) -> dict:
     """Calibrate one product (state planned -> writing -> written | failed)."""
     with session_scope() as s:
         try:
-            prod = _calibrate_product(s, product_id, get_settings())
+            prod = _calibrate_product(s, product_id, get_settings(),
+                                      holder=this_process(self.request.id, self.request.retries or 0))
             return {"product_id": product_id, "state": prod.state.value, "error": prod.error}
         except OperationalError:
             raise
@@ -186,7 +187,8 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     """
     try:
         with session_scope() as s:
-            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id)
+            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id,
+                                              holder=this_process(self.request.id, self.request.retries or 0))
     except OperationalError:
         raise
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
