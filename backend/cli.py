@@ -1,5 +1,5 @@
 """The ``lstdp`` command: demo, serve, worker, simulate, ingest, import-events, calibrate,
-detect, db upgrade/downgrade.
+detect, fsck, db upgrade/downgrade.
 
 Run ``lstdp COMMAND --help`` for each command's options. Settings come from the
 environment (see :mod:`backend.settings`).
@@ -198,6 +198,25 @@ def cmd_detect(args) -> int:
         _say(f"{len(events)} event(s) found by the {args.kind} detector (re-running stores nothing twice)")
         _say(f"associations: {associate_events(s, start=t0, end=t1)} new link(s)")
     return 0
+
+
+def cmd_fsck(args) -> int:
+    """Compare the database and the stores (``backend.services.fsck``); exit 0 when clean,
+    1 when problems remain (after ``--repair``: those it could not repair)."""
+    import json
+
+    from backend.db import session_scope
+    from backend.services.fsck import run_fsck
+
+    s = _settings()
+    with session_scope() as session:
+        report = run_fsck(session, s, repair=args.repair, checksums=not args.no_checksums)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2), flush=True)
+    else:
+        for line in report.lines():
+            _say(f"fsck: {line}")
+    return 0 if report.clean else 1
 
 
 def cmd_worker(args) -> int:
@@ -420,6 +439,20 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--start")
     de.add_argument("--end")
     de.set_defaults(func=cmd_detect)
+
+    fk = sub.add_parser("fsck", help="compare the database with the product, raw and calibration stores",
+                        description="Find written products whose file is missing or differs from its "
+                        "SHA-256, product files no written row names, temporary files of killed writes, "
+                        "rows pointing outside the store, and missing or changed frames and masters. "
+                        "Exit 0 when clean, 1 when problems remain.")
+    fk.add_argument("--repair", action="store_true",
+                    help="repair the safe ones: remove old temporary files, quarantine orphan files, "
+                    "fail written products whose file is missing or damaged (the next job re-plans them), "
+                    "make missing quicklooks again; report the rest")
+    fk.add_argument("--json", action="store_true", help="print the report as JSON")
+    fk.add_argument("--no-checksums", action="store_true",
+                    help="check presence only (the SHA-256 pass reads every byte of every file)")
+    fk.set_defaults(func=cmd_fsck)
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade"])

@@ -8,7 +8,9 @@ Product (one L2 file of one frame under one calibration set)::
                                                         reaper gave it up: the file it then
                                                         wrote is sound; a new reason replaces
                                                         the old)
-    written -> (final: a new calibration makes a new version)
+    written -> failed                                 (only ``lstdp fsck --repair``: its file is
+                                                        missing on disk or differs from its SHA-256;
+                                                        failed, the next job re-plans it)
 
 Job (a recalibration request)::
 
@@ -65,7 +67,9 @@ PRODUCT_MOVES: dict[ProductState, frozenset[ProductState]] = {
     P.planned: frozenset({P.planned, P.writing, P.failed}),
     P.writing: frozenset({P.writing, P.written, P.failed, P.planned}),
     P.failed: frozenset({P.planned, P.writing, P.written, P.failed}),
-    P.written: frozenset(),
+    # a written product stays written (a new calibration makes a new version), unless its
+    # file is lost or damaged on disk: backend.services.fsck fails it so it is made again
+    P.written: frozenset({P.failed}),
 }
 
 #: Legal job moves (``running -> running``: a redelivered plan message re-plans the job).

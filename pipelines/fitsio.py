@@ -35,9 +35,10 @@ import re
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from astropy.io import fits
@@ -57,7 +58,14 @@ __all__ = [
     "EXPOSURE_KEYWORDS",
     "DSUN_RANGE_M",
     "write_fits_atomic",
+    "write_atomic",
     "sha256_file",
+    "STORE_TMP_DIR",
+    "PARTIAL_MAX_AGE_S",
+    "PARTIAL_PATTERNS",
+    "store_tmp_dir",
+    "partial_files",
+    "sweep_partial_files",
 ]
 
 _MONTHS = {m: i for i, m in enumerate(
@@ -476,19 +484,77 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: bool = True) -> str:
-    """Write ``hdul`` to ``path`` atomically and return the file's SHA-256.
+#: Folder of a store, directly under its root, that holds the temporary files of the writes
+#: in progress (:func:`write_atomic` with ``tmp_dir=store_tmp_dir(root)``). Inside the store,
+#: so on its file system: the final rename is atomic (``rename(2)`` is atomic only within one
+#: file system). Hidden (leading dot), so that walks of the store for products skip it.
+STORE_TMP_DIR = ".tmp"
 
-    The file is written under a temporary name in the same folder, flushed and fsynced,
-    then renamed over ``path``: a crash never leaves a half-written file under the final
-    name. ``CHECKSUM``/``DATASUM`` are added to every HDU (FITS standard 4.0, sect. 4.4.2.7).
+#: Age [s] after which a temporary file of an atomic write is taken as left by a killed
+#: write and removed (:func:`sweep_partial_files`, ``lstdp fsck --repair``). One hour: a
+#: choice, far above the time a write takes (seconds for a full-size product) and above the
+#: default hard task time limit (``TASK_TIME_LIMIT_S``, 900 s; after it no worker still
+#: writes), so a live write is never removed.
+PARTIAL_MAX_AGE_S = 3600.0
+
+#: Name patterns of the temporary files that earlier versions of the atomic writers left
+#: *beside* the target when killed mid-write (:func:`write_fits_atomic` and
+#: ``pipelines.products.write_quicklook_png`` without ``tmp_dir``).
+PARTIAL_PATTERNS = (".*.part", ".*.part.png")
+
+
+def store_tmp_dir(root: str | os.PathLike) -> Path:
+    """The temporary folder of the store at ``root``: ``<root>/``:data:`STORE_TMP_DIR`."""
+    return Path(root) / STORE_TMP_DIR
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
+                 tmp_dir: str | os.PathLike | None = None, suffix: str = ".part") -> Path:
+    """Write a file atomically: into a temporary file, fsynced, then renamed over ``path``.
+
+    A crash never leaves a half-written file under the final name; the file is readable by
+    everyone the umask allows (``mkstemp`` alone would make it 0600).
+
+    Parameters
+    ----------
+    path : path-like
+        The final file; its folder is created.
+    write : callable
+        ``write(f)`` writes the bytes to the open binary file ``f``.
+    tmp_dir : path-like, optional
+        Folder of the temporary file (created), e.g. :func:`store_tmp_dir` of the store:
+        temporary files then never lie beside the products. It must be on the file system of
+        ``path``. Default: ``path``'s folder, under a hidden name (:data:`PARTIAL_PATTERNS`).
+    suffix : str
+        End of the temporary file's name.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    ValueError
+        If ``tmp_dir`` is on another file system than ``path``'s folder (the rename would be
+        a copy, not atomic); checked before anything is written.
+    OSError
+        From the writing; the temporary file is removed.
     """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part", dir=p.parent)
+    if tmp_dir is None:
+        folder, prefix = p.parent, f".{p.name}."
+    else:
+        folder, prefix = Path(tmp_dir), f"{p.name}."
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.stat(folder).st_dev != os.stat(p.parent).st_dev:
+            raise ValueError(f"temporary folder {folder} is not on the file system of {p.parent}: "
+                             "the rename would not be atomic")
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            hdul.writeto(f, checksum=checksum, overwrite=True)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
@@ -504,41 +570,60 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    return p
+
+
+def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: bool = True,
+                      tmp_dir: str | os.PathLike | None = None) -> str:
+    """Write ``hdul`` to ``path`` atomically (:func:`write_atomic`) and return the file's SHA-256.
+
+    ``CHECKSUM``/``DATASUM`` are added to every HDU (FITS standard 4.0, sect. 4.4.2.7).
+    ``tmp_dir`` is where the temporary file lies during the write (default: beside ``path``
+    under a hidden name); products give the store's :func:`store_tmp_dir`.
+    """
+    p = write_atomic(path, lambda f: hdul.writeto(f, checksum=checksum, overwrite=True), tmp_dir=tmp_dir)
     return sha256_file(p)
 
 
-#: Name patterns of the temporary files the atomic writers leave when killed mid-write
-#: (:func:`write_fits_atomic`, ``pipelines.products.write_quicklook_png``).
-PARTIAL_PATTERNS = (".*.part", ".*.part.png")
+def partial_files(root: str | os.PathLike) -> list[Path]:
+    """The temporary files of atomic writes under the store ``root``, in progress or left by
+    killed writes: every file in its :func:`store_tmp_dir`, and the writers' older hidden names
+    beside the products (:data:`PARTIAL_PATTERNS`). Sorted; a missing ``root`` has none."""
+    base = Path(root)
+    if not base.is_dir():
+        return []
+    tmp = store_tmp_dir(base)
+    found = {f for f in tmp.rglob("*") if f.is_file()} if tmp.is_dir() else set()
+    for pattern in PARTIAL_PATTERNS:
+        found.update(f for f in base.rglob(pattern) if f.is_file())
+    return sorted(found)
 
 
-def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = 3600.0,
+def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = PARTIAL_MAX_AGE_S,
                         now: float | None = None) -> list[Path]:
-    """Remove the temporary files of atomic writes killed mid-way under ``root``.
+    """Remove the temporary files of atomic writes killed mid-way under the store ``root``.
 
-    Only the writers' own hidden temporary names (:data:`PARTIAL_PATTERNS`) last modified
-    more than ``older_than_s`` seconds ago are removed: a write in progress elsewhere (a
-    full-size product takes seconds) is left alone. A missing ``root`` is nothing to sweep.
+    The files of :func:`partial_files` (the store's temporary folder :data:`STORE_TMP_DIR`,
+    and the hidden ``.part`` names that earlier versions left beside the products) last
+    modified more than ``older_than_s`` seconds ago (default :data:`PARTIAL_MAX_AGE_S`, one
+    hour) are removed: a write in progress (a full-size product takes seconds) is left alone.
+    A missing ``root`` is nothing to sweep.
 
     Returns
     -------
     list of pathlib.Path
-        The files removed.
+        The files removed, sorted.
     """
-    base = Path(root)
-    if not base.is_dir():
-        return []
     cutoff = (time.time() if now is None else now) - older_than_s
     removed = []
-    for pattern in PARTIAL_PATTERNS:
-        for f in base.rglob(pattern):
-            try:
-                if f.is_file() and f.stat().st_mtime < cutoff:
-                    f.unlink()
-                    removed.append(f)
-            except FileNotFoundError:  # removed by another sweeper meanwhile
-                continue
-    return sorted(removed)
+    for f in partial_files(root):
+        try:
+            if f.stat().st_mtime < cutoff:
+                f.unlink()
+                removed.append(f)
+        except FileNotFoundError:  # renamed by its writer or removed by another sweeper meanwhile
+            continue
+    return removed
 
 
 def utc_datetime(t: Time) -> dt.datetime:

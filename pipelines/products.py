@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from astropy.io import fits
 from pipelines.calibration.flow import L2Result
 from pipelines.calibration.steps import dq_description
 from pipelines.channels import get_channel
+from pipelines.fitsio import write_atomic
 from pipelines.provenance import stamp_provenance
 
 __all__ = ["build_product_hdul", "dq_table_hdu", "read_product", "write_quicklook_png", "quicklook_image"]
@@ -205,8 +205,8 @@ _CMAPS = {"SDI": "inferno", "WST": "gray", "SCI-UV": "viridis", "SCI-WL": "bone"
 
 
 def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLike, channel_code: str,
-                        size: int = 512) -> Path:
-    """Write a small PNG quicklook of an L2 frame (atomically).
+                        size: int = 512, *, tmp_dir: str | os.PathLike | None = None) -> Path:
+    """Write a small PNG quicklook of an L2 frame (atomically, :func:`pipelines.fitsio.write_atomic`).
 
     Parameters
     ----------
@@ -220,10 +220,20 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
         ``SDI``, ``WST``, ``SCI-UV`` or ``SCI-WL``: chooses the stretch and colour map.
     size : int
         Largest side in pixels (block-averaged down to it).
+    tmp_dir : path-like, optional
+        Folder of the temporary file during the write, on the file system of ``path``
+        (products give the store's :func:`pipelines.fitsio.store_tmp_dir`). Default: beside
+        ``path`` under a hidden ``.part.png`` name.
 
     Returns
     -------
     pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    ValueError
+        If ``tmp_dir`` is on another file system than ``path``.
     """
     import matplotlib
 
@@ -234,16 +244,6 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
     img = quicklook_image(data, dq, channel_code, size)
     cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].with_extremes(bad="black")
     rgba = cmap(np.ma.masked_invalid(img), bytes=True)
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".part.png", dir=p.parent)
-    os.close(fd)
-    try:
-        imsave(tmp, rgba, origin="lower", format="png")
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return p
+    return write_atomic(path, lambda f: imsave(f, rgba, origin="lower", format="png"), tmp_dir=tmp_dir,
+                        suffix=".part.png")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,23 +118,86 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
 
 
 def test_partial_files_of_killed_writes_are_swept_and_live_ones_kept(tmp_path):
-    """Issue 10: killed writes left 0-byte ``.part`` files in the product store."""
+    """Issue 10: killed writes left 0-byte ``.part`` files in the product store. Swept: every
+    old file of the store's ``.tmp/`` folder, and the hidden names that earlier versions left
+    beside the products; kept: live writes (younger than the threshold) and other files."""
     import os
     import time
 
-    from pipelines.fitsio import sweep_partial_files
+    from pipelines.fitsio import PARTIAL_MAX_AGE_S, partial_files, store_tmp_dir, sweep_partial_files
 
     d = tmp_path / "SDI" / "2024" / "05" / "10"
     d.mkdir(parents=True)
-    old = [d / ".lst_sdi_l2_x.fits.abc123.part", d / ".lst_sdi_l2_x.fits.def456.part.png"]
-    live = d / ".lst_sdi_l2_y.fits.ghi789.part"
+    tmp = store_tmp_dir(tmp_path)
+    tmp.mkdir()
+    old = [d / ".lst_sdi_l2_x.fits.abc123.part", d / ".lst_sdi_l2_x.fits.def456.part.png",
+           tmp / "lst_sdi_l2_z.fits.k1.part", tmp / "lst_sdi_l2_z.png.k2.part.png", tmp / "anything"]
+    live = [d / ".lst_sdi_l2_y.fits.ghi789.part", tmp / "lst_sdi_l2_w.fits.k3.part"]
     product = d / "lst_sdi_l2_x.fits"
-    other = d / "notes.part"  # not a writer's temporary name
-    for f in (*old, live, product, other):
+    other = d / "notes.part"  # not a writer's temporary name, and not in the temporary folder
+    for f in (*old, *live, product, other):
         f.write_bytes(b"")
-    two_hours_ago = time.time() - 7200
+    assert PARTIAL_MAX_AGE_S == 3600.0
+    just_over = time.time() - PARTIAL_MAX_AGE_S - 60
     for f in (*old, product, other):
-        os.utime(f, (two_hours_ago, two_hours_ago))
+        os.utime(f, (just_over, just_over))
+    assert partial_files(tmp_path) == sorted(old + live)
     assert sweep_partial_files(tmp_path) == sorted(old)
-    assert all(f.exists() for f in (live, product, other)) and not any(f.exists() for f in old)
+    assert all(f.exists() for f in (*live, product, other)) and not any(f.exists() for f in old)
     assert sweep_partial_files(tmp_path / "missing") == []
+    assert sweep_partial_files(tmp_path, older_than_s=0, now=time.time() + 1) == sorted(live)
+
+
+def test_atomic_writes_through_a_temporary_folder_leave_nothing_beside_the_product(tmp_path):
+    """With ``tmp_dir`` the temporary file lies in that folder during the write (seen from
+    inside the writer), the product is renamed into place readable by all the umask allows,
+    and a failed write leaves neither the product nor a temporary file."""
+    from pipelines.fitsio import store_tmp_dir, write_atomic
+    from pipelines.products import write_quicklook_png
+
+    store = tmp_path / "products"
+    tmp = store_tmp_dir(store)
+    target = store / "SDI" / "2024" / "lst_sdi_l2_a.fits"
+    seen = []
+
+    def write(f):
+        seen.extend(tmp.iterdir())  # the file being written
+        f.write(b"SIMPLE")
+
+    old = os.umask(0o022)
+    try:
+        assert write_atomic(target, write, tmp_dir=tmp) == target
+        png = write_quicklook_png(np.ones((8, 8), np.float32), np.zeros((8, 8), np.uint8),
+                                  target.with_suffix(".png"), "SDI", tmp_dir=tmp)
+    finally:
+        os.umask(old)
+    assert len(seen) == 1 and seen[0].name.startswith("lst_sdi_l2_a.fits.") and seen[0].suffix == ".part"
+    assert target.read_bytes() == b"SIMPLE" and (target.stat().st_mode & 0o777) == 0o644
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (png.stat().st_mode & 0o777) == 0o644
+    assert sorted(p.name for p in target.parent.iterdir()) == ["lst_sdi_l2_a.fits", "lst_sdi_l2_a.png"]
+    assert list(tmp.iterdir()) == []
+
+    def boom(f):
+        f.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(store / "SDI" / "lst_sdi_l2_b.fits", boom, tmp_dir=tmp)
+    assert not (store / "SDI" / "lst_sdi_l2_b.fits").exists() and list(tmp.iterdir()) == []
+
+
+def test_a_temporary_folder_on_another_file_system_is_refused_before_writing(tmp_path):
+    """``rename(2)`` across file systems fails (EXDEV) and a copy would not be atomic."""
+    import tempfile
+
+    from pipelines.fitsio import write_atomic
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second file system (/dev/shm) to put the temporary folder on")
+    called = []
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        with pytest.raises(ValueError, match="not on the file system"):
+            write_atomic(tmp_path / "a.fits", called.append, tmp_dir=other)
+        assert os.listdir(other) == []
+    assert called == [] and not (tmp_path / "a.fits").exists()

@@ -55,10 +55,16 @@ def test_product_moves_and_reasons():
     assert p.error is None
     move_product(p, ProductState.writing)
     move_product(p, ProductState.written)
-    for to in ProductState:  # written is final
+    for to in set(ProductState) - {ProductState.failed}:  # written leaves only for failed
         with pytest.raises(IllegalTransition, match="written -> "):
             move_product(p, to)
     assert p.state == ProductState.written
+    with pytest.raises(IllegalTransition, match="needs a reason"):
+        move_product(p, ProductState.failed)
+    # lstdp fsck --repair: the file of a written product is missing or damaged on disk
+    move_product(p, ProductState.failed, "file missing on disk (found by lstdp fsck)")
+    assert p.state == ProductState.failed and p.error == "file missing on disk (found by lstdp fsck)"
+    assert PRODUCT_MOVES[ProductState.written] == {ProductState.failed}
 
 
 def test_job_moves_set_times_and_refuse_leaving_an_end():

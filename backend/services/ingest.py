@@ -81,14 +81,17 @@ def _move_or_copy(src: Path, dst: Path, move: bool) -> Path:
     return dst
 
 
-def quarantine(src: Path, reason: str, settings: Settings, move: bool, sha: str | None = None) -> Path:
+def quarantine(src: Path, reason: str, settings: Settings, move: bool, sha: str | None = None, *,
+               folder: Path | None = None) -> Path:
     """Keep a rejected file for inspection, with its reason in ``<name>.reason``.
 
-    Files are kept under ``<first 12 hex of SHA-256>_<name>``: the same bytes rejected again
-    are not stored twice (with ``move`` the source is then removed, its copy being kept).
+    Files are kept under ``<first 12 hex of SHA-256>_<name>`` in ``folder`` (default
+    ``settings.quarantine``; ``lstdp fsck`` uses its ``fsck/`` subfolder): the same bytes
+    rejected again are not stored twice (with ``move`` the source is then removed, its copy
+    being kept).
     """
     sha = sha or sha256_file(src)
-    dst = settings.quarantine / f"{sha[:12]}_{src.name}"
+    dst = (folder or settings.quarantine) / f"{sha[:12]}_{src.name}"
     if dst.exists():
         if move:
             src.unlink()

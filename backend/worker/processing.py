@@ -286,7 +286,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     """
     if attempt is not None and not confirm_claim(session, prod.id, attempt):
         return False
-    from pipelines.fitsio import write_fits_atomic
+    from pipelines.fitsio import store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
     from pipelines.provenance import stamp_provenance
 
@@ -299,9 +299,10 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
         result.header.add_history(note)
     hdul = build_product_hdul(result, software_version=__version__)
     out = _product_path(settings, frame, prod)
-    sha = write_fits_atomic(hdul, out)
+    tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
+    sha = write_fits_atomic(hdul, out, tmp_dir=tmp)
     ql = out.with_suffix(".png")
-    write_quicklook_png(result.data, result.dq, ql, frame.channel_code)
+    write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
     prod.path = str(out)
     prod.sha256 = sha
     prod.quicklook_path = str(ql)
