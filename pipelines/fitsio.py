@@ -32,6 +32,7 @@ import hashlib
 import math
 import os
 import re
+import socket
 import tempfile
 import time
 import warnings
@@ -47,6 +48,7 @@ from astropy.time import Time
 from pipelines.errors import DataError, FitsReadError, HeaderFixWarning
 
 __all__ = [
+    "sweep_dead_writers",
     "RawImage",
     "read_image",
     "parse_date_obs",
@@ -546,7 +548,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     if tmp_dir is None:
         folder, prefix = p.parent, f".{p.name}."
     else:
-        folder, prefix = Path(tmp_dir), f"{p.name}."
+        # the writer's host and pid in the name: a killed writer's file is known at once
+        # (:func:`sweep_dead_writers`)
+        folder, prefix = Path(tmp_dir), f"{p.name}.~{socket.gethostname()}~{os.getpid()}~."
         folder.mkdir(parents=True, exist_ok=True)
         if os.stat(folder).st_dev != os.stat(p.parent).st_dev:
             raise ValueError(f"temporary folder {folder} is not on the file system of {p.parent}: "
@@ -597,6 +601,49 @@ def partial_files(root: str | os.PathLike) -> list[Path]:
     for pattern in PARTIAL_PATTERNS:
         found.update(f for f in base.rglob(pattern) if f.is_file())
     return sorted(found)
+
+
+_WRITER = re.compile(r"\.~(?P<host>[^~/]+)~(?P<pid>\d+)~\.")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead_writers(root: str | os.PathLike) -> list[Path]:
+    """Remove the temporary files in the store ``root``'s :func:`store_tmp_dir` whose writer
+    (host and pid in the name, :func:`write_atomic`) ran on this host and is gone: a worker
+    killed mid-write. Files of live writers, of other hosts, or without a writer in the name
+    are left to :func:`sweep_partial_files`'s age rule. Cheap (one folder listing): the
+    reconciler calls it every pass.
+
+    Returns
+    -------
+    list of pathlib.Path
+        The files removed, sorted.
+    """
+    tmp = store_tmp_dir(root)
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return []
+    host, me, removed = socket.gethostname(), os.getpid(), []
+    for name in names:
+        m = _WRITER.search(name)
+        if not m or m["host"] != host or int(m["pid"]) == me or _pid_alive(int(m["pid"])):
+            continue
+        try:
+            (tmp / name).unlink()
+            removed.append(tmp / name)
+        except OSError:  # gone meanwhile
+            continue
+    return sorted(removed)
 
 
 def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = PARTIAL_MAX_AGE_S,

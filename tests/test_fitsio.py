@@ -201,3 +201,28 @@ def test_a_temporary_folder_on_another_file_system_is_refused_before_writing(tmp
             write_atomic(tmp_path / "a.fits", called.append, tmp_dir=other)
         assert os.listdir(other) == []
     assert called == [] and not (tmp_path / "a.fits").exists()
+
+
+def test_temporary_files_of_dead_writers_are_swept_at_once(tmp_path):
+    """A worker killed mid-write leaves its temporary file; its name says who wrote it, so
+    the reconciler removes it at once instead of after an hour."""
+    import os
+    import socket
+
+    from pipelines.fitsio import store_tmp_dir, sweep_dead_writers
+
+    tmp = store_tmp_dir(tmp_path)
+    tmp.mkdir(parents=True)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    host = socket.gethostname()
+    dead = tmp / f"a.fits.~{host}~{pid}~.x1.part"
+    mine = tmp / f"b.fits.~{host}~{os.getpid()}~.x2.part"
+    other_host = tmp / f"c.fits.~elsewhere~{pid}~.x3.part"
+    unnamed = tmp / "d.fits.x4.part"
+    for f in (dead, mine, other_host, unnamed):
+        f.write_bytes(b"x")
+    assert sweep_dead_writers(tmp_path) == [dead]
+    assert sorted(p.name for p in tmp.iterdir()) == sorted(f.name for f in (mine, other_host, unnamed))

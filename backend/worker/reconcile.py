@@ -22,7 +22,9 @@ compares the two and repairs:
 5. **lost follow-ups**: a queued follow-up detection of an ended job whose message is gone
    is sent again;
 6. **ends**: a running job whose items are all settled ends, its counts recomputed from
-   its items.
+   its items;
+7. **partial files**: temporary files of writers on this host that are gone (killed
+   mid-write) are removed from the store's ``.tmp/``.
 
 Every repair is idempotent (the tasks claim their work, :mod:`backend.state`), so a pass
 that races a worker, or two reconcilers at once, at worst sends a message that does
@@ -56,6 +58,7 @@ from backend.state import claim_is_dead, give_up_reason, move_job, move_product,
 from backend.worker.processing import count_item, lock_job, recount_job
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError
+from pipelines.fitsio import sweep_dead_writers
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +94,7 @@ class ReconcileReport:
     jobs_failed: list[str] = field(default_factory=list)
     jobs_ended: list[str] = field(default_factory=list)
     follow_ups_resent: int = 0
+    partial_files_removed: int = 0
     broker: str = "ok"
     skipped: bool = False
 
@@ -99,7 +103,8 @@ class ReconcileReport:
 
     def changed(self) -> bool:
         return bool(self.settled or self.resent or self.taken_back or self.given_up or self.unconsumed
-                    or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent)
+                    or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
+                    or self.partial_files_removed)
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -322,6 +327,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
         for job_id in closed:
             report.follow_ups_resent += send_follow_ups(session, job_id)
         _lost_follow_ups(session, settings, report, flight, now)
+        report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:
             try:

@@ -35,7 +35,7 @@ from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
 from pipelines.detect.registry import get_detector
 from pipelines.errors import DataError, failure_reason
-from pipelines.fitsio import sweep_partial_files
+from pipelines.fitsio import PARTIAL_MAX_AGE_S, sweep_dead_writers, sweep_partial_files
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,13 @@ def _own_connections(**_kwargs) -> None:
 
 @worker_ready.connect
 def _sweep_on_start(**_kwargs) -> None:
-    """A starting worker removes the temporary files of killed writes (older than an hour)
-    from the product store. (Work that dead workers left behind is the reconciler's,
+    """A starting worker removes the temporary files of killed writes from the product store:
+    those of dead processes of this host at once, others older than an hour (or the lease). (Work that dead workers left behind is the reconciler's,
     :mod:`backend.worker.reconcile`, which ``lstdp worker`` starts beside the worker.)"""
     try:
-        swept = sweep_partial_files(get_settings().products)
+        settings = get_settings()
+        swept = sweep_dead_writers(settings.products) + sweep_partial_files(
+            settings.products, older_than_s=max(PARTIAL_MAX_AGE_S, settings.lease_s))
         if swept:
             log.warning("removed %d partial files of killed writes, e.g. %s", len(swept), swept[0].name)
     except OSError:
