@@ -358,7 +358,9 @@ def run_forever(settings: Settings | None = None, *, parent_pid: int | None = No
             with session_scope() as s:
                 report = reconcile_once(s, settings)
             if report.changed():
-                log.warning("reconciler: %s", {k: v for k, v in report.as_dict().items() if v})
+                said = {k: v for k, v in report.as_dict().items() if v and k != "broker"}
+                # settling items whose progress message is merely still queued is routine
+                log.log(logging.INFO if set(said) == {"settled"} else logging.WARNING, "reconciler: %s", said)
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.exception("reconciler: pass failed")
         time.sleep(max(0.0, settings.reconcile_interval_s - (time.monotonic() - t0)))
