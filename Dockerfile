@@ -10,7 +10,13 @@ COPY frontend frontend
 COPY migrations migrations
 COPY sample-data sample-data
 RUN pip install --no-cache-dir -e ".${EXTRAS}"
+# the API and the workers run as lstdp, not root; /data (the product store volume) is its
+# own (a new named volume takes this owner from the image)
+RUN groupadd --system --gid 10001 lstdp \
+    && useradd --system --uid 10001 --gid lstdp --home-dir /app --no-create-home --shell /usr/sbin/nologin lstdp \
+    && mkdir -p /data && chown lstdp:lstdp /data
 ENV DATA_DIR=/data
 VOLUME /data
+USER lstdp
 EXPOSE 8000
 CMD ["lstdp", "serve", "--host", "0.0.0.0", "--port", "8000"]

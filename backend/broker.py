@@ -13,23 +13,62 @@ Queues: ``cpu`` (default) and ``gpu`` (GPU workers, ``ARRAY_BACKEND=cupy``). Lon
 Embedded mode (``CELERY_BROKER_URL=filesystem://``, the default) uses kombu's filesystem
 transport with its folders under ``DATA_DIR/broker``: a worker needs no server, and a
 submitted job still runs asynchronously in the worker process (never in eager mode).
+
+Time limits and timeouts (:func:`configure`): every task gets ``TASK_SOFT_TIME_LIMIT_S``
+and ``TASK_TIME_LIMIT_S``; the Redis transport's visibility timeout is
+``BROKER_VISIBILITY_TIMEOUT_S``, and a worker refuses to start unless it is longer than the
+hard limit (:func:`check_time_limits`). Redis connections (broker and result backend) have
+connect and socket timeouts and TCP keepalives, per role:
+
+* ``api`` (the default: the API and the CLI): :func:`api_broker_timeout_s`, a fifth of
+  ``API_DEADLINE_S``, and one publish retry, so that sending to a dead or frozen Redis
+  fails within about 1.2 s (three timeouts: the pooled connection, a new connection and its
+  command) and the API can still mark the job failed before its deadline;
+* ``worker`` (``lstdp worker``): ``BROKER_SOCKET_TIMEOUT_S`` and Celery's default publish
+  retries.
+
+:func:`send` asks for no result (``ignore_result``): the senders follow the work in the
+database, and the API does not subscribe to a result channel per job it sends.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from celery import Celery
+from celery.app.defaults import DEFAULTS
 from kombu import Exchange, Queue
 
+from backend.faults import public_reason
 from backend.settings import Settings, get_settings
+from pipelines.errors import LSTDPError
 
-__all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName", "InFlight", "in_flight"]
+__all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName", "check_time_limits",
+           "TimeLimitError", "api_broker_timeout_s", "Role", "InFlight", "in_flight"]
+
+log = logging.getLogger(__name__)
+
+#: Who uses the broker: the API (and the CLI), or a worker.
+Role = Literal["api", "worker"]
+
+#: TCP keepalive of Redis connections (``socket.TCP_KEEPIDLE``, ``TCP_KEEPINTVL``,
+#: ``TCP_KEEPCNT``: idle 30 s, then every 10 s, 3 probes), as for PostgreSQL
+#: (``backend.db.TCP_OPTIONS``); a choice: a dead peer is noticed within about a minute.
+KEEPALIVE_OPTIONS = {getattr(socket, name): value for name, value in
+                     (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)) if hasattr(socket, name)}
+
+
+class TimeLimitError(LSTDPError):
+    """Time limits and the visibility timeout that contradict each other (a worker refuses
+    to start with them)."""
 
 
 class TaskName:
@@ -57,13 +96,55 @@ class TaskName:
 WORKER_MODULE = "backend.worker.tasks"
 
 app = Celery("lstdp", include=[WORKER_MODULE])
-_configured_for: tuple[str, str, str] | None = None
+_configured_for: tuple | None = None
+_role: Role = "api"
 
 
-def configure(settings: Settings | None = None) -> Celery:
-    """(Re)configure :data:`app` from ``settings`` (default: the process settings)."""
-    global _configured_for
+def api_broker_timeout_s(settings: Settings) -> float:
+    """The API's Redis connect and socket timeout [s]: a fifth of ``API_DEADLINE_S`` (0.36 s by
+    default; ``BROKER_SOCKET_TIMEOUT_S`` without a deadline). A publish waits at most three of
+    them (a pooled connection, then one retry: connect and command) plus 0.1 s, which leaves
+    the API a fifth of its deadline, and more, for its database work."""
+    if settings.api_deadline_s > 0:
+        return settings.api_deadline_s / 5
+    return settings.broker_socket_timeout_s
+
+
+def check_time_limits(settings: Settings) -> None:
+    """Refuse time limits that contradict each other, in one line.
+
+    Raises
+    ------
+    TimeLimitError
+        If the soft time limit is not shorter than the hard one (the task would be killed
+        before it could record why), or, on Redis, if the visibility timeout is not longer
+        than the hard time limit (a message of a task still running would be given to a
+        second worker). The filesystem broker of the embedded mode has no visibility
+        timeout.
+    """
+    soft, hard = settings.task_soft_time_limit_s, settings.task_time_limit_s
+    if soft >= hard:
+        raise TimeLimitError(f"TASK_SOFT_TIME_LIMIT_S ({soft:g} s) must be shorter than TASK_TIME_LIMIT_S "
+                             f"({hard:g} s)")
+    if not settings.embedded and settings.broker_visibility_timeout_s <= hard:
+        raise TimeLimitError(f"BROKER_VISIBILITY_TIMEOUT_S ({settings.broker_visibility_timeout_s:g} s) must be "
+                             f"longer than TASK_TIME_LIMIT_S ({hard:g} s): a running task's message would be "
+                             "delivered again")
+
+
+def _configuration_key(s: Settings, role: Role) -> tuple:
+    return (s.celery_broker_url, s.result_backend, str(s.root), role, s.api_deadline_s, s.broker_socket_timeout_s,
+            s.broker_visibility_timeout_s, s.task_soft_time_limit_s, s.task_time_limit_s)
+
+
+def configure(settings: Settings | None = None, role: Role | None = None) -> Celery:
+    """(Re)configure :data:`app` from ``settings`` (default: the process settings) for
+    ``role`` (default: the last one, first ``"api"``; ``lstdp worker`` passes ``"worker"``).
+    See the module docstring for the timeouts."""
+    global _configured_for, _role
     s = settings or get_settings()
+    _role = role or _role
+    timeout = api_broker_timeout_s(s) if _role == "api" else s.broker_socket_timeout_s
     conf: dict = dict(
         broker_url=s.celery_broker_url,
         result_backend=s.result_backend,
@@ -84,6 +165,9 @@ def configure(settings: Settings | None = None) -> Celery:
         task_ignore_result=False,
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
+        broker_connection_timeout=timeout,
+        task_soft_time_limit=s.task_soft_time_limit_s,
+        task_time_limit=s.task_time_limit_s,
         worker_hijack_root_logger=False,
         timezone="UTC",
         enable_utc=True,
@@ -102,30 +186,46 @@ def configure(settings: Settings | None = None) -> Celery:
         conf["worker_enable_remote_control"] = False
         conf["worker_send_task_events"] = False
     else:
-        conf["broker_transport_options"] = {"visibility_timeout": 6 * 3600}
+        sockets = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "socket_keepalive": True,
+                   "socket_keepalive_options": KEEPALIVE_OPTIONS}
+        conf["broker_transport_options"] = {"visibility_timeout": s.broker_visibility_timeout_s, **sockets}
+    if s.result_backend.startswith(("redis://", "rediss://")):
+        conf.update(redis_socket_timeout=timeout, redis_socket_connect_timeout=timeout,
+                    redis_socket_keepalive=True)
+    if _role == "api":
+        # one retry (a pooled connection that Redis closed is re-made), then the error
+        short = {"max_retries": 1, "interval_start": 0, "interval_step": 0.1, "interval_max": 0.1}
+        conf["task_publish_retry_policy"] = short
+        conf["result_backend_transport_options"] = {"retry_policy": short}
+    else:
+        conf["task_publish_retry_policy"] = DEFAULTS["task_publish_retry_policy"]
+        conf["result_backend_transport_options"] = {}
     app.close()
     app.conf.update(conf)
     # forget pooled connections and producers bound to the previous broker
     app._pool = None
     app.amqp._producer_pool = None
-    _configured_for = (s.celery_broker_url, s.result_backend, str(s.root))
+    _configured_for = _configuration_key(s, _role)
     return app
 
 
 def ensure_configured() -> Celery:
     """Configure :data:`app` if the settings changed since the last call (tests, CLI)."""
     s = get_settings()
-    if _configured_for != (s.celery_broker_url, s.result_backend, str(s.root)):
+    if _configured_for != _configuration_key(s, _role):
         configure(s)
     return app
 
 
 def broker_status(timeout_s: float = 1.0) -> str:
-    """``"ok"`` when the broker takes connections, else a one-line reason; within about ``timeout_s``.
+    """``"ok"`` when the broker takes connections, else a one-line reason; within about
+    2 x ``timeout_s`` [s] (a connection and a ``PING``, each with that timeout).
 
     Redis (production): a connection with connect and socket timeouts and a ``PING``, so a
     frozen server is reported as down instead of hanging the caller. The embedded
-    filesystem broker: its folder exists and is writable.
+    filesystem broker: its folder exists and is writable. The reason names the kind of
+    fault (:func:`backend.faults.public_reason`), never the broker's host, port or
+    password; the full error is logged.
     """
     s = get_settings()
     if s.embedded:
@@ -144,15 +244,23 @@ def broker_status(timeout_s: float = 1.0) -> str:
             if client is not None and hasattr(client, "ping"):
                 client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"broker unreachable: {type(exc).__name__}: {first}"[:300]
+        log.warning("broker check failed: %s: %s", type(exc).__name__, exc)
+        return f"broker unreachable: {public_reason(exc)}"
     return "ok"
 
 
-def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None, *, queue: str = "cpu"):
-    """Send task ``name`` (a :class:`TaskName`) to ``queue`` with JSON arguments; returns its
-    ``AsyncResult`` at once. The sender needs no import of the task's code."""
-    return ensure_configured().send_task(name, args=list(args or ()), kwargs=dict(kwargs or {}), queue=queue)
+def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None, *, queue: str = "cpu") -> None:
+    """Send task ``name`` (a :class:`TaskName`) to ``queue`` with JSON arguments; returns at
+    once. The sender needs no import of the task's code; no result is kept (the task records
+    its outcome in the database).
+
+    Raises
+    ------
+    kombu.exceptions.OperationalError
+        The broker is down or does not answer within the role's timeouts (module docstring).
+    """
+    ensure_configured().send_task(name, args=list(args or ()), kwargs=dict(kwargs or {}), queue=queue,
+                                  ignore_result=True)
 
 
 @dataclass

@@ -220,9 +220,13 @@ def cmd_fsck(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from backend.broker import ensure_configured
+    """Run a Celery worker with the workers' timeouts; refuse time limits that contradict
+    each other first (:func:`backend.broker.check_time_limits`: one line, exit status 1)."""
+    from backend.broker import check_time_limits, configure
 
-    app = ensure_configured()
+    s = _settings()
+    check_time_limits(s)
+    app = configure(s, role="worker")
     argv = ["worker", "-Q", args.queues or _settings().worker_queues, "-l", args.loglevel,
             "--without-mingle", "--without-gossip", "-n", args.name]
     if args.concurrency:

@@ -14,6 +14,27 @@ planning per execution (about 0.1 ms for these statements); preparing still save
 Until reads ran in autocommit (:func:`autocommit_reads`) the ``ROLLBACK`` that ends every
 request made psycopg drop its prepared statements, which hid this.
 
+Timeouts (PostgreSQL; :class:`DbTimeouts`, one set per role: ``api``, ``worker``, ``migrations``):
+
+* ``connect_timeout`` (psycopg, client side): opening a connection, authentication included,
+  gives up after it; it holds for a frozen server too (the TCP connect succeeds through the
+  kernel's backlog, then nothing answers).
+* ``statement_timeout`` and ``idle_in_transaction_session_timeout``: set by the server, so
+  they stop a slow statement or free the locks of a client that went quiet, but they do
+  nothing for a frozen server. The API's request deadline covers that case
+  (:class:`backend.api.app.DeadlineMiddleware`).
+* TCP keepalives (idle 30 s, then every 10 s, 3 probes) and ``tcp_user_timeout`` (30 s):
+  a connection to a host that crashed or fell off the network is closed by the kernel
+  within about a minute, and the thread waiting on it gets an error, instead of waiting
+  for hours (Linux's defaults: keepalives after 2 h, retransmissions for about 15 min).
+  They cannot help against a frozen server process: its kernel still acknowledges.
+  Values are choices, not measurements.
+* ``pool_timeout``: how long a checkout waits for a free pooled connection; in the API it
+  is the deadline, so threads stuck on a frozen server (at most ``pool_size +
+  max_overflow`` = 15) cannot queue others for the default 30 s.
+
+Parameters already in ``DATABASE_URL`` (``?connect_timeout=10``) win over these.
+
 Pools: ``pool_pre_ping`` is kept on PostgreSQL. It costs one round trip per checkout
 (0.1-0.3 ms per API call, measured in benchmarks/reports/events_api.md) and turns a connection
 that the server or a firewall dropped into a reconnect instead of a failed request.
@@ -21,25 +42,106 @@ that the server or a firewall dropped into a reconnect instead of a failed reque
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-import os
-from functools import lru_cache
+from dataclasses import dataclass
+from typing import Literal
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.settings import get_settings
+from backend.settings import Settings, get_settings
 
 __all__ = ["make_engine", "get_engine", "get_sessionmaker", "session_scope", "autocommit_reads", "SCHEMA_MISSING",
-           "is_schema_missing"]
+           "is_schema_missing", "DbTimeouts", "db_timeouts", "Role", "API_IDLE_IN_TRANSACTION_S"]
 
 #: What the user is told when the database has no tables yet (a fresh DATA_DIR).
 SCHEMA_MISSING = "the database has no LST schema yet; run `lstdp db upgrade`"
 
 
-def make_engine(url: str) -> Engine:
-    """Create an engine for ``url`` with the pragmas this project needs."""
+#: Who opens the connections: the API (short timeouts), the workers and the CLI, migrations.
+Role = Literal["api", "worker", "migrations"]
+
+#: The API's ``idle_in_transaction_session_timeout`` [s]. A request holds a transaction only
+#: while it talks to the database (jobs are sent to the broker after their commit), so one
+#: idle for 10 s (a choice: five deadlines) belongs to a frozen or lost API process.
+API_IDLE_IN_TRANSACTION_S = 10.0
+
+#: SQLAlchemy's default ``pool_timeout`` [s], kept for the workers and migrations.
+DEFAULT_POOL_TIMEOUT_S = 30.0
+
+#: TCP keepalive and retransmission limits of PostgreSQL connections (libpq parameters;
+#: ``tcp_user_timeout`` in ms). Choices: a dead peer is noticed within about a minute.
+TCP_OPTIONS = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3,
+               "tcp_user_timeout": 30_000}
+
+
+@dataclass(frozen=True)
+class DbTimeouts:
+    """The timeouts of one engine's PostgreSQL connections (0: none).
+
+    Attributes
+    ----------
+    connect_s : int
+        psycopg ``connect_timeout`` [s]: whole seconds, at least 2 (psycopg's minimum).
+    statement_s : float
+        ``statement_timeout`` [s].
+    idle_in_transaction_s : float
+        ``idle_in_transaction_session_timeout`` [s].
+    pool_s : float
+        SQLAlchemy ``pool_timeout``: wait for a free pooled connection [s].
+    """
+
+    connect_s: int = 5
+    statement_s: float = 0.0
+    idle_in_transaction_s: float = 0.0
+    pool_s: float = DEFAULT_POOL_TIMEOUT_S
+
+    def set_statements(self) -> list[str]:
+        """The ``SET`` statements that apply the server-side timeouts (milliseconds)."""
+        return [f"SET statement_timeout = {_ms(self.statement_s)}",
+                f"SET idle_in_transaction_session_timeout = {_ms(self.idle_in_transaction_s)}"]
+
+
+def _ms(seconds: float) -> int:
+    return int(math.ceil(seconds * 1000)) if seconds > 0 else 0
+
+
+def db_timeouts(settings: Settings, role: Role = "worker") -> DbTimeouts:
+    """The timeouts of ``role``'s connections, from ``settings`` (see :mod:`backend.settings`).
+
+    * ``api``: statements and pool checkouts get ``API_DEADLINE_S`` (a statement outliving
+      the answer is wasted work), connecting its value rounded up (at least psycopg's 2 s),
+      idle transactions :data:`API_IDLE_IN_TRANSACTION_S`. Without a deadline
+      (``API_DEADLINE_S=0``) the workers' values.
+    * ``worker`` (also the CLI): ``DB_CONNECT_TIMEOUT_S``, ``DB_STATEMENT_TIMEOUT_S``,
+      ``DB_IDLE_IN_TRANSACTION_TIMEOUT_S`` (default the lease), the pool's default 30 s.
+    * ``migrations``: no statement or idle limit (an index build may take minutes).
+    """
+    worker = DbTimeouts(connect_s=settings.db_connect_timeout_s, statement_s=settings.db_statement_timeout_s,
+                        idle_in_transaction_s=settings.idle_in_transaction_timeout_s)
+    if role == "migrations":
+        return DbTimeouts(connect_s=settings.db_connect_timeout_s)
+    if role == "api" and settings.api_deadline_s > 0:
+        deadline = settings.api_deadline_s
+        return DbTimeouts(connect_s=max(2, math.ceil(deadline)), statement_s=deadline,
+                          idle_in_transaction_s=API_IDLE_IN_TRANSACTION_S, pool_s=deadline)
+    return worker
+
+def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
+    """Create an engine for ``url`` with the pragmas and timeouts this project needs.
+
+    Parameters
+    ----------
+    url : str
+        SQLAlchemy URL (SQLite or PostgreSQL through psycopg).
+    timeouts : DbTimeouts, optional
+        PostgreSQL only; default the workers' (:func:`db_timeouts` of the process settings).
+        SQLite keeps its 30 s busy timeout.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -52,35 +154,54 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+    t = timeouts if timeouts is not None else db_timeouts(get_settings(), "worker")
+    given = set(make_url(url).query)
+    connect_args = {k: v for k, v in {"connect_timeout": t.connect_s, **TCP_OPTIONS}.items() if k not in given}
+    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=t.pool_s,
+                           connect_args=connect_args)
+    statements = ["SET plan_cache_mode = force_custom_plan", *t.set_statements()]
 
     @event.listens_for(engine, "connect")
-    def _custom_plans(dbapi_conn, _record):
-        # Every statement is planned with its parameter values (see the module docstring).
-        # A SET on the new connection, outside a transaction (a rolled-back SET is undone),
-        # rather than the startup ``options``: those would replace any ``options`` given in
-        # DATABASE_URL, and some poolers (PgBouncer) refuse them.
+    def _session_settings(dbapi_conn, _record):
+        # Every statement is planned with its parameter values (see the module docstring),
+        # and the role's server-side timeouts apply. A SET on the new connection, outside a
+        # transaction (a rolled-back SET is undone), rather than the startup ``options``:
+        # those would replace any ``options`` given in DATABASE_URL, and some poolers
+        # (PgBouncer) refuse them.
         autocommit = dbapi_conn.autocommit
         dbapi_conn.autocommit = True
         try:
             with dbapi_conn.cursor() as cur:
-                cur.execute("SET plan_cache_mode = force_custom_plan")
+                for statement in statements:
+                    cur.execute(statement)
         finally:
             dbapi_conn.autocommit = autocommit
 
     return engine
 
 
-@lru_cache
-def get_engine() -> Engine:
-    """The process-wide engine for ``Settings.sqlalchemy_url``."""
-    return make_engine(get_settings().sqlalchemy_url)
+#: The engines and session factories made so far, one per role (:func:`get_engine`).
+_ENGINES: dict[str, Engine] = {}
+_SESSIONMAKERS: dict[str, sessionmaker[Session]] = {}
 
 
-@lru_cache
-def get_sessionmaker() -> sessionmaker[Session]:
-    """The process-wide session factory on :func:`get_engine` (objects stay usable after commit)."""
-    return sessionmaker(bind=get_engine(), expire_on_commit=False)
+def get_engine(role: Role = "worker") -> Engine:
+    """The process-wide engine of ``role`` for ``Settings.sqlalchemy_url``: the API's requests
+    use ``"api"`` (short timeouts, :func:`db_timeouts`), everything else ``"worker"``."""
+    engine = _ENGINES.get(role)
+    if engine is None:
+        s = get_settings()
+        engine = _ENGINES.setdefault(role, make_engine(s.sqlalchemy_url, db_timeouts(s, role)))
+    return engine
+
+
+def get_sessionmaker(role: Role = "worker") -> sessionmaker[Session]:
+    """The process-wide session factory on :func:`get_engine` of ``role`` (objects stay usable
+    after commit)."""
+    maker = _SESSIONMAKERS.get(role)
+    if maker is None:
+        maker = _SESSIONMAKERS.setdefault(role, sessionmaker(bind=get_engine(role), expire_on_commit=False))
+    return maker
 
 
 @contextmanager
@@ -132,21 +253,23 @@ def forget_connections_after_fork() -> None:
 
     Registered with :func:`os.register_at_fork` (every fork of this process) and called by
     the Celery worker's ``worker_process_init`` signal. Without it, a pool child that
-    replaces a killed one talks to PostgreSQL through its parent's socket.
+    replaces a killed one talks to PostgreSQL through its parent's socket. Every role's
+    engine (:func:`get_engine`) is dropped.
     """
-    if get_engine.cache_info().currsize:
-        get_engine().dispose(close=False)
+    for engine in list(_ENGINES.values()):
+        engine.dispose(close=False)
 
 
 os.register_at_fork(after_in_child=forget_connections_after_fork)
 
 
 def reset_caches() -> None:
-    """Forget the cached engine and sessionmaker (after settings change, in tests)."""
-    if get_engine.cache_info().currsize:
-        get_engine().dispose()
-    get_engine.cache_clear()
-    get_sessionmaker.cache_clear()
+    """Forget the cached engines and sessionmakers of every role (after settings change, in tests)."""
+    engines = list(_ENGINES.values())
+    _ENGINES.clear()
+    _SESSIONMAKERS.clear()
+    for engine in engines:
+        engine.dispose()
 
 
 def is_schema_missing(exc: BaseException) -> bool:

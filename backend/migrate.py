@@ -7,8 +7,9 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from backend.db import make_engine
+from backend.db import db_timeouts, make_engine
 from backend.services.channels import ensure_channels
+from backend.settings import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,7 +26,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     from sqlalchemy.orm import Session
 
     command.upgrade(alembic_config(url), revision)
-    engine = make_engine(url)
+    engine = make_engine(url, db_timeouts(get_settings(), "migrations"))
     try:
         with Session(engine) as s:
             ensure_channels(s)

@@ -75,6 +75,39 @@ class Settings(BaseSettings):
         Times a product's calibration may start without finishing (its worker killed, or
         past the hard time limit) before it is failed with the reason: a poison frame stops
         after this many. Default 3.
+    ``DB_CONNECT_TIMEOUT_S``
+        PostgreSQL: how long opening a connection may take, TCP connect, TLS and
+        authentication together (psycopg's ``connect_timeout``) [s]; workers and the CLI.
+        Default 5. Whole seconds, at least 2 (psycopg, like libpq, rounds down and raises
+        anything shorter to 2). The API uses the deadline's value, rounded up, at least 2.
+        A ``connect_timeout`` in ``DATABASE_URL`` wins over both.
+    ``DB_STATEMENT_TIMEOUT_S``
+        PostgreSQL ``statement_timeout`` of the workers' and the CLI's connections [s]; 0
+        for none. Default 300, a choice: no statement of the platform is meant to take
+        minutes (a calibration's queries take milliseconds; its minutes are spent in
+        NumPy), so one that does is stuck on a lock or a bad plan. The API's statements get
+        ``API_DEADLINE_S`` (a statement outliving the answer is wasted work); migrations get
+        none (``lstdp db upgrade`` may build an index for minutes).
+    ``DB_IDLE_IN_TRANSACTION_TIMEOUT_S``
+        PostgreSQL ``idle_in_transaction_session_timeout`` of the workers' connections [s]:
+        the server ends a session that has held a transaction open, doing nothing, for this
+        long (a frozen or lost worker then releases its row locks). Default: the lease, the
+        hard time limit plus 60 s (960 s), because a worker keeps its transaction open
+        while it calibrates a frame or a GPU batch. The API's is 10 s
+        (``backend.db.API_IDLE_IN_TRANSACTION_S``).
+    ``API_DEADLINE_S``
+        Longest time the API works on a request before it answers 503 [s]; 0 for no
+        deadline. Default 1.8: the API answers within 2 s even when PostgreSQL or Redis is
+        frozen (no answer at all: connect and statement timeouts do not help then), with
+        0.2 s left for the network. The API's database statement timeout, its broker socket
+        timeouts and the health checks are derived from it (``backend.db``,
+        ``backend.broker``, ``backend.api.app``).
+    ``BROKER_SOCKET_TIMEOUT_S``
+        Redis (broker and result backend): connect and socket timeouts of the workers [s].
+        Default 10, a choice: longer than kombu's 1 s ``BRPOP`` wait (the solo pool of the
+        GPU worker reads it with this timeout), short enough that a frozen Redis is noticed
+        and the connection is re-made. The API uses a fifth of ``API_DEADLINE_S``
+        (``backend.broker.api_broker_timeout_s``).
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -98,6 +131,13 @@ class Settings(BaseSettings):
                                                validation_alias=_alias("BROKER_VISIBILITY_TIMEOUT_S"))
     reconcile_interval_s: float = Field(default=30.0, gt=0, validation_alias=_alias("RECONCILE_INTERVAL_S"))
     max_deliveries: int = Field(default=3, ge=1, le=100, validation_alias=_alias("MAX_DELIVERIES"))
+    db_connect_timeout_s: int = Field(default=5, ge=2, le=600, validation_alias=_alias("DB_CONNECT_TIMEOUT_S"))
+    db_statement_timeout_s: float = Field(default=300.0, ge=0, validation_alias=_alias("DB_STATEMENT_TIMEOUT_S"))
+    db_idle_in_transaction_timeout_s: float | None = Field(
+        default=None, ge=0, validation_alias=_alias("DB_IDLE_IN_TRANSACTION_TIMEOUT_S"))
+    api_deadline_s: float = Field(default=1.8, ge=0, le=3600, validation_alias=_alias("API_DEADLINE_S"))
+    broker_socket_timeout_s: float = Field(default=10.0, gt=0, le=3600,
+                                           validation_alias=_alias("BROKER_SOCKET_TIMEOUT_S"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),
@@ -115,6 +155,14 @@ class Settings(BaseSettings):
         """How long a started calibration may hold its product before the reconciler takes it
         back [s]: the hard time limit (after which no live worker still runs it) plus 60 s."""
         return self.task_time_limit_s + 60.0
+
+    @property
+    def idle_in_transaction_timeout_s(self) -> float:
+        """The workers' ``idle_in_transaction_session_timeout`` [s]: ``DB_IDLE_IN_TRANSACTION_TIMEOUT_S``
+        or, unset, :attr:`lease_s`."""
+        if self.db_idle_in_transaction_timeout_s is None:
+            return self.lease_s
+        return self.db_idle_in_transaction_timeout_s
 
     # -- derived ---------------------------------------------------------------------------
     @property

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from backend.db import make_engine
+from backend.db import db_timeouts, make_engine
 from backend.models import Base
 from backend.settings import get_settings
 
@@ -30,7 +30,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = make_engine(_url())
+    engine = make_engine(_url(), db_timeouts(get_settings(), "migrations"))  # no statement limit
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata,
                           render_as_batch=conn.dialect.name == "sqlite")

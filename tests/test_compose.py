@@ -1,20 +1,43 @@
-"""docker-compose.yml is checked against the code (no Docker engine runs here)."""
+"""docker-compose.yml (and the Dockerfile) are checked against the code (no Docker engine
+runs here): commands, environment names, secrets from ``.env`` only, a Redis that requires
+a password, services that run as a user other than root."""
 
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 
 import yaml
+from sqlalchemy.engine import make_url
 
 from backend.cli import build_parser
 from backend.settings import ENV_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
 # variables read by the official images, not by our settings
-IMAGE_ENV = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB"}
+IMAGE_ENV = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "REDISCLI_AUTH"}
+OUR_SERVICES = ("api", "worker-cpu", "worker-gpu", "migrate")
+#: Compose's interpolation: ``${NAME}``, ``${NAME:?message}``, ``${NAME:-default}``...
+INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\}")
+
+
+def _env_example() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / ".env.example").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def _interpolate(value: str, env: dict[str, str]) -> str:
+    """``value`` with compose's ``${...}`` replaced from ``env`` (as compose does with .env)."""
+    return INTERPOLATION.sub(lambda m: env[m.group(1)], value)
 
 
 def test_services_present():
@@ -39,7 +62,7 @@ def _check_command(cmd: list[str]) -> None:
 
 
 def test_our_services_commands_match_the_code():
-    for name in ("api", "worker-cpu", "worker-gpu", "migrate"):
+    for name in OUR_SERVICES:
         cmd = SERVICES[name]["command"]
         assert isinstance(cmd, list), f"{name}: use the exec form"
         _check_command(cmd)
@@ -66,13 +89,66 @@ def test_environment_names_are_known_to_settings():
 def test_settings_parse_the_compose_environment(monkeypatch):
     from backend.settings import Settings
 
+    example = _env_example()
     env = SERVICES["worker-gpu"]["environment"]
     for k, v in env.items():
-        monkeypatch.setenv(k, str(v))
+        monkeypatch.setenv(k, _interpolate(str(v), example))
     s = Settings()
     assert s.sqlalchemy_url.startswith("postgresql+psycopg://")
+    assert make_url(s.sqlalchemy_url).password == example["POSTGRES_PASSWORD"]
     assert not s.embedded
     assert s.array_backend == "cupy"
+
+
+def test_no_password_is_written_in_the_compose_file():
+    """Every password (URL credentials, POSTGRES_PASSWORD, Redis' --requirepass) is a
+    ``${VAR}`` from .env, never a literal."""
+    secret_ref = re.compile(r"^\$\{[A-Z_]+(:\?[^}]*)?\}$")
+    for user, password in re.findall(r"://([^:/@\s]*):([^@\s]*)@", COMPOSE_TEXT):
+        assert secret_ref.match(password), f"a literal password in a URL: {user}:{password}"
+    for name, svc in SERVICES.items():
+        for key, value in (svc.get("environment") or {}).items():
+            if "PASSWORD" in key or key.endswith(("_AUTH", "_SECRET", "_TOKEN")):
+                assert secret_ref.match(str(value)), f"{name}: {key} is a literal"
+        cmd = svc.get("command") or []
+        if "--requirepass" in cmd:
+            assert secret_ref.match(cmd[cmd.index("--requirepass") + 1]), f"{name}: a literal --requirepass"
+
+
+def test_every_variable_used_is_in_env_example_with_a_placeholder():
+    used = {m.group(1) for m in INTERPOLATION.finditer(COMPOSE_TEXT)}
+    example = _env_example()
+    assert used, "the compose file reads its secrets from .env"
+    assert used <= set(example), f"missing from .env.example: {sorted(used - set(example))}"
+    for key, value in example.items():
+        assert value.startswith("change-me"), f".env.example: {key} must be a placeholder, not a secret"
+        assert re.fullmatch(r"[A-Za-z0-9_-]+", value), f"{key}: only URL-safe characters"
+    # .env itself is never committed
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_redis_requires_a_password_and_every_client_gives_it():
+    redis = SERVICES["redis"]
+    cmd = redis["command"]
+    assert "--requirepass" in cmd and cmd[cmd.index("--requirepass") + 1].startswith("${REDIS_PASSWORD")
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD")  # for the healthcheck
+    env = COMPOSE["x-common-env"]
+    for key in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        assert env[key].startswith("redis://:${REDIS_PASSWORD"), key
+    for name in OUR_SERVICES:
+        assert SERVICES[name]["environment"]["CELERY_BROKER_URL"] == env["CELERY_BROKER_URL"], name
+
+
+def test_the_api_and_the_workers_run_as_a_user_other_than_root():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, flags=re.M)
+    assert users and users[-1].split(":")[0] not in {"root", "0"}, users
+    assert re.search(r"chown\s+\S*" + re.escape(users[-1].split(":")[0]) + r"\S*\s+/data", dockerfile), \
+        "the product store /data must belong to that user"
+    for name in OUR_SERVICES:
+        svc = SERVICES[name]
+        assert "build" in svc, f"{name}: runs the project's image"
+        assert str(svc.get("user", users[-1])).split(":")[0] not in {"root", "0"}, f"{name}: runs as root"
 
 
 def test_gpu_worker_reserves_a_gpu():

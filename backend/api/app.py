@@ -12,7 +12,12 @@ never a 500:
   e.g. a pinned calibration version that does not exist): 422;
 * a value the database cannot store or compare (a NUL character, a number out of the
   column's range) that got past the checks: 422;
-* database unreachable: 503.
+* database unreachable, every pooled connection busy, or a statement past its timeout: 503;
+* no answer within ``API_DEADLINE_S`` (1.8 s; a frozen database or broker): 503
+  (:class:`DeadlineMiddleware`).
+
+No error body names a host, port, URL, user or password: the reasons of infrastructure
+faults come from :func:`backend.faults.public_reason`; the full error is logged.
 
 ``HEAD`` is answered on every ``GET`` route (API, pages, downloads) by
 :class:`HeadAsGetMiddleware`: the ``GET`` response's status and headers, no body.
@@ -20,10 +25,13 @@ never a 500:
 
 from __future__ import annotations
 
+import asyncio
 import json
-
 import logging
 import math
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -31,19 +39,22 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import DataError as DatabaseDataError
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import calibrations, channels, events, frames, jobs, products
 from backend.api.schemas import ErrorPublic, HealthPublic
+from backend.faults import public_reason
+from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.errors import DataError
 
-__all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR"]
+__all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR", "DeadlineMiddleware", "RequestDeadline"]
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +154,7 @@ async def _db_data_error_handler(request: Request, exc: DatabaseDataError):
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-async def _db_unavailable_handler(request: Request, exc: OperationalError | ProgrammingError):
+async def _db_unavailable_handler(request: Request, exc: Exception):
     from backend.db import SCHEMA_MISSING, is_schema_missing
 
     if is_schema_missing(exc):
@@ -151,9 +162,12 @@ async def _db_unavailable_handler(request: Request, exc: OperationalError | Prog
         detail = SCHEMA_MISSING
     elif isinstance(exc, ProgrammingError):
         return await _unexpected_handler(request, exc)
+    elif type(getattr(exc, "orig", None)).__name__ == "QueryCanceled":
+        log.error("database statement cancelled on %s %s: %s", request.method, request.url.path, exc)
+        detail = "the database did not finish in time (statement timeout); try again later or narrow the request"
     else:
-        log.error("database unavailable: %s", exc)
-        detail = "the database is unavailable; try again later"
+        log.error("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        detail = f"the database is unavailable ({public_reason(exc)}); try again later"
     if not _is_api(request):
         return _error_page(request, 503, detail)
     return JSONResponse({"detail": detail}, status_code=503)
@@ -255,21 +269,182 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class RequestDeadline:
+    """The deadline of one request, shared by :class:`DeadlineMiddleware` and the route
+    (``request.state.deadline``).
+
+    Attributes
+    ----------
+    limit_s : float
+        The deadline, from the request's arrival [s].
+    answered : bool
+        True once the middleware has answered 503: whatever the route does afterwards is not
+        seen by the client (a route that writes can undo or mark its work, as
+        ``POST /jobs`` does).
+    """
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self.started = time.monotonic()
+        self.answered = False
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline (negative once past) [s]."""
+        return self.limit_s - (time.monotonic() - self.started)
+
+
+class DeadlineMiddleware:
+    """Answer 503 ``{"detail": ...}`` when a request has not started its response within
+    ``API_DEADLINE_S`` (1.8 s by default), so the API answers within 2 s even when
+    PostgreSQL or Redis is frozen.
+
+    A frozen server (SIGSTOP, a hung host behind a live kernel) accepts TCP connections and
+    acknowledges what is sent, and never answers: the server-side ``statement_timeout`` is
+    never applied, a pooled connection's ``pool_pre_ping`` waits forever. Only the client
+    can give up, and psycopg has no timeout for a statement, so the request is given up
+    here, around the application.
+
+    What happens to the work still running: a synchronous route runs in a thread, which
+    cannot be interrupted; it stays blocked until the server answers again (or the kernel
+    gives up on the connection: the keepalives and ``tcp_user_timeout`` of
+    :mod:`backend.db`), then finishes, and its answer is dropped. Such threads are bounded:
+    each holds a pooled connection (15 at most), a checkout past those fails after the
+    pool timeout (the deadline), a thread of the pool (40, AnyIO's default) is held per
+    stuck request. The route is told through ``request.state.deadline``
+    (:class:`RequestDeadline`): ``POST /jobs`` fails a job the client was told nothing
+    about. A process that stops while a server is frozen waits for such threads (or is
+    killed by its supervisor).
+
+    A response that has started in time (a FITS download, a CSV export streaming) is not
+    cut. ``API_DEADLINE_S=0`` turns the deadline off.
+    """
+
+    def __init__(self, app, deadline_s: float | None = None) -> None:
+        self.app = app
+        self.deadline_s = deadline_s
+        self._orphans: set[asyncio.Task] = set()  # a reference to each running late request
+
+    async def __call__(self, scope, receive, send):
+        limit = self.deadline_s if self.deadline_s is not None else get_settings().api_deadline_s
+        if scope["type"] != "http" or limit <= 0:
+            await self.app(scope, receive, send)
+            return
+        deadline = RequestDeadline(limit)
+        scope.setdefault("state", {})["deadline"] = deadline
+        started = False
+
+        async def guarded_send(message):
+            nonlocal started
+            if deadline.answered:  # the client has its 503: the late answer is dropped
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, guarded_send))
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if done or started:
+            await task  # finished, or a response under way: let it end (and raise as it does)
+            return
+        deadline.answered = True
+        self._orphans.add(task)
+        task.add_done_callback(self._forget)
+        log.error("%s %s: no answer within %.1f s (a database or broker that does not answer); answered 503, "
+                  "the request goes on in the background", scope.get("method"), scope.get("path"), limit)
+        detail = f"the server could not answer within {limit:g} s (the database or the broker is not answering); " \
+                 "try again later"
+        request = Request(scope)
+        response = JSONResponse({"detail": detail}, status_code=503) if _is_api(request) \
+            else _error_page(request, 503, detail)
+        await response(scope, receive, send)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._orphans.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("a request answered 503 at its deadline then failed: %s: %s", type(exc).__name__, exc)
+
+
+class _BoundedCheck:
+    """Run a blocking health check in a daemon thread and give up on it after a timeout.
+
+    A check stuck on a frozen server keeps its thread until the server answers; at most
+    ``max_stuck`` (2) are let wait at once, later checks are reported as not answering
+    without starting another thread, so a frozen server cannot multiply them.
+    """
+
+    def __init__(self, name: str, max_stuck: int = 2) -> None:
+        self.name = name
+        self.slots = threading.BoundedSemaphore(max_stuck)
+
+    async def run(self, fn: Callable[..., str], timeout_s: float, *args: Any) -> str:
+        if not self.slots.acquire(blocking=False):
+            return f"{self.name} unreachable: earlier checks still wait for an answer"
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def settle(value: str) -> None:
+            if not future.done():
+                future.set_result(value)
+
+        def work() -> None:
+            try:
+                value = fn(*args)
+            except Exception as exc:  # noqa: BLE001 - a check reports, never raises
+                log.warning("%s check failed: %s: %s", self.name, type(exc).__name__, exc)
+                value = f"{self.name} unreachable: {public_reason(exc)}"
+            finally:
+                self.slots.release()
+            try:
+                loop.call_soon_threadsafe(settle, value)
+            except RuntimeError:  # the loop has closed meanwhile: nobody waits
+                pass
+
+        threading.Thread(target=work, name=f"health-{self.name}", daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            return f"{self.name} unreachable: no answer within {timeout_s:.2g} s"
+
+
+def _database_status(bind) -> str:
+    """``"ok"`` after a ``SELECT 1`` on ``bind`` (an engine: one pooled connection; a
+    connection: on it)."""
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    else:
+        bind.execute(text("SELECT 1"))
+    return "ok"
+
+
+_DATABASE_CHECK = _BoundedCheck("database")
+_BROKER_CHECK = _BoundedCheck("broker")
+
+
+def health_check_timeout_s() -> float:
+    """How long ``/health`` waits for each dependency [s]: half of ``API_DEADLINE_S`` (0.9 s by
+    default; both are checked at once, so the answer comes before the deadline), 1 s
+    without a deadline."""
+    deadline = get_settings().api_deadline_s
+    return deadline / 2 if deadline > 0 else 1.0
+
+
 def _health_router() -> APIRouter:
     router = APIRouter(tags=["health"])
 
     @router.get("/health", response_model=HealthPublic, responses={503: {"model": HealthPublic}})
-    def health(session: SessionDep):
+    async def health(session: SessionDep):
         """Each dependency separately: ``database`` and ``broker`` are ``ok`` or the reason they
-        are not; 503 when any is not (a frozen broker is given up after about 1 s)."""
+        are not (never their address); 503 when any is not. Both are checked at once, each
+        given up after half of ``API_DEADLINE_S`` (0.9 s by default), also when a server is
+        frozen."""
         from backend.broker import broker_status
 
-        try:
-            session.execute(text("SELECT 1"))
-            database = "ok"
-        except Exception as exc:  # noqa: BLE001 - any failure means "not healthy"
-            database = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        broker = broker_status(timeout_s=1.0)
+        limit = health_check_timeout_s()
+        database, broker = await asyncio.gather(
+            _DATABASE_CHECK.run(_database_status, limit, session.get_bind()),
+            _BROKER_CHECK.run(broker_status, limit, limit / 2))
         ok = database == "ok" and broker == "ok"
         body = HealthPublic(status="ok" if ok else "error", database=database, broker=broker, version=__version__)
         return body if ok else JSONResponse(body.model_dump(), status_code=503)
@@ -306,10 +481,13 @@ def create_app() -> FastAPI:
     app.add_exception_handler(DataError, _data_error_handler)
     app.add_exception_handler(DatabaseDataError, _db_data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
+    app.add_exception_handler(InterfaceError, _db_unavailable_handler)  # a connection closed under us
+    app.add_exception_handler(PoolTimeoutError, _db_unavailable_handler)  # every pooled connection busy
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(BodySizeLimitMiddleware)
+    app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too
     return app
 
 

@@ -13,8 +13,9 @@ from backend.settings import Settings, get_settings
 
 
 def get_session() -> Iterator[Session]:
-    """One session per request; committed by the handler that writes, closed after."""
-    session = get_sessionmaker()()
+    """One session per request on the API's engine (short timeouts, :func:`backend.db.db_timeouts`);
+    committed by the handler that writes, closed after."""
+    session = get_sessionmaker("api")()
     try:
         yield session
     except BaseException:

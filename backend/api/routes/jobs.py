@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
+from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
 from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobsPublic
-from backend.models import JobState
+from backend.faults import public_reason
+from backend.models import Job, JobState
 from backend.state import move_job
 from backend.services import jobs as jobs_service
 from backend.services.jobs import JobRequest
@@ -27,21 +29,41 @@ log = logging.getLogger(__name__)
                422: {"description": "Invalid request (unknown channel, end before start, unknown pinned version...)"},
                503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
 )
-def create_job(req: JobRequest, session: SessionDep, response: Response) -> JobPublic:
+def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request) -> JobPublic:
     """Store a ``queued`` job, commit, send it to the broker and return at once.
 
     The work runs in a Celery worker; poll ``GET /api/v1/jobs/{id}`` for its progress.
+    When the broker cannot be reached (within about 1.2 s, ``backend.broker``) the job is
+    marked ``failed`` with the reason and the answer is 503. When the request's deadline
+    passed while the database held it (a frozen server that came back), the client was
+    already answered 503: the job it knows nothing of is failed, not sent.
     """
     job = jobs_service.submit_job(session, req, enqueue=False)  # validates pinned versions, commits
+    deadline = getattr(request.state, "deadline", None)
+    if deadline is not None and deadline.answered:
+        log.error("job %s was stored after its request had been answered 503; failing it", job.id)
+        _fail_if_queued(session, job, "not sent: the request had been answered 503 (no answer within "
+                                      f"{deadline.limit_s:g} s) before the job was stored")
+        raise HTTPException(503, detail="the request took too long")  # nobody reads it
     try:
         jobs_service.enqueue_job(job.id)
     except Exception as exc:  # broker down or misconfigured: the job must not stay queued forever
         log.exception("could not enqueue job %s", job.id)
-        move_job(job, JobState.failed, f"could not enqueue the job: {type(exc).__name__}: {exc}")
-        session.commit()
-        raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker: {exc}") from None
+        reason = f"broker unreachable: {public_reason(exc)}"
+        _fail_if_queued(session, job, f"could not enqueue the job: {reason}")
+        raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
+                                        "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     return JobPublic.model_validate(job)
+
+
+def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
+    """Mark ``job`` failed with ``reason`` and commit, unless a worker has taken it meanwhile
+    (its message arrived after all: the row, locked and read again, says ``running``)."""
+    session.refresh(job, with_for_update=True)
+    if job.state == JobState.queued:
+        move_job(job, JobState.failed, reason)
+    session.commit()
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs")

@@ -1,0 +1,469 @@
+"""Timeouts everywhere (issue 10): the API answers 503 within 2 s when PostgreSQL or Redis
+is down or frozen, recovers when it is back, and no error body names a host, port or
+password; a worker refuses time limits that contradict each other.
+
+Frozen means SIGSTOP: the kernel still completes TCP connections (the backlog) and
+acknowledges what is sent, and nothing answers. The servers are private ones started
+here on free ports (a PostgreSQL cluster made by ``initdb`` as the ``postgres`` user, a
+``redis-server`` with a password), so the shared servers are never stopped; they are
+thawed and stopped, by process id, in the fixtures' teardown whatever the test did.
+The API runs in a FastAPI TestClient with the default deadline (``API_DEADLINE_S=1.8``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from backend.broker import TimeLimitError, check_time_limits
+from backend.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+#: The API's promise: an answer within this long, whatever the servers do [s].
+WITHIN_S = 2.0
+#: Recognisable secrets put in the URLs: no response body may contain them.
+PG_PASSWORD = "pg-S3cret-" + uuid.uuid4().hex[:6]
+REDIS_PASSWORD = "rd-S3cret-" + uuid.uuid4().hex[:6]
+JOB = {"channels": ["WST"], "start": "2024-05-14T00:00:00Z", "end": "2024-05-14T01:00:00Z"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children(pid: int) -> list[int]:
+    """The process ids whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+class PrivateServer:
+    """A server process started by a test (in a session of its own). :meth:`freeze` stops it
+    and its children by pid (PostgreSQL's backends each make themselves a session leader,
+    so a process group would miss them): the main process first, so that it forks no
+    new one meanwhile."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, name: str) -> None:
+        self.proc, self.port, self.name = proc, port, name
+        self.stopped: list[int] = []
+
+    def freeze(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.stopped = [self.proc.pid]
+        for child in _children(self.proc.pid):
+            try:
+                os.kill(child, signal.SIGSTOP)
+                self.stopped.append(child)
+            except ProcessLookupError:
+                pass
+
+    def thaw(self) -> None:
+        for pid in reversed(self.stopped):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.stopped = []
+
+    def stop(self) -> None:
+        """Thaw, then SIGTERM the server (its own pid) and wait; SIGKILL it and its children if it
+        lingers."""
+        self.thaw()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                for child in _children(self.proc.pid):
+                    os.kill(child, signal.SIGKILL)
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _wait_for(check, what: str, timeout_s: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while True:
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"{what} did not come up in {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def private_redis():
+    """A redis-server on a free port, with a password, no persistence."""
+    import redis
+
+    port = _free_port()
+    folder = tempfile.mkdtemp(prefix="lstdp-redis-")
+    proc = subprocess.Popen([REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--requirepass", REDIS_PASSWORD, "--dir", folder],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    server = PrivateServer(proc, port, "redis")
+    try:
+        _wait_for(lambda: redis.Redis(port=port, password=REDIS_PASSWORD, socket_timeout=1).ping(), "redis-server")
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_pg():
+    """A PostgreSQL cluster of its own (initdb as ``postgres``, trust), on a free port, with
+    the ``lstdp`` database migrated. Yields (server, url with a password in it)."""
+    if not PG_BIN:
+        pytest.skip("PostgreSQL server binaries not installed")
+    import pwd
+
+    from backend.migrate import upgrade
+
+    bin_dir = Path(PG_BIN[-1])
+    pg_user = pwd.getpwnam("postgres")
+    folder = Path(tempfile.mkdtemp(prefix="lstdp-pg-"))
+    folder.chmod(0o755)
+    data, sockets = folder / "data", folder / "sockets"
+    for p in (data, sockets):
+        p.mkdir()
+        os.chown(p, pg_user.pw_uid, pg_user.pw_gid)
+    subprocess.run([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                    "--no-sync"], user="postgres", check=True, capture_output=True, cwd=folder)
+    port = _free_port()
+    proc = subprocess.Popen([str(bin_dir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
+                             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "synchronous_commit=off",
+                             "-c", "full_page_writes=off"],
+                            user="postgres", cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    server = PrivateServer(proc, port, "postgres")
+    try:
+        import psycopg
+
+        admin = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        _wait_for(lambda: psycopg.connect(admin, connect_timeout=2).close() is None, "postgres")
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE lstdp")
+        url = f"postgresql+psycopg://postgres:{PG_PASSWORD}@127.0.0.1:{port}/lstdp"
+        upgrade(url)
+        yield server, url
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _redis_url(port: int, db: int = 0, password: str = REDIS_PASSWORD) -> str:
+    return f"redis://:{password}@127.0.0.1:{port}/{db}"
+
+
+@pytest.fixture
+def api(settings_env, monkeypatch):
+    """``api(**env)``: a TestClient of a fresh app on the given settings, with the default
+    deadline. Servers passed in ``servers`` are thawed before the client closes (a request
+    still waiting on a frozen server would hold the client's event loop)."""
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.broker import configure
+
+    clients: list[tuple[TestClient, list[PrivateServer]]] = []
+
+    def make(servers: tuple[PrivateServer, ...] = (), **env: str) -> TestClient:
+        monkeypatch.setenv("API_DEADLINE_S", "1.8")
+        s = settings_env(**env)
+        configure(s, role="api")
+        client = TestClient(create_app(), raise_server_exceptions=False)
+        client.__enter__()
+        clients.append((client, list(servers)))
+        return client
+
+    yield make
+    for client, servers in clients:
+        for server in servers:
+            server.thaw()
+        client.__exit__(None, None, None)
+
+
+def _timed(client, method: str, url: str, **kw):
+    t0 = time.perf_counter()
+    r = client.request(method, url, **kw)
+    took = time.perf_counter() - t0
+    print(f"{method} {url}: {r.status_code} in {took:.2f} s")
+    return r, took
+
+
+def _assert_reveals_nothing(body: str, *secrets: str) -> None:
+    for secret in ("127.0.0.1", "localhost", "postgresql", "redis://", "psycopg", *secrets):
+        assert secret not in body, (secret, body)
+
+
+# -- Redis frozen, then back ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private_redis, api):
+    pg, pg_url = private_pg
+    redis_url = _redis_url(private_redis.port)
+    c = api(servers=(private_redis,), DATABASE_URL=pg_url, CELERY_BROKER_URL=redis_url,
+            CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
+    r, _ = _timed(c, "GET", "/api/v1/health")
+    assert r.status_code == 200, r.text
+    assert _timed(c, "POST", "/api/v1/jobs", json=JOB)[0].status_code == 202
+
+    private_redis.freeze()
+    r, took = _timed(c, "GET", "/api/v1/health")
+    body = r.json()
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+    assert body["database"] == "ok" and body["broker"].startswith("broker unreachable"), body
+    _assert_reveals_nothing(r.text, str(private_redis.port), REDIS_PASSWORD)
+
+    r, took = _timed(c, "GET", "/api/v1/events")  # the database answers: the search does not need Redis
+    assert r.status_code == 200 and took < WITHIN_S, (took, r.text)
+
+    r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+    detail = r.json()["detail"]
+    assert "could not be sent to the broker" in detail and "marked failed" in detail, detail
+    _assert_reveals_nothing(r.text, str(private_redis.port), REDIS_PASSWORD)
+    job_id = detail.split()[1]
+    job = c.get(f"/api/v1/jobs/{job_id}").json()  # PostgreSQL answers: the row tells the truth
+    assert job["state"] == "failed" and job["error"].startswith("could not enqueue the job: broker unreachable"), job
+    _assert_reveals_nothing(json.dumps(job), str(private_redis.port), REDIS_PASSWORD)
+
+    private_redis.thaw()
+    r, took = _timed(c, "GET", "/api/v1/health")
+    assert r.status_code == 200 and r.json()["broker"] == "ok", r.text
+    r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
+    assert r.status_code == 202, r.text
+
+
+# -- PostgreSQL frozen, then back -------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, private_redis, api):
+    pg, pg_url = private_pg
+    c = api(servers=(pg,), DATABASE_URL=pg_url, CELERY_BROKER_URL=_redis_url(private_redis.port),
+            CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
+    assert _timed(c, "GET", "/api/v1/health")[0].status_code == 200
+    assert _timed(c, "GET", "/api/v1/events")[0].status_code == 200
+    owner = f"frozen-{uuid.uuid4().hex[:8]}"
+    from backend.db import get_engine
+
+    held = [get_engine("api").connect() for _ in range(4)]  # idle in the pool when the server freezes:
+    for conn in held:                                       # each request then waits on one
+        conn.close()
+
+    pg.freeze()
+    r, took = _timed(c, "GET", "/api/v1/health")
+    body = r.json()
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+    assert body["broker"] == "ok" and body["database"].startswith("database unreachable"), body
+    _assert_reveals_nothing(r.text, str(pg.port), PG_PASSWORD)
+
+    r, took = _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+    assert "not answering" in r.json()["detail"]
+
+    r, took = _timed(c, "POST", "/api/v1/jobs", json={**JOB, "owner": owner})
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+
+    r, took = _timed(c, "GET", "/")  # a page: the same deadline, as an HTML page
+    assert r.status_code == 503 and took < WITHIN_S and r.headers["content-type"].startswith("text/html")
+
+    pg.thaw()
+    t0 = time.monotonic()
+    while c.get("/api/v1/health").status_code != 200:
+        assert time.monotonic() - t0 < 15, "the API did not recover within 15 s of the thaw"
+        time.sleep(0.2)
+    print(f"healthy again {time.monotonic() - t0:.2f} s after the thaw")
+    assert _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})[0].status_code == 200
+
+    # the job POSTed while frozen was answered 503: once its request thread has got through,
+    # the row it stored says failed, with the reason (not queued: the client knows nothing of it)
+    from sqlalchemy import create_engine
+
+    engine = create_engine(pg_url)
+    try:
+        t0 = time.monotonic()
+        while True:
+            with engine.connect() as conn:
+                rows = conn.execute(text("SELECT state, error FROM jobs WHERE owner = :o"), {"o": owner}).all()
+            if (rows and rows[0][0] != "queued") or time.monotonic() - t0 > 10:
+                break
+            time.sleep(0.1)
+    finally:
+        engine.dispose()
+    print(f"the job POSTed while frozen: {rows}")
+    assert len(rows) == 1 and rows[0][0] == "failed" and "answered 503" in rows[0][1], rows
+    assert _timed(c, "POST", "/api/v1/jobs", json=JOB)[0].status_code == 202
+
+
+# -- servers down (nothing listens), and no body names them ----------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_servers_down_are_503_within_2_s_with_bodies_that_name_no_host(api):
+    db_port, redis_port = _free_port(), _free_port()  # nothing listens there
+    c = api(DATABASE_URL=f"postgresql+psycopg://lstdp:{PG_PASSWORD}@127.0.0.1:{db_port}/lstdp",
+            CELERY_BROKER_URL=_redis_url(redis_port), CELERY_RESULT_BACKEND=_redis_url(redis_port, 1))
+    secrets = (str(db_port), str(redis_port), PG_PASSWORD, REDIS_PASSWORD)
+    r, took = _timed(c, "GET", "/api/v1/health")
+    body = r.json()
+    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+    assert body["database"] == "database unreachable: connection refused (OperationalError)", body
+    assert body["broker"] == "broker unreachable: connection refused (OperationalError)", body
+    for method, url, kw in (("GET", "/api/v1/events", {}), ("POST", "/api/v1/jobs", {"json": JOB}),
+                            ("GET", "/api/v1/frames", {}), ("GET", "/", {})):
+        r, took = _timed(c, method, url, **kw)
+        assert r.status_code == 503 and took < WITHIN_S, (url, took, r.text)
+        assert "database is unavailable" in r.text, r.text
+        _assert_reveals_nothing(r.text, *secrets)
+    _assert_reveals_nothing(json.dumps(body), *secrets)
+
+
+@pytest.mark.slow
+@pytest.mark.faults
+def test_broker_failures_stored_on_the_job_name_no_host(private_pg, private_redis, api):
+    """The database answers, the broker refuses (nothing listens) or rejects the password:
+    the answer and the job's stored reason say which, and name neither host nor password."""
+    pg, pg_url = private_pg
+    dead = _free_port()
+    wrong = "wrong-" + REDIS_PASSWORD
+    for broker, secrets, says in ((_redis_url(dead), (str(dead), REDIS_PASSWORD), "connection refused"),
+                                  (_redis_url(private_redis.port, password=wrong), (str(private_redis.port), wrong),
+                                   "authentication failed")):
+        c = api(DATABASE_URL=pg_url, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
+        r, took = _timed(c, "GET", "/api/v1/health")
+        assert r.status_code == 503 and took < WITHIN_S and says in r.json()["broker"], r.text
+        _assert_reveals_nothing(r.text, *secrets)
+        r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
+        assert r.status_code == 503 and took < WITHIN_S and says in r.json()["detail"], r.text
+        _assert_reveals_nothing(r.text, *secrets)
+        job = c.get(f"/api/v1/jobs/{r.json()['detail'].split()[1]}")
+        assert job.json()["state"] == "failed" and says in job.json()["error"], job.text
+        _assert_reveals_nothing(job.text, *secrets)
+        r = c.get("/jobs")  # the jobs page shows the stored reason
+        assert r.status_code == 200
+        _assert_reveals_nothing(r.text, *secrets)
+
+
+# -- database timeouts on the connections -----------------------------------------------------
+
+
+@pytest.mark.faults
+def test_each_role_gets_its_timeouts_and_a_statement_past_it_is_cancelled(private_pg):
+    from backend.db import DbTimeouts, db_timeouts, make_engine
+    from backend.faults import public_reason
+
+    _, url = private_pg
+    s = Settings(API_DEADLINE_S=1.8, DB_STATEMENT_TIMEOUT_S=300, TASK_TIME_LIMIT_S=900)
+    expected = {"api": ("1800ms", "10s"), "worker": ("5min", "16min"), "migrations": ("0", "0")}
+    for role, (statement, idle) in expected.items():
+        engine = make_engine(url, db_timeouts(s, role))
+        try:
+            with engine.connect() as conn:
+                got = (conn.execute(text("SHOW statement_timeout")).scalar(),
+                       conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar())
+                params = conn.connection.dbapi_connection.info.get_parameters()
+        finally:
+            engine.dispose()
+        assert got == (statement, idle), role
+        assert params["connect_timeout"] == str(db_timeouts(s, role).connect_s)
+        assert params["keepalives"] == "1" and params["tcp_user_timeout"] == "30000"
+    engine = make_engine(url + "?connect_timeout=7", DbTimeouts(statement_s=0.2))
+    try:
+        with engine.connect() as conn:
+            assert conn.connection.dbapi_connection.info.get_parameters()["connect_timeout"] == "7"
+            with pytest.raises(Exception) as info:
+                conn.execute(text("SELECT pg_sleep(2)"))
+    finally:
+        engine.dispose()
+    assert public_reason(info.value) == "the statement took longer than its timeout (QueryCanceled)"
+
+
+# -- the worker's start-up check --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"TASK_SOFT_TIME_LIMIT_S": 900, "TASK_TIME_LIMIT_S": 900}, "TASK_SOFT_TIME_LIMIT_S (900 s) must be shorter"),
+    ({"TASK_TIME_LIMIT_S": 3600, "BROKER_VISIBILITY_TIMEOUT_S": 3600}, "BROKER_VISIBILITY_TIMEOUT_S (3600 s) must be "
+                                                                      "longer than TASK_TIME_LIMIT_S (3600 s)"),
+])
+def test_time_limits_that_contradict_each_other_are_refused(env, says):
+    s = Settings(CELERY_BROKER_URL="redis://broker:6379/0", **env)
+    with pytest.raises(TimeLimitError, match=r"must be") as info:
+        check_time_limits(s)
+    assert says in str(info.value)
+
+
+def test_default_and_embedded_time_limits_are_accepted():
+    check_time_limits(Settings(CELERY_BROKER_URL="redis://broker:6379/0"))
+    # the filesystem broker has no visibility timeout to compare
+    check_time_limits(Settings(CELERY_BROKER_URL="filesystem://", BROKER_VISIBILITY_TIMEOUT_S=10))
+
+
+def test_a_worker_with_a_visibility_timeout_shorter_than_its_time_limit_refuses_to_start(tmp_path):
+    port = _free_port()  # nothing listens: the worker must stop before it connects
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), "CELERY_BROKER_URL": _redis_url(port),
+           "CELERY_RESULT_BACKEND": _redis_url(port, 1), "TASK_TIME_LIMIT_S": "7200",
+           "BROKER_VISIBILITY_TIMEOUT_S": "3600"}
+    out = subprocess.run([sys.executable, "-m", "backend.cli", "worker"], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 1, out
+    lines = out.stderr.strip().splitlines()
+    assert lines == ["lstdp worker: error: TimeLimitError: BROKER_VISIBILITY_TIMEOUT_S (3600 s) must be longer "
+                     "than TASK_TIME_LIMIT_S (7200 s): a running task's message would be delivered again"], out.stderr
+
+
+def test_broker_configuration_per_role():
+    from backend.broker import app, configure
+
+    s = Settings(CELERY_BROKER_URL="redis://broker:6379/0", CELERY_RESULT_BACKEND="redis://broker:6379/1",
+                 API_DEADLINE_S=1.8, BROKER_VISIBILITY_TIMEOUT_S=5000, TASK_SOFT_TIME_LIMIT_S=100,
+                 TASK_TIME_LIMIT_S=200, BROKER_SOCKET_TIMEOUT_S=12)
+    try:
+        configure(s, role="worker")
+        opts = app.conf.broker_transport_options
+        assert opts["visibility_timeout"] == 5000 and opts["socket_timeout"] == 12 and opts["socket_keepalive"]
+        assert (app.conf.task_soft_time_limit, app.conf.task_time_limit) == (100, 200)
+        assert app.conf.redis_socket_timeout == 12 and app.conf.task_publish_retry_policy["max_retries"] == 3
+        configure(s, role="api")
+        opts = app.conf.broker_transport_options
+        assert opts["socket_timeout"] == opts["socket_connect_timeout"] == pytest.approx(0.36)
+        assert app.conf.redis_socket_connect_timeout == pytest.approx(0.36)
+        assert app.conf.task_publish_retry_policy["max_retries"] == 1
+    finally:
+        from backend.settings import get_settings
+
+        configure(get_settings(), role="api")
