@@ -138,14 +138,20 @@ class Scenario:
         remaining = max(1.0, bound_s - (time.monotonic() - since))
         view, waited = H.settle(job_id, remaining)
         settle_s = time.monotonic() - since
-        if view is not None and view.terminal:
-            time.sleep(3.0)  # let the follow-up detections queued at the close run
         for server in (self.pg, self.redis):
             server.thaw()
+        if view is not None and view.terminal:
+            time.sleep(1.0)  # let the follow-up detections queued at the close start
+        # every task still running ends first (a first delivery outliving its redelivered copy)
+        running = H.quiesce(self.journal, float(self.env.get("TASK_TIME_LIMIT_S", 10)) + 5)
         violations = H.check_invariants(job_id, env=self.env)
         if view is None or not view.terminal:
             violations.insert(0, f"job not terminal {settle_s:.0f} s after the last fault (bound {bound_s:.0f} s): "
                                  f"{view}")
+        if running:
+            violations.append(f"{len(running)} task(s) still running after the job ended and the hard time limit: "
+                              + ", ".join(f"{e['task'].rsplit('.', 1)[-1]}{e.get('args')} in {e['pid']}"
+                                          for e in running[:5]))
         rep = H.delivery_report(H.read_journal(self.journal))
         for key, ids in rep.follow_ups.items():
             if len(ids) > 1:
@@ -155,11 +161,14 @@ class Scenario:
                   f"rewrites {sum(rep.rewrites.values())}; follow-ups {[(k, len(v)) for k, v in rep.follow_ups.items()]}")
         for v in violations:
             self.note(f"VIOLATION: {v}")
+        if violations:
+            for line in H.explain_unfinished(job_id, H.read_journal(self.journal), self.redis):
+                self.note(f"WHY: {line}")
         return view, settle_s, violations
 
     def telling_lines(self, limit: int = 40) -> str:
         """The log lines that explain a failure, once each (tracebacks left out)."""
-        out = []
+        out = [n for n in self.notes if n.startswith("WHY: ")]
         for w in self.workers:
             lines = [ln for ln in H.grep(w.log, *TELLING, limit=100_000)
                      if not ln.startswith((" ", "Traceback", "billiard.", "raise ", "celery.exceptions"))]

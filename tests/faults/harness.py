@@ -111,11 +111,16 @@ def _signal(pid: int, sig: int) -> bool:
 class PostgresServer:
     """A private PostgreSQL cluster in a temporary folder, run as the ``postgres`` user.
 
-    ``fsync``, ``full_page_writes`` and ``synchronous_commit`` are off: the tests restart it
-    (fast or immediate) but never pull the power, so nothing is lost that they rely on.
+    ``fsync`` and ``full_page_writes`` are off: the tests restart it (fast or immediate)
+    but never crash the operating system, so what reached the kernel survives.
+    ``synchronous_commit`` stays on: with it off, an immediate shutdown loses the commits
+    of its last fraction of a second, which a worker was told had succeeded (a product
+    ``written`` by the task, ``writing`` after the restart).
     """
 
     def __init__(self, port: int | None = None, *, base: Path | None = None):
+        """``base``: where its folder is made (default the system's temporary folder); the
+        ``postgres`` user must be able to traverse it."""
         self.port = port or free_port()
         self.base = Path(tempfile.mkdtemp(prefix="lstdp-faults-pg-", dir=base))
         self.data = self.base / "data"
@@ -125,8 +130,11 @@ class PostgresServer:
 
     # -- life cycle
     def _as_postgres(self, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True, text=True,
-                              check=check, timeout=timeout)
+        r = subprocess.run(["runuser", "-u", "postgres", "--", *argv], capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode:
+            raise RuntimeError(f"{Path(argv[0]).name} exited with {r.returncode}: {(r.stderr or r.stdout).strip()}")
+        return r
 
     def init(self) -> PostgresServer:
         self.sock.mkdir()
@@ -138,7 +146,7 @@ class PostgresServer:
 
     def _options(self) -> str:
         return " ".join([f"-p {self.port}", "-c listen_addresses=127.0.0.1", f"-k {self.sock}",
-                         "-c fsync=off", "-c full_page_writes=off", "-c synchronous_commit=off",
+                         "-c fsync=off", "-c full_page_writes=off",
                          "-c max_connections=200", "-c shared_buffers=64MB"])
 
     def start(self) -> None:
@@ -748,6 +756,29 @@ def delivery_report(events: list[dict]) -> DeliveryReport:
     return rep
 
 
+def in_flight(events: list[dict]) -> list[dict]:
+    """Task starts with no end yet in a process that is still alive (a killed process's
+    unfinished start is not in flight)."""
+    open_: dict[tuple[int, str], dict] = {}
+    for e in events:
+        if e["ev"] == "prerun":
+            open_[(e["pid"], e["id"])] = e
+        elif e["ev"] == "postrun":
+            open_.pop((e["pid"], e["id"]), None)
+    return [e for (pid, _), e in open_.items() if _alive(pid)]
+
+
+def quiesce(journal: Path, timeout_s: float) -> list[dict]:
+    """Wait until no task runs in any worker (after a job ended, a slow first delivery may
+    still be writing); returns those still running after ``timeout_s``."""
+    t0 = time.monotonic()
+    while True:
+        running = in_flight(read_journal(journal))
+        if not running or time.monotonic() - t0 > timeout_s:
+            return running
+        time.sleep(0.2)
+
+
 # --------------------------------------------------------------------------------- invariants
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -862,6 +893,54 @@ def check_invariants(job_id: str, *, env: dict[str, str] | None = None, frame_id
         if job.failed != n_failed:
             out.append(f"job failed {job.failed} != {n_failed} failed products")
     out.extend(store_check(env or dict(os.environ)))
+    return out
+
+
+def explain_unfinished(job_id: str, events: list[dict], redis: RedisServer | None = None) -> list[str]:
+    """Why the job's unfinished products are unfinished, from the journal and the broker:
+    never delivered to a worker, started and never returned (killed), or returned but never
+    counted; and what Redis still holds (queued, unacknowledged messages)."""
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Product, ProductState
+
+    with session_scope() as s:
+        rows = s.execute(select(Product.id, Product.state, Product.counted_for_job).where(
+            Product.job_id == job_id)).all()
+    started: Counter[int] = Counter()
+    returned: Counter[int] = Counter()
+    counted: Counter[int] = Counter()
+    for e in events:
+        task, args = e.get("task", ""), e.get("args") or []
+        if task.endswith(".calibrate_product") and args:
+            (started if e["ev"] == "prerun" else returned if e["ev"] == "postrun" else Counter())[int(args[0])] += 1
+        elif task.endswith(".record_progress") and len(args) > 1 and e["ev"] == "postrun":
+            counted[int(args[1])] += 1
+    never, killed, uncounted = [], [], []
+    for r in rows:
+        if r.state in (ProductState.planned, ProductState.writing):
+            (never if not started[r.id] else killed if started[r.id] > returned[r.id] else uncounted).append(
+                f"{r.id}:{r.state.value}")
+        elif r.counted_for_job != job_id:
+            uncounted.append(f"{r.id}:{r.state.value}")
+    out = []
+    if never:
+        out.append(f"{len(never)} unfinished product(s) never delivered to a worker (no task start in the journal): "
+                   f"{', '.join(never[:10])}")
+    if killed:
+        out.append(f"{len(killed)} unfinished product(s) whose calibration started and never returned (killed): "
+                   f"{', '.join(killed[:10])}")
+    if uncounted:
+        out.append(f"{len(uncounted)} product(s) not counted towards the job (no record_progress ran for them): "
+                   f"{', '.join(uncounted[:10])}")
+    if redis is not None and redis.running():
+        try:
+            c = redis.client()
+            out.append(f"Redis now: {c.llen('cpu')} message(s) queued on 'cpu', {c.hlen('unacked')} delivered and "
+                       f"unacknowledged, bindings of 'cpu' {sorted(x.decode() for x in c.smembers('_kombu.binding.cpu'))}")
+        except Exception as exc:  # noqa: BLE001 - a diagnosis only
+            out.append(f"Redis not readable: {exc}")
     return out
 
 
