@@ -499,8 +499,9 @@ def has_reconcile_command() -> bool:
 
 
 def _has_command(name: str) -> bool:
-    r = subprocess.run([sys.executable, "-m", "backend.cli", name, "--help"], capture_output=True, text=True,
-                       cwd=str(ROOT), timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    with tempfile.TemporaryDirectory(prefix="lstdp-faults-help-") as tmp:  # the embedded broker makes DATA_DIR
+        r = subprocess.run([sys.executable, "-m", "backend.cli", name, "--help"], capture_output=True, text=True,
+                           cwd=str(ROOT), timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": tmp})
     return r.returncode == 0
 
 
