@@ -1,0 +1,51 @@
+"""Lost messages and a hung broker (issue #10): Redis flushed (``FLUSHALL``) mid-job, Redis
+killed and restarted without persistence mid-job, Redis frozen (SIGSTOP) for a few seconds.
+
+Done when: the job still ends within the lease plus three reconciler periods after the
+fault, every frame with exactly one written product or one failed row with the reason, no
+duplicate product, no partial or orphan file, follow-up detections queued at most once.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.faults import harness as H
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+FRAMES = 40
+
+
+@pytest.mark.parametrize("fault", ["flushall", "restart"])
+def test_broker_loses_every_message_mid_job(scenario, fault):
+    scenario.worker()
+    job = scenario.submit(FRAMES)
+    v = H.wait_progress(job, 0.3)
+    assert not v.terminal, "the job ended before the fault: make it longer"
+    if fault == "flushall":
+        scenario.redis.flushall()
+    else:
+        scenario.redis.kill9()
+        time.sleep(1.0)
+        scenario.redis.start()
+    last = time.monotonic()
+    scenario.note(f"Redis {fault} at {v.finished}/{FRAMES} finished")
+    _, _, violations = scenario.finish(job, scenario.bound(), since=last)
+    assert not violations, "\n".join(violations) + "\n" + scenario.telling_lines()
+
+
+def test_broker_frozen_mid_job(scenario):
+    scenario.worker()
+    job = scenario.submit(FRAMES)
+    v = H.wait_progress(job, 0.3)
+    assert not v.terminal, "the job ended before the fault: make it longer"
+    scenario.redis.freeze()
+    time.sleep(5.0)
+    scenario.redis.thaw()
+    last = time.monotonic()
+    scenario.note(f"Redis frozen 5 s at {v.finished}/{FRAMES} finished")
+    _, _, violations = scenario.finish(job, scenario.bound(), since=last)
+    assert not violations, "\n".join(violations) + "\n" + scenario.telling_lines()

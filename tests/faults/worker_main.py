@@ -1,0 +1,168 @@
+"""``lstdp`` with test-only hooks: ``python -m tests.faults.worker_main worker ...``.
+
+The fault tests start their workers through this module instead of ``python -m
+backend.cli``: it imports :mod:`backend.cli`, connects the hooks below and runs
+:func:`backend.cli.main` with the same arguments, so the product code carries no test hook.
+Every hook is off unless its environment variable is set.
+
+Observation (journal)
+    ``LSTDP_FAULTS_JOURNAL``: a JSON-lines file every worker process (main and pool
+    children, every restart) appends to, one line per event: ``prerun``/``postrun`` of a
+    task (name, id, arguments, delivery flags, state), ``publish`` of a message (its task
+    name and id, in the process that sends it), ``write_start``/``write`` of a product FITS
+    (``pipelines.fitsio.write_fits_atomic`` wrapped: the path, and the SHA-256 once
+    renamed), ``child`` when a pool process starts, ``ready`` when the worker is. Each line
+    has the process id and the wall time. A killed process loses nothing already written
+    (``O_APPEND``, one ``write`` per line).
+
+Faults
+    ``LSTDP_FAULTS_POISON``: comma-separated raw file names (the frame header's
+    ``FILENAME``); the calibration of such a frame kills its own process with SIGKILL, every
+    time, from inside the science step (``pipelines.calibration.flow.calibrate_frame``),
+    that is after the task has taken its product (state ``writing``), as a frame that
+    crashes the calibration would. A kill in ``task_prerun`` would come before the task
+    could know it had started (``MAX_DELIVERIES`` counts calibrations that start without
+    finishing), so no implementation could count it.
+    ``LSTDP_FAULTS_SLOW``: ``NAME:SECONDS``: the first calibration of raw file ``NAME``
+    (in any process; a marker file beside the journal says it happened) sleeps this long
+    inside the science step, after its product is ``writing``.
+    ``LSTDP_FAULTS_VISIBILITY_S``: the Redis transport redelivers a delivered,
+    unacknowledged message after this many seconds, whatever ``BROKER_VISIBILITY_TIMEOUT_S``
+    says (kombu's ``QoS.visibility_timeout`` replaced in this process, and its restore sweep
+    run every second): a broker whose visibility timeout is shorter than a running task,
+    with the worker's own settings (and any start-up check of them) left consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+JOURNAL = os.environ.get("LSTDP_FAULTS_JOURNAL")
+
+
+def journal(event: str, **fields) -> None:
+    """Append one event line to the journal (no-op without ``LSTDP_FAULTS_JOURNAL``)."""
+    if not JOURNAL:
+        return
+    line = json.dumps({"ev": event, "pid": os.getpid(), "t": time.time(), **fields}, default=str) + "\n"
+    fd = os.open(JOURNAL, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _poison_names() -> set[str]:
+    return {n.strip() for n in os.environ.get("LSTDP_FAULTS_POISON", "").split(",") if n.strip()}
+
+
+def _slow_spec() -> tuple[str, float] | None:
+    spec = os.environ.get("LSTDP_FAULTS_SLOW", "")
+    if not spec:
+        return None
+    name, _, seconds = spec.rpartition(":")
+    return name, float(seconds)
+
+
+def _first_time(marker: str) -> bool:
+    """True once per marker across every process (an ``O_EXCL`` file beside the journal)."""
+    folder = Path(JOURNAL).parent if JOURNAL else Path("/tmp")
+    try:
+        fd = os.open(folder / f".faults-{marker}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _install_hooks() -> None:
+    from celery.signals import (
+        before_task_publish,
+        task_postrun,
+        task_prerun,
+        worker_process_init,
+        worker_ready,
+    )
+
+    import pipelines.calibration.flow as flow
+    import pipelines.fitsio as fitsio
+
+    @task_prerun.connect(weak=False)
+    def _prerun(task_id=None, task=None, args=None, kwargs=None, **_):
+        req = task.request
+        info = req.delivery_info or {}
+        journal("prerun", task=task.name, id=task_id, args=list(args or ()), kwargs=dict(kwargs or {}),
+                redelivered=bool(info.get("redelivered")), retries=req.retries, hostname=req.hostname)
+
+    @task_postrun.connect(weak=False)
+    def _postrun(task_id=None, task=None, args=None, retval=None, state=None, **_):
+        journal("postrun", task=task.name, id=task_id, args=list(args or ()), state=state,
+                retval=retval if isinstance(retval, dict | str | int | float | type(None)) else repr(retval))
+
+    @before_task_publish.connect(weak=False)
+    def _publish(sender=None, headers=None, body=None, **_):
+        headers = headers or {}
+        args = body[0] if isinstance(body, list | tuple) and body else None
+        kwargs = body[1] if isinstance(body, list | tuple) and len(body) > 1 else None
+        journal("publish", task=sender or headers.get("task"), id=headers.get("id"), args=args, kwargs=kwargs)
+
+    @worker_process_init.connect(weak=False)
+    def _child(**_):
+        journal("child", ppid=os.getppid())
+
+    @worker_ready.connect(weak=False)
+    def _ready(sender=None, **_):
+        journal("ready", hostname=getattr(sender, "hostname", None))
+
+    real_write = fitsio.write_fits_atomic
+
+    def write_fits_atomic(hdul, path, *args, **kwargs):
+        journal("write_start", path=str(path))
+        sha = real_write(hdul, path, *args, **kwargs)
+        journal("write", path=str(path), sha256=sha)
+        return sha
+
+    fitsio.write_fits_atomic = write_fits_atomic
+
+    poison = _poison_names()
+    slow = _slow_spec()
+    if poison or slow:
+        real_calibrate = flow.calibrate_frame
+
+        def calibrate_frame(data, header, *args, **kwargs):
+            name = str(header.get("FILENAME", "")).strip()
+            if name in poison:
+                journal("poison_kill", frame=name)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if slow and name == slow[0] and _first_time(f"slow-{name}"):
+                journal("slow_start", frame=name, seconds=slow[1])
+                time.sleep(slow[1])
+                journal("slow_end", frame=name)
+            return real_calibrate(data, header, *args, **kwargs)
+
+        flow.calibrate_frame = calibrate_frame
+
+    visibility = os.environ.get("LSTDP_FAULTS_VISIBILITY_S")
+    if visibility:
+        from kombu.transport import redis as kredis
+
+        seconds = float(visibility)
+        kredis.QoS.visibility_timeout = property(lambda self: seconds)
+        kredis.Channel.unacked_restore_interval = 1
+        kredis.Channel.unacked_restore_throttle = 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    import backend.cli
+
+    _install_hooks()
+    return backend.cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
