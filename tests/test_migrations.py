@@ -84,3 +84,36 @@ def test_0004_clears_the_flux_of_impossible_goes_classes(fresh_pg):
         assert got == {"M12.0": None, "C0.8": None, "M1.5": 1.5e-5, "X28": 2.8e-3}
     finally:
         engine.dispose()
+
+
+def test_0006_migrates_a_job_that_planned_two_products_of_one_frame(fresh_pg):
+    """Before 0006 a redelivered plan message re-planned a running job; a calibration master
+    registered in between gave the frame a second product (a new calibration key) with the
+    same ``job_id``. One item per (job, frame): the migration keeps the job's latest product
+    instead of failing on the primary key."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    upgrade(fresh_pg, "0005")
+    engine = dbmod.make_engine(fresh_pg)
+    t = dt.datetime(2024, 5, 10, tzinfo=dt.UTC)
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO jobs (id, owner, kind, parameters, state, total, done, failed, skipped, "
+                           "created_at) VALUES ('j1', 'me', 'recalibrate', '{}', 'running', 1, 0, 0, 0, :t)"),
+                      {"t": t})
+            c.execute(text("INSERT INTO frames (id, channel_code, date_obs, exposure_s, level, naxis1, naxis2, path, "
+                           "original_name, sha256, size_bytes, header, quality_flags, ingested_at) VALUES "
+                           "(1, 'WST', :t, 1, 'L1', 8, 8, '/x', 'x.fits', 'aa', 1, '{}', 0, :t)"), {"t": t})
+            for pid, key, state, counted in ((1, 'k-old', 'failed', None), (2, 'k-new', 'written', 'j1')):
+                c.execute(text("INSERT INTO products (id, frame_id, level, version, calibration_key, params_hash, "
+                               "parameters, software_version, state, job_id, counted_for_job, created_at, "
+                               "updated_at) VALUES (:id, 1, 'L2', :id, :k, 'h', '{}', 't', :s, 'j1', :c, :t, :t)"),
+                          {"id": pid, "k": key, "s": state, "c": counted, "t": t})
+        upgrade(fresh_pg)
+        with engine.connect() as c:
+            items = c.execute(text("SELECT job_id, frame_id, product_id, outcome FROM job_items")).all()
+        assert [tuple(i) for i in items] == [("j1", 1, 2, "done")]
+    finally:
+        engine.dispose()

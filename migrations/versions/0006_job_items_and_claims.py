@@ -12,8 +12,9 @@
 * ``job_follow_ups``: the detections a job queues when it ends, one row per key, so a
   redelivered or re-sent detection runs once.
 
-Existing jobs get items from the products they planned (``products.job_id``), settled where
-0005 marked the product counted.
+Existing jobs get items from the products they planned (``products.job_id``; the latest
+one where a re-planned job made two of one frame), settled where 0005 marked the product
+counted.
 
 Revision ID: 0006
 Revises: 0005
@@ -80,7 +81,11 @@ def upgrade() -> None:
         "  WHEN counted_for_job = job_id AND state = 'written' THEN 'done' "
         "  WHEN counted_for_job = job_id AND state = 'failed' THEN 'failed' "
         "  ELSE 'pending' END "
-        "FROM products WHERE job_id IS NOT NULL")
+        "FROM products WHERE job_id IS NOT NULL "
+        # one item per (job, frame): a plan message redelivered before 0006 re-planned its
+        # job, and a master registered meanwhile gave the frame a second product of that job
+        "AND id = (SELECT MAX(p2.id) FROM products p2 WHERE p2.job_id = products.job_id "
+        "AND p2.frame_id = products.frame_id)")
     with op.batch_alter_table("products") as batch:
         batch.drop_column("counted_for_job")
 
