@@ -374,3 +374,42 @@ def test_a_retried_task_retakes_its_claim_but_a_redelivery_after_a_crash_is_a_ne
     assert claim_product(s, p.id, holder=retry, **kw) == Claim("claimed", 1)
     redelivered = retry.replace("other-host", "third-host")  # same id, same try: a live claim
     assert claim_product(s, p.id, holder=redelivered, **kw).status == "busy"
+
+
+def test_a_frozen_holder_that_writes_while_the_reconciler_takes_its_claim_back_keeps_its_product(
+        sqlite_env, sent, monkeypatch):
+    """The holder's lease passed (frozen worker on another host) and it wakes: it confirms its
+    claim and commits ``written`` between the reconciler's read of the product and its
+    take-back. The take-back must not move the written product back to ``planned`` (a
+    second calibration would write the same file again) nor fail it."""
+    from backend.db import get_sessionmaker, session_scope
+
+    with session_scope() as s:
+        job, (p,) = _job(s, [ProductState.writing], ago_s=SETTINGS.lease_s + 10, attempts=1,
+                         claimed_by="another-host:1")
+        job_id, pid = job.id, p.id
+    real_queue_of = reconcile._queue_of
+    woke = []
+
+    def holder_wakes_and_writes(parameters):
+        if not woke:
+            woke.append(True)
+            with get_sessionmaker()() as w:
+                assert confirm_claim(w, pid, 1)
+                prod = w.get(Product, pid)
+                prod.path, prod.sha256 = "/store/p.fits", "0" * 64
+                move_product(prod, ProductState.written)
+                w.commit()
+        return real_queue_of(parameters)
+
+    monkeypatch.setattr(reconcile, "_queue_of", holder_wakes_and_writes)
+    with session_scope() as s:
+        report = _pass(s)
+    with session_scope() as s:
+        prod = s.get(Product, pid)
+        assert (prod.state, prod.path) == (ProductState.written, "/store/p.fits"), report.as_dict()
+        assert sent["calibrations"] == []  # nothing sent to calibrate it again
+        _pass(s)
+        job = s.get(Job, job_id)
+        s.refresh(job)
+        assert (job.state, job.done, job.failed) == (JobState.succeeded, 1, 0)

@@ -54,7 +54,7 @@ from backend.broker import InFlight, TaskName, in_flight, send
 from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductState, utcnow)
 from backend.settings import Settings, get_settings
-from backend.state import claim_is_dead, give_up_reason, move_job, move_product, settle_follow_up
+from backend.state import claim_is_dead, confirm_claim, give_up_reason, move_job, move_product, settle_follow_up
 from backend.worker.processing import count_item, lock_job, recount_job
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError
@@ -165,6 +165,12 @@ def _settle_finished(session: Session, report: ReconcileReport, closed: list[str
             closed.append(job_id)
 
 
+def _claim_lost(prod: Product, now: dt.datetime, lease: dt.timedelta) -> bool:
+    """Whether ``writing`` product ``prod``'s claim is past its lease or its process is gone."""
+    claimed_at = _aware(prod.claimed_at)
+    return claimed_at is None or claimed_at < now - lease or claim_is_dead(prod.claimed_by)
+
+
 def _lost_products(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
                    now: dt.datetime, closed: list[str]) -> None:
     """Steps 2 and 3: products of running jobs whose work is lost."""
@@ -181,9 +187,16 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
     for prod in rows:
         queue = _queue_of(prod.parameters)
         if prod.state == ProductState.writing:
-            claimed_at = _aware(prod.claimed_at)
-            expired = claimed_at is None or claimed_at < now - lease
-            if not (expired or claim_is_dead(prod.claimed_by)):
+            if not _claim_lost(prod, now, lease):
+                continue
+            # lock the row while it still holds the claim read (a holder that woke and wrote
+            # it meanwhile keeps its product), and look again under the lock
+            if not confirm_claim(session, prod.id, prod.attempts or 0):
+                session.rollback()
+                continue
+            session.refresh(prod)
+            if not _claim_lost(prod, now, lease):  # re-taken meanwhile (a retry of its task)
+                session.rollback()
                 continue
             if (prod.attempts or 0) >= settings.max_deliveries:
                 move_product(prod, ProductState.failed, give_up_reason(prod.attempts or 0))
