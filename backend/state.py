@@ -259,6 +259,15 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
     again = prod.state == ProductState.writing and is_retry_of(holder, prod.claimed_by)
     seen = prod.attempts or 0
     if not again and seen >= max_deliveries:
+        # fail it only while it is as read (locked until the commit): a holder that woke and
+        # wrote it meanwhile keeps its product
+        held = session.execute(
+            update(Product).where(Product.id == product_id, Product.state == prod.state, Product.attempts == seen)
+            .values(attempts=Product.attempts).execution_options(synchronize_session=False))
+        if held.rowcount != 1:
+            session.commit()
+            return Claim("busy")
+        session.refresh(prod)
         move_product(prod, ProductState.failed, give_up_reason(seen))
         session.commit()
         return Claim("exhausted")

@@ -413,3 +413,36 @@ def test_a_frozen_holder_that_writes_while_the_reconciler_takes_its_claim_back_k
         job = s.get(Job, job_id)
         s.refresh(job)
         assert (job.state, job.done, job.failed) == (JobState.succeeded, 1, 0)
+
+
+def test_a_delivery_past_the_limit_does_not_fail_a_product_its_woken_holder_just_wrote(sqlite_env, monkeypatch):
+    """The third claim's holder froze past its lease; a fourth delivery reads the product
+    (``writing``, 3 attempts: exhausted) and the holder wakes and writes it before the
+    delivery fails it. The written product must stay written (its file is named by it)."""
+    from backend import state
+    from backend.db import get_sessionmaker, session_scope
+
+    with session_scope() as s:
+        _, (p,) = _job(s, [ProductState.writing], ago_s=SETTINGS.lease_s + 10, attempts=3,
+                       claimed_by="another-host:1")
+        pid = p.id
+    real = state.is_retry_of
+    woke = []
+
+    def holder_wakes_and_writes(holder, claimed_by):
+        if not woke:
+            woke.append(True)
+            with get_sessionmaker()() as w:
+                assert confirm_claim(w, pid, 3)
+                prod = w.get(Product, pid)
+                prod.path, prod.sha256 = "/store/p.fits", "0" * 64
+                move_product(prod, ProductState.written)
+                w.commit()
+        return real(holder, claimed_by)
+
+    monkeypatch.setattr(state, "is_retry_of", holder_wakes_and_writes)
+    with session_scope() as s:
+        got = claim_product(s, pid, lease_s=SETTINGS.lease_s, max_deliveries=3, holder="third-host:9", now=NOW)
+    with session_scope() as s:
+        prod = s.get(Product, pid)
+        assert (prod.state, prod.error) == (ProductState.written, None), got
