@@ -446,3 +446,52 @@ def test_a_delivery_past_the_limit_does_not_fail_a_product_its_woken_holder_just
     with session_scope() as s:
         prod = s.get(Product, pid)
         assert (prod.state, prod.error) == (ProductState.written, None), got
+
+
+def test_a_plan_retried_after_database_faults_is_not_given_up_as_a_crashing_delivery(sqlite_env, monkeypatch):
+    """Planning raised a database fault (PostgreSQL restarting) on three tries of one
+    delivery and the task retried it (``RETRY``): those tries did not kill their worker, so
+    the job plans on the fourth instead of failing 'after 3 deliveries'."""
+    from sqlalchemy.exc import OperationalError
+
+    from backend.db import session_scope
+    from backend.worker import tasks
+
+    with session_scope() as s:
+        job = Job(parameters={"channels": ["WST"], "start": NOW.isoformat(), "end": NOW.isoformat()},
+                  state=JobState.queued)
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    real, faults = tasks.plan_job, []
+
+    def flaky(session, jid):
+        if len(faults) < 3:
+            faults.append(1)
+            raise OperationalError("SELECT ...", {}, Exception("server closed the connection unexpectedly"))
+        return real(session, jid)
+
+    monkeypatch.setattr(tasks, "plan_job", flaky)
+    monkeypatch.setattr(tasks, "send_follow_ups", lambda s, jid: 0)
+    tasks.run_job.apply(args=[job_id])
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert len(faults) == 3 and job.state == JobState.succeeded, (job.state, job.error)
+    # a delivery whose every try raises still counts once (its last try is not retried): a
+    # plan that always fails this way ends after MAX_DELIVERIES re-sends instead of looping
+    with session_scope() as s:
+        job = Job(parameters={"channels": ["WST"], "start": NOW.isoformat(), "end": NOW.isoformat()},
+                  state=JobState.queued)
+        s.add(job)
+        s.flush()
+        job_id = job.id
+    faults.clear()
+
+    def always(session, jid):
+        faults.append(1)
+        raise OperationalError("SELECT ...", {}, Exception("canceling statement due to statement timeout"))
+    monkeypatch.setattr(tasks, "plan_job", always)
+    tasks.run_job.apply(args=[job_id])
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert (len(faults), job.deliveries, job.state) == (tasks.RETRY["max_retries"] + 1, 1, JobState.queued)

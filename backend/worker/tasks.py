@@ -17,6 +17,7 @@ import logging
 
 from celery import chain
 from celery.signals import worker_init, worker_process_init, worker_ready
+from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
 from backend.broker import TaskName, app
@@ -127,6 +128,8 @@ def run_job(self, job_id: str) -> dict:
             job = s.get(Job, job_id)
             ended = job.state in JOB_FINAL
     except OperationalError:
+        if self.request.retries < (self.max_retries or 0):
+            _forget_delivery(job_id)  # this try raised and is retried: it did not kill its worker
         raise
     except Exception as exc:  # the job must end failed with the reason, never stay queued
         with session_scope() as s:
@@ -150,6 +153,18 @@ def run_job(self, job_id: str) -> dict:
     for pid in todo:
         chain(calibrate_product.si(pid).set(queue="cpu"), record_progress.si(job_id, pid).set(queue="cpu")).apply_async()
     return {"job_id": job_id, "planned": len(todo)}
+
+
+def _forget_delivery(job_id: str) -> None:
+    """Take back the delivery :func:`run_job` counted for a try whose planning raised a
+    database fault and is retried (only a start that never finished counts towards
+    ``MAX_DELIVERIES``). Best effort: with the database down the count stays."""
+    try:
+        with session_scope() as s:
+            s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.queued, Job.deliveries > 0)
+                      .values(deliveries=Job.deliveries - 1).execution_options(synchronize_session=False))
+    except OperationalError:
+        log.warning("job %s: could not take back the count of a retried plan delivery", job_id)
 
 
 @app.task(name=TaskName.calibrate_product, bind=True, **RETRY)
