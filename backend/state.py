@@ -46,7 +46,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -212,11 +212,14 @@ class Claim:
     ``status``: ``claimed`` (this delivery calibrates; ``attempt`` is its number),
     ``finished`` (written or failed already: nothing to do), ``busy`` (a live claim holds
     it), ``exhausted`` (it reached the delivery limit and is now ``failed``, to be counted),
-    ``missing`` (no such product).
+    ``missing`` (no such product). ``holder``: who holds the claim taken (pass it to
+    :func:`confirm_claim` with ``attempt``: a re-planned product numbers its claims from 1
+    again, so the number alone may be an old holder's too).
     """
 
     status: str
     attempt: int = 0
+    holder: str | None = field(default=None, compare=False)
 
 
 def claim_product(session: Session, product_id: int, *, lease_s: float, max_deliveries: int,
@@ -280,7 +283,7 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
     if won.rowcount != 1:  # another delivery claimed it between our read and our update
         return Claim("busy")
     session.expire(prod)
-    return Claim("claimed", attempt)
+    return Claim("claimed", attempt, holder)
 
 
 def give_up_reason(attempts: int) -> str:
@@ -289,13 +292,15 @@ def give_up_reason(attempts: int) -> str:
             "(its worker process died or passed the hard time limit each time: a frame that kills its worker)")
 
 
-def confirm_claim(session: Session, product_id: int, attempt: int) -> bool:
+def confirm_claim(session: Session, product_id: int, attempt: int, holder: str | None = None) -> bool:
     """Whether the claim ``attempt`` on ``product_id`` is still the product's (``writing``,
-    same attempt number); also takes the row's write lock until the transaction ends, so no
-    other delivery can take the product over while the holder writes its file and row."""
+    same attempt number, and held by ``holder`` when given: ``Claim.holder``); also takes
+    the row's write lock until the transaction ends, so no other delivery can take the
+    product over while the holder writes its file and row."""
+    held = (Product.claimed_by == holder,) if holder is not None else ()
     res = session.execute(
         update(Product).where(Product.id == product_id, Product.state == ProductState.writing,
-                              Product.attempts == attempt)
+                              Product.attempts == attempt, *held)
         .values(claimed_at=Product.claimed_at)
         .execution_options(synchronize_session=False))
     return res.rowcount == 1

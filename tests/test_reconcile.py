@@ -495,3 +495,37 @@ def test_a_plan_retried_after_database_faults_is_not_given_up_as_a_crashing_deli
     with session_scope() as s:
         job = s.get(Job, job_id)
         assert (len(faults), job.deliveries, job.state) == (tasks.RETRY["max_retries"] + 1, 1, JobState.queued)
+
+
+def test_a_frozen_holder_does_not_write_over_a_claim_of_the_same_number_after_a_re_plan(sqlite_env, tmp_path):
+    """A failed product re-planned by a later job starts its attempts again from 0, so its
+    next claim has the number of a claim an old, frozen holder still thinks it has. The old
+    holder, woken, must not pass for the new one (write its file, or fail the product with
+    its own reason, while the new holder calibrates)."""
+    from backend.db import session_scope
+
+    kw = dict(lease_s=SETTINGS.lease_s, max_deliveries=3)
+    with session_scope() as s:
+        _, (p,) = _job(s, [ProductState.planned])
+        pid = p.id
+    with session_scope() as s:
+        assert claim_product(s, pid, holder="host-a:1 task=t1 try=0", now=NOW, **kw).attempt == 1  # froze
+        later = NOW + dt.timedelta(seconds=SETTINGS.lease_s + 1)
+        assert claim_product(s, pid, holder="host-b:2 task=t2 try=0", now=later, **kw).attempt == 2
+        prod = s.get(Product, pid)
+        move_product(prod, ProductState.failed, "master unreadable")
+        # a later job re-plans it (plan_product): a clean slate
+        move_product(prod, ProductState.planned)
+        prod.attempts, prod.claimed_at, prod.claimed_by = 0, None, None
+        s.commit()
+        new = claim_product(s, pid, holder="host-c:3 task=t3 try=0", now=later, **kw)
+        assert (new.attempt, new.holder) == (1, "host-c:3 task=t3 try=0")
+    from backend.worker.processing import _fail_claimed
+
+    with session_scope() as s:
+        # the first holder wakes with its claim number 1 and fails (it passed the soft limit)
+        _fail_claimed(s, pid, Claim("claimed", 1, "host-a:1 task=t1 try=0"), "passed the soft time limit")
+        prod = s.get(Product, pid)
+        assert (prod.state, prod.claimed_by) == (ProductState.writing, "host-c:3 task=t3 try=0")
+        assert not confirm_claim(s, pid, 1, "host-a:1 task=t1 try=0")
+        assert confirm_claim(s, pid, 1, new.holder)

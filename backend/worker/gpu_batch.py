@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 from backend.models import Product, ProductState
 from backend.worker.processing import count_item, resident_master, write_product
 from backend.settings import Settings
-from backend.state import claim_product, move_product
+from backend.state import Claim, claim_product, move_product
 from pipelines.array_backend import cupy_available
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError, failure_reason
@@ -168,12 +168,12 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
 
     # claim each product (backend.state.claim_product): finished ones, and ones a live
     # claim holds, are left alone; one past the delivery limit fails and is counted
-    claimed: dict[int, int] = {}
+    claimed: dict[int, Claim] = {}
     for pid in product_ids:
         claim = claim_product(session, pid, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,
                               holder=holder)
         if claim.status == "claimed":
-            claimed[pid] = claim.attempt
+            claimed[pid] = claim
         elif claim.status == "exhausted":
             _count(session, report, job_id, pid)
             session.commit()
@@ -203,7 +203,8 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             return
         prod = session.get(Product, pid)
         try:
-            if not write_product(session, settings, prod, outcome.result, notes=notes, attempt=claimed[pid]):
+            if not write_product(session, settings, prod, outcome.result, notes=notes, attempt=claimed[pid].attempt,
+                                 holder=claimed[pid].holder):
                 session.rollback()
                 report.skipped.append(pid)  # taken over by another delivery meanwhile
                 return

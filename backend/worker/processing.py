@@ -274,17 +274,18 @@ def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
 
 
 def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = (),
-                  attempt: int | None = None) -> bool:
+                  attempt: int | None = None, holder: str | None = None) -> bool:
     """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.flow.L2Result`)
     for ``prod`` and fill the row (state ``written``); the caller commits.
 
     ``notes`` become HISTORY lines of the product (e.g. the GPU worker's CPU fallback).
     ``attempt``: the claim this write belongs to (:func:`backend.state.claim_product`); it
     is confirmed, and the row locked, before any file is touched, so a delivery whose claim
-    was taken over writes nothing and returns False. The file is fsynced and renamed before
+    was taken over writes nothing and returns False (``holder``: the claim's holder,
+    ``Claim.holder``, checked too when given). The file is fsynced and renamed before
     the row says ``written``. Returns True when written.
     """
-    if attempt is not None and not confirm_claim(session, prod.id, attempt):
+    if attempt is not None and not confirm_claim(session, prod.id, attempt, holder):
         return False
     from pipelines.fitsio import store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
@@ -344,7 +345,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         raw = read_image(frame.path, dtype=np.float32)  # 16-bit DN exactly, half the memory
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         result = calibrate_frame(raw.data, raw.header, cals, as_options(prod.parameters.get("options")))
-        if write_product(session, settings, prod, result, attempt=claim.attempt):
+        if write_product(session, settings, prod, result, attempt=claim.attempt, holder=claim.holder):
             session.commit()
         else:
             session.rollback()
@@ -357,24 +358,25 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         raise
     except DataError as exc:
         session.rollback()
-        _fail_claimed(session, product_id, claim.attempt, failure_reason(exc))
+        _fail_claimed(session, product_id, claim, failure_reason(exc))
         prod = session.get(Product, product_id)
     except SoftTimeLimitExceeded:
         session.rollback()
-        _fail_claimed(session, product_id, claim.attempt,
+        _fail_claimed(session, product_id, claim,
                       f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
                       "(TASK_SOFT_TIME_LIMIT_S)")
         prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
-        _fail_claimed(session, product_id, claim.attempt, failure_reason(exc))
+        _fail_claimed(session, product_id, claim, failure_reason(exc))
         raise
     return prod
 
 
-def _fail_claimed(session: Session, product_id: int, attempt: int, reason: str) -> None:
-    """Fail a product this delivery still holds (another delivery that took it over keeps it)."""
-    if confirm_claim(session, product_id, attempt):
+def _fail_claimed(session: Session, product_id: int, claim, reason: str) -> None:
+    """Fail a product this delivery still holds (``claim``, a ``backend.state.Claim``;
+    another delivery that took it over keeps it)."""
+    if confirm_claim(session, product_id, claim.attempt, claim.holder):
         prod = session.get(Product, product_id)
         session.refresh(prod)
         move_product(prod, ProductState.failed, reason)

@@ -191,7 +191,7 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
                 continue
             # lock the row while it still holds the claim read (a holder that woke and wrote
             # it meanwhile keeps its product), and look again under the lock
-            if not confirm_claim(session, prod.id, prod.attempts or 0):
+            if not confirm_claim(session, prod.id, prod.attempts or 0, prod.claimed_by):
                 session.rollback()
                 continue
             session.refresh(prod)
