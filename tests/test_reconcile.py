@@ -529,3 +529,20 @@ def test_a_frozen_holder_does_not_write_over_a_claim_of_the_same_number_after_a_
         assert (prod.state, prod.claimed_by) == (ProductState.writing, "host-c:3 task=t3 try=0")
         assert not confirm_claim(s, pid, 1, "host-a:1 task=t1 try=0")
         assert confirm_claim(s, pid, 1, new.holder)
+
+
+def test_a_lost_calibration_is_sent_again_within_two_intervals_whatever_the_pass_phase(db_session, sent):
+    """README: after a lost message a job settles within 2 x RECONCILE_INTERVAL_S plus the
+    calibration time. Passes come every interval at a phase unrelated to the send: the
+    resend must come at most two intervals after the lost send."""
+    s = db_session
+    settings = Settings(TASK_TIME_LIMIT_S=100, TASK_SOFT_TIME_LIMIT_S=90, RECONCILE_INTERVAL_S=30, MAX_DELIVERIES=3)
+    interval = settings.reconcile_interval_s
+    _job(s, [ProductState.planned], ago_s=0)  # sent (and lost) at NOW
+    resent_at = None
+    for k in range(1, 6):  # passes just before each multiple of the interval after the send
+        t = NOW + dt.timedelta(seconds=k * interval - 0.1)
+        if reconcile.reconcile_once(s, settings, now=t, flight=InFlight()).resent:
+            resent_at = (t - NOW).total_seconds()
+            break
+    assert resent_at is not None and resent_at <= 2 * interval, resent_at

@@ -76,9 +76,11 @@ ADVISORY_KEY = 0x4C535452
 
 def grace_s(settings: Settings) -> float:
     """How long [s] after it was sent a message may be missing from the broker before it is
-    taken as lost: two reconcile intervals, at least 10 s (a worker may hold a message it
-    took from the queue before it claims the product)."""
-    return max(10.0, 2.0 * settings.reconcile_interval_s)
+    taken as lost: one reconcile interval, at least 10 s (a sender commits ``sent_at``
+    before it publishes, and a worker takes a message from the queue a moment before it
+    claims the product). One, not two: the pass that finds it lost comes up to another
+    interval later, and the README's bound for a lost message is two intervals."""
+    return max(10.0, settings.reconcile_interval_s)
 
 
 @dataclass
