@@ -194,15 +194,15 @@ def _pid_alive(pid: int) -> bool:
 
 def claim_is_dead(claimed_by: str | None) -> bool:
     """Whether the process holding a claim is known to be gone: it ran on this host and its
-    pid no longer exists, or it is this very process (a process of the prefork or solo pool
-    runs one task at a time, so its earlier claim is not running any more). A claim from
-    another host is never known dead here: its lease decides."""
+    pid no longer exists. A claim of this very process is not dead (a ``threads`` pool runs
+    several tasks in one process; a retry of the same task is told by :func:`is_retry_of`),
+    and a claim from another host is never known dead here: its lease decides."""
     if not claimed_by:
         return True
     host, _, pid = claimed_by.split()[0].rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    return int(pid) == os.getpid() or not _pid_alive(int(pid))
+    return int(pid) != os.getpid() and not _pid_alive(int(pid))
 
 
 @dataclass(frozen=True)

@@ -546,3 +546,13 @@ def test_a_lost_calibration_is_sent_again_within_two_intervals_whatever_the_pass
             resent_at = (t - NOW).total_seconds()
             break
     assert resent_at is not None and resent_at <= 2 * interval, resent_at
+
+
+def test_a_claim_of_this_very_process_is_not_dead():
+    """A ``threads`` pool runs several deliveries in one process: another task's claim made
+    by this pid is live, not a crash to take over."""
+    from backend.state import claim_is_dead, this_process
+
+    assert not claim_is_dead(this_process("task-1", 0))
+    assert claim_is_dead(f"{socket.gethostname()}:{_dead_pid()} task=t try=0")
+    assert not claim_is_dead("another-host:1 task=t try=0")
