@@ -556,3 +556,17 @@ def test_a_claim_of_this_very_process_is_not_dead():
     assert not claim_is_dead(this_process("task-1", 0))
     assert claim_is_dead(f"{socket.gethostname()}:{_dead_pid()} task=t try=0")
     assert not claim_is_dead("another-host:1 task=t try=0")
+
+
+def test_a_broken_gpu_batch_fails_its_own_products_not_those_another_delivery_holds(db_session):
+    from backend.worker.gpu_batch import fail_unfinished
+
+    s = db_session
+    job, (waiting, mine, theirs) = _job(s, [ProductState.planned, ProductState.writing, ProductState.writing])
+    mine.claimed_by, theirs.claimed_by = "gpu-host:1 task=b try=0", "gpu-host:2 task=c try=0"
+    s.flush()
+    report = fail_unfinished(s, [waiting.id, mine.id, theirs.id], job.id, "GPU batch failed: boom",
+                             holder="gpu-host:1 task=b try=0")
+    assert sorted(report.failed) == sorted([waiting.id, mine.id]) and report.skipped == [theirs.id]
+    s.refresh(theirs)
+    assert theirs.state == ProductState.writing

@@ -222,13 +222,21 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     return report
 
 
-def fail_unfinished(session: Session, product_ids: list[int], job_id: str | None, reason: str) -> BatchReport:
-    """Fail (with ``reason``) and count the products of a batch still ``planned``/``writing``
-    after the batch task itself broke, so that their job ends instead of waiting for the
-    reaper."""
+def fail_unfinished(session: Session, product_ids: list[int], job_id: str | None, reason: str, *,
+                    holder: str | None = None) -> BatchReport:
+    """Fail (with ``reason``) and count the products of a batch still ``planned``, or
+    ``writing`` under this batch's claim (``holder``), after the batch task itself broke, so
+    that their job ends instead of waiting for the reconciler. A product another delivery
+    holds is left to it."""
     report = BatchReport(backend="none")
     for pid in product_ids:
         prod = session.get(Product, pid)
-        if prod is not None and prod.state in (ProductState.planned, ProductState.writing):
+        if prod is None:
+            continue
+        session.refresh(prod)
+        if prod.state == ProductState.writing and holder is not None and prod.claimed_by != holder:
+            report.skipped.append(pid)
+            continue
+        if prod.state in (ProductState.planned, ProductState.writing):
             _fail(session, report, job_id, pid, reason)
     return report

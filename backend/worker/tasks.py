@@ -211,7 +211,8 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
         log.exception("GPU batch of job %s failed", job_id)
         with session_scope() as s:
-            report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}")
+            report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}",
+                                     holder=this_process(self.request.id, self.request.retries or 0))
     if report.job_finished:
         with session_scope() as s:
             send_follow_ups(s, job_id)
