@@ -33,7 +33,8 @@ Timeouts (PostgreSQL; :class:`DbTimeouts`, one set per role: ``api``, ``worker``
   is the deadline, so threads stuck on a frozen server (at most ``pool_size +
   max_overflow`` = 15) cannot queue others for the default 30 s.
 
-Parameters already in ``DATABASE_URL`` (``?connect_timeout=10``) win over these.
+Parameters already in ``DATABASE_URL`` (``?connect_timeout=10``, a ``statement_timeout`` in
+its ``options`` or in ``PGOPTIONS``) win over these.
 
 Pools: ``pool_pre_ping`` is kept on PostgreSQL. It costs one round trip per checkout
 (0.1-0.3 ms per API call, measured in benchmarks/reports/events_api.md) and turns a connection
@@ -100,10 +101,12 @@ class DbTimeouts:
     idle_in_transaction_s: float = 0.0
     pool_s: float = DEFAULT_POOL_TIMEOUT_S
 
-    def set_statements(self) -> list[str]:
-        """The ``SET`` statements that apply the server-side timeouts (milliseconds)."""
-        return [f"SET statement_timeout = {_ms(self.statement_s)}",
-                f"SET idle_in_transaction_session_timeout = {_ms(self.idle_in_transaction_s)}"]
+    def set_statements(self, given: str = "") -> list[str]:
+        """The ``SET`` statements that apply the server-side timeouts (milliseconds), less
+        those that ``given`` (the connection's startup ``options``) already sets."""
+        values = {"statement_timeout": self.statement_s,
+                  "idle_in_transaction_session_timeout": self.idle_in_transaction_s}
+        return [f"SET {name} = {_ms(v)}" for name, v in values.items() if name not in given]
 
 
 def _ms(seconds: float) -> int:
@@ -155,11 +158,14 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
 
         return engine
     t = timeouts if timeouts is not None else db_timeouts(get_settings(), "worker")
-    given = set(make_url(url).query)
-    connect_args = {k: v for k, v in {"connect_timeout": t.connect_s, **TCP_OPTIONS}.items() if k not in given}
+    query = make_url(url).query
+    connect_args = {k: v for k, v in {"connect_timeout": t.connect_s, **TCP_OPTIONS}.items() if k not in query}
     engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=t.pool_s,
                            connect_args=connect_args)
-    statements = ["SET plan_cache_mode = force_custom_plan", *t.set_statements()]
+    options = query.get("options", "")
+    options = " ".join(options) if isinstance(options, tuple) else options
+    statements = ["SET plan_cache_mode = force_custom_plan",
+                  *t.set_statements(f"{options} {os.environ.get('PGOPTIONS', '')}")]
 
     @event.listens_for(engine, "connect")
     def _session_settings(dbapi_conn, _record):
