@@ -193,11 +193,16 @@ class PostgresServer:
         return self.pid is not None
 
     def kill9(self) -> None:
-        """SIGKILL the postmaster and all its processes (a crashed host, as far as PostgreSQL knows)."""
-        for p in self.processes():
+        """SIGKILL the postmaster and all its processes (a crashed host, as far as PostgreSQL knows).
+
+        Returns once they are gone from /proc, zombies reaped included: a new postmaster
+        takes a PID that still answers ``kill(pid, 0)`` in its lock files for a live one.
+        """
+        procs = self.processes()
+        for p in procs:
             _signal(p, signal.SIGKILL)
         t0 = time.monotonic()
-        while self.pid and time.monotonic() - t0 < 10:
+        while any(Path(f"/proc/{p}").exists() for p in procs) and time.monotonic() - t0 < 20:
             time.sleep(0.05)
 
     def freeze(self) -> None:
@@ -215,7 +220,13 @@ class PostgresServer:
         """Start it again if a test left it stopped or killed (or frozen)."""
         self.thaw()
         if not self.running():
-            (self.data / "postmaster.pid").unlink(missing_ok=True)
+            for lock in [self.data / "postmaster.pid", *self.sock.glob(".s.PGSQL.*.lock")]:
+                try:
+                    pid = int(lock.read_text().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pid = 0
+                if not pid or not Path(f"/proc/{pid}").exists():
+                    lock.unlink(missing_ok=True)
             self.start()
 
     # -- databases
@@ -241,8 +252,12 @@ class PostgresServer:
         self.sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
     def __enter__(self) -> PostgresServer:
-        self.init()
-        self.start()
+        try:
+            self.init()
+            self.start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
@@ -327,7 +342,11 @@ class RedisServer:
             self.start()
 
     def __enter__(self) -> RedisServer:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
