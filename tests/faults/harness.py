@@ -923,11 +923,12 @@ def explain_unfinished(job_id: str, events: list[dict], redis: RedisServer | Non
     from sqlalchemy import select
 
     from backend.db import session_scope
-    from backend.models import Product, ProductState
+    from backend.models import ItemOutcome, JobItem, Product, ProductState
 
     with session_scope() as s:
-        rows = s.execute(select(Product.id, Product.state, Product.counted_for_job).where(
-            Product.job_id == job_id)).all()
+        rows = s.execute(select(Product.id, Product.state, JobItem.outcome)
+                         .join(JobItem, JobItem.product_id == Product.id)
+                         .where(JobItem.job_id == job_id)).all()
     started: Counter[int] = Counter()
     returned: Counter[int] = Counter()
     counted: Counter[int] = Counter()
@@ -942,7 +943,7 @@ def explain_unfinished(job_id: str, events: list[dict], redis: RedisServer | Non
         if r.state in (ProductState.planned, ProductState.writing):
             (never if not started[r.id] else killed if started[r.id] > returned[r.id] else uncounted).append(
                 f"{r.id}:{r.state.value}")
-        elif r.counted_for_job != job_id:
+        elif r.outcome == ItemOutcome.pending:
             uncounted.append(f"{r.id}:{r.state.value}")
     out = []
     if never:
