@@ -202,9 +202,11 @@ def configure(settings: Settings | None = None, role: Role | None = None) -> Cel
         conf["result_backend_transport_options"] = {}
     app.close()
     app.conf.update(conf)
-    # forget pooled connections and producers bound to the previous broker
+    # forget pooled connections and producers bound to the previous broker, and this
+    # thread's result backend (Celery caches one per thread, bound to the old URL)
     app._pool = None
     app.amqp._producer_pool = None
+    vars(app._local).pop("backend", None)
     _configured_for = _configuration_key(s, _role)
     return app
 
