@@ -154,3 +154,10 @@ def test_the_api_and_the_workers_run_as_a_user_other_than_root():
 def test_gpu_worker_reserves_a_gpu():
     devices = SERVICES["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+
+
+def test_long_running_services_are_restarted_when_they_exit():
+    """Celery can end a worker with 'Unrecoverable error' after a lost broker connection (seen
+    in tests/faults when Redis restarted under load): a supervisor must start it again."""
+    for name in ("api", "worker-cpu", "worker-gpu"):
+        assert SERVICES[name].get("restart") in ("unless-stopped", "always"), name
