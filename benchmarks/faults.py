@@ -180,6 +180,10 @@ def run(args) -> dict:
                     last = time.monotonic()
                     kills.append(f"child {pid} of {w.name} at {view.finished}/{view.total}")
                 _say(f"kill {len(kills)}: {kills[-1]}")
+            restarted = sum(w.supervised_restarts for w in workers)
+            if restarted:
+                _say(f"the supervisor started {restarted} worker(s) again that exited by themselves "
+                     "(Celery ends a worker whose pool child is killed while it starts)")
             bound = args.timeout or H.settle_bound(env, 60.0)
             view, _ = H.settle(job, max(1.0, bound - (time.monotonic() - last)))
             settle_s = time.monotonic() - last if view is not None and view.terminal else float("inf")

@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -380,10 +381,21 @@ class Worker:
     orphans; ``restart`` kills what is left of the old process group first, as a supervisor
     (systemd's control-group kill, ``docker restart``) does, then starts a new worker under
     the same name.
+
+    Supervised, as compose's ``restart: unless-stopped`` does in production: a worker that
+    exits by itself (Celery ends with "Unrecoverable error" when a pool child is killed
+    while it starts, or after a lost broker connection) is started again within about a
+    second; ``supervised_restarts`` counts those. A main process killed by the harness is
+    left for the test to restart.
     """
 
     def __init__(self, name: str, env: dict[str, str], log_dir: Path, *, concurrency: int = 2,
                  rng: random.Random | None = None):
+        self._lock = threading.RLock()
+        self._stopping = False
+        self._expected_exit = False
+        self._watcher: threading.Thread | None = None
+        self.supervised_restarts = 0
         self.name = name
         self.env = env
         self.log_dir = Path(log_dir)
@@ -398,7 +410,35 @@ class Worker:
     def log(self) -> Path:
         return self.log_dir / f"worker-{self.name.split('@')[0]}.log"
 
+    def _watch(self) -> None:
+        """The supervisor: start the worker again when it exited without being asked to."""
+        while not self._stopping:
+            time.sleep(0.5)
+            with self._lock:
+                if (self._stopping or self._expected_exit or self.proc is None
+                        or self.proc.poll() is None):
+                    continue
+                rc = self.proc.returncode
+                self.supervised_restarts += 1
+                with open(self.log, "ab") as log:
+                    log.write(f"\n===== supervisor: {self.name} exited with {rc}; starting it again =====\n"
+                              .encode())
+                self._kill_group()
+                self.start(wait_ready=False)
+
     def start(self, *, wait_ready: bool = True, timeout_s: float = 90) -> Worker:
+        with self._lock:
+            self._stopping = False
+            self._expected_exit = False
+            self._start_process()
+            if self._watcher is None or not self._watcher.is_alive():
+                self._watcher = threading.Thread(target=self._watch, name=f"supervise-{self.name}", daemon=True)
+                self._watcher.start()
+        if wait_ready:
+            self.wait_ready(timeout_s)
+        return self
+
+    def _start_process(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.starts += 1
         with open(self.log, "ab") as log:
@@ -409,18 +449,16 @@ class Worker:
                  str(self.concurrency), "--name", self.name, "--loglevel", "info"],
                 cwd=str(ROOT), env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.pgid = self.proc.pid
-        if wait_ready:
-            self.wait_ready(timeout_s)
-        return self
 
     def wait_ready(self, timeout_s: float = 90) -> None:
         """Until this start's pool children are up and the log says ``ready``."""
         t0 = time.monotonic()
         marker = f"===== start {self.starts} of {self.name}"
         while time.monotonic() - t0 < timeout_s:
-            if self.proc.poll() is not None:
+            if self.proc.poll() is not None and self._expected_exit:
                 raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
             text = self.log.read_text(errors="replace")
+            marker = f"===== start {self.starts} of {self.name}"  # the supervisor may have started it again
             tail = text[text.rfind(marker):]
             if " ready." in tail and len(self.pool_children()) >= self.concurrency:
                 return
@@ -455,13 +493,15 @@ class Worker:
 
     def kill_main(self) -> int | None:
         """SIGKILL the main process only (its pool children live on as orphans until restart)."""
-        pid = self.pid
-        if pid is None:
-            return None
-        _signal(pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-        self.kills.append((time.time(), "main", pid))
-        return pid
+        with self._lock:
+            pid = self.pid
+            if pid is None:
+                return None
+            self._expected_exit = True  # the test restarts it
+            _signal(pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+            self.kills.append((time.time(), "main", pid))
+            return pid
 
     def _kill_group(self) -> None:
         if self.pgid is not None:
@@ -473,14 +513,18 @@ class Worker:
 
     def restart(self, *, wait_ready: bool = True) -> Worker:
         """What a supervisor does after the worker died: kill what is left, start again."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        self._kill_group()
+        with self._lock:
+            self._expected_exit = True
+            if self.proc is not None and self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self._kill_group()
         return self.start(wait_ready=wait_ready)
 
     def stop(self, timeout_s: float = 20) -> None:
-        """SIGTERM (warm shutdown), then SIGKILL of the whole group."""
+        """SIGTERM (warm shutdown), then SIGKILL of the whole group; the supervisor stops."""
+        with self._lock:
+            self._stopping = True
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.pgid, signal.SIGTERM)
