@@ -13,7 +13,7 @@ from astropy.io import fits
 
 from pipelines.errors import FitsReadError
 from pipelines.fitsio import fix_header, parse_date_obs, read_image, write_fits_atomic
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, require
 
 
 @pytest.mark.parametrize(
@@ -193,8 +193,8 @@ def test_a_temporary_folder_on_another_file_system_is_refused_before_writing(tmp
     from pipelines.fitsio import write_atomic
 
     shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("no second file system (/dev/shm) to put the temporary folder on")
+    require(shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev,
+            "no second file system (/dev/shm) to put the temporary folder on")
     called = []
     with tempfile.TemporaryDirectory(dir=shm) as other:
         with pytest.raises(ValueError, match="not on the file system"):

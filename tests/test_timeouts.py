@@ -30,6 +30,7 @@ from sqlalchemy import text
 
 from backend.broker import TimeLimitError, check_time_limits
 from backend.settings import Settings
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
@@ -141,8 +142,7 @@ def private_redis():
 def private_pg():
     """A PostgreSQL cluster of its own (initdb as ``postgres``, trust), on a free port, with
     the ``lstdp`` database migrated. Yields (server, url with a password in it)."""
-    if not PG_BIN:
-        pytest.skip("PostgreSQL server binaries not installed")
+    require(bool(PG_BIN), "PostgreSQL server binaries not installed")
     import pwd
 
     from backend.migrate import upgrade

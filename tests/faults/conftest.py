@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
 from tests.faults import harness as H
 
 #: Frames ingested once in the template database (the scenarios use 30 to 60 of them).
@@ -56,10 +57,9 @@ def fault_templates(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def pg_server(tmp_path_factory):
-    if H.PG_BIN is None or not (H.PG_BIN / "postgres").exists():
-        pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql")
-    if os.geteuid() != 0:
-        pytest.skip("the private PostgreSQL server runs as the postgres user (runuser): needs root")
+    require(H.PG_BIN is not None and (H.PG_BIN / "postgres").exists(),
+            "PostgreSQL server binaries not found under /usr/lib/postgresql")
+    require(os.geteuid() == 0, "the private PostgreSQL server runs as the postgres user (runuser): needs root")
     with H.PostgresServer() as pg:
         yield pg
 
