@@ -342,8 +342,9 @@ def in_flight(*, unacked_within_s: float, settings: Settings | None = None) -> I
     from kombu import Connection
 
     try:
-        with Connection(s.celery_broker_url, connect_timeout=2.0,
-                        transport_options={"socket_timeout": 5.0, "socket_connect_timeout": 2.0,
+        t = s.broker_socket_timeout_s  # a worker's (the reconciler runs beside one)
+        with Connection(s.celery_broker_url, connect_timeout=t,
+                        transport_options={"socket_timeout": t, "socket_connect_timeout": t,
                                            "max_retries": 0}) as conn:
             channel = conn.default_channel
             client = channel.client

@@ -52,10 +52,11 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.models import FollowUpState, Job, JobFollowUp, JobState, Product, ProductState, utcnow
+from pipelines.fitsio import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "Claim", "claim_product", "confirm_claim", "this_process",
-           "claim_is_dead", "is_retry_of", "settle_follow_up"]
+           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -182,16 +183,6 @@ def is_retry_of(holder: str, claimed_by: str | None) -> bool:
     return mine is not None and mine == theirs and my_try > their_try
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
-
-
 def claim_is_dead(claimed_by: str | None) -> bool:
     """Whether the process holding a claim is known to be gone: it ran on this host and its
     pid no longer exists. A claim of this very process is not dead (a ``threads`` pool runs
@@ -202,7 +193,7 @@ def claim_is_dead(claimed_by: str | None) -> bool:
     host, _, pid = claimed_by.split()[0].rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    return int(pid) != os.getpid() and not _pid_alive(int(pid))
+    return int(pid) != os.getpid() and not process_alive(int(pid))
 
 
 @dataclass(frozen=True)

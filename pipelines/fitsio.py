@@ -49,6 +49,7 @@ from pipelines.errors import DataError, FitsReadError, HeaderFixWarning
 
 __all__ = [
     "sweep_dead_writers",
+    "process_alive",
     "RawImage",
     "read_image",
     "parse_date_obs",
@@ -606,7 +607,8 @@ def partial_files(root: str | os.PathLike) -> list[Path]:
 _WRITER = re.compile(r"\.~(?P<host>[^~/]+)~(?P<pid>\d+)~\.")
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (``kill(pid, 0)``; another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -636,7 +638,7 @@ def sweep_dead_writers(root: str | os.PathLike) -> list[Path]:
     host, me, removed = socket.gethostname(), os.getpid(), []
     for name in names:
         m = _WRITER.search(name)
-        if not m or m["host"] != host or int(m["pid"]) == me or _pid_alive(int(m["pid"])):
+        if not m or m["host"] != host or int(m["pid"]) == me or process_alive(int(m["pid"])):
             continue
         try:
             (tmp / name).unlink()
