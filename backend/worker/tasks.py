@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from celery import chain
 from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
@@ -31,7 +30,7 @@ from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
 from backend.worker.processing import calibrate_product as _calibrate_product
 from backend.worker.processing import count_item, lock_job, plan_job
-from backend.worker.reconcile import send_follow_ups
+from backend.worker.reconcile import send_calibration, send_follow_ups
 from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
 from pipelines.detect.registry import get_detector
@@ -151,7 +150,7 @@ def run_job(self, job_id: str) -> dict:
             calibrate_products_gpu_batch.apply_async(args=[job_id, batch], queue="gpu")
         return {"job_id": job_id, "planned": len(todo), "gpu_batches": len(batches)}
     for pid in todo:
-        chain(calibrate_product.si(pid).set(queue="cpu"), record_progress.si(job_id, pid).set(queue="cpu")).apply_async()
+        send_calibration(pid, job_id)  # calibrate -> record progress, as the reconciler re-sends it
     return {"job_id": job_id, "planned": len(todo)}
 
 
