@@ -15,6 +15,8 @@ costs the same index range scan whatever its depth, and its total is exact up to
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -41,7 +43,7 @@ from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS
 from pipelines.utc import as_utc
 
-__all__ = ["router", "templates", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
+__all__ = ["router", "templates", "static_url", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
 
 PAGE_SIZE = 50
 #: Order of the events list: newest first (the API's default too), the higher id first on a
@@ -69,9 +71,26 @@ def _plotly_js_version() -> str:
     return m.group(1) if m else "unknown"
 
 
+@functools.lru_cache(maxsize=256)
+def static_url(path: str) -> str:
+    """The URL of a file under ``frontend/static``, versioned by its content.
+
+    ``/static/<path>?v=<first 12 hex digits of its SHA-256>``: a changed file gets a new URL,
+    so browsers may cache every version for ever. Raises ``FileNotFoundError`` for a path
+    that is not a static file (a template naming a missing script fails when rendered,
+    not silently in the browser).
+    """
+    f = (STATIC_DIR / path).resolve()
+    if STATIC_DIR.resolve() not in f.parents or not f.is_file():
+        raise FileNotFoundError(f"no static file {path!r} under {STATIC_DIR}")
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()[:12]
+    return f"/static/{path}?v={digest}"
+
+
 def _templates() -> Jinja2Templates:
     t = Jinja2Templates(directory=str(TEMPLATE_DIR))
     t.env.globals.update(
+        static_url=static_url,
         version=__version__,
         plotly_version=PLOTLY_JS_VERSION,
         hek_label=hek_label,
