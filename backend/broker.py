@@ -85,6 +85,7 @@ class TaskName:
     detect_prominences = "pipelines.tasks.detect_prominences"
     detect_white_light_flares = "pipelines.tasks.detect_white_light_flares"
     detect_events = "pipelines.tasks.detect_events"
+    make_movie = "pipelines.tasks.make_movie"
 
     @classmethod
     def all(cls) -> list[str]:
@@ -272,12 +273,14 @@ class InFlight:
 
     ``products``: product ids of calibration messages; ``jobs``: job ids of plan
     (``run_job``) messages; ``follow_ups``: ``(job_id, detector, channel)`` of follow-up
-    detection messages; ``messages``: how many messages were read.
+    detection messages; ``movies``: movie ids of ``make_movie`` messages; ``messages``: how
+    many messages were read.
     """
 
     products: set[int] = field(default_factory=set)
     jobs: set[str] = field(default_factory=set)
     follow_ups: set[tuple[str, str, str]] = field(default_factory=set)
+    movies: set[str] = field(default_factory=set)
     messages: int = 0
 
     def add_message(self, payload: bytes | str) -> None:
@@ -304,6 +307,8 @@ class InFlight:
                 self.products.update(int(p) for p in (args[1] if len(args) > 1 else kwargs["product_ids"]))
             elif name == TaskName.run_job:
                 self.jobs.add(str(args[0] if args else kwargs["job_id"]))
+            elif name == TaskName.make_movie:
+                self.movies.add(str(args[0] if args else kwargs["movie_id"]))
             elif name == TaskName.detect_events and kwargs.get("job_id"):
                 self.follow_ups.add((str(kwargs["job_id"]), str(kwargs.get("detector")), str(kwargs.get("channel"))))
         except (IndexError, KeyError, TypeError, ValueError):

@@ -56,6 +56,8 @@ __all__ = [
     "EventFrame",
     "EventProduct",
     "EventAssociation",
+    "MovieState",
+    "Movie",
     "utcnow",
 ]
 
@@ -420,3 +422,49 @@ class EventAssociation(Base):
     event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
     other_event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), default="same_event")
+
+
+class MovieState(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
+class Movie(Base):
+    """A movie of one channel over a DATE-OBS window (MP4, H.264), made by a worker as a job.
+
+    ``diff``: ``none`` (the quicklook stretch), ``running`` (each frame minus the previous
+    frame of the channel) or ``base`` (each frame minus the first frame of the window).
+    ``frames_total`` is the frames the window held when the movie was asked for;
+    ``frames_done`` counts the frames rendered so far (the progress). Its state moves only
+    through :func:`backend.state.move_movie`; a delivery of its task claims it
+    (``claimed_by``/``claimed_at``, ``deliveries``), and the reconciler re-sends a lost one.
+    """
+
+    __tablename__ = "movies"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    owner: Mapped[str] = mapped_column(String(100), default="anonymous")
+    channel_code: Mapped[str] = mapped_column(ForeignKey("channels.code"))
+    start_time: Mapped[dt.datetime] = mapped_column()
+    end_time: Mapped[dt.datetime] = mapped_column()
+    diff: Mapped[str] = mapped_column(String(16), default="none")
+    fps: Mapped[float] = mapped_column(Float, default=10.0)
+    state: Mapped[MovieState] = mapped_column(
+        Enum(MovieState, native_enum=False, length=16), default=MovieState.queued, index=True)
+    frames_total: Mapped[int] = mapped_column(Integer, default=0)
+    frames_done: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    error: Mapped[str | None] = mapped_column(Text)
+    #: The MP4 in the movie store (``DATA_DIR/movies``) once ``succeeded``.
+    path: Mapped[str | None] = mapped_column(Text)
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column()
+    finished_at: Mapped[dt.datetime | None] = mapped_column()

@@ -51,12 +51,14 @@ from dataclasses import dataclass, field
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.models import FollowUpState, Job, JobFollowUp, JobState, Product, ProductState, utcnow
+from backend.models import (FollowUpState, Job, JobFollowUp, JobState, Movie, MovieState, Product, ProductState,
+                            utcnow)
 from pipelines.fitsio import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "Claim", "claim_product", "confirm_claim", "this_process",
-           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up"]
+           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "MOVIE_MOVES", "MOVIE_FINAL",
+           "move_movie"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -317,3 +319,39 @@ def settle_follow_up(row: JobFollowUp, to: FollowUpState, *, events: int | None 
     row.events = events
     row.error = reason_text(reason) if to == FollowUpState.failed else None
     return row
+
+
+#: Legal movie moves (``running -> running``: a redelivered or re-sent message of a movie
+#: whose worker died takes it over and renders it again from its first frame).
+MOVIE_MOVES: dict[MovieState, frozenset[MovieState]] = {
+    MovieState.queued: frozenset({MovieState.running, MovieState.failed}),
+    MovieState.running: frozenset({MovieState.running, MovieState.succeeded, MovieState.failed}),
+    MovieState.succeeded: frozenset(),
+    MovieState.failed: frozenset(),
+}
+
+#: Movie states that end a movie.
+MOVIE_FINAL = frozenset({MovieState.succeeded, MovieState.failed})
+
+
+def move_movie(movie: Movie, to: MovieState, reason: str | None = None) -> Movie:
+    """Move ``movie`` to state ``to`` (setting ``started_at``/``finished_at``); the caller commits.
+
+    Raises
+    ------
+    IllegalTransition
+        If the machine does not allow ``movie.state -> to``, or ``failed`` has no reason.
+    """
+    was = MovieState(movie.state) if movie.state is not None else MovieState.queued
+    if to not in MOVIE_MOVES[was]:
+        raise IllegalTransition(f"movie {movie.id}: {was.value} -> {to.value} is not allowed")
+    if to == MovieState.failed and not reason:
+        raise IllegalTransition(f"movie {movie.id}: failed needs a reason")
+    movie.state = to
+    now = utcnow()
+    if to == MovieState.running:
+        movie.started_at = now
+    if to in MOVIE_FINAL:
+        movie.finished_at = now
+    movie.error = reason_text(reason) if to == MovieState.failed else None
+    return movie

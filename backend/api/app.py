@@ -47,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes import calibrations, channels, events, frames, jobs, products
+from backend.api.routes import calibrations, channels, events, frames, jobs, movies, products
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.faults import public_reason
 from backend.settings import get_settings
@@ -471,10 +471,11 @@ def create_app() -> FastAPI:
     )
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
     api.include_router(_health_router())
-    for module in (channels, frames, products, calibrations, events, jobs):
+    for module in (channels, frames, products, calibrations, events, jobs, movies):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(pages.router)
+    app.include_router(movies.page_router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

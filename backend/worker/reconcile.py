@@ -24,7 +24,11 @@ compares the two and repairs:
 6. **ends**: a running job whose items are all settled ends, its counts recomputed from
    its items;
 7. **partial files**: temporary files of writers on this host that are gone (killed
-   mid-write) are removed from the store's ``.tmp/``.
+   mid-write) are removed from the store's ``.tmp/``;
+8. **lost movies** (:mod:`backend.worker.movies`): a ``queued`` movie whose ``make_movie``
+   message is gone, sent more than a grace ago, and a ``running`` one whose claim is dead or
+   past its lease and whose message is gone, are sent again; one delivered
+   ``MAX_DELIVERIES`` times without finishing fails with the reason.
 
 Every repair is idempotent (the tasks claim their work, :mod:`backend.state`), so a pass
 that races a worker, or two reconcilers at once, at worst sends a message that does
@@ -97,6 +101,8 @@ class ReconcileReport:
     jobs_ended: list[str] = field(default_factory=list)
     follow_ups_resent: int = 0
     partial_files_removed: int = 0
+    movies_resent: list[str] = field(default_factory=list)
+    movies_failed: list[str] = field(default_factory=list)
     broker: str = "ok"
     skipped: bool = False
 
@@ -106,7 +112,7 @@ class ReconcileReport:
     def changed(self) -> bool:
         return bool(self.settled or self.resent or self.taken_back or self.given_up or self.unconsumed
                     or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
-                    or self.partial_files_removed)
+                    or self.partial_files_removed or self.movies_resent or self.movies_failed)
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -286,6 +292,44 @@ def _lost_follow_ups(session: Session, settings: Settings, report: ReconcileRepo
         report.follow_ups_resent += 1
 
 
+def _lost_movies(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
+                 now: dt.datetime) -> None:
+    """Step 8: movies whose ``make_movie`` message is gone (queued and sent more than a grace
+    ago, or running under a dead or expired claim)."""
+    from backend.models import Movie, MovieState
+    from backend.state import move_movie
+    from backend.worker.movies import claim_lost, movie_give_up_reason
+
+    if flight is None:
+        return
+    cutoff = now - dt.timedelta(seconds=grace_s(settings))
+    rows = list(session.scalars(select(Movie).where(Movie.state.in_([MovieState.queued, MovieState.running]))
+                                .order_by(Movie.created_at)))
+    for movie in rows:
+        if movie.id in flight.movies:
+            continue
+        if movie.state == MovieState.queued:
+            sent = _aware(movie.sent_at) or _aware(movie.created_at)
+            if sent is not None and sent >= cutoff:
+                continue
+        elif not claim_lost(movie, now, settings.lease_s):
+            continue
+        session.refresh(movie, with_for_update=True)  # look again under the row lock
+        if movie.state not in (MovieState.queued, MovieState.running) or (
+                movie.state == MovieState.running and not claim_lost(movie, now, settings.lease_s)):
+            session.commit()
+            continue
+        if (movie.deliveries or 0) >= settings.max_deliveries:
+            move_movie(movie, MovieState.failed, movie_give_up_reason(movie.deliveries or 0))
+            session.commit()
+            report.movies_failed.append(movie.id)
+            continue
+        movie.sent_at = now
+        session.commit()
+        send(TaskName.make_movie, [movie.id])
+        report.movies_resent.append(movie.id)
+
+
 def _end_settled(session: Session, report: ReconcileReport, closed: list[str]) -> None:
     """Step 6: running jobs with every item settled end; counts are recomputed from items."""
     for job_id in list(session.scalars(select(Job.id).where(Job.state == JobState.running))):
@@ -342,6 +386,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
         for job_id in closed:
             report.follow_ups_resent += send_follow_ups(session, job_id)
         _lost_follow_ups(session, settings, report, flight, now)
+        _lost_movies(session, settings, report, flight, now)
         report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:

@@ -218,6 +218,21 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     return {"job_id": job_id, **report.as_dict()}
 
 
+@app.task(name=TaskName.make_movie, bind=True, **RETRY)
+def make_movie(self, movie_id: str) -> dict:
+    """Render movie ``movie_id`` into its MP4 (:func:`backend.worker.movies.make_movie`):
+    claimed first, so a redelivered or re-sent message of a movie that is being rendered or
+    has ended does nothing; any failure but a database fault (retried) ends it ``failed``
+    with the reason."""
+    from backend.worker.movies import make_movie as _make_movie
+
+    with session_scope() as s:
+        movie = _make_movie(s, movie_id, get_settings(), holder=this_process(self.request.id, self.request.retries or 0))
+        if movie is None:
+            return {"movie_id": movie_id, "note": "no such movie"}
+        return {"movie_id": movie_id, "state": movie.state.value, "frames": movie.frames_done, "error": movie.error}
+
+
 @app.task(name=TaskName.record_progress, bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
     """Settle one product's item of its job; the call that ends the job sends its follow-up

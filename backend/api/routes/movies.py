@@ -1,0 +1,268 @@
+"""``/movies``: the frame player's frames and difference images, and MP4 movies made by a worker.
+
+* ``GET /movies/frames?channel=&start=&end=&diff=`` (or ``?event=<id>``): the frames of a
+  window (each with its image URL and the events' markers) and the events of the window;
+* ``GET /movies/frames/{product_id}.png?ref=<product_id>``: the signed difference of two
+  products of one channel, symmetric about zero (grey: zero; white: brighter);
+* ``POST /movies``: store and send a movie job (202; 422 on bad input or an empty window,
+  the answer saying how many frames the movie would have);
+* ``GET /movies/{id}``: its state and progress; ``GET /movies/{id}/file``: the MP4.
+
+The page ``/movies`` (:data:`page_router`) holds the player (``frontend/templates/movie.html``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from backend.api.deps import SessionDep, SettingsDep
+from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep, is_safe_key
+from backend.faults import public_reason
+from backend.models import Movie, MovieState, ProductState
+from backend.services import events as events_service
+from backend.services import movies as movies_service
+from backend.services import products as products_service
+from backend.services.movies import MovieRequest, MovieRequestError
+from backend.state import move_movie
+from pipelines.channels import CHANNELS
+from pipelines.errors import DataError
+from pipelines.movies import DIFF_MODES
+from pipelines.utc import as_utc
+
+router = APIRouter(prefix="/movies", tags=["movies"])
+page_router = APIRouter(include_in_schema=False)
+log = logging.getLogger(__name__)
+
+DiffQuery = Annotated[str, Query(pattern="^(none|running|base)$",
+                                 description="none, running (minus the previous frame) or base (minus the first)")]
+
+
+class MoviePublic(BaseModel):
+    """A movie job: state (queued, running, succeeded, failed), progress, and its file once made."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    channel: str = Field(validation_alias="channel_code")
+    start: dt.datetime = Field(validation_alias="start_time")
+    end: dt.datetime = Field(validation_alias="end_time")
+    diff: str
+    fps: float
+    state: MovieState
+    frames_total: int
+    frames_done: int
+    error: str | None = None
+    size_bytes: int | None = None
+    width: int | None = None
+    height: int | None = None
+    created_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    file_url: str | None = None
+    progress: float = 0.0
+
+    @classmethod
+    def of(cls, movie: Movie) -> MoviePublic:
+        out = cls.model_validate(movie)
+        out.progress = round(movie.frames_done / movie.frames_total, 4) if movie.frames_total else 0.0
+        if movie.state == MovieState.succeeded:
+            out.file_url = f"/api/v1/movies/{movie.id}/file"
+            out.progress = 1.0
+        return out
+
+
+def _window(session: Session, channel: str | None, start: dt.datetime | None, end: dt.datetime | None,
+            event: int | None) -> tuple[str, dt.datetime, dt.datetime, int | None]:
+    """The channel and window asked for: explicit, or an event's (± the margin; its own
+    channel when it names an LST channel that has frames there, else the first that has)."""
+    if event is not None:
+        row = events_service.get_event(session, event)
+        if row is None:
+            raise HTTPException(404, detail=f"no event with id {event}")
+        lo, hi = movies_service.event_movie_window(row)
+        if channel is None:
+            named = [c.strip() for c in (row.channels or "").split(",") if c.strip() in CHANNELS]
+            have = [c for c in named + ["SDI", *CHANNELS]
+                    if movies_service.movie_products(session, c, lo, hi, limit=1)]
+            channel = have[0] if have else (named[0] if named else "SDI")
+        return channel, lo, hi, event
+    missing = [n for n, v in (("channel", channel), ("start", start), ("end", end)) if v is None]
+    if missing:
+        raise HTTPException(422, detail=f"give {', '.join(missing)} (or event=<id>)")
+    return channel, start, end, None
+
+
+@router.get("/frames", summary="Frames of a player: channel and window, or an event's window")
+def read_movie_frames(
+    session: SessionDep,
+    settings: SettingsDep,
+    span: TimeRangeDep,
+    channel: ChannelQuery = None,
+    diff: DiffQuery = "none",
+    event: Annotated[int | None, Query(ge=1, le=MAX_ID, description="An event: its window ± 30 min")] = None,
+) -> dict:
+    """The frames (oldest first) with ``date_obs`` (DATE-OBS, UTC), ``url`` of the image and
+    ``markers`` (``{event id: [fx, fy]}``, the event's helioprojective position as fractions
+    of the image from the top left, through the product's WCS), and the window's events."""
+    code, lo, hi, ev = _window(session, channel, span.start, span.end, event)
+    out = movies_service.player_frames(session, code, lo, hi, diff, settings.products).as_dict()
+    out["event"] = ev
+    return out
+
+
+@router.get(
+    "/frames/{product_id}.png",
+    response_class=Response,
+    summary="Difference image of two products (PNG)",
+    responses={200: {"content": {"image/png": {}}, "description": "product minus ref, signed, symmetric scale"},
+               404: {"description": "No such product, or its file is missing"},
+               422: {"description": "Products of different channels or sizes"}},
+)
+def read_difference_png(
+    product_id: IdPath,
+    session: SessionDep,
+    settings: SettingsDep,
+    ref: Annotated[int, Query(ge=1, le=MAX_ID, description="The reference product (subtracted)")],
+) -> Response:
+    """``product - ref`` block-averaged to at most 512 pixels a side, scaled symmetrically
+    about zero (±the 99.5th percentile of ``|difference|``; ``astropy.visualization``),
+    grey, north up."""
+    from pipelines.movies import difference_image, rgb_frame, signed_unit_image
+
+    rows = []
+    for pid in (product_id, ref):
+        row = products_service.get_product(session, pid)
+        if row is None:
+            raise HTTPException(404, detail=f"no product with id {pid}")
+        if row.state != ProductState.written:
+            raise HTTPException(404, detail=f"product {pid} is {row.state.value}, its FITS file is not written")
+        path = products_service.served_store_path(row.path, settings.products)
+        if path is None:
+            raise HTTPException(404, detail=f"the FITS file of product {pid} is missing from the product store")
+        rows.append((row, path))
+    (cur, cur_path), (base, base_path) = rows
+    if cur.frame.channel_code != base.frame.channel_code:
+        raise HTTPException(422, detail=f"product {product_id} is {cur.frame.channel_code}, product {ref} "
+                                        f"{base.frame.channel_code}: a difference needs one channel")
+    try:
+        diff = difference_image(movies_service.cached_display_array(cur_path),
+                                movies_service.cached_display_array(base_path))
+    except DataError as exc:
+        raise HTTPException(422, detail=str(exc).splitlines()[0]) from None
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(rgb_frame(signed_unit_image(diff)[0], cur.frame.channel_code, difference=True)).save(buf, "PNG")
+    return Response(buf.getvalue(), media_type="image/png", headers={"Cache-Control": "max-age=3600"})
+
+
+@router.post(
+    "",
+    response_model=MoviePublic,
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Ask for an MP4 movie (made by a worker)",
+    responses={202: {"description": "Stored and queued; follow it at the Location URL"},
+               422: {"description": "Invalid request, or a window without frames (the answer says how many)"},
+               503: {"description": "Stored, but the broker could not be reached: the movie is marked failed"}},
+)
+def create_movie(req: MovieRequest, session: SessionDep, response: Response):
+    """Count the window's frames, store a ``queued`` movie, commit, send it and return at once;
+    poll ``GET /api/v1/movies/{id}`` for its progress."""
+    try:
+        movie = movies_service.submit_movie(session, req)
+    except MovieRequestError as exc:
+        return JSONResponse({"detail": str(exc), "frames": exc.frames}, status_code=422)
+    try:
+        movies_service.enqueue_movie(movie.id)
+    except Exception as exc:  # broker down: the movie must not stay queued for ever
+        log.exception("could not send movie %s", movie.id)
+        reason = f"broker unreachable: {public_reason(exc)}"
+        session.refresh(movie, with_for_update=True)
+        if movie.state == MovieState.queued:
+            move_movie(movie, MovieState.failed, f"could not send the movie: {reason}")
+        session.commit()
+        raise HTTPException(503, detail=f"movie {movie.id} was stored but could not be sent to the broker ({reason}); "
+                                        "it is marked failed: ask again later") from None
+    response.headers["Location"] = f"/api/v1/movies/{movie.id}"
+    return MoviePublic.of(movie)
+
+
+def _movie_or_404(session: Session, movie_id: str) -> Movie:
+    movie = movies_service.get_movie(session, movie_id) if is_safe_key(movie_id, 36) else None
+    if movie is None:
+        raise HTTPException(404, detail=f"no movie with id {movie_id[:40]!r}")
+    return movie
+
+
+@router.get("/{movie_id}", response_model=MoviePublic, summary="One movie and its progress")
+def read_movie(movie_id: str, session: SessionDep) -> MoviePublic:
+    """State (queued, running, succeeded, failed), frames done of total, the reason of a failure."""
+    return MoviePublic.of(_movie_or_404(session, movie_id))
+
+
+@router.get(
+    "/{movie_id}/file",
+    response_class=FileResponse,
+    summary="Download the MP4",
+    responses={200: {"content": {"video/mp4": {}}, "description": "The movie (H.264)"},
+               404: {"description": "No such movie, or it is not made (yet)"}},
+)
+def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
+    """The MP4 of a succeeded movie, as an attachment."""
+    movie = _movie_or_404(session, movie_id)
+    if movie.state != MovieState.succeeded:
+        raise HTTPException(404, detail=f"movie {movie_id} is {movie.state.value}: it has no file"
+                                        + (f" ({movie.error})" if movie.error else ""))
+    path = products_service.served_store_path(movie.path, movies_service.movie_dir(settings.root))
+    if path is None:
+        raise HTTPException(404, detail=f"the file of movie {movie_id} is missing from the movie store")
+    return FileResponse(path, media_type="video/mp4", filename=path.name)
+
+
+@page_router.get("/movies", response_class=HTMLResponse)
+def movie_page(request: Request, session: SessionDep, channel: str | None = None, start: str | None = None,
+               end: str | None = None, diff: str = "none", event: str | None = None):
+    """The frame player: a channel over a window (``channel``, ``start``, ``end``, ``diff``) or
+    an event's window (``event``). Bad values are shown on the page, not as an error status."""
+    from backend.api.pages import templates
+    from backend.api.routes.params import canonical_channel
+
+    errors: list[str] = []
+    ctx = {"channels": CHANNELS, "diff_modes": DIFF_MODES, "diff": diff if diff in DIFF_MODES else "none",
+           "channel": None, "start": None, "end": None, "event": None, "errors": errors}
+    if diff not in DIFF_MODES:
+        errors.append(f"diff: {diff!r} is not one of {', '.join(DIFF_MODES)}")
+    try:
+        ctx["channel"] = canonical_channel(channel)
+    except ValueError as exc:
+        errors.append(f"channel: {exc}")
+    times = {}
+    for name, value in (("start", start), ("end", end)):
+        try:
+            times[name] = as_utc(dt.datetime.fromisoformat(value)) if value else None
+        except (ValueError, OverflowError):
+            errors.append(f"{name}: {value!r} is not an ISO 8601 time")
+    ev = None
+    if event:
+        if event.isdigit() and 1 <= int(event) <= MAX_ID:
+            ev = events_service.get_event(session, int(event))
+        if ev is None:
+            errors.append(f"event: no event with id {event[:20]!r}")
+    if not errors:
+        if ev is None and not (ctx["channel"] and times.get("start") and times.get("end")):
+            errors.append("give channel, start and end (UTC), or event=<id>")
+        elif ev is None and times["end"] < times["start"]:
+            errors.append("end is before start")
+        else:
+            code, lo, hi, _ = _window(session, ctx["channel"], times.get("start"), times.get("end"),
+                                      ev.id if ev is not None else None)
+            ctx.update(channel=code, start=lo, end=hi, event=ev)
+    return templates.TemplateResponse(request, "movie.html", ctx)

@@ -1,0 +1,293 @@
+"""Movies of one channel over a DATE-OBS window: the frames, the events, the MP4 job.
+
+The frames of a movie are the newest written L2 product of every frame of the channel with
+DATE-OBS in the window (inclusive), oldest first
+(:func:`backend.services.products.latest_products_in_window`). With a difference
+(``running``: each frame minus the previous frame of the window; ``base``: each frame minus
+the first frame of the window) the first frame is the reference only, so a difference movie
+has one frame fewer than the window holds.
+
+A movie request is stored ``queued`` and committed before it is sent (task ``make_movie``
+by name, queue ``cpu``: the Celery guide's "enqueue after the commit"); the worker
+(:mod:`backend.worker.movies`) renders it and records its progress; the reconciler
+re-sends one whose message was lost (:mod:`backend.worker.reconcile`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from backend.models import Event, Movie, MovieState, Product
+from backend.services import products as products_service
+from pipelines.channels import CHANNELS, get_channel
+from pipelines.errors import DataError
+from pipelines.movies import DIFF_MODES, display_array, hpc_to_fraction
+from pipelines.utc import as_utc
+
+__all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
+           "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
+           "movie_dir", "cached_display_array", "cached_header", "event_movie_window"]
+
+#: Most frames one movie may hold (a 10 s at 10 fps player of a day of SDI at 1 min cadence
+#: is 1440 frames; beyond this, ask for a shorter window).
+MAX_FRAMES = 3000
+#: Frame rate limits [frames per second] of an MP4.
+MIN_FPS, MAX_FPS = 1.0, 60.0
+#: Margin around an event of the movie on its page: its start - margin to its end + margin.
+EVENT_MARGIN = dt.timedelta(minutes=30)
+#: Most events listed with a movie's frames.
+MAX_EVENTS = 500
+
+
+class MovieRequestError(DataError):
+    """A movie that cannot be made (no frames in the window, too many frames)."""
+
+    def __init__(self, message: str, frames: int) -> None:
+        super().__init__(message)
+        self.frames = frames
+
+
+class MovieRequest(BaseModel):
+    """What a user asks for: a movie of ``channel`` with DATE-OBS in [``start``, ``end``]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    channel: str = Field(description="LST channel: SDI, WST, SCI-UV or SCI-WL")
+    start: dt.datetime = Field(description="DATE-OBS window start (UTC, ISO 8601)")
+    end: dt.datetime = Field(description="DATE-OBS window end (UTC, ISO 8601), inclusive")
+    diff: str = Field(default="none", description="none, running (minus the previous frame) or base "
+                                                  "(minus the first frame of the window)")
+    fps: float = Field(default=10.0, ge=MIN_FPS, le=MAX_FPS, description="frames per second of the MP4")
+    owner: str = Field(default="anonymous", max_length=100)
+
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, v: str) -> str:
+        try:
+            return get_channel(v).code
+        except KeyError:
+            raise ValueError(f"unknown channel {v!r}; expected one of {', '.join(CHANNELS)}") from None
+
+    @field_validator("diff")
+    @classmethod
+    def _diff(cls, v: str) -> str:
+        if v not in DIFF_MODES:
+            raise ValueError(f"unknown difference {v!r}; expected one of {', '.join(DIFF_MODES)}")
+        return v
+
+    @field_validator("start", "end")
+    @classmethod
+    def _utc(cls, v: dt.datetime) -> dt.datetime:
+        try:
+            return as_utc(v)
+        except OverflowError:
+            raise ValueError("date out of range once converted to UTC") from None
+
+    @field_validator("fps")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not np.isfinite(v):
+            raise ValueError("fps must be a finite number")
+        return v
+
+    @model_validator(mode="after")
+    def _range(self) -> MovieRequest:
+        if self.end < self.start:
+            raise ValueError("end is before start")
+        return self
+
+
+def movie_products(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
+                   *, limit: int = MAX_FRAMES + 1) -> list[Product]:
+    """The products a movie of ``channel`` over [``start``, ``end``] shows, oldest first
+    (``Product.frame`` loaded); at most ``limit``."""
+    return products_service.latest_products_in_window(session, as_utc(start), as_utc(end), channel=channel,
+                                                      limit=limit)
+
+
+def frame_count(n_products: int, diff: str) -> int:
+    """Frames of a movie over ``n_products`` products: one fewer with a difference (the first
+    frame is the reference), never negative."""
+    return max(0, n_products - (0 if diff == "none" else 1))
+
+
+def _check_count(n_products: int, diff: str) -> int:
+    n = frame_count(n_products, diff)
+    if n_products > MAX_FRAMES:
+        raise MovieRequestError(f"the window holds more than {MAX_FRAMES} frames: ask for a shorter one", n)
+    if n == 0:
+        need = "no written L2 product of the channel in the window" if n_products == 0 else \
+            f"a {diff} difference needs at least two frames and the window holds one"
+        raise MovieRequestError(f"empty movie: {need}", n)
+    return n
+
+
+def window_events(session: Session, start: dt.datetime, end: dt.datetime, *, limit: int = MAX_EVENTS) -> list[Event]:
+    """Events overlapping [``start``, ``end``] (start at or before ``end``, end, peak or start
+    at or after ``start``), by start time."""
+    last = func.coalesce(Event.end_time, Event.peak_time, Event.start_time)
+    return list(session.scalars(select(Event).where(Event.start_time <= end, last >= start)
+                                .order_by(Event.start_time, Event.id).limit(limit)))
+
+
+@functools.lru_cache(maxsize=64)
+def _display_cached(path: str, _mtime_ns: int, _size: int) -> np.ndarray:
+    from pipelines.products import read_product
+
+    data, dq, _ = read_product(path)
+    out = display_array(data, dq)
+    out.setflags(write=False)
+    return out
+
+
+def cached_display_array(path: str | os.PathLike) -> np.ndarray:
+    """:func:`pipelines.movies.display_array` of a product file, cached on (path, mtime, size).
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError
+        If the file cannot be read.
+    OSError
+        If it is gone.
+    """
+    st = os.stat(path)
+    return _display_cached(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _header_cached(path: str, _mtime_ns: int, _size: int):
+    from astropy.io import fits
+
+    return fits.getheader(path, 0)
+
+
+def cached_header(path: str | os.PathLike):
+    """The primary header of a product file (its WCS), cached on (path, mtime, size)."""
+    st = os.stat(path)
+    return _header_cached(os.fspath(path), st.st_mtime_ns, st.st_size)
+
+
+def _iso(t: dt.datetime | None) -> str | None:
+    t = as_utc(t)
+    return None if t is None else t.isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class PlayerFrames:
+    """The frames of a player and the events of its window (JSON-ready through :meth:`as_dict`)."""
+
+    channel: str
+    diff: str
+    start: dt.datetime
+    end: dt.datetime
+    frames: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    truncated: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"channel": self.channel, "diff": self.diff, "start": _iso(self.start), "end": _iso(self.end),
+                "count": len(self.frames), "truncated": self.truncated, "frames": self.frames,
+                "events": self.events}
+
+
+def _event_dict(e: Event) -> dict[str, Any]:
+    return {"id": e.id, "event_type": e.event_type, "source": e.source, "goes_class": e.goes_class,
+            "start_time": _iso(e.start_time), "peak_time": _iso(e.peak_time), "end_time": _iso(e.end_time),
+            "hpc_x": e.hpc_x, "hpc_y": e.hpc_y, "position_angle": e.position_angle, "url": f"/events/{e.id}"}
+
+
+def _markers(header, events: list[Event]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for e in events:
+        if e.hpc_x is None or e.hpc_y is None:
+            continue
+        where = hpc_to_fraction(header, float(e.hpc_x), float(e.hpc_y))
+        if where is not None:
+            out[str(e.id)] = [round(where[0], 5), round(where[1], 5)]
+    return out
+
+
+def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.datetime, diff: str,
+                  product_root: Path, *, limit: int = MAX_FRAMES) -> PlayerFrames:
+    """The frames a player shows, each with its image URL and the events' markers.
+
+    Each frame: ``product_id``, ``date_obs`` (ISO 8601 UTC), ``url`` (the quicklook PNG, or
+    the difference PNG ``/api/v1/movies/frames/{id}.png?ref={ref}``), ``ref`` (the
+    reference product of a difference) and ``markers``: for each event of the window with
+    a helioprojective position that falls on the image, ``[fx, fy]``, its place as
+    fractions of the image's width and height from the top left, through the product's WCS
+    (:func:`pipelines.movies.hpc_to_fraction`).
+    """
+    prods = movie_products(session, channel, start, end, limit=limit + 1)
+    truncated = len(prods) > limit
+    prods = prods[:limit]
+    events = window_events(session, start, end)
+    placed = [e for e in events if e.hpc_x is not None and e.hpc_y is not None]
+    frames = []
+    for i, p in enumerate(prods):
+        if diff != "none" and i == 0:
+            continue
+        ref = None if diff == "none" else (prods[i - 1] if diff == "running" else prods[0])
+        url = (f"/api/v1/products/{p.id}/quicklook.png" if ref is None else
+               f"/api/v1/movies/frames/{p.id}.png?ref={ref.id}")
+        markers: dict[str, list[float]] = {}
+        path = products_service.served_store_path(p.path, product_root)
+        if placed and path is not None:
+            try:
+                markers = _markers(cached_header(path), placed)
+            except OSError:
+                markers = {}
+        frames.append({"product_id": p.id, "ref": None if ref is None else ref.id,
+                       "date_obs": _iso(p.frame.date_obs), "url": url, "markers": markers})
+    return PlayerFrames(channel=channel, diff=diff, start=start, end=end, frames=frames,
+                        events=[_event_dict(e) for e in events], truncated=truncated)
+
+
+def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tuple[dt.datetime, dt.datetime]:
+    """The window of an event's movie: its start - ``margin`` to its end (peak, start) + ``margin``."""
+    return products_service.event_window(event, margin)
+
+
+def submit_movie(session: Session, req: MovieRequest) -> Movie:
+    """Count the frames of ``req``, store a ``queued`` movie and commit (the caller sends it,
+    :func:`enqueue_movie`).
+
+    Raises
+    ------
+    MovieRequestError
+        If the window holds no frame to show (or one only, with a difference), or more than
+        :data:`MAX_FRAMES`; ``.frames`` is the count the movie would have had.
+    """
+    n = _check_count(len(movie_products(session, req.channel, req.start, req.end)), req.diff)
+    movie = Movie(owner=req.owner, channel_code=req.channel, start_time=req.start, end_time=req.end,
+                  diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n, frames_done=0,
+                  sent_at=dt.datetime.now(dt.UTC))
+    session.add(movie)
+    session.commit()
+    return movie
+
+
+def enqueue_movie(movie_id: str) -> None:
+    """Send the movie to the broker (task ``make_movie`` by name, queue ``cpu``); returns at once."""
+    from backend.broker import TaskName, send
+
+    send(TaskName.make_movie, args=[movie_id], queue="cpu")
+
+
+def get_movie(session: Session, movie_id: str) -> Movie | None:
+    return session.get(Movie, movie_id)
+
+
+def movie_dir(root: Path) -> Path:
+    """The movie store: ``DATA_DIR/movies`` (beside the product store's root)."""
+    return Path(root) / "movies"
