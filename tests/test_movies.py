@@ -1,0 +1,361 @@
+"""Movies (issue 11 item 2): the player's frames and markers, the difference images, the MP4 job.
+
+A store of real products: the simulator's 13-frame SDI series (EIT-based, with its injected
+flare) ingested and calibrated in this process by ``calibrate_product`` (the real L2
+writer) on SQLite, served by the real app through a TestClient. The MP4 is made by running
+the task's function in-process and read back with imageio-ffmpeg (ffmpeg's own decoder).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from sqlalchemy import select
+
+from backend.broker import InFlight, TaskName
+from backend.models import Event, Frame, Movie, MovieState, Product, ProductState
+from backend.settings import Settings
+from backend.state import IllegalTransition, move_movie
+
+SIZE = 128
+SIM_SETTINGS = Settings(TASK_TIME_LIMIT_S=100, TASK_SOFT_TIME_LIMIT_S=90, RECONCILE_INTERVAL_S=5, MAX_DELIVERIES=3)
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    return simulate(tmp_path_factory.mktemp("movie_sim"), channels=("SDI",), naxis=SIZE, noise=False, seed=11,
+                    sdi_sequence=True)
+
+
+def build_store(settings, simulated) -> SimpleNamespace:
+    """Ingest and calibrate the simulated SDI series into ``settings``' store (real L2 files),
+    and add the injected flare as a GOES-like FL event and a CME without a position."""
+    from backend.db import session_scope
+    from backend.services.ingest import ingest_path
+    from backend.worker.processing import calibrate_product, plan_product
+
+    with session_scope() as s:
+        for p in [c.path for c in simulated.calibration_files] + list(simulated.raw_files):
+            out = ingest_path(s, p, settings, move=False)
+            assert out.status in ("ingested", "calibration"), out
+    with session_scope() as s:
+        ids = [plan_product(s, f, pinned=None, options={}, job_id=None)[0].id
+               for f in s.scalars(select(Frame).order_by(Frame.date_obs))]
+    with session_scope() as s:
+        for pid in ids:
+            prod = calibrate_product(s, pid, settings)
+            assert prod.state == ProductState.written, prod.error
+    fl = simulated.flare
+    def t(v):
+        return dt.datetime.fromisoformat(v).replace(tzinfo=dt.UTC)
+    with session_scope() as s:
+        dates = [r for r in s.scalars(select(Frame.date_obs).order_by(Frame.date_obs))]
+        flare = Event(event_type="FL", source="goes_xrs", source_key="sim-flare", start_time=t(fl.start),
+                      peak_time=t(fl.peak), end_time=t(fl.end), hpc_x=fl.hpc_x, hpc_y=fl.hpc_y, goes_class="M2.0")
+        cme = Event(event_type="CE", source="cdaw", source_key="sim-cme", start_time=t(fl.peak),
+                    end_time=t(fl.end) + dt.timedelta(hours=2), position_angle=80.0, angular_width=60.0)
+        s.add_all([flare, cme])
+        s.flush()
+        return SimpleNamespace(products=ids, dates=[d.replace(tzinfo=dt.UTC) if d.tzinfo is None else d
+                                                    for d in dates],
+                               flare=flare.id, cme=cme.id, truth=fl)
+
+
+@pytest.fixture
+def store(sqlite_env, simulated):
+    return SimpleNamespace(settings=sqlite_env, **vars(build_store(sqlite_env, simulated)))
+
+
+@pytest.fixture
+def client(store):
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from tests.test_api import route_celery_to_this_data_dir
+
+    route_celery_to_this_data_dir()
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        yield c
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+def _window(store) -> dict:
+    return {"channel": "SDI", "start": _iso(store.dates[0] - dt.timedelta(minutes=1)),
+            "end": _iso(store.dates[-1] + dt.timedelta(minutes=1))}
+
+
+def _broker(settings) -> list[str]:
+    return [p.read_text() for p in sorted((settings.broker_dir / "in").glob("*.msg"))]
+
+
+# ------------------------------------------------------------------------------ pure steps
+def test_difference_scale_is_symmetric_about_zero():
+    from pipelines.movies import difference_image, display_array, signed_unit_image
+
+    a = np.full((8, 8), 10.0)
+    b = a.copy()
+    b[2, 3], b[5, 5] = 14.0, 6.0  # +4 and -4
+    d = difference_image(b, a)
+    img, limit = signed_unit_image(d, percentile=100)
+    assert limit == pytest.approx(4.0)
+    assert img[2, 3] == pytest.approx(1.0) and img[5, 5] == pytest.approx(0.0) and img[0, 0] == pytest.approx(0.5)
+    # masked pixels stay masked, and a block with half its pixels masked is still averaged
+    dq = np.zeros((8, 8), np.uint8)
+    dq[0, 0] = 1
+    data = np.arange(64, dtype=np.float32).reshape(8, 8)
+    small = display_array(data, dq, size=4)
+    assert small.shape == (4, 4) and small[0, 0] == pytest.approx((1 + 8 + 9) / 3)
+    with pytest.raises(Exception, match="shapes"):
+        difference_image(np.zeros((4, 4)), np.zeros((4, 5)))
+
+
+def test_marker_fraction_follows_the_wcs():
+    from astropy.io import fits
+
+    from pipelines.movies import hpc_to_fraction
+
+    h = fits.Header({"NAXIS": 2, "NAXIS1": 1024, "NAXIS2": 1024, "CTYPE1": "HPLN-TAN", "CTYPE2": "HPLT-TAN",
+                     "CUNIT1": "arcsec", "CUNIT2": "arcsec", "CDELT1": 2.0, "CDELT2": 2.0, "CRPIX1": 512.5,
+                     "CRPIX2": 512.5, "CRVAL1": 0.0, "CRVAL2": 0.0})
+    fx, fy = hpc_to_fraction(h, 0.0, 0.0)
+    assert (fx, fy) == (pytest.approx(0.5), pytest.approx(0.5))
+    fx, fy = hpc_to_fraction(h, -512.0, 256.0)  # 256 px left, 128 px up (north up: nearer the top)
+    assert fx == pytest.approx(0.25, abs=1e-4) and fy == pytest.approx(0.375, abs=1e-4)
+    assert hpc_to_fraction(h, 5000.0, 0.0) is None
+
+
+def test_movie_state_machine():
+    m = Movie(id="m", state=MovieState.queued)
+    move_movie(m, MovieState.running)
+    assert m.started_at is not None
+    with pytest.raises(IllegalTransition):
+        move_movie(m, MovieState.failed)  # a failure needs its reason
+    move_movie(m, MovieState.failed, "broken")
+    assert m.error == "broken" and m.finished_at is not None
+    with pytest.raises(IllegalTransition):
+        move_movie(m, MovieState.running)
+
+
+# ------------------------------------------------------------------------------------- API
+@pytest.mark.parametrize("body, needles", [
+    ({"channel": "XRT", "start": "2004-03-01T00:00:00Z", "end": "2004-03-01T12:00:00Z"}, ["unknown channel"]),
+    ({"channel": "SDI", "start": "2004-03-01T12:00:00Z", "end": "2004-03-01T00:00:00Z"}, ["end is before start"]),
+    ({"channel": "SDI", "start": "2004-03-01T00:00:00Z", "end": "2004-03-01T12:00:00Z", "diff": "ratio"},
+     ["unknown difference"]),
+    ({"channel": "SDI", "start": "2004-03-01T00:00:00Z", "end": "2004-03-01T12:00:00Z", "fps": 0}, ["fps"]),
+    ({"channel": "SDI", "start": "yesterday", "end": "2004-03-01T12:00:00Z"}, ["start"]),
+    ({"channel": "SDI", "start": "2004-03-01T00:00:00Z", "end": "2004-03-01T12:00:00Z", "speed": 3}, ["speed"]),
+])
+def test_bad_movie_requests_are_422(client, store, body, needles):
+    r = client.post("/api/v1/movies", json=body)
+    assert r.status_code == 422, r.text
+    for n in needles:
+        assert n in r.json()["detail"], r.json()["detail"]
+
+
+def test_an_empty_window_is_422_with_the_frame_count(client, store):
+    r = client.post("/api/v1/movies", json={"channel": "WST", **{k: v for k, v in _window(store).items()
+                                                                  if k != "channel"}})
+    assert r.status_code == 422 and r.json()["frames"] == 0 and "empty movie" in r.json()["detail"]
+    one = {"channel": "SDI", "start": _iso(store.dates[0]), "end": _iso(store.dates[0]), "diff": "running"}
+    r = client.post("/api/v1/movies", json=one)
+    assert r.status_code == 422 and r.json()["frames"] == 0 and "at least two frames" in r.json()["detail"]
+    assert client.post("/api/v1/movies", json={**one, "diff": "none"}).json()["frames_total"] == 1
+
+
+def test_player_frames_markers_and_difference_png(client, store):
+    from PIL import Image
+
+    body = client.get("/api/v1/movies/frames", params={**_window(store), "diff": "running"}).json()
+    assert body["count"] == len(store.dates) - 1 and body["diff"] == "running"
+    assert [f["date_obs"] for f in body["frames"]] == [_iso(d) for d in store.dates[1:]]
+    assert [f["ref"] for f in body["frames"]] == store.products[:-1]
+    assert {e["id"] for e in body["events"]} == {store.flare, store.cme}
+    # the flare's marker is where the product's WCS puts its helioprojective position
+    with_marker = [f for f in body["frames"] if str(store.flare) in f["markers"]]
+    assert len(with_marker) == len(body["frames"])  # the disk imager sees the position in every frame
+    f0 = with_marker[0]
+    import astropy.units as u
+    import sunpy.map
+    from astropy.coordinates import SkyCoord
+
+    from backend.db import session_scope
+
+    with session_scope() as s:
+        path = s.get(Product, f0["product_id"]).path
+    m = sunpy.map.Map(path)  # sunpy's own WCS of the product, independent of the code under test
+    px, py = m.world_to_pixel(SkyCoord(store.truth.hpc_x * u.arcsec, store.truth.hpc_y * u.arcsec,
+                                       frame=m.coordinate_frame))
+    nx, ny = m.data.shape[1], m.data.shape[0]
+    assert f0["markers"][str(store.flare)] == [pytest.approx((px.value + 0.5) / nx, abs=1e-3),
+                                               pytest.approx(1 - (py.value + 0.5) / ny, abs=1e-3)]
+    assert str(store.cme) not in f0["markers"]  # no position, no marker
+
+    # the running difference of the peak frame is brightest at the flare's marker
+    peak = dt.datetime.fromisoformat(store.truth.peak).replace(tzinfo=dt.UTC)
+    k = min(range(len(body["frames"])), key=lambda i: abs(dt.datetime.fromisoformat(
+        body["frames"][i]["date_obs"].replace("Z", "+00:00")) - peak))
+    f = body["frames"][k]
+    r = client.get(f["url"])
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    img = np.asarray(Image.open(io.BytesIO(r.content)).convert("L"), dtype=float)
+    ny, nx = img.shape
+    mx, my = f["markers"][str(store.flare)]
+    box = img[int(my * ny) - 1:int(my * ny) + 2, int(mx * nx) - 1:int(mx * nx) + 2]
+    assert box.min() > 240, box  # the flare kernel saturates the symmetric scale's bright end
+    flipped = img[::-1][int(my * ny) - 1:int(my * ny) + 2, int(mx * nx) - 1:int(mx * nx) + 2]
+    assert flipped.mean() < 200  # not there upside down: the image is north up as the markers are
+    assert abs(np.median(img) - 128) < 12  # zero change is mid-grey
+
+    # quicklooks without a difference; bad references are 4xx
+    plain = client.get("/api/v1/movies/frames", params={**_window(store)}).json()
+    assert plain["count"] == len(store.dates) and plain["frames"][0]["url"].endswith("/quicklook.png")
+    assert client.get(f"/api/v1/movies/frames/{store.products[1]}.png?ref=999999").status_code == 404
+    assert client.get(f"/api/v1/movies/frames/{store.products[1]}.png").status_code == 422
+    ev = client.get("/api/v1/movies/frames", params={"event": store.flare}).json()
+    assert ev["channel"] == "SDI" and ev["event"] == store.flare and ev["count"] >= 1
+    assert client.get("/api/v1/movies/frames", params={"event": 999999}).status_code == 404
+    assert client.get("/api/v1/movies/frames", params={"channel": "SDI"}).status_code == 422
+
+
+def test_a_movie_is_made_by_the_task_and_reads_back(client, store):
+    import imageio_ffmpeg
+
+    from backend.db import session_scope
+    from backend.worker.movies import make_movie
+
+    r = client.post("/api/v1/movies", json={**_window(store), "diff": "base", "fps": 8})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["state"] == "queued" and body["frames_total"] == len(store.dates) - 1
+    assert r.headers["location"] == f"/api/v1/movies/{body['id']}"
+    sent = [m for m in _broker(store.settings) if body["id"] in m]
+    assert len(sent) == 1 and TaskName.make_movie in sent[0]
+    assert client.get(f"/api/v1/movies/{body['id']}/file").status_code == 404  # not made yet
+
+    with session_scope() as s:
+        movie = make_movie(s, body["id"], store.settings)
+        assert movie.state == MovieState.succeeded, movie.error
+    got = client.get(f"/api/v1/movies/{body['id']}").json()
+    assert (got["state"], got["frames_done"], got["frames_total"], got["progress"]) == \
+        ("succeeded", len(store.dates) - 1, len(store.dates) - 1, 1.0)
+    f = client.get(got["file_url"])
+    assert f.status_code == 200 and f.headers["content-type"] == "video/mp4"
+    assert "attachment" in f.headers["content-disposition"] and ".mp4" in f.headers["content-disposition"]
+    assert f.content[4:8] == b"ftyp"
+    path = store.settings.root / "movies" / "check.mp4"
+    path.write_bytes(f.content)
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    frames = [np.frombuffer(b, np.uint8).reshape(meta["size"][1], meta["size"][0], 3) for b in reader]
+    # 128 px products enlarged 4x to 512, a 32 px caption band; 8 frames/s
+    assert tuple(meta["size"]) == (512, 544) == (got["width"], got["height"])
+    assert len(frames) == len(store.dates) - 1 and meta["fps"] == pytest.approx(8)
+    # the caption band holds text (the channel and DATE-OBS), and frames differ as the flare grows
+    assert frames[0][512:, :, :].max() > 200
+    assert np.abs(frames[0][:512].astype(int) - frames[5][:512].astype(int)).mean() > 1.0
+    # a second delivery of the same message does nothing
+    with session_scope() as s:
+        assert make_movie(s, body["id"], store.settings).deliveries == 1
+
+
+def test_a_failing_movie_ends_failed_with_the_reason(client, store):
+    from backend.db import session_scope
+    from backend.worker.movies import make_movie
+
+    body = client.post("/api/v1/movies", json={**_window(store), "diff": "running"}).json()
+    with session_scope() as s:  # a product file lost from the store after the movie was asked for
+        p = s.get(Product, store.products[3])
+        from pathlib import Path
+
+        Path(p.path).unlink()
+    with session_scope() as s:
+        movie = make_movie(s, body["id"], store.settings)
+    assert movie.state == MovieState.failed
+    got = client.get(f"/api/v1/movies/{body['id']}").json()
+    assert got["state"] == "failed" and "missing from the product store" in got["error"]
+    r = client.get(f"/api/v1/movies/{body['id']}/file")
+    assert r.status_code == 404 and "failed" in r.json()["detail"]
+    assert client.get("/api/v1/movies/nope").status_code == 404
+    assert not list((store.settings.root / "movies" / ".tmp").glob("*.part.mp4"))  # no partial file left
+
+
+def test_the_reconciler_resends_a_lost_movie_and_gives_up_after_the_deliveries(store, monkeypatch):
+    from backend.db import session_scope
+    from backend.worker import reconcile
+    from backend.worker.movies import claim_movie
+
+    sent = []
+    monkeypatch.setattr(reconcile, "send", lambda name, args=None, kwargs=None, queue="cpu":
+                        sent.append((name, list(args or []))))
+    now = dt.datetime.now(dt.UTC)
+    old = now - dt.timedelta(minutes=5)
+    with session_scope() as s:
+        lost = Movie(channel_code="SDI", start_time=store.dates[0], end_time=store.dates[-1], diff="none", fps=5,
+                     state=MovieState.queued, frames_total=13, sent_at=old, created_at=old)
+        fresh = Movie(channel_code="SDI", start_time=store.dates[0], end_time=store.dates[-1], diff="none", fps=5,
+                      state=MovieState.queued, frames_total=13, sent_at=now, created_at=now)
+        queued = Movie(channel_code="SDI", start_time=store.dates[0], end_time=store.dates[-1], diff="none", fps=5,
+                       state=MovieState.queued, frames_total=13, sent_at=old, created_at=old)
+        s.add_all([lost, fresh, queued])
+        s.flush()
+        ids = SimpleNamespace(lost=lost.id, fresh=fresh.id, queued=queued.id)
+    with session_scope() as s:
+        report = reconcile.reconcile_once(s, SIM_SETTINGS, now=now, flight=InFlight(movies={ids.queued}))
+    # the lost one is sent again; the fresh one (within the grace) and the one still queued are not
+    assert report.movies_resent == [ids.lost] and sent == [(TaskName.make_movie, [ids.lost])]
+    with session_scope() as s:
+        assert s.get(Movie, ids.lost).sent_at.replace(tzinfo=dt.UTC) >= now - dt.timedelta(seconds=1)
+
+    # a worker that died mid-movie: its claim is dead (a pid of this host that is gone)
+    import socket
+    import subprocess
+
+    for delivery in range(1, SIM_SETTINGS.max_deliveries + 1):
+        child = subprocess.Popen(["true"])  # each delivery's worker process, gone when the pass runs
+        child.wait()
+        dead = f"{socket.gethostname()}:{child.pid} task=x try=0"
+        with session_scope() as s:
+            assert claim_movie(s, ids.lost, lease_s=SIM_SETTINGS.lease_s, max_deliveries=SIM_SETTINGS.max_deliveries,
+                               holder=dead).status == "claimed"
+        sent.clear()
+        with session_scope() as s:
+            report = reconcile.reconcile_once(s, SIM_SETTINGS, now=now + dt.timedelta(minutes=delivery),
+                                              flight=InFlight())
+        with session_scope() as s:
+            m = s.get(Movie, ids.lost)
+            assert m.deliveries == delivery
+            if delivery < SIM_SETTINGS.max_deliveries:
+                # (the other two, past their grace now with no message in flight, are re-sent too)
+                assert m.state == MovieState.running and ids.lost in report.movies_resent, report
+                assert (TaskName.make_movie, [ids.lost]) in sent
+            else:
+                assert m.state == MovieState.failed and report.movies_failed == [ids.lost]
+                assert "gave up after 3 deliveries" in m.error and (TaskName.make_movie, [ids.lost]) not in sent
+    # with the broker unreadable nothing is sent
+    sent.clear()
+    with session_scope() as s:
+        assert reconcile.reconcile_once(s, SIM_SETTINGS, now=now + dt.timedelta(hours=1), flight=None).movies_resent == []
+    assert sent == []
+
+
+def test_movie_page_and_event_partial(client, store):
+    r = client.get("/movies", params={**_window(store), "diff": "running"})
+    assert r.status_code == 200 and 'id="movie-player"' in r.text and "movie.js?v=" in r.text
+    assert "/api/v1/movies/frames?channel=SDI" in r.text and "diff=running" in r.text
+    bad = client.get("/movies", params={"channel": "XRT", "start": "x", "end": "2004-03-01T00:00:00"})
+    assert bad.status_code == 200 and "unknown LST channel" in bad.text and "not an ISO 8601 time" in bad.text
+    ev = client.get(f"/events/{store.flare}")
+    assert ev.status_code == 200 and 'id="event-movie"' in ev.text
+    assert f"/api/v1/movies/frames?event={store.flare}" in ev.text
+    page = client.get("/movies", params={"event": store.flare})
+    assert page.status_code == 200 and "LST SDI" in page.text
