@@ -359,3 +359,40 @@ def test_movie_page_and_event_partial(client, store):
     assert f"/api/v1/movies/frames?event={store.flare}" in ev.text
     page = client.get("/movies", params={"event": store.flare})
     assert page.status_code == 200 and "LST SDI" in page.text
+
+
+@pytest.mark.slow
+def test_an_embedded_worker_makes_the_movie_from_the_filesystem_broker(client, store, tmp_path):
+    """The demo's path: the API sends to the filesystem broker in DATA_DIR, the embedded
+    worker (``lstdp worker``, as ``lstdp demo`` starts it) takes the message and makes the MP4."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    r = client.post("/api/v1/movies", json={**_window(store), "diff": "running", "fps": 12})
+    assert r.status_code == 202, r.text
+    movie_id = r.json()["id"]
+    log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", "cpu", "--concurrency", "1",
+                               "--no-reconciler", "--name", f"movies-{os.getpid()}@%h"],
+                              env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        got = {}
+        while time.monotonic() < deadline:
+            got = client.get(f"/api/v1/movies/{movie_id}").json()
+            if got["state"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.5)
+        assert got["state"] == "succeeded", (got, (tmp_path / "worker.log").read_text()[-2000:])
+        assert got["frames_done"] == got["frames_total"] == len(store.dates) - 1
+        assert client.get(got["file_url"]).content[4:8] == b"ftyp"
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+        log.close()
