@@ -396,3 +396,18 @@ def test_an_embedded_worker_makes_the_movie_from_the_filesystem_broker(client, s
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
         log.close()
+
+
+def test_the_benchmark_script_runs_at_a_tiny_size():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "movies.py"), "--size", "128", "--frames", "3",
+                        "--repeat", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    m = re.fullmatch(r"RESULT diff_png_cold_s=([\d.]+) diff_png_warm_s=([\d.]+) mp4_fps=([\d.]+) size=128",
+                     r.stdout.strip().splitlines()[-1])
+    assert m and all(float(g) > 0 for g in m.groups()), r.stdout
