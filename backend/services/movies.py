@@ -36,7 +36,7 @@ from pipelines.utc import as_utc
 
 __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
-           "movie_dir", "cached_display_array", "cached_header", "event_movie_window"]
+           "movie_dir", "cached_display_array", "event_movie_window"]
 
 #: Most frames one movie may hold (a 10 s at 10 fps player of a day of SDI at 1 min cadence
 #: is 1440 frames; beyond this, ask for a shorter window).
@@ -164,19 +164,6 @@ def cached_display_array(path: str | os.PathLike) -> np.ndarray:
     return _display_cached(os.fspath(path), st.st_mtime_ns, st.st_size)
 
 
-@functools.lru_cache(maxsize=256)
-def _header_cached(path: str, _mtime_ns: int, _size: int):
-    from astropy.io import fits
-
-    return fits.getheader(path, 0)
-
-
-def cached_header(path: str | os.PathLike):
-    """The primary header of a product file (its WCS), cached on (path, mtime, size)."""
-    st = os.stat(path)
-    return _header_cached(os.fspath(path), st.st_mtime_ns, st.st_size)
-
-
 def _iso(t: dt.datetime | None) -> str | None:
     t = as_utc(t)
     return None if t is None else t.isoformat().replace("+00:00", "Z")
@@ -206,27 +193,40 @@ def _event_dict(e: Event) -> dict[str, Any]:
             "hpc_x": e.hpc_x, "hpc_y": e.hpc_y, "position_angle": e.position_angle, "url": f"/events/{e.id}"}
 
 
-def _markers(header, events: list[Event]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for e in events:
-        if e.hpc_x is None or e.hpc_y is None:
-            continue
-        where = hpc_to_fraction(header, float(e.hpc_x), float(e.hpc_y))
-        if where is not None:
-            out[str(e.id)] = [round(where[0], 5), round(where[1], 5)]
-    return out
+#: Header keywords that fix where a helioprojective position falls on a product's image.
+WCS_KEYS = ("NAXIS1", "NAXIS2", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1", "CRPIX2", "CRVAL1", "CRVAL2",
+            "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "CROTA2", "LONPOLE", "LATPOLE")
+
+
+@functools.lru_cache(maxsize=4096)
+def _fractions(wcs_cards: tuple, positions: tuple) -> tuple:
+    from astropy.io import fits
+
+    header = fits.Header([(k, v) for k, v in wcs_cards if v is not None])
+    header["NAXIS"] = 2
+    return tuple(hpc_to_fraction(header, x, y) for x, y in positions)
+
+
+def _markers(header: dict[str, Any] | None, events: list[Event]) -> dict[str, list[float]]:
+    """``{event id: [fx, fy]}`` for the events whose position falls on the image (WCS of the
+    product's stored header; frames that share a pointing share one computation)."""
+    if not header:
+        return {}
+    cards = tuple((k, header.get(k)) for k in WCS_KEYS)
+    where = _fractions(cards, tuple((float(e.hpc_x), float(e.hpc_y)) for e in events))
+    return {str(e.id): [round(w[0], 5), round(w[1], 5)] for e, w in zip(events, where) if w is not None}
 
 
 def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.datetime, diff: str,
-                  product_root: Path, *, limit: int = MAX_FRAMES) -> PlayerFrames:
+                  *, limit: int = MAX_FRAMES) -> PlayerFrames:
     """The frames a player shows, each with its image URL and the events' markers.
 
     Each frame: ``product_id``, ``date_obs`` (ISO 8601 UTC), ``url`` (the quicklook PNG, or
     the difference PNG ``/api/v1/movies/frames/{id}.png?ref={ref}``), ``ref`` (the
     reference product of a difference) and ``markers``: for each event of the window with
     a helioprojective position that falls on the image, ``[fx, fy]``, its place as
-    fractions of the image's width and height from the top left, through the product's WCS
-    (:func:`pipelines.movies.hpc_to_fraction`).
+    fractions of the image's width and height from the top left, through the WCS of the
+    product's header as stored with it (:func:`pipelines.movies.hpc_to_fraction`).
     """
     prods = movie_products(session, channel, start, end, limit=limit + 1)
     truncated = len(prods) > limit
@@ -240,13 +240,7 @@ def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.da
         ref = None if diff == "none" else (prods[i - 1] if diff == "running" else prods[0])
         url = (f"/api/v1/products/{p.id}/quicklook.png" if ref is None else
                f"/api/v1/movies/frames/{p.id}.png?ref={ref.id}")
-        markers: dict[str, list[float]] = {}
-        path = products_service.served_store_path(p.path, product_root)
-        if placed and path is not None:
-            try:
-                markers = _markers(cached_header(path), placed)
-            except OSError:
-                markers = {}
+        markers = _markers(p.header, placed) if placed else {}
         frames.append({"product_id": p.id, "ref": None if ref is None else ref.id,
                        "date_obs": _iso(p.frame.date_obs), "url": url, "markers": markers})
     return PlayerFrames(channel=channel, diff=diff, start=start, end=end, frames=frames,

@@ -103,7 +103,6 @@ def _window(session: Session, channel: str | None, start: dt.datetime | None, en
 @router.get("/frames", summary="Frames of a player: channel and window, or an event's window")
 def read_movie_frames(
     session: SessionDep,
-    settings: SettingsDep,
     span: TimeRangeDep,
     channel: ChannelQuery = None,
     diff: DiffQuery = "none",
@@ -113,7 +112,7 @@ def read_movie_frames(
     ``markers`` (``{event id: [fx, fy]}``, the event's helioprojective position as fractions
     of the image from the top left, through the product's WCS), and the window's events."""
     code, lo, hi, ev = _window(session, channel, span.start, span.end, event)
-    out = movies_service.player_frames(session, code, lo, hi, diff, settings.products).as_dict()
+    out = movies_service.player_frames(session, code, lo, hi, diff).as_dict()
     out["event"] = ev
     return out
 
