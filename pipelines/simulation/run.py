@@ -97,7 +97,7 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         The real data (default ``sample-data/real`` of the repository).
     xrs_day : bool
         Also the SDI series of the XRS day (:data:`~pipelines.simulation.series.XRS_DAY`:
-        13 frames 2011-06-07 05:50-07:02 every 6 min around the GOES M2.5 flare, a second
+        25 frames 2011-06-07 05:20-07:44 every 6 min around the GOES M2.5 flare, a second
         injected flare; the scene is the SWAP image of 2012-01-01, not of that day).
     wst_helioviewer : bool
         Also a WST frame of 2023-01-31 03:39:23 from the Helioviewer JPEG 2000 of SDO/HMI
