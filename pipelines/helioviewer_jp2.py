@@ -116,8 +116,8 @@ def read_helioviewer_header(xml_text: str) -> dict[str, Any]:
     -------
     dict
         Keyword -> value (int, float or str); ``HISTORY`` and ``COMMENT`` as one string
-        each, with their line breaks; the ``<helioviewer>`` block's entries prefixed
-        ``HV_`` when it has children.
+        each, with their line breaks; the ``<helioviewer>`` block's entries (inside
+        ``<fits>`` or beside it) prefixed ``HV_`` (once).
 
     Raises
     ------
@@ -138,14 +138,20 @@ def read_helioviewer_header(xml_text: str) -> dict[str, Any]:
             header[key] = (el.text or "").strip()
         elif key == "HELIOVIEWER":
             for sub in el:
-                header[f"HV_{sub.tag.upper()}"] = _value(sub.text)
+                header[_hv_key(sub.tag)] = _value(sub.text)
         else:
             header[key] = _value(el.text)
     hv = root.find("helioviewer")
     if hv is not None:
         for sub in hv:
-            header[f"HV_{sub.tag.upper()}"] = _value(sub.text)
+            header[_hv_key(sub.tag)] = _value(sub.text)
     return header
+
+
+def _hv_key(tag: str) -> str:
+    """A ``<helioviewer>`` entry's keyword: upper case, ``HV_`` prefixed once."""
+    key = tag.upper()
+    return key if key.startswith("HV_") else f"HV_{key}"
 
 
 def read_helioviewer_jp2(path: str | os.PathLike) -> tuple[np.ndarray, dict[str, Any]]:

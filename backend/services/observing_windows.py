@@ -82,20 +82,23 @@ def newest_frame_day(session: Session, before: dt.datetime | None = None) -> dt.
     return None if t is None else _midnight(t)
 
 
-def observing_windows(session: Session, *, limit: int = MAX_WINDOWS) -> list[ObservingWindow]:
+def observing_windows(session: Session, *, limit: int = MAX_WINDOWS,
+                      include_quiet: bool = False) -> list[ObservingWindow]:
     """The days where LST frames and events meet, newest first (at most ``limit``).
 
     Parameters
     ----------
     session : sqlalchemy.orm.Session
     limit : int
-        Most windows returned (default :data:`MAX_WINDOWS`); days with frames but no event
-        are skipped and do not count.
+        Most windows returned (default :data:`MAX_WINDOWS`).
+    include_quiet : bool
+        Also the days with frames and no event (``events`` empty); by default they are
+        skipped and do not count.
 
     Returns
     -------
     list of ObservingWindow
-        Each with its frames per channel and its events per source (at least one event).
+        Each with its frames per channel and its events per source.
     """
     out: list[ObservingWindow] = []
     day = newest_frame_day(session)
@@ -107,7 +110,7 @@ def observing_windows(session: Session, *, limit: int = MAX_WINDOWS) -> list[Obs
         ev = dict(session.execute(
             select(Event.source, func.count()).where(*filter_conditions(session, EventFilters(start=start, end=end)))
             .group_by(Event.source)).all())
-        if ev and rows:
+        if rows and (ev or include_quiet):
             out.append(ObservingWindow(
                 day=start.date(), start=start, end=end, frames={c: int(n) for c, n, _, _ in sorted(rows)},
                 first_frame=as_utc(min(r[2] for r in rows)), last_frame=as_utc(max(r[3] for r in rows)),
