@@ -287,8 +287,11 @@ def detect_sdi_flares(
 RUN_GAP_S = 6 * 3600.0
 
 
-def observing_runs(rows: list[tuple[Product, Frame]], max_gap_s: float = RUN_GAP_S) -> list[list[tuple[Product, Frame]]]:
-    """Split ``(product, frame)`` rows ordered by DATE-OBS where two frames are more than ``max_gap_s`` [s] apart."""
+def observing_runs(rows: list[tuple[Product, Frame]],
+                   max_gap_s: float = RUN_GAP_S) -> list[list[tuple[Product, Frame]]]:
+    """Split ``(product, frame)`` rows ordered by DATE-OBS where two successive frames are
+    more than ``max_gap_s`` [s] apart (default :data:`RUN_GAP_S`); a gap of exactly
+    ``max_gap_s`` keeps one run. Returns the runs in order, each non-empty."""
     runs: list[list[tuple[Product, Frame]]] = []
     for row in rows:
         if runs and (as_utc(row[1].date_obs) - as_utc(runs[-1][-1][1].date_obs)).total_seconds() <= max_gap_s:
