@@ -112,3 +112,19 @@ def test_default_simulation_has_neither(tmp_path):
     res = simulate(tmp_path, channels=("WST",), naxis=32, noise=False)
     assert [f.date_obs[:10] for f in res.frames] == ["2010-10-15"] and res.flares == []
     assert dt.date(2023, 1, 31).isoformat() not in {f.date_obs[:10] for f in res.frames}
+
+
+def test_demo_keeps_an_older_simulation_and_says_so(tmp_path, capsys):
+    """``lstdp demo`` simulates only when no manifest is there; an older one (one flare) is kept
+    with a note, since simulating again would change every frame's bytes."""
+    import json
+
+    from backend.cli import _demo_simulation_current
+
+    assert _demo_simulation_current(tmp_path) is False
+    (tmp_path / "manifest.json").write_text(json.dumps({"flare": {}, "flares": [{}]}))
+    assert _demo_simulation_current(tmp_path) is True
+    assert "older version" in capsys.readouterr().out
+    (tmp_path / "manifest.json").write_text(json.dumps({"flares": [{}, {}]}))
+    assert _demo_simulation_current(tmp_path) is True
+    assert capsys.readouterr().out == ""
