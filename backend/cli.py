@@ -61,7 +61,8 @@ def cmd_simulate(args) -> int:
         sizes = {c: sizes for c in FULL_SIZES}
     t0 = time.perf_counter()
     res = simulate(Path(args.out), channels=tuple(args.channels), naxis=sizes, noise=not args.no_noise,
-                   seed=args.seed, sdi_sequence=not args.no_sequence)
+                   seed=args.seed, sdi_sequence=not args.no_sequence, xrs_day=args.xrs_day,
+                   wst_helioviewer=args.wst_helioviewer)
     _say(f"simulated {len(res.raw_files)} raw frames, {len(res.calibration_files)} calibration masters "
          f"in {args.out} ({time.perf_counter() - t0:.1f} s)")
     return 0
@@ -293,6 +294,24 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def _demo_simulation_current(sim_dir: Path) -> bool:
+    """Whether ``sim_dir`` holds a demo simulation; one made by an older version (without the
+    XRS day's flare) is kept, with a note: simulating again would change every frame's bytes
+    (the radiometric coefficient follows the channel's brightest frame), so its frames would
+    be ingested a second time beside the old ones."""
+    manifest = sim_dir / "manifest.json"
+    if not manifest.exists():
+        return False
+    try:
+        flares = json.loads(manifest.read_text()).get("flares") or []
+    except (OSError, ValueError):
+        flares = []
+    if len(flares) < 2:
+        _say(f"      note: {sim_dir} was simulated by an older version (no 2011-06-07 XRS day, no 2023-01-31 "
+             "WST frame); remove the data folder (make clean) to get them")
+    return True
+
+
 def cmd_demo(args) -> int:
     """Everything, embedded: simulate, ingest, import catalogues, calibrate, detect, serve."""
     from backend.db import session_scope
@@ -319,12 +338,14 @@ def cmd_demo(args) -> int:
         sim_dir = s.root / "simulated"
         sizes = FULL_SIZES if args.full_size else (
             {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
-        if not (sim_dir / "manifest.json").exists():
+        if not _demo_simulation_current(sim_dir):
             _say(f"[3/7] simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
             from pipelines.simulation import simulate
 
             t0 = time.perf_counter()
-            simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True)
+            # the EIT day (2004-03-01), the XRS day (2011-06-07, GOES M2.5) and the HMI JP2 WST frame (2023-01-31)
+            simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True, xrs_day=True,
+                     wst_helioviewer=True)
             _say(f"      done in {time.perf_counter() - t0:.1f} s")
         else:
             _say(f"[3/7] simulated frames already in {sim_dir}")
@@ -412,6 +433,10 @@ def build_parser() -> argparse.ArgumentParser:
     sm.add_argument("--no-noise", action="store_true")
     sm.add_argument("--no-sequence", action="store_true", help="skip the 13-frame SDI flare sequence")
     sm.add_argument("--seed", type=int, default=0)
+    sm.add_argument("--xrs-day", action="store_true",
+                    help="add the SDI series of 2011-06-07 around the GOES M2.5 flare (scene: SWAP 2012-01-01)")
+    sm.add_argument("--wst-helioviewer", action="store_true",
+                    help="add a WST frame of 2023-01-31 from the Helioviewer HMI continuum JPEG 2000")
     sm.set_defaults(func=cmd_simulate)
 
     i = sub.add_parser("ingest", help="register FITS files (frames or calibration masters)")

@@ -2,11 +2,13 @@
 
 Runs ``lstdp demo --size 128 --no-serve`` as a user would (a subprocess), then checks what
 it left: products of all four channels written, catalogue events imported, bad input
-quarantined, the injected SDI flare detected; a second run adds nothing.
+quarantined, the injected SDI flares detected (the EIT day's and the XRS day's, linked with the
+GOES M2.5 event), the Helioviewer WST frame of 2023-01-31 calibrated; a second run adds nothing.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
 import subprocess
@@ -16,7 +18,7 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
-from backend.models import Event, Frame, Product, ProductState
+from backend.models import Event, EventAssociation, Frame, Product, ProductState
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +54,24 @@ def test_demo_embedded(tmp_path):
             Event.source == "detected", Event.event_type == "FL")).all()
         assert 1 <= len(flares) <= 3, flares
         assert any(math.hypot(x - FLARE["hpc_x"], y - FLARE["hpc_y"]) < 30.0 for x, y in flares), flares
+        # the XRS day: the flare injected at S21W54 (timed by the GOES M2.5 report row) is found
+        # there, on 2011-06-07, and linked with the GOES event as one flare
+        import json
+
+        manifest = json.loads((tmp_path / "var" / "simulated" / "manifest.json").read_text())
+        xrs = manifest["flares"][1]
+        assert xrs["peak"].startswith("2011-06-07T06:41")
+        day = s.execute(select(Event).where(Event.source == "detected", Event.event_type == "FL",
+                                            Event.start_time >= dt.datetime(2011, 6, 7),
+                                            Event.start_time < dt.datetime(2011, 6, 8))).scalars().all()
+        assert len(day) == 1 and math.hypot(day[0].hpc_x - xrs["hpc_x"], day[0].hpc_y - xrs["hpc_y"]) < 30.0, day
+        goes = s.execute(select(Event).where(Event.source == "goes_xrs", Event.goes_class == "M2.5",
+                                             Event.start_time == dt.datetime(2011, 6, 7, 6, 16))).scalar_one()
+        assert s.get(EventAssociation, (goes.id, day[0].id)) is not None, "GOES M2.5 and the SDI flare are one flare"
+        # the WST frame of the Helioviewer HMI JPEG 2000 (ASO-S era) is calibrated
+        wst = s.execute(select(Frame.date_obs).join(Product).where(
+            Frame.channel_code == "WST", Product.state == ProductState.written)).scalars().all()
+        assert dt.datetime(2023, 1, 31, 3, 39, 23, 200000) in [t.replace(tzinfo=None) for t in wst], wst
         n_events = s.scalar(select(func.count()).select_from(Event))
         n_products = s.scalar(select(func.count()).select_from(Product))
     quarantine = tmp_path / "var" / "quarantine"

@@ -36,6 +36,7 @@ from backend.services import frames as frames_service
 from backend.services import jobs as jobs_service
 from backend.services import products as products_service
 from backend.services import event_search
+from backend.services.observing_windows import observing_windows
 from backend.services.channels import list_channels
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -266,6 +267,7 @@ def events_page(
         "timeline_url": f"/api/v1/events/timeline/figure?{urlencode(applied)}",
         "export_urls": {fmt: f"/api/v1/events?{urlencode({**applied, 'format': fmt, 'limit': 500})}"
                         for fmt in ("csv", "votable", "hek")},
+        "observing_windows": observing_windows(session, include_quiet=True),  # _demo_windows.html
     })
 
 

@@ -71,6 +71,8 @@ __all__ = [
     "detect_prominence_eruptions",
     "detect_wst_white_light_flares",
     "flare_source_key",
+    "observing_runs",
+    "RUN_GAP_S",
     "SOURCE",
     "CHANNEL",
 ]
@@ -264,13 +266,46 @@ def detect_sdi_flares(
     channel = det.channel(channel)
     p = params or det.params(channel)
     start, end = as_utc(start), as_utc(end)
-    rows = _latest_written_sdi(session, start, end)
-    if len(rows) < p.min_background_frames + p.min_frames:
-        log.info("flare detection: %d SDI products in range, too few", len(rows))
+    all_rows = _latest_written_sdi(session, start, end)
+    if len(all_rows) < p.min_background_frames + p.min_frames:
+        log.info("flare detection: %d SDI products in range, too few", len(all_rows))
         return []
+    events: list[Event] = []
+    for rows in observing_runs(all_rows):
+        if len(rows) < p.min_background_frames + p.min_frames:
+            continue
+        events.extend(_detect_sdi_run(session, det, channel, p, rows, product_root))
+    session.flush()
+    return sorted(events, key=lambda e: (e.peak_time or e.start_time, e.id or 0))
+
+
+#: Frames further apart than this [s] belong to separate observing runs: the flare detector
+#: runs on each run alone (a background taken hours or years earlier, from another scene,
+#: is no background). 6 h: longer than any flare's rise and the detector's background
+#: window (``background_lag_s + background_span_s`` = 30 min), shorter than the gaps
+#: between the sample data's days.
+RUN_GAP_S = 6 * 3600.0
+
+
+def observing_runs(rows: list[tuple[Product, Frame]],
+                   max_gap_s: float = RUN_GAP_S) -> list[list[tuple[Product, Frame]]]:
+    """Split ``(product, frame)`` rows ordered by DATE-OBS where two successive frames are
+    more than ``max_gap_s`` [s] apart (default :data:`RUN_GAP_S`); a gap of exactly
+    ``max_gap_s`` keeps one run. Returns the runs in order, each non-empty."""
+    runs: list[list[tuple[Product, Frame]]] = []
+    for row in rows:
+        if runs and (as_utc(row[1].date_obs) - as_utc(runs[-1][-1][1].date_obs)).total_seconds() <= max_gap_s:
+            runs[-1].append(row)
+        else:
+            runs.append([row])
+    return runs
+
+
+def _detect_sdi_run(session: Session, det, channel: str, p: FlareDetectionParams, rows: list[tuple[Product, Frame]],
+                    product_root: Path | None) -> list[Event]:
+    """The flare detector on one observing run; the flares stored (as :func:`detect_sdi_flares`)."""
     times, images, dqs, headers = _lazy_series(rows, product_root)
     flares = det.detect(times, images, headers, dq=dqs, params=p)
-
     events: list[Event] = []
     for fl in flares:
         lat, lon = _heliographic(fl, headers[fl.peak_index])
@@ -286,7 +321,6 @@ def detect_sdi_flares(
         # another process (a worker and the CLI) may store the same flare at the same time:
         # _store_detection skips an existing key
         events.append(_store_detection(session, row, flare_source_key(fl), rows, list(fl.frame_indices), {}))
-    session.flush()
     return events
 
 

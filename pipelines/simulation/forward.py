@@ -253,8 +253,13 @@ def ssw_date(t: Time) -> str:
 
 
 def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, scale: float, x0: float, y0: float,
-                roll: float, scene: str, name: str, notes: Iterable[str]) -> fits.Header:
-    """The ASO-S style raw header: two-digit-year DATE-OBS, ``solar_x``/``arcsecs``, CROTA, no observer keywords."""
+                roll: float, scene: str, name: str, notes: Iterable[str],
+                keywords: dict | None = None) -> fits.Header:
+    """The ASO-S style raw header: two-digit-year DATE-OBS, ``solar_x``/``arcsecs``, CROTA, no observer keywords.
+
+    ``keywords`` (name -> (value, comment)) are added before the HISTORY (the scene's
+    source file and real DATE-OBS, ``SCENEFIL``/``SCENEOBS``, where they are stamped).
+    """
     h = fits.Header()
     h["TELESCOP"] = ("ASO-S", "Advanced Space-based Solar Observatory")
     h["INSTRUME"] = ("LST", "Lyman-alpha Solar Telescope")
@@ -283,6 +288,8 @@ def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, scale: float
     h["ORIGIN"] = ("lstdp simulator", "simulated frame, not flight data")
     h["FILENAME"] = (name, "")
     h["SATURATE"] = (65535, "[DN] saturation level")
+    for key, (value, comment) in (keywords or {}).items():
+        h[key] = (value, comment)
     h.add_history(f"Simulated by {SOFTWARE} from {scene} (real data; sample-data/real/MANIFEST.md)")
     for line in notes:
         h.add_history(line)

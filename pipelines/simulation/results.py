@@ -76,6 +76,7 @@ class SimulationResult:
     frames: list[SimulatedFrame]
     limb_fits: list[dict[str, Any]] = field(default_factory=list)
     radiometric: dict[str, float] = field(default_factory=dict)
+    flares: list[InjectedFlare] = field(default_factory=list)  # every injected flare; ``flare`` is the first
 
     @property
     def injected_flare(self) -> dict[str, Any] | None:

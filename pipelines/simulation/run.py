@@ -66,7 +66,8 @@ def _clean(out_dir: Path) -> None:
 def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST", "SCI-UV", "SCI-WL"),
              naxis: dict[str, int] | int | None = None, noise: bool = True, seed: int = 0,
              sdi_sequence: bool = True, frames_per_channel: int = 1, *,
-             sample_dir: str | os.PathLike | None = None) -> SimulationResult:
+             sample_dir: str | os.PathLike | None = None, xrs_day: bool = False,
+             wst_helioviewer: bool = False) -> SimulationResult:
     """Simulate raw LST frames, their calibration masters and their truth.
 
     Parameters
@@ -94,6 +95,13 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         the pointing jitters and the noise differs).
     sample_dir : path-like, optional
         The real data (default ``sample-data/real`` of the repository).
+    xrs_day : bool
+        Also the SDI series of the XRS day (:data:`~pipelines.simulation.series.XRS_DAY`:
+        25 frames 2011-06-07 05:20-07:44 every 6 min around the GOES M2.5 flare, a second
+        injected flare; the scene is the SWAP image of 2012-01-01, not of that day).
+    wst_helioviewer : bool
+        Also a WST frame of 2023-01-31 03:39:23 from the Helioviewer JPEG 2000 of SDO/HMI
+        continuum (:data:`~pipelines.simulation.sources.HMI_JP2_FILE`).
 
     Returns
     -------
@@ -128,12 +136,13 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     cal_infos: list[CalibrationFileInfo] = []
     limb_fits: list[dict[str, Any]] = []
     radiometric: dict[str, float] = {}
-    flare: InjectedFlare | None = None
+    flares: list[InjectedFlare] = []
     cache: dict[str, Any] = {}
     for chan in chans:
         done = _simulate_channel(chan, sizes[chan], out, sample, seed=seed, noise=noise, sdi_sequence=sdi_sequence,
-                                 frames_per_channel=frames_per_channel, cache=cache)
-        flare = done.flare or flare
+                                 frames_per_channel=frames_per_channel, cache=cache, xrs_day=xrs_day,
+                                 wst_helioviewer=wst_helioviewer)
+        flares.extend(done.flares)
         limb_fits.extend(done.limb_fits)
         radiometric[chan] = done.radiometric_coef
         cal_infos.extend(done.calibration_files)
@@ -142,8 +151,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     manifest = out / "manifest.json"
     result = SimulationResult(out_dir=out, raw_files=[f.raw_path for f in frames],
                               truth_files=[f.truth_path for f in frames], calibration_files=cal_infos,
-                              manifest_path=manifest, flare=flare, frames=frames, limb_fits=limb_fits,
-                              radiometric=radiometric)
+                              manifest_path=manifest, flare=flares[0] if flares else None, frames=frames,
+                              limb_fits=limb_fits, radiometric=radiometric, flares=flares)
     _write_manifest(result, seed=seed, noise=noise, sizes=sizes)
     return result
 
@@ -155,12 +164,13 @@ class _ChannelOutput:
     frames: list[SimulatedFrame]
     calibration_files: list[CalibrationFileInfo]
     radiometric_coef: float
-    flare: InjectedFlare | None
+    flares: list[InjectedFlare]
     limb_fits: list[dict[str, Any]]
 
 
 def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, noise: bool, sdi_sequence: bool,
-                      frames_per_channel: int, cache: dict[str, Any]) -> _ChannelOutput:
+                      frames_per_channel: int, cache: dict[str, Any], xrs_day: bool = False,
+                      wst_helioviewer: bool = False) -> _ChannelOutput:
     """Truths, masters and raw frames of one channel, in that order.
 
     Pass 1 writes every truth and finds the channel's brightest signal, which fixes the
@@ -171,7 +181,8 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
     ci = _CHANNEL_INDEX[chan]
-    plans, flare, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache)
+    plans, flares, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache, xrs_day=xrs_day,
+                                            wst_helioviewer=wst_helioviewer)
     stray = stray_light_model(chan) if spec.is_coronagraph else None
 
     # pass 1: the truths (written to disk) and the brightest signal of the channel
@@ -190,7 +201,7 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
     # pass 2: the raw frames
     frames = [_write_raw_frame(plan, chan, n, out, _rng(seed, ci, k), stray, flat, bias, dark_rate, coef, noise)
               for k, plan in enumerate(plans)]
-    return _ChannelOutput(frames=frames, calibration_files=cal_infos, radiometric_coef=coef, flare=flare,
+    return _ChannelOutput(frames=frames, calibration_files=cal_infos, radiometric_coef=coef, flares=flares,
                           limb_fits=fits_info)
 
 
@@ -210,7 +221,8 @@ def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.ran
                          dark_rate, coef, noise, rng)
     del truth
     raw_path = out / "raw" / plan.raw_name
-    rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes)
+    rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes,
+                     keywords=plan.keywords)
     _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
     return SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path, date_obs=_iso(plan.t),
                           exptime_s=model.exptime_s, naxis=n, plate_scale=scale, crpix=(x0 + 1.0, y0 + 1.0),
@@ -245,6 +257,7 @@ def _write_manifest(result: SimulationResult, *, seed: int, noise: bool, sizes: 
         "calibration_files": [dict(_jsonable(dataclasses.asdict(c)), path=rel(c.path))
                               for c in result.calibration_files],
         "flare": _jsonable(dataclasses.asdict(result.flare)) if result.flare else None,
+        "flares": [_jsonable(dataclasses.asdict(f)) for f in result.flares],
         "limb_fits": _jsonable(result.limb_fits),
         "radiometric_coefficients": result.radiometric,
         "models": {

@@ -59,9 +59,10 @@ def _sdi_reference(src: _DiskSource) -> dict[str, float]:
 
 
 def _mdi_contrast(src: _DiskSource) -> np.ndarray:
-    """Photospheric contrast map of MDI on its own grid (1 on the quiet disk and off the disk).
+    """Photospheric contrast map of a white-light source on its own grid (1 on the quiet disk and off it).
 
-    MDI's continuum intensity divided by its limb darkening (Neckel 2005 at 676.8 nm) and
+    The source's continuum intensity (MDI's, or HMI's from a Helioviewer JP2) divided by its
+    limb darkening (Neckel 2005 at ``src.wavelength_nm``: 676.8 nm for MDI) and
     by a robust second-order 2-D polynomial fitted over the disk: that removes the
     instrument's large-scale non-uniformity (an E-W gradient of ~14 % in this file, from
     the rotational Doppler shift of the filtergram-based Ic), leaving spots and faculae.
@@ -76,7 +77,7 @@ def _mdi_contrast(src: _DiskSource) -> np.ndarray:
     disk = rr < 0.99
     mu = np.sqrt(np.clip(1.0 - rr ** 2, 0.0, 1.0))
     ratio = np.ones_like(img)
-    ratio[disk] = img[disk] / limb_darkening_neckel2005(676.8, mu[disk])
+    ratio[disk] = img[disk] / limb_darkening_neckel2005(src.wavelength_nm, mu[disk])
     fit_sel = (rr < 0.95) & ((xx % 3) == 0) & ((yy % 3) == 0)
     xs, ys, vs = x[fit_sel], y[fit_sel], ratio[fit_sel]
     keep = np.ones(vs.size, dtype=bool)
@@ -96,14 +97,16 @@ def _mdi_contrast(src: _DiskSource) -> np.ndarray:
 
 def _wst_scene(src: _DiskSource, n: int, scale: float, rsun_arcsec: float,
                block: int = 512) -> tuple[np.ndarray, list[str]]:
-    """360 nm radiance [erg cm-2 s-1 sr-1] on the L2 grid (unsmoothed), from MDI at 676.8 nm.
+    """360 nm radiance [erg cm-2 s-1 sr-1] on the L2 grid (unsmoothed), from a white-light source.
 
-    The MDI contrasts (:func:`_mdi_contrast`) scale to 360 nm as ``C ** (676.8 / 360)``
+    The source's contrasts (:func:`_mdi_contrast`, MDI at 676.8 nm or HMI at 617.3 nm)
+    scale to 360 nm as ``C ** (lambda_src / 360)``
     (Wien: the log of a brightness-temperature contrast scales as 1/lambda); the 360 nm
     limb darkening (Neckel 2005) and the disk-centre radiance are applied. Row blocks
     bound the memory.
     """
     rsun_px = rsun_arcsec / scale
+    lam = float(src.wavelength_nm)
     contrast_map = _affine_sample(_mdi_contrast(src), _disk_mapping(src, rsun_px), (src.x0, src.y0), n, cval=1.0)
     g = _grid_offsets(n).astype(np.float64) / rsun_px
     radiance_mean = IRRADIANCE_360NM * CHANNELS["WST"].bandwidth_nm * 1e3 / OMEGA_SUN_1AU  # W m-2 -> erg cm-2 s-1
@@ -117,9 +120,10 @@ def _wst_scene(src: _DiskSource, n: int, scale: float, rsun_arcsec: float,
         mu = np.sqrt(1.0 - rho[disk] ** 2)
         c = np.clip(contrast_map[j0:j0 + block][disk].astype(np.float64), 0.05, 2.0)
         blk = out[j0:j0 + block]
-        blk[disk] = centre * limb_darkening_neckel2005(360.0, mu) * c ** (676.8 / 360.0)
-    notes = [f"MDI 676.8 nm contrasts (limb darkening and large-scale trend removed) scaled to 360 nm as "
-             f"C^(676.8/360); Neckel 2005 limb darkening; disk-centre radiance {centre:.4g} {RADIANCE_UNIT} "
+        blk[disk] = centre * limb_darkening_neckel2005(360.0, mu) * c ** (lam / 360.0)
+    who = "MDI" if lam == 676.8 else src.name
+    notes = [f"{who} {lam:g} nm contrasts (limb darkening and large-scale trend removed) scaled to 360 nm as "
+             f"C^({lam:g}/360); Neckel 2005 limb darkening; disk-centre radiance {centre:.4g} {RADIANCE_UNIT} "
              f"(ASTM E-490 {IRRADIANCE_360NM} W m-2 nm-1 x {CHANNELS['WST'].bandwidth_nm} nm)"]
     return out, notes
 

@@ -34,6 +34,10 @@ EIT_DIR = "full-disk/eit_sequence"
 MDI_FILE = "full-disk/mdi.fd_ic.20101015_230100_TAI.data.fits"
 COR1_FILE = "coronagraph/20070503_102018_s4c1a.fts"
 LYA_INDEX_FILE = "lyman-alpha/lymanalpha_composite_1997-2013.txt"
+#: SDO/HMI continuum (617.3 nm) of 2023-01-31 03:39:23 as Helioviewer serves it (JPEG 2000,
+#: 512 x 512, 8-bit display values, FITS header in the XML box): the ASO-S era WST scene.
+HMI_JP2_FILE = "helioviewer-jp2/2023_01_31__03_39_23_200__SDO_HMI_HMI_continuum.jp2"
+GOES_REPORT_DIR = "events/goes_xrs_reports"
 
 
 @dataclass
@@ -48,6 +52,7 @@ class _DiskSource:
     date_obs: Time
     name: str
     notes: list[str] = field(default_factory=list)
+    wavelength_nm: float = 676.8  # white-light sources: the continuum wavelength (MDI Ic 676.8 nm)
 
     @property
     def rsun_px(self) -> float:
@@ -78,6 +83,49 @@ def _sunpy_source(path: Path) -> _DiskSource:
         sunpy_log.setLevel(level)
     return _DiskSource(image=data, x0=float(c.x.to_value(u.pix)), y0=float(c.y.to_value(u.pix)), matrix=matrix,
                        rsun_arcsec=rsun, date_obs=t.utc, name=str(path.relative_to(path.parents[1])))
+
+
+def _helioviewer_source(path: Path) -> _DiskSource:
+    """A white-light full disk from a Helioviewer JPEG 2000 (:mod:`pipelines.helioviewer_jp2`).
+
+    The geometry (disk centre, orientation, ``RSUN_OBS``, DATE-OBS) comes from the XML
+    box's FITS header through sunpy. The values are Helioviewer's 8-bit display scaling of
+    the DN: the WST scene takes only their *relative* structure (contrast to the fitted
+    limb darkening and large-scale trend, :func:`~pipelines.simulation.scenes._mdi_contrast`),
+    and its absolute radiance from the 360 nm model; a note says so.
+
+    Raises
+    ------
+    pipelines.helioviewer_jp2.Jp2ReadError
+        If the file is not a readable Helioviewer JP2.
+    """
+    import sunpy.map  # noqa: F401  (the map sources register on import)
+    from astropy.coordinates import SkyCoord
+
+    from pipelines.helioviewer_jp2 import helioviewer_map
+    from sunpy import log as sunpy_log
+
+    level = sunpy_log.level
+    sunpy_log.setLevel("WARNING")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = helioviewer_map(path)
+            c = m.world_to_pixel(SkyCoord(0 * u.arcsec, 0 * u.arcsec, frame=m.coordinate_frame))
+            scale = np.diag([m.scale[0].to_value(u.arcsec / u.pix), m.scale[1].to_value(u.arcsec / u.pix)])
+            matrix = scale @ np.asarray(m.rotation_matrix, dtype=float)
+            rsun = float(m.rsun_obs.to_value(u.arcsec))
+            t = Time(m.date).utc
+            wave = float(m.wavelength.to_value(u.nm)) if m.wavelength is not None else 617.3
+            data = np.asarray(m.data, dtype=np.float64)
+    finally:
+        sunpy_log.setLevel(level)
+    name = str(path.relative_to(path.parents[1]))
+    notes = [f"WST scene from the Helioviewer JPEG 2000 {name} ({m.instrument}, {wave:g} nm, DATE-OBS {_iso(t)}): "
+             "its pixel values are Helioviewer's 8-bit display scaling, not DN; only their relative structure "
+             "is used, the 360 nm radiance is the model's"]
+    return _DiskSource(image=data, x0=float(c.x.to_value(u.pix)), y0=float(c.y.to_value(u.pix)), matrix=matrix,
+                       rsun_arcsec=rsun, date_obs=t, name=name, notes=notes, wavelength_nm=wave)
 
 
 def _inpaint_missing(img: np.ndarray, missing: np.ndarray, sigma: float = 1.5) -> np.ndarray:

@@ -73,7 +73,7 @@ def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: Stray
         plan.notes.append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; disk-average radiance {radiance_mean:.4g} "
                           f"{RADIANCE_UNIT} (LASP composite irradiance)")
         if plan.flare_amp > 0:
-            flare_img = _inject_flare(scene, scale, plan.flare_amp, plan.notes)
+            flare_img = _inject_flare(scene, scale, plan.flare_amp, plan.notes, plan.flare_spec)
     elif plan.kind == "wst":
         scene, notes = _wst_scene(plan.src, n, scale, rsun_arcsec)
         plan.notes.extend(notes)
@@ -106,5 +106,7 @@ def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: Stray
     plan.truth_path = out / "truth" / f"lst_{code}_{stamp}_truth.fits"
     plan.rsun_arcsec = rsun_arcsec
     th = _truth_header(spec, plan.t, n, scale, rsun_arcsec, obs, spec.bunit, plan.raw_name, plan.scene, sigma)
+    for key, (value, comment) in plan.keywords.items():
+        th[key] = (value, comment)
     _write(fits.HDUList([fits.PrimaryHDU(truth, header=th), *hdus_extra]), plan.truth_path, _iso(plan.t))
     return peak
