@@ -300,6 +300,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep):
         "quicklook_margin_h": QUICKLOOK_MARGIN.total_seconds() / 3600,
         "has_sdi": has_sdi,
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
+        **viewer_pages.context_for_template(session, row),
     })
 
 
@@ -340,3 +341,8 @@ def job_page(request: Request, job_id: str, session: SessionDep):
     from backend.api.schemas import JobPublic
 
     return templates.TemplateResponse(request, "job.html", {"job": JobPublic.model_validate(job)})
+
+
+from backend.api import viewer_pages  # noqa: E402 - the viewer page, /products/{id}/view
+
+router.include_router(viewer_pages.router)
