@@ -50,6 +50,8 @@ from typing import Any
 import numpy as np
 from astropy.io import fits
 
+import sunpy.coordinates  # noqa: F401 - 0.3 s; the helioprojective frames (sunpy.map is not imported: seconds)
+
 from pipelines.calibration.steps import DQ
 from pipelines.channels import get_channel
 from pipelines.errors import DataError, FitsReadError
@@ -143,6 +145,95 @@ def default_cmap(channel: str) -> str:
 
 
 @dataclass
+class FrameGeometry:
+    """Where a frame looks, as sunpy's ``GenericMap`` says it (the same names), read from
+    the header with astropy's WCS and sunpy's coordinate frames alone (``sunpy.map`` takes
+    seconds to import, more than the API's deadline of a first request).
+
+    Attributes
+    ----------
+    wcs : astropy.wcs.WCS
+        The 2-D celestial WCS; ``world_to_pixel``/``pixel_to_world`` take and give
+        helioprojective ``SkyCoord`` (sunpy registers the HPLN/HPLT frame with astropy).
+    coordinate_frame : sunpy.coordinates.Helioprojective
+        Observer from ``HGLN_OBS``/``HGLT_OBS``/``DSUN_OBS``, ``obstime`` the reference date.
+    reference_date : astropy.time.Time
+        ``DATE-AVG`` when given, else ``DATE-OBS`` (sunpy's ``reference_date`` rule): the
+        time of the coordinates.
+    date : astropy.time.Time
+        ``DATE-OBS``.
+    rsun_obs : astropy.units.Quantity
+        Apparent solar radius [arcsec] (:func:`pipelines.sun.apparent_rsun_arcsec`).
+    rsun_meters : astropy.units.Quantity
+        ``RSUN_REF`` [m] (default :data:`pipelines.sun.RSUN_REF_M`, IAU 2015 nominal).
+    """
+
+    wcs: Any
+    coordinate_frame: Any
+    reference_date: Any
+    date: Any
+    rsun_obs: Any
+    rsun_meters: Any
+
+    @property
+    def observer_coordinate(self):
+        return self.coordinate_frame.observer
+
+    def pixel_to_world(self, x, y):
+        """Helioprojective ``SkyCoord`` of 0-based pixels (plain numbers or ``u.pix``)."""
+        import astropy.units as u
+
+        from astropy.coordinates import SkyCoord
+
+        xv = x.to_value(u.pix) if hasattr(x, "unit") else x
+        yv = y.to_value(u.pix) if hasattr(y, "unit") else y
+        lon, lat = self.wcs.pixel_to_world_values(xv, yv)  # deg (wcslib normalises the units)
+        return SkyCoord(lon * u.deg, lat * u.deg, frame=self.coordinate_frame)
+
+    def world_to_pixel(self, tx_arcsec, ty_arcsec) -> tuple[np.ndarray, np.ndarray]:
+        """0-based pixel of helioprojective Tx, Ty [arcsec] in this frame."""
+        x, y = self.wcs.world_to_pixel_values(np.asarray(tx_arcsec) / 3600.0, np.asarray(ty_arcsec) / 3600.0)
+        return np.asarray(x), np.asarray(y)
+
+    @classmethod
+    def from_header(cls, header: fits.Header) -> "FrameGeometry":
+        """Raises :class:`ViewerParamError` when the header has no helioprojective WCS or observer."""
+        import astropy.units as u
+        import sunpy.coordinates  # noqa: F401 - registers the helioprojective frame with astropy.wcs
+        from astropy.time import Time
+        from astropy.wcs import WCS
+        from astropy.wcs.utils import wcs_to_celestial_frame
+        from sunpy.coordinates import Helioprojective
+
+        from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                w = WCS(header, naxis=2)
+                hpc = wcs_to_celestial_frame(w)
+        except Exception as exc:  # noqa: BLE001 - any WCS the libraries reject is bad input
+            raise ViewerParamError(f"the product has no usable helioprojective WCS ({exc})") from None
+        if not isinstance(hpc, Helioprojective):
+            raise ViewerParamError(f"the product's WCS is not helioprojective ({type(hpc).__name__})")
+        date_obs = Time(str(header.get("DATE-OBS") or header.get("DATE_OBS")).strip(), scale="utc")
+        ref = Time(str(header["DATE-AVG"]).strip(), scale="utc") if str(header.get("DATE-AVG", "")).strip() \
+            else date_obs
+        rsun_m = float(header.get("RSUN_REF", RSUN_REF_M)) * u.m
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            observer = hpc.observer
+            if observer is None or isinstance(observer, str):  # no observer keywords: Earth at DATE-OBS
+                from sunpy.coordinates import get_earth
+
+                observer = get_earth(ref)
+            frame = Helioprojective(obstime=ref, observer=observer, rsun=rsun_m)
+        rsun = apparent_rsun_arcsec(header, keys=("RSUN_OBS", "RSUN_ARC", "RSUN"), when=ref.to_datetime()) * u.arcsec
+        return cls(wcs=w, coordinate_frame=frame, reference_date=ref, date=date_obs, rsun_obs=rsun,
+                   rsun_meters=rsun_m)
+
+
+@dataclass
 class ProductImage:
     """An L2 product open for viewing.
 
@@ -179,15 +270,11 @@ class ProductImage:
         return str(self.header.get("BUNIT", "")).strip()
 
     @property
-    def smap(self):
-        """The product as a ``sunpy.map.GenericMap`` (on the memory-mapped data)."""
+    def smap(self) -> "FrameGeometry":
+        """The frame's geometry (WCS, observer, DATE-OBS, Rsun; :class:`FrameGeometry`)."""
         with self._lock:
             if self._map is None:
-                import sunpy.map
-
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    self._map = sunpy.map.Map((self.data, self.header))
+                self._map = FrameGeometry.from_header(self.header)
             return self._map
 
     def level(self, factor: int) -> tuple[np.ndarray, np.ndarray]:
@@ -742,7 +829,7 @@ def pixel_info(img: ProductImage, *, x: float | None = None, y: float | None = N
     if given_w:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            px, py = m.wcs.world_to_pixel(SkyCoord(tx * u.arcsec, ty * u.arcsec, frame=frame))
+            px, py = m.world_to_pixel(tx, ty)
         x, y = float(px), float(py)
     ny, nx = img.shape
     i, j = int(math.floor(y + 0.5)), int(math.floor(x + 0.5))
@@ -887,7 +974,7 @@ def event_overlay(img: ProductImage, event) -> dict[str, Any]:
                 out["visible"] = has_hpc
                 note = "off the disk at its own time: drawn where the catalogue puts it, not rotated"
             if math.isfinite(tx) and math.isfinite(ty):
-                px, py = m.wcs.world_to_pixel(SkyCoord(tx * u.arcsec, ty * u.arcsec, frame=frame))
+                px, py = m.world_to_pixel(tx, ty)
                 ny, nx = img.shape
                 out.update(kind="point", hpc_x=tx, hpc_y=ty, pixel_x=float(px), pixel_y=float(py),
                            in_image=bool(-0.5 <= px < nx - 0.5 and -0.5 <= py < ny - 0.5), note=note)

@@ -17,7 +17,6 @@ gone is 404.
 from __future__ import annotations
 
 import datetime as dt
-import threading
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
@@ -34,21 +33,6 @@ router = APIRouter(prefix="/products", tags=["viewer"])
 _PNG = {200: {"content": {"image/png": {}}, "description": "PNG image"}}
 _PIXEL = Annotated[int | None, Query(ge=-(2**31), le=2**31, description="Pixel index, 0-based")]
 _CACHE = {"Cache-Control": "public, max-age=3600"}
-
-
-def _warm_imports() -> None:  # pragma: no cover - timing only
-    """Import sunpy's map and coordinates and astropy.visualization in the background: the
-    first viewer request would otherwise spend ~1.6 s importing them (the API's deadline is 1.8 s)."""
-    try:
-        import sunpy.coordinates  # noqa: F401
-        import sunpy.map  # noqa: F401
-        from astropy.visualization import ImageNormalize  # noqa: F401
-        from matplotlib import colormaps  # noqa: F401
-    except Exception:  # noqa: BLE001 - a failed warm-up only costs time later
-        pass
-
-
-threading.Thread(target=_warm_imports, name="viewer-imports", daemon=True).start()
 
 
 def _image(session, settings, product_id: int) -> imaging.ProductImage:
