@@ -337,14 +337,13 @@
     listEvents();
     const [xr, yr] = initialRanges();
     const layout = {
-      margin: { l: 70, r: 20, t: 30, b: 60 },
+      margin: { l: 70, r: 20, t: 36, b: 60 },
       paper_bgcolor: "#ffffff", plot_bgcolor: "#000000",
       xaxis: { title: { text: "Helioprojective Tx [arcsec]" }, range: xr, autorange: false, zeroline: false,
                showgrid: false, ticks: "outside" },
       yaxis: { title: { text: "Helioprojective Ty [arcsec]" }, range: yr, autorange: false, zeroline: false,
                showgrid: false, ticks: "outside", scaleanchor: "x", scaleratio: 1 },
       dragmode: "zoom", hovermode: "closest", showlegend: false,
-      title: { text: `${d.channel} · DATE-OBS ${d.date_obs} UTC`, font: { size: 14 } },
     };
     plot.innerHTML = "";
     await Plotly.newPlot(plot, traces(), layout, { responsive: true, displaylogo: false, scrollZoom: true });
