@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import logging
 import math
 import os
 import threading
@@ -81,6 +82,9 @@ __all__ = [
     "event_context",
     "default_cmap",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 class ViewerParamError(DataError):
@@ -1238,8 +1242,9 @@ def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZ
             try:
                 img = open_product(path)
                 ov = event_overlay(img, event)
-            except (DataError, ValueError) as exc:
-                cf.error = str(exc).splitlines()[0]
+            except Exception as exc:  # noqa: BLE001 - one unreadable product never breaks the event page
+                log.warning("context image of event %s: product %s skipped: %s", event.id, p.id, exc)
+                cf.error = (str(exc).splitlines() or [type(exc).__name__])[0]
                 frames.append(cf)
                 continue
             ny, nx = img.shape
