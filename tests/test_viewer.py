@@ -406,3 +406,20 @@ def test_viewer_page_and_event_context_images(stored):
     assert cx == pytest.approx((x + 0.5) * scale, abs=0.2) and cy == pytest.approx((N_SIM - 0.5 - y) * scale, abs=0.2)
     prods_page = client.get("/products").text
     assert f'href="/products/{prods[2].id}/view"' in prods_page
+
+
+def test_viewer_benchmark_prints_one_result_line():
+    """benchmarks/viewer.py end to end at a tiny size (its numbers come from the 4608² run)."""
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "viewer.py"), "--size", "256", "--png", "64",
+                        "--repeat", "2"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"RESULT cold_ms=([\d.]+) full_p50_ms=([\d.]+) zoom_p50_ms=([\d.]+) pan_p50_ms=([\d.]+) "
+                     r"dq_p50_ms=([\d.]+) worst_p95_ms=([\d.]+) png_kib=(\d+)", last)
+    assert m, last
+    assert "zoom : " in r.stdout and "(1:1, 64x64 PNG" in r.stdout and "(1:4, 64x64 PNG" in r.stdout

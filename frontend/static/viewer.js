@@ -335,6 +335,16 @@
       `Stonyhurst lon ${d.observer.lon_deg.toFixed(2)}°, lat ${d.observer.lat_deg.toFixed(2)}°, ${(d.observer.distance_m / 1.495978707e11).toFixed(5)} au`;
     document.getElementById("fr-rsun").textContent = `${d.rsun_arcsec.toFixed(1)}″`;
     listEvents();
+    const legend = document.getElementById("viewer-dq-legend");
+    for (const b of d.dq_bits) {
+      const li = document.createElement("li");
+      const sw = document.createElement("span");
+      sw.className = "swatch";
+      sw.style.background = b.colour;
+      li.appendChild(sw);
+      li.appendChild(document.createTextNode(` ${b.value} ${b.name}`));
+      legend.appendChild(li);
+    }
     const [xr, yr] = initialRanges();
     const layout = {
       margin: { l: 70, r: 20, t: 36, b: 60 },
