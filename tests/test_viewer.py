@@ -423,3 +423,30 @@ def test_viewer_benchmark_prints_one_result_line():
                      r"dq_p50_ms=([\d.]+) worst_p95_ms=([\d.]+) png_kib=(\d+)", last)
     assert m, last
     assert "zoom : " in r.stdout and "(1:1, 64x64 PNG" in r.stdout and "(1:4, 64x64 PNG" in r.stdout
+
+
+def test_cme_wedge_on_a_coronagraph_frame_spans_its_field(api_client, db_session):
+    """On SCI the wedge covers the coronagraph's field, 1.1-2.5 Rsun; a product whose header
+    has no observer keywords is seen from Earth at DATE-OBS (sunpy's default)."""
+    from backend.settings import get_settings
+    from tests.test_api import RSUN_ARCSEC, T0, make_event, make_frame, make_product
+
+    frame = make_frame(db_session, "SCI-UV", T0)
+    p = make_product(db_session, frame, get_settings().products / "SCI-UV", bunit="MSB")
+    halo = make_event(db_session, "CE", T0 - dt.timedelta(minutes=20), None, T0 + dt.timedelta(hours=2),
+                      source="cdaw", position_angle=0.0, angular_width=360.0)
+    narrow = make_event(db_session, "CE", T0, source="cdaw", position_angle=270.0, angular_width=None)
+    ov = api_client.get(f"/api/v1/products/{p.id}/overlays").json()
+    by_id = {e["id"]: e for e in ov["events"]}
+    h, n = by_id[halo.id], by_id[narrow.id]
+    assert h["kind"] == "wedge" and h["r_rsun"] == [1.1, 2.5] and "1.1-2.5 Rsun" in h["note"]
+    r = np.hypot(h["x"], h["y"])
+    assert r.min() == pytest.approx(1.1 * RSUN_ARCSEC, rel=1e-4) and r.max() == pytest.approx(2.5 * RSUN_ARCSEC, rel=1e-4)
+    pa = np.degrees(np.arctan2(-np.asarray(h["x"]), np.asarray(h["y"]))) % 360
+    assert np.histogram(pa, bins=12, range=(0, 360))[0].min() > 0  # all the way round (a halo)
+    # no width: a radial line at PA 270 (west: positive Tx)
+    assert n["angular_width"] is None and "a line" in n["note"]
+    assert min(n["x"]) > 0 and max(abs(y) for y in n["y"]) < 1e-6
+    wcs = api_client.get(f"/api/v1/products/{p.id}/wcs").json()
+    assert wcs["channel"] == "SCI-UV" and wcs["defaults"]["stretch"] == "log"
+    assert abs(wcs["observer"]["lat_deg"]) < 7.3  # Earth's B0 at DATE-OBS

@@ -355,7 +355,7 @@ def _channel_of(header: fits.Header) -> str:
     return "SDI"
 
 
-def open_product(path: str | os.PathLike) -> ProductImage:
+def open_product(path: str | os.PathLike, channel: str | None = None) -> ProductImage:
     """Open an L2 product FITS memory-mapped, or return it from the cache of open products.
 
     Parameters
@@ -363,6 +363,9 @@ def open_product(path: str | os.PathLike) -> ProductImage:
     path : path-like
         An L2 product (:func:`pipelines.products.build_product_hdul` layout: image in the
         first 2-D HDU not named ``DQ``; ``DQ`` a one-row table column or an image HDU).
+    channel : str, optional
+        The product's channel (its frame's); default from the header's ``CHANNEL`` or
+        ``DETECTOR`` (``SDI`` when neither says).
 
     Returns
     -------
@@ -385,7 +388,10 @@ def open_product(path: str | os.PathLike) -> ProductImage:
     with _OPEN_LOCK:
         if key in _OPEN:
             _OPEN.move_to_end(key)
-            return _OPEN[key]
+            img = _OPEN[key]
+            if channel is not None:
+                img.channel = get_channel(channel).code
+            return img
     try:
         hdul = fits.open(p, memmap=True, lazy_load_hdus=False)
         hdu = next((h for h in hdul if h.name != "DQ" and h.is_image and h.header.get("NAXIS", 0) == 2), None)
@@ -407,7 +413,8 @@ def open_product(path: str | os.PathLike) -> ProductImage:
     except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise FitsReadError(f"{name}: unreadable product FITS ({reason})") from None
-    img = ProductImage(path=str(p), data=data, dq=dq, header=header, channel=_channel_of(header), _hdul=hdul)
+    code = get_channel(channel).code if channel is not None else _channel_of(header)
+    img = ProductImage(path=str(p), data=data, dq=dq, header=header, channel=code, _hdul=hdul)
     with _OPEN_LOCK:
         _OPEN[key] = img
         while len(_OPEN) > _OPEN_CACHE_SIZE:
@@ -1240,7 +1247,7 @@ def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZ
                 frames.append(cf)
                 continue
             try:
-                img = open_product(path)
+                img = open_product(path, p.frame.channel_code)
                 ov = event_overlay(img, event)
             except Exception as exc:  # noqa: BLE001 - one unreadable product never breaks the event page
                 log.warning("context image of event %s: product %s skipped: %s", event.id, p.id, exc)

@@ -44,7 +44,7 @@ def _image(session, settings, product_id: int) -> imaging.ProductImage:
     path = products_service.served_store_path(row.path, settings.products)
     if path is None:
         raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
-    return imaging.open_product(path)
+    return imaging.open_product(path, row.frame.channel_code)
 
 
 @router.get("/{product_id}/region.png", response_class=Response, responses=_PNG,
