@@ -281,6 +281,15 @@ def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:
             for code in CHANNELS if code in by_channel}
 
 
+def _event_context(session, event: Event) -> dict[str, Any]:
+    """The context images of an event page (``_event_context.html``)."""
+    from backend.services import imaging
+    from backend.settings import get_settings
+
+    return {"context_images": imaging.event_context(session, event, get_settings().products),
+            "context_size": imaging.CONTEXT_SIZE}
+
+
 @router.get("/events/{event_id}", response_class=HTMLResponse)
 def event_page(request: Request, event_id: IdPath, session: SessionDep):
     """One event in the field's terms, its associations, quicklooks around it and its light curve."""
@@ -302,6 +311,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep):
         "quicklook_margin_h": QUICKLOOK_MARGIN.total_seconds() / 3600,
         "has_sdi": has_sdi,
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
+        **_event_context(session, row),
     })
 
 
@@ -342,3 +352,25 @@ def job_page(request: Request, job_id: str, session: SessionDep):
     from backend.api.schemas import JobPublic
 
     return templates.TemplateResponse(request, "job.html", {"job": JobPublic.model_validate(job)})
+
+
+
+@router.get("/products/{product_id}/view", response_class=HTMLResponse)
+def viewer_page(request: Request, product_id: IdPath, session: SessionDep,
+                event: Annotated[int | None, Query(ge=1, le=2_147_483_647)] = None):
+    """The image viewer of one L2 product (``frontend/static/viewer.js`` on the API of
+    :mod:`backend.api.routes.viewer`): helioprojective axes, zoom and pan at full resolution,
+    limb, Stonyhurst grid, scaling, DQ layer, cursor readout, the events of its time window;
+    ``?event=<id>`` highlights one event and centres the view on it."""
+    from backend.models import ProductState
+    from backend.services import imaging
+
+    row = products_service.get_product(session, product_id)
+    if row is None:
+        raise HTTPException(404, detail=f"no product with id {product_id}")
+    if row.state != ProductState.written:
+        raise HTTPException(404, detail=f"product {product_id} is {row.state.value}: nothing to view")
+    return templates.TemplateResponse(request, "viewer.html", {
+        "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
+        "stretches": imaging.STRETCHES,
+    })
