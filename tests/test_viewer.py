@@ -450,3 +450,28 @@ def test_cme_wedge_on_a_coronagraph_frame_spans_its_field(api_client, db_session
     wcs = api_client.get(f"/api/v1/products/{p.id}/wcs").json()
     assert wcs["channel"] == "SCI-UV" and wcs["defaults"]["stretch"] == "log"
     assert abs(wcs["observer"]["lat_deg"]) < 7.3  # Earth's B0 at DATE-OBS
+
+
+def test_flare_without_position_is_placed_by_its_same_flare_partner(stored):
+    """A GOES report flare with no location (the 2011-06-07 M2.5 has none) is drawn where the
+    same flare seen by another source lies, and says so; without the link it stays unplaced."""
+    from backend.models import EventAssociation
+    from backend.services.events import SAME_FLARE
+
+    client, db, prods, flare = stored
+    bare = Event(event_type="FL", source="goes_xrs", source_key=uuid.uuid4().hex, start_time=flare.start_time,
+                 peak_time=flare.peak_time, end_time=flare.end_time, goes_class="M2.5", attributes={})
+    db.add(bare)
+    db.flush()
+    p = prods[1]
+    before = {e["id"]: e for e in client.get(f"/api/v1/products/{p.id}/overlays").json()["events"]}
+    assert before[bare.id]["kind"] == "none"
+    db.add_all([EventAssociation(event_id=bare.id, other_event_id=flare.id, kind=SAME_FLARE),
+                EventAssociation(event_id=flare.id, other_event_id=bare.id, kind=SAME_FLARE)])
+    db.flush()
+    after = {e["id"]: e for e in client.get(f"/api/v1/products/{p.id}/overlays").json()["events"]}
+    b, f = after[bare.id], after[flare.id]
+    assert b["kind"] == "point" and b["position_event"] == flare.id
+    assert f"event #{flare.id}" in b["note"] and "no position of its own" in b["position_from"]
+    assert (b["pixel_x"], b["pixel_y"]) == pytest.approx((f["pixel_x"], f["pixel_y"]), abs=1e-6)
+    assert "position_event" not in f  # the partner keeps its own position

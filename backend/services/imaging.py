@@ -976,8 +976,44 @@ def _wedge(pa_deg: float, width_deg: float | None, r_in: float, r_out: float) ->
     return {"x": [round(p[0], 2) for p in pts], "y": [round(p[1], 2) for p in pts]}
 
 
-def event_overlay(img: ProductImage, event) -> dict[str, Any]:
+def located_events(session, events: list) -> dict[int, Any]:
+    """For each event without a position of its own, the associated ``same_flare`` event
+    that has one (the GOES XRS reports give no location for many flares; the same flare seen
+    by another source, e.g. the LST detection or HEK, places it).
+
+    Returns
+    -------
+    dict
+        ``{event id: the Event whose position stands in}``, only for events that need one
+        and have such a partner (the partner with the smallest id when there are several).
+    """
+    from sqlalchemy import select
+
+    from backend.models import Event, EventAssociation
+    from backend.services.events import SAME_FLARE
+
+    need = [e.id for e in events
+            if (e.hpc_x is None or e.hpc_y is None) and (e.hgs_lat is None or e.hgs_lon is None)]
+    if not need:
+        return {}
+    rows = session.execute(
+        select(EventAssociation.event_id, Event)
+        .join(Event, Event.id == EventAssociation.other_event_id)
+        .where(EventAssociation.event_id.in_(need), EventAssociation.kind == SAME_FLARE,
+               ((Event.hpc_x.is_not(None)) & (Event.hpc_y.is_not(None)))
+               | ((Event.hgs_lat.is_not(None)) & (Event.hgs_lon.is_not(None))))
+        .order_by(Event.id)).all()
+    out: dict[int, Any] = {}
+    for eid, other in rows:
+        out.setdefault(eid, other)
+    return out
+
+
+def event_overlay(img: ProductImage, event, position_of=None) -> dict[str, Any]:
     """One event as drawn on the product's frame.
+
+    ``position_of``: another event whose position (and time) stands in for this one's when
+    it has none (:func:`located_events`); the overlay then says so in ``position_from``.
 
     Point events (a helioprojective ``hpc_x``/``hpc_y`` as seen from Earth, else Stonyhurst
     ``hgs_lat``/``hgs_lon``, at the event's peak time, else its start) are rotated to the
@@ -1014,20 +1050,27 @@ def event_overlay(img: ProductImage, event) -> dict[str, Any]:
     rsun = float(m.rsun_obs.to_value("arcsec"))
     has_hpc = event.hpc_x is not None and event.hpc_y is not None
     has_hgs = event.hgs_lat is not None and event.hgs_lon is not None
+    borrowed = None
+    if not (has_hpc or has_hgs) and position_of is not None:
+        borrowed, event_pos = position_of, position_of
+        has_hpc = event_pos.hpc_x is not None and event_pos.hpc_y is not None
+        has_hgs = event_pos.hgs_lat is not None and event_pos.hgs_lon is not None
+    else:
+        event_pos = event
     if has_hpc or has_hgs:
-        t_ev = _event_time(event)
+        t_ev = _event_time(event_pos)
         from astropy.time import Time
 
         t_ev_astropy = Time(t_ev)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if has_hpc:
-                src = SkyCoord(float(event.hpc_x) * u.arcsec, float(event.hpc_y) * u.arcsec,
+                src = SkyCoord(float(event_pos.hpc_x) * u.arcsec, float(event_pos.hpc_y) * u.arcsec,
                                frame=Helioprojective(obstime=t_ev_astropy, observer="earth", rsun=m.rsun_meters))
-                out["source_hpc"] = [float(event.hpc_x), float(event.hpc_y)]
+                out["source_hpc"] = [float(event_pos.hpc_x), float(event_pos.hpc_y)]
                 out["position_from"] = "hpc (as seen from Earth)"
             else:
-                src = SkyCoord(float(event.hgs_lon) * u.deg, float(event.hgs_lat) * u.deg, m.rsun_meters,
+                src = SkyCoord(float(event_pos.hgs_lon) * u.deg, float(event_pos.hgs_lat) * u.deg, m.rsun_meters,
                                frame=HeliographicStonyhurst(obstime=t_ev_astropy))
                 out["position_from"] = "Stonyhurst lat/lon"
             dt_s = (t_frame - t_ev).total_seconds()
@@ -1049,10 +1092,15 @@ def event_overlay(img: ProductImage, event) -> dict[str, Any]:
                     note = (f"behind the limb at the frame's DATE-OBS (rotated {dt_s / 3600:+.2f} h): "
                             "drawn on the limb")
             else:  # beyond the limb at its own time: not on the surface, cannot be rotated
-                tx, ty = (float(event.hpc_x), float(event.hpc_y)) if has_hpc else (math.nan, math.nan)
+                tx, ty = (float(event_pos.hpc_x), float(event_pos.hpc_y)) if has_hpc else (math.nan, math.nan)
                 out["rotated"] = False
                 out["visible"] = has_hpc
                 note = "off the disk at its own time: drawn where the catalogue puts it, not rotated"
+            if borrowed is not None:
+                out["position_from"] = (f"{out['position_from']} of the same flare in {borrowed.source} "
+                                        f"(event #{borrowed.id}): this event has no position of its own")
+                out["position_event"] = borrowed.id
+                note = f"{note}; position of the same flare in {borrowed.source} (event #{borrowed.id})"
             if math.isfinite(tx) and math.isfinite(ty):
                 px, py = m.world_to_pixel(tx, ty)
                 ny, nx = img.shape
@@ -1147,8 +1195,10 @@ def frame_overlays(session, img: ProductImage, *, margin: dt.timedelta = dt.time
         if extra is None:
             raise ViewerParamError(f"no event with id {event_id}")
         rows.append(extra)
+    stand_in = located_events(session, rows)
     return {"date_obs": m.date.utc.isot, "window": [start.isoformat(), end.isoformat()],
-            "events": [event_overlay(img, e) for e in rows], "highlight": event_id, "truncated": truncated}
+            "events": [event_overlay(img, e, stand_in.get(e.id)) for e in rows], "highlight": event_id,
+            "truncated": truncated}
 
 
 # -- event page: context images --------------------------------------------------------------
@@ -1233,6 +1283,7 @@ def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZ
     for p in latest_products_in_window(session, start, end, limit=5000):
         by_channel.setdefault(p.frame.channel_code, []).append(p)
     out = []
+    stand_in = located_events(session, [event]).get(event.id)
     for code in CHANNELS:
         prods = by_channel.get(code)
         if not prods:
@@ -1248,7 +1299,7 @@ def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZ
                 continue
             try:
                 img = open_product(path, p.frame.channel_code)
-                ov = event_overlay(img, event)
+                ov = event_overlay(img, event, stand_in)
             except Exception as exc:  # noqa: BLE001 - one unreadable product never breaks the event page
                 log.warning("context image of event %s: product %s skipped: %s", event.id, p.id, exc)
                 cf.error = (str(exc).splitlines() or [type(exc).__name__])[0]
