@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import calibrations, channels, events, frames, jobs, products
+from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.faults import public_reason
@@ -475,6 +476,7 @@ def create_app() -> FastAPI:
     for module in (channels, frames, products, calibrations, events, jobs):
         api.include_router(module.router)
     api.include_router(xray_routes.router)
+    api.include_router(event_curves_routes.router)
     app.include_router(api)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
