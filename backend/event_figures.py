@@ -7,6 +7,7 @@ by ``frontend/static/app.js``). Nothing here touches the database or HTTP.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -73,8 +74,7 @@ def event_curves_figure(curves) -> go.Figure:
     """
     c = curves
     e = c.event
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.45, 0.55],
-                        subplot_titles=(f"LST {c.channel} light curve", "GOES XRS"))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.45, 0.55])
     unit = c.unit.replace("%", "%%")
     if c.lst_times:
         step = max(3.0 * _median_step(c.lst_times), 1.0)
@@ -97,7 +97,7 @@ def event_curves_figure(curves) -> go.Figure:
                            xanchor="left", yanchor="top", font={"size": 10, "color": "#555"}, name="calibration")
     else:
         fig.add_annotation(text=f"No written {c.channel} L2 products in this window", showarrow=False,
-                           xref="x domain", yref="y domain", x=0.5, y=0.5, name="no-lst")
+                           xref="x domain", yref="y domain", x=0.5, y=0.5, name="no-lst", bgcolor="rgba(255,255,255,0.9)")
     if c.xray is not None:
         s = c.xray
         times = s.times
@@ -116,13 +116,14 @@ def event_curves_figure(curves) -> go.Figure:
     else:
         spans = "; ".join(f"{sat} {as_utc(a):%Y-%m-%d %H:%M}\u2013{as_utc(b):%Y-%m-%d %H:%M}" for sat, a, b in c.xray_coverage[:6])
         fig.add_annotation(text="No GOES XRS series stored for this window" + (f"<br>stored: {spans}" if spans else ""),
-                           showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, name="no-xrs",
+                           showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, name="no-xrs", bgcolor="rgba(255,255,255,0.9)",
                            font={"size": 12})
     # GOES class bands: a line at each threshold, its letter at the right edge
     for letter, flux in GOES_CLASS_BANDS:
         fig.add_shape(type="line", xref="x2 domain", yref="y2", x0=0, x1=1, y0=flux, y1=flux,
                       line={"color": "#bbbbbb", "width": 1, "dash": "dot"}, name=f"class-{letter}")
-        fig.add_annotation(text=letter, xref="x2 domain", yref="y2", x=1.0, y=flux, xanchor="left", yanchor="bottom",
+        # annotations on a log axis take log10 of the value (shapes take the value itself)
+        fig.add_annotation(text=letter, xref="x2 domain", yref="y2", x=1.0, y=math.log10(flux), xanchor="left", yanchor="bottom",
                            showarrow=False, font={"size": 11, "color": "#777"}, name=f"class-{letter}")
     for name, t in (("start", e.start_time), ("peak", e.peak_time), ("end", e.end_time)):
         if t is None:
@@ -132,10 +133,11 @@ def event_curves_figure(curves) -> go.Figure:
                       line={"color": style["color"], "dash": style["dash"], "width": 1.5}, name=name)
         fig.add_annotation(x=as_utc(t), xref="x", y=1.0, yref="paper", yanchor="bottom", text=name,
                            showarrow=False, font={"color": style["color"]}, name=f"mark-{name}")
+    # the window on both (matched) axes: plotly takes the range of the axis the other matches
     fig.update_xaxes(type="date", range=[as_utc(c.start), as_utc(c.end)], row=1, col=1)
-    fig.update_xaxes(type="date", title={"text": "Time (UTC)"}, row=2, col=1)
-    fig.update_yaxes(title={"text": f"Mean [{c.unit}]" if c.unit else "Mean"}, row=1, col=1)
-    fig.update_yaxes(type="log", range=[-9, -3], title={"text": "Flux [W m\u207b\u00b2]"}, exponentformat="power",
+    fig.update_xaxes(type="date", range=[as_utc(c.start), as_utc(c.end)], title={"text": "Time (UTC)"}, row=2, col=1)
+    fig.update_yaxes(title={"text": f"LST {c.channel} mean [{c.unit}]" if c.unit else f"LST {c.channel} mean"}, row=1, col=1)
+    fig.update_yaxes(type="log", range=[-9, -3], title={"text": "GOES XRS flux [W m\u207b\u00b2]"}, exponentformat="power",
                      row=2, col=1)
     fig.update_layout(
         title={"text": f"{e.event_type} #{e.id}: LST {c.channel} and GOES XRS"},
