@@ -25,6 +25,7 @@ from backend.api.deps import get_session
 from backend.models import CalibrationKind, EventAssociation, XRaySample, XRaySeries
 from backend.services import xray as xray_service
 from pipelines.timeseries.goes_xrs import XRSReadError, read_goes_xrs
+from pipelines.utc import as_utc
 from tests.conftest import SAMPLE
 from tests.test_api import make_calibration, make_event, make_frame, make_product, write_product_fits
 
@@ -183,6 +184,8 @@ def test_ingest_is_idempotent_and_keeps_the_leap_second(db_session, settings):
     assert n == 100
     row = db_session.get(XRaySeries, a.series_id)
     assert (row.satellite, row.n_gaps_xrsa, row.n_gaps_xrsb) == ("GOES-13", 13, 0)
+    # the series ends inside the leap second: its span stays on 2015-06-30 (datetime has no :60)
+    assert as_utc(row.end_time) == dt.datetime(2015, 6, 30, 23, 59, 59, 999999, tzinfo=UTC)
     win = xray_service.xray_window(db_session, dt.datetime(2015, 6, 30, 23, 59, 50, tzinfo=UTC),
                                    dt.datetime(2015, 7, 1, 0, 0, 5, tzinfo=UTC))
     (s,) = win.series

@@ -82,9 +82,16 @@ def _none_if_nan(v: float) -> float | None:
 
 def tai_to_datetime(t_tai) -> list[dt.datetime]:
     """Aware UTC datetimes of ``unix_tai`` seconds; a time inside a leap second (23:59:60.x,
-    which ``datetime`` cannot hold) becomes 23:59:59.999999 (astropy ``leap_second_strict='silent'``)."""
-    t = Time(np.atleast_1d(np.asarray(t_tai, dtype=np.float64)), format="unix_tai")
-    return [d.replace(tzinfo=dt.UTC) for d in t.utc.to_datetime(leap_second_strict="silent")]
+    which ``datetime`` cannot hold) becomes 23:59:59.999999 of that day: still after the sample
+    before it and before the next day's first; the exact time is in :func:`tai_to_utc_iso`."""
+    t = Time(np.atleast_1d(np.asarray(t_tai, dtype=np.float64)), format="unix_tai").utc
+    t.precision = 6
+    out = []
+    for iso in t.isot:
+        if ":60" in iso[16:19]:  # 23:59:60.xxx: after 23:59:59 of that day, before the next day
+            iso = iso[:17] + "59.999999"
+        out.append(dt.datetime.fromisoformat(iso).replace(tzinfo=dt.UTC))
+    return out
 
 
 def tai_to_utc_iso(t_tai) -> list[str]:
@@ -96,7 +103,13 @@ def tai_to_utc_iso(t_tai) -> list[str]:
 
 
 def _utc_to_tai(t: dt.datetime) -> float:
-    return float(Time(as_utc(t)).unix_tai)
+    import warnings
+
+    from erfa import ErfaWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ErfaWarning)  # "dubious year" for windows centuries away: no data there
+        return float(Time(as_utc(t)).unix_tai)
 
 
 def ingest_xray_file(session: Session, path: str | os.PathLike, settings: Settings) -> XRayIngestOutcome:
