@@ -47,6 +47,11 @@ def with_gaps(times: Sequence[dt.datetime], values: Sequence[float | None], max_
     return x, y, text
 
 
+def _plotly_times(x: Sequence[dt.datetime]) -> list[str]:
+    """UTC times as the ISO strings plotly.js reads (a tenth of the cost of serialising datetimes)."""
+    return [as_utc(t).strftime("%Y-%m-%d %H:%M:%S.%f") for t in x]
+
+
 def _median_step(times: Sequence[dt.datetime]) -> float:
     if len(times) < 2:
         return 0.0
@@ -80,12 +85,14 @@ def event_curves_figure(curves) -> go.Figure:
         step = max(3.0 * _median_step(c.lst_times), 1.0)
         if c.roi_box:
             x, y, _ = with_gaps(c.lst_times, c.roi, step)
+            x = _plotly_times(x)
             fig.add_trace(go.Scatter(
                 name=f"LST {c.channel} ROI ({c.roi_box[0]:.0f}\u2033, {c.roi_box[1]:.0f}\u2033) \u00b1{c.roi_box[2]:.0f}\u2033",
                 x=x, y=y, mode="lines+markers", connectgaps=False, line={"color": "#D55E00", "width": 1.5},
                 marker={"size": 5}, legendgroup="lst",
                 hovertemplate="%{x|%Y-%m-%d %H:%M:%S} UTC<br>ROI %{y:.4g} " + unit + "<extra></extra>"), row=1, col=1)
         x, y, _ = with_gaps(c.lst_times, c.disk, step)
+        x = _plotly_times(x)
         fig.add_trace(go.Scatter(
             name=f"LST {c.channel} disk", x=x, y=y, mode="lines+markers", connectgaps=False,
             line={"color": "#333333", "width": 1.5}, marker={"size": 5}, legendgroup="lst",
@@ -105,6 +112,7 @@ def event_curves_figure(curves) -> go.Figure:
         iso = s.times_iso
         for name, vals, colour in (("GOES 1-8 \u00c5", s.xrsb, "#CC0000"), ("GOES 0.5-4 \u00c5", s.xrsa, "#0072B2")):
             x, y, text = with_gaps(times, vals, step, iso)
+            x = _plotly_times(x)
             fig.add_trace(go.Scatter(
                 name=f"{name} ({s.series.satellite})", x=x, y=y, text=text, mode="lines", connectgaps=False,
                 line={"color": colour, "width": 1.3}, legendgroup="goes",
