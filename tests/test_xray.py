@@ -161,6 +161,8 @@ def test_broken_files_are_refused(tmp_path):
     cut.write_bytes(G17_1S.read_bytes()[:3000])
     with pytest.raises(XRSReadError, match="sunpy cannot read it"):
         read_goes_xrs(cut)
+    with pytest.raises(XRSReadError, match="sunpy cannot read it as GOES XRS"):  # a real FITS, not GOES XRS
+        read_goes_xrs(SAMPLE / "lyman-alpha" / "lyra_20120101-000000_lev2_std.fits")
     txt = tmp_path / "notes.fits"
     txt.write_text("not a file of fluxes\n")
     with pytest.raises(XRSReadError, match="neither a netCDF-4"):

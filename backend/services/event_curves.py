@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload
 
 from backend.models import CalibrationFile, Event, EventFrame, EventProduct, Frame, Product, ProductState
@@ -376,9 +376,9 @@ def linked_data(session: Session, event: Event, margin: dt.timedelta) -> LinkedD
                                          .order_by(EventFrame.frame_id)))
     out.product_ids = list(session.scalars(select(EventProduct.product_id).where(EventProduct.event_id == event.id)
                                            .order_by(EventProduct.product_id)))
-    frames: dict[str, int] = {}
-    for ch, n in session.execute(select(Frame.channel_code, Frame.id).where(Frame.date_obs >= start, Frame.date_obs <= end)):
-        frames[ch] = frames.get(ch, 0) + 1
+    frames = dict(session.execute(
+        select(Frame.channel_code, func.count()).where(Frame.date_obs >= start, Frame.date_obs <= end)
+        .group_by(Frame.channel_code)).all())
     prods: dict[str, list[int]] = {}
     for p in products_service.latest_products_in_window(session, start, end):
         prods.setdefault(p.frame.channel_code, []).append(p.id)
