@@ -36,6 +36,10 @@ Which samples are gaps
       and *GOES 1-15 XRS reprocessed science-quality data* ReadMe (flag definitions as in the
       files). The SDAC FITS has no per-sample flag (its STATUS table holds file-level status
       words, kept in ``XRSSeries.notes`` when non-zero): only fill values make gaps there.
+    * Not gaps: values at a file's lower limit (1e-9 W m-2: the ``valid_min`` of the 1-min
+      averages, and the floor the SDAC FITS clips a quiet XRS-A channel to, 78 % of the XRS-A
+      samples of 2011-06-07) are kept as the files give them, as sunpy does; a curve that sits
+      on 1e-9 is at that floor, not measured there.
 
 Times and leap seconds
     The netCDF ``time`` variables count seconds from an epoch in POSIX style (GOES-R: "Record
