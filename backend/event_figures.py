@@ -72,7 +72,8 @@ def event_curves_figure(curves) -> go.Figure:
     plotly.graph_objects.Figure
         Traces ``LST ROI``, ``LST disk`` (row 1, when products exist) and ``GOES 1-8 Å``,
         ``GOES 0.5-4 Å`` (row 2, when a series covers the window); gaps are None (missing
-        samples: a None is inserted where the spacing exceeds 1.5 cadences of XRS, 3 of LST);
+        samples: a None is inserted where the spacing exceeds 1.5 cadences, the XRS file's cadence or the
+        median spacing of the LST products);
         the event's start, peak and end are vertical lines across both rows (``layout.shapes``
         named start/peak/end); an annotation says when there is no LST product or no XRS series,
         and which calibration set the LST curves use.
@@ -82,7 +83,7 @@ def event_curves_figure(curves) -> go.Figure:
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.45, 0.55])
     unit = c.unit.replace("%", "%%")
     if c.lst_times:
-        step = max(3.0 * _median_step(c.lst_times), 1.0)
+        step = max(1.5 * _median_step(c.lst_times), 1.0)  # a longer step skipped a frame
         if c.roi_box:
             x, y, _ = with_gaps(c.lst_times, c.roi, step)
             x = _plotly_times(x)

@@ -447,3 +447,30 @@ def test_event_page_lists_reasons_and_the_data_of_the_window(client, flare_day, 
     assert "SDI</b>: 10 frames, 10 L2 products (newest version of each frame)" in html
     assert "no frame or product is linked to it explicitly" in html
     assert f"/api/v1/events/{fl.id}/curves?format=fits" in html and 'id="curves-figure"' in html
+
+
+def test_figure_breaks_lines_at_skipped_frames_and_xrs_gaps():
+    """A skipped LST frame (a step of 2 cadences) and an XRS gap (null) or missing XRS samples
+    break the lines; nothing is bridged."""
+    from types import SimpleNamespace
+
+    from backend.event_figures import event_curves_figure
+    from backend.services.event_curves import CalibrationSetUsed, EventCurves
+    from backend.services.xray import XRaySeriesSamples
+
+    t0 = FLARE["start"]
+    ev = SimpleNamespace(id=7, event_type="FL", start_time=t0, peak_time=FLARE["peak"], end_time=FLARE["end"])
+    times = [t0 + k * 10 * MIN for k in (0, 1, 2, 4, 5)]  # the frame at +30 min is missing
+    tai = [float(Time(t0 + dt.timedelta(seconds=2 * k)).unix_tai) for k in (0, 1, 2, 3, 10, 11)]  # 4..9 missing
+    series = SimpleNamespace(satellite="GOES-15", original_name="x.nc", cadence_s=2.0, id=1)
+    xr = XRaySeriesSamples(series=series, t_tai=tai, xrsa=[1e-8] * 6, xrsb=[1e-6, None, 1e-6, 1e-6, 1e-6, 1e-6],
+                           xrsa_quality=[0] * 6, xrsb_quality=[0, 2, 0, 0, 0, 0])
+    c = EventCurves(event=ev, channel="SDI", start=t0 - 30 * MIN, end=FLARE["end"] + 30 * MIN, unit="erg cm-2 s-1 sr-1",
+                    calibration=CalibrationSetUsed(key="dark:1", params_hash="c" * 64, files=[("dark", 1, 4)]),
+                    lst_times=times, disk=[1.0, 2.0, 3.0, 4.0, 5.0], product_ids=[1, 2, 3, 4, 5], xray=xr)
+    fig = event_curves_figure(c).to_plotly_json()
+    disk = fig["data"][0]
+    assert list(disk["y"]) == [1.0, 2.0, 3.0, None, 4.0, 5.0]  # broken where +30 min is missing
+    xrsb = fig["data"][1]
+    assert list(xrsb["y"]) == [1e-6, None, 1e-6, 1e-6, None, 1e-6, 1e-6]  # the flagged sample, then the hole
+    assert "dark #1 v4" in [a for a in fig["layout"]["annotations"] if a.get("name") == "calibration"][0]["text"]

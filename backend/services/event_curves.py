@@ -63,7 +63,7 @@ class CalibrationSetUsed:
     @property
     def label(self) -> str:
         """e.g. ``dark #3 v1, flat #4 v2, radiometric #5 v1 (options 1a2b3c4d)``."""
-        files = ", ".join(f"{k} #{i} v{v}" for k, i, v in self.files) or "no calibration file"
+        files = ", ".join(f"{k} #{i} v{v}" for k, i, v in self.files) or f"key {self.key!r} (no calibration file row)"
         return f"{files} (options {self.params_hash[:8]})"
 
     @property
