@@ -1,4 +1,4 @@
-"""The ``lstdp`` command: demo, serve, worker, simulate, ingest, import-events, calibrate,
+"""The ``lstdp`` command: demo, serve, worker, simulate, ingest, import-events, import-xray, calibrate,
 detect, fsck, db upgrade/downgrade.
 
 Run ``lstdp COMMAND --help`` for each command's options. Settings come from the
@@ -129,6 +129,20 @@ def cmd_import_events(args) -> int:
         _say(line)
     _say(f"associations: {linked} new link(s) across sources and types")
     return 1 if run.failed else 0
+
+
+def cmd_import_xray(args) -> int:
+    """Ingest the GOES XRS files of a folder (default: the sample data's ``xray-timeseries``)."""
+    from backend.db import session_scope
+    from backend.services.xray import import_xray_dir
+
+    s = _settings()
+    folder = Path(args.folder) if args.folder else s.sample_data_dir / "xray-timeseries"
+    with session_scope() as session:
+        outcomes = import_xray_dir(session, folder, s)
+    for o in outcomes:
+        _say(o.line())
+    return 1 if any(o.status == "rejected" for o in outcomes) else 0
 
 
 def _parse_time(s: str) -> dt.datetime:
@@ -362,6 +376,8 @@ def cmd_demo(args) -> int:
              " | bad-input: " + ", ".join(f"{k} {v}" for k, v in sorted(bad_counts.items())))
         _say("[5/7] importing real event catalogues")
         cmd_import_events(argparse.Namespace(folder=None))
+        _say("      GOES XRS time series (X-ray context of the flares)")
+        cmd_import_xray(argparse.Namespace(folder=None))
         _say("[6/7] recalibration job over every frame (runs in the worker)")
         from sqlalchemy import func, select
 
@@ -449,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     ie = sub.add_parser("import-events", help="import event catalogues (default: the sample data)")
     ie.add_argument("folder", nargs="?")
     ie.set_defaults(func=cmd_import_events)
+
+    ix = sub.add_parser("import-xray", help="ingest GOES XRS time series (default: the sample data)")
+    ix.add_argument("folder", nargs="?")
+    ix.set_defaults(func=cmd_import_xray)
 
     c = sub.add_parser("calibrate", help="submit a recalibration job")
     c.add_argument("--channels", nargs="+", required=True)

@@ -58,6 +58,8 @@ __all__ = [
     "EventAssociation",
     "MovieState",
     "Movie",
+    "XRaySeries",
+    "XRaySample",
     "utcnow",
 ]
 
@@ -422,6 +424,9 @@ class EventAssociation(Base):
     event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
     other_event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32), default="same_event")
+    #: Why the two are linked, in words with the evidence (peak times apart, distance, NOAA
+    #: region, position angles), written by the rule that made the link; None for older links.
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class MovieState(str, enum.Enum):
@@ -468,3 +473,48 @@ class Movie(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column()
     finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class XRaySeries(Base):
+    """One GOES XRS file as ingested (``backend.services.xray``). Unique on the file's sha256.
+
+    ``start_time``/``end_time`` are the first and last sample (aware UTC; a last sample inside a
+    leap second is stored at 23:59:59.999999, the exact time is its sample's ``t_tai``).
+    """
+
+    __tablename__ = "xray_series"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    satellite: Mapped[str] = mapped_column(String(16), index=True)
+    layout: Mapped[str] = mapped_column(String(32))
+    original_name: Mapped[str] = mapped_column(String(255))
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    start_time: Mapped[dt.datetime] = mapped_column()
+    end_time: Mapped[dt.datetime] = mapped_column()
+    cadence_s: Mapped[float] = mapped_column(Float)
+    n_samples: Mapped[int] = mapped_column(Integer)
+    n_gaps_xrsa: Mapped[int] = mapped_column(Integer)
+    n_gaps_xrsb: Mapped[int] = mapped_column(Integer)
+    quality_rule: Mapped[str] = mapped_column(Text)
+    notes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    ingested_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_xray_series_span", "start_time", "end_time"),)
+
+
+class XRaySample(Base):
+    """One XRS sample: time as TAI seconds (astropy ``unix_tai``: leap seconds counted, so strictly
+    increasing), XRS-A (0.5-4 Å) and XRS-B (1-8 Å) flux [W m-2] (NULL: a gap), quality words."""
+
+    __tablename__ = "xray_samples"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("xray_series.id", ondelete="CASCADE"), primary_key=True)
+    t_tai: Mapped[float] = mapped_column(Float, primary_key=True)
+    xrsa: Mapped[float | None] = mapped_column(Float)
+    xrsb: Mapped[float | None] = mapped_column(Float)
+    xrsa_quality: Mapped[int | None] = mapped_column(Integer)
+    xrsb_quality: Mapped[int | None] = mapped_column(Integer)
+
+    __table_args__ = (Index("ix_xray_samples_t_tai", "t_tai"),)

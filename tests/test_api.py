@@ -812,7 +812,11 @@ def test_pages_render_and_bad_page_input_is_explained(client, db_session, events
     assert d.status_code == 200
     assert "285° (CCW from solar north)" in d.text and "950 km/s" in d.text
     assert f'href="/events/{events["fl"].id}"' in d.text
-    assert "No written SDI L2 products around this event" in d.text
+    # the curves section is always there; its figure says when no SDI product is in the window
+    ce_id = events["ce"].id
+    assert f'data-figure-url="/api/v1/events/{ce_id}/curves/figure?channel=SDI"' in d.text
+    notes = [a.get("name") for a in client.get(f"/api/v1/events/{ce_id}/curves/figure").json()["layout"]["annotations"]]
+    assert "no-lst" in notes and "no-xrs" in notes
 
     nf = client.get("/events/424242")
     assert nf.status_code == 404 and "no event with id 424242" in nf.text and nf.headers["content-type"].startswith("text/html")

@@ -71,6 +71,7 @@ def _fill(settings) -> SimpleNamespace:
         for i, minutes in enumerate((-10, 0, 10, 20, 40)):
             f = make_frame(s, "SDI", T0 + minutes * MIN)
             sdi.append(make_product(s, f, folder / "SDI", disk_value=100.0 + (30.0 if 0 <= minutes <= 30 else 0.0)))
+            sdi[-1].params_hash = "0" * 64  # one calibration set (key and options), as one job makes
         others = {}
         for code in ("WST", "SCI-UV", "SCI-WL"):
             f = make_frame(s, code, T0 + 5 * MIN)
@@ -297,9 +298,9 @@ def test_event_page_shows_details_links_quicklooks_and_lightcurve(live, page, tm
     widths = imgs.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
     assert all(w > 0 for w in widths), widths
     assert [h.inner_text() for h in page.locator("h3").all()] == ["SDI", "WST", "SCI-UV", "SCI-WL"]
-    page.wait_for_selector("#lightcurve.js-plotly-plot")
-    assert page.locator("#lightcurve .scatterlayer .point").count() == 5
-    assert page.locator("#lightcurve .gtitle").text_content() == f"SDI light curve around FL #{live.ids.fl}"
+    page.wait_for_selector("#curves-figure.js-plotly-plot")
+    assert page.locator("#curves-figure .scatterlayer .trace").nth(1).locator(".point").count() == 5  # disk curve
+    assert page.locator("#curves-figure .gtitle").text_content() == f"FL #{live.ids.fl}: LST SDI and GOES XRS"
     page.screenshot(path=str(tmp_path / "event.png"), full_page=True)
 
     page.click("#associated-events a")
@@ -309,7 +310,8 @@ def test_event_page_shows_details_links_quicklooks_and_lightcurve(live, page, tm
     assert page.locator("#associated-events a").inner_text() == f"FL (Flare) #{live.ids.fl}"
 
     page.goto(f"{live.url}/events/{live.ids.c2}")
-    assert page.locator("#no-lightcurve").is_visible()
+    page.wait_for_selector("#curves-figure.js-plotly-plot")
+    assert "No written SDI L2 products in this window" in page.locator("#curves-figure").inner_text()
     resp = page.goto(f"{live.url}/events/999999")
     assert resp.status == 404 and "no event with id 999999" in page.locator("main").inner_text()
     assert [e for e in page.js_errors if "404" not in e] == []

@@ -49,6 +49,8 @@ from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import calibrations, channels, events, frames, jobs, movies, products
 from backend.api.routes import viewer as viewer_routes
+from backend.api.routes import event_curves as event_curves_routes
+from backend.api.routes import xray as xray_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.faults import public_reason
 from backend.settings import get_settings
@@ -475,6 +477,8 @@ def create_app() -> FastAPI:
     for module in (channels, frames, products, calibrations, events, jobs, movies):
         api.include_router(module.router)
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
+    api.include_router(xray_routes.router)
+    api.include_router(event_curves_routes.router)
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)

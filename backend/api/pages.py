@@ -31,6 +31,7 @@ from backend.api.deps import SessionDep
 from backend.api.routes.params import NUMERIC_FILTERS, IdPath, is_safe_key, parse_event_filters
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
+from backend.services import event_curves as event_curves_service
 from backend.services import events as events_service
 from backend.services import frames as frames_service
 from backend.services import jobs as jobs_service
@@ -312,6 +313,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep):
         "has_sdi": has_sdi,
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
         **_event_context(session, row),
+        "linked": event_curves_service.linked_data(session, row, QUICKLOOK_MARGIN),
     })
 
 

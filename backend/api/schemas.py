@@ -39,6 +39,11 @@ __all__ = [
     "JobsPublic",
     "HealthPublic",
     "ErrorPublic",
+    "XRaySeriesPublic",
+    "XRaySamplesPublic",
+    "XRayWindowPublic",
+    "XRayCoverageSpan",
+    "XRayCoveragePublic",
 ]
 
 
@@ -232,6 +237,8 @@ class EventAssociationPublic(BaseModel):
 
     kind: str = Field(examples=["same_event"])
     event: EventPublic
+    reason: str | None = Field(default=None, description="Why the two are linked, with the evidence",
+                               examples=["same flare in GOES and HEK: peaks 2 min apart, 40″ apart"])
 
 
 class EventDetail(EventPublic):
@@ -339,3 +346,55 @@ class ErrorPublic(BaseModel):
 
     detail: str
     errors: list[dict[str, Any]] | None = None
+
+
+class XRaySeriesPublic(_ORM):
+    """One ingested GOES XRS file: satellite, layout, span, cadence and how its samples were judged."""
+
+    id: int
+    satellite: str = Field(examples=["GOES-15"])
+    layout: str = Field(examples=["goes13-15-irrad"])
+    original_name: str = Field(description="The source file's name")
+    sha256: str
+    start_time: UTCDateTime
+    end_time: UTCDateTime
+    cadence_s: float = Field(description="Median sample spacing [s]")
+    n_samples: int
+    n_gaps_xrsa: int
+    n_gaps_xrsb: int
+    quality_rule: str
+    notes: list[str]
+
+
+class XRaySamplesPublic(BaseModel):
+    """The samples of one series in the window: times (ISO 8601 UTC; a leap second reads
+    ``23:59:60.xxx``), XRS-B (1-8 Å) and XRS-A (0.5-4 Å) flux in W m-2, ``null`` for a gap."""
+
+    series: XRaySeriesPublic
+    times: list[str]
+    xrsa: list[float | None]
+    xrsb: list[float | None]
+    xrsa_quality: list[int | None]
+    xrsb_quality: list[int | None]
+
+
+class XRayWindowPublic(BaseModel):
+    """The GOES XRS samples stored for a UTC window, per series (empty when none covers it)."""
+
+    start: UTCDateTime
+    end: UTCDateTime
+    unit: str = "W m-2"
+    n_samples: int
+    series: list[XRaySamplesPublic]
+
+
+class XRayCoverageSpan(BaseModel):
+    satellite: str
+    start: UTCDateTime
+    end: UTCDateTime
+
+
+class XRayCoveragePublic(BaseModel):
+    """The time spans the stored GOES XRS series cover, per satellite."""
+
+    items: list[XRayCoverageSpan]

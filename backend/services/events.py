@@ -39,6 +39,7 @@ from pipelines.catalogues import (
     parse_catalogue,
     refusal_summary,
 )
+from pipelines.detect.associate import SOURCE_LABELS
 from pipelines.errors import failure_reason
 from pipelines.utc import as_utc
 
@@ -55,6 +56,7 @@ __all__ = [
     "list_events",
     "get_event",
     "associated_events",
+    "associated_events_with_reasons",
     "SAME_FLARE",
     "WST_GOES_MAX_OFFSET",
 ]
@@ -333,21 +335,42 @@ def _existing_pairs(session: Session, ids: set[int]) -> set[tuple[int, int]]:
     return {(a, b) for a, b in session.execute(q)}
 
 
-def _add_pairs(session: Session, links: list[tuple[int, int, str]]) -> int:
-    """Insert each (a, b, kind) both ways unless present; returns the rows inserted."""
+def _add_pairs(session: Session, links: list[tuple]) -> int:
+    """Insert each (a, b, kind[, reason]) both ways unless present (a present pair without a
+    reason gets this one); returns the rows inserted."""
     if not links:
         return 0
-    have = _existing_pairs(session, {a for a, _, _ in links} | {b for _, b, _ in links})
-    new = []
-    for a, b, kind in links:
+    have = _existing_pairs(session, {t[0] for t in links} | {t[1] for t in links})
+    new, fill = [], []
+    for a, b, kind, *rest in links:
+        reason = rest[0] if rest else None
         for x, y, k in ((a, b, kind), (b, a, _REVERSE_KIND.get(kind, kind))):
-            if (x, y) not in have and x != y:
+            if x == y:
+                continue
+            if (x, y) not in have:
                 have.add((x, y))
-                new.append({"event_id": x, "other_event_id": y, "kind": k})
+                new.append({"event_id": x, "other_event_id": y, "kind": k, "reason": reason})
+            elif reason:
+                fill.append((x, y, reason))
     if new:
         insert_ignoring_conflicts(session, EventAssociation.__table__, new, ["event_id", "other_event_id"])
         session.flush()
+    _fill_reasons(session, fill)
     return len(new)
+
+
+def _fill_reasons(session: Session, links: list[tuple[int, int, str]]) -> None:
+    """Store the reason of links made before reasons were stored (``reason`` NULL); others are kept."""
+    if not links:
+        return
+    from sqlalchemy import bindparam, update
+
+    stmt = (update(EventAssociation.__table__)
+            .where(EventAssociation.__table__.c.event_id == bindparam("a"),
+                   EventAssociation.__table__.c.other_event_id == bindparam("b"),
+                   EventAssociation.__table__.c.reason.is_(None))
+            .values(reason=bindparam("r")))
+    session.connection().execute(stmt, [{"a": a, "b": b, "r": r} for a, b, r in links])
 
 
 def _store_associations(session: Session, assocs: list[AssociationRecord]) -> tuple[int, list[tuple[str, str]]]:
@@ -367,7 +390,7 @@ def _store_associations(session: Session, assocs: list[AssociationRecord]) -> tu
             missing = [k for k, i in ((a.key, ia), (a.other_key, ib)) if i is None]
             unresolved.append((f"{a.key} {a.kind} {a.other_key}", "not stored: " + ", ".join(missing)))
             continue
-        links.append((ia, ib, a.kind))
+        links.append((ia, ib, a.kind, f"stated by {SOURCE_LABELS.get(a.source, a.source)}: {a.kind.replace('_', ' ')}"))
     return _add_pairs(session, links), unresolved
 
 
@@ -387,6 +410,20 @@ def _goes_match(wst: Event, candidates: list[Event]) -> Event | None:
         if best_key is None or key < best_key:
             best, best_key = g, key
     return best
+
+
+def _wst_goes_reason(wst: Event, g: Event) -> str:
+    """The reason of a WST-GOES link (the :func:`_goes_match` evidence)."""
+    from pipelines.detect.associate import association_reason
+
+    times = [as_utc(t) for t in (wst.start_time, wst.peak_time, wst.end_time) if t is not None]
+    gp = as_utc(g.peak_time or g.start_time)
+    text = association_reason(SAME_FLARE, wst, g)
+    if min(times) <= gp <= max(times):
+        text += ", GOES peak inside the WST window"
+    if g.goes_class and g.goes_class == wst.goes_class and "both GOES" not in text:
+        text += f", both GOES {g.goes_class}"
+    return text
 
 
 def link_wst_goes(session: Session) -> int:
@@ -427,7 +464,7 @@ def link_wst_goes(session: Session) -> int:
         ))
         g = _goes_match(w, cands)
         if g is not None:
-            links.append((w.id, g.id, SAME_FLARE))
+            links.append((w.id, g.id, SAME_FLARE, _wst_goes_reason(w, g)))
     _add_pairs(session, links)
     return len(links)
 
@@ -467,6 +504,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
         CME_AFTER_FLARE,
         CME_BEFORE_FLARE,
         FLARE_TIME_SLACK,
+        association_reason,
         cme_follows,
         same_flare,
     )
@@ -483,6 +521,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     cmes = [e for e in rows if e.event_type == "CE"]
     proms = [e for e in rows if e.event_type == "PR"]
     links: list[tuple[int, int, str]] = []
+    by_id = {e.id: e for e in rows}
 
     # same flare: LST flares (detected, WST) against flares of other sources
     lst = [f for f in flares if f.source in (DETECTED_SOURCE, "lst_wst")]
@@ -538,13 +577,18 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     have = _existing_pairs(session, {a for a, _, _ in links})
     # drop pairs already linked, and a pair proposed from both ends (detected -> WST, WST -> detected)
     seen: set[frozenset[int]] = set()
-    unique = []
+    unique, known = [], []
     for a, b, kind in links:
         k = frozenset((a, b))
-        if (a, b) not in have and k not in seen:
-            seen.add(k)
-            unique.append((a, b, kind))
-    _add_pairs(session, unique)
+        reason = association_reason(kind, by_id[a], by_id[b])
+        if k in seen:
+            continue
+        seen.add(k)
+        if (a, b) not in have:
+            unique.append((a, b, kind, reason))
+        else:
+            known.append((a, b, kind, reason))
+    _add_pairs(session, unique + known)  # known pairs only get a reason where they have none
     return made + len(unique)
 
 
@@ -602,6 +646,18 @@ def list_events(
 def get_event(session: Session, event_id: int) -> Event | None:
     """The event with this id, or None."""
     return session.get(Event, event_id)
+
+
+def associated_events_with_reasons(session: Session, event_id: int) -> list[tuple[Event, str, str | None]]:
+    """:func:`associated_events` with each link's stored reason (None for a link made before
+    reasons were stored): ``(event, kind, reason)`` by start time."""
+    q = (
+        select(Event, EventAssociation.kind, EventAssociation.reason)
+        .join(EventAssociation, EventAssociation.other_event_id == Event.id)
+        .where(EventAssociation.event_id == event_id)
+        .order_by(Event.start_time, Event.id)
+    )
+    return [(e, k, r) for e, k, r in session.execute(q)]
 
 
 def associated_events(session: Session, event_id: int) -> list[tuple[Event, str]]:

@@ -52,6 +52,8 @@ __all__ = [
     "same_flare",
     "same_region",
     "cme_follows",
+    "association_reason",
+    "SOURCE_LABELS",
 ]
 
 #: Widening of a flare's [start, end] when matching another flare's peak.
@@ -165,3 +167,82 @@ def cme_follows(src, cme) -> tuple[bool, float]:
     if d > half:
         return False, math.inf
     return True, minutes + d / 10.0
+
+
+#: How a source is named in an association's reason.
+SOURCE_LABELS = {
+    "goes_xrs": "GOES", "hek": "HEK", "lst_wst": "LST/WST", "detected": "LST", "cdaw": "CDAW (LASCO)",
+    "donki": "DONKI", "noaa_srs": "NOAA SRS", "stix": "STIX",
+}
+
+
+def _who(e) -> str:
+    name = SOURCE_LABELS.get(e.source, e.source)
+    frm = getattr(e, "frm_name", None)
+    if e.source == "hek" and frm:
+        name += f" ({frm})"
+    elif e.source == "detected" and frm:
+        name += f" {frm}"
+    return name
+
+
+def _span(seconds: float) -> str:
+    seconds = abs(seconds)
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def association_reason(kind: str, a, b) -> str:
+    """Why rows ``a`` and ``b`` are linked by ``kind``, in words with the evidence the rules used.
+
+    ``same_flare``: the sources, how far apart the peaks are, the NOAA region both name, the
+    distance between their helioprojective positions [arcsec] and a shared GOES class, e.g.
+    "same flare in GOES and HEK (SWPC): peaks 2 min apart, both NOAA AR 11226, 40″ apart".
+    ``flare_cme``/``prominence_cme`` (and their reverses): the CME's first appearance from the
+    flare or eruption start and the position-angle agreement (or a halo CME). Any other kind (a
+    catalogue's own edge, e.g. HEK ``is_followed_by``): "stated by <source>: <kind>".
+
+    Parameters
+    ----------
+    kind : str
+        The association kind as stored from ``a`` to ``b``.
+    a, b : Event-like
+        Rows with source, start/peak/end times, hpc_x/hpc_y, noaa_ar, goes_class,
+        position_angle, angular_width (any may be None).
+
+    Returns
+    -------
+    str
+        One line.
+    """
+    if kind == "same_flare":
+        ap, bp = as_utc(a.peak_time or a.start_time), as_utc(b.peak_time or b.start_time)
+        parts = [f"peaks {_span((ap - bp).total_seconds())} apart" if (a.peak_time and b.peak_time)
+                 else f"starts/peaks {_span((ap - bp).total_seconds())} apart"]
+        if same_region(a, b):
+            parts.append(f"both NOAA AR {_region(a)}")
+        if None not in (a.hpc_x, a.hpc_y, b.hpc_x, b.hpc_y):
+            parts.append(f"{math.hypot(a.hpc_x - b.hpc_x, a.hpc_y - b.hpc_y):.0f}\u2033 apart")
+        ca, cb = getattr(a, "goes_class", None), getattr(b, "goes_class", None)
+        if ca and cb and ca == cb:
+            parts.append(f"both GOES {ca}")
+        return f"same flare in {_who(a)} and {_who(b)}: " + ", ".join(parts)
+    if kind in ("flare_cme", "cme_flare", "prominence_cme", "cme_prominence"):
+        src, cme = (a, b) if kind in ("flare_cme", "prominence_cme") else (b, a)
+        what = "flare" if src.event_type == "FL" else "eruption"
+        minutes = (as_utc(cme.start_time) - as_utc(src.start_time)).total_seconds() / 60.0
+        parts = [f"{_who(cme)} CME first seen {minutes:+.0f} min from the {_who(src)} {what} start"]
+        width = cme.angular_width
+        pa = _source_pa(src)
+        if width is not None and width >= HALO_WIDTH_DEG:
+            parts.append(f"halo CME (width {width:.0f}\u00b0): any direction fits")
+        elif pa is not None and cme.position_angle is not None:
+            parts.append(f"{what} position angle {pa:.0f}\u00b0, CME {cme.position_angle:.0f}\u00b0"
+                         + (f" \u00b1 {width / 2:.0f}\u00b0" if width is not None else ""))
+        elif src.event_type == "FL":
+            parts.append("flare near disk centre: no direction to compare")
+        return ", ".join(parts)
+    return f"stated by {_who(a)}: {kind.replace('_', ' ')}"

@@ -63,16 +63,17 @@ def _event_or_404(session, event_id: int) -> Event:
     return row
 
 
-def _association(item: tuple[Event, str]) -> EventAssociationPublic:
-    """One ``(event, kind)`` entry of ``associated_events``."""
-    event, kind = item
-    return EventAssociationPublic(kind=str(kind), event=EventPublic.model_validate(event))
+def _association(item: tuple) -> EventAssociationPublic:
+    """One ``(event, kind[, reason])`` entry of ``associated_events_with_reasons``."""
+    event, kind, *rest = item
+    return EventAssociationPublic(kind=str(kind), event=EventPublic.model_validate(event),
+                                  reason=rest[0] if rest else None)
 
 
 def event_detail(session, row: Event) -> EventDetail:
     """The full description of an event: associations and linked frame/product ids."""
     detail = EventDetail.model_validate(row)
-    detail.associated = [_association(a) for a in events_service.associated_events(session, row.id)]
+    detail.associated = [_association(a) for a in events_service.associated_events_with_reasons(session, row.id)]
     detail.frame_ids = frames_service.frame_ids_for_event(session, row.id)
     detail.product_ids = products_service.product_ids_for_event(session, row.id)
     return detail
