@@ -37,7 +37,6 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DataError as DatabaseDataError
@@ -47,8 +46,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes import calibrations, channels, events, frames, jobs, products
+from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, products
 from backend.api.schemas import ErrorPublic, HealthPublic
+from backend.api.static import VersionedStaticFiles
 from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -471,11 +471,12 @@ def create_app() -> FastAPI:
     )
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
     api.include_router(_health_router())
-    for module in (channels, frames, products, calibrations, events, jobs):
+    # bulk and job_form first: their /products/archive and /jobs/estimate are not /{id}
+    for module in (bulk, job_form, channels, frames, products, calibrations, events, jobs):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(pages.router)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
