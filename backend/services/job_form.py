@@ -63,13 +63,20 @@ class OptionField:
 
     @property
     def label(self) -> str:
-        return self.name.replace("_", " ").replace("psf", "PSF").capitalize().replace("Psf", "PSF")
+        """The name in words (``psf_iterations`` -> ``PSF iterations``; a trailing unit word is
+        left to ``unit``: ``saturation_dn`` -> ``Saturation``)."""
+        words = self.name.split("_")
+        if self.unit and len(words) > 1 and words[-1].lower() == self.unit.lower():
+            words = words[:-1]
+        words = [_ACRONYMS.get(w, w) for w in words]
+        return " ".join([words[0][:1].upper() + words[0][1:], *words[1:]])
 
     @property
     def step(self) -> str:
         return "1" if self.kind == "int" else "any"
 
 
+_ACRONYMS = {"psf": "PSF", "dn": "DN", "dq": "DQ", "gpu": "GPU", "cpu": "CPU"}
 _UNIT = re.compile(r"^\s*\[([^\]]+)\]\s*")
 
 

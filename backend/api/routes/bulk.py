@@ -78,7 +78,7 @@ async def product_search(
     offset: OffsetQuery = 0,
 ) -> ProductSearch:
     return ProductSearch(channel, span.start, span.end, None if state == "any" else ProductState(state), frame_id,
-                         job_id, limit, offset)
+                         job_id or None, limit, offset)
 
 
 ProductSearchDep = Annotated[ProductSearch, Depends(product_search)]

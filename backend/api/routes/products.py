@@ -30,7 +30,7 @@ def read_products(
     """Products filtered by channel, DATE-OBS range of their frame, state, frame and job (the products of
     the job's frames, whichever job made them first); every version is listed."""
     rows, total = products_service.list_products(
-        session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id,
+        session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
         limit=page.limit, offset=page.offset,
     )
     return ProductsPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
