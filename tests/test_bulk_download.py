@@ -250,6 +250,51 @@ def test_job_options_give_defaults_limits_units_and_registry_versions(client, pr
     assert cals["psf"] == [] and set(cals) == {k.value for k in CalibrationKind}
 
 
+@pytest.fixture(scope="module")
+def simulated_sdi(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    return simulate(tmp_path_factory.mktemp("bulk_sim"), channels=("SDI",), naxis=64, noise=False, seed=5,
+                    sdi_sequence=False)
+
+
+def test_archive_of_pipeline_products_agrees_with_their_headers(client, db_session, settings, simulated_sdi):
+    """Products made by the calibration chain (ingest, plan, calibrate, write): the archive's
+    files are those products byte for byte, and the manifest's versions and calibration ids are
+    those their own headers stamp (``PRODVER``, ``CAL*VER``/``CAL*ID``)."""
+    from astropy.io import fits
+
+    from backend.models import Frame
+    from backend.services.ingest import ingest_path
+    from backend.worker.processing import calibrate_product, plan_product
+    from pipelines.calibration.flow import CAL_KEYWORDS
+
+    outs = [ingest_path(db_session, p, settings, move=False)
+            for p in [c.path for c in simulated_sdi.calibration_files] + list(simulated_sdi.raw_files)]
+    frames = [db_session.get(Frame, o.frame_id) for o in outs if o.status == "ingested"]
+    assert frames
+    made = []
+    for frame in frames:
+        prod, _ = plan_product(db_session, frame, pinned=None, options={}, job_id=None)
+        prod = calibrate_product(db_session, prod.id, settings)
+        assert prod.state == ProductState.written, prod.error
+        made.append(prod)
+    r = client.get("/api/v1/products/archive", params={"channel": "SDI"})
+    assert r.status_code == 200, r.text
+    members, man = _read_tar(r.content)
+    assert man["files"] == len(made) and man["missing"] == 0
+    for row in man["products"]:
+        data = members[row["name"]]
+        assert row["sha256"] == hashlib.sha256(data).hexdigest() and row["sha256_matches_stored"] is True
+        with fits.open(io.BytesIO(data), checksum=True) as hdul:
+            h = hdul[0].header
+            assert h["LEVEL"].strip() == "L2" and h["PRODVER"] == row["version"]
+            for cal in row["calibrations"]:
+                _, ver, cid, _ = CAL_KEYWORDS[cal["kind"]]
+                assert (h[cid], h[ver]) == (cal["id"], cal["version"]), cal
+        assert {c["kind"] for c in row["calibrations"]} >= {"dark", "flat", "radiometric"}
+
+
 # -- static files ---------------------------------------------------------------------------------
 
 
