@@ -103,7 +103,7 @@ def test_job_page_lists_its_options_and_exactly_its_products(live, page, tmp_pat
         job_id, mine_ids = job.id, sorted(p.id for p in mine)
     page.goto(f"{live.url}/jobs/{job_id}")
     opts = {li.get_attribute("data-option"): li.inner_text() for li in page.locator("#job-options li").all()}
-    assert opts["remove_cosmic_rays"].startswith("Remove cosmic rays: on")
+    assert opts["remove_cosmic_rays"].startswith("Remove cosmic rays: on") and "(default off)" in opts["remove_cosmic_rays"]
     assert opts["interpolation_order"].startswith("Interpolation order: 1") and "(default 3)" in opts["interpolation_order"]
     assert opts["psf_iterations"].startswith("PSF iterations: 30") and "(default)" in opts["psf_iterations"]
     assert "saturation_dn" in opts and "DN" in opts["saturation_dn"]
