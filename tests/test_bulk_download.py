@@ -333,3 +333,6 @@ def test_pages_link_static_files_by_version(client):
     assert re.search(r'<link rel="stylesheet" href="/static/style\.css\?v=[0-9a-f]{12}">', html)
     assert re.search(r'<script defer src="/static/app\.js\?v=[0-9a-f]{12}"></script>', html)
     assert "plotly" not in html.split("<footer")[0]  # no figure on the job form: no plotly.js
+    html = client.get("/").text  # the events page: plotly.js deferred, so the table paints first
+    assert re.search(r'<script defer src="/static/vendor/plotly\.min\.js\?v=[0-9a-f]{12}"></script>', html)
+    assert "<script src=" not in html
