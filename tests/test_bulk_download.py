@@ -336,3 +336,19 @@ def test_pages_link_static_files_by_version(client):
     html = client.get("/").text  # the events page: plotly.js deferred, so the table paints first
     assert re.search(r'<script defer src="/static/vendor/plotly\.min\.js\?v=[0-9a-f]{12}"></script>', html)
     assert "<script src=" not in html
+
+
+def test_job_form_times_are_whole_seconds_in_utc_and_cover_every_frame():
+    """The job form's defaults: a DATE-OBS with microseconds (which left a datetime-local input
+    blank) becomes whole-second UTC text, the end rounded up so the last frame is inside."""
+    import datetime as dt
+
+    from backend.api.pages import _job_form_times
+
+    lo = dt.datetime(2024, 5, 14, 15, 50, 0, 123456, tzinfo=dt.UTC)
+    hi = dt.datetime(2024, 5, 14, 18, 40, 0, 500000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    assert _job_form_times(lo, hi) == ("2024-05-14T15:50:00Z", "2024-05-14T16:40:01Z")
+    assert _job_form_times(lo, lo.replace(microsecond=0)) == ("2024-05-14T15:50:00Z", "2024-05-14T15:50:00Z")
+    start, end = _job_form_times(None, None)  # no frame yet: the last day, still a valid range
+    t0, t1 = (dt.datetime.fromisoformat(t) for t in (start, end))
+    assert t1 - t0 == dt.timedelta(days=1) and start.endswith("Z") and t1.microsecond == 0
