@@ -352,3 +352,19 @@ def test_job_form_times_are_whole_seconds_in_utc_and_cover_every_frame():
     start, end = _job_form_times(None, None)  # no frame yet: the last day, still a valid range
     t0, t1 = (dt.datetime.fromisoformat(t) for t in (start, end))
     assert t1 - t0 == dt.timedelta(days=1) and start.endswith("Z") and t1.microsecond == 0
+
+
+def test_text_answers_are_gzipped_and_binary_downloads_are_not(client, products):
+    r = client.get("/api/v1/events/timeline/figure", headers={"Accept-Encoding": "gzip"})
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip" and r.json()["data"] is not None
+    r = client.get("/jobs/new", headers={"Accept-Encoding": "gzip"})
+    assert r.headers["content-encoding"] == "gzip" and "<form" in r.text
+    assert "content-encoding" not in client.get("/jobs/new", headers={"Accept-Encoding": "identity"}).headers
+    fits_r = client.get(f"/api/v1/products/{products['wst'].id}/fits", headers={"Accept-Encoding": "gzip"})
+    assert fits_r.status_code == 200 and "content-encoding" not in fits_r.headers
+    tar_r = client.get("/api/v1/products/archive", params={"channel": "WST"}, headers={"Accept-Encoding": "gzip"})
+    assert tar_r.status_code == 200 and "content-encoding" not in tar_r.headers
+    png = client.get(f"/api/v1/products/{products['wst'].id}/quicklook.png", headers={"Accept-Encoding": "gzip"})
+    assert png.status_code == 200 and "content-encoding" not in png.headers
+    refused = client.get("/jobs/new", headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert "content-encoding" not in refused.headers

@@ -48,7 +48,7 @@ from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, products
 from backend.api.schemas import ErrorPublic, HealthPublic
-from backend.api.static import VersionedStaticFiles
+from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -486,6 +486,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(PoolTimeoutError, _db_unavailable_handler)  # every pooled connection busy
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
+    add_text_compression(app)  # gzip for text answers; innermost of ours
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too

@@ -28,11 +28,13 @@ from email.utils import formatdate
 
 import anyio
 from starlette.datastructures import Headers, QueryParams
+from starlette.middleware.gzip import DEFAULT_EXCLUDED_CONTENT_TYPES, GZipMiddleware
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import NotModifiedResponse, StaticFiles
 from starlette.types import Scope
 
-__all__ = ["VersionedStaticFiles", "IMMUTABLE", "SHORT_CACHE", "MIN_GZIP_BYTES", "file_digest"]
+__all__ = ["VersionedStaticFiles", "IMMUTABLE", "SHORT_CACHE", "MIN_GZIP_BYTES", "file_digest", "UNCOMPRESSED_TYPES",
+           "add_text_compression", "TextCompressionMiddleware"]
 
 #: Cache-Control of a versioned URL (RFC 8246 ``immutable``; one year, the longest RFC 9111 advises).
 IMMUTABLE = "public, max-age=31536000, immutable"
@@ -128,3 +130,35 @@ class VersionedStaticFiles(StaticFiles):
         for k, v in headers.items():
             response.headers[k] = v
         return response
+
+
+#: Responses never compressed on the fly: those Starlette leaves alone (images, archives...)
+#: and the FITS files and product archives, binary float data that gzip hardly shrinks and
+#: whose streaming it would slow (a tar.gz is asked for with ``format=tar.gz``).
+UNCOMPRESSED_TYPES = (*DEFAULT_EXCLUDED_CONTENT_TYPES, "application/fits", "application/x-tar",
+                      "application/octet-stream")
+
+
+def add_text_compression(app) -> None:
+    """gzip the API's and the pages' text answers (JSON, HTML, CSV, VOTable, Plotly figures) of
+    at least 1 kB for clients that accept it (Starlette's ``GZipMiddleware``, level 6), never
+    the binary downloads (:data:`UNCOMPRESSED_TYPES`) nor the static files (compressed once by
+    :class:`VersionedStaticFiles`: they carry ``Content-Encoding`` already)."""
+    app.add_middleware(TextCompressionMiddleware)
+
+
+class TextCompressionMiddleware:
+    """Starlette's ``GZipMiddleware`` for the requests that accept gzip (``q`` > 0: Starlette
+    only looks for the word), outside ``/static`` (compressed by :class:`VersionedStaticFiles`)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.gzip = GZipMiddleware(app, minimum_size=MIN_GZIP_BYTES, compresslevel=6,
+                                   exclude_content_types=UNCOMPRESSED_TYPES)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith("/static/") \
+                and _accepts_gzip(Headers(scope=scope)):
+            await self.gzip(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
