@@ -77,6 +77,11 @@ def test_job_form_submits_with_its_defaults_on_first_load(live, page, tmp_path):
     page.select_option("#pin-flat", "4")
     page.uncheck("input[name=channels][value=SCI-UV]")
     page.uncheck("input[name=channels][value=SCI-WL]")
+    page.uncheck("input[name=channels][value=WST]")  # flat v4 is SDI's and WST's: no channel has it now
+    assert page.locator("#pin-flat option[value='4']").is_disabled() and page.input_value("#pin-flat") == ""
+    page.check("input[name=channels][value=WST]")
+    assert page.locator("#pin-flat option[value='4']").is_enabled()
+    page.select_option("#pin-flat", "4")
     page.click("#job-submit")
     page.wait_for_function("document.querySelectorAll('#job-follow .job-status').length === 2")
     second = page.locator("#job-follow .job-status").first.get_attribute("data-job-id")

@@ -4,6 +4,7 @@
  * - The calibration options (inputs named opt:<name>, data-kind bool/int/float/choice) go to
  *   the job's "options"; the pinned versions (selects named pin:<kind>, "" = newest valid) to
  *   "pinned_calibrations".
+ * - A pinned version is offered only while a chosen channel has it.
  * - The estimate (#job-estimate) asks GET /api/v1/jobs/estimate as the channels and times
  *   change (debounced), and says how many frames the job would recalibrate.
  * - Submitting posts the job with fetch and follows it with app.js's job status.
@@ -92,7 +93,22 @@
     estimate();
   }
 
+  // A pinned version that none of the chosen channels has cannot be asked for: disabled
+  // (and unselected) until such a channel is chosen again.
+  function syncPins(form) {
+    const chosen = new Set(new FormData(form).getAll("channels"));
+    form.querySelectorAll("select[name^='pin:'] option[data-channels]").forEach(function (opt) {
+      const has = opt.dataset.channels.split(",").some(function (c) { return chosen.has(c); });
+      opt.disabled = !has;
+      if (!has && opt.selected) opt.parentElement.value = "";
+    });
+  }
+
   function initJobForm(form) {
+    form.querySelectorAll("input[name=channels]").forEach(function (el) {
+      el.addEventListener("change", function () { syncPins(form); });
+    });
+    syncPins(form);
     const errorBox = document.getElementById("job-form-error");
     const follow = document.getElementById("job-follow");
     const template = document.getElementById("job-status-template");
