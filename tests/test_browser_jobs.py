@@ -152,7 +152,7 @@ def test_bulk_download_buttons_on_the_products_and_event_pages(live, page, tmp_p
     assert len(re.findall(r"^fetch ", script, re.M)) == 4
 
     page.goto(f"{live.url}/events/{live.ids.fl}")
-    for sel in ("#event-archive", "#event-archive-gz", "#event-script", "#event-archive-linked"):
+    for sel in ("#event-archive", "#event-archive-gz", "#event-archive-zip", "#event-script", "#event-archive-linked"):
         assert page.locator(sel).is_visible(), sel
     page.locator("#event-download").screenshot(path=str(tmp_path / "event-download.png"))
     with page.expect_download() as dl:

@@ -368,3 +368,23 @@ def test_text_answers_are_gzipped_and_binary_downloads_are_not(client, products)
     assert png.status_code == 200 and "content-encoding" not in png.headers
     refused = client.get("/jobs/new", headers={"Accept-Encoding": "gzip;q=0, identity"})
     assert "content-encoding" not in refused.headers
+
+
+def test_zip_archive_holds_the_same_files_and_manifest(client, products):
+    import zipfile
+
+    r = client.get("/api/v1/products/archive", params={"format": "zip"})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
+    assert r.headers["content-disposition"].endswith('.zip"')
+    with zipfile.ZipFile(io.BytesIO(r.content)) as z:
+        assert z.testzip() is None  # every member's CRC-32 checks
+        man = json.loads(z.read("MANIFEST.json"))
+        rows = {row["product_id"]: row for row in man["products"]}
+        for key in ("sdi_real", "sdi", "wst"):
+            row = rows[products[key].id]
+            data = z.read(row["name"])
+            assert row["status"] == "sent" and hashlib.sha256(data).hexdigest() == row["sha256"] == products[key].sha256
+        assert z.read(rows[products["sdi_real"].id]["name"]) == REAL_FITS.read_bytes()
+        assert rows[products["gone"].id]["status"] == "missing"
+        assert sorted(z.namelist()) == sorted([rows[products[k].id]["name"] for k in ("sdi_real", "sdi", "wst")]
+                                              + ["MANIFEST.json", "SHA256SUMS"])

@@ -11,7 +11,8 @@ The archive (:func:`stream_tar`) is a POSIX tar (pax headers) written member by 
 its bytes are produced: the tar headers are made with :class:`tarfile.TarInfo`, each file
 is read in chunks of :data:`CHUNK_BYTES` and sent as it is read, so the memory used does
 not depend on the size of the archive. ``tar.gz`` passes the same bytes through zlib in
-gzip framing. The SHA-256 and size of each file are those of the bytes actually sent
+gzip framing; ``zip`` writes a ZIP archive instead (stored members, data descriptors:
+:mod:`zipfile` on a stream it cannot seek). The SHA-256 and size of each file are those of the bytes actually sent
 (hashed while sending); they are compared with the checksum stored at writing
 (``Product.sha256``) and the manifest says whether they agree. Because the checksums are
 known only once the files are sent, the manifest comes last: ``MANIFEST.json`` (every
@@ -31,6 +32,8 @@ import json
 import os
 import shlex
 import tarfile
+import time
+import zipfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -355,8 +358,70 @@ def _tar_bytes(entries: list[ArchiveEntry], query: dict[str, Any], total: int,
     yield end + b"\0" * (-written % _RECORD)
 
 
+class _Sink:
+    """A write-only file for :class:`zipfile.ZipFile` (no ``seek``: it then writes data
+    descriptors after each member) whose bytes are taken out as they come."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, b) -> int:
+        self._parts.append(bytes(b))
+        return len(b)
+
+    def flush(self) -> None:
+        pass
+
+    def drain(self) -> bytes:
+        out, self._parts = b"".join(self._parts), []
+        return out
+
+
+def _zip_time(ts: float) -> tuple[int, int, int, int, int, int]:
+    t = time.gmtime(max(ts, 315532800))  # ZIP times start in 1980 (UTC, as the manifest)
+    return t[:6]
+
+
+def _zip_bytes(entries: list[ArchiveEntry], query: dict[str, Any], total: int,
+               created: dt.datetime, chunk: int) -> Iterator[bytes]:
+    sink = _Sink()
+    with zipfile.ZipFile(sink, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for e in entries:
+            if e.path is None:
+                continue
+            try:
+                f = open(e.path, "rb")  # noqa: SIM115 - closed below
+            except OSError as exc:
+                e.path, e.status, e.reason = None, "missing", f"file could not be opened: {exc.strerror or exc}"
+                continue
+            with f:
+                st = os.fstat(f.fileno())
+                info = zipfile.ZipInfo(e.name, date_time=_zip_time(st.st_mtime))
+                info.compress_type, info.file_size = zipfile.ZIP_STORED, st.st_size
+                h, sent = hashlib.sha256(), 0
+                with zf.open(info, "w", force_zip64=st.st_size >= 1 << 31) as w:
+                    yield sink.drain()
+                    for buf in iter(lambda: f.read(chunk), b""):
+                        h.update(buf)
+                        w.write(buf)
+                        sent += len(buf)
+                        yield sink.drain()
+                if sent != st.st_size:
+                    e.status = "damaged"
+                    e.reason = f"file changed size while it was sent: {sent} bytes sent, {st.st_size} at the start"
+                e.sha256, e.size = h.hexdigest(), sent
+                if e.status == "pending":
+                    e.status = "sent"
+            yield sink.drain()
+        doc = json.dumps(manifest(entries, query, total=total, created=created), indent=1).encode()
+        sums = "".join(f"{e.sha256}  {e.name}\n" for e in entries if e.sha256).encode()
+        for name, data in (("MANIFEST.json", doc), ("SHA256SUMS", sums)):
+            zf.writestr(zipfile.ZipInfo(name, date_time=_zip_time(created.timestamp())), data)
+    yield sink.drain()
+
+
 def stream_tar(entries: list[ArchiveEntry], query: dict[str, Any], *, total: int,
-               compression: Literal["none", "gzip"] = "none", created: dt.datetime | None = None,
+               compression: Literal["none", "gzip", "zip"] = "none", created: dt.datetime | None = None,
                chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
     """The archive of ``entries``, produced piece by piece (a generator of bytes).
 
@@ -368,8 +433,10 @@ def stream_tar(entries: list[ArchiveEntry], query: dict[str, Any], *, total: int
         Written into the manifest.
     total : int
         Products matching the query (written into the manifest).
-    compression : {"none", "gzip"}
-        ``gzip``: a ``.tar.gz`` (zlib, level 6).
+    compression : {"none", "gzip", "zip"}
+        ``gzip``: a ``.tar.gz`` (zlib, level 6); ``zip``: a ZIP archive instead of a tar
+        (members stored, ZIP64 where needed, data descriptors after each member as it is
+        streamed), for those whose tools read ZIP only.
     created : datetime, optional
         Time stamp of the manifest (default: now, UTC).
     chunk : int
@@ -382,6 +449,9 @@ def stream_tar(entries: list[ArchiveEntry], query: dict[str, Any], *, total: int
         manifest. At most about ``chunk`` bytes are held at once (plus zlib's window).
     """
     created = created or dt.datetime.now(dt.UTC)
+    if compression == "zip":
+        yield from (b for b in _zip_bytes(entries, query, total, created, chunk) if b)
+        return
     pieces = _tar_bytes(entries, query, total, created, chunk)
     if compression == "none":
         yield from pieces

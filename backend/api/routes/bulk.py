@@ -1,7 +1,7 @@
 """Bulk download of L2 products: ``/products/archive``, ``/products/download.sh`` and
 ``/events/{id}/products/archive`` (:mod:`backend.services.bulk`).
 
-The archive is a tar (or ``tar.gz``) streamed as it is read from the product store, with
+The archive is a tar (or ``tar.gz``, or ``zip``) streamed as it is read from the product store, with
 ``MANIFEST.json`` (every product: sent with its SHA-256 and size, or missing with the
 reason) and ``SHA256SUMS`` as its last members. A selection of more than
 :data:`~backend.services.bulk.MAX_ARCHIVE_FILES` products is a 422 that says the count and
@@ -40,10 +40,10 @@ LimitQuery = Annotated[int | None, Query(ge=1, le=bulk.MAX_ARCHIVE_FILES,
                                          description=f"At most this many products (1..{bulk.MAX_ARCHIVE_FILES}); "
                                                      "without it a larger search is refused (422)")]
 OffsetQuery = Annotated[int, Query(ge=0, le=MAX_ID, description="Products skipped first (with limit: parts)")]
-FormatQuery = Annotated[Literal["tar", "tar.gz"], Query(description="tar (default) or tar.gz")]
+FormatQuery = Annotated[Literal["tar", "tar.gz", "zip"], Query(description="tar (default), tar.gz or zip")]
 
 _ARCHIVE_RESPONSES = {
-    200: {"content": {"application/x-tar": {}, "application/gzip": {}},
+    200: {"content": {"application/x-tar": {}, "application/gzip": {}, "application/zip": {}},
           "description": "The tar archive: the FITS files under <channel>/, then MANIFEST.json and SHA256SUMS"},
     422: {"description": "Bad filters, or more products than an archive holds (the count and the limit)"},
 }
@@ -87,11 +87,11 @@ ProductSearchDep = Annotated[ProductSearch, Depends(product_search)]
 def _archive_response(selection: bulk.ProductSelection, settings, fmt: str, stem: str) -> StreamingResponse:
     entries = bulk.archive_entries(selection.products, settings.products)  # before the session closes
     created = dt.datetime.now(dt.UTC)
-    gz = fmt == "tar.gz"
+    compression, media_type = {"tar": ("none", "application/x-tar"), "tar.gz": ("gzip", "application/gzip"),
+                               "zip": ("zip", "application/zip")}[fmt]
     name = f"{stem}_{created:%Y%m%dT%H%M%SZ}.{fmt}"
-    body = bulk.stream_tar(entries, selection.query, total=selection.total, compression="gzip" if gz else "none",
-                           created=created)
-    return StreamingResponse(body, media_type="application/gzip" if gz else "application/x-tar", headers={
+    body = bulk.stream_tar(entries, selection.query, total=selection.total, compression=compression, created=created)
+    return StreamingResponse(body, media_type=media_type, headers={
         "Content-Disposition": f'attachment; filename="{name}"',
         "X-Archive-Files": str(sum(e.path is not None for e in entries)),
         "X-Archive-Missing": str(sum(e.path is None for e in entries)),
