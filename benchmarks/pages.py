@@ -65,7 +65,8 @@ T_FLARE = dt.datetime(2024, 5, 14, 16, 0, tzinfo=dt.UTC)
 _TIMINGS_JS = """() => {
   const n = performance.getEntriesByType('navigation')[0];
   const fcp = performance.getEntriesByName('first-contentful-paint')[0];
-  const bytes = performance.getEntriesByType('resource').reduce((s, r) => s + (r.transferSize || 0), n.transferSize || 0);
+  const bytes = performance.getEntriesByType('resource')
+    .reduce((s, r) => s + (r.transferSize || 0), n.transferSize || 0);
   return {ttfb: n.responseStart, fcp: fcp ? fcp.startTime : null, dcl: n.domContentLoadedEventEnd,
           load: n.loadEventEnd, bytes: bytes};
 }"""

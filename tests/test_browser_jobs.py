@@ -108,8 +108,9 @@ def test_job_page_lists_its_options_and_exactly_its_products(live, page, tmp_pat
         job_id, mine_ids = job.id, sorted(p.id for p in mine)
     page.goto(f"{live.url}/jobs/{job_id}")
     opts = {li.get_attribute("data-option"): li.inner_text() for li in page.locator("#job-options li").all()}
-    assert opts["remove_cosmic_rays"].startswith("Remove cosmic rays: on") and "(default off)" in opts["remove_cosmic_rays"]
-    assert opts["interpolation_order"].startswith("Interpolation order: 1") and "(default 3)" in opts["interpolation_order"]
+    cosmics, order = opts["remove_cosmic_rays"], opts["interpolation_order"]
+    assert cosmics.startswith("Remove cosmic rays: on") and "(default off)" in cosmics
+    assert order.startswith("Interpolation order: 1") and "(default 3)" in order
     assert opts["psf_iterations"].startswith("PSF iterations: 30") and "(default)" in opts["psf_iterations"]
     assert "saturation_dn" in opts and "DN" in opts["saturation_dn"]
     assert "dark v2" in page.locator("dl.fields").inner_text()

@@ -320,7 +320,8 @@ def test_static_files_are_gzipped_and_cached_by_version(client):
         r = client.get(u, headers={"Accept-Encoding": "gzip"})
         assert r.status_code == 200 and r.headers["cache-control"] == "public, max-age=300"
         assert r.headers["content-encoding"] == "gzip"
-    r = client.get("/static/vendor/plotly.min.js", headers={"Accept-Encoding": "gzip", "If-None-Match": f'"{digest}-gzip"'})
+    r = client.get("/static/vendor/plotly.min.js",
+                   headers={"Accept-Encoding": "gzip", "If-None-Match": f'"{digest}-gzip"'})
     assert r.status_code == 304 and r.content == b""
     css = client.get(static_url("style.css"), headers={"Accept-Encoding": "gzip"})
     assert css.headers["content-encoding"] == "gzip" and css.headers["content-type"].startswith("text/css")

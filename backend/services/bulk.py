@@ -12,8 +12,8 @@ its bytes are produced: the tar headers are made with :class:`tarfile.TarInfo`, 
 is read in chunks of :data:`CHUNK_BYTES` and sent as it is read, so the memory used does
 not depend on the size of the archive. ``tar.gz`` passes the same bytes through zlib in
 gzip framing; ``zip`` writes a ZIP archive instead (stored members, data descriptors:
-:mod:`zipfile` on a stream it cannot seek). The SHA-256 and size of each file are those of the bytes actually sent
-(hashed while sending); they are compared with the checksum stored at writing
+:mod:`zipfile` on a stream it cannot seek). The SHA-256 and size of each file are those
+of the bytes actually sent (hashed while sending); they are compared with the checksum stored at writing
 (``Product.sha256``) and the manifest says whether they agree. Because the checksums are
 known only once the files are sent, the manifest comes last: ``MANIFEST.json`` (every
 product, sent or missing) and ``SHA256SUMS`` (``sha256sum -c SHA256SUMS`` checks the
