@@ -331,8 +331,8 @@ def test_products_gallery_shows_all_four_channels(live, page, tmp_path):
 
 def test_job_form_submits_and_follows_the_job(live, page, tmp_path):
     page.goto(live.url + "/jobs/new")
-    # the form is prefilled with the DATE-OBS span of the frames
-    assert page.input_value("#job-start") == "2024-05-14T15:50"
+    # the form is prefilled with the DATE-OBS span of the frames (whole seconds, UTC text)
+    assert page.input_value("#job-start") == "2024-05-14T15:50:00Z"
     page.uncheck("input[name=channels][value=WST]")
     page.uncheck("input[name=channels][value=SCI-WL]")
 

@@ -37,7 +37,6 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
-from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DataError as DatabaseDataError
@@ -47,11 +46,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes import calibrations, channels, events, frames, jobs, movies, products
+from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, movies, products
 from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
+from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -474,7 +474,8 @@ def create_app() -> FastAPI:
     )
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
     api.include_router(_health_router())
-    for module in (channels, frames, products, calibrations, events, jobs, movies):
+    # bulk and job_form first: their /products/archive and /jobs/estimate are not /{id}
+    for module in (bulk, job_form, channels, frames, products, calibrations, events, jobs, movies):
         api.include_router(module.router)
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
@@ -482,7 +483,7 @@ def create_app() -> FastAPI:
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
@@ -492,6 +493,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(PoolTimeoutError, _db_unavailable_handler)  # every pooled connection busy
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(Exception, _unexpected_handler)
+    add_text_compression(app)  # gzip for text answers; innermost of ours
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too

@@ -38,6 +38,7 @@ from backend.services import jobs as jobs_service
 from backend.services import products as products_service
 from backend.services import event_search
 from backend.services.observing_windows import observing_windows
+from backend.services import bulk as bulk_service
 from backend.services.channels import list_channels
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -323,18 +324,41 @@ def products_page(request: Request, session: SessionDep):
     return templates.TemplateResponse(request, "products.html", {
         "gallery": products_service.latest_quicklooks_by_channel(session, per_channel=QUICKLOOKS_PER_CHANNEL),
         "channels": {c.code: c for c in list_channels(session)},
+        "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
     })
+
+
+def _job_form_times(lo: dt.datetime | None, hi: dt.datetime | None) -> tuple[str, str]:
+    """Default DATE-OBS range of the job form as whole-second UTC ISO 8601 text
+    (``2024-05-14T15:50:00Z``): from the earliest frame (rounded down) to the latest (rounded
+    up, so it is inside), or the last day when there is no frame. Text, not a
+    ``datetime-local`` input: a value with microseconds left that input blank and the form
+    invalid, and a browser-local picker is ambiguous about UTC."""
+    if lo is None or hi is None:
+        hi = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        lo = hi - dt.timedelta(days=1)
+    lo, hi = as_utc(lo), as_utc(hi)
+    if hi.microsecond:
+        hi = hi.replace(microsecond=0) + dt.timedelta(seconds=1)
+    return tuple(t.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ") for t in (lo, hi))
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
 def new_job_page(request: Request, session: SessionDep):
-    """Form for a recalibration job; submitted with fetch, then followed with a progress bar."""
-    lo, hi = frames_service.date_obs_span(session)
+    """Form for a recalibration job (valid as first shown: it submits with its defaults): channels,
+    DATE-OBS range in UTC text, the calibration options with their defaults, limits and units,
+    pinned versions chosen from the registry, and the estimate of the frames it would touch
+    (``GET /api/v1/jobs/estimate``, as the fields change); submitted with fetch, then followed."""
+    from backend.services import job_form
+
+    start, end = _job_form_times(*frames_service.date_obs_span(session))
     return templates.TemplateResponse(request, "job_new.html", {
         "channels": list_channels(session),
         "kinds": [k.value for k in CalibrationKind],
-        "default_start": _form_time(lo),
-        "default_end": _form_time(hi + dt.timedelta(minutes=1) if hi else None),
+        "default_start": start,
+        "default_end": end,
+        "option_fields": job_form.option_fields(),
+        "calibration_choices": job_form.calibration_choices(session),
     })
 
 
@@ -352,9 +376,12 @@ def job_page(request: Request, job_id: str, session: SessionDep):
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
     from backend.api.schemas import JobPublic
+    from backend.services import job_form
 
-    return templates.TemplateResponse(request, "job.html", {"job": JobPublic.model_validate(job)})
-
+    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE)
+    return templates.TemplateResponse(request, "job.html", {
+        "job": JobPublic.model_validate(job), "products": rows, "products_total": n_products,
+        "option_fields": job_form.option_fields()})
 
 
 @router.get("/products/{product_id}/view", response_class=HTMLResponse)

@@ -26,7 +26,7 @@ from astropy.io import fits
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from backend.models import Event, EventProduct, Frame, Product, ProductState
+from backend.models import Event, EventProduct, Frame, JobItem, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError, FitsReadError
 from pipelines.products import read_product
@@ -64,6 +64,7 @@ def _filtered(
     end: dt.datetime | None,
     state: ProductState | None,
     frame_id: int | None,
+    job_id: str | None = None,
 ) -> Select:
     if channel is not None:
         stmt = stmt.where(Frame.channel_code == channel)
@@ -75,6 +76,8 @@ def _filtered(
         stmt = stmt.where(Product.state == state)
     if frame_id is not None:
         stmt = stmt.where(Product.frame_id == frame_id)
+    if job_id is not None:  # exactly the job's products: those its items name (job_items.product_id)
+        stmt = stmt.where(Product.id.in_(select(JobItem.product_id).where(JobItem.job_id == job_id)))
     return stmt
 
 
@@ -86,10 +89,12 @@ def list_products(
     end: dt.datetime | None = None,
     state: ProductState | None = None,
     frame_id: int | None = None,
+    job_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
 ) -> tuple[list[Product], int]:
-    """Products filtered by their frame's channel and DATE-OBS, state and frame.
+    """Products filtered by their frame's channel and DATE-OBS, state, frame and job
+    (``job_id``: the products of the job's items, ``job_items.product_id``).
 
     Every version of a product is listed (ordered by DATE-OBS, then version, then id).
 
@@ -100,7 +105,7 @@ def list_products(
     total : int
         Number of products matching the filters (all pages).
     """
-    kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id)
+    kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id, job_id=job_id)
     total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)) or 0
     stmt = (
         _filtered(select(Product).join(Product.frame), **kw)

@@ -5,7 +5,7 @@
  *   With data-click-url, a click on a point whose customdata is an id opens data-click-url + id.
  * - Any element .job-status[data-job-id] polls GET /api/v1/jobs/{id} and updates its
  *   progress bar until the job has succeeded or failed.
- * - The form #job-form posts a job with fetch and then follows it.
+ * - The job form (#job-form) is frontend/static/job_form.js.
  */
 (function () {
   "use strict";
@@ -77,60 +77,10 @@
     poll();
   }
 
-  function localToUtcIso(value) {
-    // datetime-local gives "YYYY-MM-DDTHH:MM[:SS]"; the form's times are UTC.
-    return value.length === 16 ? value + ":00Z" : value + "Z";
-  }
-
-  function initJobForm(form) {
-    const errorBox = document.getElementById("job-form-error");
-    const follow = document.getElementById("job-follow");
-    const template = document.getElementById("job-status-template");
-    form.addEventListener("submit", async function (ev) {
-      ev.preventDefault();
-      errorBox.hidden = true;
-      const data = new FormData(form);
-      const pinned = {};
-      for (const [key, value] of data.entries()) {
-        if (key.startsWith("pin:") && String(value).trim() !== "") pinned[key.slice(4)] = Number(value);
-      }
-      const payload = {
-        channels: data.getAll("channels"),
-        start: localToUtcIso(String(data.get("start") || "")),
-        end: localToUtcIso(String(data.get("end") || "")),
-        pinned_calibrations: pinned,
-        owner: String(data.get("owner") || "anonymous"),
-      };
-      const button = form.querySelector("button[type=submit]");
-      button.disabled = true;
-      try {
-        const resp = await fetch(form.action, {
-          method: "POST",
-          headers: { "Content-Type": "application/json", Accept: "application/json" },
-          body: JSON.stringify(payload),
-        });
-        const body = await resp.json();
-        if (!resp.ok) throw new Error(body.detail || resp.statusText);
-        const html = template.innerHTML.replaceAll("JOB_ID", body.id);
-        follow.insertAdjacentHTML("afterbegin", html);
-        const el = follow.querySelector(".job-status");
-        updateJobStatus(el, body);
-        followJob(el);
-      } catch (err) {
-        errorBox.textContent = err.message;
-        errorBox.hidden = false;
-      } finally {
-        button.disabled = false;
-      }
-    });
-  }
-
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-figure-url]").forEach(renderFigure);
     document.querySelectorAll("main > .job-status[data-job-id]").forEach(followJob);
-    const form = document.getElementById("job-form");
-    if (form) initJobForm(form);
   });
 
-  window.LSTDP = { renderFigure: renderFigure, followJob: followJob };
+  window.LSTDP = { renderFigure: renderFigure, followJob: followJob, updateJobStatus: updateJobStatus };
 })();

@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
+from backend.api.routes.bulk import JobIdQuery
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Product, ProductState
 from backend.services import products as products_service
@@ -24,10 +25,12 @@ def read_products(
     channel: ChannelQuery = None,
     state: Annotated[ProductState | None, Query(description="planned, writing, written or failed")] = None,
     frame_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="Only products of this frame")] = None,
+    job_id: JobIdQuery = None,
 ) -> ProductsPublic:
-    """Products filtered by channel, DATE-OBS range of their frame, state and frame; every version is listed."""
+    """Products filtered by channel, DATE-OBS range of their frame, state, frame and job (the products of
+    the job's frames, whichever job made them first); every version is listed."""
     rows, total = products_service.list_products(
-        session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id,
+        session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
         limit=page.limit, offset=page.offset,
     )
     return ProductsPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
