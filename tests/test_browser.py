@@ -295,6 +295,11 @@ def test_event_page_shows_details_links_quicklooks_and_lightcurve(live, page, tm
     page.wait_for_load_state("networkidle")
     imgs = page.locator(".gallery img")
     assert imgs.count() == 5 + 3
+    # lazy images load once scrolled to (the page has the curves, movie and context images above them)
+    for i in range(imgs.count()):
+        imgs.nth(i).scroll_into_view_if_needed()
+    page.wait_for_function("() => [...document.querySelectorAll('.gallery img')].every(i => i.complete)",
+                           timeout=TIMEOUT_MS)
     widths = imgs.evaluate_all("imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
     assert all(w > 0 for w in widths), widths
     assert [h.inner_text() for h in page.locator("h3").all()] == ["SDI", "WST", "SCI-UV", "SCI-WL"]

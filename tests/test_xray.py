@@ -294,10 +294,10 @@ def make_flare_day(s, folder):
     prods = []
     for i, minutes in enumerate(range(0, 100, 10)):
         f = make_frame(s, "SDI", FLARE["start"] - 20 * MIN + minutes * MIN)
-        p = make_product(s, f, folder, disk_value=100.0 + (40.0 if 20 <= minutes <= 60 else 0.0), quicklook=False)
+        p = make_product(s, f, folder, disk_value=100.0 + (40.0 if 20 <= minutes <= 60 else 0.0))
         p.calibration_key, p.params_hash = key, "a" * 64
         prods.append(p)
-    other = make_product(s, prods[3].frame, folder, version=2, quicklook=False)  # a newer version, another set
+    other = make_product(s, prods[3].frame, folder, version=2)  # a newer version, another set
     other.calibration_key, other.params_hash = f"dark:{dark.id}", "b" * 64
     # a product with no usable pixel (every pixel NaN): a gap in both curves
     blank = np.full((64, 64), np.nan, dtype=np.float32)
