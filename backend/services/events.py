@@ -238,6 +238,9 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
         report.associations_unresolved.extend(unresolved)
     if source in ("lst_wst", "goes_xrs"):
         report.associations_added += 2 * link_wst_goes(session)
+    from backend.services.coverage import record_catalogue_coverage  # what each file says it covers
+
+    record_catalogue_coverage(session, source, report.files)
     return report.check()
 
 
