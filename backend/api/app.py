@@ -48,6 +48,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes import calibrations, channels, events, frames, jobs, products
+from backend.api.routes import coverage, event_histogram
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.faults import public_reason
 from backend.settings import get_settings
@@ -471,7 +472,7 @@ def create_app() -> FastAPI:
     )
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
     api.include_router(_health_router())
-    for module in (channels, frames, products, calibrations, events, jobs):
+    for module in (channels, frames, products, calibrations, event_histogram, events, jobs, coverage):
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(pages.router)
