@@ -455,7 +455,7 @@ def _health_router() -> APIRouter:
 
 def create_app() -> FastAPI:
     """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
-    from backend.api import pages
+    from backend.api import coverage_page, pages
 
     # FastAPIOffline serves Swagger UI and ReDoc from packaged files: /docs works offline
     app = FastAPIOffline(
@@ -476,6 +476,7 @@ def create_app() -> FastAPI:
         api.include_router(module.router)
     app.include_router(api)
     app.include_router(pages.router)
+    app.include_router(coverage_page.router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
