@@ -9,7 +9,7 @@ Binning
     Each event is counted once, in the bin of its ``start_time``; an event that started before
     the window's ``start`` and overlaps it (the search's overlap rule) is counted in the first
     bin (it is under way there). The bin width is the smallest of :data:`BIN_WIDTHS_S` that
-    covers the window in at most ``bins`` bins (the zoom level chooses it: a year of events in
+    covers the window in at most ``bins`` bins (edges included; ``bins=1`` may give 2) (the zoom level chooses it: a year of events in
     days, an hour in minutes), with edges on multiples of the width from the Unix epoch (UTC
     midnights for widths of a day and less). Without ``start``/``end`` the window is from the
     first to the last matching start time.
@@ -150,11 +150,16 @@ def event_histogram(session: Session, filters: EventFilters | None = None, *, bi
         hi = hi if hi is not None else as_utc(last)
     lo, hi = as_utc(lo), as_utc(hi)
     span = max((hi - lo).total_seconds(), 0.0)
-    width = choose_bin_width(span, bins)
     lo_s = (lo - _EPOCH).total_seconds()
     hi_s = (hi - _EPOCH).total_seconds()
-    origin = math.floor(lo_s / width) * width
-    n = max(1, int(math.floor((hi_s - origin) / width)) + 1)
+    width = choose_bin_width(span, bins)
+    while True:  # edges on multiples of the width can take one bin more: then the next width
+        origin = math.floor(lo_s / width) * width
+        n = max(1, int(math.floor((hi_s - origin) / width)) + 1)
+        if n <= bins or bins == 1 and n <= 2:
+            break
+        wider = [w for w in BIN_WIDTHS_S if w > width]
+        width = wider[0] if wider else width + 365 * _DAY
     t = _epoch_s(session, _E.start_time)
     if f.start is not None:  # events under way at the window's start count in its first bin
         low = literal(float(lo_s), Float)
