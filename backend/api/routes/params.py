@@ -305,6 +305,28 @@ def _filter_int(name: str, label: str, value: str | int | None, lo: int, hi: int
     return v
 
 
+def _link_filters(noaa_ar, associated_type, calibration_set, calibration_file,
+                  problems: list[FilterProblem]) -> dict[str, Any]:
+    """The region, associated-type and calibration filters of :func:`parse_event_filters`
+    (``EventFilters`` keyword arguments; refused values reported in ``problems``)."""
+    region = _filter_int("noaa_ar", "NOAA region", noaa_ar, 1, 99_999, problems)
+    assoc = None
+    if associated_type:
+        try:
+            assoc = canonical_event_type(associated_type)
+        except ValueError as exc:
+            problems.append(FilterProblem("associated_type", str(exc), f"associated event type: {exc}",
+                                          associated_type))
+    cal_set = (calibration_set or "").strip() or None
+    if cal_set is not None and not _CALIBRATION_SET.fullmatch(cal_set):
+        msg = (f"{cal_set[:60]!r} is not a calibration set (kind:id pairs joined by commas, "
+               "e.g. dark:3,flat:5)")
+        problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
+        cal_set = None
+    cal_file = _filter_int("calibration_file", "calibration file", calibration_file, 1, MAX_ID, problems)
+    return {"noaa_ar": region, "associated_type": assoc, "calibration_set": cal_set, "calibration_file": cal_file}
+
+
 def parse_event_filters(
     *,
     types: str | Sequence[str] | None = None,
@@ -322,10 +344,8 @@ def parse_event_filters(
     min_peak_value: float | None = None,
     frm_name: str | None = None,
     frm_version: str | None = None,
-    noaa_ar: str | int | None = None,
-    associated_type: str | None = None,
-    calibration_set: str | None = None,
-    calibration_file: str | int | None = None,
+    noaa_ar: str | int | None = None, associated_type: str | None = None,
+    calibration_set: str | None = None, calibration_file: str | int | None = None,
     form: bool = False,
 ) -> ParsedEventFilters:
     """Read the event filters of the API (:func:`event_search`) or of the events page.
@@ -354,14 +374,9 @@ def parse_event_filters(
         Must be finite.
     frm_name, frm_version : str
         Exact detector name and version; empty means absent.
-    noaa_ar : str or int
-        NOAA active-region number (1..99999; four digits also match the 1xxxx region).
-    associated_type : str
-        HEK code of an associated event (``CE``: events with an associated CME).
-    calibration_set : str
-        A calibration set key, ``kind:id`` pairs joined by commas (``dark:3,flat:5``).
-    calibration_file : str or int
-        A calibration file id (1..MAX_ID).
+    noaa_ar, associated_type, calibration_set, calibration_file : str or int
+        NOAA region (1..99999), HEK code of an associated event, calibration set key
+        (``dark:3,flat:5``), calibration file id (:func:`_link_filters`).
     form : bool
         The values come from the events page's form: one type and one source (no
         comma-separated lists), and the GOES class is trimmed and upper-cased (blank: absent).
@@ -442,27 +457,12 @@ def parse_event_filters(
                                       "minimum peak value: must be a finite number", min_peak_value))
         min_peak_value = None
 
-    region = _filter_int("noaa_ar", "NOAA region", noaa_ar, 1, 99_999, problems)
-    assoc = None
-    if associated_type:
-        try:
-            assoc = canonical_event_type(associated_type)
-        except ValueError as exc:
-            problems.append(FilterProblem("associated_type", str(exc), f"associated event type: {exc}",
-                                          associated_type))
-    cal_set = (calibration_set or "").strip() or None
-    if cal_set is not None and not _CALIBRATION_SET.fullmatch(cal_set):
-        msg = (f"{cal_set[:60]!r} is not a calibration set (kind:id pairs joined by commas, "
-               "e.g. dark:3,flat:5)")
-        problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
-        cal_set = None
-    cal_file = _filter_int("calibration_file", "calibration file", calibration_file, 1, MAX_ID, problems)
-
+    links = _link_filters(noaa_ar, associated_type, calibration_set, calibration_file, problems)
     filters = EventFilters(
         event_types=tuple(event_types), start=t0, end=t1, sources=tuple(names), channel=code,
         min_goes_flux=flux, min_peak_value=min_peak_value,
         frm_name=frm_name or None, frm_version=frm_version or None, **num,
-        noaa_ar=region, associated_type=assoc, calibration_set=cal_set, calibration_file=cal_file,
+        **links,
     )
     return ParsedEventFilters(filters, tuple(problems), goes_class)
 
