@@ -451,7 +451,8 @@ def _detected_window(session: Session, start, end) -> WindowCoverage:
                 times.append(as_utc(t))
     title = SOURCE_TITLES[DETECTED_SOURCE]
     if not times:
-        return WindowCoverage(DETECTED_SOURCE, "none", f"{title}: no L2 products in this window (the detectors run on them)")
+        where = "in this window" if start is not None or end is not None else "yet"
+        return WindowCoverage(DETECTED_SOURCE, "none", f"{title}: no L2 products {where} (the detectors run on them)")
     a, b = min(times), max(times)
     return WindowCoverage(DETECTED_SOURCE, "partial",
                           f"{title}: only where L2 products exist ({_when(a)} to {_when(b)} in this window)",
@@ -515,5 +516,6 @@ def window_coverage(session: Session, sources: list[str] | tuple[str, ...] | Non
                 tail = f"; no coverage before {_when(first)}"
             out[s] = WindowCoverage(s, "partial", f"{t}: covered {what} only{tail}", tuple(inside))
         else:
-            out[s] = WindowCoverage(s, "covered", f"{t}: covered", tuple(inside))
+            whole = start is not None and end is not None
+            out[s] = WindowCoverage(s, "covered", f"{t}: covered" if whole else f"{t}: covers {what}", tuple(inside))
     return out
