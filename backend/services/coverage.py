@@ -268,7 +268,7 @@ class CatalogueProvider:
     def coverage(self, session, start=None, end=None, settings=None) -> SourceCoverage:
         spans, n_files = self.spans(session)
         cov = SourceCoverage(self.name, self.kind, self.title, start, end,
-                             basis=f"{self.description}: the span each imported file states ({n_files} files)")
+                             basis=f"{self.description}: the span each imported file states ({n_files} file{'' if n_files == 1 else 's'})")
         if not spans:
             if start is not None and end is not None:
                 cov.gaps = [Gap(start, end, "not imported" if not n_files else "its files state no span")]

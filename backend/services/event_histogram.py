@@ -15,7 +15,7 @@ Binning
     first to the last matching start time.
 SQL
     One ``GROUP BY (bin, event_type)`` over the matching rows: ``floor((epoch(start_time) -
-    origin) / width)`` with ``extract(epoch ...)`` on PostgreSQL (an index-only scan of
+    origin) / width)`` with ``date_part('epoch', ...)`` on PostgreSQL (an index-only scan of
     ``ix_events_start_id`` / ``ix_events_type_start_id``, whose INCLUDE columns hold what the
     filters test) and ``julianday`` on SQLite. One more query reads the window's extent when
     it is open.
@@ -104,7 +104,9 @@ class Histogram:
 def _epoch_s(session: Session, col):
     """SQL: seconds since 1970-01-01 UTC of a timestamp column."""
     if session.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", col)
+        # date_part gives double precision; extract() gives numeric since PostgreSQL 14, whose
+        # arithmetic is several times slower per row
+        return func.date_part("epoch", col)
     return (func.julianday(col) - literal(2440587.5)) * literal(86400.0)
 
 
