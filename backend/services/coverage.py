@@ -257,11 +257,13 @@ class CatalogueProvider:
         self.title = SOURCE_TITLES.get(source, source)
         self.description = CATALOGUES[source].title if source in CATALOGUES else source
 
-    def spans(self, session: Session) -> tuple[list[Span], int]:
-        """Every span recorded for the catalogue (merged) and the number of files recorded."""
-        rows = session.execute(select(CatalogueCoverage.covers_start, CatalogueCoverage.covers_end,
-                                      CatalogueCoverage.complete, CatalogueCoverage.basis)
-                               .where(CatalogueCoverage.source == self.name)).all()
+    def spans(self, session: Session, rows: list | None = None) -> tuple[list[Span], int]:
+        """Every span recorded for the catalogue (merged) and the number of files recorded;
+        ``rows`` (start, end, complete, basis) when already read."""
+        if rows is None:
+            rows = session.execute(select(CatalogueCoverage.covers_start, CatalogueCoverage.covers_end,
+                                          CatalogueCoverage.complete, CatalogueCoverage.basis)
+                                   .where(CatalogueCoverage.source == self.name)).all()
         spans = [Span(as_utc(a), as_utc(b), bool(c), basis) for a, b, c, basis in rows if a is not None and b is not None]
         return _merge(spans), len(rows)
 
@@ -435,25 +437,21 @@ def coverage_report(session: Session, start: dt.datetime | None = None, end: dt.
 
 
 def _detected_window(session: Session, start, end) -> WindowCoverage:
-    """The detections' coverage of a window, cheaply: the first and last frame with a written
-    L2 product in it, per channel (two index range scans that stop at the first hit)."""
-    times = []
-    for code in CHANNELS:
-        base = (select(Frame.date_obs).join(Product, Product.frame_id == Frame.id)
-                .where(Frame.channel_code == code, Product.state == ProductState.written))
-        if start is not None:
-            base = base.where(Frame.date_obs >= start)
-        if end is not None:
-            base = base.where(Frame.date_obs <= end)
-        for order in (Frame.date_obs.asc(), Frame.date_obs.desc()):
-            t = session.scalar(base.order_by(order).limit(1))
-            if t is not None:
-                times.append(as_utc(t))
+    """The detections' coverage of a window, cheaply: the first and last DATE-OBS of a frame
+    with a written L2 product in it (one aggregate; the planner starts from whichever of the
+    written products and the window's frames is smaller)."""
+    q = (select(func.min(Frame.date_obs), func.max(Frame.date_obs))
+         .join(Product, Product.frame_id == Frame.id).where(Product.state == ProductState.written))
+    if start is not None:
+        q = q.where(Frame.date_obs >= start)
+    if end is not None:
+        q = q.where(Frame.date_obs <= end)
+    first, last = session.execute(q).one()
     title = SOURCE_TITLES[DETECTED_SOURCE]
-    if not times:
+    if first is None:
         where = "in this window" if start is not None or end is not None else "yet"
         return WindowCoverage(DETECTED_SOURCE, "none", f"{title}: no L2 products {where} (the detectors run on them)")
-    a, b = min(times), max(times)
+    a, b = as_utc(first), as_utc(last)
     return WindowCoverage(DETECTED_SOURCE, "partial",
                           f"{title}: only where L2 products exist ({_when(a)} to {_when(b)} in this window)",
                           (Span(a, b),))
@@ -479,12 +477,17 @@ def window_coverage(session: Session, sources: list[str] | tuple[str, ...] | Non
 
     wanted = [s for s in SOURCES if not sources or s in sources]
     out: dict[str, WindowCoverage] = {}
+    by_source: dict[str, list] = {}
+    for src, *row in session.execute(select(CatalogueCoverage.source, CatalogueCoverage.covers_start,
+                                            CatalogueCoverage.covers_end, CatalogueCoverage.complete,
+                                            CatalogueCoverage.basis)):  # one small table, read once
+        by_source.setdefault(src, []).append(row)
     for s in wanted:
         if s == DETECTED_SOURCE:
             out[s] = _detected_window(session, start, end)
             continue
         p = CatalogueProvider(s)
-        spans, n_files = p.spans(session)
+        spans, n_files = p.spans(session, by_source.get(s, []))
         t = p.title
         if not spans:
             out[s] = WindowCoverage(s, "unknown", f"{t}: not imported" if not n_files else f"{t}: its files state no span")

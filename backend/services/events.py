@@ -206,7 +206,9 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
     -----
     After a ``hek`` import the catalogue's associations are stored for every pair whose
     two ends are stored (of this or an earlier import); after an ``lst_wst`` or
-    ``goes_xrs`` import, :func:`link_wst_goes` links WST flares to GOES flares.
+    ``goes_xrs`` import, :func:`link_wst_goes` links WST flares to GOES flares. What each
+    file says it covers is recorded (``catalogue_coverage``,
+    :func:`backend.services.coverage.record_catalogue_coverage`), on a re-import too.
     """
     result = parse_catalogue(source, path)
     report = ImportReport(source=source, rows_in=result.rows_in, refused=list(result.refused),
