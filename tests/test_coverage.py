@@ -144,3 +144,25 @@ def test_coverage_api_and_events_coverage_field(client, db_session, imported):
     assert_error(client.get("/api/v1/coverage", params={"start": "yesterday"}), 422, "query.start")
     assert_error(client.get("/api/v1/coverage", params={"name": "lasco"}), 422, "no coverage of 'lasco'")
     assert_error(client.get("/api/v1/coverage", params={"start": "2016-02-01", "end": "2016-01-01"}), 422, "before start")
+
+
+def test_quarantined_files_are_a_reason_of_a_channel_gap(db_session, settings):
+    """A rejected file whose header still says its channel and DATE-OBS (kept by ingest's
+    quarantine with its reason) is named in the gap it falls in."""
+    import numpy as np
+    from astropy.io import fits
+
+    from backend.services.ingest import quarantine
+
+    t0 = T("2023-01-31T06:00:00")
+    make_product(db_session, make_frame(db_session, "WST", t0), None)
+    make_product(db_session, make_frame(db_session, "WST", t0 + dt.timedelta(hours=1)), None)
+    src = settings.root / "incoming" / "lst_wst_20230131T063000.fits"
+    src.parent.mkdir(parents=True, exist_ok=True)
+    h = fits.Header({"TELESCOP": "ASO-S", "INSTRUME": "LST", "DETECTOR": "WST", "DATE-OBS": "2023-01-31T06:30:00"})
+    fits.PrimaryHDU(np.zeros((4, 4), dtype=np.float32), header=h).writeto(src)
+    quarantine(src, "frame too small: 4x4 (smallest LST frame side 32)", settings, move=True)
+    c = ChannelProvider("WST").coverage(db_session, t0 - dt.timedelta(hours=1), t0 + dt.timedelta(hours=2), settings)
+    (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
+    assert between.reason == "no frames; 1 quarantined file (frame too small: 4x4 (smallest LST frame side 32))"
+    assert [g.reason for g in c.gaps if g is not between] == ["no frames", "no frames"]
