@@ -166,3 +166,15 @@ def test_quarantined_files_are_a_reason_of_a_channel_gap(db_session, settings):
     (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
     assert between.reason == "no frames; 1 quarantined file (frame too small: 4x4 (smallest LST frame side 32))"
     assert [g.reason for g in c.gaps if g is not between] == ["no frames", "no frames"]
+
+
+def test_a_file_that_contradicts_itself_is_imported_with_no_span(db_session, tmp_path):
+    folder = tmp_path / "goes_xrs_reports"
+    folder.mkdir()
+    (folder / "goes-xrs-report_2013.txt").write_text(
+        (EVENTS / "goes_xrs_reports" / "goes-xrs-report_2014.txt").read_text(encoding="latin-1"))
+    assert import_catalogue(db_session, "goes_xrs", folder).stored > 0
+    (row,) = db_session.query(CatalogueCoverage).filter_by(source="goes_xrs").all()
+    assert row.covers_start is None and row.basis.startswith("no span: goes-xrs-report_2013.txt: rows are of 2014")
+    w = window_coverage(db_session, ["goes_xrs"], T("2014-01-01"), T("2014-02-01"))
+    assert w["goes_xrs"].status == "unknown" and w["goes_xrs"].message == "GOES XRS: its files state no span"

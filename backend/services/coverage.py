@@ -36,7 +36,8 @@ from sqlalchemy.orm import Session
 
 from backend.models import CatalogueCoverage, Frame, Product, ProductState, utcnow
 from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
-from pipelines.catalogues.coverage import file_coverage
+from pipelines.catalogues.coverage import FileCoverage, file_coverage
+from pipelines.catalogues.records import CatalogueError
 from pipelines.channels import CHANNELS
 from pipelines.utc import as_utc
 
@@ -225,15 +226,19 @@ def record_catalogue_coverage(session: Session, source: str, files: list[str | P
     list of CatalogueCoverage
         The rows, one per file.
 
-    Raises
-    ------
-    pipelines.catalogues.CatalogueError
-        A file that contradicts itself (see :func:`pipelines.catalogues.coverage.file_coverage`).
+    Notes
+    -----
+    A file whose span cannot be read or that contradicts itself (rows of another year than
+    its name, :func:`pipelines.catalogues.coverage.file_coverage`) gets a row without a span
+    whose ``basis`` says why: its events are stored, but it covers nothing known.
     """
     rows = []
     now = utcnow()
     for f in files:
-        fc = file_coverage(source, f)
+        try:
+            fc = file_coverage(source, f)
+        except CatalogueError as exc:  # the events are stored; the file's span is unknown, and why
+            fc = FileCoverage(Path(f).name, None, None, False, f"no span: {exc}")
         row = session.scalar(select(CatalogueCoverage).where(CatalogueCoverage.source == source,
                                                              CatalogueCoverage.file == fc.file[:255]))
         if row is None:
