@@ -142,6 +142,7 @@ def test_filters_and_zoom_survive_a_reload_and_bad_utc_times_are_explained(live,
     rng = page.locator("#timeline").evaluate("el => el.layout.xaxis.range.map(String)")
     assert rng[0].startswith("2014-01-01") and rng[1].startswith("2014-03-01")
     assert not page.locator("#timeline-reset").is_hidden()
+    assert "tl_start=2014-01-01T00" in page.locator("#page-next").get_attribute("href")  # paging keeps the view
     page.screenshot(path=str(tmp_path / "reloaded.png"), full_page=True)
     # the date fields are UTC text: a local-looking value is explained, the form not sent
     assert page.locator("#filter-start").get_attribute("type") == "text"

@@ -45,6 +45,13 @@
       else { u.searchParams.delete("tl_start"); u.searchParams.delete("tl_end"); }
       window.history.replaceState(null, "", u.toString());
       if (reset) reset.hidden = !(z0 && z1);
+      // the list's page links keep the view too
+      document.querySelectorAll("#event-pager a").forEach(function (a) {
+        const l = new URL(a.href, window.location.origin);
+        if (z0 && z1) { l.searchParams.set("tl_start", z0); l.searchParams.set("tl_end", z1); }
+        else { l.searchParams.delete("tl_start"); l.searchParams.delete("tl_end"); }
+        a.href = l.pathname + l.search;
+      });
     }
 
     function zoom(a, b) {
@@ -110,6 +117,7 @@
       });
     }
 
+    if (z0 && z1) keepInUrl();  // a view from the URL: the page links carry it on
     if (reset) {
       reset.hidden = !(z0 && z1);
       reset.addEventListener("click", function (ev) { ev.preventDefault(); z0 = z1 = null; keepInUrl(); load(); });
