@@ -60,6 +60,7 @@ __all__ = [
     "Movie",
     "XRaySeries",
     "XRaySample",
+    "CatalogueCoverage",
     "utcnow",
 ]
 
@@ -518,3 +519,29 @@ class XRaySample(Base):
     xrsb_quality: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (Index("ix_xray_samples_t_tai", "t_tai"),)
+
+
+class CatalogueCoverage(Base):
+    """The time span one imported catalogue file says it covers (recorded at import time).
+
+    One row per (source, file name): a re-import of the file updates it. ``covers_start`` /
+    ``covers_end`` are half-open ``[start, end)`` in UTC, NULL when the file states no span
+    (:func:`pipelines.catalogues.coverage.file_coverage`); ``complete`` is False for a
+    selection or a cut-short answer (HEK ``overmax``).
+    """
+
+    __tablename__ = "catalogue_coverage"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    source: Mapped[str] = mapped_column(String(32))
+    file: Mapped[str] = mapped_column(String(255))
+    covers_start: Mapped[dt.datetime | None] = mapped_column()
+    covers_end: Mapped[dt.datetime | None] = mapped_column()
+    complete: Mapped[bool] = mapped_column(default=True)
+    basis: Mapped[str] = mapped_column(String(400), default="")
+    recorded_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (
+        UniqueConstraint("source", "file"),
+        Index("ix_catalogue_coverage_source_start", "source", "covers_start"),
+    )

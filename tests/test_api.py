@@ -795,11 +795,13 @@ def test_pages_render_and_bad_page_input_is_explained(client, db_session, events
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert f'href="/events/{events["fl"].id}"' in r.text and "/static/vendor/plotly.min.js" in r.text
-    assert 'data-figure-url="/api/v1/events/timeline/figure?"' in r.text
+    # the landing timeline: all matching events (the filters without the window, which rides apart)
+    assert 'data-timeline-url="/api/v1/events/histogram/figure?"' in r.text
     r = client.get("/", params={"type": "fl", "start": "2024-05-14T15:00", "source": "goes_xrs"})
     assert r.text.count("data-event-id=") == 2  # the M1.2 flare and the later C2.0, not the WST flare
     assert f'data-event-id="{events["late"].id}"' in r.text and f'data-event-id="{events["wfl"].id}"' not in r.text
-    assert 'data-figure-url="/api/v1/events/timeline/figure?type=FL&amp;source=goes_xrs&amp;start=2024-05-14T15%3A00%3A00%2B00%3A00"' in r.text
+    assert 'data-timeline-url="/api/v1/events/histogram/figure?type=FL&amp;source=goes_xrs"' in r.text
+    assert 'data-window-start="2024-05-14T15:00:00Z"' in r.text
     r = client.get("/", params={"type": "QQ", "start": "noon", "end": "2024-01-01T00:00"})
     assert r.status_code == 200
     assert "unknown HEK event type &#39;QQ&#39;" in r.text and "start: &#39;noon&#39; is not a date and time" in r.text

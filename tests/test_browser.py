@@ -269,7 +269,7 @@ def test_event_filter_survives_paging(live, page, tmp_path):
     # the form and the timeline keep the filter on the later page
     assert page.locator("#filter-type").input_value() == "FL"
     assert page.locator("#filter-source").input_value() == "goes_xrs"
-    assert "type=FL" in page.locator("#timeline").get_attribute("data-figure-url")
+    assert "type=FL" in page.locator("#timeline").get_attribute("data-timeline-url")
     assert page.locator(".error").count() == 0
 
     url = _click_and_load(page, "#page-prev")

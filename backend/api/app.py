@@ -50,6 +50,7 @@ from backend.api.routes import bulk, calibrations, channels, events, frames, job
 from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
+from backend.api.routes import coverage, event_histogram
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
@@ -457,7 +458,7 @@ def _health_router() -> APIRouter:
 
 def create_app() -> FastAPI:
     """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
-    from backend.api import pages
+    from backend.api import coverage_page, pages
 
     # FastAPIOffline serves Swagger UI and ReDoc from packaged files: /docs works offline
     app = FastAPIOffline(
@@ -475,7 +476,8 @@ def create_app() -> FastAPI:
     api = APIRouter(prefix=API_PREFIX, responses=_ERRORS)
     api.include_router(_health_router())
     # bulk and job_form first: their /products/archive and /jobs/estimate are not /{id}
-    for module in (bulk, job_form, channels, frames, products, calibrations, events, jobs, movies):
+    for module in (bulk, job_form, channels, frames, products, calibrations, event_histogram, events, jobs,
+                   movies, coverage):
         api.include_router(module.router)
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
@@ -483,6 +485,7 @@ def create_app() -> FastAPI:
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)
+    app.include_router(coverage_page.router)
     app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

@@ -225,15 +225,26 @@ def events_page(
     hpc_y_max: _NUM = None,
     after: _CURSOR = None,
     before: _CURSOR = None,
+    noaa_ar: _NUM = None,
+    associated_type: Annotated[str | None, Query(max_length=4)] = None,
+    frm_name: Annotated[str | None, Query(max_length=100)] = None,
+    calibration_set: Annotated[str | None, Query(max_length=400)] = None,
+    tl_start: Annotated[str | None, Query(max_length=40)] = None,
+    tl_end: Annotated[str | None, Query(max_length=40)] = None,
 ):
     """Events list with filters (HEK type, source, time range, minimum GOES class,
-    position-angle range, helioprojective box), newest first, paged by cursor
-    (:func:`event_list_page`; the filters ride along in the page links), and the timeline
-    figure. A page link made for other filters is reported and the newest page shown."""
+    position-angle range, helioprojective box, NOAA region, associated event type, detector,
+    calibration set), newest first, paged by cursor (:func:`event_list_page`; the filters ride
+    along in the page links), the coverage of the window per source and the landing timeline
+    (all matching events, ``frontend/static/timeline.js``; its zoom is ``tl_start``/``tl_end``
+    in the URL). A page link made for other filters is reported and the newest page shown."""
+    from backend.api.events_search_page import search_form_extras
+
     parsed = parse_event_filters(
         types=type, sources=source, start=start, end=end, min_goes_class=min_goes_class,
         pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
-        hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, form=True,
+        hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, noaa_ar=noaa_ar, associated_type=associated_type,
+        frm_name=(frm_name or "").strip() or None, calibration_set=calibration_set, form=True,
     )
     errors = [p.note for p in parsed.problems]
     filters = parsed.filters
@@ -242,7 +253,9 @@ def events_page(
     t0, t1, min_class = filters.start, filters.end, parsed.min_goes_class
     num = {name: getattr(filters, name) for name, *_ in NUMERIC_FILTERS}
     form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
-            "min_goes_class": min_class or "", **{k: _form_num(v) for k, v in num.items()}}
+            "min_goes_class": min_class or "", **{k: _form_num(v) for k, v in num.items()},
+            "noaa_ar": str(filters.noaa_ar or ""), "associated_type": filters.associated_type or "",
+            "frm_name": filters.frm_name or "", "calibration_set": filters.calibration_set or ""}
     form_q = {k: v for k, v in form.items() if v}
     try:
         page = event_list_page(session, filters, after=after, before=before)
@@ -253,8 +266,13 @@ def events_page(
         ("type", event_type), ("source", source),
         ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
         ("min_goes_class", min_class), *((k, _form_num(v)) for k, v in num.items()),
+        ("noaa_ar", form["noaa_ar"]), ("associated_type", form["associated_type"]), ("frm_name", form["frm_name"]),
+        ("calibration_set", form["calibration_set"]),
     ) if v}
+    extras = search_form_extras(session, filters, applied, tl_start, tl_end)
+    errors += extras.pop("errors")
     return templates.TemplateResponse(request, "events.html", {
+        **extras,
         "events": page.rows,
         "total": page.total,
         "total_is_estimate": page.total_is_estimate,

@@ -17,6 +17,12 @@ from backend.models import CalibrationKind, JobState, ProductState
 from pipelines.utc import as_utc
 
 __all__ = [
+    "CoverageSpanPublic",
+    "WindowCoveragePublic",
+    "CoverageGapPublic",
+    "SourceCoveragePublic",
+    "CoveragePublic",
+    "EventHistogramPublic",
     "UTCDateTime",
     "Page",
     "ChannelPublic",
@@ -264,6 +270,9 @@ class EventsPublic(Page[EventPublic]):
     sort: str = Field(default="-start_time", description="Sort applied: key, - prefix for descending")
     next_cursor: str | None = Field(default=None, description="Cursor of the next page (None on the last page)")
     truncated: bool = Field(default=False, description="True when more events match after this page")
+    coverage: dict[str, WindowCoveragePublic] | None = Field(default=None, description=(
+        "Per event source asked (all when no source filter): whether the request window is covered. "
+        "'none' means the source has no data there (not 'no events')"))
 
 
 class LightCurvePublic(BaseModel):
@@ -398,3 +407,65 @@ class XRayCoveragePublic(BaseModel):
     """The time spans the stored GOES XRS series cover, per satellite."""
 
     items: list[XRayCoverageSpan]
+
+
+# -- coverage and the landing timeline (issue 11 items 4, 5) ---------------------------------------
+
+
+class CoverageSpanPublic(BaseModel):
+    """A covered span ``[start, end)`` (UTC); ``complete`` False for a selection or a cut answer."""
+
+    start: UTCDateTime
+    end: UTCDateTime
+    complete: bool = True
+
+
+class WindowCoveragePublic(BaseModel):
+    """Whether one event source covers a search window."""
+
+    status: Literal["covered", "partial", "selection", "none", "unknown"] = Field(description=(
+        "covered: all of the window; partial: part; selection: a list that is not complete; "
+        "none: no part (no data, not 'no events'); unknown: nothing imported"))
+    message: str = Field(description="One line, e.g. 'CDAW: no coverage after 2013-12-31'")
+    spans: list[CoverageSpanPublic] = Field(default_factory=list, description="Covered parts of the window")
+
+
+class CoverageGapPublic(BaseModel):
+    """An uncovered span ``[start, end)`` (UTC) and why, where known."""
+
+    start: UTCDateTime
+    end: UTCDateTime
+    reason: str
+
+
+class SourceCoveragePublic(BaseModel):
+    """Coverage of one event source or LST channel over the window asked."""
+
+    name: str = Field(description="Event source (cdaw, goes_xrs, ..., detected) or LST channel code")
+    kind: Literal["catalogue", "detected", "channel"] | str
+    title: str
+    basis: str = Field(description="Where the coverage comes from")
+    spans: list[CoverageSpanPublic]
+    gaps: list[CoverageGapPublic]
+
+
+class CoveragePublic(BaseModel):
+    """``GET /coverage``: every source and channel over [start, end] (open: each one's extent)."""
+
+    start: UTCDateTime | None
+    end: UTCDateTime | None
+    sources: list[SourceCoveragePublic]
+
+
+class EventHistogramPublic(BaseModel):
+    """``GET /events/histogram``: counts of all matching events per HEK type and time bin."""
+
+    start: UTCDateTime | None = Field(description="Window binned (first matching start when open)")
+    end: UTCDateTime | None
+    bin_s: int = Field(description="Bin width [s]")
+    edges: list[UTCDateTime] = Field(description="Bin edges (one more than the counts); bin i is [edges[i], edges[i+1])")
+    counts: dict[str, list[int]] = Field(description="Per HEK type, one count per bin (by start time)")
+    total: int = Field(description="Sum of the counts: the exact number of matching events")
+
+
+EventsPublic.model_rebuild()

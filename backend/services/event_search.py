@@ -6,7 +6,9 @@ Filters (all optional, combined with AND)
     HEK type (several: OR), time overlap with [start, end], source (several: OR), channel,
     helioprojective bounding box [arcsec], position-angle range [deg] (wrapping through 0
     when ``pa_min > pa_max``), minimum GOES flux [W m-2] (from ``min_goes_class``), minimum
-    peak value, detector (``frm_name``, ``frm_version``).
+    peak value, detector (``frm_name``, ``frm_version``), NOAA active region, "has an
+    associated event of type X" (``event_associations``), calibration set or calibration
+    file of the L2 products an event was detected from (``event_products`` -> ``products``).
 Sort
     ``start_time``, ``peak_time``, ``end_time``, ``goes_flux``, ``speed_km_s`` or ``id``,
     ascending or descending (``-`` prefix), the id breaking ties; events without a value of
@@ -51,7 +53,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from backend.models import Event
+from backend.models import Event, EventAssociation, EventProduct, Product, ProductCalibrationFile
 from pipelines.errors import DataError
 from pipelines.utc import as_utc
 
@@ -128,6 +130,19 @@ class EventFilters:
         Minimum ``peak_value`` (in the event's own ``peak_unit``).
     frm_name, frm_version : str or None
         Detector (HEK FRM_NAME, FRM_VERSION), exact.
+    noaa_ar : int or None
+        NOAA active-region number. A number below 10000 also matches that number + 10000
+        (SRS and HEK print regions after 2002-06-14 with four digits: 3664 is 13664; see
+        :func:`pipelines.catalogues.records.full_noaa_number`).
+    associated_type : str or None
+        HEK code: the event has an association (``event_associations``, any kind) with an
+        event of this type (``CE``: flares with a CME).
+    calibration_set : str or None
+        ``Product.calibration_key`` (``kind:id`` pairs, e.g. ``dark:3,flat:5``): the event is
+        linked (``event_products``) to an L2 product made with exactly this calibration set.
+    calibration_file : int or None
+        A calibration file id: the event is linked to an L2 product that used it
+        (``product_calibration_files``).
     """
 
     event_types: tuple[str, ...] = ()
@@ -145,6 +160,10 @@ class EventFilters:
     min_peak_value: float | None = None
     frm_name: str | None = None
     frm_version: str | None = None
+    noaa_ar: int | None = None
+    associated_type: str | None = None
+    calibration_set: str | None = None
+    calibration_file: int | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
@@ -311,6 +330,23 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
         conds.append(_E.frm_name == f.frm_name)
     if f.frm_version:
         conds.append(_E.frm_version == f.frm_version)
+    if f.noaa_ar is not None:
+        conds.append(_E.noaa_ar.in_((f.noaa_ar, f.noaa_ar + 10_000)) if f.noaa_ar < 10_000 else _E.noaa_ar == f.noaa_ar)
+    # the linked sets are small (associations, detections): one uncorrelated IN list each, which
+    # both databases build once (a correlated EXISTS made SQLite scan the other type per row)
+    if f.associated_type:
+        other = Event.__table__.alias("assoc_other")
+        conds.append(_E.id.in_(select(EventAssociation.event_id)
+                               .join(other, other.c.id == EventAssociation.other_event_id)
+                               .where(other.c.event_type == f.associated_type)))
+    if f.calibration_set:
+        conds.append(_E.id.in_(select(EventProduct.event_id)
+                               .join(Product, Product.id == EventProduct.product_id)
+                               .where(Product.calibration_key == f.calibration_set)))
+    if f.calibration_file is not None:
+        conds.append(_E.id.in_(select(EventProduct.event_id)
+                               .join(ProductCalibrationFile, ProductCalibrationFile.product_id == EventProduct.product_id)
+                               .where(ProductCalibrationFile.calibration_file_id == f.calibration_file)))
     return conds
 
 

@@ -208,7 +208,9 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
     -----
     After a ``hek`` import the catalogue's associations are stored for every pair whose
     two ends are stored (of this or an earlier import); after an ``lst_wst`` or
-    ``goes_xrs`` import, :func:`link_wst_goes` links WST flares to GOES flares.
+    ``goes_xrs`` import, :func:`link_wst_goes` links WST flares to GOES flares. What each
+    file says it covers is recorded (``catalogue_coverage``,
+    :func:`backend.services.coverage.record_catalogue_coverage`), on a re-import too.
     """
     result = parse_catalogue(source, path)
     report = ImportReport(source=source, rows_in=result.rows_in, refused=list(result.refused),
@@ -240,6 +242,9 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
         report.associations_unresolved.extend(unresolved)
     if source in ("lst_wst", "goes_xrs"):
         report.associations_added += 2 * link_wst_goes(session)
+    from backend.services.coverage import record_catalogue_coverage  # what each file says it covers
+
+    record_catalogue_coverage(session, source, report.files)
     return report.check()
 
 

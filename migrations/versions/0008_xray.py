@@ -10,7 +10,7 @@
   apart, distance, NOAA region); NULL for links made before.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-02 03:00:00
 """
 

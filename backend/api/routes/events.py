@@ -121,7 +121,14 @@ def read_events(
     """Events matching every filter given: HEK type(s), time overlap with [start, end],
     source(s), channel, helioprojective bounding box [arcsec], position-angle range [deg]
     (wrapping through 0 when pa_min > pa_max), minimum GOES class, minimum peak value,
-    detector (frm_name, frm_version).
+    detector (frm_name, frm_version), NOAA region (noaa_ar), an associated event's type
+    (associated_type=CE: flares with a CME), calibration set or file of the L2 products the
+    event was detected from.
+
+    The JSON adds ``coverage``: per source asked (all when no source filter), whether
+    [start, end] is covered (``status`` covered, partial, selection, none or unknown, and a
+    ``message`` such as "CDAW: no coverage after 2013-12-31"): a window no catalogue covers
+    reads differently from one without events.
 
     Sorted by ``sort`` (default newest first), ``limit`` per page. Page on with
     ``cursor=<next_cursor>`` (keyset: same cost at any depth; ``offset`` still works for
@@ -146,10 +153,20 @@ def read_events(
     if format == "hek":
         return JSONResponse(event_formats.events_hek(result.items, overmax=result.truncated),
                             headers=_page_headers(result))
-    return Response(page_json(result), media_type="application/json")
+    from backend.services.coverage import window_coverage
+
+    cover = window_coverage(session, filters.sources, filters.start, filters.end)
+    return Response(page_json(result, coverage=coverage_json(cover)), media_type="application/json")
 
 
-def page_json(result) -> bytes:
+def coverage_json(cover) -> dict:
+    """``{source: {status, message, spans}}`` of :func:`backend.services.coverage.window_coverage`."""
+    return {s: {"status": c.status, "message": c.message,
+                "spans": [{"start": as_utc(x.start), "end": as_utc(x.end), "complete": x.complete} for x in c.spans]}
+            for s, c in cover.items()}
+
+
+def page_json(result, coverage: dict | None = None) -> bytes:
     """The :class:`EventsPublic` JSON of a light search page, without re-validating each row.
 
     The rows come from the database with the types of :class:`EventPublic` (whose fields are
@@ -170,7 +187,7 @@ def page_json(result) -> bytes:
     return pydantic_core.to_json({
         "items": items, "total": result.total, "limit": result.limit, "offset": result.offset,
         "total_is_estimate": result.total_is_estimate, "sort": result.sort, "next_cursor": result.next_cursor,
-        "truncated": result.truncated,
+        "truncated": result.truncated, "coverage": coverage,
     }, inf_nan_mode="null")
 
 

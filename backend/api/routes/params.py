@@ -283,6 +283,50 @@ def _filter_number(name: str, label: str, value: str | float | None, lo: float, 
     return v
 
 
+#: A calibration set key (``backend.services.registry``: ``kind:id`` pairs sorted by kind).
+_CALIBRATION_SET = re.compile(r"[a-z_]{1,20}:\d{1,10}(,[a-z_]{1,20}:\d{1,10}){0,15}")
+
+
+def _filter_int(name: str, label: str, value: str | int | None, lo: int, hi: int,
+                problems: list[FilterProblem]) -> int | None:
+    """A whole number in [lo, hi] (a form's text or an int), or None."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        v = int(str(value).strip())
+    except ValueError:
+        msg = f"{str(value)[:40]!r} is not a whole number"
+        problems.append(FilterProblem(name, msg, f"{label}: {msg}", value))
+        return None
+    if not lo <= v <= hi:
+        msg = f"{v} is outside {lo}..{hi}"
+        problems.append(FilterProblem(name, msg, f"{label}: {msg}", value))
+        return None
+    return v
+
+
+def _link_filters(noaa_ar, associated_type, calibration_set, calibration_file,
+                  problems: list[FilterProblem]) -> dict[str, Any]:
+    """The region, associated-type and calibration filters of :func:`parse_event_filters`
+    (``EventFilters`` keyword arguments; refused values reported in ``problems``)."""
+    region = _filter_int("noaa_ar", "NOAA region", noaa_ar, 1, 99_999, problems)
+    assoc = None
+    if associated_type:
+        try:
+            assoc = canonical_event_type(associated_type)
+        except ValueError as exc:
+            problems.append(FilterProblem("associated_type", str(exc), f"associated event type: {exc}",
+                                          associated_type))
+    cal_set = (calibration_set or "").strip() or None
+    if cal_set is not None and not _CALIBRATION_SET.fullmatch(cal_set):
+        msg = (f"{cal_set[:60]!r} is not a calibration set (kind:id pairs joined by commas, "
+               "e.g. dark:3,flat:5)")
+        problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
+        cal_set = None
+    cal_file = _filter_int("calibration_file", "calibration file", calibration_file, 1, MAX_ID, problems)
+    return {"noaa_ar": region, "associated_type": assoc, "calibration_set": cal_set, "calibration_file": cal_file}
+
+
 def parse_event_filters(
     *,
     types: str | Sequence[str] | None = None,
@@ -300,6 +344,8 @@ def parse_event_filters(
     min_peak_value: float | None = None,
     frm_name: str | None = None,
     frm_version: str | None = None,
+    noaa_ar: str | int | None = None, associated_type: str | None = None,
+    calibration_set: str | None = None, calibration_file: str | int | None = None,
     form: bool = False,
 ) -> ParsedEventFilters:
     """Read the event filters of the API (:func:`event_search`) or of the events page.
@@ -328,6 +374,9 @@ def parse_event_filters(
         Must be finite.
     frm_name, frm_version : str
         Exact detector name and version; empty means absent.
+    noaa_ar, associated_type, calibration_set, calibration_file : str or int
+        NOAA region (1..99999), HEK code of an associated event, calibration set key
+        (``dark:3,flat:5``), calibration file id (:func:`_link_filters`).
     form : bool
         The values come from the events page's form: one type and one source (no
         comma-separated lists), and the GOES class is trimmed and upper-cased (blank: absent).
@@ -408,10 +457,12 @@ def parse_event_filters(
                                       "minimum peak value: must be a finite number", min_peak_value))
         min_peak_value = None
 
+    links = _link_filters(noaa_ar, associated_type, calibration_set, calibration_file, problems)
     filters = EventFilters(
         event_types=tuple(event_types), start=t0, end=t1, sources=tuple(names), channel=code,
         min_goes_flux=flux, min_peak_value=min_peak_value,
         frm_name=frm_name or None, frm_version=frm_version or None, **num,
+        **links,
     )
     return ParsedEventFilters(filters, tuple(problems), goes_class)
 
@@ -419,7 +470,8 @@ def parse_event_filters(
 #: The order in which the API has always checked the event filters: a request with several
 #: bad values is answered with the first of them.
 _API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name, *_ in NUMERIC_FILTERS),
-                    "min_goes_class", "min_peak_value")
+                    "min_goes_class", "min_peak_value", "noaa_ar", "associated_type", "calibration_set",
+                    "calibration_file")
 
 
 _Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC, allow_inf_nan=False)]
@@ -446,6 +498,14 @@ async def event_search(
                                           description="Detector / method name (HEK FRM_NAME), exact")] = None,
     frm_version: Annotated[str | None, Query(max_length=40, pattern=r"^[^\x00]*$",
                                              description="Detector version (HEK FRM_VERSION), exact")] = None,
+    noaa_ar: Annotated[int | None, Query(ge=1, le=99_999, description=(
+        "NOAA active region number; four digits also match 1xxxx (SRS/HEK print 13664 as 3664)"))] = None,
+    associated_type: Annotated[str | None, Query(max_length=4, description=(
+        "HEK code of an associated event: e.g. CE for flares with a CME (event_associations)"))] = None,
+    calibration_set: Annotated[str | None, Query(max_length=400, description=(
+        "Calibration set of the L2 products the event was detected from, kind:id pairs (dark:3,flat:5)"))] = None,
+    calibration_file: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+        "A calibration file id used by the L2 products the event was detected from"))] = None,
 ):
     """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`
     (:func:`parse_event_filters`); 422 with the parameter named for a bad value."""
@@ -454,6 +514,8 @@ async def event_search(
         pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
         hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, min_goes_class=min_goes_class,
         min_peak_value=min_peak_value, frm_name=frm_name, frm_version=frm_version,
+        noaa_ar=noaa_ar, associated_type=associated_type, calibration_set=calibration_set,
+        calibration_file=calibration_file,
     )
     if parsed.problems:
         p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
