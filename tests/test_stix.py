@@ -191,3 +191,15 @@ def test_import_all_imports_the_stix_folder(db_session, tmp_path):
     shutil.copytree(EVENTS / "stix", tmp_path / "stix")
     (r,) = import_all(db_session, tmp_path)
     assert (r.source, r.stored, r.files) == ("stix", 6429, [str(tmp_path / "stix" / STIX_FILE.name)])
+
+
+def test_the_demo_wst_frame_day_is_an_observing_window_with_three_stix_flares(db_session):
+    """Demo coherence: the WST frame of 2023-01-31 03:39:23 (from the HMI JPEG 2000) now meets events."""
+    from backend.services.observing_windows import observing_windows
+    from tests.test_api import make_frame
+
+    make_frame(db_session, "WST", dt.datetime(2023, 1, 31, 3, 39, 23, tzinfo=UTC))
+    import_catalogue(db_session, "stix", STIX_FILE)
+    import_catalogue(db_session, "lst_wst", WST_FILE)
+    (w,) = [w for w in observing_windows(db_session) if w.day == dt.date(2023, 1, 31)]
+    assert w.frames == {"WST": 1} and w.events == {"stix": 3}
