@@ -204,6 +204,7 @@ def provenance_events(db_session):
                             attributes={"instruments": ["SOHO: LASCO/C2", "STEREO A: SECCHI/COR2"]}),
         "noaa_srs": make_event(db_session, "AR", T0, None, None, source="noaa_srs"),
         "lst_wst": make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 9 * MIN, source="lst_wst", channels="WST"),
+        "stix": make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 9 * MIN, source="stix", channels="4-10 keV"),
         "detected": make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 9 * MIN, source="detected", channels="SDI"),
     }
 
@@ -215,6 +216,7 @@ EXPECTED_OBS = {
     "donki": ("SOHO,STEREO A", "LASCO,SECCHI", "C2,COR2"),
     "noaa_srs": ("NOAA SWPC", "SRS", None),
     "lst_wst": ("ASO-S", "LST", "WST"),
+    "stix": ("Solar Orbiter", "STIX", "4-10 keV"),
     "detected": ("ASO-S", "LST", "SDI"),
 }
 

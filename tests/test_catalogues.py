@@ -413,7 +413,7 @@ def test_srs_agrees_with_sunpy_reader():
 
 
 def test_parse_catalogue_finds_every_catalogue_in_the_events_folder():
-    assert set(CATALOGUES) == {"lst_wst", "goes_xrs", "cdaw", "hek", "donki", "noaa_srs"}
+    assert set(CATALOGUES) == {"lst_wst", "goes_xrs", "cdaw", "hek", "donki", "noaa_srs", "stix"}
     r = parse_catalogue("lst_wst", EVENTS)
     assert len(r.events) == 39
     with pytest.raises(KeyError):

@@ -94,10 +94,10 @@ def by_key(session, source: str, key: str) -> Event:
 @pytest.mark.slow
 def test_import_all_real_catalogues_twice_adds_nothing_the_second_time(db_session):
     first = {r.source: r for r in import_all(db_session, EVENTS)}
-    assert list(first) == ["lst_wst", "goes_xrs", "cdaw", "hek", "donki", "noaa_srs"]
+    assert list(first) == ["lst_wst", "goes_xrs", "cdaw", "hek", "donki", "noaa_srs", "stix"]
     expect = {  # rows in, stored, refused
         "lst_wst": (39, 39, 0), "goes_xrs": (47399, 47100, 299), "cdaw": (22375, 22375, 0),
-        "hek": (5, 5, 0), "donki": (3402, 3402, 0), "noaa_srs": (88, 74, 14),
+        "hek": (5, 5, 0), "donki": (3402, 3402, 0), "noaa_srs": (88, 74, 14), "stix": (6429, 6429, 0),
     }
     for src, (rows_in, stored, refused) in expect.items():
         r = first[src]

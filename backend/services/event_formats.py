@@ -173,6 +173,7 @@ _CATALOGUE_OBSERVATION: dict[str, tuple[str, str]] = {
     "goes_xrs": ("GOES", "XRS"),
     "noaa_srs": ("NOAA SWPC", "SRS"),
     "lst_wst": ("ASO-S", "LST"),
+    "stix": ("Solar Orbiter", "STIX"),
     DETECTED_SOURCE: ("ASO-S", "LST"),
 }
 

@@ -186,7 +186,7 @@ def import_catalogue(session: Session, source: str, path: str | os.PathLike) -> 
     session : sqlalchemy.orm.Session
         Flushed, not committed: the caller owns the transaction.
     source : str
-        ``lst_wst``, ``goes_xrs``, ``cdaw``, ``hek``, ``donki`` or ``noaa_srs``.
+        ``lst_wst``, ``goes_xrs``, ``cdaw``, ``hek``, ``donki``, ``noaa_srs`` or ``stix``.
     path : path-like
         A catalogue file, the catalogue's folder or an events folder
         (:func:`pipelines.catalogues.catalogue_files`).
@@ -485,7 +485,9 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
       slack) within 150 arcsec or in the same NOAA region. Flares of two catalogues (or of
       two methods within HEK, e.g. SWPC and SSW Latest Events) overlapping so in time are
       linked when they name the same NOAA region (full numbers: 3664 and 13664 are one) or
-      lie within 150 arcsec. For each flare, the nearest peak of each other source.
+      lie within 150 arcsec. For each flare, the nearest peak of each other source. A flare
+      its catalogue marks as not visible from Earth (STIX, ``visible_from_earth`` False) is
+      linked only to flares so marked.
     * ``flare_cme`` / ``cme_flare``: a CME appearing from 10 min before to 90 min after a
       flare's start, in a direction consistent with the flare's position angle on the disk
       (within the CME's span + 20 deg; halo CMEs accept any). For each CME the best flare
@@ -540,6 +542,8 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
         for b in flares[lo:hi]:
             if b.id == a.id or b.source == a.source or {a.source, b.source} == {"lst_wst", "goes_xrs"}:
                 continue
+            if _hidden_from_earth(a) != _hidden_from_earth(b):
+                continue
             if not same_flare(a, b):
                 continue
             off = abs((as_utc(b.peak_time or b.start_time) - ap).total_seconds())
@@ -558,6 +562,8 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
         best = {}
         for b in others[i + 1:hi]:
             if _origin(a) == _origin(b) or {a.source, b.source} == {"lst_wst", "goes_xrs"}:
+                continue
+            if _hidden_from_earth(a) != _hidden_from_earth(b):
                 continue
             if not same_flare(a, b, require_place=True):
                 continue
@@ -595,6 +601,13 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
             known.append((a, b, kind, reason))
     _add_pairs(session, unique + known)  # known pairs only get a reason where they have none
     return made + len(unique)
+
+
+def _hidden_from_earth(e: Event) -> bool:
+    """True for a flare its catalogue says Earth could not see (a STIX flare with
+    ``visible_from_earth`` False): such a flare is never the same flare as one seen from
+    Earth or Earth orbit (LST, GOES, SDO/HEK), whatever the times say."""
+    return (e.attributes or {}).get("visible_from_earth") is False
 
 
 def _origin(e: Event) -> str:

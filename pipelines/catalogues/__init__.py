@@ -14,6 +14,7 @@ cdaw       CDAW SOHO/LASCO CME catalogue             ``cdaw/*.txt``             
 hek        HEK API responses                         ``hek/*.json``                       any
 donki      NASA CCMC DONKI CMEs                      ``donki/*.json``                     CE
 noaa_srs   NOAA Solar Region Summaries               ``noaa_srs/*SRS.txt``                AR
+stix       Solar Orbiter/STIX flare list (Hayes+)    ``stix/STIX_flarelist*.csv``         FL
 ========== ======================================== ==================================== ====
 """
 
@@ -38,6 +39,7 @@ from pipelines.catalogues.records import (
     full_noaa_number,
     refusal_summary,
 )
+from pipelines.catalogues.stix import parse_stix
 
 __all__ = [
     "EventRecord",
@@ -58,6 +60,7 @@ __all__ = [
     "parse_hek",
     "parse_donki",
     "parse_noaa_srs",
+    "parse_stix",
 ]
 
 
@@ -83,6 +86,7 @@ CATALOGUES: dict[str, Catalogue] = {
         Catalogue("hek", parse_hek, "hek", "*.json", "HEK API responses"),
         Catalogue("donki", parse_donki, "donki", "*.json", "NASA CCMC DONKI CMEs"),
         Catalogue("noaa_srs", parse_noaa_srs, "noaa_srs", "*SRS.txt", "NOAA Solar Region Summaries"),
+        Catalogue("stix", parse_stix, "stix", "STIX_flarelist*.csv", "Solar Orbiter/STIX flare list (Hayes et al.)"),
     )
 }
 
@@ -124,7 +128,7 @@ def parse_catalogue(source: str, path: str | os.PathLike) -> ParseResult:
     Parameters
     ----------
     source : str
-        ``lst_wst``, ``goes_xrs``, ``cdaw``, ``hek``, ``donki`` or ``noaa_srs``.
+        ``lst_wst``, ``goes_xrs``, ``cdaw``, ``hek``, ``donki``, ``noaa_srs`` or ``stix``.
     path : path-like
         A file, the catalogue folder or the events folder (see :func:`catalogue_files`).
 
