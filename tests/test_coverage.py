@@ -38,6 +38,8 @@ def test_each_real_catalogue_file_says_what_it_covers():
     assert (srs.start, srs.end) == (T("2015-01-01"), T("2015-01-02"))
     wst = file_coverage("lst_wst", EVENTS / "aso-s_lst_wst" / "jing2024_wst_whitelight_flares_table2.txt")
     assert not wst.complete and "selection" in wst.basis
+    stix = file_coverage("stix", EVENTS / "stix" / "STIX_flarelist_w_locations_20210214_20230430_version1.csv")
+    assert (stix.start, stix.end, stix.complete) == (T("2021-02-14"), T("2023-05-01"), True)  # last day included
 
 
 def test_a_goes_report_whose_rows_disagree_with_its_name_is_refused(tmp_path):
@@ -178,3 +180,21 @@ def test_a_file_that_contradicts_itself_is_imported_with_no_span(db_session, tmp
     assert row.covers_start is None and row.basis.startswith("no span: goes-xrs-report_2013.txt: rows are of 2014")
     w = window_coverage(db_session, ["goes_xrs"], T("2014-01-01"), T("2014-02-01"))
     assert w["goes_xrs"].status == "unknown" and w["goes_xrs"].message == "GOES XRS: its files state no span"
+
+
+def test_goes_xrs_time_series_coverage_is_the_ingested_files(db_session, settings):
+    """The XRS light curves are a coverage source of their own: the 2011-06-07 GOES-15 file
+    covers its day's samples, a 2016 window is a gap that says no series was ingested."""
+    from backend.services.coverage import XRayProvider
+    from backend.services.xray import ingest_xray_file
+
+    p = XRayProvider()
+    empty = p.coverage(db_session, T("2016-01-01"), T("2016-02-01"))
+    assert empty.spans == [] and [g.reason for g in empty.gaps] == ["no XRS series ingested"]
+    ingest_xray_file(db_session, SAMPLE / "xray-timeseries" / "go1520110607.fits", settings)
+    day = p.coverage(db_session, T("2011-06-07"), T("2011-06-08"))
+    assert len(day.spans) == 1 and "GOES-15" in day.basis
+    assert day.spans[0].start < T("2011-06-07") + dt.timedelta(hours=6) < day.spans[0].end
+    later = p.coverage(db_session, T("2016-01-01"), T("2016-02-01"))
+    assert later.spans == [] and later.gaps[0].reason == "no XRS series ingested for this time"
+    assert "goes_xrs_timeseries" in {s.name for s in coverage_report(db_session, T("2011-06-07"), T("2011-06-08"))}

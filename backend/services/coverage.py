@@ -75,6 +75,7 @@ SOURCE_TITLES: dict[str, str] = {
     "hek": "HEK",
     "donki": "DONKI",
     "noaa_srs": "NOAA SRS",
+    "stix": "STIX",
 }
 
 
@@ -415,11 +416,37 @@ class DetectedProvider:
         return cov
 
 
-#: Every coverage provider: the detections, the catalogues, the channels. One line more per source.
+class XRayProvider:
+    """Coverage of the ingested GOES XRS time series (:func:`backend.services.xray.xray_coverage`):
+    the spans of the stored files, all satellites together; the light-curve context of flare pages."""
+
+    kind = "timeseries"
+    name = "goes_xrs_timeseries"
+    title = "GOES XRS light curves"
+
+    def coverage(self, session, start=None, end=None, settings=None) -> SourceCoverage:
+        from backend.services.xray import xray_coverage
+
+        rows = xray_coverage(session)
+        sats = sorted({sat for sat, _, _ in rows})
+        merged = _merge([Span(as_utc(a), as_utc(b), True, sat) for sat, a, b in rows])
+        cov = SourceCoverage(self.name, self.kind, self.title, start, end, spans=_clip(merged, start, end),
+                             basis=f"the ingested XRS files ({len(rows)} span{'' if len(rows) == 1 else 's'}"
+                                   f"{': ' + ', '.join(sats) if sats else ''})")
+        lo = start if start is not None else (merged[0].start if merged else None)
+        hi = end if end is not None else (merged[-1].end if merged else None)
+        cov.gaps = [Gap(a, b, "no XRS series ingested for this time" if merged else "no XRS series ingested")
+                    for a, b in _holes(cov.spans, lo, hi)]
+        return cov
+
+
+#: Every coverage provider: the detections, the catalogues, the channels, the X-ray light
+#: curves. One line more per source.
 PROVIDERS: list[CoverageProvider] = [
     DetectedProvider(),
     *(CatalogueProvider(source) for source in CATALOGUES),
     *(ChannelProvider(code) for code in CHANNELS),
+    XRayProvider(),
 ]
 
 

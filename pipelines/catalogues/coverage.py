@@ -166,6 +166,20 @@ def _lst_wst(path: Path) -> FileCoverage:
                         f"a selection ({len(events)} flares analysed in detail, Jing et al. 2024), not a complete list")
 
 
+_STIX_SPAN = re.compile(r"_(\d{8})_(\d{8})_version")
+
+
+def _stix(path: Path) -> FileCoverage:
+    """The STIX flare list names its period (``..._20210214_20230430_version1.csv``; the last
+    day included): :data:`pipelines.catalogues.stix.COVERAGE`."""
+    m = _STIX_SPAN.search(path.name)
+    if not m:
+        return FileCoverage(path.name, None, None, True, "no period in the file name")
+    a, b = (dt.datetime.strptime(x, "%Y%m%d").replace(tzinfo=UTC) for x in m.groups())
+    return FileCoverage(path.name, a, b + dt.timedelta(days=1), True,
+                        "file name: the list's period, first to last day (Hayes et al. STIX science flare list)")
+
+
 #: One reader per catalogue source (:data:`pipelines.catalogues.CATALOGUES`).
 COVERAGE_READERS: dict[str, Callable[[Path], FileCoverage]] = {
     "goes_xrs": _goes_xrs,
@@ -174,6 +188,7 @@ COVERAGE_READERS: dict[str, Callable[[Path], FileCoverage]] = {
     "donki": _donki,
     "noaa_srs": _noaa_srs,
     "lst_wst": _lst_wst,
+    "stix": _stix,
 }
 
 
