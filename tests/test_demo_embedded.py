@@ -9,12 +9,15 @@ GOES M2.5 event), the Helioviewer WST frame of 2023-01-31 calibrated; a second r
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from astropy.io import fits
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.orm import Session
 
@@ -28,11 +31,19 @@ def _run_demo(env) -> subprocess.CompletedProcess:
                           env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_demo_embedded(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One run of ``lstdp demo --size 128 --no-serve`` for the module: (env, its folder, the
+    completed process)."""
+    tmp_path = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("DATABASE_URL", "CELERY_", "LSTDP_", "DATA_DIR"))}
     env["DATA_DIR"] = str(tmp_path / "var")
-    proc = _run_demo(env)
+    return env, tmp_path, _run_demo(env)
+
+
+def test_demo_embedded(demo):
+    env, tmp_path, proc = demo
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "demo ready" in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -94,3 +105,156 @@ def test_demo_embedded(tmp_path):
         assert s.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     assert len(list(quarantine.iterdir())) == n_quarantined, "the same bad bytes are kept once"
     engine.dispose()
+
+
+# -- the browser on the demo's own data (issue 11's "done when", end to end) ------------------
+
+
+@pytest.fixture(scope="module")
+def served_demo(demo):
+    """``lstdp serve`` on the demo's database and stores, as a user runs it after ``make demo``."""
+    import socket
+    import time
+    import urllib.request
+
+    env, tmp_path, proc = demo
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(url + "/api/v1/channels", timeout=2).read()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.fail(f"lstdp serve did not start: {server.stderr.read()[-2000:]}")
+            time.sleep(0.3)
+    engine = create_engine(f"sqlite:///{tmp_path / 'var' / 'lstdp.sqlite3'}")
+    yield url, engine
+    engine.dispose()
+    server.terminate()
+    try:
+        server.wait(15)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+@pytest.mark.browser
+def test_demo_goes_flare_page_shows_sdi_marker_curves_and_movie(served_demo, tmp_path):
+    """The GOES M2.5 flare of 2011-06-07 (the demo's SDI day with a GOES XRS series): its page
+    shows SDI context images with the flare marked where the WCS puts it (its position from
+    the same flare detected by LST: the GOES report gives none), the LST and GOES XRS curves on
+    one UTC axis, and a movie of the event."""
+    from playwright.sync_api import sync_playwright
+
+    from backend.models import EventAssociation
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.test_viewer import expected_rotated
+
+    url, engine = served_demo
+    with Session(engine) as s:
+        goes = s.execute(select(Event).where(Event.source == "goes_xrs", Event.goes_class == "M2.5",
+                                             Event.start_time == dt.datetime(2011, 6, 7, 6, 16))).scalar_one()
+        partner = s.execute(select(Event).join(EventAssociation, EventAssociation.other_event_id == Event.id)
+                            .where(EventAssociation.event_id == goes.id, Event.source == "detected")).scalar_one()
+        assert goes.hpc_x is None and partner.hpc_x is not None
+        products = {p.id: (p.path, p.frame.date_obs) for p in s.execute(
+            select(Product).join(Frame).where(Frame.channel_code == "SDI", Product.state == ProductState.written)
+        ).scalars()}
+        part_t = (partner.peak_time or partner.start_time).replace(tzinfo=dt.UTC)
+        part_xy = (partner.hpc_x, partner.hpc_y)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+        page.set_default_timeout(30_000)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(f"{url}/events/{goes.id}")
+        # SDI context images, the flare marked where the product's WCS puts it
+        frames = page.locator("#event-context .context-row[data-channel=SDI] figure.context-frame")
+        assert frames.count() >= 2
+        checked = 0
+        for i in range(frames.count()):
+            fig = frames.nth(i)
+            fig.scroll_into_view_if_needed()
+            marker = fig.locator("circle.context-marker")
+            if marker.count() == 0:
+                continue
+            img = fig.locator("img")
+            page.wait_for_function("el => el.complete && el.naturalWidth > 0", arg=img.element_handle())
+            ib, mb = img.bounding_box(), marker.bounding_box()
+            path, date_obs = products[int(fig.get_attribute("data-product-id"))]
+            _, _, x, y = expected_rotated(Path(path), *part_xy, part_t)
+            ny, nx = fits.getdata(path, 0).shape
+            on_screen_x = (mb["x"] + mb["width"] / 2 - ib["x"]) / ib["width"] * nx - 0.5
+            on_screen_y = (1.0 - (mb["y"] + mb["height"] / 2 - ib["y"]) / ib["height"]) * ny - 0.5
+            assert abs(on_screen_x - x) < 1.5 and abs(on_screen_y - y) < 1.5, (fig.get_attribute("data-role"),
+                                                                               on_screen_x, x, on_screen_y, y)
+            assert f"event #{partner.id}" in fig.locator("figcaption").inner_text()
+            checked += 1
+        assert checked >= 2
+        page.locator("#event-context").screenshot(path=str(tmp_path / "demo-goes-m25-context.png"))
+        # the LST light curve and the GOES XRS curve on one UTC axis
+        page.wait_for_selector("#curves-figure.js-plotly-plot")
+        st = page.evaluate("""() => { const gd = document.getElementById('curves-figure');
+            return {names: gd.data.map(t => t.name), axes: gd.data.map(t => t.xaxis || 'x'),
+                    x1: gd._fullLayout.xaxis.range, x2: gd._fullLayout.xaxis2.range}; }""")
+        assert any(n.startswith("LST SDI") for n in st["names"]), st["names"]
+        assert "GOES 1-8 \u00c5 (GOES-15)" in st["names"], st["names"]
+        assert st["x1"] == st["x2"]
+        page.locator("#event-curves").screenshot(path=str(tmp_path / "demo-goes-m25-curves.png"))
+        # the movie of the event: frames of the window, DATE-OBS stepping
+        page.wait_for_function("() => document.getElementById('movie-index').textContent.trim().split('/')[1].trim() > 1")
+        first = page.locator("#movie-date-obs").inner_text()
+        page.click("#movie-forward")
+        assert page.locator("#movie-date-obs").inner_text() != first
+        page.wait_for_function("() => { const i = document.getElementById('movie-frame'); return i.complete && i.naturalWidth > 0; }")
+        page.locator("#event-movie").screenshot(path=str(tmp_path / "demo-goes-m25-movie.png"))
+        page.screenshot(path=str(tmp_path / "demo-goes-m25-page.png"), full_page=True)
+        assert errors == []
+        browser.close()
+
+
+def test_demo_coverage_bulk_download_and_timeline(served_demo, tmp_path):
+    """Coverage says CDAW ends 2013-12-31 and the GOES reports end with 2014; the demo's
+    products download as one archive whose manifest's sha256 match; the landing timeline counts
+    every catalogue event."""
+    import hashlib
+    import io
+    import tarfile
+    import urllib.request
+
+    url, engine = served_demo
+
+    def get(path):
+        with urllib.request.urlopen(url + path, timeout=120) as r:
+            return r.read()
+
+    cov = {c["name"]: c for c in json.loads(get("/api/v1/coverage?start=2016-01-01T00:00:00Z&end=2016-12-31T00:00:00Z"))["sources"]}
+    assert any("catalogue ends 2013-12-31" in g["reason"] for g in cov["cdaw"]["gaps"])
+    assert any("catalogue ends 2014-12-31" in g["reason"] for g in cov["goes_xrs"]["gaps"])
+    events_2016 = json.loads(get("/api/v1/events?start=2016-01-01T00:00:00Z&end=2016-12-31T00:00:00Z&limit=1"))
+    assert events_2016["coverage"]["cdaw"]["message"] == "CDAW: no coverage after 2013-12-31"
+
+    with Session(engine) as s:
+        written = {p.id: p.sha256 for p in s.execute(select(Product).where(Product.state == ProductState.written)).scalars()}
+        n_events = s.scalar(select(func.count()).select_from(Event))
+    archive = tarfile.open(fileobj=io.BytesIO(get("/api/v1/products/archive")), mode="r:")
+    manifest = json.loads(archive.extractfile("MANIFEST.json").read())
+    files = manifest["products"]
+    assert {f["product_id"] for f in files} == set(written) and manifest["missing"] == 0
+    assert {f["status"] for f in files} == {"sent"}
+    for f in files:
+        data = archive.extractfile(f["name"]).read()
+        assert hashlib.sha256(data).hexdigest() == f["sha256"] == written[f["product_id"]], f["name"]
+
+    h = json.loads(get("/api/v1/events/histogram"))
+    assert h["total"] == n_events == sum(sum(c) for c in h["counts"].values())
+    assert n_events > 73_000
