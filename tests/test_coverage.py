@@ -198,3 +198,26 @@ def test_goes_xrs_time_series_coverage_is_the_ingested_files(db_session, setting
     later = p.coverage(db_session, T("2016-01-01"), T("2016-02-01"))
     assert later.spans == [] and later.gaps[0].reason == "no XRS series ingested for this time"
     assert "goes_xrs_timeseries" in {s.name for s in coverage_report(db_session, T("2011-06-07"), T("2011-06-08"))}
+
+
+def test_stix_period_in_a_file_name_is_checked(tmp_path):
+    bad = tmp_path / "STIX_flarelist_w_locations_20211399_20230430_version1.csv"
+    bad.write_text("x\n")
+    with pytest.raises(CatalogueError, match="not two dates"):
+        file_coverage("stix", bad)
+    rev = tmp_path / "STIX_flarelist_w_locations_20230430_20210214_version1.csv"
+    rev.write_text("x\n")
+    with pytest.raises(CatalogueError, match="before it starts"):
+        file_coverage("stix", rev)
+    none = file_coverage("stix", tmp_path / "stix_flares.csv")
+    assert none.start is None and not none.complete
+
+
+def test_detected_coverage_of_an_event_search_is_an_extent_not_a_covered_span(db_session, tmp_path):
+    """Products on two days 15 months apart: the search's note names the first and last and
+    points at the gaps; it never claims the months between are covered."""
+    for t in (T("2023-01-31T03:00"), T("2024-05-10T12:00")):
+        make_product(db_session, make_frame(db_session, "SDI", t), tmp_path)
+    w = window_coverage(db_session, ["detected"], T("2023-01-01"), T("2024-12-31"))["detected"]
+    assert w.status == "partial" and "first 2023-01-31" in w.message and "gaps between" in w.message
+    assert all(not s.complete for s in w.spans)

@@ -158,3 +158,19 @@ def test_filter_by_calibration_set_and_file(client, db_session, settings):
     assert ids(calibration_file=cal.id + 1000) == []
     h = client.get("/api/v1/events/histogram", params={"calibration_file": cal.id}).json()
     assert h["total"] == 1
+
+
+@pytest.mark.parametrize("path", ["/api/v1/events/histogram", "/api/v1/events/histogram/figure", "/api/v1/coverage",
+                                  "/api/v1/events"])
+@pytest.mark.parametrize("query", ["start=0001-01-01", "end=9999-12-31", "start=0001-01-01&end=9999-12-31",
+                                   "start=9999-12-31T00:00:00&end=9999-12-31T23:59:59"])
+def test_times_outside_1600_2200_are_422_not_overflows(client, path, query):
+    r = client.get(f"{path}?{query}")
+    assert r.status_code == 422, r.text
+    assert "is outside 1600-01-01 .. 2200-01-01 UTC" in r.json()["detail"]
+
+
+def test_unknown_calibration_kind_in_a_set_is_422(client):
+    r = client.get("/api/v1/events", params={"calibration_set": "nope:3,flat:2"})
+    assert r.status_code == 422 and "unknown calibration kind 'nope'" in r.json()["detail"]
+    assert client.get("/api/v1/events", params={"calibration_set": "dark:3,flat:2"}).status_code == 200

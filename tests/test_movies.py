@@ -411,3 +411,16 @@ def test_the_benchmark_script_runs_at_a_tiny_size():
     m = re.fullmatch(r"RESULT diff_png_cold_s=([\d.]+) diff_png_warm_s=([\d.]+) mp4_fps=([\d.]+) size=128",
                      r.stdout.strip().splitlines()[-1])
     assert m and all(float(g) > 0 for g in m.groups()), r.stdout
+
+
+def test_an_event_ending_before_it_starts_gives_a_forward_window():
+    """Catalogue rows with the end before the start exist: the movie (and light-curve) window
+    of such an event runs forward from its start, never reversed."""
+    from types import SimpleNamespace
+
+    from backend.services.movies import event_movie_window
+
+    t = dt.datetime(2011, 6, 7, 12, tzinfo=dt.UTC)
+    ev = SimpleNamespace(start_time=t, end_time=t - dt.timedelta(hours=3), peak_time=None)
+    a, b = event_movie_window(ev, dt.timedelta(minutes=30))
+    assert (a, b) == (t - dt.timedelta(minutes=30), t + dt.timedelta(minutes=30))

@@ -474,3 +474,42 @@ def test_figure_breaks_lines_at_skipped_frames_and_xrs_gaps():
     xrsb = fig["data"][1]
     assert list(xrsb["y"]) == [1e-6, None, 1e-6, 1e-6, None, 1e-6, 1e-6]  # the flagged sample, then the hole
     assert "dark #1 v4" in [a for a in fig["layout"]["annotations"] if a.get("name") == "calibration"][0]["text"]
+
+
+def test_curves_of_long_and_reversed_events_and_the_read_budget(client, db_session, flare_day, monkeypatch):
+    """A 12-day event gets a 2-day window centred on its peak, an end before the start is said,
+    never a 5xx; products not read within the budget are listed, and a reload (cached) reads them."""
+    from backend.services import event_curves as ec
+
+    fl, prods, other, cals = flare_day
+    long = make_event(db_session, "AR", FLARE["start"] - dt.timedelta(days=6), FLARE["peak"],
+                      FLARE["start"] + dt.timedelta(days=6), source="hek")
+    back = make_event(db_session, "FL", FLARE["start"], None, FLARE["start"] - dt.timedelta(hours=3), goes_class="C1.0")
+    for e in (long, back):
+        for path in ("/curves/figure", "/curves", "/curves?format=csv"):
+            r = client.get(f"/api/v1/events/{e.id}{path}")
+            assert r.status_code == 200, (e.event_type, path, r.text)
+    body = client.get(f"/api/v1/events/{long.id}/curves").json()
+    assert any("lasts 12.0 days" in n for n in body["notes"])
+    w0, w1 = (dt.datetime.fromisoformat(body[k]) for k in ("window_start", "window_end"))
+    assert w1 - w0 == ec.MAX_CURVES_WINDOW and w0 < FLARE["peak"] < w1
+    assert body["xray"] is not None and len(body["times"]) == 10
+    assert any("before its start" in n for n in client.get(f"/api/v1/events/{back.id}/curves").json()["notes"])
+    # a budget spent at once: nothing read, each product listed; the figure says so
+    from backend.services import products as ps
+
+    ps._disk_mean_cached.cache_clear()
+    ps._region_mean_cached.cache_clear()
+    ps._DISK_KEYS.clear()
+    ps._REGION_KEYS.clear()
+    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)
+    starved = client.get(f"/api/v1/events/{fl.id}/curves").json()
+    assert starved["times"] == [] and len(starved["skipped"]) == 10
+    assert {s["reason"] for s in starved["skipped"]} == {"not measured within this request's time budget"}
+    fig = client.get(f"/api/v1/events/{fl.id}/curves/figure").json()
+    assert any("10 of 10 products not measured yet" in a["text"] for a in fig["layout"]["annotations"])
+    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", 30.0)
+    assert len(client.get(f"/api/v1/events/{fl.id}/curves").json()["times"]) == 10
+    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)  # now cached: read with no budget left
+    again = client.get(f"/api/v1/events/{fl.id}/curves").json()
+    assert len(again["times"]) == 10 and again["skipped"] == []

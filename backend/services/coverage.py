@@ -484,9 +484,12 @@ def _detected_window(session: Session, start, end) -> WindowCoverage:
         where = "in this window" if start is not None or end is not None else "yet"
         return WindowCoverage(DETECTED_SOURCE, "none", f"{title}: no L2 products {where} (the detectors run on them)")
     a, b = as_utc(first), as_utc(last)
+    # the first and last product only (one aggregate on the hot path of every event search):
+    # an extent, not a covered span; the gaps between are the coverage API's (DetectedProvider)
     return WindowCoverage(DETECTED_SOURCE, "partial",
-                          f"{title}: only where L2 products exist ({_when(a)} to {_when(b)} in this window)",
-                          (Span(a, b),))
+                          f"{title}: only where L2 products exist (first {_when(a)}, last {_when(b)} in this "
+                          "window; gaps between: /coverage)",
+                          (Span(a, b, False, "extent of the written L2 products, not a covered span"),))
 
 
 def window_coverage(session: Session, sources: list[str] | tuple[str, ...] | None,

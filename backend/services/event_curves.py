@@ -49,6 +49,15 @@ __all__ = [
 
 #: Time added before the start and after the end of the event for its curves.
 CURVES_MARGIN = dt.timedelta(minutes=30)
+#: Longest window drawn (the X-ray samples served at once, :data:`backend.services.xray.MAX_WINDOW`):
+#: a longer event (an active region's 12 days) gets the window of this length centred on its
+#: peak (its start when it has none), and the curves say so.
+MAX_CURVES_WINDOW = dt.timedelta(days=2)
+#: Seconds of product reading one request may spend (under the API's 1.8 s deadline,
+#: ``Settings.api_deadline_s``, with room for the query and the figure). Products not measured
+#: in time are listed in ``skipped`` with that reason; the means are cached per file, so the
+#: next request goes on from there.
+CURVES_READ_BUDGET_S = 1.0
 
 
 @dataclass
@@ -124,6 +133,26 @@ class EventCurves:
     xray: XRaySeriesSamples | None = None
     xray_others: list[str] = field(default_factory=list)
     xray_coverage: list[tuple[str, dt.datetime, dt.datetime]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _curves_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.datetime, list[str]]:
+    """The event's window ± ``margin``, at most :data:`MAX_CURVES_WINDOW` long; notes say why
+    it differs from the catalogue's times."""
+    notes = []
+    start = as_utc(event.start_time)
+    last = as_utc(event.end_time or event.peak_time or event.start_time)
+    if last < start:
+        notes.append(f"the catalogue's end ({last:%Y-%m-%d %H:%M} UTC) is before its start: the window uses the start")
+        last = start
+    a, b = start - margin, last + margin
+    if b - a > MAX_CURVES_WINDOW:
+        centre = as_utc(event.peak_time) if event.peak_time and start <= as_utc(event.peak_time) <= last else start
+        a = max(a, centre - MAX_CURVES_WINDOW / 2)
+        b = a + MAX_CURVES_WINDOW
+        notes.append(f"the event lasts {(last - start).total_seconds() / 86400:.1f} days: the curves show the "
+                     f"{MAX_CURVES_WINDOW.days} days from {a:%Y-%m-%d %H:%M} UTC")
+    return a, b, notes
 
 
 def _written_in_window(session: Session, channel: str, start: dt.datetime, end: dt.datetime) -> list[Product]:
@@ -182,10 +211,14 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
     -------
     EventCurves
     """
+    import time
+
     spec = get_channel(channel)
-    start, end = products_service.event_window(event, margin)
-    start, end = products_service._context_window(session, spec.code, start, end, products_service.CONTEXT_FRAMES)
-    out = EventCurves(event=event, channel=spec.code, start=start, end=end, unit=spec.bunit)
+    start, end, notes = _curves_window(event, margin)
+    if end - start < MAX_CURVES_WINDOW:
+        start, end = products_service._context_window(session, spec.code, start, end, products_service.CONTEXT_FRAMES)
+    out = EventCurves(event=event, channel=spec.code, start=start, end=end, unit=spec.bunit, notes=notes)
+    deadline = time.monotonic() + CURVES_READ_BUDGET_S
     written = _written_in_window(session, spec.code, start, end)
     chosen = _choose_set(written)
     if chosen is not None:
@@ -195,7 +228,13 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
         has_pos = event.hpc_x is not None and event.hpc_y is not None and not spec.is_coronagraph
         out.roi_box = (float(event.hpc_x), float(event.hpc_y), products_service.ROI_HALF_WIDTH) if has_pos else None
         units = set()
+        late = 0
         for p in used:
+            if time.monotonic() > deadline and not products_service.curve_values_cached(
+                    products_service.resolve_store_path(p.path, product_root), out.roi_box, spec.is_coronagraph):
+                late += 1
+                out.skipped.append({"product_id": p.id, "reason": "not measured within this request's time budget"})
+                continue
             path = products_service.resolve_store_path(p.path, product_root)
             if path is None:
                 out.skipped.append({"product_id": p.id, "reason": "no file recorded"})
@@ -216,7 +255,15 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
                     units.add(m.unit)
         if units:
             out.unit = ", ".join(sorted(units))
-    win = xray_window(session, start, end)
+        if late:
+            out.notes.append(f"{late} of {len(used)} products not measured yet (first reading of their files): "
+                             "reload for the rest")
+    try:
+        win = xray_window(session, start, end)
+    except ValueError as exc:  # more samples than one answer holds
+        out.notes.append(f"GOES XRS not drawn: {exc}")
+        out.xray_coverage = xray_coverage(session)
+        return out
     out.xray = win.best()
     out.xray_others = sorted({s.series.satellite for s in win.series} - ({out.xray.series.satellite} if out.xray else set()))
     if out.xray is None:

@@ -443,6 +443,11 @@ def default_scaling(channel: str) -> dict[str, Any]:
             "cmap": default_cmap(spec.code)}
 
 
+#: Percentile pairs whose limits are kept per open product (the viewer's defaults and a few
+#: the user tried); an older pair is computed again when asked.
+_LIMITS_KEPT = 16
+
+
 def display_limits(img: ProductImage, pmin: float, pmax: float) -> tuple[float, float]:
     """Display limits [``bunit``]: the ``pmin`` and ``pmax`` percentiles of the good pixels
     (finite, DQ 0; all finite pixels when none is good) of the whole image.
@@ -475,6 +480,8 @@ def display_limits(img: ProductImage, pmin: float, pmax: float) -> tuple[float, 
         if not hi > lo:
             hi = lo + max(abs(lo) * 1e-6, 1e-30)
     with img._lock:
+        while len(img._limits) >= _LIMITS_KEPT:  # any float pair may be asked: keep the newest few
+            img._limits.pop(next(iter(img._limits)))
         img._limits[key] = (lo, hi)
     return lo, hi
 

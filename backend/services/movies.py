@@ -38,8 +38,8 @@ __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
            "movie_dir", "cached_display_array", "event_movie_window"]
 
-#: Most frames one movie may hold (a 10 s at 10 fps player of a day of SDI at 1 min cadence
-#: is 1440 frames; beyond this, ask for a shorter window).
+#: Most frames one movie may hold (a day of SDI at its 1-min cadence is 1440 frames, 2.4 min
+#: at 10 fps; beyond this, ask for a shorter window).
 MAX_FRAMES = 3000
 #: Frame rate limits [frames per second] of an MP4.
 MIN_FPS, MAX_FPS = 1.0, 60.0

@@ -315,8 +315,28 @@ def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool)
                     n_pixels=n, on_disk_only=used_disk)
 
 
+def curve_values_cached(path, roi_box, coronagraph: bool) -> bool:
+    """Whether the disk mean (and the ROI mean of ``roi_box``) of the file at ``path`` are in the
+    caches of :func:`disk_integrated_mean` and :func:`region_mean` (no file read needed)."""
+    if path is None:
+        return True
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return True  # nothing to read: the caller reports the missing file
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    if (*key, not coronagraph) not in _DISK_KEYS:
+        return False
+    return roi_box is None or (*key, *map(float, roi_box)) in _REGION_KEYS
+
+
+_DISK_KEYS: set = set()
+_REGION_KEYS: set = set()
+
+
 def region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width: float) -> DiskMean | None:
-    """Mean of the usable pixels of an L2 product in a helioprojective box.
+    """Mean of the usable pixels of an L2 product in a helioprojective box (cached per file
+    path, modification time, size and box).
 
     Parameters
     ----------
@@ -337,6 +357,27 @@ def region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width:
     FitsReadError
         If the file is not a readable L2 product.
     """
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise FitsReadError(f"no such product file: {p}") from None
+    key = (str(p), st.st_mtime_ns, st.st_size, float(hpc_x), float(hpc_y), float(half_width))
+    out = _region_mean_cached(*key)
+    if len(_REGION_KEYS) > 8192:
+        _REGION_KEYS.clear()
+    _REGION_KEYS.add(key)
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _region_mean_cached(path: str, _mtime_ns: int, _size: int, hpc_x: float, hpc_y: float,
+                        half_width: float) -> DiskMean | None:
+    return _region_mean(path, hpc_x, hpc_y, half_width)
+
+
+def _region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width: float) -> DiskMean | None:
+    """Uncached :func:`region_mean`."""
     import warnings
 
     from astropy.wcs import WCS
@@ -399,7 +440,11 @@ def disk_integrated_mean(path: str | os.PathLike, *, on_disk_only: bool = True) 
         st = p.stat()
     except OSError:
         raise FitsReadError(f"no such product file: {p}") from None
-    return _disk_mean_cached(str(p), st.st_mtime_ns, st.st_size, on_disk_only)
+    out = _disk_mean_cached(str(p), st.st_mtime_ns, st.st_size, on_disk_only)
+    if len(_DISK_KEYS) > 8192:
+        _DISK_KEYS.clear()
+    _DISK_KEYS.add((str(p), st.st_mtime_ns, st.st_size, on_disk_only))
+    return out
 
 
 # -- light curves ---------------------------------------------------------------------------
@@ -490,11 +535,15 @@ def event_window(event: Event, margin: dt.timedelta) -> tuple[dt.datetime, dt.da
     """The time window of an event widened by ``margin`` on both sides.
 
     The event lasts from its start to its end time (peak time, then start time, when
-    the catalogue gives no end).
+    the catalogue gives no end); an end before the start (catalogue rows with such times
+    exist, :mod:`pipelines.catalogues.records`) counts as no end, so the window is never
+    reversed.
     """
     start = as_utc(event.start_time)
-    last = event.end_time or event.peak_time or event.start_time
-    return start - margin, as_utc(last) + margin
+    last = as_utc(event.end_time or event.peak_time or event.start_time)
+    if last < start:
+        last = start
+    return start - margin, last + margin
 
 
 #: Half side [arcsec] of the region-of-interest box of an event light curve: a flare

@@ -174,8 +174,13 @@ def _stix(path: Path) -> FileCoverage:
     day included): :data:`pipelines.catalogues.stix.COVERAGE`."""
     m = _STIX_SPAN.search(path.name)
     if not m:
-        return FileCoverage(path.name, None, None, True, "no period in the file name")
-    a, b = (dt.datetime.strptime(x, "%Y%m%d").replace(tzinfo=UTC) for x in m.groups())
+        return FileCoverage(path.name, None, None, False, "no period in the file name")
+    try:
+        a, b = (dt.datetime.strptime(x, "%Y%m%d").replace(tzinfo=UTC) for x in m.groups())
+    except ValueError:
+        raise CatalogueError(f"{path.name}: the period {m.group(1)}-{m.group(2)} in its name is not two dates") from None
+    if b < a:
+        raise CatalogueError(f"{path.name}: the period in its name ends ({m.group(2)}) before it starts ({m.group(1)})")
     return FileCoverage(path.name, a, b + dt.timedelta(days=1), True,
                         "file name: the list's period, first to last day (Hayes et al. STIX science flare list)")
 

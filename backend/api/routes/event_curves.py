@@ -75,7 +75,7 @@ def read_event_curves(event_id: IdPath, session: SessionDep, settings: SettingsD
             "software_versions": c.calibration.software_versions},
         "roi_box_arcsec": c.roi_box, "times": [t.isoformat() for t in c.lst_times], "roi": c.roi, "disk": c.disk,
         "product_ids": c.product_ids, "frames_other_sets": c.frames_other_sets, "skipped": c.skipped,
-        "xray": xr.model_dump(mode="json"),
+        "notes": c.notes, "xray": xr.model_dump(mode="json"),
     }
     import json
 
