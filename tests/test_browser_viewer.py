@@ -198,6 +198,10 @@ def test_event_page_context_images_mark_the_flare(live, page, tmp_path):
     page.goto(f"{live.url}/events/{live.ids.fl}")
     figs = page.locator("#event-context figure.context-frame")
     assert figs.evaluate_all("fs => fs.map(f => f.dataset.role)") == ["before", "peak", "after"]
+    # the context images are lazy: below the curves and the movie, they load once scrolled to
+    imgs = page.locator("#event-context img")
+    for k in range(imgs.count()):
+        imgs.nth(k).scroll_into_view_if_needed()
     page.wait_for_function("() => [...document.querySelectorAll('#event-context img')].every(i => i.complete "
                            "&& i.naturalWidth > 0)")
     page.screenshot(path=str(tmp_path / "event-context.png"), full_page=True)

@@ -356,7 +356,8 @@ def curves_fits(c: EventCurves) -> bytes:
     if c.xray:
         hdr["XRS_SAT"] = (c.xray.series.satellite, "GOES satellite of the XRS curve")
         hdr["XRS_FILE"] = (c.xray.series.original_name[:68], "GOES XRS source file")
-    hdr["SOFTVERS"] = (__version__, "platform version")
+    hdr["CREATOR"] = (f"lstdp {__version__}", "software that wrote this file")
+
     def col(vals):
         return np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
 
