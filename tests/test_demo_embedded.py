@@ -206,7 +206,8 @@ def test_demo_goes_flare_page_shows_sdi_marker_curves_and_movie(served_demo, tmp
         st = page.evaluate("""() => { const gd = document.getElementById('curves-figure');
             return {names: gd.data.map(t => t.name), axes: gd.data.map(t => t.xaxis || 'x'),
                     x1: gd._fullLayout.xaxis.range, x2: gd._fullLayout.xaxis2.range}; }""")
-        assert any(n.startswith("LST SDI") for n in st["names"]), st["names"]
+        assert any(n.startswith("LST SDI ROI") for n in st["names"]), st["names"]  # at the partner's position
+        assert any(n.startswith("LST SDI disk") for n in st["names"]), st["names"]
         assert "GOES 1-8 \u00c5 (GOES-15)" in st["names"], st["names"]
         assert st["x1"] == st["x2"]
         page.locator("#event-curves").screenshot(path=str(tmp_path / "demo-goes-m25-curves.png"))
@@ -216,6 +217,13 @@ def test_demo_goes_flare_page_shows_sdi_marker_curves_and_movie(served_demo, tmp
         page.click("#movie-forward")
         assert page.locator("#movie-date-obs").inner_text() != first
         page.wait_for_function("() => { const i = document.getElementById('movie-frame'); return i.complete && i.naturalWidth > 0; }")
+        # stepped to the flare's peak, the GOES flare is marked (at its same flare's position)
+        n = int(page.locator("#movie-slider").get_attribute("max"))
+        for _ in range(n):
+            if page.locator(f"#movie-markers a[data-event-id='{goes.id}']").count():
+                break
+            page.click("#movie-forward")
+        assert page.locator(f"#movie-markers a[data-event-id='{goes.id}']").count() == 1
         page.locator("#event-movie").screenshot(path=str(tmp_path / "demo-goes-m25-movie.png"))
         page.screenshot(path=str(tmp_path / "demo-goes-m25-page.png"), full_page=True)
         assert errors == []

@@ -225,8 +225,17 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
         used = [p for p in written if (p.calibration_key, p.params_hash) == chosen]
         out.calibration = _calibration_used(session, chosen[0], chosen[1], used)
         out.frames_other_sets = len({p.frame_id for p in written} - {p.frame_id for p in used})
-        has_pos = event.hpc_x is not None and event.hpc_y is not None and not spec.is_coronagraph
-        out.roi_box = (float(event.hpc_x), float(event.hpc_y), products_service.ROI_HALF_WIDTH) if has_pos else None
+        placed = event
+        if event.hpc_x is None or event.hpc_y is None:  # e.g. a GOES report row: its same flare elsewhere
+            from backend.services.imaging import located_events
+
+            partner = located_events(session, [event]).get(event.id)
+            if partner is not None and partner.hpc_x is not None and partner.hpc_y is not None:
+                placed = partner
+                out.notes.append(f"ROI at the position of the same flare in {partner.source} (event #{partner.id}): "
+                                 "this event has none of its own")
+        has_pos = placed.hpc_x is not None and placed.hpc_y is not None and not spec.is_coronagraph
+        out.roi_box = (float(placed.hpc_x), float(placed.hpc_y), products_service.ROI_HALF_WIDTH) if has_pos else None
         units = set()
         late = 0
         for p in used:

@@ -232,7 +232,15 @@ def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.da
     truncated = len(prods) > limit
     prods = prods[:limit]
     events = window_events(session, start, end)
-    placed = [e for e in events if e.hpc_x is not None and e.hpc_y is not None]
+    from types import SimpleNamespace
+
+    from backend.services.imaging import located_events
+
+    stand_in = {k: v for k, v in located_events(session, events).items() if v.hpc_x is not None and v.hpc_y is not None}
+    # an event with no position of its own (a GOES report row) is marked where its same flare is
+    placed = [e if e.hpc_x is not None and e.hpc_y is not None else
+              SimpleNamespace(id=e.id, hpc_x=stand_in[e.id].hpc_x, hpc_y=stand_in[e.id].hpc_y)
+              for e in events if (e.hpc_x is not None and e.hpc_y is not None) or e.id in stand_in]
     frames = []
     for i, p in enumerate(prods):
         if diff != "none" and i == 0:
@@ -244,7 +252,8 @@ def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.da
         frames.append({"product_id": p.id, "ref": None if ref is None else ref.id,
                        "date_obs": _iso(p.frame.date_obs), "url": url, "markers": markers})
     return PlayerFrames(channel=channel, diff=diff, start=start, end=end, frames=frames,
-                        events=[_event_dict(e) for e in events], truncated=truncated)
+                        events=[{**_event_dict(e), **({"position_event": stand_in[e.id].id} if e.id in stand_in else {})}
+                                for e in events], truncated=truncated)
 
 
 def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tuple[dt.datetime, dt.datetime]:
