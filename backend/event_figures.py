@@ -149,12 +149,12 @@ def event_curves_figure(curves) -> go.Figure:
     fig.update_yaxes(type="log", range=[-9, -3], title={"text": "GOES XRS flux [W m\u207b\u00b2]"}, exponentformat="power",
                      row=2, col=1)
     for i, note in enumerate(getattr(c, "notes", []) or []):
-        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=-0.2 - 0.05 * i,
+        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=-0.27 - 0.05 * i,
                            xanchor="left", yanchor="top", font={"size": 10, "color": "#8a5a00"}, name="note")
     fig.update_layout(
         title={"text": f"{e.event_type} #{e.id}: LST {c.channel} and GOES XRS"},
-        hovermode="x unified", height=620 + 22 * len(getattr(c, "notes", []) or []),
-        margin={"l": 80, "r": 40, "t": 80, "b": 50 + 26 * len(getattr(c, "notes", []) or [])},
+        hovermode="x unified", height=620 + 40 * len(getattr(c, "notes", []) or []),
+        margin={"l": 80, "r": 40, "t": 80, "b": 60 + 40 * len(getattr(c, "notes", []) or [])},
         legend={"orientation": "h", "y": -0.12}, template="plotly_white",
     )
     return fig
