@@ -170,6 +170,14 @@ def _when(t: dt.datetime) -> str:
     return _day(t) if (t.hour, t.minute, t.second, t.microsecond) == (0, 0, 0, 0) else t.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _shift(t: dt.datetime, d: dt.timedelta) -> dt.datetime:
+    """``t + d``, held at ``datetime``'s limits (a window from year 1 or to year 9999)."""
+    try:
+        return t + d
+    except OverflowError:
+        return dt.datetime.min.replace(tzinfo=dt.UTC) if d < dt.timedelta(0) else dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
 def _merge(spans: list[Span], slack: dt.timedelta = dt.timedelta(0)) -> list[Span]:
     """Spans sorted and merged where they overlap or touch (within ``slack``)."""
     out: list[Span] = []
@@ -352,9 +360,9 @@ class ChannelProvider:
              .where(Frame.channel_code == self.name)
              .group_by(Frame.id, Frame.date_obs, Frame.exposure_s).order_by(Frame.date_obs))
         if start is not None:
-            q = q.where(Frame.date_obs >= start - self.max_break)
+            q = q.where(Frame.date_obs >= _shift(start, -self.max_break))
         if end is not None:
-            q = q.where(Frame.date_obs <= end + self.max_break)
+            q = q.where(Frame.date_obs <= _shift(end, self.max_break))
         return [(as_utc(t), float(x or 0.0), int(w or 0), int(fl or 0), int(n or 0), err)
                 for t, x, w, fl, n, err in session.execute(q)]
 

@@ -49,6 +49,10 @@ DEFAULT_BINS = 120
 MAX_BINS = 1000
 
 
+#: Where histogram bins may lie (see :func:`event_histogram`).
+BIN_RANGE = (dt.datetime(1600, 1, 1, tzinfo=dt.UTC), dt.datetime(2200, 1, 1, tzinfo=dt.UTC))
+
+
 def choose_bin_width(span_s: float, bins: int) -> int:
     """The smallest width of :data:`BIN_WIDTHS_S` [s] that covers ``span_s`` [s] in at most
     ``bins`` bins; above the widest, whole multiples of 365 days. ValueError for ``bins < 1``."""
@@ -150,7 +154,11 @@ def event_histogram(session: Session, filters: EventFilters | None = None, *, bi
             return Histogram(lo, hi, BIN_WIDTHS_S[0])
         lo = lo if lo is not None else as_utc(first)
         hi = hi if hi is not None else as_utc(last)
-    lo, hi = as_utc(lo), as_utc(hi)
+    # bins are laid out within 1600..2200 UTC (no solar record predates the first telescopic
+    # sunspot drawings, 1610): a window asked from year 1 to 9999 would push edges floored to a
+    # multiple of the width out of datetime's range. Events outside fall in the end bins, so the
+    # counts still add up to the search's total.
+    lo, hi = min(max(as_utc(lo), BIN_RANGE[0]), BIN_RANGE[1]), max(min(as_utc(hi), BIN_RANGE[1]), BIN_RANGE[0])
     span = max((hi - lo).total_seconds(), 0.0)
     lo_s = (lo - _EPOCH).total_seconds()
     hi_s = (hi - _EPOCH).total_seconds()

@@ -80,26 +80,15 @@ def canonical_event_type(value: str | None) -> str | None:
     return code
 
 
-#: Times a query may name: 1600-01-01 to 2200-01-01 UTC. No solar record predates the first
-#: telescopic sunspot drawings (1610), and a window far outside the data would only push bin
-#: edges, margins and context widenings out of ``datetime``'s range (years 1..9999).
-TIME_MIN = dt.datetime(1600, 1, 1, tzinfo=dt.UTC)
-TIME_MAX = dt.datetime(2200, 1, 1, tzinfo=dt.UTC)
-
-
 def as_utc(value: dt.datetime | None) -> dt.datetime | None:
     """Aware UTC time; a naive time is taken as UTC (:func:`pipelines.utc.as_utc`).
 
-    A query-parameter validator: a time out of range once in UTC, or outside
-    [:data:`TIME_MIN`, :data:`TIME_MAX`], is a ``ValueError``.
+    A query-parameter validator: a time out of range once in UTC is a ``ValueError``.
     """
     try:
-        t = _as_utc(value)
+        return _as_utc(value)
     except OverflowError:
         raise ValueError(f"time {value.isoformat()} is out of range in UTC") from None
-    if t is not None and not TIME_MIN <= t <= TIME_MAX:
-        raise ValueError(f"time {t.isoformat()} is outside {TIME_MIN:%Y-%m-%d} .. {TIME_MAX:%Y-%m-%d} UTC")
-    return t
 
 
 #: What a job id or an event source may contain (they go into SQL string comparisons;
@@ -270,9 +259,8 @@ def _filter_time(name: str, value: str | dt.datetime | None, problems: list[Filt
         if isinstance(value, dt.datetime):
             return as_utc(value)
         return as_utc(dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
-    except (ValueError, OverflowError) as exc:
-        msg = (str(exc) if "outside" in str(exc) else
-               f"{value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)")
+    except (ValueError, OverflowError):
+        msg = f"{value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)"
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
 
