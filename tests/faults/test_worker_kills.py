@@ -21,8 +21,14 @@ FRAMES = 60
 CHILD_KILLS = 6
 
 
+#: Each calibration of the random-kill test first sleeps this long: 60 frames on 2 pool
+#: processes then take at least 7.5 s, longer than six kills 0.3-1.5 s apart (small frames
+#: calibrate in about 30 ms, and a fast machine finished the job before the third kill).
+FRAME_DELAY_S = 0.25
+
+
 def test_pool_children_killed_at_random_moments(scenario):
-    w = scenario.worker()
+    w = scenario.worker(LSTDP_FAULTS_FRAME_DELAY_S=FRAME_DELAY_S)
     job = scenario.submit(FRAMES)
     H.wait_progress(job, 0.05)
     last = time.monotonic()

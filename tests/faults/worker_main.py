@@ -23,6 +23,8 @@ Faults
     crashes the calibration would. A kill in ``task_prerun`` would come before the task
     could know it had started (``MAX_DELIVERIES`` counts calibrations that start without
     finishing), so no implementation could count it.
+    ``LSTDP_FAULTS_FRAME_DELAY_S``: every calibration first sleeps this long (a job then lasts
+    long enough for faults at random moments whatever the machine's speed).
     ``LSTDP_FAULTS_SLOW``: ``NAME:SECONDS``: the first calibration of raw file ``NAME``
     (in any process; a marker file beside the journal says it happened) sleeps this long
     inside the science step, after its product is ``writing``.
@@ -131,11 +133,14 @@ def _install_hooks() -> None:
 
     poison = _poison_names()
     slow = _slow_spec()
-    if poison or slow:
+    delay = float(os.environ.get("LSTDP_FAULTS_FRAME_DELAY_S", "0") or 0)
+    if poison or slow or delay:
         real_calibrate = flow.calibrate_frame
 
         def calibrate_frame(data, header, *args, **kwargs):
             name = str(header.get("FILENAME", "")).strip()
+            if delay:
+                time.sleep(delay)
             if name in poison:
                 journal("poison_kill", frame=name)
                 os.kill(os.getpid(), signal.SIGKILL)
