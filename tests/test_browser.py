@@ -9,6 +9,7 @@ real FITS files and PNG quicklooks. Job submission goes to the real Celery app o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 import shutil
@@ -32,6 +33,30 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 MIN = dt.timedelta(minutes=1)
 TIMEOUT_MS = 15_000
+
+
+@contextlib.contextmanager
+def served_app():
+    """The app served by uvicorn in a thread on a free localhost port; yields its base URL and
+    stops the server on exit (fails the test if it does not start within 15 s)."""
+    import uvicorn
+
+    from backend.api.app import create_app
+
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -88,23 +113,10 @@ def _fill(settings) -> SimpleNamespace:
 @pytest.fixture
 def live(sqlite_env):
     """The app served by uvicorn in a thread, on the temporary SQLite database."""
-    import uvicorn
-
-    from backend.api.app import create_app
     ids = _fill(sqlite_env)
     route_celery_to_this_data_dir()  # POST /jobs sends to DATA_DIR/broker/in of this test
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ids=ids, settings=sqlite_env)
-    server.should_exit = True
-    thread.join(10)
+    with served_app() as url:
+        yield SimpleNamespace(url=url, ids=ids, settings=sqlite_env)
 
 
 @pytest.fixture

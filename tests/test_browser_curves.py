@@ -7,8 +7,6 @@ screenshots go to each test's ``tmp_path``.
 
 from __future__ import annotations
 
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +15,7 @@ from backend.db import session_scope
 from backend.models import EventAssociation
 from backend.services import xray as xray_service
 from tests.test_api import make_event
-from tests.test_browser import _free_port, browser, page  # noqa: F401 - fixtures
+from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
 from tests.test_xray import FITS_2011, FLARE, MIN, make_flare_day
 
 pytestmark = pytest.mark.browser
@@ -25,9 +23,6 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def live(sqlite_env):
-    import uvicorn
-
-    from backend.api.app import create_app
 
     ids = SimpleNamespace()
     with session_scope() as s:
@@ -42,18 +37,8 @@ def live(sqlite_env):
                    EventAssociation(event_id=hek.id, other_event_id=fl.id, kind="same_flare")])
         ids.fl, ids.hek, ids.quiet, ids.products = fl.id, hek.id, quiet.id, [p.id for p in prods]
         assert xray_service.ingest_xray_file(s, FITS_2011, sqlite_env).status == "ingested"
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ids=ids, settings=sqlite_env)
-    server.should_exit = True
-    thread.join(10)
+    with served_app() as url:
+        yield SimpleNamespace(url=url, ids=ids, settings=sqlite_env)
 
 
 def _figure_state(page):

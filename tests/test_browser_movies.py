@@ -10,13 +10,11 @@ Screenshots go to each test's ``tmp_path``.
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
 
-from tests.test_browser import _free_port, browser, page  # noqa: F401 - fixtures
+from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
 from tests.test_movies import build_store, simulated  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
@@ -24,25 +22,12 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def live(sqlite_env, simulated):  # noqa: F811
-    import uvicorn
-
-    from backend.api.app import create_app
     from tests.test_api import route_celery_to_this_data_dir
 
     ids = build_store(sqlite_env, simulated)
     route_celery_to_this_data_dir()
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ids=ids, settings=sqlite_env)
-    server.should_exit = True
-    thread.join(10)
+    with served_app() as url:
+        yield SimpleNamespace(url=url, ids=ids, settings=sqlite_env)
 
 
 def _shown(d: dt.datetime) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
-import threading
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +19,7 @@ import pytest
 from backend.db import session_scope
 from backend.services.events import import_catalogue
 from tests.conftest import SAMPLE
-from tests.test_browser import _free_port, browser, page  # noqa: F401 - fixtures
+from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
 
@@ -30,9 +28,6 @@ EVENTS = SAMPLE / "events"
 
 @pytest.fixture
 def live(sqlite_env, tmp_path):
-    import uvicorn
-
-    from backend.api.app import create_app
 
     goes = tmp_path / "goes_xrs_reports"
     goes.mkdir()
@@ -42,18 +37,8 @@ def live(sqlite_env, tmp_path):
         import_catalogue(s, "cdaw", EVENTS / "cdaw")
         import_catalogue(s, "goes_xrs", goes)
         import_catalogue(s, "donki", EVENTS / "donki")
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}")
-    server.should_exit = True
-    thread.join(10)
+    with served_app() as url:
+        yield SimpleNamespace(url=url)
 
 
 def _drawn(page, mode: str | None = None) -> None:

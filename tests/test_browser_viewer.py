@@ -11,8 +11,6 @@ Screenshots go to each test's ``tmp_path``.
 
 from __future__ import annotations
 
-import threading
-import time
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +19,7 @@ import numpy as np
 import pytest
 
 from backend.db import session_scope
-from tests.test_browser import TIMEOUT_MS, _free_port, browser  # noqa: F401 - the browser fixture
+from tests.test_browser import served_app, TIMEOUT_MS, browser  # noqa: F401 - the browser fixture
 from tests.test_viewer import add_flare, expected_rotated, simulate_sdi, store_product
 
 pytestmark = pytest.mark.browser
@@ -39,27 +37,14 @@ def simulated_big(tmp_path_factory):
 
 @pytest.fixture
 def live(sqlite_env, simulated_big):
-    import uvicorn
-
-    from backend.api.app import create_app
 
     with session_scope() as s:
         prods = [store_product(s, sqlite_env.products, f, l2) for f, l2 in simulated_big.frames]
         fl = add_flare(s, simulated_big.flare)
         ids = SimpleNamespace(products=[p.id for p in prods], paths=[Path(p.path) for p in prods], fl=fl.id,
                               hpc=(fl.hpc_x, fl.hpc_y), peak=fl.peak_time)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("uvicorn did not start")
-        time.sleep(0.05)
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", ids=ids)
-    server.should_exit = True
-    thread.join(10)
+    with served_app() as url:
+        yield SimpleNamespace(url=url, ids=ids)
 
 
 @pytest.fixture
