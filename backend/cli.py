@@ -1,5 +1,5 @@
 """The ``lstdp`` command: demo, serve, worker, simulate, ingest, import-events, import-xray, calibrate,
-detect, fsck, db upgrade/downgrade.
+detect, fsck, token create/list/revoke, db upgrade/downgrade.
 
 Run ``lstdp COMMAND --help`` for each command's options. Settings come from the
 environment (see :mod:`backend.settings`).
@@ -167,7 +167,7 @@ def wait_for_job(job_id: str, *, timeout: float = 1800, progress: bool = True):
                 bar.total = total
             bar.n = n
             bar.refresh()
-            if state in (JobState.succeeded, JobState.failed):
+            if state in (JobState.succeeded, JobState.failed, JobState.cancelled):
                 return state, error
             if time.monotonic() - t0 > timeout:
                 return None, f"timed out after {timeout:.0f} s"
@@ -384,15 +384,18 @@ def cmd_demo(args) -> int:
         with session_scope() as sess:
             t_min, t_max = sess.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))).one()
         if t_min is not None:
-            req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max,
-                             owner="demo")
+            req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max)
             with session_scope() as sess:
-                job = submit_job(sess, req)
+                job = submit_job(sess, req, owner="system", publishes=True)
             state, error = wait_for_job(job.id, timeout=1200)
             _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
         _say("[7/7] flare detection on the SDI L2 series")
         cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
+        demo_token = _demo_token()
         _say(f"demo ready in {time.perf_counter() - t_start:.0f} s")
+        _say(f"reads need no token; to submit, follow or cancel your own jobs use the demo token (user 'demo', "
+             f"scopes jobs:submit jobs:cancel, valid 30 days):\n      {demo_token}\n"
+             "      (paste it once on the job form, or send it as `Authorization: Bearer <token>`)")
         if args.no_serve:
             return 0
         host, port = s.host, s.port
@@ -405,6 +408,58 @@ def cmd_demo(args) -> int:
                 worker.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
+
+
+def _demo_token() -> str:
+    """A new token for the demo's user (``demo``, scopes ``jobs:submit`` and ``jobs:cancel``,
+    30 days): each run of the demo makes one, and revokes the ones earlier runs made."""
+    from backend.auth import create_token, list_tokens, revoke_token
+    from backend.db import session_scope
+
+    with session_scope() as sess:
+        for old in list_tokens(sess, "demo"):
+            if old.description == "lstdp demo" and old.revoked_at is None:
+                revoke_token(sess, old.id)
+        _row, token = create_token(sess, "demo", ["jobs:submit", "jobs:cancel"], expires_in_days=30,
+                                   description="lstdp demo")
+    return token
+
+
+def cmd_token(args) -> int:
+    """``lstdp token create|list|revoke``: API tokens (whoever runs the CLI has the database
+    and so acts as admin)."""
+    from backend.auth import create_token, list_tokens, revoke_token, token_state
+    from backend.db import session_scope
+
+    with session_scope() as sess:
+        if args.action == "create":
+            days = None if args.no_expiry else args.expires_days
+            row, token = create_token(sess, args.user, args.scope or ["jobs:submit", "jobs:cancel"],
+                                      expires_in_days=days, description=args.description or "")
+            sess.commit()
+            expires = row.expires_at.isoformat().replace("+00:00", "Z") if row.expires_at else "never"
+            print(f"token {row.id} for {row.user} (scopes: {' '.join(row.scopes)}; expires {expires}).\n"
+                  "It is shown this once only (the platform keeps its SHA-256); store it now:", file=sys.stderr)
+            print(token)
+            return 0
+        if args.action == "list":
+            rows = list_tokens(sess, args.user)
+            if args.json:
+                print(json.dumps([{"id": r.id, "user": r.user, "prefix": r.prefix, "scopes": r.scopes,
+                                   "state": token_state(r), "created_at": r.created_at.isoformat(),
+                                   "expires_at": r.expires_at.isoformat() if r.expires_at else None,
+                                   "last_used_at": r.last_used_at.isoformat() if r.last_used_at else None,
+                                   "description": r.description} for r in rows], indent=1))
+                return 0
+            print(f"{'id':>4}  {'user':<16} {'prefix':<11} {'state':<8} {'expires':<20} scopes")
+            for r in rows:
+                exp = r.expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if r.expires_at else "never"
+                print(f"{r.id:>4}  {r.user:<16} {r.prefix + '...':<11} {token_state(r):<8} {exp:<20} "
+                      f"{' '.join(r.scopes)}")
+            return 0
+        row = revoke_token(sess, args.id)
+        print(f"token {row.id} of {row.user} revoked")
+    return 0
 
 
 # --------------------------------------------------------------------------------- parser
@@ -502,6 +557,26 @@ def build_parser() -> argparse.ArgumentParser:
     fk.add_argument("--no-checksums", action="store_true",
                     help="check presence only (the SHA-256 pass reads every byte of every file)")
     fk.set_defaults(func=cmd_fsck)
+
+    from backend.auth import SCOPES
+
+    tk = sub.add_parser("token", help="API tokens: create (shown once), list, revoke",
+                        description="Reads need no token; writes need one with a scope: "
+                        + "; ".join(f"{k}: {v}" for k, v in SCOPES.items()))
+    tks = tk.add_subparsers(dest="action", required=True)
+    tc = tks.add_parser("create", help="make a token and print it (once)")
+    tc.add_argument("--user", required=True)
+    tc.add_argument("--scope", action="append", choices=list(SCOPES),
+                    help="repeat for several (default: jobs:submit and jobs:cancel)")
+    tc.add_argument("--expires-days", type=float, default=90.0, help="lifetime [days] (default 90)")
+    tc.add_argument("--no-expiry", action="store_true", help="a token that never expires")
+    tc.add_argument("--description", default="")
+    tl = tks.add_parser("list", help="tokens (never the tokens themselves: their prefixes)")
+    tl.add_argument("--user")
+    tl.add_argument("--json", action="store_true")
+    tr = tks.add_parser("revoke", help="revoke a token by its id")
+    tr.add_argument("id", type=int)
+    tk.set_defaults(func=cmd_token)
 
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade"])

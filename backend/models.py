@@ -1,9 +1,11 @@
 """The data model (SQLAlchemy 2, typed ``Mapped`` columns).
 
-Tables: ``channels``, ``frames``, ``calibration_files``, ``products`` (with the
-``product_calibration_files`` lineage table), ``jobs`` (with ``job_items``, one row per
-frame of a job, and ``job_follow_ups``, the detections a job queues when it ends) and
-``events`` (with ``event_frames``/``event_products`` links and ``event_associations``).
+Tables: ``channels``, ``frames``, ``calibration_files``, ``calibration_sets`` (the calibration
+file versions, options and software version a product was made with: products are versioned
+by set), ``products`` (with the ``product_calibration_files`` lineage table), ``jobs`` (with
+``job_items``, one row per frame of a job, and ``job_follow_ups``, the detections a job queues
+when it ends), ``events`` (with ``event_frames``/``event_products`` links and
+``event_associations``) and ``api_tokens`` (who may submit and cancel work).
 
 Times are stored timezone-aware (UTC). Names follow the field: DATE-OBS is
 ``Frame.date_obs``, HEK event codes in ``Event.event_type`` (FL flare, CE CME, PR
@@ -41,6 +43,8 @@ __all__ = [
     "Base",
     "Channel",
     "Frame",
+    "ApiToken",
+    "CalibrationSet",
     "CalibrationKind",
     "CalibrationFile",
     "ProductState",
@@ -84,6 +88,29 @@ class Base(DeclarativeBase):
         dict[str, Any]: JSON,
         list[Any]: JSON,
     }
+
+
+class ApiToken(Base):
+    """An API token: opaque, shown once when made, stored as its SHA-256 only.
+
+    ``scopes``: ``jobs:submit``, ``jobs:cancel`` (own jobs), ``admin`` (everyone's jobs,
+    promote calibration sets, manage tokens); reads need none. A token is refused once
+    ``revoked_at`` is set or ``expires_at`` has passed (:mod:`backend.auth`).
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user: Mapped[str] = mapped_column(String(100), index=True)
+    #: The token's first characters (``lst_`` and 6 more): enough to tell tokens apart in a list.
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    description: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime | None] = mapped_column()
+    revoked_at: Mapped[dt.datetime | None] = mapped_column()
+    last_used_at: Mapped[dt.datetime | None] = mapped_column()
 
 
 class Channel(Base):
@@ -166,6 +193,48 @@ class CalibrationFile(Base):
     )
 
 
+class CalibrationSet(Base):
+    """The calibration a product was made with: one channel's calibration files (ids, versions,
+    SHA-256), the calibration options and the software version, under one id.
+
+    Products are versioned by set (``Product.version`` is the set's id), so "the products of
+    set S" is one query and version S means the same calibration on every frame. Unique on
+    (channel, ``calibration_key``, ``params_hash``): the same files and options on two frames
+    are the same set. ``epoch_start``/``epoch_end``: the DATE-OBS span in which all its files
+    are valid (the intersection of their validity intervals; ``epoch_end`` None: open).
+
+    ``public``: the set feeds the public catalogue and light curves. The default set (newest
+    valid files, default options, nothing pinned) is public when it is made; a set a user made
+    (pins or options of their own) is ``owner``'s until an admin promotes it
+    (:func:`backend.services.calibration_sets.promote`), which makes it the one public set of
+    its channel over its epoch. ``owner`` None: made by the platform (CLI, demo, reconciler).
+    """
+
+    __tablename__ = "calibration_sets"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    channel_code: Mapped[str] = mapped_column(ForeignKey("channels.code"), index=True)
+    calibration_key: Mapped[str] = mapped_column(String(200))
+    params_hash: Mapped[str] = mapped_column(String(64))
+    #: The calibration options' identity (``CalibrationOptions.identity()``: non-default values).
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: ``{kind: version}`` pinned by the job that made it ({} for the default selection).
+    pinned: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: ``[{"id", "kind", "version", "sha256"}]`` sorted by kind.
+    files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    software_version: Mapped[str] = mapped_column(String(40))
+    epoch_start: Mapped[dt.datetime | None] = mapped_column()
+    epoch_end: Mapped[dt.datetime | None] = mapped_column()
+    is_default: Mapped[bool] = mapped_column(default=False)
+    public: Mapped[bool] = mapped_column(default=False, index=True)
+    owner: Mapped[str | None] = mapped_column(String(100), index=True)
+    promoted_at: Mapped[dt.datetime | None] = mapped_column()
+    promoted_by: Mapped[str | None] = mapped_column(String(100))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("channel_code", "calibration_key", "params_hash"),)
+
+
 class ProductState(str, enum.Enum):
     planned = "planned"
     writing = "writing"
@@ -185,7 +254,10 @@ class Product(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), index=True)
     level: Mapped[str] = mapped_column(String(8), default="L2")
+    #: The product's version: the id of its calibration set (the same on every frame made with it).
     version: Mapped[int] = mapped_column(Integer, default=1)
+    calibration_set_id: Mapped[int | None] = mapped_column(
+        ForeignKey("calibration_sets.id", ondelete="RESTRICT"), index=True)
     calibration_key: Mapped[str] = mapped_column(String(200))
     params_hash: Mapped[str] = mapped_column(String(64))
     parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -215,6 +287,7 @@ class Product(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
     frame: Mapped[Frame] = relationship(back_populates="products")
+    calibration_set: Mapped[CalibrationSet | None] = relationship()
     calibration_files: Mapped[list[CalibrationFile]] = relationship(
         secondary="product_calibration_files", viewonly=True
     )
@@ -242,6 +315,7 @@ class JobState(str, enum.Enum):
     running = "running"
     succeeded = "succeeded"
     failed = "failed"
+    cancelled = "cancelled"
 
 
 class Job(Base):
@@ -250,8 +324,22 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
-    owner: Mapped[str] = mapped_column(String(100), default="anonymous")
+    #: The user of the API token that submitted it (``system`` for the CLI and the demo).
+    owner: Mapped[str] = mapped_column(String(100), default="anonymous", index=True)
     kind: Mapped[str] = mapped_column(String(32), default="calibrate")
+    #: Whether its detections may enter the public catalogue: submitted by an admin or by the
+    #: platform itself (CLI, demo), and only for products of public calibration sets.
+    publishes: Mapped[bool] = mapped_column(default=False, server_default="0")
+    #: ``cpu`` or ``gpu``: the worker pool (queue) its calibrations go to.
+    lane: Mapped[str] = mapped_column(String(8), default="cpu", server_default="cpu")
+    #: When its owner (or an admin) asked to cancel it, and who.
+    cancel_requested_at: Mapped[dt.datetime | None] = mapped_column()
+    cancelled_by: Mapped[str | None] = mapped_column(String(100))
+    #: Times its failed frames were run again (``POST /jobs/{id}/retry``).
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The job whose manifest this one re-runs (``POST /jobs/{id}/rerun``, ``lstdp rerun``).
+    rerun_of: Mapped[str | None] = mapped_column(String(36))
+    cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     parameters: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     state: Mapped[JobState] = mapped_column(
         Enum(JobState, native_enum=False, length=16), default=JobState.queued, index=True
@@ -280,6 +368,7 @@ class ItemOutcome(str, enum.Enum):
     done = "done"  #: its product was written
     failed = "failed"  #: its product failed, or it could not be planned (the reason says)
     skipped = "skipped"  #: an identical product was already written
+    cancelled = "cancelled"  #: the job was cancelled before its product was calibrated
 
 
 class JobItem(Base):
@@ -327,7 +416,7 @@ class JobFollowUp(Base):
 
 
 #: Columns carried in the search indexes (PostgreSQL ``INCLUDE``): what the filters test.
-SEARCH_INCLUDE = ["end_time", "peak_time", "position_angle", "hpc_x", "hpc_y", "goes_flux"]
+SEARCH_INCLUDE = ["end_time", "peak_time", "position_angle", "hpc_x", "hpc_y", "goes_flux", "owner"]
 
 
 def _goes_flux_default(context) -> float | None:
@@ -376,6 +465,11 @@ class Event(Base):
     noaa_ar: Mapped[int | None] = mapped_column(Integer)
     frm_name: Mapped[str | None] = mapped_column(String(100))
     frm_version: Mapped[str | None] = mapped_column(String(40))
+    #: Detected events: the calibration set of the products it was found in.
+    calibration_set_id: Mapped[int | None] = mapped_column(ForeignKey("calibration_sets.id", ondelete="SET NULL"))
+    #: None: in the public catalogue. A user's name: found by that user's job on a calibration
+    #: set of their own, visible to them (and admins) only.
+    owner: Mapped[str | None] = mapped_column(String(100))
     description: Mapped[str | None] = mapped_column(Text)
     attributes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

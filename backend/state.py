@@ -14,10 +14,12 @@ Product (one L2 file of one frame under one calibration set)::
 
 Job (a recalibration request)::
 
-    queued  -> running | failed               (failed: could not be sent or planned)
-    running -> running | succeeded | failed   (running again: a redelivered plan message)
-    succeeded, failed -> (final: a late plan message for an ended job is not acted on,
-                          ``backend.worker.processing.plan_job``)
+    queued  -> running | failed | cancelled              (failed: could not be sent or planned)
+    running -> running | succeeded | failed | cancelled  (running again: a redelivered plan message)
+    failed, cancelled -> running                         (only a retry of its failed frames,
+                                                          ``move_job(..., retry=True)``)
+    succeeded -> (final: a late plan message for an ended job is not acted on,
+                  ``backend.worker.processing.plan_job``)
 
 :func:`move_product` and :func:`move_job` refuse any other move (:class:`IllegalTransition`)
 and record the reason of a failure with one rule: the text as given (callers pass
@@ -56,7 +58,7 @@ from backend.models import (FollowUpState, Job, JobFollowUp, JobState, Movie, Mo
 from pipelines.fitsio import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
-           "move_product", "move_job", "JOB_FINAL", "Claim", "claim_product", "confirm_claim", "this_process",
+           "move_product", "move_job", "JOB_FINAL", "JOB_RETRY_MOVES", "Claim", "claim_product", "confirm_claim", "this_process",
            "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "MOVIE_MOVES", "MOVIE_FINAL",
            "move_movie"]
 
@@ -77,14 +79,20 @@ PRODUCT_MOVES: dict[ProductState, frozenset[ProductState]] = {
 
 #: Legal job moves (``running -> running``: a redelivered plan message re-plans the job).
 JOB_MOVES: dict[JobState, frozenset[JobState]] = {
-    J.queued: frozenset({J.running, J.failed}),
-    J.running: frozenset({J.running, J.succeeded, J.failed}),
+    J.queued: frozenset({J.running, J.failed, J.cancelled}),
+    J.running: frozenset({J.running, J.succeeded, J.failed, J.cancelled}),
     J.succeeded: frozenset(),
     J.failed: frozenset(),
+    J.cancelled: frozenset(),
 }
 
+#: Moves only a retry makes (``move_job(..., retry=True)``, ``POST /jobs/{id}/retry``): an
+#: ended job whose failed (or cancelled) frames run again.
+JOB_RETRY_MOVES: dict[JobState, frozenset[JobState]] = {J.failed: frozenset({J.running}),
+                                                        J.cancelled: frozenset({J.running})}
+
 #: Job states that end a job.
-JOB_FINAL = frozenset({J.succeeded, J.failed})
+JOB_FINAL = frozenset({J.succeeded, J.failed, J.cancelled})
 
 
 class IllegalTransition(RuntimeError):
@@ -125,7 +133,7 @@ def move_product(product: Product, to: ProductState, reason: str | None = None) 
     return product
 
 
-def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
+def move_job(job: Job, to: JobState, reason: str | None = None, *, retry: bool = False) -> Job:
     """Move ``job`` to state ``to`` (setting ``started_at``/``finished_at``); the caller commits.
 
     Parameters
@@ -136,6 +144,8 @@ def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
         Stored as the job's error (cut to :data:`MAX_REASON_CHARS`) when given; a job that
         ends ``failed`` without one keeps the error its products gave it, or else says how
         many frames failed.
+    retry : bool
+        A retry of an ended job (:data:`JOB_RETRY_MOVES`: ``failed``/``cancelled`` -> ``running``).
 
     Raises
     ------
@@ -143,12 +153,14 @@ def move_job(job: Job, to: JobState, reason: str | None = None) -> Job:
         If the machine does not allow ``job.state -> to``.
     """
     was = JobState(job.state) if job.state is not None else JobState.queued
-    if to not in JOB_MOVES[was]:
+    if to not in JOB_MOVES[was] and not (retry and to in JOB_RETRY_MOVES.get(was, ())):
         raise IllegalTransition(f"job {job.id}: {was.value} -> {to.value} is not allowed")
     job.state = to
     now = utcnow()
     if to == JobState.running:
-        job.started_at = now
+        if was in JOB_FINAL:  # a retry: it runs again, and ends again
+            job.finished_at = None
+        job.started_at = job.started_at if was in JOB_FINAL and job.started_at else now
     if to in JOB_FINAL:
         job.finished_at = now
     if reason:

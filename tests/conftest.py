@@ -128,6 +128,27 @@ def sqlite_env(settings_env):
     return s
 
 
+def make_token(session, user: str = "tester", scopes=("jobs:submit", "jobs:cancel"), **kw) -> str:
+    """A new API token of ``user`` with ``scopes`` (flushed in ``session``; committed by the caller
+    where another connection must see it)."""
+    from backend.auth import create_token
+
+    _row, token = create_token(session, user, list(scopes), **kw)
+    session.flush()
+    return token
+
+
+def auth_headers(session, user: str = "tester", scopes=("jobs:submit", "jobs:cancel"), **kw) -> dict[str, str]:
+    """``{"Authorization": "Bearer <new token>"}`` of ``user`` with ``scopes``."""
+    return {"Authorization": f"Bearer {make_token(session, user, scopes, **kw)}"}
+
+
+def authorize(client, session, user: str = "tester", scopes=("jobs:submit", "jobs:cancel")):
+    """Give TestClient ``client`` a token of ``user`` for every request (returns the client)."""
+    client.headers.update(auth_headers(session, user, scopes))
+    return client
+
+
 @pytest.fixture
 def api_client(db_session, settings_env):
     """A TestClient of the app whose requests use ``db_session`` (rolled back after the test),
@@ -145,4 +166,5 @@ def api_client(db_session, settings_env):
 
     app.dependency_overrides[get_session] = _session
     with TestClient(app, raise_server_exceptions=False) as c:
+        authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
         yield c

@@ -332,7 +332,7 @@ class JobPublic(_ORM):
         """Fraction of frames handled (done + failed + skipped) / total; 1 once finished."""
         if self.total > 0:
             return min(1.0, (self.done + self.failed + self.skipped) / self.total)
-        return 1.0 if self.state in (JobState.succeeded, JobState.failed) else 0.0
+        return 1.0 if self.state in (JobState.succeeded, JobState.failed, JobState.cancelled) else 0.0
 
 
 JobsPublic = Page[JobPublic]

@@ -83,13 +83,14 @@ class JobRequest(BaseModel):
     pinned_calibrations: dict[str, int] = Field(default_factory=dict)
     options: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                         description="calibration options, each with its default and limits")
-    owner: str = Field(default="anonymous", max_length=100)
 
     @model_validator(mode="before")
     @classmethod
     def _no_unusable_values(cls, data: Any) -> Any:
         if (why := _unusable_value(data)) is not None:
             raise ValueError(why)
+        if isinstance(data, dict) and "owner" in data:
+            raise ValueError("owner: a job's owner is the user of the API token that submits it; do not send it")
         return data
 
     @field_validator("channels")
@@ -130,14 +131,20 @@ class JobRequest(BaseModel):
 
 
 def enqueue_job(job_id: str) -> None:
-    """Send the job to the broker (task ``run_job`` by name, queue ``cpu``); returns at once."""
+    """Send the job to the broker (task ``run_job`` by name, queue ``cpu``: planning runs on the
+    CPU workers for either lane); returns at once."""
     from backend.broker import TaskName, send
 
     send(TaskName.run_job, args=[job_id], queue="cpu")
 
 
-def submit_job(session: Session, req: JobRequest, *, enqueue: bool = True) -> Job:
+def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publishes: bool = True,
+               enqueue: bool = True, rerun_of: str | None = None) -> Job:
     """Validate ``req`` against the database, store a ``queued`` job, commit, enqueue it.
+
+    ``owner``: the user of the token that submits it (``system``: the CLI, the demo);
+    ``publishes``: whether its detections may enter the public catalogue (an admin's or the
+    platform's job, on public calibration sets only).
 
     Raises
     ------
@@ -167,10 +174,13 @@ def submit_job(session: Session, req: JobRequest, *, enqueue: bool = True) -> Jo
                 f"no {kind} calibration file version {version} for channel(s) {', '.join(req.channels)}"
             )
     job = Job(
-        owner=req.owner,
+        owner=owner,
         kind="calibrate",
-        parameters=req.model_dump(mode="json", exclude={"owner"}),
+        parameters=req.model_dump(mode="json"),
         state=JobState.queued,
+        publishes=publishes,
+        lane=req.options.device,
+        rerun_of=rerun_of,
     )
     session.add(job)
     session.commit()

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductCalibrationFile, ProductState, utcnow)
+from backend.services.calibration_sets import set_for
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
@@ -53,8 +54,10 @@ def frames_for_job(session: Session, job: Job) -> list[Frame]:
 
 
 def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options: dict | None,
-                 job_id: str | None) -> tuple[Product, bool]:
-    """Get or create the product of ``frame`` under its calibration set.
+                 job_id: str | None, owner: str | None = None) -> tuple[Product, bool]:
+    """Get or create the product of ``frame`` under its calibration set (found or made,
+    :func:`backend.services.calibration_sets.set_for`, ``owner``'s when it is not the default
+    set); the product's version is the set's id.
 
     Returns ``(product, is_new_work)``; ``is_new_work`` is False when an identical product
     (same frame, calibration set and parameters) is already written: re-running a job adds
@@ -67,9 +70,12 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1,
                               also_required=also)
     ph = params_hash(opts.identity())
+    cal_set = set_for(session, frame, sel, opts, pinned=pinned, owner=owner)
     existing = session.scalar(select(Product).where(
         Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))
     if existing is not None:
+        if existing.calibration_set_id is None:
+            existing.calibration_set_id = cal_set.id
         if existing.state == ProductState.written:
             return existing, False
         if existing.state == ProductState.failed:  # a failed product is tried again, from a clean slate
@@ -78,8 +84,8 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
             existing.claimed_at = existing.claimed_by = None
         existing.job_id = job_id
         return existing, True
-    version = 1 + (session.scalar(select(func.max(Product.version)).where(Product.frame_id == frame.id)) or 0)
-    prod = Product(frame_id=frame.id, level="L2", version=version, calibration_key=sel.key, params_hash=ph,
+    prod = Product(frame_id=frame.id, level="L2", version=cal_set.id, calibration_set_id=cal_set.id,
+                   calibration_key=sel.key, params_hash=ph,
                    parameters={"options": options or {}, "pinned": pinned or {}, "warnings": sel.warnings},
                    software_version=__version__, state=ProductState.planned, job_id=job_id)
     session.add(prod)
@@ -128,7 +134,8 @@ def plan_job(session: Session, job_id: str) -> list[int]:
                 try:
                     with session.begin_nested():
                         prod, new = plan_product(session, frame, pinned=job.parameters.get("pinned_calibrations"),
-                                                 options=job.parameters.get("options"), job_id=job.id)
+                                                 options=job.parameters.get("options"), job_id=job.id,
+                                                 owner=job.owner)
                     break
                 except IntegrityError:  # another job took this version number (or product) meanwhile
                     if attempt == 2:
@@ -292,8 +299,9 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     from pipelines.provenance import stamp_provenance
 
     frame = prod.frame
-    stamp_provenance(result.header, {"PRODID": prod.id, "PRODVER": prod.version, "FRAMEID": frame.id,
-                                     "FILENAME": _product_path(settings, frame, prod).name})
+    stamp = {"PRODID": prod.id, "PRODVER": prod.version, "CALSET": prod.calibration_set_id, "FRAMEID": frame.id,
+             "FILENAME": _product_path(settings, frame, prod).name}
+    stamp_provenance(result.header, {k: v for k, v in stamp.items() if v is not None})
     for w in (prod.parameters or {}).get("warnings", []):
         result.header.add_history(f"calibration warning: {w}")
     for note in notes:

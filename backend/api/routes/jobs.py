@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
+from backend.auth import SubmitPrincipal
 from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobsPublic
 from backend.faults import public_reason
@@ -26,11 +27,18 @@ log = logging.getLogger(__name__)
     status_code=status.HTTP_202_ACCEPTED,
     summary="Submit a recalibration job",
     responses={202: {"description": "Stored and queued; follow it at the Location URL"},
+               401: {"description": "No API token, or an unknown, revoked or expired one"},
+               403: {"description": "The token lacks scope jobs:submit"},
                422: {"description": "Invalid request (unknown channel, end before start, unknown pinned version...)"},
                503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
 )
-def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request) -> JobPublic:
+def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request,
+               principal: SubmitPrincipal) -> JobPublic:
     """Store a ``queued`` job, commit, send it to the broker and return at once.
+
+    Needs a token with scope ``jobs:submit`` (401 without one, 403 without the scope); the
+    job's owner is the token's user. An admin's job may feed the public catalogue; another
+    user's job never does (its detections are its owner's, marked with its calibration set).
 
     The work runs in a Celery worker; poll ``GET /api/v1/jobs/{id}`` for its progress.
     When the broker cannot be reached (within about 1.2 s, ``backend.broker``) the job is
@@ -38,7 +46,8 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     passed while the database held it (a frozen server that came back), the client was
     already answered 503: the job it knows nothing of is failed, not sent.
     """
-    job = jobs_service.submit_job(session, req, enqueue=False)  # validates pinned versions, commits
+    job = jobs_service.submit_job(session, req, owner=principal.user, publishes=principal.is_admin,
+                                  enqueue=False)  # validates pinned versions, commits
     deadline = getattr(request.state, "deadline", None)
     if deadline is not None and deadline.answered:
         log.error("job %s was stored after its request had been answered 503; failing it", job.id)

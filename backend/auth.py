@@ -1,0 +1,285 @@
+"""API tokens and scopes: who may submit, cancel and administer work.
+
+Reads are anonymous. Writes need an **opaque bearer token** (``Authorization: Bearer lst_...``,
+or the ``lstdp_session`` cookie the browser gets from ``POST /api/v1/session``) carrying a
+scope:
+
+``jobs:submit``
+    submit recalibration jobs (and retry, re-run, save searches and webhooks of one's own);
+``jobs:cancel``
+    cancel one's own jobs;
+``admin``
+    everything above on everyone's jobs, promote calibration sets, manage tokens.
+
+A token is 32 random bytes from :mod:`secrets` (``secrets.token_urlsafe``, 256 bits: no
+dictionary or brute-force attack applies, so one SHA-256 stored at rest is enough, as GitHub
+and PyPI store theirs), prefixed ``lst_`` so that secret scanners can find leaked ones. It is
+shown once, when made (``lstdp token create``), and only its hash is stored. The FastAPI side
+uses FastAPI's own security utilities (:class:`fastapi.security.HTTPBearer` and
+:class:`~fastapi.security.APIKeyCookie`), which also document the scheme in the OpenAPI.
+
+Errors: no token on a route that needs one, an unknown, revoked or expired token: **401**
+(``WWW-Authenticate: Bearer``) with a message naming the scope; a valid token without the
+scope: **403**. No message, log line or stored parameter ever holds a token: errors name the
+token by its id and prefix only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from backend.api.deps import get_session
+from backend.models import ApiToken, utcnow
+from pipelines.errors import DataError
+from pipelines.utc import assume_utc
+
+__all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError", "new_token", "hash_token",
+           "create_token", "list_tokens", "revoke_token", "authenticate", "current_principal", "require_scope",
+           "OptionalPrincipal", "SubmitPrincipal", "CancelPrincipal", "AdminPrincipal", "looks_like_token",
+           "redact_tokens"]
+
+#: The scopes a token may carry, and what each allows.
+SCOPES: dict[str, str] = {
+    "jobs:submit": "submit recalibration jobs; retry and re-run one's own; saved searches and webhooks",
+    "jobs:cancel": "cancel one's own jobs",
+    "admin": "everyone's jobs, promote calibration sets, manage tokens (implies every other scope)",
+}
+#: Every token starts with this (for secret scanners, and to tell a token from other text).
+TOKEN_PREFIX = "lst_"
+#: The browser's session cookie (HttpOnly, SameSite=Strict), holding the pasted token.
+SESSION_COOKIE = "lstdp_session"
+#: ``last_used_at`` is written at most this often per token [s] (not one write per request).
+LAST_USED_EVERY_S = 60.0
+#: Longest token lifetime ``lstdp token create`` accepts [days].
+MAX_EXPIRY_DAYS = 3650
+#: Longest user name [characters] (``jobs.owner``).
+MAX_USER_CHARS = 100
+
+
+class AuthError(DataError):
+    """A token that cannot be made or changed (unknown scope, unknown token id...)."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts for: the token's user and scopes (``token_id``, ``prefix``: which
+    token, for messages; never the token itself)."""
+
+    user: str
+    scopes: frozenset[str]
+    token_id: int | None = None
+    prefix: str = ""
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+    def has(self, scope: str) -> bool:
+        """Whether the token carries ``scope`` (``admin`` carries every scope)."""
+        return self.is_admin or scope in self.scopes
+
+    def may_act_on(self, owner: str | None) -> bool:
+        """Whether this principal may change work owned by ``owner`` (its own, or any as admin)."""
+        return self.is_admin or (owner is not None and owner == self.user)
+
+
+#: The platform itself (CLI commands, the demo, the reconciler): admin over everything.
+SYSTEM = Principal("system", frozenset({"admin"}))
+
+
+def new_token() -> str:
+    """A new opaque token: ``lst_`` and 43 URL-safe characters (32 random bytes, :func:`secrets.token_urlsafe`)."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    """The SHA-256 (hex) stored for ``token``."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def looks_like_token(text: str) -> bool:
+    return text.startswith(TOKEN_PREFIX) and len(text) >= len(TOKEN_PREFIX) + 20
+
+
+def redact_tokens(text: str) -> str:
+    """``text`` with anything shaped like a token (``lst_`` + 20 or more URL-safe characters)
+    replaced by ``lst_***`` (for error messages and logs built from user input)."""
+    import re
+
+    return re.sub(r"lst_[A-Za-z0-9_\-]{20,}", "lst_***", text)
+
+
+def _check_scopes(scopes: list[str] | tuple[str, ...]) -> list[str]:
+    out = sorted(set(scopes))
+    bad = [s for s in out if s not in SCOPES]
+    if bad:
+        raise AuthError(f"unknown scope(s) {', '.join(map(repr, bad))}; expected {', '.join(SCOPES)}")
+    if not out:
+        raise AuthError(f"a token needs at least one scope: {', '.join(SCOPES)}")
+    return out
+
+
+def create_token(session: Session, user: str, scopes: list[str] | tuple[str, ...], *,
+                 expires_in_days: float | None = 90.0, description: str = "",
+                 now: dt.datetime | None = None) -> tuple[ApiToken, str]:
+    """Make a token for ``user`` with ``scopes``; returns ``(row, token)``: the token is
+    returned here only (the row holds its hash). The caller commits.
+
+    Parameters
+    ----------
+    expires_in_days : float or None
+        Lifetime [days], 0 < d <= :data:`MAX_EXPIRY_DAYS`; None: never expires.
+
+    Raises
+    ------
+    AuthError
+        Unknown or no scopes, an empty or too long user name, a lifetime out of range.
+    """
+    user = (user or "").strip()
+    if not user or len(user) > MAX_USER_CHARS or any(c.isspace() for c in user) or looks_like_token(user):
+        raise AuthError(f"a user name is 1-{MAX_USER_CHARS} characters without spaces")
+    good = _check_scopes(scopes)
+    now = now or utcnow()
+    expires = None
+    if expires_in_days is not None:
+        if not 0 < expires_in_days <= MAX_EXPIRY_DAYS:
+            raise AuthError(f"expiry must be between 0 and {MAX_EXPIRY_DAYS} days, got {expires_in_days:g}")
+        expires = now + dt.timedelta(days=expires_in_days)
+    token = new_token()
+    row = ApiToken(user=user, prefix=token[:10], token_hash=hash_token(token), scopes=good,
+                   description=(description or "")[:200], created_at=now, expires_at=expires)
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def list_tokens(session: Session, user: str | None = None) -> list[ApiToken]:
+    """Tokens (newest first), of ``user`` when given."""
+    q = select(ApiToken).order_by(ApiToken.id.desc())
+    if user:
+        q = q.where(ApiToken.user == user)
+    return list(session.scalars(q))
+
+
+def revoke_token(session: Session, token_id: int, *, now: dt.datetime | None = None) -> ApiToken:
+    """Revoke token ``token_id`` (from then on it is answered 401); the caller commits.
+
+    Raises
+    ------
+    AuthError
+        No token with that id.
+    """
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise AuthError(f"no token with id {token_id}")
+    if row.revoked_at is None:
+        row.revoked_at = now or utcnow()
+    session.flush()
+    return row
+
+
+def token_state(row: ApiToken, now: dt.datetime | None = None) -> str:
+    """``active``, ``revoked`` or ``expired``."""
+    now = now or utcnow()
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and assume_utc(row.expires_at) <= now:
+        return "expired"
+    return "active"
+
+
+def authenticate(session: Session, token: str, *, now: dt.datetime | None = None) -> Principal:
+    """The principal of ``token``.
+
+    Raises
+    ------
+    fastapi.HTTPException
+        401 for an unknown, revoked or expired token (the message says which, naming the
+        token by its id and prefix only).
+    """
+    now = now or utcnow()
+    digest = hash_token(token.strip())
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
+    if row is None or not hmac.compare_digest(row.token_hash, digest):
+        raise _unauthorized("the API token is not known (check it, or make one with `lstdp token create`)")
+    state = token_state(row, now)
+    if state != "active":
+        when = row.revoked_at if state == "revoked" else row.expires_at
+        raise _unauthorized(f"API token {row.id} ({row.prefix}...) was {state} at "
+                            f"{assume_utc(when).isoformat().replace('+00:00', 'Z')}")
+    last = assume_utc(row.last_used_at) if row.last_used_at else None
+    if last is None or (now - last).total_seconds() > LAST_USED_EVERY_S:
+        # its own statement, committed by whoever commits the request's session (a read
+        # commits nothing: then the time is not kept, which costs nothing)
+        session.execute(update(ApiToken).where(ApiToken.id == row.id).values(last_used_at=now)
+                        .execution_options(synchronize_session=False))
+    return Principal(row.user, frozenset(row.scopes or ()), row.id, row.prefix)
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+_bearer = HTTPBearer(auto_error=False, scheme_name="APIToken", bearerFormat="opaque (lst_...)",
+                     description="An API token (`lstdp token create`), as `Authorization: Bearer lst_...`. "
+                                 "Reads need none; writes need the scope each route names.")
+_cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name="SessionCookie",
+                       description="The browser's session cookie, made from a token by `POST /api/v1/session`.")
+
+
+def current_principal(
+    request: Request,
+    session: Annotated[Session, Depends(get_session)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    cookie: Annotated[str | None, Depends(_cookie)],
+) -> Principal | None:
+    """The request's principal: from the bearer token, else the session cookie; None when the
+    request carries neither (an anonymous read). A token that is given but not valid is 401
+    even where none is needed: a client is never silently downgraded to anonymous."""
+    token = bearer.credentials if bearer is not None and bearer.credentials else None
+    if token is None and request.headers.get("authorization", "").strip():
+        raise _unauthorized("the Authorization header must be `Bearer <token>`")
+    token = token or (cookie or None)
+    if not token:
+        return None
+    principal = authenticate(session, token)
+    request.state.principal = principal
+    return principal
+
+
+OptionalPrincipal = Annotated[Principal | None, Depends(current_principal)]
+
+
+def require_scope(scope: str):
+    """A dependency that returns the request's principal, or answers 401 (no token) or 403
+    (a token without ``scope``)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def dependency(principal: OptionalPrincipal) -> Principal:
+        if principal is None:
+            raise _unauthorized(f"this needs an API token with scope '{scope}' "
+                                "(Authorization: Bearer <token>; make one with `lstdp token create`)")
+        if not principal.has(scope):
+            raise HTTPException(403, detail=f"API token {principal.token_id} ({principal.prefix}...) of user "
+                                            f"{principal.user!r} lacks scope '{scope}' (it has: "
+                                            f"{', '.join(sorted(principal.scopes)) or 'none'})")
+        return principal
+
+    dependency.__name__ = f"require_{scope.replace(':', '_')}"
+    return dependency
+
+
+SubmitPrincipal = Annotated[Principal, Depends(require_scope("jobs:submit"))]
+CancelPrincipal = Annotated[Principal, Depends(require_scope("jobs:cancel"))]
+AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]
