@@ -18,6 +18,16 @@ shown once, when made (``lstdp token create``), and only its hash is stored. The
 uses FastAPI's own security utilities (:class:`fastapi.security.HTTPBearer` and
 :class:`~fastapi.security.APIKeyCookie`), which also document the scheme in the OpenAPI.
 
+The session cookie and CSRF: the browser sends a cookie on its own, so a page of another
+site could make it write. Cookie-authenticated writes are safe from that by three checks
+(:func:`check_cookie_write`): the cookie is ``SameSite=Strict`` (never sent on a request
+another site starts), and a write (any method but GET, HEAD, OPTIONS) made with the cookie
+is refused **403** when its ``Content-Type`` is not ``application/json`` (a cross-site form
+cannot send that, and a cross-site ``fetch`` that does needs a CORS preflight this API never
+grants) or when its ``Origin`` header, where sent, is not this host. Bearer tokens are never
+sent by a browser on its own: they need none of this. A cookie whose token is no longer
+valid is answered 401 and cleared (``Set-Cookie`` with ``Max-Age=0``).
+
 Errors: no token on a route that needs one, an unknown, revoked or expired token: **401**
 (``WWW-Authenticate: Bearer``) with a message naming the scope; a valid token without the
 scope: **403**. No message, log line or stored parameter ever holds a token: errors name the
@@ -46,7 +56,8 @@ from pipelines.utc import assume_utc
 __all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError", "new_token", "hash_token",
            "create_token", "list_tokens", "revoke_token", "authenticate", "current_principal", "require_scope",
            "OptionalPrincipal", "SubmitPrincipal", "CancelPrincipal", "AdminPrincipal", "looks_like_token",
-           "redact_tokens"]
+           "redact_tokens", "token_state", "check_cookie_write", "origin_matches", "clear_session_cookie_header",
+           "SAFE_METHODS", "SignedInPrincipal"]
 
 #: The scopes a token may carry, and what each allows.
 SCOPES: dict[str, str] = {
@@ -249,12 +260,75 @@ def current_principal(
     token = bearer.credentials if bearer is not None and bearer.credentials else None
     if token is None and request.headers.get("authorization", "").strip():
         raise _unauthorized("the Authorization header must be `Bearer <token>`")
+    from_cookie = token is None and bool(cookie)
     token = token or (cookie or None)
     if not token:
         return None
-    principal = authenticate(session, token)
+    if from_cookie:
+        check_cookie_write(request)
+        try:
+            principal = authenticate(session, token)
+        except HTTPException as exc:  # the browser holds a dead token: say so, and drop it
+            raise HTTPException(exc.status_code, detail=f"{exc.detail} (the browser's session cookie: sign in again)",
+                                headers={**(exc.headers or {}), "Set-Cookie": clear_session_cookie_header()}) from None
+    else:
+        principal = authenticate(session, token)
     request.state.principal = principal
     return principal
+
+
+#: Methods that never write: the CSRF checks of :func:`check_cookie_write` leave them alone.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def request_host(request: Request) -> str:
+    """This server's ``host[:port]`` as the client addressed it (the ``Host`` header, lower case)."""
+    return (request.headers.get("host") or request.url.netloc).strip().lower()
+
+
+def origin_matches(request: Request) -> bool:
+    """Whether the request's ``Origin`` header is absent or names this host (``scheme://host[:port]``,
+    compared by ``host[:port]`` so a TLS-terminating proxy in front does not matter). ``Origin: null``
+    (a sandboxed frame, a ``file:`` page) never matches."""
+    from urllib.parse import urlsplit
+
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    try:
+        netloc = urlsplit(origin.strip()).netloc.lower()
+    except ValueError:
+        return False
+    return bool(netloc) and netloc == request_host(request)
+
+
+def check_cookie_write(request: Request) -> None:
+    """Refuse a write made with the session cookie that a page of another site could have made
+    (the module docstring: CSRF).
+
+    Raises
+    ------
+    fastapi.HTTPException
+        403 when the method writes and the ``Content-Type`` is not ``application/json``, or the
+        ``Origin`` header names another host.
+    """
+    if request.method.upper() in SAFE_METHODS:
+        return
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if ctype != "application/json":
+        raise HTTPException(403, detail=f"a write made with the session cookie must be sent as application/json "
+                                        f"(got {redact_tokens(ctype)[:60] or 'no Content-Type'}); this refuses "
+                                        "cross-site form posts (CSRF). Scripts should send Authorization: Bearer")
+    if not origin_matches(request):
+        origin = redact_tokens(request.headers.get("origin", ""))[:100]
+        raise HTTPException(403, detail=f"a write made with the session cookie must come from this site "
+                                        f"({request_host(request)[:100]}), not from Origin {origin!r} (CSRF)")
+
+
+def clear_session_cookie_header() -> str:
+    """A ``Set-Cookie`` value that removes :data:`SESSION_COOKIE` (for error answers, which carry no
+    :class:`~starlette.responses.Response` to call ``delete_cookie`` on)."""
+    return f"{SESSION_COOKIE}=\"\"; HttpOnly; Max-Age=0; Path=/; SameSite=strict"
 
 
 OptionalPrincipal = Annotated[Principal | None, Depends(current_principal)]
@@ -280,6 +354,16 @@ def require_scope(scope: str):
     return dependency
 
 
+def require_token(principal: OptionalPrincipal) -> Principal:
+    """A dependency: the request's principal whatever its scopes, or 401 without a token (for
+    what every signed-in user may do to their own things: list or revoke their tokens)."""
+    if principal is None:
+        raise _unauthorized("this needs an API token (any scope; Authorization: Bearer <token>, or sign in; "
+                            "make one with `lstdp token create`)")
+    return principal
+
+
+SignedInPrincipal = Annotated[Principal, Depends(require_token)]
 SubmitPrincipal = Annotated[Principal, Depends(require_scope("jobs:submit"))]
 CancelPrincipal = Annotated[Principal, Depends(require_scope("jobs:cancel"))]
 AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]

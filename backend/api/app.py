@@ -51,6 +51,7 @@ from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
+from backend.api.routes import session as session_routes, tokens as tokens_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
@@ -482,6 +483,8 @@ def create_app() -> FastAPI:
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
     api.include_router(event_curves_routes.router)
+    api.include_router(session_routes.router)  # browser sign-in (the session cookie)
+    api.include_router(tokens_routes.router)  # token management
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)
@@ -500,7 +503,9 @@ def create_app() -> FastAPI:
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too
-    return app
+    from backend.api.openapi_security import document_security
+
+    return document_security(app)  # securitySchemes; 401/403 on every write
 
 
 app = create_app()
