@@ -40,6 +40,7 @@ from backend.models import (
 )
 from backend.services.products import disk_integrated_mean
 from pipelines.products import dq_table_hdu, read_product
+from tests.conftest import auth_headers, authorize
 
 pytestmark = pytest.mark.postgres
 
@@ -201,6 +202,7 @@ def client(db_session, settings):
 
     app.dependency_overrides[get_session] = _session
     with TestClient(app, raise_server_exceptions=False) as c:
+        authorize(c, db_session)  # user "tester" with jobs:submit and jobs:cancel (POST /jobs needs a token)
         yield c
 
 
@@ -667,9 +669,11 @@ def test_post_job_queues_it_on_the_filesystem_broker(client, db_session, setting
     route_celery_to_this_data_dir()
     make_calibration(db_session, "SDI", CalibrationKind.dark, 3)
     before = _broker_messages(settings)
-    r = client.post("/api/v1/jobs", json={
-        "channels": ["sdi", "SCI_UV"], "start": "2024-05-14T15:00:00Z", "end": "2024-05-14T18:00:00",
-        "pinned_calibrations": {"dark": 3}, "owner": "lst-team"})
+    job = {"channels": ["sdi", "SCI_UV"], "start": "2024-05-14T15:00:00Z", "end": "2024-05-14T18:00:00",
+           "pinned_calibrations": {"dark": 3}}
+    # the owner is the token's user; a body that names one is refused (it would be a claim, not a fact)
+    assert_error(client.post("/api/v1/jobs", json={**job, "owner": "lst-team"}), 422, "owner", "API token")
+    r = client.post("/api/v1/jobs", json=job, headers=auth_headers(db_session, "lst-team", ["jobs:submit"]))
     assert r.status_code == 202, r.text
     body = r.json()
     assert r.headers["location"] == f"/api/v1/jobs/{body['id']}"
