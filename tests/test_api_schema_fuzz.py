@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from backend import db as dbmod
 from backend.models import CalibrationKind, EventAssociation
-from tests.conftest import create_pg_database, drop_pg_database
+from tests.conftest import create_pg_database, drop_pg_database, make_token
 from tests.test_api import MIN, T0, make_calibration, make_event, make_frame, make_product, route_celery_to_this_data_dir
 
 pytestmark = pytest.mark.postgres
@@ -117,7 +117,7 @@ def _path_strategy(params: list[dict], known: dict[str, list[str]]) -> st.Search
 NASTY = [float("nan"), float("inf"), float("-inf"), "a\x00b", "\x00", 2**31, 2**63, -(2**63), 10**30, "", None,
          [], {}, "９", "1e400"]
 _NASTY = st.sampled_from(NASTY) | _JSON_SCALARS
-VALID_JOB = {"channels": ["SDI"], "start": "2024-05-14T00:00:00Z", "end": "2024-05-15T00:00:00Z", "owner": "fuzz"}
+VALID_JOB = {"channels": ["SDI"], "start": "2024-05-14T00:00:00Z", "end": "2024-05-15T00:00:00Z"}
 
 
 def _mutated(mutations: list[tuple[str, object]]) -> dict:
@@ -140,7 +140,7 @@ def _job_body(option_names: list[str]) -> st.SearchStrategy:
     version, a calibration option) set to a nasty value, or a body built from the JobRequest
     fields with arbitrary values and extra keys. NaN and Infinity are written as Python's
     JSON encoder writes them (``NaN``, ``Infinity``), which the server's decoder reads."""
-    targets = ["channels", "channels[0]", "start", "end", "owner", "pinned_calibrations", "pinned_calibrations.flat",
+    targets = ["channels", "channels[0]", "start", "end", "pinned_calibrations", "pinned_calibrations.flat",
                "pinned_calibrations.\x00", "options", "extra", "extra.deep[0]", *(f"options.{n}" for n in option_names)]
     mutated = st.lists(st.tuples(st.sampled_from(targets), _NASTY), min_size=1, max_size=2).map(_mutated)
     channels = st.lists(st.sampled_from(["SDI", "wst", "SCI-UV", "sci_wl", "AIA", "", "\x00"]) | _JSON, max_size=3)
@@ -150,7 +150,7 @@ def _job_body(option_names: list[str]) -> st.SearchStrategy:
     options = st.dictionaries(st.sampled_from(option_names) | _TEXT, _JSON, max_size=3)
     free = st.fixed_dictionaries({}, optional={
         "channels": channels | _JSON, "start": times, "end": times, "pinned_calibrations": pinned | _JSON,
-        "options": options | _JSON, "owner": _TEXT | _JSON_SCALARS, "extra": _JSON,
+        "options": options | _JSON, "extra": _JSON,
     })
     return (mutated | mutated | free | _JSON).map(lambda b: json.dumps(b, allow_nan=True))
 
@@ -193,10 +193,11 @@ def _seed(url: str, folder) -> dict[str, list[str]]:
         f = make_frame(s, "SDI", T0 + 5 * MIN)
         p = make_product(s, f, folder)
         c = make_calibration(s, "SDI", CalibrationKind.dark, 1)
+        token = make_token(s, "fuzz", ["jobs:submit"])  # POST /jobs needs one: the bodies must reach validation
         s.commit()
         known = {"event_id": [str(fl.id), str(ce.id), str(hek.id)], "frame_id": [str(f.id)],
                  "product_id": [str(p.id)], "calibration_file_id": [str(c.id)], "code": ["SDI", "sci-uv"],
-                 "job_id": ["00000000-0000-0000-0000-000000000000"]}
+                 "job_id": ["00000000-0000-0000-0000-000000000000"], "token": [token]}
     engine.dispose()
     return known
 
@@ -213,13 +214,16 @@ def test_no_route_answers_5xx_to_schema_driven_requests(fuzz_url, settings_env, 
     spec = app.openapi()
     option_names = list(spec["components"]["schemas"].get("CalibrationOptions", {}).get("properties", {}))
     t0 = time.monotonic()
-    stats = {"requests": 0, "5xx": 0}
+    stats = {"requests": 0, "5xx": 0, "401": 0}
     errors: list[str] = []
 
     with TestClient(app, raise_server_exceptions=False) as client:
+        client.headers["Authorization"] = f"Bearer {known.pop('token')[0]}"
+
         def call(method: str, url: str, **kw) -> None:
             r = client.request(method, url, **kw)
             stats["requests"] += 1
+            stats["401"] += r.status_code == 401
             if r.status_code >= 500:
                 stats["5xx"] += 1
                 if len(errors) < 20:
@@ -263,4 +267,5 @@ def test_no_route_answers_5xx_to_schema_driven_requests(fuzz_url, settings_env, 
               f"/api/v1/jobs, {stats['5xx']} server errors, {elapsed:.1f} s")
     assert routes >= 15
     assert stats["5xx"] == 0, "\n".join(errors)
+    assert stats["401"] == 0  # every request was authorized: the job bodies were read, not refused at the door
     assert elapsed < TIME_LIMIT_S

@@ -75,7 +75,7 @@ def test_fastapi_1310_openapi_document_is_strict_json(client):
 @pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_starlette_548_nan_in_the_request_body_is_a_4xx_not_a_500(client, token):
     route_celery_to_this_data_dir()
-    body = json.dumps({**JOB, "owner": "x"})[:-1] + f', "owner": {token}}}'
+    body = json.dumps(JOB)[:-1] + f', "options": {{"saturation_dn": {token}}}}}'
     r = _post_job_text(client, body)
     assert r.status_code == 422, (r.status_code, r.text)
     _strict_json(r.text)
@@ -158,7 +158,7 @@ def test_pydantic_6889_huge_integers_in_a_job_body_are_422(client, payload):
     (b"\x80\x81\xff\xfe{", "application/json"),
     (b"OggS\x00\x02\x00\x00\xff", "application/octet-stream"),
     (b'{"channels": ["SDI"], "start": "2024-05-14T00:00:00Z", "end": "2024-05-15T00:00:00Z", '
-     b'"owner": "a\\ud800b"}', "application/json"),
+     b'"options": {"device": "a\\ud800b"}}', "application/json"),
     (b'{"channels": ["\\udfff"], "start": "2024-05-14T00:00:00Z", "end": "2024-05-15T00:00:00Z"}',
      "application/json"),
 ])
