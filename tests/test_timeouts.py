@@ -186,8 +186,10 @@ def _redis_url(port: int, db: int = 0, password: str = REDIS_PASSWORD) -> str:
 @pytest.fixture
 def api(settings_env, monkeypatch):
     """``api(**env)``: a TestClient of a fresh app on the given settings, with the default
-    deadline. Servers passed in ``servers`` are thawed before the client closes (a request
-    still waiting on a frozen server would hold the client's event loop)."""
+    deadline, carrying an API token of ``user`` (jobs:submit) made in the settings' database
+    (where none answers, a token never stored: checking it needs the database, which is what
+    these tests are about). Servers passed in ``servers`` are thawed before the client closes
+    (a request still waiting on a frozen server would hold the client's event loop)."""
     from fastapi.testclient import TestClient
 
     from backend.api.app import create_app
@@ -195,11 +197,12 @@ def api(settings_env, monkeypatch):
 
     clients: list[tuple[TestClient, list[PrivateServer]]] = []
 
-    def make(servers: tuple[PrivateServer, ...] = (), **env: str) -> TestClient:
+    def make(servers: tuple[PrivateServer, ...] = (), user: str = "tester", **env: str) -> TestClient:
         monkeypatch.setenv("API_DEADLINE_S", "1.8")
         s = settings_env(**env)
         configure(s, role="api")
         client = TestClient(create_app(), raise_server_exceptions=False)
+        client.headers["Authorization"] = f"Bearer {_token_in(s.sqlalchemy_url, user)}"
         client.__enter__()
         clients.append((client, list(servers)))
         return client
@@ -209,6 +212,28 @@ def api(settings_env, monkeypatch):
         for server in servers:
             server.thaw()
         client.__exit__(None, None, None)
+
+
+def _token_in(url: str, user: str) -> str:
+    """A new token of ``user`` (jobs:submit) committed in the database at ``url``; a well-formed
+    token that is stored nowhere when that database does not answer."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from backend.auth import new_token
+    from tests.conftest import make_token
+
+    engine = create_engine(url, connect_args={"connect_timeout": 2} if url.startswith("postgresql") else {})
+    try:
+        with Session(engine) as session:
+            token = make_token(session, user, ["jobs:submit"])
+            session.commit()
+            return token
+    except OperationalError:
+        return new_token()
+    finally:
+        engine.dispose()
 
 
 def _timed(client, method: str, url: str, **kw):
@@ -272,11 +297,11 @@ def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private
 @pytest.mark.faults
 def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, private_redis, api):
     pg, pg_url = private_pg
-    c = api(servers=(pg,), DATABASE_URL=pg_url, CELERY_BROKER_URL=_redis_url(private_redis.port),
+    owner = f"frozen-{uuid.uuid4().hex[:8]}"  # the token's user: the owner of the job POSTed while frozen
+    c = api(servers=(pg,), user=owner, DATABASE_URL=pg_url, CELERY_BROKER_URL=_redis_url(private_redis.port),
             CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
     assert _timed(c, "GET", "/api/v1/health")[0].status_code == 200
     assert _timed(c, "GET", "/api/v1/events")[0].status_code == 200
-    owner = f"frozen-{uuid.uuid4().hex[:8]}"
     from backend.db import get_engine
 
     held = [get_engine("api").connect() for _ in range(4)]  # idle in the pool when the server freezes:
@@ -294,7 +319,7 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
     assert "not answering" in r.json()["detail"]
 
-    r, took = _timed(c, "POST", "/api/v1/jobs", json={**JOB, "owner": owner})
+    r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)  # its token is checked on the frozen server too
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
 
     r, took = _timed(c, "GET", "/")  # a page: the same deadline, as an HTML page
