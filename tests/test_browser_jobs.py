@@ -21,6 +21,7 @@ from backend.models import CalibrationKind, ItemOutcome, Job, JobItem, JobState,
 from tests.conftest import require
 from tests.test_api import make_calibration
 from tests.test_browser import browser, live, page  # noqa: F401 - fixtures
+from tests.test_browser_signin import new_token, sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -32,6 +33,7 @@ def test_job_form_submits_with_its_defaults_on_first_load(live, page, tmp_path):
         make_calibration(s, "SDI", CalibrationKind.flat, 4)
         make_calibration(s, "WST", CalibrationKind.flat, 4)
     page.goto(live.url + "/jobs/new")
+    sign_in(page, new_token("tester"))  # submitting needs a token with jobs:submit
     assert page.input_value("#job-start") == "2024-05-14T15:50:00Z"
     assert page.input_value("#job-end") == "2024-05-14T16:40:00Z"
     assert page.evaluate("document.getElementById('job-form').checkValidity()")
@@ -55,7 +57,7 @@ def test_job_form_submits_with_its_defaults_on_first_load(live, page, tmp_path):
     assert page.locator("#job-form-error").is_hidden()
     with session_scope() as s:
         job = s.get(Job, job_id)
-        assert job.state == JobState.queued
+        assert job.state == JobState.queued and job.owner == "tester"  # the token's user
         assert job.parameters["channels"] == ["SCI-UV", "SCI-WL", "SDI", "WST"]
         assert job.parameters["start"] == "2024-05-14T15:50:00Z" and job.parameters["end"] == "2024-05-14T16:40:00Z"
         from pipelines.calibration.options import CalibrationOptions

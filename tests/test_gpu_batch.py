@@ -225,7 +225,7 @@ def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
         t0 = min(f.date_obs for f in frames) - dt.timedelta(minutes=1)
         t1 = max(f.date_obs for f in frames) + dt.timedelta(minutes=1)
         req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": "gpu"})
-        job = Job(owner="test", kind="calibrate", parameters=req.model_dump(mode="json", exclude={"owner"}),
+        job = Job(owner="test", kind="calibrate", parameters=req.model_dump(mode="json"),
                   state=JobState.queued)
         s.add(job)
         s.flush()

@@ -7,7 +7,9 @@
  * - A pinned version is offered only while a chosen channel has it.
  * - The estimate (#job-estimate) asks GET /api/v1/jobs/estimate as the channels and times
  *   change (debounced), and says how many frames the job would recalibrate.
- * - Submitting posts the job with fetch and follows it with app.js's job status.
+ * - Submitting posts the job with fetch (as application/json, with the session cookie of the
+ *   sign-in box, signin.js: the job's owner is the token's user) and follows it with app.js's
+ *   job status; an error shows the API's message (401 when not signed in, 403 without the scope).
  */
 (function () {
   "use strict";
@@ -122,13 +124,13 @@
         end: utcText(data.get("end")),
         pinned_calibrations: readPins(form),
         options: readOptions(form),
-        owner: String(data.get("owner") || "anonymous"),
       };
       const button = form.querySelector("button[type=submit]");
       button.disabled = true;
       try {
         const resp = await fetch(form.action, {
           method: "POST",
+          credentials: "same-origin",
           headers: { "Content-Type": "application/json", Accept: "application/json" },
           body: JSON.stringify(payload),
         });
