@@ -59,7 +59,7 @@ def test_sign_in_submit_a_job_and_sign_out(live, page, tmp_path):
 
     token = new_token("alice", ["jobs:submit"], expires_in_days=2)
     sign_in(page, token)
-    assert page.locator("#signin-error").is_hidden()
+    assert page.locator("#signin-error").is_hidden() and page.locator("#signin-form").is_hidden()
     assert page.locator("#signin-state").inner_text().startswith("Signed in as alice (jobs:submit)")
     assert "token expires" in page.locator("#signin-expiry").inner_text()
     assert page.input_value("#signin-token") == ""  # the page keeps no copy
@@ -89,6 +89,7 @@ def test_sign_in_submit_a_job_and_sign_out(live, page, tmp_path):
 
     page.click("#signout")
     page.wait_for_selector("#signin[data-signed-in='false']")
+    assert page.locator("#signin-form").is_visible() and page.locator("#signin-state").is_hidden()
     assert SESSION_COOKIE not in {c["name"] for c in page.context.cookies()}
     page.goto(live.url + "/jobs/new")
     page.wait_for_selector("#signin[data-signed-in='false']")
