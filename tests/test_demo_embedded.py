@@ -4,6 +4,8 @@ Runs ``lstdp demo --size 128 --no-serve`` as a user would (a subprocess), then c
 it left: products of all four channels written, catalogue events imported, bad input
 quarantined, the injected SDI flares detected (the EIT day's and the XRS day's, linked with the
 GOES M2.5 event), the Helioviewer WST frame of 2023-01-31 calibrated; a second run adds nothing.
+Each run prints a demo token (user ``demo``) and revokes the one the run before printed; reads
+need no token, the printed one submits a job.
 """
 
 from __future__ import annotations
@@ -26,9 +28,24 @@ from backend.models import Event, EventAssociation, Frame, Product, ProductState
 pytestmark = pytest.mark.slow
 
 
+#: What the latest ``lstdp demo`` of this module printed (its demo token is the valid one).
+_LATEST: dict[str, str] = {}
+
+
 def _run_demo(env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "backend.cli", "demo", "--size", "128", "--no-serve"],
+    proc = subprocess.run([sys.executable, "-m", "backend.cli", "demo", "--size", "128", "--no-serve"],
                           env=env, capture_output=True, text=True, timeout=900)
+    _LATEST["stdout"] = proc.stdout
+    return proc
+
+
+def _printed_token(stdout: str) -> str:
+    """The one API token the demo printed."""
+    import re
+
+    found = re.findall(r"lst_[A-Za-z0-9_\-]{20,}", stdout)
+    assert len(found) == 1, f"expected one demo token in the output, found {len(found)}"
+    return found[0]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +113,21 @@ def test_demo_embedded(demo):
             assert p.with_name(p.name + ".reason").read_text().strip()
     assert not any((tmp_path / "var" / "inbox").iterdir())
 
-    # a second run is idempotent
+    # a second run is idempotent; it prints a new demo token and revokes the first
+    first = _printed_token(proc.stdout)
     proc2 = _run_demo(env)
     assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-3000:]
+    second = _printed_token(proc2.stdout)
+    assert second != first
+    from backend.auth import hash_token
+    from backend.models import ApiToken
+
+    with Session(engine) as s:
+        old = s.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(first))).scalar_one()
+        new = s.execute(select(ApiToken).where(ApiToken.token_hash == hash_token(second))).scalar_one()
+        assert old.revoked_at is not None and new.revoked_at is None
+        assert (new.user, sorted(new.scopes)) == ("demo", ["jobs:cancel", "jobs:submit"])
+        assert first not in (proc2.stdout + proc2.stderr)  # a token is printed once, when made
     with Session(engine) as s:
         assert s.scalar(select(func.count()).select_from(Event)) == n_events
         assert s.scalar(select(func.count()).select_from(Product)) == n_products
@@ -143,6 +172,40 @@ def served_demo(demo):
         server.wait(15)
     except subprocess.TimeoutExpired:
         server.kill()
+
+
+def test_demo_reads_need_no_token_and_the_demo_token_submits_a_job(served_demo):
+    """``lstdp serve`` on the demo's data: reads answer without a token, a job without one is 401
+    naming the scope, with the token the demo printed it is queued as user ``demo``."""
+    import urllib.error
+    import urllib.request
+
+    url, engine = served_demo
+    token = _printed_token(_LATEST["stdout"])
+
+    def call(method: str, path: str, body: dict | None = None, headers: dict | None = None):
+        req = urllib.request.Request(url + path, method=method, headers={"Accept": "application/json", **(headers or {})},
+                                     data=json.dumps(body).encode() if body is not None else None)
+        if body is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    for path in ("/api/v1/events?limit=1", "/api/v1/products?limit=1", "/api/v1/jobs", "/api/v1/channels"):
+        status, _ = call("GET", path)
+        assert status == 200, path
+    with Session(engine) as s:
+        t = s.scalar(select(func.max(Frame.date_obs)).where(Frame.channel_code == "WST"))
+    job = {"channels": ["WST"], "start": (t - dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "end": (t + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    status, body = call("POST", "/api/v1/jobs", job)
+    assert status == 401 and "scope 'jobs:submit'" in body["detail"], body
+    status, body = call("POST", "/api/v1/jobs", job, {"Authorization": f"Bearer {token}"})
+    assert status == 202, body
+    assert body["owner"] == "demo" and body["state"] == "queued" and token not in json.dumps(body)
 
 
 @pytest.mark.browser
