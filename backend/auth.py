@@ -39,6 +39,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import logging
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Annotated
@@ -57,7 +59,7 @@ __all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError",
            "create_token", "list_tokens", "revoke_token", "authenticate", "current_principal", "require_scope",
            "OptionalPrincipal", "SubmitPrincipal", "CancelPrincipal", "AdminPrincipal", "looks_like_token",
            "redact_tokens", "token_state", "check_cookie_write", "origin_matches", "clear_session_cookie_header",
-           "SAFE_METHODS", "SignedInPrincipal"]
+           "SAFE_METHODS", "SignedInPrincipal", "RedactTokensFilter", "install_log_redaction"]
 
 #: The scopes a token may carry, and what each allows.
 SCOPES: dict[str, str] = {
@@ -118,6 +120,9 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+_TOKEN_SHAPE = re.compile(r"lst_[A-Za-z0-9_\-]{20,}")
+
+
 def looks_like_token(text: str) -> bool:
     return text.startswith(TOKEN_PREFIX) and len(text) >= len(TOKEN_PREFIX) + 20
 
@@ -125,9 +130,35 @@ def looks_like_token(text: str) -> bool:
 def redact_tokens(text: str) -> str:
     """``text`` with anything shaped like a token (``lst_`` + 20 or more URL-safe characters)
     replaced by ``lst_***`` (for error messages and logs built from user input)."""
-    import re
+    return _TOKEN_SHAPE.sub("lst_***", text)
 
-    return re.sub(r"lst_[A-Za-z0-9_\-]{20,}", "lst_***", text)
+
+class RedactTokensFilter(logging.Filter):
+    """A logging filter that rewrites a record's message and string arguments through
+    :func:`redact_tokens` (and keeps every record). Installed by :func:`install_log_redaction`
+    on the server's own loggers: uvicorn's access log writes each request line, query string
+    included, so a token someone put in a URL would otherwise land in the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact_tokens(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_tokens(a) if isinstance(a, str) else a for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: redact_tokens(v) if isinstance(v, str) else v for k, v in record.args.items()}
+        return True
+
+
+#: The loggers :func:`install_log_redaction` guards (a logger's filters see only its own records).
+REDACTED_LOGGERS = ("uvicorn.access", "uvicorn.error", "backend.api.app")
+
+
+def install_log_redaction() -> None:
+    """Put one :class:`RedactTokensFilter` on each of :data:`REDACTED_LOGGERS` (again: no-op)."""
+    for name in REDACTED_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokensFilter) for f in logger.filters):
+            logger.addFilter(RedactTokensFilter())
 
 
 def _check_scopes(scopes: list[str] | tuple[str, ...]) -> list[str]:

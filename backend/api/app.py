@@ -17,7 +17,9 @@ never a 500:
   (:class:`DeadlineMiddleware`).
 
 No error body names a host, port, URL, user or password: the reasons of infrastructure
-faults come from :func:`backend.faults.public_reason`; the full error is logged.
+faults come from :func:`backend.faults.public_reason`; the full error is logged. No error
+body echoes an API token either (a token pasted in the wrong field, or in a path): the
+handlers pass details and echoed inputs through :func:`backend.auth.redact_tokens`.
 
 ``HEAD`` is answered on every ``GET`` route (API, pages, downloads) by
 :class:`HeadAsGetMiddleware`: the ``GET`` response's status and headers, no body.
@@ -54,6 +56,7 @@ from backend.api.routes import coverage, event_histogram
 from backend.api.routes import session as session_routes, tokens as tokens_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
+from backend.auth import install_log_redaction, redact_tokens
 from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
@@ -101,11 +104,12 @@ def clean_validation_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]
         for prefix in ("Value error, ", "Assertion failed, "):
             if msg.startswith(prefix):
                 msg = msg[len(prefix):]
+        value = _jsonable_input(e.get("input"))
         out.append({
-            "loc": [_utf8_safe(str(x)) for x in e.get("loc", ())],
-            "msg": msg,
+            "loc": [redact_tokens(_utf8_safe(str(x))) for x in e.get("loc", ())],
+            "msg": redact_tokens(msg),
             "type": str(e.get("type", "value_error")),
-            "input": _jsonable_input(e.get("input")),
+            "input": redact_tokens(value) if isinstance(value, str) else value,
         })
     return out
 
@@ -134,14 +138,14 @@ async def _validation_handler(request: Request, exc: RequestValidationError):
 
 
 async def _http_handler(request: Request, exc: StarletteHTTPException):
-    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    detail = redact_tokens(exc.detail if isinstance(exc.detail, str) else str(exc.detail))
     if not _is_api(request) and exc.status_code >= 400:
         return _error_page(request, exc.status_code, detail)
     return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
 async def _data_error_handler(request: Request, exc: DataError):
-    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = redact_tokens(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     if not _is_api(request):
         return _error_page(request, 422, detail)
     return JSONResponse({"detail": detail}, status_code=422)
@@ -504,6 +508,8 @@ def create_app() -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too
     from backend.api.openapi_security import document_security
+
+    install_log_redaction()  # no token in the access log, even one put in a URL
 
     return document_security(app)  # securitySchemes; 401/403 on every write
 
