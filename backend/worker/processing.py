@@ -4,7 +4,9 @@ These functions load rows by id, call the pure science (:mod:`pipelines.calibrat
 write files atomically and move the explicit state machines:
 
 * product: ``planned`` -> ``writing`` -> ``written`` | ``failed`` (with the reason);
-* job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons).
+* job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons) |
+  ``cancelled`` (asked to cancel, :mod:`backend.services.job_control`, once its frames
+  being calibrated have finished).
 
 The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
@@ -31,7 +33,8 @@ from backend.services.calibration_sets import set_for
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
-from backend.state import MAX_REASON_CHARS, claim_product, confirm_claim, move_job, move_product, reason_text
+from backend.state import (MAX_REASON_CHARS, claim_product, confirm_claim, is_cancel_reason, move_job, move_product,
+                           reason_text, requeue_follow_up)
 from pipelines.calibration.options import as_options
 from pipelines.detect.registry import follow_ups
 from pipelines.errors import DataError, failure_reason
@@ -124,7 +127,7 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     move_job(job, JobState.running)
     frames = frames_for_job(session, job)
     job.total = len(frames)
-    job.done = job.failed = job.skipped = 0
+    job.done = job.failed = job.skipped = job.cancelled = 0
     errors: list[str] = []
     todo: list[int] = []
     now = utcnow()
@@ -158,17 +161,31 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     if errors:
         job.error = reason_text("; ".join(errors))
     session.flush()
-    if job.done + job.failed + job.skipped >= job.total:
+    if job.done + job.failed + job.skipped + (job.cancelled or 0) >= job.total:
         _finish(session, job)
     return todo
 
 
 def _finish(session: Session, job: Job) -> None:
-    """End ``job`` (``failed`` if any frame failed) and record its follow-up detections, in
-    the caller's transaction: the rows exist exactly when the job has ended."""
+    """End ``job`` and record its follow-up detections, in the caller's transaction: the rows
+    exist exactly when the job has ended.
+
+    A job asked to cancel (``cancel_requested_at``) ends ``cancelled`` and queues no
+    detection; any other ends ``failed`` if any frame failed, else ``succeeded``. A job
+    that ends again after a retry queues its follow-ups again (its existing rows, keyed by
+    (job, detector, channel), go back to ``queued``).
+    """
+    if job.cancel_requested_at is not None:
+        move_job(job, JobState.cancelled)
+        session.flush()
+        return
     move_job(job, JobState.failed if job.failed else JobState.succeeded)
     for name, channel in follow_ups((job.parameters or {}).get("channels", [])):
-        session.add(JobFollowUp(job_id=job.id, detector=name, channel=channel, state=FollowUpState.queued))
+        row = session.get(JobFollowUp, (job.id, name, channel))
+        if row is None:
+            session.add(JobFollowUp(job_id=job.id, detector=name, channel=channel, state=FollowUpState.queued))
+        else:
+            requeue_follow_up(row)
     session.flush()
 
 
@@ -179,7 +196,9 @@ def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[J
     Idempotent per (job, product): one conditional ``UPDATE job_items ... WHERE outcome =
     'pending'`` settles the item (``done`` if the product is ``written``, ``failed`` with its
     reason if ``failed``); a redelivered or duplicated message, or one for a product that is
-    not finished yet, settles nothing. The job's counts go up under its row lock, so
+    not finished yet, settles nothing. A product failed by a cancel
+    (:func:`backend.state.is_cancel_reason`) settles the item of a job that asked to cancel
+    as ``cancelled``. The job's counts go up under its row lock, so
     concurrent settlements add up and exactly one sees the last item. The caller commits.
 
     Returns
@@ -194,24 +213,29 @@ def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[J
     if prod is None or prod.state not in (ProductState.written, ProductState.failed):
         return session.get(Job, job_id), False
     ok = prod.state == ProductState.written
+    stopped = False
+    if not ok and is_cancel_reason(prod.error):
+        asked = session.scalar(select(Job.cancel_requested_at).where(Job.id == job_id))
+        stopped = asked is not None
     reason = None if ok else reason_text(f"product {product_id} (frame {prod.frame_id}): {prod.error}")
+    outcome = ItemOutcome.done if ok else ItemOutcome.cancelled if stopped else ItemOutcome.failed
     settled = session.execute(
         update(JobItem).where(JobItem.job_id == job_id, JobItem.product_id == product_id,
                               JobItem.outcome == ItemOutcome.pending)
-        .values(outcome=ItemOutcome.done if ok else ItemOutcome.failed, reason=reason, settled_at=utcnow())
+        .values(outcome=outcome, reason=reason, settled_at=utcnow())
         .execution_options(synchronize_session=False))
     if settled.rowcount != 1:  # settled already (or not this job's): nothing to add
         job = session.get(Job, job_id)
         if job is not None:
             session.refresh(job)
         return job, False
-    col = Job.done if ok else Job.failed
+    col = Job.done if ok else Job.cancelled if stopped else Job.failed
     values = {col: col + 1}
-    if reason:
+    if reason and not stopped:
         values["error"] = func.substr(func.coalesce(Job.error + "; ", "") + reason, 1, MAX_REASON_CHARS)
     session.execute(update(Job).where(Job.id == job_id).values(values).execution_options(synchronize_session=False))
     job = session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
-    if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
+    if job.state == JobState.running and job.done + job.failed + job.skipped + (job.cancelled or 0) >= job.total:
         _finish(session, job)
         return job, True
     return job, False
@@ -224,12 +248,14 @@ def recount_job(session: Session, job: Job) -> bool:
                                 .group_by(JobItem.outcome)).all())
     done, failed = rows.get(ItemOutcome.done, 0), rows.get(ItemOutcome.failed, 0)
     skipped, pending = rows.get(ItemOutcome.skipped, 0), rows.get(ItemOutcome.pending, 0)
-    if (job.done, job.failed, job.skipped) != (done, failed, skipped):
-        log.warning("job %s counts %s/%s/%s repaired from its items to %s/%s/%s", job.id, job.done, job.failed,
-                    job.skipped, done, failed, skipped)
-        job.done, job.failed, job.skipped = done, failed, skipped
-    if job.total != done + failed + skipped + pending:
-        job.total = done + failed + skipped + pending
+    cancelled = rows.get(ItemOutcome.cancelled, 0)
+    if (job.done, job.failed, job.skipped, job.cancelled or 0) != (done, failed, skipped, cancelled):
+        log.warning("job %s counts %s/%s/%s/%s repaired from its items to %s/%s/%s/%s (done/failed/skipped/"
+                    "cancelled)", job.id, job.done, job.failed, job.skipped, job.cancelled, done, failed, skipped,
+                    cancelled)
+        job.done, job.failed, job.skipped, job.cancelled = done, failed, skipped, cancelled
+    if job.total != done + failed + skipped + cancelled + pending:
+        job.total = done + failed + skipped + cancelled + pending
     if job.state == JobState.running and pending == 0:
         _finish(session, job)
         return True
