@@ -518,6 +518,18 @@ def cmd_retry(args) -> int:
     return 0
 
 
+def _add_job_control_parsers(sub) -> None:
+    """``lstdp cancel JOB`` and ``lstdp retry JOB``."""
+    cn = sub.add_parser("cancel", help="cancel a job (as admin): queued frames never start")
+    cn.add_argument("job", help="job id")
+    cn.add_argument("--wait", action="store_true", help="wait until it has ended")
+    cn.set_defaults(func=cmd_cancel)
+    rt = sub.add_parser("retry", help="run again the failed and cancelled frames of a job (as admin)")
+    rt.add_argument("job", help="job id")
+    rt.add_argument("--wait", action="store_true", help="wait until it ends (exit 1 unless it succeeds)")
+    rt.set_defaults(func=cmd_retry)
+
+
 # --------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lstdp", description="ASO-S/LST data platform")
@@ -634,15 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("id", type=int)
     tk.set_defaults(func=cmd_token)
 
-    cn = sub.add_parser("cancel", help="cancel a job (as admin): queued frames never start")
-    cn.add_argument("job", help="job id")
-    cn.add_argument("--wait", action="store_true", help="wait until it has ended")
-    cn.set_defaults(func=cmd_cancel)
-    rt = sub.add_parser("retry", help="run again the failed and cancelled frames of a job (as admin)")
-    rt.add_argument("job", help="job id")
-    rt.add_argument("--wait", action="store_true", help="wait until it ends (exit 1 unless it succeeds)")
-    rt.set_defaults(func=cmd_retry)
-
+    _add_job_control_parsers(sub)
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade"])
     db.add_argument("revision", nargs="?")

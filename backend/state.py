@@ -310,7 +310,7 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
 
 
 #: Every reason of a product failed by a cancel starts with this
-#: (``backend.worker.processing.count_item`` settles its items of cancelled jobs ``cancelled``).
+#: (``backend.services.job_plan.count_item`` settles its items of cancelled jobs ``cancelled``).
 CANCEL_REASON_PREFIX = "cancelled: "
 
 

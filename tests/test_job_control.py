@@ -24,6 +24,8 @@ from sqlalchemy import func, select
 from backend.db import session_scope
 from backend.models import (CalibrationFile, Frame, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductState)
+from backend.broker import TaskName
+from backend.state import move_job, move_product
 from tests.conftest import make_token
 from tests.live import ingest_simulated, live_stack, wait_job
 
@@ -246,7 +248,6 @@ def idle_stack(settings_env, tmp_path, simulated):
 
 def test_cancel_and_retry_refusals(idle_stack):
     from backend.services.jobs import JobRequest, submit_job
-    from backend.state import move_job
 
     stack = idle_stack
 
@@ -344,8 +345,6 @@ def test_a_product_another_live_job_waits_on_stays_planned(settings_env, tmp_pat
             claim = claim_product(s, second, lease_s=settings.lease_s, max_deliveries=3)
             assert claim.status == "finished"
         # the claimed frame fails on its data: counted failed, and the job ends cancelled
-        from backend.state import move_product
-
         with session_scope() as s:
             move_product(s.get(Product, first), ProductState.failed, "bad frame")
         with session_scope() as s:
@@ -380,3 +379,59 @@ def test_the_claim_refuses_a_product_only_cancelled_jobs_wait_on(settings_env, t
         with session_scope() as s:
             job, closed = count_item(s, a, todo[0])
             assert not closed and (job.cancelled, job.failed) == (1, 0)
+
+
+# ------------------------------------------------------------------ reconciler (rows only)
+from tests.test_reconcile import NOW, SETTINGS, _dead_pid, _job, _pass, sent  # noqa: E402,F401
+
+
+def test_the_reconciler_stops_the_lost_work_of_a_cancelled_job_instead_of_sending_it(db_session, sent):  # noqa: F811
+    import socket
+
+    from backend.broker import InFlight
+
+    s = db_session
+    dead = f"{socket.gethostname()}:{_dead_pid()}"
+    job, (lost, crashed, live) = _job(s, [ProductState.planned, ProductState.writing, ProductState.writing],
+                                      channel="SDI", ago_s=60, attempts=1, claimed_by=dead)
+    live.claimed_by, live.claimed_at = "elsewhere:1 task=t try=0", NOW  # a live claim on another host
+    job.cancel_requested_at, job.cancelled_by = NOW, "alice"
+    s.flush()
+    report = _pass(s, InFlight())
+    assert sorted(report.stopped) == sorted([lost.id, crashed.id])
+    assert report.resent == [] and report.taken_back == [] and sent["calibrations"] == []
+    for p in (lost, crashed):
+        s.refresh(p)
+        assert p.state == ProductState.failed and p.error == f"cancelled: job {job.id} was cancelled before this frame started"
+    s.refresh(job)
+    assert (job.state, job.cancelled, job.failed, job.done) == (JobState.running, 2, 0, 0)
+    # the frame being calibrated elsewhere finishes whole; the next pass counts it and ends the job
+    move_product(live, ProductState.written)
+    s.flush()
+    report = _pass(s, InFlight())
+    s.refresh(job)
+    assert (job.state, job.done, job.cancelled, job.total) == (JobState.cancelled, 1, 2, 3)
+    assert not [t for t in sent["tasks"] if t[0] == TaskName.detect_events], "a cancelled job detects nothing"
+    assert s.scalar(select(func.count()).select_from(JobFollowUp).where(JobFollowUp.job_id == job.id)) == 0
+
+
+def test_a_second_finish_queues_the_follow_ups_again(db_session):
+    from backend.models import FollowUpState
+    from backend.state import settle_follow_up
+    from backend.services.job_plan import finish_job as _finish
+
+    s = db_session
+    job, (p,) = _job(s, [ProductState.failed], channel="SDI")
+    job.failed = 1
+    _finish(s, job)
+    rows = list(s.scalars(select(JobFollowUp).where(JobFollowUp.job_id == job.id)))
+    assert rows and job.state == JobState.failed
+    for r in rows:
+        settle_follow_up(r, FollowUpState.done, events=2)
+        r.sent_at, r.deliveries = NOW, 1
+    move_job(job, JobState.running, retry=True)
+    _finish(s, job)
+    s.flush()
+    again = list(s.scalars(select(JobFollowUp).where(JobFollowUp.job_id == job.id)))
+    assert len(again) == len(rows)
+    assert {(r.state, r.sent_at, r.deliveries, r.events) for r in again} == {(FollowUpState.queued, None, 0, None)}

@@ -3,7 +3,7 @@
 Cancel
 ------
 :func:`cancel_job` stops a job at the next **frame boundary**, under the job's row lock
-(:func:`backend.worker.processing.lock_job`), so a cancel, the job's planning and its last
+(:func:`backend.services.job_plan.lock_job`), so a cancel, the job's planning and its last
 settlement run one after the other:
 
 * a ``queued`` job (not planned yet) ends ``cancelled`` at once; its plan message, when it
@@ -15,7 +15,7 @@ settlement run one after the other:
   (only this job's item is settled). A frame being calibrated (``writing``) finishes and is
   written whole (no partial file: the writer renames a complete file) and is counted as
   usual; the job ends ``cancelled`` when its last such frame settles
-  (:func:`backend.worker.processing.count_item`, or the reconciler's ``recount_job``).
+  (:func:`backend.services.job_plan.count_item`, or the reconciler's ``recount_job``).
 * A calibration message still in the broker finds its product failed and does nothing; a
   worker's claim also refuses a product whose every waiting job asked to cancel
   (:func:`backend.state.claim_product`, ``Claim("cancelled")``), and the GPU batch does
@@ -27,7 +27,7 @@ being the number of its ``cancelled`` items.
 Retry
 -----
 :func:`retry_job` runs again the failed and cancelled frames of a ``failed`` or
-``cancelled`` job: each is planned again (:func:`backend.worker.processing.plan_product`:
+``cancelled`` job: each is planned again (:func:`backend.services.job_plan.plan_product`:
 a failed product goes back to ``planned`` from a clean slate; a frame that failed at
 planning, e.g. for a missing master, is planned anew), its item goes back to ``pending``,
 the counts are recomputed from the items, ``retries`` goes up by one and the job moves
@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session
 from backend.auth import Principal
 from backend.models import ItemOutcome, Job, JobItem, JobState, Product, ProductState, utcnow
 from backend.state import JOB_FINAL, cancel_reason, move_job, move_product, reason_text
-from backend.worker.processing import _finish, count_item, frames_for_job, lock_job, plan_product
+from backend.services.job_plan import count_item, finish_job, frames_for_job, lock_job, plan_product
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def cancel_job(session: Session, job_id: str, principal: Principal) -> Job:
     pending = session.scalar(select(func.count()).select_from(JobItem).where(
         JobItem.job_id == job.id, JobItem.outcome == ItemOutcome.pending))
     if job.state == JobState.running and not pending:
-        _finish(session, job)
+        finish_job(session, job)
     session.commit()
     log.info("job %s: cancel asked by %s: %s", job.id, principal.user, report)
     return job
@@ -270,7 +270,7 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
     job.error = reason_text("; ".join(errors)) if errors else None
     pending = _recount(session, job)
     if not pending:
-        _finish(session, job)
+        finish_job(session, job)
     session.commit()
     log.info("job %s retried by %s (retry %d): %d frame(s) planned again, %d sent", job.id, principal.user,
              job.retries, rerun, len(todo))
@@ -279,21 +279,20 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
 
 def send_retry(session: Session, job: Job, product_ids: list[int]) -> None:
     """Send the calibrations of a retried job (after :func:`retry_job` committed): CPU chains
-    (calibrate -> record progress), or GPU batches of ``GPU_BATCH_SIZE`` for lane ``gpu``;
-    a job that ended again at once sends its follow-ups. A message lost here (broker down)
-    is re-sent by the reconciler (its product stays ``planned``).
+    (calibrate -> record progress), or GPU batches of ``GPU_BATCH_SIZE`` for lane ``gpu``.
+    A message lost here (broker down) is re-sent by the reconciler (its product stays
+    ``planned``), as are the follow-up detections of a job that ended again at once (queued,
+    never sent: the reconciler's step 5 sends them within one interval).
 
     Raises
     ------
     kombu.exceptions.OperationalError
         The broker could not be reached.
     """
-    from backend.broker import TaskName, send
+    from backend.broker import TaskName, send, send_calibration
     from backend.settings import get_settings
-    from backend.worker.reconcile import send_calibration, send_follow_ups
 
-    if job.state in JOB_FINAL:
-        send_follow_ups(session, job.id)
+    if job.state in JOB_FINAL or not product_ids:
         return
     if job.lane == "gpu":
         size = get_settings().gpu_batch_size

@@ -6,7 +6,7 @@ products of the batch, streams their raw frames through the process's
 :class:`~pipelines.calibration.batch.BatchExecutor` (calibration masters resident on the
 device across batches, host-to-device copies overlapped with compute) and, as each frame
 comes back, writes its L2 FITS and quicklook, moves the product to ``written`` or
-``failed`` (with the reason) and counts it towards its job (:func:`~backend.worker.processing.count_item`) in the
+``failed`` (with the reason) and counts it towards its job (:func:`~backend.services.job_plan.count_item`) in the
 same commit. One bad frame fails that product only; the job ends ``failed`` with the
 reasons, as the CPU path does. A frame whose every waiting job was cancelled while the
 batch ran is not written (the frame boundary of a cancel): its product fails with

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
-from backend.broker import InFlight, TaskName, in_flight, send
+from backend.broker import InFlight, TaskName, in_flight, send, send_calibration  # noqa: F401 - re-exported
 from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductState, utcnow)
 from backend.settings import Settings, get_settings
@@ -129,18 +129,6 @@ def _queue_of(parameters: dict | None) -> str:
         return as_options((parameters or {}).get("options")).device
     except DataError:  # options no worker would take: its products wait on the default queue
         return "cpu"
-
-
-def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") -> None:
-    """Send one product's calibration: calibrate then settle, on ``queue`` (a GPU product
-    as a batch of one)."""
-    if queue == "gpu":
-        send(TaskName.calibrate_products_gpu_batch, [job_id, [product_id]], queue="gpu")
-        return
-    from celery import chain, signature
-
-    chain(signature(TaskName.calibrate_product, args=[product_id], queue="cpu", immutable=True),
-          signature(TaskName.record_progress, args=[job_id, product_id], queue="cpu", immutable=True)).apply_async()
 
 
 def send_follow_ups(session: Session, job_id: str, *, only_unsent: bool = True) -> int:
