@@ -52,7 +52,7 @@ from backend.settings import Settings, get_settings
 from pipelines.errors import LSTDPError
 
 __all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "TaskName", "check_time_limits",
-           "TimeLimitError", "api_broker_timeout_s", "Role", "InFlight", "in_flight"]
+           "TimeLimitError", "api_broker_timeout_s", "Role", "InFlight", "in_flight", "send_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +264,25 @@ def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None
     """
     ensure_configured().send_task(name, args=list(args or ()), kwargs=dict(kwargs or {}), queue=queue,
                                   ignore_result=True)
+
+
+def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") -> None:
+    """Send one product's calibration: calibrate then settle, on ``queue`` (a GPU product
+    as a batch of one). Used by the worker (plans, the reconciler) and the API (a retry).
+
+    Raises
+    ------
+    kombu.exceptions.OperationalError
+        The broker is down or does not answer (as :func:`send`).
+    """
+    if queue == "gpu":
+        send(TaskName.calibrate_products_gpu_batch, [job_id, [product_id]], queue="gpu")
+        return
+    from celery import chain, signature
+
+    ensure_configured()
+    chain(signature(TaskName.calibrate_product, args=[product_id], queue="cpu", immutable=True),
+          signature(TaskName.record_progress, args=[job_id, product_id], queue="cpu", immutable=True)).apply_async()
 
 
 @dataclass

@@ -462,6 +462,74 @@ def cmd_token(args) -> int:
     return 0
 
 
+def _job_line(job) -> str:
+    return (f"job {job.id}: {job.state.value} ({job.done} done, {job.failed} failed, {job.skipped} skipped, "
+            f"{job.cancelled or 0} cancelled of {job.total})")
+
+
+def _reload_line(job_id: str) -> str:
+    from backend.db import session_scope
+    from backend.models import Job
+
+    with session_scope() as sess:
+        return _job_line(sess.get(Job, job_id))
+
+
+def cmd_cancel(args) -> int:
+    """Cancel a job as the platform (admin over every job): queued frames never start, frames
+    being calibrated finish whole (``--wait``: until it has ended)."""
+    from backend.auth import SYSTEM
+    from backend.db import session_scope
+    from backend.services.job_control import JobControlError, cancel_job
+
+    try:
+        with session_scope() as sess:
+            job = cancel_job(sess, args.job, SYSTEM)
+            line, ended = _job_line(job), job.state.value == "cancelled"
+    except JobControlError as exc:
+        print(f"lstdp cancel: {exc}", file=sys.stderr)
+        return 1
+    print(line if ended else f"{line}: asked to cancel; frames being calibrated finish first")
+    if args.wait and not ended:
+        wait_for_job(args.job, progress=False)
+        print(_reload_line(args.job))
+    return 0
+
+
+def cmd_retry(args) -> int:
+    """Run again the failed and cancelled frames of a failed or cancelled job, as the platform."""
+    from backend.auth import SYSTEM
+    from backend.db import session_scope
+    from backend.services.job_control import JobControlError, retry_job, send_retry
+
+    try:
+        with session_scope() as sess:
+            job, todo = retry_job(sess, args.job, SYSTEM)
+            line = f"{_job_line(job)}: retry {job.retries}, {len(todo)} frame(s) sent"
+            send_retry(sess, job, todo)
+    except JobControlError as exc:
+        print(f"lstdp retry: {exc}", file=sys.stderr)
+        return 1
+    print(line)
+    if args.wait:
+        state, _error = wait_for_job(args.job, progress=False)
+        print(_reload_line(args.job))
+        return 0 if state is not None and state.value == "succeeded" else 1
+    return 0
+
+
+def _add_job_control_parsers(sub) -> None:
+    """``lstdp cancel JOB`` and ``lstdp retry JOB``."""
+    cn = sub.add_parser("cancel", help="cancel a job (as admin): queued frames never start")
+    cn.add_argument("job", help="job id")
+    cn.add_argument("--wait", action="store_true", help="wait until it has ended")
+    cn.set_defaults(func=cmd_cancel)
+    rt = sub.add_parser("retry", help="run again the failed and cancelled frames of a job (as admin)")
+    rt.add_argument("job", help="job id")
+    rt.add_argument("--wait", action="store_true", help="wait until it ends (exit 1 unless it succeeds)")
+    rt.set_defaults(func=cmd_retry)
+
+
 # --------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lstdp", description="ASO-S/LST data platform")
@@ -578,6 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("id", type=int)
     tk.set_defaults(func=cmd_token)
 
+    _add_job_control_parsers(sub)
     db = sub.add_parser("db", help="database migrations")
     db.add_argument("action", choices=["upgrade", "downgrade"])
     db.add_argument("revision", nargs="?")

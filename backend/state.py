@@ -50,17 +50,18 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from sqlalchemy import select, update
+from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
-from backend.models import (FollowUpState, Job, JobFollowUp, JobState, Movie, MovieState, Product, ProductState,
-                            utcnow)
+from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Movie, MovieState,
+                            Product, ProductState, utcnow)
 from pipelines.fitsio import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "JOB_RETRY_MOVES", "Claim", "claim_product", "confirm_claim", "this_process",
-           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "MOVIE_MOVES", "MOVIE_FINAL",
-           "move_movie"]
+           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "requeue_follow_up", "MOVIE_MOVES",
+           "MOVIE_FINAL", "move_movie", "CANCEL_REASON_PREFIX", "cancel_reason", "is_cancel_reason",
+           "cancelling_waiter"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -217,6 +218,8 @@ class Claim:
     ``status``: ``claimed`` (this delivery calibrates; ``attempt`` is its number),
     ``finished`` (written or failed already: nothing to do), ``busy`` (a live claim holds
     it), ``exhausted`` (it reached the delivery limit and is now ``failed``, to be counted),
+    ``cancelled`` (every job waiting on it asked to cancel: it is now ``failed`` with
+    :func:`cancel_reason`, to be counted as ``cancelled`` items),
     ``missing`` (no such product). ``holder``: who holds the claim taken (pass it to
     :func:`confirm_claim` with ``attempt``: a re-planned product numbers its claims from 1
     again, so the number alone may be an old holder's too).
@@ -262,6 +265,21 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         live = claimed_at is not None and claimed_at > now - dt.timedelta(seconds=lease_s)
         if live and not claim_is_dead(prod.claimed_by) and not is_retry_of(holder, prod.claimed_by):
             return Claim("busy")
+    # the frame boundary of a cancel: a product that only cancelled jobs wait on never starts
+    # (also one whose message was in the broker when its job was cancelled)
+    stopper = cancelling_waiter(session, product_id)
+    if stopper is not None:
+        held = session.execute(
+            update(Product).where(Product.id == product_id, Product.state == prod.state,
+                                  Product.attempts == (prod.attempts or 0))
+            .values(attempts=Product.attempts).execution_options(synchronize_session=False))
+        if held.rowcount != 1:  # claimed or finished meanwhile: its outcome stands
+            session.commit()
+            return Claim("busy")
+        session.refresh(prod)
+        move_product(prod, ProductState.failed, cancel_reason(stopper))
+        session.commit()
+        return Claim("cancelled")
     # a retry of the task that holds the claim (after a database fault) takes it again as
     # the same attempt: only a start that never finished counts towards the limit
     again = prod.state == ProductState.writing and is_retry_of(holder, prod.claimed_by)
@@ -289,6 +307,40 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         return Claim("busy")
     session.expire(prod)
     return Claim("claimed", attempt, holder)
+
+
+#: Every reason of a product failed by a cancel starts with this
+#: (``backend.services.job_plan.count_item`` settles its items of cancelled jobs ``cancelled``).
+CANCEL_REASON_PREFIX = "cancelled: "
+
+
+def cancel_reason(job_id: str) -> str:
+    """Why a product that job ``job_id``'s cancel stopped is failed (a later job re-plans it)."""
+    return f"{CANCEL_REASON_PREFIX}job {job_id} was cancelled before this frame started"
+
+
+def is_cancel_reason(reason: str | None) -> bool:
+    """Whether a product's error is :func:`cancel_reason`'s (not a failure of its data)."""
+    return bool(reason) and reason.startswith(CANCEL_REASON_PREFIX)
+
+
+def cancelling_waiter(session: Session, product_id: int) -> str | None:
+    """The id of a job that asked to cancel and waits on product ``product_id``, when no
+    other job still wants it; ``None`` when the product is to be calibrated.
+
+    "Wants it": a pending item of a job that did not ask to cancel. "Waits": any item of a
+    cancel-requested job (its item may already be settled ``cancelled`` by the cancel
+    itself). A product no job waits on at all (calibrated outside a job) is calibrated.
+    """
+    live = exists().where(JobItem.product_id == product_id, JobItem.outcome == ItemOutcome.pending,
+                          JobItem.job_id == Job.id, Job.cancel_requested_at.is_(None))
+    if session.scalar(select(live)):
+        return None
+    return session.scalar(
+        select(Job.id).join(JobItem, JobItem.job_id == Job.id)
+        .where(JobItem.product_id == product_id, Job.cancel_requested_at.is_not(None),
+               JobItem.outcome.in_([ItemOutcome.pending, ItemOutcome.cancelled]))
+        .order_by(Job.cancel_requested_at).limit(1))
 
 
 def give_up_reason(attempts: int) -> str:
@@ -330,6 +382,15 @@ def settle_follow_up(row: JobFollowUp, to: FollowUpState, *, events: int | None 
     row.finished_at = utcnow()
     row.events = events
     row.error = reason_text(reason) if to == FollowUpState.failed else None
+    return row
+
+
+def requeue_follow_up(row: JobFollowUp) -> JobFollowUp:
+    """Queue follow-up detection ``row`` again, as new (a retried job that ends again runs
+    its detections again on its new products): ``queued``, not sent, no deliveries."""
+    row.state = FollowUpState.queued
+    row.sent_at = row.finished_at = row.events = row.error = None
+    row.deliveries = 0
     return row
 
 

@@ -54,6 +54,7 @@ from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
 from backend.api.routes import session as session_routes, tokens as tokens_routes
+from backend.api.routes import job_control as job_control_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.auth import install_log_redaction, redact_tokens
@@ -484,6 +485,7 @@ def create_app() -> FastAPI:
     for module in (bulk, job_form, channels, frames, products, calibrations, event_histogram, events, jobs,
                    movies, coverage):
         api.include_router(module.router)
+    api.include_router(job_control_routes.router)  # /jobs/{id}/cancel, /jobs/{id}/retry
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
     api.include_router(event_curves_routes.router)

@@ -319,19 +319,25 @@ class JobPublic(_ORM):
     done: int
     failed: int
     skipped: int
+    cancelled: int = Field(0, description="Frames not calibrated because the job was cancelled first")
     error: str | None
     created_at: UTCDateTime
     started_at: UTCDateTime | None
     finished_at: UTCDateTime | None
+    cancel_requested_at: UTCDateTime | None = Field(None, description="When its owner or an admin asked to cancel it")
+    cancelled_by: str | None = Field(None, description="The user who asked to cancel it")
+    retries: int = Field(0, description="Times its failed or cancelled frames were run again")
+    rerun_of: str | None = Field(None, description="The job this one re-runs")
+    lane: str = Field("cpu", description="Worker pool of its calibrations: cpu or gpu")
     follow_ups: list[FollowUpPublic] = Field(default_factory=list,
                                              description="detections queued when the job ended")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def progress(self) -> float:
-        """Fraction of frames handled (done + failed + skipped) / total; 1 once finished."""
+        """Fraction of frames handled (done + failed + skipped + cancelled) / total; 1 once finished."""
         if self.total > 0:
-            return min(1.0, (self.done + self.failed + self.skipped) / self.total)
+            return min(1.0, (self.done + self.failed + self.skipped + self.cancelled) / self.total)
         return 1.0 if self.state in (JobState.succeeded, JobState.failed, JobState.cancelled) else 0.0
 
 

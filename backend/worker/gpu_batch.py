@@ -6,9 +6,11 @@ products of the batch, streams their raw frames through the process's
 :class:`~pipelines.calibration.batch.BatchExecutor` (calibration masters resident on the
 device across batches, host-to-device copies overlapped with compute) and, as each frame
 comes back, writes its L2 FITS and quicklook, moves the product to ``written`` or
-``failed`` (with the reason) and counts it towards its job (:func:`~backend.worker.processing.count_item`) in the
+``failed`` (with the reason) and counts it towards its job (:func:`~backend.services.job_plan.count_item`) in the
 same commit. One bad frame fails that product only; the job ends ``failed`` with the
-reasons, as the CPU path does.
+reasons, as the CPU path does. A frame whose every waiting job was cancelled while the
+batch ran is not written (the frame boundary of a cancel): its product fails with
+:func:`backend.state.cancel_reason` and counts as ``cancelled``.
 
 Retries and redeliveries are idempotent: each product is claimed first
 (:func:`backend.state.claim_product`); one already ``written`` or ``failed``, or held by a
@@ -35,7 +37,7 @@ from sqlalchemy.orm import Session
 from backend.models import Product, ProductState
 from backend.worker.processing import count_item, resident_master, write_product
 from backend.settings import Settings
-from backend.state import Claim, claim_product, move_product
+from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
 from pipelines.array_backend import cupy_available
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError, failure_reason
@@ -174,7 +176,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
                               holder=holder)
         if claim.status == "claimed":
             claimed[pid] = claim
-        elif claim.status == "exhausted":
+        elif claim.status in ("exhausted", "cancelled"):  # failed by the claim: counted now
             _count(session, report, job_id, pid)
             session.commit()
             report.failed[pid] = session.get(Product, pid).error
@@ -200,6 +202,10 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         pid = outcome.key
         if not outcome.ok:
             _fail(session, report, job_id, pid, failure_reason(outcome.exception) if outcome.exception else outcome.error)
+            return
+        stopper = cancelling_waiter(session, pid)
+        if stopper is not None:  # the frame boundary: every job waiting on it was cancelled meanwhile
+            _fail(session, report, job_id, pid, cancel_reason(stopper))
             return
         prod = session.get(Product, pid)
         try:

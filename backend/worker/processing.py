@@ -4,7 +4,9 @@ These functions load rows by id, call the pure science (:mod:`pipelines.calibrat
 write files atomically and move the explicit state machines:
 
 * product: ``planned`` -> ``writing`` -> ``written`` | ``failed`` (with the reason);
-* job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons).
+* job: ``queued`` -> ``running`` -> ``succeeded`` | ``failed`` (with the reasons) |
+  ``cancelled`` (asked to cancel, :mod:`backend.services.job_control`, once its frames
+  being calibrated have finished).
 
 The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
@@ -12,7 +14,6 @@ in :mod:`backend.worker.tasks` are thin wrappers around them.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections import OrderedDict
 from pathlib import Path
@@ -20,89 +21,24 @@ from pathlib import Path
 import numpy as np
 from celery.exceptions import SoftTimeLimitExceeded
 
-from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from backend import __version__
-from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
-                            ProductCalibrationFile, ProductState, utcnow)
-from backend.services.calibration_sets import set_for
+from backend.models import Frame, ItemOutcome, JobItem, JobState, Product, ProductState, utcnow
 from backend.services.ingest import header_to_json
-from backend.services.registry import params_hash, select_calibrations
+# a job's items, its row lock and its end are shared with the API (cancel, retry):
+# backend.services.job_plan; re-exported here for the worker's modules
+from backend.services.job_plan import count_item, finish_job, frames_for_job, lock_job, plan_product, recount_job
 from backend.settings import Settings
-from backend.state import MAX_REASON_CHARS, claim_product, confirm_claim, move_job, move_product, reason_text
+from backend.state import claim_product, confirm_claim, move_job, move_product, reason_text
 from pipelines.calibration.options import as_options
-from pipelines.detect.registry import follow_ups
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
 __all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item", "recount_job",
-           "lock_job", "frames_for_job", "resident_master"]
-
-
-def frames_for_job(session: Session, job: Job) -> list[Frame]:
-    """The frames a recalibration job covers: its channels, DATE-OBS within its ``start``..``end``
-    (ISO 8601, UTC), ordered by DATE-OBS."""
-    p = job.parameters
-    start = dt.datetime.fromisoformat(p["start"])
-    end = dt.datetime.fromisoformat(p["end"])
-    return list(session.scalars(
-        select(Frame).where(Frame.channel_code.in_(p["channels"]), Frame.date_obs >= start, Frame.date_obs <= end)
-        .order_by(Frame.date_obs, Frame.id)))
-
-
-def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options: dict | None,
-                 job_id: str | None, owner: str | None = None) -> tuple[Product, bool]:
-    """Get or create the product of ``frame`` under its calibration set (found or made,
-    :func:`backend.services.calibration_sets.set_for`, ``owner``'s when it is not the default
-    set); the product's version is the set's id.
-
-    Returns ``(product, is_new_work)``; ``is_new_work`` is False when an identical product
-    (same frame, calibration set and parameters) is already written: re-running a job adds
-    nothing. A product another job is calibrating right now (``planned``/``writing``) is
-    shared: this job waits on it too, and no second calibration is sent. Raises
-    ``CalibrationMissingError`` (a ``DataError``) if a kind is missing.
-    """
-    opts = as_options(options)
-    also = ("psf",) if opts.deconvolve_psf and frame.channel_code == "SDI" else ()
-    sel = select_calibrations(session, frame.channel_code, frame.date_obs, pinned, naxis=frame.naxis1,
-                              also_required=also)
-    ph = params_hash(opts.identity())
-    cal_set = set_for(session, frame, sel, opts, pinned=pinned, owner=owner)
-    existing = session.scalar(select(Product).where(
-        Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))
-    if existing is not None:
-        if existing.calibration_set_id is None:
-            existing.calibration_set_id = cal_set.id
-        if existing.state == ProductState.written:
-            return existing, False
-        if existing.state == ProductState.failed:  # a failed product is tried again, from a clean slate
-            move_product(existing, ProductState.planned)
-            existing.attempts = 0
-            existing.claimed_at = existing.claimed_by = None
-        existing.job_id = job_id
-        return existing, True
-    prod = Product(frame_id=frame.id, level="L2", version=cal_set.id, calibration_set_id=cal_set.id,
-                   calibration_key=sel.key, params_hash=ph,
-                   parameters={"options": options or {}, "pinned": pinned or {}, "warnings": sel.warnings},
-                   software_version=__version__, state=ProductState.planned, job_id=job_id)
-    session.add(prod)
-    session.flush()
-    for f in sel.files.values():
-        session.add(ProductCalibrationFile(product_id=prod.id, calibration_file_id=f.id))
-    session.flush()
-    return prod, True
-
-
-def lock_job(session: Session, job_id: str) -> Job | None:
-    """Take ``job_id``'s row write lock for the rest of the transaction (PostgreSQL: the row;
-    SQLite: the database) and return the job as committed: two deliveries of one job's plan
-    message, or two settlements closing it, run one after the other."""
-    session.execute(update(Job).where(Job.id == job_id).values(deliveries=Job.deliveries)
-                    .execution_options(synchronize_session=False))
-    return session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
+           "lock_job", "frames_for_job", "finish_job", "resident_master"]
 
 
 def plan_job(session: Session, job_id: str) -> list[int]:
@@ -124,7 +60,7 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     move_job(job, JobState.running)
     frames = frames_for_job(session, job)
     job.total = len(frames)
-    job.done = job.failed = job.skipped = 0
+    job.done = job.failed = job.skipped = job.cancelled = 0
     errors: list[str] = []
     todo: list[int] = []
     now = utcnow()
@@ -158,82 +94,9 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     if errors:
         job.error = reason_text("; ".join(errors))
     session.flush()
-    if job.done + job.failed + job.skipped >= job.total:
-        _finish(session, job)
+    if job.done + job.failed + job.skipped + (job.cancelled or 0) >= job.total:
+        finish_job(session, job)
     return todo
-
-
-def _finish(session: Session, job: Job) -> None:
-    """End ``job`` (``failed`` if any frame failed) and record its follow-up detections, in
-    the caller's transaction: the rows exist exactly when the job has ended."""
-    move_job(job, JobState.failed if job.failed else JobState.succeeded)
-    for name, channel in follow_ups((job.parameters or {}).get("channels", [])):
-        session.add(JobFollowUp(job_id=job.id, detector=name, channel=channel, state=FollowUpState.queued))
-    session.flush()
-
-
-def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[Job | None, bool]:
-    """Settle job ``job_id``'s item for finished product ``product_id`` and end the job when
-    all its items are settled.
-
-    Idempotent per (job, product): one conditional ``UPDATE job_items ... WHERE outcome =
-    'pending'`` settles the item (``done`` if the product is ``written``, ``failed`` with its
-    reason if ``failed``); a redelivered or duplicated message, or one for a product that is
-    not finished yet, settles nothing. The job's counts go up under its row lock, so
-    concurrent settlements add up and exactly one sees the last item. The caller commits.
-
-    Returns
-    -------
-    (job, closed)
-        The job (``None`` without a job), and whether this call ended it: true for exactly
-        one call per job, the one after whose commit the follow-ups are sent.
-    """
-    if not job_id:
-        return None, False
-    prod = session.scalar(select(Product).where(Product.id == product_id).execution_options(populate_existing=True))
-    if prod is None or prod.state not in (ProductState.written, ProductState.failed):
-        return session.get(Job, job_id), False
-    ok = prod.state == ProductState.written
-    reason = None if ok else reason_text(f"product {product_id} (frame {prod.frame_id}): {prod.error}")
-    settled = session.execute(
-        update(JobItem).where(JobItem.job_id == job_id, JobItem.product_id == product_id,
-                              JobItem.outcome == ItemOutcome.pending)
-        .values(outcome=ItemOutcome.done if ok else ItemOutcome.failed, reason=reason, settled_at=utcnow())
-        .execution_options(synchronize_session=False))
-    if settled.rowcount != 1:  # settled already (or not this job's): nothing to add
-        job = session.get(Job, job_id)
-        if job is not None:
-            session.refresh(job)
-        return job, False
-    col = Job.done if ok else Job.failed
-    values = {col: col + 1}
-    if reason:
-        values["error"] = func.substr(func.coalesce(Job.error + "; ", "") + reason, 1, MAX_REASON_CHARS)
-    session.execute(update(Job).where(Job.id == job_id).values(values).execution_options(synchronize_session=False))
-    job = session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
-    if job.state == JobState.running and job.done + job.failed + job.skipped >= job.total:
-        _finish(session, job)
-        return job, True
-    return job, False
-
-
-def recount_job(session: Session, job: Job) -> bool:
-    """Set ``job``'s counts from its items (the source of truth) and end it if every item is
-    settled; for the reconciler, under the job's row lock. Returns whether it ended the job."""
-    rows = dict(session.execute(select(JobItem.outcome, func.count()).where(JobItem.job_id == job.id)
-                                .group_by(JobItem.outcome)).all())
-    done, failed = rows.get(ItemOutcome.done, 0), rows.get(ItemOutcome.failed, 0)
-    skipped, pending = rows.get(ItemOutcome.skipped, 0), rows.get(ItemOutcome.pending, 0)
-    if (job.done, job.failed, job.skipped) != (done, failed, skipped):
-        log.warning("job %s counts %s/%s/%s repaired from its items to %s/%s/%s", job.id, job.done, job.failed,
-                    job.skipped, done, failed, skipped)
-        job.done, job.failed, job.skipped = done, failed, skipped
-    if job.total != done + failed + skipped + pending:
-        job.total = done + failed + skipped + pending
-    if job.state == JobState.running and pending == 0:
-        _finish(session, job)
-        return True
-    return False
 
 
 #: Calibration masters a worker process keeps loaded, by (path, sha256): a full-size set

@@ -13,7 +13,10 @@ compares the two and repairs:
    than a grace ago, is sent again; a ``writing`` product whose claim is dead (the process
    on this host is gone) or older than its lease (``Settings.lease_s``: the hard time
    limit plus a margin) is taken back and sent again, or failed with the reason once it
-   has started ``MAX_DELIVERIES`` times (a poison frame stops);
+   has started ``MAX_DELIVERIES`` times (a poison frame stops); a product that only jobs
+   asked to cancel wait on is never re-sent: it fails with
+   :func:`backend.state.cancel_reason` and its items settle ``cancelled``
+   (:mod:`backend.services.job_control`);
 3. **queues nobody consumes**: a product ``planned`` for ``STALE_AFTER_S`` whose queue saw
    no calibration start or finish in that time fails with the reason (a GPU job and no GPU
    worker);
@@ -22,7 +25,7 @@ compares the two and repairs:
 5. **lost follow-ups**: a queued follow-up detection of an ended job whose message is gone
    is sent again;
 6. **ends**: a running job whose items are all settled ends, its counts recomputed from
-   its items;
+   its items (a job asked to cancel ends ``cancelled``);
 7. **partial files**: temporary files of writers on this host that are gone (killed
    mid-write) are removed from the store's ``.tmp/``;
 8. **lost movies** (:mod:`backend.worker.movies`): a ``queued`` movie whose ``make_movie``
@@ -54,11 +57,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
-from backend.broker import InFlight, TaskName, in_flight, send
+from backend.broker import InFlight, TaskName, in_flight, send, send_calibration  # noqa: F401 - re-exported
 from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductState, utcnow)
 from backend.settings import Settings, get_settings
-from backend.state import claim_is_dead, confirm_claim, give_up_reason, move_job, move_product, settle_follow_up
+from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, confirm_claim, give_up_reason, move_job,
+                           move_product, settle_follow_up)
 from backend.worker.processing import count_item, lock_job, recount_job
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError
@@ -95,6 +99,7 @@ class ReconcileReport:
     resent: list[int] = field(default_factory=list)
     taken_back: list[int] = field(default_factory=list)
     given_up: list[int] = field(default_factory=list)
+    stopped: list[int] = field(default_factory=list)
     unconsumed: list[int] = field(default_factory=list)
     jobs_resent: list[str] = field(default_factory=list)
     jobs_failed: list[str] = field(default_factory=list)
@@ -110,7 +115,7 @@ class ReconcileReport:
         return dict(self.__dict__)
 
     def changed(self) -> bool:
-        return bool(self.settled or self.resent or self.taken_back or self.given_up or self.unconsumed
+        return bool(self.settled or self.resent or self.taken_back or self.given_up or self.stopped or self.unconsumed
                     or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
                     or self.partial_files_removed or self.movies_resent or self.movies_failed)
 
@@ -124,18 +129,6 @@ def _queue_of(parameters: dict | None) -> str:
         return as_options((parameters or {}).get("options")).device
     except DataError:  # options no worker would take: its products wait on the default queue
         return "cpu"
-
-
-def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") -> None:
-    """Send one product's calibration: calibrate then settle, on ``queue`` (a GPU product
-    as a batch of one)."""
-    if queue == "gpu":
-        send(TaskName.calibrate_products_gpu_batch, [job_id, [product_id]], queue="gpu")
-        return
-    from celery import chain, signature
-
-    chain(signature(TaskName.calibrate_product, args=[product_id], queue="cpu", immutable=True),
-          signature(TaskName.record_progress, args=[job_id, product_id], queue="cpu", immutable=True)).apply_async()
 
 
 def send_follow_ups(session: Session, job_id: str, *, only_unsent: bool = True) -> int:
@@ -206,7 +199,11 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
             if not _claim_lost(prod, now, lease):  # re-taken meanwhile (a retry of its task)
                 session.rollback()
                 continue
-            if (prod.attempts or 0) >= settings.max_deliveries:
+            stopper = cancelling_waiter(session, prod.id)
+            if stopper is not None:  # its jobs were cancelled: not calibrated again
+                move_product(prod, ProductState.failed, cancel_reason(stopper))
+                report.stopped.append(prod.id)
+            elif (prod.attempts or 0) >= settings.max_deliveries:
                 move_product(prod, ProductState.failed, give_up_reason(prod.attempts or 0))
                 report.given_up.append(prod.id)
             else:
@@ -218,6 +215,15 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
             session.commit()
             continue
         # planned
+        stopper = cancelling_waiter(session, prod.id)
+        if stopper is not None:  # only cancelled jobs wait on it: stop it, never re-send it
+            held = session.scalar(select(Product).where(Product.id == prod.id, Product.state == ProductState.planned)
+                                  .with_for_update(skip_locked=True).execution_options(populate_existing=True))
+            if held is not None:
+                move_product(held, ProductState.failed, cancel_reason(stopper))
+                report.stopped.append(prod.id)
+            session.commit()
+            continue
         if flight is None:
             continue
         sent_at = _aware(prod.sent_at) or _aware(prod.updated_at) or now
@@ -239,7 +245,7 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
             session.commit()
             send_calibration(prod.id, prod.job_id, queue)
             report.resent.append(prod.id)
-    if report.given_up or report.unconsumed:
+    if report.given_up or report.unconsumed or report.stopped:
         _settle_finished(session, report, closed)
 
 

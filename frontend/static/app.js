@@ -10,7 +10,7 @@
 (function () {
   "use strict";
 
-  const FINAL_STATES = new Set(["succeeded", "failed"]);
+  const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
   const POLL_MS = 1000;
 
   async function renderFigure(el) {
