@@ -236,6 +236,11 @@ class EventPublic(_ORM):
     noaa_ar: int | None
     frm_name: str | None = Field(description="Feature recognition method (HEK FRM_NAME)")
     frm_version: str | None
+    owner: str | None = Field(default=None, description=(
+        "None: the public catalogue; a user's name: found by that user's job on a calibration set of "
+        "their own, visible to them (and admins) only"))
+    calibration_set_id: int | None = Field(default=None, description=(
+        "Detected events: the calibration set (GET /api/v1/calibration-sets/{id}) of the products it was found in"))
 
 
 class EventAssociationPublic(BaseModel):
