@@ -157,7 +157,8 @@ class ProductPublic(_ORM):
     channel: str = Field(validation_alias=AliasPath("frame", "channel_code"))
     date_obs: UTCDateTime = Field(validation_alias=AliasPath("frame", "date_obs"), description="DATE-OBS of the frame")
     level: str
-    version: int
+    version: int = Field(description="The product's version: the id of its calibration set")
+    calibration_set_id: int | None = Field(default=None, description="GET /api/v1/calibration-sets/{id}")
     state: ProductState
     software_version: str
     calibration_key: str
@@ -330,6 +331,8 @@ class JobPublic(_ORM):
     finished_at: UTCDateTime | None
     follow_ups: list[FollowUpPublic] = Field(default_factory=list,
                                              description="detections queued when the job ended")
+    calibration_sets: list[int] = Field(default_factory=list, description=(
+        "Ids of the calibration sets its products use (GET /api/v1/calibration-sets/{id})"))
 
     @computed_field  # type: ignore[prop-decorator]
     @property

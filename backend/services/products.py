@@ -92,9 +92,12 @@ def list_products(
     job_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
+    conditions: Sequence = (),
 ) -> tuple[list[Product], int]:
     """Products filtered by their frame's channel and DATE-OBS, state, frame and job
-    (``job_id``: the products of the job's items, ``job_items.product_id``).
+    (``job_id``: the products of the job's items, ``job_items.product_id``), and by further
+    SQL ``conditions`` on products (e.g. who may see them,
+    :func:`backend.services.set_access.product_condition`).
 
     Every version of a product is listed (ordered by DATE-OBS, then version, then id).
 
@@ -106,9 +109,10 @@ def list_products(
         Number of products matching the filters (all pages).
     """
     kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id, job_id=job_id)
-    total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)) or 0
+    total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)
+                           .where(*conditions)) or 0
     stmt = (
-        _filtered(select(Product).join(Product.frame), **kw)
+        _filtered(select(Product).join(Product.frame), **kw).where(*conditions)
         .options(joinedload(Product.frame))
         .order_by(Frame.date_obs, Product.version, Product.id)
         .limit(limit)
