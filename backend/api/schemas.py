@@ -298,6 +298,9 @@ class LightCurvePublic(BaseModel):
         description="Mean of each product in unit; null where every pixel of the region is masked or NaN (a gap)")
     product_ids: list[int]
     skipped: list[dict[str, Any]] = Field(default_factory=list, description="Products that could not be read, and why")
+    calibration_sets: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "The calibration sets of the products read ({id, public, owner}): each frame's public set, "
+        "or the one asked for with calibration_set"))
 
 
 # -- jobs -------------------------------------------------------------------------------------

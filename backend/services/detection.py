@@ -52,6 +52,7 @@ from backend.models import (
     utcnow,
 )
 from backend.services.events import insert_ignoring_conflicts
+from backend.services.set_access import public_series_ids
 from pipelines.catalogues import DETECTED_SOURCE
 from pipelines.catalogues.records import json_safe
 from pipelines.detect.flares import (
@@ -73,7 +74,6 @@ __all__ = [
     "detect_wst_white_light_flares",
     "flare_source_key",
     "DetectionScope",
-    "public_series_ids",
     "PUBLIC_SCOPE",
     "job_detection_scope",
     "observing_runs",
@@ -197,36 +197,6 @@ def job_detection_scope(session: Session, job_id: str, channel: str) -> Detectio
     if job.publishes and sets and all(public for _, public in sets):
         return PUBLIC_SCOPE
     return DetectionScope(set_ids=tuple(sorted(i for i, _ in sets)), owner=job.owner)
-
-
-def public_series_ids(session: Session, channel: str, start: dt.datetime | None = None,
-                      end: dt.datetime | None = None):
-    """A select of ``(product_id, frame_id)``: the public product of each frame of ``channel``
-    with DATE-OBS in [start, end] (what public detections and light curves read).
-
-    The written product of the frame's public calibration set promoted (or made) last, as
-    :func:`backend.services.calibration_sets.public_product_ids` ranks them; a frame with no
-    product of a public set but with products that have no set at all (made before sets
-    existed and not backfilled, or by tools that write products directly) takes its newest
-    such product. Products of private sets are never in it."""
-    from backend.models import CalibrationSet
-
-    rank = func.row_number().over(
-        partition_by=Product.frame_id,
-        order_by=(Product.calibration_set_id.is_(None).asc(),
-                  func.coalesce(CalibrationSet.promoted_at, CalibrationSet.created_at).desc(),
-                  CalibrationSet.id.desc(), Product.version.desc(), Product.id.desc())).label("rank")
-    conds = [Frame.channel_code == channel, Product.state == ProductState.written,
-             (CalibrationSet.public.is_(True)) | (Product.calibration_set_id.is_(None))]
-    if start is not None:
-        conds.append(Frame.date_obs >= start)
-    if end is not None:
-        conds.append(Frame.date_obs <= end)
-    inner = (select(Product.id.label("product_id"), Product.frame_id.label("frame_id"), rank)
-             .join(Frame, Frame.id == Product.frame_id)
-             .outerjoin(CalibrationSet, CalibrationSet.id == Product.calibration_set_id)
-             .where(*conds).subquery())
-    return select(inner.c.product_id, inner.c.frame_id).where(inner.c.rank == 1)
 
 
 def _latest_written_sdi(session: Session, start: dt.datetime | None, end: dt.datetime | None,

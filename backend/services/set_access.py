@@ -24,10 +24,41 @@ from backend.models import CalibrationSet, Frame, JobItem, Product, ProductState
 from backend.services.calibration_sets import visible_to
 from backend.services.event_visibility import viewer_of
 
-__all__ = ["may_see_set", "visible_set", "product_condition", "may_see_product", "set_products_page",
+__all__ = ["public_series_ids", "may_see_set", "visible_set", "product_condition", "may_see_product", "set_products_page",
            "set_span", "SetSpan", "job_set_ids", "queue_public_detections"]
 
 log = logging.getLogger(__name__)
+
+
+def public_series_ids(session: Session | None, channel: str | None, start: dt.datetime | None = None,
+                      end: dt.datetime | None = None):
+    """A select of ``(product_id, frame_id)``: the public product of each frame of ``channel``
+    (None: every channel) with DATE-OBS in [start, end] (what public detections, light curves,
+    quicklooks and movies read; ``session`` is not used, the select is built only).
+
+    The written product of the frame's public calibration set promoted (or made) last, as
+    :func:`backend.services.calibration_sets.public_product_ids` ranks them; a frame with no
+    product of a public set but with products that have no set at all (made before sets
+    existed and not backfilled, or by tools that write products directly) takes its newest
+    such product. Products of private sets are never in it."""
+    rank = func.row_number().over(
+        partition_by=Product.frame_id,
+        order_by=(Product.calibration_set_id.is_(None).asc(),
+                  func.coalesce(CalibrationSet.promoted_at, CalibrationSet.created_at).desc(),
+                  CalibrationSet.id.desc(), Product.version.desc(), Product.id.desc())).label("rank")
+    conds = [Product.state == ProductState.written,
+             (CalibrationSet.public.is_(True)) | (Product.calibration_set_id.is_(None))]
+    if channel is not None:
+        conds.append(Frame.channel_code == channel)
+    if start is not None:
+        conds.append(Frame.date_obs >= start)
+    if end is not None:
+        conds.append(Frame.date_obs <= end)
+    inner = (select(Product.id.label("product_id"), Product.frame_id.label("frame_id"), rank)
+             .join(Frame, Frame.id == Product.frame_id)
+             .outerjoin(CalibrationSet, CalibrationSet.id == Product.calibration_set_id)
+             .where(*conds).subquery())
+    return select(inner.c.product_id, inner.c.frame_id).where(inner.c.rank == 1)
 
 
 def may_see_set(principal: Any, row: CalibrationSet) -> bool:
