@@ -28,7 +28,8 @@ from fastapi.templating import Jinja2Templates
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes.params import NUMERIC_FILTERS, IdPath, is_safe_key, parse_event_filters
+from backend.api.routes.params import NUMERIC_FILTERS, IdPath, for_viewer, is_safe_key, parse_event_filters
+from backend.auth import OptionalPrincipal
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import event_curves as event_curves_service
@@ -212,6 +213,7 @@ def event_list_page(session, filters: EventFilters, *, after: str | None = None,
 def events_page(
     request: Request,
     session: SessionDep,
+    principal: OptionalPrincipal,
     type: Annotated[str | None, Query()] = None,  # noqa: A002 - the HEK name of the filter
     source: Annotated[str | None, Query(max_length=32)] = None,
     start: Annotated[str | None, Query(max_length=40)] = None,
@@ -247,7 +249,7 @@ def events_page(
         frm_name=(frm_name or "").strip() or None, calibration_set=calibration_set, form=True,
     )
     errors = [p.note for p in parsed.problems]
-    filters = parsed.filters
+    filters = for_viewer(parsed.filters, principal)  # the public catalogue, and the viewer's own events
     event_type = filters.event_types[0] if filters.event_types else None
     source = filters.sources[0] if filters.sources else None
     t0, t1, min_class = filters.start, filters.end, parsed.min_goes_class
@@ -311,14 +313,16 @@ def _event_context(session, event: Event) -> dict[str, Any]:
 
 
 @router.get("/events/{event_id}", response_class=HTMLResponse)
-def event_page(request: Request, event_id: IdPath, session: SessionDep):
-    """One event in the field's terms, its associations, quicklooks around it and its light curve."""
+def event_page(request: Request, event_id: IdPath, session: SessionDep, principal: OptionalPrincipal):
+    """One event in the field's terms, its associations, quicklooks around it and its light curve.
+    A private event (a user's detection on a set of their own) is shown to its owner and admins
+    only, marked with its calibration set; 404 to anyone else."""
     from backend.api.routes.events import event_detail
 
-    row = events_service.get_event(session, event_id)
+    row = events_service.get_event(session, event_id, principal)
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
-    detail = event_detail(session, row)
+    detail = event_detail(session, row, principal)
     lc_start, lc_end = products_service.event_window(row, LIGHTCURVE_MARGIN)
     has_sdi = bool(products_service.latest_products_in_window(session, lc_start, lc_end, channel="SDI", limit=1))
     duration = None
