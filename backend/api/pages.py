@@ -303,12 +303,12 @@ def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:
             for code in CHANNELS if code in by_channel}
 
 
-def _event_context(session, event: Event) -> dict[str, Any]:
+def _event_context(session, event: Event, principal=None) -> dict[str, Any]:
     """The context images of an event page (``_event_context.html``)."""
     from backend.services import imaging
     from backend.settings import get_settings
 
-    return {"context_images": imaging.event_context(session, event, get_settings().products),
+    return {"context_images": imaging.event_context(session, event, get_settings().products, principal=principal),
             "context_size": imaging.CONTEXT_SIZE}
 
 
@@ -335,7 +335,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep, principa
         "quicklook_margin_h": QUICKLOOK_MARGIN.total_seconds() / 3600,
         "has_sdi": has_sdi,
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
-        **_event_context(session, row),
+        **_event_context(session, row, principal),
         "linked": event_curves_service.linked_data(session, row, QUICKLOOK_MARGIN),
     })
 

@@ -228,7 +228,8 @@ def _calibration_files_used(session: Session, key: str, params_hash: str,
 
 
 def event_curves(session: Session, event: Event, *, product_root: Path, channel: str = "SDI",
-                 margin: dt.timedelta = CURVES_MARGIN, calibration_set: int | None = None) -> EventCurves:
+                 margin: dt.timedelta = CURVES_MARGIN, calibration_set: int | None = None,
+                 principal=None) -> EventCurves:
     """The LST light curves (ROI and disk, one calibration set) and the GOES XRS curve of an event.
 
     Parameters
@@ -244,6 +245,9 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
     calibration_set : int, optional
         Draw the products of this calibration set (the caller checks that it may be seen);
         default: the public set covering most frames of the window (:func:`_choose_set`).
+    principal : backend.auth.Principal, optional
+        Who asks: only events they may see place the ROI of an event without a position
+        (None: anonymous, public events).
 
     Returns
     -------
@@ -269,7 +273,7 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
         if event.hpc_x is None or event.hpc_y is None:  # e.g. a GOES report row: its same flare elsewhere
             from backend.services.imaging import located_events
 
-            partner = located_events(session, [event]).get(event.id)
+            partner = located_events(session, [event], principal).get(event.id)
             if partner is not None and partner.hpc_x is not None and partner.hpc_y is not None:
                 placed = partner
                 out.notes.append(f"ROI at the position of the same flare in {partner.source} (event #{partner.id}): "

@@ -36,7 +36,7 @@ def _curves(session, settings, event_id: int, channel: str, principal=None, cali
     except ValueError as exc:
         raise HTTPException(422, detail=str(exc)) from None
     return curves_service.event_curves(session, row, product_root=settings.products, channel=code,
-                                       calibration_set=set_id)
+                                       calibration_set=set_id, principal=principal)
 
 
 @router.get(

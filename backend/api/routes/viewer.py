@@ -23,6 +23,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, IdPath
 from backend.models import ProductState
 from backend.services import imaging
@@ -110,7 +111,7 @@ def read_pixel(
 
 @router.get("/{product_id}/overlays", summary="The events of the frame's time window, placed on it")
 def read_overlays(
-    product_id: IdPath, session: SessionDep, settings: SettingsDep,
+    product_id: IdPath, session: SessionDep, settings: SettingsDep, principal: OptionalPrincipal,
     margin_h: Annotated[float, Query(ge=0, le=72, description="Window: DATE-OBS +- this many hours")] = 1.0,
     event: Annotated[int | None, Query(ge=1, le=MAX_ID, description="An event included whatever its time")] = None,
 ) -> dict[str, Any]:
@@ -118,6 +119,7 @@ def read_overlays(
     CMEs as position-angle wedges; each with its id, type, label and event page URL. An event
     behind the limb at the frame's time is flagged (``visible: false``), not dropped."""
     img = _image(session, settings, product_id)
-    out = imaging.frame_overlays(session, img, margin=dt.timedelta(hours=margin_h), event_id=event)
+    out = imaging.frame_overlays(session, img, margin=dt.timedelta(hours=margin_h), event_id=event,
+                                 principal=principal)
     out["product_id"] = product_id
     return out
