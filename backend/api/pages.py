@@ -392,17 +392,21 @@ def jobs_page(request: Request, session: SessionDep):
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: str, session: SessionDep):
+def job_page(request: Request, job_id: str, session: SessionDep, principal: OptionalPrincipal):
     """One job, its parameters and a progress bar that follows it."""
     job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
     from backend.api.schemas import JobPublic
     from backend.services import job_form
+    from backend.services.set_access import job_set_ids, product_condition
 
-    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE)
+    seen = product_condition(principal)  # products of a private set: to its owner and admins only
+    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE,
+                                                      conditions=() if seen is None else (seen,))
+    public = JobPublic.model_validate(job).model_copy(update={"calibration_sets": job_set_ids(session, [job.id])[job.id]})
     return templates.TemplateResponse(request, "job.html", {
-        "job": JobPublic.model_validate(job), "products": rows, "products_total": n_products,
+        "job": public, "products": rows, "products_total": n_products,
         "option_fields": job_form.option_fields()})
 
 
