@@ -197,7 +197,8 @@ def _choose_set(products: list[Product], calibration_set: int | None = None) -> 
             continue
         k = _set_key(p)
         frames.setdefault(k, set()).add(p.frame_id)
-        when = as_utc(cs.promoted_at or cs.created_at).timestamp() if cs is not None and (cs.promoted_at or cs.created_at) else 0.0
+        made = (cs.promoted_at or cs.created_at) if cs is not None else None
+        when = as_utc(made).timestamp() if made is not None else 0.0
         _, _, v, i = score.get(k, (0, 0.0, 0, 0))
         score[k] = (len(frames[k]), when, max(v, p.version), max(i, p.id))
     if not score:

@@ -24,8 +24,8 @@ from backend.models import CalibrationSet, Frame, JobItem, Product, ProductState
 from backend.services.calibration_sets import visible_to
 from backend.services.event_visibility import viewer_of
 
-__all__ = ["public_series_ids", "may_see_set", "visible_set", "product_condition", "may_see_product", "set_products_page",
-           "set_span", "SetSpan", "job_set_ids", "queue_public_detections"]
+__all__ = ["public_series_ids", "may_see_set", "visible_set", "product_condition", "may_see_product",
+           "set_products_page", "set_span", "SetSpan", "job_set_ids", "queue_public_detections"]
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ def set_products_page(session: Session, set_id: int, *, state: ProductState | No
     rows : list of Product
         One page (``limit`` rows from ``offset``).
     total : int
-        Matches over all pages (0 when the page is empty beyond the end, and also then
-        counted again so the total stays true).
+        Matches over all pages (a page past the end is counted by a second query, as the
+        window count has no row to ride on there).
     """
     total_col = func.count().over().label("total")
     q = (select(Product, total_col).join(Frame, Frame.id == Product.frame_id)
