@@ -411,7 +411,7 @@ def job_page(request: Request, job_id: str, session: SessionDep, principal: Opti
 
 
 @router.get("/products/{product_id}/view", response_class=HTMLResponse)
-def viewer_page(request: Request, product_id: IdPath, session: SessionDep,
+def viewer_page(request: Request, product_id: IdPath, session: SessionDep, principal: OptionalPrincipal,
                 event: Annotated[int | None, Query(ge=1, le=2_147_483_647)] = None):
     """The image viewer of one L2 product (``frontend/static/viewer.js`` on the API of
     :mod:`backend.api.routes.viewer`): helioprojective axes, zoom and pan at full resolution,
@@ -420,8 +420,10 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep,
     from backend.models import ProductState
     from backend.services import imaging
 
+    from backend.services.set_access import may_see_product
+
     row = products_service.get_product(session, product_id)
-    if row is None:
+    if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's
         raise HTTPException(404, detail=f"no product with id {product_id}")
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}: nothing to view")

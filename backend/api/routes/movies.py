@@ -131,17 +131,19 @@ def read_difference_png(
     product_id: IdPath,
     session: SessionDep,
     settings: SettingsDep,
+    principal: OptionalPrincipal,
     ref: Annotated[int, Query(ge=1, le=MAX_ID, description="The reference product (subtracted)")],
 ) -> Response:
     """``product - ref`` block-averaged to at most 512 pixels a side, scaled symmetrically
     about zero (±the 99.5th percentile of ``|difference|``; ``astropy.visualization``),
     grey, north up."""
+    from backend.services.set_access import may_see_product
     from pipelines.movies import difference_image, rgb_frame, signed_unit_image
 
     rows = []
     for pid in (product_id, ref):
         row = products_service.get_product(session, pid)
-        if row is None:
+        if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's only
             raise HTTPException(404, detail=f"no product with id {pid}")
         if row.state != ProductState.written:
             raise HTTPException(404, detail=f"product {pid} is {row.state.value}, its FITS file is not written")
