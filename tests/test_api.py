@@ -257,7 +257,7 @@ def test_openapi_light_curve_routes_document_the_same_query_parameters(client):
     figure = paths["/api/v1/events/{event_id}/lightcurve/figure"]["get"]["parameters"]
     assert [(p["in"], p["name"]) for p in data] == [
         ("path", "event_id"), ("query", "channel"), ("query", "margin_min"), ("query", "region"),
-        ("query", "context_frames")]
+        ("query", "context_frames"), ("query", "calibration_set")]
     assert figure == data
     by_name = {p["name"]: p for p in data}
     assert by_name["channel"]["schema"]["default"] == "SDI"

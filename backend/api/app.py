@@ -55,6 +55,7 @@ from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
 from backend.api.routes import session as session_routes, tokens as tokens_routes
 from backend.api.routes import job_control as job_control_routes
+from backend.api.routes import calibration_sets as calibration_sets_routes
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.auth import install_log_redaction, redact_tokens
@@ -491,6 +492,7 @@ def create_app() -> FastAPI:
     api.include_router(event_curves_routes.router)
     api.include_router(session_routes.router)  # browser sign-in (the session cookie)
     api.include_router(tokens_routes.router)  # token management
+    api.include_router(calibration_sets_routes.router)
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)

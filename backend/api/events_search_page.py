@@ -15,6 +15,7 @@ from backend.api.routes.params import _filter_time
 from backend.models import Event, EventProduct, Product
 from backend.services.coverage import window_coverage
 from backend.services.event_search import EventFilters
+from backend.services.event_visibility import owner_condition
 from pipelines.catalogues import DETECTED_SOURCE
 from pipelines.utc import as_utc
 
@@ -52,9 +53,11 @@ def search_form_extras(session: Session, filters: EventFilters, applied: dict[st
     detectors = list(session.scalars(
         select(Event.frm_name).where(Event.source == DETECTED_SOURCE, Event.frm_name.is_not(None))
         .distinct().order_by(Event.frm_name).limit(MAX_CHOICES)))
-    cal_sets = list(session.scalars(
-        select(Product.calibration_key).join(EventProduct, EventProduct.product_id == Product.id)
-        .distinct().order_by(Product.calibration_key).limit(MAX_CHOICES)))
+    seen = owner_condition(filters.viewer, filters.sees_all, Event.owner)  # of the events the viewer may see
+    cal_q = (select(Product.calibration_key).join(EventProduct, EventProduct.product_id == Product.id)
+             .join(Event, Event.id == EventProduct.event_id))
+    cal_sets = list(session.scalars((cal_q if seen is None else cal_q.where(seen))
+                                    .distinct().order_by(Product.calibration_key).limit(MAX_CHOICES)))
     no_window = {k: v for k, v in applied.items() if k not in ("start", "end")}
     return {
         "coverage": window_coverage(session, filters.sources, filters.start, filters.end),

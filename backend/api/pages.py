@@ -28,7 +28,8 @@ from fastapi.templating import Jinja2Templates
 
 from backend import __version__
 from backend.api.deps import SessionDep
-from backend.api.routes.params import NUMERIC_FILTERS, IdPath, is_safe_key, parse_event_filters
+from backend.api.routes.params import NUMERIC_FILTERS, IdPath, for_viewer, is_safe_key, parse_event_filters
+from backend.auth import OptionalPrincipal
 from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import event_curves as event_curves_service
@@ -212,6 +213,7 @@ def event_list_page(session, filters: EventFilters, *, after: str | None = None,
 def events_page(
     request: Request,
     session: SessionDep,
+    principal: OptionalPrincipal,
     type: Annotated[str | None, Query()] = None,  # noqa: A002 - the HEK name of the filter
     source: Annotated[str | None, Query(max_length=32)] = None,
     start: Annotated[str | None, Query(max_length=40)] = None,
@@ -247,7 +249,7 @@ def events_page(
         frm_name=(frm_name or "").strip() or None, calibration_set=calibration_set, form=True,
     )
     errors = [p.note for p in parsed.problems]
-    filters = parsed.filters
+    filters = for_viewer(parsed.filters, principal)  # the public catalogue, and the viewer's own events
     event_type = filters.event_types[0] if filters.event_types else None
     source = filters.sources[0] if filters.sources else None
     t0, t1, min_class = filters.start, filters.end, parsed.min_goes_class
@@ -301,24 +303,26 @@ def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:
             for code in CHANNELS if code in by_channel}
 
 
-def _event_context(session, event: Event) -> dict[str, Any]:
+def _event_context(session, event: Event, principal=None) -> dict[str, Any]:
     """The context images of an event page (``_event_context.html``)."""
     from backend.services import imaging
     from backend.settings import get_settings
 
-    return {"context_images": imaging.event_context(session, event, get_settings().products),
+    return {"context_images": imaging.event_context(session, event, get_settings().products, principal=principal),
             "context_size": imaging.CONTEXT_SIZE}
 
 
 @router.get("/events/{event_id}", response_class=HTMLResponse)
-def event_page(request: Request, event_id: IdPath, session: SessionDep):
-    """One event in the field's terms, its associations, quicklooks around it and its light curve."""
+def event_page(request: Request, event_id: IdPath, session: SessionDep, principal: OptionalPrincipal):
+    """One event in the field's terms, its associations, quicklooks around it and its light curve.
+    A private event (a user's detection on a set of their own) is shown to its owner and admins
+    only, marked with its calibration set; 404 to anyone else."""
     from backend.api.routes.events import event_detail
 
-    row = events_service.get_event(session, event_id)
+    row = events_service.get_event(session, event_id, principal)
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
-    detail = event_detail(session, row)
+    detail = event_detail(session, row, principal)
     lc_start, lc_end = products_service.event_window(row, LIGHTCURVE_MARGIN)
     has_sdi = bool(products_service.latest_products_in_window(session, lc_start, lc_end, channel="SDI", limit=1))
     duration = None
@@ -331,7 +335,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep):
         "quicklook_margin_h": QUICKLOOK_MARGIN.total_seconds() / 3600,
         "has_sdi": has_sdi,
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
-        **_event_context(session, row),
+        **_event_context(session, row, principal),
         "linked": event_curves_service.linked_data(session, row, QUICKLOOK_MARGIN),
     })
 
@@ -388,22 +392,26 @@ def jobs_page(request: Request, session: SessionDep):
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: str, session: SessionDep):
+def job_page(request: Request, job_id: str, session: SessionDep, principal: OptionalPrincipal):
     """One job, its parameters and a progress bar that follows it."""
     job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
     from backend.api.schemas import JobPublic
     from backend.services import job_form
+    from backend.services.set_access import job_set_ids, product_condition
 
-    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE)
+    seen = product_condition(principal)  # products of a private set: to its owner and admins only
+    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE,
+                                                      conditions=() if seen is None else (seen,))
+    public = JobPublic.model_validate(job).model_copy(update={"calibration_sets": job_set_ids(session, [job.id])[job.id]})
     return templates.TemplateResponse(request, "job.html", {
-        "job": JobPublic.model_validate(job), "products": rows, "products_total": n_products,
+        "job": public, "products": rows, "products_total": n_products,
         "option_fields": job_form.option_fields()})
 
 
 @router.get("/products/{product_id}/view", response_class=HTMLResponse)
-def viewer_page(request: Request, product_id: IdPath, session: SessionDep,
+def viewer_page(request: Request, product_id: IdPath, session: SessionDep, principal: OptionalPrincipal,
                 event: Annotated[int | None, Query(ge=1, le=2_147_483_647)] = None):
     """The image viewer of one L2 product (``frontend/static/viewer.js`` on the API of
     :mod:`backend.api.routes.viewer`): helioprojective axes, zoom and pan at full resolution,
@@ -412,8 +420,10 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep,
     from backend.models import ProductState
     from backend.services import imaging
 
+    from backend.services.set_access import may_see_product
+
     row = products_service.get_product(session, product_id)
-    if row is None:
+    if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's
         raise HTTPException(404, detail=f"no product with id {product_id}")
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}: nothing to view")

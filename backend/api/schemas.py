@@ -157,7 +157,8 @@ class ProductPublic(_ORM):
     channel: str = Field(validation_alias=AliasPath("frame", "channel_code"))
     date_obs: UTCDateTime = Field(validation_alias=AliasPath("frame", "date_obs"), description="DATE-OBS of the frame")
     level: str
-    version: int
+    version: int = Field(description="The product's version: the id of its calibration set")
+    calibration_set_id: int | None = Field(default=None, description="GET /api/v1/calibration-sets/{id}")
     state: ProductState
     software_version: str
     calibration_key: str
@@ -236,6 +237,11 @@ class EventPublic(_ORM):
     noaa_ar: int | None
     frm_name: str | None = Field(description="Feature recognition method (HEK FRM_NAME)")
     frm_version: str | None
+    owner: str | None = Field(default=None, description=(
+        "None: the public catalogue; a user's name: found by that user's job on a calibration set of "
+        "their own, visible to them (and admins) only"))
+    calibration_set_id: int | None = Field(default=None, description=(
+        "Detected events: the calibration set (GET /api/v1/calibration-sets/{id}) of the products it was found in"))
 
 
 class EventAssociationPublic(BaseModel):
@@ -292,6 +298,9 @@ class LightCurvePublic(BaseModel):
         description="Mean of each product in unit; null where every pixel of the region is masked or NaN (a gap)")
     product_ids: list[int]
     skipped: list[dict[str, Any]] = Field(default_factory=list, description="Products that could not be read, and why")
+    calibration_sets: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "The calibration sets of the products read ({id, public, owner}): each frame's public set, "
+        "or the one asked for with calibration_set"))
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -331,6 +340,8 @@ class JobPublic(_ORM):
     lane: str = Field("cpu", description="Worker pool of its calibrations: cpu or gpu")
     follow_ups: list[FollowUpPublic] = Field(default_factory=list,
                                              description="detections queued when the job ended")
+    calibration_sets: list[int] = Field(default_factory=list, description=(
+        "Ids of the calibration sets its products use (GET /api/v1/calibration-sets/{id})"))
 
     @computed_field  # type: ignore[prop-decorator]
     @property

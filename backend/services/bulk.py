@@ -177,8 +177,11 @@ def search_products(
     job_id: str | None = None,
     limit: int | None = None,
     offset: int = 0,
+    conditions: tuple = (),
 ) -> ProductSelection:
-    """The products of a search with the filters of ``GET /products`` (every version).
+    """The products of a search with the filters of ``GET /products`` (every version), and
+    further SQL ``conditions`` on products (who may see them:
+    :func:`backend.services.set_access.product_condition`).
 
     Parameters
     ----------
@@ -199,9 +202,10 @@ def search_products(
         was given (the message says the count and the limit).
     """
     kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id, job_id=job_id)
-    total = session.scalar(products_service._filtered(select(func.count(Product.id)).join(Product.frame), **kw)) or 0
+    total = session.scalar(products_service._filtered(select(func.count(Product.id)).join(Product.frame), **kw)
+                           .where(*conditions)) or 0
     _check_count(total, limit, offset, "the search")
-    stmt = (_loaded(products_service._filtered(select(Product).join(Product.frame), **kw))
+    stmt = (_loaded(products_service._filtered(select(Product).join(Product.frame), **kw).where(*conditions))
             .order_by(Frame.date_obs, Product.version, Product.id)
             .limit(limit or MAX_ARCHIVE_FILES).offset(offset))
     query = {k: (v.isoformat() if isinstance(v, dt.datetime) else getattr(v, "value", v))

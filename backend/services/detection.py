@@ -31,8 +31,9 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from backend.models import (
     utcnow,
 )
 from backend.services.events import insert_ignoring_conflicts
+from backend.services.set_access import public_series_ids
 from pipelines.catalogues import DETECTED_SOURCE
 from pipelines.catalogues.records import json_safe
 from pipelines.detect.flares import (
@@ -71,6 +73,9 @@ __all__ = [
     "detect_prominence_eruptions",
     "detect_wst_white_light_flares",
     "flare_source_key",
+    "DetectionScope",
+    "PUBLIC_SCOPE",
+    "job_detection_scope",
     "observing_runs",
     "RUN_GAP_S",
     "SOURCE",
@@ -129,27 +134,101 @@ class _View:
         return self._array().shape
 
 
-def _latest_written_sdi(session: Session, start: dt.datetime | None, end: dt.datetime | None) -> list[tuple[Product, Frame]]:
-    return _latest_written(session, CHANNEL, start, end)
+@dataclass(frozen=True)
+class DetectionScope:
+    """Which products a detection reads and whom its events belong to.
+
+    Attributes
+    ----------
+    set_ids : tuple of int or None
+        None: the public calibration set of each frame
+        (:func:`backend.services.calibration_sets.public_product_ids`), events in the public
+        catalogue. Else the products of these calibration sets only (a job's own sets).
+    owner : str or None
+        The events' owner: None for the public catalogue, the job owner's name for a
+        detection on sets of their own (visible to them and admins only).
+    """
+
+    set_ids: tuple[int, ...] | None = None
+    owner: str | None = None
+
+    @property
+    def public(self) -> bool:
+        return self.set_ids is None
+
+    def key(self, base: str) -> str:
+        """The event's ``source_key``: ``base`` for the public catalogue; ``base@set<ids>~<owner>``
+        for a private detection (never the key of a public event, nor of another owner's)."""
+        if self.public:
+            return base
+        return f"{base}@set{'+'.join(map(str, self.set_ids))}~{self.owner}"
+
+
+#: The public catalogue's detection scope (CLI ``lstdp detect``, platform jobs, promotions).
+PUBLIC_SCOPE = DetectionScope()
+
+
+def job_detection_scope(session: Session, job_id: str, channel: str) -> DetectionScope:
+    """The scope of the follow-up detection of job ``job_id`` on ``channel``: its own sets.
+
+    :data:`PUBLIC_SCOPE` when the job ``publishes`` (an admin's or the platform's) and every
+    calibration set its products of ``channel`` use is public: the public detection as
+    ``lstdp detect`` runs it. Otherwise a private scope of the job's sets of ``channel`` and
+    the job's owner: its events never enter, change or link inside the public catalogue.
+    A job whose items have no product of the channel gets an empty private scope (nothing
+    to detect).
+
+    Raises
+    ------
+    ValueError
+        No job ``job_id``.
+    """
+    from backend.models import CalibrationSet, Job, JobItem
+
+    job = session.get(Job, job_id)
+    if job is None:
+        raise ValueError(f"no job {job_id}")
+    sets = list(session.execute(
+        select(CalibrationSet.id, CalibrationSet.public).distinct()
+        .join(Product, Product.calibration_set_id == CalibrationSet.id)
+        .join(JobItem, JobItem.product_id == Product.id)
+        .join(Frame, Frame.id == Product.frame_id)
+        .where(JobItem.job_id == job_id, Frame.channel_code == channel)).all())
+    if job.publishes and sets and all(public for _, public in sets):
+        return PUBLIC_SCOPE
+    return DetectionScope(set_ids=tuple(sorted(i for i, _ in sets)), owner=job.owner)
+
+
+def _latest_written_sdi(session: Session, start: dt.datetime | None, end: dt.datetime | None,
+                        scope: DetectionScope = PUBLIC_SCOPE) -> list[tuple[Product, Frame]]:
+    return _latest_written(session, CHANNEL, start, end, scope)
 
 
 def _latest_written(session: Session, channel: str, start: dt.datetime | None,
-                    end: dt.datetime | None) -> list[tuple[Product, Frame]]:
-    """(newest written product, frame) of every frame of ``channel`` with DATE-OBS in [start, end]."""
-    rank = func.row_number().over(
-        partition_by=Product.frame_id, order_by=(Product.version.desc(), Product.id.desc())
-    ).label("rank")
-    conds = [Frame.channel_code == channel, Product.state == ProductState.written, Product.path.is_not(None)]
-    if start is not None:
-        conds.append(Frame.date_obs >= start)
-    if end is not None:
-        conds.append(Frame.date_obs <= end)
-    sub = select(Product.id.label("pid"), rank).join(Frame, Frame.id == Product.frame_id).where(*conds).subquery()
+                    end: dt.datetime | None, scope: DetectionScope = PUBLIC_SCOPE) -> list[tuple[Product, Frame]]:
+    """(product, frame) of every frame of ``channel`` with DATE-OBS in [start, end] that has
+    a written product in ``scope``, by DATE-OBS: the frame's public product (one calibration
+    set at a time: :func:`public_series_ids`), or, for a private scope, its newest written
+    product of the scope's sets."""
+    if scope.public:
+        sub = public_series_ids(session, channel, start, end).subquery()
+        pid = sub.c.product_id
+    else:
+        rank = func.row_number().over(partition_by=Product.frame_id, order_by=Product.id.desc()).label("rank")
+        conds = [Frame.channel_code == channel, Product.state == ProductState.written,
+                 Product.calibration_set_id.in_(scope.set_ids)]
+        if start is not None:
+            conds.append(Frame.date_obs >= start)
+        if end is not None:
+            conds.append(Frame.date_obs <= end)
+        inner = select(Product.id.label("pid"), rank).join(Frame, Frame.id == Product.frame_id).where(*conds).subquery()
+        sub = select(inner.c.pid).where(inner.c.rank == 1).subquery()
+        pid = sub.c.pid
     q = (
         select(Product, Frame)
         .join(Frame, Frame.id == Product.frame_id)
-        .join(sub, sub.c.pid == Product.id)
-        .where(sub.c.rank == 1)
+        .join(sub, pid == Product.id)
+        .where(Product.path.is_not(None))
         .order_by(Frame.date_obs, Frame.id)
     )
     return [(p, f) for p, f in session.execute(q)]
@@ -187,6 +266,7 @@ def run_detector(
     end: dt.datetime | None = None,
     params: Any = None,
     product_root: Path | None = None,
+    scope: DetectionScope = PUBLIC_SCOPE,
 ) -> list[Event]:
     """Run detector ``name`` of :data:`pipelines.detect.registry.DETECTORS` on the written L2
     products of ``channel`` in a DATE-OBS range and store what it finds.
@@ -205,6 +285,10 @@ def run_detector(
         The detector's parameters object; default the registry's for the channel.
     product_root : pathlib.Path, optional
         Store for relative ``Product.path`` values; default ``Settings.products``.
+    scope : DetectionScope
+        Default: the public set of each frame, events in the public catalogue. A private
+        scope reads only the products of its calibration sets and stores events of its owner
+        (keys that never collide with public ones, :meth:`DetectionScope.key`).
 
     Returns
     -------
@@ -222,7 +306,8 @@ def run_detector(
     """
     det = get_detector(name)
     channel = det.channel(channel)
-    return SERVICES[det.name](session, channel=channel, start=start, end=end, params=params, product_root=product_root)
+    return SERVICES[det.name](session, channel=channel, start=start, end=end, params=params, product_root=product_root,
+                              scope=scope)
 
 
 def detect_sdi_flares(
@@ -233,6 +318,7 @@ def detect_sdi_flares(
     end: dt.datetime | None = None,
     params: FlareDetectionParams | None = None,
     product_root: Path | None = None,
+    scope: DetectionScope = PUBLIC_SCOPE,
 ) -> list[Event]:
     """Run the SDI flare detector on the written L2 products and store the flares.
 
@@ -266,7 +352,7 @@ def detect_sdi_flares(
     channel = det.channel(channel)
     p = params or det.params(channel)
     start, end = as_utc(start), as_utc(end)
-    all_rows = _latest_written_sdi(session, start, end)
+    all_rows = _latest_written_sdi(session, start, end, scope)
     if len(all_rows) < p.min_background_frames + p.min_frames:
         log.info("flare detection: %d SDI products in range, too few", len(all_rows))
         return []
@@ -274,7 +360,7 @@ def detect_sdi_flares(
     for rows in observing_runs(all_rows):
         if len(rows) < p.min_background_frames + p.min_frames:
             continue
-        events.extend(_detect_sdi_run(session, det, channel, p, rows, product_root))
+        events.extend(_detect_sdi_run(session, det, channel, p, rows, product_root, scope))
     session.flush()
     return sorted(events, key=lambda e: (e.peak_time or e.start_time, e.id or 0))
 
@@ -302,7 +388,7 @@ def observing_runs(rows: list[tuple[Product, Frame]],
 
 
 def _detect_sdi_run(session: Session, det, channel: str, p: FlareDetectionParams, rows: list[tuple[Product, Frame]],
-                    product_root: Path | None) -> list[Event]:
+                    product_root: Path | None, scope: DetectionScope = PUBLIC_SCOPE) -> list[Event]:
     """The flare detector on one observing run; the flares stored (as :func:`detect_sdi_flares`)."""
     times, images, dqs, headers = _lazy_series(rows, product_root)
     flares = det.detect(times, images, headers, dq=dqs, params=p)
@@ -320,7 +406,7 @@ def _detect_sdi_run(session: Session, det, channel: str, p: FlareDetectionParams
         )
         # another process (a worker and the CLI) may store the same flare at the same time:
         # _store_detection skips an existing key
-        events.append(_store_detection(session, row, flare_source_key(fl), rows, list(fl.frame_indices), {}))
+        events.append(_store_detection(session, row, flare_source_key(fl), rows, list(fl.frame_indices), {}, scope))
     return events
 
 
@@ -444,10 +530,18 @@ def _indices_between(times: list[dt.datetime], t0: dt.datetime, t1: dt.datetime)
 
 
 def _store_detection(session: Session, row: dict[str, Any], key: str, rows: list[tuple[Product, Frame]],
-                     span: list[int], provenance: dict[str, Any]) -> Event:
-    """Insert a detected event (skipping an existing key) and link it to its products and frames."""
+                     span: list[int], provenance: dict[str, Any], scope: DetectionScope = PUBLIC_SCOPE) -> Event:
+    """Insert a detected event (skipping an existing key) and link it to its products and frames.
+
+    ``scope`` (:class:`DetectionScope`) sets the event's owner and turns ``key`` into its
+    ``source_key`` (:meth:`DetectionScope.key`); ``calibration_set_id`` is the set of most of
+    the products it spans (of all of them, as the detection reads one set per frame). An event
+    already stored under the key is returned with its links completed, its columns unchanged."""
+    key = scope.key(key)
     ev = session.scalars(select(Event).where(Event.source == SOURCE, Event.source_key == key)).first()
     if ev is None:
+        sets = Counter(rows[i][0].calibration_set_id for i in span if rows[i][0].calibration_set_id is not None)
+        row = {**row, "owner": scope.owner, "calibration_set_id": sets.most_common(1)[0][0] if sets else None}
         full = {c: None for c in ("peak_time", "end_time", "channels", "hpc_x", "hpc_y", "hgs_lat", "hgs_lon",
                                   "position_angle", "angular_width", "speed_km_s", "goes_class", "peak_value",
                                   "peak_unit", "noaa_ar", "description")}
@@ -490,6 +584,7 @@ def detect_sci_cmes(
     end: dt.datetime | None = None,
     params=None,
     product_root: Path | None = None,
+    scope: DetectionScope = PUBLIC_SCOPE,
 ) -> list[Event]:
     """Run the CME detector (:func:`pipelines.detect.cme.detect_cmes`) on the newest written
     L2 products of an SCI channel and store the CMEs (HEK ``CE``, ``source='detected'``).
@@ -533,7 +628,7 @@ def detect_sci_cmes(
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
                                   min_frames=max(3, p.min_track_points), what="CME",
-                                  frm=(det.frm_name, det.version))
+                                  frm=(det.frm_name, det.version), scope=scope)
 
 
 def detect_prominence_eruptions(
@@ -544,6 +639,7 @@ def detect_prominence_eruptions(
     end: dt.datetime | None = None,
     params=None,
     product_root: Path | None = None,
+    scope: DetectionScope = PUBLIC_SCOPE,
 ) -> list[Event]:
     """Run the prominence-eruption detector
     (:func:`pipelines.detect.prominence.detect_prominence_eruptions`) on the newest written
@@ -585,11 +681,12 @@ def detect_prominence_eruptions(
         return key, text, min(as_utc(e.start_time), as_utc(e.first_seen)), as_utc(e.last_seen)
 
     return _run_sequence_detector(session, channel, start, end, p, product_root, det.detect, describe,
-                                  min_frames=3, what="prominence", frm=(det.frm_name, det.version))
+                                  min_frames=3, what="prominence", frm=(det.frm_name, det.version), scope=scope)
 
 
 def _run_sequence_detector(session: Session, channel: str, start, end, params, product_root, detect, describe, *,
-                           min_frames: int, what: str, frm: tuple[str, str]) -> list[Event]:
+                           min_frames: int, what: str, frm: tuple[str, str],
+                           scope: DetectionScope = PUBLIC_SCOPE) -> list[Event]:
     """Run a detector of limb/coronal sequences (CMEs, prominence eruptions) on the newest
     written L2 products of ``channel`` and store what it finds.
 
@@ -600,7 +697,7 @@ def _run_sequence_detector(session: Session, channel: str, start, end, params, p
     """
     import dataclasses
 
-    rows = _latest_written(session, channel, as_utc(start), as_utc(end))
+    rows = _latest_written(session, channel, as_utc(start), as_utc(end), scope)
     if len(rows) < min_frames:
         log.info("%s detection: %d %s products in range, too few", what, len(rows), channel)
         return []
@@ -613,7 +710,7 @@ def _run_sequence_detector(session: Session, channel: str, start, end, params, p
         row["description"] = text
         span = _indices_between(times, first, last)
         prov = _provenance(rows, span, frm[0], frm[1], dataclasses.asdict(params))
-        events.append(_store_detection(session, row, key, rows, span, prov))
+        events.append(_store_detection(session, row, key, rows, span, prov, scope))
     session.flush()
     return events
 
@@ -626,6 +723,7 @@ def detect_wst_white_light_flares(
     end: dt.datetime | None = None,
     params=None,
     product_root: Path | None = None,
+    scope: DetectionScope = PUBLIC_SCOPE,
 ) -> list[Event]:
     """Run the white-light flare detector (:mod:`pipelines.detect.whitelight`, 8 %
     enhancement over the pre-flare level, Jing et al. 2024) on the newest written WST L2
@@ -647,7 +745,7 @@ def detect_wst_white_light_flares(
     channel = det.channel(channel)
     p = params or det.params(channel)
     fp = p.flare_params()
-    rows = _latest_written(session, channel, as_utc(start), as_utc(end))
+    rows = _latest_written(session, channel, as_utc(start), as_utc(end), scope)
     if len(rows) < fp.min_background_frames + fp.min_frames:
         log.info("white-light flare detection: %d WST products in range, too few", len(rows))
         return []
@@ -669,7 +767,7 @@ def detect_wst_white_light_flares(
             description=(f"White-light flare (WST 360 nm): peak enhancement {100 * fl.peak_enhancement:.1f} % "
                          f"over the pre-flare level, area {fl.area_arcsec2:.0f} arcsec2"),
         )
-        events.append(_store_detection(session, row, key, rows, span, {}))
+        events.append(_store_detection(session, row, key, rows, span, {}, scope))
     session.flush()
     return events
 

@@ -8,9 +8,10 @@ write them for download; :func:`linked_data` says which frames and products belo
 One calibration set
     The light curve of ``GET /events/{id}/lightcurve`` takes the newest written product of each
     frame, which can mix calibration sets (a recalibration job that reached only some frames).
-    Here the products of the window are grouped by calibration set (``Product.calibration_key``,
-    the calibration file ids, and ``params_hash``, the options) and the set that covers the most
-    frames is drawn (ties: the newest product version, then the higher product id); frames of
+    Here the products of the window are grouped by calibration set (``Product.calibration_set_id``;
+    for products without a set row, ``calibration_key`` and ``params_hash``) and the public set
+    that covers the most frames is drawn (ties: the set promoted or made last, the newest product
+    version, the higher product id), or the set asked for (``calibration_set``); frames of
     the window without a product of that set are counted in ``frames_other_sets`` and named in
     the figure, never mixed in. Both curves (the ROI box of ±60″ about the event's
     helioprojective position, :data:`backend.services.products.ROI_HALF_WIDTH`, and the
@@ -62,18 +63,28 @@ CURVES_READ_BUDGET_S = 1.0
 
 @dataclass
 class CalibrationSetUsed:
-    """The calibration set of the LST curves: its key, parameters hash and files (kind, id, version)."""
+    """The calibration set of the LST curves: its id (None for products without a set row),
+    whether it is public and whose it is, its key, parameters hash and files (kind, id, version)."""
 
     key: str
     params_hash: str
     files: list[tuple[str, int, int]] = field(default_factory=list)
     software_versions: list[str] = field(default_factory=list)
+    set_id: int | None = None
+    public: bool = True
+    owner: str | None = None
+
+    @property
+    def whose(self) -> str:
+        """``public`` or ``private (alice)``."""
+        return "public" if self.public else f"private ({self.owner or 'the platform'})"
 
     @property
     def label(self) -> str:
-        """e.g. ``dark #3 v1, flat #4 v2, radiometric #5 v1 (options 1a2b3c4d)``."""
+        """e.g. ``set #7 (public): dark #3 v1, flat #4 v2, radiometric #5 v1 (options 1a2b3c4d)``."""
         files = ", ".join(f"{k} #{i} v{v}" for k, i, v in self.files) or f"key {self.key!r} (no calibration file row)"
-        return f"{files} (options {self.params_hash[:8]})"
+        head = f"set #{self.set_id} ({self.whose}): " if self.set_id is not None else ""
+        return f"{head}{files} (options {self.params_hash[:8]})"
 
     @property
     def ids(self) -> str:
@@ -160,26 +171,51 @@ def _written_in_window(session: Session, channel: str, start: dt.datetime, end: 
         select(Product).join(Product.frame)
         .where(Product.state == ProductState.written, Frame.channel_code == channel,
                Frame.date_obs >= start, Frame.date_obs <= end)
-        .options(joinedload(Product.frame))
+        .options(joinedload(Product.frame), joinedload(Product.calibration_set))
         .order_by(Frame.date_obs, Product.id)
     ))
 
 
-def _choose_set(products: list[Product]) -> tuple[str, str] | None:
-    """The (calibration_key, params_hash) covering the most frames; ties: newest version, higher id."""
-    score: dict[tuple[str, str], tuple[int, int, int]] = {}
-    frames: dict[tuple[str, str], set[int]] = {}
+def _set_key(p: Product) -> tuple:
+    """What groups products into one calibration set: the set id, or for a product without a
+    set row its (calibration_key, params_hash)."""
+    return (p.calibration_set_id,) if p.calibration_set_id is not None else (p.calibration_key, p.params_hash)
+
+
+def _choose_set(products: list[Product], calibration_set: int | None = None) -> tuple | None:
+    """The set drawn (a :func:`_set_key`): ``calibration_set`` when asked (None if it has no
+    product here); else the public set covering the most frames of the window (products of
+    private sets are never drawn unless asked), ties: the set promoted (or made) last, then the
+    newest product version and higher id. Products without a set row count as public."""
+    if calibration_set is not None:
+        return (calibration_set,) if any(p.calibration_set_id == calibration_set for p in products) else None
+    score: dict[tuple, tuple] = {}
+    frames: dict[tuple, set[int]] = {}
     for p in products:
-        k = (p.calibration_key, p.params_hash)
+        cs = p.calibration_set
+        if cs is not None and not cs.public:
+            continue
+        k = _set_key(p)
         frames.setdefault(k, set()).add(p.frame_id)
-        n, v, i = score.get(k, (0, 0, 0))
-        score[k] = (len(frames[k]), max(v, p.version), max(i, p.id))
+        made = (cs.promoted_at or cs.created_at) if cs is not None else None
+        when = as_utc(made).timestamp() if made is not None else 0.0
+        _, _, v, i = score.get(k, (0, 0.0, 0, 0))
+        score[k] = (len(frames[k]), when, max(v, p.version), max(i, p.id))
     if not score:
         return None
     return max(score, key=lambda k: score[k])
 
 
 def _calibration_used(session: Session, key: str, params_hash: str, products: list[Product]) -> CalibrationSetUsed:
+    used = _calibration_files_used(session, key, params_hash, products)
+    cs = products[0].calibration_set if products else None
+    if cs is not None:
+        used.set_id, used.public, used.owner = cs.id, bool(cs.public), cs.owner
+    return used
+
+
+def _calibration_files_used(session: Session, key: str, params_hash: str,
+                            products: list[Product]) -> CalibrationSetUsed:
     ids = []
     for part in key.split(","):
         _, _, fid = part.partition(":")
@@ -193,7 +229,8 @@ def _calibration_used(session: Session, key: str, params_hash: str, products: li
 
 
 def event_curves(session: Session, event: Event, *, product_root: Path, channel: str = "SDI",
-                 margin: dt.timedelta = CURVES_MARGIN) -> EventCurves:
+                 margin: dt.timedelta = CURVES_MARGIN, calibration_set: int | None = None,
+                 principal=None) -> EventCurves:
     """The LST light curves (ROI and disk, one calibration set) and the GOES XRS curve of an event.
 
     Parameters
@@ -206,6 +243,12 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
     margin : timedelta
         Added before the start and after the end (the window also widens to 3 frames of the
         channel on each side, by at most 6 h, as the light-curve API does).
+    calibration_set : int, optional
+        Draw the products of this calibration set (the caller checks that it may be seen);
+        default: the public set covering most frames of the window (:func:`_choose_set`).
+    principal : backend.auth.Principal, optional
+        Who asks: only events they may see place the ROI of an event without a position
+        (None: anonymous, public events).
 
     Returns
     -------
@@ -220,16 +263,18 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
     out = EventCurves(event=event, channel=spec.code, start=start, end=end, unit=spec.bunit, notes=notes)
     deadline = time.monotonic() + CURVES_READ_BUDGET_S
     written = _written_in_window(session, spec.code, start, end)
-    chosen = _choose_set(written)
+    chosen = _choose_set(written, calibration_set)
+    if chosen is None and calibration_set is not None:
+        out.notes.append(f"calibration set #{calibration_set} has no written {spec.code} product in this window")
     if chosen is not None:
-        used = [p for p in written if (p.calibration_key, p.params_hash) == chosen]
-        out.calibration = _calibration_used(session, chosen[0], chosen[1], used)
+        used = [p for p in written if _set_key(p) == chosen]
+        out.calibration = _calibration_used(session, used[0].calibration_key, used[0].params_hash, used)
         out.frames_other_sets = len({p.frame_id for p in written} - {p.frame_id for p in used})
         placed = event
         if event.hpc_x is None or event.hpc_y is None:  # e.g. a GOES report row: its same flare elsewhere
             from backend.services.imaging import located_events
 
-            partner = located_events(session, [event]).get(event.id)
+            partner = located_events(session, [event], principal).get(event.id)
             if partner is not None and partner.hpc_x is not None and partner.hpc_y is not None:
                 placed = partner
                 out.notes.append(f"ROI at the position of the same flare in {partner.source} (event #{partner.id}): "
@@ -302,6 +347,8 @@ def curves_csv(c: EventCurves) -> str:
     buf.write(f"# window {_iso(c.start)} .. {_iso(c.end)} UTC\n")
     if c.calibration:
         buf.write(f"# LST {c.channel} calibration set: {c.calibration.label}; key {c.calibration.key}\n")
+        if c.calibration.set_id is not None:
+            buf.write(f"# calibration_set_id: {c.calibration.set_id} ({c.calibration.whose})\n")
     if c.roi_box:
         buf.write(f"# lst_roi: mean over helioprojective ({c.roi_box[0]:.1f}, {c.roi_box[1]:.1f}) +-{c.roi_box[2]:.0f} arcsec\n")
     if c.xray:
@@ -353,6 +400,11 @@ def curves_fits(c: EventCurves) -> bytes:
     hdr["WINEND"] = (_iso(c.end), "window end (UTC)")
     hdr["CHANNEL"] = (c.channel, "LST channel of the light curves")
     if c.calibration:
+        if c.calibration.set_id is not None:
+            hdr["CALSET"] = (c.calibration.set_id, "calibration set id (GET /api/v1/calibration-sets/ID)")
+            hdr["CALSETPB"] = (bool(c.calibration.public), "calibration set is public")
+            if c.calibration.owner:
+                hdr["CALSETOW"] = (c.calibration.owner[:68], "owner of the private calibration set")
         hdr["CALKEY"] = (c.calibration.key[:68], "calibration set: kind:file id")
         hdr["CALIDS"] = (c.calibration.ids[:68], "calibration file ids and versions")
         hdr["CALPARAM"] = (c.calibration.params_hash[:16], "calibration options hash")

@@ -54,6 +54,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from backend.models import Event, EventAssociation, EventProduct, Product, ProductCalibrationFile
+from backend.services.event_visibility import owner_condition
 from pipelines.errors import DataError
 from pipelines.utc import as_utc
 
@@ -96,7 +97,8 @@ MAX_EVENT_ID = 2**31 - 1
 #: Columns of a light search row (what a list, CSV, VOTable or timeline shows).
 LIGHT_COLUMNS = ("id", "event_type", "source", "source_key", "start_time", "peak_time", "end_time", "channels",
                  "hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s",
-                 "goes_class", "goes_flux", "peak_value", "peak_unit", "noaa_ar", "frm_name", "frm_version")
+                 "goes_class", "goes_flux", "peak_value", "peak_unit", "noaa_ar", "frm_name", "frm_version",
+                 "owner", "calibration_set_id")
 _TIME_KEYS = {"start_time", "peak_time", "end_time"}
 _LIGHT = tuple(_E[c] for c in LIGHT_COLUMNS)
 
@@ -138,11 +140,17 @@ class EventFilters:
         HEK code: the event has an association (``event_associations``, any kind) with an
         event of this type (``CE``: flares with a CME).
     calibration_set : str or None
-        ``Product.calibration_key`` (``kind:id`` pairs, e.g. ``dark:3,flat:5``): the event is
-        linked (``event_products``) to an L2 product made with exactly this calibration set.
+        A calibration set id (digits, ``CalibrationSet.id``), or a ``Product.calibration_key``
+        (``kind:id`` pairs, e.g. ``dark:3,flat:5``): the event is linked (``event_products``)
+        to an L2 product made with exactly this calibration set.
     calibration_file : int or None
         A calibration file id: the event is linked to an L2 product that used it
         (``product_calibration_files``).
+    viewer : str or None
+        Who searches (:mod:`backend.services.event_visibility`): None is anonymous and sees
+        the public catalogue only (``owner IS NULL``); a user sees it and their own events.
+    sees_all : bool
+        An admin: every event, whoever owns it.
     """
 
     event_types: tuple[str, ...] = ()
@@ -164,6 +172,8 @@ class EventFilters:
     associated_type: str | None = None
     calibration_set: str | None = None
     calibration_file: int | None = None
+    viewer: str | None = None
+    sees_all: bool = False
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
@@ -281,8 +291,11 @@ def _longest_duration(event_types: tuple[str, ...]):
 
 
 def filter_conditions(session: Session, f: EventFilters) -> list:
-    """SQL conditions of the filters (see :class:`EventFilters`)."""
+    """SQL conditions of the filters (see :class:`EventFilters`), the viewer's visibility first."""
     conds: list = []
+    seen = owner_condition(f.viewer, f.sees_all, _E.owner)
+    if seen is not None:
+        conds.append(seen)
     if f.event_types:
         conds.append(_E.event_type.in_(f.event_types) if len(f.event_types) > 1
                      else _E.event_type == f.event_types[0])
@@ -336,13 +349,16 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
     # both databases build once (a correlated EXISTS made SQLite scan the other type per row)
     if f.associated_type:
         other = Event.__table__.alias("assoc_other")
+        other_seen = owner_condition(f.viewer, f.sees_all, other.c.owner)  # a link to a hidden event counts not
         conds.append(_E.id.in_(select(EventAssociation.event_id)
                                .join(other, other.c.id == EventAssociation.other_event_id)
-                               .where(other.c.event_type == f.associated_type)))
+                               .where(other.c.event_type == f.associated_type,
+                                      *([] if other_seen is None else [other_seen]))))
     if f.calibration_set:
+        by = (Product.calibration_set_id == int(f.calibration_set) if f.calibration_set.isdigit()
+              else Product.calibration_key == f.calibration_set)
         conds.append(_E.id.in_(select(EventProduct.event_id)
-                               .join(Product, Product.id == EventProduct.product_id)
-                               .where(Product.calibration_key == f.calibration_set)))
+                               .join(Product, Product.id == EventProduct.product_id).where(by)))
     if f.calibration_file is not None:
         conds.append(_E.id.in_(select(EventProduct.event_id)
                                .join(ProductCalibrationFile, ProductCalibrationFile.product_id == EventProduct.product_id)

@@ -477,7 +477,11 @@ def link_wst_goes(session: Session) -> int:
 def associate_events(session: Session, *, start: dt.datetime | None = None, end: dt.datetime | None = None) -> int:
     """Link stored events across sources and types by time and place (both ways); idempotent.
 
-    Run after catalogue imports and detections. Rules (:mod:`pipelines.detect.associate`):
+    Run after catalogue imports and detections. The public catalogue (``owner`` None) is
+    linked among itself; each owner's private detections are linked to public events and to
+    that owner's own only (never to another owner's), in a pass of their own, so that a
+    private event never takes a public event's place in a link between public events.
+    Rules (:mod:`pipelines.detect.associate`):
 
     * ``same_flare``: an LST/WST white-light flare and its GOES flare
       (:func:`link_wst_goes`); a flare detected on LST products (``source='detected'``) or
@@ -507,14 +511,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     int
         Links made now (each stored both ways); links already stored are not counted.
     """
-    from pipelines.detect.associate import (
-        CME_AFTER_FLARE,
-        CME_BEFORE_FLARE,
-        FLARE_TIME_SLACK,
-        association_reason,
-        cme_follows,
-        same_flare,
-    )
+    from pipelines.detect.associate import association_reason
 
     made = link_wst_goes(session)
     margin = dt.timedelta(hours=2)
@@ -524,6 +521,37 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
     if end is not None:
         conds.append(Event.start_time <= as_utc(end) + margin)
     rows = list(session.scalars(select(Event).where(*conds).order_by(Event.start_time, Event.id)))
+    # one pass over the public catalogue, then one per owner of private events over the public
+    # events and theirs, keeping only links that touch theirs: a private event is never linked
+    # to another owner's, and never takes a public event's place in a public-public link
+    by_id = {e.id: e for e in rows}
+    links = _propose_links([e for e in rows if e.owner is None])
+    for owner in sorted({e.owner for e in rows if e.owner is not None}):
+        mine = [e for e in rows if e.owner is None or e.owner == owner]
+        links += [lk for lk in _propose_links(mine) if owner in (by_id[lk[0]].owner, by_id[lk[1]].owner)]
+    have = _existing_pairs(session, {a for a, _, _ in links})
+    # drop pairs already linked, and a pair proposed from both ends (detected -> WST, WST -> detected)
+    seen: set[frozenset[int]] = set()
+    unique, known = [], []
+    for a, b, kind in links:
+        k = frozenset((a, b))
+        reason = association_reason(kind, by_id[a], by_id[b])
+        if k in seen:
+            continue
+        seen.add(k)
+        if (a, b) not in have:
+            unique.append((a, b, kind, reason))
+        else:
+            known.append((a, b, kind, reason))
+    _add_pairs(session, unique + known)  # known pairs only get a reason where they have none
+    return made + len(unique)
+
+
+def _propose_links(rows: list[Event]) -> list[tuple[int, int, str]]:
+    """The links :func:`associate_events` proposes among ``rows`` (events by start time):
+    ``(event id, other id, kind)``, each pair possibly proposed from both ends."""
+    from pipelines.detect.associate import CME_AFTER_FLARE, CME_BEFORE_FLARE, FLARE_TIME_SLACK, cme_follows, same_flare
+
     flares = [e for e in rows if e.event_type == "FL"]
     cmes = [e for e in rows if e.event_type == "CE"]
     proms = [e for e in rows if e.event_type == "PR"]
@@ -585,22 +613,7 @@ def associate_events(session: Session, *, start: dt.datetime | None = None, end:
                 if ok and (src.source not in best or (score, src.id) < best[src.source]):
                     best[src.source] = (score, src.id)
             links += [(sid, c.id, kind) for _, sid in best.values()]
-    have = _existing_pairs(session, {a for a, _, _ in links})
-    # drop pairs already linked, and a pair proposed from both ends (detected -> WST, WST -> detected)
-    seen: set[frozenset[int]] = set()
-    unique, known = [], []
-    for a, b, kind in links:
-        k = frozenset((a, b))
-        reason = association_reason(kind, by_id[a], by_id[b])
-        if k in seen:
-            continue
-        seen.add(k)
-        if (a, b) not in have:
-            unique.append((a, b, kind, reason))
-        else:
-            known.append((a, b, kind, reason))
-    _add_pairs(session, unique + known)  # known pairs only get a reason where they have none
-    return made + len(unique)
+    return links
 
 
 def _hidden_from_earth(e: Event) -> bool:
@@ -661,35 +674,39 @@ def list_events(
     return page.items, page.total
 
 
-def get_event(session: Session, event_id: int) -> Event | None:
-    """The event with this id, or None."""
-    return session.get(Event, event_id)
+def get_event(session: Session, event_id: int, principal=None) -> Event | None:
+    """The event with this id if ``principal`` may see it (None: anonymous, the public
+    catalogue only; :mod:`backend.services.event_visibility`), else None (a 404: a private
+    event's id is not revealed)."""
+    from backend.services.event_visibility import may_see
+
+    row = session.get(Event, event_id)
+    return row if row is not None and may_see(principal, row.owner) else None
 
 
-def associated_events_with_reasons(session: Session, event_id: int) -> list[tuple[Event, str, str | None]]:
+def associated_events_with_reasons(session: Session, event_id: int,
+                                   principal=None) -> list[tuple[Event, str, str | None]]:
     """:func:`associated_events` with each link's stored reason (None for a link made before
-    reasons were stored): ``(event, kind, reason)`` by start time."""
+    reasons were stored): ``(event, kind, reason)`` by start time; only the linked events
+    ``principal`` may see (None: anonymous, public ones)."""
+    from backend.services.event_visibility import visible
+
     q = (
         select(Event, EventAssociation.kind, EventAssociation.reason)
         .join(EventAssociation, EventAssociation.other_event_id == Event.id)
         .where(EventAssociation.event_id == event_id)
         .order_by(Event.start_time, Event.id)
     )
-    return [(e, k, r) for e, k, r in session.execute(q)]
+    return [(e, k, r) for e, k, r in session.execute(visible(q, principal, Event.owner))]
 
 
-def associated_events(session: Session, event_id: int) -> list[tuple[Event, str]]:
-    """The events linked to event ``event_id``, each with the kind of link, by start time.
+def associated_events(session: Session, event_id: int, principal=None) -> list[tuple[Event, str]]:
+    """The events linked to event ``event_id`` that ``principal`` may see (None: anonymous,
+    public ones), each with the kind of link, by start time.
 
     Returns
     -------
     list of (Event, str)
         E.g. ``(goes_flare, 'same_flare')`` for a WST white-light flare.
     """
-    q = (
-        select(Event, EventAssociation.kind)
-        .join(EventAssociation, EventAssociation.other_event_id == Event.id)
-        .where(EventAssociation.event_id == event_id)
-        .order_by(Event.start_time, Event.id)
-    )
-    return [(e, k) for e, k in session.execute(q)]
+    return [(e, k) for e, k, _r in associated_events_with_reasons(session, event_id, principal)]

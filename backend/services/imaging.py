@@ -983,10 +983,12 @@ def _wedge(pa_deg: float, width_deg: float | None, r_in: float, r_out: float) ->
     return {"x": [round(p[0], 2) for p in pts], "y": [round(p[1], 2) for p in pts]}
 
 
-def located_events(session, events: list) -> dict[int, Any]:
+def located_events(session, events: list, principal=None) -> dict[int, Any]:
     """For each event without a position of its own, the associated ``same_flare`` event
     that has one (the GOES XRS reports give no location for many flares; the same flare seen
-    by another source, e.g. the LST detection or HEK, places it).
+    by another source, e.g. the LST detection or HEK, places it). Only partners ``principal``
+    may see stand in (None: anonymous, public events;
+    :mod:`backend.services.event_visibility`).
 
     Returns
     -------
@@ -1003,12 +1005,14 @@ def located_events(session, events: list) -> dict[int, Any]:
             if (e.hpc_x is None or e.hpc_y is None) and (e.hgs_lat is None or e.hgs_lon is None)]
     if not need:
         return {}
-    rows = session.execute(
+    from backend.services.event_visibility import visible
+
+    rows = session.execute(visible(
         select(EventAssociation.event_id, Event)
         .join(Event, Event.id == EventAssociation.other_event_id)
         .where(EventAssociation.event_id.in_(need), EventAssociation.kind == SAME_FLARE,
                ((Event.hpc_x.is_not(None)) & (Event.hpc_y.is_not(None)))
-               | ((Event.hgs_lat.is_not(None)) & (Event.hgs_lon.is_not(None))))
+               | ((Event.hgs_lat.is_not(None)) & (Event.hgs_lon.is_not(None)))), principal, Event.owner)
         .order_by(Event.id)).all()
     out: dict[int, Any] = {}
     for eid, other in rows:
@@ -1144,13 +1148,15 @@ def wcs_extent(img: ProductImage) -> dict[str, list[float]]:
             "ty": [aff["ty0"] - 0.5 * aff["m22"], aff["ty0"] + (ny - 0.5) * aff["m22"]]}
 
 
-def _events_overlapping(session, start: dt.datetime, end: dt.datetime, limit: int) -> list:
+def _events_overlapping(session, start: dt.datetime, end: dt.datetime, limit: int, principal=None) -> list:
+    """Events ``principal`` may see (None: public ones) overlapping [start, end], earliest first."""
     from sqlalchemy import func, select
 
     from backend.models import Event
+    from backend.services.event_visibility import visible
 
     last = func.coalesce(Event.end_time, Event.peak_time, Event.start_time)
-    stmt = (select(Event).where(Event.start_time <= end, last >= start)
+    stmt = (visible(select(Event).where(Event.start_time <= end, last >= start), principal, Event.owner)
             .order_by(Event.start_time, Event.id).limit(limit))
     return list(session.scalars(stmt))
 
@@ -1160,8 +1166,10 @@ MAX_OVERLAY_EVENTS = 300
 
 
 def frame_overlays(session, img: ProductImage, *, margin: dt.timedelta = dt.timedelta(hours=1),
-                   event_id: int | None = None, limit: int = MAX_OVERLAY_EVENTS) -> dict[str, Any]:
-    """The events of the frame's time window, placed on the frame (:func:`event_overlay`).
+                   event_id: int | None = None, limit: int = MAX_OVERLAY_EVENTS,
+                   principal=None) -> dict[str, Any]:
+    """The events of the frame's time window that ``principal`` may see (None: anonymous, the
+    public catalogue), placed on the frame (:func:`event_overlay`).
 
     Parameters
     ----------
@@ -1194,15 +1202,17 @@ def frame_overlays(session, img: ProductImage, *, margin: dt.timedelta = dt.time
     m = img.smap
     t = as_utc(m.date.utc.to_datetime(timezone=dt.UTC))
     start, end = t - margin, t + margin
-    rows = _events_overlapping(session, start, end, limit + 1)
+    from backend.services.event_visibility import may_see
+
+    rows = _events_overlapping(session, start, end, limit + 1, principal)
     truncated = len(rows) > limit
     rows = rows[:limit]
     if event_id is not None and all(r.id != event_id for r in rows):
         extra = session.get(Event, event_id)
-        if extra is None:
+        if extra is None or not may_see(principal, extra.owner):
             raise ViewerParamError(f"no event with id {event_id}")
         rows.append(extra)
-    stand_in = located_events(session, rows)
+    stand_in = located_events(session, rows, principal)
     return {"date_obs": m.date.utc.isot, "window": [start.isoformat(), end.isoformat()],
             "events": [event_overlay(img, e, stand_in.get(e.id)) for e in rows], "highlight": event_id,
             "truncated": truncated}
@@ -1269,10 +1279,12 @@ def _pick_context(products: list, event) -> list[tuple[str, Any]]:
     return out
 
 
-def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZE) -> list[ChannelContext]:
+def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZE,
+                  principal=None) -> list[ChannelContext]:
     """Context images of an event: for every channel with written products within
     :data:`CONTEXT_REACH` of it, the frame before its start, at its peak and after its end
-    (newest product version of each frame), each with the event placed on it.
+    (the public product of each frame), each with the event placed on it (at the position of
+    a same-flare partner ``principal`` may see when it has none).
 
     Returns
     -------
@@ -1290,7 +1302,7 @@ def event_context(session, event, product_root: Path, *, size: int = CONTEXT_SIZ
     for p in latest_products_in_window(session, start, end, limit=5000):
         by_channel.setdefault(p.frame.channel_code, []).append(p)
     out = []
-    stand_in = located_events(session, [event]).get(event.id)
+    stand_in = located_events(session, [event], principal).get(event.id)
     for code in CHANNELS:
         prods = by_channel.get(code)
         if not prods:

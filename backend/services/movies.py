@@ -132,12 +132,15 @@ def _check_count(n_products: int, diff: str) -> int:
     return n
 
 
-def window_events(session: Session, start: dt.datetime, end: dt.datetime, *, limit: int = MAX_EVENTS) -> list[Event]:
+def window_events(session: Session, start: dt.datetime, end: dt.datetime, *, limit: int = MAX_EVENTS,
+                  principal=None) -> list[Event]:
     """Events overlapping [``start``, ``end``] (start at or before ``end``, end, peak or start
     at or after ``start``), by start time."""
     last = func.coalesce(Event.end_time, Event.peak_time, Event.start_time)
-    return list(session.scalars(select(Event).where(Event.start_time <= end, last >= start)
-                                .order_by(Event.start_time, Event.id).limit(limit)))
+    from backend.services.event_visibility import visible
+
+    return list(session.scalars(visible(select(Event).where(Event.start_time <= end, last >= start), principal,
+                                        Event.owner).order_by(Event.start_time, Event.id).limit(limit)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -218,8 +221,9 @@ def _markers(header: dict[str, Any] | None, events: list[Event]) -> dict[str, li
 
 
 def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.datetime, diff: str,
-                  *, limit: int = MAX_FRAMES) -> PlayerFrames:
-    """The frames a player shows, each with its image URL and the events' markers.
+                  *, limit: int = MAX_FRAMES, principal=None) -> PlayerFrames:
+    """The frames a player shows, each with its image URL and the markers of the events
+    ``principal`` may see (None: anonymous, the public catalogue).
 
     Each frame: ``product_id``, ``date_obs`` (ISO 8601 UTC), ``url`` (the quicklook PNG, or
     the difference PNG ``/api/v1/movies/frames/{id}.png?ref={ref}``), ``ref`` (the
@@ -231,12 +235,13 @@ def player_frames(session: Session, channel: str, start: dt.datetime, end: dt.da
     prods = movie_products(session, channel, start, end, limit=limit + 1)
     truncated = len(prods) > limit
     prods = prods[:limit]
-    events = window_events(session, start, end)
+    events = window_events(session, start, end, principal=principal)
     from types import SimpleNamespace
 
     from backend.services.imaging import located_events
 
-    stand_in = {k: v for k, v in located_events(session, events).items() if v.hpc_x is not None and v.hpc_y is not None}
+    stand_in = {k: v for k, v in located_events(session, events, principal).items()
+                if v.hpc_x is not None and v.hpc_y is not None}
     # an event with no position of its own (a GOES report row) is marked where its same flare is
     placed = [e if e.hpc_x is not None and e.hpc_y is not None else
               SimpleNamespace(id=e.id, hpc_x=stand_in[e.id].hpc_x, hpc_y=stand_in[e.id].hpc_y)

@@ -92,9 +92,12 @@ def list_products(
     job_id: str | None = None,
     limit: int = 50,
     offset: int = 0,
+    conditions: Sequence = (),
 ) -> tuple[list[Product], int]:
     """Products filtered by their frame's channel and DATE-OBS, state, frame and job
-    (``job_id``: the products of the job's items, ``job_items.product_id``).
+    (``job_id``: the products of the job's items, ``job_items.product_id``), and by further
+    SQL ``conditions`` on products (e.g. who may see them,
+    :func:`backend.services.set_access.product_condition`).
 
     Every version of a product is listed (ordered by DATE-OBS, then version, then id).
 
@@ -106,9 +109,10 @@ def list_products(
         Number of products matching the filters (all pages).
     """
     kw = dict(channel=channel, start=start, end=end, state=state, frame_id=frame_id, job_id=job_id)
-    total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)) or 0
+    total = session.scalar(_filtered(select(func.count(Product.id)).join(Product.frame), **kw)
+                           .where(*conditions)) or 0
     stmt = (
-        _filtered(select(Product).join(Product.frame), **kw)
+        _filtered(select(Product).join(Product.frame), **kw).where(*conditions)
         .options(joinedload(Product.frame))
         .order_by(Frame.date_obs, Product.version, Product.id)
         .limit(limit)
@@ -133,13 +137,18 @@ def product_ids_for_event(session: Session, event_id: int) -> list[int]:
     ))
 
 
-def _latest_per_frame() -> Select:
-    """Ids of the newest written product of every frame (highest version, then id)."""
-    rank = func.row_number().over(
-        partition_by=Product.frame_id, order_by=(Product.version.desc(), Product.id.desc())
-    ).label("rank")
-    sub = select(Product.id, rank).where(Product.state == ProductState.written).subquery()
-    return select(sub.c.id).where(sub.c.rank == 1)
+def _latest_per_frame(calibration_set: int | None = None) -> Select:
+    """Ids of the product shown for every frame: its public product (the written product of
+    its public calibration set promoted or made last,
+    :func:`backend.services.set_access.public_series_ids`; never one of a private set), or,
+    with ``calibration_set``, its written product of that set."""
+    if calibration_set is not None:
+        return select(Product.id).where(Product.state == ProductState.written,
+                                        Product.calibration_set_id == calibration_set)
+    from backend.services.set_access import public_series_ids
+
+    sub = public_series_ids(None, None).subquery()
+    return select(sub.c.product_id)
 
 
 def latest_products_in_window(
@@ -150,8 +159,10 @@ def latest_products_in_window(
     channel: str | None = None,
     with_quicklook: bool = False,
     limit: int | None = None,
+    calibration_set: int | None = None,
 ) -> list[Product]:
-    """The newest written product of every frame with DATE-OBS in [``start``, ``end``].
+    """The public product of every frame with DATE-OBS in [``start``, ``end``] (one set per
+    frame: :func:`_latest_per_frame`), or its product of ``calibration_set`` when given.
 
     Parameters
     ----------
@@ -172,7 +183,7 @@ def latest_products_in_window(
     stmt = (
         select(Product)
         .join(Product.frame)
-        .where(Product.id.in_(_latest_per_frame()), Frame.date_obs >= start, Frame.date_obs <= end)
+        .where(Product.id.in_(_latest_per_frame(calibration_set)), Frame.date_obs >= start, Frame.date_obs <= end)
         .options(joinedload(Product.frame))
         .order_by(Frame.date_obs, Product.id)
     )
@@ -470,6 +481,8 @@ class LightCurve:
     values: list[float | None] = field(default_factory=list)
     product_ids: list[int] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)
+    #: Ids of the calibration sets of the products read (one per frame), in order of first use.
+    calibration_sets: list[int] = field(default_factory=list)
 
 
 def product_lightcurve(
@@ -481,8 +494,12 @@ def product_lightcurve(
     product_root: Path,
     max_points: int = 2000,
     roi: tuple[float, float, float] | None = None,
+    calibration_set: int | None = None,
 ) -> LightCurve:
-    """Disk-integrated (or region) mean of the newest written L2 product of every frame.
+    """Disk-integrated (or region) mean of the public L2 product of every frame (its public
+    calibration set's, :func:`latest_products_in_window`), or of its product of
+    ``calibration_set`` when given: one calibration set per frame, never a private set's
+    product unless asked for. ``LightCurve.calibration_sets`` lists the sets used.
 
     Parameters
     ----------
@@ -507,7 +524,10 @@ def product_lightcurve(
     lc = LightCurve(channel=spec.code, start=start, end=end, unit="", region="roi" if roi else (
         "field" if spec.is_coronagraph else "disk"), roi=roi)
     units: set[str] = set()
-    for p in latest_products_in_window(session, start, end, channel=spec.code, limit=max_points):
+    for p in latest_products_in_window(session, start, end, channel=spec.code, limit=max_points,
+                                       calibration_set=calibration_set):
+        if p.calibration_set_id is not None and p.calibration_set_id not in lc.calibration_sets:
+            lc.calibration_sets.append(p.calibration_set_id)
         path = resolve_store_path(p.path, product_root)
         if path is None:
             lc.skipped.append({"product_id": p.id, "reason": "no file recorded"})
@@ -586,8 +606,10 @@ def event_lightcurve(
     product_root: Path,
     region: str = "auto",
     context_frames: int = CONTEXT_FRAMES,
+    calibration_set: int | None = None,
 ) -> LightCurve:
-    """:func:`product_lightcurve` of ``channel`` around an event.
+    """:func:`product_lightcurve` of ``channel`` around an event (the public set of each
+    frame, or ``calibration_set`` when given: the caller checks that it may be seen).
 
     The window is the event's ± ``margin``, widened to hold ``context_frames`` frames of
     the channel before the start and after the end, by at most :data:`MAX_CONTEXT` (6 h)
@@ -609,7 +631,8 @@ def event_lightcurve(
         raise ValueError(f"event {event.id} has no helioprojective position for a region light curve")
     use_roi = region == "roi" or (region == "auto" and has_pos and not spec.is_coronagraph)
     roi = (float(event.hpc_x), float(event.hpc_y), ROI_HALF_WIDTH) if use_roi else None
-    return product_lightcurve(session, channel=channel, start=start, end=end, product_root=product_root, roi=roi)
+    return product_lightcurve(session, channel=channel, start=start, end=end, product_root=product_root, roi=roi,
+                              calibration_set=calibration_set)
 
 
 def sample_evenly(items: Sequence, n: int) -> list:

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 from backend.broker import TaskName, app
 from backend.db import forget_connections_after_fork, session_scope
 from backend.models import FollowUpState, Job, JobFollowUp, JobState
-from backend.services.detection import run_detector
+from backend.services.detection import PUBLIC_SCOPE, job_detection_scope, run_detector
 from backend.services.events import associate_events
 from backend.services.ingest import ingest_path
 from backend.settings import get_settings
@@ -260,7 +260,10 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
 
     ``job_id``: sent as a follow-up of that job (a ``job_follow_ups`` row keyed by job,
     detector and channel): a follow-up done already runs nothing again; one whose detection
-    fails on its data is ``failed`` with the reason.
+    fails on its data is ``failed`` with the reason. It runs on that job's own calibration
+    set(s) of the channel (:func:`backend.services.detection.job_detection_scope`): into the
+    public catalogue only when the job publishes and its sets are public, else as its owner's
+    private events. Without ``job_id``: the public detection (the public set of each frame).
     """
     t0, t1 = _time(start), _time(end)
     with session_scope() as s:
@@ -275,7 +278,8 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
                 s.commit()
         try:
             with s.begin_nested():
-                events = run_detector(s, detector, channel=channel, start=t0, end=t1)
+                scope = job_detection_scope(s, job_id, channel) if job_id else PUBLIC_SCOPE
+                events = run_detector(s, detector, channel=channel, start=t0, end=t1, scope=scope)
                 linked = associate_events(s, start=t0, end=t1)
         except (DataError, ValueError) as exc:
             if row is None:

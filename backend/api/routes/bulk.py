@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, SAFE_KEY_PATTERN, ChannelQuery, IdPath, TimeRangeDep
 from backend.models import ProductState
 from backend.services import bulk
@@ -61,15 +62,20 @@ class ProductSearch:
     job_id: str | None
     limit: int | None
     offset: int
+    principal: object = None  #: who asks: products of private sets only to their owner (and admins)
 
     def select(self, session) -> bulk.ProductSelection:
+        from backend.services.set_access import product_condition
+
+        cond = product_condition(self.principal)
         return bulk.search_products(session, channel=self.channel, start=self.start, end=self.end, state=self.state,
                                     frame_id=self.frame_id, job_id=self.job_id, limit=self.limit,
-                                    offset=self.offset)
+                                    offset=self.offset, conditions=() if cond is None else (cond,))
 
 
 async def product_search(
     span: TimeRangeDep,
+    principal: OptionalPrincipal,
     channel: ChannelQuery = None,
     state: StateQuery = "written",
     frame_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="Only products of this frame")] = None,
@@ -78,7 +84,7 @@ async def product_search(
     offset: OffsetQuery = 0,
 ) -> ProductSearch:
     return ProductSearch(channel, span.start, span.end, None if state == "any" else ProductState(state), frame_id,
-                         job_id or None, limit, offset)
+                         job_id or None, limit, offset, principal)
 
 
 ProductSearchDep = Annotated[ProductSearch, Depends(product_search)]
@@ -134,6 +140,7 @@ def read_products_script(request: Request, session: SessionDep, settings: Settin
 def read_event_products_archive(
     event_id: IdPath,
     session: SessionDep,
+    principal: OptionalPrincipal,
     settings: SettingsDep,
     margin_min: Annotated[float, Query(ge=0, le=1440, description="Minutes added before the start and after the "
                                                                   "end of the event [min]")] = 30,
@@ -143,7 +150,7 @@ def read_event_products_archive(
     """The products linked to the event and the newest written product of every frame with
     DATE-OBS in [start - margin, end + margin] (end: end, peak or start time), as
     ``/products/archive`` sends them."""
-    event = events_service.get_event(session, event_id)
+    event = events_service.get_event(session, event_id, principal)
     if event is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
     selection = bulk.event_products(session, event, margin=dt.timedelta(minutes=margin_min), linked_only=linked_only)
@@ -156,12 +163,13 @@ def read_event_products_script(
     request: Request,
     event_id: IdPath,
     session: SessionDep,
+    principal: OptionalPrincipal,
     settings: SettingsDep,
     margin_min: Annotated[float, Query(ge=0, le=1440, description="Minutes around the event [min]")] = 30,
     linked_only: Annotated[bool, Query(description="Only the products linked to the event")] = False,
 ) -> PlainTextResponse:
     """The products of ``/events/{id}/products/archive`` as a curl/wget script with ``sha256sum -c``."""
-    event = events_service.get_event(session, event_id)
+    event = events_service.get_event(session, event_id, principal)
     if event is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
     selection = bulk.event_products(session, event, margin=dt.timedelta(minutes=margin_min), linked_only=linked_only)

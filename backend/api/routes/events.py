@@ -11,8 +11,10 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import (
     EventSearchDep,
+    MAX_ID,
     IdPath,
     PaginationDep,
     canonical_channel,
@@ -56,8 +58,10 @@ MarginQuery = Annotated[
 TIMELINE_MAX = 2000
 
 
-def _event_or_404(session, event_id: int) -> Event:
-    row = events_service.get_event(session, event_id)
+def _event_or_404(session, event_id: int, principal=None) -> Event:
+    """The event if the caller may see it (:mod:`backend.services.event_visibility`); else
+    404, also for a private event of another user (its id is not revealed)."""
+    row = events_service.get_event(session, event_id, principal)
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
     return row
@@ -70,10 +74,12 @@ def _association(item: tuple) -> EventAssociationPublic:
                                   reason=rest[0] if rest else None)
 
 
-def event_detail(session, row: Event) -> EventDetail:
-    """The full description of an event: associations and linked frame/product ids."""
+def event_detail(session, row: Event, principal=None) -> EventDetail:
+    """The full description of an event: associations (to the events ``principal`` may
+    see) and linked frame/product ids."""
     detail = EventDetail.model_validate(row)
-    detail.associated = [_association(a) for a in events_service.associated_events_with_reasons(session, row.id)]
+    detail.associated = [_association(a) for a in
+                         events_service.associated_events_with_reasons(session, row.id, principal)]
     detail.frame_ids = frames_service.frame_ids_for_event(session, row.id)
     detail.product_ids = products_service.product_ids_for_event(session, row.id)
     return detail
@@ -213,12 +219,14 @@ def read_events_timeline_figure(
 
 
 @router.get("/{event_id}", response_model=EventDetail, summary="One event with its associations")
-def read_event(event_id: IdPath, session: SessionDep) -> Response:
+def read_event(event_id: IdPath, session: SessionDep, principal: OptionalPrincipal) -> Response:
     """One event: HEK type, times, location, CME kinematics or GOES class, associated events
     (both directions are stored, so the list is complete from either end), and the ids of
-    the frames and products it is linked to."""
+    the frames and products it is linked to. ``owner`` and ``calibration_set_id`` say whose
+    it is: a private event (found by a user's job on a set of their own) is shown to its
+    owner and admins only, 404 to anyone else."""
     autocommit_reads(session)
-    detail = event_detail(session, _event_or_404(session, event_id))
+    detail = event_detail(session, _event_or_404(session, event_id, principal), principal)
     return Response(detail.model_dump_json(), media_type="application/json")
 
 
@@ -228,12 +236,12 @@ def read_event(event_id: IdPath, session: SessionDep) -> Response:
     response_class=Response,
     responses={200: {"content": {"application/xml": {}}, "description": "VOEvent 2.0 XML"}},
 )
-def read_event_voevent(event_id: IdPath, session: SessionDep) -> Response:
+def read_event_voevent(event_id: IdPath, session: SessionDep, principal: OptionalPrincipal) -> Response:
     """The event as VOEvent 2.0 XML: Who, What (HEK parameters), WhereWhen (UTC,
     helioprojective UTC-HPC-TOPO), How (detector or catalogue), Why (HEK concept) and
     Citations (the associated events' IVORNs)."""
-    row = _event_or_404(session, event_id)
-    xml = event_formats.event_voevent(row, events_service.associated_events(session, row.id))
+    row = _event_or_404(session, event_id, principal)
+    xml = event_formats.event_voevent(row, events_service.associated_events(session, row.id, principal))
     return Response(xml, media_type="application/xml",
                     headers={"Content-Disposition": f'inline; filename="event-{row.id}.voevent.xml"'})
 
@@ -248,6 +256,8 @@ RegionQuery = Annotated[
 ContextQuery = Annotated[
     int, Query(ge=0, le=50, description="Frames of the channel shown at least before the start and after the end")
 ]
+CalibrationSetQuery = Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+    "Calibration set id of the products used (GET /calibration-sets); default: each frame's public set"))]
 
 
 class LightCurveQuery:
@@ -263,6 +273,9 @@ class LightCurveQuery:
         ``auto``, ``disk`` or ``roi`` (see :func:`backend.services.products.event_lightcurve`).
     context_frames : int
         Frames of the channel shown at least before the start and after the end (0..50).
+    calibration_set : int or None
+        A calibration set id: its products only (404 if the caller may not see it); None:
+        the public set of each frame.
 
     Bad values are 422 with the parameter named, as for any query parameter.
     """
@@ -273,23 +286,48 @@ class LightCurveQuery:
         margin_min: MarginQuery = 30.0,
         region: RegionQuery = "auto",
         context_frames: ContextQuery = 3,
+        calibration_set: CalibrationSetQuery = None,
     ) -> None:
         self.channel = channel
         self.margin_min = margin_min
         self.region = region
         self.context_frames = context_frames
+        self.calibration_set = calibration_set
 
 
 LightCurveDep = Annotated[LightCurveQuery, Depends()]
 
 
-def _lightcurve(session, settings, event_id: int, q: LightCurveQuery) -> tuple[Event, LightCurvePublic]:
-    """The event (404 if none) and its light curve as asked by ``q`` (422 for a ValueError of the service)."""
-    row = _event_or_404(session, event_id)
+def sets_used(session, set_ids: list[int]) -> list[dict]:
+    """``[{id, public, owner}]`` of calibration sets ``set_ids`` (what a light curve read)."""
+    from backend.models import CalibrationSet
+
+    rows = {r.id: r for r in session.query(CalibrationSet).filter(CalibrationSet.id.in_(set_ids))} if set_ids else {}
+    return [{"id": i, "public": bool(rows[i].public), "owner": rows[i].owner} for i in set_ids if i in rows]
+
+
+def visible_set_or_404(session, set_id: int | None, principal) -> int | None:
+    """``set_id`` when the caller may see that calibration set (None stays None); else 404."""
+    if set_id is None:
+        return None
+    from backend.services.set_access import visible_set
+
+    if visible_set(session, set_id, principal) is None:
+        raise HTTPException(404, detail=f"no calibration set with id {set_id}")
+    return set_id
+
+
+def _lightcurve(session, settings, event_id: int, q: LightCurveQuery,
+                principal=None) -> tuple[Event, LightCurvePublic]:
+    """The event (404 if none, or not visible) and its light curve as asked by ``q`` (422 for a
+    ValueError of the service; 404 for a calibration set the caller may not see)."""
+    row = _event_or_404(session, event_id, principal)
+    set_id = visible_set_or_404(session, q.calibration_set, principal)
     try:
         lc = products_service.event_lightcurve(
             session, row, channel=q.channel, margin=dt.timedelta(minutes=q.margin_min),
             product_root=settings.products, region=q.region, context_frames=q.context_frames,
+            calibration_set=set_id,
         )
     except ValueError as exc:
         raise HTTPException(422, detail=str(exc)) from None
@@ -297,6 +335,7 @@ def _lightcurve(session, settings, event_id: int, q: LightCurveQuery) -> tuple[E
         event_id=row.id, channel=lc.channel, unit=lc.unit, window_start=lc.start, window_end=lc.end,
         region=lc.region, roi=lc.roi,
         times=lc.times, values=lc.values, product_ids=lc.product_ids, skipped=lc.skipped,
+        calibration_sets=sets_used(session, lc.calibration_sets),
     )
 
 
@@ -306,14 +345,16 @@ def read_event_lightcurve(
     session: SessionDep,
     settings: SettingsDep,
     q: LightCurveDep,
+    principal: OptionalPrincipal,
 ) -> LightCurvePublic:
     """Mean of the written L2 products of ``channel`` (DQ-masked pixels skipped) over a
     box about the event (``roi``), the disk or, for SCI, the coronal field, from the
     event's start - margin to its end + margin, widened to ``context_frames`` frames on each
     side but by at most 6 hours (``MAX_CONTEXT``) on each side, one point per frame (its
-    newest product version). A frame whose region is all masked or NaN is a ``null`` value
-    (a gap in the figure)."""
-    return _lightcurve(session, settings, event_id, q)[1]
+    public product: the product of its public calibration set, or of ``calibration_set`` when
+    asked; ``calibration_sets`` names the sets read). A frame whose region is all masked or
+    NaN is a ``null`` value (a gap in the figure)."""
+    return _lightcurve(session, settings, event_id, q, principal)[1]
 
 
 @router.get(
@@ -326,8 +367,9 @@ def read_event_lightcurve_figure(
     session: SessionDep,
     settings: SettingsDep,
     q: LightCurveDep,
+    principal: OptionalPrincipal,
 ) -> Response:
     """The light curve of ``GET /events/{id}/lightcurve`` with the event's start, peak and end marked."""
-    row, lc = _lightcurve(session, settings, event_id, q)
+    row, lc = _lightcurve(session, settings, event_id, q, principal)
     fig = lightcurve_figure(lc.times, lc.values, lc.unit, row, channel=lc.channel, region=lc.region, roi=lc.roi)
     return Response(fig.to_json(), media_type="application/json")

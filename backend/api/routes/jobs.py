@@ -16,6 +16,7 @@ from backend.models import Job, JobState
 from backend.state import move_job
 from backend.services import jobs as jobs_service
 from backend.services.jobs import JobRequest
+from backend.services.set_access import job_set_ids
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -79,8 +80,9 @@ def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
 def read_jobs(session: SessionDep, page: PaginationDep) -> JobsPublic:
     """Jobs, newest first."""
     rows, total = jobs_service.list_jobs(session, limit=page.limit, offset=page.offset)
-    return JobsPublic(items=[JobPublic.model_validate(r) for r in rows], total=total,
-                      limit=page.limit, offset=page.offset)
+    sets = job_set_ids(session, [r.id for r in rows])
+    return JobsPublic(items=[JobPublic.model_validate(r).model_copy(update={"calibration_sets": sets[r.id]})
+                             for r in rows], total=total, limit=page.limit, offset=page.offset)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job and its progress")
@@ -89,4 +91,4 @@ def read_job(job_id: str, session: SessionDep) -> JobPublic:
     job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    return JobPublic.model_validate(job)
+    return JobPublic.model_validate(job).model_copy(update={"calibration_sets": job_set_ids(session, [job.id])[job.id]})

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep, is_safe_key
 from backend.faults import public_reason
 from backend.models import Movie, MovieState, ProductState
@@ -80,11 +81,11 @@ class MoviePublic(BaseModel):
 
 
 def _window(session: Session, channel: str | None, start: dt.datetime | None, end: dt.datetime | None,
-            event: int | None) -> tuple[str, dt.datetime, dt.datetime, int | None]:
+            event: int | None, principal=None) -> tuple[str, dt.datetime, dt.datetime, int | None]:
     """The channel and window asked for: explicit, or an event's (± the margin; its own
     channel when it names an LST channel that has frames there, else the first that has)."""
     if event is not None:
-        row = events_service.get_event(session, event)
+        row = events_service.get_event(session, event, principal)
         if row is None:
             raise HTTPException(404, detail=f"no event with id {event}")
         lo, hi = movies_service.event_movie_window(row)
@@ -104,6 +105,7 @@ def _window(session: Session, channel: str | None, start: dt.datetime | None, en
 def read_movie_frames(
     session: SessionDep,
     span: TimeRangeDep,
+    principal: OptionalPrincipal,
     channel: ChannelQuery = None,
     diff: DiffQuery = "none",
     event: Annotated[int | None, Query(ge=1, le=MAX_ID, description="An event: its window ± 30 min")] = None,
@@ -111,8 +113,8 @@ def read_movie_frames(
     """The frames (oldest first) with ``date_obs`` (DATE-OBS, UTC), ``url`` of the image and
     ``markers`` (``{event id: [fx, fy]}``, the event's helioprojective position as fractions
     of the image from the top left, through the product's WCS), and the window's events."""
-    code, lo, hi, ev = _window(session, channel, span.start, span.end, event)
-    out = movies_service.player_frames(session, code, lo, hi, diff).as_dict()
+    code, lo, hi, ev = _window(session, channel, span.start, span.end, event, principal)
+    out = movies_service.player_frames(session, code, lo, hi, diff, principal=principal).as_dict()
     out["event"] = ev
     return out
 
@@ -129,17 +131,19 @@ def read_difference_png(
     product_id: IdPath,
     session: SessionDep,
     settings: SettingsDep,
+    principal: OptionalPrincipal,
     ref: Annotated[int, Query(ge=1, le=MAX_ID, description="The reference product (subtracted)")],
 ) -> Response:
     """``product - ref`` block-averaged to at most 512 pixels a side, scaled symmetrically
     about zero (±the 99.5th percentile of ``|difference|``; ``astropy.visualization``),
     grey, north up."""
+    from backend.services.set_access import may_see_product
     from pipelines.movies import difference_image, rgb_frame, signed_unit_image
 
     rows = []
     for pid in (product_id, ref):
         row = products_service.get_product(session, pid)
-        if row is None:
+        if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's only
             raise HTTPException(404, detail=f"no product with id {pid}")
         if row.state != ProductState.written:
             raise HTTPException(404, detail=f"product {pid} is {row.state.value}, its FITS file is not written")
@@ -227,7 +231,8 @@ def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep) -
 
 
 @page_router.get("/movies", response_class=HTMLResponse)
-def movie_page(request: Request, session: SessionDep, channel: str | None = None, start: str | None = None,
+def movie_page(request: Request, session: SessionDep, principal: OptionalPrincipal, channel: str | None = None,
+               start: str | None = None,
                end: str | None = None, diff: str = "none", event: str | None = None):
     """The frame player: a channel over a window (``channel``, ``start``, ``end``, ``diff``) or
     an event's window (``event``). Bad values are shown on the page, not as an error status."""
@@ -252,7 +257,7 @@ def movie_page(request: Request, session: SessionDep, channel: str | None = None
     ev = None
     if event:
         if event.isdigit() and 1 <= int(event) <= MAX_ID:
-            ev = events_service.get_event(session, int(event))
+            ev = events_service.get_event(session, int(event), principal)
         if ev is None:
             errors.append(f"event: no event with id {event[:20]!r}")
     if not errors:
@@ -262,6 +267,6 @@ def movie_page(request: Request, session: SessionDep, channel: str | None = None
             errors.append("end is before start")
         else:
             code, lo, hi, _ = _window(session, ctx["channel"], times.get("start"), times.get("end"),
-                                      ev.id if ev is not None else None)
+                                      ev.id if ev is not None else None, principal)
             ctx.update(channel=code, start=lo, end=hi, event=ev)
     return templates.TemplateResponse(request, "movie.html", ctx)

@@ -27,6 +27,7 @@ from fastapi import Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BeforeValidator
 
+from backend.auth import OptionalPrincipal
 from backend.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
 from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE, SOURCES
@@ -318,8 +319,16 @@ def _link_filters(noaa_ar, associated_type, calibration_set, calibration_file,
             problems.append(FilterProblem("associated_type", str(exc), f"associated event type: {exc}",
                                           associated_type))
     cal_set = (calibration_set or "").strip() or None
+    if cal_set is not None and cal_set.isdigit():  # a calibration set id (GET /calibration-sets)
+        if not 1 <= int(cal_set) <= MAX_ID:
+            msg = f"calibration set id {cal_set[:20]} is outside 1..{MAX_ID}"
+            problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
+            cal_set = None
+        return {"noaa_ar": region, "associated_type": assoc, "calibration_set": cal_set,
+                "calibration_file": _filter_int("calibration_file", "calibration file", calibration_file, 1, MAX_ID,
+                                                problems)}
     if cal_set is not None and not _CALIBRATION_SET.fullmatch(cal_set):
-        msg = (f"{cal_set[:60]!r} is not a calibration set (kind:id pairs joined by commas, "
+        msg = (f"{cal_set[:60]!r} is not a calibration set (a set id, or kind:id pairs joined by commas, "
                "e.g. dark:3,flat:5)")
         problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
         cal_set = None
@@ -490,6 +499,7 @@ _Pa = Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False)]
 
 async def event_search(
     span: TimeRangeDep,
+    principal: OptionalPrincipal,
     type: Annotated[list[str] | None, Query(  # noqa: A002 - the HEK name of the filter
         description="HEK event code(s): FL, CE, PR, ...; repeat the parameter or separate with commas")] = None,
     source: Annotated[list[str] | None, Query(
@@ -513,7 +523,8 @@ async def event_search(
     associated_type: Annotated[str | None, Query(max_length=4, description=(
         "HEK code of an associated event: e.g. CE for flares with a CME (event_associations)"))] = None,
     calibration_set: Annotated[str | None, Query(max_length=400, description=(
-        "Calibration set of the L2 products the event was detected from, kind:id pairs (dark:3,flat:5)"))] = None,
+        "Calibration set of the L2 products the event was detected from: a set id "
+        "(GET /calibration-sets), or kind:id pairs (dark:3,flat:5)"))] = None,
     calibration_file: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
         "A calibration file id used by the L2 products the event was detected from"))] = None,
 ):
@@ -530,7 +541,18 @@ async def event_search(
     if parsed.problems:
         p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
         raise _query_error(p.param, p.message, p.value)
-    return parsed.filters
+    return for_viewer(parsed.filters, principal)
+
+
+def for_viewer(filters: EventFilters, principal) -> EventFilters:
+    """``filters`` limited to the events ``principal`` may see (None: anonymous, the public
+    catalogue; :mod:`backend.services.event_visibility`)."""
+    import dataclasses
+
+    from backend.services.event_visibility import viewer_of
+
+    user, sees_all = viewer_of(principal)
+    return dataclasses.replace(filters, viewer=user, sees_all=sees_all)
 
 
 EventSearchDep = Annotated[EventFilters, Depends(event_search)]

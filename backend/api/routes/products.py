@@ -8,11 +8,13 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import FileResponse
 
 from backend.api.deps import SessionDep, SettingsDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
 from backend.api.routes.bulk import JobIdQuery
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Product, ProductState
 from backend.services import products as products_service
+from backend.services import set_access
 
 router = APIRouter(prefix="/products", tags=["products"])
 
@@ -21,33 +23,41 @@ router = APIRouter(prefix="/products", tags=["products"])
 def read_products(
     session: SessionDep,
     page: PaginationDep,
+    principal: OptionalPrincipal,
     span: TimeRangeDep,
     channel: ChannelQuery = None,
     state: Annotated[ProductState | None, Query(description="planned, writing, written or failed")] = None,
     frame_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="Only products of this frame")] = None,
     job_id: JobIdQuery = None,
+    calibration_set: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
+        "Only products of this calibration set (its id: GET /calibration-sets)"))] = None,
 ) -> ProductsPublic:
-    """Products filtered by channel, DATE-OBS range of their frame, state, frame and job (the products of
-    the job's frames, whichever job made them first); every version is listed."""
+    """Products filtered by channel, DATE-OBS range of their frame, state, frame, job (the products of
+    the job's frames, whichever job made them first) and calibration set; every version is listed.
+    Products of a private calibration set are listed to its owner (and admins) only."""
+    conds = [c for c in (set_access.product_condition(principal),) if c is not None]
+    if calibration_set is not None:
+        conds.append(Product.calibration_set_id == calibration_set)
     rows, total = products_service.list_products(
         session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
-        limit=page.limit, offset=page.offset,
+        limit=page.limit, offset=page.offset, conditions=conds,
     )
     return ProductsPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
                           limit=page.limit, offset=page.offset)
 
 
-def _product_or_404(session, product_id: int) -> Product:
+def _product_or_404(session, product_id: int, principal=None) -> Product:
     row = products_service.get_product(session, product_id)
-    if row is None:
+    if row is None or not set_access.may_see_product(session, principal, row):
         raise HTTPException(404, detail=f"no product with id {product_id}")
     return row
 
 
 @router.get("/{product_id}", response_model=ProductDetail, summary="One product with its calibration lineage")
-def read_product(product_id: IdPath, session: SessionDep) -> ProductDetail:
-    """One product with its header, statistics and the calibration files it was made with."""
-    return ProductDetail.model_validate(_product_or_404(session, product_id))
+def read_product(product_id: IdPath, session: SessionDep, principal: OptionalPrincipal) -> ProductDetail:
+    """One product with its header, statistics and the calibration files it was made with
+    (404 for a product of a private calibration set, but to its owner and admins)."""
+    return ProductDetail.model_validate(_product_or_404(session, product_id, principal))
 
 
 @router.get(
@@ -57,9 +67,10 @@ def read_product(product_id: IdPath, session: SessionDep) -> ProductDetail:
     responses={200: {"content": {"application/fits": {}}, "description": "The L2 FITS file"},
                404: {"description": "No such product, or its file is not written"}},
 )
-def read_product_fits(product_id: IdPath, session: SessionDep, settings: SettingsDep) -> FileResponse:
+def read_product_fits(product_id: IdPath, session: SessionDep, settings: SettingsDep,
+                      principal: OptionalPrincipal) -> FileResponse:
     """The L2 FITS file (image + ``DQ`` extension) of a written product."""
-    row = _product_or_404(session, product_id)
+    row = _product_or_404(session, product_id, principal)
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}, its FITS file is not written")
     path = products_service.served_store_path(row.path, settings.products)
@@ -75,9 +86,10 @@ def read_product_fits(product_id: IdPath, session: SessionDep, settings: Setting
     responses={200: {"content": {"image/png": {}}, "description": "The quicklook image"},
                404: {"description": "No such product, or it has no quicklook"}},
 )
-def read_product_quicklook(product_id: IdPath, session: SessionDep, settings: SettingsDep) -> FileResponse:
+def read_product_quicklook(product_id: IdPath, session: SessionDep, settings: SettingsDep,
+                           principal: OptionalPrincipal) -> FileResponse:
     """The quicklook image of a product (``Product.quicklook_path``)."""
-    row = _product_or_404(session, product_id)
+    row = _product_or_404(session, product_id, principal)
     if not row.quicklook_path:
         raise HTTPException(404, detail=f"product {product_id} has no quicklook image")
     path = products_service.served_store_path(row.quicklook_path, settings.products)
