@@ -189,10 +189,10 @@ def count_write(session: Session, principal: Principal, *, now: dt.datetime | No
     got = session.execute(stmt).scalar()
     resets = start + dt.timedelta(seconds=w)
     if got is None:
-        raise QuotaExceeded(
+        raise _refused(session, QuotaExceeded(
             "RATE_LIMIT_WRITES", limit, limit, (resets - now).total_seconds(),
             f"write rate limit: user {principal.user!r} made {limit} writes in the current {w:g} s window "
-            f"(limit {limit} writes per {w:g} s, RATE_LIMIT_WRITES); the window resets at {_iso(resets)}")
+            f"(limit {limit} writes per {w:g} s, RATE_LIMIT_WRITES); the window resets at {_iso(resets)}"))
     return WriteState(limit, w, got, start, resets)
 
 
@@ -235,6 +235,14 @@ CancelLimited = Annotated[Principal, Depends(write_limited("jobs:cancel"))]
 
 
 # -- job quotas -------------------------------------------------------------------------------
+
+
+def _refused(session: Session, exc: Exception) -> Exception:
+    """Roll the request's transaction back before refusing it (its write count and anything
+    else it added are undone, its locks released): a refused request stores nothing, whoever
+    handles the session afterwards."""
+    session.rollback()
+    return exc
 
 
 def _lock_user(session: Session, user: str) -> None:
@@ -280,10 +288,10 @@ def _check_concurrent(session: Session, principal: Principal, settings: Settings
         after, why = min(etas), "the earliest measured ETA of your unfinished jobs"
     else:
         after, why = CONCURRENT_RETRY_S, "no ETA is measured yet, so this is a polling interval"
-    raise QuotaExceeded(
+    raise _refused(session, QuotaExceeded(
         "QUOTA_CONCURRENT_JOBS", n, limit, after,
         f"concurrent jobs quota: user {principal.user!r} has {n} jobs queued or running ({jobs} recalibrations, "
-        f"{movies} movies; limit {limit}, QUOTA_CONCURRENT_JOBS); retry when one ends (Retry-After: {why})")
+        f"{movies} movies; limit {limit}, QUOTA_CONCURRENT_JOBS); retry when one ends (Retry-After: {why})"))
 
 
 def admit_job(session: Session, principal: Principal, channels: list[str], start: dt.datetime, end: dt.datetime,
@@ -312,6 +320,7 @@ def admit_job(session: Session, principal: Principal, channels: list[str], start
     if limit <= 0:
         return frames
     if frames > limit:
+        session.rollback()
         raise QuotaError(f"frames per day quota: this request covers {frames} frames, more than the whole daily "
                          f"quota of {limit} (QUOTA_FRAMES_PER_DAY): split its DATE-OBS range into smaller jobs")
     charges = frames_usage(session, principal.user, now)
@@ -324,11 +333,11 @@ def admit_job(session: Session, principal: Principal, channels: list[str], start
         if freed >= need:
             at = t + DAY
             break
-    raise QuotaExceeded(
+    raise _refused(session, QuotaExceeded(
         "QUOTA_FRAMES_PER_DAY", used, limit, (at - now).total_seconds(),
         f"frames per day quota: user {principal.user!r} used {used} of {limit} frames in the last 24 h "
         f"(QUOTA_FRAMES_PER_DAY) and this request covers {frames} more; enough frames leave the 24 h window "
-        f"at {_iso(at)}")
+        f"at {_iso(at)}"))
 
 
 def charge_job(session: Session, job: Job, frames: int) -> QuotaCharge:
