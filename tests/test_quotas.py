@@ -453,3 +453,54 @@ def os_kill_worker(stack) -> None:
 
     os.killpg(stack.worker.pid, signal.SIGTERM)
     stack.worker.wait(timeout=60)
+
+
+# -- the app's own sessions (no test transaction): refusals store nothing, processes race ----
+
+
+@pytest.fixture
+def bare_stack(settings_env, tmp_path, monkeypatch):
+    """A fresh PostgreSQL database and Redis database 11, no worker: requests use the app's
+    own sessions (one per request, rolled back unless the route commits), as in production."""
+    from tests.live import live_stack
+
+    for k, v in {"QUOTA_CONCURRENT_JOBS": "1", "QUOTA_FRAMES_PER_DAY": "1000", "RATE_LIMIT_WRITES": "100"}.items():
+        monkeypatch.setenv(k, v)
+    with live_stack(settings_env, tmp_path, redis_db=11, start_worker=False) as st:
+        yield st
+
+
+def test_refused_and_invalid_writes_store_nothing_and_racing_submits_admit_one(bare_stack):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backend.db import session_scope
+    from tests.conftest import make_token
+
+    with session_scope() as s:
+        for i in range(3):
+            make_frame(s, "SDI", T0 + dt.timedelta(minutes=i))
+        token = make_token(s, "erin", ("jobs:submit",))
+    h = {"Authorization": f"Bearer {token}"}
+    with bare_stack.client(**h) as c:
+        # invalid (422 from the body, and from the database check): nothing counted
+        assert c.post("/api/v1/jobs", json={**_body(1), "channels": ["XRT"]}).status_code == 422
+        assert c.post("/api/v1/jobs", json={**_body(1), "pinned_calibrations": {"dark": 99}}).status_code == 422
+        assert c.get("/api/v1/me").json()["rate_limit"]["used"] == 0
+
+    # four submits at once, each on its own connection: the quota of one admits exactly one
+    def submit(_):
+        with bare_stack.client(**h) as c:
+            return c.post("/api/v1/jobs", json=_body(3))
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(submit, range(4)))
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [202, 429, 429, 429], [r.text for r in answers]
+    with session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Job)) == 1
+        assert s.scalars(select(QuotaCharge.frames)).all() == [3]
+        assert s.get(WriteCount, "erin").writes == 1  # the three refused writes left no count
+    with bare_stack.client(**h) as c:
+        me = c.get("/api/v1/me").json()
+    assert me["quotas"]["concurrent_jobs"]["usage"] == 1 and me["quotas"]["frames_per_day"]["usage"] == 3
+    assert me["rate_limit"]["used"] == 1
