@@ -14,7 +14,10 @@ import math
 import pytest
 from sqlalchemy import func, select
 
+from backend.api.deps import SessionDep
+from backend.auth import CancelPrincipal
 from backend.models import Job, JobState, Movie, MovieState, Product, QuotaCharge, WriteCount, utcnow
+from backend.services.quotas import WriteLimited
 from backend.settings import get_settings
 from tests.conftest import auth_headers
 from tests.test_api import make_frame, make_product
@@ -504,3 +507,35 @@ def test_refused_and_invalid_writes_store_nothing_and_racing_submits_admit_one(b
         me = c.get("/api/v1/me").json()
     assert me["quotas"]["concurrent_jobs"]["usage"] == 1 and me["quotas"]["frames_per_day"]["usage"] == 3
     assert me["rate_limit"]["used"] == 1
+
+
+def test_write_limited_is_one_line_for_any_route(db_session, settings_env, limits):
+    """(The route's annotations resolve in this module's globals: CancelPrincipal, WriteLimited.)
+    ``_: WriteLimited`` beside a route's own scope dependency: 401 without a token, the
+    scope's 403 before anything is counted, then one write counted per call, 429 over."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from backend.api.deps import get_session
+
+    settings_env()
+    limits(RATE_LIMIT_WRITES=2, RATE_LIMIT_WINDOW_S=3600)
+    app = FastAPI()
+
+    @app.delete("/thing")
+    def delete_thing(session: SessionDep, principal: CancelPrincipal, _: WriteLimited) -> dict:
+        session.commit()  # a write stores what it changes, and its count with it
+        return {"user": principal.user}
+
+    def _session():
+        yield db_session
+
+    app.dependency_overrides[get_session] = _session
+    with TestClient(app) as c:
+        assert c.delete("/thing").status_code == 401
+        r = c.delete("/thing", headers=auth_headers(db_session, "frank", ("jobs:submit",)))
+        assert r.status_code == 403 and db_session.get(WriteCount, "frank") is None
+        h = auth_headers(db_session, "frank", ("jobs:cancel",))
+        assert [c.delete("/thing", headers=h).status_code for _ in range(3)] == [200, 200, 429]
+        db_session.expire_all()
+        assert db_session.get(WriteCount, "frank").writes == 2
