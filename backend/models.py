@@ -65,6 +65,8 @@ __all__ = [
     "XRaySeries",
     "XRaySample",
     "CatalogueCoverage",
+    "QuotaCharge",
+    "WriteCount",
     "utcnow",
 ]
 
@@ -639,3 +641,34 @@ class CatalogueCoverage(Base):
         UniqueConstraint("source", "file"),
         Index("ix_catalogue_coverage_source_start", "source", "covers_start"),
     )
+
+
+# -- quotas --
+
+
+class QuotaCharge(Base):
+    """The frames one job covered when it was submitted: the frames-per-day quota of its owner
+    is the sum of ``frames`` over the charges made in the last 24 h
+    (:mod:`backend.services.quotas`). Kept when the job is deleted (the frames were asked for)."""
+
+    __tablename__ = "quota_charges"
+    __table_args__ = (Index("ix_quota_charges_owner_created_at", "owner", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100))
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
+    #: Frames the request covered at submit time (its channels, DATE-OBS in its range).
+    frames: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WriteCount(Base):
+    """One row per user: the writes (POST/DELETE with a token) counted in the current
+    fixed rate-limit window, which starts at ``window_start``. Bumped by one conditional
+    upsert (:func:`backend.services.quotas.count_write`), so several API processes share it."""
+
+    __tablename__ = "write_counts"
+
+    user: Mapped[str] = mapped_column(String(100), primary_key=True)
+    window_start: Mapped[dt.datetime] = mapped_column()
+    writes: Mapped[int] = mapped_column(Integer)

@@ -108,6 +108,24 @@ class Settings(BaseSettings):
         GPU worker reads it with this timeout), short enough that a frozen Redis is noticed
         and the connection is re-made. The API uses a fifth of ``API_DEADLINE_S``
         (``backend.broker.api_broker_timeout_s``).
+    ``QUOTA_CONCURRENT_JOBS``
+        Jobs (recalibrations and movies) one user may have queued or running at once; 0
+        for no limit. Default 4, a choice: enough to keep a lane busy while one's earlier
+        jobs finish, few enough that one user cannot fill the queue. Admins are exempt
+        (``backend.services.quotas``).
+    ``QUOTA_FRAMES_PER_DAY``
+        Frames one user's recalibration jobs may cover in any 24 h (counted at submit time
+        from the frames each request covers); 0 for no limit. Default 5000, a choice: about
+        three days of SDI at its 1-min cadence; a larger campaign is an admin's job.
+    ``RATE_LIMIT_WRITES``, ``RATE_LIMIT_WINDOW_S``
+        Writes (POST/DELETE with a token: submit, cancel, retry, re-run, saved searches,
+        webhooks, movies) one user may make per fixed window of ``RATE_LIMIT_WINDOW_S``
+        seconds; 0 writes for no limit. Default 30 per 60 s, a choice: far above what a
+        person clicks, low enough to stop a runaway script.
+    ``THROUGHPUT_WINDOW_S``
+        How far back the queue's measured throughput looks (products written per lane) [s].
+        Default 3600: long enough to hold several jobs' products, short enough to follow a
+        change of the worker pool.
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -138,6 +156,13 @@ class Settings(BaseSettings):
     api_deadline_s: float = Field(default=1.8, ge=0, le=3600, validation_alias=_alias("API_DEADLINE_S"))
     broker_socket_timeout_s: float = Field(default=10.0, gt=0, le=3600,
                                            validation_alias=_alias("BROKER_SOCKET_TIMEOUT_S"))
+    quota_concurrent_jobs: int = Field(default=4, ge=0, le=10_000, validation_alias=_alias("QUOTA_CONCURRENT_JOBS"))
+    quota_frames_per_day: int = Field(default=5000, ge=0, le=100_000_000,
+                                      validation_alias=_alias("QUOTA_FRAMES_PER_DAY"))
+    rate_limit_writes: int = Field(default=30, ge=0, le=1_000_000, validation_alias=_alias("RATE_LIMIT_WRITES"))
+    rate_limit_window_s: float = Field(default=60.0, gt=0, le=86_400, validation_alias=_alias("RATE_LIMIT_WINDOW_S"))
+    throughput_window_s: float = Field(default=3600.0, gt=0, le=30 * 86_400,
+                                       validation_alias=_alias("THROUGHPUT_WINDOW_S"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),

@@ -81,7 +81,17 @@ def client(store):
 
     route_celery_to_this_data_dir()
     with TestClient(create_app(), raise_server_exceptions=False) as c:
+        c.headers["Authorization"] = f"Bearer {submit_token()}"  # POST /movies needs jobs:submit
         yield c
+
+
+def submit_token(user: str = "tester") -> str:
+    """A committed token of ``user`` with scope jobs:submit, on the current settings' database."""
+    from backend.db import session_scope
+    from tests.conftest import make_token
+
+    with session_scope() as s:
+        return make_token(s, user, ("jobs:submit",))
 
 
 def _iso(t: dt.datetime) -> str:
@@ -160,6 +170,20 @@ def test_bad_movie_requests_are_422(client, store, body, needles):
     assert r.status_code == 422, r.text
     for n in needles:
         assert n in r.json()["detail"], r.json()["detail"]
+
+
+def test_a_movie_needs_jobs_submit_and_belongs_to_the_tokens_user(client, store):
+    from backend.db import session_scope
+
+    body = {**_window(store), "diff": "none"}
+    r = client.post("/api/v1/movies", json=body, headers={"Authorization": ""})
+    assert r.status_code == 401 and "jobs:submit" in r.json()["detail"], r.text
+    r = client.post("/api/v1/movies", json={**body, "owner": "someone"})
+    assert r.status_code == 422 and "owner" in r.json()["detail"]
+    r = client.post("/api/v1/movies", json=body)
+    assert r.status_code == 202, r.text
+    with session_scope() as s:
+        assert s.get(Movie, r.json()["id"]).owner == "tester"
 
 
 def test_an_empty_window_is_422_with_the_frame_count(client, store):

@@ -51,6 +51,7 @@ from backend.api.deps import SessionDep
 from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, movies, products
 from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
+from backend.api.routes import me as me_routes, queue as queue_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
 from backend.api.routes import session as session_routes, tokens as tokens_routes
@@ -493,6 +494,8 @@ def create_app() -> FastAPI:
     api.include_router(session_routes.router)  # browser sign-in (the session cookie)
     api.include_router(tokens_routes.router)  # token management
     api.include_router(calibration_sets_routes.router)
+    api.include_router(me_routes.router)  # /me: the token's user, quotas, rate limit
+    api.include_router(queue_routes.router)  # /queue: the lanes, their throughput
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)

@@ -386,9 +386,12 @@ def new_job_page(request: Request, session: SessionDep):
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, session: SessionDep):
-    """The most recent jobs."""
+    """The most recent jobs, and the queue's lanes (cpu, gpu) with their measured throughput."""
+    from backend.services.quotas import queue_snapshot
+
     rows, total = jobs_service.list_jobs(session, limit=PAGE_SIZE, offset=0)
-    return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total})
+    return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total,
+                                                             "lanes": queue_snapshot(session).as_dict()["lanes"]})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -397,16 +400,15 @@ def job_page(request: Request, job_id: str, session: SessionDep, principal: Opti
     job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    from backend.api.schemas import JobPublic
+    from backend.api.routes.jobs import with_queue
     from backend.services import job_form
-    from backend.services.set_access import job_set_ids, product_condition
+    from backend.services.set_access import product_condition
 
     seen = product_condition(principal)  # products of a private set: to its owner and admins only
     rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE,
                                                       conditions=() if seen is None else (seen,))
-    public = JobPublic.model_validate(job).model_copy(update={"calibration_sets": job_set_ids(session, [job.id])[job.id]})
     return templates.TemplateResponse(request, "job.html", {
-        "job": public, "products": rows, "products_total": n_products,
+        "job": with_queue(session, [job])[0], "products": rows, "products_total": n_products,
         "option_fields": job_form.option_fields()})
 
 

@@ -316,6 +316,22 @@ class FollowUpPublic(_ORM):
     error: str | None
 
 
+class JobQueuePublic(BaseModel):
+    """Where a queued or running job stands in its lane (``backend.services.quotas``):
+    ``position`` 1 is first; ETA = (frames ahead + its pending frames) / the lane's measured
+    throughput; ``eta_s``/``eta_at`` are null when nothing is measured yet (``basis`` says why)."""
+
+    lane: str = Field(description="cpu or gpu")
+    position: int = Field(description="place among the lane's unfinished jobs, first come first served (1 = first)")
+    jobs_ahead: int
+    frames_ahead: int = Field(description="pending frames of the lane's earlier jobs")
+    frames_pending: int = Field(description="this job's frames not yet settled")
+    frames_per_s: float | None = Field(description="the lane's measured throughput [frames/s]")
+    eta_s: float | None = Field(description="seconds until this job's last frame is expected [s]")
+    eta_at: UTCDateTime | None
+    basis: str = Field(description="how the ETA was computed, or why there is none")
+
+
 class JobPublic(_ORM):
     """A recalibration job and its progress."""
 
@@ -342,6 +358,7 @@ class JobPublic(_ORM):
                                              description="detections queued when the job ended")
     calibration_sets: list[int] = Field(default_factory=list, description=(
         "Ids of the calibration sets its products use (GET /api/v1/calibration-sets/{id})"))
+    queue: JobQueuePublic | None = Field(default=None, description="position and ETA while queued or running")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import func, select
@@ -19,6 +19,9 @@ from pipelines.calibration.options import CalibrationOptions
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 from pipelines.utc import as_utc
+
+if TYPE_CHECKING:
+    from backend.auth import Principal
 
 __all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
 
@@ -139,17 +142,22 @@ def enqueue_job(job_id: str) -> None:
 
 
 def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publishes: bool = True,
-               enqueue: bool = True, rerun_of: str | None = None) -> Job:
+               enqueue: bool = True, rerun_of: str | None = None, quota_for: Principal | None = None) -> Job:
     """Validate ``req`` against the database, store a ``queued`` job, commit, enqueue it.
 
     ``owner``: the user of the token that submits it (``system``: the CLI, the demo);
     ``publishes``: whether its detections may enter the public catalogue (an admin's or the
-    platform's job, on public calibration sets only).
+    platform's job, on public calibration sets only); ``quota_for``: the principal whose
+    quotas the job counts against (:func:`backend.services.quotas.admit_job`: checked under
+    the user's lock, the job's frames charged in the same commit); None (the CLI, the demo):
+    no quota.
 
     Raises
     ------
     JobRequestError
         If a pinned calibration version does not exist for any requested channel.
+    backend.services.quotas.QuotaExceeded
+        429 over a quota of ``quota_for`` (nothing is stored).
     """
     if req.options.device == "gpu":
         from backend.settings import get_settings
@@ -173,6 +181,11 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
             raise JobRequestError(
                 f"no {kind} calibration file version {version} for channel(s) {', '.join(req.channels)}"
             )
+    frames = None
+    if quota_for is not None:
+        from backend.services.quotas import admit_job
+
+        frames = admit_job(session, quota_for, req.channels, req.start, req.end)
     job = Job(
         owner=owner,
         kind="calibrate",
@@ -183,6 +196,11 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
         rerun_of=rerun_of,
     )
     session.add(job)
+    if frames is not None:
+        from backend.services.quotas import charge_job
+
+        session.flush()
+        charge_job(session, job, frames)
     session.commit()
     if enqueue:
         enqueue_job(job.id)

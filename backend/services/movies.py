@@ -20,7 +20,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -33,6 +33,9 @@ from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 from pipelines.movies import DIFF_MODES, display_array, hpc_to_fraction
 from pipelines.utc import as_utc
+
+if TYPE_CHECKING:
+    from backend.auth import Principal
 
 __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
@@ -68,7 +71,13 @@ class MovieRequest(BaseModel):
     diff: str = Field(default="none", description="none, running (minus the previous frame) or base "
                                                   "(minus the first frame of the window)")
     fps: float = Field(default=10.0, ge=MIN_FPS, le=MAX_FPS, description="frames per second of the MP4")
-    owner: str = Field(default="anonymous", max_length=100)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_owner(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "owner" in data:
+            raise ValueError("owner: a movie's owner is the user of the API token that asks for it; do not send it")
+        return data
 
     @field_validator("channel")
     @classmethod
@@ -266,18 +275,27 @@ def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tup
     return products_service.event_window(event, margin)
 
 
-def submit_movie(session: Session, req: MovieRequest) -> Movie:
-    """Count the frames of ``req``, store a ``queued`` movie and commit (the caller sends it,
-    :func:`enqueue_movie`).
+def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
+                 quota_for: Principal | None = None) -> Movie:
+    """Count the frames of ``req``, store a ``queued`` movie of ``owner`` (the token's user;
+    ``system`` for the platform) and commit (the caller sends it, :func:`enqueue_movie`).
+    ``quota_for``: the principal whose concurrent-jobs quota it counts against
+    (:func:`backend.services.quotas.admit_movie`; a movie is a job too).
 
     Raises
     ------
+    backend.services.quotas.QuotaExceeded
+        429 over the concurrent-jobs quota of ``quota_for`` (nothing is stored).
     MovieRequestError
         If the window holds no frame to show (or one only, with a difference), or more than
         :data:`MAX_FRAMES`; ``.frames`` is the count the movie would have had.
     """
     n = _check_count(len(movie_products(session, req.channel, req.start, req.end)), req.diff)
-    movie = Movie(owner=req.owner, channel_code=req.channel, start_time=req.start, end_time=req.end,
+    if quota_for is not None:
+        from backend.services.quotas import admit_movie
+
+        admit_movie(session, quota_for)
+    movie = Movie(owner=owner, channel_code=req.channel, start_time=req.start, end_time=req.end,
                   diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n, frames_done=0,
                   sent_at=dt.datetime.now(dt.UTC))
     session.add(movie)

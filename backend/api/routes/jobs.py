@@ -8,13 +8,14 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
-from backend.auth import SubmitPrincipal
 from backend.api.routes.params import PaginationDep, is_safe_key
-from backend.api.schemas import JobPublic, JobsPublic
+from backend.api.schemas import JobPublic, JobQueuePublic, JobsPublic
 from backend.faults import public_reason
 from backend.models import Job, JobState
 from backend.state import move_job
 from backend.services import jobs as jobs_service
+from backend.services import quotas
+from backend.services.quotas import SubmitLimited
 from backend.services.jobs import JobRequest
 from backend.services.set_access import job_set_ids
 
@@ -30,16 +31,21 @@ log = logging.getLogger(__name__)
     responses={202: {"description": "Stored and queued; follow it at the Location URL"},
                401: {"description": "No API token, or an unknown, revoked or expired one"},
                403: {"description": "The token lacks scope jobs:submit"},
-               422: {"description": "Invalid request (unknown channel, end before start, unknown pinned version...)"},
+               422: {"description": "Invalid request (unknown channel, end before start, unknown pinned version, "
+                                    "more frames than the whole daily quota...)"},
+               429: {"description": "Over a quota (concurrent jobs, frames per day) or the write rate limit; "
+                                    "Retry-After says when to try again"},
                503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
 )
 def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request,
-               principal: SubmitPrincipal) -> JobPublic:
+               principal: SubmitLimited) -> JobPublic:
     """Store a ``queued`` job, commit, send it to the broker and return at once.
 
     Needs a token with scope ``jobs:submit`` (401 without one, 403 without the scope); the
     job's owner is the token's user. An admin's job may feed the public catalogue; another
     user's job never does (its detections are its owner's, marked with its calibration set).
+    It counts against its owner's quotas (concurrent jobs, frames per day) and write rate:
+    over one, 429 with ``Retry-After`` and nothing stored; admins are exempt (``GET /api/v1/me``).
 
     The work runs in a Celery worker; poll ``GET /api/v1/jobs/{id}`` for its progress.
     When the broker cannot be reached (within about 1.2 s, ``backend.broker``) the job is
@@ -48,7 +54,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     already answered 503: the job it knows nothing of is failed, not sent.
     """
     job = jobs_service.submit_job(session, req, owner=principal.user, publishes=principal.is_admin,
-                                  enqueue=False)  # validates pinned versions, commits
+                                  enqueue=False, quota_for=principal)  # validates, checks quotas, commits
     deadline = getattr(request.state, "deadline", None)
     if deadline is not None and deadline.answered:
         log.error("job %s was stored after its request had been answered 503; failing it", job.id)
@@ -64,7 +70,23 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return JobPublic.model_validate(job)
+    return with_queue(session, [job])[0]
+
+
+def with_queue(session: Session, jobs: list[Job]) -> list[JobPublic]:
+    """``jobs`` as :class:`JobPublic`, each queued or running one with its ``queue`` position
+    and ETA (one snapshot of the queue for all: two queries, whatever the number of jobs)."""
+    from backend.services.set_access import job_set_ids
+
+    sets = job_set_ids(session, [j.id for j in jobs])
+    out = [JobPublic.model_validate(j).model_copy(update={"calibration_sets": sets[j.id]}) for j in jobs]
+    if any(j.state in (JobState.queued, JobState.running) for j in jobs):
+        snap = quotas.queue_snapshot(session)
+        for pub in out:
+            q = snap.jobs.get(pub.id)
+            if q is not None:
+                pub.queue = JobQueuePublic.model_validate(q.as_dict())
+    return out
 
 
 def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
@@ -80,15 +102,15 @@ def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
 def read_jobs(session: SessionDep, page: PaginationDep) -> JobsPublic:
     """Jobs, newest first."""
     rows, total = jobs_service.list_jobs(session, limit=page.limit, offset=page.offset)
-    sets = job_set_ids(session, [r.id for r in rows])
-    return JobsPublic(items=[JobPublic.model_validate(r).model_copy(update={"calibration_sets": sets[r.id]})
-                             for r in rows], total=total, limit=page.limit, offset=page.offset)
+    return JobsPublic(items=with_queue(session, rows), total=total,
+                      limit=page.limit, offset=page.offset)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job and its progress")
 def read_job(job_id: str, session: SessionDep) -> JobPublic:
-    """State (queued, running, succeeded, failed), counts, progress fraction, error, timestamps."""
+    """State (queued, running, succeeded, failed, cancelled), counts, progress fraction, error,
+    timestamps and, while queued or running, ``queue``: its position and ETA in its lane."""
     job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
     if job is None:
         raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    return JobPublic.model_validate(job).model_copy(update={"calibration_sets": job_set_ids(session, [job.id])[job.id]})
+    return with_queue(session, [job])[0]

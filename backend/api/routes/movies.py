@@ -32,6 +32,7 @@ from backend.services import events as events_service
 from backend.services import movies as movies_service
 from backend.services import products as products_service
 from backend.services.movies import MovieRequest, MovieRequestError
+from backend.services.quotas import SubmitLimited
 from backend.state import move_movie
 from pipelines.channels import CHANNELS
 from pipelines.errors import DataError
@@ -173,14 +174,21 @@ def read_difference_png(
     status_code=status.HTTP_202_ACCEPTED,
     summary="Ask for an MP4 movie (made by a worker)",
     responses={202: {"description": "Stored and queued; follow it at the Location URL"},
+               401: {"description": "No API token, or an unknown, revoked or expired one"},
+               403: {"description": "The token lacks scope jobs:submit"},
                422: {"description": "Invalid request, or a window without frames (the answer says how many)"},
+               429: {"description": "Over the concurrent-jobs quota or the write rate limit; see Retry-After"},
                503: {"description": "Stored, but the broker could not be reached: the movie is marked failed"}},
 )
-def create_movie(req: MovieRequest, session: SessionDep, response: Response):
+def create_movie(req: MovieRequest, session: SessionDep, response: Response, principal: SubmitLimited):
     """Count the window's frames, store a ``queued`` movie, commit, send it and return at once;
-    poll ``GET /api/v1/movies/{id}`` for its progress."""
+    poll ``GET /api/v1/movies/{id}`` for its progress.
+
+    A movie is a job: it needs a token with scope ``jobs:submit`` (its owner is the token's
+    user) and counts against the concurrent-jobs quota and the write rate (429 with
+    ``Retry-After`` over either, nothing stored; admins are exempt)."""
     try:
-        movie = movies_service.submit_movie(session, req)
+        movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal)
     except MovieRequestError as exc:
         return JSONResponse({"detail": str(exc), "frames": exc.frames}, status_code=422)
     try:
