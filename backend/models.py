@@ -65,6 +65,7 @@ __all__ = [
     "XRaySeries",
     "XRaySample",
     "CatalogueCoverage",
+    "RerunItem",
     "utcnow",
 ]
 
@@ -271,6 +272,10 @@ class Product(Base):
     quicklook_path: Mapped[str | None] = mapped_column(Text)
     header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The machine-readable manifest recorded when the file was written (inputs, calibration
+    #: files, options, versions, backend, sha256 of file and arrays, re-run command):
+    #: ``backend.services.manifests.product_manifest``.
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     #: The job that last planned this product (several jobs may wait on one product: see
     #: ``JobItem``).
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
@@ -639,3 +644,43 @@ class CatalogueCoverage(Base):
         UniqueConstraint("source", "file"),
         Index("ix_catalogue_coverage_source_start", "source", "covers_start"),
     )
+
+
+# -- reproducibility (re-runs) --
+
+
+class RerunItem(Base):
+    """One frame of a ``rerun`` job: what the manifest says it was made with, and what the
+    re-run gave.
+
+    The job's counts come from its ``JobItem`` rows (``product_id`` NULL: a re-run writes no
+    product); this row carries the manifest's inputs (``frame_sha256``, ``calibration_files``
+    ``[{id, kind, version, sha256}]``, ``options``), the expected digests (``expected``:
+    ``{product_id, file_sha256, data_sha256: {data, dq}, backend}``), the claim of the
+    delivery recomputing it (``attempts``/``claimed_at``/``claimed_by``, ``sent_at`` for the
+    reconciler) and the result: the re-run file (``path``, in the re-run store, never the
+    product store), its ``data_sha256``, the ``backend`` used, the ``verdict``
+    (``identical`` | ``within_tolerance`` | ``differs``) and ``comparison`` (max abs / rel
+    difference, tolerance). ``backend.worker.rerun`` writes it.
+    """
+
+    __tablename__ = "rerun_items"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True)
+    #: The product whose manifest this re-runs (NULL once that product is deleted).
+    product_id: Mapped[int | None] = mapped_column(ForeignKey("products.id", ondelete="SET NULL"), index=True)
+    frame_sha256: Mapped[str] = mapped_column(String(64))
+    calibration_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    expected: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claimed_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
+    path: Mapped[str | None] = mapped_column(Text)
+    backend: Mapped[str | None] = mapped_column(String(16))
+    data_sha256: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verdict: Mapped[str | None] = mapped_column(String(20))
+    comparison: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
