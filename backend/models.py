@@ -35,7 +35,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy import event as sa_event
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.orm import DeclarativeBase, Mapped, backref, mapped_column, relationship
 
 from pipelines.catalogues.records import event_duration_s, goes_flux_or_none
 
@@ -365,6 +366,17 @@ class Job(Base):
     follow_ups: Mapped[list[JobFollowUp]] = relationship(
         lazy="selectin", order_by="(JobFollowUp.detector, JobFollowUp.channel)", viewonly=True)
 
+    @property
+    def rerun_results(self) -> list[Any]:
+        """A ``rerun`` job's per-frame results (its ``RerunItem`` rows); empty for other kinds
+        and for a detached job whose items were not loaded."""
+        if self.kind != "rerun":
+            return []
+        state = sa_inspect(self)
+        if state.detached and "rerun_items" not in state.dict:
+            return []
+        return list(self.rerun_items)
+
 
 class ItemOutcome(str, enum.Enum):
     """What became of one frame of a job."""
@@ -683,4 +695,11 @@ class RerunItem(Base):
     data_sha256: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     verdict: Mapped[str | None] = mapped_column(String(20))
     comparison: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: Why the re-run of this frame failed (e.g. a calibration file whose bytes no longer
+    #: match the manifest's sha256); the same text as its ``JobItem.reason``.
+    reason: Mapped[str | None] = mapped_column(Text)
     finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+    #: ``Job.rerun_items`` (a backref: the re-run results of a ``rerun`` job, by frame).
+    job: Mapped[Job] = relationship(backref=backref("rerun_items", order_by="RerunItem.frame_id",
+                                                    cascade="all, delete-orphan", passive_deletes=True))

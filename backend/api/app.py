@@ -51,6 +51,7 @@ from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
+from backend.api.routes import reproducibility
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
@@ -482,10 +483,12 @@ def create_app() -> FastAPI:
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
     api.include_router(event_curves_routes.router)
+    api.include_router(reproducibility.router)  # manifests, re-runs, version diffs
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)
     app.include_router(coverage_page.router)
+    app.include_router(reproducibility.page_router)
     app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

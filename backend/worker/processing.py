@@ -29,6 +29,7 @@ from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp,
                             ProductCalibrationFile, ProductState, utcnow)
 from backend.services.calibration_sets import set_for
 from backend.services.ingest import header_to_json
+from backend.services.manifests import array_digests, product_manifest
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
 from backend.state import MAX_REASON_CHARS, claim_product, confirm_claim, move_job, move_product, reason_text
@@ -317,6 +318,8 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.quicklook_path = str(ql)
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
+    prod.manifest = product_manifest(prod, frame, header=hdul[0].header, file_sha256=sha,
+                                     digests=array_digests(hdul[0].data, result.dq), software_version=__version__)
     move_product(prod, ProductState.written)
     return True
 

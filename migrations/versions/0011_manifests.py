@@ -42,6 +42,7 @@ def upgrade() -> None:
         sa.Column("data_sha256", sa.JSON(), nullable=True),
         sa.Column("verdict", sa.String(length=20), nullable=True),
         sa.Column("comparison", sa.JSON(), nullable=True),
+        sa.Column("reason", sa.Text(), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_rerun_items_job_id_jobs"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["frame_id"], ["frames.id"], name=op.f("fk_rerun_items_frame_id_frames"),
