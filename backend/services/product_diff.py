@@ -111,6 +111,15 @@ def _value(v: Any) -> Any:
     return str(v)
 
 
+def _same(x: Any, y: Any) -> bool:
+    """Equal FITS values (NaN equals NaN; a bool is not the number 1)."""
+    if type(x) is bool or type(y) is bool:
+        return type(x) is type(y) and x == y
+    if isinstance(x, float) and isinstance(y, float) and np.isnan(x) and np.isnan(y):
+        return True
+    return x == y
+
+
 def header_diff(a: fits.Header, b: fits.Header) -> dict[str, Any]:
     """Keyword diff of two FITS headers.
 
@@ -122,13 +131,13 @@ def header_diff(a: fits.Header, b: fits.Header) -> dict[str, Any]:
         ``history`` and ``comment``: ``{added, removed}`` lines; ``n_volatile``, ``n_other``:
         how many of the keyword differences are volatile (:data:`VOLATILE`) or not.
     """
-    hd = fits.HeaderDiff(a, b, ignore_keywords=list(_LINES))
-    added = [{"keyword": k, "a": None, "b": _value(b[k]), "volatile": k in VOLATILE}
-             for k in sorted(hd.diff_keywords[1])]
-    removed = [{"keyword": k, "a": _value(a[k]), "b": None, "volatile": k in VOLATILE}
-               for k in sorted(hd.diff_keywords[0])]
-    changed = [{"keyword": k, "a": _value(v[0][0]), "b": _value(v[0][1]), "volatile": k in VOLATILE}
-               for k, v in sorted(hd.diff_keyword_values.items())]
+    ka = [k for k in dict.fromkeys(a.keys()) if k and k not in _LINES]
+    kb = [k for k in dict.fromkeys(b.keys()) if k and k not in _LINES]
+    in_a, in_b = set(ka), set(kb)
+    added = [{"keyword": k, "a": None, "b": _value(b[k]), "volatile": k in VOLATILE} for k in sorted(in_b - in_a)]
+    removed = [{"keyword": k, "a": _value(a[k]), "b": None, "volatile": k in VOLATILE} for k in sorted(in_a - in_b)]
+    changed = [{"keyword": k, "a": _value(a[k]), "b": _value(b[k]), "volatile": k in VOLATILE}
+               for k in sorted(in_a & in_b) if not _same(a[k], b[k])]
     out: dict[str, Any] = {"added": added, "removed": removed, "changed": changed}
     for key in _LINES:
         la = [str(x) for x in a.get(key, [])] if key in a else []
