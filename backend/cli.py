@@ -205,6 +205,7 @@ def cmd_rerun(args) -> int:
     from backend.models import Job
     from backend.services import reruns
 
+    say = _say if not args.json else (lambda m: print(m, file=sys.stderr, flush=True))  # stdout: the JSON only
     src = Path(args.manifest)
     try:
         with session_scope() as s:
@@ -212,21 +213,21 @@ def cmd_rerun(args) -> int:
                 try:
                     doc = json.loads(src.read_text())
                 except (OSError, ValueError) as exc:
-                    _say(f"{src}: not a JSON manifest ({exc})")
+                    say(f"{src}: not a JSON manifest ({exc})")
                     return 2
                 specs, rerun_of, source = reruns.specs_from_document(s, doc)
             else:
                 job = s.get(Job, args.manifest) if len(args.manifest) <= 36 else None
                 if job is None:
-                    _say(f"{args.manifest}: neither a manifest file nor a job id")
+                    say(f"{args.manifest}: neither a manifest file nor a job id")
                     return 2
                 specs, rerun_of, source = reruns.specs_from_job(s, job), job.id, "job"
             job = reruns.submit_rerun(s, specs, owner="system", rerun_of=rerun_of, source=source)
             job_id = job.id
     except reruns.RerunError as exc:
-        _say(f"cannot re-run {args.manifest}: {exc}")
+        say(f"cannot re-run {args.manifest}: {exc}")
         return 2
-    _say(f"re-run job {job_id} queued ({len(specs)} frame(s), from {source})")
+    say(f"re-run job {job_id} queued ({len(specs)} frame(s), from {source})")
     if args.no_wait:
         return 0
     state, error = wait_for_job(job_id, timeout=args.timeout, progress=not args.json)
@@ -244,7 +245,7 @@ def cmd_rerun(args) -> int:
                                 f" (max abs {r['max_abs_diff']:.3g}, max rel {r['max_rel_diff']:.3g})"
                                 if r["max_abs_diff"] is not None else ""))
             print(f"frame {r['frame_id']} (product {r['product_id']}, {r['backend'] or '-'}): {how}")
-        _say(f"re-run job {job_id} {state.value if state else 'unknown'}{': ' + error if error else ''}")
+        say(f"re-run job {job_id} {state.value if state else 'unknown'}{': ' + error if error else ''}")
     ok = state is not None and state.value == "succeeded" and all(
         r["verdict"] in ("identical", "within_tolerance") for r in results)
     return 0 if ok else 1

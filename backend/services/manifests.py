@@ -22,7 +22,7 @@ A **job manifest** (:func:`job_manifest`, ``GET /api/v1/jobs/{id}/manifest``) ho
 request, its calibration sets, its products' manifests and the re-run command.
 
 No manifest holds a token: re-run commands name the environment variable ``LSTDP_TOKEN``
-and every string goes through :func:`backend.auth.redact_tokens` on the way out.
+and every string is scrubbed of anything shaped like a token on the way out (:func:`_scrub`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import platform
+import re
 from functools import lru_cache
 from importlib import metadata
 from typing import Any
@@ -38,7 +39,6 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.auth import redact_tokens
 from backend.models import CalibrationSet, Frame, Job, JobItem, Product, ProductState
 
 __all__ = ["PRODUCT_SCHEMA", "JOB_SCHEMA", "TOLERANCE", "ARRAY_ENCODING", "array_digests", "dependency_versions",
@@ -150,10 +150,16 @@ def rerun_commands(*, product_id: int | None = None, job_id: str | None = None) 
     return out
 
 
+#: An API token exactly (``backend.auth.new_token``: ``lst_`` + 43 URL-safe characters) and
+#: not part of a longer word. :func:`backend.auth.redact_tokens` is broader (``lst_`` + 20 or
+#: more) and would also hide the platform's file names (``lst_sdi_20040301T000010_raw.fits``).
+_TOKEN = re.compile(r"(?<![A-Za-z0-9_\-])lst_[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])")
+
+
 def _scrub(value: Any) -> Any:
-    """``value`` with every string passed through :func:`redact_tokens`."""
+    """``value`` with anything shaped exactly like an API token replaced by ``lst_***``."""
     if isinstance(value, str):
-        return redact_tokens(value)
+        return _TOKEN.sub("lst_***", value)
     if isinstance(value, dict):
         return {str(k): _scrub(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
