@@ -337,3 +337,26 @@ def test_rerun_errors(sqlite_env, sim_dir):
         assert c.get("/api/v1/jobs/nope/manifest").status_code == 404
         m = c.get(f"/api/v1/jobs/{empty_id}/manifest").json()
         assert m["products"] == [] and m["request"] == {"channels": ["SDI"]}
+
+
+def test_the_gpu_batch_path_records_manifests_too(sqlite_env, sim_dir):
+    """Products of a ``device: gpu`` batch (here on a worker without a GPU: NumPy) carry the
+    same manifest, naming the backend that actually computed them."""
+    from backend.db import session_scope
+    from backend.worker.gpu_batch import calibrate_products_batch
+    from backend.worker.processing import plan_product
+    from pipelines.calibration.batch import BatchExecutor
+
+    ingest_simulated(sim_dir)
+    with session_scope() as s:
+        frames = list(s.scalars(select(Frame).where(Frame.channel_code == "SDI").order_by(Frame.date_obs)))[:2]
+        ids = [plan_product(s, f, pinned=None, options={"device": "gpu"}, job_id=None)[0].id for f in frames]
+        s.commit()
+    with session_scope() as s:
+        report = calibrate_products_batch(s, ids, sqlite_env, executor=BatchExecutor("numpy"))
+        assert sorted(report.written) == sorted(ids), report.failed
+        for pid in ids:
+            prod = s.get(Product, pid)
+            _check_product_manifest(prod.manifest, prod, prod.frame, list(prod.calibration_files))
+            assert prod.manifest["options"]["device"] == "gpu"  # asked for; computed by NumPy, and it says so
+            assert any("device gpu requested" in line for line in prod.header["HISTORY"])
