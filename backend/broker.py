@@ -86,6 +86,7 @@ class TaskName:
     detect_white_light_flares = "pipelines.tasks.detect_white_light_flares"
     detect_events = "pipelines.tasks.detect_events"
     make_movie = "pipelines.tasks.make_movie"
+    rerun_frame = "pipelines.tasks.rerun_frame"
 
     @classmethod
     def all(cls) -> list[str]:
@@ -291,7 +292,8 @@ class InFlight:
     worker and not yet acknowledged (recently: see :func:`in_flight`).
 
     ``products``: product ids of calibration messages; ``jobs``: job ids of plan
-    (``run_job``) messages; ``follow_ups``: ``(job_id, detector, channel)`` of follow-up
+    (``run_job``) messages; ``reruns``: ``(job_id, frame_id)`` of ``rerun_frame`` messages;
+    ``follow_ups``: ``(job_id, detector, channel)`` of follow-up
     detection messages; ``movies``: movie ids of ``make_movie`` messages; ``messages``: how
     many messages were read.
     """
@@ -300,6 +302,7 @@ class InFlight:
     jobs: set[str] = field(default_factory=set)
     follow_ups: set[tuple[str, str, str]] = field(default_factory=set)
     movies: set[str] = field(default_factory=set)
+    reruns: set[tuple[str, int]] = field(default_factory=set)
     messages: int = 0
 
     def add_message(self, payload: bytes | str) -> None:
@@ -328,6 +331,9 @@ class InFlight:
                 self.jobs.add(str(args[0] if args else kwargs["job_id"]))
             elif name == TaskName.make_movie:
                 self.movies.add(str(args[0] if args else kwargs["movie_id"]))
+            elif name == TaskName.rerun_frame:
+                self.reruns.add((str(args[0]), int(args[1])) if len(args) > 1
+                                else (str(kwargs["job_id"]), int(kwargs["frame_id"])))
             elif name == TaskName.detect_events and kwargs.get("job_id"):
                 self.follow_ups.add((str(kwargs["job_id"]), str(kwargs.get("detector")), str(kwargs.get("channel"))))
         except (IndexError, KeyError, TypeError, ValueError):

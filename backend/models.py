@@ -35,7 +35,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy import event as sa_event
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.orm import DeclarativeBase, Mapped, backref, mapped_column, relationship
 
 from pipelines.catalogues.records import event_duration_s, goes_flux_or_none
 
@@ -67,6 +68,7 @@ __all__ = [
     "CatalogueCoverage",
     "QuotaCharge",
     "WriteCount",
+    "RerunItem",
     "utcnow",
 ]
 
@@ -273,6 +275,10 @@ class Product(Base):
     quicklook_path: Mapped[str | None] = mapped_column(Text)
     header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: The machine-readable manifest recorded when the file was written (inputs, calibration
+    #: files, options, versions, backend, sha256 of file and arrays, re-run command):
+    #: ``backend.services.manifests.product_manifest``.
+    manifest: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     #: The job that last planned this product (several jobs may wait on one product: see
     #: ``JobItem``).
     job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), index=True)
@@ -361,6 +367,17 @@ class Job(Base):
     #: The detections it queued when it ended (``JobFollowUp``), loaded with the job.
     follow_ups: Mapped[list[JobFollowUp]] = relationship(
         lazy="selectin", order_by="(JobFollowUp.detector, JobFollowUp.channel)", viewonly=True)
+
+    @property
+    def rerun_results(self) -> list[Any]:
+        """A ``rerun`` job's per-frame results (its ``RerunItem`` rows); empty for other kinds
+        and for a detached job whose items were not loaded."""
+        if self.kind != "rerun":
+            return []
+        state = sa_inspect(self)
+        if state.detached and "rerun_items" not in state.dict:
+            return []
+        return list(self.rerun_items)
 
 
 class ItemOutcome(str, enum.Enum):
@@ -672,3 +689,48 @@ class WriteCount(Base):
     user: Mapped[str] = mapped_column(String(100), primary_key=True)
     window_start: Mapped[dt.datetime] = mapped_column()
     writes: Mapped[int] = mapped_column(Integer)
+# -- reproducibility (re-runs) --
+
+
+class RerunItem(Base):
+    """One frame of a ``rerun`` job: what the manifest says it was made with, and what the
+    re-run gave.
+
+    The job's counts come from its ``JobItem`` rows (``product_id`` NULL: a re-run writes no
+    product); this row carries the manifest's inputs (``frame_sha256``, ``calibration_files``
+    ``[{id, kind, version, sha256}]``, ``options``), the expected digests (``expected``:
+    ``{product_id, file_sha256, data_sha256: {data, dq}, backend}``), the claim of the
+    delivery recomputing it (``attempts``/``claimed_at``/``claimed_by``, ``sent_at`` for the
+    reconciler) and the result: the re-run file (``path``, in the re-run store, never the
+    product store), its ``data_sha256``, the ``backend`` used, the ``verdict``
+    (``identical`` | ``within_tolerance`` | ``differs``) and ``comparison`` (max abs / rel
+    difference, tolerance). ``backend.worker.rerun`` writes it.
+    """
+
+    __tablename__ = "rerun_items"
+
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    frame_id: Mapped[int] = mapped_column(ForeignKey("frames.id", ondelete="CASCADE"), primary_key=True)
+    #: The product whose manifest this re-runs (NULL once that product is deleted).
+    product_id: Mapped[int | None] = mapped_column(ForeignKey("products.id", ondelete="SET NULL"), index=True)
+    frame_sha256: Mapped[str] = mapped_column(String(64))
+    calibration_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    options: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    expected: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    claimed_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
+    path: Mapped[str | None] = mapped_column(Text)
+    backend: Mapped[str | None] = mapped_column(String(16))
+    data_sha256: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    verdict: Mapped[str | None] = mapped_column(String(20))
+    comparison: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: Why the re-run of this frame failed (e.g. a calibration file whose bytes no longer
+    #: match the manifest's sha256); the same text as its ``JobItem.reason``.
+    reason: Mapped[str | None] = mapped_column(Text)
+    finished_at: Mapped[dt.datetime | None] = mapped_column()
+
+    #: ``Job.rerun_items`` (a backref: the re-run results of a ``rerun`` job, by frame).
+    job: Mapped[Job] = relationship(backref=backref("rerun_items", order_by="RerunItem.frame_id",
+                                                    cascade="all, delete-orphan", passive_deletes=True))

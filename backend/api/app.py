@@ -57,6 +57,7 @@ from backend.api.routes import coverage, event_histogram
 from backend.api.routes import session as session_routes, tokens as tokens_routes
 from backend.api.routes import job_control as job_control_routes
 from backend.api.routes import calibration_sets as calibration_sets_routes
+from backend.api.routes import reproducibility
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.auth import install_log_redaction, redact_tokens
@@ -496,10 +497,12 @@ def create_app() -> FastAPI:
     api.include_router(calibration_sets_routes.router)
     api.include_router(me_routes.router)  # /me: the token's user, quotas, rate limit
     api.include_router(queue_routes.router)  # /queue: the lanes, their throughput
+    api.include_router(reproducibility.router)  # manifests, re-runs, version diffs
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)
     app.include_router(coverage_page.router)
+    app.include_router(reproducibility.page_router)
     app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)

@@ -420,7 +420,7 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
     limb, Stonyhurst grid, scaling, DQ layer, cursor readout, the events of its time window;
     ``?event=<id>`` highlights one event and centres the view on it."""
     from backend.models import ProductState
-    from backend.services import imaging
+    from backend.services import imaging, product_diff
 
     from backend.services.set_access import may_see_product
 
@@ -432,4 +432,5 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
     return templates.TemplateResponse(request, "viewer.html", {
         "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
         "stretches": imaging.STRETCHES,
+        "versions": product_diff.versions_of_frame(session, row.frame_id),  # "compare versions" links
     })

@@ -330,6 +330,20 @@ class JobQueuePublic(BaseModel):
     eta_s: float | None = Field(description="seconds until this job's last frame is expected [s]")
     eta_at: UTCDateTime | None
     basis: str = Field(description="how the ETA was computed, or why there is none")
+class RerunResultPublic(_ORM):
+    """One frame of a ``rerun`` job: how the re-run compares with the original product."""
+
+    frame_id: int
+    product_id: int | None = Field(description="the product whose manifest was re-run")
+    verdict: str | None = Field(description="identical (bit for bit), within_tolerance (other backend, within "
+                                            "the stated CPU/GPU tolerance) or differs; null until done or if failed")
+    backend: str | None = Field(description="array backend of the re-run: numpy (CPU) or cupy (GPU)")
+    data_sha256: dict[str, Any] | None = Field(description="sha256 of the re-run's data and dq arrays")
+    expected: dict[str, Any] = Field(description="the manifest's file and data sha256 and backend")
+    comparison: dict[str, Any] | None = Field(description="max_abs_diff, max_rel_diff, n_differing, tolerance...")
+    reason: str | None = Field(description="why this frame could not be re-run (e.g. a sha256 mismatch)")
+    attempts: int
+    finished_at: UTCDateTime | None
 
 
 class JobPublic(_ORM):
@@ -359,6 +373,9 @@ class JobPublic(_ORM):
     calibration_sets: list[int] = Field(default_factory=list, description=(
         "Ids of the calibration sets its products use (GET /api/v1/calibration-sets/{id})"))
     queue: JobQueuePublic | None = Field(default=None, description="position and ETA while queued or running")
+    rerun_of: str | None = Field(default=None, description="the job this one re-runs (kind rerun)")
+    rerun_results: list[RerunResultPublic] = Field(default_factory=list,
+                                                   description="kind rerun: per frame, identical or how far it differs")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -31,7 +31,9 @@ compares the two and repairs:
 8. **lost movies** (:mod:`backend.worker.movies`): a ``queued`` movie whose ``make_movie``
    message is gone, sent more than a grace ago, and a ``running`` one whose claim is dead or
    past its lease and whose message is gone, are sent again; one delivered
-   ``MAX_DELIVERIES`` times without finishing fails with the reason.
+   ``MAX_DELIVERIES`` times without finishing fails with the reason;
+9. **lost re-runs** (:mod:`backend.worker.rerun`): a pending frame of a ``rerun`` job whose
+   ``rerun_frame`` message is gone and whose claim is dead or past its lease is sent again.
 
 Every repair is idempotent (the tasks claim their work, :mod:`backend.state`), so a pass
 that races a worker, or two reconcilers at once, at worst sends a message that does
@@ -108,6 +110,7 @@ class ReconcileReport:
     partial_files_removed: int = 0
     movies_resent: list[str] = field(default_factory=list)
     movies_failed: list[str] = field(default_factory=list)
+    reruns_resent: list[str] = field(default_factory=list)
     broker: str = "ok"
     skipped: bool = False
 
@@ -117,7 +120,8 @@ class ReconcileReport:
     def changed(self) -> bool:
         return bool(self.settled or self.resent or self.taken_back or self.given_up or self.stopped or self.unconsumed
                     or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
-                    or self.partial_files_removed or self.movies_resent or self.movies_failed)
+                    or self.partial_files_removed or self.movies_resent or self.movies_failed
+                    or self.reruns_resent)
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -336,6 +340,17 @@ def _lost_movies(session: Session, settings: Settings, report: ReconcileReport, 
         report.movies_resent.append(movie.id)
 
 
+def _lost_reruns(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
+                 now: dt.datetime, closed: list[str]) -> None:
+    """Step 9: frames of ``rerun`` jobs whose message is lost (:func:`backend.worker.rerun.resend_lost_reruns`)."""
+    from backend.worker.rerun import resend_lost_reruns
+
+    resent, ended = resend_lost_reruns(session, settings, flight, now, grace_s(settings))
+    report.reruns_resent.extend(f"{j}:{f}" for j, f in resent)
+    closed.extend(ended)
+    report.jobs_ended.extend(ended)
+
+
 def _end_settled(session: Session, report: ReconcileReport, closed: list[str]) -> None:
     """Step 6: running jobs with every item settled end; counts are recomputed from items."""
     for job_id in list(session.scalars(select(Job.id).where(Job.state == JobState.running))):
@@ -388,6 +403,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
             report.broker = "unreadable"
         _lost_products(session, settings, report, flight, now, closed)
         _lost_plans(session, settings, report, flight, now)
+        _lost_reruns(session, settings, report, flight, now, closed)
         _end_settled(session, report, closed)
         for job_id in closed:
             report.follow_ups_resent += send_follow_ups(session, job_id)

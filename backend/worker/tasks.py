@@ -121,6 +121,9 @@ def run_job(self, job_id: str) -> dict:
                                            "message (its worker died each time)")
             return {"job_id": job_id, "planned": 0, "note": "gave up"}
         job.deliveries = (job.deliveries or 0) + 1
+        kind = job.kind
+    if kind == "rerun":  # recompute a manifest's frames (backend.worker.rerun)
+        return _run_rerun_job(job_id)
     try:
         with session_scope() as s:
             todo = plan_job(s, job_id)
@@ -152,6 +155,42 @@ def run_job(self, job_id: str) -> dict:
     for pid in todo:
         send_calibration(pid, job_id)  # calibrate -> record progress, as the reconciler re-sends it
     return {"job_id": job_id, "planned": len(todo)}
+
+
+def _run_rerun_job(job_id: str) -> dict:
+    """Plan a ``rerun`` job and send one ``rerun_frame`` per frame on its lane; the job ends
+    ``failed`` with the reason if planning breaks (a database fault is retried)."""
+    from backend.worker.rerun import plan_rerun, send_rerun
+
+    try:
+        with session_scope() as s:
+            frames = plan_rerun(s, job_id)
+            lane = s.get(Job, job_id).lane
+    except OperationalError:
+        raise
+    except Exception as exc:
+        with session_scope() as s:
+            job = s.get(Job, job_id)
+            if job is not None and job.state not in JOB_FINAL:
+                move_job(job, JobState.failed, failure_reason(exc))
+        raise
+    for frame_id in frames:
+        send_rerun(job_id, frame_id, lane)
+    return {"job_id": job_id, "planned": len(frames), "kind": "rerun"}
+
+
+@app.task(name=TaskName.rerun_frame, bind=True, **RETRY)
+def rerun_frame(self, job_id: str, frame_id: int) -> dict:
+    """Re-run one frame of a ``rerun`` job and compare it with the original
+    (:func:`backend.worker.rerun.rerun_frame`); a redelivered message does nothing twice."""
+    from backend.worker.rerun import rerun_frame as _rerun_frame
+
+    with session_scope() as s:
+        item = _rerun_frame(s, get_settings(), job_id, int(frame_id),
+                            holder=this_process(self.request.id, self.request.retries or 0))
+        if item is None:
+            return {"job_id": job_id, "frame_id": frame_id, "note": "nothing to do"}
+        return {"job_id": job_id, "frame_id": frame_id, "verdict": item.verdict, "reason": item.reason}
 
 
 def _forget_delivery(job_id: str) -> None:
