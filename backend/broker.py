@@ -86,6 +86,7 @@ class TaskName:
     detect_white_light_flares = "pipelines.tasks.detect_white_light_flares"
     detect_events = "pipelines.tasks.detect_events"
     make_movie = "pipelines.tasks.make_movie"
+    deliver_webhook = "backend.tasks.deliver_webhook"
 
     @classmethod
     def all(cls) -> list[str]:

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
         GPU worker reads it with this timeout), short enough that a frozen Redis is noticed
         and the connection is re-made. The API uses a fifth of ``API_DEADLINE_S``
         (``backend.broker.api_broker_timeout_s``).
+    ``WEBHOOK_MAX_ATTEMPTS``, ``WEBHOOK_BACKOFF_S``, ``WEBHOOK_TIMEOUT_S``
+        Webhook deliveries (``backend.services.notify``): attempts at most (default 6), the
+        wait before the second [s] (default 10; doubled after each failure, at most 1 h) and
+        the longest one attempt may take, connecting included [s] (default 10; the connect
+        itself at most 3).
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -138,6 +143,9 @@ class Settings(BaseSettings):
     api_deadline_s: float = Field(default=1.8, ge=0, le=3600, validation_alias=_alias("API_DEADLINE_S"))
     broker_socket_timeout_s: float = Field(default=10.0, gt=0, le=3600,
                                            validation_alias=_alias("BROKER_SOCKET_TIMEOUT_S"))
+    webhook_max_attempts: int = Field(default=6, ge=1, le=50, validation_alias=_alias("WEBHOOK_MAX_ATTEMPTS"))
+    webhook_backoff_s: float = Field(default=10.0, gt=0, le=3600, validation_alias=_alias("WEBHOOK_BACKOFF_S"))
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60, validation_alias=_alias("WEBHOOK_TIMEOUT_S"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),

@@ -51,6 +51,7 @@ from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
+from backend.api.routes import notifications
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.faults import public_reason
@@ -482,6 +483,7 @@ def create_app() -> FastAPI:
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
     api.include_router(event_curves_routes.router)
+    api.include_router(notifications.router)  # /jobs/{id}/events (SSE), /webhooks, /saved-searches
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)

@@ -143,6 +143,9 @@ class EventFilters:
     calibration_file : int or None
         A calibration file id: the event is linked to an L2 product that used it
         (``product_calibration_files``).
+    min_angular_width : float or None
+        Smallest angular width [deg] (``angular_width``: a CME's width in position angle,
+        CDAW/CACTus; 360 for a halo CME). Events without a width never match.
     """
 
     event_types: tuple[str, ...] = ()
@@ -164,6 +167,7 @@ class EventFilters:
     associated_type: str | None = None
     calibration_set: str | None = None
     calibration_file: int | None = None
+    min_angular_width: float | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
@@ -326,6 +330,8 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
         conds.append(_E.goes_flux >= f.min_goes_flux * (1 - 1e-9))
     if f.min_peak_value is not None:
         conds.append(_E.peak_value >= f.min_peak_value)
+    if f.min_angular_width is not None:
+        conds.append(_E.angular_width >= f.min_angular_width)
     if f.frm_name:
         conds.append(_E.frm_name == f.frm_name)
     if f.frm_version:

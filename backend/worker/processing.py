@@ -28,6 +28,7 @@ from backend import __version__
 from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
                             ProductCalibrationFile, ProductState, utcnow)
 from backend.services.calibration_sets import set_for
+from backend.services import notify
 from backend.services.ingest import header_to_json
 from backend.services.registry import params_hash, select_calibrations
 from backend.settings import Settings
@@ -167,6 +168,7 @@ def _finish(session: Session, job: Job) -> None:
     """End ``job`` (``failed`` if any frame failed) and record its follow-up detections, in
     the caller's transaction: the rows exist exactly when the job has ended."""
     move_job(job, JobState.failed if job.failed else JobState.succeeded)
+    notify.job_ended(session, job)  # its webhooks' deliveries, committed with the end (outbox)
     for name, channel in follow_ups((job.parameters or {}).get("channels", [])):
         session.add(JobFollowUp(job_id=job.id, detector=name, channel=channel, state=FollowUpState.queued))
     session.flush()

@@ -11,6 +11,7 @@ from backend.api.deps import SessionDep
 from backend.auth import SubmitPrincipal
 from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobsPublic
+from backend.api.routes.notifications import JobCreatedPublic, job_created
 from backend.faults import public_reason
 from backend.models import Job, JobState
 from backend.state import move_job
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @router.post(
     "",
-    response_model=JobPublic,
+    response_model=JobCreatedPublic,
     status_code=status.HTTP_202_ACCEPTED,
     summary="Submit a recalibration job",
     responses={202: {"description": "Stored and queued; follow it at the Location URL"},
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
                503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
 )
 def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request,
-               principal: SubmitPrincipal) -> JobPublic:
+               principal: SubmitPrincipal) -> JobCreatedPublic:
     """Store a ``queued`` job, commit, send it to the broker and return at once.
 
     Needs a token with scope ``jobs:submit`` (401 without one, 403 without the scope); the
@@ -63,7 +64,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return JobPublic.model_validate(job)
+    return job_created(session, job)  # with its webhook's secret, shown once
 
 
 def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
