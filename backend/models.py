@@ -69,6 +69,12 @@ __all__ = [
     "QuotaCharge",
     "WriteCount",
     "RerunItem",
+    "DeliveryState",
+    "Webhook",
+    "WebhookDelivery",
+    "WebhookAttempt",
+    "SavedSearch",
+    "SavedSearchNotification",
     "utcnow",
 ]
 
@@ -734,3 +740,120 @@ class RerunItem(Base):
     #: ``Job.rerun_items`` (a backref: the re-run results of a ``rerun`` job, by frame).
     job: Mapped[Job] = relationship(backref=backref("rerun_items", order_by="RerunItem.frame_id",
                                                     cascade="all, delete-orphan", passive_deletes=True))
+# -- notify --
+
+
+class DeliveryState(str, enum.Enum):
+    """Where one webhook delivery stands (``backend.services.notify``)."""
+
+    pending = "pending"  #: waiting for its (next) attempt, at ``next_attempt_at``
+    delivering = "delivering"  #: claimed by a worker that is posting it now
+    delivered = "delivered"  #: the receiver answered 2xx: never posted again
+    failed = "failed"  #: every attempt failed (``WEBHOOK_MAX_ATTEMPTS``): given up
+
+
+class Webhook(Base):
+    """A receiver URL of one job (``job_id``) or one saved search (``saved_search_id``),
+    with the HMAC-SHA256 secret its deliveries are signed with.
+
+    The secret is made when the webhook is registered and shown once, in that answer (as
+    GitHub does); it is kept here because signing needs it, and never appears in an
+    answer, a log line or a delivery log afterwards.
+    """
+
+    __tablename__ = "webhooks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(100))
+    job_id: Mapped[str | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    saved_search_id: Mapped[int | None] = mapped_column(ForeignKey("saved_searches.id", ondelete="CASCADE"),
+                                                        index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """One message to a webhook (the outbox row, committed with the change it announces)
+    and its state; ``id`` is sent as ``X-LST-Delivery`` (receivers de-duplicate on it).
+
+    A delivery is claimed before each attempt (one conditional ``UPDATE``: ``pending`` and
+    due, or ``delivering`` under a claim older than the lease), so a redelivered or re-sent
+    task never posts a delivery that is ``delivered`` or being posted.
+    """
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True, default=lambda: str(uuid.uuid4()))
+    webhook_id: Mapped[int] = mapped_column(ForeignKey("webhooks.id", ondelete="CASCADE"), index=True)
+    #: ``job.ended`` or ``saved_search.matches`` (sent as ``X-LST-Event``).
+    event: Mapped[str] = mapped_column(String(40))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[DeliveryState] = mapped_column(
+        Enum(DeliveryState, native_enum=False, length=16), default=DeliveryState.pending, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    sent_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_at: Mapped[dt.datetime | None] = mapped_column()
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[dt.datetime | None] = mapped_column()
+
+    attempt_log: Mapped[list[WebhookAttempt]] = relationship(
+        lazy="selectin", order_by="WebhookAttempt.attempt", viewonly=True)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery: when, how long [ms], the HTTP status (None: no answer) and
+    the error (a timeout, a refused connection, a non-2xx status)."""
+
+    __tablename__ = "webhook_attempts"
+
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"),
+                                             primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    started_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    duration_ms: Mapped[float] = mapped_column(Float)
+    status_code: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    #: ``delivered``, ``retry`` (another attempt follows, ``retry_in_s`` later) or ``failed``.
+    outcome: Mapped[str] = mapped_column(String(16))
+    retry_in_s: Mapped[float | None] = mapped_column(Float)
+
+
+class SavedSearch(Base):
+    """A user's event or product query (the parameters of ``GET /api/v1/events`` or
+    ``GET /api/v1/products``), evaluated for new matches: ids above ``cursor``."""
+
+    __tablename__ = "saved_searches"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    owner: Mapped[str] = mapped_column(String(100), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    #: ``events`` or ``products``.
+    kind: Mapped[str] = mapped_column(String(16))
+    query: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    #: Events: the largest event id looked at. Products: every product up to this id has
+    #: been looked at in a final state (written or failed).
+    cursor: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    matches: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    evaluated_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class SavedSearchNotification(Base):
+    """One new match of a saved search (unique per search and item: told once)."""
+
+    __tablename__ = "saved_search_notifications"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    saved_search_id: Mapped[int] = mapped_column(ForeignKey("saved_searches.id", ondelete="CASCADE"), index=True)
+    #: ``event`` or ``product``; ``item_id`` its id.
+    item_kind: Mapped[str] = mapped_column(String(16))
+    item_id: Mapped[int] = mapped_column(Integer)
+    summary: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("saved_search_id", "item_id"),)

@@ -126,6 +126,11 @@ class Settings(BaseSettings):
         How far back the queue's measured throughput looks (products written per lane) [s].
         Default 3600: long enough to hold several jobs' products, short enough to follow a
         change of the worker pool.
+    ``WEBHOOK_MAX_ATTEMPTS``, ``WEBHOOK_BACKOFF_S``, ``WEBHOOK_TIMEOUT_S``
+        Webhook deliveries (``backend.services.notify``): attempts at most (default 6), the
+        wait before the second [s] (default 10; doubled after each failure, at most 1 h) and
+        the longest one attempt may take, connecting included [s] (default 10; the connect
+        itself at most 3).
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -163,6 +168,9 @@ class Settings(BaseSettings):
     rate_limit_window_s: float = Field(default=60.0, gt=0, le=86_400, validation_alias=_alias("RATE_LIMIT_WINDOW_S"))
     throughput_window_s: float = Field(default=3600.0, gt=0, le=30 * 86_400,
                                        validation_alias=_alias("THROUGHPUT_WINDOW_S"))
+    webhook_max_attempts: int = Field(default=6, ge=1, le=50, validation_alias=_alias("WEBHOOK_MAX_ATTEMPTS"))
+    webhook_backoff_s: float = Field(default=10.0, gt=0, le=3600, validation_alias=_alias("WEBHOOK_BACKOFF_S"))
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=60, validation_alias=_alias("WEBHOOK_TIMEOUT_S"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),

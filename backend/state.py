@@ -61,7 +61,7 @@ __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES"
            "move_product", "move_job", "JOB_FINAL", "JOB_RETRY_MOVES", "Claim", "claim_product", "confirm_claim", "this_process",
            "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "requeue_follow_up", "MOVIE_MOVES",
            "MOVIE_FINAL", "move_movie", "CANCEL_REASON_PREFIX", "cancel_reason", "is_cancel_reason",
-           "cancelling_waiter"]
+           "cancelling_waiter", "DELIVERY_MOVES", "move_delivery", "claim_delivery"]
 
 #: Longest error text stored on a product or a job [characters]; longer text is cut.
 MAX_REASON_CHARS = 4000
@@ -428,3 +428,61 @@ def move_movie(movie: Movie, to: MovieState, reason: str | None = None) -> Movie
         movie.finished_at = now
     movie.error = reason_text(reason) if to == MovieState.failed else None
     return movie
+
+
+# -- webhook deliveries (backend.services.notify) -------------------------------------------------
+
+#: Legal webhook delivery moves (``delivering -> delivering``: a claim past its lease taken over).
+DELIVERY_MOVES: dict = {}
+
+
+def _delivery_moves() -> dict:
+    from backend.models import DeliveryState as D
+
+    if not DELIVERY_MOVES:
+        DELIVERY_MOVES.update({
+            D.pending: frozenset({D.delivering, D.failed}),
+            D.delivering: frozenset({D.delivering, D.delivered, D.pending, D.failed}),
+            D.delivered: frozenset(),
+            D.failed: frozenset(),
+        })
+    return DELIVERY_MOVES
+
+
+def move_delivery(row, to) -> None:
+    """Move webhook delivery ``row`` to state ``to`` (``delivered``, ``pending`` for the next
+    attempt, ``failed`` when given up); the caller commits.
+
+    Raises
+    ------
+    IllegalTransition
+        If the machine (:data:`DELIVERY_MOVES`) does not allow it.
+    """
+    from backend.models import DeliveryState
+
+    was = DeliveryState(row.state) if row.state is not None else DeliveryState.pending
+    if to not in _delivery_moves()[was]:
+        raise IllegalTransition(f"webhook delivery {row.id}: {was.value} -> {to.value} is not allowed")
+    row.state = to
+
+
+def claim_delivery(session: Session, delivery_id: str, holder: str, *, lease_s: float,
+                   now: dt.datetime | None = None) -> int | None:
+    """Claim webhook delivery ``delivery_id`` for one attempt: one conditional ``UPDATE``
+    moves it ``pending`` (and due: at most 2 s early) -> ``delivering``, or takes over a
+    ``delivering`` claim older than ``lease_s`` [s], and adds one to ``attempts``; the caller
+    commits. Returns the attempt's number, or None when it is not to be posted now
+    (delivered, failed, not yet due, or claimed by a live attempt)."""
+    from backend.models import DeliveryState, WebhookDelivery as W
+
+    now = now or utcnow()
+    due = now + dt.timedelta(seconds=2)
+    stale = now - dt.timedelta(seconds=lease_s)
+    from sqlalchemy import or_
+
+    return session.execute(
+        update(W).where(W.id == delivery_id, or_(
+            (W.state == DeliveryState.pending) & (W.next_attempt_at <= due),
+            (W.state == DeliveryState.delivering) & (W.claimed_at < stale)))
+        .values(state=DeliveryState.delivering, claimed_at=now, claimed_by=holder[:200], attempts=W.attempts + 1)
+        .returning(W.attempts).execution_options(synchronize_session=False)).scalar()

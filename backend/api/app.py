@@ -58,6 +58,7 @@ from backend.api.routes import session as session_routes, tokens as tokens_route
 from backend.api.routes import job_control as job_control_routes
 from backend.api.routes import calibration_sets as calibration_sets_routes
 from backend.api.routes import reproducibility
+from backend.api.routes import notifications
 from backend.api.schemas import ErrorPublic, HealthPublic
 from backend.api.static import VersionedStaticFiles, add_text_compression
 from backend.auth import install_log_redaction, redact_tokens
@@ -498,6 +499,7 @@ def create_app() -> FastAPI:
     api.include_router(me_routes.router)  # /me: the token's user, quotas, rate limit
     api.include_router(queue_routes.router)  # /queue: the lanes, their throughput
     api.include_router(reproducibility.router)  # manifests, re-runs, version diffs
+    api.include_router(notifications.router)  # /jobs/{id}/events (SSE), /webhooks, /saved-searches
     app.include_router(api)
     app.include_router(pages.router)
     app.include_router(movies.page_router)

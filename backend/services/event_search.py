@@ -151,6 +151,9 @@ class EventFilters:
         the public catalogue only (``owner IS NULL``); a user sees it and their own events.
     sees_all : bool
         An admin: every event, whoever owns it.
+    min_angular_width : float or None
+        Smallest angular width [deg] (``angular_width``: a CME's width in position angle,
+        CDAW/CACTus; 360 for a halo CME). Events without a width never match.
     """
 
     event_types: tuple[str, ...] = ()
@@ -174,6 +177,7 @@ class EventFilters:
     calibration_file: int | None = None
     viewer: str | None = None
     sees_all: bool = False
+    min_angular_width: float | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
@@ -339,6 +343,8 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
         conds.append(_E.goes_flux >= f.min_goes_flux * (1 - 1e-9))
     if f.min_peak_value is not None:
         conds.append(_E.peak_value >= f.min_peak_value)
+    if f.min_angular_width is not None:
+        conds.append(_E.angular_width >= f.min_angular_width)
     if f.frm_name:
         conds.append(_E.frm_name == f.frm_name)
     if f.frm_version:

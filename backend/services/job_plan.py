@@ -109,11 +109,15 @@ def finish_job(session: Session, job: Job) -> None:
     that ends again after a retry queues its follow-ups again (its existing rows, keyed by
     (job, detector, channel), go back to ``queued``).
     """
+    from backend.services import notify
+
     if job.cancel_requested_at is not None:
         move_job(job, JobState.cancelled)
+        notify.job_ended(session, job)  # its webhooks' deliveries, committed with the end (outbox)
         session.flush()
         return
     move_job(job, JobState.failed if job.failed else JobState.succeeded)
+    notify.job_ended(session, job)  # its webhooks' deliveries, committed with the end (outbox)
     for name, channel in follow_ups((job.parameters or {}).get("channels", [])):
         row = session.get(JobFollowUp, (job.id, name, channel))
         if row is None:

@@ -86,6 +86,9 @@ class JobRequest(BaseModel):
     pinned_calibrations: dict[str, int] = Field(default_factory=dict)
     options: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                         description="calibration options, each with its default and limits")
+    webhook_url: str | None = Field(None, max_length=2000, description=(
+        "optional: POSTed a signed job.ended message when the job ends (https:// or http://, no credentials; "
+        "the secret is in the answer, once)"))
 
     @model_validator(mode="before")
     @classmethod
@@ -95,6 +98,13 @@ class JobRequest(BaseModel):
         if isinstance(data, dict) and "owner" in data:
             raise ValueError("owner: a job's owner is the user of the API token that submits it; do not send it")
         return data
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _webhook_url(cls, v: str | None) -> str | None:
+        from backend.services.notify import check_webhook_url
+
+        return None if v is None else check_webhook_url(v)
 
     @field_validator("channels")
     @classmethod
@@ -189,7 +199,7 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
     job = Job(
         owner=owner,
         kind="calibrate",
-        parameters=req.model_dump(mode="json"),
+        parameters=req.model_dump(mode="json", exclude={"webhook_url"}),  # its webhook is a row of its own
         state=JobState.queued,
         publishes=publishes,
         lane=req.options.device,
@@ -201,6 +211,11 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
 
         session.flush()
         charge_job(session, job, frames)
+    if req.webhook_url:
+        from backend.services.notify import register_webhook
+
+        session.flush()
+        register_webhook(session, owner, req.webhook_url, job_id=job.id)
     session.commit()
     if enqueue:
         enqueue_job(job.id)

@@ -34,6 +34,9 @@ compares the two and repairs:
    ``MAX_DELIVERIES`` times without finishing fails with the reason;
 9. **lost re-runs** (:mod:`backend.worker.rerun`): a pending frame of a ``rerun`` job whose
    ``rerun_frame`` message is gone and whose claim is dead or past its lease is sent again.
+10. **notifications** (:func:`backend.worker.notify.reconcile_notifications`): saved searches
+   are evaluated for new matches, and webhook deliveries whose message was lost are sent
+   again.
 
 Every repair is idempotent (the tasks claim their work, :mod:`backend.state`), so a pass
 that races a worker, or two reconcilers at once, at worst sends a message that does
@@ -66,6 +69,7 @@ from backend.settings import Settings, get_settings
 from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, confirm_claim, give_up_reason, move_job,
                            move_product, settle_follow_up)
 from backend.worker.processing import count_item, lock_job, recount_job
+from backend.worker.notify import reconcile_notifications
 from pipelines.calibration.options import as_options
 from pipelines.errors import DataError
 from pipelines.fitsio import sweep_dead_writers
@@ -111,6 +115,7 @@ class ReconcileReport:
     movies_resent: list[str] = field(default_factory=list)
     movies_failed: list[str] = field(default_factory=list)
     reruns_resent: list[str] = field(default_factory=list)
+    notifications: dict = field(default_factory=dict)
     broker: str = "ok"
     skipped: bool = False
 
@@ -121,7 +126,7 @@ class ReconcileReport:
         return bool(self.settled or self.resent or self.taken_back or self.given_up or self.stopped or self.unconsumed
                     or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
                     or self.partial_files_removed or self.movies_resent or self.movies_failed
-                    or self.reruns_resent)
+                    or self.reruns_resent or self.notifications)
 
 
 def _aware(t: dt.datetime | None) -> dt.datetime | None:
@@ -409,6 +414,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
             report.follow_ups_resent += send_follow_ups(session, job_id)
         _lost_follow_ups(session, settings, report, flight, now)
         _lost_movies(session, settings, report, flight, now)
+        report.notifications = reconcile_notifications(session, settings, now, grace_s(settings))  # step 9
         report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:

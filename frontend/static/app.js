@@ -3,8 +3,10 @@
  * - Any element with data-figure-url gets the figure JSON ({data, layout}) fetched from
  *   that URL and drawn with Plotly.newPlot (plotly.js is vendored: /static/vendor/).
  *   With data-click-url, a click on a point whose customdata is an id opens data-click-url + id.
- * - Any element .job-status[data-job-id] polls GET /api/v1/jobs/{id} and updates its
- *   progress bar until the job has succeeded or failed.
+ * - Any element .job-status[data-job-id] follows its job through the server-sent events
+ *   of GET /api/v1/jobs/{id}/events (EventSource: "progress" events, then "end") and
+ *   updates its progress bar; without EventSource, or when the stream cannot be opened,
+ *   it polls GET /api/v1/jobs/{id} until the job has ended.
  * - The job form (#job-form) is frontend/static/job_form.js.
  */
 (function () {
@@ -55,7 +57,7 @@
     el.dataset.state = job.state;
   }
 
-  function followJob(el) {
+  function pollJob(el) {
     const url = el.dataset.jobUrl;
     let delay = POLL_MS;
     async function poll() {
@@ -77,10 +79,35 @@
     poll();
   }
 
+  function followJob(el) {
+    if (typeof window.EventSource !== "function") {
+      el.dataset.follow = "polling";
+      pollJob(el);
+      return;
+    }
+    el.dataset.follow = "events";
+    const source = new EventSource(el.dataset.jobUrl + "/events");
+    function show(ev) {
+      updateJobStatus(el, JSON.parse(ev.data));
+    }
+    source.addEventListener("progress", show);
+    source.addEventListener("end", function (ev) {
+      show(ev);
+      source.close(); // the server closes the stream; without this the browser would reconnect
+    });
+    source.onerror = function () {
+      // CONNECTING: the browser reconnects by itself (retry:); CLOSED: the stream was refused
+      if (source.readyState === EventSource.CLOSED && !FINAL_STATES.has(el.dataset.state)) {
+        el.dataset.follow = "polling";
+        pollJob(el);
+      }
+    };
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-figure-url]").forEach(renderFigure);
     document.querySelectorAll("main > .job-status[data-job-id]").forEach(followJob);
   });
 
-  window.LSTDP = { renderFigure: renderFigure, followJob: followJob, updateJobStatus: updateJobStatus };
+  window.LSTDP = { renderFigure: renderFigure, followJob: followJob, pollJob: pollJob, updateJobStatus: updateJobStatus };
 })();

@@ -6,7 +6,7 @@
   the delivery recomputing it, the result and its comparison with the original's data).
 
 Revision ID: 0011_manifests
-Revises: 0010
+Revises: (re-chained at merge)
 Create Date: 2026-12-02 10:50:00
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0011_manifests"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011_quotas"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from backend.api.deps import SessionDep
 from backend.api.routes.params import PaginationDep, is_safe_key
 from backend.api.schemas import JobPublic, JobQueuePublic, JobsPublic
+from backend.api.routes.notifications import JobCreatedPublic, job_created
 from backend.faults import public_reason
 from backend.models import Job, JobState
 from backend.state import move_job
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 @router.post(
     "",
-    response_model=JobPublic,
+    response_model=JobCreatedPublic,
     status_code=status.HTTP_202_ACCEPTED,
     summary="Submit a recalibration job",
     responses={202: {"description": "Stored and queued; follow it at the Location URL"},
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
                503: {"description": "Stored, but the broker could not be reached: the job is marked failed"}},
 )
 def create_job(req: JobRequest, session: SessionDep, response: Response, request: Request,
-               principal: SubmitLimited) -> JobPublic:
+               principal: SubmitLimited) -> JobCreatedPublic:
     """Store a ``queued`` job, commit, send it to the broker and return at once.
 
     Needs a token with scope ``jobs:submit`` (401 without one, 403 without the scope); the
@@ -70,7 +71,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return with_queue(session, [job])[0]
+    return job_created(session, job)  # with its webhook's secret, shown once
 
 
 def with_queue(session: Session, jobs: list[Job]) -> list[JobPublic]:

@@ -365,6 +365,7 @@ def parse_event_filters(
     frm_version: str | None = None,
     noaa_ar: str | int | None = None, associated_type: str | None = None,
     calibration_set: str | None = None, calibration_file: str | int | None = None,
+    min_angular_width: str | float | None = None,
     form: bool = False,
 ) -> ParsedEventFilters:
     """Read the event filters of the API (:func:`event_search`) or of the events page.
@@ -396,6 +397,8 @@ def parse_event_filters(
     noaa_ar, associated_type, calibration_set, calibration_file : str or int
         NOAA region (1..99999), HEK code of an associated event, calibration set key
         (``dark:3,flat:5``), calibration file id (:func:`_link_filters`).
+    min_angular_width : str or float
+        Smallest angular width [deg], 0..360 (a CME wider than 60 deg: 60).
     form : bool
         The values come from the events page's form: one type and one source (no
         comma-separated lists), and the GOES class is trimmed and upper-cased (blank: absent).
@@ -477,11 +480,12 @@ def parse_event_filters(
         min_peak_value = None
 
     links = _link_filters(noaa_ar, associated_type, calibration_set, calibration_file, problems)
+    width = _filter_number("min_angular_width", "minimum angular width", min_angular_width, 0, 360, problems)
     filters = EventFilters(
         event_types=tuple(event_types), start=t0, end=t1, sources=tuple(names), channel=code,
         min_goes_flux=flux, min_peak_value=min_peak_value,
         frm_name=frm_name or None, frm_version=frm_version or None, **num,
-        **links,
+        **links, min_angular_width=width,
     )
     return ParsedEventFilters(filters, tuple(problems), goes_class)
 
@@ -490,7 +494,7 @@ def parse_event_filters(
 #: bad values is answered with the first of them.
 _API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name, *_ in NUMERIC_FILTERS),
                     "min_goes_class", "min_peak_value", "noaa_ar", "associated_type", "calibration_set",
-                    "calibration_file")
+                    "calibration_file", "min_angular_width")
 
 
 _Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC, allow_inf_nan=False)]
@@ -527,6 +531,8 @@ async def event_search(
         "(GET /calibration-sets), or kind:id pairs (dark:3,flat:5)"))] = None,
     calibration_file: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
         "A calibration file id used by the L2 products the event was detected from"))] = None,
+    min_angular_width: Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False, description=(
+        "Smallest angular width [deg] (CMEs: 60 for wider than 60 deg, 360 for halo CMEs)"))] = None,
 ):
     """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`
     (:func:`parse_event_filters`); 422 with the parameter named for a bad value."""
@@ -536,7 +542,7 @@ async def event_search(
         hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, min_goes_class=min_goes_class,
         min_peak_value=min_peak_value, frm_name=frm_name, frm_version=frm_version,
         noaa_ar=noaa_ar, associated_type=associated_type, calibration_set=calibration_set,
-        calibration_file=calibration_file,
+        calibration_file=calibration_file, min_angular_width=min_angular_width,
     )
     if parsed.problems:
         p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))

@@ -1,0 +1,513 @@
+"""Notifications (issue 12 item 7): server-sent events of a job's progress, signed webhooks
+delivered through an outbox with retries, saved searches told of new matches.
+
+The live tests run a real Celery worker on PostgreSQL and Redis database 13 (tests/live.py)
+and receive webhooks on a local HTTP server started here; the API is served by uvicorn in
+a thread so that the event stream is read as a browser reads it, event by event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hashlib
+import hmac
+import http.server
+import json
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+from sqlalchemy import select
+
+from backend.models import (DeliveryState, Event, Job, JobState, Product, ProductState, SavedSearchNotification,
+                            Webhook, WebhookAttempt, WebhookDelivery)
+from backend.services import notify
+from backend.services import saved_searches as searches
+from tests.conftest import auth_headers
+from tests.test_api import make_frame
+
+pytestmark = pytest.mark.postgres
+
+T0 = dt.datetime(2024, 5, 10, 12, 0, tzinfo=dt.UTC)
+JOB = {"channels": ["SDI"], "start": "2004-03-01T00:00:00", "end": "2004-03-02T00:00:00"}
+
+
+# -- a local webhook receiver ---------------------------------------------------------------------
+
+
+class Receiver:
+    """A local HTTP server that records every POST (headers, raw body) and answers with the
+    statuses of ``script`` in turn (then 200); ``hang_s``: wait that long before answering."""
+
+    def __init__(self, script: list[int] | None = None, hang_s: float = 0.0) -> None:
+        self.requests: list[dict] = []
+        self.script = list(script or [])
+        self.hang_s = hang_s
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server name
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                with outer.lock:
+                    outer.requests.append({"headers": {k.lower(): v for k, v in self.headers.items()},
+                                           "body": body, "at": time.monotonic()})
+                    code = outer.script.pop(0) if outer.script else 200
+                if outer.hang_s:
+                    time.sleep(outer.hang_s)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except OSError:  # the client gave up (a hanging target)
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def wait(self, n: int, timeout: float = 120.0) -> list[dict]:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            with self.lock:
+                if len(self.requests) >= n:
+                    return list(self.requests)
+            time.sleep(0.1)
+        raise AssertionError(f"{len(self.requests)} webhook requests arrived, expected {n}")
+
+
+def _hmac_ok(secret: str, req: dict) -> bool:
+    """The receiver's check, written out with hmac/hashlib (not the platform's helper)."""
+    ts = req["headers"]["x-lst-timestamp"]
+    want = "sha256=" + hmac.new(secret.encode(), ts.encode() + b"." + req["body"], hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want, req["headers"]["x-lst-signature"])
+
+
+# -- URLs, secrets, signatures ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("https://user:pw@example.org/hook", "credentials"),
+    ("https://token@example.org/hook", "credentials"),
+    ("ftp://example.org/hook", "https://"),
+    ("example.org/hook", "https://"),
+    ("https:///hook", "host"),
+    ("https://example.org/hook?t=lst_" + "a" * 40, "API token"),
+    ("https://example.org/a b", "spaces"),
+    ("https://example.org:99999/", "not a URL"),
+    ("https://example.org/" + "x" * 2000, "at most"),
+])
+def test_bad_webhook_urls_are_refused_with_the_reason(url, needle):
+    with pytest.raises(ValueError, match=needle):
+        notify.check_webhook_url(url)
+
+
+def test_good_webhook_urls_pass():
+    assert notify.check_webhook_url(" https://example.org/hooks/lst?x=1 ") == "https://example.org/hooks/lst?x=1"
+    assert notify.check_webhook_url("http://127.0.0.1:8080/h") == "http://127.0.0.1:8080/h"
+
+
+def test_signature_is_hmac_sha256_of_timestamp_dot_body():
+    secret, body = "whsec_test", notify.body_bytes({"b": 1, "a": "é"})
+    assert body == '{"a":"é","b":1}'.encode()
+    want = "sha256=" + hmac.new(b"whsec_test", b"1700000000." + body, hashlib.sha256).hexdigest()
+    assert notify.sign(secret, 1700000000, body) == want
+    assert notify.verify_signature(secret, "1700000000", body, want, now=1700000100)
+    assert not notify.verify_signature(secret, "1700000000", body + b" ", want, now=1700000100)  # body changed
+    assert not notify.verify_signature("whsec_other", "1700000000", body, want, now=1700000100)
+    assert not notify.verify_signature(secret, "1700000000", body, want, now=1700001000)  # a replay, too old
+    s1, s2 = notify.new_secret(), notify.new_secret()
+    assert s1 != s2 and s1.startswith("whsec_") and len(s1) == 6 + 43
+
+
+# -- job webhooks through the API -------------------------------------------------------------------
+
+
+def test_a_job_webhook_is_registered_with_its_secret_shown_once(api_client, db_session):
+    r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": "https://example.org/lst-hook"})
+    assert r.status_code == 202, r.text
+    hook = r.json()["webhook"]
+    assert hook["url"] == "https://example.org/lst-hook" and hook["secret"].startswith("whsec_")
+    job_id = r.json()["id"]
+    row = db_session.scalar(select(Webhook).where(Webhook.job_id == job_id))
+    assert row.secret == hook["secret"] and row.owner == "tester"
+    job = db_session.get(Job, job_id)
+    assert "webhook_url" not in job.parameters  # not in parameters, manifests or re-runs
+    # never shown again: not on the job, not in the webhook list
+    assert hook["secret"] not in api_client.get(f"/api/v1/jobs/{job_id}").text
+    listed = api_client.get("/api/v1/webhooks")
+    assert listed.status_code == 200 and hook["secret"] not in listed.text
+    assert [h["id"] for h in listed.json()["items"]] == [hook["id"]]
+    # a job without a webhook answers webhook null
+    assert api_client.post("/api/v1/jobs", json=JOB).json()["webhook"] is None
+
+
+@pytest.mark.parametrize("url", ["https://u:p@example.org/h", "mailto:me@example.org", "not a url"])
+def test_a_job_with_a_bad_webhook_url_is_422_naming_it(api_client, db_session, url):
+    r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": url})
+    assert r.status_code == 422, r.text
+    assert "webhook_url" in r.json()["detail"]
+    assert db_session.scalar(select(Job).where(Job.owner == "tester")) is None
+    if "u:p" in url:
+        assert "u:p" not in r.json()["detail"]
+
+
+def test_the_job_end_queues_one_delivery_in_the_same_transaction(db_session):
+    from backend.worker.processing import _finish
+
+    job = Job(owner="ann", parameters={"channels": []}, state=JobState.running, total=2, done=2)
+    db_session.add(job)
+    db_session.flush()
+    hook = notify.register_webhook(db_session, "ann", "https://example.org/h", job_id=job.id)
+    _finish(db_session, job)
+    rows = list(db_session.scalars(select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook.id)))
+    assert len(rows) == 1 and rows[0].state == DeliveryState.pending and rows[0].event == "job.ended"
+    assert rows[0].payload["job"] == {**rows[0].payload["job"], "id": job.id, "state": "succeeded", "done": 2,
+                                      "progress": 1.0}
+    assert db_session.info.get("lstdp_webhook_outbox") == [rows[0].id]  # sent once committed
+    db_session.rollback()
+    assert "lstdp_webhook_outbox" not in db_session.info  # rolled back: nothing is sent
+
+
+def test_delivery_log_paths_401_403_404(api_client, db_session):
+    r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": "https://example.org/h"})
+    job_id, hook_id = r.json()["id"], r.json()["webhook"]["id"]
+    own = api_client.get(f"/api/v1/jobs/{job_id}/deliveries")
+    assert own.status_code == 200 and own.json()["total"] == 0
+    assert api_client.get(f"/api/v1/webhooks/{hook_id}/deliveries").status_code == 200
+    other = auth_headers(db_session, "bob", ["jobs:submit"])
+    for path in (f"/api/v1/jobs/{job_id}/deliveries", f"/api/v1/webhooks/{hook_id}/deliveries"):
+        r = api_client.get(path, headers=other)
+        assert r.status_code == 403 and "another user" in r.json()["detail"]
+        r = api_client.get(path, headers={"Authorization": ""})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    admin = auth_headers(db_session, "root", ["admin"])
+    assert api_client.get(f"/api/v1/webhooks/{hook_id}/deliveries", headers=admin).status_code == 200
+    assert api_client.get("/api/v1/jobs/nope/deliveries").status_code == 404
+    assert api_client.get("/api/v1/webhooks/999999/deliveries").status_code == 404
+
+
+# -- attempts (in this process, against the local receiver) ----------------------------------------
+
+
+def _pending_delivery(session, url: str) -> WebhookDelivery:
+    job = Job(owner="ann", parameters={}, state=JobState.succeeded)
+    session.add(job)
+    session.flush()
+    hook = notify.register_webhook(session, "ann", url, job_id=job.id)
+    d = notify.queue_delivery(session, hook, "job.ended", {"event": "job.ended", "job": {"id": job.id}})
+    session.info.pop("lstdp_webhook_outbox")  # these tests run the attempts themselves
+    return d
+
+
+def _attempt(session, settings, delivery_id: str, holder: str = "test:1") -> float | None:
+    """claim -> post -> record, as ``attempt_delivery`` does, on the test's session."""
+    n = notify.claim_delivery(session, delivery_id, holder)
+    if n is None:
+        return None
+    row = session.get(WebhookDelivery, delivery_id)
+    session.refresh(row)
+    hook = session.get(Webhook, row.webhook_id)
+    result = notify.post_delivery(hook.url, hook.secret, row.id, row.event, notify.body_bytes(row.payload),
+                                  timeout_s=settings.webhook_timeout_s)
+    retry_in = notify.record_attempt(session, delivery_id, n, result, settings,
+                                     started_at=dt.datetime.now(dt.UTC), holder=holder)
+    session.flush()
+    return retry_in
+
+
+def test_a_failing_target_is_retried_with_backoff_then_given_up(db_session, settings_env):
+    settings = settings_env(WEBHOOK_BACKOFF_S="4", WEBHOOK_MAX_ATTEMPTS="3")
+    with Receiver(script=[500, 503, 502]) as rx:
+        d = _pending_delivery(db_session, rx.url)
+        assert _attempt(db_session, settings, d.id) == 4.0
+        # not due yet (4 s from now): a redelivered task posts nothing
+        assert _attempt(db_session, settings, d.id) is None
+        db_session.refresh(d)
+        d.next_attempt_at = dt.datetime.now(dt.UTC)  # time passes
+        assert _attempt(db_session, settings, d.id) == 8.0
+        d.next_attempt_at = dt.datetime.now(dt.UTC)
+        assert _attempt(db_session, settings, d.id) is None  # the third and last attempt
+        assert len(rx.requests) == 3
+    db_session.refresh(d)
+    assert d.state == DeliveryState.failed and d.attempts == 3 and d.last_status == 502
+    log = list(db_session.scalars(select(WebhookAttempt).where(WebhookAttempt.delivery_id == d.id)
+                                  .order_by(WebhookAttempt.attempt)))
+    assert [(a.status_code, a.outcome, a.retry_in_s) for a in log] == [(500, "retry", 4.0), (503, "retry", 8.0),
+                                                                       (502, "failed", None)]
+    assert all(a.error.startswith(f"HTTP {a.status_code}") and a.duration_ms >= 0 for a in log)
+    # a given-up delivery is never posted again
+    assert notify.claim_delivery(db_session, d.id, "test:2") is None
+
+
+def test_a_delivered_delivery_is_never_posted_twice(db_session, settings_env):
+    settings = settings_env()
+    with Receiver() as rx:
+        d = _pending_delivery(db_session, rx.url)
+        assert _attempt(db_session, settings, d.id) is None
+        assert _attempt(db_session, settings, d.id, holder="test:redelivered") is None
+        assert len(rx.requests) == 1
+        req = rx.requests[0]
+    hook = db_session.get(Webhook, d.webhook_id)
+    assert _hmac_ok(hook.secret, req)
+    assert req["headers"]["x-lst-delivery"] == d.id and req["headers"]["x-lst-event"] == "job.ended"
+    db_session.refresh(d)
+    assert d.state == DeliveryState.delivered and d.attempts == 1 and d.last_status == 200
+
+
+def test_a_hanging_target_costs_one_timeout(db_session, settings_env):
+    settings = settings_env(WEBHOOK_TIMEOUT_S="1", WEBHOOK_BACKOFF_S="2")
+    with Receiver(hang_s=5) as rx:
+        d = _pending_delivery(db_session, rx.url)
+        t0 = time.monotonic()
+        assert _attempt(db_session, settings, d.id) == 2.0
+        took = time.monotonic() - t0
+    assert took < 3.5, f"an attempt on a hanging target took {took:.1f} s (timeout 1 s)"
+    a = db_session.scalar(select(WebhookAttempt).where(WebhookAttempt.delivery_id == d.id))
+    assert a.status_code is None and "no answer within 1 s" in a.error and a.outcome == "retry"
+
+
+def test_a_refused_connection_is_an_attempt_with_its_reason(db_session, settings_env):
+    settings = settings_env(WEBHOOK_BACKOFF_S="1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    d = _pending_delivery(db_session, f"http://127.0.0.1:{port}/h")  # nothing listens there
+    assert _attempt(db_session, settings, d.id) == 1.0
+    a = db_session.scalar(select(WebhookAttempt).where(WebhookAttempt.delivery_id == d.id))
+    assert a.status_code is None and a.error.startswith("could not connect")
+
+
+def test_the_reconciler_resends_lost_deliveries_only(db_session, monkeypatch):
+    sent = []
+    monkeypatch.setattr(notify, "_send_task", lambda i, countdown=None: sent.append(i) or True)
+    lost = _pending_delivery(db_session, "https://example.org/a")
+    fresh = _pending_delivery(db_session, "https://example.org/b")
+    now = dt.datetime.now(dt.UTC)
+    lost.next_attempt_at = now - dt.timedelta(minutes=5)
+    fresh.next_attempt_at = now + dt.timedelta(minutes=5)  # waiting for its backoff: its message is on its way
+    db_session.flush()
+    assert notify.reconcile_deliveries(db_session, grace_s=30, now=now) == 1
+    assert sent == [lost.id]
+    # sent again just now: not again before a grace has passed
+    assert notify.reconcile_deliveries(db_session, grace_s=30, now=now + dt.timedelta(seconds=5)) == 0
+    assert sent == [lost.id]
+
+
+# -- saved searches ----------------------------------------------------------------------------------
+
+
+def _event(session, **kw) -> Event:
+    e = Event(event_type=kw.pop("event_type", "CE"), source=kw.pop("source", "detected"),
+              source_key=uuid.uuid4().hex, start_time=kw.pop("start_time", T0), **kw)
+    session.add(e)
+    session.flush()
+    return e
+
+
+def test_saved_search_paths_401_403_404_422(api_client, db_session):
+    body = {"name": "wide CMEs", "kind": "events", "query": {"type": "CE", "min_angular_width": 60}}
+    assert api_client.post("/api/v1/saved-searches", json=body, headers={"Authorization": ""}).status_code == 401
+    r = api_client.post("/api/v1/saved-searches", json=body, headers=auth_headers(db_session, "carl", ["jobs:cancel"]))
+    assert r.status_code == 403 and "jobs:submit" in r.json()["detail"]
+    for query, field in [({"min_angular_width": 400}, "query.min_angular_width"), ({"type": "XX"}, "query.type"),
+                         ({"sort": "id"}, "query.sort"), ({"bogus": 1}, "query.bogus"),
+                         ({"start": "2024-05-10", "end": "2024-05-01"}, "query.end"),
+                         ("type=CE&pa_min=500", "query.pa_min")]:
+        r = api_client.post("/api/v1/saved-searches", json={**body, "query": query})
+        assert r.status_code == 422, (query, r.text)
+        assert field in r.json()["detail"], (query, r.json())
+    r = api_client.post("/api/v1/saved-searches", json={**body, "kind": "products", "query": {"channel": "XYZ"}})
+    assert r.status_code == 422 and "query.channel" in r.json()["detail"]
+    r = api_client.post("/api/v1/saved-searches", json={**body, "webhook_url": "https://a:b@example.org/"})
+    assert r.status_code == 422 and "webhook_url" in r.json()["detail"]
+    r = api_client.post("/api/v1/saved-searches", json=body)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    other = auth_headers(db_session, "bob", ["jobs:submit"])
+    assert api_client.get(f"/api/v1/saved-searches/{sid}", headers=other).status_code == 403
+    assert api_client.get(f"/api/v1/saved-searches/{sid}/notifications", headers=other).status_code == 403
+    assert api_client.delete(f"/api/v1/saved-searches/{sid}", headers=other).status_code == 403
+    assert api_client.get("/api/v1/saved-searches", headers=other).json()["items"] == []
+    assert api_client.get("/api/v1/saved-searches", headers={"Authorization": ""}).status_code == 401
+    assert api_client.get("/api/v1/saved-searches/999999").status_code == 404
+    assert [s["id"] for s in api_client.get("/api/v1/saved-searches").json()["items"]] == [sid]
+    assert api_client.delete(f"/api/v1/saved-searches/{sid}").status_code == 204
+    assert api_client.get(f"/api/v1/saved-searches/{sid}").status_code == 404
+
+
+def test_the_events_api_takes_min_angular_width(api_client, db_session):
+    wide, narrow = _event(db_session, angular_width=75.0), _event(db_session, angular_width=40.0)
+    r = api_client.get("/api/v1/events", params={"type": "CE", "min_angular_width": 60, "limit": 500})
+    ids = {e["id"] for e in r.json()["items"]}
+    assert wide.id in ids and narrow.id not in ids
+    r = api_client.get("/api/v1/events", params={"min_angular_width": 361})
+    assert r.status_code == 422 and "min_angular_width" in r.json()["detail"]
+
+
+def test_a_new_cme_wider_than_60_deg_is_notified_once(api_client, db_session, monkeypatch):
+    sent = []
+    monkeypatch.setattr(notify, "_send_task", lambda i, countdown=None: sent.append(i) or True)
+    before = _event(db_session, angular_width=120.0)  # there before the search: not new
+    r = api_client.post("/api/v1/saved-searches", json={
+        "name": "wide CMEs", "kind": "events", "query": "type=CE&min_angular_width=60",
+        "webhook_url": "https://example.org/cme"})
+    assert r.status_code == 201, r.text
+    sid, secret = r.json()["id"], r.json()["webhook"]["secret"]
+    assert secret.startswith("whsec_") and r.json()["query"] == {"type": "CE", "min_angular_width": "60"}
+    wide = _event(db_session, angular_width=70.0)
+    _event(db_session, angular_width=50.0)  # too narrow
+    _event(db_session, event_type="FL", angular_width=90.0)  # not a CME
+    _event(db_session, angular_width=90.0, owner="bob")  # bob's detection: not tester's to see
+    mine = _event(db_session, angular_width=200.0, owner="tester")  # tester's own detection
+    no_width = _event(db_session)
+    assert searches.evaluate_all(db_session) == {sid: 2}
+    assert searches.evaluate_all(db_session) == {}  # told once
+    r = api_client.get(f"/api/v1/saved-searches/{sid}/notifications")
+    assert r.status_code == 200
+    got = r.json()["items"]
+    assert sorted(n["item_id"] for n in got) == sorted([wide.id, mine.id])
+    assert {n["summary"]["angular_width"] for n in got} == {70.0, 200.0}
+    assert before.id not in {n["item_id"] for n in got} and no_width.id not in {n["item_id"] for n in got}
+    deliveries = list(db_session.scalars(select(WebhookDelivery).where(WebhookDelivery.event == "saved_search.matches")))
+    assert len(deliveries) == 1 and deliveries[0].payload["count"] == 2 and sent == [deliveries[0].id]
+    assert secret not in json.dumps(deliveries[0].payload)
+    assert api_client.get(f"/api/v1/saved-searches/{sid}").json()["matches"] == 2
+
+
+def _product(session, frame, state=ProductState.written) -> Product:
+    p = Product(frame_id=frame.id, version=1, calibration_key=f"dark:{frame.id}", params_hash="0" * 64,
+                software_version="test", state=state)
+    session.add(p)
+    session.flush()
+    return p
+
+
+def test_new_products_of_a_channel_over_a_time_range_are_notified(api_client, db_session):
+    old = _product(db_session, make_frame(db_session, "SDI", T0))
+    r = api_client.post("/api/v1/saved-searches", json={
+        "name": "SDI on 10 May", "kind": "products",
+        "query": {"channel": "sdi", "start": "2024-05-10T00:00:00Z", "end": "2024-05-11T00:00:00Z"}})
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    assert r.json()["query"]["channel"] == "SDI"
+    inside = _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(hours=1)))
+    later = _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(hours=2)), ProductState.planned)
+    after_it = _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(hours=3)))
+    _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(days=2)))  # outside the range
+    _product(db_session, make_frame(db_session, "WST", T0 + dt.timedelta(hours=1)))  # another channel
+    assert searches.evaluate_all(db_session) == {sid: 2}
+    got = {n.item_id for n in db_session.scalars(select(SavedSearchNotification)
+                                                 .where(SavedSearchNotification.saved_search_id == sid))}
+    assert got == {inside.id, after_it.id} and old.id not in got
+    # the planned one is written later: told then, even though a larger id was told before
+    later.state = ProductState.written
+    db_session.flush()
+    assert searches.evaluate_all(db_session) == {sid: 1}
+    assert searches.evaluate_all(db_session) == {}
+    items = api_client.get(f"/api/v1/saved-searches/{sid}/notifications").json()["items"]
+    assert [n["item_id"] for n in items] == [later.id, after_it.id, inside.id]  # newest first
+    assert items[0]["summary"]["channel"] == "SDI" and items[0]["item_kind"] == "product"
+
+
+# -- server-sent events (TestClient: the stream of an ended job ends at once) -------------------------
+
+
+def _events(text: str) -> list[tuple[str, str | None, dict | None]]:
+    out = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line and not line.startswith(":"))
+        if "event" in fields:
+            out.append((fields["event"], fields.get("id"), json.loads(fields["data"])))
+    return out
+
+
+def test_sse_of_an_ended_job_and_last_event_id(api_client, db_session):
+    job = Job(owner="tester", parameters={}, state=JobState.succeeded, total=4, done=3, skipped=1)
+    db_session.add(job)
+    db_session.commit()
+    r = api_client.get(f"/api/v1/jobs/{job.id}/events")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    assert r.text.startswith("retry: 3000\n")
+    ev = _events(r.text)
+    assert [e[0] for e in ev] == ["progress", "end"]
+    assert ev[0][2] == {**ev[0][2], "id": job.id, "state": "succeeded", "total": 4, "done": 3, "skipped": 1,
+                        "cancelled": 0, "progress": 1.0}
+    # a client that saw this already is sent the end only
+    r = api_client.get(f"/api/v1/jobs/{job.id}/events", headers={"Last-Event-ID": ev[0][1]})
+    assert [e[0] for e in _events(r.text)] == ["end"]
+    assert api_client.get("/api/v1/jobs/nope/events").status_code == 404
+
+
+def test_the_deadline_does_not_cut_a_stream_that_has_started(settings_env):
+    """DeadlineMiddleware (and the gzip middleware) around a stream that lasts 3 x the deadline."""
+    from fastapi.responses import StreamingResponse
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+    from backend.api.routes.notifications import sse_event
+
+    settings_env(API_DEADLINE_S="2")
+    app = create_app()
+
+    async def slow():
+        for i in range(3):
+            yield sse_event("progress", {"i": i, "pad": "x" * 2000})
+            await asyncio.sleep(1.1)
+
+    async def stuck():
+        await asyncio.sleep(3.5)
+        return {"late": True}
+
+    app.add_api_route("/api/v1/_slow_stream", lambda: StreamingResponse(slow(), media_type="text/event-stream"))
+    app.add_api_route("/api/v1/_stuck", stuck)
+    async def ping():
+        return {"ok": True}
+
+    app.add_api_route("/api/v1/_ping", ping)
+    with TestClient(app) as c:
+        # the first requests' start-up costs paid (a busy test machine)
+        assert 200 in [c.get("/api/v1/_ping").status_code for _ in range(3)]
+        t0 = time.monotonic()
+        r = c.get("/api/v1/_slow_stream", headers={"Accept-Encoding": "gzip"})
+        assert time.monotonic() - t0 >= 3.2  # past the 2 s deadline
+        assert r.status_code == 200 and [e[2]["i"] for e in _events(r.text)] == [0, 1, 2]
+        assert "content-encoding" not in r.headers  # events are not held back by gzip
+        assert c.get("/api/v1/_stuck").status_code == 503  # the deadline still applies before a response starts
+
+
+# -- live: a real worker, the API served by uvicorn, a local receiver --------------------------------
+
+
+@contextlib.contextmanager
+def _served():
+    from tests.test_browser import served_app
+
+    with served_app() as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    out = tmp_path_factory.mktemp("sim")
+    simulate(out, naxis=128, noise=True, seed=3, sdi_sequence=True)
+    return out
