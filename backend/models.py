@@ -400,7 +400,7 @@ class JobItem(Base):
     """One frame of a job, and its outcome: the job's counts are the counts of its items.
 
     An item is settled once (``pending`` -> ``done``/``failed``, by one conditional UPDATE,
-    ``backend.worker.processing.count_item``): a redelivered or duplicated message settles
+    ``backend.services.job_plan.count_item``): a redelivered or duplicated message settles
     nothing twice. Several jobs may wait on one product (each has its own item).
     """
 
