@@ -87,7 +87,7 @@ class TaskName:
     detect_events = "pipelines.tasks.detect_events"
     make_movie = "pipelines.tasks.make_movie"
     rerun_frame = "pipelines.tasks.rerun_frame"
-    deliver_webhook = "backend.tasks.deliver_webhook"
+    deliver_webhook = "pipelines.tasks.deliver_webhook"
 
     @classmethod
     def all(cls) -> list[str]:

@@ -587,6 +587,8 @@ def _add_job_control_parsers(sub) -> None:
 
 # --------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
+    # Long: one declaration per command, in the order of `lstdp --help`; split by command it
+    # would only scatter the CLI's shape over more functions
     p = argparse.ArgumentParser(prog="lstdp", description="ASO-S/LST data platform")
     sub = p.add_subparsers(dest="command", required=True)
 

@@ -368,6 +368,8 @@ def parse_event_filters(
     min_angular_width: str | float | None = None,
     form: bool = False,
 ) -> ParsedEventFilters:
+    # Long: every filter of the event search parsed in one place, so the API, the pages and the
+    # saved searches refuse the same values with the same messages
     """Read the event filters of the API (:func:`event_search`) or of the events page.
 
     Every value may be absent (None or empty). A refused value is left out of the filters
