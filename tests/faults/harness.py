@@ -681,7 +681,7 @@ def submit(n: int | None = None) -> str:
 
     start, end, _ = frame_span(n)
     with session_scope() as s:
-        job = submit_job(s, JobRequest(channels=[CHANNEL], start=start, end=end, owner="faults"))
+        job = submit_job(s, JobRequest(channels=[CHANNEL], start=start, end=end), owner="faults")
         return job.id
 
 
