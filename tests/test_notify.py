@@ -170,7 +170,7 @@ def test_a_job_with_a_bad_webhook_url_is_422_naming_it(api_client, db_session, u
 
 
 def test_the_job_end_queues_one_delivery_in_the_same_transaction(db_session):
-    from backend.worker.processing import _finish
+    from backend.services.job_plan import finish_job as _finish
 
     job = Job(owner="ann", parameters={"channels": []}, state=JobState.running, total=2, done=2)
     db_session.add(job)

@@ -49,6 +49,8 @@ Attempts (:func:`attempt_delivery`, run by the Celery task ``deliver_webhook``)
 
 from __future__ import annotations
 
+from backend.state import JOB_FINAL  # noqa: E402
+
 import datetime as dt
 import hashlib
 import hmac
@@ -258,7 +260,7 @@ def job_summary(job: Job) -> dict[str, Any]:
     total = job.total or 0
     return {"id": job.id, "owner": job.owner, "state": job.state.value, "total": total, "done": job.done or 0,
             "failed": job.failed or 0, "skipped": job.skipped or 0, "cancelled": job.cancelled or 0,
-            "progress": min(1.0, handled / total) if total else 1.0, "error": job.error,
+            "progress": min(1.0, handled / total) if total else (1.0 if job.state in JOB_FINAL else 0.0), "error": job.error,
             "finished_at": _iso(job.finished_at), "url": f"/api/v1/jobs/{job.id}"}
 
 
