@@ -169,7 +169,9 @@ def test_head_works_on_every_get_route(client, db_session, tmp_path):
 
     c = make_calibration(db_session, "SDI", CalibrationKind.dark, 1)
     ids = {"frame_id": f.id, "product_id": p.id, "event_id": e.id, "calibration_file_id": c.id,
-           "code": "SDI", "job_id": "x", "movie_id": "x"}
+           "code": "SDI", "job_id": "x", "movie_id": "x",
+           # absent ids of the issue-12 resources: HEAD must still answer as GET does (404/401)
+           "set_id": 999999, "search_id": 999999, "webhook_id": 999999}
     routes = _get_routes(client.app)
     assert len(routes) >= 15
     for path in routes:

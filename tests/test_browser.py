@@ -347,7 +347,15 @@ def test_products_gallery_shows_all_four_channels(live, page, tmp_path):
 
 
 def test_job_form_submits_and_follows_the_job(live, page, tmp_path):
+    from tests.conftest import make_token
+
     page.goto(live.url + "/jobs/new")
+    with session_scope() as s:  # submitting needs jobs:submit: sign in with a token (a session cookie)
+        token = make_token(s, "tester", ("jobs:submit",))
+    page.wait_for_selector("#signin[data-signed-in='false'] #signin-token")
+    page.fill("#signin-token", token)
+    page.click("#signin-submit")
+    page.wait_for_selector("#signin[data-signed-in='true']")
     # the form is prefilled with the DATE-OBS span of the frames (whole seconds, UTC text)
     assert page.input_value("#job-start") == "2024-05-14T15:50:00Z"
     page.uncheck("input[name=channels][value=WST]")

@@ -83,7 +83,7 @@ def test_sign_in_submit_a_job_and_sign_out(live, page, tmp_path):
     page.goto(live.url + "/jobs")
     page.wait_for_selector("#signin[data-signed-in='true']")
     assert "Signed in as alice" in page.locator("#signin-state").inner_text()
-    row = page.locator("table.jobs tbody tr", has=page.locator(f"a[href='/jobs/{job_id}']"))
+    row = page.locator("#job-list tbody tr", has=page.locator(f"a[href='/jobs/{job_id}']"))
     assert "queued" in row.inner_text() and "alice" in row.inner_text()
     page.screenshot(path=str(tmp_path / "jobs-signed-in.png"), full_page=True)
 

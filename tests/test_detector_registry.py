@@ -113,7 +113,8 @@ def test_run_detector_calls_the_named_service_on_the_default_channel(monkeypatch
     assert [(n, kw["channel"]) for n, kw in calls] == [
         ("flares", "SDI"), ("cmes", "SCI-UV"), ("prominences", "SDI"), ("white-light", "WST"),
         ("prominences", "SCI-UV")]
-    assert calls[-1][1] == {"channel": "SCI-UV", "start": None, "end": None, "params": None, "product_root": "x"}
+    assert calls[-1][1] == {"channel": "SCI-UV", "start": None, "end": None, "params": None,
+                            "product_root": "x", "scope": detection.PUBLIC_SCOPE}
 
 
 def _detect_subparser() -> argparse.ArgumentParser:

@@ -35,6 +35,7 @@ from backend.services import products as products_service
 from backend.services.xray import XRaySeriesSamples, xray_coverage, xray_window
 from pipelines.channels import get_channel
 from pipelines.errors import FitsReadError
+from pipelines.provenance import stamp_provenance
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -401,7 +402,7 @@ def curves_fits(c: EventCurves) -> bytes:
     hdr["CHANNEL"] = (c.channel, "LST channel of the light curves")
     if c.calibration:
         if c.calibration.set_id is not None:
-            hdr["CALSET"] = (c.calibration.set_id, "calibration set id (GET /api/v1/calibration-sets/ID)")
+            stamp_provenance(hdr, {"CALSET": c.calibration.set_id})  # the products' keyword, one meaning
             hdr["CALSETPB"] = (bool(c.calibration.public), "calibration set is public")
             if c.calibration.owner:
                 hdr["CALSETOW"] = (c.calibration.owner[:68], "owner of the private calibration set")

@@ -29,12 +29,13 @@ Examples: new SDI products over a DATE-OBS range, ``{"channel": "SDI", "start":
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 from typing import Any
 from urllib.parse import parse_qsl
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.models import (Event, Frame, Product, ProductState, SavedSearch, SavedSearchNotification, Webhook,
@@ -268,10 +269,10 @@ def _new_event_matches(session: Session, search: SavedSearch) -> tuple[list[tupl
     top = int(session.scalar(select(func.max(Event.id))) or 0)
     if top <= search.cursor:
         return [], search.cursor
-    conds = filter_conditions(session, _event_filters(search.query))
+    # the search's owner is the viewer: the public catalogue and their own detections
+    conds = filter_conditions(session, dataclasses.replace(_event_filters(search.query), viewer=search.owner))
     rows = list(session.scalars(
-        select(Event).where(Event.id > search.cursor, Event.id <= top, *conds,
-                            or_(Event.owner.is_(None), Event.owner == search.owner))
+        select(Event).where(Event.id > search.cursor, Event.id <= top, *conds)
         .order_by(Event.id).limit(MAX_PER_PASS)))
     cursor = rows[-1].id if len(rows) == MAX_PER_PASS else top
     return [(e.id, _event_summary(e)) for e in rows], cursor

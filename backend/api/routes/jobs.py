@@ -71,7 +71,8 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
-    return job_created(session, job)  # with its webhook's secret, shown once
+    # with its queue position, ETA and calibration set, and its webhook's secret (shown once)
+    return job_created(session, job, with_queue(session, [job])[0])
 
 
 def with_queue(session: Session, jobs: list[Job]) -> list[JobPublic]:

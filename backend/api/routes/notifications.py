@@ -97,9 +97,11 @@ def job_created_model():
 JobCreatedPublic = job_created_model()
 
 
-def job_created(session: Session, job: Job) -> Any:
-    """The answer of ``POST /jobs``: the job and, when it has one, its webhook with the secret."""
-    body = JobCreatedPublic.model_validate(job)
+def job_created(session: Session, job: Job, public: Any = None) -> Any:
+    """The answer of ``POST /jobs``: the job (``public``, the ``JobPublic`` with its queue
+    position and calibration sets, when given) and, when it has one, its webhook with the secret."""
+    body = (JobCreatedPublic.model_validate(public.model_dump()) if public is not None
+            else JobCreatedPublic.model_validate(job))
     hook = notify.webhook_of_job(session, job.id)
     if hook is not None:
         body.webhook = WebhookCreatedPublic(**notify.describe_webhook(hook, with_secret=True))
