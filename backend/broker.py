@@ -269,8 +269,8 @@ def send(name: str, args: list | tuple | None = None, kwargs: dict | None = None
 
 
 def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") -> None:
-    """Send one product's calibration: calibrate then settle, on ``queue`` (a GPU product
-    as a batch of one). Used by the worker (plans, the reconciler) and the API (a retry).
+    """Send one product's calibration: calibrate then settle its job's item, in one task on
+    ``queue`` (a GPU product as a batch of one). Used by the worker (plans, the reconciler) and the API (a retry).
 
     Raises
     ------
@@ -280,11 +280,9 @@ def send_calibration(product_id: int, job_id: str | None, queue: str = "cpu") ->
     if queue == "gpu":
         send(TaskName.calibrate_products_gpu_batch, [job_id, [product_id]], queue="gpu")
         return
-    from celery import chain, signature
-
-    ensure_configured()
-    chain(signature(TaskName.calibrate_product, args=[product_id], queue="cpu", immutable=True),
-          signature(TaskName.record_progress, args=[job_id, product_id], queue="cpu", immutable=True)).apply_async()
+    # one message: the task settles the job's item itself as the frame finishes (a chained
+    # settling message would queue behind every calibration sent before it)
+    send(TaskName.calibrate_product, [product_id, job_id] if job_id else [product_id], queue="cpu")
 
 
 @dataclass

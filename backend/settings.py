@@ -131,6 +131,12 @@ class Settings(BaseSettings):
         wait before the second [s] (default 10; doubled after each failure, at most 1 h) and
         the longest one attempt may take, connecting included [s] (default 10; the connect
         itself at most 3).
+    ``WEBHOOK_ALLOW_PRIVATE``
+        Whether a webhook may target a loopback, private, link-local or other non-global
+        address (RFC 6890 special-purpose ranges, ``ipaddress.ip_address(a).is_global``).
+        Default false: a user's webhook cannot make the workers probe the platform's own
+        network (server-side request forgery); set true only where every user is trusted
+        (a laptop, the tests' local receivers).
     """
 
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
@@ -171,6 +177,7 @@ class Settings(BaseSettings):
     webhook_max_attempts: int = Field(default=6, ge=1, le=50, validation_alias=_alias("WEBHOOK_MAX_ATTEMPTS"))
     webhook_backoff_s: float = Field(default=10.0, gt=0, le=3600, validation_alias=_alias("WEBHOOK_BACKOFF_S"))
     webhook_timeout_s: float = Field(default=10.0, gt=0, le=60, validation_alias=_alias("WEBHOOK_TIMEOUT_S"))
+    webhook_allow_private: bool = Field(default=False, validation_alias=_alias("WEBHOOK_ALLOW_PRIVATE"))
     sample_data_dir: Path = Field(
         default=Path(__file__).resolve().parent.parent / "sample-data" / "real",
         validation_alias=_alias("SAMPLE_DATA_DIR"),

@@ -32,6 +32,18 @@ from tests.test_api import make_frame
 
 pytestmark = pytest.mark.postgres
 
+
+@pytest.fixture(autouse=True)
+def _local_receivers(monkeypatch):
+    """The receivers of these tests listen on 127.0.0.1: allow non-global targets (the
+    refusal itself is tested with the setting off)."""
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("WEBHOOK_ALLOW_PRIVATE", "true")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
 T0 = dt.datetime(2024, 5, 10, 12, 0, tzinfo=dt.UTC)
 JOB = {"channels": ["SDI"], "start": "2004-03-01T00:00:00", "end": "2004-03-02T00:00:00"}
 
@@ -117,6 +129,35 @@ def _hmac_ok(secret: str, req: dict) -> bool:
 def test_bad_webhook_urls_are_refused_with_the_reason(url, needle):
     with pytest.raises(ValueError, match=needle):
         notify.check_webhook_url(url)
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8080/h", "https://localhost/h", "http://10.1.2.3/h",
+                                 "http://[::1]:9000/h", "http://169.254.169.254/latest/meta-data",
+                                 "http://192.168.0.7/h", "http://[::ffff:127.0.0.1]/h"])
+def test_private_targets_are_refused_unless_allowed(api_client, db_session, monkeypatch, url):
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("WEBHOOK_ALLOW_PRIVATE", "false")
+    get_settings.cache_clear()
+    r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": url})
+    assert r.status_code == 422, r.text
+    assert "non-global address" in r.text and "WEBHOOK_ALLOW_PRIVATE" in r.text
+    assert db_session.scalar(select(Webhook).where(Webhook.url == url)) is None
+
+
+def test_an_attempt_to_a_name_that_resolves_to_a_private_address_posts_nothing(db_session, settings_env,
+                                                                             monkeypatch):
+    """A name checked at each attempt (it may be re-pointed after registration): the attempt
+    is logged with the reason and the receiver is never called."""
+    with Receiver() as rx:
+        d = _pending_delivery(db_session, rx.url.replace("127.0.0.1", "hooks.example.org"))
+        monkeypatch.setattr(socket, "getaddrinfo", lambda host, port, **kw: [(2, 1, 6, "", ("127.0.0.1", port))])
+        settings = settings_env(WEBHOOK_ALLOW_PRIVATE="false", WEBHOOK_BACKOFF_S="1")
+        assert _attempt(db_session, settings, d.id) == 1.0  # an attempt, retried later (it may be re-pointed)
+        assert rx.requests == []
+    a = db_session.scalar(select(WebhookAttempt).where(WebhookAttempt.delivery_id == d.id))
+    assert a is not None and a.status_code is None and "non-global address 127.0.0.1" in a.error
+    assert "hooks.example.org" in a.error
 
 
 def test_good_webhook_urls_pass():
@@ -225,8 +266,7 @@ def _attempt(session, settings, delivery_id: str, holder: str = "test:1") -> flo
     row = session.get(WebhookDelivery, delivery_id)
     session.refresh(row)
     hook = session.get(Webhook, row.webhook_id)
-    result = notify.post_delivery(hook.url, hook.secret, row.id, row.event, notify.body_bytes(row.payload),
-                                  timeout_s=settings.webhook_timeout_s)
+    result = notify.send_delivery(hook.url, hook.secret, row.id, row.event, notify.body_bytes(row.payload), settings)
     retry_in = notify.record_attempt(session, delivery_id, n, result, settings,
                                      started_at=dt.datetime.now(dt.UTC), holder=holder)
     session.flush()
@@ -511,3 +551,195 @@ def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim")
     simulate(out, naxis=128, noise=True, seed=3, sdi_sequence=True)
     return out
+
+
+# -- live: a real Celery worker, PostgreSQL, Redis database 13, uvicorn in a thread --------------
+
+LIVE_REDIS_DB = 13
+FRAME_DELAY_S = 0.3  # each calibration sleeps this long first (tests.faults.worker_main): a job lasts seconds
+
+
+@pytest.fixture(scope="module")
+def sdi_sim(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    out = tmp_path_factory.mktemp("sim")
+    simulate(out, channels=("SDI",), naxis=128, noise=True, seed=5, sdi_sequence=True)
+    return out
+
+
+@pytest.fixture
+def live(settings_env, tmp_path, sdi_sim):
+    """The production stack with one worker process (concurrency 2, the calibrations slowed
+    by ``FRAME_DELAY_S``), webhooks to local receivers allowed, fast retries; yields the
+    stack and the base URL of the API served by uvicorn."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.live import ingest_simulated, live_stack
+    from tests.test_browser import served_app
+
+    env = {"WEBHOOK_ALLOW_PRIVATE": "true", "WEBHOOK_BACKOFF_S": "1", "WEBHOOK_MAX_ATTEMPTS": "2",
+           "WEBHOOK_TIMEOUT_S": "2", "LSTDP_FAULTS_FRAME_DELAY_S": str(FRAME_DELAY_S)}
+    with live_stack(settings_env, tmp_path, redis_db=LIVE_REDIS_DB, env=env, start_worker=False) as st:
+        counts = ingest_simulated(sdi_sim)
+        assert counts.get("ingested", 0) >= 8, counts
+        fh = open(tmp_path / "worker.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "tests.faults.worker_main", "worker", "--queues", "cpu",
+                                 "--concurrency", "2", "--name", f"notify-{os.getpid()}@%h"],
+                                env=os.environ.copy(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with served_app() as url:
+                yield st, url
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=10)
+            fh.close()
+
+
+def _live_token(user: str = "nora") -> dict[str, str]:
+    from backend.db import session_scope
+    from tests.conftest import make_token
+
+    with session_scope() as s:
+        return {"Authorization": f"Bearer {make_token(s, user, ('jobs:submit', 'jobs:cancel'))}"}
+
+
+def _sdi_span() -> dict[str, str]:
+    from sqlalchemy import func
+
+    from backend.db import session_scope
+    from backend.models import Frame
+
+    with session_scope() as s:
+        t0, t1 = s.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))
+                           .where(Frame.channel_code == "SDI")).one()
+    return {"channels": ["SDI"], "start": t0.isoformat(), "end": t1.isoformat()}
+
+
+def _read_stream(url: str, headers: dict[str, str], timeout: float = 180.0) -> list[tuple[str, str | None, dict]]:
+    """Read a text/event-stream as a browser does, event by event, until the server closes it."""
+    import httpx
+
+    events, buf = [], ""
+    with httpx.Client(timeout=httpx.Timeout(timeout, connect=5)) as c:
+        with c.stream("GET", url, headers=headers) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            for chunk in r.iter_text():
+                buf += chunk
+                while "\n\n" in buf:
+                    block, buf = buf.split("\n\n", 1)
+                    events += _events(block + "\n\n")
+    return events
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_live_sse_progress_reaches_100_percent_and_the_webhook_arrives_once_signed(live):
+    import httpx
+
+    stack, base = live
+    headers = _live_token()
+    with Receiver() as rx:
+        r = httpx.post(f"{base}/api/v1/jobs", json={**_sdi_span(), "webhook_url": rx.url}, headers=headers, timeout=30)
+        assert r.status_code == 202, r.text
+        job_id, secret = r.json()["id"], r.json()["webhook"]["secret"]
+        events = _read_stream(f"{base}/api/v1/jobs/{job_id}/events", headers={})
+        kinds = [k for k, _, _ in events]
+        assert kinds[-1] == "end" and kinds.count("end") == 1, kinds
+        progress = [d["progress"] for k, _, d in events if k == "progress"]
+        assert progress == sorted(progress), f"progress went back: {progress}"
+        assert progress[-1] == 1.0 and events[-1][2]["state"] == "succeeded", (events[-1], stack.worker_log())
+        # the counts move as frames finish (not all at the end): several values between 0 and 1
+        assert len({p for p in progress if 0.0 < p < 1.0}) >= 2, f"progress did not move frame by frame: {progress}"
+        ids = [i for k, i, _ in events if k == "progress"]
+        assert len(set(ids)) == len(ids), "each progress event is a change"
+        total = events[-1][2]["total"]
+        assert total >= 8 and events[-1][2]["done"] == total
+
+        # the job's webhook: one POST, signed with the secret shown once, the job's end in its body
+        got = rx.wait(1, timeout=60)
+        time.sleep(3)  # a second (duplicate) delivery would arrive now
+        assert len(rx.requests) == 1, rx.requests
+        req = rx.requests[0]
+        assert _hmac_ok(secret, req) and not _hmac_ok(secret + "x", req)
+        body = json.loads(req["body"])
+        assert req["headers"]["x-lst-event"] == "job.ended"
+        assert body["job"]["id"] == job_id and body["job"]["state"] == "succeeded" and body["job"]["done"] == total
+        assert secret not in req["body"].decode() and headers["Authorization"][7:] not in req["body"].decode()
+        assert abs(int(req["headers"]["x-lst-timestamp"]) - time.time()) < 120
+        del got
+
+        # the owner reads the delivery log: delivered on the first attempt, no secret in it
+        hook_id = r.json()["webhook"]["id"]
+        log = httpx.get(f"{base}/api/v1/webhooks/{hook_id}/deliveries", headers=headers, timeout=30)
+        assert log.status_code == 200, log.text
+        (d,) = log.json()["items"]
+        assert d["state"] == "delivered" and d["attempts"] == 1 and d["id"] == req["headers"]["x-lst-delivery"]
+        assert secret not in log.text
+        assert httpx.get(f"{base}/api/v1/webhooks/{hook_id}/deliveries", headers=_live_token("otto"),
+                         timeout=30).status_code == 403
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_live_failing_and_hanging_targets_block_neither_the_worker_nor_the_api(live):
+    import httpx
+
+    stack, base = live
+    headers = _live_token()
+    span = _sdi_span()
+    with Receiver(script=[500] * 10) as failing, Receiver(hang_s=20) as hanging:
+        hooks = {}
+        for rx in (failing, hanging):
+            r = httpx.post(f"{base}/api/v1/jobs", json={**span, "webhook_url": rx.url, "options": {"device": "cpu"}},
+                           headers=headers, timeout=30)
+            assert r.status_code == 202, r.text
+            hooks[rx.url] = (r.json()["id"], r.json()["webhook"]["id"])
+        for job_id, _ in hooks.values():
+            job = _wait_state(base, job_id)
+            assert job["state"] == "succeeded", job
+        # both targets are being tried (the hanging one holds one attempt for WEBHOOK_TIMEOUT_S = 2 s)
+        failing.wait(1, timeout=60)
+        hanging.wait(1, timeout=60)
+        # meanwhile the API answers at once and another job runs to its end
+        t0 = time.monotonic()
+        assert httpx.get(f"{base}/api/v1/health", timeout=30).status_code == 200
+        assert time.monotonic() - t0 < 2.0
+        r = httpx.post(f"{base}/api/v1/jobs", json={**span, "options": {"flag_bad_pixels": False}}, headers=headers, timeout=30)
+        assert r.status_code == 202, r.text
+        other = _wait_state(base, r.json()["id"], timeout=120)
+        assert other["state"] == "succeeded" and other["done"] == other["total"], json.dumps(other)
+        # each delivery ends failed after WEBHOOK_MAX_ATTEMPTS = 2 attempts, the reasons logged
+        for url, (job_id, hook_id) in hooks.items():
+            t0 = time.monotonic()
+            while True:
+                items = httpx.get(f"{base}/api/v1/webhooks/{hook_id}/deliveries", headers=headers,
+                                  timeout=30).json()["items"]
+                if items and items[0]["state"] == "failed" or time.monotonic() - t0 > 90:
+                    break
+                time.sleep(0.5)
+            (d,) = items
+            assert d["state"] == "failed" and d["attempts"] == 2, d
+            why = d.get("last_error") or ""
+            assert ("HTTP 500" in why) if url == failing.url else ("no answer within 2 s" in why), d
+    assert len(failing.requests) == 2
+
+
+def _wait_state(base: str, job_id: str, timeout: float = 180.0) -> dict:
+    import httpx
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        j = httpx.get(f"{base}/api/v1/jobs/{job_id}", timeout=30).json()
+        if j["state"] in ("succeeded", "failed", "cancelled"):
+            return j
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not end in {timeout} s")

@@ -67,7 +67,7 @@ from sqlalchemy.orm import Session
 
 from backend import __version__
 from backend.models import (DeliveryState, Job, Webhook, WebhookAttempt, WebhookDelivery, utcnow)
-from backend.settings import Settings
+from backend.settings import Settings, get_settings
 from backend.state import claim_delivery as _claim
 from backend.state import move_delivery
 from pipelines.errors import DataError
@@ -152,6 +152,61 @@ def check_webhook_url(url: str) -> str:
     return url
 
 
+def non_global_address(host: str, port: int | None = None) -> str | None:
+    """The first address ``host`` resolves to that is not a global unicast address
+    (loopback, RFC 1918 private, link-local, unique-local, multicast, reserved: RFC 6890,
+    as :attr:`ipaddress.IPv4Address.is_global` says), or None when every one is global.
+
+    Raises
+    ------
+    ValueError
+        If ``host`` does not resolve (the reason, for the delivery log).
+    """
+    import ipaddress
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"the host {host!r} does not resolve ({exc})") from None
+    for info in infos:
+        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
+        if getattr(addr, "ipv4_mapped", None) is not None:
+            addr = addr.ipv4_mapped
+        if not addr.is_global or addr.is_multicast:
+            return str(addr)
+    return None
+
+
+def _is_ip_literal(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def refuse_private_target(url: str) -> str | None:
+    """Why ``url`` may not be posted to while ``WEBHOOK_ALLOW_PRIVATE`` is false (its host
+    is or resolves to a non-global address, :func:`non_global_address`), or None.
+
+    Checked at registration for a host that is an address, and again before every attempt
+    on the addresses the name resolves to then (a name may be re-pointed after it was
+    registered). A name re-pointed between this check and httpx's own lookup of the same
+    attempt is not caught: deployments that need that guarantee add an egress proxy."""
+    parts = urlsplit(url)
+    try:
+        bad = non_global_address(parts.hostname or "", parts.port)
+    except ValueError as exc:
+        return str(exc)
+    if bad is None:
+        return None
+    return (f"the webhook host {parts.hostname!r} is the non-global address {bad} (loopback, private or "
+            "link-local); such targets are refused unless WEBHOOK_ALLOW_PRIVATE is set")
+
+
 def new_secret() -> str:
     """A new webhook secret: ``whsec_`` and 43 URL-safe characters (32 random bytes)."""
     return SECRET_PREFIX + secrets.token_urlsafe(32)
@@ -202,6 +257,12 @@ def register_webhook(session: Session, owner: str, url: str, *, job_id: str | No
         url = check_webhook_url(url)
     except ValueError as exc:
         raise WebhookError(f"webhook_url: {exc}") from None
+    if not get_settings().webhook_allow_private:
+        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+        literal = host == "localhost" or host.endswith(".localhost") or _is_ip_literal(host)
+        why = refuse_private_target(url) if literal else None  # a name is checked at each attempt (no DNS here)
+        if why is not None:
+            raise WebhookError(f"webhook_url: {why}")
     hook = Webhook(owner=owner, url=url, secret=new_secret(), job_id=job_id, saved_search_id=saved_search_id)
     session.add(hook)
     session.flush()
@@ -361,6 +422,17 @@ def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body
     return AttemptResult(status, redact_tokens(f"{why}: {said}" if said else why)[:MAX_ERROR_CHARS], ms)
 
 
+def send_delivery(url: str, secret: str, delivery_id: str, event_name: str, body: bytes,
+                  settings: Settings) -> AttemptResult:
+    """The post of one attempt: refused with the reason (nothing sent) when the target is a
+    non-global address and ``WEBHOOK_ALLOW_PRIVATE`` is false (:func:`refuse_private_target`),
+    else :func:`post_delivery` with ``WEBHOOK_TIMEOUT_S``."""
+    refused = None if settings.webhook_allow_private else refuse_private_target(url)
+    if refused is not None:
+        return AttemptResult(None, refused[:MAX_ERROR_CHARS], 0.0)
+    return post_delivery(url, secret, delivery_id, event_name, body, timeout_s=settings.webhook_timeout_s)
+
+
 def record_attempt(session: Session, delivery_id: str, attempt: int, result: AttemptResult, settings: Settings, *,
                    started_at: dt.datetime, holder: str, now: dt.datetime | None = None) -> float | None:
     """Log attempt ``attempt`` of ``delivery_id`` and move the delivery: ``delivered`` (2xx),
@@ -418,7 +490,7 @@ def attempt_delivery(delivery_id: str, settings: Settings, holder: str) -> float
         hook = s.get(Webhook, row.webhook_id)
         url, secret, event_name, body = hook.url, hook.secret, row.event, body_bytes(row.payload)
     started = utcnow()
-    result = post_delivery(url, secret, delivery_id, event_name, body, timeout_s=settings.webhook_timeout_s)
+    result = send_delivery(url, secret, delivery_id, event_name, body, settings)
     log.info("webhook delivery %s attempt %d to webhook %d: %s in %.0f ms", delivery_id, attempt, hook.id,
              result.status if result.ok else result.error, result.duration_ms)
     with session_scope() as s:

@@ -207,18 +207,39 @@ def _forget_delivery(job_id: str) -> None:
 
 
 @app.task(name=TaskName.calibrate_product, bind=True, **RETRY)
-def calibrate_product(self, product_id: int) -> dict:
-    """Calibrate one product (state planned -> writing -> written | failed)."""
+def calibrate_product(self, product_id: int, job_id: str | None = None) -> dict:
+    """Calibrate one product (state planned -> writing -> written | failed), then, with
+    ``job_id``, settle its item of that job in the same task (:func:`_settle`), so that the
+    job's counts move as each frame finishes: a settling message chained after it would wait
+    behind every calibration queued before it, and a job's progress would read 0 until its
+    last frames. (Messages of earlier versions, ``[product_id]`` with a ``record_progress``
+    link, are still consumed: their link settles.) A database fault while settling retries
+    the task; the product, written by then, is not calibrated again and settling is idempotent."""
     with session_scope() as s:
         try:
             prod = _calibrate_product(s, product_id, get_settings(),
                                       holder=this_process(self.request.id, self.request.retries or 0))
-            return {"product_id": product_id, "state": prod.state.value, "error": prod.error}
+            out = {"product_id": product_id, "state": prod.state.value, "error": prod.error}
         except OperationalError:
             raise
-        except Exception as exc:  # recorded as failed on the row; the chain goes on to count it
+        except Exception as exc:  # recorded as failed on the row; it is counted below all the same
             log.exception("product %s failed", product_id)
-            return {"product_id": product_id, "state": "failed", "error": str(exc)}
+            out = {"product_id": product_id, "state": "failed", "error": str(exc)}
+    if job_id:
+        out["job_state"] = _settle(job_id, product_id)
+    return out
+
+
+def _settle(job_id: str, product_id: int) -> str | None:
+    """Settle one product's item of its job (:func:`count_item`, committed); the call that
+    ends the job sends its follow-up detections. Returns the job's state."""
+    with session_scope() as s:
+        job, closed = count_item(s, job_id, product_id)
+        state = job.state.value if job else None
+    if closed:
+        with session_scope() as s:
+            send_follow_ups(s, job_id)
+    return state
 
 
 @app.task(name=TaskName.calibrate_product_gpu, bind=True, **RETRY)
@@ -276,14 +297,10 @@ def make_movie(self, movie_id: str) -> dict:
 @app.task(name=TaskName.record_progress, bind=True, **RETRY)
 def record_progress(self, job_id: str, product_id: int) -> dict:
     """Settle one product's item of its job; the call that ends the job sends its follow-up
-    detections (a late or redelivered message of an ended job sends nothing)."""
-    with session_scope() as s:
-        job, closed = count_item(s, job_id, product_id)
-        state = job.state.value if job else None
-    if closed:
-        with session_scope() as s:
-            send_follow_ups(s, job_id)
-    return {"job_id": job_id, "state": state}
+    detections (a late or redelivered message of an ended job sends nothing). No longer
+    sent (:func:`calibrate_product` settles itself); kept for the chains that earlier
+    versions queued."""
+    return {"job_id": job_id, "state": _settle(job_id, product_id)}
 
 
 def _time(value: str | None) -> dt.datetime | None:

@@ -802,7 +802,7 @@ def delivery_report(events: list[dict]) -> DeliveryReport:
             pid_product[e["pid"]] = int(e["args"][0])
             starts[int(e["args"][0])] += 1
         elif ev == "prerun" and task.endswith(".record_progress") and len(e.get("args") or ()) > 1:
-            counts[int(e["args"][1])] += 1
+            counts[int(e["args"][1])] += 1  # a settling link of an earlier version's chain
         elif ev == "prerun" and task.endswith(".detect_events"):
             kw = e.get("kwargs") or {}
             rep.follow_ups.setdefault((kw.get("detector"), kw.get("channel")), set()).add(e["id"])
@@ -813,6 +813,8 @@ def delivery_report(events: list[dict]) -> DeliveryReport:
                 rewrites[e["path"]] += 1
         elif ev == "postrun" and task.endswith(".calibrate_product") and e.get("args"):
             rv = e.get("retval")
+            if len(e["args"]) > 1 and e["args"][1] and isinstance(rv, dict) and "job_state" in rv:
+                counts[int(e["args"][0])] += 1  # the task settled its job's item itself
             if isinstance(rv, dict) and rv.get("state") == "written":
                 committed.add(int(e["args"][0]))
             pid_product.pop(e["pid"], None)
@@ -980,6 +982,8 @@ def explain_unfinished(job_id: str, events: list[dict], redis: RedisServer | Non
         task, args = e.get("task", ""), e.get("args") or []
         if task.endswith(".calibrate_product") and args:
             (started if e["ev"] == "prerun" else returned if e["ev"] == "postrun" else Counter())[int(args[0])] += 1
+            if e["ev"] == "postrun" and len(args) > 1 and args[1] and "job_state" in (e.get("retval") or {}):
+                counted[int(args[0])] += 1  # settled by the task itself
         elif task.endswith(".record_progress") and len(args) > 1 and e["ev"] == "postrun":
             counted[int(args[1])] += 1
     never, killed, uncounted = [], [], []
@@ -997,7 +1001,7 @@ def explain_unfinished(job_id: str, events: list[dict], redis: RedisServer | Non
         out.append(f"{len(killed)} unfinished product(s) whose calibration started and never returned (killed): "
                    f"{', '.join(killed[:10])}")
     if uncounted:
-        out.append(f"{len(uncounted)} product(s) not counted towards the job (no record_progress ran for them): "
+        out.append(f"{len(uncounted)} product(s) not counted towards the job (no settling ran for them): "
                    f"{', '.join(uncounted[:10])}")
     if redis is not None and redis.running():
         try:

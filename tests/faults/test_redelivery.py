@@ -52,7 +52,7 @@ def test_second_delivery_of_a_running_task_writes_and_counts_nothing(scenario):
     rep = H.delivery_report(H.read_journal(scenario.journal))
     starts = rep.starts.get(pid, 0)
     scenario.note(f"slow product {pid}: {starts} calibrate starts, {rep.writes.get(path, 0)} writes, "
-                  f"{rep.counts.get(pid, 0)} record_progress runs")
+                  f"{rep.counts.get(pid, 0)} settlements")
     assert starts >= 2, f"the slow task was not delivered twice ({starts} start(s)): the fault was not injected"
     if rep.writes.get(path, 0) != 1:
         violations.append(f"slow product {pid} written {rep.writes.get(path, 0)} times (expected once)")
