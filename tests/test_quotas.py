@@ -539,3 +539,60 @@ def test_write_limited_is_one_line_for_any_route(db_session, settings_env, limit
         assert [c.delete("/thing", headers=h).status_code for _ in range(3)] == [200, 200, 429]
         db_session.expire_all()
         assert db_session.get(WriteCount, "frank").writes == 2
+
+
+# -- every write route counts, retries are charged ----------------------------------------------
+
+
+def test_every_write_route_counts_against_the_write_rate(client, db_session, limits):
+    """Submit, cancel, retry, re-run, saved searches and movies all count one write: past the
+    limit each is 429 with Retry-After before it does anything."""
+    limits(QUOTA_CONCURRENT_JOBS=100, QUOTA_FRAMES_PER_DAY=1000, RATE_LIMIT_WRITES=1, RATE_LIMIT_WINDOW_S=3600)
+    headers = auth_headers(db_session, "wanda", ["jobs:submit", "jobs:cancel"])
+    db_session.commit()
+    r = client.post("/api/v1/jobs", json=_body(2), headers=headers)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    writes = [("POST", f"/api/v1/jobs/{job_id}/cancel", None), ("POST", f"/api/v1/jobs/{job_id}/retry", None),
+              ("POST", f"/api/v1/jobs/{job_id}/rerun", None), ("POST", "/api/v1/jobs", _body(1)),
+              ("POST", "/api/v1/saved-searches", {"name": "x", "kind": "events", "query": {"type": "CE"}}),
+              ("DELETE", "/api/v1/saved-searches/1", None),
+              ("POST", "/api/v1/movies", {"channel": "SDI", "start": T0.isoformat(),
+                                          "end": (T0 + dt.timedelta(minutes=5)).isoformat()})]
+    for method, url, body in writes:
+        r = client.request(method, url, json=body, headers=headers)
+        assert r.status_code == 429, (url, r.status_code, r.text)
+        assert "write rate limit: user 'wanda' made 1 writes" in r.json()["detail"] and int(r.headers["Retry-After"]) > 0
+    db_session.expire_all()
+    assert db_session.get(Job, job_id).state == JobState.queued, "the refused cancel changed nothing"
+
+
+def test_a_retry_counts_its_frames_against_the_daily_quota(client, db_session, frames, limits):
+    from backend.models import ItemOutcome, JobItem
+
+    limits(QUOTA_CONCURRENT_JOBS=10, QUOTA_FRAMES_PER_DAY=10, RATE_LIMIT_WRITES=100)
+    r = client.post("/api/v1/jobs", json=_body(6))  # 6 of tester's 10 frames today
+    assert r.status_code == 202, r.text
+    job = db_session.get(Job, r.json()["id"])
+    sdi = [f for f in frames if f.channel_code == "SDI"][:6]
+    for f in sdi:  # the job ran and every frame failed
+        db_session.add(JobItem(job_id=job.id, frame_id=f.id, outcome=ItemOutcome.failed, reason="test: failed",
+                               settled_at=utcnow()))
+    job.state, job.total, job.failed = JobState.failed, 6, 6
+    db_session.commit()
+    r = client.post(f"/api/v1/jobs/{job.id}/retry")
+    assert r.status_code == 429, r.text
+    d = r.json()["detail"]
+    assert "used 6 of 10 frames in the last 24 h" in d and f"the retry of job {job.id} covers 6 more" in d, d
+    db_session.expire_all()
+    assert db_session.get(Job, job.id).state == JobState.failed and db_session.get(Job, job.id).retries == 0
+    assert _count(db_session, QuotaCharge, job_id=job.id) == 1, "a refused retry charges nothing"
+    # with room for them, the retry runs and is charged to whoever retried it
+    limits(QUOTA_CONCURRENT_JOBS=10, QUOTA_FRAMES_PER_DAY=12, RATE_LIMIT_WRITES=100)
+    from unittest import mock
+
+    with mock.patch("backend.services.job_control.send_retry"):
+        r = client.post(f"/api/v1/jobs/{job.id}/retry")
+    assert r.status_code == 202, r.text
+    charges = sorted(db_session.scalars(select(QuotaCharge.frames).where(QuotaCharge.job_id == job.id)))
+    assert charges == [6, 6]

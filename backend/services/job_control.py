@@ -262,6 +262,11 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
         else:  # written meanwhile (by another job): nothing to redo
             item.outcome, item.reason, item.settled_at = ItemOutcome.skipped, None, now
     session.flush()
+    if rerun:  # the frames run again count against the quotas of whoever retries (429 rolls all back)
+        from backend.services.quotas import admit_frames, charge_job
+
+        charge_job(session, job, admit_frames(session, principal, rerun, what=f"the retry of job {job.id}", now=now),
+                   owner=principal.user, at=now)
     job.retries = (job.retries or 0) + 1
     job.cancel_requested_at = None
     job.cancelled_by = None

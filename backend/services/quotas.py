@@ -309,10 +309,21 @@ def admit_job(session: Session, principal: Principal, channels: list[str], start
     QuotaError
         422: the request alone covers more frames than ``QUOTA_FRAMES_PER_DAY``.
     """
+    _lock_user(session, principal.user)
+    return admit_frames(session, principal, frames_covered(session, channels, start, end), now=now,
+                        settings=settings)
+
+
+def admit_frames(session: Session, principal: Principal, frames: int, *, what: str = "this request",
+                 now: dt.datetime | None = None, settings: Settings | None = None) -> int:
+    """Check the quotas of ``principal`` for work on ``frames`` frames (a new job's, a
+    retry's failed frames, a re-run's products), under the user's lock (taken here, or
+    already by :func:`admit_job`); returns ``frames`` (to :func:`charge_job` in the same
+    transaction). Admins pass. Raises as :func:`admit_job`; ``what`` names the work in the
+    messages."""
     settings = settings or get_settings()
     now = now or utcnow()
     _lock_user(session, principal.user)
-    frames = frames_covered(session, channels, start, end)
     if principal.is_admin:
         return frames
     _check_concurrent(session, principal, settings, now)
@@ -321,7 +332,7 @@ def admit_job(session: Session, principal: Principal, channels: list[str], start
         return frames
     if frames > limit:
         session.rollback()
-        raise QuotaError(f"frames per day quota: this request covers {frames} frames, more than the whole daily "
+        raise QuotaError(f"frames per day quota: {what} covers {frames} frames, more than the whole daily "
                          f"quota of {limit} (QUOTA_FRAMES_PER_DAY): split its DATE-OBS range into smaller jobs")
     charges = frames_usage(session, principal.user, now)
     used = sum(n for _, n in charges)
@@ -336,14 +347,17 @@ def admit_job(session: Session, principal: Principal, channels: list[str], start
     raise _refused(session, QuotaExceeded(
         "QUOTA_FRAMES_PER_DAY", used, limit, (at - now).total_seconds(),
         f"frames per day quota: user {principal.user!r} used {used} of {limit} frames in the last 24 h "
-        f"(QUOTA_FRAMES_PER_DAY) and this request covers {frames} more; enough frames leave the 24 h window "
+        f"(QUOTA_FRAMES_PER_DAY) and {what} covers {frames} more; enough frames leave the 24 h window "
         f"at {_iso(at)}"))
 
 
-def charge_job(session: Session, job: Job, frames: int) -> QuotaCharge:
-    """Record that ``job`` (flushed, so it has its id) covered ``frames`` frames; the caller
-    commits it with the job."""
-    row = QuotaCharge(owner=job.owner, job_id=job.id, frames=frames, created_at=job.created_at or utcnow())
+def charge_job(session: Session, job: Job, frames: int, *, owner: str | None = None,
+               at: dt.datetime | None = None) -> QuotaCharge:
+    """Record that ``job`` (flushed, so it has its id) covered ``frames`` frames, charged to
+    ``owner`` (default the job's owner; a retry is charged to whoever retries it) at ``at``
+    (default the job's creation); the caller commits it with the job."""
+    row = QuotaCharge(owner=owner or job.owner, job_id=job.id, frames=frames,
+                      created_at=at or job.created_at or utcnow())
     session.add(row)
     return row
 

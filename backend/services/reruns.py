@@ -231,21 +231,29 @@ def check_may_rerun(session: Session, job: Job, principal) -> None:
 
 
 def submit_rerun(session: Session, specs: list[RerunSpec], *, owner: str, rerun_of: str | None, source: str,
-                 enqueue: bool = True) -> Job:
+                 enqueue: bool = True, quota_for: Any = None) -> Job:
     """Store a ``queued`` job of kind ``rerun`` with one :class:`RerunItem` per spec,
     commit, and send it (``run_job`` by name, which plans a re-run with
-    :func:`backend.worker.rerun.plan_rerun`).
+    :func:`backend.worker.rerun.plan_rerun`). ``quota_for``: the principal
+    (:class:`backend.auth.Principal`) whose quotas it counts against, one frame per product.
 
     Raises
     ------
     RerunError, RerunConflict
         From :func:`check_registry`.
+    QuotaExceeded, QuotaError
+        429 / 422 over a quota of ``quota_for`` (nothing stored).
     """
     from backend.settings import get_settings
 
     if not specs:
         raise RerunError("nothing to re-run")
     check_registry(session, specs)
+    frames = None
+    if quota_for is not None:  # a re-run is a job of its owner: the same quotas (429 stores nothing)
+        from backend.services.quotas import admit_frames
+
+        frames = admit_frames(session, quota_for, len(specs), what=f"this re-run of {len(specs)} products")
     gpu = any(as_options(s.options).device == "gpu" for s in specs) and not get_settings().embedded
     job = Job(owner=owner, kind=RERUN_KIND, state=JobState.queued, publishes=False, lane="gpu" if gpu else "cpu",
               rerun_of=rerun_of,
@@ -254,6 +262,10 @@ def submit_rerun(session: Session, specs: list[RerunSpec], *, owner: str, rerun_
                                     "frames": [s.frame_id for s in specs]}})
     session.add(job)
     session.flush()
+    if frames is not None:
+        from backend.services.quotas import charge_job
+
+        charge_job(session, job, frames)
     for s in specs:
         session.add(RerunItem(job_id=job.id, frame_id=s.frame_id, product_id=s.product_id,
                               frame_sha256=s.frame_sha256, calibration_files=s.calibration_files,

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Response, status
 from backend.api.deps import SessionDep
 from backend.api.routes.params import is_safe_key
 from backend.api.schemas import JobPublic
-from backend.auth import CancelPrincipal, SubmitPrincipal
+from backend.services.quotas import CancelLimited, SubmitLimited
 from backend.faults import public_reason
 from backend.models import JobState
 from backend.services import job_control
@@ -38,7 +38,7 @@ def _known(job_id: str) -> str:
                202: {"description": "Asked to cancel: frames being calibrated finish, then it ends cancelled"},
                409: {"description": "The job has already ended"}, **_AUTH},
 )
-def cancel_job(job_id: str, session: SessionDep, response: Response, principal: CancelPrincipal) -> JobPublic:
+def cancel_job(job_id: str, session: SessionDep, response: Response, principal: CancelLimited) -> JobPublic:
     """Stop job ``job_id`` at the next frame boundary (scope ``jobs:cancel``; the job's owner,
     or an admin for anyone's).
 
@@ -66,7 +66,7 @@ def cancel_job(job_id: str, session: SessionDep, response: Response, principal: 
                503: {"description": "Planned again, but the broker could not be reached: the reconciler "
                                     "sends its frames once it is back"}, **_AUTH},
 )
-def retry_job(job_id: str, session: SessionDep, principal: SubmitPrincipal) -> JobPublic:
+def retry_job(job_id: str, session: SessionDep, principal: SubmitLimited) -> JobPublic:
     """Run again the failed (and cancelled) frames of job ``job_id`` (scope ``jobs:submit``;
     the job's owner, or an admin).
 

@@ -39,7 +39,8 @@ from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
 from backend.api.routes.params import IdPath, PaginationDep, is_safe_key
-from backend.auth import OptionalPrincipal, Principal, SubmitPrincipal
+from backend.auth import OptionalPrincipal, Principal
+from backend.services.quotas import SubmitLimited
 from backend.models import Job, Movie, SavedSearch, Webhook
 from backend.services import notify
 from backend.services import saved_searches as searches
@@ -321,7 +322,7 @@ def _hook_of(session: Session, search_id: int) -> Webhook | None:
 @router.post("/saved-searches", status_code=status.HTTP_201_CREATED, summary="Save an event or product search",
              responses={**_AUTH_ERRORS, 422: {"description": "A bad name, kind, query parameter or webhook URL "
                                                              "(the field named)"}})
-def create_saved_search(body: SavedSearchCreate, session: SessionDep, principal: SubmitPrincipal,
+def create_saved_search(body: SavedSearchCreate, session: SessionDep, principal: SubmitLimited,
                         response: Response) -> dict[str, Any]:
     """Save a query of ``GET /api/v1/events`` or ``GET /api/v1/products`` (checked with the
     same parsers: a value those routes refuse is a 422 naming ``query.<parameter>``). Its
@@ -360,7 +361,7 @@ def read_saved_search(search_id: IdPath, session: SessionDep, principal: Optiona
 
 @router.delete("/saved-searches/{search_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a saved search",
                responses=_AUTH_ERRORS)
-def delete_saved_search(search_id: IdPath, session: SessionDep, principal: SubmitPrincipal) -> Response:
+def delete_saved_search(search_id: IdPath, session: SessionDep, principal: SubmitLimited) -> Response:
     """Delete one's own saved search, its notifications, webhook and delivery log. Needs ``jobs:submit``."""
     row = _search_or_error(session, search_id, principal)
     session.delete(row)

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse
 from backend.api.deps import SessionDep
 from backend.api.routes.params import MAX_ID, IdPath, is_safe_key
 from backend.api.schemas import JobPublic
-from backend.auth import SubmitPrincipal
+from backend.services.quotas import SubmitLimited
 from backend.faults import public_reason
 from backend.models import Job, JobState, Product
 from backend.services import manifests, product_diff, reruns
@@ -78,7 +78,7 @@ def read_job_manifest(job_id: str, session: SessionDep) -> dict:
                         409: {"description": "Nothing written to re-run, or a calibration file's registered "
                                              "sha256 no longer matches the manifest"},
                         503: {"description": "Stored, but the broker could not be reached: marked failed"}})
-def rerun_job(job_id: str, session: SessionDep, response: Response, principal: SubmitPrincipal) -> JobPublic:
+def rerun_job(job_id: str, session: SessionDep, response: Response, principal: SubmitLimited) -> JobPublic:
     """Recalibrate the job's written products' frames with exactly their manifests'
     calibration files (by id, checked against their sha256 on disk before use) and options,
     on the workers, into the re-run store. Each frame's result (``identical``,
@@ -89,7 +89,7 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
         reruns.check_may_rerun(session, job, principal)
         specs = reruns.specs_from_job(session, job)
         new = reruns.submit_rerun(session, specs, owner=principal.user, rerun_of=job.id, source="job",
-                                  enqueue=False)
+                                  enqueue=False, quota_for=principal)
     except reruns.RerunForbidden as exc:
         raise HTTPException(403, detail=str(exc)) from None
     except reruns.RerunNotFound as exc:
