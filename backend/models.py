@@ -209,8 +209,8 @@ class CalibrationSet(Base):
 
     Products are versioned by set (``Product.version`` is the set's id), so "the products of
     set S" is one query and version S means the same calibration on every frame. Unique on
-    (channel, ``calibration_key``, ``params_hash``): the same files and options on two frames
-    are the same set. ``epoch_start``/``epoch_end``: the DATE-OBS span in which all its files
+    (channel, ``calibration_key``, ``params_hash``, ``software_version``): the same files and
+    options on two frames, by the same release, are the same set; a new release makes new sets. ``epoch_start``/``epoch_end``: the DATE-OBS span in which all its files
     are valid (the intersection of their validity intervals; ``epoch_end`` None: open).
 
     ``public``: the set feeds the public catalogue and light curves. The default set (newest
@@ -242,7 +242,9 @@ class CalibrationSet(Base):
     promoted_by: Mapped[str | None] = mapped_column(String(100))
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (UniqueConstraint("channel_code", "calibration_key", "params_hash"),)
+    #: A new software version is a new set: its products may differ (migration 0012).
+    __table_args__ = (UniqueConstraint("channel_code", "calibration_key", "params_hash", "software_version",
+                                       name="uq_calibration_sets_identity"),)
 
 
 class ProductState(str, enum.Enum):
@@ -306,11 +308,11 @@ class Product(Base):
         secondary="product_calibration_files", viewonly=True
     )
 
-    __table_args__ = (
-        UniqueConstraint("frame_id", "calibration_key", "params_hash"),
-        # two jobs planning the same frame at once cannot both take the next version number
-        UniqueConstraint("frame_id", "version", name="uq_products_frame_id_version"),
-    )
+    # one product per frame and calibration set (version = set id): two jobs planning the same
+    # frame with the same set at once make one product. The same files and options under
+    # another software version are another set, so (frame, calibration_key, params_hash) is
+    # not unique (migration 0012).
+    __table_args__ = (UniqueConstraint("frame_id", "version", name="uq_products_frame_id_version"),)
 
 
 class ProductCalibrationFile(Base):

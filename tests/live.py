@@ -32,7 +32,7 @@ import redis
 
 from tests.conftest import REDIS_URL, create_pg_database, drop_pg_database
 
-__all__ = ["Stack", "live_stack", "ingest_simulated", "wait_job", "redis_url"]
+__all__ = ["Stack", "live_stack", "live_worker", "ingest_simulated", "wait_job", "redis_url"]
 
 
 def redis_url(db: int) -> str:
@@ -86,27 +86,42 @@ def live_stack(settings_env, tmp_path: Path, *, redis_db: int, concurrency: int 
 
     celery_app.amqp._producer_pool = None  # forget a producer of an earlier test's broker
     log = tmp_path / "worker.log"
-    worker = None
-    fh = open(log, "wb")
-    if start_worker:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "backend.cli", "worker", "--queues", queues, "--concurrency", str(concurrency),
-             "--name", f"live-{os.getpid()}-{redis_db}@%h"],
-            env=os.environ.copy(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    log.write_bytes(b"")
     try:
-        yield Stack(s, url, rurl, worker, log, tmp_path)
+        with contextlib.ExitStack() as stack:
+            worker = (stack.enter_context(live_worker(log, name=f"live-{os.getpid()}-{redis_db}@%h", queues=queues,
+                                                      concurrency=concurrency, module="backend.cli"))
+                      if start_worker else None)
+            yield Stack(s, url, rurl, worker, log, tmp_path)
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(timeout=10)
-        fh.close()
         dbmod.reset_caches()
         drop_pg_database(url)
         r.flushdb()
+
+
+@contextlib.contextmanager
+def live_worker(log: Path, *, name: str, queues: str = "cpu", concurrency: int = 2,
+                module: str = "tests.faults.worker_main"):
+    """A Celery worker process (``python -m <module> worker``, default the fault-injecting
+    one whose ``LSTDP_FAULTS_*`` hooks slow or break calibrations) on the current
+    environment's settings, logging to ``log``; stopped on exit (SIGTERM to its process
+    group, SIGKILL after 30 s). Yields the process."""
+    fh = open(log, "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "worker", "--queues", queues, "--concurrency", str(concurrency),
+         "--name", name],
+        env=os.environ.copy(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        fh.close()
 
 
 def ingest_simulated(sim_dir: Path) -> dict[str, int]:

@@ -188,11 +188,14 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     _ingest_all(db_session, [flat2], settings)
 
     prod2, new = plan_product(db_session, frame, pinned=None, options={}, job_id=None)
-    assert new and prod2.id != prod1.id and prod2.version == 2 and prod2.calibration_key != prod1.calibration_key
+    # versions are calibration set ids: a new set, the same meaning on every frame
+    assert new and prod2.id != prod1.id and prod2.calibration_key != prod1.calibration_key
+    assert prod1.version == prod1.calibration_set_id and prod2.version == prod2.calibration_set_id != prod1.version
     prod2 = calibrate_product(db_session, prod2.id, settings)
     assert prod2.state == ProductState.written, prod2.error
     data2, _, h2 = read_product(prod2.path)
-    assert h2["CALFLVER"] == 2 and h1["CALFLVER"] == 1 and h2["PRODVER"] == 2
+    assert h2["CALFLVER"] == 2 and h1["CALFLVER"] == 1 and h2["PRODVER"] == prod2.version
+    assert h2["CALSET"] == prod2.calibration_set_id and h1["CALSET"] == prod1.calibration_set_id
 
     # the old version is kept, file and row, unchanged
     db_session.expire_all()
@@ -203,7 +206,7 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     assert hashlib.sha256(open(old.path, "rb").read()).hexdigest() == old.sha256
     versions = db_session.scalars(select(Product.version).where(Product.frame_id == frame.id)
                                   .order_by(Product.version)).all()
-    assert versions == [1, 2]
+    assert versions == sorted([prod1.version, prod2.version])
     # the new flat moved the values by its 2 % step (in the detector's left half: the frame's
     # roll is under a degree, so the L2 left and right quarters lie on either side of it)
     good = np.isfinite(data1) & np.isfinite(data2) & (data1 > 0)
@@ -215,6 +218,19 @@ def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session,
     pinned, new = plan_product(db_session, frame, pinned={"flat": 1}, options={}, job_id=None)
     assert pinned.calibration_key == prod1.calibration_key and pinned.params_hash == prod1.params_hash
     assert pinned.id == prod1.id and not new
+
+    # the same files and options under another software version are another set (its
+    # products may differ): a new release recalibrates, it never reuses the old set's id
+    import backend.services.calibration_sets as sets_mod
+
+    real = sets_mod.__version__
+    sets_mod.__version__ = real + "+next"
+    try:
+        nxt, new = plan_product(db_session, frame, pinned={"flat": 1}, options={}, job_id=None)
+    finally:
+        sets_mod.__version__ = real
+    assert new and nxt.calibration_key == prod1.calibration_key and nxt.params_hash == prod1.params_hash
+    assert nxt.calibration_set_id != prod1.calibration_set_id and nxt.calibration_set.software_version == real + "+next"
 
     # PSF deconvolution asked for: the PSF master joins the set and the header names it too
     prod_psf, new = plan_product(db_session, frame, pinned=None, options={"deconvolve_psf": True}, job_id=None)

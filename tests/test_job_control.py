@@ -12,9 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +24,7 @@ from backend.models import (CalibrationFile, Frame, ItemOutcome, Job, JobFollowU
 from backend.broker import TaskName
 from backend.state import move_job, move_product
 from tests.conftest import make_token
-from tests.live import ingest_simulated, live_stack, wait_job
+from tests.live import ingest_simulated, live_stack, live_worker, wait_job
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -58,25 +55,10 @@ def _stack(settings_env, tmp_path, sim_dir, *, worker: bool = True):
     with live_stack(settings_env, tmp_path, redis_db=REDIS_DB, env=env, start_worker=False) as st:
         counts = ingest_simulated(sim_dir)
         assert counts.get("ingested") == N_FRAMES, counts
-        proc = None
-        if worker:
-            fh = open(tmp_path / "worker.log", "ab")
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.faults.worker_main", "worker", "--queues", "cpu", "--concurrency",
-                 "2", "--name", f"jobctl-{os.getpid()}@%h"],
-                env=os.environ.copy(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
+        with contextlib.ExitStack() as workers:
+            if worker:
+                workers.enter_context(live_worker(tmp_path / "worker.log", name=f"jobctl-{os.getpid()}@%h"))
             yield st
-        finally:
-            if proc is not None:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        proc.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                        proc.wait(timeout=10)
-                fh.close()
 
 
 @pytest.fixture

@@ -574,11 +574,8 @@ def live(settings_env, tmp_path, sdi_sim):
     by ``FRAME_DELAY_S``), webhooks to local receivers allowed, fast retries; yields the
     stack and the base URL of the API served by uvicorn."""
     import os
-    import signal
-    import subprocess
-    import sys
 
-    from tests.live import ingest_simulated, live_stack
+    from tests.live import ingest_simulated, live_stack, live_worker
     from tests.test_browser import served_app
 
     env = {"WEBHOOK_ALLOW_PRIVATE": "true", "WEBHOOK_BACKOFF_S": "1", "WEBHOOK_MAX_ATTEMPTS": "2",
@@ -586,22 +583,8 @@ def live(settings_env, tmp_path, sdi_sim):
     with live_stack(settings_env, tmp_path, redis_db=LIVE_REDIS_DB, env=env, start_worker=False) as st:
         counts = ingest_simulated(sdi_sim)
         assert counts.get("ingested", 0) >= 8, counts
-        fh = open(tmp_path / "worker.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "tests.faults.worker_main", "worker", "--queues", "cpu",
-                                 "--concurrency", "2", "--name", f"notify-{os.getpid()}@%h"],
-                                env=os.environ.copy(), stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            with served_app() as url:
-                yield st, url
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
-            fh.close()
+        with live_worker(tmp_path / "worker.log", name=f"notify-{os.getpid()}@%h"), served_app() as url:
+            yield st, url
 
 
 def _live_token(user: str = "nora") -> dict[str, str]:

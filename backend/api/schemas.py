@@ -330,6 +330,8 @@ class JobQueuePublic(BaseModel):
     eta_s: float | None = Field(description="seconds until this job's last frame is expected [s]")
     eta_at: UTCDateTime | None
     basis: str = Field(description="how the ETA was computed, or why there is none")
+
+
 class RerunResultPublic(_ORM):
     """One frame of a ``rerun`` job: how the re-run compares with the original product."""
 

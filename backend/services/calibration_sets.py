@@ -61,7 +61,8 @@ def set_for(session: Session, frame: Frame, sel: SelectedCalibrations, opts: Cal
     identity = opts.identity()
     ph = params_hash(identity)
     q = select(CalibrationSet).where(CalibrationSet.channel_code == frame.channel_code,
-                                     CalibrationSet.calibration_key == sel.key, CalibrationSet.params_hash == ph)
+                                     CalibrationSet.calibration_key == sel.key, CalibrationSet.params_hash == ph,
+                                     CalibrationSet.software_version == __version__)  # a release: its own sets
     found = session.scalar(q)
     if found is not None:
         return found

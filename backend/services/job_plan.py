@@ -66,8 +66,7 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
                               also_required=also)
     ph = params_hash(opts.identity())
     cal_set = set_for(session, frame, sel, opts, pinned=pinned, owner=owner)
-    existing = session.scalar(select(Product).where(
-        Product.frame_id == frame.id, Product.calibration_key == sel.key, Product.params_hash == ph))
+    existing = session.scalar(select(Product).where(Product.frame_id == frame.id, Product.version == cal_set.id))
     if existing is not None:
         if existing.calibration_set_id is None:
             existing.calibration_set_id = cal_set.id

@@ -18,7 +18,6 @@ from backend.services import jobs as jobs_service
 from backend.services import quotas
 from backend.services.quotas import SubmitLimited
 from backend.services.jobs import JobRequest
-from backend.services.set_access import job_set_ids
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     deadline = getattr(request.state, "deadline", None)
     if deadline is not None and deadline.answered:
         log.error("job %s was stored after its request had been answered 503; failing it", job.id)
-        _fail_if_queued(session, job, "not sent: the request had been answered 503 (no answer within "
+        fail_if_queued(session, job, "not sent: the request had been answered 503 (no answer within "
                                       f"{deadline.limit_s:g} s) before the job was stored")
         raise HTTPException(503, detail="the request took too long")  # nobody reads it
     try:
@@ -67,7 +66,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     except Exception as exc:  # broker down or misconfigured: the job must not stay queued forever
         log.exception("could not enqueue job %s", job.id)
         reason = f"broker unreachable: {public_reason(exc)}"
-        _fail_if_queued(session, job, f"could not enqueue the job: {reason}")
+        fail_if_queued(session, job, f"could not enqueue the job: {reason}")
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
@@ -91,7 +90,7 @@ def with_queue(session: Session, jobs: list[Job]) -> list[JobPublic]:
     return out
 
 
-def _fail_if_queued(session: Session, job: Job, reason: str) -> None:
+def fail_if_queued(session: Session, job: Job, reason: str) -> None:
     """Mark ``job`` failed with ``reason`` and commit, unless a worker has taken it meanwhile
     (its message arrived after all: the row, locked and read again, says ``running``)."""
     session.refresh(job, with_for_update=True)

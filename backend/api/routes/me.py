@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from backend.api.deps import SessionDep
-from backend.api.schemas import UTCDateTime
+from backend.api.schemas import JobQueuePublic, UTCDateTime
 from backend.auth import OptionalPrincipal
 from backend.services import quotas
 
@@ -59,18 +59,11 @@ class RateLimitPublic(BaseModel):
     exempt: bool
 
 
-class MyJobQueuePublic(BaseModel):
+class MyJobQueuePublic(JobQueuePublic):
+    """One of one's queued or running jobs, where it stands in its lane."""
+
     job_id: str
-    lane: str
     state: str
-    position: int
-    jobs_ahead: int
-    frames_ahead: int
-    frames_pending: int
-    frames_per_s: float | None
-    eta_s: float | None
-    eta_at: UTCDateTime | None
-    basis: str
 
 
 class MePublic(BaseModel):

@@ -269,13 +269,19 @@ def read_webhooks(session: SessionDep, principal: OptionalPrincipal) -> dict[str
     return {"items": [notify.describe_webhook(h) for h in rows], "total": len(rows)}
 
 
+def _owned(session: Session, model: type, row_id: int, p: Principal, what: str) -> Any:
+    """Row ``row_id`` of ``model`` (a webhook, a saved search) if ``p`` owns it or is an
+    admin: 404 when there is none, 403 when it is another user's."""
+    row = session.get(model, row_id)
+    if row is None:
+        raise HTTPException(404, detail=f"no {what} with id {row_id}")
+    if not p.may_act_on(row.owner):
+        raise _forbidden(p, f"{what} {row_id}")
+    return row
+
+
 def _own_webhook(session: Session, webhook_id: int, p: Principal) -> Webhook:
-    hook = session.get(Webhook, webhook_id)
-    if hook is None:
-        raise HTTPException(404, detail=f"no webhook with id {webhook_id}")
-    if not p.may_act_on(hook.owner):
-        raise _forbidden(p, f"webhook {webhook_id}")
-    return hook
+    return _owned(session, Webhook, webhook_id, p, "webhook")
 
 
 @router.get("/webhooks/{webhook_id}/deliveries", summary="A webhook's delivery log", responses=_AUTH_ERRORS)
@@ -307,12 +313,7 @@ def read_job_deliveries(job_id: str, session: SessionDep, principal: OptionalPri
 
 
 def _search_or_error(session: Session, search_id: int, p: Principal) -> SavedSearch:
-    row = session.get(SavedSearch, search_id)
-    if row is None:
-        raise HTTPException(404, detail=f"no saved search with id {search_id}")
-    if not p.may_act_on(row.owner):
-        raise _forbidden(p, f"saved search {search_id}")
-    return row
+    return _owned(session, SavedSearch, search_id, p, "saved search")
 
 
 def _hook_of(session: Session, search_id: int) -> Webhook | None:

@@ -15,12 +15,12 @@ from fastapi.responses import HTMLResponse
 
 from backend.api.deps import SessionDep
 from backend.api.routes.params import MAX_ID, IdPath, is_safe_key
+from backend.api.routes.jobs import fail_if_queued
 from backend.api.schemas import JobPublic
 from backend.services.quotas import SubmitLimited
 from backend.faults import public_reason
-from backend.models import Job, JobState, Product
+from backend.models import Job, Product
 from backend.services import manifests, product_diff, reruns
-from backend.state import move_job
 from pipelines.errors import DataError
 
 router = APIRouter(tags=["reproducibility"])
@@ -105,10 +105,7 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
     except Exception as exc:  # broker down: the job must not stay queued for ever
         log.exception("could not enqueue re-run job %s", new.id)
         reason = f"broker unreachable: {public_reason(exc)}"
-        session.refresh(new, with_for_update=True)
-        if new.state == JobState.queued:
-            move_job(new, JobState.failed, f"could not enqueue the job: {reason}")
-        session.commit()
+        fail_if_queued(session, new, f"could not enqueue the job: {reason}")
         raise HTTPException(503, detail=f"re-run job {new.id} was stored but could not be sent to the broker "
                                         f"({reason}); it is marked failed: ask again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{new.id}"
