@@ -126,7 +126,9 @@ def _mutated(mutations: list[tuple[str, object]]) -> dict:
         parts = target.split(".")
         node = body
         for key in parts[:-1]:
-            node = node.setdefault(key, {})
+            if not isinstance(node.get(key), dict):  # an earlier mutation made it a scalar: a dict again
+                node[key] = {}
+            node = node[key]
         last = parts[-1]
         if last.endswith("[0]"):
             node[last[:-3]] = [value]
