@@ -87,6 +87,8 @@ def test_fido_search_finds_exactly_the_products_the_api_lists(live, url_env, no_
     block = _ours(res)
     assert sorted(block["Product ID"]) == sorted(p["id"] for p in api)
     assert set(block["Instrument"]) == {"LST"} and set(block["Source"]) == {"ASO-S"}
+    shown = str(res)  # Fido's table: the visible columns, not the hidden URL and checksum
+    assert "LSTClient" in shown and "Start Time" in shown and "SDI" in shown and "/fits" not in shown
     for row in block:
         p = next(p for p in api if p["id"] == row["Product ID"])
         assert abs((row["Start Time"] - a.Time(p["date_obs"].rstrip("Z"), p["date_obs"].rstrip("Z")).start)
