@@ -23,6 +23,7 @@ from typing import Any
 
 import astropy.units as u
 import httpx
+import numpy as np
 from astropy.table import QTable, Row
 from astropy.time import Time
 
@@ -125,7 +126,7 @@ def _product_items(products: Any) -> list[dict[str, Any]]:
             out.append({"id": int(p)})
     for p in out:
         sha = p.get("sha256")
-        p["sha256"] = None if sha is None or getattr(sha, "mask", False) is True or sha == "" else str(sha)
+        p["sha256"] = None if sha is None or np.ma.is_masked(sha) or sha == "" else str(sha)
         p["id"] = int(p["id"])
     return out
 

@@ -17,7 +17,9 @@ FITS file) are listed.
 
 The server is ``LSTClient(url=...)``, else the ``LSTDP_URL`` environment variable, else
 ``http://127.0.0.1:8000`` (Fido makes its clients without arguments); a token from
-``LSTDP_TOKEN`` is sent when set.
+``LSTDP_TOKEN`` is sent with the searches when set. Fido's own downloader sends no token:
+to fetch products of a private calibration set, pass one that does,
+``Fido.fetch(res, downloader=lstdp_client.Client(token=...).downloader())``.
 """
 
 from __future__ import annotations
