@@ -146,3 +146,34 @@ def test_client_url_parameter_info_url_and_server_errors(live):
         c.search(DAY, la.CalibrationSet(3_000_000_000))
     direct = httpx.get(f"{live.url}/api/v1/products", params={"calibration_set": 3_000_000_000})
     assert exc.value.status == direct.status_code == 422 and exc.value.detail == direct.json()["detail"]
+
+
+def test_products_of_a_private_set_need_the_token(live, no_vso, monkeypatch, tmp_path):
+    """A job with other options makes its owner's calibration set, seen (and downloaded) with
+    their token only: by the client, and by Fido with ``LSTDP_TOKEN`` and the client's downloader."""
+    from lstdp_client import Client
+
+    with Client(live.url, token=live.token) as c:
+        job = c.submit_job("SDI", live.span[0], live.span[1], options={"interpolation_order": 1})
+        final = c.wait_job(job["id"], timeout=300)
+        assert final["state"] == "succeeded" and final["done"] == SDI_FRAMES, final
+        (set_id,) = final["calibration_sets"]
+        mine = c.search_products(calibration_set=set_id, state="written")
+        assert len(mine) == SDI_FRAMES
+        got = c.download(mine, tmp_path / "client", progress=False)
+        assert not got.errors and {hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in got} == set(mine["sha256"])
+    with Client(live.url) as anonymous:
+        assert len(anonymous.search_products(calibration_set=set_id)) == 0
+        refused = anonymous.download(mine, tmp_path / "anonymous", progress=False, retries=0)
+        assert len(refused) == 0 and len(refused.errors) == SDI_FRAMES  # 404 for each: not theirs to see
+
+    monkeypatch.setenv("LSTDP_URL", live.url)
+    assert len(_ours(Fido.search(DAY, a.Instrument("LST"), la.CalibrationSet(set_id)))) == 0
+    monkeypatch.setenv("LSTDP_TOKEN", live.token)
+    block = _ours(Fido.search(DAY, a.Instrument("LST"), la.CalibrationSet(set_id)))
+    assert sorted(block["Product ID"]) == sorted(mine["id"])
+    denied = Fido.fetch(block, path=tmp_path / "fido" / "{file}", progress=False)  # Fido's downloader: no token
+    assert len(denied.errors) == SDI_FRAMES
+    files = Fido.fetch(block, path=tmp_path / "fido" / "{file}",
+                       downloader=Client(live.url, token=live.token).downloader(progress=False))
+    assert not files.errors and len(files) == SDI_FRAMES
