@@ -7,10 +7,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test serve worker venv clean bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e clients/python  # the Python/Fido client (tests/client)
 	@touch $(STAMP)
 
 venv: $(STAMP)
