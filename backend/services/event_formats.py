@@ -219,6 +219,11 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
     if e.source in _CATALOGUE_OBSERVATION:
         observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
         return observatory, instrument, e.channels
+    from pipelines.catalogues import CATALOGUES
+
+    cat = CATALOGUES.get(e.source)  # a catalogue added with its observatory and instrument
+    if cat is not None and (cat.observatory or cat.instrument):
+        return cat.observatory, cat.instrument, e.channels
     return None, None, e.channels
 
 
