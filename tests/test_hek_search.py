@@ -215,3 +215,29 @@ def test_anonymous_hek_search_sees_the_public_catalogue_only(served):
                                 "event_endtime": "2012-03-08T00:00:00"})
     rows = httpx.get(f"{served}/api/v1/hek?{q}").raise_for_status().json()["result"]
     assert rows and not any(r["fl_goescls"] == "X9.9" for r in rows)
+
+
+def test_rows_without_a_helioprojective_position_are_written_as_hek_writes_them(served):
+    """A STIX flare hidden from Earth: Stonyhurst (its heliographic place, observer-free); a
+    GOES report row without a location: HEK's (0, 0) with noposition true. A box smaller than
+    HEK's whole region asks for positions in it: neither is returned then."""
+    url = served
+    day = a.Time("2023-04-26T20:00", "2023-04-27T13:00")  # STIX flares on both sides of the limb
+    rows = _client(url).search(day, a.hek.FL)
+    (hidden,) = [r for r in rows if r["lst_source"] == "stix" and r["kb_archivid"].endswith("/2304271119")]
+    assert hidden["event_coord"].frame.name == "heliographic_stonyhurst"
+    raw = {r["kb_archivid"]: r for r in rows.raw}
+    h = raw[hidden["kb_archivid"]]
+    assert (h["event_coordsys"], h["noposition"], h["hpc_x"]) == ("UTC-HGS-TOPO", "false", None)
+    assert (h["event_coord1"], h["event_coord2"]) == (h["hgs_x"], h["hgs_y"])
+    boxed = _client(url).search(day, a.hek.FL, a.hek.SpatialRegion(x1=-1200, y1=-1200, x2=1200, y2=1200))
+    seen = {k for k, r in raw.items() if r["hpc_x"] is not None}
+    assert 0 < len(seen) < len(rows) and set(boxed["kb_archivid"]) == seen
+
+    q = {"cmd": "search", "event_type": "FL", "event_starttime": MARCH[0], "event_endtime": MARCH[1]}
+    result = httpx.get(f"{url}/api/v1/hek", params={**q, "result_limit": 500}).json()["result"]
+    unplaced = [r for r in result if r["hpc_x"] is None]
+    assert unplaced and all((r["event_coordsys"], r["event_coord1"], r["event_coord2"], r["noposition"])
+                            == ("UTC-HGS-TOPO", 0.0, 0.0, "true") for r in unplaced)
+    assert all(r["noposition"] == "false" and r["event_coordsys"] == "UTC-HPC-TOPO"
+               for r in result if r["hpc_x"] is not None)
