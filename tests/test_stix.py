@@ -203,3 +203,49 @@ def test_the_demo_wst_frame_day_is_an_observing_window_with_three_stix_flares(db
     import_catalogue(db_session, "lst_wst", WST_FILE)
     (w,) = [w for w in observing_windows(db_session) if w.day == dt.date(2023, 1, 31)]
     assert w.frames == {"WST": 1} and w.events == {"stix": 3}
+
+
+def _shifted(line: str, days: int) -> str:
+    """A real row moved ``days`` later, with the flare id of its new peak (YYMMDDHHMM)."""
+    cols = line.split(",")
+    names = HEADER.split(",")
+    for c in ("start_UTC", "end_UTC", "peak_UTC"):
+        i = names.index(c)
+        cols[i] = (utc(cols[i]) + dt.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    cols[names.index("flare_id")] = utc(cols[names.index("peak_UTC")]).strftime("%y%m%d%H%M")
+    return ",".join(cols)
+
+
+def test_a_newer_list_adds_only_its_new_flares(db_session, tmp_path):
+    """Newer versions of the list keep its columns and add rows: an older cut of the real file,
+    then the real file, then a newer copy with two more flares (real rows of April 2023 moved
+    30 days on, into May 2023) add only what is new each time; every row is counted."""
+    from backend.models import CatalogueCoverage
+
+    header, *rows = STIX_FILE.read_text(encoding="utf-8").splitlines()
+    starts = [r.split(",")[0] for r in rows]
+    old_rows = [r for r, s in zip(rows, starts) if s < "2023-04-01"]
+    assert 0 < len(old_rows) < len(rows)
+    older = tmp_path / "v0" / "STIX_flarelist_w_locations_20210214_20230331_version1.csv"
+    newer = tmp_path / "v2" / "STIX_flarelist_w_locations_20210214_20230530_version1.csv"
+    added = [_shifted(rows[-1], 30), _shifted(rows[-2], 30)]
+    for path, body in ((older, old_rows), (newer, rows + added)):
+        path.parent.mkdir()
+        path.write_text("\n".join([header, *body]) + "\n", encoding="utf-8")
+
+    first = import_catalogue(db_session, "stix", older)
+    assert (first.rows_in, first.stored, first.skipped_existing, len(first.refused)) == (len(old_rows),) * 2 + (0, 0)
+    real = import_catalogue(db_session, "stix", STIX_FILE)
+    assert (real.rows_in, real.stored, real.skipped_existing) == (6429, 6429 - len(old_rows), len(old_rows))
+    new = import_catalogue(db_session, "stix", newer.parent)
+    assert (new.rows_in, new.stored, new.skipped_existing, len(new.refused)) == (6431, 2, 6429, 0)
+    assert new.lines()[0].split() == ["stix", "rows", "in", "6431", "stored", "2", "already", "there", "6429",
+                                      "refused", "0"]
+    stored = set(db_session.scalars(select(Event.source_key).where(Event.source == "stix")))
+    assert len(stored) == 6431 and {a.split(",")[-1] for a in added} <= stored
+    again = import_catalogue(db_session, "stix", newer)
+    assert (again.stored, again.skipped_existing) == (0, 6431)
+    # each version's own period is recorded (file names), the newest reaching 2023-05-30
+    ends = {c.file: c.covers_end for c in db_session.scalars(select(CatalogueCoverage)
+                                                             .where(CatalogueCoverage.source == "stix"))}
+    assert ends[newer.name].date() == dt.date(2023, 5, 31) and ends[older.name].date() == dt.date(2023, 4, 1)

@@ -51,6 +51,7 @@ from backend.api.deps import SessionDep
 from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, movies, products
 from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
+from backend.api.routes import hek as hek_routes
 from backend.api.routes import me as me_routes, queue as queue_routes
 from backend.api.routes import xray as xray_routes
 from backend.api.routes import coverage, event_histogram
@@ -493,6 +494,7 @@ def create_app() -> FastAPI:
     api.include_router(viewer_routes.router)  # /products/{id}/region.png, wcs, pixel, overlays
     api.include_router(xray_routes.router)
     api.include_router(event_curves_routes.router)
+    api.include_router(hek_routes.router)  # /hek: HEK-compatible search (sunpy's HEKClient)
     api.include_router(session_routes.router)  # browser sign-in (the session cookie)
     api.include_router(tokens_routes.router)  # token management
     api.include_router(calibration_sets_routes.router)

@@ -79,6 +79,13 @@ SOURCE_TITLES: dict[str, str] = {
 }
 
 
+def _catalogue_title(source: str) -> str:
+    """The registry title of a catalogue without a :data:`SOURCE_TITLES` entry (else the name)."""
+    from pipelines.catalogues import CATALOGUES
+
+    return CATALOGUES[source].title if source in CATALOGUES else source
+
+
 @dataclass(frozen=True)
 class Span:
     """A covered span ``[start, end)``; ``complete`` False: a selection or a cut answer."""
@@ -268,7 +275,7 @@ class CatalogueProvider:
 
     def __init__(self, source: str) -> None:
         self.name = source
-        self.title = SOURCE_TITLES.get(source, source)
+        self.title = SOURCE_TITLES.get(source) or _catalogue_title(source)
         self.description = CATALOGUES[source].title if source in CATALOGUES else source
 
     def spans(self, session: Session, rows: list | None = None) -> tuple[list[Span], int]:

@@ -219,12 +219,44 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
     if e.source in _CATALOGUE_OBSERVATION:
         observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
         return observatory, instrument, e.channels
+    from pipelines.catalogues import CATALOGUES
+
+    cat = CATALOGUES.get(e.source)  # a catalogue added with its observatory and instrument
+    if cat is not None and (cat.observatory or cat.instrument):
+        return cat.observatory, cat.instrument, e.channels
     return None, None, e.channels
 
 
-def hek_record(e: Event) -> dict[str, Any]:
-    """One event as a HEK API result row (HEK field names; ``lst_`` extensions)."""
-    has_hpc = e.hpc_x is not None and e.hpc_y is not None
+def _event_coord(e: Event, position_always: bool) -> tuple[str | None, str | None, Any, Any, bool]:
+    """``(event_coordsys, event_coordunit, event_coord1, event_coord2, noposition)``.
+
+    Helioprojective (``UTC-HPC-TOPO``, arcsec) when the event has ``hpc_x``/``hpc_y``. Else,
+    with ``position_always`` (what HEK itself answers, and what HEK clients such as sunpy's
+    ``HEKTable`` need in every row), Stonyhurst heliographic (``UTC-HGS-TOPO``, degrees):
+    the event's ``hgs_lon``/``hgs_lat`` (a STIX flare hidden from Earth), or HEK's
+    convention for a flare without a location (SWPC rows of the HEK sample,
+    ``sample-data/real/events/hek``): (0, 0) with ``noposition`` true. Without
+    ``position_always`` the coordinate fields are None when there is no helioprojective
+    position.
+    """
+    if e.hpc_x is not None and e.hpc_y is not None:
+        return "UTC-HPC-TOPO", "arcsec", e.hpc_x, e.hpc_y, False
+    if not position_always:
+        return None, None, None, None, True
+    if e.hgs_lon is not None and e.hgs_lat is not None:
+        return "UTC-HGS-TOPO", "degrees", e.hgs_lon, e.hgs_lat, False
+    return "UTC-HGS-TOPO", "degrees", 0.0, 0.0, True
+
+
+def hek_record(e: Event, *, position_always: bool = False) -> dict[str, Any]:
+    """One event as a HEK API result row (HEK field names; ``lst_`` extensions).
+
+    ``position_always``: every row has an ``event_coordsys`` and ``event_coord1/2`` as HEK
+    answers them (:func:`_event_coord`), and ``event_coord3`` (None) and ``noposition``
+    (``"true"``/``"false"``, HEK's strings) are added; the HEK-compatible search
+    (``GET /api/v1/hek``) answers so.
+    """
+    coordsys, coordunit, c1, c2, noposition = _event_coord(e, position_always)
     observatory, instrument, channel = observation(e)
     rec: dict[str, Any] = {
         "kb_archivid": event_ivorn(e),
@@ -232,10 +264,10 @@ def hek_record(e: Event) -> dict[str, Any]:
         "event_starttime": _iso(e.start_time, z=False),
         "event_peaktime": _iso(e.peak_time, z=False),
         "event_endtime": _iso(e.end_time, z=False),
-        "event_coordsys": "UTC-HPC-TOPO" if has_hpc else None,
-        "event_coordunit": "arcsec" if has_hpc else None,
-        "event_coord1": e.hpc_x if has_hpc else None,
-        "event_coord2": e.hpc_y if has_hpc else None,
+        "event_coordsys": coordsys,
+        "event_coordunit": coordunit,
+        "event_coord1": c1,
+        "event_coord2": c2,
         "hpc_x": e.hpc_x,
         "hpc_y": e.hpc_y,
         "hpc_bbox": None,
@@ -260,6 +292,9 @@ def hek_record(e: Event) -> dict[str, Any]:
         "lst_source": e.source,
         "lst_position_angle": e.position_angle,
     }
+    if position_always:
+        rec["event_coord3"] = None
+        rec["noposition"] = "true" if noposition else "false"
     bbox = (e.attributes or {}).get("hpc_bbox")
     if isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox):
         x0, y0, x1, y1 = bbox
@@ -274,10 +309,21 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def events_hek(rows: list[Event], *, overmax: bool) -> dict[str, Any]:
+def events_hek(rows: list[Event], *, overmax: bool, position_always: bool = False,
+               columns: list[str] | None = None) -> dict[str, Any]:
     """``{"result": [hek_record, ...], "overmax": overmax}`` (HEK: more rows than returned);
-    a NaN or infinite number is ``null`` (JSON has none)."""
-    result = [{k: _finite_or_none(v) for k, v in hek_record(e).items()} for e in rows]
+    a NaN or infinite number is ``null`` (JSON has none).
+
+    ``position_always`` is passed to :func:`hek_record`; ``columns`` (HEK's ``return``
+    parameter) keeps only these fields of each row, in this order (names as
+    :func:`hek_record` writes them; an unknown name is the caller's to refuse).
+    """
+    result = []
+    for e in rows:
+        rec = hek_record(e, position_always=position_always)
+        if columns is not None:
+            rec = {k: rec.get(k) for k in columns}
+        result.append({k: _finite_or_none(v) for k, v in rec.items()})
     return {"result": result, "overmax": bool(overmax)}
 
 

@@ -66,13 +66,41 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Catalogue:
-    """One catalogue: its source name, parser and where its files lie in an events folder."""
+    """One catalogue: its source name, parser and where its files lie in an events folder.
+
+    Adding a catalogue is one module (its ``parse_<name>(path) -> ParseResult``) and one
+    ``Catalogue(...)`` line in :data:`CATALOGUES` (README, "Adding a catalogue").
+
+    Attributes
+    ----------
+    source : str
+        ``Event.source`` of its events (at most 32 characters; letters, digits, ``_``).
+    parse : callable
+        ``parse(path) -> ParseResult`` of one file.
+    folder : str
+        Its folder in an events folder (``lstdp import-events <dir>``).
+    pattern : str
+        Glob of its files in that folder.
+    title : str
+        What it is, for people (messages, coverage).
+    coverage : callable, optional
+        ``coverage(path) -> pipelines.catalogues.coverage.FileCoverage``: the span a file says
+        it covers. Optional for a new catalogue (the built-in ones have theirs in
+        :data:`pipelines.catalogues.coverage.COVERAGE_READERS`); without one a file covers
+        nothing known, and the coverage says so.
+    observatory, instrument : str, optional
+        HEK ``obs_observatory`` / ``obs_instrument`` of its events, when they all come from
+        one instrument (:func:`backend.services.event_formats.observation`).
+    """
 
     source: str
     parse: Callable[[str | os.PathLike], ParseResult]
     folder: str
     pattern: str
     title: str
+    coverage: Callable | None = None
+    observatory: str | None = None
+    instrument: str | None = None
 
 
 #: The catalogues, in the order ``import_all`` imports them (the WST-GOES flare links are

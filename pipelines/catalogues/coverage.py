@@ -204,7 +204,8 @@ def file_coverage(source: str, path: str | os.PathLike) -> FileCoverage:
     ----------
     source : str
         A key of :data:`COVERAGE_READERS` (``goes_xrs``, ``cdaw``, ``hek``, ``donki``,
-        ``noaa_srs``, ``lst_wst``).
+        ``noaa_srs``, ``lst_wst``, ``stix``), or of :data:`pipelines.catalogues.CATALOGUES`
+        (its ``coverage`` reader; without one, a span-less FileCoverage saying so).
     path : path-like
         One catalogue file.
 
@@ -220,10 +221,16 @@ def file_coverage(source: str, path: str | os.PathLike) -> FileCoverage:
     CatalogueError
         If the file contradicts itself (rows of another year than its name) or cannot be read.
     """
-    if source not in COVERAGE_READERS:
-        raise KeyError(f"no coverage reader for catalogue {source!r}; expected one of {', '.join(COVERAGE_READERS)}")
+    from pipelines.catalogues import CATALOGUES
+
+    reader = COVERAGE_READERS.get(source) or (CATALOGUES[source].coverage if source in CATALOGUES else None)
     p = Path(path)
+    if reader is None and source in CATALOGUES:  # a catalogue added without a coverage reader
+        return FileCoverage(p.name, None, None, False,
+                            f"no coverage reader for catalogue {source!r}: the period its files cover is unknown")
+    if reader is None:
+        raise KeyError(f"no coverage reader for catalogue {source!r}; expected one of {', '.join(COVERAGE_READERS)}")
     try:
-        return COVERAGE_READERS[source](p)
+        return reader(p)
     except OSError as exc:
         raise CatalogueError(f"{p.name}: cannot be read ({exc.strerror or exc})") from None

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Annotated, Literal
 
 import pydantic_core
-from fastapi import APIRouter, Depends, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
@@ -117,6 +117,7 @@ def _page_headers(page) -> dict[str, str]:
                      "description": "JSON page (default), CSV, VOTable or HEK JSON (format=...)"}},
 )
 def read_events(
+    request: Request,
     session: SessionDep,
     page: PaginationDep,
     filters: EventSearchDep,
@@ -144,6 +145,7 @@ def read_events(
     ``X-Total-Count``, ``X-Total-Is-Estimate``, ``X-Truncated`` and ``X-Next-Cursor``
     headers (VOTable also as INFO elements); HEK JSON sets ``overmax`` when truncated.
     """
+    refuse_hek_parameters(request)
     result = event_search_service.search_events(
         autocommit_reads(session), filters, sort=sort, limit=page.limit, cursor=cursor, offset=page.offset,
         light=format in ("json", "csv", "votable"),
@@ -163,6 +165,20 @@ def read_events(
 
     cover = window_coverage(session, filters.sources, filters.start, filters.end)
     return Response(page_json(result, coverage=coverage_json(cover)), media_type="application/json")
+
+
+def refuse_hek_parameters(request: Request) -> None:
+    """400 naming HEK's own query parameters (``event_type``, ``event_starttime``, ``cosec``,
+    ``param0``...) given to ``GET /events``, which does not read them (they were once dropped
+    silently): HEK queries go to ``GET /api/v1/hek``."""
+    from backend.services.hek_search import hek_parameter_names
+
+    names = hek_parameter_names(list(dict.fromkeys(request.query_params.keys())))
+    if names:
+        raise HTTPException(400, detail=(
+            f"{', '.join(names)}: HEK query parameter(s), not read by GET /api/v1/events (its filters are "
+            "type, start, end, min_goes_class, hpc_x_min...); for HEK's parameters use the HEK-compatible "
+            "search GET /api/v1/hek"))
 
 
 def coverage_json(cover) -> dict:
