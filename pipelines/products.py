@@ -5,11 +5,21 @@ FITS layout (:func:`build_product_hdul`):
 * HDU 0 (primary): float32 data in physical units (``BUNIT``), the full L2 header
   (helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``CAL*`` provenance keywords,
   HISTORY per step), software name and version.
-* HDU 1, ``EXTNAME='DQ'``: the uint8 data-quality bits (meanings in COMMENT cards and in
-  :mod:`pipelines.calibration.steps`) as a one-row binary table whose column ``DQ`` holds
-  the 2-D mask (``TDIM1 = '(nx,ny)'``, FITS standard 4.0 sect. 7.3.2). A table, not an
-  image extension, so that ``sunpy.map.Map(path)`` returns one map (sunpy turns every 2-D
-  image HDU into a map). :func:`read_product` returns ``(data, dq, header)``.
+* HDU 1, ``EXTNAME='UNCERT'``: float32 image, the standard deviation of every pixel of
+  HDU 0 in the same ``BUNIT`` (:mod:`pipelines.calibration.uncertainty`), as PUNCH's
+  products carry theirs; the WCS and observer keywords of HDU 0.
+* HDU 2, ``EXTNAME='DQ'``: uint8 image, the data-quality bits (meanings in COMMENT cards
+  and in :mod:`pipelines.calibration.steps`), ``BUNIT=''``; the WCS of HDU 0.
+
+Both extensions are images so that DS9, JHelioviewer and fitsverify show them.
+``sunpy.map.Map(path)`` therefore returns a list of three maps (data, uncertainty, DQ);
+``sunpy.map.Map(path, hdus=0)`` the data map alone, and :func:`pipelines.io.load_l2` one
+map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncertainty``).
+
+Products written before these extensions (DQ as a one-row binary table whose column
+``DQ`` holds the 2-D mask, ``TDIM1 = '(nx,ny)'``, no ``UNCERT``) are still read:
+:func:`read_product` returns ``(data, dq, header)`` for both, :func:`read_uncertainty`
+``None`` for the older ones.
 
 Write the list with :func:`pipelines.fitsio.write_fits_atomic`, which adds
 ``CHECKSUM``/``DATASUM`` to both HDUs.
@@ -31,7 +41,11 @@ from pipelines.channels import get_channel
 from pipelines.fitsio import write_atomic
 from pipelines.provenance import stamp_provenance
 
-__all__ = ["build_product_hdul", "dq_table_hdu", "read_product", "write_quicklook_png", "quicklook_image"]
+__all__ = ["build_product_hdul", "dq_image_hdu", "dq_table_hdu", "read_product", "read_uncertainty",
+           "write_quicklook_png", "quicklook_image"]
+
+#: EXTNAME of the uncertainty (standard deviation) image extension.
+UNCERT_EXTNAME = "UNCERT"
 
 _WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1", "CRPIX2", "CRVAL1", "CRVAL2",
                      "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "DATE-OBS", "DATE_OBS",
@@ -41,7 +55,7 @@ _WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1"
 
 
 def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
-    """The L2 product as an HDU list (primary data + ``DQ`` extension).
+    """The L2 product as an HDU list (primary data, ``UNCERT`` and ``DQ`` image extensions).
 
     Parameters
     ----------
@@ -58,12 +72,22 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     Raises
     ------
     ValueError
-        If data and DQ differ in shape.
+        If data, uncertainty and DQ differ in shape.
+
+    Notes
+    -----
+    A result without ``uncertainty`` (made outside :func:`calibrate_frame`) gets no
+    ``UNCERT`` extension.
     """
     data = np.asarray(result.data, dtype=np.float32)
     dq = np.asarray(result.dq, dtype=np.uint8)
     if data.shape != dq.shape or data.ndim != 2:
         raise ValueError(f"data {data.shape} and DQ {dq.shape} must be 2-D arrays of one shape")
+    sigma = getattr(result, "uncertainty", None)
+    if sigma is not None:
+        sigma = np.asarray(sigma, dtype=np.float32)
+        if sigma.shape != data.shape:
+            raise ValueError(f"uncertainty {sigma.shape} and data {data.shape} must have one shape")
     header = result.header.copy()
     for key in ("SIMPLE", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "EXTEND", "BZERO", "BSCALE", "BLANK",
                 "CHECKSUM", "DATASUM"):
@@ -71,18 +95,52 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     stamp_provenance(header, {"SOFTNAME": "lstdp", "SOFTVERS": str(software_version),
                               "DATE": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"), "FILETYPE": "L2"})
     primary = fits.PrimaryHDU(data=data, header=header)
-    dq_header = fits.Header()
-    for key in _WCS_AND_OBSERVER:
-        if key in header:
-            dq_header[key] = (header[key], header.comments[key])
+    hdus: list[Any] = [primary]
+    if sigma is not None:
+        uh = _extension_header(header)
+        uh["BUNIT"] = (str(header.get("BUNIT", "")), "as HDU 0")
+        for key in ("BUNITNAM", "MSBVALUE"):
+            if key in header:
+                uh[key] = (header[key], header.comments[key])
+        uh.add_comment("1-sigma uncertainty of HDU 0 per pixel (pipelines.calibration.uncertainty):")
+        uh.add_comment("Poisson, read noise, ADC, dark, flat and stray-light terms, resampled with the")
+        uh.add_comment("squared interpolation weights; NaN where HDU 0 is NaN")
+        hdus.append(fits.ImageHDU(data=sigma, header=uh, name=UNCERT_EXTNAME))
+    dq_header = _extension_header(header)
     dq_header["BUNIT"] = ("", "bit mask (0 = good)")
     for line in dq_description():
         dq_header.add_comment(line)
-    return fits.HDUList([primary, dq_table_hdu(dq, dq_header)])
+    hdus.append(dq_image_hdu(dq, dq_header))
+    return fits.HDUList(hdus)
+
+
+def _extension_header(header: fits.Header) -> fits.Header:
+    """The WCS, time and observer keywords of HDU 0, for an extension on the same grid."""
+    out = fits.Header()
+    for key in _WCS_AND_OBSERVER:
+        if key in header:
+            out[key] = (header[key], header.comments[key])
+    return out
+
+
+def dq_image_hdu(dq: np.ndarray, header: fits.Header | None = None) -> fits.ImageHDU:
+    """The ``DQ`` extension: a uint8 image of the data-quality bits (0 = good).
+
+    Parameters
+    ----------
+    dq : numpy.ndarray, shape (ny, nx)
+        Data-quality bits (cast to uint8; BITPIX 8, no scaling).
+    header : astropy.io.fits.Header, optional
+        Extra keywords (WCS, bit meanings in COMMENT cards).
+    """
+    return fits.ImageHDU(data=np.asarray(dq, dtype=np.uint8), header=header, name="DQ")
 
 
 def dq_table_hdu(dq: np.ndarray, header: fits.Header | None = None) -> fits.BinTableHDU:
-    """The ``DQ`` extension: a one-row table whose column ``DQ`` holds the 2-D uint8 mask.
+    """The older ``DQ`` layout: a one-row table whose column ``DQ`` holds the 2-D uint8 mask.
+
+    Products are now written with :func:`dq_image_hdu`; this one stays for tests and
+    benchmarks that make products of the older layout (still read by :func:`read_product`).
 
     Parameters
     ----------
@@ -111,12 +169,12 @@ def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[n
     Returns
     -------
     data : numpy.ndarray, shape (ny, nx), ``dtype``
-        The first 2-D image HDU not named ``DQ`` (the primary HDU of an L2 product), in
-        ``header['BUNIT']``.
+        The first 2-D image HDU not named ``DQ`` or ``UNCERT`` (the primary HDU of an L2
+        product), in ``header['BUNIT']``.
     dq : numpy.ndarray, shape (ny, nx), uint8
-        Data-quality bits, 0 = good. Both layouts are read: the ``DQ`` one-row table
-        extension whose column ``DQ`` holds the 2-D mask (current), and an older ``DQ``
-        image extension. Without a ``DQ`` extension every pixel is good (zeros).
+        Data-quality bits, 0 = good. Both layouts are read: the ``DQ`` image extension
+        (current) and the older one-row table whose column ``DQ`` holds the 2-D mask.
+        Without a ``DQ`` extension every pixel is good (zeros).
     header : astropy.io.fits.Header
         A copy of the image HDU's header.
 
@@ -132,8 +190,8 @@ def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[n
     name = os.path.basename(os.fspath(path))
     try:
         with fits.open(path, memmap=False) as hdul:
-            hdu = next((h for h in hdul if h.name != "DQ" and h.data is not None and getattr(h.data, "ndim", 0) == 2),
-                       None)
+            hdu = next((h for h in hdul if h.name not in ("DQ", UNCERT_EXTNAME) and h.data is not None
+                        and getattr(h.data, "ndim", 0) == 2), None)
             if hdu is None:
                 raise FitsReadError(f"{name}: no 2-D image HDU")
             data = np.asarray(hdu.data, dtype=dtype)
@@ -151,6 +209,33 @@ def read_product(path: str | os.PathLike, *, dtype: Any = np.float32) -> tuple[n
     if dq.shape != data.shape:
         raise FitsReadError(f"{name}: DQ shape {dq.shape} differs from image shape {data.shape}")
     return data, dq, header
+
+
+def read_uncertainty(path: str | os.PathLike, *, dtype: Any = np.float32) -> np.ndarray | None:
+    """The ``UNCERT`` extension of an L2 product (1-sigma per pixel, in ``BUNIT``), or ``None``.
+
+    ``None`` for products written before the extension existed.
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError
+        If the file cannot be read, or its ``UNCERT`` is not a 2-D image.
+    """
+    from pipelines.errors import FitsReadError
+
+    name = os.path.basename(os.fspath(path))
+    try:
+        with fits.open(path, memmap=False) as hdul:
+            if UNCERT_EXTNAME not in hdul:
+                return None
+            u = hdul[UNCERT_EXTNAME].data
+            if u is None or getattr(u, "ndim", 0) != 2:
+                raise FitsReadError(f"{name}: {UNCERT_EXTNAME} extension is not a 2-D image")
+            return np.asarray(u, dtype=dtype)
+    except FitsReadError:
+        raise
+    except (OSError, KeyError, TypeError, ValueError) as exc:
+        raise FitsReadError(f"{name}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
 
 
 def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:

@@ -39,7 +39,7 @@ from astropy.io import fits
 from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
-from pipelines.calibration import resample, steps
+from pipelines.calibration import resample, steps, uncertainty
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
@@ -47,6 +47,7 @@ from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, 
 from pipelines.fitsio import exposure_seconds, sha256_file
 from pipelines.provenance import CAL_KEYWORDS, calibration_values, stamp_provenance
 from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec, sun_geometry
+from pipelines.units import stamp_units
 
 __all__ = [
     "CALIBRATION_KINDS",
@@ -125,12 +126,16 @@ class L2Result:
         JSON-ready summary: ``median``, ``mean``, ``p01``, ``p99`` of the good pixels (DQ 0),
         ``n_pixels``, ``n_good``, ``n_masked``, counts per DQ bit, ``rsun_px``, ``channel``,
         ``bunit``, ``backend``.
+    uncertainty : numpy.ndarray, shape (ny, nx), float32, or None
+        Standard deviation of ``data`` per pixel, in ``BUNIT``
+        (:mod:`pipelines.calibration.uncertainty`); NaN where ``data`` is NaN.
     """
 
     data: np.ndarray
     dq: np.ndarray
     header: fits.Header
     stats: dict[str, Any]
+    uncertainty: np.ndarray | None = None
 
 
 def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
@@ -153,7 +158,9 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
             raise DataError("dark calibration needs a BIAS plane [DN] and a DARKRATE plane [DN/s]")
     if kind == "stray_light" and any(not k.startswith("_") for k in out):
         if "straymap" not in out:
-            out["straymap"] = out.pop("primary") if "primary" in out else next(iter(out.values()))
+            planes = [k for k in out if not k.startswith("_") and not k.endswith("err")]
+            if planes:  # an error plane (STRAYERR) is never the map
+                out["straymap"] = out.pop("primary") if "primary" in out else out[planes[0]]
     if kind == "flat":
         if "flat" not in out and "primary" in out:
             out["flat"] = out.pop("primary")
@@ -342,17 +349,25 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     channel, cals = _checked_inputs(data, header, calibrations, opts)
     spec = get_channel(channel)
     xp = resolve_namespace(backend or ("cupy" if opts.device == "gpu" else "numpy"))
-    img, dq, h = _detector_steps(data, _l2_header(header), cals, opts, xp)
+    img, dq, h, var = _detector_steps(data, _l2_header(header), cals, opts, xp)
     rad = cals["radiometric"]
     unit = str(rad.parameters.get("RADUNIT", spec.bunit)).strip() or spec.bunit
     if unit != spec.bunit:
         raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
-    img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
-    img, h = _stray_light_step(img, h, cals, opts, spec, xp)
+    coef = rad.param("RADCOEF")
+    img, h = steps.convert_units(img, h, coef, unit)
+    var = var * xp.asarray(coef * coef, dtype=var.dtype)
+    img, h, var = _stray_light_step(img, h, cals, opts, spec, xp, var)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
+    if opts.deconvolve_psf:
+        h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
     if opts.rotate_north_up:
+        h_in = h
         img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order)
+        var = uncertainty.resample_variance(var, h_in, order=opts.interpolation_order,
+                                            threads=resample.default_threads())
+        del h_in
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
@@ -360,7 +375,13 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     _stamp_dates(h)
     out = to_numpy(img).astype(np.float32, copy=False)
     dq_np = to_numpy(dq).astype(np.uint8, copy=False)
-    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)))
+    sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
+    sigma[~np.isfinite(out)] = np.nan
+    del var
+    h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
+                  "stray light; resampled with squared interpolation weights: pipelines.calibration.uncertainty)")
+    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)),
+                    uncertainty=sigma)
 
 
 def _checked_inputs(data: Any, header: fits.Header, calibrations: dict[str, CalibrationInput] | None,
@@ -404,8 +425,9 @@ def _l2_header(header: fits.Header) -> fits.Header:
 
 
 def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput],
-                    opts: CalibrationOptions, xp: Any) -> tuple[Any, Any, fits.Header]:
-    """Invalid and bad pixels, dark (by exposure and temperature), cosmic rays, flat, DN/s."""
+                    opts: CalibrationOptions, xp: Any) -> tuple[Any, Any, fits.Header, Any]:
+    """Invalid and bad pixels, dark (by exposure and temperature), cosmic rays, flat, DN/s;
+    and the variance of the result [(DN/s)**2] (:mod:`pipelines.calibration.uncertainty`)."""
     # float32 arithmetic: raw DN (<= 65535) are exact, masters are stored as float32, and the
     # relative rounding (6e-8) is far below what the calibration can resolve
     raw = to_device(data, xp, dtype=xp.float32)
@@ -416,24 +438,40 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     else:
         dq, h = steps.flag_bad_pixels(dq, h, None)
     tref, tdbl = dark.parameters.get("DARKTREF"), dark.parameters.get("DARKTDBL")
-    img, h = steps.subtract_dark(raw, h, to_device(dark.data["bias"], xp, xp.float32),
-                                 to_device(dark.data["dark_rate"], xp, xp.float32),
+    bias = to_device(dark.data["bias"], xp, xp.float32)
+    gain, read_noise, noise_src = uncertainty.detector_noise(h, dark.parameters)
+    var = uncertainty.raw_variance(raw, bias, gain, read_noise)
+    img, h = steps.subtract_dark(raw, h, bias, to_device(dark.data["dark_rate"], xp, xp.float32),
                                  reference_temperature_c=float(tref) if tref not in (None, "") else None,
                                  doubling_temperature_c=float(tdbl) if tdbl not in (None, "") else None)
-    del raw
+    del raw, bias
+    t = exposure_seconds(h)
+    var, dark_err = uncertainty.dark_variance(var, dark.data, t * float(h.get("DARKTFAC", 1.0)), xp)
     img, dq, h = steps.clean_cosmic_rays(img, dq, h, enabled=opts.remove_cosmic_rays,
                                          gain=float(h.get("GAIN", dark.parameters.get("GAIN", 1.0)) or 1.0))
-    img, h = steps.correct_flat(img, h, to_device(cals["flat"].data["flat"], xp, xp.float32))
+    flat_cal = cals["flat"]
+    flat = to_device(flat_cal.data["flat"], xp, xp.float32)
+    img, h = steps.correct_flat(img, h, flat)
+    flat_err = to_device(flat_cal.data["flaterr"], xp, xp.float32) if "flaterr" in flat_cal.data else None
+    var = uncertainty.flat_variance(var, img, flat, flat_err)
+    del flat, flat_err
     img, h = steps.normalize_exposure(img, h)
-    return img, dq, h
+    var = var / xp.asarray(t * t, dtype=var.dtype)
+    h["UNCGAIN"] = (gain, f"[e/DN] gain of the Poisson term ({noise_src})")
+    h["UNCRDN"] = (read_noise, f"[DN] read noise of the uncertainty ({noise_src})")
+    h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
+                  f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
+                  f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}")
+    return img, dq, h, var
 
 
 def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput], opts: CalibrationOptions,
-                      spec: Any, xp: Any) -> tuple[Any, fits.Header]:
-    """SCI stray light: a measured radial profile, a measured map or the power-law model."""
+                      spec: Any, xp: Any, var: Any) -> tuple[Any, fits.Header, Any]:
+    """SCI stray light: a measured radial profile, a measured map or the power-law model;
+    the variance gets the model's stated uncertainty (``STRAYUNC`` or a ``STRAYERR`` plane)."""
     if spec.is_coronagraph and not opts.subtract_stray_light:
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
-        return img, h
+        return img, h, var
     stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
     stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
     if stray_type == "PROFILE" and "_profile" in stray_cal.data:
@@ -444,7 +482,13 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
         model = to_device(stray_cal.data["straymap"], xp, xp.float32)
     else:
         model = _stray_model(stray_cal) if stray_cal is not None else None
-    return steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
+    img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
+    if spec.is_coronagraph and stray_cal is not None:
+        frac = stray_cal.parameters.get("STRAYUNC")
+        var, why = uncertainty.stray_light_variance(var, h, model, float(frac) if frac not in (None, "") else None,
+                                                    stray_cal.data.get("strayerr"))
+        h.add_history(f"uncertainty: {why}")
+    return img, h, var
 
 
 def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput], spec: Any,
@@ -523,3 +567,4 @@ def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, chan
     if "RSUN_OBS" not in h:
         h["RSUN_OBS"] = (apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
     stamp_provenance(h, {"LEVEL": "L2", "BUNIT": unit, "CHANNEL": channel, "BACKEND": backend})
+    stamp_units(h, channel)  # BUNIT readable by astropy; SCI: 1 MSB as a radiance, MSBVALUE (pipelines.units)

@@ -288,6 +288,8 @@ def _raw_header(spec: ChannelSpec, t: Time, model: InstrumentModel, scale: float
     h["ORIGIN"] = ("lstdp simulator", "simulated frame, not flight data")
     h["FILENAME"] = (name, "")
     h["SATURATE"] = (65535, "[DN] saturation level")
+    h["GAIN"] = (model.gain_e_per_dn, "[electron/DN] conversion gain")
+    h["RDNOISE"] = (model.read_noise_dn, "[DN] read noise RMS")
     for key, (value, comment) in (keywords or {}).items():
         h[key] = (value, comment)
     h.add_history(f"Simulated by {SOFTWARE} from {scene} (real data; sample-data/real/MANIFEST.md)")

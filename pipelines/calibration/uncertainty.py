@@ -1,0 +1,250 @@
+"""Per-pixel uncertainty of the L2 chain: a variance frame carried beside the data.
+
+Every step of :func:`pipelines.calibration.flow.calibrate_frame` that changes the data
+changes the variance by first-order (linear) error propagation (Bevington & Robinson 2003,
+*Data Reduction and Error Analysis*, 3rd ed., eq. 3.13), the terms independent:
+
+=======================  ============================================================
+step                     variance after the step
+=======================  ============================================================
+raw frame [DN]           ``max(R - bias, 0) / g + sigma_read**2 + 1/12``: Poisson on the
+                         photo- and dark electrons (``g`` electrons per DN), Gaussian read
+                         noise [DN], ADC rounding (uniform, 1/12 DN**2)
+subtract_dark            ``+ var(bias) + (f t)**2 var(dark_rate)``: the master's
+                         ``BIASERR`` [DN] and ``DARKERR`` [DN/s] planes (standard errors of
+                         the mean of the frames it was made from); 0 when it has none
+correct_flat             ``var_D / F**2 + (D / F)**2 (sigma_F / F)**2``: ``FLATERR`` plane
+normalize_exposure       ``/ t**2``
+convert_units            ``x C**2`` (the coefficient's own error is one number for the whole
+                         frame, a systematic, not a per-pixel term; ``RADUNC`` if given is
+                         written as a keyword)
+subtract_stray_light     ``+ (u S_stray)**2``: ``u`` the master's fractional uncertainty
+                         ``STRAYUNC`` (or its ``STRAYERR`` plane [MSB]); 0 when it states none
+deconvolve_psf           not propagated (Richardson-Lucy is non-linear): the pre-
+                         deconvolution variance is kept and ``UNCPSF = F`` says so
+rotate_north_up          :func:`resample_variance`: squared interpolation weights
+=======================  ============================================================
+
+The product carries the standard deviation (``UNCERT`` image HDU, the data's ``BUNIT``),
+as PUNCH's products carry theirs (Hughes et al. 2024, PUNCH SOC; ``astropy.nddata``
+``StdDevUncertainty``).
+
+Gain and read noise come from the dark master (``GAIN`` [e/DN], ``RDNOISE`` [DN]: a photon
+transfer measurement, Janesick 2007, *Photon Transfer*, SPIE, ch. 5) or else from the raw
+header (``GAIN``, ``RDNOISE``); LST.md gives neither. Without both the Poisson term uses
+1 e/DN and no read noise, and ``UNCGAIN`` says the gain was assumed.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from astropy.io import fits
+
+from pipelines.array_backend import namespace_of, ndimage_for, to_device
+from pipelines.sun import radius_map, sun_geometry
+
+__all__ = ["detector_noise", "raw_variance", "dark_variance", "flat_variance", "stray_light_variance",
+           "resample_variance", "interpolation_variance_factor"]
+
+#: Variance of uniform rounding to integer DN [DN**2] (Widrow & Kollar 2008, *Quantization
+#: Noise*, eq. 4.1: q**2 / 12).
+ADC_VARIANCE_DN2 = 1.0 / 12.0
+
+
+def detector_noise(header: fits.Header, dark_parameters: dict[str, Any]) -> tuple[float, float, str]:
+    """Gain [e/DN], read noise [DN] and where they came from.
+
+    The dark master's measured values first (``GAIN``, ``RDNOISE``), then the raw header's.
+
+    Returns
+    -------
+    gain, read_noise, source : float, float, str
+        ``source`` is ``'dark master'``, ``'raw header'`` or ``'assumed'`` (gain 1, read noise 0).
+    """
+    for where, src in (("dark master", dark_parameters), ("raw header", header)):
+        try:
+            g = float(src.get("GAIN"))
+            rn = float(src.get("RDNOISE"))
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(g) and g > 0 and math.isfinite(rn) and rn >= 0:
+            return g, rn, where
+    return 1.0, 0.0, "assumed"
+
+
+def raw_variance(raw: Any, bias: Any, gain: float, read_noise: float) -> Any:
+    """Variance [DN**2] of a raw frame, from the frame itself.
+
+    ``var = max(R - bias, 0) / gain + read_noise**2 + 1/12``
+
+    Parameters
+    ----------
+    raw : array, shape (ny, nx) [DN]
+    bias : array, shape (ny, nx) [DN]
+    gain : float
+        [electrons/DN].
+    read_noise : float
+        [DN] RMS.
+
+    Notes
+    -----
+    The Poisson variance is estimated from the observed value (an unbiased estimate of the
+    expected count; its own noise enters the variance at order 1/sqrt(N), negligible above
+    a few tens of electrons). Janesick 2007, *Photon Transfer*, eq. 2.1.
+    """
+    xp = namespace_of(raw)
+    sig = raw - bias
+    sig = xp.where(sig > 0, sig, xp.zeros_like(sig))
+    sig /= xp.asarray(gain, dtype=sig.dtype)
+    sig += xp.asarray(read_noise ** 2 + ADC_VARIANCE_DN2, dtype=sig.dtype)
+    return sig
+
+
+def dark_variance(var: Any, planes: dict[str, Any], scale: float, xp: Any) -> tuple[Any, bool]:
+    """``var + var(bias) + scale**2 var(dark_rate)`` from the master's ``biaserr``/``darkerr`` planes.
+
+    ``scale`` is ``f(T) * EXPTIME`` [s] (``DARKTFAC`` x exposure). Returns the new variance
+    and whether the master had any uncertainty plane.
+    """
+    had = False
+    out = var
+    if "biaserr" in planes:
+        e = to_device(planes["biaserr"], xp, xp.float32)
+        out = out + e * e
+        had = True
+    if "darkerr" in planes:
+        e = to_device(planes["darkerr"], xp, xp.float32) * xp.asarray(scale, dtype=xp.float32)
+        out = out + e * e
+        had = True
+    return out, had
+
+
+def flat_variance(var: Any, data_after_flat: Any, flat: Any, flat_err: Any | None) -> Any:
+    """Variance after dividing by the flat: ``var / F**2 + (D/F)**2 (sigma_F / F)**2``."""
+    xp = namespace_of(var)
+    good = xp.isfinite(flat) & (flat > 0)
+    safe = xp.where(good, flat, xp.ones_like(flat))
+    out = var / (safe * safe)
+    if flat_err is not None:
+        rel = flat_err / safe
+        d = xp.where(xp.isfinite(data_after_flat), data_after_flat, xp.zeros_like(data_after_flat))
+        out = out + (d * rel) ** 2
+    return xp.where(good, out, xp.asarray(float("nan"), dtype=out.dtype))
+
+
+def stray_light_variance(var: Any, header: fits.Header, model: Any, fraction: float | None,
+                         err_map: Any | None) -> tuple[Any, str]:
+    """Add the stray-light model's variance: ``(fraction * S_stray)**2`` or ``err_map**2`` [MSB**2].
+
+    ``model`` is what :func:`pipelines.calibration.steps.subtract_stray_light` was given (power
+    law, profile, map or None). Returns the variance and a HISTORY phrase.
+    """
+    from pipelines.calibration.steps import StrayLightModel, StrayLightProfile
+
+    xp = namespace_of(var)
+    if model is None:
+        return var, "no stray light subtracted"
+    if err_map is not None:
+        e = to_device(err_map, xp, xp.float32)
+        return var + e * e, "stray-light error plane of the master"
+    if fraction is None or fraction <= 0:
+        return var, "stray-light master states no uncertainty (STRAYUNC): 0"
+    if isinstance(model, (StrayLightModel, StrayLightProfile)):
+        r = radius_map(var.shape, sun_geometry(header), xp, dtype=xp.float32)
+        s = xp.astype(model.brightness(r), xp.float32)
+    else:
+        s = xp.astype(model, xp.float32)
+    s = s * xp.asarray(fraction, dtype=xp.float32)
+    return var + s * s, f"stray light x {fraction:g} (STRAYUNC)"
+
+
+@lru_cache(maxsize=8)
+def _factor_table(order: int, n: int = 257) -> tuple[np.ndarray, np.ndarray]:
+    """``g(f) = sum_k K(f + k)**2`` on ``n`` points of f in [0, 1]: K the interpolating kernel of ``order``."""
+    from scipy import ndimage
+
+    f = np.linspace(0.0, 1.0, n)
+    if order <= 0:
+        return f, np.ones_like(f)
+    m = 24
+    impulse = np.zeros(2 * m + 1)
+    impulse[m] = 1.0
+    coeffs = ndimage.spline_filter1d(impulse, order=order, mode="mirror") if order > 1 else impulse
+    ks = np.arange(-m + order + 1, m - order)
+    pos = m + f[:, None] + ks[None, :]
+    kern = ndimage.map_coordinates(coeffs, [pos.ravel()], order=order, prefilter=False, mode="mirror")
+    return f, (kern.reshape(pos.shape) ** 2).sum(axis=1)
+
+
+def interpolation_variance_factor(frac: Any, order: int) -> Any:
+    """``g(f)``: variance of a spline-interpolated value over the (constant) variance of its inputs.
+
+    For interpolation of ``order`` (3: cubic B-spline with its prefilter, i.e. the cardinal
+    cubic spline; 1: linear) at a fractional offset ``f`` from the grid, the value is
+    ``sum_k K(f + k) d_k`` with ``K`` the interpolating kernel (Unser 1999, IEEE Signal
+    Proc. Mag. 16(6), 22, eq. 9), so for independent inputs of equal variance
+    ``var_out = var * sum_k K(f + k)**2``. ``g(0) = 1``; cubic ``g(0.5) = 0.756``, linear 0.5.
+    In 2-D the kernel is separable: ``g(fx) g(fy)``.
+    """
+    xp = namespace_of(frac)
+    f, g = _factor_table(int(order))
+    return xp.interp(frac, xp.asarray(f, dtype=frac.dtype), xp.asarray(g, dtype=frac.dtype))
+
+
+def resample_variance(var: Any, header: fits.Header, *, order: int = 3, tolerance_px: float = 1e-3,
+                      threads: int = 1) -> Any:
+    """The variance on the north-up grid of :func:`pipelines.calibration.resample.rotate_north_up`.
+
+    Same affine map as the data (``header`` is the one *before* the rotation). The variance
+    field is moved with bilinear weights (it is smooth on the kernel's scale) and multiplied
+    by the squared-weight factor ``g(fx) g(fy)`` of the data's interpolation at the
+    fractional source position of every output pixel (:func:`interpolation_variance_factor`):
+    exact for a variance constant over the kernel's support (4 x 4 px for the cubic).
+    Correlations between neighbouring output pixels (which the resampling creates) are not
+    represented: the frame holds marginal variances, as PUNCH's do.
+
+    Returns
+    -------
+    array, shape (ny, nx), float32
+        NaN where the source falls outside the detector or the input variance is not finite.
+    """
+    from pipelines.calibration.resample import _affine
+
+    xp = namespace_of(var)
+    geom = sun_geometry(header)
+    ny, nx = var.shape
+    cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
+    k_xy = np.linalg.inv(geom.matrix) * geom.scale
+    shift = math.hypot(geom.x0 - cx, geom.y0 - cy)
+    rot_err = float(np.abs(k_xy - np.eye(2)).max()) * max(nx, ny)
+    if shift < tolerance_px and rot_err < tolerance_px:
+        return xp.astype(var, xp.float32)
+    k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
+    offset = np.array([geom.y0, geom.x0]) - k_yx @ np.array([cy, cx])
+    nd = ndimage_for(xp)
+    finite = xp.isfinite(var)
+    filled = xp.where(finite, var, xp.zeros_like(var))
+    if not bool(xp.all(finite)):  # neighbours' mean, as the data (NaN pixels are flagged)
+        w = xp.astype(finite, xp.float32)
+        num = nd.uniform_filter(xp.astype(filled, xp.float32), size=5, mode="nearest")
+        den = nd.uniform_filter(w, size=5, mode="nearest")
+        filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
+    out = _affine(nd, xp.astype(filled, xp.float32), xp.asarray(k_yx), xp.asarray(offset), (ny, nx), order=1,
+                  mode="nearest", dtype=xp.float32, threads=threads)
+    # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
+    rows = xp.arange(ny, dtype=xp.float64)[:, None]
+    cols = xp.arange(nx, dtype=xp.float64)[None, :]
+    for axis in (0, 1):
+        c = offset[axis] + k_yx[axis, 0] * rows + k_yx[axis, 1] * cols
+        frac = xp.astype(c - xp.floor(c), xp.float32)
+        out *= interpolation_variance_factor(frac, order)
+        del c, frac
+    src_y = offset[0] + k_yx[0, 0] * rows + k_yx[0, 1] * cols
+    src_x = offset[1] + k_yx[1, 0] * rows + k_yx[1, 1] * cols
+    outside = (src_y < -0.5) | (src_y > ny - 0.5) | (src_x < -0.5) | (src_x > nx - 0.5)
+    out[outside] = float("nan")
+    return out
