@@ -116,7 +116,7 @@ class MSBDefinition:
 
 MSB_DEFINITIONS: dict[str, MSBDefinition] = {
     "SCI-UV": MSBDefinition("SCI-UV", (121.567, 121.567), LYA_IRRADIANCE_W_M2,
-                            "LASP Ly-a composite 1997-2013 mean (Machol+2019)"),
+                            "LASP Ly-a composite 1997-2013 (Machol+2019)"),
     "SCI-WL": MSBDefinition("SCI-WL", (660.0, 740.0), WL_BAND_IRRADIANCE_W_M2,
                             "ASTM G173-03 ETR 660-740 nm (Gueymard 2004)"),
 }
@@ -179,7 +179,7 @@ def stamp_units(header: fits.Header, channel: str) -> None:
                after="BUNITNAM")
     header.set("MSBWAVE1", d.band_nm[0], "[nm] MSB passband start", after="MSBVALUE")
     header.set("MSBWAVE2", d.band_nm[1], "[nm] MSB passband end", after="MSBWAVE1")
-    header.set("MSBSRC", d.source, "source of MSBVALUE", after="MSBWAVE2")
+    header.set("MSBSRC", d.source, "MSBVALUE source", after="MSBWAVE2")
 
 
 def header_unit(header: fits.Header) -> u.UnitBase | None:
