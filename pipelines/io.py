@@ -60,7 +60,7 @@ def load_l2(path: str | os.PathLike) -> Any:
 
     from pipelines.errors import FitsReadError
     from pipelines.products import read_product, read_uncertainty
-    from pipelines.units import header_unit
+    from pipelines.units import RADIANCE_UNIT, header_unit
 
     data, dq, header = read_product(path)
     sigma = read_uncertainty(path)
@@ -70,7 +70,8 @@ def load_l2(path: str | os.PathLike) -> Any:
     unit = header_unit(header)
     if unit is not None and str(header.get("BUNIT", "")).strip().upper() == "MSB":
         header["BUNITNAM"] = ("MSB", "data in mean solar brightness")
-        header["BUNIT"] = unit.to_string()
+        scale = (1 * unit).to_value(RADIANCE_UNIT)
+        header["BUNIT"] = (f"{scale:.9E} {RADIANCE_UNIT}", "1 MSB as a radiance")
     mask = (dq != 0) | ~np.isfinite(data)
     kwargs: dict[str, Any] = {"mask": mask}
     if sigma is not None:

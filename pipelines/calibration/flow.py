@@ -457,8 +457,8 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     del flat, flat_err
     img, h = steps.normalize_exposure(img, h)
     var = var / xp.asarray(t * t, dtype=var.dtype)
-    h["UNCGAIN"] = (gain, f"[e/DN] gain of the Poisson term ({noise_src})")
-    h["UNCRDN"] = (read_noise, f"[DN] read noise of the uncertainty ({noise_src})")
+    h["UNCGAIN"] = (gain, f"[e/DN] Poisson gain ({noise_src})")
+    h["UNCRDN"] = (read_noise, f"[DN] read noise ({noise_src})")
     h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
                   f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
                   f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}")
