@@ -433,8 +433,10 @@ def test_product_fits_and_quicklook_downloads(client, db_session, tmp_path, sett
     assert hashlib.sha256(r.content).hexdigest() == p.sha256
     out = tmp_path / "downloaded.fits"
     out.write_bytes(r.content)
-    with fits.open(out) as hdul:
-        assert hdul[0].data.dtype.name == "float32" and hdul["DQ"].data["DQ"][0].shape == (N, N)
+    from pipelines.products import read_product
+
+    data, dq, _ = read_product(out)
+    assert data.dtype.name == "float32" and dq.shape == (N, N)
 
     r = client.get(f"/api/v1/products/{p.id}/quicklook.png")
     assert r.status_code == 200 and r.headers["content-type"] == "image/png"

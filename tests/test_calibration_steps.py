@@ -459,13 +459,16 @@ def test_product_hdul_and_quicklook(tmp_path):
     raw, h, cals, _ = _synthetic_wst(64)
     res = calibrate_frame(raw, h, cals)
     hdul = build_product_hdul(res, software_version="9.9.9")
-    assert hdul[0].data.dtype == np.float32 and hdul["DQ"].data["DQ"][0].dtype == np.uint8
-    assert hdul["DQ"].data["DQ"][0].shape == hdul[0].data.shape
+    assert hdul[0].data.dtype == np.float32 and hdul["DQ"].data.dtype == np.uint8
+    assert hdul["DQ"].data.shape == hdul[0].data.shape == hdul["UNCERT"].data.shape
+    assert isinstance(hdul["DQ"], fits.ImageHDU) and isinstance(hdul["UNCERT"], fits.ImageHDU)
     assert hdul[0].header["SOFTVERS"] == "9.9.9" and hdul["DQ"].header["CTYPE1"] == "HPLN-TAN"
+    assert hdul["UNCERT"].header["CTYPE1"] == "HPLN-TAN" and hdul["UNCERT"].header["BUNIT"] == hdul[0].header["BUNIT"]
     p = tmp_path / "l2.fits"
     write_fits_atomic(hdul, p)
     with fits.open(p, checksum=True) as f:
-        assert f[0]._checksum_valid and f[1]._datasum_valid
+        assert all(h._checksum_valid and h._datasum_valid for h in f)
+        f.verify("exception")
     img = quicklook_image(np.arange(1024 * 1024, dtype=float).reshape(1024, 1024), np.zeros((1024, 1024), np.uint8),
                           "WST", size=256)
     assert img.shape == (256, 256) and np.nanmin(img) >= 0 and np.nanmax(img) <= 1

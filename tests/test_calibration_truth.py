@@ -153,14 +153,16 @@ def test_written_product_opens_in_sunpy_with_the_sun_in_place(clean, tmp_path):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with fits.open(path, checksum=True) as hdul:
-                assert [h.name for h in hdul] == ["PRIMARY", "DQ"]
+                assert [h.name for h in hdul] == ["PRIMARY", "UNCERT", "DQ"]
                 assert all(h._checksum_valid and h._datasum_valid for h in hdul)
-                assert hdul[0].data.dtype.kind == "f" and hdul["DQ"].data["DQ"][0].dtype == np.uint8
+                assert hdul[0].data.dtype.kind == "f" and hdul["DQ"].header["BITPIX"] == 8
+                assert hdul["UNCERT"].header["BITPIX"] == -32
         assert not [w for w in caught if "checksum" in str(w.message).lower()]
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message='Could not parse unit string "MSB"')
-            m = sunpy.map.Map(path)
-        assert isinstance(m, sunpy.map.GenericMap)  # one map: the DQ mask is a table extension
+            warnings.simplefilter("error", UserWarning)  # BUNIT parses for every channel (MSB included)
+            m = sunpy.map.Map(path, hdus=0)
+        assert isinstance(m, sunpy.map.GenericMap) and m.unit is not None
+        assert len(sunpy.map.Map(path)) == 3  # data, UNCERT, DQ: every image HDU is a map
         with fits.open(row["frame"].truth_path) as h:
             tx, ty = h[0].header["CRPIX1"] - 1, h[0].header["CRPIX2"] - 1
         centre = m.world_to_pixel(SkyCoord(0 * u.arcsec, 0 * u.arcsec, frame=m.coordinate_frame))

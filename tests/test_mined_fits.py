@@ -19,7 +19,7 @@ from pipelines import fitsio
 from pipelines.calibration.flow import calibrate_frame
 from pipelines.errors import FitsReadError
 from pipelines.fitsio import fix_header, read_image, write_fits_atomic
-from pipelines.products import build_product_hdul
+from pipelines.products import build_product_hdul, dq_table_hdu
 from pipelines.sun import RSUN_REF_M
 from tests.test_calibration_steps import _synthetic_wst, history
 from tests.test_ingest import lst_raw
@@ -41,7 +41,7 @@ def _map(path: Path):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sunpy.map.Map(path)
+        return sunpy.map.Map(path, hdus=0)  # HDU 0: the data (UNCERT and DQ are images too)
 
 
 # https://github.com/astropy/astropy/issues/8115 (checksums verified only for the HDUs
@@ -83,14 +83,18 @@ def test_astropy_14917_datasum_alone_is_verified_and_absence_is_not_a_pass(tmp_p
 
 
 # https://github.com/astropy/astropy/issues/14396 (checksums of some tables fail their
-# round trip): the L2 product, with its DQ table, verifies on read.
+# round trip): the L2 product, with its UNCERT and DQ images, verifies on read; so does the
+# older layout whose DQ is a binary table.
 def test_astropy_14396_product_checksums_verify_on_read(tmp_path):
     p = _product(tmp_path)
-    assert fitsio.verify_checksums(p) == 2
+    assert fitsio.verify_checksums(p) == 3
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with fits.open(p, checksum=True) as h:
-            assert [x.name for x in h] == ["PRIMARY", "DQ"]
+            assert [x.name for x in h] == ["PRIMARY", "UNCERT", "DQ"]
+            old = fits.HDUList([fits.PrimaryHDU(h[0].data, h[0].header), dq_table_hdu(h["DQ"].data)])
+    write_fits_atomic(old, tmp_path / "old.fits")
+    assert fitsio.verify_checksums(tmp_path / "old.fits") == 2
 
 
 # https://github.com/sunpy/sunpy/issues/6513 (XPOSURE is the FITS 4 exposure keyword, not

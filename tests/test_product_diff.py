@@ -63,8 +63,10 @@ def client(sqlite_env):
 
 
 def _arrays(path):
-    with fits.open(path) as h:
-        return h[0].data.astype(np.float64), np.asarray(h["DQ"].data["DQ"][0]), h[0].header.copy()
+    from pipelines.products import read_product
+
+    data, dq, header = read_product(path, dtype=np.float64)
+    return data, dq, header
 
 
 def test_image_stats_on_known_arrays():

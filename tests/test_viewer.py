@@ -130,7 +130,7 @@ def expected_rotated(fits_path: Path, hpc_x: float, hpc_y: float, event_time: dt
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = sunpy.map.Map(str(fits_path))
+        m = sunpy.map.Map(str(fits_path), hdus=0)
         c = SkyCoord(hpc_x * u.arcsec, hpc_y * u.arcsec,
                      frame=Helioprojective(obstime=event_time, observer="earth"))
         rot = solar_rotate_coordinate(c, observer=m.observer_coordinate)  # to the map's reference date
@@ -238,7 +238,7 @@ def test_wcs_description_matches_astropy_and_sunpy(stored):
     d = client.get(f"/api/v1/products/{p.id}/wcs").json()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = sunpy.map.Map(p.path)
+        m = sunpy.map.Map(p.path, hdus=0)
         w = WCS(m.fits_header)
     assert d["shape"] == [N_SIM, N_SIM] and d["channel"] == "SDI" and d["bunit"] == "erg cm-2 s-1 sr-1"
     assert d["date_obs"].startswith("2004-03-01T02:00")
@@ -286,7 +286,7 @@ def test_pixel_readout_gives_value_dq_and_coordinates(stored):
     data, dq, _ = read_product(p.path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        m = sunpy.map.Map(p.path)
+        m = sunpy.map.Map(p.path, hdus=0)
         px, py = m.wcs.world_to_pixel(SkyCoord(-400 * u.arcsec, -350 * u.arcsec, frame=m.coordinate_frame))
     body = client.get(f"/api/v1/products/{p.id}/pixel", params=dict(tx=-400, ty=-350)).json()
     assert (body["x"], body["y"]) == (round(float(px)), round(float(py)))

@@ -395,7 +395,10 @@ class Client:
         Returns
         -------
         list of sunpy.map.GenericMap
-            One per file, in the order of ``products``.
+            One per file, in the order of ``products``: the data (HDU 0). The files also hold
+            the ``UNCERT`` (1-sigma) and ``DQ`` image extensions, which ``sunpy.map.Map(path)``
+            would return as two more maps; read them with ``astropy.io.fits`` (or, with the
+            platform installed, ``pipelines.io.load_l2``).
 
         Raises
         ------
@@ -413,7 +416,7 @@ class Client:
         files = [by_url.get(self.fits_url(p["id"])) for p in items]
         if any(f is None for f in files):
             files = list(results)
-        return [sunpy.map.Map(f) for f in files]
+        return [sunpy.map.Map(f, hdus=0) for f in files]
 
     # -- jobs ------------------------------------------------------------------------------------
 
