@@ -30,7 +30,7 @@ FITS keywords written on SCI products (:func:`stamp_units`):
 
 * ``BUNIT = '1.024078E+05 erg cm-2 s-1 sr-1'``: the data stay in MSB; the unit *is* one MSB
   written as a scaled radiance, so ``astropy.units.Unit(header['BUNIT'])`` parses it and
-  ``sunpy.map.Map(path).unit`` is that unit (``map.quantity.to('erg cm-2 s-1 sr-1')``
+  ``sunpy.map.Map(path, hdus=0).unit`` is that unit (``map.quantity.to('erg cm-2 s-1 sr-1')``
   converts to radiance). Strict FITS 4.0 (sect. 4.3.1) allows only powers of ten as a unit
   factor; astropy's ``format='fits'`` parser refuses the factor, its generic parser (the one
   sunpy uses) reads it. ``BUNITNAM = 'MSB'`` keeps the name;

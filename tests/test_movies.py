@@ -216,7 +216,7 @@ def test_player_frames_markers_and_difference_png(client, store):
 
     with session_scope() as s:
         path = s.get(Product, f0["product_id"]).path
-    m = sunpy.map.Map(path)  # sunpy's own WCS of the product, independent of the code under test
+    m = sunpy.map.Map(path, hdus=0)  # sunpy's own WCS of the product, independent of the code under test
     px, py = m.world_to_pixel(SkyCoord(store.truth.hpc_x * u.arcsec, store.truth.hpc_y * u.arcsec,
                                        frame=m.coordinate_frame))
     nx, ny = m.data.shape[1], m.data.shape[0]

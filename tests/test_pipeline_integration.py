@@ -188,7 +188,7 @@ def test_end_to_end_with_worker(simulated, production, tmp_path):
                     assert "DQ" in hdul
             assert len(p.calibration_files) >= 3
         for p in products:
-            m = sunpy.map.Map(p.path)  # one map per product (the DQ mask is a table extension)
+            m = sunpy.map.Map(p.path, hdus=0)  # the data map (UNCERT and DQ are image extensions)
             assert isinstance(m, sunpy.map.GenericMap)
             cx, cy = m.wcs.world_to_pixel(SkyCoord(0 * u.arcsec, 0 * u.arcsec, frame=m.coordinate_frame))
             ny, nx = m.data.shape

@@ -97,8 +97,9 @@ def array_digests(data: np.ndarray, dq: np.ndarray) -> dict[str, str | None]:
     Returns
     -------
     dict
-        ``{"data": hex, "uncertainty": None, "dq": hex}``. L2 products carry no uncertainty
-        array (layout: :mod:`pipelines.products`), so its digest is ``None``.
+        ``{"data": hex, "uncertainty": None, "dq": hex}``. L2 products now carry an
+        ``UNCERT`` image (:mod:`pipelines.products`), derived from the same inputs; its digest
+        is not recorded yet (``None``): the manifests' comparisons cover data and DQ.
     """
     return {"data": _digest(data, ">f4"), "uncertainty": None, "dq": _digest(dq, "u1")}
 
