@@ -238,13 +238,13 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
     rows = xp.arange(ny, dtype=xp.float64)[:, None]
     cols = xp.arange(nx, dtype=xp.float64)[None, :]
-    for axis in (0, 1):
+    outside = None
+    for axis, size in ((0, ny), (1, nx)):
         c = offset[axis] + k_yx[axis, 0] * rows + k_yx[axis, 1] * cols
         frac = xp.astype(c - xp.floor(c), xp.float32)
         out *= interpolation_variance_factor(frac, order)
-        del c, frac
-    src_y = offset[0] + k_yx[0, 0] * rows + k_yx[0, 1] * cols
-    src_x = offset[1] + k_yx[1, 0] * rows + k_yx[1, 1] * cols
-    outside = (src_y < -0.5) | (src_y > ny - 0.5) | (src_x < -0.5) | (src_x > nx - 0.5)
+        off = (c < -0.5) | (c > size - 0.5)
+        outside = off if outside is None else (outside | off)
+        del c, frac, off
     out[outside] = float("nan")
     return out
