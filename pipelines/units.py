@@ -61,7 +61,7 @@ from pipelines.channels import get_channel
 from pipelines.sun import RSUN_REF_M
 
 __all__ = ["RADIANCE_UNIT", "OMEGA_SUN_1AU", "MSBDefinition", "MSB_UV", "MSB_WL", "MSB_DEFINITIONS",
-           "msb_definition", "product_bunit", "stamp_units", "header_unit"]
+           "msb_definition", "product_bunit", "stamp_units", "header_unit", "display_unit"]
 
 RADIANCE_UNIT = "erg cm-2 s-1 sr-1"
 
@@ -180,6 +180,13 @@ def stamp_units(header: fits.Header, channel: str) -> None:
     header.set("MSBWAVE1", d.band_nm[0], "[nm] MSB passband start", after="MSBVALUE")
     header.set("MSBWAVE2", d.band_nm[1], "[nm] MSB passband end", after="MSBWAVE1")
     header.set("MSBSRC", d.source, "MSBVALUE source", after="MSBWAVE2")
+
+
+def display_unit(header) -> str:
+    """The unit's name for people (labels, API fields): ``BUNITNAM`` (``'MSB'``) when the
+    header has one, else ``BUNIT``; ``''`` without either. ``header`` is a FITS header or a dict."""
+    name = str(header.get("BUNITNAM", "") or "").strip()
+    return name or str(header.get("BUNIT", "") or "").strip()
 
 
 def header_unit(header: fits.Header) -> u.UnitBase | None:

@@ -271,7 +271,9 @@ class ProductImage:
 
     @property
     def bunit(self) -> str:
-        return str(self.header.get("BUNIT", "")).strip()
+        from pipelines.units import display_unit
+
+        return display_unit(self.header)  # 'MSB' for SCI (BUNIT holds 1 MSB as a radiance)
 
     @property
     def smap(self) -> "FrameGeometry":

@@ -31,6 +31,7 @@ from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError, FitsReadError
 from pipelines.products import read_product
 from pipelines.sun import apparent_rsun_arcsec
+from pipelines.units import display_unit
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -322,7 +323,7 @@ def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool)
     n = int(good.sum())
     if n == 0:
         return None
-    return DiskMean(value=float(data[good].mean()), unit=str(header.get("BUNIT", "")).strip(),
+    return DiskMean(value=float(data[good].mean()), unit=display_unit(header),
                     n_pixels=n, on_disk_only=used_disk)
 
 
@@ -410,7 +411,7 @@ def _region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width
     n = int(good.sum())
     if n == 0:
         return None
-    return DiskMean(value=float(box[good].mean()), unit=str(header.get("BUNIT", "")).strip(),
+    return DiskMean(value=float(box[good].mean()), unit=display_unit(header),
                     n_pixels=n, on_disk_only=False)
 
 
