@@ -58,6 +58,26 @@ def _share_cores(sender=None, **_kwargs) -> None:
                  max(1, available_cores() // processes), processes)
 
 
+@worker_init.connect
+def _preload_lazy_imports(**_kwargs) -> None:
+    """Import, before the pool forks, the modules the tasks import lazily (matplotlib for the
+    quicklooks and diff images). A time limit raised inside a child's first ``import
+    matplotlib`` (a frozen database makes a task run out its soft limit at any line) leaves
+    the module half-initialised in that child, and every later product there fails with
+    ``KeyError: 'Rectangle:kwdoc'``; imported in the parent, no task ever runs an import."""
+    import io
+
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib import colormaps
+    from matplotlib.image import imsave
+
+    # imsave imports matplotlib.figure, axes, table... on its first call: make that call here
+    imsave(io.BytesIO(), np.zeros((2, 2), dtype=np.float32), cmap=colormaps["gray"], format="png")
+
+
 @worker_process_init.connect
 def _own_connections(**_kwargs) -> None:
     """A pool child (also one that replaces a killed child) never uses its parent's database
