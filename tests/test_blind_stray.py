@@ -43,9 +43,9 @@ def test_old_map_follows_the_prior_new_one_does_not(metrics, tag):
         for r0 in RADII:
             base = metrics[f"baseline_{tag}_{name}_r{r0:g}"]
             new = metrics[f"stray_{tag}_{name}_r{r0:g}"]
-            assert base > 0.3, (name, r0, base)  # the time-median map carries the prior's error
+            assert base > 0.1, (name, r0, base)  # the time-minimum map carries the prior's error
             assert new < BOUND, (name, r0, new)
-            assert new < base / 4
+            assert new < base / 2
 
 
 GATED = [("wl", r0) for r0 in RADII] + [("uv", r0) for r0 in (1.1, 1.5, 2.5)]

@@ -57,8 +57,9 @@ brightness:
 Measured (:func:`run`, 8 rolls of 45 deg, noise on, prior x0.5 and x1.5; the two priors
 give the same map to 1e-6): at 256 px the stray-light error is 0.6-1.2 % of the K corona
 at 1.1 Rsun, 2-4.5 % at 1.5, 2.4-6 % at 2.0 and 2-3 % at 2.5 Rsun (seeds 0-2); at 128 px up
-to 10 % (the PSF is then 1/25 Rsun and the inner corona's blur dominates). The old
-time-median map with the same priors is off by 50-120 % of the K corona. Without noise the
+to 10 % (the PSF is then 1/25 Rsun and the inner corona's blur dominates). The
+time-minimum map of :func:`~pipelines.calibration.stray_light.measure_stray_light_map`
+(its defaults) with the same priors is off by 12-400 % of the K corona. Without noise the
 error at 2.5 Rsun is 8-10 %: the weights then come from the corona's azimuthal structure
 alone and favour the outer annuli, where the simulated corona's mean profile departs most
 (~7 % at 2.3 Rsun) from Baumbach's shape.
@@ -93,7 +94,7 @@ from pathlib import Path
 
 import numpy as np
 from astropy.io import fits
-from scipy import ndimage, optimize
+from scipy import optimize
 
 from pipelines.calibration.steps import StrayLightModel
 from pipelines.calibration.stray_light import StrayLightMeasurement, radial_profile
@@ -167,29 +168,6 @@ class BlindStrayEstimate:
         return (s0 + s1 * np.log(r)) * prior(r)
 
 
-def _sky_to_detector(sky: np.ndarray, header: fits.Header) -> np.ndarray:
-    """Sample a north-up, disk-centred image (the L2 grid of ``header``'s frame) at the detector pixels.
-
-    The inverse of :func:`pipelines.calibration.resample.rotate_north_up`'s affine map
-    ``p_det = s + K (p_sky - c)``, ``K = M^-1 * scale``: ``p_sky = c + K^-1 (p_det - s)``.
-    """
-    geom = sun_geometry(header)
-    ny, nx = sky.shape
-    cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
-    k_inv = np.linalg.inv(np.linalg.inv(geom.matrix) * geom.scale)
-    yy, xx = np.mgrid[0:ny, 0:nx].astype(np.float64)
-    dx, dy = xx - geom.x0, yy - geom.y0
-    px = cx + k_inv[0, 0] * dx + k_inv[0, 1] * dy
-    py = cy + k_inv[1, 0] * dx + k_inv[1, 1] * dy
-    ok = np.isfinite(sky)
-    filled = np.where(ok, sky, 0.0)
-    w = ndimage.map_coordinates(ok.astype(np.float64), [py, px], order=1, mode="constant", cval=0.0)
-    v = ndimage.map_coordinates(filled, [py, px], order=1, mode="constant", cval=0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(w > 0.99, v / np.where(w > 0, w, 1.0), np.nan)
-    return out
-
-
 def roll_separation(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.Header], *,
                     valid: Sequence[np.ndarray] | None = None, r_range: tuple[float, float] = (1.1, 2.5),
                     dr: float = 0.01, statistic: str = "median"
@@ -209,12 +187,15 @@ def roll_separation(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.
         Field used (SCI: 1.1-2.5 Rsun, LST.md).
     dr : float [Rsun]
         Annulus width of the azimuthal medians.
+    statistic : {'median', 'mean'}
+        Azimuthal statistic of the profile (the per-pixel statistic over the frames is
+        always the median, which rejects transients such as CMEs and cosmic rays).
 
     Returns
     -------
     radii : numpy.ndarray, shape (m,) [Rsun]
     profile : numpy.ndarray, shape (m,) [MSB]
-        Azimuthal median of the instrument-frame median (stray light + axisymmetric corona).
+        Azimuthal median (or mean) of the instrument-frame median (stray light + axisymmetric corona).
     sigma : numpy.ndarray, shape (m,) [MSB]
         Its 1-sigma (1.4826 MAD / sqrt(n) of the annulus' pixels; the pixels of one annulus
         are correlated by the band limit, so this is a lower bound).
@@ -227,7 +208,7 @@ def roll_separation(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.
     Raises
     ------
     ValueError
-        No frame, or frames and headers of different counts or shapes.
+        No frame, frames and headers of different counts or shapes, or an unknown statistic.
     """
     from pipelines.calibration.resample import rotate_north_up
 
