@@ -7,7 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from astropy.io import fits
@@ -67,7 +67,7 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
              naxis: dict[str, int] | int | None = None, noise: bool = True, seed: int = 0,
              sdi_sequence: bool = True, frames_per_channel: int = 1, *,
              sample_dir: str | os.PathLike | None = None, xrs_day: bool = False,
-             wst_helioviewer: bool = False) -> SimulationResult:
+             wst_helioviewer: bool = False, sci_roll_deg: Sequence[float] | None = None) -> SimulationResult:
     """Simulate raw LST frames, their calibration masters and their truth.
 
     Parameters
@@ -102,6 +102,14 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     wst_helioviewer : bool
         Also a WST frame of 2023-01-31 03:39:23 from the Helioviewer JPEG 2000 of SDO/HMI
         continuum (:data:`~pipelines.simulation.sources.HMI_JP2_FILE`).
+    sci_roll_deg : sequence of float, optional
+        A roll sequence for SCI [deg]: frame ``k`` of each SCI channel is rolled by
+        ``sci_roll_deg[k]`` on top of its nominal roll and jitter (``CROTA2`` says so), as a
+        spacecraft roll manoeuvre does (SOHO and STEREO roll about the Sun-pointed axis for
+        calibration). The corona turns with the roll in the detector frame, the stray light
+        stays (it follows the occulter). Sets the SCI frame count to ``len(sci_roll_deg)``
+        (other channels keep ``frames_per_channel``). ``None`` (default): no roll sequence,
+        output unchanged.
 
     Returns
     -------
@@ -127,6 +135,9 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         raise ValueError("no channel to simulate")
     if frames_per_channel < 1:
         raise ValueError("frames_per_channel must be at least 1")
+    rolls = None if sci_roll_deg is None else [float(a) for a in sci_roll_deg]
+    if rolls is not None and (not rolls or not all(np.isfinite(rolls))):
+        raise ValueError("sci_roll_deg must hold at least one finite angle")
     sizes = _sizes(chans, naxis)
     for sub in ("raw", "calibration", "truth"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -141,7 +152,7 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     for chan in chans:
         done = _simulate_channel(chan, sizes[chan], out, sample, seed=seed, noise=noise, sdi_sequence=sdi_sequence,
                                  frames_per_channel=frames_per_channel, cache=cache, xrs_day=xrs_day,
-                                 wst_helioviewer=wst_helioviewer)
+                                 wst_helioviewer=wst_helioviewer, sci_roll_deg=rolls)
         flares.extend(done.flares)
         limb_fits.extend(done.limb_fits)
         radiometric[chan] = done.radiometric_coef
@@ -170,7 +181,7 @@ class _ChannelOutput:
 
 def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, noise: bool, sdi_sequence: bool,
                       frames_per_channel: int, cache: dict[str, Any], xrs_day: bool = False,
-                      wst_helioviewer: bool = False) -> _ChannelOutput:
+                      wst_helioviewer: bool = False, sci_roll_deg: list[float] | None = None) -> _ChannelOutput:
     """Truths, masters and raw frames of one channel, in that order.
 
     Pass 1 writes every truth and finds the channel's brightest signal, which fixes the
@@ -181,8 +192,14 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
     ci = _CHANNEL_INDEX[chan]
-    plans, flares, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache, xrs_day=xrs_day,
-                                            wst_helioviewer=wst_helioviewer)
+    roll_seq = sci_roll_deg if (sci_roll_deg is not None and spec.is_coronagraph) else None
+    plans, flares, fits_info = _plan_frames(chan, sample, sdi_sequence,
+                                            len(roll_seq) if roll_seq is not None else frames_per_channel, cache,
+                                            xrs_day=xrs_day, wst_helioviewer=wst_helioviewer)
+    if roll_seq is not None:
+        for plan, extra in zip(plans, roll_seq):
+            plan.roll_offset_deg = extra
+            plan.notes.append(f"roll sequence: {extra:+.3f} deg on top of the nominal roll")
     stray = stray_light_model(chan) if spec.is_coronagraph else None
 
     # pass 1: the truths (written to disk) and the brightest signal of the channel
@@ -215,6 +232,7 @@ def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.ran
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
     x0, y0, roll = _detector_geometry(model, n, rng)
+    roll += plan.roll_offset_deg
     with fits.open(plan.truth_path, memmap=False) as hd:
         truth = np.asarray(hd[0].data, dtype=np.float32)
     raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
