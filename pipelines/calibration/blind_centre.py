@@ -9,7 +9,9 @@ simulator's truth, which the chain never sees:
 
 * ``centre_err_px_<chan>``: ``|fitted - true|`` disk centre on the detector [pixel];
   ``header_err_px_<chan>``: ``|header's - true|``; ``fit_sigma_px_<chan>``: the fit's
-  formal 1-sigma; ``fit_used_<chan>``: 1 when the chain used the fit.
+  formal 1-sigma; ``fit_used_<chan>``: 1 when the chain used the fit. Control with the
+  header set to the true centre: ``fit_used_true_header_<chan>`` (0: the right header is
+  kept) and ``true_header_fit_shift_px_<chan>`` (the fit's disagreement with it).
 * ``sdi_scene_limb_offset_px``: the same limb fit on the SDI truth image minus its
   nominal centre: the SDI scene's limb (the SWAP EUV limb, placed by SWAP's own header
   centre) is not exactly on the grid centre, so an SDI limb fit cannot beat this offset
@@ -141,6 +143,10 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
                 out[f"centre_err_px_{key}"] = float("nan")
                 out[f"fit_sigma_px_{key}"] = float("nan")
             out[f"fit_used_{key}"] = 1.0 if h.get("CTRSRC") == "FIT" else 0.0
+            # control: the header right; the chain should keep it (or move by less than the fit's error)
+            hc = calibrate_frame(raw.data, _true_header(raw.header, f.crpix), cals[f.channel]).header
+            out[f"fit_used_true_header_{key}"] = 1.0 if hc.get("CTRSRC") == "FIT" else 0.0
+            out[f"true_header_fit_shift_px_{key}"] = float(hc.get("CTRSHIFT", float("nan")))
             with fits.open(f.truth_path, memmap=False) as th:
                 truth = np.asarray(th[0].data, dtype=np.float64)
                 truth_header = th[0].header.copy()

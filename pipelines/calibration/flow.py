@@ -40,7 +40,7 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration import resample, steps
-from pipelines.calibration.centre import fit_and_apply_centre
+from pipelines.calibration.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
@@ -349,8 +349,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if unit != spec.bunit:
         raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
     img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
+    tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
-                                tolerance_px=opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px,
+                                tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
                                 enabled=opts.fit_centre)
     img, h = _stray_light_step(img, h, cals, opts, spec, xp)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)

@@ -49,13 +49,12 @@ class CalibrationOptions(BaseModel):
         :mod:`pipelines.calibration.centre`) and use it when the header disagrees.
     centre_tolerance_px : float, [0, 10] [pixel]
         SDI/WST: the limb-fitted centre replaces the header's when they differ by more
-        than this (or 3 sigma of the fit, whichever is larger). 0.25 px: what the limb
-        fit's systematics allow on the simulated scenes (the SDI scene's EUV limb is off
-        its nominal centre by 0.08-0.15 px at 192-512 px), and the disk imagers' L2
-        centre gate.
+        than this, 3 sigma of the fit or the channel's edge systematic
+        (``pipelines.calibration.centre.EDGE_SYSTEMATIC_ARCSEC``), whichever is largest.
+        0.25 px: the disk imagers' L2 centre gate (``validation.GATES``).
     occulter_tolerance_px : float, [0, 10] [pixel]
         SCI: the same for the occulter-edge fit. 0.05 px: the fit's systematics are
-        ~0.015 px, and 0.05 px moves the SCI-WL corona at 2.3-2.45 Rsun by ~3.5 % at
+        0.01-0.04 px, and 0.05 px moves the SCI-WL corona at 2.3-2.45 Rsun by ~3.5 % at
         512 px (the stray light is ~60 times the corona there).
     saturation_dn : float, (0, 65535] [DN]
         Raw pixels at or above are flagged saturated (DQ bit 1).
