@@ -330,9 +330,10 @@ def fit_disk_centre(image: Any, x0: float, y0: float, radius: float, *, method: 
     method : {"limb", "occulter"}
         ``limb``: the intensity falls outward at the edge; ``occulter``: it rises (SCI).
     search_px : float, optional
-        Half width of the first radial search [pixel]; default ``max(6, 0.06 radius)``
-        for the limb, ``max(8, 0.12 radius)`` for the occulter (room beyond the edge for
-        the brightness fit); it must hold the pointing error and the edge's width.
+        Half width of the first radial search [pixel]; default ``0.06 radius`` within
+        6-30 px for the limb, ``0.12 radius`` within 8-48 px for the occulter (room beyond
+        the edge for the brightness fit); it must hold the pointing error and the edge's
+        width. The radial sampling is 0.1 px, or ``half width / 120`` when coarser.
     n_rays : int, optional
         Rays (default: one per pixel of circumference, 180 to 4096).
     smooth_px : float
@@ -360,14 +361,19 @@ def fit_disk_centre(image: Any, x0: float, y0: float, radius: float, *, method: 
     if not (radius > 4 and math.isfinite(radius)):
         raise DataError(f"edge radius too small to fit ({radius:.2f} px)")
     rays = int(n_rays) if n_rays is not None else int(np.clip(2.0 * math.pi * radius, 180, 4096))
-    default = max(8.0, 0.12 * radius) if method == "occulter" else max(6.0, 0.06 * radius)
+    if method == "occulter":
+        default = float(np.clip(0.12 * radius, 8.0, 48.0))
+    else:
+        default = float(np.clip(0.06 * radius, 6.0, 30.0))
     half = float(search_px) if search_px is not None else default
     cx, cy, r = float(x0), float(y0), float(radius)
     rising = method == "occulter"
     p = sig = keep = None
     rms = float("nan")
     for half_width in (half, max(3.0, 0.5 * half)):
-        xs, ys = edge_points(img, cx, cy, r, rising=rising, half_width=half_width, n_rays=rays, smooth_px=smooth_px)
+        # 0.1 px samples, coarser on wide searches (at most ~240 samples a ray: memory and time at 4608 px)
+        xs, ys = edge_points(img, cx, cy, r, rising=rising, half_width=half_width, n_rays=rays, smooth_px=smooth_px,
+                             step=max(0.1, half_width / 120.0))
         if xs.size < 0.25 * rays:
             raise DataError(f"{method} edge found on {xs.size} of {rays} rays only")
         p, sig, rms, keep = fit_circle(xs, ys)
