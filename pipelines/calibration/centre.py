@@ -42,11 +42,13 @@ sizes its vignetting ramp lies partly outside the detector.
 
 :func:`fit_and_apply_centre` is the step of :func:`pipelines.calibration.flow.calibrate_frame`:
 it fits, compares with the header and, when they disagree by more than
-``max(tolerance_px, 3 sigma, systematic)`` (:data:`EDGE_SYSTEMATIC_ARCSEC`), moves the WCS (``CRPIX``) by the difference, so that every
-later step (stray light, masks, north-up re-centring) uses the fitted centre. Both centres
-go into the header (``FITCRPX1/2``, ``HDRCRPX1/2``, ``FITCSIG``, ``CTRSHIFT``, ``CTRSRC``)
-and into HISTORY; a failed fit keeps the header's centre and says so (``CTRSRC = 'HEADER'``,
-``FITCSTAT = 'FAILED'``, a HISTORY line with the reason).
+``max(tolerance_px, 3 sigma, systematic)`` (:data:`EDGE_SYSTEMATIC_ARCSEC`), moves the WCS
+(``CRPIX``) by the difference, so that every later step (stray light, masks, north-up
+re-centring) uses the fitted centre. Both centres go into the header (``FITCRPX1/2``,
+``HDRCRPX1/2``, ``FITCSIG``, ``CTRSHIFT``, ``CTRSRC``) and into HISTORY; a failed fit keeps
+the header's centre and says so (``CTRSRC = 'HEADER'``, ``FITCSTAT = 'FAILED'``, a HISTORY
+line with the reason). The DQ array is per pixel and has no frame-level bit, so a failed
+fit is flagged in the header and HISTORY only.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ def edge_points(image: np.ndarray, x0: float, y0: float, radius: float, *, risin
     for t in (-0.5, 0.0, 0.5):  # three parallel rays, half a pixel apart (tangentially)
         xs = x0 + c * radii[None, :] - s * t
         ys = y0 + s * radii[None, :] + c * t
-        inside &= (xs.min(axis=1) >= 0) & (xs.max(axis=1) <= nx - 1) & (ys.min(axis=1) >= 0) & (ys.max(axis=1) <= ny - 1)
+        inside &= (xs.min(axis=1) >= 0) & (xs.max(axis=1) <= nx - 1)
+        inside &= (ys.min(axis=1) >= 0) & (ys.max(axis=1) <= ny - 1)
         prof += ndimage.map_coordinates(image, [ys.ravel(), xs.ravel()], order=1, mode="nearest").reshape(prof.shape)
     prof /= 3.0
     if smooth_px > 0:
@@ -206,7 +209,7 @@ def edge_points(image: np.ndarray, x0: float, y0: float, radius: float, *, risin
         start = np.minimum(right + width // 2, radii.size - 1)
         lr = np.log(radii)
         lp = np.log(np.maximum(prof, np.finfo(np.float64).tiny))
-        sel = idx_grid = np.arange(radii.size)[None, :] >= start[:, None]
+        sel = np.arange(radii.size)[None, :] >= start[:, None]  # the samples beyond the edge
         nsel = sel.sum(axis=1)
         ok &= nsel >= 10
         sx = np.where(sel, lr[None, :], 0.0).sum(axis=1)
@@ -215,7 +218,6 @@ def edge_points(image: np.ndarray, x0: float, y0: float, radius: float, *, risin
         sxy = np.where(sel, lr[None, :] * lp, 0.0).sum(axis=1)
         den = nsel * sxx - sx * sx
         b = np.where(den > 0, (nsel * sxy - sx * sy) / np.where(den > 0, den, 1.0), 0.0)
-        del idx_grid
         trans = prof * np.exp(-b[:, None] * (lr[None, :] - np.log(np.maximum(r_edge, 1.0))[:, None]))
         grad_t = np.gradient(trans, step, axis=1)
         r_edge, peak_t, left, right = _gradient_centroid(grad_t, radii, level)
