@@ -40,6 +40,7 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration import resample, steps
+from pipelines.calibration.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
@@ -348,6 +349,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if unit != spec.bunit:
         raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
     img, h = steps.convert_units(img, h, rad.param("RADCOEF"), unit)
+    tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
+    h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
+                                tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
+                                enabled=opts.fit_centre)
     img, h = _stray_light_step(img, h, cals, opts, spec, xp)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
@@ -445,6 +450,14 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
     else:
         model = _stray_model(stray_cal) if stray_cal is not None else None
     return steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
+
+
+def _occulter_rsun(cals: dict[str, CalibrationInput], spec: Any) -> float | None:
+    """SCI occulter radius [Rsun]: ``OCCRAD`` of the mask geometry, else the channel's."""
+    if not spec.is_coronagraph:
+        return None
+    occ = cals["mask_geometry"].parameters.get("OCCRAD") if "mask_geometry" in cals else None
+    return float(occ) if occ not in (None, "") else float(spec.fov_rsun_min)
 
 
 def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput], spec: Any,
