@@ -133,7 +133,9 @@ def test_bad_webhook_urls_are_refused_with_the_reason(url, needle):
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8080/h", "https://localhost/h", "http://10.1.2.3/h",
                                  "http://[::1]:9000/h", "http://169.254.169.254/latest/meta-data",
-                                 "http://192.168.0.7/h", "http://[::ffff:127.0.0.1]/h"])
+                                 "http://192.168.0.7/h", "http://[::ffff:127.0.0.1]/h", "http://2130706433/h",
+                                 "http://127.1/h", "http://[64:ff9b::a00:1]/h", "http://[2002:7f00:1::]/h",
+                                 "http://0.0.0.0/h"])
 def test_private_targets_are_refused_unless_allowed(api_client, db_session, monkeypatch, url):
     from backend.settings import get_settings
 
@@ -141,7 +143,7 @@ def test_private_targets_are_refused_unless_allowed(api_client, db_session, monk
     get_settings.cache_clear()
     r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": url})
     assert r.status_code == 422, r.text
-    assert "non-global address" in r.text and "WEBHOOK_ALLOW_PRIVATE" in r.text
+    assert "is not a public internet address" in r.text and "WEBHOOK_ALLOW_PRIVATE" in r.text
     assert db_session.scalar(select(Webhook).where(Webhook.url == url)) is None
 
 
@@ -156,8 +158,30 @@ def test_an_attempt_to_a_name_that_resolves_to_a_private_address_posts_nothing(d
         assert _attempt(db_session, settings, d.id) == 1.0  # an attempt, retried later (it may be re-pointed)
         assert rx.requests == []
     a = db_session.scalar(select(WebhookAttempt).where(WebhookAttempt.delivery_id == d.id))
-    assert a is not None and a.status_code is None and "non-global address 127.0.0.1" in a.error
-    assert "hooks.example.org" in a.error
+    assert a is not None and a.status_code is None and "not a public internet address" in a.error
+    assert "127.0.0.1" not in a.error, "the reason does not say what the name resolved to"
+
+
+def test_an_attempt_connects_to_the_address_it_checked(db_session, settings_env, monkeypatch):
+    """DNS rebinding: the name answers a checked address first and another one afterwards;
+    the attempt still lands on the checked one, with the name in the Host header."""
+    real = socket.getaddrinfo
+    answers = iter(["127.0.0.1"])
+
+    def rebinding(host, port, *args, **kw):
+        if notify._is_ip_literal(host):
+            return real(host, port, *args, **kw)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers, "127.0.0.2"), port))]
+
+    with Receiver() as rx:
+        url = rx.url.replace("127.0.0.1", "hooks.example.org")
+        d = _pending_delivery(db_session, url)
+        monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+        monkeypatch.setattr(notify, "_refused_address", lambda addr: str(addr) != "127.0.0.1")  # 127.0.0.1 "public"
+        settings = settings_env(WEBHOOK_ALLOW_PRIVATE="false")
+        assert _attempt(db_session, settings, d.id) is None  # delivered
+        (req,) = rx.requests
+    assert req["headers"]["host"] == url.split("/")[2]
 
 
 def test_good_webhook_urls_pass():
@@ -453,17 +477,30 @@ def test_new_products_of_a_channel_over_a_time_range_are_notified(api_client, db
     after_it = _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(hours=3)))
     _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(days=2)))  # outside the range
     _product(db_session, make_frame(db_session, "WST", T0 + dt.timedelta(hours=1)))  # another channel
-    assert searches.evaluate_all(db_session) == {sid: 2}
+    from backend.models import CalibrationSet
+
+    private = {}
+    for who in ("bob", "tester"):  # a product of each user's private set, in the range
+        cs = CalibrationSet(channel_code="SDI", calibration_key=f"dark:{who}", params_hash=who * 8,
+                            software_version="test", public=False, owner=who)
+        db_session.add(cs)
+        db_session.flush()
+        p = _product(db_session, make_frame(db_session, "SDI", T0 + dt.timedelta(hours=4 if who == "bob" else 5)))
+        p.calibration_set_id = cs.id
+        private[who] = p
+    db_session.flush()
+    assert searches.evaluate_all(db_session) == {sid: 3}
     got = {n.item_id for n in db_session.scalars(select(SavedSearchNotification)
                                                  .where(SavedSearchNotification.saved_search_id == sid))}
-    assert got == {inside.id, after_it.id} and old.id not in got
+    # bob's private product is never told to tester (nor carried off by a webhook); tester's own is
+    assert got == {inside.id, after_it.id, private["tester"].id} and old.id not in got
     # the planned one is written later: told then, even though a larger id was told before
     later.state = ProductState.written
     db_session.flush()
     assert searches.evaluate_all(db_session) == {sid: 1}
     assert searches.evaluate_all(db_session) == {}
     items = api_client.get(f"/api/v1/saved-searches/{sid}/notifications").json()["items"]
-    assert [n["item_id"] for n in items] == [later.id, after_it.id, inside.id]  # newest first
+    assert [n["item_id"] for n in items] == [later.id, private["tester"].id, after_it.id, inside.id]  # newest first
     assert items[0]["summary"]["channel"] == "SDI" and items[0]["item_kind"] == "product"
 
 

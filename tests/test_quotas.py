@@ -570,6 +570,12 @@ def test_every_write_route_counts_against_the_write_rate(client, db_session, lim
 def test_a_retry_counts_its_frames_against_the_daily_quota(client, db_session, frames, limits):
     from backend.models import ItemOutcome, JobItem
 
+    from backend.models import CalibrationKind
+    from tests.test_api import make_calibration
+
+    for kind in ("dark", "flat", "radiometric", "mask_geometry"):  # the frames can be planned again
+        make_calibration(db_session, "SDI", CalibrationKind(kind), 1)
+    db_session.commit()
     limits(QUOTA_CONCURRENT_JOBS=10, QUOTA_FRAMES_PER_DAY=10, RATE_LIMIT_WRITES=100)
     r = client.post("/api/v1/jobs", json=_body(6))  # 6 of tester's 10 frames today
     assert r.status_code == 202, r.text

@@ -32,7 +32,7 @@ a failed product goes back to ``planned`` from a clean slate; a frame that faile
 planning, e.g. for a missing master, is planned anew), its item goes back to ``pending``,
 the counts are recomputed from the items, ``retries`` goes up by one and the job moves
 ``-> running`` (``move_job(..., retry=True)``). Frames done or skipped are not touched.
-:func:`send_retry` then sends the calibrations (CPU chains, or GPU batches for lane
+:func:`send_retry` then sends the calibrations (CPU messages that calibrate then settle, or GPU batches for lane
 ``gpu``). When the job ends again its follow-up detections run again.
 
 Errors are :class:`JobControlError` with the HTTP status to answer (404 unknown job, 403
@@ -226,6 +226,7 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
     errors: list[str] = []
     todo: list[int] = []
     rerun = 0
+    runs_again = 0  # frames that will run (not failed at planning again, not written meanwhile)
     for frame in frames_for_job(session, job):
         item = items.get(frame.id)
         if item is not None and item.outcome not in (ItemOutcome.failed, ItemOutcome.cancelled):
@@ -255,6 +256,7 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
             session.add(item)
         item.product_id = prod.id
         if new:
+            runs_again += 1
             item.outcome, item.reason, item.settled_at = ItemOutcome.pending, None, None
             if prod.state == ProductState.planned:  # one being written for another job is not sent again
                 prod.sent_at = now
@@ -262,11 +264,11 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
         else:  # written meanwhile (by another job): nothing to redo
             item.outcome, item.reason, item.settled_at = ItemOutcome.skipped, None, now
     session.flush()
-    if rerun:  # the frames run again count against the quotas of whoever retries (429 rolls all back)
+    if runs_again:  # the frames that run again count against the quotas of whoever retries (429 rolls all back)
         from backend.services.quotas import admit_frames, charge_job
 
-        charge_job(session, job, admit_frames(session, principal, rerun, what=f"the retry of job {job.id}", now=now),
-                   owner=principal.user, at=now)
+        charge_job(session, job, admit_frames(session, principal, runs_again, what=f"the retry of job {job.id}",
+                                              now=now), owner=principal.user, at=now)
     job.retries = (job.retries or 0) + 1
     job.cancel_requested_at = None
     job.cancelled_by = None
@@ -283,8 +285,8 @@ def retry_job(session: Session, job_id: str, principal: Principal) -> tuple[Job,
 
 
 def send_retry(session: Session, job: Job, product_ids: list[int]) -> None:
-    """Send the calibrations of a retried job (after :func:`retry_job` committed): CPU chains
-    (calibrate -> record progress), or GPU batches of ``GPU_BATCH_SIZE`` for lane ``gpu``.
+    """Send the calibrations of a retried job (after :func:`retry_job` committed): CPU messages
+    (calibrate then settle), or GPU batches of ``GPU_BATCH_SIZE`` for lane ``gpu``.
     A message lost here (broker down) is re-sent by the reconciler (its product stays
     ``planned``), as are the follow-up detections of a job that ended again at once (queued,
     never sent: the reconciler's step 5 sends them within one interval).

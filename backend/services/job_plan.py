@@ -68,8 +68,6 @@ def plan_product(session: Session, frame: Frame, *, pinned: dict | None, options
     cal_set = set_for(session, frame, sel, opts, pinned=pinned, owner=owner)
     existing = session.scalar(select(Product).where(Product.frame_id == frame.id, Product.version == cal_set.id))
     if existing is not None:
-        if existing.calibration_set_id is None:
-            existing.calibration_set_id = cal_set.id
         if existing.state == ProductState.written:
             return existing, False
         if existing.state == ProductState.failed:  # a failed product is tried again, from a clean slate

@@ -152,59 +152,93 @@ def check_webhook_url(url: str) -> str:
     return url
 
 
-def non_global_address(host: str, port: int | None = None) -> str | None:
-    """The first address ``host`` resolves to that is not a global unicast address
-    (loopback, RFC 1918 private, link-local, unique-local, multicast, reserved: RFC 6890,
-    as :attr:`ipaddress.IPv4Address.is_global` says), or None when every one is global.
+#: IPv6 ranges that carry an IPv4 address (RFC 6052 NAT64 well-known and local-use prefixes,
+#: RFC 4291 IPv4-compatible): the IPv4 inside is what is reached, so it is checked too.
+_V4_IN_V6 = ("64:ff9b::/96", "64:ff9b:1::/48", "::/96")
+
+
+def _refused_address(addr) -> bool:
+    """Whether ``addr`` (an :mod:`ipaddress` address) is not a global unicast address
+    (loopback, RFC 1918 private, link-local, unique-local, multicast, reserved: RFC 6890, as
+    :attr:`ipaddress.IPv4Address.is_global` says), looking through the IPv6 forms that embed
+    an IPv4 address (IPv4-mapped, 6to4 RFC 3056, Teredo RFC 4380, NAT64 RFC 6052,
+    IPv4-compatible)."""
+    import ipaddress
+
+    if not addr.is_global or addr.is_multicast:
+        return True
+    if addr.version == 6:
+        inner = [addr.ipv4_mapped, addr.sixtofour, *(addr.teredo or ())]
+        if any(addr in ipaddress.ip_network(n) for n in _V4_IN_V6):
+            inner.append(ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF))
+        return any(v4 is not None and (not v4.is_global or v4.is_multicast) for v4 in inner)
+    return False
+
+
+def resolve_target(url: str) -> tuple[str, list[str]]:
+    """The host name httpx connects to for ``url`` (IDNA 2008 ASCII, as :class:`httpx.URL`
+    encodes it) and the addresses it resolves to now.
 
     Raises
     ------
     ValueError
-        If ``host`` does not resolve (the reason, for the delivery log).
+        If the host does not resolve.
     """
-    import ipaddress
     import socket
 
+    import httpx
+
+    u = httpx.URL(url)
+    host = u.raw_host.decode("ascii").strip("[]")
     try:
-        infos = socket.getaddrinfo(host, port or 443, proto=socket.IPPROTO_TCP)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise ValueError(f"the host {host!r} does not resolve ({exc})") from None
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        if getattr(addr, "ipv4_mapped", None) is not None:
-            addr = addr.ipv4_mapped
-        if not addr.is_global or addr.is_multicast:
-            return str(addr)
-    return None
+        infos = socket.getaddrinfo(host, u.port or (443 if u.scheme == "https" else 80), proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError, OSError):
+        raise ValueError("the webhook host does not resolve") from None
+    return host, list(dict.fromkeys(info[4][0].split("%", 1)[0] for info in infos))
 
 
 def _is_ip_literal(host: str) -> bool:
+    """Whether ``host`` is an address, in any form a resolver takes as one (``127.1``,
+    ``2130706433``, ``0x7f000001``, IPv6 in brackets)."""
+    import ipaddress
+    import socket
+
+    h = host.strip("[]")
+    try:
+        ipaddress.ip_address(h)
+        return True
+    except ValueError:
+        pass
+    try:
+        socket.inet_aton(h)  # the BSD forms: 127.1, 2130706433, 0x7f.1 ...
+        return True
+    except OSError:
+        return False
+
+
+def check_target(url: str) -> tuple[str | None, str | None]:
+    """``(address, None)``: the address to connect to for ``url`` (every address its host
+    resolves to is global, :func:`_refused_address`), or ``(None, reason)``.
+
+    The attempt then connects to that very address (:func:`post_delivery` ``pin``), so a name
+    re-pointed after the check (DNS rebinding) cannot reach another host. The reason does not
+    say what a name resolved to (a user must not map the platform's network through it)."""
     import ipaddress
 
     try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
+        _, addresses = resolve_target(url)
+    except ValueError as exc:
+        return None, str(exc)
+    if not addresses or any(_refused_address(ipaddress.ip_address(a)) for a in addresses):
+        return None, ("the webhook host is not a public internet address (loopback, private, link-local or "
+                      "reserved targets are refused unless WEBHOOK_ALLOW_PRIVATE is set)")
+    return addresses[0], None
 
 
 def refuse_private_target(url: str) -> str | None:
-    """Why ``url`` may not be posted to while ``WEBHOOK_ALLOW_PRIVATE`` is false (its host
-    is or resolves to a non-global address, :func:`non_global_address`), or None.
-
-    Checked at registration for a host that is an address, and again before every attempt
-    on the addresses the name resolves to then (a name may be re-pointed after it was
-    registered). A name re-pointed between this check and httpx's own lookup of the same
-    attempt is not caught: deployments that need that guarantee add an egress proxy."""
-    parts = urlsplit(url)
-    try:
-        bad = non_global_address(parts.hostname or "", parts.port)
-    except ValueError as exc:
-        return str(exc)
-    if bad is None:
-        return None
-    return (f"the webhook host {parts.hostname!r} is the non-global address {bad} (loopback, private or "
-            "link-local); such targets are refused unless WEBHOOK_ALLOW_PRIVATE is set")
+    """Why ``url`` may not be posted to while ``WEBHOOK_ALLOW_PRIVATE`` is false, or None
+    (:func:`check_target`)."""
+    return check_target(url)[1]
 
 
 def new_secret() -> str:
@@ -262,7 +296,7 @@ def register_webhook(session: Session, owner: str, url: str, *, job_id: str | No
         literal = host == "localhost" or host.endswith(".localhost") or _is_ip_literal(host)
         why = refuse_private_target(url) if literal else None  # a name is checked at each attempt (no DNS here)
         if why is not None:
-            raise WebhookError(f"webhook_url: {why}")
+            raise WebhookError(f"webhook_url: {why.replace('the webhook host', f'the webhook host {host!r}')}")
     hook = Webhook(owner=owner, url=url, secret=new_secret(), job_id=job_id, saved_search_id=saved_search_id)
     session.add(hook)
     session.flush()
@@ -387,11 +421,13 @@ def _error_text(exc: Exception, timeout_s: float, connect_s: float) -> str:
 
 
 def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body: bytes, *,
-                  timeout_s: float = 10.0, now: float | None = None) -> AttemptResult:
+                  timeout_s: float = 10.0, now: float | None = None, pin: str | None = None) -> AttemptResult:
     """POST ``body`` to ``url``, signed (module docstring), with short timeouts: connect at
     most :data:`CONNECT_TIMEOUT_S` (or ``timeout_s`` if shorter), each read and write at most
-    ``timeout_s`` [s]. Redirects are not followed (a 3xx is a failure). Never raises for
-    what the target does; touches no database."""
+    ``timeout_s`` [s]. Redirects are not followed (a 3xx is a failure). ``pin``: the address
+    to connect to (checked by :func:`check_target`), with the URL's host name kept in the
+    ``Host`` header and as the TLS server name (certificate checked against it). Never raises
+    for what the target does; touches no database."""
     import httpx
 
     ts = int(time.time() if now is None else now)
@@ -403,7 +439,14 @@ def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), follow_redirects=False,
                           trust_env=False) as client:
-            with client.stream("POST", url, content=body, headers=headers) as resp:
+            target, ext = url, {}
+            if pin is not None:
+                u = httpx.URL(url)
+                headers["Host"] = u.netloc.decode("ascii")
+                target = u.copy_with(host=pin)
+                if u.scheme == "https":
+                    ext = {"sni_hostname": u.raw_host.decode("ascii")}
+            with client.stream("POST", target, content=body, headers=headers, extensions=ext) as resp:
                 head = b""
                 for chunk in resp.iter_bytes():
                     head += chunk
@@ -427,10 +470,12 @@ def send_delivery(url: str, secret: str, delivery_id: str, event_name: str, body
     """The post of one attempt: refused with the reason (nothing sent) when the target is a
     non-global address and ``WEBHOOK_ALLOW_PRIVATE`` is false (:func:`refuse_private_target`),
     else :func:`post_delivery` with ``WEBHOOK_TIMEOUT_S``."""
-    refused = None if settings.webhook_allow_private else refuse_private_target(url)
-    if refused is not None:
-        return AttemptResult(None, refused[:MAX_ERROR_CHARS], 0.0)
-    return post_delivery(url, secret, delivery_id, event_name, body, timeout_s=settings.webhook_timeout_s)
+    pin = None
+    if not settings.webhook_allow_private:
+        pin, refused = check_target(url)
+        if refused is not None:
+            return AttemptResult(None, refused[:MAX_ERROR_CHARS], 0.0)
+    return post_delivery(url, secret, delivery_id, event_name, body, timeout_s=settings.webhook_timeout_s, pin=pin)
 
 
 def record_attempt(session: Session, delivery_id: str, attempt: int, result: AttemptResult, settings: Settings, *,

@@ -333,7 +333,9 @@ def admit_frames(session: Session, principal: Principal, frames: int, *, what: s
     if frames > limit:
         session.rollback()
         raise QuotaError(f"frames per day quota: {what} covers {frames} frames, more than the whole daily "
-                         f"quota of {limit} (QUOTA_FRAMES_PER_DAY): split its DATE-OBS range into smaller jobs")
+                         f"quota of {limit} (QUOTA_FRAMES_PER_DAY): "
+                         + ("split its DATE-OBS range into smaller jobs" if what == "this request"
+                            else "ask an admin to run it"))
     charges = frames_usage(session, principal.user, now)
     used = sum(n for _, n in charges)
     if used + frames <= limit:

@@ -1,7 +1,7 @@
 """Re-runs: recalibrate the frames of a manifest with exactly its calibration files and
 options, and compare the data with the original's.
 
-Products are unique on (frame, calibration_key, params_hash), so a plain new job with the
+Products are one per (frame, calibration set) (the set: files, options, software version), so a plain new job with the
 same request would only be ``skipped``. A re-run is instead a job of kind ``rerun``
 (``Job.rerun_of``: the job re-run, if any) with one :class:`~backend.models.RerunItem` per
 frame holding the manifest's inputs; its worker (:mod:`backend.worker.rerun`) recomputes

@@ -191,19 +191,26 @@ def _event_filters(query: dict[str, Any]):
     return parse_event_filters(**kw).filters
 
 
-def _product_query(query: dict[str, Any]):
+def _product_query(query: dict[str, Any], owner: str | None = None):
+    """The products a product search matches, among those ``owner`` may see (public sets,
+    and their own: never another user's private set, which a webhook would carry away)."""
+    from types import SimpleNamespace
+
     from backend.services.products import _filtered
+    from backend.services.set_access import product_condition
 
     start = dt.datetime.fromisoformat(query["start"]) if query.get("start") else None
     end = dt.datetime.fromisoformat(query["end"]) if query.get("end") else None
-    return _filtered(select(Product).join(Product.frame), channel=query.get("channel"), start=start, end=end,
-                     state=None, frame_id=query.get("frame_id"), job_id=query.get("job_id"))
+    q = _filtered(select(Product).join(Product.frame), channel=query.get("channel"), start=start, end=end,
+                  state=None, frame_id=query.get("frame_id"), job_id=query.get("job_id"))
+    seen = product_condition(SimpleNamespace(user=owner, is_admin=False))
+    return q if seen is None else q.where(seen)
 
 
-def _product_horizon(session: Session, query: dict[str, Any], after: int) -> int:
+def _product_horizon(session: Session, query: dict[str, Any], after: int, owner: str | None = None) -> int:
     """The cursor of a product search: below the first matching product above ``after``
     still ``planned``/``writing``; else the largest product id."""
-    first_open = session.scalar(_product_query(query).with_only_columns(func.min(Product.id))
+    first_open = session.scalar(_product_query(query, owner).with_only_columns(func.min(Product.id))
                                 .where(Product.id > after,
                                        Product.state.in_([ProductState.planned, ProductState.writing])))
     if first_open is not None:
@@ -239,7 +246,7 @@ def create_saved_search(session: Session, owner: str, name: str, kind: str, quer
     if kind == "events":
         cursor = int(session.scalar(select(func.max(Event.id))) or 0)
     else:
-        cursor = _product_horizon(session, stored, 0)
+        cursor = _product_horizon(session, stored, 0, owner)
     row = SavedSearch(owner=owner, name=name, kind=kind, query=stored, cursor=cursor)
     session.add(row)
     session.flush()
@@ -280,11 +287,11 @@ def _new_event_matches(session: Session, search: SavedSearch) -> tuple[list[tupl
 
 def _new_product_matches(session: Session, search: SavedSearch) -> tuple[list[tuple[int, dict]], int]:
     told = select(SavedSearchNotification.item_id).where(SavedSearchNotification.saved_search_id == search.id)
-    q = (_product_query(search.query).add_columns(Frame)
+    q = (_product_query(search.query, search.owner).add_columns(Frame)
          .where(Product.id > search.cursor, Product.state == ProductState.written, Product.id.not_in(told))
          .order_by(Product.id).limit(MAX_PER_PASS))
     rows = session.execute(q).all()
-    cursor = _product_horizon(session, search.query, search.cursor)
+    cursor = _product_horizon(session, search.query, search.cursor, search.owner)
     if len(rows) == MAX_PER_PASS:
         cursor = min(cursor, rows[-1][0].id)
     return [(p.id, _product_summary(p, f)) for p, f in rows], cursor

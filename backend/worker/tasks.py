@@ -16,12 +16,12 @@ import datetime as dt
 import logging
 
 from celery.signals import worker_init, worker_process_init, worker_ready
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from backend.broker import TaskName, app
 from backend.db import forget_connections_after_fork, session_scope
-from backend.models import FollowUpState, Job, JobFollowUp, JobState
+from backend.models import FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState
 from backend.services.detection import PUBLIC_SCOPE, job_detection_scope, run_detector
 from backend.services.events import associate_events
 from backend.services.ingest import ingest_path
@@ -56,6 +56,26 @@ def _share_cores(sender=None, **_kwargs) -> None:
         set_default_threads(max(1, available_cores() // processes))
         log.info("threaded calibration steps: %d thread(s) in each of %d worker processes",
                  max(1, available_cores() // processes), processes)
+
+
+@worker_init.connect
+def _preload_lazy_imports(**_kwargs) -> None:
+    """Import, before the pool forks, the modules the tasks import lazily (matplotlib for the
+    quicklooks and diff images). A time limit raised inside a child's first ``import
+    matplotlib`` (a frozen database makes a task run out its soft limit at any line) leaves
+    the module half-initialised in that child, and every later product there fails with
+    ``KeyError: 'Rectangle:kwdoc'``; imported in the parent, no task ever runs an import."""
+    import io
+
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg", force=False)
+    from matplotlib import colormaps
+    from matplotlib.image import imsave
+
+    # imsave imports matplotlib.figure, axes, table... on its first call: make that call here
+    imsave(io.BytesIO(), np.zeros((2, 2), dtype=np.float32), cmap=colormaps["gray"], format="png")
 
 
 @worker_process_init.connect
@@ -100,7 +120,7 @@ def ingest_file(self, path: str, move: bool = True) -> dict:
 def run_job(self, job_id: str) -> dict:
     """Plan a job and fan out its work.
 
-    CPU jobs: one chain per product, calibrate -> record progress (queue ``cpu``). GPU jobs
+    CPU jobs: one message per product, calibrate then settle (queue ``cpu``). GPU jobs
     (option ``device: gpu``): batches of ``GPU_BATCH_SIZE`` products, one
     :func:`calibrate_products_gpu_batch` task each (queue ``gpu``), which count every
     product as it finishes.
@@ -154,7 +174,7 @@ def run_job(self, job_id: str) -> dict:
             calibrate_products_gpu_batch.apply_async(args=[job_id, batch], queue="gpu")
         return {"job_id": job_id, "planned": len(todo), "gpu_batches": len(batches)}
     for pid in todo:
-        send_calibration(pid, job_id)  # calibrate -> record progress, as the reconciler re-sends it
+        send_calibration(pid, job_id)  # calibrate then settle, as the reconciler re-sends it
     return {"job_id": job_id, "planned": len(todo)}
 
 
@@ -231,14 +251,24 @@ def calibrate_product(self, product_id: int, job_id: str | None = None) -> dict:
 
 
 def _settle(job_id: str, product_id: int) -> str | None:
-    """Settle one product's item of its job (:func:`count_item`, committed); the call that
-    ends the job sends its follow-up detections. Returns the job's state."""
+    """Settle one product's item of its job (:func:`count_item`, committed), then the items
+    of every other job that waits on the same product (a frame two jobs planned with one
+    calibration set is calibrated once: each job's count moves now, not at the reconciler's
+    next pass). The call that ends a job sends its follow-up detections. Returns the state
+    of job ``job_id``."""
     with session_scope() as s:
         job, closed = count_item(s, job_id, product_id)
         state = job.state.value if job else None
-    if closed:
+        others = list(s.scalars(select(JobItem.job_id).where(
+            JobItem.product_id == product_id, JobItem.job_id != job_id, JobItem.outcome == ItemOutcome.pending)))
+    ended = [job_id] if closed else []
+    for other in others:  # each under its own job row lock, in a transaction of its own
         with session_scope() as s:
-            send_follow_ups(s, job_id)
+            if count_item(s, other, product_id)[1]:
+                ended.append(other)
+    for j in ended:
+        with session_scope() as s:
+            send_follow_ups(s, j)
     return state
 
 

@@ -8,6 +8,11 @@ one per (frame, set) (``uq_products_frame_id_version``, version = set id), so th
 old unique (frame, calibration_key, params_hash) goes: a new release's product of a frame
 has the same files and options as the old release's.
 
+Existing sets are not split by release: a set made before this migration may hold products
+of more than one software version (each product's own ``software_version`` says which).
+The downgrade fails once two releases have made products of one frame (the old unique key
+cannot be recreated over them).
+
 Revision ID: 0012_set_identity
 Revises: 0011_notify
 Create Date: 2026-12-02 15:30:00

@@ -40,6 +40,7 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration import resample, steps, uncertainty
+from pipelines.calibration.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
@@ -357,6 +358,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     coef = rad.param("RADCOEF")
     img, h = steps.convert_units(img, h, coef, unit)
     var = var * xp.asarray(coef * coef, dtype=var.dtype)
+    tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
+    h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
+                                tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
+                                enabled=opts.fit_centre)
     img, h, var = _stray_light_step(img, h, cals, opts, spec, xp, var)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
@@ -489,6 +494,14 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
                                                     stray_cal.data.get("strayerr"))
         h.add_history(f"uncertainty: {why}")
     return img, h, var
+
+
+def _occulter_rsun(cals: dict[str, CalibrationInput], spec: Any) -> float | None:
+    """SCI occulter radius [Rsun]: ``OCCRAD`` of the mask geometry, else the channel's."""
+    if not spec.is_coronagraph:
+        return None
+    occ = cals["mask_geometry"].parameters.get("OCCRAD") if "mask_geometry" in cals else None
+    return float(occ) if occ not in (None, "") else float(spec.fov_rsun_min)
 
 
 def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput], spec: Any,

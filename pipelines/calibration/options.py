@@ -44,6 +44,18 @@ class CalibrationOptions(BaseModel):
         Rotate solar north up and centre the Sun (cubic spline resampling by default).
     interpolation_order : int, 0..5
         Spline order of the north-up resampling (3: cubic B-spline).
+    fit_centre : bool
+        Fit the disk centre from the frame (limb for SDI/WST, occulter edge for SCI;
+        :mod:`pipelines.calibration.centre`) and use it when the header disagrees.
+    centre_tolerance_px : float, [0, 10] [pixel]
+        SDI/WST: the limb-fitted centre replaces the header's when they differ by more
+        than this, 3 sigma of the fit or the channel's edge systematic
+        (``pipelines.calibration.centre.EDGE_SYSTEMATIC_ARCSEC``), whichever is largest.
+        0.25 px: the disk imagers' L2 centre gate (``validation.GATES``).
+    occulter_tolerance_px : float, [0, 10] [pixel]
+        SCI: the same for the occulter-edge fit. 0.05 px: the fit's systematics are
+        0.01-0.04 px, and 0.05 px moves the SCI-WL corona at 2.3-2.45 Rsun by ~3.5 % at
+        512 px (the stray light is ~60 times the corona there).
     saturation_dn : float, (0, 65535] [DN]
         Raw pixels at or above are flagged saturated (DQ bit 1).
     """
@@ -58,6 +70,12 @@ class CalibrationOptions(BaseModel):
     subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
     rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
     interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
+    fit_centre: StrictBool = Field(True, description="fit the disk centre (limb / occulter edge) and use it "
+                                                     "where the header disagrees")
+    centre_tolerance_px: float = Field(0.25, ge=0, le=10, description="[pix] SDI/WST: header/limb-fit disagreement "
+                                                                        "above which the fitted centre is used")
+    occulter_tolerance_px: float = Field(0.05, ge=0, le=10, description="[pix] SCI: header/occulter-fit disagreement "
+                                                                          "above which the fitted centre is used")
     saturation_dn: float = Field(SATURATION_DN, gt=0, le=SATURATION_DN,
                                  description="[DN] pixels at or above are flagged")
 

@@ -61,6 +61,9 @@ class SimulatedFrame:
     scene: str
     peak_dn: int
     notes: list[str] = field(default_factory=list)
+    #: CRPIX1/2 written in the raw header (1-based); differs from the true ``crpix`` by the
+    #: pointing error of ``simulate(pointing_error_px=...)``, equal to it otherwise.
+    header_crpix: tuple[float, float] | None = None
 
 
 @dataclass

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from astropy.io import fits
@@ -67,7 +68,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
              naxis: dict[str, int] | int | None = None, noise: bool = True, seed: int = 0,
              sdi_sequence: bool = True, frames_per_channel: int = 1, *,
              sample_dir: str | os.PathLike | None = None, xrs_day: bool = False,
-             wst_helioviewer: bool = False) -> SimulationResult:
+             wst_helioviewer: bool = False, sci_roll_deg: Sequence[float] | None = None,
+             pointing_error_px: float = 0.0) -> SimulationResult:
     """Simulate raw LST frames, their calibration masters and their truth.
 
     Parameters
@@ -102,6 +104,22 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     wst_helioviewer : bool
         Also a WST frame of 2023-01-31 03:39:23 from the Helioviewer JPEG 2000 of SDO/HMI
         continuum (:data:`~pipelines.simulation.sources.HMI_JP2_FILE`).
+    sci_roll_deg : sequence of float, optional
+        A roll sequence for SCI [deg]: frame ``k`` of each SCI channel is rolled by
+        ``sci_roll_deg[k]`` on top of its nominal roll and jitter (``CROTA2`` says so), as a
+        spacecraft roll manoeuvre does (SOHO and STEREO roll about the Sun-pointed axis for
+        calibration). The corona turns with the roll in the detector frame, the stray light
+        stays (it follows the occulter). Sets the SCI frame count to ``len(sci_roll_deg)``
+        (other channels keep ``frames_per_channel``). ``None`` (default): no roll sequence,
+        output unchanged.
+    pointing_error_px : float
+        Pointing error written into each raw header [pixel of the simulated frame, 0-10]:
+        ``CRPIX1/2`` are the true disk centre plus a vector of this length in a random
+        direction (stream ``(seed, channel, 2000 + frame)``, so the frames and noise are
+        those of ``pointing_error_px=0``); the truth stays on the true centre, recorded in
+        each frame's ``crpix`` (``header_crpix`` holds what the header says). The chain
+        must find the centre from the data (issue 14: "pointing errors of up to 2 px in
+        the headers").
 
     Returns
     -------
@@ -127,6 +145,11 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         raise ValueError("no channel to simulate")
     if frames_per_channel < 1:
         raise ValueError("frames_per_channel must be at least 1")
+    rolls = None if sci_roll_deg is None else [float(a) for a in sci_roll_deg]
+    if rolls is not None and (not rolls or not all(np.isfinite(rolls))):
+        raise ValueError("sci_roll_deg must hold at least one finite angle")
+    if not 0.0 <= float(pointing_error_px) <= 10.0:
+        raise ValueError(f"pointing_error_px must be between 0 and 10 pixels, got {pointing_error_px}")
     sizes = _sizes(chans, naxis)
     for sub in ("raw", "calibration", "truth"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -141,7 +164,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
     for chan in chans:
         done = _simulate_channel(chan, sizes[chan], out, sample, seed=seed, noise=noise, sdi_sequence=sdi_sequence,
                                  frames_per_channel=frames_per_channel, cache=cache, xrs_day=xrs_day,
-                                 wst_helioviewer=wst_helioviewer)
+                                 wst_helioviewer=wst_helioviewer, sci_roll_deg=rolls,
+                                 pointing_error_px=float(pointing_error_px))
         flares.extend(done.flares)
         limb_fits.extend(done.limb_fits)
         radiometric[chan] = done.radiometric_coef
@@ -170,7 +194,8 @@ class _ChannelOutput:
 
 def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, noise: bool, sdi_sequence: bool,
                       frames_per_channel: int, cache: dict[str, Any], xrs_day: bool = False,
-                      wst_helioviewer: bool = False) -> _ChannelOutput:
+                      wst_helioviewer: bool = False, sci_roll_deg: list[float] | None = None,
+                      pointing_error_px: float = 0.0) -> _ChannelOutput:
     """Truths, masters and raw frames of one channel, in that order.
 
     Pass 1 writes every truth and finds the channel's brightest signal, which fixes the
@@ -181,8 +206,14 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
     ci = _CHANNEL_INDEX[chan]
-    plans, flares, fits_info = _plan_frames(chan, sample, sdi_sequence, frames_per_channel, cache, xrs_day=xrs_day,
-                                            wst_helioviewer=wst_helioviewer)
+    roll_seq = sci_roll_deg if (sci_roll_deg is not None and spec.is_coronagraph) else None
+    plans, flares, fits_info = _plan_frames(chan, sample, sdi_sequence,
+                                            len(roll_seq) if roll_seq is not None else frames_per_channel, cache,
+                                            xrs_day=xrs_day, wst_helioviewer=wst_helioviewer)
+    if roll_seq is not None:
+        for plan, extra in zip(plans, roll_seq):
+            plan.roll_offset_deg = extra
+            plan.notes.append(f"roll sequence: {extra:+.3f} deg on top of the nominal roll")
     stray = stray_light_model(chan) if spec.is_coronagraph else None
 
     # pass 1: the truths (written to disk) and the brightest signal of the channel
@@ -199,35 +230,49 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
                                _iso(t_first))
 
     # pass 2: the raw frames
-    frames = [_write_raw_frame(plan, chan, n, out, _rng(seed, ci, k), stray, flat, bias, dark_rate, coef, noise)
+    frames = [_write_raw_frame(plan, chan, n, out, _rng(seed, ci, k), stray, flat, bias, dark_rate, coef, noise,
+                               _pointing_error(pointing_error_px, _rng(seed, ci, 2000 + k)))
               for k, plan in enumerate(plans)]
     return _ChannelOutput(frames=frames, calibration_files=cal_infos, radiometric_coef=coef, flares=flares,
                           limb_fits=fits_info)
 
 
+def _pointing_error(length_px: float, rng: np.random.Generator) -> tuple[float, float]:
+    """Header-minus-true disk centre (dx, dy) [pixel]: ``length_px`` in a direction drawn from ``rng``."""
+    if length_px <= 0.0:
+        return 0.0, 0.0
+    a = float(rng.uniform(0.0, 2.0 * math.pi))
+    return length_px * math.cos(a), length_px * math.sin(a)
+
+
 def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.random.Generator,
                      stray: StrayLightModel | None, flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray,
-                     coef: float, noise: bool) -> SimulatedFrame:
+                     coef: float, noise: bool, header_error: tuple[float, float] = (0.0, 0.0)) -> SimulatedFrame:
     """Point the detector, run the forward model on the frame's truth and write ``raw/``.
 
-    ``rng`` draws the pointing jitter first, then the noise.
+    ``rng`` draws the pointing jitter first, then the noise. ``header_error`` (dx, dy)
+    [pixel] is added to the disk centre written in the header (``CRPIX``), not to the
+    pointing the frame is made with; the header does not say so (the truth is in the
+    returned frame and the manifest only).
     """
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
     x0, y0, roll = _detector_geometry(model, n, rng)
+    roll += plan.roll_offset_deg
     with fits.open(plan.truth_path, memmap=False) as hd:
         truth = np.asarray(hd[0].data, dtype=np.float32)
     raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
                          dark_rate, coef, noise, rng)
     del truth
     raw_path = out / "raw" / plan.raw_name
-    rh = _raw_header(spec, plan.t, model, scale, x0, y0, roll, plan.scene, plan.raw_name, plan.notes,
+    hx, hy = x0 + header_error[0], y0 + header_error[1]
+    rh = _raw_header(spec, plan.t, model, scale, hx, hy, roll, plan.scene, plan.raw_name, plan.notes,
                      keywords=plan.keywords)
     _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
     return SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path, date_obs=_iso(plan.t),
                           exptime_s=model.exptime_s, naxis=n, plate_scale=scale, crpix=(x0 + 1.0, y0 + 1.0),
                           crota2=roll, rsun_arcsec=plan.rsun_arcsec, scene=plan.scene, peak_dn=int(raw.max()),
-                          notes=list(plan.notes))
+                          notes=list(plan.notes), header_crpix=(hx + 1.0, hy + 1.0))
 
 
 def _jsonable(v: Any) -> Any:

@@ -165,6 +165,7 @@ class _FramePlan:
     raw_name: str = ""
     flare_spec: dict[str, Any] | None = None  # the injected flare (default FLARE)
     keywords: dict[str, tuple[Any, str]] = field(default_factory=dict)  # extra raw/truth header cards
+    roll_offset_deg: float = 0.0  # SCI roll sequence: added to the frame's roll (simulate(sci_roll_deg=...))
 
 
 def _plan_frames(chan: str, sample: Path, sdi_sequence: bool, frames_per_channel: int,

@@ -370,7 +370,8 @@ class Client:
         """
         from parfive import Results
 
-        Path(path).mkdir(parents=True, exist_ok=True)
+        if "{" not in str(path):  # a folder (a pattern's folders are made by parfive per file)
+            Path(path).mkdir(parents=True, exist_ok=True)
         items = _product_items(products)
         dl = downloader or self.downloader(max_conn=max_conn, progress=progress, overwrite=overwrite)
         self.enqueue_downloads(items, path, dl)

@@ -166,7 +166,9 @@ class LSTClient(BaseClient):
     @property
     def info_url(self) -> str:
         """The server's API documentation (``/docs``)."""
-        return self._client().base_url + "/docs"
+        from lstdp_client.client import DEFAULT_URL
+
+        return (self.url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/") + "/docs"  # no connection made
 
     def search(self, *query) -> QueryResponseTable:
         """The written L2 products matching ``query`` (one AND of attrs, or ORs of them).
