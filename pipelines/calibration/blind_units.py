@@ -33,6 +33,14 @@ by KLL from dithers (item 2); its error plane is what matters here.
 
 The gate (``tests/test_blind_units.py``): ``|pull_width - 1| <= 0.05`` for every channel,
 noise on.
+
+Measured (seed 5, noise on; SDI / WST / SCI-UV / SCI-WL): pull width 1.007 / 1.005 / 1.007 /
+1.009 at 256 px (11 s); 0.998 / 0.992 / 1.001 / 0.998 at 1024 px (69 s); 1.000 / 0.991 /
+1.000 / 0.999 at 2048 px (205 s, 4.4 GB); at 128 px 1.01-1.04 (the error of the double
+resampling truth -> detector -> L2 at the limb and occulter, which sigma does not hold).
+Median L2 error 0.37 / 0.26 / 11.0 / 11.0 % at 1024 px (the SCI value is the per-pixel photon
+noise of the faint corona); noise off at 256 px 0.024 / 0.012 / 0.055 / 0.060 %. Gain and
+read noise by photon transfer within 0.2 % of the hidden 1.6 e/DN and 2.5 DN at 1024 px.
 """
 
 from __future__ import annotations

@@ -3,10 +3,12 @@
 :func:`calibrate_frame` takes a raw frame as :func:`pipelines.fitsio.read_image` returns it
 (float data, header with the ASO-S quirks repaired and observer keywords filled) and the
 calibration inputs chosen for it (:class:`CalibrationInput`, one per kind), and returns an
-:class:`L2Result`: float32 data in physical units, a uint8 DQ array, the L2 header (full
+:class:`L2Result`: float32 data in physical units, a uint8 DQ array, a float32 per-pixel
+standard deviation (:mod:`.uncertainty`), the L2 header (full
 helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``BUNIT``, ``CAL*`` provenance
 keywords, one HISTORY line per step, ``DATE-BEG``/``DATE-AVG``/``DATE-END``/``TIMESYS`` from
-``DATE-OBS`` and the exposure) and summary statistics.
+``DATE-OBS`` and the exposure; ``BUNIT`` readable by astropy and, for SCI, ``MSBVALUE``:
+:mod:`pipelines.units`) and summary statistics.
 
 Calibration masters are FITS files that describe themselves in their primary header
 (``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the

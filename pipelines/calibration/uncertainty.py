@@ -236,6 +236,9 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     out = _affine(nd, xp.astype(filled, xp.float32), xp.asarray(k_yx), xp.asarray(offset), (ny, nx), order=1,
                   mode="nearest", dtype=xp.float32, threads=threads)
     # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
+    if isinstance(out, np.ndarray):
+        _apply_factor_numpy(out, k_yx, offset, order, threads)
+        return out
     rows = xp.arange(ny, dtype=xp.float64)[:, None]
     cols = xp.arange(nx, dtype=xp.float64)[None, :]
     outside = None
@@ -248,3 +251,40 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
         del c, frac, off
     out[outside] = float("nan")
     return out
+
+
+def _apply_factor_numpy(out: np.ndarray, k_yx: np.ndarray, offset: np.ndarray, order: int, threads: int) -> None:
+    """``out *= g(fy) g(fx)`` and NaN outside the detector, in place, by row blocks on threads.
+
+    Source coordinates in float32 (2.7e-4 px resolution at 4608 px, far finer than g
+    varies); ``g`` from a 1025-point table by nearest index (error < 1e-3 of g).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.calibration.resample import _blocks
+
+    ny, nx = out.shape
+    f, g = _factor_table(int(order), 1025)
+    g32 = g.astype(np.float32)
+    cols = np.arange(nx, dtype=np.float32)[None, :]
+
+    def block(rows_range: tuple[int, int]) -> None:
+        r0, r1 = rows_range
+        rows = np.arange(r0, r1, dtype=np.float32)[:, None]
+        seg = out[r0:r1]
+        for axis, size in ((0, ny), (1, nx)):
+            c = rows * np.float32(k_yx[axis, 0]) + (cols * np.float32(k_yx[axis, 1]) + np.float32(offset[axis]))
+            bad = (c < -0.5) | (c > size - 0.5)
+            frac = c - np.floor(c)
+            frac *= np.float32(len(f) - 1)
+            frac += np.float32(0.5)
+            seg *= g32[frac.astype(np.int32)]
+            seg[bad] = np.nan
+
+    parts = _blocks(ny, max(1, int(threads)) * 4)
+    if threads <= 1:
+        for b in parts:
+            block(b)
+    else:
+        with ThreadPoolExecutor(int(threads)) as pool:
+            list(pool.map(block, parts))
