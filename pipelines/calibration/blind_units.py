@@ -10,8 +10,8 @@ nothing else.
 The chain side (:func:`estimate_detector_masters`) sees only the frames and derives, per
 pixel, the bias, the dark rate and the flat with their standard errors (``BIASERR``,
 ``DARKERR``, ``FLATERR`` planes), and the gain and read noise by photon transfer (the
-variance of the difference of two equal exposures, Janesick 2007, *Photon Transfer*, SPIE,
-sect. 5.2: ``var(F1 - F2) / 2 = S / g + sigma_read**2``). It writes them as calibration
+variance of the difference of two equal exposures, Janesick 2007, *Photon Transfer*,
+SPIE Press: ``var(F1 - F2) / 2 = S / g + sigma_read**2``). It writes them as calibration
 masters and :func:`pipelines.calibration.flow.calibrate_frame` calibrates the raw frame with
 them. The truth is read only to score:
 
@@ -153,7 +153,7 @@ def estimate_detector_masters(bias_frames: np.ndarray, dark_frames: np.ndarray, 
     Per pixel: the mean of the frames and its standard error ``s / sqrt(N)`` (sample
     standard deviation ``s``). Each flat frame is divided by its own mean before averaging
     (level normalisation: a lamp or diffuser drifts between frames). Photon transfer
-    (Janesick 2007, sect. 5.2): ``sigma_total**2 = var(B1 - B2) / 2`` over bias pairs (read
+    (Janesick 2007, *Photon Transfer*): ``sigma_total**2 = var(B1 - B2) / 2`` over bias pairs (read
     noise and ADC); ``g = S / (var(F1 - F2) / 2 - sigma_total**2)`` over flat pairs, ``S``
     the pair's mean signal above bias and dark [DN]. Differences remove the fixed pattern
     (bias columns, flat stripes); the robust variance removes hot pixels.

@@ -2,7 +2,7 @@
 
 Every step of :func:`pipelines.calibration.flow.calibrate_frame` that changes the data
 changes the variance by first-order (linear) error propagation (Bevington & Robinson 2003,
-*Data Reduction and Error Analysis*, 3rd ed., eq. 3.13), the terms independent:
+*Data Reduction and Error Analysis for the Physical Sciences*, 3rd ed., ch. 3), the terms independent:
 
 =======================  ============================================================
 step                     variance after the step
@@ -26,11 +26,11 @@ rotate_north_up          :func:`resample_variance`: squared interpolation weight
 =======================  ============================================================
 
 The product carries the standard deviation (``UNCERT`` image HDU, the data's ``BUNIT``),
-as PUNCH's products carry theirs (Hughes et al. 2024, PUNCH SOC; ``astropy.nddata``
+as PUNCH's L2/L3 products carry theirs (punchbowl; read back as ``astropy.nddata``
 ``StdDevUncertainty``).
 
 Gain and read noise come from the dark master (``GAIN`` [e/DN], ``RDNOISE`` [DN]: a photon
-transfer measurement, Janesick 2007, *Photon Transfer*, SPIE, ch. 5) or else from the raw
+transfer measurement: Janesick 2007, *Photon Transfer*, SPIE Press) or else from the raw
 header (``GAIN``, ``RDNOISE``); LST.md gives neither. Without both the Poisson term uses
 1 e/DN and no read noise, and ``UNCGAIN`` says the gain was assumed.
 """
@@ -50,8 +50,8 @@ from pipelines.sun import radius_map, sun_geometry
 __all__ = ["detector_noise", "raw_variance", "dark_variance", "flat_variance", "stray_light_variance",
            "resample_variance", "interpolation_variance_factor"]
 
-#: Variance of uniform rounding to integer DN [DN**2] (Widrow & Kollar 2008, *Quantization
-#: Noise*, eq. 4.1: q**2 / 12).
+#: Variance of uniform rounding to integer DN [DN**2]: q**2 / 12 for a step q = 1 DN
+#: (Widrow & Kollar 2008, *Quantization Noise*, Cambridge University Press).
 ADC_VARIANCE_DN2 = 1.0 / 12.0
 
 
@@ -94,7 +94,7 @@ def raw_variance(raw: Any, bias: Any, gain: float, read_noise: float) -> Any:
     -----
     The Poisson variance is estimated from the observed value (an unbiased estimate of the
     expected count; its own noise enters the variance at order 1/sqrt(N), negligible above
-    a few tens of electrons). Janesick 2007, *Photon Transfer*, eq. 2.1.
+    a few tens of electrons). Janesick 2007, *Photon Transfer*, SPIE Press.
     """
     xp = namespace_of(raw)
     sig = raw - bias
@@ -185,8 +185,8 @@ def interpolation_variance_factor(frac: Any, order: int) -> Any:
 
     For interpolation of ``order`` (3: cubic B-spline with its prefilter, i.e. the cardinal
     cubic spline; 1: linear) at a fractional offset ``f`` from the grid, the value is
-    ``sum_k K(f + k) d_k`` with ``K`` the interpolating kernel (Unser 1999, IEEE Signal
-    Proc. Mag. 16(6), 22, eq. 9), so for independent inputs of equal variance
+    ``sum_k K(f + k) d_k`` with ``K`` the interpolating (cardinal) spline kernel (Unser 1999,
+    IEEE Signal Proc. Mag. 16(6), 22), so for independent inputs of equal variance
     ``var_out = var * sum_k K(f + k)**2``. ``g(0) = 1``; cubic ``g(0.5) = 0.756``, linear 0.5.
     In 2-D the kernel is separable: ``g(fx) g(fy)``.
     """
