@@ -101,11 +101,13 @@ class SubpixelFlatResult:
     history: list = field(default_factory=list)
 
 
-def _bspline_weights(frac: float, degree: int) -> tuple[np.ndarray, int]:
-    """Weights of the centred B-spline of ``degree`` at ``frac - m`` and the first tap m."""
+def _bspline_weights(frac: float, degree: int, nu: int = 0) -> tuple[np.ndarray, int]:
+    """Weights of the centred B-spline of ``degree`` (or its ``nu``-th derivative) at ``frac - m``, first tap m."""
     half = (degree + 1) // 2
     taps = np.arange(-(degree - 1) // 2, half + 1)
     beta = BSpline.basis_element(np.arange(degree + 2) - (degree + 1) / 2, extrapolate=False)
+    if nu:
+        beta = beta.derivative(nu)
     w = np.nan_to_num(beta(frac - taps))
     return w, int(taps[0])
 
@@ -118,15 +120,17 @@ class _SplineShift:
         self.n0 = np.floor(q).astype(int)
         f = q - self.n0
         (self.wy, self.m0), (self.wx, _) = _bspline_weights(f[0], degree), _bspline_weights(f[1], degree)
+        self.dwy, self.dwx = _bspline_weights(f[0], degree, 1)[0], _bspline_weights(f[1], degree, 1)[0]
 
-    def forward(self, s: np.ndarray) -> np.ndarray:
+    def forward(self, s: np.ndarray, dy: bool = False, dx: bool = False) -> np.ndarray:
+        """``T s``; with ``dy``/``dx`` its derivative along y/x of the sky position [1/pixel]."""
         ny, nx = self.frame
         y0, x0 = self.n0 + self.m0
         t = np.zeros((ny, s.shape[1]))
-        for m, w in enumerate(self.wy):
+        for m, w in enumerate(self.dwy if dy else self.wy):
             t += w * s[y0 + m:y0 + m + ny, :]
         out = np.zeros((ny, nx))
-        for m, w in enumerate(self.wx):
+        for m, w in enumerate(self.dwx if dx else self.wx):
             out += w * t[:, x0 + m:x0 + m + nx]
         return out
 
@@ -159,7 +163,7 @@ def _usable(images: Sequence[np.ndarray], mask, threshold: float, erode_px: int)
 
 
 def solve_subpixel_flat(images: Sequence[np.ndarray], shifts, *, use: np.ndarray, degree: int = 3,
-                        n_iter: int = 2000, tol: float = 1e-8, x0=None):
+                        n_iter: int = 2000, tol: float = 1e-8, x0=None, grid=None):
     """Least-squares ``ln I_k(x) = c_k + g(x) + s(x - a_k)`` (module notes, step 2).
 
     Parameters
@@ -176,6 +180,8 @@ def solve_subpixel_flat(images: Sequence[np.ndarray], shifts, *, use: np.ndarray
         Conjugate-gradient limits (relative residual of the normal equations).
     x0 : tuple (g, s, c), optional
         Starting point (a previous round's solution on the same sky grid).
+    grid : tuple (origin, sky_shape), optional
+        Sky grid (default: the smallest that holds every shift); fix it to warm-start.
 
     Returns
     -------
@@ -187,12 +193,8 @@ def solve_subpixel_flat(images: Sequence[np.ndarray], shifts, *, use: np.ndarray
     n = len(images)
     ny, nx = np.shape(images[0])
     a = np.asarray(shifts, dtype=np.float64)
-    half = (degree + 1) // 2
-    q = -a
-    origin = np.floor(q.min(axis=0)) - half - 1      # sky index 0 at sky coordinate `origin`
-    qq = q - origin
-    ops = [_SplineShift(qq[k], degree, (ny, nx)) for k in range(n)]
-    sky_shape = (int(np.floor(qq[:, 0].max())) + ny + half + 3, int(np.floor(qq[:, 1].max())) + nx + half + 3)
+    origin, sky_shape = grid if grid is not None else _sky_grid(a, degree, (ny, nx))
+    ops = [_SplineShift(-a[k] - origin, degree, (ny, nx)) for k in range(n)]
     w = use.astype(np.float64)
     logs = np.zeros((n, ny, nx))
     for k in range(n):
@@ -262,6 +264,39 @@ def solve_subpixel_flat(images: Sequence[np.ndarray], shifts, *, use: np.ndarray
         p = [zi + beta * pi for zi, pi in zip(z, p)]
         rz = rz_new
     return x[0], x[1], x[2], origin, it, converged, float(res)
+
+
+def _sky_grid(a: np.ndarray, degree: int, frame: tuple[int, int], margin: float = 0.0):
+    """Sky grid origin (sky index 0 at sky coordinate ``origin``) and shape for shifts ``a`` +- ``margin``."""
+    half = (degree + 1) // 2
+    q = -np.asarray(a, dtype=np.float64)
+    origin = np.floor(q.min(axis=0) - margin) - half - 1
+    qq = q - origin
+    shape = (int(np.floor(qq[:, 0].max() + margin)) + frame[0] + half + 3,
+             int(np.floor(qq[:, 1].max() + margin)) + frame[1] + half + 3)
+    return origin, shape
+
+
+def _refine_shifts(images, shifts, use, g, s, c, origin, degree):
+    """One Gauss-Newton step on each image's offset (and level) with the gain and scene held.
+
+    The model's derivative with respect to ``a_k`` is minus the scene's gradient at
+    ``x - a_k`` (the spline's derivative weights); image 0 keeps its offset (a common
+    offset of all images is a shift of the scene, not measurable).
+    """
+    a = np.asarray(shifts, dtype=np.float64).copy()
+    ny, nx = np.shape(images[0])
+    for k in range(1, len(images)):
+        op = _SplineShift(-a[k] - origin, degree, (ny, nx))
+        u = use[k]
+        lk = np.log(np.asarray(images[k], dtype=np.float64)[u])
+        r = lk - (c[k] + g[u] + op.forward(s)[u])
+        jy = -op.forward(s, dy=True)[u]
+        jx = -op.forward(s, dx=True)[u]
+        j = np.column_stack([jy, jx, np.ones_like(jy)])
+        delta, *_ = np.linalg.lstsq(j, r, rcond=None)
+        a[k] += delta[:2]
+    return a
 
 
 def register_dithers(images: Sequence[np.ndarray], commanded, *, flat: np.ndarray | None = None,
@@ -383,7 +418,9 @@ def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarr
     degree : int
         B-spline degree of the scene (odd; 3 = cubic).
     rounds : int
-        Registration / solve rounds (2: the second registers flat-corrected images).
+        Solve rounds: the first uses the registered offsets, each further one first refines
+        them by a Gauss-Newton step of the joint fit (:func:`_refine_shifts`; Chae 2004
+        also refines the displacements with the object).
     n_iter, tol : int, float
         Conjugate-gradient limits.
     upsample_factor, max_deviation_px : int, float
@@ -439,31 +476,34 @@ def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarr
         sizes[0] = 0
         valid = labels == int(np.argmax(sizes))
     limb = fit_solar_limb(np.nan_to_num(np.asarray(images[0], dtype=np.float64)))
-    flat_est = None
     history = []
     yy, xx = np.mgrid[0:ny, 0:nx].astype(np.float64)
+    shifts = register_dithers(images, cmd, upsample_factor=upsample_factor, max_deviation_px=max_deviation_px)
+    grid = _sky_grid(cmd, degree, shape, margin=max_deviation_px + 1.0)
+    origin = grid[0]
+    sol = None
     for rnd in range(max(1, int(rounds))):
-        shifts = register_dithers(images, cmd, flat=flat_est, upsample_factor=upsample_factor,
-                                  max_deviation_px=max_deviation_px)
-        g, s, c, origin, it, conv, res = solve_subpixel_flat(images, shifts, use=use, degree=degree,
-                                                             n_iter=n_iter, tol=tol)
-        plane = (0.0, 0.0)
-        if symmetric_scene:
-            sky_w = np.zeros(s.shape)
-            ops0 = _SplineShift(-shifts[0] - origin, degree, shape)
-            for k in range(n):
-                _SplineShift(-shifts[k] - origin, degree, shape).adjoint(use[k].astype(np.float64), sky_w)
-            del ops0
-            # limb centre (image 0, detector) -> sky index: j = x - a_0 - origin
-            centre = (limb.y0 - shifts[0, 0] - origin[0], limb.x0 - shifts[0, 1] - origin[1])
-            plane = _scene_plane(s, sky_w, centre, limb.radius)
-            g = g + plane[0] * yy + plane[1] * xx
-            c = c - plane[0] * (shifts[:, 0] + origin[0]) - plane[1] * (shifts[:, 1] + origin[1])
-        gv = g[valid]
-        gain = np.exp(g - gv.mean())
-        gain /= gain[valid].mean()
-        flat_est = np.where(valid, gain, 1.0)
-        history.append({"round": rnd, "shifts": shifts.copy(), "n_iter": it, "residual": res, "plane": plane})
+        if rnd:
+            shifts = _refine_shifts(images, shifts, use, g, s, c, origin, degree)
+            if np.any(np.hypot(*(shifts - cmd - (shifts[0] - cmd[0])).T) > max_deviation_px):
+                raise DataError("the offsets refined by the joint fit left the commanded ones by more than "
+                                f"{max_deviation_px} px")
+        g, s, c, _, it, conv, res = solve_subpixel_flat(images, shifts, use=use, degree=degree, n_iter=n_iter,
+                                                        tol=tol, x0=sol, grid=grid)
+        sol = (g, s, c)
+        history.append({"round": rnd, "shifts": shifts.copy(), "n_iter": it, "residual": res})
+    plane = (0.0, 0.0)
+    if symmetric_scene:
+        sky_w = np.zeros(s.shape)
+        for k in range(n):
+            _SplineShift(-shifts[k] - origin, degree, shape).adjoint(use[k].astype(np.float64), sky_w)
+        # limb centre (image 0, detector) -> sky index: j = x - a_0 - origin
+        centre = (limb.y0 - shifts[0, 0] - origin[0], limb.x0 - shifts[0, 1] - origin[1])
+        plane = _scene_plane(s, sky_w, centre, limb.radius)
+        g = g + plane[0] * yy + plane[1] * xx
+        c = c - plane[0] * (shifts[:, 0] + origin[0]) - plane[1] * (shifts[:, 1] + origin[1])
+    gain = np.exp(g - g[valid].mean())
+    flat_est = gain / gain[valid].mean()
     flat = np.full(shape, fill_value, dtype=np.float64)
     flat[valid] = flat_est[valid]
     lv = np.exp(c - c.mean())
