@@ -24,9 +24,9 @@ This module:
    ``s(x - a_k)`` exact for any sub-pixel ``a_k`` and smooth scenes to fourth order in the
    pixel size. All images are fitted together by least squares over every usable pixel,
    as Chae (2004, Solar Phys. 221, 1) does for the flat and the object of a displaced
-   solar set, instead of KLL's pairwise differences; with whole-pixel shifts and equal
-   levels the normal equations reduce to KLL's (the same information, a different
-   elimination). Solved by Jacobi-preconditioned conjugate gradients on the normal
+   solar set, instead of KLL's pairwise differences. With whole-pixel shifts and equal
+   levels, eliminating the scene leaves KLL's pairwise differences with each sky point
+   weighted by 1 / (images covering it): the same information, weighted differently. Solved by Jacobi-preconditioned conjugate gradients on the normal
    equations (Hestenes & Stiefel 1952), vectorised over whole frames.
 3. **Fixes the one degeneracy level jitter opens.** With free levels, a linear gain
    gradient ``beta . x`` is invisible: ``g + beta.x``, ``s - beta.y`` and
