@@ -145,7 +145,7 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
             a = a - np.asarray(dark_dn, dtype=np.float32)
         imgs.append(a)
     if method == "subpixel":
-        result = subpixel_kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=min(tol, 1e-8),
+        result = subpixel_kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol,
                                    n_iter=max(n_iter, 1000))
         del imgs
         if description is None:

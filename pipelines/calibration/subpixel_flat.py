@@ -395,7 +395,7 @@ def _scene_plane(s: np.ndarray, weight: np.ndarray, center: tuple[float, float],
 
 def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarray | None = None,
                       threshold: float = 0.05, erode_px: int = 2, min_images: int = 2, degree: int = 3,
-                      rounds: int = 2, n_iter: int = 2000, tol: float = 1e-8, upsample_factor: int = 100,
+                      rounds: int = 2, n_iter: int = 2000, tol: float = 1e-7, upsample_factor: int = 100,
                       max_deviation_px: float = 3.0, symmetric_scene: bool = True,
                       fill_value: float = np.nan) -> SubpixelFlatResult:
     """Flat field from a dithered set with sub-pixel pointing and level jitter (module notes).
