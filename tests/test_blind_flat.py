@@ -29,7 +29,7 @@ def test_gate_flat_from_sub_pixel_dithers_with_level_jitter_and_noise():
     assert m["flat_p99"] < 0.02, m
     # the hidden flat is worth correcting, and the whole-pixel path on the same set is worse than no flat
     assert m["injected_rms"] > 0.01 and m["kll_whole_rms"] > m["injected_rms"], m
-    assert m["valid_fraction"] > 0.6 and m["shift_error_max"] < 0.15 and m["level_error_rms"] < 0.001, m
+    assert m["valid_fraction"] > 0.55 and m["shift_error_max"] < 0.15 and m["level_error_rms"] < 0.001, m
     assert m["plane_error"] < 0.002, m
 
 
