@@ -12,8 +12,9 @@ This module:
 1. **Registers** the set (:func:`register_dithers`): sub-pixel offsets of each image from
    the first by upsampled phase correlation (Guizar-Sicairos, Thurman & Fienup 2008,
    Opt. Lett. 33, 156; ``skimage.registration.phase_cross_correlation``), checked against
-   the commanded offsets (0.05-0.1 px off in the simulation: the disk clipped by the frame
-   edge and the fixed detector pattern bias the correlation), then refined by a
+   the commanded offsets, and by limb fits of the disk (the default offsets: the
+   correlation is biased by the disk clipped at the frame edge and the fixed detector
+   pattern, 0.1-0.2 px in the simulation, the limb 0.04-0.06 px), then refined by a
    Gauss-Newton step of the joint fit below (:func:`_refine_shifts`).
 2. **Solves the flat, the scene and the levels jointly** (:func:`subpixel_kll_flat`). In
    the log domain (``l = ln I``, ``g = ln G``, scene ``s`` on the sky, level ``c_k``)::
@@ -302,15 +303,21 @@ def _refine_shifts(images, shifts, use, g, s, c, origin, degree):
 
 
 def register_dithers(images: Sequence[np.ndarray], commanded, *, flat: np.ndarray | None = None,
-                     upsample_factor: int = 100, max_deviation_px: float = 3.0) -> np.ndarray:
+                     upsample_factor: int = 100, max_deviation_px: float = 3.0, method: str = "limb") -> np.ndarray:
     """Sub-pixel position of the Sun in each image, on the commanded offsets' origin.
 
-    Each image is registered to the first by upsampled phase correlation
-    (Guizar-Sicairos et al. 2008; ``skimage.registration.phase_cross_correlation``, with
+    ``method="correlation"``: each image is registered to the first by upsampled phase
+    correlation (Guizar-Sicairos et al. 2008; ``skimage.registration.phase_cross_correlation``,
     plain cross-correlation, which the bright disk and its limb dominate), after dividing
     by ``flat`` when one is given (the detector pattern does not move and pulls the peak
-    towards zero). The first image keeps its commanded position; the others are placed
-    relative to it.
+    towards zero). ``method="limb"`` (default): the disk centre of each image from its limb
+    (:func:`pipelines.simulation.limb.fit_solar_limb`, 720 rays, steepest descent and a
+    least-squares circle), which the flat (a gain, not an edge) and the frame clipping of
+    part of the disk (outlying rays are rejected) hardly move; the correlation offsets are
+    computed too and must agree within ``max_deviation_px``. Measured in the simulation
+    (WST, 9 images, noise on): limb <= 0.04 px at 256 px and <= 0.06 px at 1024 px;
+    correlation <= 0.09 px and <= 0.22 px. The first image keeps its commanded position;
+    the others are placed relative to it.
 
     Parameters
     ----------
@@ -320,9 +327,11 @@ def register_dithers(images: Sequence[np.ndarray], commanded, *, flat: np.ndarra
     flat : numpy.ndarray, shape (ny, nx), optional
         Current flat estimate (NaN or <= 0 treated as 1).
     upsample_factor : int
-        Registration precision is 1 / ``upsample_factor`` pixel.
+        Correlation precision is 1 / ``upsample_factor`` pixel.
     max_deviation_px : float
-        Largest allowed distance between a measured and a commanded relative offset.
+        Largest allowed distance between a measured and a commanded relative offset (and,
+        for ``"limb"``, between the limb and the correlation offsets).
+    method : {'limb', 'correlation'}
 
     Returns
     -------
@@ -345,6 +354,8 @@ def register_dithers(images: Sequence[np.ndarray], commanded, *, flat: np.ndarra
         a = np.nan_to_num(np.asarray(im, dtype=np.float64), nan=0.0)
         return a / div if div is not None else a
 
+    if method not in ("limb", "correlation"):
+        raise ValueError(f"method must be 'limb' or 'correlation', got {method!r}")
     ref = prep(images[0])
     out = np.empty((len(images), 2))
     out[0] = cmd[0]
@@ -357,6 +368,18 @@ def register_dithers(images: Sequence[np.ndarray], commanded, *, flat: np.ndarra
             raise DataError(f"image {k}: measured offset {tuple(np.round(out[k], 2))} is "
                             f"{np.hypot(*dev):.1f} px from the commanded {tuple(cmd[k])} "
                             f"(limit {max_deviation_px} px): check the commanded table")
+    if method == "limb":
+        from pipelines.simulation.limb import fit_solar_limb
+
+        centres = np.array([(f.y0, f.x0) for f in (fit_solar_limb(np.nan_to_num(np.asarray(im, dtype=np.float64)),
+                                                                  n_rays=720) for im in images)])
+        limb = cmd[0] + (centres - centres[0])
+        dev = np.hypot(*(limb - out).T)
+        if np.any(dev > max_deviation_px):
+            k = int(np.argmax(dev))
+            raise DataError(f"image {k}: the limb and the correlation disagree by {dev[k]:.1f} px "
+                            f"(limit {max_deviation_px} px): not one disk in all images?")
+        out = limb
     return out
 
 
@@ -398,7 +421,7 @@ def _scene_plane(s: np.ndarray, weight: np.ndarray, center: tuple[float, float],
 def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarray | None = None,
                       threshold: float = 0.05, erode_px: int = 2, min_images: int = 3, degree: int = 3,
                       rounds: int = 2, n_iter: int = 2000, tol: float = 1e-7, upsample_factor: int = 100,
-                      max_deviation_px: float = 3.0, symmetric_scene: bool = True,
+                      max_deviation_px: float = 3.0, registration: str = "limb", symmetric_scene: bool = True,
                       fill_value: float = np.nan) -> SubpixelFlatResult:
     """Flat field from a dithered set with sub-pixel pointing and level jitter (module notes).
 
@@ -425,8 +448,8 @@ def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarr
         also refines the displacements with the object).
     n_iter, tol : int, float
         Conjugate-gradient limits.
-    upsample_factor, max_deviation_px : int, float
-        Passed to :func:`register_dithers`.
+    upsample_factor, max_deviation_px, registration : int, float, str
+        Passed to :func:`register_dithers` (``registration`` is its ``method``).
     symmetric_scene : bool
         Fix the gain gradient by the no-gradient prior on the disk (module notes, step 3).
         False leaves the gradient at whatever CG's starting point gives (not measured).
@@ -480,7 +503,8 @@ def subpixel_kll_flat(images: Sequence[np.ndarray], commanded, *, mask: np.ndarr
     limb = fit_solar_limb(np.nan_to_num(np.asarray(images[0], dtype=np.float64)))
     history = []
     yy, xx = np.mgrid[0:ny, 0:nx].astype(np.float64)
-    shifts = register_dithers(images, cmd, upsample_factor=upsample_factor, max_deviation_px=max_deviation_px)
+    shifts = register_dithers(images, cmd, upsample_factor=upsample_factor, max_deviation_px=max_deviation_px,
+                              method=registration)
     grid = _sky_grid(cmd, degree, shape, margin=max_deviation_px + 1.0)
     origin = grid[0]
     sol = None
