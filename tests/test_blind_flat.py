@@ -29,7 +29,7 @@ def test_gate_flat_from_sub_pixel_dithers_with_level_jitter_and_noise():
     assert m["flat_p99"] < 0.02, m
     # the hidden flat is worth correcting, and the whole-pixel path on the same set is worse than no flat
     assert m["injected_rms"] > 0.01 and m["kll_whole_rms"] > m["injected_rms"], m
-    assert m["valid_fraction"] > 0.55 and m["shift_error_max"] < 0.15 and m["level_error_rms"] < 0.001, m
+    assert m["valid_fraction"] > 0.55 and m["shift_error_max"] < 0.08 and m["level_error_rms"] < 0.001, m
     assert m["plane_error"] < 0.002, m
 
 
@@ -40,10 +40,11 @@ def test_noise_off_is_better_than_noise_on():
 
 def test_registration_finds_the_sub_pixel_pointing(noisy_set):
     s = noisy_set
-    meas = register_dithers(s.images, s.commanded)
     true_rel = s.true_offsets - s.true_offsets[0]
-    err = (meas - meas[0]) - true_rel
-    assert np.abs(err).max() < 0.15
+    for method, limit in (("limb", 0.08), ("correlation", 0.15)):
+        meas = register_dithers(s.images, s.commanded, method=method)
+        err = (meas - meas[0]) - true_rel
+        assert np.abs(err).max() < limit, method
     # the pointing really is sub-pixel: rounding would be off by up to 0.5 px per image
     assert np.abs((s.commanded - s.commanded[0]) - true_rel).max() > 0.3
 
