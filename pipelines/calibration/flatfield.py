@@ -12,6 +12,13 @@ the KLL provenance), written atomically if a path is given. Ingest registers any
 with ``CALKIND``; the registry then selects the new version for frames in its interval
 and a recalibration job makes new product versions, keeping the old ones.
 
+``method="subpixel"`` (issue 14) takes the commanded (nominal) offsets instead of exact
+whole-pixel ones: the set is registered to sub-pixel precision and the flat, the scene
+and a level per image are solved together (:mod:`pipelines.calibration.subpixel_flat`),
+which is what an in-flight campaign needs (the spacecraft lands within a fraction of a
+pixel of the commanded offsets and the level of each exposure varies). ``method="kll"``
+(the default, unchanged) is KLL with exact whole-pixel shifts.
+
 No command line here: the validation script (``benchmarks/validate_calibration.py``) and
 operators call the function.
 """
@@ -28,6 +35,7 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.calibration.kll import KLLResult, flat_calibration_hdul, kll_flat
+from pipelines.calibration.subpixel_flat import SubpixelFlatResult, subpixel_kll_flat
 from pipelines.channels import get_channel
 
 __all__ = ["FlatDerivation", "derive_flat_master", "compare_flats"]
@@ -41,8 +49,9 @@ class FlatDerivation:
     ----------
     hdul : astropy.io.fits.HDUList
         The flat master (primary ``FLAT``, extension ``VALID``).
-    result : KLLResult
-        The KLL solution (flat, valid mask, convergence).
+    result : KLLResult or SubpixelFlatResult
+        The solution (flat, valid mask, convergence; for ``method="subpixel"`` also the
+        measured shifts and levels).
     path : pathlib.Path or None
         Where the master was written (``None`` if not written).
     sha256 : str or None
@@ -50,7 +59,7 @@ class FlatDerivation:
     """
 
     hdul: fits.HDUList
-    result: KLLResult
+    result: KLLResult | SubpixelFlatResult
     path: Path | None = None
     sha256: str | None = None
 
@@ -64,17 +73,20 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
                        valid_to: Any = None, *, dark_dn: np.ndarray | float | None = None,
                        mask: np.ndarray | None = None, previous_flat: np.ndarray | None = None,
                        fill_value: float = 1.0, threshold: float = 0.05, tol: float = 1e-7, n_iter: int = 500,
-                       description: str | None = None, out_path: str | os.PathLike | None = None) -> FlatDerivation:
+                       description: str | None = None, out_path: str | os.PathLike | None = None,
+                       method: str = "kll") -> FlatDerivation:
     """Derive a flat-field master version from a dithered set of raw images (KLL 1991).
 
     Parameters
     ----------
     images : sequence of N numpy.ndarray, each shape (ny, nx) [DN]
         Raw images of the Sun at N pointings, same exposure; N >= 2 (9 or more advised).
-    shifts : array-like, shape (N, 2), int [pixel]
-        Position ``(dy, dx)`` of the Sun in each image relative to a common origin (limb
-        fit, rounded to whole pixels; see :mod:`pipelines.calibration.kll` on the choice
-        of dithers: the differences must generate the integer lattice).
+    shifts : array-like, shape (N, 2) [pixel]
+        ``method="kll"``: position ``(dy, dx)`` of the Sun in each image relative to a
+        common origin, whole pixels (limb fit, rounded; see :mod:`pipelines.calibration.kll`
+        on the choice of dithers: the differences must generate the integer lattice).
+        ``method="subpixel"``: the commanded (nominal) offsets; the true ones are measured
+        and must lie within 3 px of them.
     channel : str
         ``SDI`` or ``WST`` (the KLL-calibrated imagers; SCI uses a diffuser).
     version : int
@@ -97,6 +109,11 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
         ``CALDESC``.
     out_path : path-like, optional
         Write the master there (atomically, with CHECKSUM/DATASUM).
+    method : {'kll', 'subpixel'}
+        ``'kll'``: :func:`pipelines.calibration.kll.kll_flat` with exact whole-pixel shifts
+        and equal levels. ``'subpixel'``: :func:`pipelines.calibration.subpixel_flat.subpixel_kll_flat`
+        (registration, joint fit with per-image levels, no-gradient disk prior); needs
+        N >= 3 full-disk images. The header's ``FLATMETH`` says which.
 
     Returns
     -------
@@ -105,8 +122,11 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
     Raises
     ------
     ValueError
-        Fewer than two images, shapes that disagree, non-integer shifts, a channel that
-        is not a disk imager.
+        Fewer than two images (three for ``'subpixel'``), shapes that disagree,
+        non-integer shifts (``'kll'``), a channel that is not a disk imager, an unknown
+        ``method``.
+    pipelines.errors.DataError
+        ``'subpixel'``: an image registers more than 3 px from its commanded offset.
 
     Notes
     -----
@@ -114,6 +134,8 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
     and 4.8 GB at 4608 x 4608 with 9 images on 2 cores (:func:`kll_flat`).
     """
     spec = get_channel(channel)
+    if method not in ("kll", "subpixel"):
+        raise ValueError(f"method must be 'kll' or 'subpixel', got {method!r}")
     if spec.is_coronagraph:
         raise ValueError(f"{spec.code} flats come from a diffuser, not from KLL dithers")
     imgs = []
@@ -122,11 +144,29 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
         if dark_dn is not None:
             a = a - np.asarray(dark_dn, dtype=np.float32)
         imgs.append(a)
-    result = kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol, n_iter=n_iter, method="cg")
-    del imgs
-    hdul = flat_calibration_hdul(result, spec.code, version, valid_from, valid_to, fill_value=fill_value,
-                                 shifts=shifts, description=description)
-    h = hdul[0].header
+    if method == "subpixel":
+        result = subpixel_kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol,
+                                   n_iter=max(n_iter, 1000))
+        del imgs
+        if description is None:
+            description = f"sub-pixel KLL flat from {len(result.shifts)} registered images"
+        hdul = flat_calibration_hdul(result, spec.code, version, valid_from, valid_to, fill_value=fill_value,
+                                     shifts=None, description=description)
+        h = hdul[0].header
+        h["FLATMETH"] = ("KLL-SUBPX", "KLL 1991 + Chae 2004: sub-pixel, joint levels")
+        h["KLLNIMG"] = (len(result.shifts), "images used")
+        for k, (dy, dx) in enumerate(result.shifts[:99]):
+            h[f"KLLSH{k:02d}"] = (f"{dy:.3f},{dx:.3f}", "[pixel] measured dy,dx of image")
+        for k, lv in enumerate(result.levels[:99]):
+            h[f"KLLLV{k:02d}"] = (float(lv), "relative level of image (mean 1)")
+        h["KLLPLNY"] = (float(result.plane[0]), "[1/pixel] dlnG/dy from the disk prior")
+        h["KLLPLNX"] = (float(result.plane[1]), "[1/pixel] dlnG/dx from the disk prior")
+    else:
+        result = kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol, n_iter=n_iter, method="cg")
+        del imgs
+        hdul = flat_calibration_hdul(result, spec.code, version, valid_from, valid_to, fill_value=fill_value,
+                                     shifts=shifts, description=description)
+        h = hdul[0].header
     h["FRMNAXIS"] = (int(result.flat.shape[0]), "[pix] frame size it applies to")
     if previous_flat is not None:
         prev = np.asarray(previous_flat, dtype=np.float64)
