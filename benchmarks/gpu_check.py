@@ -39,9 +39,13 @@ parity check fails. The last line is::
 
     GPU_RESULT wst_max_rel=<..> sci_max_rel=<..> batch_max_rel=<..> cpu_fps=<..> gpu_frame_fps=<..>
       gpu_batch1_fps=<..> gpu_batch<N>_fps=<..> speedup=<..> overlap_gain=<..>
+      h2d_gbps=<..> pcie_peak_gbps=<..> h2d_over_peak=<..>
 
 (one line), ``speedup`` the best batched GPU figure over the CPU's, ``overlap_gain`` the
-best batched figure over the per-frame GPU figure.
+best batched figure over the per-frame GPU figure (the copy/compute overlap), ``h2d_gbps``
+one WST frame's host-to-device copy as the executor makes it against ``pcie_peak_gbps``,
+a 1 GiB pinned copy on the same machine (:func:`_h2d_bandwidth`; issue 15's targets:
+>= 20 WST frames/s, host-to-device >= 80 % of the peak).
 
 ``--cpu-only`` runs the same steps with NumPy in place of CuPy at whatever size is asked
 (a smoke test of the script and of the executor's ordering on machines without a GPU;
@@ -114,6 +118,51 @@ def _describe(p: dict) -> str:
     return (f"median rel {p['median_rel']:.2e}, p99.9 {p['p999_rel']:.2e}, max {p['max_rel']:.2e}, "
             f"DQ mismatch {p['dq_mismatch']:.2e}, header mismatch {p['header_mismatch']}, "
             f"identical {p['identical']}")
+
+
+def _h2d_bandwidth(frame_shape: tuple[int, int], *, repeat: int = 5) -> dict:
+    """Host-to-device copy rates [GB/s, 1e9 bytes/s], timed with CUDA events (best of ``repeat``).
+
+    * ``pcie_peak_gbps``: one 1 GiB copy from page-locked memory on a non-blocking stream,
+      the most the link gives to a single copy (the measured peak, not the PCIe
+      generation's nominal figure);
+    * ``h2d_gbps``: the batch executor's own transfer: one float32 frame of
+      ``frame_shape`` from a pinned buffer with ``cupy.ndarray.set(pinned, stream=...)``
+      (as :class:`pipelines.calibration.batch._CupyTransfer` stages a frame);
+    * ``stage_gbps``: the host-side ``np.copyto`` into the pinned buffer that precedes it.
+    """
+    import cupy as cp
+    import cupyx
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+
+    def timed(dev, pinned) -> float:
+        best = float("inf")
+        for _ in range(repeat):
+            start.record(stream)
+            dev.set(pinned, stream=stream)
+            stop.record(stream)
+            stop.synchronize()
+            best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
+        return pinned.nbytes / best / 1e9
+
+    big = cupyx.empty_pinned((1 << 28,), dtype=np.float32)  # 1 GiB
+    big[...] = 1.0
+    with stream:
+        dbig = cp.empty(big.shape, dtype=big.dtype)
+    peak = timed(dbig, big)
+    del dbig, big
+    frame = cupyx.empty_pinned(frame_shape, dtype=np.float32)
+    host = np.random.default_rng(0).random(frame_shape, dtype=np.float32)
+    t0 = time.perf_counter()
+    np.copyto(frame, host)
+    stage = host.nbytes / (time.perf_counter() - t0) / 1e9
+    with stream:
+        dframe = cp.empty(frame_shape, dtype=np.float32)
+    h2d = timed(dframe, frame)
+    cp.cuda.Device().synchronize()
+    return {"pcie_peak_gbps": peak, "h2d_gbps": h2d, "h2d_over_peak": h2d / peak, "stage_gbps": stage}
 
 
 def _sync(backend: str) -> None:
@@ -247,6 +296,12 @@ def main(argv=None) -> int:
               + ("; one frame's device-to-host copy and statistics overlap the next frame's kernels)" if lanes > 1
                  else ")"))
     best = max(out[f"batch{k}_fps"] for k in lane_counts)
+    if dev_backend == "cupy":
+        bw = _h2d_bandwidth((wst.naxis, wst.naxis))
+        out.update(bw)
+        print(f"host-to-device: {bw['h2d_gbps']:.1f} GB/s per WST frame (pinned, copy stream) against a measured peak "
+              f"of {bw['pcie_peak_gbps']:.1f} GB/s (1 GiB pinned copy): {100 * bw['h2d_over_peak']:.0f} % "
+              f"(target >= 80 %); host staging copy into the pinned buffer {bw['stage_gbps']:.1f} GB/s")
     print(f"total {time.perf_counter() - t_start:.1f} s")
     if dev_backend == "numpy":
         print(f"CPU_SMOKE_RESULT batch_identical={int(batch_identical)} cpu_fps={out['cpu_fps']:.2f} "
@@ -257,7 +312,9 @@ def main(argv=None) -> int:
           f"batch_max_rel={out.get('batch_max_rel', float('nan')):.2e} cpu_fps={out['cpu_fps']:.2f} "
           f"gpu_frame_fps={out['frame_fps']:.2f} "
           + " ".join(f"gpu_batch{k}_fps={out[f'batch{k}_fps']:.2f}" for k in lane_counts)
-          + f" speedup={best / out['cpu_fps']:.1f} overlap_gain={best / out['frame_fps']:.2f}")
+          + f" speedup={best / out['cpu_fps']:.1f} overlap_gain={best / out['frame_fps']:.2f}"
+          + f" h2d_gbps={out['h2d_gbps']:.1f} pcie_peak_gbps={out['pcie_peak_gbps']:.1f}"
+          + f" h2d_over_peak={out['h2d_over_peak']:.2f}")
     return 1 if failed else 0
 
 
