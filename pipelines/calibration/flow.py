@@ -371,9 +371,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
     if opts.rotate_north_up:
         h_in = h
-        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order)
+        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order, method=opts.resample)
         var = uncertainty.resample_variance(var, h_in, order=opts.interpolation_order,
-                                            threads=resample.default_threads())
+                                            threads=resample.default_threads(), method=opts.resample)
         del h_in
     else:
         img = xp.astype(img, xp.float32)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from pipelines.calibration.steps import SATURATION_DN
 from pipelines.errors import DataError
@@ -43,7 +43,15 @@ class CalibrationOptions(BaseModel):
     rotate_north_up : bool
         Rotate solar north up and centre the Sun (cubic spline resampling by default).
     interpolation_order : int, 0..5
-        Spline order of the north-up resampling (3: cubic B-spline).
+        Spline order of the north-up resampling (3: cubic B-spline); ``resample="spline"`` only.
+    resample : {"spline", "opencv-cubic", "opencv-lanczos4"}
+        Back end and kernel of the north-up resampling
+        (``pipelines.calibration.resample.RESAMPLE_METHODS``): ``spline`` (scipy/cupyx
+        interpolating B-spline of ``interpolation_order``, the reference), ``opencv-cubic``
+        (``cv2.warpAffine`` cubic convolution, Keys 1981 with ``a = -0.75``) or
+        ``opencv-lanczos4``. The OpenCV ones run on the CPU only (``device="cpu"``) and have a
+        fixed kernel (``interpolation_order`` 3). Their differences from the spline on real
+        scenes: ``benchmarks/reports/resample_accuracy.md``.
     fit_centre : bool
         Fit the disk centre from the frame (limb for SDI/WST, occulter edge for SCI;
         :mod:`pipelines.calibration.centre`) and use it when the header disagrees.
@@ -70,6 +78,9 @@ class CalibrationOptions(BaseModel):
     subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
     rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
     interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
+    resample: Literal["spline", "opencv-cubic", "opencv-lanczos4"] = Field(
+        "spline", description="north-up resampling back end: spline (scipy B-spline of interpolation_order, the "
+                              "reference), opencv-cubic (Keys 1981 cubic convolution, a=-0.75), opencv-lanczos4")
     fit_centre: StrictBool = Field(True, description="fit the disk centre (limb / occulter edge) and use it "
                                                      "where the header disagrees")
     centre_tolerance_px: float = Field(0.25, ge=0, le=10, description="[pix] SDI/WST: header/limb-fit disagreement "
@@ -78,6 +89,16 @@ class CalibrationOptions(BaseModel):
                                                                           "above which the fitted centre is used")
     saturation_dn: float = Field(SATURATION_DN, gt=0, le=SATURATION_DN,
                                  description="[DN] pixels at or above are flagged")
+
+    @model_validator(mode="after")
+    def _resample_consistent(self) -> "CalibrationOptions":
+        if self.resample != "spline":
+            if self.interpolation_order != 3:
+                raise ValueError(f"resample={self.resample!r} has a fixed kernel; interpolation_order "
+                                 f"{self.interpolation_order} applies to resample='spline' only")
+            if self.device == "gpu":
+                raise ValueError(f"resample={self.resample!r} runs on the CPU only; device='gpu' uses 'spline'")
+        return self
 
     def identity(self) -> dict[str, Any]:
         """The options that change the product's values and differ from their defaults

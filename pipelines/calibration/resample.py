@@ -3,12 +3,29 @@
 :func:`rotate_north_up` is the last step of ``pipelines.calibration.flow.calibrate_frame``:
 it rotates solar north up and puts the disk centre on the frame centre, one affine map of
 pixel coordinates (exact for a TAN projection with the reference point at the disk
-centre). The data are resampled with a cubic spline, the DQ bits (:class:`DQ`) by nearest
-neighbour, so bits are never mixed; defect bits reach every output pixel they touch.
+centre). The data are resampled with one of the kernels of :data:`RESAMPLE_METHODS`, the
+DQ bits (:class:`DQ`) by nearest neighbour, so bits are never mixed; defect bits reach every
+output pixel they touch.
 
-The spline resampling uses ``scipy.ndimage`` or ``cupyx.scipy.ndimage`` (same API). On
-the CPU the prefilter and the resampling run on threads (:func:`default_threads`); a Celery
-worker shares its cores among its processes with :func:`set_default_threads`.
+Back ends (``method``, the job option ``CalibrationOptions.resample``):
+
+``spline`` (the reference)
+    Interpolating B-spline of ``order`` (3: cubic; Unser 1999, IEEE Signal Proc. Mag. 16(6),
+    22) by ``scipy.ndimage`` or ``cupyx.scipy.ndimage`` (same API): a prefilter, then the
+    resampling, both on threads on the CPU (:func:`default_threads`).
+``opencv-cubic``
+    Cubic convolution (Keys R. 1981, IEEE Trans. ASSP 29, 1153) with OpenCV's ``a = -0.75``
+    (``INTER_CUBIC``; Keys' third-order-accurate choice is ``a = -0.5``), 4 x 4 support, no
+    prefilter, by ``cv2.warpAffine``: SIMD and multi-threaded, CPU (NumPy) only.
+``opencv-lanczos4``
+    Lanczos window of 4 lobes (Duchon C. E. 1979, J. Appl. Meteor. 18, 1016; OpenCV's
+    ``INTER_LANCZOS4``, weights normalised to a sum of 1), 8 x 8 support, by ``cv2.warpAffine``.
+
+All run in float32 (source, coefficients, output); OpenCV 5.1 computes the source position
+of each output pixel without the 1/32-pixel table quantisation of its fixed-point path
+(checked in ``tests/test_resample.py``). Their accuracy against the spline on real scenes is
+in ``benchmarks/reports/resample_accuracy.md`` (``benchmarks/resample_accuracy.py``).
+A Celery worker shares its cores among its processes with :func:`set_default_threads`.
 """
 
 from __future__ import annotations
@@ -25,7 +42,17 @@ from pipelines.array_backend import namespace_of, ndimage_for
 from pipelines.calibration.steps import DEFECT_BITS, DQ, _check_2d, _copy, _history, _new_dq
 from pipelines.sun import RSUN_REF_M, SunGeometry, sun_geometry
 
-__all__ = ["rotate_north_up", "available_cores", "default_threads", "set_default_threads"]
+__all__ = ["rotate_north_up", "RESAMPLE_METHODS", "DEFAULT_RESAMPLE", "available_cores", "default_threads",
+           "set_default_threads"]
+
+#: The north-up resampling back ends: name -> the kernel and its source (HISTORY writes it).
+RESAMPLE_METHODS: dict[str, str] = {
+    "spline": "interpolating B-spline (Unser 1999, IEEE Signal Proc. Mag. 16, 22), scipy.ndimage",
+    "opencv-cubic": "cubic convolution a=-0.75 (Keys 1981, IEEE Trans. ASSP 29, 1153), OpenCV INTER_CUBIC",
+    "opencv-lanczos4": "Lanczos-4 window (Duchon 1979, J. Appl. Meteor. 18, 1016), OpenCV INTER_LANCZOS4",
+}
+#: The default back end (the reference; see benchmarks/reports/resample_accuracy.md for why).
+DEFAULT_RESAMPLE = "spline"
 
 #: WCS keywords of the input's rotation, replaced by the identity ``PC`` of the output.
 _WCS_DROP = ("CROTA1", "CROTA2", "CROTA", "CD1_1", "CD1_2", "CD2_1", "CD2_2", "PC1_1", "PC1_2", "PC2_1",
@@ -158,20 +185,54 @@ def _north_up_header(header: fits.Header, geom: SunGeometry, cx: float, cy: floa
     return h
 
 
-def _resample_data(nd: Any, data: Any, finite: Any, k_dev: Any, off_dev: Any, *, order: int,
-                   threads: int) -> Any:
-    """The frame on the output grid: float32, spline of ``order`` (non-finite pixels filled first)."""
+def _filled(nd: Any, data: Any, finite: Any) -> Any:
+    """A float32 copy of ``data`` with each non-finite pixel replaced by the mean of the finite
+    pixels of its 5 x 5 neighbourhood (a NaN would spread over the kernel's support)."""
     xp = namespace_of(data)
-    ny, nx = data.shape
-    n_bad = int(xp.count_nonzero(~finite))
     filled = xp.astype(data, xp.float32, copy=True)
-    if n_bad:  # fill non-finite pixels with the mean of their finite neighbours (no step for the spline)
+    if int(xp.count_nonzero(~finite)):
         filled = xp.where(finite, filled, xp.zeros_like(filled))
         w = xp.astype(finite, xp.float32)
         num = nd.uniform_filter(filled, size=5, mode="nearest")
         den = nd.uniform_filter(w, size=5, mode="nearest")
         filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
         del w, num, den
+    return filled
+
+
+def _resample_data_opencv(nd: Any, data: np.ndarray, finite: np.ndarray, k_yx: np.ndarray, offset: np.ndarray,
+                          *, method: str, threads: int) -> np.ndarray:
+    """The frame on the output grid by ``cv2.warpAffine`` (float32; non-finite pixels filled first).
+
+    ``cv2.warpAffine`` with ``WARP_INVERSE_MAP`` samples ``dst(x, y) = src(M @ (x, y, 1))``
+    with ``x`` the column, ``y`` the row and pixel centres on integers (0-based), the same
+    convention as ``scipy.ndimage``; the map ``p_in = offset + k_yx @ p_out`` in (row,
+    column) order becomes ``M = [[k_xx, k_xy, off_x], [k_yx, k_yy, off_y]]``. Borders
+    replicate the edge pixel (``mode="nearest"`` of the spline path); the caller sets the
+    pixels without data to NaN from the DQ. OpenCV's thread count is process-wide: it is set
+    to ``threads`` for the call and restored after.
+    """
+    import cv2
+
+    ny, nx = data.shape
+    src = np.ascontiguousarray(_filled(nd, data, finite))
+    m = np.array([[k_yx[1, 1], k_yx[1, 0], offset[1]], [k_yx[0, 1], k_yx[0, 0], offset[0]]], dtype=np.float64)
+    interp = {"opencv-cubic": cv2.INTER_CUBIC, "opencv-lanczos4": cv2.INTER_LANCZOS4}[method]
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(max(1, int(threads)))
+    try:
+        out = cv2.warpAffine(src, m, (nx, ny), flags=interp | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE)
+    finally:
+        cv2.setNumThreads(before)
+    return out.astype(np.float32, copy=False)
+
+
+def _resample_data(nd: Any, data: Any, finite: Any, k_dev: Any, off_dev: Any, *, order: int,
+                   threads: int) -> Any:
+    """The frame on the output grid: float32, spline of ``order`` (non-finite pixels filled first)."""
+    xp = namespace_of(data)
+    ny, nx = data.shape
+    filled = _filled(nd, data, finite)
     # spline coefficients in float32, computed in place (one frame; the relative rounding,
     # ~1e-7, is far below what the calibration resolves), then resampled without a second prefilter
     if order > 1:
@@ -219,13 +280,15 @@ def _resample_dq(nd: Any, dq: Any, finite: Any, k_dev: Any, off_dev: Any, *, thr
 
 
 def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: int = 3,
-                    tolerance_px: float = 1e-3, threads: int | None = None) -> tuple[Any, Any, fits.Header]:
+                    tolerance_px: float = 1e-3, threads: int | None = None,
+                    method: str = DEFAULT_RESAMPLE) -> tuple[Any, Any, fits.Header]:
     """Rotate solar north up and put the disk centre on the frame centre.
 
     The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
     frame centre (``(n + 1) / 2``, 1-based), ``CRVAL = 0`` (the disk centre), identity
-    ``PC`` and no ``CROTA``. The data are resampled with a cubic spline
-    (``scipy.ndimage.affine_transform``, ``order=3``, float32 spline coefficients). Region
+    ``PC`` and no ``CROTA``. The data are resampled with the kernel of ``method``
+    (default: cubic spline, ``scipy.ndimage.affine_transform``, ``order=3``, float32 spline
+    coefficients; or OpenCV's cubic convolution / Lanczos-4: module docstring). Region
     bits of the DQ (OCCULTED, OUTSIDE_FOV) move with the nearest neighbour; defect bits
     (SATURATED, NOT_FINITE, BAD_PIXEL, COSMIC_RAY) flag every output pixel whose bilinear
     support holds the defect (one nearest-neighbour pass of the 3 x 3-OR-ed bits and one
@@ -242,12 +305,15 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     header : astropy.io.fits.Header
         Helioprojective WCS and observer keywords.
     order : int
-        Spline order for the data (3: cubic; 1: bilinear).
+        Spline order for the data (3: cubic; 1: bilinear); ``method="spline"`` only (the
+        OpenCV kernels are fixed: ``order`` must be 3).
     tolerance_px : float
         Below this shift [pixel] and an equivalent roll, the step is skipped.
     threads : int or None
         CPU threads for the prefilter and the resampling (NumPy input only; row blocks,
         results equal to one call's to float rounding). ``None``: the cores this process may use.
+    method : {"spline", "opencv-cubic", "opencv-lanczos4"}
+        The resampling back end (:data:`RESAMPLE_METHODS`); the OpenCV ones need NumPy input.
 
     Returns
     -------
@@ -260,6 +326,9 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     ------
     DataError
         If the header does not locate the Sun.
+    ValueError
+        If ``method`` is not one of :data:`RESAMPLE_METHODS`, an OpenCV method is given a
+        CuPy array or an ``order`` other than 3.
 
     Notes
     -----
@@ -269,7 +338,14 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     centre on the input.
     """
     _check_2d("data", data)
+    if method not in RESAMPLE_METHODS:
+        raise ValueError(f"unknown resampling method {method!r}; one of {', '.join(RESAMPLE_METHODS)}")
     xp = namespace_of(data)
+    if method != "spline":
+        if not isinstance(data, np.ndarray):
+            raise ValueError(f"resampling method {method!r} runs on the CPU (NumPy) only; the GPU uses 'spline'")
+        if int(order) != 3:
+            raise ValueError(f"resampling method {method!r} has a fixed kernel; order={order} applies to 'spline' only")
     dq0 = _new_dq(data, dq)
     geom = sun_geometry(header)
     ny, nx = data.shape
@@ -291,14 +367,20 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     off_dev = xp.asarray(offset)
     n_threads = default_threads() if threads is None else max(1, int(threads))
     finite = xp.isfinite(data)
-    out = _resample_data(nd, data, finite, k_dev, off_dev, order=int(order), threads=n_threads)
+    if method == "spline":
+        out = _resample_data(nd, data, finite, k_dev, off_dev, order=int(order), threads=n_threads)
+        kernel = f"spline order {int(order)}" + (f" ({RESAMPLE_METHODS['spline']})" if int(order) == 3 else "")
+    else:
+        out = _resample_data_opencv(nd, data, finite, k_yx, offset, method=method, threads=n_threads)
+        kernel = RESAMPLE_METHODS[method]
     dq_out = _resample_dq(nd, dq0, finite, k_dev, off_dev, threads=n_threads)
     bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
     out[bad] = float("nan")  # in place: no second output frame
     del bad
+    h["RESAMPLE"] = (method if method != "spline" else f"spline{int(order)}", "north-up resampling kernel (HISTORY)")
     n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
     _history(h, "rotate_north_up",
              f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
-             f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); spline "
-             f"order {int(order)}, DQ nearest neighbour; {n_nodata} pixels without data")
+             f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); resample="
+             f"{method}: {kernel}, float32; DQ nearest neighbour; {n_nodata} pixels without data")
     return xp.astype(out, xp.float32, copy=False), dq_out, h

@@ -162,12 +162,40 @@ def stray_light_variance(var: Any, header: fits.Header, model: Any, fraction: fl
     return var + s * s, f"stray light x {fraction:g} (STRAYUNC)"
 
 
+def _keys_cubic(x: np.ndarray, a: float = -0.75) -> np.ndarray:
+    """Keys (1981, IEEE Trans. ASSP 29, 1153) cubic-convolution kernel; ``a = -0.75`` as OpenCV's INTER_CUBIC."""
+    x = np.abs(x)
+    inner = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    outer = ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a
+    return np.where(x <= 1.0, inner, np.where(x < 2.0, outer, 0.0))
+
+
+def _lanczos4_weights(f: np.ndarray) -> np.ndarray:
+    """OpenCV's INTER_LANCZOS4 weights of the 8 samples ``k = -3..4`` at fraction ``f`` (sum 1).
+
+    ``L(x) = sinc(x) sinc(x / 4)`` for ``|x| < 4`` (Duchon 1979, J. Appl. Meteor. 18, 1016),
+    normalised per position as OpenCV does.
+    """
+    ks = np.arange(-3, 5)
+    x = f[:, None] - ks[None, :]
+    w = np.sinc(x) * np.sinc(x / 4.0)
+    return w / w.sum(axis=1, keepdims=True)
+
+
 @lru_cache(maxsize=8)
-def _factor_table(order: int, n: int = 257) -> tuple[np.ndarray, np.ndarray]:
-    """``g(f) = sum_k K(f + k)**2`` on ``n`` points of f in [0, 1]: K the interpolating kernel of ``order``."""
+def _factor_table(order: int, n: int = 257, method: str = "spline") -> tuple[np.ndarray, np.ndarray]:
+    """``g(f) = sum_k K(f + k)**2`` on ``n`` points of f in [0, 1]: K the interpolating kernel of ``order``
+    (``method="spline"``) or of the OpenCV back end ``method`` (``opencv-cubic``, ``opencv-lanczos4``)."""
     from scipy import ndimage
 
     f = np.linspace(0.0, 1.0, n)
+    if method == "opencv-cubic":
+        ks = np.arange(-2, 3)
+        return f, (_keys_cubic(f[:, None] - ks[None, :]) ** 2).sum(axis=1)
+    if method == "opencv-lanczos4":
+        return f, (_lanczos4_weights(f) ** 2).sum(axis=1)
+    if method != "spline":
+        raise ValueError(f"unknown resampling method {method!r}")
     if order <= 0:
         return f, np.ones_like(f)
     m = 24
@@ -180,7 +208,7 @@ def _factor_table(order: int, n: int = 257) -> tuple[np.ndarray, np.ndarray]:
     return f, (kern.reshape(pos.shape) ** 2).sum(axis=1)
 
 
-def interpolation_variance_factor(frac: Any, order: int) -> Any:
+def interpolation_variance_factor(frac: Any, order: int, method: str = "spline") -> Any:
     """``g(f)``: variance of a spline-interpolated value over the (constant) variance of its inputs.
 
     For interpolation of ``order`` (3: cubic B-spline with its prefilter, i.e. the cardinal
@@ -188,15 +216,17 @@ def interpolation_variance_factor(frac: Any, order: int) -> Any:
     ``sum_k K(f + k) d_k`` with ``K`` the interpolating (cardinal) spline kernel (Unser 1999,
     IEEE Signal Proc. Mag. 16(6), 22), so for independent inputs of equal variance
     ``var_out = var * sum_k K(f + k)**2``. ``g(0) = 1``; cubic ``g(0.5) = 0.756``, linear 0.5.
-    In 2-D the kernel is separable: ``g(fx) g(fy)``.
+    In 2-D the kernel is separable: ``g(fx) g(fy)``. ``method`` names the OpenCV kernels of
+    :mod:`pipelines.calibration.resample` instead (``opencv-cubic``: Keys cubic convolution,
+    ``a = -0.75``, ``g(0.5) = 0.723``; ``opencv-lanczos4``: 0.829), ``order`` then unused.
     """
     xp = namespace_of(frac)
-    f, g = _factor_table(int(order))
+    f, g = _factor_table(int(order), 257, method)
     return xp.interp(frac, xp.asarray(f, dtype=frac.dtype), xp.asarray(g, dtype=frac.dtype))
 
 
 def resample_variance(var: Any, header: fits.Header, *, order: int = 3, tolerance_px: float = 1e-3,
-                      threads: int = 1) -> Any:
+                      threads: int = 1, method: str = "spline") -> Any:
     """The variance on the north-up grid of :func:`pipelines.calibration.resample.rotate_north_up`.
 
     Same affine map as the data (``header`` is the one *before* the rotation). The variance
@@ -205,7 +235,8 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     fractional source position of every output pixel (:func:`interpolation_variance_factor`):
     exact for a variance constant over the kernel's support (4 x 4 px for the cubic).
     Correlations between neighbouring output pixels (which the resampling creates) are not
-    represented: the frame holds marginal variances, as PUNCH's do.
+    represented: the frame holds marginal variances, as PUNCH's do. ``method``: the data's
+    resampling back end (``rotate_north_up``'s), whose kernel gives ``g``.
 
     Returns
     -------
@@ -237,7 +268,7 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
                   mode="nearest", dtype=xp.float32, threads=threads)
     # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
     if isinstance(out, np.ndarray):
-        _apply_factor_numpy(out, k_yx, offset, order, threads)
+        _apply_factor_numpy(out, k_yx, offset, order, threads, method)
         return out
     rows = xp.arange(ny, dtype=xp.float64)[:, None]
     cols = xp.arange(nx, dtype=xp.float64)[None, :]
@@ -245,7 +276,7 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     for axis, size in ((0, ny), (1, nx)):
         c = offset[axis] + k_yx[axis, 0] * rows + k_yx[axis, 1] * cols
         frac = xp.astype(c - xp.floor(c), xp.float32)
-        out *= interpolation_variance_factor(frac, order)
+        out *= interpolation_variance_factor(frac, order, method)
         off = (c < -0.5) | (c > size - 0.5)
         outside = off if outside is None else (outside | off)
         del c, frac, off
@@ -253,7 +284,8 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     return out
 
 
-def _apply_factor_numpy(out: np.ndarray, k_yx: np.ndarray, offset: np.ndarray, order: int, threads: int) -> None:
+def _apply_factor_numpy(out: np.ndarray, k_yx: np.ndarray, offset: np.ndarray, order: int, threads: int,
+                        method: str = "spline") -> None:
     """``out *= g(fy) g(fx)`` and NaN outside the detector, in place, by row blocks on threads.
 
     Source coordinates in float32 (2.7e-4 px resolution at 4608 px, far finer than g
@@ -264,7 +296,7 @@ def _apply_factor_numpy(out: np.ndarray, k_yx: np.ndarray, offset: np.ndarray, o
     from pipelines.calibration.resample import _blocks
 
     ny, nx = out.shape
-    f, g = _factor_table(int(order), 1025)
+    f, g = _factor_table(int(order), 1025, method)
     g32 = g.astype(np.float32)
     cols = np.arange(nx, dtype=np.float32)[None, :]
 
