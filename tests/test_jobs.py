@@ -27,6 +27,8 @@ def client(api_client):
         ({"options": {"deconvolve_psf": "yes"}}, "deconvolve_psf"),
         ({"options": {"interpolation_order": 9}}, "interpolation_order"),
         ({"options": {"device": "tpu"}}, "device"),
+        ({"options": {"resample": "bicubic"}}, "resample"),
+        ({"options": {"resample": "opencv-cubic", "interpolation_order": 1}}, "interpolation_order"),
         ({"start": "9999-12-31T23:00:00-05:00"}, "out of range"),
         ({"start": "0001-01-01T00:00:00+05:00"}, "out of range"),
         ({"pinned_calibrations": {"flat": 99999999999999999999999}}, "between 1 and"),

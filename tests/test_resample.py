@@ -1,0 +1,205 @@
+"""The north-up resampling back ends (issue 15 item 1): spline (reference) and OpenCV.
+
+Each back end must put a known feature where the sky says (an analytic Gaussian through a
+known roll and shift), use the kernel it names (OpenCV's INTER_CUBIC is Keys' cubic
+convolution with a = -0.75, sampled at the exact source positions), keep the NaN/DQ
+semantics of the spline path, give the variance its own kernel's factor, and be chosen
+per job through ``CalibrationOptions(resample=...)`` (refused when unknown or inconsistent),
+with HISTORY and the ``RESAMPLE`` keyword naming the kernel.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from astropy.io import fits
+from astropy.wcs import WCS
+
+from pipelines.calibration import resample, uncertainty
+from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.options import CalibrationOptions, as_options
+from pipelines.calibration.steps import DQ
+from pipelines.errors import DataError
+from tests.test_calibration_steps import _synthetic_wst, history, make_header
+
+METHODS = ("spline", "opencv-cubic", "opencv-lanczos4")
+#: Largest error [of a 1000 peak, sigma 3 px Gaussian] and flux error each kernel is allowed.
+#: Cubic convolution with a = -0.75 is first-order accurate (Keys 1981): its error is
+#: ~0.5 f'' f(1 - f) (f the fractional position), 1.35 % at this Gaussian's peak (measured);
+#: OpenCV's Lanczos-4 deviates from the exact formula (table positions), 0.48 % and 3e-4 of the flux.
+PEAK_TOL = {"spline": 0.5, "opencv-cubic": 15.0, "opencv-lanczos4": 6.0}
+FLUX_TOL = {"spline": 1e-5, "opencv-cubic": 2e-4, "opencv-lanczos4": 1e-3}  # cubic: 8e-5 at roll -1.35 (measured)
+#: Centroid tolerance [px]: a = -0.75 does not reproduce a linear ramp, it moves it by
+#: sum_k k W(f - k) - f, up to 0.048 px at f = 0.2 (0 at f = 0, 0.5): a small roll keeps f
+#: nearly constant over the blob, so the centroid moves (0.035 px here, measured).
+CENTROID_TOL = {"spline": 0.01, "opencv-cubic": 0.05, "opencv-lanczos4": 0.02}  # Lanczos-4: 0.012 px measured
+
+
+def _keys(x: np.ndarray, a: float = -0.75) -> np.ndarray:
+    """Keys (1981) cubic convolution kernel, written out independently of the code under test."""
+    x = np.abs(x)
+    return np.where(x <= 1, (a + 2) * x ** 3 - (a + 3) * x ** 2 + 1,
+                    np.where(x < 2, a * x ** 3 - 5 * a * x ** 2 + 8 * a * x - 4 * a, 0.0))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("roll", [23.0, -1.35])
+def test_a_gaussian_lands_where_the_sky_says(method, roll):
+    n, scale = 129, 10.0
+    h = make_header(n, x0=66.37, y0=61.81, roll=roll, scale=scale)
+    sky = (250.0 / 3600.0, -130.0 / 3600.0)  # (+250", -130") helioprojective
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        px, py = (float(v) for v in WCS(h).world_to_pixel_values(*sky))
+    yy, xx = np.mgrid[0:n, 0:n].astype(float)
+    s = 3.0
+    data = 1000.0 * np.exp(-((xx - px) ** 2 + (yy - py) ** 2) / (2 * s * s))
+    out, dq, h2 = resample.rotate_north_up(data, None, h, method=method)
+    # the analytic answer: every output pixel's sky position, back through the input WCS
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lon, lat = WCS(h2).pixel_to_world_values(xx, yy)
+        sx, sy = WCS(h).world_to_pixel_values(lon, lat)
+    expected = 1000.0 * np.exp(-((sx - px) ** 2 + (sy - py) ** 2) / (2 * s * s))
+    good = dq == 0
+    assert np.abs(out[good] - expected[good]).max() < PEAK_TOL[method]
+    w = np.where(good, out, 0.0)
+    cx, cy = (w * xx).sum() / w.sum(), (w * yy).sum() / w.sum()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qx, qy = (float(v) for v in WCS(h2).world_to_pixel_values(*sky))
+    tol = CENTROID_TOL[method]
+    assert cx == pytest.approx(qx, abs=tol) and cy == pytest.approx(qy, abs=tol)
+    assert w.sum() == pytest.approx(data.sum(), rel=FLUX_TOL[method])  # flux kept by the rotation (det 1)
+    assert out.dtype == np.float32
+
+
+def test_opencv_cubic_is_keys_a_minus_075_at_exact_source_positions():
+    # a random frame through a rotation and a sub-pixel shift, against the Keys kernel summed
+    # directly at float64 source positions: no 1/32-pixel quantisation of the position
+    import cv2
+
+    n = 64
+    rng = np.random.default_rng(11)
+    a = rng.random((n, n)).astype(np.float32)
+    t = np.deg2rad(7.3)
+    k_yx = np.array([[np.cos(t), np.sin(t)], [-np.sin(t), np.cos(t)]])
+    off = np.array([-3.77, 5.123])
+    nd = resample.ndimage_for(np)
+    out = resample._resample_data_opencv(nd, a, np.isfinite(a), k_yx, off, method="opencv-cubic", threads=2)
+    rows, cols = np.mgrid[0:n, 0:n].astype(float)
+    y = off[0] + k_yx[0, 0] * rows + k_yx[0, 1] * cols
+    x = off[1] + k_yx[1, 0] * rows + k_yx[1, 1] * cols
+    ref = np.zeros_like(x)
+    x0, y0 = np.floor(x), np.floor(y)
+    for j in range(-1, 3):
+        for i in range(-1, 3):
+            xi = np.clip(x0 + i, 0, n - 1).astype(int)
+            yi = np.clip(y0 + j, 0, n - 1).astype(int)
+            ref += _keys(x - (x0 + i)) * _keys(y - (y0 + j)) * a[yi, xi]
+    inner = (x > 3) & (x < n - 4) & (y > 3) & (y < n - 4)
+    assert np.abs(out - ref)[inner].max() < 1e-4  # 1/32-px quantisation would give ~2.5e-2
+    assert cv2.getNumThreads() >= 1  # the thread count was restored, not left at the call's
+
+
+@pytest.mark.parametrize("frac", [0.2, 0.5, 0.8])
+def test_opencv_cubic_moves_a_linear_ramp_by_the_keys_bias(frac):
+    # f(x) = x shifted by frac: the spline returns x + frac; cubic convolution with a = -0.75
+    # returns x + frac + b(frac), b = sum_k k W(frac - k) - frac (Keys 1981: only a = -0.5 is exact)
+    n = 40
+    ramp = np.tile(np.arange(n, dtype=np.float32), (n, 1))
+    k_yx = np.eye(2)
+    off = np.array([0.0, frac])
+    nd = resample.ndimage_for(np)
+    out = resample._resample_data_opencv(nd, ramp, np.isfinite(ramp), k_yx, off, method="opencv-cubic", threads=1)
+    ks = np.arange(-2, 4)
+    bias = float((_keys(frac - ks) * ks).sum() - frac)
+    inner = out[:, 4:-4] - (np.arange(n)[4:-4] + frac)
+    assert np.allclose(inner, bias, atol=1e-5)
+    assert abs(bias) == pytest.approx({0.2: 0.048, 0.5: 0.0, 0.8: 0.048}[frac], abs=1e-3)
+    spl = resample._affine(nd, ramp.copy(), k_yx, off, (n, n), order=1, mode="nearest", dtype=np.float32)
+    assert np.allclose(spl[:, 4:-4] - (np.arange(n)[4:-4] + frac), 0.0, atol=1e-5)  # a linear kernel is exact
+
+
+@pytest.mark.parametrize("method", ["opencv-cubic", "opencv-lanczos4"])
+def test_opencv_keeps_the_nan_and_dq_semantics_of_the_spline_path(method):
+    n = 64
+    h = make_header(n, x0=30.0, y0=33.0, roll=30.0, scale=30.0)
+    data = np.ones((n, n))
+    data[10, 12] = np.nan
+    dq = np.zeros((n, n), np.uint8)
+    dq[28:36, 28:36] = DQ.OCCULTED
+    out, dq2, _ = resample.rotate_north_up(data, dq, h, method=method)
+    ref, dq_ref, _ = resample.rotate_north_up(data, dq, h, method="spline")
+    np.testing.assert_array_equal(dq2, dq_ref)  # the DQ is the same nearest-neighbour path
+    assert dq2[0, 0] & DQ.NO_DATA and np.isnan(out[0, 0])  # corners without data: NaN
+    bad = (dq2 & DQ.NOT_FINITE) > 0
+    assert 1 <= bad.sum() <= 6 and np.isnan(out[bad]).all()
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    good = dq2 == 0
+    assert np.allclose(out[good], 1.0, atol=1e-5)  # the NaN did not spread over the kernel
+
+
+def test_bad_methods_are_refused():
+    n = 32
+    h = make_header(n, x0=15.0, y0=16.0, roll=5.0)
+    with pytest.raises(ValueError, match="unknown resampling method"):
+        resample.rotate_north_up(np.ones((n, n)), None, h, method="bicubic")
+    with pytest.raises(ValueError, match="fixed kernel"):
+        resample.rotate_north_up(np.ones((n, n)), None, h, method="opencv-cubic", order=1)
+
+
+@pytest.mark.parametrize("method", ["opencv-cubic", "opencv-lanczos4"])
+def test_resampled_variance_of_the_opencv_kernels_matches_monte_carlo(method):
+    n = 40
+    h = make_header(n, x0=19.5 + 1.37, y0=19.5 - 0.81, roll=7.0, scale=40.0)
+    rng = np.random.default_rng(5)
+    var_in = np.full((n, n), 4.0, np.float32)
+    pred = uncertainty.resample_variance(var_in, h, method=method)
+    outs = [resample.rotate_north_up((rng.standard_normal((n, n)) * 2.0).astype(np.float32), None, h,
+                                     method=method, threads=1)[0] for _ in range(300)]
+    emp = np.var(np.stack(outs), axis=0)
+    inner = (slice(8, n - 8), slice(8, n - 8))
+    rel = emp[inner] / pred[inner]
+    assert np.nanmean(rel) == pytest.approx(1.0, abs=0.03)
+    # the kernel's own factor: the spline's would be wrong by a few per cent for the cubic convolution
+    spline = uncertainty.resample_variance(var_in, h, method="spline")
+    assert not np.allclose(spline[inner], pred[inner], rtol=0.01)
+
+
+def test_resample_option_is_validated_and_part_of_the_identity():
+    assert CalibrationOptions().resample == "spline" and CalibrationOptions().identity() == {}
+    assert as_options({"resample": "opencv-cubic"}).identity() == {"resample": "opencv-cubic"}
+    with pytest.raises(DataError, match="resample"):
+        as_options({"resample": "bicubic"})
+    with pytest.raises(DataError, match="interpolation_order"):
+        as_options({"resample": "opencv-cubic", "interpolation_order": 1})
+    with pytest.raises(DataError, match="CPU only"):
+        as_options({"resample": "opencv-lanczos4", "device": "gpu"})
+
+
+def test_calibrate_frame_with_opencv_names_the_kernel_in_history_and_header():
+    raw, h, cals, scale = _synthetic_wst()
+    ref = calibrate_frame(raw, h, cals)
+    res = calibrate_frame(raw, h, cals, CalibrationOptions(resample="opencv-cubic"))
+    text = history(res.header)
+    assert "resample=opencv-cubic" in text and "Keys 1981" in text and "a=-0.75" in text
+    assert res.header["RESAMPLE"] == "opencv-cubic" and ref.header["RESAMPLE"] == "spline3"
+    assert "resample=spline" in history(ref.header) and "Unser 1999" in history(ref.header)
+    n = raw.shape[0]
+    inner = np.zeros((n, n), bool)
+    inner[16:-16, 16:-16] = True
+    good = (res.dq == 0) & inner
+    # a scene linear in the sky: the spline is exact; cubic convolution (a = -0.75) moves it by
+    # up to 0.048 px (test_opencv_cubic_moves_a_linear_ramp_by_the_keys_bias) times the gradient
+    n_c = (n - 1) / 2.0
+    g = (np.arange(n) - n_c) * scale
+    expected = 1000.0 + 0.5 * g[None, :] - 0.2 * g[:, None]
+    assert np.allclose(ref.data[good], expected[good], rtol=1e-6)
+    grad = np.sqrt(2.0) * np.hypot(0.5, 0.2) * scale  # per pixel: |g_x| + |g_y| on any rotated axes
+    assert np.abs(res.data[good] - expected[good]).max() < 0.049 * grad
+    assert np.abs(res.data[good] - expected[good]).max() > 1e-3 * grad  # the bias is there: not the spline
+    assert np.isfinite(res.uncertainty[good]).all() and (res.uncertainty[good] > 0).all()
+    assert not np.array_equal(res.uncertainty[good], ref.uncertainty[good])  # the kernel's own variance factor
