@@ -203,3 +203,38 @@ def test_calibrate_frame_with_opencv_names_the_kernel_in_history_and_header():
     assert np.abs(res.data[good] - expected[good]).max() > 1e-3 * grad  # the bias is there: not the spline
     assert np.isfinite(res.uncertainty[good]).all() and (res.uncertainty[good] > 0).all()
     assert not np.array_equal(res.uncertainty[good], ref.uncertainty[good])  # the kernel's own variance factor
+
+
+@pytest.fixture(scope="module")
+def sdi_sim_dir(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    out = tmp_path_factory.mktemp("sim")
+    simulate(out, channels=("SDI",), naxis=128, noise=True, seed=3)
+    return out
+
+
+def test_a_product_made_with_opencv_says_so_in_its_file_and_manifest(sqlite_env, sdi_sim_dir):
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Frame, ProductState
+    from backend.worker.processing import calibrate_product, plan_product
+    from pipelines.products import read_product
+    from tests.live import ingest_simulated
+
+    ingest_simulated(sdi_sim_dir)
+    with session_scope() as s:
+        frame = s.scalars(select(Frame).where(Frame.channel_code == "SDI").order_by(Frame.date_obs)).first()
+        default, _ = plan_product(s, frame, pinned=None, options=None, job_id=None)
+        prod, _ = plan_product(s, frame, pinned=None, options={"resample": "opencv-cubic"}, job_id=None)
+        s.commit()
+        assert prod.id != default.id and prod.params_hash != default.params_hash  # another product
+        pid = prod.id
+    with session_scope() as s:
+        prod = calibrate_product(s, pid, sqlite_env)
+        assert prod.state == ProductState.written, prod.error
+        assert prod.manifest["options"]["resample"] == "opencv-cubic"
+        _, _, header = read_product(prod.path)
+    assert header["RESAMPLE"] == "opencv-cubic"
+    assert "Keys 1981" in history(header)
