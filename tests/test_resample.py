@@ -238,3 +238,25 @@ def test_a_product_made_with_opencv_says_so_in_its_file_and_manifest(sqlite_env,
         _, _, header = read_product(prod.path)
     assert header["RESAMPLE"] == "opencv-cubic"
     assert "Keys 1981" in history(header)
+
+
+def test_the_accuracy_benchmark_runs_on_a_real_scene_and_prints_its_result(tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    report = tmp_path / "r.md"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "resample_accuracy.py"), "--scenes", "HMI",
+                        "--lst-size", "0", "--rolls", "5", "--no-timing", "--report", str(report)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"RESULT opencv_p99_over_sigma=([\d.]+) flux_ratio=([\d.]+) limb_shift_px=([\d.]+) "
+                     r"opencv_s=n/a scipy_s=n/a lst_p99_over_sigma=\S+ lst_limb_shift_px=\S+ "
+                     r"qualifies=(True|False) default=spline", last)
+    assert m, last
+    assert 0 < float(m.group(1)) < 100 and abs(float(m.group(2)) - 1) < 1e-3 and float(m.group(3)) < 1
+    text = report.read_text()
+    assert "SDO/HMI" in text and "Rule and decision" in text and "Round trip" in text
