@@ -27,8 +27,10 @@ kernel summed at float64 positions within 1e-4 of a unit random frame,
 ``tests/test_resample.py``); its a = -0.75 makes it first-order accurate only (error
 ~0.5 f'' f(1 - f): 1.35 % at the peak of a sigma 3 px Gaussian, the spline 0.02 %).
 OpenCV's INTER_LANCZOS4 does not match the exact windowed-sinc formula (up to 3e-2 of a
-unit random frame: tabulated positions) and moves a Gaussian's centroid by ~0.002 px. Their accuracy against the spline on real scenes is
-in ``benchmarks/reports/resample_accuracy.md`` (``benchmarks/resample_accuracy.py``).
+unit random frame) and moves a sigma 3 px Gaussian's centroid by up to ~0.012 px (small
+rolls; 0.002 px at 23 deg). Their accuracy against the spline on real scenes is in
+``benchmarks/reports/resample_accuracy.md`` (``benchmarks/resample_accuracy.py``): the
+spline stays the default (the rule and the numbers are there).
 A Celery worker shares its cores among its processes with :func:`set_default_threads`.
 """
 
