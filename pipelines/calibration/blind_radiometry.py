@@ -20,7 +20,9 @@ The truth (``truth/campaign_truth.json``) is read only to score:
 * ``rate_per_year``, ``rate_true_per_year``, ``rate_abs_err`` [1/yr], ``rate_rel_err``;
 * ``max_rel_err_campaign``: the largest ``|C_fit(t) / C_true(t) - 1|`` over the campaign's
   days (coefficient and rate together): **the gate**, ``<= gate_tolerance = 0.02 +
-  LASP_SCALE_UNCERTAINTY`` (2 % plus the LASP composite's scale uncertainty, issue 14 item 5);
+  LASP_SCALE_UNCERTAINTY`` (2 % plus the LASP composite's scale uncertainty, issue 14 item 5),
+  and the chain must have accepted its own fit (``fit_accepted``: reduced chi-square <=
+  :data:`~pipelines.calibration.radiometry.CHI2_ACCEPT`), both in ``gate_pass``;
 * ``rel_err_beyond_scale``: the same largest error after removing the hidden scale error of the
   series, ``C_fit (1 + delta) / C_true - 1``: what the chain itself adds (photometry, fit);
 * ``sdi_over_lasp_before/after`` (mean of the daily ratios with the given and with the
@@ -122,14 +124,17 @@ def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation
         times, e_before, meas_err = _calibrated_irradiance(sim.raw_files, cals)
         fit = fit_cross_calibration(times, e_before, lasp, c_given, fit_degradation=fit_degradation,
                                     measurement_rel_err=meas_err)
-        master = write_radiometric_master(fit, Path(tmp) / "chain" / "lst_sdi_radiometric_xcal_v02.fits",
-                                          naxis=sim.naxis, version=given.version + 1,
-                                          valid_from=str(given.parameters["VALIDFRM"]),
-                                          valid_to=str(given.parameters["VALIDTO"]))
-        cals_new = dict(cals)
-        cals_new["radiometric"] = load_calibration_master(master)
-        cals_new["radiometric"].id = given.id + 100 if given.id is not None else None
-        _, e_after, _ = _calibrated_irradiance(sim.raw_files, cals_new)
+        if fit.accepted:
+            master = write_radiometric_master(fit, Path(tmp) / "chain" / "lst_sdi_radiometric_xcal_v02.fits",
+                                              naxis=sim.naxis, version=given.version + 1,
+                                              valid_from=str(given.parameters["VALIDFRM"]),
+                                              valid_to=str(given.parameters["VALIDTO"]))
+            cals_new = dict(cals)
+            cals_new["radiometric"] = load_calibration_master(master)
+            cals_new["radiometric"].id = given.id + 100 if given.id is not None else None
+            _, e_after, _ = _calibrated_irradiance(sim.raw_files, cals_new)
+        else:  # the chain refuses the fit (write_radiometric_master would raise): nothing to use
+            e_after = np.full(len(times), np.nan)
         truth = json.loads(sim.truth_path.read_text())  # scoring only from here on
     ref = np.array([lasp_true.on(t) for t in times])
     c_true_epoch = hidden_coefficient(truth, fit.epoch)
@@ -160,7 +165,8 @@ def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation
         out["sdi_over_lyra_before"] = float(e_before[k_lyra] / e_lyra)
         out["sdi_over_lyra_after"] = float(e_after[k_lyra] / e_lyra)
         out["lasp_over_lyra"] = float(lasp_true.on(times[k_lyra]) / e_lyra)
-    out["gate_pass"] = 1.0 if out["max_rel_err_campaign"] <= out["gate_tolerance"] else 0.0
+    out["fit_accepted"] = 1.0 if fit.accepted else 0.0
+    out["gate_pass"] = 1.0 if (fit.accepted and out["max_rel_err_campaign"] <= out["gate_tolerance"]) else 0.0
     return out
 
 

@@ -70,7 +70,7 @@ from astropy.time import Time
 
 from pipelines.errors import DataError
 
-__all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_DAILY_SCATTER",
+__all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_DAILY_SCATTER", "CHI2_ACCEPT",
            "LyaSeries", "read_lasp_composite", "read_lyra_level2", "lyra_daily_irradiance", "lasp_daily_scatter",
            "disk_integrated_irradiance", "CrossCalibration", "fit_cross_calibration", "write_radiometric_master",
            "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
@@ -92,6 +92,12 @@ LASP_SCALE_UNCERTAINTY = 0.05
 #: consecutive days / sqrt(6), so that the smooth solar variation cancels). Recomputed by
 #: ``tests/test_blind_radiometry.py``.
 LASP_DAILY_SCATTER = 0.0040
+
+#: Largest reduced chi-square of an accepted fit: the ratios may scatter up to 3x the
+#: reference's stated daily noise (frame-level effects the noise model leaves out); beyond,
+#: the frames and the reference do not describe the same days (a wrong day, a bad frame, a
+#: flare day) and :func:`write_radiometric_master` refuses the fit.
+CHI2_ACCEPT = 9.0
 
 _AU_M = float(const.au.to_value(u.m))
 _YEAR_DAYS = 365.25
@@ -145,10 +151,17 @@ class LyaSeries:
             raise DataError(f"{self.name} Lyman-alpha series has no value on {d.isoformat()}") from None
 
     def shifted(self, n_days: int) -> "LyaSeries":
-        """The same series with every value moved ``n_days`` later (tests: the wrong day's irradiance)."""
-        step = dt.timedelta(days=int(n_days))
-        return LyaSeries(self.name + f"{n_days:+d}d", {d + step: v for d, v in self.days.items()},
-                         self.rel_uncertainty, self.scale_uncertainty, self.source)
+        """The series with every value moved ``n_days`` later, wrapped around its span (tests:
+        the wrong day's irradiance on every day the series covers)."""
+        first, last = min(self.days), max(self.days)
+        span = (last - first).days + 1
+        out = {}
+        for d in self.days:
+            src = first + dt.timedelta(days=((d - first).days - int(n_days)) % span)
+            if src in self.days:
+                out[d] = self.days[src]
+        return LyaSeries(self.name + f"{n_days:+d}d", out, self.rel_uncertainty, self.scale_uncertainty,
+                         self.source)
 
 
 def _utc_day(day: dt.date | Time | str) -> dt.date:
@@ -403,6 +416,11 @@ class CrossCalibration:
     first: Time
     last: Time
 
+    @property
+    def accepted(self) -> bool:
+        """The fit's reduced chi-square is finite and at most :data:`CHI2_ACCEPT`."""
+        return math.isfinite(self.chi2_reduced) and self.chi2_reduced <= CHI2_ACCEPT
+
     def at(self, t: Time | str) -> float:
         """Coefficient at ``t`` [erg cm-2 s-1 sr-1 per DN/s]."""
         tt = t if isinstance(t, Time) else Time(str(t), scale="utc")
@@ -487,6 +505,9 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
                              version: int, valid_from: str, valid_to: str) -> Path:
     """Write the fitted law as a ``radiometric`` calibration master (FITS, primary header only).
 
+    Raises :class:`~pipelines.errors.DataError` for a fit that is not
+    :attr:`CrossCalibration.accepted` (nothing is written).
+
     Keywords: ``RADCOEF`` (C0 at ``RADEPOCH``), ``RADRATE`` [1/yr], ``RADLAW='EXP'``,
     ``RADCERR``, ``RADRERR``, ``RADSCALE`` (reference scale uncertainty), ``RADREF``,
     ``RADNDAYS``, ``RADCHI2``, ``RADUNIT``, and the master keywords ``CALKIND``, ``CHANNEL``,
@@ -499,6 +520,10 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     from pipelines.channels import CHANNELS
 
     spec = CHANNELS[channel]
+    if not fit.accepted:
+        raise DataError(f"cross-calibration against {fit.reference} rejected: reduced chi-square "
+                        f"{fit.chi2_reduced:.3g} > {CHI2_ACCEPT:g} (the SDI/{fit.reference} ratios scatter far more "
+                        "than the series' noise: wrong days, a bad frame or the wrong reference)")
     h = fits.Header()
     h["TELESCOP"], h["INSTRUME"] = "ASO-S", "LST"
     h["CALKIND"] = ("radiometric", "calibration kind")
@@ -510,15 +535,15 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     h["VALIDTO"] = (valid_to, "[UTC] valid to")
     h["CALDESC"] = (f"{channel} C(t)={fit.coefficient:.5g}*exp({fit.rate_per_year:.4f}*(t-{fit.epoch.utc.isot[:10]})/yr)"
                     f" vs {fit.reference}")
-    h["RADCOEF"] = (fit.coefficient, "radiometric coefficient at RADEPOCH, RADUNIT per DN/s")
-    h["RADUNIT"] = (spec.bunit, "physical unit of the calibrated data")
+    h["RADCOEF"] = (fit.coefficient, "RADUNIT per DN/s at RADEPOCH")
+    h["RADUNIT"] = (spec.bunit, "unit of the calibrated data")
     h["RADEPOCH"] = (fit.epoch.utc.isot, "[UTC] epoch of RADCOEF")
-    h["RADLAW"] = ("EXP", "C(t) = RADCOEF * exp(RADRATE * (t - RADEPOCH) / yr)")
+    h["RADLAW"] = ("EXP", "C=RADCOEF*exp(RADRATE*(t-RADEPOCH)/yr)")
     h["RADRATE"] = (fit.rate_per_year, "[1/yr] sensitivity-loss rate")
-    h["RADCERR"] = (fit.coefficient_err, "standard error of RADCOEF (fit)")
-    h["RADRERR"] = (fit.rate_err, "[1/yr] standard error of RADRATE")
-    h["RADSCALE"] = (fit.scale_uncertainty, "relative scale uncertainty of the reference")
-    h["RADREF"] = (fit.reference, "irradiance series cross-calibrated against")
+    h["RADCERR"] = (fit.coefficient_err, "std error of RADCOEF (fit)")
+    h["RADRERR"] = (fit.rate_err, "[1/yr] std error of RADRATE")
+    h["RADSCALE"] = (fit.scale_uncertainty, "rel. scale uncertainty of RADREF")
+    h["RADREF"] = (fit.reference, "reference irradiance series")
     h["RADNDAYS"] = (fit.n_days, "observing days in the fit")
     h["RADCHI2"] = (fit.chi2_reduced if math.isfinite(fit.chi2_reduced) else -1.0, "reduced chi-square")
     p = Path(path)
