@@ -41,17 +41,21 @@ Reference series (``sample-data/real/lyman-alpha``, MANIFEST.md)
 
 The 1.215x of issue 14
 ----------------------
-Main's SDI frame of 2012-01-01 integrates to 1.215x LYRA's irradiance of that day. The two
-reference series already disagree by 1.178x on that day: LASP 4.57e11 photons cm-2 s-1 =
-7.47e-3 W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median; LYRA/LASP = 0.849). Main's
-simulator sets the *disk alone* to the LASP value, so the limb and inner corona add their
-~3 % on top (1.178 x 1.03 = 1.215). After this cross-calibration the SDI irradiance follows
-the reference it is tied to: against LASP the chain's SDI/LASP ratio on every campaign day is
-1 within the series' noise and scale uncertainty, and SDI/LYRA on 2012-01-01 becomes the
-LASP/LYRA ratio times the recovered scale (measured: see ``blind_radiometry`` and the
-report). The remaining ~18 % is a disagreement between LYRA's and LASP's absolute scales,
-not an SDI calibration error; tying SDI to LYRA instead (``reference='lyra'``) would make it
-1 on that day but one day cannot fit a degradation.
+Measured with :func:`disk_integrated_irradiance` on main's SDI frame of 2012-01-01 00:16
+(``simulate(channels=['SDI'], naxis=256, sdi_sequence=False)``, its given ``RADCOEF``):
+SDI/LYRA = 1.213, SDI/LASP = 1.030. Two causes, neither an SDI detector effect:
+
+* the two reference series disagree by 1.1775x on that day: LASP 4.57e11 photons cm-2 s-1 =
+  7.47e-3 W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median of the file; LYRA/LASP = 0.849);
+* main's simulator sets the *disk alone* to the LASP value (disk-average radiance = E /
+  Omega_sun), so the limb and the inner corona out to the field stop add 3.0 % (the disk holds
+  0.967 of the integral).
+
+After the cross-calibration SDI follows the series it is tied to: SDI/LASP = 1.000 on
+average over the campaign (RMS 0.2-0.4 % per day) and SDI/LYRA on 2012-01-01 = 1.168-1.178
+(blind runs, seeds 0-2 and 5), i.e. the LASP/LYRA scale difference (1.1775) and nothing more.
+That ~18 % is a disagreement between LYRA's and LASP's absolute scales; one LYRA day cannot
+fit a degradation, so LASP (continuous over 1997-2013) is the reference and LYRA the check.
 """
 
 from __future__ import annotations
