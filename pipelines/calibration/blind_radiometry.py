@@ -34,9 +34,10 @@ cores): the given coefficient was 7-19 % off the hidden one; the fitted C(t) is 
 0.45 / 3.1 / 2.7 / 5.0 % of the hidden one on every campaign day (seeds 0 / 1 / 2 / 5, 128 px,
 noise on; gate 7 %); that is the hidden LASP scale error drawn for each seed (-0.4 / -2.5 /
 -2.7 / -4.6 %) plus 0.19 / 0.52 / 0.12 / 0.27 % that the chain adds (``rel_err_beyond_scale``);
-the rate within 0.01-0.05 %/yr of the hidden 2.9-5.9 %/yr; reduced chi-square 0.4-1.0.
-Seed 5 at 512 px: 5.0 % (0.24 % beyond the scale error), 21 s; noise off at 128 px: the same
-as noise on to 0.03 % (the error is the series', not the photons'). SDI/LYRA on 2012-01-01
+the rate within 0.06 %/yr of the hidden 2.9-5.9 %/yr; reduced chi-square 0.4-1.0.
+Seed 5 at 512 px: 5.0 % (0.24 % beyond the scale error), 21 s; at 1024 px: 4.98 % (0.25 %),
+74 s wall, 0.38 GB peak; noise off at 128 px: the same
+as noise on to 0.01 % (the error is the series', not the photons'). SDI/LYRA on 2012-01-01
 after the fit: 1.168-1.178 (LASP/LYRA 1.1775; :mod:`pipelines.calibration.radiometry`).
 """
 

@@ -2,10 +2,10 @@
 
 In flight the SDI radiometric coefficient (``RADCOEF``, erg cm-2 s-1 sr-1 per DN/s) is not
 known from the ground to better than tens of per cent, and Lyman-alpha instruments lose
-sensitivity in orbit (contamination of the optics and filters: PROBA2/LYRA's Lyman-alpha
-channel lost most of its response within months, BenMoussa et al. 2013, Sol. Phys. 288, 389;
-SOHO/SWAN's sensitivity decay is corrected from its calibrations, Quemerais et al. 2006,
-A&A 455, 1135). This module derives both from the data, the way irradiance instruments are
+sensitivity in orbit (contamination of the optics and filters; PROBA2/LYRA's Lyman-alpha
+channel lost most of its response within months: BenMoussa et al. 2013, "On-orbit degradation
+of solar instruments", Sol. Phys. 288, 389, which reviews LYRA, SOHO and other FUV/EUV
+instruments). This module derives both from the data, the way irradiance instruments are
 tied together:
 
 1. :func:`disk_integrated_irradiance`: the Lyman-alpha irradiance of one calibrated SDI
@@ -331,7 +331,7 @@ def disk_integrated_irradiance(data: np.ndarray, dq: np.ndarray | None, header: 
     Notes
     -----
     Pixel solid angle ``|det(PC * CDELT)|`` [arcsec**2] converted to sr (the TAN projection's
-    pixel solid angle differs from it by ``cos**3`` of the angle from the centre, < 3e-5 at
+    pixel solid angle differs from it by ``cos**3`` of the angle from the centre, < 5e-5 at
     1.2 Rsun). The irradiance scales with the inverse square of the distance:
     ``E_1au = E_obs * (DSUN_OBS / 1 au)**2`` (IAU 2012 au).
     """

@@ -23,8 +23,8 @@ What :mod:`pipelines.calibration.blind_radiometry` cross-calibrates. The instrum
   model of :mod:`pipelines.simulation.forward`, Poisson and read noise) with
   ``C_true(t) = C_hidden exp(lambda (t - LAUNCH))``: an exponential loss of sensitivity
   ``exp(-lambda (t - LAUNCH))``, the simulator's assumption (Lyman-alpha instruments degrade
-  in flight: PROBA2/LYRA, BenMoussa et al. 2013, Sol. Phys. 288, 389; SOHO/SWAN, Quemerais
-  et al. 2006, A&A 455, 1135; SDO/EVE and AIA correct theirs with time-dependent tables).
+  in flight: PROBA2/LYRA and the SOHO instruments in BenMoussa et al. 2013, Sol. Phys. 288,
+  389; SDO/AIA's time-dependent degradation tables, which aiapy applies, do the same job).
   ``lambda`` is drawn uniform in :data:`RATE_RANGE` per year, ``C_hidden`` 2-25 % above the
   coefficient that keeps the brightest frame below 16 bits, and the **given** master
   ``RADCOEF`` independently in the same range, at least 5 % away from ``C_hidden``.
