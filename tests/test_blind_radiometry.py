@@ -175,3 +175,32 @@ def test_fit_recovers_an_exact_law_and_the_master_evaluates_it(lasp, tmp_path):
         radiometry.write_radiometric_master(bad, tmp_path / "bad.fits", naxis=128, version=2,
                                             valid_from="1997-12-01T00:00:00", valid_to="2013-02-01T00:00:00")
     assert not (tmp_path / "bad.fits").exists()
+
+
+def test_calibrate_frame_applies_the_time_law_at_date_obs(tmp_path):
+    """A master with RADRATE scales L2 by exp(RADRATE (t - RADEPOCH)) against the constant one."""
+    from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+    from pipelines.fitsio import read_image
+    from pipelines.simulation.campaign import simulate_sdi_campaign
+    from pipelines.simulation.masters import load_simulated_masters
+
+    sim = simulate_sdi_campaign(tmp_path / "sim", naxis=64, n_days=2, noise=False, seed=3)
+    cals = load_simulated_masters(sim.out_dir, "SDI")
+    c_given = cals["radiometric"].param("RADCOEF")
+    epoch = Time("1997-01-01T00:00:00", scale="utc")
+    fit = radiometry.CrossCalibration(coefficient=c_given, coefficient_err=0.0, rate_per_year=0.05, rate_err=0.0,
+                                      epoch=epoch, scale_uncertainty=0.05, reference="LASP", n_days=3,
+                                      chi2_reduced=1.0, residuals=(), first=epoch, last=epoch)
+    p = radiometry.write_radiometric_master(fit, tmp_path / "rad_v02.fits", naxis=64, version=2,
+                                            valid_from=str(cals["radiometric"].parameters["VALIDFRM"]),
+                                            valid_to=str(cals["radiometric"].parameters["VALIDTO"]))
+    timed = dict(cals, radiometric=load_calibration_master(p))
+    raw = read_image(sim.raw_files[-1])  # the last day, about 15 years after the epoch
+    a = calibrate_frame(raw.data, raw.header, cals)
+    b = calibrate_frame(raw.data, raw.header, timed)
+    years = (Time(sim.date_obs[-1], scale="utc") - epoch).to_value("day") / 365.25
+    ok = np.isfinite(a.data) & (a.dq == 0) & (np.abs(a.data) > 0)
+    ratio = np.median(b.data[ok] / a.data[ok])
+    assert ratio == pytest.approx(math.exp(0.05 * years), rel=1e-5)
+    assert ratio > 1.5 and years > 10
+    assert any("exp(0.05000/yr)" in str(line) for line in b.header["HISTORY"])
