@@ -47,7 +47,7 @@ def test_recovered_coefficient_within_gate(blind_128):
     # beyond the series' own (hidden) scale error, the chain adds well under 1 %
     assert r["rel_err_beyond_scale"] <= 0.01, r
     assert abs(r["rate_abs_err"]) <= 0.002, r  # [1/yr]
-    assert r["n_days"] >= 12
+    assert r["n_days"] >= 12 and r["n_rejected"] == 0
 
 
 def test_the_fitted_master_is_used_and_ties_sdi_to_the_series(blind_128):
@@ -153,6 +153,13 @@ def test_fit_recovers_an_exact_law_and_the_master_evaluates_it(lasp, tmp_path):
     fit = radiometry.fit_cross_calibration(times, e_sdi, lasp, c_given, epoch=epoch)
     assert fit.coefficient == pytest.approx(c0, rel=1e-9)
     assert fit.rate_per_year == pytest.approx(lam, rel=1e-7)
+    assert fit.rejected == () and fit.accepted
+    # one day 30 % bright (a flare in the snapshot): left out, the law unchanged
+    flare = e_sdi.copy()
+    flare[3] *= 1.3
+    fit_f = radiometry.fit_cross_calibration(times, flare, lasp, c_given, epoch=epoch)
+    assert fit_f.rejected == (times[3].utc.isot,)
+    assert fit_f.coefficient == pytest.approx(c0, rel=1e-9) and fit_f.accepted
     p = radiometry.write_radiometric_master(fit, tmp_path / "rad.fits", naxis=128, version=2,
                                             valid_from="1997-12-01T00:00:00", valid_to="2013-02-01T00:00:00")
     from pipelines.calibration.flow import load_calibration_master

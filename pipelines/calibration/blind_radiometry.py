@@ -162,7 +162,7 @@ def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation
         "sdi_over_lasp_before": float(np.mean(e_before / ref)),
         "sdi_over_lasp_after": float(np.mean(e_after / ref)),
         "sdi_over_lasp_after_rms": float(np.std(e_after / ref - 1.0)),
-        "n_days": float(fit.n_days), "chi2_reduced": fit.chi2_reduced,
+        "n_days": float(fit.n_days), "n_rejected": float(len(fit.rejected)), "chi2_reduced": fit.chi2_reduced,
     })
     if k_lyra is not None:
         e_lyra = lyra.on(times[k_lyra])

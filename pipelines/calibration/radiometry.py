@@ -64,7 +64,7 @@ import datetime as dt
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from astropy import constants as const
@@ -75,6 +75,7 @@ from astropy.time import Time
 from pipelines.errors import DataError
 
 __all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_DAILY_SCATTER", "CHI2_ACCEPT",
+           "CLIP_SIGMA",
            "LyaSeries", "read_lasp_composite", "read_lyra_level2", "lyra_daily_irradiance", "lasp_daily_scatter",
            "disk_integrated_irradiance", "CrossCalibration", "fit_cross_calibration", "write_radiometric_master",
            "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
@@ -102,6 +103,12 @@ LASP_DAILY_SCATTER = 0.0040
 #: the frames and the reference do not describe the same days (a wrong day, a bad frame, a
 #: flare day) and :func:`write_radiometric_master` refuses the fit.
 CHI2_ACCEPT = 9.0
+
+#: A day whose ratio is more than this many sigma off the fit is left out (one at a time, the
+#: worst first), at most :data:`MAX_REJECT_FRACTION` of the days: an SDI snapshot during a
+#: flare against a daily mean, or a bad frame.
+CLIP_SIGMA = 5.0
+MAX_REJECT_FRACTION = 0.2
 
 _AU_M = float(const.au.to_value(u.m))
 _YEAR_DAYS = 365.25
@@ -373,7 +380,8 @@ def disk_integrated_irradiance(data: np.ndarray, dq: np.ndarray | None, header: 
     disk = float(total_px[edges + annulus_rsun <= 1.0 + 1e-9].sum())
     e_1au = e_obs * (dsun / _AU_M) ** 2
     return {"irradiance_obs_w_m2": e_obs, "irradiance_w_m2": e_1au, "irradiance_ph_cm2_s": w_m2_to_ph_cm2_s(e_1au),
-            "disk_fraction": disk / float(total_px.sum()), "filled_fraction": float((n_all - n_good).sum() / n_all.sum()),
+            "disk_fraction": disk / float(total_px.sum()),
+            "filled_fraction": float((n_all - n_good).sum() / n_all.sum()),
             "dsun_au": dsun / _AU_M, "r_max_rsun": float(r_max_rsun)}
 
 
@@ -402,9 +410,11 @@ class CrossCalibration:
     n_days : int
     chi2_reduced : float
     residuals : tuple of float
-        ``ln r - model`` per day.
+        ``ln r - model`` per frame (rejected ones included).
     first, last : astropy.time.Time
         The campaign's first and last frame.
+    rejected : tuple of str
+        DATE-OBS of the frames left out as outliers (:data:`CLIP_SIGMA`).
     """
 
     coefficient: float
@@ -419,6 +429,7 @@ class CrossCalibration:
     residuals: tuple[float, ...]
     first: Time
     last: Time
+    rejected: tuple[str, ...] = ()
 
     @property
     def accepted(self) -> bool:
@@ -460,6 +471,12 @@ def fit_cross_calibration(times: Sequence[Time], sdi_irradiance: Sequence[float]
     -------
     CrossCalibration
 
+    Notes
+    -----
+    A frame more than :data:`CLIP_SIGMA` standard errors off the fit is left out and the fit
+    repeated (worst first, at most :data:`MAX_REJECT_FRACTION` of the frames); the reduced
+    chi-square of what is kept decides :attr:`CrossCalibration.accepted`.
+
     Raises
     ------
     ValueError
@@ -485,21 +502,38 @@ def fit_cross_calibration(times: Sequence[Time], sdi_irradiance: Sequence[float]
         sig = np.hypot(sig, np.asarray(measurement_rel_err, dtype=np.float64))
     sig = np.maximum(sig, 1e-6)
     a = np.column_stack([np.ones_like(x), -x])[:, :npar]
-    w = 1.0 / sig
-    coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
-    cov = np.linalg.inv((a * w[:, None] ** 2).T @ a)
+    keep = np.ones(len(y), dtype=bool)
+    max_reject = int(MAX_REJECT_FRACTION * len(y))
+    while True:
+        coef, cov, chi2r = _wls(a[keep], y[keep], sig[keep])
+        z = np.abs(y - a @ coef) / sig
+        z[~keep] = 0.0
+        worst = int(np.argmax(z))
+        # one outlier day at a time (a flare in the snapshot, a bad frame), while the rest fits
+        if z[worst] <= CLIP_SIGMA or (~keep).sum() >= max_reject or keep.sum() - 1 <= npar:
+            break
+        keep[worst] = False
     resid = y - a @ coef
-    dof = len(y) - npar
-    chi2r = float(np.sum((resid / sig) ** 2) / dof) if dof > 0 else float("nan")
-    if dof > 0 and chi2r > 1.0:
-        cov = cov * chi2r
     c0 = float(given_coefficient) * math.exp(-float(coef[0]))
     rate = float(coef[1]) if fit_degradation else 0.0
     return CrossCalibration(coefficient=c0, coefficient_err=c0 * math.sqrt(float(cov[0, 0])), rate_per_year=rate,
                             rate_err=math.sqrt(float(cov[1, 1])) if fit_degradation else 0.0, epoch=epoch,
                             scale_uncertainty=float(reference.scale_uncertainty), reference=reference.name,
-                            n_days=len(set(_utc_day(t) for t in ts)), chi2_reduced=chi2r,
-                            residuals=tuple(float(r) for r in resid), first=first, last=last)
+                            n_days=len(set(_utc_day(t) for t, k in zip(ts, keep) if k)), chi2_reduced=chi2r,
+                            residuals=tuple(float(r) for r in resid), first=first, last=last,
+                            rejected=tuple(t.utc.isot for t, k in zip(ts, keep) if not k))
+
+
+def _wls(a: np.ndarray, y: np.ndarray, sig: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Weighted least squares: parameters, covariance (scaled by chi2_red when > 1), chi2_red."""
+    w = 1.0 / sig
+    coef, *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    cov = np.linalg.inv((a * w[:, None] ** 2).T @ a)
+    dof = len(y) - a.shape[1]
+    chi2r = float(np.sum(((y - a @ coef) / sig) ** 2) / dof) if dof > 0 else float("nan")
+    if dof > 0 and chi2r > 1.0:
+        cov = cov * chi2r
+    return coef, cov, chi2r
 
 
 # --------------------------------------------------------------------------- the master
@@ -537,8 +571,8 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     h["CALVER"] = (int(version), "calibration version")
     h["VALIDFRM"] = (valid_from, "[UTC] valid from")
     h["VALIDTO"] = (valid_to, "[UTC] valid to")
-    h["CALDESC"] = (f"{channel} C(t)={fit.coefficient:.5g}*exp({fit.rate_per_year:.4f}*(t-{fit.epoch.utc.isot[:10]})/yr)"
-                    f" vs {fit.reference}")
+    h["CALDESC"] = (f"{channel} C(t)={fit.coefficient:.5g}*exp({fit.rate_per_year:.4f}"
+                    f"*(t-{fit.epoch.utc.isot[:10]})/yr) vs {fit.reference}")
     h["RADCOEF"] = (fit.coefficient, "RADUNIT per DN/s at RADEPOCH")
     h["RADUNIT"] = (spec.bunit, "unit of the calibrated data")
     h["RADEPOCH"] = (fit.epoch.utc.isot, "[UTC] epoch of RADCOEF")
@@ -549,6 +583,7 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     h["RADSCALE"] = (fit.scale_uncertainty, "rel. scale uncertainty of RADREF")
     h["RADREF"] = (fit.reference, "reference irradiance series")
     h["RADNDAYS"] = (fit.n_days, "observing days in the fit")
+    h["RADNREJ"] = (len(fit.rejected), "frames left out as outliers")
     h["RADCHI2"] = (fit.chi2_reduced if math.isfinite(fit.chi2_reduced) else -1.0, "reduced chi-square")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -609,6 +644,3 @@ def _parse_date(s: str) -> Time:
         frac = float("0." + s.split(".")[1]) if "." in s else 0.0
         return Time(d, scale="utc") + frac * u.s
 
-
-def _days(times: Iterable[Time]) -> list[dt.date]:
-    return sorted(set(_utc_day(t) for t in times))
