@@ -293,6 +293,7 @@ BLIND_PARTS = {
     "centre (limb / occulter fit, 2 px header error)": "pipelines.calibration.blind_centre",
     "stray light (SCI, wrong prior x0.5 and x1.5, % of the K corona)": "pipelines.calibration.blind_stray",
     "units and uncertainty (pull width, median L2 error)": "pipelines.calibration.blind_units",
+    "SDI radiometric cross-calibration (LASP/LYRA; hidden coefficient and degradation)": "pipelines.calibration.blind_radiometry",
 }
 
 

@@ -44,6 +44,7 @@ from pipelines.array_backend import backend_name, resolve_namespace, to_device, 
 from pipelines.calibration import resample, steps, uncertainty
 from pipelines.calibration.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration.radiometry import coefficient_at
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
@@ -358,6 +359,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if unit != spec.bunit:
         raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
     coef = rad.param("RADCOEF")
+    if rad.parameters.get("RADRATE") not in (None, "", 0, 0.0):  # a time-dependent law (calibration.radiometry)
+        coef = coefficient_at(rad.parameters, h.get("DATE-OBS"))
+        h.add_history(f"convert_units: RADCOEF {rad.param('RADCOEF'):.6g} at {rad.parameters.get('RADEPOCH')} x "
+                      f"exp({rad.param('RADRATE'):.5f}/yr) = {coef:.6g} at DATE-OBS")
     img, h = steps.convert_units(img, h, coef, unit)
     var = var * xp.asarray(coef * coef, dtype=var.dtype)
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
