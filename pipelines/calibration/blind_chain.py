@@ -38,11 +38,15 @@ the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py
 
 Memory and time at full size (``--blind --size 4608``, SCI 2048): calibration frames are made
 and accumulated one at a time (running sums, float64 planes: ~0.2 GB each at 4608 px); the
-largest single item is the SDI/WST dithered flat set (9 float64 frames, 1.5 GB, plus its
-simulation's FFT grids, a few GB) and the sub-pixel flat solve. Expected peak below ~12 GB;
-expected run time of the order of an hour per noise setting on 2 cores, dominated by the
-sub-pixel KLL solves and L.A.Cosmic (~25 s per 4608 px frame, four calibrations per disk
-channel). Not measured here at full size.
+largest items are the SDI/WST dithered flat set (9 float64 frames, 1.5 GB; its simulation
+holds complex FFT grids of (2 x 5444)**2 and super-sampled scene planes, ~2 GB each at
+once, so ~10-14 GB for a moment), the dark-pair photon transfer (4 float64 pairs, 1.4 GB) and
+the sub-pixel flat solve. Expected peak 12-16 GB (estimated from the array sizes, not
+measured). Expected run time: 256 px 70-110 s per noise setting on 2 busy cores; full size
+of the order of an hour per noise setting, dominated by the dither simulation and sub-pixel
+KLL solves (blind_flat: 216 s at 2048 px, so ~15-20 min at 4608 per disk channel) and
+L.A.Cosmic (~25 s per 4608 px frame, four calibrations per disk channel). Not run at full
+size here.
 """
 
 from __future__ import annotations
@@ -532,19 +536,207 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
     return _run(size, noise, seed)
 
 
+def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
+    """A raw science frame as the instrument sends it: ``DET_TEMP``, ``SAAFLAG`` (by time, or
+    forced), without the simulator's ``GAIN``/``RDNOISE`` (the chain uses its own)."""
+    from pipelines.fitsio import read_image
+
+    raw = read_image(f.raw_path)
+    h = raw.header.copy()
+    for key in ("GAIN", "RDNOISE"):
+        h.remove(key, ignore_missing=True)
+    h["DET_TEMP"] = (SCIENCE_TEMP_C, "[deg C] detector temperature")
+    flag = in_saa(dt.datetime.fromisoformat(str(h["DATE-OBS"])[:19])) if saa is None else saa
+    h["SAAFLAG"] = (bool(flag), "in a South Atlantic Anomaly pass (time flag)")
+    return raw.data, h, bool(flag)
+
+
+def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: dict[str, float]):
+    """Calibration exposures (instrument side), then the chain's dark model and flat, written as
+    masters; scores the flat and the dark into ``out``. Returns (cals, est, det, flat)."""
+    from pipelines.calibration import blind_units as bu
+    from pipelines.calibration.flatfield import compare_flats, derive_flat_master
+    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.simulation import INSTRUMENT
+    from pipelines.simulation.dithers import simulate_dithered_flat_set
+
+    model = INSTRUMENT[chan]
+    frames = [f for f in sim.frames if f.channel == chan]
+    n = frames[0].naxis
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci]))
+    ref = next(i for i in sim.calibration_files if i.channel == chan)
+    # ---- instrument side: calibration exposures from the hidden detector
+    det = _hidden(sim.out_dir / "calibration", chan)
+    hidden_flat = det["flat"].astype(np.float64)
+    kw = {"model": model, "noise": noise}
+    law = lambda temp: 2.0 ** ((temp - SCIENCE_TEMP_C) / HIDDEN_DOUBLING_C)  # noqa: E731
+
+    def darks():
+        for temp in DARK_TEMPS_C:
+            for fr in _frames(rng, det, t=DARK_EXPTIME_S, level_dn=0.0, n=N_DARK_PER_TEMP, rate_factor=law(temp), **kw):
+                yield temp, fr
+
+    # ---- chain side: the dark model, then the flat
+    est = estimate_dark_model(_frames(rng, det, t=0.0, level_dn=0.0, n=N_BIAS, **kw), darks(), DARK_EXPTIME_S)
+    if chan.startswith("SCI"):
+        t_flat = DARK_TEMPS_C[1]
+        stack = lambda **k: np.stack(list(_frames(rng, det, n=bu.N_CAL_FRAMES, **kw, **k)))  # noqa: E731
+        fe = bu.estimate_detector_masters(stack(t=0.0, level_dn=0.0),
+                                          stack(t=DARK_EXPTIME_S, level_dn=0.0, rate_factor=law(t_flat)),
+                                          DARK_EXPTIME_S,
+                                          stack(t=bu.FLAT_EXPTIME_S, level_dn=bu.FLAT_LEVEL_DN, rate_factor=law(t_flat)),
+                                          bu.FLAT_EXPTIME_S)
+        flat, flaterr = fe["flat"].astype(np.float64), fe["flaterr"]
+        valid = np.ones(flat.shape, bool)
+        desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
+        del fe
+    else:
+        dset = simulate_dithered_flat_set(n, noise=noise, seed=int(seed) * 10 + ci, channel=chan, flat=hidden_flat,
+                                          read_noise_e=model.read_noise_dn * model.gain_e_per_dn)
+        images_dn = [im / model.gain_e_per_dn for im in dset.images]  # what the detector gives [DN]
+        commanded = dset.commanded
+        del dset
+        der = derive_flat_master(images_dn, commanded, chan, 2, ref.valid_from, method="subpixel")
+        valid = der.result.valid_mask
+        flat = np.asarray(der.flat, dtype=np.float64)
+        flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"])
+        desc = f"{chan} sub-pixel KLL flat from {len(images_dn)} dithered images"
+        del images_dn, der
+    # ---- scores: flat, dark at the science frame's temperature (the flow's own dark step)
+    sc = compare_flats(flat, hidden_flat, valid)
+    out[f"flat_rms_{chan}"] = sc["rms"]
+    out[f"flat_rms_none_{chan}"] = sc["injected_rms"]
+    ratio = flat[valid] / hidden_flat[valid]
+    out[f"flat_level_{chan}"] = float(ratio.mean())
+    ratio /= ratio.mean()
+    with np.errstate(divide="ignore", invalid="ignore"):  # noise off: FLATERR can be 0
+        fp = (ratio - 1.0) / (flaterr[valid] / flat[valid])
+    out[f"flat_pull_{chan}"] = float(1.4826 * np.median(np.abs(fp - np.median(fp))))
+    out[f"tdbl_{chan}"] = float(est["tdbl"])
+    out[f"gain_{chan}"] = float(est["gain"])
+    out[f"read_noise_{chan}"] = float(est["read_noise"])
+    h0 = _raw(frames[0])[1]
+    true_dc = det["dark_rate"].astype(np.float64) * float(h0["EXPTIME"])
+    for tag, scaled in (("", True), ("_unscaled", False)):
+        err = _chain_dark(est, h0, scaled=scaled) - est["bias"].astype(np.float64) - true_dc
+        out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
+        if not tag:
+            out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
+    paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, work, ref, desc)
+    cals = {k: load_calibration_master(p) for k, p in paths.items()}
+    for info in sim.calibration_files:  # what the chain is given besides its own masters
+        if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
+            cals[info.kind] = load_calibration_master(info.path)
+    return cals, est, det, flat
+
+
+def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
+    """SCI: the stray light from the roll sequence calibrated with the chain's dark and flat (master and estimate)."""
+    from pipelines.calibration.blind_stray import blind_stray_master, estimate_stray_light
+    from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.fitsio import write_fits_atomic
+    from pipelines.simulation import lyman_alpha_corona, sci_wl_corona
+
+    opts_l1 = CalibrationOptions(subtract_stray_light=False, rotate_north_up=False)
+    l1s, hdrs, valids = [], [], []
+    for f in frames:
+        d, h, _ = _raw(f)
+        l1 = calibrate_frame(d, h, cals, opts_l1)
+        l1s.append(np.asarray(l1.data, dtype=np.float64))
+        hdrs.append(l1.header)
+        valids.append(l1.dq == 0)
+    prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
+    sest = estimate_stray_light(l1s, hdrs, lambda r: STRAY_PRIOR_FACTOR * prior0(r), valid=valids)
+    mpath = work / f"lst_{chan.lower()}_stray_light_chain.fits"
+    write_fits_atomic(blind_stray_master(sest, l1s[0].shape, hdrs[0], chan, 9, ref.valid_from, ref.valid_to), mpath)
+    return load_calibration_master(mpath), sest
+
+
+def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, float]) -> None:
+    """Pull width, L2 error, level, centre and (SCI) stray light of the science frame's L2, into ``out``."""
+    from pipelines.calibration.blind_stray import _annulus, _k_corona_truth
+    from pipelines.calibration.blind_units import _score
+    from pipelines.calibration.validation import _read_truth, _rho
+
+    width, med, err = _score(l2, truth)
+    out[f"pull_width_raw_{chan}"], out[f"pull_median_raw_{chan}"], out[f"median_l2_error_pct_raw_{chan}"] = width, med, err
+    # the truth as the chain registered it: moved by the chain's centre error (scoring only; the
+    # error itself is centre_err_px). The roll (< 2 deg) is neglected in the shift's direction.
+    ex, ey = _centre_vec(l2.header, frame.crpix)
+    truth_reg = ndimage.shift(truth, (-ey, -ex), order=3, mode="nearest")
+    level = _level(l2, truth_reg)
+    out[f"level_{chan}"] = level
+    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq, uncertainty=l2.uncertainty / level),
+                             truth_reg)
+    del truth_reg
+    out[f"pull_width_{chan}"], out[f"pull_median_{chan}"], out[f"median_l2_error_pct_{chan}"] = width, med, err
+    out[f"centre_err_px_{chan}"], out[f"fit_used_{chan}"] = _centre_err(l2.header, frame.crpix)
+    hx, hy = frame.header_crpix or frame.crpix
+    out[f"header_err_px_{chan}"] = math.hypot(hx - frame.crpix[0], hy - frame.crpix[1])
+    if sest is not None:
+        tr, stray_inj, thd = _read_truth(frame.truth_path)
+        rho = _rho(tr.shape[0], thd)
+        kcor = _k_corona_truth(chan, tr, rho)
+        s_est = sest.stray(np.clip(rho, 1.0, 3.0))
+        good = (l2.dq == 0) & np.isfinite(l2.data)
+        for r0 in RADII:
+            sel = _annulus(rho, r0)
+            k = float(np.mean(kcor[sel]))
+            out[f"stray_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / k
+            sg = sel & good
+            out[f"l2_corona_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(l2.data[sg] - tr[sg]))) / k
+
+
+def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan: str, out: dict[str, float]) -> None:
+    """Cosmic-ray score on the detector grid (L1, before north-up): the frame with and without the hits.
+
+    ``ref`` caches the hit-free L1 (``data``, ``flag``, ``sigma``) between the quiet and SAA cases.
+    """
+    from pipelines.calibration.flow import bad_pixel_map, calibrate_frame
+    from pipelines.calibration.steps import DQ
+    from pipelines.simulation import INSTRUMENT
+
+    model = INSTRUMENT[chan]
+    coef, t = float(cals["radiometric"].param("RADCOEF")), float(h["EXPTIME"])
+    if not ref:
+        l1_ref = calibrate_frame(d, h, cals, opts)
+        ref["data"] = np.asarray(l1_ref.data, dtype=np.float64)
+        ref["flag"] = (l1_ref.dq & int(DQ.COSMIC_RAY)) != 0
+        # the pixel's noise [DN] on the frame without hits (scoring: the hidden gain and read noise)
+        ref["sigma"] = np.sqrt(np.maximum(ref["data"] * t * flat / coef, 0) / model.gain_e_per_dn
+                               + model.read_noise_dn ** 2)
+        ref["bad"] = bad_pixel_map(cals["dark"])  # hot pixels are flagged BAD_PIXEL, not cosmic rays
+    l1_cr = calibrate_frame(d_cr, h, cals, opts)
+    to_l1 = coef / t / np.where(flat > 0, flat, 1.0)
+    flagged = ((l1_cr.dq & int(DQ.COSMIC_RAY)) != 0) & ~ref["flag"]
+    hit = dep > 0.5
+    usable = ~ref["bad"]
+    det_hit = hit & (dep > CR_DETECTABLE_SIGMA * ref["sigma"]) & usable
+    n = d.shape[0]
+    out[f"cr_found_frac_{tag}_{chan}"] = float(flagged[det_hit].mean()) if det_hit.any() else float("nan")
+    out[f"cr_found_all_{tag}_{chan}"] = float(flagged[hit & usable].mean()) if hit.any() else float("nan")
+    out[f"cr_false_per_mpx_{tag}_{chan}"] = float((flagged & ~hit).sum()) / (n * n) * 1e6
+    fin = np.isfinite(l1_cr.data) & np.isfinite(ref["data"])
+    resid = np.asarray(l1_cr.data, dtype=np.float64) - ref["data"]
+    injected = float(np.sum((dep * to_l1)[fin]))
+    out[f"cr_residual_all_{tag}_{chan}"] = float(np.sum(resid[fin])) / injected if injected > 0 else float("nan")
+    sel = fin & det_hit
+    inj_d = float(np.sum((dep * to_l1)[sel]))
+    out[f"cr_residual_frac_{tag}_{chan}"] = float(np.sum(resid[sel])) / inj_d if inj_d > 0 else float("nan")
+    if tag == "saa":  # control: the same frame without the rejection
+        l1_off = calibrate_frame(d_cr, h, cals, opts.model_copy(update={"remove_cosmic_rays": False}))
+        left_o = float(np.sum((np.asarray(l1_off.data, dtype=np.float64) - ref["data"])[sel]))
+        out[f"cr_residual_frac_off_{chan}"] = left_o / inj_d if inj_d > 0 else float("nan")
+    out[f"cr_detectable_pix_{tag}_{chan}"] = float(det_hit.sum())
+
+
 def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error_px: float = POINTING_ERROR_PX,
          remove_cosmic_rays: bool = True) -> dict[str, float]:
     """:func:`run` for some ``channels``, another header pointing error, or (controls) without cosmic-ray removal."""
-    from pipelines.calibration.blind_stray import _annulus, _k_corona_truth, blind_stray_master, estimate_stray_light
-    from pipelines.calibration.blind_units import _score, estimate_detector_masters
-    from pipelines.calibration.flatfield import compare_flats, derive_flat_master
-    from pipelines.calibration.flow import bad_pixel_map, calibrate_frame, load_calibration_master
+    from pipelines.calibration.flow import calibrate_frame
     from pipelines.calibration.options import CalibrationOptions
-    from pipelines.calibration.steps import DQ
-    from pipelines.calibration.validation import _read_truth, _rho
-    from pipelines.fitsio import read_image, write_fits_atomic
-    from pipelines.simulation import INSTRUMENT, lyman_alpha_corona, sci_wl_corona, simulate
-    from pipelines.simulation.dithers import simulate_dithered_flat_set
+    from pipelines.simulation import INSTRUMENT, simulate
 
     if not 64 <= int(size) <= 4608:
         raise ValueError(f"size must lie in 64-4608 pixels, got {size}")
@@ -555,202 +747,39 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
         sim = simulate(tmp_path / "sim", channels=channels, naxis=int(size), noise=noise, seed=seed,
                        sdi_sequence=False, pointing_error_px=pointing_error_px, sci_roll_deg=list(ROLLS_DEG))
         for ci, chan in enumerate(channels):
-            model = INSTRUMENT[chan]
             frames = [f for f in sim.frames if f.channel == chan]
             sci = chan.startswith("SCI")
-            n = frames[0].naxis
-            det_px = 2048 if sci else 4608
-            rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci]))
-            ref = next(i for i in sim.calibration_files if i.channel == chan)
-            # ---- instrument side: calibration exposures from the hidden detector
-            det = _hidden(sim.out_dir / "calibration", chan)
-            hidden_flat = det["flat"].astype(np.float64)
-            kw = {"model": model, "noise": noise}
-            law = lambda temp: 2.0 ** ((temp - SCIENCE_TEMP_C) / HIDDEN_DOUBLING_C)  # noqa: E731
-
-            def darks():
-                for temp in DARK_TEMPS_C:
-                    for fr in _frames(rng, det, t=DARK_EXPTIME_S, level_dn=0.0, n=N_DARK_PER_TEMP,
-                                      rate_factor=law(temp), **kw):
-                        yield temp, fr
-
-            # ---- chain side: the dark model
-            est = estimate_dark_model(_frames(rng, det, t=0.0, level_dn=0.0, n=N_BIAS, **kw), darks(), DARK_EXPTIME_S)
-            # ---- flats
+            cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out)
+            sest = None
             if sci:
-                from pipelines.calibration import blind_units as bu
-
-                t_flat = DARK_TEMPS_C[1]
-                stack = lambda **k: np.stack(list(_frames(rng, det, n=bu.N_CAL_FRAMES, **kw, **k)))  # noqa: E731
-                fe = estimate_detector_masters(stack(t=0.0, level_dn=0.0),
-                                               stack(t=DARK_EXPTIME_S, level_dn=0.0, rate_factor=law(t_flat)),
-                                               DARK_EXPTIME_S,
-                                               stack(t=bu.FLAT_EXPTIME_S, level_dn=bu.FLAT_LEVEL_DN,
-                                                     rate_factor=law(t_flat)), bu.FLAT_EXPTIME_S)
-                flat, flaterr = fe["flat"], fe["flaterr"]
-                valid = np.ones(flat.shape, bool)
-                desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
-                del fe
-            else:
-                dset = simulate_dithered_flat_set(n, noise=noise, seed=int(seed) * 10 + ci, channel=chan,
-                                                  flat=hidden_flat,
-                                                  read_noise_e=model.read_noise_dn * model.gain_e_per_dn)
-                images_dn = [im / model.gain_e_per_dn for im in dset.images]  # what the detector gives [DN]
-                commanded = dset.commanded
-                del dset
-                der = derive_flat_master(images_dn, commanded, chan, 2, ref.valid_from, method="subpixel")
-                valid = der.result.valid_mask
-                flat = np.asarray(der.flat, dtype=np.float64)
-                flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"])
-                desc = f"{chan} sub-pixel KLL flat from {len(images_dn)} dithered images"
-                del images_dn, der
-            sc = compare_flats(flat, hidden_flat, valid)
-            out[f"flat_rms_{chan}"] = sc["rms"]
-            out[f"flat_rms_none_{chan}"] = sc["injected_rms"]
-            ratio = flat[valid] / hidden_flat[valid]
-            out[f"flat_level_{chan}"] = float(ratio.mean())
-            ratio /= ratio.mean()
-            fp = (ratio - 1.0) / (flaterr[valid] / flat[valid])
-            out[f"flat_pull_{chan}"] = float(1.4826 * np.median(np.abs(fp - np.median(fp))))
-            paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, tmp_path / "chain",
-                                   ref, desc)
-            cals = {k: load_calibration_master(p) for k, p in paths.items()}
-            for info in sim.calibration_files:  # what the chain is given besides its own masters
-                if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
-                    cals[info.kind] = load_calibration_master(info.path)
-            out[f"tdbl_{chan}"] = float(est["tdbl"])
-            out[f"gain_{chan}"] = float(est["gain"])
-            out[f"read_noise_{chan}"] = float(est["read_noise"])
-
-            def header_of(f, saa=None):
-                raw = read_image(f.raw_path)
-                h = raw.header.copy()
-                for key in ("GAIN", "RDNOISE"):  # the chain uses its own photon-transfer values
-                    h.remove(key, ignore_missing=True)
-                h["DET_TEMP"] = (SCIENCE_TEMP_C, "[deg C] detector temperature")
-                t = dt.datetime.fromisoformat(str(h["DATE-OBS"])[:19])
-                flag = in_saa(t) if saa is None else saa
-                h["SAAFLAG"] = (bool(flag), "in a South Atlantic Anomaly pass (time flag)")
-                return raw.data, h, flag
-
-            # ---- dark residual at the science frame's temperature (the flow's own dark step)
-            data0, h0, flag0 = header_of(frames[0])
-            true_dc = det["dark_rate"].astype(np.float64) * float(h0["EXPTIME"])
-            for tag, scaled in (("", True), ("_unscaled", False)):
-                dc = _chain_dark(est, h0, scaled=scaled) - est["bias"].astype(np.float64)
-                err = dc - true_dc
-                out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
-                if not tag:
-                    out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
-            # ---- SCI: stray light from the roll sequence, calibrated with the chain's dark and flat
-            if sci:
-                opts_l1 = CalibrationOptions(subtract_stray_light=False, rotate_north_up=False)
-                l1s, hdrs, valids = [], [], []
-                for f in frames:
-                    d, h, _ = header_of(f)
-                    l1 = calibrate_frame(d, h, cals, opts_l1)
-                    l1s.append(np.asarray(l1.data, dtype=np.float64))
-                    hdrs.append(l1.header)
-                    valids.append(l1.dq == 0)
-                prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
-                sest = estimate_stray_light(l1s, hdrs, lambda r: STRAY_PRIOR_FACTOR * prior0(r), valid=valids)
-                mpath = tmp_path / "chain" / f"lst_{chan.lower()}_stray_light_chain.fits"
-                write_fits_atomic(blind_stray_master(sest, l1s[0].shape, hdrs[0], chan, 9, ref.valid_from,
-                                                     ref.valid_to), mpath)
-                cals["stray_light"] = load_calibration_master(mpath)
-                del l1s, valids
+                ref = next(i for i in sim.calibration_files if i.channel == chan)
+                cals["stray_light"], sest = _stray_master(frames, chan, cals, ref, tmp_path / "chain")
             for kind, cal in cals.items():
                 cal.id = 9000 + ci * 10 + len(kind)
-            # ---- the science frame: cosmic rays at its time's rate (and an SAA pass), then calibrate
-            opts = CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays)
-            bad = bad_pixel_map(cals["dark"])
+            # ---- the science frame: cosmic rays at its time's rate (and in an SAA pass), then calibrate
             with fits.open(frames[0].truth_path) as th:
                 truth = np.asarray(th[0].data, dtype=np.float64)
-            sigma_det = None
+            ref_l1: dict = {}
+            o1 = CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays, rotate_north_up=False, fit_centre=False,
+                                    subtract_stray_light=False)
             for ctag, saa in (("q", None), ("saa", True)):
-                d, h, flag = header_of(frames[0], saa)
+                d, h, flag = _raw(frames[0], saa)
                 rate = CR_RATE_QUIET_CM2_S * (SAA_RATE_FACTOR if flag else 1.0)
                 crng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 2, ci, int(bool(saa))]))
                 d_cr, dep, n_ev = inject_cosmic_rays(d, rate_cm2_s=rate, exptime_s=float(h["EXPTIME"]),
-                                                     detector_px=det_px, gain=model.gain_e_per_dn, rng=crng)
+                                                     detector_px=2048 if sci else 4608,
+                                                     gain=INSTRUMENT[chan].gain_e_per_dn, rng=crng)
                 out[f"cr_events_{ctag}_{chan}"] = float(n_ev)
                 if ctag == "q":
-                    out[f"saa_flag_{chan}"] = float(bool(flag))
-                    l2 = calibrate_frame(d_cr, h, cals, opts)
-                    width, med, err = _score(l2, truth)
-                    out[f"pull_width_raw_{chan}"] = width
-                    out[f"pull_median_raw_{chan}"] = med
-                    out[f"median_l2_error_pct_raw_{chan}"] = err
-                    # the truth as the chain registered it: moved by the chain's centre error (scoring only;
-                    # the error itself is centre_err_px). The roll (< 2 deg) is neglected in the shift's direction.
-                    ex, ey = _centre_vec(l2.header, frames[0].crpix)
-                    truth_reg = ndimage.shift(truth, (-ey, -ex), order=3, mode="nearest")
-                    level = _level(l2, truth_reg)
-                    out[f"level_{chan}"] = level
-                    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq,
-                                                             uncertainty=l2.uncertainty / level), truth_reg)
-                    del truth_reg
-                    out[f"pull_width_{chan}"] = width
-                    out[f"pull_median_{chan}"] = med
-                    out[f"median_l2_error_pct_{chan}"] = err
-                    out[f"centre_err_px_{chan}"], out[f"fit_used_{chan}"] = _centre_err(l2.header, frames[0].crpix)
-                    hx, hy = frames[0].header_crpix or frames[0].crpix
-                    out[f"header_err_px_{chan}"] = math.hypot(hx - frames[0].crpix[0], hy - frames[0].crpix[1])
-                    hc = calibrate_frame(d_cr, h, cals, CalibrationOptions(remove_cosmic_rays=False, fit_centre=False,
-                                                                           rotate_north_up=False)).header
-                    out[f"centre_err_px_header_{chan}"] = _centre_err(hc, frames[0].crpix)[0]
-                    if sci:
-                        tr, stray_inj, thd = _read_truth(frames[0].truth_path)
-                        rho = _rho(tr.shape[0], thd)
-                        kcor = _k_corona_truth(chan, tr, rho)
-                        s_est = sest.stray(np.clip(rho, 1.0, 3.0))
-                        good = (l2.dq == 0) & np.isfinite(l2.data)
-                        for r0 in RADII:
-                            sel = _annulus(rho, r0)
-                            k = float(np.mean(kcor[sel]))
-                            out[f"stray_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / k
-                            sg = sel & good
-                            out[f"l2_corona_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(l2.data[sg] - tr[sg]))) / k
-                        del tr, stray_inj, rho, kcor, s_est
+                    out[f"saa_flag_{chan}"] = float(flag)
+                    l2 = calibrate_frame(d_cr, h, cals, CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays))
+                    _score_l2(l2, frames[0], chan, truth, sest, out)
                     del l2
-                # cosmic-ray score on the detector grid (L1, before north-up): with and without the hits
-                o1 = CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays, rotate_north_up=False, fit_centre=False,
-                                        subtract_stray_light=False)
-                l1_cr = calibrate_frame(d_cr, h, cals, o1)
-                if sigma_det is None:
-                    l1_ref = calibrate_frame(d, h, cals, o1)
-                    ref_data = np.asarray(l1_ref.data, dtype=np.float64)
-                    ref_flag = (l1_ref.dq & int(DQ.COSMIC_RAY)) != 0
-                    # the pixel's noise [DN]: from the chain's own noise model, on the frame without hits
-                    sig_dn = np.sqrt(np.maximum(ref_data * float(h["EXPTIME"]) * flat / float(
-                        cals["radiometric"].param("RADCOEF")), 0) / model.gain_e_per_dn + model.read_noise_dn ** 2)
-                    sigma_det = sig_dn
-                    del l1_ref
-                to_l1 = float(cals["radiometric"].param("RADCOEF")) / float(h["EXPTIME"]) / np.where(flat > 0, flat, 1.0)
-                flagged = ((l1_cr.dq & int(DQ.COSMIC_RAY)) != 0) & ~ref_flag
-                hit = dep > 0.5
-                usable = ~bad  # hot pixels are flagged BAD_PIXEL, not cosmic rays
-                det_hit = hit & (dep > CR_DETECTABLE_SIGMA * sigma_det) & usable
-                out[f"cr_found_frac_{ctag}_{chan}"] = (float(flagged[det_hit].mean()) if det_hit.any()
-                                                       else float("nan"))
-                out[f"cr_found_all_{ctag}_{chan}"] = float(flagged[hit & usable].mean()) if hit.any() else float("nan")
-                out[f"cr_false_per_mpx_{ctag}_{chan}"] = float((flagged & ~hit).sum()) / (n * n) * 1e6
-                fin = np.isfinite(l1_cr.data) & np.isfinite(ref_data)
-                injected = float(np.sum((dep * to_l1)[fin]))
-                left = float(np.sum((np.asarray(l1_cr.data, dtype=np.float64) - ref_data)[fin]))
-                out[f"cr_residual_all_{ctag}_{chan}"] = left / injected if injected > 0 else float("nan")
-                sel = fin & det_hit
-                inj_d = float(np.sum((dep * to_l1)[sel]))
-                left_d = float(np.sum((np.asarray(l1_cr.data, dtype=np.float64) - ref_data)[sel]))
-                out[f"cr_residual_frac_{ctag}_{chan}"] = left_d / inj_d if inj_d > 0 else float("nan")
-                if ctag == "saa":  # control: the same frame without the rejection
-                    l1_off = calibrate_frame(d_cr, h, cals, o1.model_copy(update={"remove_cosmic_rays": False}))
-                    left_o = float(np.sum((np.asarray(l1_off.data, dtype=np.float64) - ref_data)[sel]))
-                    out[f"cr_residual_frac_off_{chan}"] = left_o / inj_d if inj_d > 0 else float("nan")
-                    del l1_off
-                out[f"cr_detectable_pix_{ctag}_{chan}"] = float(det_hit.sum())
-                del l1_cr, d_cr, dep
-            del truth, det, hidden_flat, flat, flaterr, cals, est
+                    hc = calibrate_frame(d_cr, h, cals, CalibrationOptions(fit_centre=False, rotate_north_up=False)).header
+                    out[f"centre_err_px_header_{chan}"] = _centre_err(hc, frames[0].crpix)[0]
+                _score_cosmics(ctag, d, d_cr, dep, h, cals, flat, ref_l1, o1, chan, out)
+                del d_cr, dep
+            del truth, det, flat, cals, est, ref_l1
     out["seconds"] = time.perf_counter() - t_start
     return out
 
