@@ -98,7 +98,7 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
                                commanded=None, pointing_error_px: float = 0.5, level_jitter: float = 0.005,
                                peak_electrons: float = 4.0e4, read_noise_e: float = 4.0,
                                texture_rms: float = 0.03, texture_scale_arcsec: float = 20.0,
-                               supersample: int | None = None) -> DitheredFlatSet:
+                               supersample: int | None = None, flat: np.ndarray | None = None) -> DitheredFlatSet:
     """Simulate N dithered full-disk images of the Sun through a hidden flat.
 
     Parameters
@@ -129,6 +129,12 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
         RMS (in ln I) and correlation length (Gaussian sigma) [arcsec] of the disk texture.
     supersample : int, optional
         Sub-pixel samples per axis for the pixel integration (default 4 up to 512 px, 2 above).
+    flat : numpy.ndarray, shape (size, size), optional
+        The hidden flat to image through (e.g. the one :func:`pipelines.simulation.simulate`
+        made for the channel's science frames, so that a blind chain calibrates those with
+        the flat it derives here); default: a new one from ``seed``
+        (:func:`pipelines.simulation.forward._flat_field`). The other random draws are the
+        same either way.
 
     Returns
     -------
@@ -137,7 +143,8 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
     Raises
     ------
     ValueError
-        Unknown channel, ``size`` < 64, a commanded pattern that is not (N, 2) integers.
+        Unknown channel, ``size`` < 64, a commanded pattern that is not (N, 2) integers, a
+        ``flat`` of another shape.
     """
     if channel not in _BAND:
         raise ValueError(f"dithered flats are simulated for SDI and WST, not {channel!r}")
@@ -157,7 +164,14 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
     s = supersample or (4 if n <= 512 else 2)
     scale = PLATE_SCALE_FULL * FULL_FRAME_PX / n            # arcsec / px
     rsun = RSUN_ARCSEC / scale                              # px
-    flat = _flat_field(n, FULL_FRAME_PX, INSTRUMENT[channel], rng).astype(np.float64)
+    own_flat = _flat_field(n, FULL_FRAME_PX, INSTRUMENT[channel], rng).astype(np.float64)
+    if flat is None:
+        flat = own_flat
+    else:
+        flat = np.asarray(flat, dtype=np.float64)
+        if flat.shape != (n, n):
+            raise ValueError(f"flat must have shape {(n, n)}, got {flat.shape}")
+    del own_flat
     true = commanded + rng.uniform(-pointing_error_px, pointing_error_px, commanded.shape)
     levels = 1.0 + level_jitter * rng.standard_normal(nimg)
     cy, cx = (n - 1) / 2 + rng.uniform(-1, 1), (n - 1) / 2 + rng.uniform(-1, 1)

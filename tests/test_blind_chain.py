@@ -1,0 +1,120 @@
+"""Gates of the blind end-to-end chain (issue 14 item 1): the chain derives every master itself.
+
+One run per channel at 256 px with noise on (:func:`pipelines.calibration.blind_chain.run`),
+shared by the tests; the truth is used only to score. Each gate is shown able to fail on a
+control the same run measures (the header's centre, the dark without its temperature law,
+no flat) or on a small synthetic case.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.calibration import blind_chain as bc
+
+SIZE = 256
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return bc.run(SIZE, True, 0)
+
+
+def test_every_gate_passes_per_channel(chain):
+    assert bc.gate_failures(chain) == []
+    for c in bc.CHANNELS:
+        assert abs(chain[f"pull_width_{c}"] - 1.0) <= 0.05, c
+        assert chain[f"header_err_px_{c}"] == pytest.approx(2.0, abs=1e-3), c
+        assert chain[f"centre_err_px_{c}"] <= (0.1 if c != "SDI" else 0.25), c  # SDI: the scene's limb offset
+        assert chain[f"fit_used_{c}"] == 1.0, c
+        assert chain[f"dark_err_frac_{c}"] <= 0.02, c
+        assert chain[f"tdbl_{c}"] == pytest.approx(bc.HIDDEN_DOUBLING_C, rel=0.05), c
+    for c in ("SDI", "WST"):
+        assert chain[f"flat_rms_{c}"] <= 0.005, c
+
+
+def test_the_gates_fail_on_the_controls(chain):
+    """The header's centre (fit off), the dark without its temperature law and no flat miss the gates."""
+    for c in bc.CHANNELS:
+        assert chain[f"centre_err_px_header_{c}"] > 1.9
+        assert chain[f"dark_err_frac_unscaled_{c}"] > 0.3  # 2**(3/6.3) - 1 of the dark at -15 C vs -21 C
+    for c in ("SDI", "WST"):
+        assert chain[f"flat_rms_none_{c}"] > 0.01
+        assert abs(chain[f"pull_width_raw_{c}"] - 1.0) > 0.05  # the 0.07-0.1 px registration error, unscored
+    for c in bc.CHANNELS:
+        if chain[f"cr_detectable_pix_saa_{c}"] > 0:
+            assert chain[f"cr_residual_frac_off_{c}"] > 0.8  # rejection off: the hits stay
+    bad = dict(chain)
+    bad["centre_err_px_WST"] = chain["centre_err_px_header_WST"]
+    bad["dark_err_frac_SDI"] = chain["dark_err_frac_unscaled_SDI"]
+    bad["flat_rms_SDI"] = chain["flat_rms_none_SDI"]
+    bad["pull_width_SCI-UV"] = 1.08
+    bad["cr_residual_frac_saa_SCI-WL"] = chain["cr_residual_frac_off_SCI-WL"]
+    assert set(bc.gate_failures(bad)) == {"centre WST", "dark SDI", "flat SDI", "pull width SCI-UV",
+                                          "cosmic-ray residual SCI-WL"}
+
+
+def test_cosmic_rays_at_the_leo_rate_and_in_the_saa(chain):
+    for c in bc.CHANNELS:
+        assert chain[f"cr_events_saa_{c}"] > 10 * max(chain[f"cr_events_q_{c}"], 1) or chain[f"cr_events_q_{c}"] == 0
+    # SDI: 1 s on 4.6 cm x 4.6 cm at 1.2 cm-2 s-1: ~25 events outside the SAA
+    assert 10 <= chain["cr_events_q_SDI"] <= 50
+    for c in bc.CHANNELS:
+        if chain[f"cr_detectable_pix_saa_{c}"] > 0:
+            assert chain[f"cr_found_frac_saa_{c}"] >= bc.GATES["cr_found_frac"], c
+            assert abs(chain[f"cr_residual_frac_saa_{c}"]) <= bc.GATES["cr_residual_frac"], c
+
+
+def test_stray_light_is_scored_for_sci_only(chain):
+    for c in ("SCI-UV", "SCI-WL"):
+        for r in bc.RADII:
+            assert np.isfinite(chain[f"stray_pct_{c}_r{r:g}"])
+    assert not any(k.startswith("stray_pct_SDI") or k.startswith("stray_pct_WST") for k in chain)
+
+
+def test_dark_model_recovers_the_temperature_law_and_needs_two_temperatures():
+    rng = np.random.default_rng(1)
+    bias = 100 + rng.normal(0, 3, (32, 32))
+    rate0 = np.exp(rng.normal(0, 0.25, (32, 32)))  # DN/s at -20 C
+    frames = lambda t: [(t, bias + rate0 * 2 ** ((t + 20) / 7.0) * 20.0 + rng.normal(0, 2.5, bias.shape))  # noqa: E731
+                        for _ in range(4)]
+    est = bc.estimate_dark_model([bias + rng.normal(0, 2.5, bias.shape) for _ in range(8)],
+                                 frames(-30.0) + frames(-20.0) + frames(-10.0), 20.0)
+    assert est["tdbl"] == pytest.approx(7.0, rel=0.02)
+    assert est["tref"] == pytest.approx(-20.0)
+    pull = (est["dark_rate"] - rate0) / est["darkerr"]  # the stated error holds the scatter
+    assert 0.8 < 1.4826 * np.median(np.abs(pull - np.median(pull))) < 1.25
+    assert abs(np.median(pull)) < 0.2
+    with pytest.raises(ValueError, match="two or more temperatures"):
+        bc.estimate_dark_model([bias, bias], frames(-20.0), 20.0)
+
+
+def test_saa_flag_by_time():
+    day = dt.date(2024, 1, 1)
+    passes = bc.saa_passes(day)
+    assert len(passes) == bc.SAA_ORBITS_PER_DAY
+    a, b = passes[0]
+    assert bc.in_saa(a + (b - a) / 2) and not bc.in_saa(a - dt.timedelta(minutes=1))
+    assert bc.cosmic_ray_rate(a) == pytest.approx(bc.CR_RATE_QUIET_CM2_S * bc.SAA_RATE_FACTOR)
+    assert bc.cosmic_ray_rate(dt.datetime(2024, 1, 1, 0, 10)) == pytest.approx(bc.CR_RATE_QUIET_CM2_S)
+
+
+def test_summary_table_leaves_a_dash_for_parts_that_did_not_run():
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parent.parent / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    title = next(t for t, m in vc.BLIND_PARTS.items() if m.endswith("blind_units"))
+    res = {"parts": {title: {"noise_on": {"pull_width_SDI": 1.01, "median_l2_error_pct_SDI": 0.3}}}}
+    lines = vc._blind_summary(res)
+    row = next(line for line in lines if line.startswith("| SDI | on |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "1.010 †" in cells and "0.30 % †" in cells
+    assert cells.count("n/a") == 4 and "—" in cells
+    off = next(line for line in lines if line.startswith("| SCI-WL | off |"))
+    assert "n/a" not in off
