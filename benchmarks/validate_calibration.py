@@ -358,7 +358,8 @@ def _blind_summary(res: dict) -> list[str]:
     return lines
 
 
-def _blind(size: int, seed: int, out: Path, parts: list[str] | None = None) -> Path:
+def _blind(size: int, seed: int, out: Path, parts: list[str] | None = None,
+           noises: tuple[bool, ...] = (False, True)) -> Path:
     """Run every blind part (noise off and on) at ``size`` px and write
     ``out/calibration_blind.md`` (and ``.json``): each part's metrics as it names them."""
     import importlib
@@ -370,7 +371,7 @@ def _blind(size: int, seed: int, out: Path, parts: list[str] | None = None) -> P
         if parts and not any(p in mod_name for p in parts):
             continue
         mod = importlib.import_module(mod_name)
-        for noise in (False, True):
+        for noise in noises:
             t = time.perf_counter()
             metrics = mod.run(size, noise, seed)
             took = time.perf_counter() - t
@@ -410,10 +411,13 @@ def main(argv=None) -> int:
     ap.add_argument("--blind", action="store_true", help="the blind checks (issue 14) at --size (default 512) px "
                                                           "into calibration_blind.md")
     ap.add_argument("--parts", nargs="*", default=None, help="with --blind: only these parts (flat centre stray units chain)")
+    ap.add_argument("--noise", choices=("both", "off", "on"), default="both",
+                    help="with --blind: noise off, on or both (default; full-size runs may take one at a time)")
     args = ap.parse_args(argv)
     if args.blind:
         args.out.mkdir(parents=True, exist_ok=True)
-        _blind(args.size or 512, args.seed, args.out, args.parts)
+        _blind(args.size or 512, args.seed, args.out, args.parts,
+               {"both": (False, True), "off": (False,), "on": (True,)}[args.noise])
         return 0
     sizes = _sizes(args.size, args.sci_size)
     args.out.mkdir(parents=True, exist_ok=True)
