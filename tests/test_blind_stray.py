@@ -24,7 +24,7 @@ BOUND = 0.10
 
 @pytest.fixture(scope="module")
 def metrics():
-    return run(256, True, 0, shape_tilts=(), l2_check=False)
+    return run(256, True, 0, shape_tilts=())
 
 
 @pytest.mark.parametrize("tag", ["wl", "uv"])
@@ -111,3 +111,62 @@ def test_module_cites_its_methods():
     doc = blind_stray.__doc__
     for ref in ("Morgan & Habbal", "Lamy et al.", "Morrill et al. 2006", "Baumbach 1937", "polaris"):
         assert ref in doc
+
+
+# --- the measured master in the chain (issue 14 item 3, part 2) ---------------------------------
+
+def test_chain_calibrates_with_the_measured_profile_master(metrics):
+    """L2 frames calibrated with the blind master (option stray_light_source='profile') carry the
+    estimate's stray residual (plus the frames' noise) and say so in HISTORY."""
+    for tag in ("wl", "uv"):
+        for name in ("x0.5", "x1.5"):
+            assert metrics[f"l2_history_profile_{tag}_{name}"] == 1.0
+            for r0 in RADII:
+                l2 = metrics[f"l2stray_{tag}_{name}_r{r0:g}"]  # L2(measured master) - L2(simulator's master)
+                gate = GATE if (tag, r0) in GATED else BOUND
+                assert l2 <= gate, (tag, name, r0, l2)
+                assert abs(l2 - metrics[f"stray_{tag}_{name}_r{r0:g}"]) < 0.01, (tag, name, r0)
+
+
+def test_summary_keys_per_channel_and_radius(metrics):
+    for tag in ("wl", "uv"):
+        vals = [metrics[f"stray_pct_k_corona_{tag}_r{r0:g}"] for r0 in blind_stray.FINE_RADII]
+        assert metrics[f"stray_pct_k_corona_{tag}_max"] == pytest.approx(max(vals))
+        assert metrics[f"stray_pct_k_corona_{tag}_r2"] == pytest.approx(
+            100 * max(metrics[f"stray_{tag}_x0.5_r2"], metrics[f"stray_{tag}_x1.5_r2"]), rel=1e-6)
+
+
+def _stray_master(data, params):
+    from pipelines.calibration.flow import CalibrationInput
+
+    return CalibrationInput(kind="stray_light", id=1, version=1, sha256="0" * 64, name="lst_sci-uv_stray_test.fits",
+                            channel="SCI-UV", data=data, parameters=params)
+
+
+def test_stray_light_source_option_selects_and_refuses():
+    from pipelines.calibration.flow import _stray_representation
+    from pipelines.calibration.options import as_options
+    from pipelines.calibration.steps import StrayLightModel, StrayLightProfile
+    from pipelines.errors import DataError
+
+    law = {"STRAYB0": 4.3e-3, "STRAYR0": 1.1, "STRAYIDX": 2.86}
+    prof = {"_profile_r": np.array([1.0, 2.0, 3.0]), "_profile": np.array([3e-3, 1e-3, 5e-4]),
+            "straymap": np.ones((8, 8), np.float32)}
+    m = _stray_master(prof, {"STRAYTYP": "PROFILE", **law})
+    model, why = _stray_representation(m, "auto", np)
+    assert isinstance(model, StrayLightProfile) and "STRAYTYP=PROFILE chose the profile" in why
+    model, why = _stray_representation(m, "map", np)
+    assert model.shape == (8, 8) and why.startswith("measured map")
+    model, why = _stray_representation(m, "law", np)
+    assert isinstance(model, StrayLightModel) and model.index == 2.86
+    bare = _stray_master({}, law)
+    assert isinstance(_stray_representation(bare, "auto", np)[0], StrayLightModel)
+    with pytest.raises(DataError, match="no PROFILE table"):
+        _stray_representation(bare, "profile", np)
+    with pytest.raises(DataError, match="no stray-light map"):
+        _stray_representation(bare, "map", np)
+    with pytest.raises(DataError, match="power-law keywords"):
+        _stray_representation(_stray_master(prof, {"STRAYTYP": "PROFILE"}), "law", np)
+    with pytest.raises(DataError, match="stray_light_source"):
+        as_options({"stray_light_source": "guess"})
+    assert as_options({"stray_light_source": "profile"}).identity() == {"stray_light_source": "profile"}

@@ -112,6 +112,9 @@ ROLLS_DEG = tuple(float(a) for a in range(0, 360, 45))
 #: Radii [Rsun] at which the residual is reported (issue 14).
 RADII = (1.1, 1.5, 2.0, 2.5)
 
+#: Radii [Rsun] of the per-channel summary ``stray_pct_k_corona_<chan>_r<R>`` (every 0.1 Rsun, 1.1-2.5).
+FINE_RADII = tuple(round(1.1 + 0.1 * i, 1) for i in range(15))
+
 #: Half-width [Rsun] of the annulus about each of :data:`RADII` (clipped to 1.1-2.5 Rsun).
 HALF_WIDTH = 0.025
 
@@ -569,7 +572,13 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
           annulus of +-0.025 Rsun about R (clipped to 1.1-2.5) on the L2 grid: the stray-light
           error as a fraction of the K corona (WL: truth minus the F corona; UV: the corona);
         * ``l2_{c}_{p}_r{R}``: ``|mean over frames of mean(L2 - truth)| / mean(K corona)``,
-          the same through the calibration flow (includes the frames' noise);
+          the same through the calibration flow with the estimated master and
+          ``CalibrationOptions(stray_light_source='profile')`` (includes the frames' noise);
+          ``l2_history_profile_{c}_{p}``: 1 if every L2 HISTORY names the measured profile;
+        * ``l2stray_{c}_{p}_r{R}``: the stray residual in the L2 product, ``|mean over frames
+          of mean(L2 - L2_ref)| / mean(K corona)``, ``L2_ref`` the same frame calibrated with
+          the simulator's own stray-light master (scoring only): the chain's other errors
+          (resampling, field-stop edge) cancel;
         * ``baseline_{c}_{p}_r{R}``: the same as ``stray_`` for the time-minimum map of
           :func:`pipelines.calibration.stray_light.measure_stray_light_map` (its defaults: time minimum,
           azimuthal median) given the same prior;
@@ -579,6 +588,9 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
           map over the RMS K corona, 1.15-2.45 Rsun, with the roll sequence and with one roll
           (the coronal structure a per-pixel map would take for stray light);
         * ``max_stray_gated``: the largest ``stray_`` over the scale-error priors;
+        * ``stray_pct_k_corona_{c}_r{R}`` for R in :data:`FINE_RADII` (1.1, 1.2, ... 2.5):
+          the worse of the scale-error priors, in percent of the K corona;
+          ``stray_pct_k_corona_{c}_max``: their maximum over R;
         * ``seconds``, ``size``, ``n_frames``.
 
     Raises
@@ -607,6 +619,8 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
         sim = sims["roll"]
         cals = load_masters(sim.calibration_files)
         opts_l1 = CalibrationOptions(subtract_stray_light=False, rotate_north_up=False)
+        opts_profile = CalibrationOptions(stray_light_source="profile")  # the measured master's PROFILE table
+        opts_profile_ref = CalibrationOptions(stray_light_source="law")  # the simulator's law (scoring only)
         for ch, tag in (("SCI-WL", "wl"), ("SCI-UV", "uv")):
             prior0 = simmod.sci_wl_corona if ch == "SCI-WL" else simmod.lyman_alpha_corona
             frames = [f for f in sim.frames if f.channel == ch]
@@ -627,6 +641,7 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                        for t in shape_tilts]
             first = next(c for c in sim.calibration_files if c.channel == ch and c.kind == "stray_light")
             sep = roll_separation(l1s, hdrs, valid=valids)
+            ref_l2: dict = {}
             for name, fac, prior in priors:
                 est = estimate_stray_light(l1s, hdrs, prior, valid=valids, separation=sep)
                 s_est = est.stray(np.clip(rho, 1.0, 3.0))
@@ -642,6 +657,13 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                     k = float(np.mean(kcor[sel]))
                     out[f"stray_{tag}_{name}_r{r0:g}"] = abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / k
                     out[f"baseline_{tag}_{name}_r{r0:g}"] = abs(float(np.mean(s_base[sel] - stray_inj[sel]))) / k
+                if name.startswith("x"):  # the gated scale-error priors: every 0.1 Rsun, in percent
+                    for r0 in FINE_RADII:
+                        sel = _annulus(rho, r0)
+                        pct = 100.0 * abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / float(np.mean(kcor[sel]))
+                        key = f"stray_pct_k_corona_{tag}_r{r0:g}"
+                        out[key] = max(out.get(key, 0.0), pct)
+                        out[f"stray_pct_k_corona_{tag}_max"] = max(out.get(f"stray_pct_k_corona_{tag}_max", 0.0), pct)
                 if l2_check:
                     path = base / f"lst_{tag}_stray_light_blind_{name}.fits"
                     write_fits_atomic(blind_stray_master(est, l1s[0].shape, hdrs[0], ch, 9, first.valid_from,
@@ -651,17 +673,31 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                     c = dict(cals[ch])
                     c["stray_light"] = master
                     acc = {r0: [] for r0 in RADII}
+                    dacc = {r0: [] for r0 in RADII}
+                    hist_ok = True
                     for f in frames:
                         raw = read_image(f.raw_path)
-                        l2 = calibrate_frame(raw.data, raw.header, c)
+                        l2 = calibrate_frame(raw.data, raw.header, c, opts_profile)
+                        hist_ok &= any("stray_light_source=profile: measured radial profile" in str(x)
+                                       for x in l2.header.get("HISTORY", []))
                         good = (l2.dq == 0) & np.isfinite(l2.data)
                         d = np.asarray(l2.data, dtype=np.float64)
                         for r0 in RADII:
                             sel = _annulus(rho, r0) & good
                             acc[r0].append((float(np.mean(d[sel] - truth[sel])), float(np.mean(kcor[sel]))))
+                        if f.raw_path not in ref_l2:  # the same frame with the simulator's own stray master
+                            ref = calibrate_frame(raw.data, raw.header, cals[ch], opts_profile_ref)
+                            ref_l2[f.raw_path] = (np.asarray(ref.data, dtype=np.float64), ref.dq == 0)
+                        dref, gref = ref_l2[f.raw_path]
+                        for r0 in RADII:
+                            sel = _annulus(rho, r0) & good & gref & np.isfinite(dref)
+                            dacc[r0].append((float(np.mean(d[sel] - dref[sel])), float(np.mean(kcor[sel]))))
                     for r0 in RADII:
                         res = np.mean([a for a, _ in acc[r0]])
                         out[f"l2_{tag}_{name}_r{r0:g}"] = abs(float(res)) / float(np.mean([b for _, b in acc[r0]]))
+                        d_res = np.mean([a for a, _ in dacc[r0]])
+                        out[f"l2stray_{tag}_{name}_r{r0:g}"] = abs(float(d_res)) / float(np.mean([b for _, b in dacc[r0]]))
+                    out[f"l2_history_profile_{tag}_{name}"] = float(hist_ok)
             # what the rolls buy: coronal structure in a per-pixel instrument-frame map
             ring = (rho > 1.15) & (rho < 2.45)
             k_rms = float(np.sqrt(np.mean(kcor[ring] ** 2)))
