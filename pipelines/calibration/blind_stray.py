@@ -104,7 +104,7 @@ from pipelines.calibration.stray_light import StrayLightMeasurement, radial_prof
 from pipelines.sun import radius_map, sun_geometry
 
 __all__ = ["BlindStrayEstimate", "roll_separation", "fit_radial_laws", "blurred_radial_law", "estimate_stray_light",
-           "blind_stray_master", "ROLLS_DEG", "RADII", "run"]
+           "blind_stray_master", "sky_mean_profile", "ROLLS_DEG", "RADII", "run"]
 
 #: Roll angles [deg] of the simulated roll manoeuvre (eight steps of 45 deg).
 ROLLS_DEG = tuple(float(a) for a in range(0, 360, 45))
@@ -402,13 +402,92 @@ def _fit_once(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarray, r_ref:
     return (StrayLightModel(b_ref=a_ref, r_ref=r_ref, index=b, r_min=1.0, r_max=3.0), (s0, s1), chi2 / dof)
 
 
+def sky_mean_profile(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.Header],
+                     model: Callable[[np.ndarray], np.ndarray], *, valid: Sequence[np.ndarray] | None = None,
+                     r_range: tuple[float, float] = (1.1, 2.5), dr: float = 0.01
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Axisymmetric profile of a roll sequence from model-subtracted frames (the refinement of step 2).
+
+    Each frame minus ``model`` evaluated at its pixels' own radii (about that frame's disk
+    centre, where the occulter holds the stray light) is turned north up
+    (:func:`pipelines.calibration.resample.rotate_north_up`, bilinear), the frames are
+    averaged in the sky frame, where the corona stands still and the noise falls as
+    1/sqrt(N), and the ring median of that mean is added back to ``model`` at the annulus
+    centres. Subtracting the model first removes the stray light's steep gradient across an
+    annulus (at 2 Rsun the stray light is ~55 times the K corona and changes by ~1.4 % of
+    itself across 0.01 Rsun, so a median of the raw annulus is biased by tens of percent of
+    the corona); averaging before the median keeps the frames' noise from pulling the ring
+    median of the corona towards its mean. The per-pixel median over the instrument frame
+    (:func:`roll_separation`) does neither and mixes frames whose disk centres differ by the
+    pointing jitter.
+
+    Parameters
+    ----------
+    frames_in_msb, headers, valid
+        As :func:`roll_separation`.
+    model : callable
+        Current estimate of the axisymmetric profile ``P(r)`` [MSB] (stray light + corona).
+    r_range, dr
+        As :func:`roll_separation`.
+
+    Returns
+    -------
+    radii : numpy.ndarray, shape (m,) [Rsun]
+    profile : numpy.ndarray, shape (m,) [MSB]
+    sigma : numpy.ndarray, shape (m,) [MSB]
+        1.4826 MAD / sqrt(n) of the annulus of the sky-frame mean (coronal structure and noise).
+
+    Raises
+    ------
+    ValueError
+        No frame, or frames and headers of different counts.
+    """
+    from pipelines.calibration.resample import rotate_north_up
+
+    if not frames_in_msb or len(frames_in_msb) != len(headers):
+        raise ValueError("need one header per frame and at least one frame")
+    total = None
+    count = None
+    for i, (f, h) in enumerate(zip(frames_in_msb, headers)):
+        f = np.asarray(f, dtype=np.float64)
+        g = sun_geometry(h)
+        yy, xx = np.mgrid[0:f.shape[0], 0:f.shape[1]]
+        r = np.hypot(xx - g.x0, yy - g.y0) / g.rsun_px
+        ok = np.isfinite(f) if valid is None else (np.asarray(valid[i], bool) & np.isfinite(f))
+        d = np.where(ok, f - model(np.clip(r, 1.0, 3.0)), np.nan).astype(np.float32)
+        sky, _, _ = rotate_north_up(d, None, h, order=1)
+        sky = np.asarray(sky, dtype=np.float64)
+        good = np.isfinite(sky)
+        total = np.where(good, sky, 0.0) if total is None else total + np.where(good, sky, 0.0)
+        count = good.astype(np.int32) if count is None else count + good
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    n = mean.shape[0]
+    ref = headers[0]
+    rsun_px = sun_geometry(ref).rsun_px
+    c = (n - 1) / 2.0  # rotate_north_up centres the disk on the frame
+    yy, xx = np.mgrid[0:n, 0:mean.shape[1]]
+    rs = np.hypot(xx - c, yy - (mean.shape[0] - 1) / 2.0) / rsun_px
+    inside = (rs >= r_range[0]) & (rs <= r_range[1]) & np.isfinite(mean)
+    edges = np.arange(r_range[0], r_range[1] + dr / 2, dr)
+    radii, res = radial_profile(mean, rs, edges, statistic="median", valid=inside)
+    sig = np.full_like(res, np.nan)
+    idx = np.digitize(rs[inside], edges) - 1
+    vv = mean[inside]
+    for i in range(len(res)):
+        seg = vv[idx == i]
+        if seg.size > 3:
+            sig[i] = 1.4826 * np.median(np.abs(seg - np.median(seg))) / math.sqrt(seg.size) * math.sqrt(math.pi / 2)
+    return radii, model(radii) + res, sig
+
+
 def estimate_stray_light(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.Header],
                          corona_prior: Callable[[np.ndarray], np.ndarray], *,
                          valid: Sequence[np.ndarray] | None = None, tilt: bool = False,
                          r_range: tuple[float, float] = (1.1, 2.5), dr: float = 0.01,
                          separation: tuple | None = None, psf_sigma_px: float | None = None,
-                         psf_range_px: tuple[float, float] = (0.0, 3.0), shape_error: float = 0.0
-                         ) -> BlindStrayEstimate:
+                         psf_range_px: tuple[float, float] = (0.0, 3.0), shape_error: float = 0.0,
+                         refine: int = 1) -> BlindStrayEstimate:
     """Estimate SCI stray light from a roll sequence without trusting the coronal prior's brightness.
 
     Parameters
@@ -450,27 +529,41 @@ def estimate_stray_light(frames_in_msb: Sequence[np.ndarray], headers: Sequence[
     radii, prof, sig, asym, sky = separation
     rsun_px = sun_geometry(headers[0]).rsun_px
 
-    def fit(spx: float):
-        return fit_radial_laws(radii, prof, sig, blurred_radial_law(corona_prior, spx / rsun_px), tilt=tilt,
-                               shape_error=shape_error)
+    def solve(radii, prof, sig):
+        def fit(spx: float):
+            return fit_radial_laws(radii, prof, sig, blurred_radial_law(corona_prior, spx / rsun_px), tilt=tilt,
+                                   shape_error=shape_error)
 
-    if psf_sigma_px is None:
-        grid = np.linspace(psf_range_px[0], psf_range_px[1], 13)
-        chis = [fit(g)[2] for g in grid]
-        i = int(np.argmin(chis))
-        lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-        best = optimize.minimize_scalar(lambda g: fit(g)[2], bounds=(lo, hi), method="bounded",
-                                        options={"xatol": 1e-3})
-        psf = float(best.x) if best.fun <= chis[i] else float(grid[i])
-    else:
-        psf = float(psf_sigma_px)
-    model, scale, chi2 = fit(psf)
+        if psf_sigma_px is None:
+            grid = np.linspace(psf_range_px[0], psf_range_px[1], 13)
+            chis = [fit(g)[2] for g in grid]
+            i = int(np.argmin(chis))
+            lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+            best = optimize.minimize_scalar(lambda g: fit(g)[2], bounds=(lo, hi), method="bounded",
+                                            options={"xatol": 1e-3})
+            psf = float(best.x) if best.fun <= chis[i] else float(grid[i])
+        else:
+            psf = float(psf_sigma_px)
+        return (*fit(psf), psf)
+
+    model, scale, chi2, psf = solve(radii, prof, sig)
+    for _ in range(int(refine)):
+        blurred = blurred_radial_law(corona_prior, psf / rsun_px)
+
+        def current(r, model=model, scale=scale, blurred=blurred):
+            r = np.asarray(r, dtype=np.float64)
+            return model.brightness(r) + (scale[0] + scale[1] * np.log(r)) * blurred(r)
+
+        radii, prof, sig = sky_mean_profile(frames_in_msb, headers, current, valid=valid, r_range=r_range, dr=dr)
+        model, scale, chi2, psf = solve(radii, prof, sig)
     rolls = [sun_geometry(h).roll_deg for h in headers]
     span = float((np.max(np.unwrap(np.radians(rolls))) - np.min(np.unwrap(np.radians(rolls)))) * 180 / np.pi)
     notes = [f"roll sequence of {len(rolls)} frames spanning {span:.0f} deg; stray light A r^-b with b = "
              f"{model.index:.4f}; corona (s0 + s1 ln r) x prior blurred by a PSF of {psf:.3f} px "
              f"({'measured' if psf_sigma_px is None else 'given'}), s0 = {scale[0]:.4f}, s1 = {scale[1]:.4f}",
              "the axisymmetric split rests on the radial laws (power-law stray light, the prior's coronal shape)"]
+    if refine:
+        notes.append(f"profile refined {int(refine)}x from the sky-frame mean of the model-subtracted frames")
     if span < 90:
         notes.append("roll span under 90 deg: coronal structure is poorly averaged in the instrument frame")
     return BlindStrayEstimate(model=model, corona_scale=scale, radii=radii, profile=prof, sigma=sig, asym_map=asym,
