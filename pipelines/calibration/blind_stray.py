@@ -54,18 +54,39 @@ brightness:
    the simulator has no polarisation. Not implemented here; with pB frames it would replace
    step 2's coronal shape for WL. SCI-UV (Ly-alpha) has no polariser.
 
+**Refinement of step 2** (:func:`sky_mean_profile`, one pass by default): the profile is then
+rebuilt from the frames minus the first fit, each evaluated about its own disk centre,
+turned north up and averaged in the sky frame (the corona stands still there), and the
+fit is repeated. At 2 Rsun the stray light is ~55 (WL) to ~60 (UV) times the K corona,
+so 5 % of the corona is 0.08 % of the stray light; the instrument-frame profile of step
+1 missed that by three effects of that size: the stray light's gradient across an
+annulus (1.4 % of itself per 0.01 Rsun at 2 Rsun) biases a median of the raw annulus,
+the per-pixel median mixes frames whose centres differ by the pointing jitter, and noise
+pulls a ring median of single noisy pixels towards the corona's mean. Subtracting the
+model first (the residual is the corona) and averaging the frames before the ring
+median remove all three.
+
 Measured (:func:`run`, 8 rolls of 45 deg, noise on, prior x0.5 and x1.5; the two priors
-give the same map to 1e-6): at 256 px the stray-light error is 0.6-1.2 % of the K corona
-at 1.1 Rsun, 2-4.5 % at 1.5, 2.4-6 % at 2.0 and 2-3 % at 2.5 Rsun (seeds 0-2); at 128 px up
-to 10 % (the PSF is then 1/25 Rsun and the inner corona's blur dominates). The
-time-minimum map of :func:`~pipelines.calibration.stray_light.measure_stray_light_map`
-(its defaults) with the same priors is off by 12-400 % of the K corona. At 1024 px (seed 0,
-16 min on 2 shared cores): 1.2 / 4.1 / 6.1 / 1.0 % (WL) and 1.1 / 3.4 / 4.4 / 1.5 % (UV) at
-1.1 / 1.5 / 2.0 / 2.5 Rsun; the PSF is then 1/200 Rsun and no longer measurable from the
-profile (fitted 0 and 2.4 px, harmless), and what is left is the corona's shape. Without noise the
-error at 2.5 Rsun is 8-10 %: the weights then come from the corona's azimuthal structure
-alone and favour the outer annuli, where the simulated corona's mean profile departs most
-(~7 % at 2.3 Rsun) from Baumbach's shape.
+give the same map to 1e-6), worst of the priors, % of the K corona at 1.1 / 1.5 / 2.0 / 2.5
+Rsun (``stray_pct_k_corona_<chan>_r<R>``), and the maximum over 1.1-2.5 Rsun every 0.1 Rsun:
+
+============  =====================================  =====================================
+256 px        SCI-WL                                 SCI-UV
+============  =====================================  =====================================
+seed 0        0.4 / 1.5 / 2.8 / 2.8 (max 3.1)        0.8 / 2.8 / 4.0 / 0.3 (max 4.1)
+seed 1        0.5 / 1.9 / 3.2 / 2.1 (max 3.3)        0.7 / 2.3 / 3.1 / 0.7 (max 3.2)
+seed 2        0.7 / 2.3 / 3.7 / 1.8 (max 3.7)        0.5 / 1.7 / 2.1 / 1.3 (max 2.2)
+============  =====================================  =====================================
+
+Noise off (seed 0, 256 px): at most 2.0 % (WL) and 1.2 % (UV). Without the refinement
+(``refine=0``, the instrument-frame profile) the same runs gave up to 2.7-3.7 % (WL) and
+4.5-6.3 % (UV), noise off 8.8 % / 7.1 % at 2.5 Rsun, and at 1024 px 6.1 % (WL, 2.0 Rsun).
+At 1024 px: see the science changelog (issue 14 item 3). The time-minimum map of
+:func:`~pipelines.calibration.stray_light.measure_stray_light_map` (its defaults) with the
+same priors is off by 12-400 % of the K corona. Tried and not kept (256 px, seed 0): 16 rolls
+instead of 8, a free constant (pedestal) term, shape-error weighting, a penalised B-spline
+correction of the prior's shape, a free tilt ``s1``, fits restricted to the outer field;
+none lowered the worst case, because the profile itself, not the fit, carried the error.
 
 Limits, to state with every map made this way:
 
