@@ -81,7 +81,9 @@ seed 2        0.7 / 2.3 / 3.7 / 1.8 (max 3.7)        0.5 / 1.7 / 2.1 / 1.3 (max 
 Noise off (seed 0, 256 px): at most 2.0 % (WL) and 1.2 % (UV). Without the refinement
 (``refine=0``, the instrument-frame profile) the same runs gave up to 2.7-3.7 % (WL) and
 4.5-6.3 % (UV), noise off 8.8 % / 7.1 % at 2.5 Rsun, and at 1024 px 6.1 % (WL, 2.0 Rsun).
-At 1024 px: see the science changelog (issue 14 item 3). The time-minimum map of
+At 1024 px (seed 0, noise on, 9 min on 2 shared cores): 0.6 / 2.1 / 3.4 / 1.5 % (WL, max 3.4)
+and 0.6 / 2.1 / 3.0 / 0.1 % (UV, max 3.0); the fitted indices 2.8344 (WL, injected 2.8363) and
+2.8608 (UV, 2.8627). The time-minimum map of
 :func:`~pipelines.calibration.stray_light.measure_stray_light_map` (its defaults) with the
 same priors is off by 12-400 % of the K corona. Tried and not kept (256 px, seed 0): 16 rolls
 instead of 8, a free constant (pedestal) term, shape-error weighting, a penalised B-spline
