@@ -54,18 +54,41 @@ brightness:
    the simulator has no polarisation. Not implemented here; with pB frames it would replace
    step 2's coronal shape for WL. SCI-UV (Ly-alpha) has no polariser.
 
+**Refinement of step 2** (:func:`sky_mean_profile`, one pass by default): the profile is then
+rebuilt from the frames minus the first fit, each evaluated about its own disk centre,
+turned north up and averaged in the sky frame (the corona stands still there), and the
+fit is repeated. At 2 Rsun the stray light is ~55 (WL) to ~60 (UV) times the K corona,
+so 5 % of the corona is 0.08 % of the stray light; the instrument-frame profile of step
+1 missed that by three effects of that size: the stray light's gradient across an
+annulus (1.4 % of itself per 0.01 Rsun at 2 Rsun) biases a median of the raw annulus,
+the per-pixel median mixes frames whose centres differ by the pointing jitter, and noise
+pulls a ring median of single noisy pixels towards the corona's mean. Subtracting the
+model first (the residual is the corona) and averaging the frames before the ring
+median remove all three.
+
 Measured (:func:`run`, 8 rolls of 45 deg, noise on, prior x0.5 and x1.5; the two priors
-give the same map to 1e-6): at 256 px the stray-light error is 0.6-1.2 % of the K corona
-at 1.1 Rsun, 2-4.5 % at 1.5, 2.4-6 % at 2.0 and 2-3 % at 2.5 Rsun (seeds 0-2); at 128 px up
-to 10 % (the PSF is then 1/25 Rsun and the inner corona's blur dominates). The
-time-minimum map of :func:`~pipelines.calibration.stray_light.measure_stray_light_map`
-(its defaults) with the same priors is off by 12-400 % of the K corona. At 1024 px (seed 0,
-16 min on 2 shared cores): 1.2 / 4.1 / 6.1 / 1.0 % (WL) and 1.1 / 3.4 / 4.4 / 1.5 % (UV) at
-1.1 / 1.5 / 2.0 / 2.5 Rsun; the PSF is then 1/200 Rsun and no longer measurable from the
-profile (fitted 0 and 2.4 px, harmless), and what is left is the corona's shape. Without noise the
-error at 2.5 Rsun is 8-10 %: the weights then come from the corona's azimuthal structure
-alone and favour the outer annuli, where the simulated corona's mean profile departs most
-(~7 % at 2.3 Rsun) from Baumbach's shape.
+give the same map to 1e-6), worst of the priors, % of the K corona at 1.1 / 1.5 / 2.0 / 2.5
+Rsun (``stray_pct_k_corona_<chan>_r<R>``), and the maximum over 1.1-2.5 Rsun every 0.1 Rsun:
+
+============  =====================================  =====================================
+256 px        SCI-WL                                 SCI-UV
+============  =====================================  =====================================
+seed 0        0.4 / 1.5 / 2.8 / 2.8 (max 3.1)        0.8 / 2.8 / 4.0 / 0.3 (max 4.1)
+seed 1        0.5 / 1.9 / 3.2 / 2.1 (max 3.3)        0.7 / 2.3 / 3.1 / 0.7 (max 3.2)
+seed 2        0.7 / 2.3 / 3.7 / 1.8 (max 3.7)        0.5 / 1.7 / 2.1 / 1.3 (max 2.2)
+============  =====================================  =====================================
+
+Noise off (seed 0, 256 px): at most 2.0 % (WL) and 1.2 % (UV). Without the refinement
+(``refine=0``, the instrument-frame profile) the same runs gave up to 2.7-3.7 % (WL) and
+4.5-6.3 % (UV), noise off 8.8 % / 7.1 % at 2.5 Rsun, and at 1024 px 6.1 % (WL, 2.0 Rsun).
+At 1024 px (seed 0, noise on, 9 min on 2 shared cores): 0.6 / 2.1 / 3.4 / 1.5 % (WL, max 3.4)
+and 0.6 / 2.1 / 3.0 / 0.1 % (UV, max 3.0); the fitted indices 2.8344 (WL, injected 2.8363) and
+2.8608 (UV, 2.8627). The time-minimum map of
+:func:`~pipelines.calibration.stray_light.measure_stray_light_map` (its defaults) with the
+same priors is off by 12-400 % of the K corona. Tried and not kept (256 px, seed 0): 16 rolls
+instead of 8, a free constant (pedestal) term, shape-error weighting, a penalised B-spline
+correction of the prior's shape, a free tilt ``s1``, fits restricted to the outer field;
+none lowered the worst case, because the profile itself, not the fit, carried the error.
 
 Limits, to state with every map made this way:
 
@@ -104,13 +127,16 @@ from pipelines.calibration.stray_light import StrayLightMeasurement, radial_prof
 from pipelines.sun import radius_map, sun_geometry
 
 __all__ = ["BlindStrayEstimate", "roll_separation", "fit_radial_laws", "blurred_radial_law", "estimate_stray_light",
-           "blind_stray_master", "ROLLS_DEG", "RADII", "run"]
+           "blind_stray_master", "sky_mean_profile", "ROLLS_DEG", "RADII", "run"]
 
 #: Roll angles [deg] of the simulated roll manoeuvre (eight steps of 45 deg).
 ROLLS_DEG = tuple(float(a) for a in range(0, 360, 45))
 
 #: Radii [Rsun] at which the residual is reported (issue 14).
 RADII = (1.1, 1.5, 2.0, 2.5)
+
+#: Radii [Rsun] of the per-channel summary ``stray_pct_k_corona_<chan>_r<R>`` (every 0.1 Rsun, 1.1-2.5).
+FINE_RADII = tuple(round(1.1 + 0.1 * i, 1) for i in range(15))
 
 #: Half-width [Rsun] of the annulus about each of :data:`RADII` (clipped to 1.1-2.5 Rsun).
 HALF_WIDTH = 0.025
@@ -399,13 +425,92 @@ def _fit_once(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarray, r_ref:
     return (StrayLightModel(b_ref=a_ref, r_ref=r_ref, index=b, r_min=1.0, r_max=3.0), (s0, s1), chi2 / dof)
 
 
+def sky_mean_profile(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.Header],
+                     model: Callable[[np.ndarray], np.ndarray], *, valid: Sequence[np.ndarray] | None = None,
+                     r_range: tuple[float, float] = (1.1, 2.5), dr: float = 0.01
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Axisymmetric profile of a roll sequence from model-subtracted frames (the refinement of step 2).
+
+    Each frame minus ``model`` evaluated at its pixels' own radii (about that frame's disk
+    centre, where the occulter holds the stray light) is turned north up
+    (:func:`pipelines.calibration.resample.rotate_north_up`, bilinear), the frames are
+    averaged in the sky frame, where the corona stands still and the noise falls as
+    1/sqrt(N), and the ring median of that mean is added back to ``model`` at the annulus
+    centres. Subtracting the model first removes the stray light's steep gradient across an
+    annulus (at 2 Rsun the stray light is ~55 times the K corona and changes by ~1.4 % of
+    itself across 0.01 Rsun, so a median of the raw annulus is biased by tens of percent of
+    the corona); averaging before the median keeps the frames' noise from pulling the ring
+    median of the corona towards its mean. The per-pixel median over the instrument frame
+    (:func:`roll_separation`) does neither and mixes frames whose disk centres differ by the
+    pointing jitter.
+
+    Parameters
+    ----------
+    frames_in_msb, headers, valid
+        As :func:`roll_separation`.
+    model : callable
+        Current estimate of the axisymmetric profile ``P(r)`` [MSB] (stray light + corona).
+    r_range, dr
+        As :func:`roll_separation`.
+
+    Returns
+    -------
+    radii : numpy.ndarray, shape (m,) [Rsun]
+    profile : numpy.ndarray, shape (m,) [MSB]
+    sigma : numpy.ndarray, shape (m,) [MSB]
+        1.4826 MAD / sqrt(n) of the annulus of the sky-frame mean (coronal structure and noise).
+
+    Raises
+    ------
+    ValueError
+        No frame, or frames and headers of different counts.
+    """
+    from pipelines.calibration.resample import rotate_north_up
+
+    if not frames_in_msb or len(frames_in_msb) != len(headers):
+        raise ValueError("need one header per frame and at least one frame")
+    total = None
+    count = None
+    for i, (f, h) in enumerate(zip(frames_in_msb, headers)):
+        f = np.asarray(f, dtype=np.float64)
+        g = sun_geometry(h)
+        yy, xx = np.mgrid[0:f.shape[0], 0:f.shape[1]]
+        r = np.hypot(xx - g.x0, yy - g.y0) / g.rsun_px
+        ok = np.isfinite(f) if valid is None else (np.asarray(valid[i], bool) & np.isfinite(f))
+        d = np.where(ok, f - model(np.clip(r, 1.0, 3.0)), np.nan).astype(np.float32)
+        sky, _, _ = rotate_north_up(d, None, h, order=1)
+        sky = np.asarray(sky, dtype=np.float64)
+        good = np.isfinite(sky)
+        total = np.where(good, sky, 0.0) if total is None else total + np.where(good, sky, 0.0)
+        count = good.astype(np.int32) if count is None else count + good
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    n = mean.shape[0]
+    ref = headers[0]
+    rsun_px = sun_geometry(ref).rsun_px
+    c = (n - 1) / 2.0  # rotate_north_up centres the disk on the frame
+    yy, xx = np.mgrid[0:n, 0:mean.shape[1]]
+    rs = np.hypot(xx - c, yy - (mean.shape[0] - 1) / 2.0) / rsun_px
+    inside = (rs >= r_range[0]) & (rs <= r_range[1]) & np.isfinite(mean)
+    edges = np.arange(r_range[0], r_range[1] + dr / 2, dr)
+    radii, res = radial_profile(mean, rs, edges, statistic="median", valid=inside)
+    sig = np.full_like(res, np.nan)
+    idx = np.digitize(rs[inside], edges) - 1
+    vv = mean[inside]
+    for i in range(len(res)):
+        seg = vv[idx == i]
+        if seg.size > 3:
+            sig[i] = 1.4826 * np.median(np.abs(seg - np.median(seg))) / math.sqrt(seg.size) * math.sqrt(math.pi / 2)
+    return radii, model(radii) + res, sig
+
+
 def estimate_stray_light(frames_in_msb: Sequence[np.ndarray], headers: Sequence[fits.Header],
                          corona_prior: Callable[[np.ndarray], np.ndarray], *,
                          valid: Sequence[np.ndarray] | None = None, tilt: bool = False,
                          r_range: tuple[float, float] = (1.1, 2.5), dr: float = 0.01,
                          separation: tuple | None = None, psf_sigma_px: float | None = None,
-                         psf_range_px: tuple[float, float] = (0.0, 3.0), shape_error: float = 0.0
-                         ) -> BlindStrayEstimate:
+                         psf_range_px: tuple[float, float] = (0.0, 3.0), shape_error: float = 0.0,
+                         refine: int = 1) -> BlindStrayEstimate:
     """Estimate SCI stray light from a roll sequence without trusting the coronal prior's brightness.
 
     Parameters
@@ -447,27 +552,41 @@ def estimate_stray_light(frames_in_msb: Sequence[np.ndarray], headers: Sequence[
     radii, prof, sig, asym, sky = separation
     rsun_px = sun_geometry(headers[0]).rsun_px
 
-    def fit(spx: float):
-        return fit_radial_laws(radii, prof, sig, blurred_radial_law(corona_prior, spx / rsun_px), tilt=tilt,
-                               shape_error=shape_error)
+    def solve(radii, prof, sig):
+        def fit(spx: float):
+            return fit_radial_laws(radii, prof, sig, blurred_radial_law(corona_prior, spx / rsun_px), tilt=tilt,
+                                   shape_error=shape_error)
 
-    if psf_sigma_px is None:
-        grid = np.linspace(psf_range_px[0], psf_range_px[1], 13)
-        chis = [fit(g)[2] for g in grid]
-        i = int(np.argmin(chis))
-        lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
-        best = optimize.minimize_scalar(lambda g: fit(g)[2], bounds=(lo, hi), method="bounded",
-                                        options={"xatol": 1e-3})
-        psf = float(best.x) if best.fun <= chis[i] else float(grid[i])
-    else:
-        psf = float(psf_sigma_px)
-    model, scale, chi2 = fit(psf)
+        if psf_sigma_px is None:
+            grid = np.linspace(psf_range_px[0], psf_range_px[1], 13)
+            chis = [fit(g)[2] for g in grid]
+            i = int(np.argmin(chis))
+            lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+            best = optimize.minimize_scalar(lambda g: fit(g)[2], bounds=(lo, hi), method="bounded",
+                                            options={"xatol": 1e-3})
+            psf = float(best.x) if best.fun <= chis[i] else float(grid[i])
+        else:
+            psf = float(psf_sigma_px)
+        return (*fit(psf), psf)
+
+    model, scale, chi2, psf = solve(radii, prof, sig)
+    for _ in range(int(refine)):
+        blurred = blurred_radial_law(corona_prior, psf / rsun_px)
+
+        def current(r, model=model, scale=scale, blurred=blurred):
+            r = np.asarray(r, dtype=np.float64)
+            return model.brightness(r) + (scale[0] + scale[1] * np.log(r)) * blurred(r)
+
+        radii, prof, sig = sky_mean_profile(frames_in_msb, headers, current, valid=valid, r_range=r_range, dr=dr)
+        model, scale, chi2, psf = solve(radii, prof, sig)
     rolls = [sun_geometry(h).roll_deg for h in headers]
     span = float((np.max(np.unwrap(np.radians(rolls))) - np.min(np.unwrap(np.radians(rolls)))) * 180 / np.pi)
     notes = [f"roll sequence of {len(rolls)} frames spanning {span:.0f} deg; stray light A r^-b with b = "
              f"{model.index:.4f}; corona (s0 + s1 ln r) x prior blurred by a PSF of {psf:.3f} px "
              f"({'measured' if psf_sigma_px is None else 'given'}), s0 = {scale[0]:.4f}, s1 = {scale[1]:.4f}",
              "the axisymmetric split rests on the radial laws (power-law stray light, the prior's coronal shape)"]
+    if refine:
+        notes.append(f"profile refined {int(refine)}x from the sky-frame mean of the model-subtracted frames")
     if span < 90:
         notes.append("roll span under 90 deg: coronal structure is poorly averaged in the instrument frame")
     return BlindStrayEstimate(model=model, corona_scale=scale, radii=radii, profile=prof, sigma=sig, asym_map=asym,
@@ -569,7 +688,13 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
           annulus of +-0.025 Rsun about R (clipped to 1.1-2.5) on the L2 grid: the stray-light
           error as a fraction of the K corona (WL: truth minus the F corona; UV: the corona);
         * ``l2_{c}_{p}_r{R}``: ``|mean over frames of mean(L2 - truth)| / mean(K corona)``,
-          the same through the calibration flow (includes the frames' noise);
+          the same through the calibration flow with the estimated master and
+          ``CalibrationOptions(stray_light_source='profile')`` (includes the frames' noise);
+          ``l2_history_profile_{c}_{p}``: 1 if every L2 HISTORY names the measured profile;
+        * ``l2stray_{c}_{p}_r{R}``: the stray residual in the L2 product, ``|mean over frames
+          of mean(L2 - L2_ref)| / mean(K corona)``, ``L2_ref`` the same frame calibrated with
+          the simulator's own stray-light master (scoring only): the chain's other errors
+          (resampling, field-stop edge) cancel;
         * ``baseline_{c}_{p}_r{R}``: the same as ``stray_`` for the time-minimum map of
           :func:`pipelines.calibration.stray_light.measure_stray_light_map` (its defaults: time minimum,
           azimuthal median) given the same prior;
@@ -579,6 +704,9 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
           map over the RMS K corona, 1.15-2.45 Rsun, with the roll sequence and with one roll
           (the coronal structure a per-pixel map would take for stray light);
         * ``max_stray_gated``: the largest ``stray_`` over the scale-error priors;
+        * ``stray_pct_k_corona_{c}_r{R}`` for R in :data:`FINE_RADII` (1.1, 1.2, ... 2.5):
+          the worse of the scale-error priors, in percent of the K corona;
+          ``stray_pct_k_corona_{c}_max``: their maximum over R;
         * ``seconds``, ``size``, ``n_frames``.
 
     Raises
@@ -607,6 +735,8 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
         sim = sims["roll"]
         cals = load_masters(sim.calibration_files)
         opts_l1 = CalibrationOptions(subtract_stray_light=False, rotate_north_up=False)
+        opts_profile = CalibrationOptions(stray_light_source="profile")  # the measured master's PROFILE table
+        opts_profile_ref = CalibrationOptions(stray_light_source="law")  # the simulator's law (scoring only)
         for ch, tag in (("SCI-WL", "wl"), ("SCI-UV", "uv")):
             prior0 = simmod.sci_wl_corona if ch == "SCI-WL" else simmod.lyman_alpha_corona
             frames = [f for f in sim.frames if f.channel == ch]
@@ -627,6 +757,7 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                        for t in shape_tilts]
             first = next(c for c in sim.calibration_files if c.channel == ch and c.kind == "stray_light")
             sep = roll_separation(l1s, hdrs, valid=valids)
+            ref_l2: dict = {}
             for name, fac, prior in priors:
                 est = estimate_stray_light(l1s, hdrs, prior, valid=valids, separation=sep)
                 s_est = est.stray(np.clip(rho, 1.0, 3.0))
@@ -642,6 +773,13 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                     k = float(np.mean(kcor[sel]))
                     out[f"stray_{tag}_{name}_r{r0:g}"] = abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / k
                     out[f"baseline_{tag}_{name}_r{r0:g}"] = abs(float(np.mean(s_base[sel] - stray_inj[sel]))) / k
+                if name.startswith("x"):  # the gated scale-error priors: every 0.1 Rsun, in percent
+                    for r0 in FINE_RADII:
+                        sel = _annulus(rho, r0)
+                        pct = 100.0 * abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / float(np.mean(kcor[sel]))
+                        key = f"stray_pct_k_corona_{tag}_r{r0:g}"
+                        out[key] = max(out.get(key, 0.0), pct)
+                        out[f"stray_pct_k_corona_{tag}_max"] = max(out.get(f"stray_pct_k_corona_{tag}_max", 0.0), pct)
                 if l2_check:
                     path = base / f"lst_{tag}_stray_light_blind_{name}.fits"
                     write_fits_atomic(blind_stray_master(est, l1s[0].shape, hdrs[0], ch, 9, first.valid_from,
@@ -651,17 +789,31 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
                     c = dict(cals[ch])
                     c["stray_light"] = master
                     acc = {r0: [] for r0 in RADII}
+                    dacc = {r0: [] for r0 in RADII}
+                    hist_ok = True
                     for f in frames:
                         raw = read_image(f.raw_path)
-                        l2 = calibrate_frame(raw.data, raw.header, c)
+                        l2 = calibrate_frame(raw.data, raw.header, c, opts_profile)
+                        hist_ok &= any("stray_light_source=profile: measured radial profile" in str(x)
+                                       for x in l2.header.get("HISTORY", []))
                         good = (l2.dq == 0) & np.isfinite(l2.data)
                         d = np.asarray(l2.data, dtype=np.float64)
                         for r0 in RADII:
                             sel = _annulus(rho, r0) & good
                             acc[r0].append((float(np.mean(d[sel] - truth[sel])), float(np.mean(kcor[sel]))))
+                        if f.raw_path not in ref_l2:  # the same frame with the simulator's own stray master
+                            ref = calibrate_frame(raw.data, raw.header, cals[ch], opts_profile_ref)
+                            ref_l2[f.raw_path] = (np.asarray(ref.data, dtype=np.float64), ref.dq == 0)
+                        dref, gref = ref_l2[f.raw_path]
+                        for r0 in RADII:
+                            sel = _annulus(rho, r0) & good & gref & np.isfinite(dref)
+                            dacc[r0].append((float(np.mean(d[sel] - dref[sel])), float(np.mean(kcor[sel]))))
                     for r0 in RADII:
                         res = np.mean([a for a, _ in acc[r0]])
                         out[f"l2_{tag}_{name}_r{r0:g}"] = abs(float(res)) / float(np.mean([b for _, b in acc[r0]]))
+                        d_res = np.mean([a for a, _ in dacc[r0]])
+                        out[f"l2stray_{tag}_{name}_r{r0:g}"] = abs(float(d_res)) / float(np.mean([b for _, b in dacc[r0]]))
+                    out[f"l2_history_profile_{tag}_{name}"] = float(hist_ok)
             # what the rolls buy: coronal structure in a per-pixel instrument-frame map
             ring = (rho > 1.15) & (rho < 2.45)
             k_rms = float(np.sqrt(np.mean(kcor[ring] ** 2)))

@@ -477,6 +477,41 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     return img, dq, h, var
 
 
+def _stray_representation(stray_cal: CalibrationInput, source: str, xp: Any) -> tuple[Any, str]:
+    """The representation of a stray-light master chosen by ``CalibrationOptions.stray_light_source``.
+
+    Returns the model for :func:`pipelines.calibration.steps.subtract_stray_light` and a
+    phrase for HISTORY. Raises :class:`~pipelines.errors.DataError` when the master lacks it.
+    """
+    stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper()
+    has_profile = "_profile" in stray_cal.data
+    has_map = "straymap" in stray_cal.data
+    if source == "auto":
+        source = "profile" if stray_type == "PROFILE" and has_profile else ("map" if has_map else "law")
+        how = f"STRAYTYP={stray_type or 'none'} chose the {source}"
+    else:
+        how = "requested"
+    if source == "profile":
+        if not has_profile:
+            raise DataError(f"stray_light_source=profile: master {stray_cal.name!r} has no PROFILE table")
+        prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
+        ok = np.isfinite(prof)
+        if ok.sum() < 2:
+            raise DataError(f"stray_light_source=profile: master {stray_cal.name!r} has fewer than 2 finite radii")
+        return (steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist())),
+                f"measured radial profile of {stray_cal.name} ({how})")
+    if source == "map":
+        if not has_map:
+            raise DataError(f"stray_light_source=map: master {stray_cal.name!r} has no stray-light map plane")
+        return to_device(stray_cal.data["straymap"], xp, xp.float32), f"measured map of {stray_cal.name} ({how})"
+    try:
+        model = _stray_model(stray_cal)
+    except (KeyError, TypeError, ValueError, DataError) as exc:
+        raise DataError(f"stray_light_source=law: master {stray_cal.name!r} has no power-law keywords "
+                        f"(STRAYB0, STRAYR0, STRAYIDX): {exc}") from None
+    return model, f"power law of {stray_cal.name} ({how})"
+
+
 def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput], opts: CalibrationOptions,
                       spec: Any, xp: Any, var: Any) -> tuple[Any, fits.Header, Any]:
     """SCI stray light: a measured radial profile, a measured map or the power-law model;
@@ -485,15 +520,10 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
         return img, h, var
     stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
-    stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper() if stray_cal is not None else ""
-    if stray_type == "PROFILE" and "_profile" in stray_cal.data:
-        prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
-        ok = np.isfinite(prof)
-        model = steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist()))
-    elif stray_cal is not None and "straymap" in stray_cal.data:
-        model = to_device(stray_cal.data["straymap"], xp, xp.float32)
-    else:
-        model = _stray_model(stray_cal) if stray_cal is not None else None
+    model = None
+    if stray_cal is not None:
+        model, what = _stray_representation(stray_cal, opts.stray_light_source, xp)
+        h.add_history(f"stray_light_source={opts.stray_light_source}: {what}")
     img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
     if spec.is_coronagraph and stray_cal is not None:
         frac = stray_cal.parameters.get("STRAYUNC")

@@ -40,6 +40,14 @@ class CalibrationOptions(BaseModel):
         Flag the dark master's hot/bad pixels in DQ (bit 32).
     subtract_stray_light : bool
         SCI: subtract the stray-light model (needs a ``stray_light`` calibration).
+    stray_light_source : {"auto", "profile", "map", "law"}
+        SCI: which representation of the ``stray_light`` master is subtracted. ``auto``
+        (default): the master's ``STRAYTYP`` decides (``PROFILE``: its measured radial
+        profile, e.g. :func:`pipelines.calibration.blind_stray.blind_stray_master`; ``MAP``:
+        its per-pixel map; no plane: the power law of its ``STRAY*`` keywords). ``profile``:
+        the measured radial profile (``PROFILE`` table); ``map``: the measured per-pixel
+        map on the detector grid; ``law``: the power law of the keywords. A master without
+        the chosen representation is refused (``DataError``). HISTORY names what was used.
     rotate_north_up : bool
         Rotate solar north up and centre the Sun (cubic spline resampling by default).
     interpolation_order : int, 0..5
@@ -76,6 +84,9 @@ class CalibrationOptions(BaseModel):
     remove_cosmic_rays: StrictBool = Field(False, description="L.A.Cosmic cosmic-ray removal (van Dokkum 2001)")
     flag_bad_pixels: StrictBool = Field(True, description="flag hot/bad pixels of the dark master in DQ")
     subtract_stray_light: StrictBool = Field(True, description="SCI: subtract the stray-light model")
+    stray_light_source: Literal["auto", "profile", "map", "law"] = Field(
+        "auto", description="SCI: stray-light master representation subtracted: auto (its STRAYTYP), profile "
+                            "(measured radial profile), map (measured per-pixel map) or law (power-law keywords)")
     rotate_north_up: StrictBool = Field(True, description="rotate solar north up and centre the Sun")
     interpolation_order: int = Field(3, ge=0, le=5, description="spline order of the north-up rotation")
     resample: Literal["spline", "opencv-cubic", "opencv-lanczos4"] = Field(
