@@ -109,6 +109,12 @@ def serve(port: int, layers: bool) -> None:
         rec_var: contextvars.ContextVar[dict | None] = contextvars.ContextVar("bench_rec", default=None)
         engine = dbmod.get_engine("api")
 
+        opened = {"connections": 0}
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn, record):
+            opened["connections"] += 1
+
         @event.listens_for(engine, "before_cursor_execute")
         def _before(conn, cursor, statement, parameters, context, executemany):
             rec = rec_var.get()
@@ -127,7 +133,7 @@ def serve(port: int, layers: bool) -> None:
                 await app(scope, receive, send)
                 return
             if scope["path"] == STATS_PATH:  # the figures so far, for the load generator
-                body = json.dumps(per_route).encode()
+                body = json.dumps({"routes": per_route, **opened}).encode()
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", b"application/json"),
                                         (b"content-length", str(len(body)).encode())]})
@@ -464,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             "parsing and sockets, waiting in the event loop's queue behind other requests, the client).\n")
         say("| route | requests | app p50 ms | app p99 ms | SQL p50 ms | statements | app - SQL p50 ms | "
             "outside the app p50 ms |\n|---|---|---|---|---|---|---|---|")
-        for route, d in stats.items():
+        for route, d in stats["routes"].items():
             if not d["app_ms"]:
                 continue
             if route == "/api/v1/events/{id}":
@@ -475,7 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"| {route} | {len(d['app_ms'])} | {app50:.2f} | {pct(d['app_ms'], 0.99):.2f} | {sql50:.2f} | "
                 f"{pct(d['statements'], 0.5):.0f} | {app50 - sql50:.2f} | "
                 f"{(pct(client, 0.5) - app50) if client else float('nan'):.2f} |")
-        say("\n(Warm-up requests included in the server's figures.)")
+        say(f"\nConnections opened by the API engine's pool: {stats['connections']} (warm-up requests included "
+            "in the server's figures).")
     say(f"\nRESULT clients={args.clients} p50_ms={pct(all_ms, 0.5):.2f} p99_ms={pct(all_ms, 0.99):.2f} rps={rps:.1f} "
         f"errors={errors} seeded={n_events}")
     if args.keep and args.database is None:
