@@ -308,11 +308,11 @@ async def run_load(port: int, targets: list[tuple[str, str]], clients: int, warm
                 ok = status == 200
                 if ok:
                     json.loads(body)
-                elif len(errors_seen) < 5:
+                elif state["record"] and len(errors_seen) < 5:
                     errors_seen.append(f"{targets[qi][0]}: HTTP {status} {body[:200]!r}")
             except Exception as exc:  # noqa: BLE001 - every failure is an error of the run
                 ok = False
-                if len(errors_seen) < 5:
+                if state["record"] and len(errors_seen) < 5:
                     errors_seen.append(f"{targets[qi][0]}: {type(exc).__name__}: {exc}")
                 if conn is not None:
                     await conn.close()
