@@ -137,8 +137,8 @@ def db_timeouts(settings: Settings, role: Role = "worker") -> DbTimeouts:
 #: PostgreSQL pool of the API's engine: ``(pool_size, max_overflow)``. The same 15 connections
 #: at most as the other roles, all kept open: under 16 concurrent requests the default 5 + 10
 #: overflow closed an overflow connection at each check-in and opened a new one (TCP, auth, the
-#: SET statements, a backend fork) for a later request (benchmarks/reports/events_api.md,
-#: "under load").
+#: SET statements, a backend fork) for a later request: 316-407 new connections in 17 s of the
+#: load test (benchmarks/reports/events_api_load.md), 15 with this pool.
 API_POOL = (15, 0)
 #: The other roles' pool (Celery workers, CLI): 5 kept, 10 more when busy.
 DEFAULT_POOL = (5, 10)

@@ -20,7 +20,7 @@ async def get_session() -> AsyncIterator[Session]:
     ``async``: making the session does no I/O (the connection is checked out by its first
     statement, in the handler's worker thread), so FastAPI runs this on the event loop instead of
     handing it to a worker thread twice per request (enter and exit; measured in
-    benchmarks/reports/events_api.md). Closing it runs on the event loop only when that cannot
+    benchmarks/reports/events_api.md and events_api_load.md). Closing it runs on the event loop only when that cannot
     talk to the database (:func:`_ends_locally`); otherwise (a transaction is open: a write, a
     read outside autocommit) in a worker thread, so a database that does not answer never blocks
     the event loop.
