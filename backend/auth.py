@@ -279,7 +279,7 @@ _cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name="Sessi
                        description="The browser's session cookie, made from a token by `POST /api/v1/session`.")
 
 
-def current_principal(
+async def current_principal(
     request: Request,
     session: Annotated[Session, Depends(get_session)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -287,7 +287,10 @@ def current_principal(
 ) -> Principal | None:
     """The request's principal: from the bearer token, else the session cookie; None when the
     request carries neither (an anonymous read). A token that is given but not valid is 401
-    even where none is needed: a client is never silently downgraded to anonymous."""
+    even where none is needed: a client is never silently downgraded to anonymous.
+
+    ``async``: an anonymous request is answered on the event loop (no database work, no
+    worker-thread hand-off); a token is looked up in a worker thread."""
     token = bearer.credentials if bearer is not None and bearer.credentials else None
     if token is None and request.headers.get("authorization", "").strip():
         raise _unauthorized("the Authorization header must be `Bearer <token>`")
@@ -295,6 +298,13 @@ def current_principal(
     token = token or (cookie or None)
     if not token:
         return None
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(_token_principal, request, session, token, from_cookie)
+
+
+def _token_principal(request: Request, session: Session, token: str, from_cookie: bool) -> Principal:
+    """:func:`current_principal` for a request that carries ``token`` (blocking: database)."""
     if from_cookie:
         check_cookie_write(request)
         try:

@@ -134,7 +134,17 @@ def db_timeouts(settings: Settings, role: Role = "worker") -> DbTimeouts:
                           idle_in_transaction_s=API_IDLE_IN_TRANSACTION_S, pool_s=deadline)
     return worker
 
-def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
+#: PostgreSQL pool of the API's engine: ``(pool_size, max_overflow)``. The same 15 connections
+#: at most as the other roles, all kept open: under 16 concurrent requests the default 5 + 10
+#: overflow closed an overflow connection at each check-in and opened a new one (TCP, auth, the
+#: SET statements, a backend fork) for a later request: 316-407 new connections in 17 s of the
+#: load test (benchmarks/reports/events_api_load.md), 15 with this pool.
+API_POOL = (15, 0)
+#: The other roles' pool (Celery workers, CLI): 5 kept, 10 more when busy.
+DEFAULT_POOL = (5, 10)
+
+
+def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, int] = DEFAULT_POOL) -> Engine:
     """Create an engine for ``url`` with the pragmas and timeouts this project needs.
 
     Parameters
@@ -144,6 +154,9 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
     timeouts : DbTimeouts, optional
         PostgreSQL only; default the workers' (:func:`db_timeouts` of the process settings).
         SQLite keeps its 30 s busy timeout.
+    pool : (int, int)
+        PostgreSQL only: SQLAlchemy ``pool_size`` and ``max_overflow`` (:data:`DEFAULT_POOL`;
+        the API's: :data:`API_POOL`).
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -160,7 +173,7 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None) -> Engine:
     t = timeouts if timeouts is not None else db_timeouts(get_settings(), "worker")
     query = make_url(url).query
     connect_args = {k: v for k, v in {"connect_timeout": t.connect_s, **TCP_OPTIONS}.items() if k not in query}
-    engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10, pool_timeout=t.pool_s,
+    engine = create_engine(url, pool_pre_ping=True, pool_size=pool[0], max_overflow=pool[1], pool_timeout=t.pool_s,
                            connect_args=connect_args)
     options = query.get("options", "")
     options = " ".join(options) if isinstance(options, tuple) else options
@@ -197,7 +210,8 @@ def get_engine(role: Role = "worker") -> Engine:
     engine = _ENGINES.get(role)
     if engine is None:
         s = get_settings()
-        engine = _ENGINES.setdefault(role, make_engine(s.sqlalchemy_url, db_timeouts(s, role)))
+        engine = _ENGINES.setdefault(role, make_engine(s.sqlalchemy_url, db_timeouts(s, role),
+                                                       API_POOL if role == "api" else DEFAULT_POOL))
     return engine
 
 

@@ -261,6 +261,39 @@ def _copy(conn, sql: str, cols: list[np.ndarray], chunk: int = 200_000) -> None:
             cp.write("\n".join(line.tolist()) + "\n")
 
 
+def seed_database(url: str, events: int, frames: int, seed: int) -> dict:
+    """Migrate the empty database ``url`` (Alembic), seed ``events`` events and ``frames``
+    frames with COPY (:func:`seed_events`, :func:`seed_frames`), VACUUM ANALYZE.
+
+    Returns
+    -------
+    dict
+        ``x_flare_id``, ``associations`` (rows) and ``summary`` (one sentence: counts, times,
+        table sizes).
+    """
+    import psycopg
+
+    from backend.migrate import upgrade
+
+    t0 = time.perf_counter()
+    upgrade(url)
+    rng = np.random.default_rng(seed)
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+        info = seed_events(conn, events, rng)
+        seed_frames(conn, frames, rng)
+        conn.commit()
+    t1 = time.perf_counter()
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        sizes = conn.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
+                             "WHERE relname IN ('events', 'frames', 'event_associations')").fetchall()
+    t2 = time.perf_counter()
+    info["summary"] = (f"Seeded {events:,} events, {frames:,} frames, {info['associations']:,} association "
+                       f"rows by COPY in {t1 - t0:.0f} s (with migrations); VACUUM ANALYZE {t2 - t1:.0f} s. Sizes: "
+                       + ", ".join(f"{a} {b}" for a, b in sizes) + ".")
+    return info
+
+
 # -- measuring -------------------------------------------------------------------------------
 
 
@@ -576,7 +609,7 @@ async def measure(url: str, x_flare_id: int, repeat: int, out, profile: int = 0)
     os.environ["DATABASE_URL"] = url
     get_settings.cache_clear()
     dbmod.reset_caches()
-    engine = dbmod.get_engine()
+    engine = dbmod.get_engine("api")  # the engine of the API's sessions (backend.api.deps.get_session)
     app = create_app()
     captured: list[tuple[str, object]] = []
     capturing = {"on": False}
@@ -771,7 +804,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import psycopg
 
-    from backend.migrate import upgrade
 
     buf = io.StringIO()
 
@@ -795,23 +827,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.repeat} repetitions per query after 3 warm-ups; API in process (httpx ASGITransport), "
                   "direct SQL = the API's statements replayed through psycopg.", file=out)
         else:
-            t0 = time.perf_counter()
-            upgrade(url)
-            rng = np.random.default_rng(args.seed)
-            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
-                info = seed_events(conn, args.events, rng)
-                seed_frames(conn, args.frames, rng)
-                conn.commit()
-            t1 = time.perf_counter()
-            with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as conn:
-                conn.execute("VACUUM ANALYZE")
-                sizes = conn.execute("SELECT relname, pg_size_pretty(pg_total_relation_size(oid)) FROM pg_class "
-                                     "WHERE relname IN ('events', 'frames', 'event_associations')").fetchall()
-            t2 = time.perf_counter()
+            info = seed_database(url, args.events, args.frames, args.seed)
             x_flare_id, n_events = info["x_flare_id"], args.events
-            print(f"Seeded {args.events:,} events, {args.frames:,} frames, {info['associations']:,} association "
-                  f"rows by COPY in {t1 - t0:.0f} s (with migrations); VACUUM ANALYZE {t2 - t1:.0f} s. Sizes: "
-                  + ", ".join(f"{a} {b}" for a, b in sizes) + f". {args.repeat} repetitions per query after 3 "
+            print(info["summary"] + f" {args.repeat} repetitions per query after 3 "
                   "warm-ups; API in process (httpx ASGITransport), direct SQL = the API's statements replayed "
                   "through psycopg.", file=out)
         results = asyncio.run(measure(url, x_flare_id, args.repeat, out, args.profile))

@@ -2,27 +2,65 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from backend.db import get_sessionmaker
 from backend.settings import Settings, get_settings
 
 
-def get_session() -> Iterator[Session]:
+async def get_session() -> AsyncIterator[Session]:
     """One session per request on the API's engine (short timeouts, :func:`backend.db.db_timeouts`);
-    committed by the handler that writes, closed after."""
+    committed by the handler that writes, closed after.
+
+    ``async``: making the session does no I/O (the connection is checked out by its first
+    statement, in the handler's worker thread), so FastAPI runs this on the event loop instead of
+    handing it to a worker thread twice per request (enter and exit; measured in
+    benchmarks/reports/events_api.md and events_api_load.md). Closing it runs on the event loop only when that cannot
+    talk to the database (:func:`_ends_locally`); otherwise (a transaction is open: a write, a
+    read outside autocommit) in a worker thread, so a database that does not answer never blocks
+    the event loop.
+    """
     session = get_sessionmaker("api")()
     try:
         yield session
     except BaseException:
-        session.rollback()
+        if _ends_locally(session):
+            session.rollback()
+        else:
+            await run_in_threadpool(session.rollback)
         raise
     finally:
-        session.close()
+        if _ends_locally(session):
+            session.close()
+        else:
+            await run_in_threadpool(session.close)
+
+
+def _ends_locally(session: Session) -> bool:
+    """Whether rolling back and closing ``session`` sends nothing to the database: it holds no
+    connection, or only psycopg connections in autocommit with no transaction open on the server
+    (:func:`backend.db.autocommit_reads`; psycopg's ``rollback`` then returns at once, and
+    SQLAlchemy's reset of the isolation level when the connection goes back to the pool is
+    client-side)."""
+    if not session.in_transaction():
+        return True
+    tx = session.get_transaction()
+    conns = getattr(tx, "_connections", None)
+    if not conns:
+        return False
+    import psycopg
+
+    for conn, *_rest in conns.values():
+        dbapi = getattr(getattr(conn, "connection", None), "dbapi_connection", None)
+        if not isinstance(dbapi, psycopg.Connection) or not dbapi.autocommit \
+                or dbapi.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            return False
+    return True
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
