@@ -347,9 +347,13 @@ def _resample_dq_opencv(nd: Any, dq_flag: np.ndarray, defects: np.ndarray | None
                              borderMode=cv2.BORDER_CONSTANT, borderValue=no_data)
         marks = None
         if defects is not None:
-            marks = np.where(defects != 0, np.float32(255.0), np.float32(0.0))
+            marks = cv2.compare(np.ascontiguousarray(defects), 0, cv2.CMP_NE).astype(np.float32)  # 255 or 0
             spread_v = cv2.warpAffine(marks, m, (nx, ny), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                                       borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+            spread = cv2.compare(spread_v, 0.5, cv2.CMP_GE)  # scipy's uint8 rounding: > 0 from 0.5
+            band = cv2.inRange(spread_v, 0.5 - _SPREAD_RECHECK, 0.5 + _SPREAD_RECHECK)
+            recheck = cv2.findNonZero(band) if cv2.countNonZero(band) else None
+            del spread_v, band
     finally:
         cv2.setNumThreads(before)
     lo, hi = _inside_columns(k_yx, offset, (ny, nx), dq_flag.shape)
@@ -362,17 +366,17 @@ def _resample_dq_opencv(nd: Any, dq_flag: np.ndarray, defects: np.ndarray | None
             out[r, b + 1:] = no_data
     if marks is None:
         return out
-    spread = spread_v >= 0.5
-    rr, cc = np.nonzero(np.abs(spread_v - np.float32(0.5)) < _SPREAD_RECHECK)
-    del spread_v
-    if rr.size:
+    if recheck is not None:  # (x, y) points of the values within _SPREAD_RECHECK of 0.5
+        pts = np.asarray(recheck).reshape(-1, 2)
+        cc, rr = pts[:, 0], pts[:, 1]
         coords = np.stack([_source_coordinate(k_yx, offset, axis, rr.astype(float), cc.astype(float))
                            for axis in (0, 1)])
         exact = nd.map_coordinates(marks, coords, order=1, mode="constant", cval=0.0, prefilter=False,
                                    output=np.uint8)  # scipy's own rounding to uint8
-        spread[rr, cc] = exact > 0
+        spread[rr, cc] = np.where(exact > 0, 255, 0).astype(np.uint8)
     defect_bits = sum(int(b) for b in DEFECT_BITS)
-    return np.where(spread, out, out & np.uint8(255 - defect_bits))
+    out &= spread | np.uint8(255 - defect_bits)  # defect bits kept only where the spread holds a defect
+    return out
 
 
 def _resample_dq(nd: Any, dq: Any, finite: Any, k_dev: Any, off_dev: Any, *, threads: int,
