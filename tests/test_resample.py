@@ -340,3 +340,20 @@ def test_rotate_north_up_uses_the_opencv_dq_on_the_cpu(monkeypatch):
         _, dq2, _ = resample.rotate_north_up(data, dq, h, method=method)
         assert (dq2 & DQ.BAD_PIXEL).sum() and (dq2 & DQ.NO_DATA).sum() and (dq2 & DQ.NOT_FINITE).sum()
     assert len(calls) == len(METHODS)
+
+
+def test_the_opencv_dq_needs_opencv_5_1_and_falls_back_to_scipy(monkeypatch):
+    import cv2
+
+    assert resample._opencv_dq_available() == (tuple(int(p) for p in cv2.__version__.split(".")[:2]) >= (5, 1))
+    monkeypatch.setattr(cv2, "__version__", "4.10.0")
+    assert not resample._opencv_dq_available()
+    called = []
+    monkeypatch.setattr(resample, "_resample_dq_opencv", lambda *a, **kw: called.append(1))
+    n = 32
+    dq, finite = _random_dq(n, seed=1)
+    k, off = _rotation(n, 7.0, (0.3, -0.6))
+    nd = resample.ndimage_for(np)
+    out = resample._resample_dq(nd, dq, finite, k, off, threads=1)
+    assert not called and out.dtype == np.uint8  # the scipy passes ran
+    np.testing.assert_array_equal(out, resample._resample_dq(nd, dq, finite, k, off, threads=1, use_opencv=False))
