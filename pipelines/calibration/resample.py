@@ -353,8 +353,10 @@ def _resample_dq_opencv(nd: Any, dq_flag: np.ndarray, defects: np.ndarray | None
     ``tests/test_resample.py``); OpenCV also samples sources within half a pixel outside the
     edge pixels, which scipy's ``mode="constant"`` marks ``NO_DATA``: those pixels are set
     from :func:`_inside_columns`. "Any defect" (``defects`` not None): ``INTER_LINEAR`` on
-    float32 marks (OpenCV's float64 and 8-bit kernels use 1/32-pixel weight tables; its
-    float32 one was measured within 3e-5 of scipy's float64 on the 0-255 scale), the output
+    float32 marks (OpenCV 5.1's float64 kernel was off by up to 7 of 255, a 1/32-pixel
+    weight table; its 8-bit one rounds to integers and decided 1-2 pixels per 1000^2
+    otherwise than scipy; its float32 one was measured within 3e-5 of scipy's float64 on the
+    0-255 scale), the output
     pixel keeps its defect bits where the value rounds to >= 1 as scipy's uint8 output does
     (>= 0.5); values within :data:`_SPREAD_RECHECK` of 0.5 are re-evaluated by
     ``scipy.ndimage.map_coordinates`` at scipy's own float64 positions.
