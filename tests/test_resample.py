@@ -260,3 +260,100 @@ def test_the_accuracy_benchmark_runs_on_a_real_scene_and_prints_its_result(tmp_p
     assert 0 < float(m.group(1)) < 100 and abs(float(m.group(2)) - 1) < 1e-3 and float(m.group(3)) < 1
     text = report.read_text()
     assert "SDO/HMI" in text and "Rule and decision" in text and "Round trip" in text
+
+
+# --------------------------------------------------------------------------- the DQ pass on OpenCV
+
+
+def _rotation(n: int, roll: float, shift: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+    """``(k_yx, offset)`` of a roll [deg] about the frame centre and an off-centre shift [px] (row, column)."""
+    t = np.deg2rad(roll)
+    k = np.array([[np.cos(t), np.sin(t)], [-np.sin(t), np.cos(t)]])
+    c = np.full(2, (n - 1) / 2.0)
+    return k, c + np.asarray(shift) - k @ c
+
+
+def _random_dq(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A random DQ plane (every bit, defects on ~10 % of the pixels) and a finite mask (1 % not finite)."""
+    rng = np.random.default_rng(seed)
+    dq = rng.integers(0, 128, (n, n)).astype(np.uint8)
+    dq &= np.where(rng.random((n, n)) < 0.9, int(DQ.OCCULTED | DQ.OUTSIDE_FOV | DQ.NO_DATA), 0xFF).astype(np.uint8)
+    return dq, rng.random((n, n)) > 0.01
+
+
+@pytest.mark.parametrize("n", [63, 64, 129])
+@pytest.mark.parametrize("roll", [0.0, 0.3, 1.35, 17.0, 30.0, -12.0])
+@pytest.mark.parametrize("shift", [(0.0, 0.0), (1.37, -2.81), (0.5, 0.5), (-3.25, 4.0)])
+def test_opencv_dq_is_the_scipy_dq_except_at_rounding_ties(n, roll, shift):
+    # the same DQ as the scipy passes (threads=1: one call), bit for bit, except where an output
+    # pixel's source position falls exactly on a half-integer (two input pixels equally near)
+    k, off = _rotation(n, roll, shift)
+    dq, finite = _random_dq(n, seed=n + int(abs(roll) * 10))
+    nd = resample.ndimage_for(np)
+    ref = resample._resample_dq(nd, dq, finite, k, off, threads=1, use_opencv=False)
+    out = resample._resample_dq(nd, dq, finite, k, off, threads=2)
+    assert out.dtype == np.uint8 and out.shape == ref.shape
+    rows, cols = np.mgrid[0:n, 0:n].astype(float)
+    y = resample._source_coordinate(k, off, 0, rows, cols)
+    x = resample._source_coordinate(k, off, 1, rows, cols)
+    tie = (np.abs(y - np.floor(y) - 0.5) < 1e-9) | (np.abs(x - np.floor(x) - 0.5) < 1e-9)
+    diff = out != ref
+    assert not (diff & ~tie).any(), np.argwhere(diff & ~tie)[:5]
+    assert diff.sum() <= max(1, tie.sum())
+    # the half-pixel margin OpenCV samples beyond the edge pixels is NO_DATA, as in scipy
+    margin = ((y < 0) & (y > -0.5)) | ((x < 0) & (x > -0.5)) | ((y > n - 1) & (y < n - 0.5)) | \
+             ((x > n - 1) & (x < n - 0.5))
+    if roll:  # (unrolled grids with these shifts have no source in the margin)
+        assert margin.any()
+        assert (out[margin] & DQ.NO_DATA).all()
+    assert (ref & int(DQ.BAD_PIXEL | DQ.COSMIC_RAY)).any()  # defects were spread, not all dropped
+
+
+@pytest.mark.parametrize("frac", [1 / 510, 1 / 510 + 1e-7, 1 / 510 - 1e-7, 0.25])
+def test_opencv_dq_decides_the_bilinear_defect_threshold_as_scipy(frac):
+    # one defect, shifted so that its bilinear weight in the next pixel is at the 0.5/255
+    # rounding threshold of scipy's uint8 pass: OpenCV's float32 value is re-decided in float64
+    n = 16
+    dq = np.zeros((n, n), np.uint8)
+    dq[5, 7] = DQ.BAD_PIXEL
+    dq[9, 3] = DQ.COSMIC_RAY
+    k = np.eye(2)
+    nd = resample.ndimage_for(np)
+    for off in (np.array([0.0, frac]), np.array([frac, 0.0]), np.array([-frac, 2.0 - frac])):
+        ref = resample._resample_dq(nd, dq, np.ones((n, n), bool), k, off, threads=1, use_opencv=False)
+        out = resample._resample_dq(nd, dq, np.ones((n, n), bool), k, off, threads=1)
+        np.testing.assert_array_equal(out, ref)
+
+
+def test_rotate_north_up_uses_the_opencv_dq_on_the_cpu(monkeypatch):
+    n = 64
+    h = make_header(n, x0=30.2, y0=33.7, roll=17.0, scale=30.0)
+    data = np.ones((n, n))
+    data[10, 12] = np.nan
+    dq = np.zeros((n, n), np.uint8)
+    dq[28:36, 28:36] = DQ.OCCULTED
+    dq[40, 20] = DQ.BAD_PIXEL
+    calls = []
+    real = resample._resample_dq_opencv
+    monkeypatch.setattr(resample, "_resample_dq_opencv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    for method in METHODS:
+        _, dq2, _ = resample.rotate_north_up(data, dq, h, method=method)
+        assert (dq2 & DQ.BAD_PIXEL).sum() and (dq2 & DQ.NO_DATA).sum() and (dq2 & DQ.NOT_FINITE).sum()
+    assert len(calls) == len(METHODS)
+
+
+def test_the_opencv_dq_needs_opencv_5_1_and_falls_back_to_scipy(monkeypatch):
+    import cv2
+
+    assert resample._opencv_dq_available() == (tuple(int(p) for p in cv2.__version__.split(".")[:2]) >= (5, 1))
+    monkeypatch.setattr(cv2, "__version__", "4.10.0")
+    assert not resample._opencv_dq_available()
+    called = []
+    monkeypatch.setattr(resample, "_resample_dq_opencv", lambda *a, **kw: called.append(1))
+    n = 32
+    dq, finite = _random_dq(n, seed=1)
+    k, off = _rotation(n, 7.0, (0.3, -0.6))
+    nd = resample.ndimage_for(np)
+    out = resample._resample_dq(nd, dq, finite, k, off, threads=1)
+    assert not called and out.dtype == np.uint8  # the scipy passes ran
+    np.testing.assert_array_equal(out, resample._resample_dq(nd, dq, finite, k, off, threads=1, use_opencv=False))
