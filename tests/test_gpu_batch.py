@@ -161,6 +161,79 @@ def test_a_bad_frame_fails_alone(sim, tmp_path):
     _same(outs[4].result, _per_frame(out, wst[2]))
 
 
+
+def test_cpu_batch_overlaps_read_compute_and_write_and_fails_bad_frames_alone(sim, tmp_path, monkeypatch):
+    """The default NumPy executor (one lane): product k-1 is handed to the callback (written)
+    while frame k computes and frame k+1 is already read; a frame that cannot be read or
+    calibrated fails with its reason, the others are written as per frame."""
+    import threading
+
+    from pipelines.calibration import batch
+
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    masters = _masters(out, "WST")
+    raw = read_image(wst[1].raw_path, dtype=np.float32)
+    wrong_size = np.zeros((40, 40), np.float32)
+    started: dict = {}
+    loaded: list = []
+    real = batch.calibrate_frame
+
+    def calibrate(data, header, *a, **k):
+        started.setdefault(header.get("BENCHKEY"), threading.Event()).set()
+        return real(data, header, *a, **k)
+
+    monkeypatch.setattr(batch, "calibrate_frame", calibrate)
+
+    def loader(key, path=None, data=None):
+        def load():
+            loaded.append(key)
+            if path is not None:
+                r = read_image(path, dtype=np.float32)
+                d, h = r.data, r.header
+            else:
+                d, h = data, raw.header.copy()
+            h["BENCHKEY"] = key
+            return d, h
+        return load
+
+    def gone():
+        loaded.append("gone")
+        raise OSError("disk went away")
+
+    items = [BatchItem("a", loader("a", wst[0].raw_path), masters),
+             BatchItem("wrong-size", loader("wrong-size", data=wrong_size), masters),
+             BatchItem("gone", gone, masters),
+             BatchItem("b", loader("b", wst[1].raw_path), masters),
+             BatchItem("c", loader("c", wst[2].raw_path), masters)]
+    order = [it.key for it in items]
+    ex = BatchExecutor("numpy")
+    assert ex.lanes == 1 and ex.prefetch == 0
+    seen, overlapped = [], []
+
+    def on_result(o):
+        seen.append(o.key)
+        i = order.index(o.key)
+        nxt = next((k for k in order[i + 1:] if k != "gone"), None)
+        if o.key == "a":  # while "a" is written, "wrong-size" has been read and given to the lane
+            assert "wrong-size" in loaded
+        if o.key in ("a", "b") and nxt is not None:
+            overlapped.append(started.setdefault(nxt, threading.Event()).wait(10))
+
+    outs = ex.run(items, on_result=on_result, keep_results=True)
+    assert seen == order and [o.key for o in outs] == order
+    assert [o.ok for o in outs] == [True, False, False, True, True]
+    assert "40x40" in outs[1].error or "shape" in outs[1].error
+    assert outs[2].error == "OSError: disk went away"
+    assert overlapped == [True, True]  # the next frame was computing while this one was handed over
+    for o, f in zip((outs[0], outs[3], outs[4]), wst):
+        ref = _per_frame(out, f)
+        np.testing.assert_array_equal(o.result.data, ref.data)
+        np.testing.assert_array_equal(o.result.dq, ref.dq)
+        assert o.result.stats == ref.stats
+    assert ex.frames_done == 3 and ex.frames_failed == 2
+
+
 def test_a_failing_callback_stops_the_batch(sim):
     out, res = sim
     wst = [f for f in res.frames if f.channel == "WST"]

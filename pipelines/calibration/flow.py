@@ -290,7 +290,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     between the percentile asked for and the exact rank of the value returned among all
     good pixels (counted in one pass each); with ~1e6 samples it is of order 0.01-0.1
     points (binomial standard error sqrt(p (1 - p) / m): 0.01 points at p = 1 %, 0.05 at
-    the median). ``percentiles`` says ``"exact"`` or ``"sampled every k-th pixel"``.
+    the median). ``percentiles`` says ``"exact"`` or ``"sampled: 1 pixel in k, raster order"``.
     """
     from pipelines.calibration import kernels
 
@@ -325,7 +325,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
             sub = flat_data[::k][good[::k]]  # a copy of ~1e6 values: reordered in place below
             p01, med, p99 = np.percentile(sub, [1, 50, 99], overwrite_input=True)
             del sub
-            how = f"sampled every {k}-th pixel"
+            how = f"sampled: 1 pixel in {k}, raster order"
             rank_err = 0.0
             for want, got in ((1.0, p01), (50.0, med), (99.0, p99)):
                 below = int(np.count_nonzero(kernels.evaluate("g & (x < v)", {"g": good, "x": flat_data,
