@@ -582,7 +582,13 @@ def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationIn
     occ = geo.get("OCCRAD")
     occ = float(occ) if occ not in (None, "") else None
     fov = geo.get("FOVRAD", spec.fov_rsun_max)
-    dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
+    if isinstance(img, np.ndarray) and isinstance(dq, np.ndarray):  # in place on our own DQ: one pass, no temporaries
+        bad = ~np.isfinite(img)
+        if bad.any():
+            np.bitwise_or(dq, np.uint8(int(DQ.NOT_FINITE)), out=dq, where=bad)
+        del bad
+    else:
+        dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
     dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
     return steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
 

@@ -296,14 +296,17 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     offset = np.array([geom.y0, geom.x0]) - k_yx @ np.array([cy, cx])
     nd = ndimage_for(xp)
     finite = xp.isfinite(var)
-    filled = xp.where(finite, var, xp.zeros_like(var))
-    if not bool(xp.all(finite)):  # neighbours' mean, as the data (NaN pixels are flagged)
+    if bool(xp.all(finite)):  # the usual case: no filled copy (the input is read, not modified)
+        filled = xp.astype(var, xp.float32, copy=False)
+    else:  # neighbours' mean, as the data (NaN pixels are flagged)
+        filled = xp.where(finite, var, xp.zeros_like(var))
         w = xp.astype(finite, xp.float32)
         num = nd.uniform_filter(xp.astype(filled, xp.float32), size=5, mode="nearest")
         den = nd.uniform_filter(w, size=5, mode="nearest")
         filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
-    out = _affine(nd, xp.astype(filled, xp.float32), xp.asarray(k_yx), xp.asarray(offset), (ny, nx), order=1,
-                  mode="nearest", dtype=xp.float32, threads=threads)
+    del finite
+    out = _affine(nd, xp.astype(filled, xp.float32, copy=False), xp.asarray(k_yx), xp.asarray(offset), (ny, nx),
+                  order=1, mode="nearest", dtype=xp.float32, threads=threads)
     # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
     if isinstance(out, np.ndarray):
         _apply_factor_numpy(out, k_yx, offset, order, threads)
