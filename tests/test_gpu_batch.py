@@ -265,7 +265,7 @@ def eager(monkeypatch):
         del app._local.backend
 
 
-def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
+def _gpu_job(sim, monkeypatch, *, corrupt: int | None, device: str = "gpu"):
     """Ingest the simulated WST frames and masters into the embedded store, optionally
     corrupt one stored raw frame, and add a queued device-gpu job over them."""
     from sqlalchemy import select
@@ -297,7 +297,7 @@ def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
             Path(frames[corrupt].path).write_bytes(b"not a FITS file any more")  # corrupted in the store
         t0 = min(f.date_obs for f in frames) - dt.timedelta(minutes=1)
         t1 = max(f.date_obs for f in frames) + dt.timedelta(minutes=1)
-        req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": "gpu"})
+        req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": device})
         job = Job(owner="test", kind="calibrate", parameters=req.model_dump(mode="json"),
                   state=JobState.queued)
         s.add(job)
@@ -361,6 +361,46 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
         s.refresh(job)
         assert (job.done, job.failed) == (2, 1)
 
+
+def test_cpu_job_runs_in_overlapped_cpu_batches_when_asked(sim, sqlite_env, eager, monkeypatch):
+    """CPU_BATCH_SIZE=2: a CPU job goes to the cpu queue in batches (calibrate_products_cpu_batch,
+    the overlapped host executor); the corrupt frame fails its product alone, the others are
+    written with no device note; the job ends failed with the reason."""
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.settings import get_settings
+    from backend.worker import reconcile, tasks
+
+    monkeypatch.setenv("CPU_BATCH_SIZE", "2")
+    settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=0, device="cpu")
+    assert settings.cpu_batch_size == 2
+    monkeypatch.setattr(reconcile, "send", lambda *a, **k: None)
+    sent = []
+    real_apply_async = tasks.calibrate_products_cpu_batch.apply_async
+
+    def spy(*a, **k):
+        sent.append((k.get("args"), k.get("queue")))
+        return real_apply_async(*a, **k)
+
+    monkeypatch.setattr(tasks.calibrate_products_cpu_batch, "apply_async", spy)
+    r = tasks.run_job.apply(args=[job_id]).get()
+    assert r == {"job_id": job_id, "planned": 3, "cpu_batches": 2}
+    assert [q for _a, q in sent] == ["cpu", "cpu"] and [len(a[1]) for a, _q in sent] == [2, 1]
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert job.state == JobState.failed and (job.total, job.done, job.failed) == (3, 2, 1)
+        prods = {p.frame_id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
+        bad = prods.pop(bad_frame_id)
+        assert bad.state == ProductState.failed and bad.error and bad.error in job.error
+        for p in prods.values():
+            assert p.state == ProductState.written and Path(p.path).is_file()
+            with fits.open(p.path) as hdul:
+                assert hdul[0].header["BACKEND"] == "numpy"
+                assert not any("device gpu requested" in str(x) for x in hdul[0].header["HISTORY"])
+    get_settings.cache_clear()
 
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a CUDA GPU (none here)")
 def test_cupy_batch_matches_numpy(sim):

@@ -5,7 +5,8 @@ API and make one new frame per operation; on a 4608 x 4608 frame (85 MB as float
 such pass is memory bound (tens of ms) and the chain of dark, flat, exposure and units,
 with the variance beside it, makes about fifteen of them. This module evaluates whole
 expressions in one pass over the frame, in blocks that stay in the CPU caches, on the
-threads the process is given (:func:`pipelines.calibration.resample.default_threads`),
+threads the process is given (:func:`set_threads`; a Celery worker gives each of its
+processes its share of the cores, as it does for the resampling),
 with numexpr (Cooke, Hochberg et al., https://github.com/pydata/numexpr): float32 in,
 float32 out, the same IEEE operations in the same order as the step-by-step chain (so
 the results agree to float32 rounding; ``tests/test_calibration_steps.py`` compares them).
@@ -17,12 +18,13 @@ step-by-step Array API path, and :func:`available` says which applies.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from typing import Any
 
 import numpy as np
 
-__all__ = ["available", "evaluate"]
+__all__ = ["available", "evaluate", "set_threads"]
 
 _NE: Any = None
 _LOCK = threading.Lock()
@@ -44,6 +46,22 @@ def available(*arrays: Any) -> bool:
     return _numexpr() is not None and all(isinstance(a, np.ndarray) for a in arrays)
 
 
+def _cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+_WANT: int | None = None
+
+
+def set_threads(n: int | None) -> None:
+    """Threads of the fused kernels in this process (``None``: every core it may use)."""
+    global _WANT
+    _WANT = None if n is None else max(1, int(n))
+
+
 def evaluate(expression: str, local_dict: dict[str, Any], out: np.ndarray | None = None) -> np.ndarray:
     """``numexpr.evaluate(expression, local_dict)`` on this process's step threads.
 
@@ -59,9 +77,7 @@ def evaluate(expression: str, local_dict: dict[str, Any], out: np.ndarray | None
     ne = _numexpr()
     if ne is None:
         raise RuntimeError("numexpr is not installed")
-    from pipelines.calibration.resample import default_threads
-
-    n = default_threads()
+    n = _WANT if _WANT is not None else _cores()
     if n != _THREADS:
         with _LOCK:
             ne.set_num_threads(n)
