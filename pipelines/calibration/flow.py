@@ -126,9 +126,10 @@ class L2Result:
     header : astropy.io.fits.Header
         The L2 header.
     stats : dict
-        JSON-ready summary: ``median``, ``mean``, ``p01``, ``p99`` of the good pixels (DQ 0),
-        ``n_pixels``, ``n_good``, ``n_masked``, counts per DQ bit, ``rsun_px``, ``channel``,
-        ``bunit``, ``backend``.
+        JSON-ready summary: ``mean``, ``min``, ``max`` (exact) and ``median``, ``p01``, ``p99``
+        (exact, or sampled on large frames: ``percentiles``, ``percentile_rank_error``;
+        :func:`_stats`) of the good pixels (DQ 0), ``n_pixels``, ``n_good``, ``n_masked``,
+        counts per DQ bit, ``rsun_px``, ``channel``, ``bunit``, ``backend``.
     uncertainty : numpy.ndarray, shape (ny, nx), float32, or None
         Standard deviation of ``data`` per pixel, in ``BUNIT``
         (:mod:`pipelines.calibration.uncertainty`); NaN where ``data`` is NaN.
@@ -313,9 +314,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     for bit in DQ:
         stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
     if n_good:
-        mean = float(np.add.reduce(flat_data, where=good, dtype=np.float64) / n_good)
-        vmin = float(np.min(flat_data, where=good, initial=np.inf))
-        vmax = float(np.max(flat_data, where=good, initial=-np.inf))
+        mean, vmin, vmax = _exact_moments(flat_data, good, n_good)
         if n_good <= EXACT_PERCENTILE_PIXELS:
             vals = flat_data[good]
             p01, med, p99 = np.percentile(vals, [1, 50, 99], overwrite_input=True)
@@ -344,6 +343,25 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     except DataError:
         stats["rsun_px"] = None
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+
+
+def _exact_moments(x: np.ndarray, good: np.ndarray, n_good: int) -> tuple[float, float, float]:
+    """Mean (float64 accumulation), min and max of ``x[good]`` without copying ``x[good]``:
+    the bad pixels replaced by the neutral value in one reused buffer (numexpr), then the
+    plain SIMD reductions (masked ``where=`` reductions are several times slower)."""
+    from pipelines.calibration import kernels
+
+    if not (kernels.available(x) and x.dtype == np.float32):
+        return (float(np.add.reduce(x, where=good, dtype=np.float64) / n_good),
+                float(np.min(x, where=good, initial=np.inf)), float(np.max(x, where=good, initial=-np.inf)))
+    env = {"g": good, "x": x, "z": np.float32(0.0)}
+    buf = kernels.evaluate("where(g, x, z)", env)
+    mean = float(np.add.reduce(buf, dtype=np.float64) / n_good)
+    env["z"] = np.float32(np.inf)
+    vmin = float(np.min(kernels.evaluate("where(g, x, z)", env, out=buf)))
+    env["z"] = np.float32(-np.inf)
+    vmax = float(np.max(kernels.evaluate("where(g, x, z)", env, out=buf)))
+    return mean, vmin, vmax
 
 
 def _options(options: CalibrationOptions | None) -> CalibrationOptions:
