@@ -503,6 +503,13 @@ class BatchExecutor:
             if i < len(items) and i not in reads:
                 reads[i] = reader.submit(self._read, items[i])
 
+        def wait_for_lane() -> None:  # without handing anything to the callback
+            while True:
+                busy = [e for _s, e in inflight if isinstance(e, Future) and not e.done()]
+                if len(busy) < self.lanes:
+                    return
+                futures_wait(busy, return_when=FIRST_COMPLETED)
+
         def emit() -> None:
             _seq, entry = inflight.popleft()
             out = entry.result() if isinstance(entry, Future) else entry
@@ -520,6 +527,10 @@ class BatchExecutor:
             for i in range(min(len(items), self.prefetch + 1)):
                 want(i)
             for seq, item in enumerate(items):
+                if host_pipeline:
+                    # a free lane before this frame is taken from the reader and the next one
+                    # asked for: one raw frame read ahead of the one computing, not two
+                    wait_for_lane()
                 want(seq)
                 entry: Future | BatchOutcome
                 try:
@@ -540,13 +551,9 @@ class BatchExecutor:
                         entry = None  # submitted below, once a lane is free
                     del data
                 if host_pipeline:
-                    # CPU: wait for a free lane without handing anything to the callback, give the
-                    # lane this frame, then write the finished products while it computes
-                    while True:
-                        busy = [e for _s, e in inflight if isinstance(e, Future) and not e.done()]
-                        if len(busy) < self.lanes:
-                            break
-                        futures_wait(busy, return_when=FIRST_COMPLETED)
+                    # CPU: give the lane (free: waited for above) this frame, then write the
+                    # finished products while it computes and the reader reads the next frame
+                    wait_for_lane()
                     if entry is None:
                         entry = lanes.submit(self._compute, item, header, staged, cals, seq % self.lanes, read_s)
                     inflight.append((seq, entry))
