@@ -79,6 +79,7 @@ class TaskName:
     calibrate_product = "pipelines.tasks.calibrate_product"
     calibrate_product_gpu = "pipelines.tasks.calibrate_product_gpu"
     calibrate_products_gpu_batch = "pipelines.tasks.calibrate_products_gpu_batch"
+    calibrate_products_cpu_batch = "pipelines.tasks.calibrate_products_cpu_batch"
     record_progress = "pipelines.tasks.record_progress"
     detect_flares = "pipelines.tasks.detect_flares"
     detect_cmes = "pipelines.tasks.detect_cmes"
@@ -324,7 +325,7 @@ class InFlight:
         try:
             if name in (TaskName.calibrate_product, TaskName.calibrate_product_gpu):
                 self.products.add(int(args[0] if args else kwargs["product_id"]))
-            elif name == TaskName.calibrate_products_gpu_batch:
+            elif name in (TaskName.calibrate_products_gpu_batch, TaskName.calibrate_products_cpu_batch):
                 self.products.update(int(p) for p in (args[1] if len(args) > 1 else kwargs["product_ids"]))
             elif name == TaskName.run_job:
                 self.jobs.add(str(args[0] if args else kwargs["job_id"]))

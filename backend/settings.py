@@ -154,6 +154,9 @@ class Settings(BaseSettings):
     worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
     array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
     gpu_batch_size: int = Field(default=16, ge=1, le=1024, validation_alias=_alias("GPU_BATCH_SIZE"))
+    #: CPU jobs: 1 (default) sends one message per product; N > 1 sends batches of N to the
+    #: ``cpu`` queue, calibrated by the overlapped CPU batch (read, compute and write at once)
+    cpu_batch_size: int = Field(default=1, ge=1, le=1024, validation_alias=_alias("CPU_BATCH_SIZE"))
     task_soft_time_limit_s: float = Field(default=840.0, gt=0, validation_alias=_alias("TASK_SOFT_TIME_LIMIT_S"))
     task_time_limit_s: float = Field(default=900.0, gt=0, validation_alias=_alias("TASK_TIME_LIMIT_S"))
     broker_visibility_timeout_s: float = Field(default=3600.0, gt=0,

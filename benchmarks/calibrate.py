@@ -13,20 +13,33 @@ Measured in one run, each in its own process (so that peak memory is that of one
   exposure and radiometric coefficient (SCI: minus the stray-light model), then
   ``Map.rotate(recenter=True, order=3)`` and ``Map.save``.
 
+And a batch of ``--batch`` WST frames (copies of the raw file, default 8), each in its own
+process:
+
+* ``floor_batch``: the floor's read and write of each frame, one after the other: the
+  floor's frames per second.
+* ``batch``: :class:`pipelines.calibration.batch.BatchExecutor` on NumPy, as a CPU worker
+  runs a batch: frame k+1 read and product k-1 written (``build_product_hdul`` and
+  ``write_fits_atomic`` in the callback) while frame k calibrates. Its frames per second
+  against the floor's is ``wst_batch_over_floor`` (target <= 1.3); the peak is measured
+  on a batch of 3 frames (read, compute and write all under way at once).
+
 Each task runs once untimed (imports, caches), ``--repeat`` times timed (median reported),
 once more under ``tracemalloc`` for the peak of Python/NumPy allocations above what was
 resident before the frame (also ``ru_maxrss``). The last line printed is::
 
-    RESULT wst_pipeline_over_floor=<x> wst_peer_over_pipeline=<y> sci_pipeline_over_floor=<z> peak_mib=<m>
+    RESULT wst_pipeline_over_floor=<x> wst_batch_over_floor=<b> wst_peer_over_pipeline=<y> sci_pipeline_over_floor=<z> peak_mib=<m>
 
-``peak_mib``: the pipeline's tracemalloc peak for a WST frame [MiB] (the target is <= 6
-float32 frames, 486 MiB at 4608 x 4608). The report goes to
-``benchmarks/reports/calibrate_benchmark.md`` (with ``--report``).
+``peak_mib``: the pipeline's tracemalloc peak for one WST frame [MiB] (the target is <= 6
+float32 frames, 486 MiB at 4608 x 4608; the batch's peak is in the report). The report
+goes to ``benchmarks/reports/calibrate_benchmark.md`` (with ``--report``).
+``--resample NAME`` passes ``CalibrationOptions(resample=NAME)`` to the pipeline and the
+batch where the options have that field (the north-up back end), and refuses otherwise.
 
 Usage::
 
-    .venv/bin/python benchmarks/calibrate.py --report          # WST 4608, SCI-WL 2048
-    .venv/bin/python benchmarks/calibrate.py --wst-size 1024 --sci-size 512
+    .venv/bin/python benchmarks/calibrate.py --report          # WST 4608, SCI-WL 2048, batch of 8
+    .venv/bin/python benchmarks/calibrate.py --wst-size 1024 --sci-size 512 --batch 4
 """
 
 from __future__ import annotations
@@ -52,8 +65,15 @@ sys.path.insert(0, str(ROOT))
 
 REPORT = ROOT / "benchmarks" / "reports" / "calibrate_benchmark.md"
 STEP_NAMES = ("flag_invalid_pixels", "flag_bad_pixels", "subtract_dark", "clean_cosmic_rays", "correct_flat",
-              "normalize_exposure", "convert_units", "subtract_stray_light", "mask_occulter", "mask_field_of_view",
-              "deconvolve_psf", "rotate_north_up")
+              "normalize_exposure", "convert_units", "correct_detector_signal", "subtract_stray_light",
+              "mask_occulter", "mask_field_of_view", "deconvolve_psf", "rotate_north_up")
+#: Timed besides the steps: (module, function) as the flow calls them.
+EXTRA_TIMED = (("pipelines.calibration.uncertainty", "detector_variance"),
+               ("pipelines.calibration.uncertainty", "resample_variance"),
+               ("pipelines.calibration.flow", "fit_and_apply_centre"))
+
+#: CalibrationOptions for the pipeline tasks (set from --resample in the worker).
+OPTIONS: dict = {}
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -113,7 +133,7 @@ def _pipeline_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     raw = read_image(raw_path, dtype=np.float32)  # as the workers read (16-bit DN exact)
     timer.add("read", time.perf_counter() - t0)
     t0 = time.perf_counter()
-    l2 = calibrate_frame(raw.data, raw.header, cals)
+    l2 = calibrate_frame(raw.data, raw.header, cals, _options())
     timer.add("calibrate_frame", time.perf_counter() - t0)
     del raw
     t0 = time.perf_counter()
@@ -160,7 +180,90 @@ def _peer_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     timer.add("write (Map.save)", time.perf_counter() - t0)
 
 
+def _options():
+    from pipelines.calibration.options import CalibrationOptions
+
+    return CalibrationOptions(**OPTIONS)
+
+
+def _check_resample(name: str | None) -> None:
+    """Refuse ``--resample`` where CalibrationOptions has no ``resample`` field (before merging
+    the north-up back end), rather than measuring the default silently."""
+    if name is None:
+        return
+    from pipelines.calibration.options import CalibrationOptions
+
+    if "resample" not in CalibrationOptions.model_fields:
+        raise SystemExit(f"--resample {name}: this CalibrationOptions has no 'resample' field")
+    CalibrationOptions(resample=name)  # a bad name is refused by the options themselves
+
+
 TASKS = {"floor": _floor_task, "pipeline": _pipeline_task, "peer": _peer_task}
+BATCH_TASKS = ("floor_batch", "batch")
+
+
+def batch_worker(mode: str, channel: str, data_dir: Path, n: int) -> dict:
+    """``n`` copies of the raw frame through the floor one by one, or through the CPU batch."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from pipelines.calibration import flow
+    from pipelines.calibration.batch import BatchExecutor, BatchItem
+    from pipelines.fitsio import write_fits_atomic
+    from pipelines.products import build_product_hdul
+
+    raw_path = _raw_path(data_dir, channel)
+    tmp = Path(tempfile.mkdtemp(prefix="lst_bench_batch_"))
+    copies = []
+    for i in range(n):
+        copies.append(tmp / f"raw_{i:03d}.fits")
+        shutil.copyfile(raw_path, copies[-1])
+    cals = _masters(data_dir, channel)
+    flow.bad_pixel_map(cals["dark"])
+    options = _options()
+    stage: dict[str, float] = {}
+
+    def floor(paths) -> None:
+        for i, p in enumerate(paths):
+            _floor_task(p, tmp / f"product_{i:03d}.fits", timer, cals)
+            (tmp / f"product_{i:03d}.fits").unlink()
+
+    def batch(paths) -> None:
+        ex = BatchExecutor("numpy")
+
+        def write(o) -> None:
+            if not o.ok:
+                raise RuntimeError(f"frame {o.key} failed: {o.error}")
+            stage["read"] = stage.get("read", 0.0) + o.read_s
+            stage["calibrate_frame"] = stage.get("calibrate_frame", 0.0) + o.compute_s
+            t0 = time.perf_counter()
+            out = tmp / f"product_{o.key:03d}.fits"
+            write_fits_atomic(build_product_hdul(o.result, software_version="bench"), out)
+            out.unlink()
+            stage["build + write (callback)"] = stage.get("build + write (callback)", 0.0) + time.perf_counter() - t0
+
+        ex.run([BatchItem.from_path(i, p, cals, options) for i, p in enumerate(paths)], on_result=write,
+               keep_results=False)
+
+    timer = _Timer()
+    fn = floor if mode == "floor_batch" else batch
+    fn(copies[:1])  # warm-up: imports, caches, numexpr's compiled expressions
+    timer.t, stage = {}, {}
+    t0 = time.perf_counter()
+    fn(copies)
+    wall = time.perf_counter() - t0
+    stages = dict(timer.t if mode == "floor_batch" else stage)
+    k = min(3, n)
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    fn(copies[:k])
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    shutil.rmtree(tmp, ignore_errors=True)
+    npx = int(np.prod(_shape(raw_path)))
+    return {"mode": mode, "channel": channel, "frames": n, "seconds": wall, "fps": n / wall, "steps": stages,
+            "prep": {}, "peak_mib": peak / 2**20, "peak_frames_run": k, "frame_mib": npx * 4 / 2**20,
+            "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "all_seconds": [wall]}
 
 
 def worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool) -> dict:
@@ -185,8 +288,13 @@ def worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool) 
         prep["bad-pixel map (once per master)"] = time.perf_counter() - t0
     timer = _Timer()
     if mode == "pipeline":
+        import importlib
+
         for name in STEP_NAMES:
             module = resample if name == "rotate_north_up" else steps
+            setattr(module, name, timer.wrap(name, getattr(module, name)))
+        for mod_name, name in EXTRA_TIMED:
+            module = importlib.import_module(mod_name)
             setattr(module, name, timer.wrap(name, getattr(module, name)))
         flow._stats = timer.wrap("statistics", flow._stats)
     task(raw_path, out, _Timer(), cals)  # warm-up: imports, caches
@@ -238,9 +346,11 @@ def _shape(path: Path) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- driver side
 
 
-def _run_worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool = False) -> dict:
+def _run_worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool = False, *,
+                batch: int = 0, resample: str | None = None) -> dict:
     cmd = [sys.executable, __file__, "--worker", mode, "--channel", channel, "--data", str(data_dir),
-           "--repeat", str(repeat)] + (["--profile"] if profile else [])
+           "--repeat", str(repeat), "--batch", str(batch)] + (["--profile"] if profile else [])
+    cmd += ["--resample", resample] if resample else []
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     if proc.returncode != 0:
         raise RuntimeError(f"worker {mode} {channel} failed:\n{proc.stderr[-3000:]}")
@@ -271,32 +381,49 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--data", type=Path, default=None, help="simulated data folder (made if missing)")
+    ap.add_argument("--batch", type=int, default=8, help="WST frames in the batch measurement (default 8)")
+    ap.add_argument("--resample", default=None,
+                    help="CalibrationOptions(resample=NAME) for the pipeline and the batch, where that field exists")
     ap.add_argument("--report", action="store_true", help=f"write {REPORT.relative_to(ROOT)}")
-    ap.add_argument("--worker", choices=sorted(TASKS), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=sorted(TASKS) + list(BATCH_TASKS), help=argparse.SUPPRESS)
     ap.add_argument("--channel", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.batch < 1:
+        ap.error("--batch must be at least 1")
+    _check_resample(args.resample)
+    if args.resample:
+        OPTIONS["resample"] = args.resample
+    if args.worker in BATCH_TASKS:
+        print(json.dumps(batch_worker(args.worker, args.channel, args.data, args.batch)))
+        return 0
     if args.worker:
         print(json.dumps(worker(args.worker, args.channel, args.data, args.repeat, args.profile)))
         return 0
     data = args.data or Path(tempfile.gettempdir()) / f"lst_bench_{args.wst_size}_{args.sci_size}"
     _prepare(data, args.wst_size, args.sci_size, args.seed)
     results: dict[tuple[str, str], dict] = {}
-    for ch in ("WST", "SCI-WL"):
-        for mode in ("floor", "pipeline", "peer"):
-            r = _run_worker(mode, ch, data, args.repeat, profile=(mode == "pipeline" and ch == "WST"))
-            results[(ch, mode)] = r
-            print(f"{ch:6s} {mode:8s} {r['seconds']:7.3f} s (runs {', '.join(f'{x:.2f}' for x in r['all_seconds'])}); "
-                  f"peak {r['peak_mib']:.0f} MiB = {r['peak_mib'] / r['frame_mib']:.1f} float32 frames; "
-                  f"maxrss {r['maxrss_mib']:.0f} MiB", flush=True)
-            print(f"         steps [s]: {_fmt_steps(r)}", flush=True)
-            if r["prep"]:
-                print(f"         once per worker [s]: " + ", ".join(f"{k} {v:.2f}" for k, v in r["prep"].items()))
+    plan = [(ch, mode) for ch in ("WST", "SCI-WL") for mode in ("floor", "pipeline", "peer")]
+    plan[3:3] = [("WST", "floor_batch"), ("WST", "batch")]
+    for ch, mode in plan:
+        r = _run_worker(mode, ch, data, args.repeat, profile=(mode == "pipeline" and ch == "WST"),
+                        batch=args.batch, resample=args.resample)
+        results[(ch, mode)] = r
+        print(f"{ch:6s} {mode:8s} {r['seconds']:7.3f} s (runs {', '.join(f'{x:.2f}' for x in r['all_seconds'])}); "
+              f"peak {r['peak_mib']:.0f} MiB = {r['peak_mib'] / r['frame_mib']:.1f} float32 frames; "
+              f"maxrss {r['maxrss_mib']:.0f} MiB", flush=True)
+        print(f"         steps [s]: {_fmt_steps(r)}", flush=True)
+        if r["prep"]:
+            print(f"         once per worker [s]: " + ", ".join(f"{k} {v:.2f}" for k, v in r["prep"].items()))
     w_floor, w_pipe, w_peer = (results[("WST", m)]["seconds"] for m in ("floor", "pipeline", "peer"))
     s_floor, s_pipe = results[("SCI-WL", "floor")]["seconds"], results[("SCI-WL", "pipeline")]["seconds"]
     peak = results[("WST", "pipeline")]["peak_mib"]
-    line = (f"RESULT wst_pipeline_over_floor={w_pipe / w_floor:.2f} wst_peer_over_pipeline={w_peer / w_pipe:.2f} "
-            f"sci_pipeline_over_floor={s_pipe / s_floor:.2f} peak_mib={peak:.0f}")
+    b_floor, b_pipe = results[("WST", "floor_batch")]["seconds"], results[("WST", "batch")]["seconds"]
+    print(f"WST batch of {args.batch}: {args.batch / b_pipe:.3f} frames/s, floor {args.batch / b_floor:.3f} frames/s",
+          flush=True)
+    line = (f"RESULT wst_pipeline_over_floor={w_pipe / w_floor:.2f} wst_batch_over_floor={b_pipe / b_floor:.2f} "
+            f"wst_peer_over_pipeline={w_peer / w_pipe:.2f} sci_pipeline_over_floor={s_pipe / s_floor:.2f} "
+            f"peak_mib={peak:.0f}")
     if args.report:
         _write_report(results, line, args)
     print(results[("WST", "pipeline")]["profile"] or "")
@@ -307,7 +434,8 @@ def main(argv=None) -> int:
 def _write_report(results: dict, line: str, args) -> None:
     L = ["# Calibration benchmark: one frame at full size", ""]
     L.append(f"`python benchmarks/calibrate.py --report` (WST {args.wst_size} px, SCI-WL {args.sci_size} px, "
-             f"median of {args.repeat} runs, each task in its own process) on "
+             f"median of {args.repeat} runs; batch of {args.batch} WST frames, one run"
+             + (f"; --resample {args.resample}" if args.resample else "") + "; each task in its own process) on "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, {os.cpu_count()} CPUs, "
              f"numpy {np.__version__}. Disk: the machine's temp folder.")
     L.append("")
@@ -318,11 +446,17 @@ def _write_report(results: dict, line: str, args) -> None:
     L.append("| channel | task | seconds | x floor | peak (tracemalloc) | in float32 frames | maxrss |")
     L.append("|---|---|---|---|---|---|---|")
     for (ch, mode), r in results.items():
+        if mode in BATCH_TASKS:
+            floor = results[(ch, "floor_batch")]["seconds"]
+            L.append(f"| {ch} | {mode} ({r['frames']} frames; {r['fps']:.3f} frames/s) | {r['seconds']:.3f} | "
+                     f"{r['seconds'] / floor:.2f} | {r['peak_mib']:.0f} MiB ({r['peak_frames_run']}-frame run) | "
+                     f"{r['peak_mib'] / r['frame_mib']:.1f} | {r['maxrss_mib']:.0f} MiB |")
+            continue
         floor = results[(ch, "floor")]["seconds"]
         L.append(f"| {ch} | {mode} | {r['seconds']:.3f} | {r['seconds'] / floor:.2f} | {r['peak_mib']:.0f} MiB | "
                  f"{r['peak_mib'] / r['frame_mib']:.1f} | {r['maxrss_mib']:.0f} MiB |")
     L.append("")
-    L.append("Per-step times [s] (median):")
+    L.append("Per-step times [s] (median; batch rows: sums over the batch's frames, which overlap in time):")
     L.append("")
     for (ch, mode), r in results.items():
         L.append(f"* {ch} {mode}: {_fmt_steps(r)}" + (

@@ -106,7 +106,7 @@ def test_the_worker_registers_every_task_name_of_the_broker():
     import backend.worker.tasks  # noqa: F401 - registers the tasks
 
     names = TaskName.all()
-    assert len(names) == 14 and all(n.startswith("pipelines.tasks.") for n in names)
+    assert len(names) == 15 and all(n.startswith("pipelines.tasks.") for n in names)
     assert set(names) <= set(app.tasks)
     assert list(app.conf.include) == ["backend.worker.tasks"]
 

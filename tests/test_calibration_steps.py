@@ -203,6 +203,130 @@ def test_mask_occulter_is_skipped_for_disk_imagers():
 # ------------------------------------------------------------------ north up
 
 
+
+# ------------------------------------------------------------------ fused kernels
+
+
+def _random_detector(n: int = 97, *, bad_flat: bool = True, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    raw = np.round(rng.uniform(80.0, 40000.0, (n, n))).astype(np.float32)
+    bias = rng.normal(100.0, 3.0, (n, n)).astype(np.float32)
+    rate = rng.uniform(0.0, 20.0, (n, n)).astype(np.float32)
+    flat = rng.uniform(0.8, 1.2, (n, n)).astype(np.float32)
+    if bad_flat:
+        flat[3, 4], flat[10, 11], flat[20, 0] = 0.0, np.nan, -1.0
+    planes = {"biaserr": rng.uniform(0.1, 2.0, (n, n)).astype(np.float32),
+              "darkerr": rng.uniform(0.0, 0.5, (n, n)).astype(np.float32)}
+    flat_err = rng.uniform(0.0, 0.02, (n, n)).astype(np.float32)
+    h = make_header(n, exptime=3.7)
+    h["DET_TEMP"] = -12.5
+    return raw, h, bias, rate, flat, planes, flat_err
+
+
+@pytest.mark.parametrize("bad_flat", [False, True])
+def test_fused_detector_signal_equals_the_steps_one_by_one(bad_flat):
+    """correct_detector_signal (numexpr, one pass) against subtract_dark -> correct_flat ->
+    normalize_exposure -> convert_units: the same float32 values (to 1 ulp) and the same
+    keywords and HISTORY lines; the variance too (detector_variance against the chain of
+    raw_variance, dark_variance, flat_variance, / t**2, x C**2)."""
+    from pipelines.calibration import kernels, uncertainty
+
+    assert kernels.available(np.zeros(1))
+    raw, h, bias, rate, flat, planes, flat_err = _random_detector(bad_flat=bad_flat)
+    raw_before = raw.copy()
+    kw = dict(reference_temperature_c=-20.0, doubling_temperature_c=6.0)
+    fused, hf = steps.correct_detector_signal(raw, h, bias, rate, flat, 2.5e-3, steps.RADIANCE_UNIT, **kw)
+    img, hs = steps.subtract_dark(raw, h, bias, rate, **kw)
+    img, hs = steps.correct_flat(img, hs, flat)
+    img, hs = steps.normalize_exposure(img, hs)
+    img, hs = steps.convert_units(img, hs, 2.5e-3, steps.RADIANCE_UNIT)
+    assert fused.dtype == np.float32 and np.array_equal(raw, raw_before)  # the input is not modified
+    np.testing.assert_array_equal(np.isnan(fused), np.isnan(img))
+    assert np.isnan(fused).sum() == (3 if bad_flat else 0)
+    np.testing.assert_allclose(fused, img, rtol=2.5e-7, atol=0)
+    assert list(hf.items()) == list(hs.items())  # BUNIT, DARKTFAC, the four HISTORY lines
+    assert hf["DARKTFAC"] == pytest.approx(2 ** (7.5 / 6.0)) and "subtract_dark" in history(hf)
+
+    t, s = 3.7, 3.7 * hf["DARKTFAC"]
+    var = uncertainty.detector_variance(raw, bias, 2.0, 4.0, planes, s, flat, flat_err, rate, t, 2.5e-3)
+    ref = uncertainty.raw_variance(raw, bias, 2.0, 4.0)
+    ref, _ = uncertainty.dark_variance(ref, planes, s, np)
+    after_flat, _ = steps.correct_flat(steps.subtract_dark(raw, h, bias, rate, **kw)[0], h, flat)
+    ref = uncertainty.flat_variance(ref, after_flat, flat, flat_err)
+    ref = ref / np.float32(t * t) * np.float32(2.5e-3 ** 2)
+    np.testing.assert_array_equal(np.isnan(var), np.isnan(ref))
+    np.testing.assert_allclose(var, ref, rtol=1e-6, atol=0)
+    # a wrong term would show: the flat error's share is far above float32 rounding
+    without = uncertainty.detector_variance(raw, bias, 2.0, 4.0, planes, s, flat, None, rate, t, 2.5e-3)
+    assert np.nanmax(np.abs(without / ref - 1)) > 1e-3
+
+
+def test_flow_fused_and_step_by_step_paths_agree():
+    """calibrate_frame on NumPy (fused) against the step-by-step path the flow takes on
+    other backends (forced here by hiding numexpr): data, DQ, uncertainty, statistics."""
+    from pipelines.calibration import kernels
+
+    raw, h, cals, _ = _synthetic_wst(64)
+    fused = calibrate_frame(raw, h, cals)
+    saved = kernels._NE
+    kernels._NE = False
+    try:
+        slow = calibrate_frame(raw, h, cals)
+    finally:
+        kernels._NE = saved
+    np.testing.assert_array_equal(fused.dq, slow.dq)
+    np.testing.assert_allclose(fused.data, slow.data, rtol=1e-6)
+    np.testing.assert_allclose(fused.uncertainty, slow.uncertainty, rtol=1e-5)
+    assert fused.stats["n_good"] == slow.stats["n_good"] and fused.stats["median"] == pytest.approx(slow.stats["median"])
+    steps_of = lambda r: sorted(str(v).split(":")[0] for v in r.header["HISTORY"] if ":" in str(v))  # noqa: E731
+    assert steps_of(fused) == steps_of(slow)
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_fused_radius_mask_equals_the_radius_map(inside):
+    n = 301
+    h = make_header(n, channel="SCI-UV", x0=148.3, y0=155.9, roll=17.0, scale=9.0, bunit="MSB")
+    geom = sun.sun_geometry(h)
+    sel = steps._radius_select((n, n), geom, 1.7, inside)
+    r = sun.radius_map((n, n), geom, np, dtype=np.float32)
+    np.testing.assert_array_equal(sel, (r < 1.7) if inside else (r > 1.7))
+    assert 0 < sel.sum() < n * n
+
+
+def test_statistics_exact_when_small_and_sampled_with_a_measured_rank_error_when_large():
+    from pipelines.calibration import flow
+
+    rng = np.random.default_rng(8)
+    small = rng.lognormal(0.0, 1.0, (300, 300)).astype(np.float32)
+    dq = np.zeros(small.shape, np.uint8)
+    dq[:10] = DQ.OUTSIDE_FOV
+    small[50, 50] = np.nan
+    st = flow._stats(small, dq, make_header(300), "WST", "numpy")
+    good = small[(dq == 0) & np.isfinite(small)]
+    assert st["percentiles"] == "exact" and st["percentile_rank_error"] == 0.0
+    assert st["n_good"] == good.size and st["median"] == pytest.approx(float(np.median(good)), rel=1e-6)
+    assert st["p99"] == pytest.approx(float(np.percentile(good, 99)), rel=1e-6)
+    assert st["min"] == float(good.min()) and st["max"] == float(good.max())
+    assert st["mean"] == pytest.approx(float(good.mean(dtype=np.float64)), rel=1e-12)
+
+    n = 1100  # 1.21 M pixels > EXACT_PERCENTILE_PIXELS: sampled every 2nd pixel
+    big = rng.lognormal(0.0, 1.0, (n, n)).astype(np.float32)
+    dq = np.zeros(big.shape, np.uint8)
+    dq[:, :100] = DQ.OUTSIDE_FOV
+    st = flow._stats(big, dq, make_header(n), "WST", "numpy")
+    good = big[dq == 0]
+    assert st["percentiles"] == "sampled: 1 pixel in 2, raster order"
+    assert st["min"] == float(good.min()) and st["max"] == float(good.max()) and st["n_good"] == good.size
+    assert st["mean"] == pytest.approx(float(good.mean(dtype=np.float64)), rel=1e-12)
+    err = 0.0
+    for want, key in ((1, "p01"), (50, "median"), (99, "p99")):
+        rank = 100.0 * np.count_nonzero(good < np.float32(st[key])) / good.size
+        err = max(err, abs(rank - want))
+    assert st["percentile_rank_error"] == pytest.approx(err, abs=1e-4)  # the error stated is the true one
+    assert 0 < st["percentile_rank_error"] < 0.2
+    assert st["median"] == pytest.approx(float(np.median(good)), rel=5e-3)
+
+
 def _blob(n: int, x: float, y: float, sigma: float = 2.0) -> np.ndarray:
     yy, xx = np.mgrid[0:n, 0:n]
     return np.exp(-((xx - x) ** 2 + (yy - y) ** 2) / (2 * sigma ** 2))

@@ -161,6 +161,79 @@ def test_a_bad_frame_fails_alone(sim, tmp_path):
     _same(outs[4].result, _per_frame(out, wst[2]))
 
 
+
+def test_cpu_batch_overlaps_read_compute_and_write_and_fails_bad_frames_alone(sim, tmp_path, monkeypatch):
+    """The default NumPy executor (one lane): product k-1 is handed to the callback (written)
+    while frame k computes and frame k+1 is already read; a frame that cannot be read or
+    calibrated fails with its reason, the others are written as per frame."""
+    import threading
+
+    from pipelines.calibration import batch
+
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    masters = _masters(out, "WST")
+    raw = read_image(wst[1].raw_path, dtype=np.float32)
+    wrong_size = np.zeros((40, 40), np.float32)
+    started: dict = {}
+    loaded: list = []
+    real = batch.calibrate_frame
+
+    def calibrate(data, header, *a, **k):
+        started.setdefault(header.get("BENCHKEY"), threading.Event()).set()
+        return real(data, header, *a, **k)
+
+    monkeypatch.setattr(batch, "calibrate_frame", calibrate)
+
+    def loader(key, path=None, data=None):
+        def load():
+            loaded.append(key)
+            if path is not None:
+                r = read_image(path, dtype=np.float32)
+                d, h = r.data, r.header
+            else:
+                d, h = data, raw.header.copy()
+            h["BENCHKEY"] = key
+            return d, h
+        return load
+
+    def gone():
+        loaded.append("gone")
+        raise OSError("disk went away")
+
+    items = [BatchItem("a", loader("a", wst[0].raw_path), masters),
+             BatchItem("wrong-size", loader("wrong-size", data=wrong_size), masters),
+             BatchItem("gone", gone, masters),
+             BatchItem("b", loader("b", wst[1].raw_path), masters),
+             BatchItem("c", loader("c", wst[2].raw_path), masters)]
+    order = [it.key for it in items]
+    ex = BatchExecutor("numpy")
+    assert ex.lanes == 1 and ex.prefetch == 0
+    seen, overlapped = [], []
+
+    def on_result(o):
+        seen.append(o.key)
+        i = order.index(o.key)
+        nxt = next((k for k in order[i + 1:] if k != "gone"), None)
+        if o.key == "a":  # while "a" is written, "wrong-size" has been read and given to the lane
+            assert "wrong-size" in loaded
+        if o.key in ("a", "b") and nxt is not None:
+            overlapped.append(started.setdefault(nxt, threading.Event()).wait(10))
+
+    outs = ex.run(items, on_result=on_result, keep_results=True)
+    assert seen == order and [o.key for o in outs] == order
+    assert [o.ok for o in outs] == [True, False, False, True, True]
+    assert "40x40" in outs[1].error or "shape" in outs[1].error
+    assert outs[2].error == "OSError: disk went away"
+    assert overlapped == [True, True]  # the next frame was computing while this one was handed over
+    for o, f in zip((outs[0], outs[3], outs[4]), wst):
+        ref = _per_frame(out, f)
+        np.testing.assert_array_equal(o.result.data, ref.data)
+        np.testing.assert_array_equal(o.result.dq, ref.dq)
+        assert o.result.stats == ref.stats
+    assert ex.frames_done == 3 and ex.frames_failed == 2
+
+
 def test_a_failing_callback_stops_the_batch(sim):
     out, res = sim
     wst = [f for f in res.frames if f.channel == "WST"]
@@ -192,7 +265,7 @@ def eager(monkeypatch):
         del app._local.backend
 
 
-def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
+def _gpu_job(sim, monkeypatch, *, corrupt: int | None, device: str = "gpu"):
     """Ingest the simulated WST frames and masters into the embedded store, optionally
     corrupt one stored raw frame, and add a queued device-gpu job over them."""
     from sqlalchemy import select
@@ -224,7 +297,7 @@ def _gpu_job(sim, monkeypatch, *, corrupt: int | None):
             Path(frames[corrupt].path).write_bytes(b"not a FITS file any more")  # corrupted in the store
         t0 = min(f.date_obs for f in frames) - dt.timedelta(minutes=1)
         t1 = max(f.date_obs for f in frames) + dt.timedelta(minutes=1)
-        req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": "gpu"})
+        req = JobRequest(channels=["WST"], start=t0, end=t1, options={"device": device})
         job = Job(owner="test", kind="calibrate", parameters=req.model_dump(mode="json"),
                   state=JobState.queued)
         s.add(job)
@@ -288,6 +361,46 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
         s.refresh(job)
         assert (job.done, job.failed) == (2, 1)
 
+
+def test_cpu_job_runs_in_overlapped_cpu_batches_when_asked(sim, sqlite_env, eager, monkeypatch):
+    """CPU_BATCH_SIZE=2: a CPU job goes to the cpu queue in batches (calibrate_products_cpu_batch,
+    the overlapped host executor); the corrupt frame fails its product alone, the others are
+    written with no device note; the job ends failed with the reason."""
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.settings import get_settings
+    from backend.worker import reconcile, tasks
+
+    monkeypatch.setenv("CPU_BATCH_SIZE", "2")
+    settings, job_id, bad_frame_id = _gpu_job(sim, monkeypatch, corrupt=0, device="cpu")
+    assert settings.cpu_batch_size == 2
+    monkeypatch.setattr(reconcile, "send", lambda *a, **k: None)
+    sent = []
+    real_apply_async = tasks.calibrate_products_cpu_batch.apply_async
+
+    def spy(*a, **k):
+        sent.append((k.get("args"), k.get("queue")))
+        return real_apply_async(*a, **k)
+
+    monkeypatch.setattr(tasks.calibrate_products_cpu_batch, "apply_async", spy)
+    r = tasks.run_job.apply(args=[job_id]).get()
+    assert r == {"job_id": job_id, "planned": 3, "cpu_batches": 2}
+    assert [q for _a, q in sent] == ["cpu", "cpu"] and [len(a[1]) for a, _q in sent] == [2, 1]
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        assert job.state == JobState.failed and (job.total, job.done, job.failed) == (3, 2, 1)
+        prods = {p.frame_id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
+        bad = prods.pop(bad_frame_id)
+        assert bad.state == ProductState.failed and bad.error and bad.error in job.error
+        for p in prods.values():
+            assert p.state == ProductState.written and Path(p.path).is_file()
+            with fits.open(p.path) as hdul:
+                assert hdul[0].header["BACKEND"] == "numpy"
+                assert not any("device gpu requested" in str(x) for x in hdul[0].header["HISTORY"])
+    get_settings.cache_clear()
 
 @pytest.mark.skipif(not cupy_available(), reason="needs CuPy and a CUDA GPU (none here)")
 def test_cupy_batch_matches_numpy(sim):

@@ -124,7 +124,8 @@ def _fail(session: Session, report: BatchReport, job_id: str | None, product_id:
 
 
 def calibrate_products_batch(session: Session, product_ids: list[int], settings: Settings, *,
-                             job_id: str | None = None, executor=None, holder: str | None = None) -> BatchReport:
+                             job_id: str | None = None, executor=None, holder: str | None = None,
+                             device: str = "gpu") -> BatchReport:
     """Calibrate the planned products ``product_ids`` as one device batch.
 
     Parameters
@@ -142,6 +143,11 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     holder : str, optional
         Who claims the products (:func:`backend.state.this_process`, with the task's id
         and retry number).
+    device : {"gpu", "cpu"}
+        ``gpu``: the GPU worker's batch (above). ``cpu``: the CPU worker's batch
+        (``calibrate_products_cpu_batch``): NumPy, by the process's overlapped host executor
+        (frame k+1 read and product k-1 written while frame k computes:
+        :class:`~pipelines.calibration.batch.BatchExecutor`), no device note.
 
     Returns
     -------
@@ -154,9 +160,13 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     """
     from pipelines.calibration.batch import BatchItem
 
-    backend, note = choose_backend(settings)
+    if device not in ("gpu", "cpu"):
+        raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")
+    backend, note = ("numpy", None) if device == "cpu" else choose_backend(settings)
     if executor is None:
         executor = gpu_executor(backend)
+    elif device == "cpu":
+        backend = executor.backend
     else:
         backend = executor.backend
         if backend == "cupy":

@@ -53,7 +53,10 @@ def _share_cores(sender=None, **_kwargs) -> None:
     except (TypeError, ValueError):  # "auto": resolved later; keep one thread per core
         return
     if processes > 0:
+        from pipelines.calibration import kernels
+
         set_default_threads(max(1, available_cores() // processes))
+        kernels.set_threads(max(1, available_cores() // processes))
         log.info("threaded calibration steps: %d thread(s) in each of %d worker processes",
                  max(1, available_cores() // processes), processes)
 
@@ -173,6 +176,13 @@ def run_job(self, job_id: str) -> dict:
         for batch in batches:
             calibrate_products_gpu_batch.apply_async(args=[job_id, batch], queue="gpu")
         return {"job_id": job_id, "planned": len(todo), "gpu_batches": len(batches)}
+    if settings.cpu_batch_size > 1:
+        # CPU batches: the overlapped host executor reads, calibrates and writes at once
+        size = settings.cpu_batch_size
+        batches = [todo[i:i + size] for i in range(0, len(todo), size)]
+        for batch in batches:
+            calibrate_products_cpu_batch.apply_async(args=[job_id, batch], queue="cpu")
+        return {"job_id": job_id, "planned": len(todo), "cpu_batches": len(batches)}
     for pid in todo:
         send_calibration(pid, job_id)  # calibrate then settle, as the reconciler re-sends it
     return {"job_id": job_id, "planned": len(todo)}
@@ -302,6 +312,31 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
         log.exception("GPU batch of job %s failed", job_id)
         with session_scope() as s:
             report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}",
+                                     holder=this_process(self.request.id, self.request.retries or 0))
+    if report.job_finished:
+        with session_scope() as s:
+            send_follow_ups(s, job_id)
+    return {"job_id": job_id, **report.as_dict()}
+
+
+@app.task(name=TaskName.calibrate_products_cpu_batch, bind=True, **RETRY)
+def calibrate_products_cpu_batch(self, job_id: str | None, product_ids: list[int]) -> dict:
+    """Calibrate a batch of products on this CPU worker (queue ``cpu``; sent by :func:`run_job`
+    when ``CPU_BATCH_SIZE`` > 1) and count each towards its job as it is written or fails:
+    :func:`backend.worker.gpu_batch.calibrate_products_batch` with ``device='cpu'``, whose
+    NumPy executor reads the next raw frame and writes the previous product while the
+    current one computes. One bad frame fails its product alone; a batch that breaks as a
+    whole (not a database fault, which is retried) fails its unfinished products."""
+    try:
+        with session_scope() as s:
+            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id, device="cpu",
+                                              holder=this_process(self.request.id, self.request.retries or 0))
+    except OperationalError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
+        log.exception("CPU batch of job %s failed", job_id)
+        with session_scope() as s:
+            report = fail_unfinished(s, list(product_ids), job_id, f"CPU batch failed: {failure_reason(exc)}",
                                      holder=this_process(self.request.id, self.request.retries or 0))
     if report.job_finished:
         with session_scope() as s:

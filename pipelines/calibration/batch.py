@@ -25,6 +25,14 @@ order, to a callback, while the next frames are already being read and copied:
 * **host I/O**: a reader thread reads the next raw files from disk while the device
   works, and the callback (writing the product) runs on the calling thread while the
   lanes compute the following frames.
+* **CPU pipeline** (NumPy): the same three stages on the host, so that a batch's
+  throughput approaches the slowest stage's rather than the sum of the three: while
+  frame k computes on the lane thread, the reader thread reads frame k+1 and the calling
+  thread writes product k-1 (``on_result``). A lane is given its next frame as soon as it
+  is free, before the finished product is handed to the callback. Bounded: one raw frame
+  read ahead (``prefetch=0``), one frame computing, one product being written, so the
+  batch holds about three frames more than one ``calibrate_frame`` does
+  (``benchmarks/calibrate.py --batch`` measures the peak).
 * **error isolation**: a frame that cannot be read, staged or calibrated fails alone
   (:class:`BatchOutcome` ``error`` holds the reason, in one line); the rest of the batch
   goes on.
@@ -50,7 +58,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable
 
@@ -166,6 +175,10 @@ class BatchOutcome:
     def ok(self) -> bool:
         """True if the frame was calibrated."""
         return self.error is None
+
+
+def _finished(entry: Any) -> bool:
+    return not isinstance(entry, Future) or entry.done()
 
 
 # -- transfers: how a frame reaches the device --------------------------------------------
@@ -391,7 +404,9 @@ class BatchExecutor:
         from the other worker processes).
     prefetch : int, optional
         Raw files the reader thread reads ahead of the frame being staged (it holds at most
-        ``prefetch + 1`` raw frames at once); default ``lanes + 1``.
+        ``prefetch + 1`` raw frames at once); default ``lanes + 1`` on CuPy, 0 on NumPy (the
+        next frame is read while the current one computes: enough when reading is faster
+        than calibrating, and one raw frame of memory).
     master_bytes : int, optional
         Bound of :class:`DeviceMasters`; default :data:`DEFAULT_DEVICE_MASTER_BYTES` or a
         quarter of the device's memory, whichever is less.
@@ -417,7 +432,7 @@ class BatchExecutor:
         if self.lanes < 1:
             raise ValueError(f"lanes must be at least 1, got {self.lanes}")
         self.nslots = self.lanes + 1
-        self.prefetch = int(prefetch if prefetch is not None else self.nslots)
+        self.prefetch = int(prefetch if prefetch is not None else (self.nslots if self.backend == "cupy" else 0))
         if self.prefetch < 0:
             raise ValueError(f"prefetch must be >= 0, got {self.prefetch}")
         transfer_cls = _CupyTransfer if self.backend == "cupy" else _HostTransfer
@@ -460,8 +475,9 @@ class BatchExecutor:
         on_result : callable, optional
             Called on the calling thread with each outcome, in input order, as soon as it
             and all before it are in (while the next frames compute). If it raises, no
-            further frame is started, the frames under way are waited for, and the
-            exception propagates.
+            further frame is started, the frames under way (on NumPy, the one a lane took
+            while the previous product was being handed over) are waited for and dropped,
+            and the exception propagates.
         keep_results : bool
             False: each outcome's ``result`` is dropped once ``on_result`` has had it (a
             full-size product is about 106 MB on the host; a worker writes it and lets it go).
@@ -479,10 +495,20 @@ class BatchExecutor:
         lanes = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="lst-batch-lane")
         reads: dict[int, Future] = {}
         inflight: deque[tuple[int, Future | BatchOutcome]] = deque()
+        # NumPy: staging is a no-op (no device buffers to recycle), so a lane may take the next
+        # frame before the previous product has been handed over (written)
+        host_pipeline = isinstance(self.transfer, _HostTransfer)
 
         def want(i: int) -> None:
             if i < len(items) and i not in reads:
                 reads[i] = reader.submit(self._read, items[i])
+
+        def wait_for_lane() -> None:  # without handing anything to the callback
+            while True:
+                busy = [e for _s, e in inflight if isinstance(e, Future) and not e.done()]
+                if len(busy) < self.lanes:
+                    return
+                futures_wait(busy, return_when=FIRST_COMPLETED)
 
         def emit() -> None:
             _seq, entry = inflight.popleft()
@@ -501,6 +527,10 @@ class BatchExecutor:
             for i in range(min(len(items), self.prefetch + 1)):
                 want(i)
             for seq, item in enumerate(items):
+                if host_pipeline:
+                    # a free lane before this frame is taken from the reader and the next one
+                    # asked for: one raw frame read ahead of the one computing, not two
+                    wait_for_lane()
                 want(seq)
                 entry: Future | BatchOutcome
                 try:
@@ -520,6 +550,16 @@ class BatchExecutor:
                     else:
                         entry = None  # submitted below, once a lane is free
                     del data
+                if host_pipeline:
+                    # CPU: give the lane (free: waited for above) this frame, then write the
+                    # finished products while it computes and the reader reads the next frame
+                    wait_for_lane()
+                    if entry is None:
+                        entry = lanes.submit(self._compute, item, header, staged, cals, seq % self.lanes, read_s)
+                    inflight.append((seq, entry))
+                    while inflight and _finished(inflight[0][1]):
+                        emit()
+                    continue
                 # the copy of frame seq is under way; wait for a free lane, then compute it. Until
                 # one frame has been calibrated by this executor, one lane only: the first frame
                 # compiles the device kernels (CuPy compiles on first use), done once, alone

@@ -73,6 +73,7 @@ __all__ = [
     "correct_flat",
     "normalize_exposure",
     "convert_units",
+    "correct_detector_signal",
     "subtract_stray_light",
     "mask_occulter",
     "mask_field_of_view",
@@ -199,14 +200,21 @@ def flag_invalid_pixels(data: Any, dq: Any | None, header: fits.Header, *,
     """
     _check_2d("data", data)
     xp = namespace_of(data)
-    out = _new_dq(data, dq)
     finite = xp.isfinite(data)
-    sat = finite & (data >= saturation_dn)
-    out = xp.where(sat, out | xp.asarray(int(DQ.SATURATED), dtype=xp.uint8), out)
-    out = xp.where(~finite, out | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8), out)
+    n_nan = int(data.size - xp.count_nonzero(finite))
+    sat = data >= saturation_dn  # False at NaN; +inf is excluded below
+    if n_nan:
+        sat &= finite
+    if dq is None:  # the usual case (a raw frame): the DQ is the saturation mask itself (bit 1)
+        out = xp.astype(sat, xp.uint8)
+    else:
+        out = _new_dq(data, dq)
+        out |= xp.astype(sat, xp.uint8)
+    if n_nan:
+        out = xp.where(finite, out, out | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
+    del finite
     h = _copy(header)
     n_sat = int(xp.count_nonzero(sat))
-    n_nan = int(xp.count_nonzero(~finite))
     _history(h, "flag_invalid_pixels", f"{n_sat} saturated (>= {saturation_dn:g} DN), {n_nan} non-finite")
     return out, h
 
@@ -314,6 +322,17 @@ def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any, *,
     _check_2d("data", data)
     _check_2d("bias", bias, data.shape)
     _check_2d("dark_rate", dark_rate, data.shape)
+    t, factor, why = _dark_scaling(header, reference_temperature_c, doubling_temperature_c)
+    xp = namespace_of(data)
+    scale = xp.asarray(t * factor, dtype=dark_rate.dtype)
+    out = data - bias  # new array (the input is not modified); the dark current in place
+    out -= dark_rate * scale
+    return out, _dark_header(header, dark_rate, t, factor, why)
+
+
+def _dark_scaling(header: fits.Header, reference_temperature_c: float | None,
+                  doubling_temperature_c: float | None) -> tuple[float, float, str]:
+    """Exposure [s], temperature factor and the HISTORY phrase of :func:`subtract_dark`."""
     t = _exptime(header)
     temp = detector_temperature(header)
     if temp is None:
@@ -324,16 +343,17 @@ def subtract_dark(data: Any, header: fits.Header, bias: Any, dark_rate: Any, *,
         factor = dark_temperature_factor(temp, reference_temperature_c, doubling_temperature_c)
         why = (f"dark rate x {factor:.4f} for {temp:g} C (master at {float(reference_temperature_c):g} C, "
                f"doubling every {float(doubling_temperature_c):g} C)")
-    xp = namespace_of(data)
-    scale = xp.asarray(t * factor, dtype=dark_rate.dtype)
-    out = data - bias  # new array (the input is not modified); the dark current in place
-    out -= dark_rate * scale
+    return t, factor, why
+
+
+def _dark_header(header: fits.Header, dark_rate: Any, t: float, factor: float, why: str) -> fits.Header:
+    xp = namespace_of(dark_rate)
     h = _copy(header)
     h["BUNIT"] = "DN"
     h["DARKTFAC"] = (factor, "dark-current temperature factor applied")
     mean_dark = float(xp.mean(dark_rate)) * t * factor
     _history(h, "subtract_dark", f"bias + dark rate x {t:g} s subtracted (mean dark {mean_dark:.3g} DN); {why}")
-    return out, h
+    return h
 
 
 def flag_bad_pixels(dq: Any, header: fits.Header, bad: Any | None, *, source: str = "") -> tuple[Any, fits.Header]:
@@ -474,10 +494,14 @@ def correct_flat(data: Any, header: fits.Header, flat: Any) -> tuple[Any, fits.H
     else:  # the usual case: no copy of the flat, one output frame
         safe = flat
         out = data / flat
+    return out, _flat_header(header, float(xp.mean(safe)), n_bad)
+
+
+def _flat_header(header: fits.Header, mean_flat: float, n_bad: int) -> fits.Header:
     h = _copy(header)
-    _history(h, "correct_flat", f"divided by the flat field (mean {float(xp.mean(safe)):.4f}; {n_bad} pixels "
+    _history(h, "correct_flat", f"divided by the flat field (mean {mean_flat:.4f}; {n_bad} pixels "
              "with flat <= 0 set to NaN)")
-    return out, h
+    return h
 
 
 def normalize_exposure(data: Any, header: fits.Header) -> tuple[Any, fits.Header]:
@@ -506,15 +530,23 @@ def normalize_exposure(data: Any, header: fits.Header) -> tuple[Any, fits.Header
     1-6 s cadence): frames of different exposures become comparable.
     """
     _check_2d("data", data)
+    t = _exposure_check(header)
+    out = data / t
+    return out, _exposure_header(header, t)
+
+
+def _exposure_check(header: fits.Header) -> float:
     unit = _bunit(header)
     if unit not in ("", "DN", "ADU", "COUNTS"):
         raise DataError(f"normalize_exposure expects data in DN, got BUNIT={unit!r}")
-    t = _exptime(header)
-    out = data / t
+    return _exptime(header)
+
+
+def _exposure_header(header: fits.Header, t: float) -> fits.Header:
     h = _copy(header)
     h["BUNIT"] = "DN/s"
     _history(h, "normalize_exposure", f"divided by EXPTIME = {t:g} s; BUNIT DN -> DN/s")
-    return out, h
+    return h
 
 
 def convert_units(data: Any, header: fits.Header, coefficient: float, unit: str) -> tuple[Any, fits.Header]:
@@ -551,16 +583,102 @@ def convert_units(data: Any, header: fits.Header, coefficient: float, unit: str)
     _check_2d("data", data)
     if _bunit(header) != "DN/s":
         raise DataError(f"convert_units expects data in DN/s, got BUNIT={_bunit(header)!r}")
+    c = _units_check(coefficient, unit)
+    out = data * c
+    return out, _units_header(header, c, unit)
+
+
+def _units_check(coefficient: float, unit: str) -> float:
     c = float(coefficient)
     if not math.isfinite(c) or c <= 0:
         raise DataError(f"radiometric coefficient must be a positive number, got {coefficient!r}")
     if unit not in (RADIANCE_UNIT, "MSB"):
         raise DataError(f"unknown physical unit {unit!r}; expected {RADIANCE_UNIT!r} or 'MSB'")
-    out = data * c
+    return c
+
+
+def _units_header(header: fits.Header, c: float, unit: str) -> fits.Header:
     h = _copy(header)
     h["BUNIT"] = unit
     _history(h, "convert_units", f"x {c:.6g} {unit} per DN/s; BUNIT DN/s -> {unit}")
-    return out, h
+    return h
+
+
+
+def correct_detector_signal(data: Any, header: fits.Header, bias: Any, dark_rate: Any, flat: Any,
+                            coefficient: float, unit: str, *, reference_temperature_c: float | None = None,
+                            doubling_temperature_c: float | None = None) -> tuple[Any, fits.Header]:
+    """:func:`subtract_dark`, :func:`correct_flat`, :func:`normalize_exposure` and
+    :func:`convert_units` in one pass over the frame.
+
+    ``out = (data - bias - f(T) * EXPTIME * dark_rate) / flat / EXPTIME * C``, evaluated in
+    float32 by :func:`pipelines.calibration.kernels.evaluate` (numexpr: one pass, no
+    frame-sized temporaries) on NumPy arrays, else by the four steps one after the other.
+    The operations and their order are those of the four steps, so the two paths agree to
+    float32 rounding (``tests/test_calibration_steps.py`` checks it on a random frame).
+
+    Parameters
+    ----------
+    data : array, shape (ny, nx), float32 [DN]
+        Raw frame (not modified).
+    header : astropy.io.fits.Header
+        ``EXPTIME`` [s], ``BUNIT`` absent or DN; the detector temperature if any.
+    bias, dark_rate, flat : array, shape (ny, nx)
+        As for :func:`subtract_dark` [DN], [DN/s] and :func:`correct_flat` [1].
+    coefficient : float
+        Radiometric coefficient [``unit`` per DN/s], > 0 (:func:`convert_units`).
+    unit : str
+        ``'erg cm-2 s-1 sr-1'`` or ``'MSB'``.
+    reference_temperature_c, doubling_temperature_c : float, optional
+        ``DARKTREF``, ``DARKTDBL`` of the dark master (:func:`subtract_dark`).
+
+    Returns
+    -------
+    data : array, shape (ny, nx), float32 [unit]
+        NaN where the flat is not finite or not positive.
+    header : astropy.io.fits.Header
+        The keywords (``BUNIT``, ``DARKTFAC``) and the four HISTORY lines, word for word,
+        of the four steps run one after the other.
+
+    Raises
+    ------
+    DataError
+        As the four steps do (shapes, ``EXPTIME``, ``BUNIT``, coefficient, unit).
+    """
+    _check_2d("data", data)
+    _check_2d("bias", bias, data.shape)
+    _check_2d("dark_rate", dark_rate, data.shape)
+    _check_2d("flat", flat, data.shape)
+    from pipelines.calibration import kernels
+
+    c = _units_check(coefficient, unit)
+    _exposure_check(header)
+    if not (kernels.available(data, bias, dark_rate, flat) and data.dtype == np.float32
+            and bias.dtype == dark_rate.dtype == flat.dtype == np.float32):
+        img, h = subtract_dark(data, header, bias, dark_rate, reference_temperature_c=reference_temperature_c,
+                               doubling_temperature_c=doubling_temperature_c)
+        img, h = correct_flat(img, h, flat)
+        img, h = normalize_exposure(img, h)
+        img, h = convert_units(img, h, c, unit)
+        return img, h
+    t, factor, why = _dark_scaling(header, reference_temperature_c, doubling_temperature_c)
+    h = _dark_header(header, dark_rate, t, factor, why)
+    good = np.isfinite(flat)
+    good &= flat > 0
+    n_bad = int(good.size - np.count_nonzero(good))
+    env = {"d": data, "b": bias, "r": dark_rate, "f": flat, "s": np.float32(t * factor), "t": np.float32(t),
+           "c": np.float32(c)}
+    if n_bad:
+        env.update(g=good, nan=np.float32(np.nan))
+        out = kernels.evaluate("where(g, (d - b - r * s) / f / t * c, nan)", env)
+        mean_flat = float(np.mean(np.where(good, flat, np.float32(1.0))))
+    else:
+        out = kernels.evaluate("(d - b - r * s) / f / t * c", env)
+        mean_flat = float(np.mean(flat))
+    del good
+    h = _flat_header(h, mean_flat, n_bad)
+    h = _exposure_header(h, t)
+    return out, _units_header(h, c, unit)
 
 
 @dataclass(frozen=True)
@@ -716,15 +834,44 @@ def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bo
                  step: str) -> tuple[Any, fits.Header]:
     xp = namespace_of(dq)
     geom = sun_geometry(header)
-    r = radius_map(dq.shape, geom, xp, dtype=xp.float32)
-    sel = (r < radius_rsun) if inside else (r > radius_rsun)
-    out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
+    from pipelines.calibration import kernels
+
+    if kernels.available(dq):
+        sel = _radius_select(dq.shape, geom, radius_rsun, inside)
+        out = dq.copy()
+        np.bitwise_or(out, np.uint8(int(bit)), out=out, where=sel)
+    else:
+        r = radius_map(dq.shape, geom, xp, dtype=xp.float32)
+        sel = (r < radius_rsun) if inside else (r > radius_rsun)
+        del r
+        out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
     h = _copy(header)
     n = int(xp.count_nonzero(sel))
     side = "inside" if inside else "outside"
     _history(h, step, f"{n} pixels {side} r = {radius_rsun:g} Rsun ({radius_rsun * geom.rsun_px:.2f} px) "
              f"flagged {bit.name} (DQ bit {int(bit)})")
     return out, h
+
+
+def _radius_select(shape: tuple[int, int], geom: Any, radius_rsun: float, inside: bool) -> np.ndarray:
+    """``radius_map(shape, geom, dtype=float32) < radius_rsun`` (or ``>``) in one fused pass.
+
+    The same float32 operations as :func:`pipelines.sun.radius_map` (row and column terms
+    in float64, rounded to float32, summed, squared, square root), evaluated by numexpr on
+    the broadcast row and column vectors: no frame-sized float temporaries, only the
+    boolean result (a quarter of one float32 frame).
+    """
+    from pipelines.calibration import kernels
+
+    ny, nx = shape
+    m = geom.matrix / geom.rsun_arcsec
+    dx = (np.arange(nx, dtype=np.float64) - geom.x0).reshape(1, nx)
+    dy = (np.arange(ny, dtype=np.float64) - geom.y0).reshape(ny, 1)
+    env = {"ax": (m[0, 0] * dx).astype(np.float32), "ay": (m[0, 1] * dy).astype(np.float32),
+           "bx": (m[1, 0] * dx).astype(np.float32), "by": (m[1, 1] * dy).astype(np.float32),
+           "R": np.float32(radius_rsun)}
+    op = "<" if inside else ">"
+    return kernels.evaluate(f"sqrt((ax + ay) * (ax + ay) + (bx + by) * (bx + by)) {op} R", env)
 
 
 def mask_occulter(dq: Any, header: fits.Header, radius_rsun: float | None) -> tuple[Any, fits.Header]:

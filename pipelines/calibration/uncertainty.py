@@ -47,8 +47,8 @@ from astropy.io import fits
 from pipelines.array_backend import namespace_of, ndimage_for, to_device
 from pipelines.sun import radius_map, sun_geometry
 
-__all__ = ["detector_noise", "raw_variance", "dark_variance", "flat_variance", "stray_light_variance",
-           "resample_variance", "interpolation_variance_factor"]
+__all__ = ["detector_noise", "raw_variance", "dark_variance", "flat_variance", "detector_variance",
+           "stray_light_variance", "resample_variance", "interpolation_variance_factor"]
 
 #: Variance of uniform rounding to integer DN [DN**2]: q**2 / 12 for a step q = 1 DN
 #: (Widrow & Kollar 2008, *Quantization Noise*, Cambridge University Press).
@@ -134,6 +134,75 @@ def flat_variance(var: Any, data_after_flat: Any, flat: Any, flat_err: Any | Non
         d = xp.where(xp.isfinite(data_after_flat), data_after_flat, xp.zeros_like(data_after_flat))
         out = out + (d * rel) ** 2
     return xp.where(good, out, xp.asarray(float("nan"), dtype=out.dtype))
+
+
+def detector_variance(raw: Any, bias: Any, gain: float, read_noise: float, planes: dict[str, Any], dark_scale: float,
+                      flat: Any, flat_err: Any | None, dark_rate: Any, exposure_s: float,
+                      coefficient: float) -> Any:
+    """The variance [unit**2] after dark, flat, exposure and units, in one pass.
+
+    :func:`raw_variance`, :func:`dark_variance`, :func:`flat_variance`, ``/ t**2`` and
+    ``x C**2`` fused into one numexpr expression (:mod:`pipelines.calibration.kernels`) on
+    NumPy float32 arrays, with the same float32 operations in the same order (the data
+    after the flat, ``D = (R - bias - dark_scale * dark_rate) / F``, is recomputed inside
+    the expression, as :func:`pipelines.calibration.steps.correct_detector_signal` computes
+    it); else those functions one after the other.
+
+    Parameters
+    ----------
+    raw, bias : array, shape (ny, nx) [DN]
+    gain : float
+        [electrons/DN].
+    read_noise : float
+        [DN] RMS.
+    planes : dict of str to array
+        The dark master's planes (``biaserr`` [DN], ``darkerr`` [DN/s] if it has them).
+    dark_scale : float
+        ``f(T) * EXPTIME`` [s].
+    flat : array, shape (ny, nx) [1]
+    flat_err : array, shape (ny, nx), or None
+        ``FLATERR`` plane [1].
+    dark_rate : array, shape (ny, nx) [DN/s]
+    exposure_s : float
+        ``EXPTIME`` [s].
+    coefficient : float
+        Radiometric coefficient C.
+
+    Returns
+    -------
+    array, shape (ny, nx), float32
+        NaN where the flat is not finite or not positive.
+    """
+    from pipelines.calibration import kernels
+
+    xp = namespace_of(raw)
+    arrays = [raw, bias, flat, dark_rate] + [planes[k] for k in ("biaserr", "darkerr") if k in planes]
+    arrays += [flat_err] if flat_err is not None else []
+    if not (kernels.available(*arrays) and all(a.dtype == np.float32 for a in arrays)):
+        var = raw_variance(raw, bias, gain, read_noise)
+        var, _ = dark_variance(var, planes, dark_scale, xp)
+        img = (raw - bias - dark_rate * xp.asarray(dark_scale, dtype=raw.dtype)) / flat
+        var = flat_variance(var, img, flat, flat_err)
+        del img
+        var = var / xp.asarray(exposure_s * exposure_s, dtype=var.dtype)
+        return var * xp.asarray(coefficient * coefficient, dtype=var.dtype)
+    f32 = np.float32
+    env = {"R": raw, "B": bias, "F": flat, "Dr": dark_rate, "g": f32(gain), "k": f32(read_noise ** 2 + ADC_VARIANCE_DN2),
+           "s": f32(dark_scale), "tt": f32(exposure_s * exposure_s), "cc": f32(coefficient * coefficient),
+           "nan": f32(np.nan)}
+    expr = "where(R - B > 0, R - B, 0) / g + k"
+    if "biaserr" in planes:
+        env["Be"] = planes["biaserr"]
+        expr = f"({expr}) + Be * Be"
+    if "darkerr" in planes:
+        env["De"] = planes["darkerr"]
+        expr = f"({expr}) + (De * s) * (De * s)"
+    expr = f"({expr}) / (F * F)"
+    if flat_err is not None:
+        env["Fe"] = flat_err
+        d = "(R - B - Dr * s) / F"
+        expr = f"{expr} + (where(isfinite({d}), {d}, 0) * (Fe / F)) ** 2"
+    return kernels.evaluate(f"where(isfinite(F) & (F > 0), ({expr}) / tt * cc, nan)", env)
 
 
 def stray_light_variance(var: Any, header: fits.Header, model: Any, fraction: float | None,
@@ -258,14 +327,17 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     offset = np.array([geom.y0, geom.x0]) - k_yx @ np.array([cy, cx])
     nd = ndimage_for(xp)
     finite = xp.isfinite(var)
-    filled = xp.where(finite, var, xp.zeros_like(var))
-    if not bool(xp.all(finite)):  # neighbours' mean, as the data (NaN pixels are flagged)
+    if bool(xp.all(finite)):  # the usual case: no filled copy (the input is read, not modified)
+        filled = xp.astype(var, xp.float32, copy=False)
+    else:  # neighbours' mean, as the data (NaN pixels are flagged)
+        filled = xp.where(finite, var, xp.zeros_like(var))
         w = xp.astype(finite, xp.float32)
         num = nd.uniform_filter(xp.astype(filled, xp.float32), size=5, mode="nearest")
         den = nd.uniform_filter(w, size=5, mode="nearest")
         filled = xp.where(finite, filled, num / xp.where(den > 0, den, xp.ones_like(den)))
-    out = _affine(nd, xp.astype(filled, xp.float32), xp.asarray(k_yx), xp.asarray(offset), (ny, nx), order=1,
-                  mode="nearest", dtype=xp.float32, threads=threads)
+    del finite
+    out = _affine(nd, xp.astype(filled, xp.float32, copy=False), xp.asarray(k_yx), xp.asarray(offset), (ny, nx),
+                  order=1, mode="nearest", dtype=xp.float32, threads=threads)
     # fractional source positions of every output pixel: p_in = offset + k_yx @ p_out
     if isinstance(out, np.ndarray):
         _apply_factor_numpy(out, k_yx, offset, order, threads, method)
