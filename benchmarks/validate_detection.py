@@ -678,7 +678,7 @@ def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
 
     out = []
     for kind in kinds:
-        for cad in EVOLVING_CADENCES:
+        for cad in sorted(EVOLVING_CADENCES, reverse=True):  # the cheap sparse cadences first
             runs = [("inj", validate_evolving, {}), ("quiet", evolving_false_alarms, {})]
             if kind == "wst":
                 runs.append(("inj_pre", validate_evolving, dict(params=WhiteLightParams(normalisation="pre"),
@@ -1154,11 +1154,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evolving", default=None,
                     help="run the evolving-scene parts: 'sdi', 'wst' or 'sdi,wst' (saved in --cache); "
                          "'report' appends their section to --report from --cache")
+    ap.add_argument("--evolving-naxis", type=int, default=EVOLVING_REPORT_NAXIS)
+    ap.add_argument("--evolving-sequences", type=int, default=EVOLVING_REPORT_SEQUENCES)
     args = ap.parse_args(argv)
     if args.evolving:
         t_ev = time.perf_counter()
         if args.evolving != "report":
-            rs = run_evolving(tuple(args.evolving.split(",")), cache=args.cache,
+            rs = run_evolving(tuple(args.evolving.split(",")), naxis=args.evolving_naxis,
+                              n_sequences=args.evolving_sequences, cache=args.cache,
                               log=lambda m: print(f"[{time.perf_counter() - t_ev:7.0f} s] {m}", flush=True))
         else:
             rs = [_load(pth) for pth in sorted(args.cache.glob("evolving_*.json"))]
