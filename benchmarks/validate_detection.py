@@ -48,6 +48,16 @@ Prominence eruptions (:func:`validate_prominences`)
     ``limb_background`` (SDI, 60 s) with eruptions from ``inject_prominence_eruption``.
     Found: PA within 10 deg; errors of start time, PA and rise speed.
 
+Evolving backgrounds (:func:`validate_evolving`, :func:`evolving_false_alarms`, issue 14
+item 7; ``--evolving sdi,wst --cache DIR`` runs them, ``--evolving report --cache DIR``
+appends their section to the report)
+    :mod:`pipelines.simulation.evolving`: real SWAP (SDI-like Lyman-alpha) and MDI (360 nm)
+    scenes rotating differentially (sunpy), red-noise brightness fluctuations of the quiet
+    Sun and active regions, photon-like noise, cadences of 1, 2 and 4 min, flares shaped like
+    the real GOES XRS M2.5 flare of 2011-06-07. Recall and precision with 95 %
+    Clopper-Pearson intervals, false alarms per day with a 95 % Poisson upper limit, at the
+    detectors' defaults.
+
 Nuisances scale with the frame as the noise does: pointing jitter 0.1 px at 512 (the same
 in arcsec at full size), cosmic-ray hits 30 per 512^2 frame (the same per detector pixel).
 
