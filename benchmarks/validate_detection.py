@@ -762,6 +762,9 @@ def evolving_section(results: list[Result]) -> list[str]:
         d = {float(a): (h, n) for a, h, n in r.extra["recall_by_amp"]}
         lines.append(f"| {r.name} | " + " | ".join(f"{d[a][0]}/{d[a][1]}" if a in d else ""
                                                    for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |")
+    lines += ["", "Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences 1 --cache DIR`, "
+              "`--evolving wst --evolving-naxis 384 --evolving-sequences 1 --cache DIR` (two processes, "
+              "`nice -n 10`), then `--evolving report --cache DIR`. Missing rows did not finish in time."]
     lines += ["", "What this says (runs of 2026-12-03 on a shared, overloaded 2-core machine: one injected and one "
               "quiet sequence per cadence, so the intervals are wide; the report size had to be cut from the "
               "planned 512/1024 px to what finished before the deadline):", "",
@@ -777,9 +780,9 @@ def evolving_section(results: list[Result]) -> list[str]:
               "(`pipelines/simulation/evolving.py`).",
               "* **WST:** no false alarm at any cadence (the 95 % upper limits are set by the ~2 h searched "
               "per cadence). Recall of the injected kernels (8 arcsec, in active regions, 6 arcsec/px frames) "
-              "is low: most are diluted in two-macropixel kernels at this plate scale. The paper's ratio "
-              "(I - I0) / I_QS and the former (I - I0) / I0 gave the same counts here (injections were not "
-              "in umbrae), while the gate `test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they "
+              "is low (not investigated; the coarse 6-arcsec/px frame for 3-arcsec macropixels is a likely "
+              "cause). The paper's ratio (I - I0) / I_QS and the former (I - I0) / I0 gave the same counts "
+              "here, while the gate `test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they "
               "differ: in a penumbra at 0.6 of the quiet Sun.",
               "* At 4 min a white-light flare of the derivative shape (FWHM 6 min) falls in one or two frames; "
               "the two-frame rule then misses it (Jing et al. list 3 of 39 WLFs in a single frame)."]
