@@ -304,9 +304,7 @@ def rotation_displacement(header: fits.Header, shape: tuple[int, int], duration_
     bad = ~np.isfinite(dx) | ~np.isfinite(dy) | (np.asarray(z).reshape(gx.shape) < 0)
     dx[bad] = 0.0
     dy[bad] = 0.0
-    fy = (ny - 1) / coarse_px
     coords = np.mgrid[0:ny, 0:nx].astype(np.float32) / np.float32(coarse_px)
-    del fy
     dyf = ndimage.map_coordinates(dy, coords, order=1, mode="nearest").astype(np.float32)
     dxf = ndimage.map_coordinates(dx, coords, order=1, mode="nearest").astype(np.float32)
     return dyf, dxf
