@@ -764,7 +764,7 @@ def evolving_section(results: list[Result]) -> list[str]:
                                                    for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |")
     lines += ["", "Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences 1 --cache DIR`, "
               "`--evolving wst --evolving-naxis 384 --evolving-sequences 1 --cache DIR` (two processes, "
-              "`nice -n 10`), then `--evolving report --cache DIR`. Missing rows did not finish in time."]
+              "`nice -n 10`), then `--evolving report --cache DIR`."]
     lines += ["", "What this says (runs of 2026-12-03 on a shared, overloaded 2-core machine: one injected and one "
               "quiet sequence per cadence, so the intervals are wide; the report size had to be cut from the "
               "planned 512/1024 px to what finished before the deadline):", "",
