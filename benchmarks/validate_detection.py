@@ -773,7 +773,7 @@ def evolving_section(results: list[Result]) -> list[str]:
               "reports hundreds to thousands of brightenings per day of searched time, and precision is a few "
               "per cent. The static-scene figures above (0 false detections) came from white noise on a fixed "
               "image. Detector 1.3.0's robust series scatter (`robust_baseline`) cuts the false alarms "
-              "(one quiet 4-min series at 256 px: 1,097 without it, 81 with it) but not enough. With "
+              "(the quiet 4-min series of the table, 256 px, 2.0 h: 1,097 without it, 108 with it) but not enough. With "
               "`noise_sigma = 5` (same 4-min series, 256 px): 0 false detections in 2.0 h quiet, but recall "
               "1/4 of the >= 0.2 injections and precision 1/1: the red noise is as bright as the flares. "
               "Whether SDI needs that depends on the real Lyman-alpha variability, which no public SDI "
