@@ -48,6 +48,16 @@ Prominence eruptions (:func:`validate_prominences`)
     ``limb_background`` (SDI, 60 s) with eruptions from ``inject_prominence_eruption``.
     Found: PA within 10 deg; errors of start time, PA and rise speed.
 
+Evolving backgrounds (:func:`validate_evolving`, :func:`evolving_false_alarms`, issue 14
+item 7; ``--evolving sdi,wst --cache DIR`` runs them, ``--evolving report --cache DIR``
+appends their section to the report)
+    :mod:`pipelines.simulation.evolving`: real SWAP (SDI-like Lyman-alpha) and MDI (360 nm)
+    scenes rotating differentially (sunpy), red-noise brightness fluctuations of the quiet
+    Sun and active regions, photon-like noise, cadences of 1, 2 and 4 min, flares shaped like
+    the real GOES XRS M2.5 flare of 2011-06-07. Recall and precision with 95 %
+    Clopper-Pearson intervals, false alarms per day with a 95 % Poisson upper limit, at the
+    detectors' defaults.
+
 Nuisances scale with the frame as the noise does: pointing jitter 0.1 px at 512 (the same
 in arcsec at full size), cosmic-ray hits 30 per 512^2 frame (the same per detector pixel).
 
@@ -463,6 +473,325 @@ def flare_real_sequence(params: FlareDetectionParams | None = None, name: str = 
     return res
 
 
+# -- evolving scenes (issue 14, item 7) ---------------------------------------------------------
+
+#: Cadences of the evolving-scene validation [s]: LST's 1-4 min (SDI 1 min, WST 2 min routine).
+EVOLVING_CADENCES = (60.0, 120.0, 240.0)
+#: Series length [s]: 30 min of pre-flare background, then the flares (GOES start 35-60 min
+#: in), 140 min in all (at 4 min, 36 frames: the detector's robust baseline needs 30 with a
+#: background).
+EVOLVING_SPAN_S = 140 * 60.0
+#: SDI injections: peak excess relative to the local scene (the macropixel contrast at the
+#: centre is ~0.8 of it for a 15-arcsec Gaussian); recall is scored over those >= SDI_GATE_AMP.
+SDI_AMPS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+SDI_GATE_AMP = 0.2
+#: WST injections: peak excess relative to the local quiet-Sun level, around Jing et al.'s 8 %;
+#: a white-light flare by their criterion is an injection above it (>= WST_GATE_AMP scored).
+WST_AMPS = (0.04, 0.06, 0.12, 0.2, 0.3)
+WST_GATE_AMP = 0.12
+#: (profile, stretch) drawn for each injection: real GOES shapes (pipelines.simulation.evolving).
+SDI_PROFILES = (("dxrsb", 1.0), ("dxrsb", 2.0), ("xrsa", 0.5), ("xrsa", 1.0))
+WST_PROFILES = (("dxrsb", 1.0), ("dxrsb", 2.0))
+
+
+def clopper_pearson(k: int, n: int) -> tuple[float, float]:
+    """Two-sided 95 % Clopper-Pearson interval of k successes in n (scipy ``binomtest``)."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return float("nan"), float("nan")
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def poisson_upper(k: int, exposure: float) -> float:
+    """One-sided 95 % upper limit of a Poisson rate with k events in ``exposure`` (chi-square:
+    ``chi2.ppf(0.95, 2 (k + 1)) / 2``; 3.0 events for k = 0)."""
+    from scipy.stats import chi2
+
+    return float(chi2.ppf(0.95, 2 * (k + 1)) / 2.0) / exposure
+
+
+@functools.lru_cache(maxsize=4)
+def evolving_base(kind: str, naxis: int) -> tuple[np.ndarray, fits.Header]:
+    """The real base scene of the evolving series: SDI-like Lyman-alpha from SWAP, or a 360 nm
+    continuum from MDI (:mod:`pipelines.simulation.evolving`), ``naxis``^2 over SDI's field."""
+    from pipelines.simulation import evolving as EV
+
+    return EV.sdi_lya_scene(naxis) if kind == "sdi" else EV.wst_continuum_scene(naxis)
+
+
+def _evolving_series(kind: str, naxis: int, cadence_s: float, seed: int, rotate: bool = True):
+    from pipelines.simulation import evolving as EV
+
+    base, header = evolving_base(kind, naxis)
+    n = int(EVOLVING_SPAN_S // cadence_s) + 1
+    times = [T0 + dt.timedelta(seconds=cadence_s * k) for k in range(n)]
+    red = EV.SDI_RED_NOISE if kind == "sdi" else EV.WST_RED_NOISE
+    return EV.EvolvingSeries(base, header, times, red, seed=seed, rotate=rotate,
+                             reference="scene" if kind == "sdi" else "quiet")
+
+
+def _place(series, rng: np.random.Generator, n: int, kind: str) -> list[tuple[float, float]]:
+    """Random disk positions (r < 0.85 Rsun): SDI anywhere, >= 150 arcsec apart; WST in or next
+    to active regions (white-light flares sit at spots), >= 60 arcsec apart."""
+    h = series.header
+    rsun = float(h["RSUN_ARC"])
+    w = WCS(h, naxis=2)
+    cands = None
+    if kind == "wst":
+        act = series._amp > 0.5 * (series.red.quiet_rms + series.red.active_rms)
+        yy, xx = np.nonzero(act)
+        lon, lat = w.pixel_to_world_values(xx.astype(float), yy.astype(float))
+        cx, cy = lon * 3600.0, lat * 3600.0
+        ok = np.hypot(cx, cy) < 0.85 * rsun
+        cands = (cx[ok], cy[ok])
+    placed: list[tuple[float, float]] = []
+    sep = 150.0 if kind == "sdi" else 60.0
+    for _ in range(n):
+        for _ in range(500):
+            if cands is not None and cands[0].size:
+                i = int(rng.integers(cands[0].size))
+                x, y = float(cands[0][i]) + rng.normal(0, 5.0), float(cands[1][i]) + rng.normal(0, 5.0)
+            else:
+                r, th = 0.85 * rsun * math.sqrt(rng.uniform()), rng.uniform(0, 2 * math.pi)
+                x, y = r * math.cos(th), r * math.sin(th)
+            if all(math.hypot(x - a, y - b) > sep for a, b in placed):
+                break
+        placed.append((x, y))
+    return placed
+
+
+def _detector(kind: str, params=None):
+    from pipelines.detect.whitelight import detect_white_light_flares
+
+    if kind == "sdi":
+        return lambda times, frames, header: detect_flares(times, frames, header, params=params)
+    return lambda times, frames, header: detect_white_light_flares(times, frames, header, params=params)
+
+
+def validate_evolving(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60.0, n_sequences: int = 2,
+                      per_sequence: int = 6, seed: int = 14, params=None, name: str | None = None,
+                      rotate: bool = True, log=None) -> Result:
+    """Recall and precision on evolving scenes (:mod:`pipelines.simulation.evolving`).
+
+    ``kind`` 'sdi': SDI flare detector (defaults when ``params`` is None) on the Lyman-alpha
+    scene, amplitudes :data:`SDI_AMPS` relative to the local scene, 15-arcsec Gaussians;
+    'wst': the white-light detector on the 360 nm scene, amplitudes :data:`WST_AMPS` relative
+    to the local quiet-Sun level (Jing et al. 2024's normalisation), 8-arcsec Gaussians (WLF areas: median 225 arcsec2, Jing et al.), in
+    active regions. A detection matches an injection within 30 arcsec (WST: 20) whose profile
+    peak is within max(2 cadences, 5 min) of the detected peak. Recall: injections at or above
+    the gate amplitude; precision: detections matching an injection at or above the detector's
+    threshold (SDI: any injection; WST: >= 8 %, so detections of sub-threshold injections are
+    false by Jing et al.'s criterion). ``extra``: counts by amplitude, 95 % Clopper-Pearson
+    intervals."""
+    name = name or f"{kind} evolving {cadence_s:.0f} s"
+    amps, gate = (SDI_AMPS, SDI_GATE_AMP) if kind == "sdi" else (WST_AMPS, WST_GATE_AMP)
+    profiles = SDI_PROFILES if kind == "sdi" else WST_PROFILES
+    match_arcsec, sigma_arcsec = (30.0, 15.0) if kind == "sdi" else (20.0, 8.0)
+    real_threshold = 0.0 if kind == "sdi" else 0.08
+    rng = np.random.default_rng((seed, int(cadence_s)))
+    res = Result(name)
+    by_amp: dict[float, list[int]] = {}
+    detect = _detector(kind, params)
+    t_start = time.perf_counter()
+    tol = dt.timedelta(seconds=max(2 * cadence_s, 300.0))
+    for i_seq in range(n_sequences):
+        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate)
+        ks = [amps[i % len(amps)] for i in range(per_sequence)]
+        rng.shuffle(ks)
+        for (x, y), a in zip(_place(series, rng, per_sequence, kind), ks, strict=True):
+            prof, stretch = profiles[int(rng.integers(len(profiles)))]
+            t0 = T0 + dt.timedelta(seconds=float(rng.uniform(35, 60)) * 60.0)
+            series.inject(x, y, a, t0, prof, stretch, sigma_arcsec=sigma_arcsec)
+        dets = detect(series.times, series, series.header)
+        res.n_detections += len(dets)
+        used: set[int] = set()
+        true_dets: set[int] = set()
+        for tr in series.flares:
+            best = None
+            for i, d in enumerate(dets):
+                dist = math.hypot(d.hpc_x - tr.x, d.hpc_y - tr.y)
+                if dist <= match_arcsec and abs(d.peak_time - tr.t_peak) <= tol and (best is None or dist < best[1]):
+                    best = (i, dist)
+            hit = best is not None
+            by_amp.setdefault(tr.amplitude, [0, 0])
+            by_amp[tr.amplitude][0] += 1
+            by_amp[tr.amplitude][1] += hit
+            if hit:
+                used.add(best[0])
+                if tr.amplitude >= real_threshold:
+                    true_dets.add(best[0])
+                if tr.amplitude >= gate:
+                    res.timing_err_s.append((dets[best[0]].peak_time - tr.t_peak).total_seconds())
+                    res.position_err_arcsec.append(best[1])
+            if tr.amplitude >= gate:
+                res.n_truth += 1
+                res.n_found += hit
+        res.n_true_detections += len(true_dets)
+        res.rows += [f"| {name} | {i_seq} | {d.peak_time:%H:%M} | {d.hpc_x:.0f}, {d.hpc_y:.0f} | "
+                     f"{d.peak_enhancement:.3f} |" for i, d in enumerate(dets) if i not in used]
+        if log:
+            log(f"{name}: sequence {i_seq + 1}/{n_sequences}: {len(dets)} detections, {len(true_dets)} true; "
+                f"{time.perf_counter() - t_start:.0f} s")
+    res.seconds = time.perf_counter() - t_start
+    res.extra.update(
+        kind=kind, cadence_s=cadence_s, naxis=naxis, gate=gate, rotate=rotate,
+        frame=f"{naxis}x{naxis} at {abs(series.header['CDELT1']):.2f} arcsec/px",
+        recall_by_amp=[[a, h, n] for a, (n, h) in sorted(by_amp.items())],
+        recall_ci=clopper_pearson(res.n_found, res.n_truth),
+        precision_ci=clopper_pearson(res.n_true_detections, res.n_detections))
+    return res
+
+
+def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60.0, n_sequences: int = 2,
+                          seed: int = 41, params=None, name: str | None = None, rotate: bool = True,
+                          log=None) -> Result:
+    """Detections on quiet evolving sequences (nothing injected): all false. ``extra['days']``:
+    time searched (frames with a full pre-flare background); rate per day and its one-sided
+    95 % Poisson upper limit."""
+    name = name or f"{kind} quiet {cadence_s:.0f} s"
+    detect = _detector(kind, params)
+    res = Result(name)
+    t_start = time.perf_counter()
+    lag = 600.0 + 3 * cadence_s  # frames before the lag plus 3 background frames cannot hold a detection
+    days = 0.0
+    for i_seq in range(n_sequences):
+        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate)
+        dets = detect(series.times, series, series.header)
+        res.n_detections += len(dets)
+        days += max(0.0, EVOLVING_SPAN_S - lag) / 86400.0
+        res.rows += [f"| {name} | {i_seq} | {d.peak_time:%H:%M} | {d.hpc_x:.0f}, {d.hpc_y:.0f} | "
+                     f"{d.peak_enhancement:.3f} |" for d in dets]
+        if log:
+            log(f"{name}: sequence {i_seq + 1}/{n_sequences}: {len(dets)} detections; "
+                f"{time.perf_counter() - t_start:.0f} s")
+    res.seconds = time.perf_counter() - t_start
+    base, header = evolving_base(kind, naxis)
+    res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate,
+                     frame=f"{naxis}x{naxis} at {abs(header['CDELT1']):.2f} arcsec/px",
+                     per_day=res.n_detections / days if days else float("nan"),
+                     per_day_upper95=poisson_upper(res.n_detections, days) if days else float("nan"))
+    return res
+
+
+#: Size of the evolving-scene report [px] (SDI's field, 4608 x 0.5 arcsec, resampled) and of
+#: the gates test; sequences per cadence (injected and quiet).
+EVOLVING_REPORT_NAXIS, EVOLVING_TEST_NAXIS = 512, 256
+EVOLVING_REPORT_SEQUENCES = 2
+
+
+def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
+                 n_sequences: int = EVOLVING_REPORT_SEQUENCES, cache: Path | None = None, log=None) -> list[Result]:
+    """All evolving-scene parts (defaults; for WST also the 1.1.0 ratio for comparison)."""
+    from pipelines.detect.whitelight import WhiteLightParams
+
+    out = []
+    for kind in kinds:
+        for cad in sorted(EVOLVING_CADENCES, reverse=True):  # the cheap sparse cadences first
+            runs = [("inj", validate_evolving, {}), ("quiet", evolving_false_alarms, {})]
+            if kind == "wst":
+                runs.append(("inj_pre", validate_evolving, dict(params=WhiteLightParams(normalisation="pre"),
+                                                               name=f"wst evolving {cad:.0f} s, (I-I0)/I0")))
+            for tag, fn, kw in runs:
+                r = fn(kind, naxis, cad, n_sequences=n_sequences, log=log, **kw)
+                r.extra["tag"] = tag
+                out.append(r)
+                if cache:
+                    cache.mkdir(parents=True, exist_ok=True)
+                    _save(r, cache / f"evolving_{kind}_{int(cad)}_{tag}.json")
+    return out
+
+
+def _ci(lo_hi) -> str:
+    lo, hi = lo_hi
+    return "—" if not np.isfinite(lo) else f"[{lo:.2f}, {hi:.2f}]"
+
+
+def evolving_section(results: list[Result]) -> list[str]:
+    """The report section of the evolving-scene validation."""
+    from pipelines.detect import flares as FL
+    from pipelines.detect import whitelight as WL
+
+    p, w = FL.FlareDetectionParams(), WL.WhiteLightParams()
+    quiet = {(r.extra["kind"], r.extra["cadence_s"]): r for r in results if r.extra.get("tag") == "quiet"}
+    lines = ["## Evolving backgrounds (issue 14, item 7): supersedes the static-scene figures for realism", "",
+             "Produced by `benchmarks/validate_detection.py --evolving` (frame sizes per row, over SDI's "
+             "38.4-arcmin field, 4608 x 0.5 arcsec, resampled; the old sections above stay, on static scenes). "
+             "Scenes (`pipelines/simulation/evolving.py`): the real SWAP 17.4 nm frame of 2012-01-01 as an SDI-like "
+             "Lyman-alpha scene, the real MDI continuum of 2010-10-15 as a 360 nm scene; differential rotation "
+             "(sunpy, Howard et al. 1990 synodic), red-noise (AR(1)) brightness fluctuations (SDI: 3 % quiet Sun, "
+             "6 % active regions, 10 min, 10 arcsec; WST: 1.5 % / 3 %, 5 min, 3 arcsec; assumptions, see the "
+             "module), photon-like noise (2 % per pixel at the disk median at 6.32 arcsec/px), 140-min series. "
+             "Flares: the real GOES-15 XRS M2.5 flare of 2011-06-07 (XRS-A, and the XRS-B time derivative, the "
+             "impulsive shape), stretched x0.5-2; SDI amplitudes relative to the local scene "
+             f"{', '.join(f'{a:g}' for a in SDI_AMPS)} (recall over >= {SDI_GATE_AMP:g}), 15-arcsec Gaussians, anywhere "
+             f"on the disk; WST amplitudes relative to the local quiet Sun {', '.join(f'{a:g}' for a in WST_AMPS)} "
+             f"(recall over >= {WST_GATE_AMP:g}; detections of injections below 8 % count as false, Jing et al.'s "
+             "criterion), 8-arcsec Gaussians in active regions. Intervals: two-sided 95 % Clopper-Pearson "
+             "(`scipy.stats.binomtest`); false alarms: nothing injected, rate per day of searched time, one-sided "
+             "95 % Poisson upper limit. Detector defaults as the detection service runs them.", "",
+             "| detector | cadence | recall [95 % CI] | precision [95 % CI] | false alarms/day [95 % upper] | parameters |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        if r.extra.get("tag") == "quiet":
+            continue
+        kind, cad = r.extra["kind"], r.extra["cadence_s"]
+        q = quiet.get((kind, cad))
+        fa = (f"{q.extra['per_day']:.0f} ({q.n_detections} in {24 * q.extra['days']:.1f} h) "
+              f"[{q.extra['per_day_upper95']:.0f}]") if q and r.extra.get("tag") == "inj" else "—"
+        if kind == "sdi":
+            par = (f"SDI defaults {FL.DETECTOR_VERSION}: {p.noise_sigma:g} sigma, {100 * p.detection_threshold:g} %, "
+                   f"robust baseline {p.robust_baseline}")
+        elif r.extra.get("tag") == "inj":
+            par = (f"WST defaults {WL.FRM_VERSION}: (I - I0) / I_QS >= {w.threshold:g} (Jing et al. 2024), "
+                   f"{w.noise_sigma:g} sigma")
+        else:
+            par = "WST, 1.1.0 ratio (I - I0) / I0 >= 0.08, otherwise defaults (comparison)"
+        prec = (f"{r.precision:.2f} ({r.n_true_detections}/{r.n_detections}) {_ci(r.extra['precision_ci'])}"
+                if r.n_detections else "— (0 detections)")
+        lines.append(f"| {r.name} ({r.extra['frame']}) | {cad / 60:.0f} min | {r.recall:.2f} ({r.n_found}/{r.n_truth}) "
+                     f"{_ci(r.extra['recall_ci'])} | {prec} "
+                     f"| {fa} | {par} |")
+    lines += ["", "Recall by injected amplitude (found/injected):", "",
+              "| detector | " + " | ".join(f"{a:g}" for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |",
+              "|---|" + "---|" * len(set(SDI_AMPS) | set(WST_AMPS))]
+    for r in results:
+        if r.extra.get("tag") == "quiet":
+            continue
+        d = {float(a): (h, n) for a, h, n in r.extra["recall_by_amp"]}
+        lines.append(f"| {r.name} | " + " | ".join(f"{d[a][0]}/{d[a][1]}" if a in d else ""
+                                                   for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |")
+    lines += ["", "Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences 1 --cache DIR`, "
+              "`--evolving wst --evolving-naxis 384 --evolving-sequences 1 --cache DIR` (two processes, "
+              "`nice -n 10`), then `--evolving report --cache DIR`."]
+    lines += ["", "What this says (runs of 2026-12-03 on a shared, overloaded 2-core machine: one injected and one "
+              "quiet sequence per cadence, so the intervals are wide; the report size had to be cut from the "
+              "planned 512/1024 px to what finished before the deadline):", "",
+              "* **SDI: the defaults do not survive evolving backgrounds.** Under the red-noise assumption here "
+              "(3 % quiet Sun, 6 % active regions, coherent for 10 min on 10 arcsec) the 3-sigma, 2 % test "
+              "reports hundreds to thousands of brightenings per day of searched time, and precision is a few "
+              "per cent. The static-scene figures above (0 false detections) came from white noise on a fixed "
+              "image. Detector 1.3.0's robust series scatter (`robust_baseline`) cuts the false alarms "
+              "(the quiet 4-min series of the table, 256 px, 2.0 h: 1,097 without it, 108 with it) but not enough. With "
+              "`noise_sigma = 5` (same 4-min series, 256 px): 0 false detections in 2.0 h quiet, but recall "
+              "1/4 of the >= 0.2 injections and precision 1/1: the red noise is as bright as the flares. "
+              "Whether SDI needs that depends on the real Lyman-alpha variability, which no public SDI "
+              "series shows: retune `noise_sigma` on SDI data. The red-noise amplitudes are assumptions "
+              "(`pipelines/simulation/evolving.py`).",
+              "* **WST:** no false alarm at any cadence (the 95 % upper limits are set by the ~2 h searched "
+              "per cadence). Recall of the injected kernels (8 arcsec, in active regions, 6 arcsec/px frames) "
+              "is low (not investigated; the coarse 6-arcsec/px frame for 3-arcsec macropixels is a likely "
+              "cause). The paper's ratio (I - I0) / I_QS and the former (I - I0) / I0 gave the same counts "
+              "here, while the gate `test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they "
+              "differ: in a penumbra at 0.6 of the quiet Sun.",
+              "* The sections above were measured with flares 1.2.0 and WST 1.1.0 and were not re-run; with "
+              "1.3.0 / 1.2.0 the static-scene gates of `tests/test_detection_gates.py` still pass.",
+              "* At 4 min a white-light flare of the derivative shape (FWHM 6 min) falls in one or two frames; "
+              "the two-frame rule then misses it (Jing et al. list 3 of 39 WLFs in a single frame)."]
+    return lines + [""]
+
+
 # -- service-like reduction (CMEs and prominences) ---------------------------------------------
 
 
@@ -860,7 +1189,35 @@ def main(argv: list[str] | None = None) -> int:
                          "(assemble the report from --cache)")
     ap.add_argument("--cache", type=Path, default=None, help="folder for each part's result (JSON)")
     ap.add_argument("--report", type=Path, default=REPORT)
+    ap.add_argument("--evolving", default=None,
+                    help="run the evolving-scene parts: 'sdi', 'wst' or 'sdi,wst' (saved in --cache); "
+                         "'report' appends their section to --report from --cache")
+    ap.add_argument("--evolving-naxis", type=int, default=EVOLVING_REPORT_NAXIS)
+    ap.add_argument("--evolving-sequences", type=int, default=EVOLVING_REPORT_SEQUENCES)
     args = ap.parse_args(argv)
+    if args.evolving:
+        t_ev = time.perf_counter()
+        if args.evolving != "report":
+            rs = run_evolving(tuple(args.evolving.split(",")), naxis=args.evolving_naxis,
+                              n_sequences=args.evolving_sequences, cache=args.cache,
+                              log=lambda m: print(f"[{time.perf_counter() - t_ev:7.0f} s] {m}", flush=True))
+        else:
+            rs = [_load(pth) for pth in sorted(args.cache.glob("evolving_*.json"))]
+            order = {"sdi": 0, "wst": 1}
+            rs.sort(key=lambda r: (order[r.extra["kind"]], r.extra["cadence_s"], r.extra["tag"]))
+            text = args.report.read_text() if args.report.exists() else ""
+            cut = text.find("## Evolving backgrounds")
+            if cut >= 0:
+                text = text[:cut]
+            args.report.write_text(text.rstrip() + "\n\n" + "\n".join(evolving_section(rs)))
+        for r in rs:
+            if r.extra.get("tag") == "quiet":
+                print(f"RESULT evolving kind={r.extra['kind']} cadence_s={r.extra['cadence_s']:.0f} "
+                      f"false_alarms_per_day={r.extra['per_day']:.1f} upper95={r.extra['per_day_upper95']:.1f}")
+            else:
+                print(f"RESULT evolving name={r.name.replace(' ', '_')} recall={r.recall:.2f} "
+                      f"precision={r.precision:.2f}")
+        return 0
     sizes = ["small"] if args.quick else ["full", "small"]
     wanted = [f"{s}:{p}" for s in sizes for p in PLAN[s]]
     todo = wanted if args.parts == "all" else [] if args.parts == "none" else args.parts.split(",")
