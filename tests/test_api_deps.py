@@ -39,13 +39,13 @@ def _drive(gen_fn, use, monkeypatch) -> list:
     """Run the async generator dependency ``gen_fn`` around ``use(session)``; returns the names
     of the functions it handed to a worker thread."""
     handed: list[str] = []
-    real = deps.run_in_threadpool
+    real = deps._in_thread
 
-    async def spy(func, *args, **kwargs):
+    async def spy(func):
         handed.append(getattr(func, "__name__", repr(func)))
-        return await real(func, *args, **kwargs)
+        return await real(func)
 
-    monkeypatch.setattr(deps, "run_in_threadpool", spy)
+    monkeypatch.setattr(deps, "_in_thread", spy)
 
     async def main():
         agen = gen_fn()
@@ -103,3 +103,25 @@ def test_anonymous_principal_needs_no_thread_nor_database(monkeypatch):
             raise AssertionError(f"an anonymous request used the session ({name})")
 
     assert asyncio.run(current_principal(request, NoDatabase(), None, None)) is None
+
+
+def test_a_cancelled_request_still_closes_its_session(pg_url, settings_env):
+    """A client gone or a deadline cancels the request's task: the close that returns the
+    connection is shielded (without the shield, the worker-thread hand-off is cancelled at once
+    and the connection stays checked out, in its transaction)."""
+    import anyio
+
+    settings_env(DATABASE_URL=pg_url)
+    engine = dbmod.get_engine("api")
+    session = dbmod.get_sessionmaker("api")()
+    session.execute(text("SELECT 1"))  # a transaction open on the server: closed in a thread
+    assert engine.pool.checkedout() == 1
+
+    async def main():
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await deps._end(session, session.close)
+
+    anyio.run(main)
+    assert not session.in_transaction()
+    assert engine.pool.checkedout() == 0

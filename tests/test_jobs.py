@@ -56,6 +56,17 @@ def test_psf_deconvolution_needs_a_psf_master(client, db_session):
     assert r.status_code in (400, 422) and "psf calibration" in r.json()["detail"]
 
 
+@pytest.mark.parametrize("source", ["profile", "map"])
+def test_a_stray_light_representation_without_its_master_is_refused(client, db_session, source):
+    body = {**BASE, "channels": ["SCI-UV"], "options": {"stray_light_source": source}}
+    r = client.post("/api/v1/jobs", json=body)
+    assert r.status_code in (400, 422) and f"STRAYTYP='{source.upper()}'" in r.json()["detail"], r.text
+    assert db_session.scalar(select(func.count()).select_from(Job)) == 0
+    # the disk channels have no stray light to choose: the option does not stop their jobs
+    r = client.post("/api/v1/jobs", json={**body, "channels": ["SDI"]})
+    assert "STRAYTYP" not in r.text, r.text
+
+
 def test_spelled_out_defaults_identify_the_same_product():
     explicit = CalibrationOptions(rotate_north_up=True, subtract_stray_light=True, interpolation_order=3, device="cpu")
     assert params_hash(explicit.identity()) == params_hash(CalibrationOptions().identity()) == params_hash({})

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from backend.db import get_sessionmaker
 from backend.settings import Settings, get_settings
@@ -29,16 +29,29 @@ async def get_session() -> AsyncIterator[Session]:
     try:
         yield session
     except BaseException:
-        if _ends_locally(session):
-            session.rollback()
-        else:
-            await run_in_threadpool(session.rollback)
+        await _end(session, session.rollback)
         raise
     finally:
+        await _end(session, session.close)
+
+
+async def _end(session: Session, step) -> None:
+    """Run ``step`` (``session.rollback`` or ``session.close``) even when the request was
+    cancelled (a client gone, a deadline): shielded from cancellation, on the event loop when it
+    sends nothing to the database, else in a worker thread with a limiter of its own (as
+    FastAPI's ``contextmanager_in_threadpool`` does for sync dependencies: the default thread
+    limiter may be full of requests waiting for a pooled connection that this close would return,
+    a deadlock)."""
+    with anyio.CancelScope(shield=True):
         if _ends_locally(session):
-            session.close()
+            step()
         else:
-            await run_in_threadpool(session.close)
+            await _in_thread(step)
+
+
+async def _in_thread(step) -> None:
+    """``step()`` in a worker thread of its own limiter (one thread, made per call)."""
+    await anyio.to_thread.run_sync(step, limiter=anyio.CapacityLimiter(1))
 
 
 def _ends_locally(session: Session) -> bool:

@@ -179,6 +179,7 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
             CalibrationFile.kind == CalibrationKind.psf, CalibrationFile.channel_code == "SDI"))
         if not n:
             raise JobRequestError("deconvolve_psf needs an SDI psf calibration file; none is registered")
+    _check_stray_light_source(session, req)
     for kind, version in req.pinned_calibrations.items():
         n = session.scalar(
             select(func.count()).select_from(CalibrationFile).where(
@@ -230,3 +231,28 @@ def list_jobs(session: Session, *, limit: int = 50, offset: int = 0) -> tuple[li
     total = session.scalar(select(func.count()).select_from(Job)) or 0
     rows = list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit).offset(offset)))
     return rows, total
+
+
+#: ``CalibrationOptions.stray_light_source`` -> the ``STRAYTYP`` a stray-light master must carry
+#: to have that representation (written by :func:`pipelines.calibration.stray_light` and
+#: :func:`pipelines.calibration.blind_stray.blind_stray_master`).
+_STRAYTYP_FOR_SOURCE = {"profile": "PROFILE", "map": "MAP"}
+
+
+def _check_stray_light_source(session: Session, req: JobRequest) -> None:
+    """Refuse (:class:`JobRequestError`, a 4xx) a ``stray_light_source`` of ``profile`` or ``map``
+    when a requested SCI channel has no registered stray-light master of that ``STRAYTYP`` (the
+    pinned version where one is pinned): every product would otherwise fail at run time."""
+    want = _STRAYTYP_FOR_SOURCE.get(req.options.stray_light_source)
+    if want is None or not req.options.subtract_stray_light:
+        return
+    for channel in (c for c in req.channels if c.startswith("SCI")):
+        q = select(CalibrationFile).where(CalibrationFile.kind == CalibrationKind.stray_light,
+                                          CalibrationFile.channel_code == channel)
+        if "stray_light" in req.pinned_calibrations:
+            q = q.where(CalibrationFile.version == req.pinned_calibrations["stray_light"])
+        types = {str((row.parameters or {}).get("STRAYTYP", "")).strip().upper() for row in session.scalars(q)}
+        if want not in types:
+            raise JobRequestError(
+                f"stray_light_source={req.options.stray_light_source} needs a {channel} stray_light calibration "
+                f"file with STRAYTYP='{want}'; the registered ones have {sorted(t or 'none' for t in types) or 'none'}")
