@@ -592,3 +592,43 @@ def test_numpy_executor_keeps_host_masters_alive_within_a_small_budget():
     from pipelines.calibration import batch
 
     assert BatchExecutor("numpy").masters.max_bytes == batch.HOST_MASTER_BYTES < batch.DEFAULT_DEVICE_MASTER_BYTES
+
+
+def test_a_batch_past_its_soft_time_limit_fails_only_the_product_it_was_making(sim, sqlite_env, eager, monkeypatch):
+    """The soft time limit is the batch's: the product being made when it struck fails with that
+    reason; the products never started are sent again in a new batch message and written, not
+    failed (reviewer's finding: they were all failed as if the batch had broken)."""
+    from celery.exceptions import SoftTimeLimitExceeded
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.settings import get_settings
+    from backend.worker import reconcile, tasks
+
+    monkeypatch.setenv("CPU_BATCH_SIZE", "8")
+    _settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None, device="cpu")
+    monkeypatch.setattr(reconcile, "send", lambda *a, **k: None)
+    real = tasks.calibrate_products_batch
+    calls = []
+
+    def limited(session, product_ids, settings, *, holder=None, **kw):
+        calls.append(list(product_ids))
+        if len(calls) == 1:  # the first batch: one product under way when the limit strikes
+            with session_scope() as s2:
+                p = s2.get(Product, product_ids[0])
+                p.state, p.claimed_by = ProductState.writing, holder
+            raise SoftTimeLimitExceeded()
+        return real(session, product_ids, settings, holder=holder, **kw)
+
+    monkeypatch.setattr(tasks, "calibrate_products_batch", limited)
+    tasks.run_job.apply(args=[job_id]).get()
+    assert len(calls) == 2 and calls[1] == calls[0][1:]
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        prods = {p.id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
+        first = prods.pop(calls[0][0])
+        assert first.state == ProductState.failed and "soft time limit" in first.error
+        assert all(p.state == ProductState.written for p in prods.values())
+        assert job.state == JobState.failed and (job.done, job.failed) == (len(prods), 1)
+    get_settings.cache_clear()

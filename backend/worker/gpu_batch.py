@@ -256,3 +256,26 @@ def fail_unfinished(session: Session, product_ids: list[int], job_id: str | None
         if prod.state in (ProductState.planned, ProductState.writing):
             _fail(session, report, job_id, pid, reason)
     return report
+
+
+def settle_after_time_limit(session: Session, product_ids: list[int], job_id: str | None, reason: str, *,
+                            holder: str | None = None) -> tuple[BatchReport, list[int]]:
+    """After a batch task's soft time limit: fail (with ``reason``) the product that was being
+    made under this batch's claim (``writing``, ``holder``), and return, unfailed, the products
+    still ``planned`` (never started: the limit is the batch's, not theirs) for the caller to send
+    again in a new batch message. A product another delivery holds is left to it."""
+    report = BatchReport(backend="none")
+    planned: list[int] = []
+    for pid in product_ids:
+        prod = session.get(Product, pid)
+        if prod is None:
+            continue
+        session.refresh(prod)
+        if prod.state == ProductState.writing:
+            if holder is not None and prod.claimed_by != holder:
+                report.skipped.append(pid)
+            else:
+                _fail(session, report, job_id, pid, reason)
+        elif prod.state == ProductState.planned:
+            planned.append(pid)
+    return report, planned

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
@@ -27,7 +28,7 @@ from backend.services.events import associate_events
 from backend.services.ingest import ingest_path
 from backend.settings import get_settings
 from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
-from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished
+from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished, settle_after_time_limit
 from backend.worker.processing import calibrate_product as _calibrate_product
 from backend.worker.processing import count_item, lock_job, plan_job
 from backend.worker.reconcile import send_calibration, send_follow_ups
@@ -308,6 +309,15 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
                                               holder=this_process(self.request.id, self.request.retries or 0))
     except OperationalError:
         raise
+    except SoftTimeLimitExceeded:
+        holder = this_process(self.request.id, self.request.retries or 0)
+        with session_scope() as s:
+            report, rest = settle_after_time_limit(
+                s, list(product_ids), job_id, "GPU batch reached its soft time limit while making this product",
+                holder=holder)
+        if rest:  # never started: a new batch message, nothing failed for the batch's time
+            log.warning("GPU batch of job %s: soft time limit; %d products sent again", job_id, len(rest))
+            calibrate_products_gpu_batch.apply_async(args=[job_id, rest], queue="gpu")
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
         log.exception("GPU batch of job %s failed", job_id)
         with session_scope() as s:
@@ -333,6 +343,15 @@ def calibrate_products_cpu_batch(self, job_id: str | None, product_ids: list[int
                                               holder=this_process(self.request.id, self.request.retries or 0))
     except OperationalError:
         raise
+    except SoftTimeLimitExceeded:
+        holder = this_process(self.request.id, self.request.retries or 0)
+        with session_scope() as s:
+            report, rest = settle_after_time_limit(
+                s, list(product_ids), job_id, "CPU batch reached its soft time limit while making this product",
+                holder=holder)
+        if rest:  # never started: a new batch message, nothing failed for the batch's time
+            log.warning("CPU batch of job %s: soft time limit; %d products sent again", job_id, len(rest))
+            calibrate_products_cpu_batch.apply_async(args=[job_id, rest], queue="cpu")
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
         log.exception("CPU batch of job %s failed", job_id)
         with session_scope() as s:
