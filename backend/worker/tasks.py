@@ -300,33 +300,11 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
 
     Without a usable GPU the batch runs on NumPy and the products say so (see that module).
     If the batch breaks as a whole (not a database fault, which is retried), its products
-    not yet finished fail with the reason, so the job ends. When the job ends, its
-    follow-up detections are queued.
+    not yet finished fail with the reason, so the job ends. Past the task's soft time limit,
+    the product under way fails and those never started are sent again (:func:`_run_batch`).
+    When the job ends, its follow-up detections are queued.
     """
-    try:
-        with session_scope() as s:
-            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id,
-                                              holder=this_process(self.request.id, self.request.retries or 0))
-    except OperationalError:
-        raise
-    except SoftTimeLimitExceeded:
-        holder = this_process(self.request.id, self.request.retries or 0)
-        with session_scope() as s:
-            report, rest = settle_after_time_limit(
-                s, list(product_ids), job_id, "GPU batch reached its soft time limit while making this product",
-                holder=holder)
-        if rest:  # never started: a new batch message, nothing failed for the batch's time
-            log.warning("GPU batch of job %s: soft time limit; %d products sent again", job_id, len(rest))
-            calibrate_products_gpu_batch.apply_async(args=[job_id, rest], queue="gpu")
-    except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
-        log.exception("GPU batch of job %s failed", job_id)
-        with session_scope() as s:
-            report = fail_unfinished(s, list(product_ids), job_id, f"GPU batch failed: {failure_reason(exc)}",
-                                     holder=this_process(self.request.id, self.request.retries or 0))
-    if report.job_finished:
-        with session_scope() as s:
-            send_follow_ups(s, job_id)
-    return {"job_id": job_id, **report.as_dict()}
+    return _run_batch(self, calibrate_products_gpu_batch, job_id, product_ids, "gpu")
 
 
 @app.task(name=TaskName.calibrate_products_cpu_batch, bind=True, **RETRY)
@@ -336,27 +314,34 @@ def calibrate_products_cpu_batch(self, job_id: str | None, product_ids: list[int
     :func:`backend.worker.gpu_batch.calibrate_products_batch` with ``device='cpu'``, whose
     NumPy executor reads the next raw frame and writes the previous product while the
     current one computes. One bad frame fails its product alone; a batch that breaks as a
-    whole (not a database fault, which is retried) fails its unfinished products."""
+    whole (not a database fault, which is retried) fails its unfinished products; past the
+    soft time limit, as :func:`calibrate_products_gpu_batch`."""
+    return _run_batch(self, calibrate_products_cpu_batch, job_id, product_ids, "cpu")
+
+
+def _run_batch(task, task_fn, job_id: str | None, product_ids: list[int], queue: str) -> dict:
+    """The body of the two batch tasks (``queue`` 'gpu' or 'cpu', the device asked for)."""
+    holder = this_process(task.request.id, task.request.retries or 0)
+    label = queue.upper()
+    kw = {} if queue == "gpu" else {"device": "cpu"}
     try:
         with session_scope() as s:
-            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id, device="cpu",
-                                              holder=this_process(self.request.id, self.request.retries or 0))
+            report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id, holder=holder, **kw)
     except OperationalError:
         raise
     except SoftTimeLimitExceeded:
-        holder = this_process(self.request.id, self.request.retries or 0)
         with session_scope() as s:
             report, rest = settle_after_time_limit(
-                s, list(product_ids), job_id, "CPU batch reached its soft time limit while making this product",
+                s, list(product_ids), job_id, f"{label} batch reached its soft time limit while making this product",
                 holder=holder)
         if rest:  # never started: a new batch message, nothing failed for the batch's time
-            log.warning("CPU batch of job %s: soft time limit; %d products sent again", job_id, len(rest))
-            calibrate_products_cpu_batch.apply_async(args=[job_id, rest], queue="cpu")
+            log.warning("%s batch of job %s: soft time limit; %d products sent again", label, job_id, len(rest))
+            task_fn.apply_async(args=[job_id, rest], queue=queue)
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
-        log.exception("CPU batch of job %s failed", job_id)
+        log.exception("%s batch of job %s failed", label, job_id)
         with session_scope() as s:
-            report = fail_unfinished(s, list(product_ids), job_id, f"CPU batch failed: {failure_reason(exc)}",
-                                     holder=this_process(self.request.id, self.request.retries or 0))
+            report = fail_unfinished(s, list(product_ids), job_id, f"{label} batch failed: {failure_reason(exc)}",
+                                     holder=holder)
     if report.job_finished:
         with session_scope() as s:
             send_follow_ups(s, job_id)

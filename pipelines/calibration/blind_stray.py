@@ -714,6 +714,8 @@ def run(size: int, noise: bool, seed: int, *, rolls_deg: Sequence[float] = ROLLS
     ValueError
         A size outside 32-2048 or an empty roll sequence.
     """
+    # Long: one scoring loop (channel x prior x radius) whose keys the docstring defines one by one;
+    # kept in one piece so each metric sits next to its definition.
     from pipelines import simulation as simmod
     from pipelines.calibration.flow import calibrate_frame, load_calibration_master
     from pipelines.calibration.options import CalibrationOptions
