@@ -218,27 +218,23 @@ def _eit_sources(sample_dir: Path) -> tuple[list[_DiskSource], list[dict[str, An
 
 
 def _lyman_alpha_irradiance(sample_dir: Path, t: Time) -> float:
-    """LASP composite Ly-alpha irradiance at 1 au on the day of ``t`` [photons cm-2 s-1]."""
-    path = sample_dir / LYA_INDEX_FILE
-    d = t.utc.to_datetime()
-    key = d.year * 1000 + d.timetuple().tm_yday
-    best, best_dist = None, None
-    with open(path) as f:
-        next(f)
-        for line in f:
-            parts = line.strip().split(",")
-            if len(parts) < 2:
-                continue
-            try:
-                day, val = int(parts[0]), float(parts[1])
-            except ValueError:
-                continue
-            dist = abs(day - key)
-            if best_dist is None or dist < best_dist:
-                best, best_dist = val, dist
-    if best is None or best_dist > 366:
+    """LASP composite Ly-alpha irradiance at 1 au on the day of ``t``, or the nearest day with a
+    value within a year [photons cm-2 s-1], read by the chain's own reader
+    (:func:`pipelines.calibration.radiometry.read_lasp_composite`).
+
+    Raises
+    ------
+    DataError
+        If the file is missing or has no value within 366 days of ``t``.
+    """
+    from pipelines.calibration.radiometry import read_lasp_composite
+
+    days = read_lasp_composite(sample_dir / LYA_INDEX_FILE).days
+    day = t.utc.to_datetime().date()
+    best = min(days, key=lambda d: abs((d - day).days), default=None)
+    if best is None or abs((best - day).days) > 366:
         raise DataError(f"no LASP Ly-alpha composite value near {t.isot}")
-    return best * 1e11
+    return float(days[best])
 
 
 @dataclass
