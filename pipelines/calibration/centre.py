@@ -49,6 +49,14 @@ re-centring) uses the fitted centre. Both centres go into the header (``FITCRPX1
 the header's centre and says so (``CTRSRC = 'HEADER'``, ``FITCSTAT = 'FAILED'``, a HISTORY
 line with the reason). The DQ array is per pixel and has no frame-level bit, so a failed
 fit is flagged in the header and HISTORY only.
+
+The centre's uncertainty goes into the WCS's own error keywords (FITS Standard 4.0, sect. 8.2;
+Greisen & Calabretta 2002, A&A 395, 1061, WCS Paper I): ``CRDERia`` (random: the fit's
+1-sigma) and ``CSYERia`` (systematic: the channel's edge systematic, at least
+:data:`EDGE_SYSTEMATIC_FLOOR_PX`, plus the header's distance from the fit when the header's
+centre is kept), in ``CUNITia``; a failed or disabled fit writes neither. The per-pixel
+uncertainty (``UNCERT``) does not include them: a centre error is one error for the whole
+frame, like the radiometric coefficient's (``RADUNC``, :mod:`pipelines.calibration.uncertainty`).
 """
 
 from __future__ import annotations
@@ -66,7 +74,8 @@ from pipelines.errors import DataError
 from pipelines.sun import sun_geometry
 
 __all__ = ["CentreFit", "edge_points", "fit_circle", "fit_disk_centre", "fit_and_apply_centre",
-           "CENTRE_KEYWORDS", "MAX_POINTING_ERROR_PX", "EDGE_SYSTEMATIC_ARCSEC"]
+           "CENTRE_KEYWORDS", "MAX_POINTING_ERROR_PX", "EDGE_SYSTEMATIC_ARCSEC",
+           "EDGE_SYSTEMATIC_FLOOR_PX"]
 
 #: A fit more than this far from the header's centre [pixel of the frame, scaled from
 #: 40 px at 4608 px] is not believed (the pointing of ASO-S is known to a few arcsec;
@@ -100,7 +109,17 @@ CENTRE_KEYWORDS = {
     "CTRSHIFT": "[pix] |fitted - header's| disk centre",
     "CTRTOL": "[pix] disagreement above which fit is used",
     "CTRSRC": "disk centre used: FIT or HEADER",
+    "CRDER1": "[CUNIT1] random error of the disk centre",
+    "CRDER2": "[CUNIT2] random error of the disk centre",
+    "CSYER1": "[CUNIT1] systematic error, disk centre",
+    "CSYER2": "[CUNIT2] systematic error, disk centre",
 }
+
+#: Floor of the stated systematic error of an edge fit [pixel]: at coarse sampling the edge
+#: fit's bias is a fraction of a pixel whatever the channel (measured with the true centre in
+#: the header, seed 0, ``blind_centre``: WST 0.065 px at 256 px, 0.0005-0.0017 px at
+#: 1024-2048 px; SCI 0.006-0.013 px at 256 px), so ``CSYERia`` is at least this.
+EDGE_SYSTEMATIC_FLOOR_PX = 0.1
 
 
 @dataclass(frozen=True)
@@ -388,6 +407,17 @@ def _set(h: fits.Header, key: str, value: Any) -> None:
     h[key] = (value, CENTRE_KEYWORDS[key])
 
 
+def _set_wcs_errors(h: fits.Header, scale_arcsec: float, rand_x_px: float, rand_y_px: float, sys_px: float) -> None:
+    """``CRDER1/2``, ``CSYER1/2`` from pixel errors, in the header's ``CUNITia`` (arcsec or deg)."""
+    for axis, rand in ((1, rand_x_px), (2, rand_y_px)):
+        unit = str(h.get(f"CUNIT{axis}", "arcsec")).strip().lower()
+        per = {"arcsec": 1.0, "deg": 1.0 / 3600.0, "arcmin": 1.0 / 60.0}.get(unit)
+        if per is None:  # a unit the step does not know: say nothing rather than something wrong
+            continue
+        _set(h, f"CRDER{axis}", float(f"{rand * scale_arcsec * per:.3g}"))
+        _set(h, f"CSYER{axis}", float(f"{sys_px * scale_arcsec * per:.3g}"))
+
+
 def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulter_rsun: float | None = None,
                          tolerance_px: float = 0.05, systematic_arcsec: float = 0.0,
                          enabled: bool = True) -> tuple[fits.Header, CentreFit | None]:
@@ -467,6 +497,10 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
     _set(h, "FITCNPT", int(fit.n_points))
     _set(h, "CTRSHIFT", round(shift, 4))
     _set(h, "CTRTOL", round(threshold, 4))
+    sys_px = max(float(systematic_arcsec) / geom.scale, EDGE_SYSTEMATIC_FLOOR_PX)
+    if shift <= threshold:  # the header's centre is kept: off the fit by `shift`, the fit off by sys_px
+        sys_px += shift
+    _set_wcs_errors(h, geom.scale, fit.sigma_x, fit.sigma_y, sys_px)
     text = (f"{method} fit ({fit.n_points} of {fit.n_rays} rays, sigma {fit.sigma:.3f} px) puts the disk centre at "
             f"({fit.x0 + 1:.3f}, {fit.y0 + 1:.3f}), the header at ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) (1-based): "
             f"{shift:.3f} px apart")
