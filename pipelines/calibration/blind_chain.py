@@ -80,7 +80,7 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-__all__ = ["run", "gate_failures", "estimate_dark_model", "kll_flat_error", "inject_cosmic_rays", "cosmic_ray_rate",
+__all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "kll_flat_error", "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
            "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES"]
 
@@ -569,11 +569,12 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
 
 
 def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
-    """A raw science frame as the instrument sends it: ``DET_TEMP``, ``SAAFLAG`` (by time, or
-    forced), without the simulator's ``GAIN``/``RDNOISE`` (the chain uses its own)."""
+    """A raw science frame (a simulated frame or a raw file's path) as the instrument sends it:
+    ``DET_TEMP``, ``SAAFLAG`` (by time, or forced), without the simulator's ``GAIN``/``RDNOISE``
+    (the chain uses its own)."""
     from pipelines.fitsio import read_image
 
-    raw = read_image(f.raw_path)
+    raw = read_image(getattr(f, "raw_path", f))
     h = raw.header.copy()
     for key in ("GAIN", "RDNOISE"):
         h.remove(key, ignore_missing=True)
@@ -586,6 +587,74 @@ def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
 def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: dict[str, float]):
     """Calibration exposures (instrument side), then the chain's dark model and flat, written as
     masters; scores the flat and the dark into ``out``. Returns (cals, est, det, flat)."""
+    from pipelines.calibration.flow import load_calibration_master
+
+    frames = [f for f in sim.frames if f.channel == chan]
+    ref = next(i for i in sim.calibration_files if i.channel == chan)
+    cals, est, det, flat = derive_chain_masters(
+        sim.out_dir / "calibration", chan, frames[0].naxis, noise=noise,
+        rng=np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci])),
+        dither_seed=int(seed) * 10 + ci, work=work, valid_from=ref.valid_from, valid_to=ref.valid_to, out=out,
+        science_header=_raw(frames[0])[1])
+    for info in sim.calibration_files:  # what the chain is given besides its own masters
+        if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
+            cals[info.kind] = load_calibration_master(info.path)
+    return cals, est, det, flat
+
+
+def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool, rng: np.random.Generator,
+                         dither_seed: int, work: Path, valid_from: str, valid_to: str, out: dict[str, float],
+                         science_header: fits.Header | None = None):
+    """The chain's own dark model and flat of one channel, from calibration exposures of a hidden detector.
+
+    The **instrument side** reads the hidden detector planes of ``hidden_cal_dir`` (the
+    simulator's ``lst_<chan>_dark_*``/``lst_<chan>_flat_*``, dark rate at :data:`SCIENCE_TEMP_C`)
+    only to *make* the exposures: :data:`N_BIAS` bias frames, :data:`N_DARK_PER_TEMP` darks of
+    :data:`DARK_EXPTIME_S` at each of :data:`DARK_TEMPS_C` (the rate doubling every
+    :data:`HIDDEN_DOUBLING_C`), and the flat set (SDI/WST: the dithered full-disk set of
+    :func:`pipelines.simulation.dithers.simulate_dithered_flat_set` through the *same* hidden
+    flat; SCI: diffuser-like uniform frames). The **chain side** sees only those frames:
+    :func:`estimate_dark_model` (bias, dark rate at ``DARKTREF``, fitted ``DARKTDBL``, gain,
+    read noise), the sub-pixel KLL flat (:func:`pipelines.calibration.flatfield.derive_flat_master`,
+    mean 1 over the pixels it measured; :func:`kll_flat_error`) or the SCI diffuser flat.
+
+    Parameters
+    ----------
+    hidden_cal_dir : pathlib.Path
+        Folder with the hidden detector's planes (instrument side).
+    chan : str
+        ``SDI``, ``WST``, ``SCI-UV`` or ``SCI-WL``.
+    n : int
+        Frame side [pixel].
+    noise : bool
+        Poisson and read noise in the calibration exposures.
+    rng : numpy.random.Generator
+        Draws the bias, dark and (SCI) flat exposures.
+    dither_seed : int
+        Seed of the dithered flat set (SDI, WST).
+    work : pathlib.Path
+        Where the chain's masters are written.
+    valid_from, valid_to : str
+        Validity [UTC ISO] of the masters.
+    out : dict
+        Receives the scores (truth used only here): ``flat_rms_C``, ``flat_rms_none_C``,
+        ``flat_level_C`` (mean of chain flat / hidden flat over the measured pixels),
+        ``flat_pull_C``, ``tdbl_C``, ``gain_C``, ``read_noise_C`` and, with ``science_header``,
+        ``dark_err_frac_C``, ``dark_err_frac_unscaled_C``, ``dark_rms_dn_C``.
+    science_header : astropy.io.fits.Header, optional
+        A science frame's header (``EXPTIME``, ``DET_TEMP``) at which the dark is scored.
+
+    Returns
+    -------
+    cals : dict of str to pipelines.calibration.flow.CalibrationInput
+        ``dark`` and ``flat`` (the chain's masters).
+    est : dict
+        :func:`estimate_dark_model`'s result.
+    det : dict of numpy.ndarray
+        The hidden planes (scoring only).
+    flat : numpy.ndarray, shape (n, n)
+        The chain's flat (NaN where not measured).
+    """
     from pipelines.calibration import blind_units as bu
     from pipelines.calibration.flatfield import compare_flats, derive_flat_master
     from pipelines.calibration.flow import load_calibration_master
@@ -593,13 +662,12 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
     from pipelines.simulation.dithers import simulate_dithered_flat_set
 
     model = INSTRUMENT[chan]
-    frames = [f for f in sim.frames if f.channel == chan]
-    n = frames[0].naxis
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci]))
-    ref = next(i for i in sim.calibration_files if i.channel == chan)
+    ref = SimpleNamespace(valid_from=valid_from, valid_to=valid_to)
     # ---- instrument side: calibration exposures from the hidden detector
-    det = _hidden(sim.out_dir / "calibration", chan)
+    det = _hidden(Path(hidden_cal_dir), chan)
     hidden_flat = det["flat"].astype(np.float64)
+    if hidden_flat.shape != (n, n):
+        raise ValueError(f"the hidden detector is {hidden_flat.shape}, not {n}x{n}")
     kw = {"model": model, "noise": noise}
     law = lambda temp: 2.0 ** ((temp - SCIENCE_TEMP_C) / HIDDEN_DOUBLING_C)  # noqa: E731
 
@@ -623,12 +691,12 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
         desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
         del fe
     else:
-        dset = simulate_dithered_flat_set(n, noise=noise, seed=int(seed) * 10 + ci, channel=chan, flat=hidden_flat,
+        dset = simulate_dithered_flat_set(n, noise=noise, seed=int(dither_seed), channel=chan, flat=hidden_flat,
                                           read_noise_e=model.read_noise_dn * model.gain_e_per_dn)
         images_dn = [im / model.gain_e_per_dn for im in dset.images]  # what the detector gives [DN]
         commanded = dset.commanded
         del dset
-        der = derive_flat_master(images_dn, commanded, chan, 2, ref.valid_from, method="subpixel")
+        der = derive_flat_master(images_dn, commanded, chan, 2, valid_from, method="subpixel")
         valid = der.result.valid_mask
         flat = np.asarray(der.flat, dtype=np.float64)
         flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"])
@@ -647,18 +715,15 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
     out[f"tdbl_{chan}"] = float(est["tdbl"])
     out[f"gain_{chan}"] = float(est["gain"])
     out[f"read_noise_{chan}"] = float(est["read_noise"])
-    h0 = _raw(frames[0])[1]
-    true_dc = det["dark_rate"].astype(np.float64) * float(h0["EXPTIME"])
-    for tag, scaled in (("", True), ("_unscaled", False)):
-        err = _chain_dark(est, h0, scaled=scaled) - est["bias"].astype(np.float64) - true_dc
-        out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
-        if not tag:
-            out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
+    if science_header is not None:
+        true_dc = det["dark_rate"].astype(np.float64) * float(science_header["EXPTIME"])
+        for tag, scaled in (("", True), ("_unscaled", False)):
+            err = _chain_dark(est, science_header, scaled=scaled) - est["bias"].astype(np.float64) - true_dc
+            out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
+            if not tag:
+                out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
     paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, work, ref, desc)
     cals = {k: load_calibration_master(p) for k, p in paths.items()}
-    for info in sim.calibration_files:  # what the chain is given besides its own masters
-        if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
-            cals[info.kind] = load_calibration_master(info.path)
     return cals, est, det, flat
 
 

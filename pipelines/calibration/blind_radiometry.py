@@ -52,12 +52,13 @@ import numpy as np
 from astropy.time import Time
 
 from pipelines.calibration.flow import calibrate_frame, load_calibration_master
-from pipelines.calibration.radiometry import (LASP_SCALE_UNCERTAINTY, disk_integrated_irradiance,
+from pipelines.calibration.radiometry import (LASP_SCALE_UNCERTAINTY, LyaSeries, disk_integrated_irradiance,
                                               fit_cross_calibration, lyra_daily_irradiance, read_lasp_composite,
                                               write_radiometric_master)
 from pipelines.fitsio import read_image
 
-__all__ = ["run", "GATE_BASE", "gate_tolerance"]
+__all__ = ["run", "GATE_BASE", "gate_tolerance", "cross_calibrate_campaign", "chain_campaign_masters",
+           "score_cross_calibration"]
 
 #: The fixed part of the gate (issue 14 item 5: "within 2 % plus the irradiance series' own
 #: stated uncertainty").
@@ -69,12 +70,23 @@ def gate_tolerance() -> float:
     return GATE_BASE + LASP_SCALE_UNCERTAINTY
 
 
-def _calibrated_irradiance(raw_files, cals) -> tuple[list[Time], np.ndarray, np.ndarray]:
-    """DATE-OBS, irradiance at 1 au [photons cm-2 s-1] and its relative photon-noise error, per frame."""
+def _calibrated_irradiance(raw_files, cals, *, as_sent: bool = False) -> tuple[list[Time], np.ndarray, np.ndarray]:
+    """DATE-OBS, irradiance at 1 au [photons cm-2 s-1] and its relative photon-noise error, per frame.
+
+    ``as_sent``: the raw header as the instrument sends it to the chain's own masters
+    (:func:`pipelines.calibration.blind_chain._raw`: ``DET_TEMP``, without the simulator's
+    ``GAIN``/``RDNOISE``); otherwise the file's header as it is (the given-masters control).
+    """
+    from pipelines.calibration.blind_chain import _raw
+
     times, e, err = [], [], []
     for p in raw_files:
-        raw = read_image(p)
-        l2 = calibrate_frame(raw.data, raw.header, cals)
+        if as_sent:
+            data, header, _ = _raw(p)
+        else:
+            raw = read_image(p)
+            data, header = raw.data, raw.header
+        l2 = calibrate_frame(data, header, cals)
         irr = disk_integrated_irradiance(l2.data, l2.dq, l2.header)
         times.append(Time(str(l2.header["DATE-OBS"]), scale="utc"))
         e.append(irr["irradiance_ph_cm2_s"])
@@ -88,7 +100,82 @@ def _calibrated_irradiance(raw_files, cals) -> tuple[list[Time], np.ndarray, np.
     return times, np.asarray(e), np.asarray(err)
 
 
-def run(size: int, noise: bool, seed: int) -> dict[str, float]:
+def cross_calibrate_campaign(sim, cals: dict, lasp: LyaSeries, work: Path, *, as_sent: bool = True,
+                             fit_degradation: bool = True, master_id: int | None = None) -> dict:
+    """Chain side: calibrate a campaign's frames with ``cals``, fit ``C(t)`` against ``lasp``, write the master.
+
+    Parameters
+    ----------
+    sim : pipelines.simulation.campaign.CampaignResult
+        The campaign (its raw frames; its ``radiometric`` master is the coefficient the chain
+        is given and calibrates with first).
+    cals : dict of str to pipelines.calibration.flow.CalibrationInput
+        ``dark``, ``flat``, ``mask_geometry``, ``radiometric`` (the given one).
+    lasp : LyaSeries
+        The published reference series.
+    work : pathlib.Path
+        Where the fitted master is written.
+    as_sent : bool
+        Headers as the instrument sends them (:func:`_calibrated_irradiance`).
+    fit_degradation : bool
+        Fit the sensitivity-loss rate (:func:`~pipelines.calibration.radiometry.fit_cross_calibration`).
+    master_id : int, optional
+        Registry id given to the fitted master.
+
+    Returns
+    -------
+    dict
+        ``times``, ``e_before``, ``e_after`` [photons cm-2 s-1 at 1 au; NaN when the fit is
+        refused], ``fit`` (:class:`~pipelines.calibration.radiometry.CrossCalibration`),
+        ``c_given``, ``master`` (the fitted ``radiometric`` CalibrationInput, version + 1,
+        the given master's validity; None when the fit is refused).
+    """
+    given = cals["radiometric"]
+    c_given = given.param("RADCOEF")
+    times, e_before, meas_err = _calibrated_irradiance(sim.raw_files, cals, as_sent=as_sent)
+    fit = fit_cross_calibration(times, e_before, lasp, c_given, fit_degradation=fit_degradation,
+                                measurement_rel_err=meas_err)
+    master = None
+    if fit.accepted:
+        path = write_radiometric_master(fit, Path(work) / "lst_sdi_radiometric_xcal_v02.fits", naxis=sim.naxis,
+                                        version=given.version + 1, valid_from=str(given.parameters["VALIDFRM"]),
+                                        valid_to=str(given.parameters["VALIDTO"]))
+        master = load_calibration_master(path)
+        master.id = master_id
+        _, e_after, _ = _calibrated_irradiance(sim.raw_files, dict(cals, radiometric=master), as_sent=as_sent)
+    else:  # the chain refuses the fit (write_radiometric_master would raise): nothing to use
+        e_after = np.full(len(times), np.nan)
+    return {"times": times, "e_before": e_before, "e_after": e_after, "fit": fit, "c_given": c_given,
+            "master": master}
+
+
+def chain_campaign_masters(sim, *, noise: bool, seed: int, work: Path, out: dict[str, float]) -> dict:
+    """The campaign's masters as the chain has them: its own dark model and flat, the given rest.
+
+    The dark model and the sub-pixel KLL flat come from
+    :func:`pipelines.calibration.blind_chain.derive_chain_masters`: bias, darks at several
+    ``DET_TEMP`` and a dithered flat set exposed through the campaign's hidden detector (the
+    same flat the campaign frames are made with). ``mask_geometry`` and the given (wrong)
+    ``radiometric`` master are the campaign's. Flat and dark scores go to ``out``
+    (``flat_level_SDI``, ``flat_rms_SDI``, ``tdbl_SDI``, ...).
+    """
+    from pipelines.calibration.blind_chain import derive_chain_masters
+    from pipelines.simulation.masters import load_simulated_masters
+
+    given = load_simulated_masters(sim.out_dir, "SDI")
+    ref = given["radiometric"]
+    cals, _, _, _ = derive_chain_masters(
+        sim.out_dir / "calibration", "SDI", sim.naxis, noise=noise,
+        rng=np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 5, 1])),
+        dither_seed=int(seed) * 10 + 9, work=Path(work), valid_from=str(ref.parameters["VALIDFRM"]),
+        valid_to=str(ref.parameters["VALIDTO"]), out=out)
+    cals["mask_geometry"], cals["radiometric"] = given["mask_geometry"], ref
+    for k, cal in enumerate(cals.values()):
+        cal.id = 8000 + k
+    return cals
+
+
+def run(size: int, noise: bool, seed: int, *, masters: str = "both") -> dict[str, float]:
     """Blind radiometric cross-calibration of SDI at ``size`` px (see the module docstring).
 
     Parameters
@@ -96,50 +183,75 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
     size : int
         Frame side [pixel] (32-4608).
     noise : bool
-        Poisson and read noise in the raw frames.
+        Poisson and read noise in the raw frames and the calibration exposures.
     seed : int
         Seeds the campaign (days, hidden values, series errors, detector, noise).
+    masters : {"both", "chain", "given"}
+        Dark and flat of the campaign's calibration: ``chain`` the chain's own
+        (:func:`chain_campaign_masters`), ``given`` the simulator's (the former path, now the
+        control), ``both`` (default): the chain's as the main metrics and the simulator's as
+        the same metrics with the suffix ``_given_masters``, on one campaign.
 
     Returns
     -------
     dict of str to float
         The metrics of the module docstring, ``gate_tolerance`` and ``gate_pass`` (1.0 or 0.0).
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``masters``.
     """
-    return _run(size, noise, seed)
+    return _run(size, noise, seed, masters=masters)
 
 
 def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation: bool = True,
-         reference_shift_days: int = 0) -> dict[str, float]:
+         reference_shift_days: int = 0, masters: str = "chain") -> dict[str, float]:
     """:func:`run` with the tests' knobs: fewer days, no degradation term, or the reference
     series moved by ``reference_shift_days`` (the wrong day's irradiance)."""
-    from pipelines.simulation.campaign import hidden_coefficient, simulate_sdi_campaign
+    from pipelines.simulation.campaign import simulate_sdi_campaign
     from pipelines.simulation.masters import load_simulated_masters
     from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR
 
+    if masters not in ("chain", "given", "both"):
+        raise ValueError(f"masters must be 'chain', 'given' or 'both', got {masters!r}")
     lasp_true = read_lasp_composite(SAMPLE_DIR / LYA_INDEX_FILE)
     lasp = lasp_true.shifted(reference_shift_days) if reference_shift_days else lasp_true
     lyra = lyra_daily_irradiance(SAMPLE_DIR / "lyman-alpha" / "lyra_20120101-000000_lev2_std.fits")
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="lstdp-blind-radiometry-") as tmp:
         sim = simulate_sdi_campaign(Path(tmp) / "sim", naxis=int(size), n_days=n_days, noise=noise, seed=seed)
-        cals = load_simulated_masters(sim.out_dir, "SDI")
-        given = cals["radiometric"]
-        c_given = given.param("RADCOEF")
-        times, e_before, meas_err = _calibrated_irradiance(sim.raw_files, cals)
-        fit = fit_cross_calibration(times, e_before, lasp, c_given, fit_degradation=fit_degradation,
-                                    measurement_rel_err=meas_err)
-        if fit.accepted:
-            master = write_radiometric_master(fit, Path(tmp) / "chain" / "lst_sdi_radiometric_xcal_v02.fits",
-                                              naxis=sim.naxis, version=given.version + 1,
-                                              valid_from=str(given.parameters["VALIDFRM"]),
-                                              valid_to=str(given.parameters["VALIDTO"]))
-            cals_new = dict(cals)
-            cals_new["radiometric"] = load_calibration_master(master)
-            cals_new["radiometric"].id = given.id + 100 if given.id is not None else None
-            _, e_after, _ = _calibrated_irradiance(sim.raw_files, cals_new)
-        else:  # the chain refuses the fit (write_radiometric_master would raise): nothing to use
-            e_after = np.full(len(times), np.nan)
+        runs = []
+        if masters in ("chain", "both"):
+            cals = chain_campaign_masters(sim, noise=noise, seed=seed, work=Path(tmp) / "chain", out=out)
+            runs.append(("", cross_calibrate_campaign(sim, cals, lasp, Path(tmp) / "chain", as_sent=True,
+                                                      fit_degradation=fit_degradation, master_id=8100)))
+        if masters in ("given", "both"):
+            cals = load_simulated_masters(sim.out_dir, "SDI")
+            tag = "_given_masters" if masters == "both" else ""
+            runs.append((tag, cross_calibrate_campaign(sim, cals, lasp, Path(tmp) / "given", as_sent=False,
+                                                       fit_degradation=fit_degradation, master_id=8200)))
         truth = json.loads(sim.truth_path.read_text())  # scoring only from here on
+    for tag, res in runs:
+        level = out.get("flat_level_SDI") if not tag.endswith("given_masters") and masters != "given" else None
+        out.update({k + tag: v for k, v in score_cross_calibration(res, truth, lasp_true, lyra, level).items()})
+    out["masters_chain"] = 1.0 if masters in ("chain", "both") else 0.0
+    if masters == "both":  # the KLL flat's constant, seen in the coefficient (diagnostic; module docstring)
+        out["coefficient_over_given_masters"] = out["coefficient"] / out["coefficient_given_masters"]
+    return out
+
+
+def score_cross_calibration(res: dict, truth: dict, lasp_true: LyaSeries, lyra: LyaSeries,
+                            flat_level: float | None = None) -> dict[str, float]:
+    """The metrics of the module docstring for one :func:`cross_calibrate_campaign` result (truth: scoring only).
+
+    ``flat_level`` (the chain's flat over the hidden one, ``flat_level_SDI``), if given, adds
+    ``max_rel_err_campaign_flat_convention``: the largest ``|C_fit / (C_true flat_level) - 1|``,
+    the error against the hidden coefficient moved into the chain's flat convention (diagnostic).
+    """
+    from pipelines.simulation.campaign import hidden_coefficient
+
+    times, e_before, e_after, fit, c_given = (res[k] for k in ("times", "e_before", "e_after", "fit", "c_given"))
     ref = np.array([lasp_true.on(t) for t in times])
     c_true_epoch = hidden_coefficient(truth, fit.epoch)
     errs = [fit.at(t) / hidden_coefficient(truth, t) - 1.0 for t in times]
@@ -147,7 +259,7 @@ def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation
     errs_beyond = [(1.0 + e) * (1.0 + delta) - 1.0 for e in errs]
     k_lyra = next((i for i, t in enumerate(times) if t.utc.to_datetime().date() in lyra.days), None)
     rate_true = float(truth["rate_per_year"])
-    out.update({
+    out = {
         "coefficient": fit.coefficient, "coefficient_true": c_true_epoch,
         "coefficient_rel_err": fit.coefficient / c_true_epoch - 1.0,
         "coefficient_stat_rel_err": fit.coefficient_err / fit.coefficient,
@@ -163,12 +275,15 @@ def _run(size: int, noise: bool, seed: int, *, n_days: int = 12, fit_degradation
         "sdi_over_lasp_after": float(np.mean(e_after / ref)),
         "sdi_over_lasp_after_rms": float(np.std(e_after / ref - 1.0)),
         "n_days": float(fit.n_days), "n_rejected": float(len(fit.rejected)), "chi2_reduced": fit.chi2_reduced,
-    })
+    }
     if k_lyra is not None:
         e_lyra = lyra.on(times[k_lyra])
         out["sdi_over_lyra_before"] = float(e_before[k_lyra] / e_lyra)
         out["sdi_over_lyra_after"] = float(e_after[k_lyra] / e_lyra)
         out["lasp_over_lyra"] = float(lasp_true.on(times[k_lyra]) / e_lyra)
+    if flat_level is not None:
+        out["max_rel_err_campaign_flat_convention"] = float(max(
+            abs(fit.at(t) / (hidden_coefficient(truth, t) * flat_level) - 1.0) for t in times))
     out["fit_accepted"] = 1.0 if fit.accepted else 0.0
     out["gate_pass"] = 1.0 if (fit.accepted and out["max_rel_err_campaign"] <= out["gate_tolerance"]) else 0.0
     return out
@@ -179,6 +294,7 @@ if __name__ == "__main__":  # pragma: no cover - manual runs: python -m pipeline
     import time
 
     t0 = time.perf_counter()
-    res = run(int(sys.argv[1]) if len(sys.argv) > 1 else 128, True, int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    res = run(int(sys.argv[1]) if len(sys.argv) > 1 else 128, True, int(sys.argv[2]) if len(sys.argv) > 2 else 0,
+              masters=sys.argv[3] if len(sys.argv) > 3 else "both")
     res["seconds"] = time.perf_counter() - t0
     print(json.dumps(res, indent=2))
