@@ -82,7 +82,7 @@ from scipy import ndimage
 
 __all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "kll_flat_error", "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
-           "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES"]
+           "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
 
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
 
@@ -802,8 +802,10 @@ def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan:
     from pipelines.calibration.steps import DQ
     from pipelines.simulation import INSTRUMENT
 
+    from pipelines.calibration.radiometry import coefficient_at
+
     model = INSTRUMENT[chan]
-    coef, t = float(cals["radiometric"].param("RADCOEF")), float(h["EXPTIME"])
+    coef, t = coefficient_at(cals["radiometric"].parameters, h["DATE-OBS"]), float(h["EXPTIME"])
     if not ref:
         l1_ref = calibrate_frame(d, h, cals, opts)
         ref["data"] = np.asarray(l1_ref.data, dtype=np.float64)
@@ -837,14 +839,18 @@ def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan:
 
 
 def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error_px: float = POINTING_ERROR_PX,
-         remove_cosmic_rays: bool = True) -> dict[str, float]:
-    """:func:`run` for some ``channels``, another header pointing error, or (controls) without cosmic-ray removal."""
+         remove_cosmic_rays: bool = True, sdi_radiometry: str = "campaign") -> dict[str, float]:
+    """:func:`run` for some ``channels``, another header pointing error, (controls) without cosmic-ray
+    removal, or SDI calibrated with the given ``RADCOEF`` (``sdi_radiometry="given"``) instead of the
+    law its radiometric campaign fitted (``"campaign"``, :func:`_sdi_campaign_radiometry`)."""
     from pipelines.calibration.flow import calibrate_frame
     from pipelines.calibration.options import CalibrationOptions
     from pipelines.simulation import INSTRUMENT, simulate
 
     if not 64 <= int(size) <= 4608:
         raise ValueError(f"size must lie in 64-4608 pixels, got {size}")
+    if sdi_radiometry not in ("campaign", "given"):
+        raise ValueError(f"sdi_radiometry must be 'campaign' or 'given', got {sdi_radiometry!r}")
     t_start = time.perf_counter()
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="lstdp-blind-chain-") as tmp:
@@ -855,6 +861,10 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
             frames = [f for f in sim.frames if f.channel == chan]
             sci = chan.startswith("SCI")
             cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out)
+            rad_given = cals["radiometric"]
+            if chan == "SDI" and sdi_radiometry == "campaign":
+                cals["radiometric"] = _sdi_campaign_radiometry(frames[0], cals, det, noise, seed,
+                                                               tmp_path / "campaign", out)
             sest = None
             if sci:
                 ref = next(i for i in sim.calibration_files if i.channel == chan)
@@ -879,6 +889,8 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
                     out[f"saa_flag_{chan}"] = float(flag)
                     l2 = calibrate_frame(d_cr, h, cals, CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays))
                     _score_l2(l2, frames[0], chan, truth, sest, out)
+                    if chan == "SDI":
+                        _score_sdi_level(out, cals["radiometric"], rad_given, h)
                     del l2
                     hc = calibrate_frame(d_cr, h, cals, CalibrationOptions(fit_centre=False, rotate_north_up=False)).header
                     out[f"centre_err_px_header_{chan}"] = _centre_err(hc, frames[0].crpix)[0]
@@ -900,6 +912,103 @@ def _level(l2, truth: np.ndarray) -> float:
 def bias_err(est, det) -> np.ndarray:
     """The chain's bias minus the hidden bias [DN] (scoring only)."""
     return est["bias"].astype(np.float64) - det["bias"]
+
+
+# --------------------------------------------------------------------------- SDI radiometry from the campaign
+
+
+def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: int, work: Path,
+                             out: dict[str, float]):
+    """SDI's radiometric law from a campaign of the *same* hidden instrument, fitted with the chain's masters.
+
+    Instrument side: :func:`pipelines.simulation.campaign.simulate_sdi_campaign` exposed
+    through the science frame's hidden detector planes (``det``: the same flat the dithered
+    flat set went through, the same bias and dark rate), its hidden coefficient anchored at
+    the one the simulator made the science frame with (``C_true(DATE-OBS) =`` the simulator's
+    ``RADCOEF``: one instrument, one law), with the campaign's own drawn rate, days, series
+    errors and a given (wrong) coefficient. Chain side:
+    :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign` with the chain's
+    own dark and KLL flat (``cals``) against the published LASP composite; the fitted master
+    (``RADCOEF``, ``RADRATE``) replaces the given one if the fit is accepted and the science
+    frame's DATE-OBS lies within its validity (else :class:`~pipelines.errors.DataError`).
+
+    Into ``out``: ``radcal_fit_accepted_SDI``, ``radcal_chi2_SDI``, ``radcal_n_days_SDI``,
+    ``radcal_rate_per_year_SDI``, ``radcal_valid_SDI`` (1: DATE-OBS within the validity),
+    ``radcal_exptime_s_SDI`` (the campaign's exposure) and, scoring only,
+    ``lasp_scale_error_hidden_SDI`` (the composite's hidden scale error ``delta`` of the
+    campaign), ``radcal_rate_true_per_year_SDI``.
+    """
+    import json
+
+    from pipelines.calibration.blind_radiometry import cross_calibrate_campaign
+    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.radiometry import _parse_date, read_lasp_composite
+    from pipelines.errors import DataError
+    from pipelines.simulation.campaign import simulate_sdi_campaign
+    from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR
+    from astropy.time import Time
+
+    t_sci = Time(frame.date_obs, scale="utc")
+    c_sim = float(cals["radiometric"].param("RADCOEF"))  # instrument side: the coefficient the frame was made with
+    sim = simulate_sdi_campaign(work / "sim", naxis=frame.naxis, noise=noise, seed=int(seed) + 1000,
+                                detector=det, coefficient_anchor=(t_sci, c_sim))
+    given = next(load_calibration_master(i.path) for i in sim.calibration_files if i.kind == "radiometric")
+    given.id = 9100
+    lasp = read_lasp_composite(SAMPLE_DIR / LYA_INDEX_FILE)
+    camp = {"dark": cals["dark"], "flat": cals["flat"], "mask_geometry": cals["mask_geometry"], "radiometric": given}
+    res = cross_calibrate_campaign(sim, camp, lasp, work / "chain", as_sent=True, master_id=9101)
+    fit, master = res["fit"], res["master"]
+    truth = json.loads(sim.truth_path.read_text())  # scoring only
+    out["radcal_fit_accepted_SDI"] = 1.0 if fit.accepted else 0.0
+    out["radcal_chi2_SDI"] = fit.chi2_reduced
+    out["radcal_n_days_SDI"] = float(fit.n_days)
+    out["radcal_rate_per_year_SDI"] = fit.rate_per_year
+    out["radcal_exptime_s_SDI"] = float(truth["exptime_s"])
+    out["radcal_rate_true_per_year_SDI"] = float(truth["rate_per_year"])
+    out["lasp_scale_error_hidden_SDI"] = float(truth["lasp_scale_error"])
+    if master is None:
+        raise DataError(f"SDI cross-calibration refused (reduced chi-square {fit.chi2_reduced:.3g})")
+    lo, hi = (Time(str(master.parameters[k]), scale="utc") for k in ("VALIDFRM", "VALIDTO"))
+    t_frame = _parse_date(str(_raw(frame)[1]["DATE-OBS"]))  # the frame's own DATE-OBS, as the chain reads it
+    out["radcal_valid_SDI"] = 1.0 if lo <= t_frame <= hi else 0.0
+    if not out["radcal_valid_SDI"]:
+        raise DataError(f"the SDI frame of {t_frame.isot} lies outside the campaign's validity {lo.isot}-{hi.isot}")
+    return master
+
+
+def _score_sdi_level(out: dict[str, float], used, given, header: fits.Header) -> None:
+    """SDI level with the given ``RADCOEF`` and, with the campaign's law, without the series' hidden scale error.
+
+    L2 is proportional to the radiometric coefficient (the flow multiplies the frame by it), so
+    ``level_given_radcoef_SDI = level_SDI C_given / C_used(DATE-OBS)`` exactly. With the
+    campaign's law, ``level_scale_error_removed_SDI = level_SDI (1 + delta)`` (``delta`` the
+    campaign's hidden LASP scale error; diagnostic, scoring only): what the chain adds beyond
+    the reference series' own scale error (the KLL flat's constant cancels: the same flat
+    calibrated the campaign).
+    """
+    from pipelines.calibration.radiometry import coefficient_at
+
+    c_used = coefficient_at(used.parameters, header["DATE-OBS"])
+    c_given = coefficient_at(given.parameters, header["DATE-OBS"])
+    out["radcoef_used_over_given_SDI"] = c_used / c_given
+    out["level_given_radcoef_SDI"] = out["level_SDI"] * c_given / c_used
+    out["radiometry_from_campaign_SDI"] = 1.0 if used is not given else 0.0
+    if used is not given:
+        out["level_scale_error_removed_SDI"] = out["level_SDI"] * (1.0 + out["lasp_scale_error_hidden_SDI"])
+
+
+def level_tolerance(m: dict[str, float], c: str) -> float:
+    """Largest ``|level_C - 1|``: :data:`GATES` (1 %), or for SDI calibrated with its campaign's law
+    (``radiometry_from_campaign_SDI``) the radiometric gate, 2 % + the LASP composite's stated scale
+    uncertainty (:func:`pipelines.calibration.blind_radiometry.gate_tolerance`): the level then
+    carries the series' scale error."""
+    from pipelines.calibration.blind_radiometry import gate_tolerance
+
+    if c.startswith("SCI"):
+        return GATES["level_dev_sci"]
+    if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
+        return gate_tolerance()
+    return GATES["level_dev_disk"]
 
 
 def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) -> list[str]:
@@ -924,7 +1033,7 @@ def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True
     g = GATES
     bad = []
     for c in channels:
-        lev = g["level_dev_sci"] if c.startswith("SCI") else g["level_dev_disk"]
+        lev = level_tolerance(m, c)
         checks = [(f"pull width {c}", abs(m[f"pull_width_{c}"] - 1.0) <= g["pull_width_dev"]),
                   (f"level {c}", abs(m[f"level_{c}"] - 1.0) <= lev),
                   (f"dark {c}", m[f"dark_err_frac_{c}"] <= g["dark_err_frac"])]
