@@ -4,15 +4,37 @@
 one raw frame on each of ~``n_days`` days over 1997-2013 plus the LYRA day 2012-01-01; the
 Sun's irradiance follows the real LASP composite of each day with the series' own scale error
 and daily noise; a hidden coefficient and a hidden exponential sensitivity loss). The chain
-side (:mod:`pipelines.calibration.radiometry`) sees only the raw frames, the masters the
-simulator gives (dark, flat, mask geometry and a *wrong, constant* ``RADCOEF``) and the
-published LASP and LYRA series:
+side (:mod:`pipelines.calibration.radiometry`) sees only the raw frames, calibration
+exposures, the mask geometry, a *wrong, constant* ``RADCOEF`` and the published LASP and
+LYRA series:
 
-1. calibrates each frame with the given master (:func:`pipelines.calibration.flow.calibrate_frame`);
+0. derives its own dark model and flat as :mod:`pipelines.calibration.blind_chain` does
+   (:func:`chain_campaign_masters`, :func:`pipelines.calibration.blind_chain.derive_chain_masters`):
+   bias and darks at several ``DET_TEMP`` (dark rate, fitted doubling temperature, gain by
+   photon transfer) and the sub-pixel KLL flat of a dithered full-disk set exposed through
+   the campaign's own hidden flat (the one its frames are made with). The former path, the
+   simulator's dark and flat (``load_simulated_masters``), is kept as the control
+   (``masters="given"``; with ``masters="both"``, the default of :func:`run`, its metrics
+   carry the suffix ``_given_masters``);
+1. calibrates each frame with those masters (:func:`pipelines.calibration.flow.calibrate_frame`);
 2. integrates its Lyman-alpha irradiance to the field stop and moves it to 1 au with ``DSUN_OBS``;
 3. fits ``C(t) = C0 exp(lambda (t - t0))`` to the ratios to LASP on the same days;
 4. writes the law as a new ``radiometric`` master (version 2, ``RADRATE``, validity over the
    campaign), and calibrates every frame again with it.
+
+**The KLL flat's constant.** The hidden coefficient ``C_true`` is defined with the
+simulator's flat, mean 1 over the whole detector (:mod:`pipelines.simulation.campaign`: the
+frames are ``flat t S / C_true``, the flat of :func:`pipelines.simulation.forward._flat_field`).
+A KLL flat (Kuhn, Lin & Loranz 1991, PASP 103, 1097) is known only up to a constant; the
+chain normalises it to mean 1 over the pixels it measured, so ``G_chain = k G_true`` with
+``k = flat_level_SDI`` (1.0026 at 256 px, 1.004 at 128 px, seed 0). Each frame calibrated
+with it reads ``L = C_g (raw - dark) / (t G_chain) = (C_g / (k C_true)) S``; the fit against
+LASP sets ``C_fit = k C_true / (1 + delta)`` (``delta`` the series' scale error). The fitted
+coefficient therefore carries ``k`` (``coefficient_over_given_masters``, the ratio to the
+fit with the simulator's flat, measures it: 1.0036 at 128 px, seed 0), and in L2 it cancels:
+``C_fit / G_chain = C_true / ((1 + delta) G_true)``, whatever ``k`` is, as long as the same
+flat calibrates the campaign and the science frames (:mod:`pipelines.calibration.blind_chain`
+does so). ``max_rel_err_campaign_flat_convention`` scores ``C_fit`` against ``k C_true``.
 
 The truth (``truth/campaign_truth.json``) is read only to score:
 
