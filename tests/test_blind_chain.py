@@ -41,8 +41,8 @@ KNOWN_FAILURES = {
 # SDI is calibrated with its campaign's fitted law (blind_chain._sdi_campaign_radiometry): its L2 level
 # then carries the LASP composite's hidden scale error (+3.0 % at seed 0), which widens the pull width
 # of L2 against the truth as it is further (measured 2.37 at 256 px; 1.306 with the given RADCOEF).
-KNOWN_FAILURES["pull width SDI"] += ("; with the campaign's radiometric law 2.37, the level carrying the "
-                                     "LASP composite's hidden +3.0 % scale error")
+KNOWN_FAILURES["pull width SDI"] += (" (with the given RADCOEF); with the campaign's radiometric law 2.37, "
+                                     "the level carrying the LASP composite's hidden +3.0 % scale error")
 
 
 def _known(gate: str, *args):

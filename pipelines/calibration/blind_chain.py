@@ -32,9 +32,23 @@ The **chain side** derives every master from those frames and nothing else:
 * cosmic rays: L.A.Cosmic (:func:`pipelines.calibration.steps.clean_cosmic_rays`,
   ``remove_cosmic_rays=True``).
 
-Only the radiometric coefficient (``RADCOEF``, item 5: radiometric cross-calibration, done
-elsewhere) and the mask geometry are the simulator's. The truth scores; see :func:`run` for
-the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py``).
+* SDI radiometry (default, ``sdi_radiometry="campaign"``): the law ``C(t) = C0 exp(lambda (t - t0))``
+  fitted against the LASP composite by :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign`
+  on a radiometric campaign of the *same* hidden instrument (:func:`_sdi_campaign_radiometry`),
+  calibrated with the chain's own dark and KLL flat; the science frame's DATE-OBS is checked
+  to lie within the fitted master's validity.
+
+Only the mask geometry and, for WST and SCI (and SDI with ``sdi_radiometry="given"``), the
+radiometric coefficient (``RADCOEF``) are the simulator's. The truth scores; see :func:`run`
+for the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py``).
+
+SDI with the campaign's law (256 px, noise on; seeds 0 / 1): ``level_SDI`` 0.9709 / 1.0045,
+i.e. ``1 / (1 + delta)`` of the campaign's hidden LASP scale error (+3.03 / -0.35 %);
+``level_scale_error_removed_SDI`` 1.0002 / 1.0010 against ``level_given_radcoef_SDI`` 0.9973 /
+0.9977 (the KLL flat's constant ``flat_level_SDI`` 1.0026 / 1.0023, which the law fitted
+through the same flat cancels); the campaign adds ~8 s (SDI alone 25 s, 17 s with the given
+``RADCOEF``). The level gate for SDI is then the radiometric one (:func:`level_tolerance`).
+The figures below are with the given ``RADCOEF``.
 
 Measured (seed 0, noise on; SDI / WST / SCI-UV / SCI-WL): at 256 px (60-70 s) pull width of
 L2 against the truth as it is (gated) 1.306 / 1.125 / 1.016 / 0.996, L2 level 0.9973 / 0.9975 /
@@ -507,7 +521,7 @@ def _centre_err(h: fits.Header, crpix) -> tuple[float, float]:
     return math.hypot(x - crpix[0], y - crpix[1]), 0.0
 
 
-def run(size: int, noise: bool, seed: int) -> dict[str, float]:
+def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign") -> dict[str, float]:
     """One blind end-to-end run per channel at ``size`` px (module docstring), scored against the truth.
 
     Parameters
@@ -517,16 +531,26 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
     noise : bool
         Poisson and read noise in every frame (the pull width means something with noise only).
     seed : int
+    sdi_radiometry : {"campaign", "given"}
+        SDI calibrated with the law its radiometric campaign fitted (default;
+        :func:`_sdi_campaign_radiometry`) or with the simulator's given ``RADCOEF``.
 
     Returns
     -------
     dict of str to float
         Per channel ``C`` (``SDI``, ``WST``, ``SCI-UV``, ``SCI-WL``):
 
+        * SDI radiometry: ``level_given_radcoef_SDI`` (the level with the given ``RADCOEF``:
+          ``level_SDI`` times the ratio of the coefficients, L2 being proportional to it),
+          ``radcoef_used_over_given_SDI``, ``radiometry_from_campaign_SDI`` (1: the campaign's
+          law calibrated the frame), ``level_scale_error_removed_SDI`` (``level_SDI (1 + delta)``,
+          ``delta`` the campaign's hidden LASP scale error ``lasp_scale_error_hidden_SDI``:
+          diagnostic, scoring only), the campaign's ``radcal_*`` (fit accepted, chi-square,
+          days, rate and its hidden value, validity, exposure);
         * ``level_C``: ``median(L2 / truth)`` over the good bright pixels, the truth as it is:
           the product's absolute level (gated). A KLL flat is known up to a constant (mean 1
           over the pixels it measured, not over the frame as the simulator's flat), which only
-          the radiometric cross-calibration (item 5) fixes; with the coefficient given here the
+          the radiometric cross-calibration (item 5) fixes; with a given coefficient the
           disk level is off by that constant (``flat_level_C``, the chain's flat over the hidden
           one, SDI/WST ~0.25 %). SCI: ``level_stray_corrected_C`` the same with the stray-light
           error (estimate - injected) put back into L2 (diagnostic: how much of the level error
@@ -564,8 +588,15 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
           ``|mean(L2 - truth)| / mean(K corona)`` of the science frame [%];
         * controls: ``centre_err_px_header_C`` (fit off: the header trusted), ``saa_flag_C``;
         * ``seconds``.
+
+    Raises
+    ------
+    ValueError
+        For a size outside 64-4608 px or an unknown ``sdi_radiometry``.
+    pipelines.errors.DataError
+        If the SDI campaign's fit is refused or the science frame lies outside its validity.
     """
-    return _run(size, noise, seed)
+    return _run(size, noise, seed, sdi_radiometry=sdi_radiometry)
 
 
 def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
