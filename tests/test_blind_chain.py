@@ -158,3 +158,41 @@ def test_summary_table_leaves_a_dash_for_parts_that_did_not_run():
     assert cells.count("n/a") == 4 and "—" in cells
     off = next(line for line in lines if line.startswith("| SCI-WL | off |"))
     assert "n/a" not in off
+
+
+# ---- SDI radiometry from its own campaign (issue 14 item 5 joined to item 1)
+
+
+def test_sdi_is_calibrated_with_the_law_its_campaign_fitted(chain):
+    """The campaign (same hidden detector, coefficient anchored at the science frame's) fitted with the
+    chain's own dark and KLL flat; the science frame lies within its validity."""
+    from pipelines.calibration.blind_radiometry import gate_tolerance
+
+    assert chain["radiometry_from_campaign_SDI"] == 1.0
+    assert chain["radcal_fit_accepted_SDI"] == 1.0 and chain["radcal_valid_SDI"] == 1.0
+    assert chain["radcal_n_days_SDI"] >= 12
+    assert chain["radcal_rate_per_year_SDI"] == pytest.approx(chain["radcal_rate_true_per_year_SDI"], abs=0.002)
+    assert bc.level_tolerance(chain, "SDI") == pytest.approx(gate_tolerance())
+    assert abs(chain["level_SDI"] - 1.0) <= gate_tolerance()
+    # the level is the series' hidden scale error and nothing more: 1 / (1 + delta)
+    assert chain["level_SDI"] * (1.0 + chain["lasp_scale_error_hidden_SDI"]) == pytest.approx(
+        chain["level_scale_error_removed_SDI"])
+    assert abs(chain["level_scale_error_removed_SDI"] - 1.0) <= 0.003  # measured 0.0002 (seed 0)
+
+
+def test_the_kll_flat_constant_cancels_with_the_campaign_law(chain):
+    """With the given RADCOEF the SDI level is the KLL flat's constant (1 / flat_level); with the law
+    fitted through the same flat, what is left beyond the series' scale error is smaller."""
+    given = chain["level_given_radcoef_SDI"]
+    assert given == pytest.approx(1.0 / chain["flat_level_SDI"], abs=0.001)
+    assert abs(chain["flat_level_SDI"] - 1.0) > 0.001
+    assert abs(chain["level_scale_error_removed_SDI"] - 1.0) < abs(given - 1.0)
+
+
+def test_sdi_level_gate_follows_the_radiometry_used(chain):
+    ok, off = dict(chain, level_SDI=1.06), dict(chain, level_SDI=1.08)
+    assert "level SDI" not in bc.gate_failures(ok) and "level SDI" in bc.gate_failures(off)
+    given = dict(chain, level_SDI=1.012, radiometry_from_campaign_SDI=0.0)
+    assert "level SDI" in bc.gate_failures(given)  # the given RADCOEF: the 1 % disk gate
+    with pytest.raises(ValueError, match="sdi_radiometry"):
+        bc._run(SIZE, True, 0, channels=("SDI",), sdi_radiometry="lasp")

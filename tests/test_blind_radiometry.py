@@ -3,8 +3,9 @@
 ``pipelines.calibration.blind_radiometry.run`` simulates an SDI campaign over 1997-2013 with
 a hidden coefficient and a hidden exponential sensitivity loss, the Sun's irradiance following
 the real LASP composite of each day with the series' own scale error and daily noise. The
-chain sees the raw frames, a wrong constant ``RADCOEF`` and the published series only; the
-truth scores. Gate: the fitted C(t) within 2 % + the LASP scale uncertainty of the hidden one
+chain sees the raw frames, calibration exposures (from which it derives its own dark model
+and KLL flat, as the blind chain does), a wrong constant ``RADCOEF`` and the published series
+only; the truth scores. The simulator's dark and flat are the ``_given_masters`` control. Gate: the fitted C(t) within 2 % + the LASP scale uncertainty of the hidden one
 on every campaign day.
 """
 
@@ -58,6 +59,63 @@ def test_the_fitted_master_is_used_and_ties_sdi_to_the_series(blind_128):
     # on the LYRA day SDI/LYRA becomes the LASP/LYRA disagreement of the two series
     assert r["lasp_over_lyra"] == pytest.approx(1.1775, abs=0.001)
     assert r["sdi_over_lyra_after"] == pytest.approx(r["lasp_over_lyra"], rel=0.01), r
+
+
+def test_chain_masters_and_the_given_masters_control(blind_128):
+    """The campaign calibrated with the chain's own dark and KLL flat (main metrics) and with the
+    simulator's (``_given_masters``): both pass; the fitted coefficient differs by the KLL flat's
+    constant, and the calibrated irradiance does not."""
+    r = blind_128
+    assert r["masters_chain"] == 1.0
+    assert r["gate_pass_given_masters"] == 1.0 and r["fit_accepted_given_masters"] == 1.0
+    assert r["flat_rms_SDI"] <= 0.005 and r["tdbl_SDI"] == pytest.approx(6.3, rel=0.05)
+    k = r["flat_level_SDI"]
+    assert abs(k - 1.0) > 0.001  # the chain's flat is not in the simulator's convention ...
+    assert r["coefficient_over_given_masters"] == pytest.approx(k, abs=0.002)  # ... and C carries it
+    # against the hidden coefficient moved into the chain's flat convention (k C_true): the series' scale
+    # error and what the chain adds (beyond-scale 0.27 % at this seed with the given masters)
+    assert r["max_rel_err_campaign_flat_convention"] <= abs(r["lasp_scale_error_hidden"]) + 0.01, r
+    # in the calibrated irradiance the constant cancels: both tie SDI to LASP alike
+    assert r["sdi_over_lasp_after"] == pytest.approx(r["sdi_over_lasp_after_given_masters"], abs=0.001)
+    assert r["rate_per_year"] == pytest.approx(r["rate_per_year_given_masters"], abs=2e-4)
+
+
+def test_unknown_masters_option_is_refused():
+    with pytest.raises(ValueError, match="masters"):
+        blind_radiometry.run(64, True, 0, masters="simulator")
+
+
+def test_campaign_through_a_given_detector_with_an_anchored_coefficient(tmp_path):
+    """The instrument side of blind_chain's SDI radiometry: the campaign uses the given planes, its hidden
+    law passes through the anchor, and shorter exposures keep every frame below 16 bits."""
+    import json
+
+    from pipelines.simulation.campaign import hidden_coefficient, simulate_sdi_campaign
+    from pipelines.simulation.masters import load_simulated_masters
+
+    n = 64
+    rng = np.random.default_rng(7)
+    det = {"bias": 100.0 + rng.normal(0, 0.4, (n, n)), "dark_rate": np.full((n, n), 2.0),
+           "flat": 1.0 + 0.01 * rng.standard_normal((n, n))}
+    det["flat"] /= det["flat"].mean()
+    t_a = Time("2012-01-01T00:16:07", scale="utc")
+    c_a = 5.0  # far below what keeps the brightest frame below 16 bits at 1 s
+    sim = simulate_sdi_campaign(tmp_path / "sim", naxis=n, n_days=3, noise=False, seed=4, detector=det,
+                                coefficient_anchor=(t_a, c_a))
+    truth = json.loads(sim.truth_path.read_text())
+    assert hidden_coefficient(truth, t_a) == pytest.approx(c_a, rel=1e-9)
+    cals = load_simulated_masters(sim.out_dir, "SDI")
+    np.testing.assert_allclose(fits.getdata(cals["flat"].path), det["flat"].astype(np.float32))
+    assert abs(np.log(cals["radiometric"].param("RADCOEF") / truth["hidden_coefficient_at_launch"])) >= 0.05
+    assert truth["exptime_s"] < 1.0
+    from pipelines.fitsio import read_image
+
+    for p in sim.raw_files:
+        raw = read_image(p)
+        assert float(raw.header["EXPTIME"]) == pytest.approx(truth["exptime_s"])
+        assert int(np.max(raw.data)) < 65535
+    with pytest.raises(ValueError, match="detector planes"):
+        simulate_sdi_campaign(tmp_path / "bad", naxis=n, n_days=2, detector={k: v[:32] for k, v in det.items()})
 
 
 def test_without_the_degradation_term_the_gate_fails():

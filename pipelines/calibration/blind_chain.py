@@ -32,9 +32,23 @@ The **chain side** derives every master from those frames and nothing else:
 * cosmic rays: L.A.Cosmic (:func:`pipelines.calibration.steps.clean_cosmic_rays`,
   ``remove_cosmic_rays=True``).
 
-Only the radiometric coefficient (``RADCOEF``, item 5: radiometric cross-calibration, done
-elsewhere) and the mask geometry are the simulator's. The truth scores; see :func:`run` for
-the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py``).
+* SDI radiometry (default, ``sdi_radiometry="campaign"``): the law ``C(t) = C0 exp(lambda (t - t0))``
+  fitted against the LASP composite by :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign`
+  on a radiometric campaign of the *same* hidden instrument (:func:`_sdi_campaign_radiometry`),
+  calibrated with the chain's own dark and KLL flat; the science frame's DATE-OBS is checked
+  to lie within the fitted master's validity.
+
+Only the mask geometry and, for WST and SCI (and SDI with ``sdi_radiometry="given"``), the
+radiometric coefficient (``RADCOEF``) are the simulator's. The truth scores; see :func:`run`
+for the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py``).
+
+SDI with the campaign's law (256 px, noise on; seeds 0 / 1): ``level_SDI`` 0.9709 / 1.0045,
+i.e. ``1 / (1 + delta)`` of the campaign's hidden LASP scale error (+3.03 / -0.35 %);
+``level_scale_error_removed_SDI`` 1.0002 / 1.0010 against ``level_given_radcoef_SDI`` 0.9973 /
+0.9977 (the KLL flat's constant ``flat_level_SDI`` 1.0026 / 1.0023, which the law fitted
+through the same flat cancels); the campaign adds ~8 s (SDI alone 25 s, 17 s with the given
+``RADCOEF``). The level gate for SDI is then the radiometric one (:func:`level_tolerance`).
+The figures below are with the given ``RADCOEF``.
 
 Measured (seed 0, noise on; SDI / WST / SCI-UV / SCI-WL): at 256 px (40-70 s) every gate passes
 (:func:`gate_failures`). Pull width against the random error (gated) 0.966 / 0.982 / 1.014 /
@@ -81,9 +95,10 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-__all__ = ["run", "gate_failures", "level_tolerance", "estimate_dark_model", "kll_flat_error", "inject_cosmic_rays", "cosmic_ray_rate",
+__all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "kll_flat_error",
+           "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
-           "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES"]
+           "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
 
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
 
@@ -527,7 +542,7 @@ def _centre_err(h: fits.Header, crpix) -> tuple[float, float]:
     return math.hypot(x - crpix[0], y - crpix[1]), 0.0
 
 
-def run(size: int, noise: bool, seed: int) -> dict[str, float]:
+def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign") -> dict[str, float]:
     """One blind end-to-end run per channel at ``size`` px (module docstring), scored against the truth.
 
     Parameters
@@ -537,16 +552,26 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
     noise : bool
         Poisson and read noise in every frame (the pull width means something with noise only).
     seed : int
+    sdi_radiometry : {"campaign", "given"}
+        SDI calibrated with the law its radiometric campaign fitted (default;
+        :func:`_sdi_campaign_radiometry`) or with the simulator's given ``RADCOEF``.
 
     Returns
     -------
     dict of str to float
         Per channel ``C`` (``SDI``, ``WST``, ``SCI-UV``, ``SCI-WL``):
 
+        * SDI radiometry: ``level_given_radcoef_SDI`` (the level with the given ``RADCOEF``:
+          ``level_SDI`` times the ratio of the coefficients, L2 being proportional to it),
+          ``radcoef_used_over_given_SDI``, ``radiometry_from_campaign_SDI`` (1: the campaign's
+          law calibrated the frame), ``level_scale_error_removed_SDI`` (``level_SDI (1 + delta)``,
+          ``delta`` the campaign's hidden LASP scale error ``lasp_scale_error_hidden_SDI``:
+          diagnostic, scoring only), the campaign's ``radcal_*`` (fit accepted, chi-square,
+          days, rate and its hidden value, validity, exposure);
         * ``level_C``: ``median(L2 / truth)`` over the good bright pixels, the truth as it is:
           the product's absolute level (gated). A KLL flat is known up to a constant (mean 1
           over the pixels it measured, not over the frame as the simulator's flat), which only
-          the radiometric cross-calibration (item 5) fixes; with the coefficient given here the
+          the radiometric cross-calibration (item 5) fixes; with a given coefficient the
           disk level is off by that constant (``flat_level_C``, the chain's flat over the hidden
           one, SDI/WST ~0.25 %). SCI: ``level_stray_corrected_C`` the same with the stray-light
           error (estimate - injected) put back into L2 (diagnostic: how much of the level error
@@ -588,16 +613,24 @@ def run(size: int, noise: bool, seed: int) -> dict[str, float]:
           ``|mean(L2 - truth)| / mean(K corona)`` of the science frame [%];
         * controls: ``centre_err_px_header_C`` (fit off: the header trusted), ``saa_flag_C``;
         * ``seconds``.
+
+    Raises
+    ------
+    ValueError
+        For a size outside 64-4608 px or an unknown ``sdi_radiometry``.
+    pipelines.errors.DataError
+        If the SDI campaign's fit is refused or the science frame lies outside its validity.
     """
-    return _run(size, noise, seed)
+    return _run(size, noise, seed, sdi_radiometry=sdi_radiometry)
 
 
 def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
-    """A raw science frame as the instrument sends it: ``DET_TEMP``, ``SAAFLAG`` (by time, or
-    forced), without the simulator's ``GAIN``/``RDNOISE`` (the chain uses its own)."""
+    """A raw science frame (a simulated frame or a raw file's path) as the instrument sends it:
+    ``DET_TEMP``, ``SAAFLAG`` (by time, or forced), without the simulator's ``GAIN``/``RDNOISE``
+    (the chain uses its own)."""
     from pipelines.fitsio import read_image
 
-    raw = read_image(f.raw_path)
+    raw = read_image(getattr(f, "raw_path", f))
     h = raw.header.copy()
     for key in ("GAIN", "RDNOISE"):
         h.remove(key, ignore_missing=True)
@@ -610,6 +643,74 @@ def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
 def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: dict[str, float]):
     """Calibration exposures (instrument side), then the chain's dark model and flat, written as
     masters; scores the flat and the dark into ``out``. Returns (cals, est, det, flat)."""
+    from pipelines.calibration.flow import load_calibration_master
+
+    frames = [f for f in sim.frames if f.channel == chan]
+    ref = next(i for i in sim.calibration_files if i.channel == chan)
+    cals, est, det, flat = derive_chain_masters(
+        sim.out_dir / "calibration", chan, frames[0].naxis, noise=noise,
+        rng=np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci])),
+        dither_seed=int(seed) * 10 + ci, work=work, valid_from=ref.valid_from, valid_to=ref.valid_to, out=out,
+        science_header=_raw(frames[0])[1])
+    for info in sim.calibration_files:  # what the chain is given besides its own masters
+        if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
+            cals[info.kind] = load_calibration_master(info.path)
+    return cals, est, det, flat
+
+
+def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool, rng: np.random.Generator,
+                         dither_seed: int, work: Path, valid_from: str, valid_to: str, out: dict[str, float],
+                         science_header: fits.Header | None = None):
+    """The chain's own dark model and flat of one channel, from calibration exposures of a hidden detector.
+
+    The **instrument side** reads the hidden detector planes of ``hidden_cal_dir`` (the
+    simulator's ``lst_<chan>_dark_*``/``lst_<chan>_flat_*``, dark rate at :data:`SCIENCE_TEMP_C`)
+    only to *make* the exposures: :data:`N_BIAS` bias frames, :data:`N_DARK_PER_TEMP` darks of
+    :data:`DARK_EXPTIME_S` at each of :data:`DARK_TEMPS_C` (the rate doubling every
+    :data:`HIDDEN_DOUBLING_C`), and the flat set (SDI/WST: the dithered full-disk set of
+    :func:`pipelines.simulation.dithers.simulate_dithered_flat_set` through the *same* hidden
+    flat; SCI: diffuser-like uniform frames). The **chain side** sees only those frames:
+    :func:`estimate_dark_model` (bias, dark rate at ``DARKTREF``, fitted ``DARKTDBL``, gain,
+    read noise), the sub-pixel KLL flat (:func:`pipelines.calibration.flatfield.derive_flat_master`,
+    mean 1 over the pixels it measured; :func:`kll_flat_error`) or the SCI diffuser flat.
+
+    Parameters
+    ----------
+    hidden_cal_dir : pathlib.Path
+        Folder with the hidden detector's planes (instrument side).
+    chan : str
+        ``SDI``, ``WST``, ``SCI-UV`` or ``SCI-WL``.
+    n : int
+        Frame side [pixel].
+    noise : bool
+        Poisson and read noise in the calibration exposures.
+    rng : numpy.random.Generator
+        Draws the bias, dark and (SCI) flat exposures.
+    dither_seed : int
+        Seed of the dithered flat set (SDI, WST).
+    work : pathlib.Path
+        Where the chain's masters are written.
+    valid_from, valid_to : str
+        Validity [UTC ISO] of the masters.
+    out : dict
+        Receives the scores (truth used only here): ``flat_rms_C``, ``flat_rms_none_C``,
+        ``flat_level_C`` (mean of chain flat / hidden flat over the measured pixels),
+        ``flat_pull_C``, ``tdbl_C``, ``gain_C``, ``read_noise_C`` and, with ``science_header``,
+        ``dark_err_frac_C``, ``dark_err_frac_unscaled_C``, ``dark_rms_dn_C``.
+    science_header : astropy.io.fits.Header, optional
+        A science frame's header (``EXPTIME``, ``DET_TEMP``) at which the dark is scored.
+
+    Returns
+    -------
+    cals : dict of str to pipelines.calibration.flow.CalibrationInput
+        ``dark`` and ``flat`` (the chain's masters).
+    est : dict
+        :func:`estimate_dark_model`'s result.
+    det : dict of numpy.ndarray
+        The hidden planes (scoring only).
+    flat : numpy.ndarray, shape (n, n)
+        The chain's flat (NaN where not measured).
+    """
     from pipelines.calibration import blind_units as bu
     from pipelines.calibration.flatfield import compare_flats, derive_flat_master
     from pipelines.calibration.flow import load_calibration_master
@@ -617,13 +718,12 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
     from pipelines.simulation.dithers import simulate_dithered_flat_set
 
     model = INSTRUMENT[chan]
-    frames = [f for f in sim.frames if f.channel == chan]
-    n = frames[0].naxis
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci]))
-    ref = next(i for i in sim.calibration_files if i.channel == chan)
+    ref = SimpleNamespace(valid_from=valid_from, valid_to=valid_to)
     # ---- instrument side: calibration exposures from the hidden detector
-    det = _hidden(sim.out_dir / "calibration", chan)
+    det = _hidden(Path(hidden_cal_dir), chan)
     hidden_flat = det["flat"].astype(np.float64)
+    if hidden_flat.shape != (n, n):
+        raise ValueError(f"the hidden detector is {hidden_flat.shape}, not {n}x{n}")
     kw = {"model": model, "noise": noise}
     law = lambda temp: 2.0 ** ((temp - SCIENCE_TEMP_C) / HIDDEN_DOUBLING_C)  # noqa: E731
 
@@ -647,12 +747,12 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
         desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
         del fe
     else:
-        dset = simulate_dithered_flat_set(n, noise=noise, seed=int(seed) * 10 + ci, channel=chan, flat=hidden_flat,
+        dset = simulate_dithered_flat_set(n, noise=noise, seed=int(dither_seed), channel=chan, flat=hidden_flat,
                                           read_noise_e=model.read_noise_dn * model.gain_e_per_dn)
         images_dn = [im / model.gain_e_per_dn for im in dset.images]  # what the detector gives [DN]
         commanded = dset.commanded
         del dset
-        der = derive_flat_master(images_dn, commanded, chan, 2, ref.valid_from, method="subpixel")
+        der = derive_flat_master(images_dn, commanded, chan, 2, valid_from, method="subpixel")
         valid = der.result.valid_mask
         flat = np.asarray(der.flat, dtype=np.float64)
         flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"])
@@ -671,18 +771,15 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
     out[f"tdbl_{chan}"] = float(est["tdbl"])
     out[f"gain_{chan}"] = float(est["gain"])
     out[f"read_noise_{chan}"] = float(est["read_noise"])
-    h0 = _raw(frames[0])[1]
-    true_dc = det["dark_rate"].astype(np.float64) * float(h0["EXPTIME"])
-    for tag, scaled in (("", True), ("_unscaled", False)):
-        err = _chain_dark(est, h0, scaled=scaled) - est["bias"].astype(np.float64) - true_dc
-        out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
-        if not tag:
-            out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
+    if science_header is not None:
+        true_dc = det["dark_rate"].astype(np.float64) * float(science_header["EXPTIME"])
+        for tag, scaled in (("", True), ("_unscaled", False)):
+            err = _chain_dark(est, science_header, scaled=scaled) - est["bias"].astype(np.float64) - true_dc
+            out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
+            if not tag:
+                out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
     paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, work, ref, desc)
     cals = {k: load_calibration_master(p) for k, p in paths.items()}
-    for info in sim.calibration_files:  # what the chain is given besides its own masters
-        if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
-            cals[info.kind] = load_calibration_master(info.path)
     return cals, est, det, flat
 
 
@@ -774,8 +871,10 @@ def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan:
     from pipelines.calibration.steps import DQ
     from pipelines.simulation import INSTRUMENT
 
+    from pipelines.calibration.radiometry import coefficient_at
+
     model = INSTRUMENT[chan]
-    coef, t = float(cals["radiometric"].param("RADCOEF")), float(h["EXPTIME"])
+    coef, t = coefficient_at(cals["radiometric"].parameters, h["DATE-OBS"]), float(h["EXPTIME"])
     if not ref:
         l1_ref = calibrate_frame(d, h, cals, opts)
         ref["data"] = np.asarray(l1_ref.data, dtype=np.float64)
@@ -809,14 +908,18 @@ def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan:
 
 
 def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error_px: float = POINTING_ERROR_PX,
-         remove_cosmic_rays: bool = True) -> dict[str, float]:
-    """:func:`run` for some ``channels``, another header pointing error, or (controls) without cosmic-ray removal."""
+         remove_cosmic_rays: bool = True, sdi_radiometry: str = "campaign") -> dict[str, float]:
+    """:func:`run` for some ``channels``, another header pointing error, (controls) without cosmic-ray
+    removal, or SDI calibrated with the given ``RADCOEF`` (``sdi_radiometry="given"``) instead of the
+    law its radiometric campaign fitted (``"campaign"``, :func:`_sdi_campaign_radiometry`)."""
     from pipelines.calibration.flow import calibrate_frame
     from pipelines.calibration.options import CalibrationOptions
     from pipelines.simulation import INSTRUMENT, simulate
 
     if not 64 <= int(size) <= 4608:
         raise ValueError(f"size must lie in 64-4608 pixels, got {size}")
+    if sdi_radiometry not in ("campaign", "given"):
+        raise ValueError(f"sdi_radiometry must be 'campaign' or 'given', got {sdi_radiometry!r}")
     t_start = time.perf_counter()
     out: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="lstdp-blind-chain-") as tmp:
@@ -827,6 +930,10 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
             frames = [f for f in sim.frames if f.channel == chan]
             sci = chan.startswith("SCI")
             cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out)
+            rad_given = cals["radiometric"]
+            if chan == "SDI" and sdi_radiometry == "campaign":
+                cals["radiometric"] = _sdi_campaign_radiometry(frames[0], cals, det, noise, seed,
+                                                               tmp_path / "campaign", out)
             sest = None
             if sci:
                 ref = next(i for i in sim.calibration_files if i.channel == chan)
@@ -851,6 +958,8 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
                     out[f"saa_flag_{chan}"] = float(flag)
                     l2 = calibrate_frame(d_cr, h, cals, CalibrationOptions(remove_cosmic_rays=remove_cosmic_rays))
                     _score_l2(l2, frames[0], chan, truth, sest, out)
+                    if chan == "SDI":
+                        _score_sdi_level(out, cals["radiometric"], rad_given, h)
                     del l2
                     hc = calibrate_frame(d_cr, h, cals, CalibrationOptions(fit_centre=False, rotate_north_up=False)).header
                     out[f"centre_err_px_header_{chan}"] = _centre_err(hc, frames[0].crpix)[0]
@@ -878,11 +987,104 @@ def bias_err(est, det) -> np.ndarray:
     return est["bias"].astype(np.float64) - det["bias"]
 
 
+# --------------------------------------------------------------------------- SDI radiometry from the campaign
+
+
+def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: int, work: Path,
+                             out: dict[str, float]):
+    """SDI's radiometric law from a campaign of the *same* hidden instrument, fitted with the chain's masters.
+
+    Instrument side: :func:`pipelines.simulation.campaign.simulate_sdi_campaign` exposed
+    through the science frame's hidden detector planes (``det``: the same flat the dithered
+    flat set went through, the same bias and dark rate), its hidden coefficient anchored at
+    the one the simulator made the science frame with (``C_true(DATE-OBS) =`` the simulator's
+    ``RADCOEF``: one instrument, one law), with the campaign's own drawn rate, days, series
+    errors and a given (wrong) coefficient. Chain side:
+    :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign` with the chain's
+    own dark and KLL flat (``cals``) against the published LASP composite; the fitted master
+    (``RADCOEF``, ``RADRATE``) replaces the given one if the fit is accepted and the science
+    frame's DATE-OBS lies within its validity (else :class:`~pipelines.errors.DataError`).
+
+    Into ``out``: ``radcal_fit_accepted_SDI``, ``radcal_chi2_SDI``, ``radcal_n_days_SDI``,
+    ``radcal_rate_per_year_SDI``, ``radcal_valid_SDI`` (1: DATE-OBS within the validity),
+    ``radcal_exptime_s_SDI`` (the campaign's exposure) and, scoring only,
+    ``lasp_scale_error_hidden_SDI`` (the composite's hidden scale error ``delta`` of the
+    campaign), ``radcal_rate_true_per_year_SDI``.
+    """
+    import json
+
+    from pipelines.calibration.blind_radiometry import cross_calibrate_campaign
+    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.radiometry import _parse_date, read_lasp_composite
+    from pipelines.errors import DataError
+    from pipelines.simulation.campaign import simulate_sdi_campaign
+    from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR
+    from astropy.time import Time
+
+    t_sci = Time(frame.date_obs, scale="utc")
+    c_sim = float(cals["radiometric"].param("RADCOEF"))  # instrument side: the coefficient the frame was made with
+    sim = simulate_sdi_campaign(work / "sim", naxis=frame.naxis, noise=noise, seed=int(seed) + 1000,
+                                detector=det, coefficient_anchor=(t_sci, c_sim))
+    given = next(load_calibration_master(i.path) for i in sim.calibration_files if i.kind == "radiometric")
+    given.id = 9100
+    lasp = read_lasp_composite(SAMPLE_DIR / LYA_INDEX_FILE)
+    camp = {"dark": cals["dark"], "flat": cals["flat"], "mask_geometry": cals["mask_geometry"], "radiometric": given}
+    res = cross_calibrate_campaign(sim, camp, lasp, work / "chain", as_sent=True, master_id=9101)
+    fit, master = res["fit"], res["master"]
+    truth = json.loads(sim.truth_path.read_text())  # scoring only
+    out["radcal_fit_accepted_SDI"] = 1.0 if fit.accepted else 0.0
+    out["radcal_chi2_SDI"] = fit.chi2_reduced
+    out["radcal_n_days_SDI"] = float(fit.n_days)
+    out["radcal_rate_per_year_SDI"] = fit.rate_per_year
+    out["radcal_exptime_s_SDI"] = float(truth["exptime_s"])
+    out["radcal_rate_true_per_year_SDI"] = float(truth["rate_per_year"])
+    out["lasp_scale_error_hidden_SDI"] = float(truth["lasp_scale_error"])
+    if master is None:
+        raise DataError(f"SDI cross-calibration refused (reduced chi-square {fit.chi2_reduced:.3g})")
+    lo, hi = (Time(str(master.parameters[k]), scale="utc") for k in ("VALIDFRM", "VALIDTO"))
+    t_frame = _parse_date(str(_raw(frame)[1]["DATE-OBS"]))  # the frame's own DATE-OBS, as the chain reads it
+    out["radcal_valid_SDI"] = 1.0 if lo <= t_frame <= hi else 0.0
+    if not out["radcal_valid_SDI"]:
+        raise DataError(f"the SDI frame of {t_frame.isot} lies outside the campaign's validity {lo.isot}-{hi.isot}")
+    return master
+
+
+def _score_sdi_level(out: dict[str, float], used, given, header: fits.Header) -> None:
+    """SDI level with the given ``RADCOEF`` and, with the campaign's law, without the series' hidden scale error.
+
+    L2 is proportional to the radiometric coefficient (the flow multiplies the frame by it), so
+    ``level_given_radcoef_SDI = level_SDI C_given / C_used(DATE-OBS)`` exactly. With the
+    campaign's law, ``level_scale_error_removed_SDI = level_SDI (1 + delta)`` (``delta`` the
+    campaign's hidden LASP scale error; diagnostic, scoring only): what the chain adds beyond
+    the reference series' own scale error (the KLL flat's constant cancels: the same flat
+    calibrated the campaign).
+    """
+    from pipelines.calibration.radiometry import coefficient_at
+
+    c_used = coefficient_at(used.parameters, header["DATE-OBS"])
+    c_given = coefficient_at(given.parameters, header["DATE-OBS"])
+    out["radcoef_used_over_given_SDI"] = c_used / c_given
+    out["level_given_radcoef_SDI"] = out["level_SDI"] * c_given / c_used
+    out["radiometry_from_campaign_SDI"] = 1.0 if used is not given else 0.0
+    if used is not given:
+        out["level_scale_error_removed_SDI"] = out["level_SDI"] * (1.0 + out["lasp_scale_error_hidden_SDI"])
+
+
 def level_tolerance(m: dict[str, float], c: str) -> float:
-    """The level gate of channel ``c`` in a :func:`run` result: 1 %, plus for SCI what the
-    stray-light allowance of 5 % of the K corona makes of the scored brightness (:data:`GATES`)."""
+    """Largest ``|level_C - 1|`` of channel ``c`` in a :func:`run` result (:data:`GATES`).
+
+    SDI/WST: 1 %; SDI calibrated with its campaign's law (``radiometry_from_campaign_SDI``):
+    the radiometric gate, 2 % + the LASP composite's stated scale uncertainty
+    (:func:`pipelines.calibration.blind_radiometry.gate_tolerance`), the level then carrying the
+    series' scale error; SCI: 1 % plus what the stray-light allowance of 5 % of the K corona
+    makes of the scored brightness (``k_share_C``).
+    """
+    from pipelines.calibration.blind_radiometry import gate_tolerance
+
     if c.startswith("SCI"):
         return GATES["level_dev_sci"] + GATES["stray_pct"] / 100.0 * m[f"k_share_{c}"]
+    if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
+        return gate_tolerance()
     return GATES["level_dev_disk"]
 
 

@@ -33,9 +33,10 @@ Reference series (``sample-data/real/lyman-alpha``, MANIFEST.md)
 * LASP composite Lyman-alpha (Woods et al. 2000, JGR 105, 27195; Machol et al. 2019, Earth
   Space Sci. 6, 2263), daily, 1997-001 to 2013-365, [1e11 photons cm-2 s-1] at 1 au. The
   shipped file states **no uncertainty** (columns ``time, LymanAlpha, type``).
-  :data:`LASP_SCALE_UNCERTAINTY` (absolute scale, 5 %) is therefore a configurable default,
-  *unconfirmed* in the LST.md sense; :data:`LASP_DAILY_SCATTER` (day-to-day noise) is
-  measured from the file itself by :func:`lasp_daily_scatter`.
+  :data:`LASP_SCALE_UNCERTAINTY` (absolute scale, 5 %, 1 sigma) is the UARS SOLSTICE scale's
+  (10 % at 2 sigma: Woods et al. 1996, JGR 101, 9541, and the SOLSTICE requirement), to which
+  the composite is referenced (see the constant); :data:`LASP_DAILY_SCATTER` (day-to-day
+  noise) is measured from the file itself by :func:`lasp_daily_scatter`.
 * PROBA2/LYRA level 2, channel 1 (Lyman-alpha, 120-123 nm) [W m-2], 2012-01-01 only (no
   other LYRA day is in the sample data). Its header states no uncertainty either.
 
@@ -86,10 +87,21 @@ LYA_WAVELENGTH_NM = 121.567
 #: Energy of one Lyman-alpha photon [J]: h c / 121.567 nm = 1.634e-18 J.
 LYA_PHOTON_J = float((const.h * const.c / (LYA_WAVELENGTH_NM * u.nm)).to_value(u.J))
 
-#: Relative uncertainty of the LASP composite's absolute scale (1 sigma). *Unconfirmed*: the
-#: shipped file states none; a configurable default, of the order of the disagreement between
-#: the instruments the composite is merged from (UARS SOLSTICE/SUSIM, SORCE SOLSTICE, TIMED
-#: SEE), which the composite removes by scaling them to one reference (Woods et al. 2000).
+#: Relative uncertainty of the LASP composite's absolute scale (1 sigma): 0.05 is the 1 sigma
+#: of a 10 % (2 sigma) scale. The shipped file states none; the value follows from the scale
+#: the composite is referenced to. The composite scales every instrument it merges (AE-E,
+#: SME, SORCE SOLSTICE, TIMED SEE) to the UARS SOLSTICE reference level (Woods et al. 2000,
+#: JGR 105, 27195; LASP SEE note "Lyman-Alpha Time Series Updated", 2007: TIMED and SORCE
+#: "scaled to match the UARS reference level"), so its absolute scale is UARS SOLSTICE's.
+#: UARS SOLSTICE and SUSIM agree with ATLAS 1 and 2 (ATLAS SUSIM, SSBUV) to within the 2 sigma
+#: uncertainty of any one instrument, 5-10 % for strong emission features below 160 nm
+#: (Woods et al. 1996, JGR 101, 9541); the SOLSTICE requirement was +-10 % (2 sigma) absolute
+#: (LASP SOLSTICE project description). The upper end, 10 % at 2 sigma, gives 5 % at 1 sigma.
+#: The composite's revision (Machol et al. 2019, Earth Space Sci. 6, 2263, "An Improved
+#: Lyman-Alpha Composite": daily values from 1947 from AE-E, SME, UARS and SORCE, gaps filled
+#: by Mg II, F10.7 and F30 proxy models) postdates the shipped file (a copy first seen in
+#: 2014, ``sample-data/real/MANIFEST.md``), which is thus the earlier composite; no scale
+#: uncertainty of the revision is claimed here.
 LASP_SCALE_UNCERTAINTY = 0.05
 
 #: Day-to-day relative noise of the LASP composite: the value :func:`lasp_daily_scatter`

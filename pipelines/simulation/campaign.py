@@ -32,10 +32,28 @@ What :mod:`pipelines.calibration.blind_radiometry` cross-calibrates. The instrum
 The hidden values go to ``truth/campaign_truth.json`` only (for scoring); the masters in
 ``calibration/`` are the simulator's dark, flat, mask geometry and the *given* radiometric
 coefficient, constant in time.
+
+**Flat convention of the hidden coefficient.** ``C_true`` is defined through the forward
+model's ``flat t S / C_true`` with the simulator's flat (:func:`~pipelines.simulation.forward._flat_field`),
+normalised to mean 1 over the whole detector; so is ``RADCOEF`` of every simulated master. A
+chain that calibrates with a flat of another normalisation (a KLL flat: mean 1 over the pixels
+it measured) finds ``C_true`` times that flat's level: see
+:mod:`pipelines.calibration.blind_radiometry`.
+
+**The same hidden instrument as a science frame** (``detector=`` and ``coefficient_anchor=``,
+used by :mod:`pipelines.calibration.blind_chain`): the campaign is exposed through given
+bias, dark-rate and flat planes instead of drawn ones, and ``C_hidden`` follows from the
+coefficient the instrument has at one time (``C_true(t_a) = C_a``, so
+``C_hidden = C_a exp(-lambda (t_a - LAUNCH))``); the rate is drawn as above. As ``C_true``
+is then smaller before ``t_a``, the campaign's exposure time is shortened from the model's
+(1 s for SDI) by ``min_k C_true(t_k) / C_safe`` (3 significant digits, rounded down) so that
+no frame saturates; ``EXPTIME`` says so, and the coefficient is per DN/s, so it does not
+depend on the exposure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -118,7 +136,9 @@ def _days(rng: np.random.Generator, n_days: int) -> list[dt.date]:
 
 
 def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_days: int = 16, noise: bool = True,
-                          seed: int = 0, sample_dir: str | os.PathLike | None = None) -> CampaignResult:
+                          seed: int = 0, sample_dir: str | os.PathLike | None = None,
+                          detector: dict[str, np.ndarray] | None = None,
+                          coefficient_anchor: tuple[Time, float] | None = None) -> CampaignResult:
     """Simulate an SDI campaign (see the module docstring).
 
     Parameters
@@ -135,6 +155,13 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
         Everything random (days, hidden values, series errors, detector, noise).
     sample_dir : path-like, optional
         The real data (default ``sample-data/real``).
+    detector : dict, optional
+        The hidden detector to expose the campaign through, instead of drawn planes:
+        ``bias`` [DN], ``dark_rate`` [DN/s], ``flat`` (mean 1 over the detector), each of
+        shape (naxis, naxis) (instrument side only).
+    coefficient_anchor : (astropy.time.Time, float), optional
+        ``(t_a, C_a)``: the hidden coefficient at ``t_a`` [erg cm-2 s-1 sr-1 per DN/s], > 0
+        (module docstring); the campaign's exposure is shortened where needed.
 
     Returns
     -------
@@ -143,7 +170,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     Raises
     ------
     ValueError
-        For a size outside 32-4608 px or fewer than two days.
+        For a size outside 32-4608 px, fewer than two days, detector planes of another shape
+        or a non-positive anchor coefficient.
     DataError
         If a real input file is missing.
     """
@@ -188,14 +216,33 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
         e_true.append(e_day)
         rsun.append(rsun_arcsec)
 
-    flat = _flat_field(n, spec.naxis, model, rng)
-    bias, dark_rate = _dark_planes(n, model, rng)
+    if detector is None:
+        flat = _flat_field(n, spec.naxis, model, rng)
+        bias, dark_rate = _dark_planes(n, model, rng)
+    else:
+        flat, bias, dark_rate = (np.asarray(detector[k], dtype=np.float32) for k in ("flat", "bias", "dark_rate"))
+        if any(a.shape != (n, n) for a in (flat, bias, dark_rate)):
+            raise ValueError(f"detector planes must be {n}x{n}")
     c_safe = _radiometric_coefficient(max(float(tr.max()) for tr in truths), flat, bias, dark_rate, model)
     c_given = float(f"{c_safe * rng.uniform(1.02, 1.25):.4g}")
-    while True:
-        c_hidden = c_safe * float(rng.uniform(1.02, 1.25))
-        if abs(math.log(c_hidden / c_given)) >= 0.05:
-            break
+    years_of = lambda t: float((t - LAUNCH).to_value(u.day)) / 365.25  # noqa: E731
+    if coefficient_anchor is None:
+        while True:
+            c_hidden = c_safe * float(rng.uniform(1.02, 1.25))
+            if abs(math.log(c_hidden / c_given)) >= 0.05:
+                break
+    else:
+        t_a, c_a = coefficient_anchor
+        if not float(c_a) > 0:
+            raise ValueError("the anchor coefficient must be positive")
+        c_hidden = float(c_a) * math.exp(-rate * years_of(Time(t_a)))
+        while abs(math.log(c_hidden / c_given)) < 0.05:  # the given value stays at least 5 % off
+            c_given = float(f"{c_safe * rng.uniform(1.02, 1.25):.4g}")
+        c_min = min(c_hidden * math.exp(rate * years_of(t)) for t in times)
+        if c_min < c_safe:  # shorter exposures keep the brightest frame below 16 bits
+            t_exp = model.exptime_s * c_min / c_safe
+            e = math.floor(math.log10(t_exp)) - 2
+            model = dataclasses.replace(model, exptime_s=math.floor(t_exp / 10.0 ** e) * 10.0 ** e)
     valid_from = (Time(dt.datetime.combine(days[0], dt.time())) - 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
     valid_to = (Time(dt.datetime.combine(days[-1], dt.time())) + 30 * u.day).utc.strftime("%Y-%m-%dT00:00:00")
     cal_infos = _write_masters(out, "SDI", spec, model, n, flat, bias, dark_rate, c_given, None, valid_from, valid_to,
@@ -203,8 +250,7 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
 
     raw_files, date_obs, true_coefs = [], [], []
     for k, (t, truth, rs) in enumerate(zip(times, truths, rsun)):
-        years = float((t - LAUNCH).to_value(u.day)) / 365.25
-        c_true = c_hidden * math.exp(rate * years)
+        c_true = c_hidden * math.exp(rate * years_of(t))
         x0, y0, roll = _detector_geometry(model, n, rng)
         raw = _forward_model(truth, spec, model, n, x0, y0, roll, rs / scale, None, flat, bias, dark_rate, c_true,
                              noise, rng)
@@ -223,7 +269,10 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
                  "given_coefficient": c_given, "lasp_scale_error": delta, "lasp_daily_errors": [float(e) for e in eps],
                  "days": [{"date_obs": d, "true_irradiance_ph_cm2_s": e, "true_coefficient": c}
                           for d, e, c in zip(date_obs, e_true, true_coefs)],
-                 "naxis": n, "noise": noise, "seed": seed}
+                 "naxis": n, "noise": noise, "seed": seed, "exptime_s": model.exptime_s,
+                 "detector_given": detector is not None,
+                 "coefficient_anchor": None if coefficient_anchor is None else
+                 [Time(coefficient_anchor[0]).utc.isot, float(coefficient_anchor[1])]}
     tp = out / "truth" / "campaign_truth.json"
     tp.write_text(json.dumps(truth_doc, indent=2) + "\n")
     return CampaignResult(out_dir=out, raw_files=raw_files, date_obs=date_obs, calibration_files=cal_infos,
