@@ -112,6 +112,59 @@ def test_apply_moves_the_wcs_onto_the_fit_and_records_both():
     assert any("header's centre kept" in line for line in h2["HISTORY"])
 
 
+def test_centre_uncertainty_in_the_wcs_error_keywords(tmp_path):
+    """CRDERia = the fit's 1 sigma, CSYERia = max(systematic, 0.1 px) (+ the header's distance when kept), in CUNIT."""
+    from astropy.wcs import WCS
+
+    from pipelines.calibration.centre import EDGE_SYSTEMATIC_FLOOR_PX
+
+    rng = np.random.default_rng(5)
+    img = _disk(200, 99.3, 100.6, 80.0, rng)
+    h, fit = fit_and_apply_centre(img, _header(200, 101.0, 99.0), coronagraph=False, tolerance_px=0.25,
+                                  systematic_arcsec=3.0)  # 0.25 px at 12 arcsec/px: above the floor
+    assert h["CRDER1"] == pytest.approx(fit.sigma_x * 12.0, rel=0.01)
+    assert h["CRDER2"] == pytest.approx(fit.sigma_y * 12.0, rel=0.01)
+    assert h["CSYER1"] == h["CSYER2"] == pytest.approx(3.0, rel=0.01)
+    w = WCS(h)
+    assert list(w.wcs.crder) == pytest.approx([h["CRDER1"], h["CRDER2"]])
+    assert list(w.wcs.csyer) == pytest.approx([3.0, 3.0])
+    # below the floor the floor is stated; the header kept: its distance from the fit is added
+    h2, _ = fit_and_apply_centre(img, _header(200, 99.4, 100.6), coronagraph=False, tolerance_px=0.25)
+    assert h2["CTRSRC"] == "HEADER"
+    assert h2["CSYER1"] == pytest.approx((EDGE_SYSTEMATIC_FLOOR_PX + h2["CTRSHIFT"]) * 12.0, rel=0.01)
+    # degrees when the WCS is in degrees
+    hd = _header(200, 101.0, 99.0)
+    hd["CUNIT1"], hd["CUNIT2"], hd["CDELT1"], hd["CDELT2"] = "deg", "deg", 12.0 / 3600, 12.0 / 3600
+    hd["CRVAL1"] = hd["CRVAL2"] = 0.0
+    h3, _ = fit_and_apply_centre(img, hd, coronagraph=False, tolerance_px=0.25, systematic_arcsec=3.0)
+    assert h3["CSYER1"] == pytest.approx(3.0 / 3600, rel=0.01)
+    # a failed fit states nothing
+    h4, _ = fit_and_apply_centre(np.zeros((200, 200)), _header(200, 101.0, 99.0), coronagraph=False)
+    assert not any(k in h4 for k in ("CRDER1", "CSYER1"))
+
+
+def test_wcs_error_keywords_reach_every_hdu_of_the_product(tmp_path):
+    from astropy.wcs import WCS
+
+    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration.validation import load_masters
+    from pipelines.fitsio import read_image
+    from pipelines.products import build_product_hdul
+
+    sim = simulate(tmp_path, channels=("WST",), naxis=128, noise=True, seed=3, sdi_sequence=False,
+                   pointing_error_px=2.0)
+    raw = read_image(sim.frames[0].raw_path)
+    l2 = calibrate_frame(raw.data, raw.header, load_masters(sim.calibration_files)["WST"])
+    assert l2.header["CTRSRC"] == "FIT"
+    path = tmp_path / "l2.fits"
+    build_product_hdul(l2, "test").writeto(path)
+    with fits.open(path) as hdul:
+        for hdu in hdul:
+            assert hdu.header["CSYER1"] == l2.header["CSYER1"] > 0, hdu.name
+            assert hdu.header["CRDER2"] == l2.header["CRDER2"] > 0, hdu.name
+        assert WCS(hdul[0].header).wcs.csyer[0] == pytest.approx(l2.header["CSYER1"])
+
+
 def test_failed_fit_falls_back_to_the_header_and_says_so():
     h, fit = fit_and_apply_centre(np.zeros((200, 200)), _header(200, 101.0, 99.0), coronagraph=False)
     assert fit is None
