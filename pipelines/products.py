@@ -48,7 +48,8 @@ __all__ = ["build_product_hdul", "dq_image_hdu", "dq_table_hdu", "read_product",
 UNCERT_EXTNAME = "UNCERT"
 
 _WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1", "CRPIX2", "CRVAL1", "CRVAL2",
-                     "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "DATE-OBS", "DATE_OBS",
+                     "CDELT1", "CDELT2", "PC1_1", "PC1_2", "PC2_1", "PC2_2", "CRDER1", "CRDER2", "CSYER1", "CSYER2",
+                     "DATE-OBS", "DATE_OBS",
                      "TIMESYS", "DATE-BEG", "DATE-AVG", "DATE-END",
                      "HGLN_OBS", "HGLT_OBS", "DSUN_OBS", "RSUN_REF", "RSUN_OBS", "TELESCOP", "INSTRUME",
                      "DETECTOR", "CHANNEL", "WAVELNTH", "WAVEUNIT")
