@@ -199,3 +199,52 @@ def test_simulated_pointing_error_changes_only_the_header(tmp_path):
         assert not any("pointing" in str(line).lower() for line in hb[0].header.get("HISTORY", []))
     with pytest.raises(ValueError, match="pointing_error_px"):
         simulate(tmp_path / "c", channels=("SCI-WL",), naxis=64, pointing_error_px=11.0)
+
+
+def test_wcs_error_keywords_are_the_steps_own_claim_and_reach_the_product(tmp_path):
+    """CRDERia (the fit's 1 sigma) and CSYERia (the edge systematic, at least 0.1 px, plus the header's
+    distance from the fit when the header is kept) in CUNITia; none, and no stale ones, without a fit;
+    astropy.wcs reads them back from every image HDU of the product."""
+    import warnings
+
+    from astropy.wcs import WCS
+
+    from pipelines.calibration.centre import EDGE_SYSTEMATIC_FLOOR_PX
+    from pipelines.calibration.flow import L2Result
+    from pipelines.products import build_product_hdul
+
+    rng = np.random.default_rng(5)
+    img = _disk(200, 99.3, 100.6, 80.0, rng)
+    stale = _header(200, 101.0, 99.0)
+    stale["CRDER1"], stale["CSYER2"] = 99.0, 99.0  # a claim that came in with the header
+    h, fit = fit_and_apply_centre(img, stale, coronagraph=False, tolerance_px=0.25)
+    assert h["CTRSRC"] == "FIT"
+    assert h["CRDER1"] == pytest.approx(fit.sigma_x * 12.0, rel=1e-2)
+    assert h["CRDER2"] == pytest.approx(fit.sigma_y * 12.0, rel=1e-2)
+    assert h["CSYER1"] == h["CSYER2"] == pytest.approx(EDGE_SYSTEMATIC_FLOOR_PX * 12.0)
+    # the header's centre kept: the systematic grows by the header's distance from the fit
+    hk, fk = fit_and_apply_centre(img, _header(200, 99.4, 100.6), coronagraph=False, tolerance_px=0.25)
+    assert hk["CTRSRC"] == "HEADER"
+    assert hk["CSYER1"] == pytest.approx((EDGE_SYSTEMATIC_FLOOR_PX + hk["CTRSHIFT"]) * 12.0, rel=2e-3)
+    # in degrees when CUNIT says so
+    hd = _header(200, 101.0, 99.0)
+    hd["CUNIT1"], hd["CUNIT2"], hd["CDELT1"], hd["CDELT2"], hd["RSUN_OBS"] = "deg", "deg", 12 / 3600, 12 / 3600, 960.0
+    hd, _ = fit_and_apply_centre(img, hd, coronagraph=False, tolerance_px=0.25)
+    assert hd["CSYER1"] == pytest.approx(EDGE_SYSTEMATIC_FLOOR_PX * 12.0 / 3600.0, rel=2e-3)  # 3 significant digits
+    # no fit (disabled or failed): no claim at all, the stale one removed
+    for kw in ({"enabled": False}, {}):
+        frame = img if kw else np.zeros_like(img)
+        hn, _ = fit_and_apply_centre(frame, stale, coronagraph=False, **kw)
+        assert not any(k in hn for k in ("CRDER1", "CRDER2", "CSYER1", "CSYER2")), kw
+    # the product: HDU 0 and the UNCERT / DQ extensions on the same grid carry them; astropy.wcs reads them
+    res = L2Result(data=img.astype(np.float32), dq=np.zeros(img.shape, np.uint8), header=h, stats={},
+                   uncertainty=np.sqrt(img).astype(np.float32))
+    path = tmp_path / "l2.fits"
+    build_product_hdul(res, "test").writeto(path)
+    with fits.open(path) as hdul, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert [hdu.name for hdu in hdul] == ["PRIMARY", "UNCERT", "DQ"]
+        for hdu in hdul:
+            w = WCS(hdu.header)
+            np.testing.assert_allclose(w.wcs.crder, [h["CRDER1"], h["CRDER2"]])
+            np.testing.assert_allclose(w.wcs.csyer, [h["CSYER1"], h["CSYER2"]])

@@ -54,9 +54,11 @@ The centre's uncertainty goes into the WCS's own error keywords (FITS Standard 4
 Greisen & Calabretta 2002, A&A 395, 1061, WCS Paper I): ``CRDERia`` (random: the fit's
 1-sigma) and ``CSYERia`` (systematic: the channel's edge systematic, at least
 :data:`EDGE_SYSTEMATIC_FLOOR_PX`, plus the header's distance from the fit when the header's
-centre is kept), in ``CUNITia``; a failed or disabled fit writes neither. The per-pixel
+centre is kept), in ``CUNITia``; a failed or disabled fit writes neither and removes any
+that came in with the header (they would state the error of a centre nobody measured). The per-pixel
 uncertainty (``UNCERT``) does not include them: a centre error is one error for the whole
-frame, like the radiometric coefficient's (``RADUNC``, :mod:`pipelines.calibration.uncertainty`).
+frame, like the radiometric coefficient's (the radiometric master's ``RADCERR``/``RADSCALE``;
+no L2 keyword states that one yet).
 """
 
 from __future__ import annotations
@@ -407,12 +409,21 @@ def _set(h: fits.Header, key: str, value: Any) -> None:
     h[key] = (value, CENTRE_KEYWORDS[key])
 
 
+def _drop_wcs_errors(h: fits.Header, axes=(1, 2)) -> None:
+    """Remove ``CRDERia``/``CSYERia`` of ``axes`` that came in with the header: they would state an
+    error of a centre this step has not measured (fit disabled or failed, or a unit it does not know)."""
+    for axis in axes:
+        for key in (f"CRDER{axis}", f"CSYER{axis}"):
+            h.remove(key, ignore_missing=True, remove_all=True)
+
+
 def _set_wcs_errors(h: fits.Header, scale_arcsec: float, rand_x_px: float, rand_y_px: float, sys_px: float) -> None:
     """``CRDER1/2``, ``CSYER1/2`` from pixel errors, in the header's ``CUNITia`` (arcsec or deg)."""
     for axis, rand in ((1, rand_x_px), (2, rand_y_px)):
         unit = str(h.get(f"CUNIT{axis}", "arcsec")).strip().lower()
         per = {"arcsec": 1.0, "deg": 1.0 / 3600.0, "arcmin": 1.0 / 60.0}.get(unit)
         if per is None:  # a unit the step does not know: say nothing rather than something wrong
+            _drop_wcs_errors(h, (axis,))
             continue
         _set(h, f"CRDER{axis}", float(f"{rand * scale_arcsec * per:.3g}"))
         _set(h, f"CSYER{axis}", float(f"{sys_px * scale_arcsec * per:.3g}"))
@@ -455,6 +466,7 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
         If the header does not locate the Sun (no WCS): nothing to start from.
     """
     h = h.copy()
+    _drop_wcs_errors(h)  # only this step's own claim on the centre goes out (none when it measures none)
     if not enabled:
         h.add_history("fit_sun_centre: skipped on request (option fit_centre=false); the header's centre used")
         _set(h, "CTRSRC", "HEADER")
