@@ -313,6 +313,7 @@ _SUMMARY_SOURCES = {
                    ("blind_units", "pull_width_{C}", 1, 3, "")],
     "pull width, truth as is": [("blind_chain", "pull_width_{C}", 1, 3, "")],
     "L2 level": [("blind_chain", "level_{C}", 1, 4, "")],
+    "RADUNC": [("blind_chain", "radunc_{C}", 100, 2, "%")],
     "dark error": [("blind_chain", "dark_err_frac_{C}", 100, 2, "%")],
     "CR found (SAA)": [("blind_chain", "cr_found_frac_saa_{C}", 100, 0, "%")],
     "CR left (SAA)": [("blind_chain", "cr_residual_frac_saa_{C}", 100, 1, "%")],
@@ -359,9 +360,11 @@ def _blind_summary(res: dict) -> list[str]:
               "centre error) and at its own level (L2 divided by its level): what is gated at 5 %, since frame-wide "
               "errors (centre, scale) are stated in the header and gated on their own; 'truth as is': the same "
               "against the unmoved truth and level (reported, not gated). Median L2 error: of L2 against the truth as "
-              "it is. L2 level: median(L2 / truth), gated at 1 % for SDI/WST (a KLL flat is known up to a constant; "
-              "the coefficient is given here) and at 1 % plus 5 % of the K corona's share for SCI (the issue's "
-              "stray-light allowance; the stray-light error shows in it). Dark error: "
+              "it is. L2 level: median(L2 / truth), gated at 1 % for WST (a KLL flat is known up to a constant; "
+              "WST's coefficient is given), at 2 % plus the product's RADUNC for SDI (its law fitted against LASP "
+              "with the chain's own masters: the level carries the composite's hidden scale error, 1 % gate once "
+              "it is taken out) and at 1 % plus 5 % of the K corona's share for SCI (the issue's "
+              "stray-light allowance; the stray-light error shows in it; 1 % gate once it is put back). Dark error: "
               "|mean error| of the dark current the chain subtracts at the science frame's DET_TEMP, as a fraction of it. "
               "CR found: detectable hit pixels flagged in an SAA-pass frame; CR left: injected signal left on them. "
               "Gates: `tests/test_blind_chain.py` (`pipelines.calibration.blind_chain.gate_failures`).", ""]

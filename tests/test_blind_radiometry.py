@@ -269,3 +269,38 @@ def test_calibrate_frame_applies_the_time_law_at_date_obs(tmp_path):
     assert ratio == pytest.approx(math.exp(0.05 * years), rel=1e-5)
     assert ratio > 1.5 and years > 10
     assert any("exp(0.05000/yr)" in str(line) for line in b.header["HISTORY"])
+
+
+def test_radiometric_uncertainty_at_date_obs_matches_the_scatter_of_refits(lasp, tmp_path):
+    """RADUNC: the fit's error of ln C(t) (with the C0-rate covariance) plus the reference's scale, checked
+    against the scatter of C(t) over many noisy refits far from the epoch, where the covariance matters."""
+    from pipelines.calibration.flow import load_calibration_master
+
+    c_given, c0, lam, noise = 5.0, 5.6, 0.04, 0.02
+    epoch = Time("1998-01-01T00:00:00", scale="utc")
+    times = [Time(f"{y}-06-15T12:00:00", scale="utc") for y in range(1998, 2013)]
+    yrs = np.array([(t - epoch).to_value("day") / 365.25 for t in times])
+    ref = np.array([lasp.on(t) for t in times])
+    rng = np.random.default_rng(7)
+    t_far = Time("2014-06-15T12:00:00", scale="utc")
+    dt_far = (t_far - epoch).to_value("day") / 365.25
+    logs = []
+    for k in range(300):
+        e_sdi = ref * c_given / (c0 * np.exp(lam * yrs)) * np.exp(rng.normal(0, noise, yrs.size))
+        fit = radiometry.fit_cross_calibration(times, e_sdi, lasp, c_given, epoch=epoch,
+                                               measurement_rel_err=np.full(yrs.size, noise))
+        logs.append(math.log(fit.coefficient) + fit.rate_per_year * dt_far)
+        if k == 0:
+            p = radiometry.write_radiometric_master(fit, tmp_path / "rad.fits", naxis=128, version=2,
+                                                    valid_from="1997-12-01T00:00:00", valid_to="2015-02-01T00:00:00")
+            params = load_calibration_master(p).parameters
+    stated = radiometry.radiometric_uncertainty_at(params, t_far)
+    fit_part = math.sqrt(stated ** 2 - float(params["RADSCALE"]) ** 2)
+    assert np.std(logs) == pytest.approx(fit_part, rel=0.15)
+    # without the covariance term the stated error would be wrong by more than that
+    no_cov = dict(params, RADCRCOV=0.0)
+    wrong = math.sqrt(radiometry.radiometric_uncertainty_at(no_cov, t_far) ** 2 - float(params["RADSCALE"]) ** 2)
+    assert abs(wrong / np.std(logs) - 1.0) > 0.15
+    # a master that states nothing: None; its own RADUNC: that
+    assert radiometry.radiometric_uncertainty_at({"RADCOEF": 3.0}, None) is None
+    assert radiometry.radiometric_uncertainty_at({"RADCOEF": 3.0, "RADUNC": 0.04}, None) == 0.04

@@ -44,7 +44,7 @@ from pipelines.array_backend import backend_name, resolve_namespace, to_device, 
 from pipelines.calibration import resample, steps, uncertainty
 from pipelines.calibration.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.options import CalibrationOptions
-from pipelines.calibration.radiometry import coefficient_at
+from pipelines.calibration.radiometry import coefficient_at, radiometric_uncertainty_at
 from pipelines.calibration.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
@@ -426,6 +426,11 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if law:
         h.add_history(f"convert_units: RADCOEF {rad.param('RADCOEF'):.6g} at {rad.parameters.get('RADEPOCH')} x "
                       f"exp({rad.param('RADRATE'):.5f}/yr) = {coef:.6g} at DATE-OBS")
+    # the scale's own uncertainty (one number for the frame: a keyword, not in UNCERT)
+    h.remove("RADUNC", ignore_missing=True, remove_all=True)
+    radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
+    if radunc is not None:
+        h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma uncertainty of the radiometric scale")
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),

@@ -79,7 +79,7 @@ __all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_
            "CLIP_SIGMA",
            "LyaSeries", "read_lasp_composite", "read_lyra_level2", "lyra_daily_irradiance", "lasp_daily_scatter",
            "disk_integrated_irradiance", "CrossCalibration", "fit_cross_calibration", "write_radiometric_master",
-           "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
+           "radiometric_uncertainty_at", "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
 
 #: Hydrogen Lyman-alpha wavelength [nm] (vacuum, the 1s-2p multiplet's weighted centre; NIST ASD).
 LYA_WAVELENGTH_NM = 121.567
@@ -442,6 +442,8 @@ class CrossCalibration:
     first: Time
     last: Time
     rejected: tuple[str, ...] = ()
+    #: Covariance of ln C0 and the rate [1/yr] of the fit (0 without a rate).
+    log_coef_rate_cov: float = 0.0
 
     @property
     def accepted(self) -> bool:
@@ -530,6 +532,7 @@ def fit_cross_calibration(times: Sequence[Time], sdi_irradiance: Sequence[float]
     rate = float(coef[1]) if fit_degradation else 0.0
     return CrossCalibration(coefficient=c0, coefficient_err=c0 * math.sqrt(float(cov[0, 0])), rate_per_year=rate,
                             rate_err=math.sqrt(float(cov[1, 1])) if fit_degradation else 0.0, epoch=epoch,
+                            log_coef_rate_cov=-float(cov[0, 1]) if fit_degradation else 0.0,
                             scale_uncertainty=float(reference.scale_uncertainty), reference=reference.name,
                             n_days=len(set(_utc_day(t) for t, k in zip(ts, keep) if k)), chi2_reduced=chi2r,
                             residuals=tuple(float(r) for r in resid), first=first, last=last,
@@ -559,7 +562,8 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     :attr:`CrossCalibration.accepted` (nothing is written).
 
     Keywords: ``RADCOEF`` (C0 at ``RADEPOCH``), ``RADRATE`` [1/yr], ``RADLAW='EXP'``,
-    ``RADCERR``, ``RADRERR``, ``RADSCALE`` (reference scale uncertainty), ``RADREF``,
+    ``RADCERR``, ``RADRERR``, ``RADCRCOV`` (covariance of ln C0 and the rate), ``RADSCALE``
+    (reference scale uncertainty), ``RADREF``,
     ``RADNDAYS``, ``RADCHI2``, ``RADUNIT``, and the master keywords ``CALKIND``, ``CHANNEL``,
     ``FRMNAXIS``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC``; CHECKSUM/DATASUM.
 
@@ -592,6 +596,7 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     h["RADRATE"] = (fit.rate_per_year, "[1/yr] sensitivity-loss rate")
     h["RADCERR"] = (fit.coefficient_err, "std error of RADCOEF (fit)")
     h["RADRERR"] = (fit.rate_err, "[1/yr] std error of RADRATE")
+    h["RADCRCOV"] = (fit.log_coef_rate_cov, "[1/yr] cov(ln RADCOEF, RADRATE) of the fit")
     h["RADSCALE"] = (fit.scale_uncertainty, "rel. scale uncertainty of RADREF")
     h["RADREF"] = (fit.reference, "reference irradiance series")
     h["RADNDAYS"] = (fit.n_days, "observing days in the fit")
@@ -644,6 +649,43 @@ def coefficient_at(parameters: dict[str, Any], date_obs: Time | str | None) -> f
     except (KeyError, ValueError) as exc:
         raise DataError(f"time-dependent radiometric calibration: unusable date ({exc})") from None
     return c0 * math.exp(float(rate) * float((t - epoch).to_value(u.day)) / _YEAR_DAYS)
+
+
+def radiometric_uncertainty_at(parameters: dict[str, Any], date_obs: Time | str | None) -> float | None:
+    """Relative 1-sigma uncertainty of a master's radiometric scale at a frame's DATE-OBS.
+
+    For a cross-calibration master (``RADCERR`` present): the fit's error of
+    ``ln C(t) = ln C0 + lambda (t - t0)`` by first-order propagation with the fit's covariance,
+    ``var = (RADCERR / RADCOEF)**2 + dt**2 RADRERR**2 + 2 dt RADCRCOV`` (``dt`` in years), and
+    the reference series' scale uncertainty ``RADSCALE`` added in quadrature (independent:
+    the fit cannot see the scale; Bevington & Robinson 2003, ch. 3). Otherwise the master's own
+    ``RADUNC`` if it states one.
+
+    Returns
+    -------
+    float or None
+        The fraction (0.05 = 5 %), or ``None`` when the master states no uncertainty.
+
+    Raises
+    ------
+    DataError
+        As :func:`coefficient_at`, for a time-dependent master without a usable date.
+    """
+    if parameters.get("RADCERR") in (None, ""):
+        unc = parameters.get("RADUNC")
+        return float(unc) if unc not in (None, "") else None
+    c0 = float(parameters["RADCOEF"])
+    var = (float(parameters["RADCERR"]) / c0) ** 2
+    rate = parameters.get("RADRATE")
+    if rate not in (None, "") and float(rate) != 0.0:
+        if date_obs is None:
+            raise DataError("a time-dependent radiometric calibration needs the frame's DATE-OBS")
+        t = date_obs if isinstance(date_obs, Time) else _parse_date(str(date_obs))
+        dt_yr = float((t - Time(str(parameters["RADEPOCH"]).strip(), scale="utc")).to_value(u.day)) / _YEAR_DAYS
+        var += dt_yr ** 2 * float(parameters.get("RADRERR") or 0.0) ** 2
+        var += 2.0 * dt_yr * float(parameters.get("RADCRCOV") or 0.0)
+    var = max(var, 0.0) + float(parameters.get("RADSCALE") or 0.0) ** 2
+    return math.sqrt(var)
 
 
 def _parse_date(s: str) -> Time:

@@ -16,8 +16,10 @@ subtract_dark            ``+ var(bias) + (f t)**2 var(dark_rate)``: the master's
 correct_flat             ``var_D / F**2 + (D / F)**2 (sigma_F / F)**2``: ``FLATERR`` plane
 normalize_exposure       ``/ t**2``
 convert_units            ``x C**2`` (the coefficient's own error is one number for the whole
-                         frame, a systematic, not a per-pixel term; ``RADUNC`` if given is
-                         written as a keyword)
+                         frame, a systematic, not a per-pixel term: the L2 keyword ``RADUNC``,
+                         :func:`pipelines.calibration.radiometry.radiometric_uncertainty_at`,
+                         the fit's error at DATE-OBS and the reference's scale, or the
+                         master's own ``RADUNC``; absent when the master states none)
 subtract_stray_light     ``+ (u S_stray)**2``: ``u`` the master's fractional uncertainty
                          ``STRAYUNC`` (or its ``STRAYERR`` plane [MSB]); 0 when it states none
 deconvolve_psf           not propagated (Richardson-Lucy is non-linear): the pre-
