@@ -8,7 +8,9 @@ What :mod:`pipelines.calibration.blind_radiometry` cross-calibrates. The instrum
 * **The Sun's true irradiance** on each day follows the real LASP composite on that day
   with the series' own errors, drawn once per seed: ``E_true = E_LASP (1 + delta)(1 + eps_i)``
   with ``delta`` uniform in +-:data:`~pipelines.calibration.radiometry.LASP_SCALE_UNCERTAINTY`
-  (the composite's absolute scale error, one for the whole series) and ``eps_i`` Gaussian
+  (the composite's absolute scale error, one for the whole series; that constant is a 1-sigma
+  value, so the draw stays within 1 sigma: the gate of 2 % plus it then tests the chain, not
+  the luck of the draw; a real scale error is beyond 1 sigma a third of the time) and ``eps_i`` Gaussian
   of RMS :data:`~pipelines.calibration.radiometry.LASP_DAILY_SCATTER` (its day-to-day noise,
   measured from the file). The chain compares against the published series, not ``E_true``,
   so it never sees either error.
