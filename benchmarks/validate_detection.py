@@ -70,6 +70,7 @@ separately (e.g. in two processes) and assemble the report from their saved resu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -521,13 +522,17 @@ def evolving_base(kind: str, naxis: int) -> tuple[np.ndarray, fits.Header]:
     return EV.sdi_lya_scene(naxis) if kind == "sdi" else EV.wst_continuum_scene(naxis)
 
 
-def _evolving_series(kind: str, naxis: int, cadence_s: float, seed: int, rotate: bool = True):
+def _evolving_series(kind: str, naxis: int, cadence_s: float, seed: int, rotate: bool = True,
+                     red_scale: float = 1.0):
+    """An evolving series; ``red_scale`` multiplies both red-noise amplitudes (sensitivity runs)."""
     from pipelines.simulation import evolving as EV
 
     base, header = evolving_base(kind, naxis)
     n = int(EVOLVING_SPAN_S // cadence_s) + 1
     times = [T0 + dt.timedelta(seconds=cadence_s * k) for k in range(n)]
     red = EV.SDI_RED_NOISE if kind == "sdi" else EV.WST_RED_NOISE
+    if red_scale != 1.0:
+        red = dataclasses.replace(red, quiet_rms=red.quiet_rms * red_scale, active_rms=red.active_rms * red_scale)
     return EV.EvolvingSeries(base, header, times, red, seed=seed, rotate=rotate,
                              reference="scene" if kind == "sdi" else "quiet")
 
@@ -646,10 +651,10 @@ def validate_evolving(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60
 
 def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60.0, n_sequences: int = 2,
                           seed: int = 41, params=None, name: str | None = None, rotate: bool = True,
-                          log=None) -> Result:
+                          log=None, red_scale: float = 1.0) -> Result:
     """Detections on quiet evolving sequences (nothing injected): all false. ``extra['days']``:
     time searched (frames with a full pre-flare background); rate per day and its one-sided
-    95 % Poisson upper limit."""
+    95 % Poisson upper limit. ``red_scale``: red-noise amplitudes x this (sensitivity)."""
     name = name or f"{kind} quiet {cadence_s:.0f} s"
     detect = _detector(kind, params)
     res = Result(name)
@@ -657,7 +662,8 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
     lag = 600.0 + 3 * cadence_s  # frames before the lag plus 3 background frames cannot hold a detection
     days = 0.0
     for i_seq in range(n_sequences):
-        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate)
+        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate,
+                                  red_scale=red_scale)
         dets = detect(series.times, series, series.header)
         res.n_detections += len(dets)
         days += max(0.0, EVOLVING_SPAN_S - lag) / 86400.0
@@ -668,7 +674,7 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
                 f"{time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     base, header = evolving_base(kind, naxis)
-    res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate,
+    res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate, red_scale=red_scale,
                      frame=f"{naxis}x{naxis} at {abs(header['CDELT1']):.2f} arcsec/px",
                      per_day=res.n_detections / days if days else float("nan"),
                      per_day_upper95=poisson_upper(res.n_detections, days) if days else float("nan"))
@@ -679,6 +685,8 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
 #: the gates test; sequences per cadence (injected and quiet).
 EVOLVING_REPORT_NAXIS, EVOLVING_TEST_NAXIS = 512, 256
 EVOLVING_REPORT_SEQUENCES = 2
+#: Cadence [s] of the SDI sensitivity run with the red-noise amplitudes doubled (quiet only).
+EVOLVING_RED2_CADENCE = 120.0
 
 
 def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
@@ -690,6 +698,9 @@ def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
     for kind in kinds:
         for cad in sorted(EVOLVING_CADENCES, reverse=True):  # the cheap sparse cadences first
             runs = [("inj", validate_evolving, {}), ("quiet", evolving_false_alarms, {})]
+            if kind == "sdi" and cad == EVOLVING_RED2_CADENCE:
+                runs.append(("quiet_red2", evolving_false_alarms,
+                             dict(red_scale=2.0, name=f"sdi quiet {cad:.0f} s, red noise x2")))
             if kind == "wst":
                 runs.append(("inj_pre", validate_evolving, dict(params=WhiteLightParams(normalisation="pre"),
                                                                name=f"wst evolving {cad:.0f} s, (I-I0)/I0")))
@@ -734,7 +745,7 @@ def evolving_section(results: list[Result]) -> list[str]:
              "| detector | cadence | recall [95 % CI] | precision [95 % CI] | false alarms/day [95 % upper] | parameters |",
              "|---|---|---|---|---|---|"]
     for r in results:
-        if r.extra.get("tag") == "quiet":
+        if str(r.extra.get("tag")).startswith("quiet"):
             continue
         kind, cad = r.extra["kind"], r.extra["cadence_s"]
         q = quiet.get((kind, cad))
@@ -757,7 +768,7 @@ def evolving_section(results: list[Result]) -> list[str]:
               "| detector | " + " | ".join(f"{a:g}" for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |",
               "|---|" + "---|" * len(set(SDI_AMPS) | set(WST_AMPS))]
     for r in results:
-        if r.extra.get("tag") == "quiet":
+        if str(r.extra.get("tag")).startswith("quiet"):
             continue
         d = {float(a): (h, n) for a, h, n in r.extra["recall_by_amp"]}
         lines.append(f"| {r.name} | " + " | ".join(f"{d[a][0]}/{d[a][1]}" if a in d else ""
@@ -1211,7 +1222,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = text[:cut]
             args.report.write_text(text.rstrip() + "\n\n" + "\n".join(evolving_section(rs)))
         for r in rs:
-            if r.extra.get("tag") == "quiet":
+            if str(r.extra.get("tag")).startswith("quiet"):
                 print(f"RESULT evolving kind={r.extra['kind']} cadence_s={r.extra['cadence_s']:.0f} "
                       f"false_alarms_per_day={r.extra['per_day']:.1f} upper95={r.extra['per_day_upper95']:.1f}")
             else:
