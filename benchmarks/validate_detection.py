@@ -641,7 +641,7 @@ def validate_evolving(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60
                 f"{time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     res.extra.update(
-        kind=kind, cadence_s=cadence_s, naxis=naxis, gate=gate, rotate=rotate,
+        kind=kind, cadence_s=cadence_s, naxis=naxis, gate=gate, rotate=rotate, n_sequences=n_sequences,
         frame=f"{naxis}x{naxis} at {abs(series.header['CDELT1']):.2f} arcsec/px",
         recall_by_amp=[[a, h, n] for a, (n, h) in sorted(by_amp.items())],
         recall_ci=clopper_pearson(res.n_found, res.n_truth),
@@ -675,6 +675,7 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
     res.seconds = time.perf_counter() - t_start
     base, header = evolving_base(kind, naxis)
     res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate, red_scale=red_scale,
+                     n_sequences=n_sequences,
                      frame=f"{naxis}x{naxis} at {abs(header['CDELT1']):.2f} arcsec/px",
                      per_day=res.n_detections / days if days else float("nan"),
                      per_day_upper95=poisson_upper(res.n_detections, days) if days else float("nan"))
@@ -773,31 +774,75 @@ def evolving_section(results: list[Result]) -> list[str]:
         d = {float(a): (h, n) for a, h, n in r.extra["recall_by_amp"]}
         lines.append(f"| {r.name} | " + " | ".join(f"{d[a][0]}/{d[a][1]}" if a in d else ""
                                                    for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |")
-    lines += ["", "Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences 1 --cache DIR`, "
+    def n_seq(r: Result) -> int:  # results saved before n_sequences was recorded: from the time searched
+        if r.extra.get("n_sequences"):
+            return int(r.extra["n_sequences"])
+        per = (EVOLVING_SPAN_S - 600.0 - 3 * r.extra["cadence_s"]) / 86400.0
+        return int(round(r.extra["days"] / per)) if "days" in r.extra else 0
+
+    sdi_seq = max((n_seq(r) for r in results if r.extra["kind"] == "sdi"), default=0)
+    lines += ["", f"Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences {sdi_seq or 'N'} --cache DIR`, "
               "`--evolving wst --evolving-naxis 384 --evolving-sequences 1 --cache DIR` (two processes, "
               "`nice -n 10`), then `--evolving report --cache DIR`."]
-    lines += ["", "What this says (runs of 2026-12-03 on a shared, overloaded 2-core machine: one injected and one "
-              "quiet sequence per cadence, so the intervals are wide; the report size had to be cut from the "
-              "planned 512/1024 px to what finished before the deadline):", "",
-              "* **SDI: the defaults do not survive evolving backgrounds.** Under the red-noise assumption here "
-              "(3 % quiet Sun, 6 % active regions, coherent for 10 min on 10 arcsec) the 3-sigma, 2 % test "
-              "reports hundreds to thousands of brightenings per day of searched time, and precision is a few "
-              "per cent. The static-scene figures above (0 false detections) came from white noise on a fixed "
-              "image. Detector 1.3.0's robust series scatter (`robust_baseline`) cuts the false alarms "
-              "(the quiet 4-min series of the table, 256 px, 2.0 h: 1,097 without it, 108 with it) but not enough. With "
-              "`noise_sigma = 5` (same 4-min series, 256 px): 0 false detections in 2.0 h quiet, but recall "
-              "1/4 of the >= 0.2 injections and precision 1/1: the red noise is as bright as the flares. "
-              "Whether SDI needs that depends on the real Lyman-alpha variability, which no public SDI "
-              "series shows: retune `noise_sigma` on SDI data. The red-noise amplitudes are assumptions "
+    red2 = [r for r in results if r.extra.get("tag") == "quiet_red2"]
+    if red2:
+        lines += ["", "Sensitivity to the red-noise assumption (SDI defaults, quiet sequences, red-noise amplitudes "
+                  "doubled: 6 % quiet Sun, 12 % active regions, otherwise as above):", ""]
+        lines += [f"* {r.name} ({r.extra['frame']}): {r.n_detections} false alarms in {24 * r.extra['days']:.1f} h, "
+                  f"{r.extra['per_day']:.1f}/day [95 % upper {r.extra['per_day_upper95']:.1f}]" for r in red2]
+
+    def sdi_pairs():
+        for r in results:
+            if r.extra["kind"] == "sdi" and r.extra.get("tag") == "inj":
+                yield r, quiet.get(("sdi", r.extra["cadence_s"]))
+
+    def ge(r, amp):  # found / injected at or above amp
+        rows = [(h, n) for a, h, n in r.extra["recall_by_amp"] if a >= amp - 1e-9]
+        return sum(h for h, _ in rows), sum(n for _, n in rows)
+
+    fa_txt = "; ".join(f"{r.extra['cadence_s'] / 60:.0f} min: {q.n_detections} in {24 * q.extra['days']:.1f} h "
+                       f"[95 % upper {q.extra['per_day_upper95']:.1f}/day]" for r, q in sdi_pairs() if q)
+    rec_txt = "; ".join(f"{r.extra['cadence_s'] / 60:.0f} min: >= 0.3 {ge(r, 0.3)[0]}/{ge(r, 0.3)[1]} "
+                        f"{_ci(clopper_pearson(*ge(r, 0.3)))}, >= 0.5 {ge(r, 0.5)[0]}/{ge(r, 0.5)[1]}"
+                        for r, _ in sdi_pairs())
+    lines += ["", f"What this says (runs of 2026-12-03 on a shared 2-core machine; SDI {sdi_seq} injected and "
+              f"{sdi_seq} quiet sequences per cadence at 256 px, WST one of each at 384 px):", "",
+              f"* **SDI {FL.DETECTOR_VERSION}: the catalogue no longer floods.** False alarms on quiet evolving "
+              f"sequences: {fa_txt}. Detector 1.3.0 reported 14,479 / 5,191 / 1,318 per day at 1 / 2 / 4 min "
+              "on the same kind of series. What did it (`pipelines/detect/flares.py`, module notes): the red-noise "
+              "excursions are coherent over minutes and a macropixel, so the 2-frame and 2-macropixel rules do "
+              "not reject them, and 3 sigma of a noise capped at 2x the frame-to-frame estimate let the "
+              "active-region red noise through; a fixed background on the rotating Sun adds an excess at every "
+              "structure. 1.4.0 co-moves the background with differential rotation (sunpy, Snodgrass 1983; only "
+              "where the series shows rotation) and tests the red part of the excess scatter, measured on the "
+              "series itself and no longer capped, at 5.5 sigma (a look-elsewhere count for SDI's ~3 x 10^4 "
+              "macropixels, not a fit to the simulator). The white part keeps 3 sigma, so the static-scene "
+              "gates of `tests/test_detection_gates.py` are unchanged and pass.",
+              f"* **The price is recall of faint injections.** Recall by amplitude (relative to the local scene): "
+              f"{rec_txt}. The target of recall >= 0.8 at >= 0.3 is not met where the 0.3 injections "
+              "fall in active regions: there the assumed red noise (6 %, excess scatter ~8 % of the scene) puts "
+              "a 0.3 injection (macropixel contrast ~0.25) at ~3 sigma of the red noise, which no threshold can "
+              "separate from the ~10^7 red-noise excursions a day without flooding. The quiet-Sun ones are found. "
+              "Precision counts detections of any injection as true.",
+              "* **Dependence on the assumption:** the noise is measured from the series, so doubling the red "
+              "noise (line above) raises the threshold with it instead of flooding; recall then falls, since a "
+              "flare must stand 5.5 sigma above the Sun's own variability. Whether 5.5 is right for SDI depends "
+              "on the real Lyman-alpha variability (distribution tails, coherence), which no public SDI series "
+              "shows: retune `red_noise_sigma` on SDI data. The red-noise amplitudes are assumptions "
               "(`pipelines/simulation/evolving.py`).",
-              "* **WST:** no false alarm at any cadence (the 95 % upper limits are set by the ~2 h searched "
-              "per cadence). Recall of the injected kernels (8 arcsec, in active regions, 6 arcsec/px frames) "
-              "is low (not investigated; the coarse 6-arcsec/px frame for 3-arcsec macropixels is a likely "
-              "cause). The paper's ratio (I - I0) / I_QS and the former (I - I0) / I0 gave the same counts "
-              "here, while the gate `test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they "
-              "differ: in a penumbra at 0.6 of the quiet Sun.",
+              "* **Known limitation:** a flare whose excess fills most of a short series (the 40-min rise in a "
+              "100-min series of `tests/test_detect_flares.py`) widens its own series scatter and is missed by "
+              "the 1.4.0 defaults (found with `robust_baseline=False`).",
+              "* **WST** (detector unchanged, it keeps the 1.3.0 significance test): no false alarm at any cadence "
+              "(the 95 % upper limits are set by the ~2 h searched per cadence). Recall of the injected kernels "
+              "(8 arcsec, in active regions, 6 arcsec/px frames) is low (not investigated; the coarse "
+              "6-arcsec/px frame for 3-arcsec macropixels is a likely cause). The paper's ratio (I - I0) / I_QS "
+              "and the former (I - I0) / I0 gave the same counts here, while the gate "
+              "`test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they differ: in a penumbra at 0.6 of "
+              "the quiet Sun.",
               "* The sections above were measured with flares 1.2.0 and WST 1.1.0 and were not re-run; with "
-              "1.3.0 / 1.2.0 the static-scene gates of `tests/test_detection_gates.py` still pass.",
+              f"{FL.DETECTOR_VERSION} / {WL.FRM_VERSION} the static-scene gates of `tests/test_detection_gates.py` "
+              "still pass.",
               "* At 4 min a white-light flare of the derivative shape (FWHM 6 min) falls in one or two frames; "
               "the two-frame rule then misses it (Jing et al. list 3 of 39 WLFs in a single frame)."]
     return lines + [""]
