@@ -821,15 +821,19 @@ def detect_flares(
         # frame to frame. The white part is the structure function D(lag) = var(I_k+lag - I_k)
         # extrapolated linearly to lag 0, D(0) = 2 D(1) - D(2) (the noise floor of a
         # structure function; for red noise that is smooth over a lag the residual is second
-        # order in the lag); kept between half the one-lag estimate and it (a guard against
-        # the noise of the difference of two MADs). Not for the 1.3.0 test (red_noise_sigma ==
+        # order in the lag); kept between half the one-lag estimate and it. Not for the 1.3.0 test (red_noise_sigma ==
         # noise_sigma, what WST runs), which stays as it was.
         d2 = cube[2:] - cube[:-2]
         s2 = _MAD_TO_SIGMA * _nanmedian(np.abs(d2 - _nanmedian(d2, axis=0)), axis=0) / math.sqrt(2.0)
         del d2
-        with np.errstate(invalid="ignore"):
-            sigma = np.where(np.isfinite(s2), np.sqrt(np.clip(2.0 * sigma ** 2 - s2 ** 2, 0.25 * sigma ** 2, sigma ** 2)),
-                             sigma)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = (s2 / sigma) ** 2  # D(2) / D(1): 1 for white noise
+        ok = np.isfinite(ratio)
+        if ok.any():
+            # per macropixel the ratio of two MADs scatters by ~+-20 %; it varies smoothly over
+            # the disk, so its 9 x 9 median is used (white noise: 1, and sigma is unchanged)
+            ratio = ndimage.median_filter(np.where(ok, ratio, np.nanmedian(ratio[ok])), size=9, mode="nearest")
+            sigma = np.where(np.isfinite(sigma), sigma * np.sqrt(np.clip(2.0 - ratio, 0.25, 1.0)), sigma)
     # a MAD from a few frames is itself noisy (12 frames: +-30 %) and its low tail would let
     # noise through; the noise varies smoothly over the disk, so no macropixel is trusted to
     # be quieter than the median of its 5 x 5 neighbourhood
