@@ -117,8 +117,8 @@ def test_evolving_scene_rotates_fluctuates_and_uses_real_flare_shapes():
 def test_sdi_quiet_evolving_background_false_alarm_bound():
     """Defaults (detector 1.4.0) on a quiet evolving Lyman-alpha series (256 px, 4-min cadence,
     140 min, red noise 3 % / 6 %, differential rotation, photon noise), nothing injected.
-    Seed 7: not one of the seeds the 1.4.0 defaults were chosen on (41000-41002 quiet,
-    14000-14002 injected, 2-min cadence). 1.3.0 reported 108 false alarms on such a series
+    Seed 7: not one of the seeds the 1.4.0 defaults were chosen on (quiet 41000-41003 and
+    injected 14000-14003, at 2 and 4 min; the report uses those too). 1.3.0 reported 108 false alarms on such a series
     (seed 41); the bound: at most 1 in the ~2 h searched (the report measures the rate and its
     95 % upper limit on many more hours)."""
     from benchmarks.validate_detection import evolving_false_alarms
