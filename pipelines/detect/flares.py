@@ -161,7 +161,11 @@ class FlareDetectionParams:
         ... and its excess ``I - B`` this many times the noise of the excess,
         ``sigma sqrt(1 + pi / (2 n))``: ``sigma`` is the robust scatter (1.4826 MAD) of the
         macropixel's frame-to-frame changes over the series divided by sqrt(2), at least
-        the median of that of its 5 x 5 neighbours; ``pi sigma^2 / (2 n)`` is the variance
+        the median of that of its 5 x 5 neighbours (1.4.0, when ``red_noise_sigma`` differs
+        from ``noise_sigma``: times ``sqrt(2 - D2/D1)``, clipped to [0.5, 1], with ``D2/D1``
+        the 9 x 9 median of the ratio of the lag-2 to lag-1 change variances, the structure
+        function extrapolated to lag 0, so that red noise in the frame-to-frame changes is not
+        counted as white); ``pi sigma^2 / (2 n)`` is the variance
         of the median of the ``n`` background frames. Default 3 (ours: the significance of
         the validation gate, ``tests/test_detection_gates.py``).
     min_area_macropixels : int
