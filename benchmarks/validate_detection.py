@@ -70,6 +70,7 @@ separately (e.g. in two processes) and assemble the report from their saved resu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -521,13 +522,17 @@ def evolving_base(kind: str, naxis: int) -> tuple[np.ndarray, fits.Header]:
     return EV.sdi_lya_scene(naxis) if kind == "sdi" else EV.wst_continuum_scene(naxis)
 
 
-def _evolving_series(kind: str, naxis: int, cadence_s: float, seed: int, rotate: bool = True):
+def _evolving_series(kind: str, naxis: int, cadence_s: float, seed: int, rotate: bool = True,
+                     red_scale: float = 1.0):
+    """An evolving series; ``red_scale`` multiplies both red-noise amplitudes (sensitivity runs)."""
     from pipelines.simulation import evolving as EV
 
     base, header = evolving_base(kind, naxis)
     n = int(EVOLVING_SPAN_S // cadence_s) + 1
     times = [T0 + dt.timedelta(seconds=cadence_s * k) for k in range(n)]
     red = EV.SDI_RED_NOISE if kind == "sdi" else EV.WST_RED_NOISE
+    if red_scale != 1.0:
+        red = dataclasses.replace(red, quiet_rms=red.quiet_rms * red_scale, active_rms=red.active_rms * red_scale)
     return EV.EvolvingSeries(base, header, times, red, seed=seed, rotate=rotate,
                              reference="scene" if kind == "sdi" else "quiet")
 
@@ -636,7 +641,7 @@ def validate_evolving(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60
                 f"{time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     res.extra.update(
-        kind=kind, cadence_s=cadence_s, naxis=naxis, gate=gate, rotate=rotate,
+        kind=kind, cadence_s=cadence_s, naxis=naxis, gate=gate, rotate=rotate, n_sequences=n_sequences,
         frame=f"{naxis}x{naxis} at {abs(series.header['CDELT1']):.2f} arcsec/px",
         recall_by_amp=[[a, h, n] for a, (n, h) in sorted(by_amp.items())],
         recall_ci=clopper_pearson(res.n_found, res.n_truth),
@@ -646,10 +651,10 @@ def validate_evolving(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60
 
 def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float = 60.0, n_sequences: int = 2,
                           seed: int = 41, params=None, name: str | None = None, rotate: bool = True,
-                          log=None) -> Result:
+                          log=None, red_scale: float = 1.0) -> Result:
     """Detections on quiet evolving sequences (nothing injected): all false. ``extra['days']``:
     time searched (frames with a full pre-flare background); rate per day and its one-sided
-    95 % Poisson upper limit."""
+    95 % Poisson upper limit. ``red_scale``: red-noise amplitudes x this (sensitivity)."""
     name = name or f"{kind} quiet {cadence_s:.0f} s"
     detect = _detector(kind, params)
     res = Result(name)
@@ -657,7 +662,8 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
     lag = 600.0 + 3 * cadence_s  # frames before the lag plus 3 background frames cannot hold a detection
     days = 0.0
     for i_seq in range(n_sequences):
-        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate)
+        series = _evolving_series(kind, naxis, cadence_s, seed=seed * 1000 + i_seq, rotate=rotate,
+                                  red_scale=red_scale)
         dets = detect(series.times, series, series.header)
         res.n_detections += len(dets)
         days += max(0.0, EVOLVING_SPAN_S - lag) / 86400.0
@@ -668,7 +674,8 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
                 f"{time.perf_counter() - t_start:.0f} s")
     res.seconds = time.perf_counter() - t_start
     base, header = evolving_base(kind, naxis)
-    res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate,
+    res.extra.update(kind=kind, cadence_s=cadence_s, naxis=naxis, days=days, rotate=rotate, red_scale=red_scale,
+                     n_sequences=n_sequences,
                      frame=f"{naxis}x{naxis} at {abs(header['CDELT1']):.2f} arcsec/px",
                      per_day=res.n_detections / days if days else float("nan"),
                      per_day_upper95=poisson_upper(res.n_detections, days) if days else float("nan"))
@@ -679,6 +686,8 @@ def evolving_false_alarms(kind: str = "sdi", naxis: int = 256, cadence_s: float 
 #: the gates test; sequences per cadence (injected and quiet).
 EVOLVING_REPORT_NAXIS, EVOLVING_TEST_NAXIS = 512, 256
 EVOLVING_REPORT_SEQUENCES = 2
+#: Cadence [s] of the SDI sensitivity run with the red-noise amplitudes doubled (quiet only).
+EVOLVING_RED2_CADENCE = 120.0
 
 
 def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
@@ -690,6 +699,9 @@ def run_evolving(kinds=("sdi", "wst"), naxis: int = EVOLVING_REPORT_NAXIS,
     for kind in kinds:
         for cad in sorted(EVOLVING_CADENCES, reverse=True):  # the cheap sparse cadences first
             runs = [("inj", validate_evolving, {}), ("quiet", evolving_false_alarms, {})]
+            if kind == "sdi" and cad == EVOLVING_RED2_CADENCE:
+                runs.append(("quiet_red2", evolving_false_alarms,
+                             dict(red_scale=2.0, name=f"sdi quiet {cad:.0f} s, red noise x2")))
             if kind == "wst":
                 runs.append(("inj_pre", validate_evolving, dict(params=WhiteLightParams(normalisation="pre"),
                                                                name=f"wst evolving {cad:.0f} s, (I-I0)/I0")))
@@ -734,15 +746,15 @@ def evolving_section(results: list[Result]) -> list[str]:
              "| detector | cadence | recall [95 % CI] | precision [95 % CI] | false alarms/day [95 % upper] | parameters |",
              "|---|---|---|---|---|---|"]
     for r in results:
-        if r.extra.get("tag") == "quiet":
+        if str(r.extra.get("tag")).startswith("quiet"):
             continue
         kind, cad = r.extra["kind"], r.extra["cadence_s"]
         q = quiet.get((kind, cad))
         fa = (f"{q.extra['per_day']:.0f} ({q.n_detections} in {24 * q.extra['days']:.1f} h) "
               f"[{q.extra['per_day_upper95']:.0f}]") if q and r.extra.get("tag") == "inj" else "—"
         if kind == "sdi":
-            par = (f"SDI defaults {FL.DETECTOR_VERSION}: {p.noise_sigma:g} sigma, {100 * p.detection_threshold:g} %, "
-                   f"robust baseline {p.robust_baseline}")
+            par = (f"SDI defaults {FL.DETECTOR_VERSION}: white {p.noise_sigma:g} sigma, red {p.red_noise_sigma:g} sigma, "
+                   f"{100 * p.detection_threshold:g} %, robust baseline {p.robust_baseline}, corotate {p.corotate}")
         elif r.extra.get("tag") == "inj":
             par = (f"WST defaults {WL.FRM_VERSION}: (I - I0) / I_QS >= {w.threshold:g} (Jing et al. 2024), "
                    f"{w.noise_sigma:g} sigma")
@@ -757,36 +769,88 @@ def evolving_section(results: list[Result]) -> list[str]:
               "| detector | " + " | ".join(f"{a:g}" for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |",
               "|---|" + "---|" * len(set(SDI_AMPS) | set(WST_AMPS))]
     for r in results:
-        if r.extra.get("tag") == "quiet":
+        if str(r.extra.get("tag")).startswith("quiet"):
             continue
         d = {float(a): (h, n) for a, h, n in r.extra["recall_by_amp"]}
         lines.append(f"| {r.name} | " + " | ".join(f"{d[a][0]}/{d[a][1]}" if a in d else ""
                                                    for a in sorted(set(SDI_AMPS) | set(WST_AMPS))) + " |")
-    lines += ["", "Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences 1 --cache DIR`, "
+    def n_seq(r: Result) -> int:  # results saved before n_sequences was recorded: from the time searched
+        if r.extra.get("n_sequences"):
+            return int(r.extra["n_sequences"])
+        per = (EVOLVING_SPAN_S - 600.0 - 3 * r.extra["cadence_s"]) / 86400.0
+        return int(round(r.extra["days"] / per)) if "days" in r.extra else 0
+
+    sdi_seq = max((n_seq(r) for r in results if r.extra["kind"] == "sdi"), default=0)
+    lines += ["", f"Commands: `--evolving sdi --evolving-naxis 256 --evolving-sequences {sdi_seq or 'N'} --cache DIR`, "
               "`--evolving wst --evolving-naxis 384 --evolving-sequences 1 --cache DIR` (two processes, "
               "`nice -n 10`), then `--evolving report --cache DIR`."]
-    lines += ["", "What this says (runs of 2026-12-03 on a shared, overloaded 2-core machine: one injected and one "
-              "quiet sequence per cadence, so the intervals are wide; the report size had to be cut from the "
-              "planned 512/1024 px to what finished before the deadline):", "",
-              "* **SDI: the defaults do not survive evolving backgrounds.** Under the red-noise assumption here "
-              "(3 % quiet Sun, 6 % active regions, coherent for 10 min on 10 arcsec) the 3-sigma, 2 % test "
-              "reports hundreds to thousands of brightenings per day of searched time, and precision is a few "
-              "per cent. The static-scene figures above (0 false detections) came from white noise on a fixed "
-              "image. Detector 1.3.0's robust series scatter (`robust_baseline`) cuts the false alarms "
-              "(the quiet 4-min series of the table, 256 px, 2.0 h: 1,097 without it, 108 with it) but not enough. With "
-              "`noise_sigma = 5` (same 4-min series, 256 px): 0 false detections in 2.0 h quiet, but recall "
-              "1/4 of the >= 0.2 injections and precision 1/1: the red noise is as bright as the flares. "
-              "Whether SDI needs that depends on the real Lyman-alpha variability, which no public SDI "
-              "series shows: retune `noise_sigma` on SDI data. The red-noise amplitudes are assumptions "
+    red2 = [r for r in results if r.extra.get("tag") == "quiet_red2"]
+    if red2:
+        lines += ["", "Sensitivity to the red-noise assumption (SDI defaults, quiet sequences, red-noise amplitudes "
+                  "doubled: 6 % quiet Sun, 12 % active regions, otherwise as above):", ""]
+        lines += [f"* {r.name} ({r.extra['frame']}): {r.n_detections} false alarms in {24 * r.extra['days']:.1f} h, "
+                  f"{r.extra['per_day']:.1f}/day [95 % upper {r.extra['per_day_upper95']:.1f}]" for r in red2]
+
+    def sdi_pairs():
+        for r in results:
+            if r.extra["kind"] == "sdi" and r.extra.get("tag") == "inj":
+                yield r, quiet.get(("sdi", r.extra["cadence_s"]))
+
+    def ge(r, amp):  # found / injected at or above amp
+        rows = [(h, n) for a, h, n in r.extra["recall_by_amp"] if a >= amp - 1e-9]
+        return sum(h for h, _ in rows), sum(n for _, n in rows)
+
+    fa_txt = "; ".join(f"{r.extra['cadence_s'] / 60:.0f} min: {q.n_detections} in {24 * q.extra['days']:.1f} h "
+                       f"[95 % upper {q.extra['per_day_upper95']:.1f}/day]" for r, q in sdi_pairs() if q)
+    rec_txt = "; ".join(f"{r.extra['cadence_s'] / 60:.0f} min: >= 0.3 {ge(r, 0.3)[0]}/{ge(r, 0.3)[1]} "
+                        f"{_ci(clopper_pearson(*ge(r, 0.3)))}, >= 0.5 {ge(r, 0.5)[0]}/{ge(r, 0.5)[1]}"
+                        for r, _ in sdi_pairs())
+    lines += ["", f"What this says (runs of 2026-12-03 on a shared 2-core machine; SDI {sdi_seq} injected and "
+              f"{sdi_seq} quiet sequences per cadence at 256 px, WST one of each at 384 px; the SDI defaults were "
+              "chosen on the first 3-4 of these seeds at 2 and 4 min, so these runs are not an independent test "
+              "set; the fast tests of `tests/test_detection_gates.py` use other seeds):", "",
+              f"* **SDI {FL.DETECTOR_VERSION}: the catalogue no longer floods.** False alarms on quiet evolving "
+              f"sequences: {fa_txt}. Detector 1.3.0 reported 14,479 / 5,191 / 1,318 per day at 1 / 2 / 4 min "
+              "on the same kind of series. What did it (`pipelines/detect/flares.py`, module notes): the red-noise "
+              "excursions are coherent over minutes and a macropixel, so the 2-frame and 2-macropixel rules do "
+              "not reject them, and 3 sigma of a noise capped at 2x the frame-to-frame estimate let the "
+              "active-region red noise through; a fixed background on the rotating Sun adds an excess at every "
+              "structure. 1.4.0 co-moves the background with differential rotation (sunpy, Snodgrass 1983; only "
+              "where the series shows rotation) and tests the red part of the excess scatter, measured on the "
+              "series itself and no longer capped, at 5.5 sigma (a look-elsewhere count for SDI's ~3 x 10^4 "
+              "macropixels, not a fit to the simulator). The white part keeps 3 sigma, so the static-scene "
+              "gates of `tests/test_detection_gates.py` are unchanged and pass.",
+              f"* **The price is recall of faint injections.** Recall by amplitude (relative to the local scene): "
+              f"{rec_txt}. The target of recall >= 0.8 at >= 0.3 is not met (0.78 at 1 and 2 min, the "
+              "intervals include 0.8; 0.56 at 4 min): the 1.0 and most 0.5 injections are found, the 0.3 ones in "
+              "a third to two thirds of cases, none below, although all 0.3 injections of the 2-min run lie on the quiet "
+              "disk (red-noise amplitude 3.1-3.5 % at their centres, checked by re-placing them). Our reading "
+              "(an estimate, not measured per injection): the excess scatter of a quiet macropixel is ~4 % of the "
+              "scene (photon noise ~1.4 %, the rest red noise and rotation residuals), so 5.5 sigma is ~0.22 of the "
+              "scene, while a 0.3 injection (15-arcsec Gaussian on 9-arcsec macropixels) reaches a macropixel "
+              "contrast of at most ~0.27 at its peak: little margin, and the event needs two frames above it. "
+              "What is reachable here without flooding: ~0.5 of the local scene. "
+              "Precision counts detections of any injection as true.",
+              "* **Dependence on the assumption:** the noise is measured from the series, so doubling the red "
+              "noise (line above) raises the threshold with it instead of flooding the catalogue (recall under "
+              "the doubled red noise was not measured; a flare must stand 5.5 sigma above the Sun's own "
+              "variability, so it must fall). Whether 5.5 is right for SDI depends "
+              "on the real Lyman-alpha variability (distribution tails, coherence), which no public SDI series "
+              "shows: retune `red_noise_sigma` on SDI data. The red-noise amplitudes are assumptions "
               "(`pipelines/simulation/evolving.py`).",
-              "* **WST:** no false alarm at any cadence (the 95 % upper limits are set by the ~2 h searched "
-              "per cadence). Recall of the injected kernels (8 arcsec, in active regions, 6 arcsec/px frames) "
-              "is low (not investigated; the coarse 6-arcsec/px frame for 3-arcsec macropixels is a likely "
-              "cause). The paper's ratio (I - I0) / I_QS and the former (I - I0) / I0 gave the same counts "
-              "here, while the gate `test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they "
-              "differ: in a penumbra at 0.6 of the quiet Sun.",
+              "* **Known limitation:** a flare whose excess fills most of a short series (the 40-min rise in a "
+              "100-min series of `tests/test_detect_flares.py`) widens its own series scatter and is missed by "
+              "the 1.4.0 defaults (found with `robust_baseline=False`).",
+              "* **WST** (detector unchanged, it keeps the 1.3.0 significance test): no false alarm at any cadence "
+              "(the 95 % upper limits are set by the ~2 h searched per cadence). Recall of the injected kernels "
+              "(8 arcsec, in active regions, 6 arcsec/px frames) is low (not investigated; the coarse "
+              "6-arcsec/px frame for 3-arcsec macropixels is a likely cause). The paper's ratio (I - I0) / I_QS "
+              "and the former (I - I0) / I0 gave the same counts here, while the gate "
+              "`test_wst_uses_the_quiet_sun_ratio_of_jing_2024` shows where they differ: in a penumbra at 0.6 of "
+              "the quiet Sun.",
               "* The sections above were measured with flares 1.2.0 and WST 1.1.0 and were not re-run; with "
-              "1.3.0 / 1.2.0 the static-scene gates of `tests/test_detection_gates.py` still pass.",
+              f"{FL.DETECTOR_VERSION} / {WL.FRM_VERSION} the static-scene gates of `tests/test_detection_gates.py` "
+              "still pass.",
               "* At 4 min a white-light flare of the derivative shape (FWHM 6 min) falls in one or two frames; "
               "the two-frame rule then misses it (Jing et al. list 3 of 39 WLFs in a single frame)."]
     return lines + [""]
@@ -1211,7 +1275,7 @@ def main(argv: list[str] | None = None) -> int:
                 text = text[:cut]
             args.report.write_text(text.rstrip() + "\n\n" + "\n".join(evolving_section(rs)))
         for r in rs:
-            if r.extra.get("tag") == "quiet":
+            if str(r.extra.get("tag")).startswith("quiet"):
                 print(f"RESULT evolving kind={r.extra['kind']} cadence_s={r.extra['cadence_s']:.0f} "
                       f"false_alarms_per_day={r.extra['per_day']:.1f} upper95={r.extra['per_day_upper95']:.1f}")
             else:

@@ -244,9 +244,15 @@ def test_slow_flare_at_the_sdi_cadence(scene):
 
     times, frames = make_series(base, header, flares=[(250.0, -200.0, 0.6, 30.0, slow)], hours=minutes / 60.0,
                                 seed=6)
-    (fl,) = detect_flares(times, frames, header)
+    # Detector 1.4.0's defaults miss this flare: its excess fills 60 % of the series, so the
+    # series scatter of its own macropixels (which the red-noise test uses) is ~5x the white
+    # noise, and its pre-event trailing window (15 frames before 40 min) caps that at only 2x
+    # its pre-flare scatter; 5.5 sigma of that is ~10 sigma of the white noise. A known
+    # limitation (a long event in a short series; docs/science-changelog.md). The lagged
+    # background itself, what this test is about, is checked with the white-noise test.
+    p = FlareDetectionParams(robust_baseline=False)
+    (fl,) = detect_flares(times, frames, header, params=p)
     f = np.array([slow(m / 60.0) for m in minutes])
-    p = FlareDetectionParams()
     s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
     assert (s, pk, e) == (34, 70, 80)
     cadence = dt.timedelta(minutes=1)
@@ -259,7 +265,7 @@ def test_slow_flare_at_the_sdi_cadence(scene):
     assert abs(fl.hpc_x - 250) < 8 and abs(fl.hpc_y + 200) < 8  # one pixel is 12.6 arcsec
     # a 3-frame running background right before each frame (no lag) misses it
     assert detect_flares(times, frames, header, params=FlareDetectionParams(
-        background_lag_s=0, background_span_s=180)) == []
+        background_lag_s=0, background_span_s=180, robust_baseline=False)) == []
 
 
 def test_inputs_are_checked(scene_512):

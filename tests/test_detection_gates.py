@@ -26,7 +26,7 @@ from benchmarks.validate_detection import (
     validate_cmes,
     validate_flares,
 )
-from pipelines.detect.flares import FlareDetectionParams
+from pipelines.detect.flares import FlareDetectionParams, detect_flares
 
 
 def test_flare_gate_above_3_sigma_with_the_defaults():
@@ -114,20 +114,36 @@ def test_evolving_scene_rotates_fluctuates_and_uses_real_flare_shapes():
     assert all(abs(p.value.max() - 1.0) < 1e-9 for p in prof.values())
 
 
-def test_sdi_on_evolving_background_4_min():
-    """Defaults on the evolving Lyman-alpha scene at 4 min (256 px): recall of the strong
-    injections and a bounded false-alarm count (measured, with margin; the report has the
-    intervals at the report size)."""
-    from benchmarks.validate_detection import evolving_false_alarms, validate_evolving
+def test_sdi_quiet_evolving_background_false_alarm_bound():
+    """Defaults (detector 1.4.0) on a quiet evolving Lyman-alpha series (256 px, 4-min cadence,
+    140 min, red noise 3 % / 6 %, differential rotation, photon noise), nothing injected.
+    Seed 7: not one of the seeds the 1.4.0 defaults were chosen on (quiet 41000-41003 and
+    injected 14000-14003, at 2 and 4 min; the report uses those too). 1.3.0 reported 108 false alarms on such a series
+    (seed 41); the bound: at most 1 in the ~2 h searched (the report measures the rate and its
+    95 % upper limit on many more hours)."""
+    from benchmarks.validate_detection import evolving_false_alarms
 
-    r = validate_evolving("sdi", 256, 240.0, n_sequences=1, seed=5)
-    assert r.n_truth == 4
-    assert r.recall >= 0.5, r.extra
-    lo, hi = r.extra["recall_ci"]
-    assert lo <= r.recall <= hi
-    q = evolving_false_alarms("sdi", 256, 240.0, n_sequences=1, seed=5)
+    q = evolving_false_alarms("sdi", 256, 240.0, n_sequences=1, seed=7)
     assert q.extra["days"] > 0.08
-    assert q.n_detections <= 150, q.n_detections
+    assert q.n_detections <= 1, q.rows
+
+
+def test_sdi_finds_an_injected_flare_on_an_evolving_background():
+    """One flare injected on an evolving series at 2-min cadence (seed 8, not a tuning seed):
+    peak excess 0.5 of the local scene (15-arcsec Gaussian, the impulsive XRS-B-derivative
+    shape of the real 2011-06-07 M2.5 flare stretched x2), at a random disk position. It must
+    be found within 30 arcsec and 5 min of its peak, with at most one other detection."""
+    from benchmarks.validate_detection import T0, _evolving_series, _place
+
+    series = _evolving_series("sdi", 256, 120.0, seed=8)
+    rng = np.random.default_rng(8)
+    ((x, y),) = _place(series, rng, 1, "sdi")
+    tr = series.inject(x, y, 0.5, T0 + dt.timedelta(minutes=45), "dxrsb", 2.0, sigma_arcsec=15.0)
+    dets = detect_flares(series.times, series, series.header)
+    hits = [d for d in dets if np.hypot(d.hpc_x - x, d.hpc_y - y) <= 30.0
+            and abs(d.peak_time - tr.t_peak) <= dt.timedelta(minutes=5)]
+    assert len(hits) == 1, [(d.hpc_x, d.hpc_y, d.peak_time) for d in dets]
+    assert len(dets) <= 2
 
 
 def test_wst_uses_the_quiet_sun_ratio_of_jing_2024():

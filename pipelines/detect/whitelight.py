@@ -135,6 +135,10 @@ class WhiteLightParams:
             sparse_cadence_s=None,  # the 8 % criterion of Jing et al. 2024 holds at any cadence
             reference="quiet_sun" if self.normalisation == "quiet_sun" else "pre",
             quiet_sun_box_arcsec=self.quiet_sun_box_arcsec,
+            # the SDI detector 1.3.0 significance test (flares 1.4.0's red-noise test, trailing
+            # scatter and co-moving background are not validated for WST yet)
+            red_noise_sigma=self.noise_sigma, max_baseline_inflation=2.0, trailing_baseline=False,
+            corotate="off",
         )
 
     def as_dict(self) -> dict[str, Any]:
