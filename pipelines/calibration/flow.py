@@ -430,7 +430,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     h.remove("RADUNC", ignore_missing=True, remove_all=True)
     radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
     if radunc is not None:
-        h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma uncertainty of the radiometric scale")
+        h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma error of the radiometric scale")
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
