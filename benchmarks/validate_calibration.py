@@ -391,6 +391,12 @@ def _blind(size: int, seed: int, out: Path, parts: list[str] | None = None,
             res["parts"].setdefault(title, {})["noise_on" if noise else "noise_off"] = {"seconds": took, **metrics}
             print(f"{title}, noise {'on' if noise else 'off'}: {took:.1f} s", flush=True)
     (out / "calibration_blind.json").write_text(json.dumps(res, indent=1, default=float))
+    return write_blind_report(res, out)
+
+
+def write_blind_report(res: dict, out: Path) -> Path:
+    """``out/calibration_blind.md`` from a blind run's results (``calibration_blind.json``'s content)."""
+    size, seed = res["size"], res["seed"]
     lines = [f"# Blind calibration validation ({size} px, seed {seed})", "",
              f"`python benchmarks/validate_calibration.py --blind --size {size} --seed {seed}` on {res['machine']}, "
              f"{res['when']}. The chain estimates its own masters, centre and stray light from what the instrument "
@@ -398,6 +404,17 @@ def _blind(size: int, seed: int, out: Path, parts: list[str] | None = None,
              "(`pipelines/calibration/blind_*.py`). Fractions are fractions (0.01 = 1 %); a pull width is "
              "meaningful with noise on only (without noise the residuals are interpolation, not noise).", ""]
     lines += _blind_summary(res)
+    chain_on = next((v.get("noise_on") for t, v in res["parts"].items()
+                     if BLIND_PARTS.get(t, "").endswith("blind_chain") and v.get("noise_on")), None)
+    if chain_on:
+        from pipelines.calibration.blind_chain import gate_failures
+
+        try:
+            bad = gate_failures(chain_on)
+            lines += [f"Gates of `tests/test_blind_chain.py` on this run (noise on): "
+                      + (f"**missed: {', '.join(bad)}**." if bad else "all pass."), ""]
+        except KeyError as exc:  # a run of an older chain without a metric the gates read
+            lines += [f"Gates of `tests/test_blind_chain.py`: not evaluated (metric {exc} missing).", ""]
     for title, by_noise in res["parts"].items():
         lines += [f"## {title}", "", "| metric | noise off | noise on |", "|---|---|---|"]
         keys = list(dict.fromkeys([*by_noise.get("noise_off", {}), *by_noise.get("noise_on", {})]))
@@ -424,9 +441,14 @@ def main(argv=None) -> int:
     ap.add_argument("--blind", action="store_true", help="the blind checks (issue 14) at --size (default 512) px "
                                                           "into calibration_blind.md")
     ap.add_argument("--parts", nargs="*", default=None, help="with --blind: only these parts (flat centre stray units chain)")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="write calibration_blind.md into --out from this calibration_blind.json (no run)")
     ap.add_argument("--noise", choices=("both", "off", "on"), default="both",
                     help="with --blind: noise off, on or both (default; full-size runs may take one at a time)")
     args = ap.parse_args(argv)
+    if args.render is not None:
+        write_blind_report(json.loads(args.render.read_text()), args.out)
+        return 0
     if args.blind:
         args.out.mkdir(parents=True, exist_ok=True)
         _blind(args.size or 512, args.seed, args.out, args.parts,

@@ -206,3 +206,16 @@ def test_sdi_level_gate_follows_the_radiometry_used(chain):
     assert "level SDI" in bc.gate_failures(given)  # the given RADCOEF: the 1 % disk gate
     with pytest.raises(ValueError, match="sdi_radiometry"):
         bc._run(SIZE, True, 0, channels=("SDI",), sdi_radiometry="lasp")
+
+
+def test_report_states_the_gates_of_the_run(chain, tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parent.parent / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    title = next(t for t, m in vc.BLIND_PARTS.items() if m.endswith("blind_chain"))
+    res = {"size": SIZE, "seed": 0, "when": "now", "machine": "here", "parts": {title: {"noise_on": chain}}}
+    text = vc.write_blind_report(res, tmp_path).read_text()
+    assert "(noise on): all pass." in text
+    res["parts"][title]["noise_on"] = dict(chain, level_WST=1.02)
+    assert "**missed: level WST**" in vc.write_blind_report(res, tmp_path).read_text()
