@@ -354,7 +354,7 @@ def _blind_summary(res: dict) -> list[str]:
               "of the K corona in +-0.025 Rsun annuli (the dedicated `blind_stray` part measures it with two wrong priors "
               "and states the shape-error limits). Centre: |centre used - true| [px and arcsec]; centre claim: what the "
               "product states, hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2) (FITS WCS error keywords; gated: the "
-              "error must lie within it, and within 0.1 px for WST and SCI). Pull width: robust width of "
+              "error must lie within it, and within 0.1 px). Pull width: robust width of "
               "(L2 - truth)/sigma over good pixels (meaningful with noise on), sigma being the product's per-pixel "
               "(random) uncertainty, against the truth where the product says each pixel is (moved by the chain's own "
               "centre error) and at its own level (L2 divided by its level): what is gated at 5 %, since frame-wide "

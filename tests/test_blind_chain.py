@@ -63,7 +63,7 @@ def test_stray_light_within_5_percent_of_the_k_corona(chain, c, r):
 def test_every_other_gate_passes_per_channel(chain):
     for c in bc.CHANNELS:
         assert chain[f"header_err_px_{c}"] == pytest.approx(2.0, abs=1e-3), c
-        assert chain[f"centre_err_px_{c}"] <= (0.1 if c != "SDI" else 0.25), c  # SDI: the scene's limb offset
+        assert chain[f"centre_err_px_{c}"] <= 0.1, c  # SDI only just (0.097 px): the scene's limb offset
         assert chain[f"fit_used_{c}"] == 1.0, c
         assert chain[f"dark_err_frac_{c}"] <= 0.02, c
         assert chain[f"tdbl_{c}"] == pytest.approx(bc.HIDDEN_DOUBLING_C, rel=0.05), c

@@ -180,7 +180,7 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   are gated on their own (next items); the pull width against the truth as it is
 #:   (``pull_width_C``) is reported beside it.
 #: * ``centre_err_px``: the centre within 0.1 px with a 2 px header error (issue 14 point 4),
-#:   for WST and SCI; every channel's centre error must also lie within its own claim,
+#:   every channel (SDI only just at 256 px, :func:`gate_failures`); it must also lie within its own claim,
 #:   ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)`` (``centre_claim_arcsec_C``).
 #: * ``level_dev_disk``: |level - 1| of WST (and SDI with the given ``RADCOEF``). The chain's
 #:   KLL flat is known up to a constant (``flat_level_C``, measured 0.24-0.26 % at 256 px) and
@@ -1108,14 +1108,15 @@ def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True
       what the chain adds to it within 1 %: SCI ``level_stray_corrected_C`` (the stray-light
       error put back), SDI with its campaign's law ``level_scale_error_removed_SDI`` (the
       series' hidden scale error taken out; scoring only);
-    * centre: the error within the product's own ``CRDER``/``CSYER`` claim (every channel),
-      and ``<= 0.1 px`` (2 px header error) for WST and SCI, not SDI: as in
-      :mod:`pipelines.calibration.blind_centre`, the SDI scene's limb (SWAP's EUV limb with
-      its active regions and off-limb structure) is not a circle about the simulator's nominal
-      centre: its m = 1 term puts a limb fit of the noise-free truth 0.7-0.9 arcsec off (0.098
-      px at 256, 0.31 px at 1024, 0.61 px at 2048; seed 0), and the m = 2 and 3 terms are as
-      large, so no single-frame limb fit can meet 0.1 px there; SDI states 1.0 arcsec in
-      ``CSYERia`` (:data:`pipelines.calibration.centre.EDGE_SYSTEMATIC_ARCSEC`);
+    * centre: ``<= 0.1 px`` with the 2 px header error (issue 14 point 4), and within the
+      product's own ``CRDER``/``CSYER`` claim. SDI meets 0.1 px at 256 px only just (0.097 px,
+      seed 0) and misses it at larger sizes: as in :mod:`pipelines.calibration.blind_centre`,
+      the SDI scene's limb (SWAP's EUV limb with its active regions and off-limb structure) is
+      not a circle about the simulator's nominal centre: its m = 1 term puts a limb fit of the
+      noise-free truth 0.7-0.9 arcsec off (0.098 px at 256, 0.31 px at 1024, 0.61 px at 2048;
+      seed 0), and the m = 2 and 3 terms are as large, so no single-frame limb fit can do
+      better there; SDI states 1.0 arcsec per axis in ``CSYERia``
+      (:data:`pipelines.calibration.centre.EDGE_SYSTEMATIC_ARCSEC`), which its error meets;
     * SCI: stray-light error <= 5 % of the K corona at 1.1, 1.5, 2.0 and 2.5 Rsun
       (``stray_pct_C_rR``);
     * flat RMS <= 0.5 % (SDI, WST); dark-current error at the science temperature <= 2 %;
@@ -1141,8 +1142,7 @@ def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True
             # what the chain adds beyond the reference series' hidden scale error
             checks.append(("level beyond the series' scale SDI",
                            abs(m["level_scale_error_removed_SDI"] - 1.0) <= g["level_dev_disk"]))
-        if c != "SDI":  # as blind_centre: the SDI scene's limb is off its nominal centre (above)
-            checks.append((f"centre {c}", m[f"centre_err_px_{c}"] <= g["centre_err_px"]))
+        checks.append((f"centre {c}", m[f"centre_err_px_{c}"] <= g["centre_err_px"]))
         if not c.startswith("SCI"):
             checks.append((f"flat {c}", m[f"flat_rms_{c}"] <= g["flat_rms_disk"]))
         if cosmic and m.get(f"cr_detectable_pix_saa_{c}", 0) > 0:
