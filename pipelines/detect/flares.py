@@ -917,16 +917,53 @@ def detect_flares(
             keep.last = max(keep.last, k)
 
     # 4. local thresholds and characterisation
-    out: list[DetectedFlare] = []
+    def characterise(t: _Track) -> DetectedFlare | None:
+        return _characterise(t.footprint, sorted(set(t.frames)), cube, when, sec, windows, images, dq, wcs_items,
+                             f, scale, p)
+
+    found: list[tuple[_Track, DetectedFlare]] = []
     for t in tracks:
-        frames = sorted(set(t.frames))
-        if len(frames) < p.min_frames:
+        if len(set(t.frames)) < p.min_frames:
             continue
-        flare = _characterise(t.footprint, frames, cube, when, sec, windows, images, dq, wcs_items, f, scale, p)
+        flare = characterise(t)
         if flare is not None:
-            out.append(dataclasses.replace(flare, flags=flare.flags + ("sparse_cadence",)) if sparse else flare)
+            found.append((t, flare))
+    found = _merge_overlapping(found, characterise, structure)
+    out = [dataclasses.replace(fl, flags=fl.flags + ("sparse_cadence",)) if sparse else fl for _, fl in found]
     out.sort(key=lambda fl: (fl.peak_time, fl.hpc_x))
     return out
+
+
+def _merge_overlapping(found: list, characterise, structure: np.ndarray) -> list:
+    """One event per flare: tracks whose footprints touch (one macropixel of dilation, the
+    tracking rule) and whose events overlap in time (``start_index <= other.end_index`` both
+    ways) are merged and characterised again. A track ends after ``max_gap_frames`` without a
+    kernel; a slow flare whose excess hovers near the red-noise threshold (1.4.0) gives kernels
+    that come and go, and so two tracks of the same flare, each characterised to the same peak.
+    Where the merged track cannot be characterised, the event with more kernel frames is kept.
+    ``found``: (track, flare) pairs; returns them merged."""
+    found = list(found)
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(found)):
+            for j in range(i + 1, len(found)):
+                (ti, fi), (tj, fj) = found[i], found[j]
+                if not (fi.start_index <= fj.end_index and fj.start_index <= fi.end_index):
+                    continue
+                if not (ndimage.binary_dilation(ti.footprint, structure=structure) & tj.footprint).any():
+                    continue
+                t = _Track(footprint=ti.footprint | tj.footprint, frames=sorted(set(ti.frames) | set(tj.frames)),
+                           last=max(ti.last, tj.last))
+                fl = characterise(t)
+                if fl is None:
+                    t, fl = (ti, fi) if len(set(ti.frames)) >= len(set(tj.frames)) else (tj, fj)
+                found = [x for k, x in enumerate(found) if k not in (i, j)] + [(t, fl)]
+                merged = True
+                break
+            if merged:
+                break
+    return found
 
 
 #: Frames (the latest of the pre-event background) whose median is the centroid's background.
