@@ -309,6 +309,13 @@ def test_inputs_are_checked(scene_512):
         FlareDetectionParams(min_background_frames=40)
     f, scale = macropixel_factor(WCS(header, naxis=2), 10.0)
     assert (f, round(scale, 2)) == (2, 6.32)
+    # an observer sunpy cannot use: corotate='on' says so; 'auto' keeps the fixed background
+    bad = header.copy()
+    bad["HGLT_OBS"] = "north"
+    with pytest.raises(FlareDetectionError, match="rotation"):
+        detect_flares(times, frames, bad, params=FlareDetectionParams(corotate="on"))
+    assert detect_flares(times, frames, bad) == detect_flares(times, frames, bad, params=FlareDetectionParams(
+        corotate="off"))
 
 
 # -- the service on PostgreSQL ------------------------------------------------------------------

@@ -229,16 +229,20 @@ class FlareDetectionParams:
         ``max_baseline_inflation = 2``, ``trailing_baseline = False`` and ``corotate = 'off'``
         is the 1.3.0 test (what :mod:`pipelines.detect.whitelight` still runs).
     trailing_baseline : bool
-        The series scatter of frame ``k`` is taken over the latest ``min_baseline_frames``
-        frames whose excess was measured at least ``background_lag_s`` before it (early in
-        the series, the first ``min_baseline_frames``), so that a flare does not widen its own
-        noise; False: over the whole series (1.3.0). Default True.
+        The series scatter of frame ``k`` (over the whole series) is at most
+        ``flares._TRAILING_INFLATION`` (2) times the scatter over the latest
+        ``min_baseline_frames`` frames whose excess was measured at least ``background_lag_s``
+        before it (at least half as many; early in the series, the first half as many), so
+        that a flare widens its own noise at most that much; False: the whole-series scatter
+        alone (1.3.0). Default True.
     corotate : {'auto', 'on', 'off'}
         Resample each background frame to where its surface is at the frame's time
         (differential rotation, bilinear on the macropixel grid). 'auto': only where the
         series rotates: the median excess over a fixed background is regressed on the
         rotation signature ``-v . grad(I) dt``, slope > 0.5 (1 expected for a rotating
-        series, 0 for a static or derotated one). Default 'auto'.
+        series, 0 for a static or derotated one); where the WCS or observer of frame 0 does
+        not give the rotation, 'auto' keeps the fixed background and 'on' raises
+        :class:`FlareDetectionError`. Default 'auto'.
     rotation_model : str
         sunpy ``differential_rotation`` model. Default 'snodgrass' (Snodgrass 1983, magnetic
         features: the chromospheric network and plage of Lyman-alpha).
@@ -750,7 +754,7 @@ def detect_flares(
     ------
     FlareDetectionError
         If times and frames differ in number, times do not increase, frames differ in shape
-        or the WCS is unusable.
+        or the WCS is unusable (with ``corotate='on'``: does not give the solar rotation).
 
     Notes
     -----
@@ -857,6 +861,9 @@ def detect_flares(
     # the background follows the surface (differential rotation) where that fits the series
     # better: 'auto' keeps the fixed background for series already derotated (or static)
     rate = None if p.corotate == "off" else _rotation_rate(wcs0, header0, when[0], f, (nby, nbx), p.rotation_model)
+    if rate is None and p.corotate == "on":
+        raise FlareDetectionError("corotate='on' but the WCS and observer (HGLN_OBS/HGLT_OBS/DSUN_OBS) of frame 0 "
+                                  "do not give the solar rotation")
     excess, bgs, counts = _excess(cube, windows, sec, None)
     if rate is not None and (p.corotate == "on" or _rotating(excess, level, bright_enough, rate, windows, sec)):
         excess, bgs, counts = _excess(cube, windows, sec, rate)
