@@ -217,9 +217,11 @@ class FlareDetectionParams:
         shorter series keep the 1.2.0 significance test).
     max_baseline_inflation : float or None
         The series scatter raises the noise of the excess at most this many times above the
-        frame-to-frame estimate. Default None (1.4.0: uncapped; the trailing window keeps a
-        flare out of its own noise estimate; 1.3.0 had 2 with a whole-series scatter, which
-        let the red noise of active regions through).
+        frame-to-frame estimate. Default None (1.4.0: uncapped; with ``trailing_baseline`` a
+        flare widens its own noise estimate at most 2x its trailing scatter, and a long one
+        still hides itself: the 40-min rise of ``tests/test_detect_flares.py`` is missed in a
+        100-min and in a 4-h series, found in 6-h and 12-h ones; 1.3.0 had 2 with a
+        whole-series scatter, which let the red noise of active regions through).
     red_noise_sigma : float
         The excess must reach ``sqrt((noise_sigma s_w)^2 + (red_noise_sigma s_r)^2)``:
         ``s_w`` the white noise of the excess (above), ``s_r^2`` the series scatter squared
