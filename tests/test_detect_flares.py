@@ -268,6 +268,31 @@ def test_slow_flare_at_the_sdi_cadence(scene):
         background_lag_s=0, background_span_s=180, robust_baseline=False)) == []
 
 
+def test_slow_flare_in_a_6_hour_series_is_one_event(scene):
+    """The 40-min rise of the test above, now in the middle of a 6-h series at 60-s cadence
+    (128 px, 25 arcsec/px). With the 1.4.0 defaults the red-noise threshold hovers near its
+    excess, its kernels come and go and the flare made two tracks, each characterised to the
+    same peak (2 events for seeds 6, 7 and 8 before the merge): it must be one event."""
+    base, header = rebin_scene(*scene, 8)
+    base = base.astype(np.float32)
+    minutes = np.arange(360.0)
+
+    def slow(h):  # rise from 160 to 200 min, then e-folding decay of 15 min
+        m = h * 60.0
+        return float(np.clip((m - 160.0) / 40.0, 0, 1) if m <= 200 else np.exp(-(m - 200.0) / 15.0))
+
+    f = np.array([slow(m / 60.0) for m in minutes])
+    p = FlareDetectionParams()
+    s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
+    assert (s, pk, e) == (164, 200, 210)
+    times, frames = make_series(base, header, flares=[(250.0, -200.0, 0.6, 30.0, slow)], hours=minutes / 60.0,
+                                seed=6)
+    (fl,) = detect_flares(times, frames, header)
+    assert abs(fl.hpc_x - 250) < 25 and abs(fl.hpc_y + 200) < 25  # one pixel is 25 arcsec
+    # the start is found from the background of the first kernel (18 min into the rise)
+    assert abs(fl.start_index - s) <= 5 and abs(fl.peak_index - pk) <= 2 and abs(fl.end_index - e) <= 2
+
+
 def test_inputs_are_checked(scene_512):
     base, header = scene_512
     times, frames = make_series(base, header, seed=5)
@@ -284,6 +309,13 @@ def test_inputs_are_checked(scene_512):
         FlareDetectionParams(min_background_frames=40)
     f, scale = macropixel_factor(WCS(header, naxis=2), 10.0)
     assert (f, round(scale, 2)) == (2, 6.32)
+    # an observer sunpy cannot use: corotate='on' says so; 'auto' keeps the fixed background
+    bad = header.copy()
+    bad["HGLT_OBS"] = "north"
+    with pytest.raises(FlareDetectionError, match="rotation"):
+        detect_flares(times, frames, bad, params=FlareDetectionParams(corotate="on"))
+    assert detect_flares(times, frames, bad) == detect_flares(times, frames, bad, params=FlareDetectionParams(
+        corotate="off"))
 
 
 # -- the service on PostgreSQL ------------------------------------------------------------------
