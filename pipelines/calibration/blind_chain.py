@@ -33,7 +33,7 @@ The **chain side** derives every master from those frames and nothing else:
   ``remove_cosmic_rays=True``).
 
 * SDI radiometry (default, ``sdi_radiometry="campaign"``): the law ``C(t) = C0 exp(lambda (t - t0))``
-  fitted against the LASP composite by :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign`
+  fitted against the LASP composite by :func:`pipelines.calibration.blind_chain.cross_calibrate_campaign`
   on a radiometric campaign of the *same* hidden instrument (:func:`_sdi_campaign_radiometry`),
   calibrated with the chain's own dark and KLL flat; the science frame's DATE-OBS is checked
   to lie within the fitted master's validity.
@@ -98,7 +98,8 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-__all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "kll_flat_error",
+__all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "cross_calibrate_campaign",
+           "gate_tolerance", "GATE_BASE", "kll_flat_error",
            "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
            "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
@@ -995,6 +996,106 @@ def bias_err(est, det) -> np.ndarray:
 # --------------------------------------------------------------------------- SDI radiometry from the campaign
 
 
+#: The fixed part of the gate (issue 14 item 5: "within 2 % plus the irradiance series' own
+#: stated uncertainty").
+GATE_BASE = 0.02
+
+
+def gate_tolerance() -> float:
+    """``GATE_BASE + LASP_SCALE_UNCERTAINTY``: the largest relative coefficient error allowed."""
+    from pipelines.calibration.radiometry import LASP_SCALE_UNCERTAINTY
+
+    return GATE_BASE + LASP_SCALE_UNCERTAINTY
+
+
+def _calibrated_irradiance(raw_files, cals, *, as_sent: bool = False) -> tuple[list[Time], np.ndarray, np.ndarray]:
+    """DATE-OBS, irradiance at 1 au [photons cm-2 s-1] and its relative photon-noise error, per frame.
+
+    ``as_sent``: the raw header as the instrument sends it to the chain's own masters
+    (:func:`pipelines.calibration.blind_chain._raw`: ``DET_TEMP``, without the simulator's
+    ``GAIN``/``RDNOISE``); otherwise the file's header as it is (the given-masters control).
+    """
+    from astropy.time import Time
+
+    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration.radiometry import disk_integrated_irradiance
+    from pipelines.fitsio import read_image
+
+    times, e, err = [], [], []
+    for p in raw_files:
+        if as_sent:
+            data, header, _ = _raw(p)
+        else:
+            raw = read_image(p)
+            data, header = raw.data, raw.header
+        l2 = calibrate_frame(data, header, cals)
+        irr = disk_integrated_irradiance(l2.data, l2.dq, l2.header)
+        times.append(Time(str(l2.header["DATE-OBS"]), scale="utc"))
+        e.append(irr["irradiance_ph_cm2_s"])
+        if l2.uncertainty is not None:
+            u = np.asarray(l2.uncertainty, dtype=np.float64)
+            d = np.asarray(l2.data, dtype=np.float64)
+            ok = np.isfinite(u) & np.isfinite(d)
+            err.append(math.sqrt(float(np.sum(u[ok] ** 2))) / max(float(np.sum(d[ok])), 1e-300))
+        else:
+            err.append(0.0)
+    return times, np.asarray(e), np.asarray(err)
+
+
+def cross_calibrate_campaign(sim, cals: dict, lasp, work: Path, *, as_sent: bool = True,
+                             fit_degradation: bool = True, master_id: int | None = None) -> dict:
+    """Chain side: calibrate a campaign's frames with ``cals``, fit ``C(t)`` against ``lasp``, write the master.
+
+    Parameters
+    ----------
+    sim : pipelines.simulation.campaign.CampaignResult
+        The campaign (its raw frames; its ``radiometric`` master is the coefficient the chain
+        is given and calibrates with first).
+    cals : dict of str to pipelines.calibration.flow.CalibrationInput
+        ``dark``, ``flat``, ``mask_geometry``, ``radiometric`` (the given one).
+    lasp : LyaSeries
+        The published reference series.
+    work : pathlib.Path
+        Where the fitted master is written.
+    as_sent : bool
+        Headers as the instrument sends them (:func:`_calibrated_irradiance`).
+    fit_degradation : bool
+        Fit the sensitivity-loss rate (:func:`~pipelines.calibration.radiometry.fit_cross_calibration`).
+    master_id : int, optional
+        Registry id given to the fitted master.
+
+    Returns
+    -------
+    dict
+        ``times``, ``e_before``, ``e_after`` [photons cm-2 s-1 at 1 au; NaN when the fit is
+        refused], ``fit`` (:class:`~pipelines.calibration.radiometry.CrossCalibration`),
+        ``c_given``, ``master`` (the fitted ``radiometric`` CalibrationInput, version + 1,
+        the given master's validity; None when the fit is refused).
+    """
+    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.radiometry import fit_cross_calibration, write_radiometric_master
+
+    given = cals["radiometric"]
+    c_given = given.param("RADCOEF")
+    times, e_before, meas_err = _calibrated_irradiance(sim.raw_files, cals, as_sent=as_sent)
+    fit = fit_cross_calibration(times, e_before, lasp, c_given, fit_degradation=fit_degradation,
+                                measurement_rel_err=meas_err)
+    master = None
+    if fit.accepted:
+        path = write_radiometric_master(fit, Path(work) / "lst_sdi_radiometric_xcal_v02.fits", naxis=sim.naxis,
+                                        version=given.version + 1, valid_from=str(given.parameters["VALIDFRM"]),
+                                        valid_to=str(given.parameters["VALIDTO"]))
+        master = load_calibration_master(path)
+        master.id = master_id
+        _, e_after, _ = _calibrated_irradiance(sim.raw_files, dict(cals, radiometric=master), as_sent=as_sent)
+    else:  # the chain refuses the fit (write_radiometric_master would raise): nothing to use
+        e_after = np.full(len(times), np.nan)
+    return {"times": times, "e_before": e_before, "e_after": e_after, "fit": fit, "c_given": c_given,
+            "master": master}
+
+
+
+
 def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: int, work: Path,
                              out: dict[str, float]):
     """SDI's radiometric law from a campaign of the *same* hidden instrument, fitted with the chain's masters.
@@ -1005,7 +1106,7 @@ def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: in
     the one the simulator made the science frame with (``C_true(DATE-OBS) =`` the simulator's
     ``RADCOEF``: one instrument, one law), with the campaign's own drawn rate, days, series
     errors and a given (wrong) coefficient. Chain side:
-    :func:`pipelines.calibration.blind_radiometry.cross_calibrate_campaign` with the chain's
+    :func:`pipelines.calibration.blind_chain.cross_calibrate_campaign` with the chain's
     own dark and KLL flat (``cals``) against the published LASP composite; the fitted master
     (``RADCOEF``, ``RADRATE``) replaces the given one if the fit is accepted and the science
     frame's DATE-OBS lies within its validity (else :class:`~pipelines.errors.DataError`).
@@ -1018,7 +1119,6 @@ def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: in
     """
     import json
 
-    from pipelines.calibration.blind_radiometry import cross_calibrate_campaign
     from pipelines.calibration.flow import load_calibration_master
     from pipelines.calibration.radiometry import _parse_date, read_lasp_composite
     from pipelines.errors import DataError
@@ -1081,17 +1181,13 @@ def level_tolerance(m: dict[str, float], c: str) -> float:
     SDI/WST: 1 %; SDI calibrated with its campaign's law (``radiometry_from_campaign_SDI``):
     the radiometric gate, 2 % + the product's own ``RADUNC`` (``radunc_SDI``: the fit's error
     at DATE-OBS and the LASP composite's stated scale uncertainty; without it
-    :func:`pipelines.calibration.blind_radiometry.gate_tolerance`), the level then carrying the
+    :func:`gate_tolerance`), the level then carrying the
     series' scale error; SCI: 1 % plus what the stray-light allowance of 5 % of the K corona
     makes of the scored brightness (``k_share_C``).
     """
-    from pipelines.calibration.blind_radiometry import gate_tolerance
-
     if c.startswith("SCI"):
         return GATES["level_dev_sci"] + GATES["stray_pct"] / 100.0 * m[f"k_share_{c}"]
     if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
-        from pipelines.calibration.blind_radiometry import GATE_BASE
-
         radunc = m.get("radunc_SDI", float("nan"))  # the product's own RADUNC, else the series' stated scale
         return GATE_BASE + radunc if math.isfinite(radunc) else gate_tolerance()
     return GATES["level_dev_disk"]

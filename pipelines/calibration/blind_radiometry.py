@@ -74,109 +74,19 @@ after the fit: 1.168-1.178 (LASP/LYRA 1.1775; :mod:`pipelines.calibration.radiom
 from __future__ import annotations
 
 import json
-import math
 import tempfile
 from pathlib import Path
 
 import numpy as np
-from astropy.time import Time
 
-from pipelines.calibration.flow import calibrate_frame, load_calibration_master
-from pipelines.calibration.radiometry import (LASP_SCALE_UNCERTAINTY, LyaSeries, disk_integrated_irradiance,
-                                              fit_cross_calibration, lyra_daily_irradiance, read_lasp_composite,
-                                              write_radiometric_master)
-from pipelines.fitsio import read_image
+# the chain side of a campaign's cross-calibration lives with the blind chain (which uses it for
+# SDI, and whose masters it needs); re-exported here, the module of the radiometric check
+from pipelines.calibration.blind_chain import (GATE_BASE, cross_calibrate_campaign,  # noqa: F401
+                                               derive_chain_masters, gate_tolerance)
+from pipelines.calibration.radiometry import LyaSeries, lyra_daily_irradiance, read_lasp_composite
 
 __all__ = ["run", "GATE_BASE", "gate_tolerance", "cross_calibrate_campaign", "chain_campaign_masters",
            "score_cross_calibration"]
-
-#: The fixed part of the gate (issue 14 item 5: "within 2 % plus the irradiance series' own
-#: stated uncertainty").
-GATE_BASE = 0.02
-
-
-def gate_tolerance() -> float:
-    """``GATE_BASE + LASP_SCALE_UNCERTAINTY``: the largest relative coefficient error allowed."""
-    return GATE_BASE + LASP_SCALE_UNCERTAINTY
-
-
-def _calibrated_irradiance(raw_files, cals, *, as_sent: bool = False) -> tuple[list[Time], np.ndarray, np.ndarray]:
-    """DATE-OBS, irradiance at 1 au [photons cm-2 s-1] and its relative photon-noise error, per frame.
-
-    ``as_sent``: the raw header as the instrument sends it to the chain's own masters
-    (:func:`pipelines.calibration.blind_chain._raw`: ``DET_TEMP``, without the simulator's
-    ``GAIN``/``RDNOISE``); otherwise the file's header as it is (the given-masters control).
-    """
-    from pipelines.calibration.blind_chain import _raw
-
-    times, e, err = [], [], []
-    for p in raw_files:
-        if as_sent:
-            data, header, _ = _raw(p)
-        else:
-            raw = read_image(p)
-            data, header = raw.data, raw.header
-        l2 = calibrate_frame(data, header, cals)
-        irr = disk_integrated_irradiance(l2.data, l2.dq, l2.header)
-        times.append(Time(str(l2.header["DATE-OBS"]), scale="utc"))
-        e.append(irr["irradiance_ph_cm2_s"])
-        if l2.uncertainty is not None:
-            u = np.asarray(l2.uncertainty, dtype=np.float64)
-            d = np.asarray(l2.data, dtype=np.float64)
-            ok = np.isfinite(u) & np.isfinite(d)
-            err.append(math.sqrt(float(np.sum(u[ok] ** 2))) / max(float(np.sum(d[ok])), 1e-300))
-        else:
-            err.append(0.0)
-    return times, np.asarray(e), np.asarray(err)
-
-
-def cross_calibrate_campaign(sim, cals: dict, lasp: LyaSeries, work: Path, *, as_sent: bool = True,
-                             fit_degradation: bool = True, master_id: int | None = None) -> dict:
-    """Chain side: calibrate a campaign's frames with ``cals``, fit ``C(t)`` against ``lasp``, write the master.
-
-    Parameters
-    ----------
-    sim : pipelines.simulation.campaign.CampaignResult
-        The campaign (its raw frames; its ``radiometric`` master is the coefficient the chain
-        is given and calibrates with first).
-    cals : dict of str to pipelines.calibration.flow.CalibrationInput
-        ``dark``, ``flat``, ``mask_geometry``, ``radiometric`` (the given one).
-    lasp : LyaSeries
-        The published reference series.
-    work : pathlib.Path
-        Where the fitted master is written.
-    as_sent : bool
-        Headers as the instrument sends them (:func:`_calibrated_irradiance`).
-    fit_degradation : bool
-        Fit the sensitivity-loss rate (:func:`~pipelines.calibration.radiometry.fit_cross_calibration`).
-    master_id : int, optional
-        Registry id given to the fitted master.
-
-    Returns
-    -------
-    dict
-        ``times``, ``e_before``, ``e_after`` [photons cm-2 s-1 at 1 au; NaN when the fit is
-        refused], ``fit`` (:class:`~pipelines.calibration.radiometry.CrossCalibration`),
-        ``c_given``, ``master`` (the fitted ``radiometric`` CalibrationInput, version + 1,
-        the given master's validity; None when the fit is refused).
-    """
-    given = cals["radiometric"]
-    c_given = given.param("RADCOEF")
-    times, e_before, meas_err = _calibrated_irradiance(sim.raw_files, cals, as_sent=as_sent)
-    fit = fit_cross_calibration(times, e_before, lasp, c_given, fit_degradation=fit_degradation,
-                                measurement_rel_err=meas_err)
-    master = None
-    if fit.accepted:
-        path = write_radiometric_master(fit, Path(work) / "lst_sdi_radiometric_xcal_v02.fits", naxis=sim.naxis,
-                                        version=given.version + 1, valid_from=str(given.parameters["VALIDFRM"]),
-                                        valid_to=str(given.parameters["VALIDTO"]))
-        master = load_calibration_master(path)
-        master.id = master_id
-        _, e_after, _ = _calibrated_irradiance(sim.raw_files, dict(cals, radiometric=master), as_sent=as_sent)
-    else:  # the chain refuses the fit (write_radiometric_master would raise): nothing to use
-        e_after = np.full(len(times), np.nan)
-    return {"times": times, "e_before": e_before, "e_after": e_after, "fit": fit, "c_given": c_given,
-            "master": master}
 
 
 def chain_campaign_masters(sim, *, noise: bool, seed: int, work: Path, out: dict[str, float]) -> dict:
@@ -189,7 +99,6 @@ def chain_campaign_masters(sim, *, noise: bool, seed: int, work: Path, out: dict
     ``radiometric`` master are the campaign's. Flat and dark scores go to ``out``
     (``flat_level_SDI``, ``flat_rms_SDI``, ``tdbl_SDI``, ...).
     """
-    from pipelines.calibration.blind_chain import derive_chain_masters
     from pipelines.simulation.masters import load_simulated_masters
 
     given = load_simulated_masters(sim.out_dir, "SDI")

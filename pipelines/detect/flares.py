@@ -162,7 +162,7 @@ class FlareDetectionParams:
         ``sigma sqrt(1 + pi / (2 n))``: ``sigma`` is the robust scatter (1.4826 MAD) of the
         macropixel's frame-to-frame changes over the series divided by sqrt(2), at least
         the median of that of its 5 x 5 neighbours (1.4.0, when ``red_noise_sigma`` differs
-        from ``noise_sigma``: times ``sqrt(2 - D2/D1)``, clipped to [0.5, 1], with ``D2/D1``
+        from ``noise_sigma`` and the series is not sparse: times ``sqrt(2 - D2/D1)``, clipped to [0.5, 1], with ``D2/D1``
         the 9 x 9 median of the ratio of the lag-2 to lag-1 change variances, the structure
         function extrapolated to lag 0, so that red noise in the frame-to-frame changes is not
         counted as white); ``pi sigma^2 / (2 n)`` is the variance
@@ -825,7 +825,9 @@ def detect_flares(
     med = _nanmedian(d, axis=0)
     sigma = _MAD_TO_SIGMA * _nanmedian(np.abs(d - med), axis=0) / math.sqrt(2.0)
     del d
-    if p.red_noise_sigma != p.noise_sigma and n >= 2 * p.min_background_frames + 2:
+    if p.red_noise_sigma != p.noise_sigma and n >= 2 * p.min_background_frames + 2 and not sparse:
+        # (not on sparse series: between frames minutes to hours apart the change is solar
+        # evolution, not red noise smooth over a lag, and D(2) / D(1) says nothing of the noise floor)
         # the changes between neighbouring frames hold part of the red noise too (at 4 min,
         # a third of its variance for a 10-min coherence), which is not independent from
         # frame to frame. The white part is the structure function D(lag) = var(I_k+lag - I_k)

@@ -177,6 +177,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     DataError
         If a real input file is missing.
     """
+    # Long: one campaign end to end (hidden values, days, detector, frames, truth file): the
+    # instrument side in the order it happens, sharing the draws of one seed.
     from pipelines.calibration.radiometry import LASP_DAILY_SCATTER, LASP_SCALE_UNCERTAINTY, read_lasp_composite
     from pipelines.simulation.scenes import _sdi_reference, _sdi_scene
     from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR, SWAP_FILE, _sunpy_source
