@@ -10,6 +10,15 @@ restarted as a supervisor would (what is left of it killed, started again 1 s la
 After the last kill the job is waited for (at most ``--timeout``, default the lease plus
 three reconciler periods plus a minute: :func:`tests.faults.harness.settle_bound`).
 
+``--frame-delay S`` makes every calibration sleep ``S`` seconds first (the fault hook
+``LSTDP_FAULTS_FRAME_DELAY_S``), so that the job outlasts its kills whatever the machine's
+speed: the job cannot end sooner than ``ceil(frames / slots) * S`` (``slots`` = workers x
+pool processes; a kill only adds work), while the kill schedule, drawn in advance, lasts at
+most ``kills * (max_gap + 1)`` s. The run prints both and refuses a delay that does not make
+the first exceed the second (with the first wave of frames discounted, as the kills start
+after it). Without it (the default, 0) the job runs at the machine's own speed and a quiet,
+fast machine may end it before the last kill (the run says so).
+
 Settings: ``TASK_SOFT_TIME_LIMIT_S=8``, ``TASK_TIME_LIMIT_S=10`` (lease 70 s),
 ``BROKER_VISIBILITY_TIMEOUT_S=15``, ``RECONCILE_INTERVAL_S=1``, ``MAX_DELIVERIES=3``.
 
@@ -41,6 +50,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import math
 import datetime as dt
 import os
 import random
@@ -130,6 +140,14 @@ def measure(job_id: str, journal: Path) -> dict:
             "orphans": orphans, "details": details, "report": rep}
 
 
+def job_floor_s(args) -> float:
+    """The shortest time [s] the job can take after its first wave of calibrations ends:
+    each calibration sleeps ``args.frame_delay`` and at most workers x concurrency run at
+    once (kills only add work)."""
+    slots = args.workers * args.concurrency
+    return (math.ceil(args.frames / slots) - 1) * args.frame_delay
+
+
 def run(args) -> dict:
     from backend.migrate import upgrade
 
@@ -146,6 +164,8 @@ def run(args) -> dict:
         counts = H.prepare_frames(templates, work, args.frames)
         _say(f"{args.frames} frames of {H.FRAME_PX} px ({H.CHANNEL}) made and ingested in "
              f"{time.perf_counter() - t0:.1f} s: {counts}; logs in {work}")
+        if args.frame_delay:
+            env["LSTDP_FAULTS_FRAME_DELAY_S"] = str(args.frame_delay)
         workers = [H.Worker(f"w{i + 1}@bench", env, work, concurrency=args.concurrency, rng=rng)
                    for i in range(args.workers)]
         try:
@@ -154,13 +174,17 @@ def run(args) -> dict:
             _say(f"{len(workers)} workers of {args.concurrency} processes ready; reconcile command "
                  f"{'present' if H.has_reconcile_command() else 'absent'}, fsck "
                  f"{'present' if H.has_fsck_command() else 'absent'}")
+            gaps = [rng.uniform(args.min_gap, args.max_gap) for _ in range(args.kills)]
+            if args.frame_delay:
+                _say(f"the job lasts at least {job_floor_s(args):.1f} s after its first wave by its frame delay; "
+                     f"the kill schedule at most {sum(gaps) + args.kills:.1f} s")
             job = H.submit(args.frames)
             t_job = time.monotonic()
             H.wait_progress(job, 0.03, timeout_s=120)
             kills: list[str] = []
             last = time.monotonic()
             while len(kills) < args.kills:
-                time.sleep(rng.uniform(args.min_gap, args.max_gap))
+                time.sleep(gaps[len(kills)])
                 view = H.job_view(job)
                 if view.terminal:
                     _say(f"the job ended after {len(kills)} kills")
@@ -225,9 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-gap", type=float, default=0.5, help="shortest time between kills [s]")
     ap.add_argument("--max-gap", type=float, default=3.0, help="longest time between kills [s]")
     ap.add_argument("--timeout", type=float, default=None, help="settle bound after the last kill [s]")
+    ap.add_argument("--frame-delay", type=float, default=0.0,
+                    help="every calibration sleeps this long first [s], so the job outlasts its kills (docstring)")
     ap.add_argument("--seed", type=int, default=10)
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, journal, store)")
     args = ap.parse_args(argv)
+    if args.frame_delay and job_floor_s(args) <= args.kills * (args.max_gap + 1.0):
+        ap.error(f"--frame-delay {args.frame_delay} does not make the job outlast its kills: the job may end after "
+                 f"{job_floor_s(args):.1f} s, the kills take up to {args.kills * (args.max_gap + 1.0):.1f} s")
+    if args.frame_delay >= SETTINGS["TASK_SOFT_TIME_LIMIT_S"] / 2:
+        ap.error(f"--frame-delay must stay under half the soft time limit ({SETTINGS['TASK_SOFT_TIME_LIMIT_S']} s)")
     out = run(args)
     _say(f"RESULT frames={out['frames']} products={out['products']} lost={out['lost']} "
          f"duplicated={out['duplicated']} orphans={out['orphans']} settle_s={out['settle_s']:.1f}")
