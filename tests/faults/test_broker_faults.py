@@ -18,10 +18,16 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 FRAMES = 40
 
+#: Each calibration first sleeps this long (``LSTDP_FAULTS_FRAME_DELAY_S``): a job then lasts at
+#: least FRAMES / 2 * FRAME_DELAY_S = 4 s whatever the machine's speed, so at the 30 % mark
+#: 2.8 s of work is left for the fault to land on (without it a fast, quiet machine runs the
+#: 64 px frames in tens of milliseconds each and the job could end between two progress polls).
+FRAME_DELAY_S = 0.2
+
 
 @pytest.mark.parametrize("fault", ["flushall", "restart"])
 def test_broker_loses_every_message_mid_job(scenario, fault):
-    scenario.worker()
+    scenario.worker(LSTDP_FAULTS_FRAME_DELAY_S=FRAME_DELAY_S)
     job = scenario.submit(FRAMES)
     v = H.wait_progress(job, 0.3)
     assert not v.terminal, "the job ended before the fault: make it longer"
@@ -38,7 +44,7 @@ def test_broker_loses_every_message_mid_job(scenario, fault):
 
 
 def test_broker_frozen_mid_job(scenario):
-    scenario.worker()
+    scenario.worker(LSTDP_FAULTS_FRAME_DELAY_S=FRAME_DELAY_S)
     job = scenario.submit(FRAMES)
     v = H.wait_progress(job, 0.3)
     assert not v.terminal, "the job ended before the fault: make it longer"

@@ -26,6 +26,11 @@ CHILD_KILLS = 6
 #: calibrate in about 30 ms, and a fast machine finished the job before the third kill).
 FRAME_DELAY_S = 0.25
 
+#: The main-process test's frame delay: 60 frames on 2 pool processes last at least 3 s, so the
+#: job is still running when its progress reaches 20 % (2.4 s of work left) and, after the
+#: restart, 55 %; without it a fast machine could finish the job between two progress polls.
+MAIN_KILL_FRAME_DELAY_S = 0.1
+
 
 def test_pool_children_killed_at_random_moments(scenario):
     w = scenario.worker(LSTDP_FAULTS_FRAME_DELAY_S=FRAME_DELAY_S)
@@ -45,7 +50,7 @@ def test_pool_children_killed_at_random_moments(scenario):
 
 
 def test_main_process_killed_mid_job_and_restarted(scenario):
-    w = scenario.worker()
+    w = scenario.worker(LSTDP_FAULTS_FRAME_DELAY_S=MAIN_KILL_FRAME_DELAY_S)
     job = scenario.submit(FRAMES)
     last = None
     for fraction in (0.2, 0.55):
