@@ -344,11 +344,16 @@ def cmd_reconcile(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """Run the API with uvicorn on ``HOST``:``PORT``, trusting the ``X-Forwarded-Proto`` and
+    ``X-Forwarded-For`` headers of the proxies in ``FORWARDED_ALLOW_IPS`` only (uvicorn's
+    ``proxy_headers`` and ``forwarded_allow_ips``): behind a TLS-terminating proxy the
+    request's scheme is then https, so redirects say ``https://`` and the session cookie is
+    ``Secure``."""
     import uvicorn
 
     s = _settings()
     uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port,
-                log_level="info")
+                log_level="info", proxy_headers=True, forwarded_allow_ips=s.forwarded_allow_ips)
     return 0
 
 

@@ -292,3 +292,41 @@ def test_a_token_never_appears_in_logs_parameters_errors_or_rows(anon, db_sessio
             assert token not in text, table.name
             if table.name != "api_tokens":
                 assert hash_token(token) not in text, table.name
+
+
+def test_serve_trusts_forwarded_proto_from_the_configured_proxies_only(api_client, db_session, monkeypatch):
+    """Issue 24: ``lstdp serve`` passes ``FORWARDED_ALLOW_IPS`` to uvicorn: behind a trusted
+    TLS proxy (``X-Forwarded-Proto: https``) the trailing-slash redirect is https:// and the
+    session cookie is Secure; the same headers from another address change nothing. Runs
+    uvicorn's own ProxyHeadersMiddleware in-process, configured as ``cmd_serve`` configures it.
+    (``LSTDP_`` spelling: uvicorn itself also reads a bare ``FORWARDED_ALLOW_IPS``.)"""
+    import argparse
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from backend.cli import cmd_serve
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("LSTDP_FORWARDED_ALLOW_IPS", "10.0.0.5,192.168.7.0/24")
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    get_settings.cache_clear()
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw, app=app))
+    assert cmd_serve(argparse.Namespace(host=None, port=None)) == 0
+    assert seen["forwarded_allow_ips"] == "10.0.0.5,192.168.7.0/24" and seen["proxy_headers"] is True
+    options = {k: v for k, v in seen.items() if k in ("proxy_headers", "forwarded_allow_ips")}
+    config = uvicorn.Config(app=api_client.app, log_config=None, **options)
+    config.load()
+    proxied = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+    token = make_token(db_session, "pia", ["jobs:submit"])
+    for client, trusted in [(("10.0.0.5", 40000), True), (("192.168.7.20", 40000), True),
+                            (("10.0.0.6", 40000), False), (("203.0.113.50", 40000), False)]:
+        with TestClient(config.loaded_app, client=client, follow_redirects=False) as c:
+            r = c.get("/api/v1/events/", headers=proxied)
+            assert r.status_code == 307, r.text
+            scheme = "https" if trusted else "http"
+            assert r.headers["location"].startswith(f"{scheme}://testserver/api/v1/events"), (client, r.headers)
+            r = c.post("/api/v1/session", json={"token": token}, headers=proxied)
+            assert r.status_code == 200, r.text
+            assert ("Secure" in r.headers["set-cookie"]) is trusted, (client, r.headers["set-cookie"])
