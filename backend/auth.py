@@ -25,8 +25,16 @@ another site starts), and a write (any method but GET, HEAD, OPTIONS) made with 
 is refused **403** when its ``Content-Type`` is not ``application/json`` (a cross-site form
 cannot send that, and a cross-site ``fetch`` that does needs a CORS preflight this API never
 grants) or when its ``Origin`` header, where sent, is not this host. Bearer tokens are never
-sent by a browser on its own: they need none of this. A cookie whose token is no longer
+sent by a browser on its own: they need none of this. A cookie whose session is no longer
 valid is answered 401 and cleared (``Set-Cookie`` with ``Max-Age=0``).
+
+Sessions: the cookie never holds the token. Signing in (:func:`create_session`) makes a
+random session id (32 bytes, :func:`secrets.token_urlsafe`) for the cookie and stores only
+its SHA-256 in ``sessions`` (:class:`~backend.models.BrowserSession`), with the token it was
+made from and an expiry (``SESSION_LIFETIME_S``, never past the token's). A session
+authenticates (:func:`authenticate_session`) while it is neither signed out
+(:func:`revoke_session`) nor expired and its token is still active: revoking the token ends
+every session made from it.
 
 Errors: no token on a route that needs one, an unknown, revoked or expired token: **401**
 (``WWW-Authenticate: Bearer``) with a message naming the scope; a valid token without the
@@ -51,7 +59,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.api.deps import get_session
-from backend.models import ApiToken, utcnow
+from backend.models import ApiToken, BrowserSession, utcnow
 from pipelines.errors import DataError
 from pipelines.utc import assume_utc
 
@@ -59,7 +67,8 @@ __all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError",
            "create_token", "list_tokens", "revoke_token", "authenticate", "current_principal", "require_scope",
            "OptionalPrincipal", "SubmitPrincipal", "CancelPrincipal", "AdminPrincipal", "looks_like_token",
            "redact_tokens", "token_state", "check_cookie_write", "origin_matches", "clear_session_cookie_header",
-           "SAFE_METHODS", "SignedInPrincipal", "RedactTokensFilter", "install_log_redaction"]
+           "SAFE_METHODS", "SignedInPrincipal", "RedactTokensFilter", "install_log_redaction", "create_session",
+           "authenticate_session", "revoke_session", "session_state"]
 
 #: The scopes a token may carry, and what each allows.
 SCOPES: dict[str, str] = {
@@ -69,7 +78,8 @@ SCOPES: dict[str, str] = {
 }
 #: Every token starts with this (for secret scanners, and to tell a token from other text).
 TOKEN_PREFIX = "lst_"
-#: The browser's session cookie (HttpOnly, SameSite=Strict), holding the pasted token.
+#: The browser's session cookie (HttpOnly, SameSite=Strict, Secure over https), holding a random
+#: session id (never the token).
 SESSION_COOKIE = "lstdp_session"
 #: ``last_used_at`` is written at most this often per token [s] (not one write per request).
 LAST_USED_EVERY_S = 60.0
@@ -226,6 +236,10 @@ def revoke_token(session: Session, token_id: int, *, now: dt.datetime | None = N
         raise AuthError(f"no token with id {token_id}")
     if row.revoked_at is None:
         row.revoked_at = now or utcnow()
+    # its browser sessions end with it (authenticate_session also checks the token's state)
+    session.execute(update(BrowserSession).where(BrowserSession.token_id == token_id,
+                                                 BrowserSession.revoked_at.is_(None))
+                    .values(revoked_at=row.revoked_at).execution_options(synchronize_session=False))
     session.flush()
     return row
 
@@ -268,6 +282,93 @@ def authenticate(session: Session, token: str, *, now: dt.datetime | None = None
     return Principal(row.user, frozenset(row.scopes or ()), row.id, row.prefix)
 
 
+# -- browser sessions ----------------------------------------------------------------------------
+
+
+def create_session(session: Session, token_id: int, *, lifetime_s: float,
+                   now: dt.datetime | None = None) -> tuple[BrowserSession, str]:
+    """Start a browser session of token ``token_id``; returns ``(row, session_id)``: the id
+    (for the cookie) is returned here only, the row holds its SHA-256. It expires after
+    ``lifetime_s`` [s], or when the token does if sooner. Flushed; the caller commits.
+
+    Raises
+    ------
+    AuthError
+        No token with that id.
+    """
+    now = now or utcnow()
+    token = session.get(ApiToken, token_id)
+    if token is None:
+        raise AuthError(f"no token with id {token_id}")
+    expires = now + dt.timedelta(seconds=lifetime_s)
+    if token.expires_at is not None:
+        expires = min(expires, assume_utc(token.expires_at))
+    sid = secrets.token_urlsafe(32)
+    row = BrowserSession(session_hash=hash_token(sid), token_id=token.id, user=token.user, created_at=now,
+                         expires_at=expires, last_seen_at=now)
+    session.add(row)
+    session.flush()
+    return row, sid
+
+
+def session_state(row: BrowserSession, token: ApiToken | None, now: dt.datetime | None = None) -> str:
+    """``active``, ``signed out``, ``expired``, or the token's state (``token revoked``,
+    ``token expired``; ``token deleted`` without one)."""
+    now = now or utcnow()
+    if token is None:
+        return "token deleted"
+    if token.revoked_at is not None:
+        return "token revoked"
+    if row.revoked_at is not None:
+        return "signed out"
+    if assume_utc(row.expires_at) <= now:
+        return "expired"
+    if token_state(token, now) != "active":
+        return f"token {token_state(token, now)}"
+    return "active"
+
+
+def _session_row(session: Session, session_id: str) -> BrowserSession | None:
+    digest = hash_token(session_id.strip())
+    row = session.scalar(select(BrowserSession).where(BrowserSession.session_hash == digest))
+    return row if row is not None and hmac.compare_digest(row.session_hash, digest) else None
+
+
+def authenticate_session(session: Session, session_id: str, *,
+                         now: dt.datetime | None = None) -> tuple[Principal, BrowserSession]:
+    """The principal of the browser session whose cookie holds ``session_id``, and its row.
+
+    Raises
+    ------
+    fastapi.HTTPException
+        401 for an unknown session (never made, or a cookie that holds something else, such
+        as a token), one signed out, expired, or whose token is revoked or expired.
+    """
+    now = now or utcnow()
+    row = _session_row(session, session_id)
+    if row is None:
+        raise _unauthorized("the session is not known (signed out, or never made)")
+    token = session.get(ApiToken, row.token_id)
+    state = session_state(row, token, now)
+    if state != "active":
+        raise _unauthorized(f"session {row.id} of API token {row.token_id} has ended ({state})")
+    last = assume_utc(row.last_seen_at) if row.last_seen_at else None
+    if last is None or (now - last).total_seconds() > LAST_USED_EVERY_S:
+        session.execute(update(BrowserSession).where(BrowserSession.id == row.id).values(last_seen_at=now)
+                        .execution_options(synchronize_session=False))
+    return Principal(token.user, frozenset(token.scopes or ()), token.id, token.prefix), row
+
+
+def revoke_session(session: Session, session_id: str, *, now: dt.datetime | None = None) -> BrowserSession | None:
+    """Sign out: end the session whose cookie holds ``session_id`` (from then on that cookie
+    is answered 401). Returns its row, None for an unknown id. Flushed; the caller commits."""
+    row = _session_row(session, session_id)
+    if row is not None and row.revoked_at is None:
+        row.revoked_at = now or utcnow()
+        session.flush()
+    return row
+
+
 def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
 
@@ -276,7 +377,8 @@ _bearer = HTTPBearer(auto_error=False, scheme_name="APIToken", bearerFormat="opa
                      description="An API token (`lstdp token create`), as `Authorization: Bearer lst_...`. "
                                  "Reads need none; writes need the scope each route names.")
 _cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name="SessionCookie",
-                       description="The browser's session cookie, made from a token by `POST /api/v1/session`.")
+                       description="The browser's session cookie (a random session id, not the token), made from "
+                                   "a token by `POST /api/v1/session`.")
 
 
 async def current_principal(
@@ -308,7 +410,7 @@ def _token_principal(request: Request, session: Session, token: str, from_cookie
     if from_cookie:
         check_cookie_write(request)
         try:
-            principal = authenticate(session, token)
+            principal, _row = authenticate_session(session, token)
         except HTTPException as exc:  # the browser holds a dead token: say so, and drop it
             raise HTTPException(exc.status_code, detail=f"{exc.detail} (the browser's session cookie: sign in again)",
                                 headers={**(exc.headers or {}), "Set-Cookie": clear_session_cookie_header()}) from None

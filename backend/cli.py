@@ -344,11 +344,16 @@ def cmd_reconcile(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """Run the API with uvicorn on ``HOST``:``PORT``, trusting the ``X-Forwarded-Proto`` and
+    ``X-Forwarded-For`` headers of the proxies in ``FORWARDED_ALLOW_IPS`` only (uvicorn's
+    ``proxy_headers`` and ``forwarded_allow_ips``): behind a TLS-terminating proxy the
+    request's scheme is then https, so redirects say ``https://`` and the session cookie is
+    ``Secure``."""
     import uvicorn
 
     s = _settings()
     uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port,
-                log_level="info")
+                log_level="info", proxy_headers=True, forwarded_allow_ips=s.forwarded_allow_ips)
     return 0
 
 
@@ -396,6 +401,11 @@ def cmd_demo(args) -> int:
     upgrade(s.sqlalchemy_url)
 
     worker = None
+    # SIGTERM ends the demo through its `finally` (which stops the worker's process group and
+    # waits for it), as Ctrl-C does, rather than killing it on the spot; uvicorn restores
+    # this handler and re-raises the signal after its graceful shutdown, so it also applies
+    # while serving. PR_SET_PDEATHSIG (_die_with_parent) remains the net for SIGKILL.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     if s.embedded:
         _say("[2/7] starting a Celery worker (filesystem broker, no server needed)")
         log = open(s.root / "worker.log", "ab")
@@ -457,12 +467,38 @@ def cmd_demo(args) -> int:
         _say(f"serving on http://{host}:{port}  (event browser /, API /api/v1, docs /docs; Ctrl-C stops)")
         return cmd_serve(argparse.Namespace(host=host, port=port))
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGTERM)
-            try:
-                worker.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
+        if worker is not None:
+            stop_process_group(worker, timeout_s=20)
+
+
+def _exit_on_signal(signum, _frame) -> None:
+    """A signal handler that ends the process through ``finally`` blocks (SystemExit 128+n)."""
+    raise SystemExit(128 + signum)
+
+
+def stop_process_group(proc: subprocess.Popen, *, timeout_s: float = 20.0) -> None:
+    """Stop ``proc`` and every process of its process group (it was started with
+    ``start_new_session``: a Celery worker, its pool and its reconciler): SIGTERM (a warm
+    shutdown), then SIGKILL to what is left after ``timeout_s`` [s]. Signals are ignored
+    while this runs, so a second Ctrl-C or SIGTERM cannot leave the group half-stopped."""
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # the leader may be gone while its pool or reconciler are not
+            os.killpg(proc.pid, signal.SIGKILL if proc.poll() is None else signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=timeout_s)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _demo_token() -> str:

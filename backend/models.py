@@ -5,7 +5,8 @@ file versions, options and software version a product was made with: products ar
 by set), ``products`` (with the ``product_calibration_files`` lineage table), ``jobs`` (with
 ``job_items``, one row per frame of a job, and ``job_follow_ups``, the detections a job queues
 when it ends), ``events`` (with ``event_frames``/``event_products`` links and
-``event_associations``) and ``api_tokens`` (who may submit and cancel work).
+``event_associations``), ``api_tokens`` (who may submit and cancel work) and ``sessions``
+(the browsers signed in with a token).
 
 Times are stored timezone-aware (UTC). Names follow the field: DATE-OBS is
 ``Frame.date_obs``, HEK event codes in ``Event.event_type`` (FL flare, CE CME, PR
@@ -45,6 +46,7 @@ __all__ = [
     "Channel",
     "Frame",
     "ApiToken",
+    "BrowserSession",
     "CalibrationSet",
     "CalibrationKind",
     "CalibrationFile",
@@ -121,6 +123,28 @@ class ApiToken(Base):
     expires_at: Mapped[dt.datetime | None] = mapped_column()
     revoked_at: Mapped[dt.datetime | None] = mapped_column()
     last_used_at: Mapped[dt.datetime | None] = mapped_column()
+
+
+class BrowserSession(Base):
+    """A browser signed in with an API token (``POST /api/v1/session``).
+
+    The browser's cookie holds a random session id (32 bytes, :func:`secrets.token_urlsafe`),
+    never the token; only the id's SHA-256 is stored here (``session_hash``). A session is
+    refused once ``revoked_at`` is set (signed out, or its token revoked), once
+    ``expires_at`` has passed (``SESSION_LIFETIME_S``, never past the token's own expiry), or
+    once its token (``token_id``) is revoked or expired (:mod:`backend.auth`).
+    """
+
+    __tablename__ = "sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    user: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column()
+    revoked_at: Mapped[dt.datetime | None] = mapped_column()
+    last_seen_at: Mapped[dt.datetime | None] = mapped_column()
 
 
 class Channel(Base):

@@ -46,6 +46,19 @@ class Settings(BaseSettings):
         Sub-stores; default to folders under ``DATA_DIR``.
     ``HOST``, ``PORT``
         Where ``lstdp serve`` listens. Default 127.0.0.1:8000.
+    ``FORWARDED_ALLOW_IPS``
+        The proxies ``lstdp serve`` trusts (uvicorn's ``forwarded_allow_ips``, with
+        ``proxy_headers`` on): comma-separated addresses or CIDR networks, or ``*`` for any
+        (only where nothing but the proxy can reach the server). A request from one of them
+        is taken as its ``X-Forwarded-Proto`` and ``X-Forwarded-For`` say: https behind a
+        TLS-terminating proxy, so redirects are ``https://`` and the session cookie is
+        ``Secure``. From any other address those headers are ignored. Default
+        ``127.0.0.1`` (a proxy on the same host).
+    ``SESSION_LIFETIME_S``
+        How long a browser session lasts after sign-in (``POST /api/v1/session``) [s];
+        never past the token's own expiry. Default 604800 (7 days), a choice: a working
+        week without signing in again, a short life for a cookie left on a shared machine.
+        Signing out, or revoking the token, ends it at once.
     ``WORKER_QUEUES``
         Comma-separated Celery queues a worker consumes. Default ``cpu``.
     ``ARRAY_BACKEND``
@@ -151,6 +164,10 @@ class Settings(BaseSettings):
     calibration_dir: Path | None = Field(default=None, validation_alias=_alias("CALIBRATION_DIR"))
     host: str = Field(default="127.0.0.1", validation_alias=_alias("HOST"))
     port: int = Field(default=8000, ge=1, le=65535, validation_alias=_alias("PORT"))
+    forwarded_allow_ips: str = Field(default="127.0.0.1", min_length=1,
+                                     validation_alias=_alias("FORWARDED_ALLOW_IPS"))
+    session_lifetime_s: int = Field(default=7 * 86400, ge=60, le=365 * 86400,
+                                    validation_alias=_alias("SESSION_LIFETIME_S"))
     worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
     array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
     gpu_batch_size: int = Field(default=16, ge=1, le=1024, validation_alias=_alias("GPU_BATCH_SIZE"))

@@ -5,7 +5,9 @@ Helioviewer (helioviewer.org, JHelioviewer) serves full-disk images as JPEG 2000
 (adjusted to the JP2's own size: CRPIX and CDELT describe the JP2 pixels). The image is
 decoded with ``imagecodecs.jpeg2k_decode`` (its PyPI wheel bundles OpenJPEG, so no system
 ``libopenjp2`` is needed, unlike glymur); the boxes are walked with :mod:`struct` and the
-XML parsed with :mod:`xml.etree.ElementTree` (ISO/IEC 15444-1 Annex I: a box is a 4-byte
+XML parsed with :mod:`defusedxml.ElementTree` (the box comes from an input file: entity
+declarations, so "billion laughs" expansion and external entities, are refused, not
+expanded) (ISO/IEC 15444-1 Annex I: a box is a 4-byte
 big-endian length, a 4-byte type, and its contents; length 1 means a 64-bit length follows,
 length 0 means "to the end of the file").
 
@@ -20,11 +22,12 @@ from __future__ import annotations
 
 import os
 import struct
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from defusedxml import DefusedXmlException
+from defusedxml import ElementTree as SafeET
 
 from pipelines.errors import DataError
 
@@ -122,12 +125,16 @@ def read_helioviewer_header(xml_text: str) -> dict[str, Any]:
     Raises
     ------
     Jp2ReadError
-        If the XML does not parse or has no ``<fits>`` element.
+        If the XML does not parse, declares entities or refers to external ones (refused by
+        :mod:`defusedxml`, never expanded), or has no ``<fits>`` element.
     """
     try:
-        root = ET.fromstring(xml_text)
-    except ET.ParseError as exc:
+        root = SafeET.fromstring(xml_text)
+    except SafeET.ParseError as exc:
         raise Jp2ReadError(f"JP2 XML box does not parse: {exc}") from None
+    except DefusedXmlException as exc:
+        raise Jp2ReadError(f"JP2 XML box refused: it declares or refers to XML entities ({type(exc).__name__}); "
+                           "a Helioviewer header needs none") from None
     fits_el = root if root.tag == "fits" else root.find("fits")
     if fits_el is None:
         raise Jp2ReadError("JP2 XML box has no <fits> element (not a Helioviewer frame)")

@@ -138,6 +138,18 @@ def make_token(session, user: str = "tester", scopes=("jobs:submit", "jobs:cance
     return token
 
 
+def make_session_cookie(session, token: str, *, lifetime_s: float = 3600.0) -> str:
+    """The value of a session cookie signed in with ``token`` (a ``sessions`` row, flushed in
+    ``session``; committed by the caller where another connection must see it), as
+    ``POST /api/v1/session`` makes it."""
+    from backend.auth import authenticate, create_session
+
+    principal = authenticate(session, token)
+    _row, sid = create_session(session, principal.token_id, lifetime_s=lifetime_s)
+    session.flush()
+    return sid
+
+
 def auth_headers(session, user: str = "tester", scopes=("jobs:submit", "jobs:cancel"), **kw) -> dict[str, str]:
     """``{"Authorization": "Bearer <new token>"}`` of ``user`` with ``scopes``."""
     return {"Authorization": f"Bearer {make_token(session, user, scopes, **kw)}"}

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from backend.auth import SESSION_COOKIE, hash_token, revoke_token
-from backend.models import ApiToken, Base, Job, utcnow
-from tests.conftest import auth_headers, make_token
+from backend.models import ApiToken, Base, BrowserSession, Job, utcnow
+from tests.conftest import auth_headers, make_session_cookie, make_token
 
 pytestmark = pytest.mark.postgres
 
@@ -76,6 +76,10 @@ def test_cookie_sign_in_submits_and_signs_out(anon, db_session):
     assert "Path=/" in cookie and "Secure" not in cookie  # http here
     max_age = int(cookie.split("Max-Age=")[1].split(";")[0])
     assert 2 * 86400 - 60 <= max_age <= 2 * 86400  # not past the token's expiry
+    sid = anon.cookies[SESSION_COOKIE]
+    assert token not in cookie and sid != token and hash_token(token) not in cookie  # a session id, not the token
+    row = db_session.scalar(select(BrowserSession).where(BrowserSession.session_hash == hash_token(sid)))
+    assert row is not None and row.user == "dora" and row.revoked_at is None
     assert anon.get("/api/v1/session").json()["user"] == "dora"
     r = anon.post("/api/v1/jobs", json=JOB)  # the cookie alone
     assert r.status_code == 202 and r.json()["owner"] == "dora"
@@ -86,6 +90,46 @@ def test_cookie_sign_in_submits_and_signs_out(anon, db_session):
     anon.cookies.clear()
     assert anon.get("/api/v1/session").json() == {**anon.get("/api/v1/session").json(), "signed_in": False}
     assert anon.post("/api/v1/jobs", json=JOB).status_code == 401
+    # signing out ended the session server-side: the old cookie value, replayed, is refused
+    db_session.refresh(row)
+    assert row.revoked_at is not None
+    anon.cookies.set(SESSION_COOKIE, sid)
+    r = anon.post("/api/v1/jobs", json=JOB)
+    assert r.status_code == 401 and "signed out" in r.json()["detail"] and "Max-Age=0" in r.headers["set-cookie"]
+    anon.cookies.set(SESSION_COOKIE, sid)
+    assert anon.get("/api/v1/session").json()["signed_in"] is False
+    # the token is not a session: a cookie holding it authenticates nothing
+    anon.cookies.set(SESSION_COOKIE, token)
+    r = anon.post("/api/v1/jobs", json=JOB)
+    assert r.status_code == 401 and "session is not known" in r.json()["detail"]
+    anon.cookies.clear()
+    assert anon.post("/api/v1/jobs", json=JOB, headers={"Authorization": f"Bearer {token}"}).status_code == 202
+
+
+def test_sessions_expire_and_end_with_their_token(anon, db_session, monkeypatch):
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("SESSION_LIFETIME_S", "3600")
+    get_settings.cache_clear()
+    token = make_token(db_session, "dirk", ["jobs:submit"], expires_in_days=None)
+    r = anon.post("/api/v1/session", json={"token": token})
+    assert r.status_code == 200 and "Max-Age=3600" in r.headers["set-cookie"]  # SESSION_LIFETIME_S
+    sid = anon.cookies[SESSION_COOKIE]
+    row = db_session.scalar(select(BrowserSession).where(BrowserSession.session_hash == hash_token(sid)))
+    assert 3590 <= (row.expires_at - row.created_at).total_seconds() <= 3600
+    assert anon.post("/api/v1/jobs", json=JOB).status_code == 202
+    row.expires_at = utcnow() - dt.timedelta(seconds=1)  # past its lifetime
+    db_session.flush()
+    r = anon.post("/api/v1/jobs", json=JOB)
+    assert r.status_code == 401 and "expired" in r.json()["detail"]
+    # a second session of the same token ends when the token is revoked
+    anon.cookies.set(SESSION_COOKIE, make_session_cookie(db_session, token))
+    assert anon.post("/api/v1/jobs", json=JOB).status_code == 202
+    revoke_token(db_session, row.token_id)
+    r = anon.post("/api/v1/jobs", json=JOB)
+    assert r.status_code == 401 and "token revoked" in r.json()["detail"]
+    ended = db_session.scalars(select(BrowserSession.revoked_at).where(BrowserSession.token_id == row.token_id)).all()
+    assert len(ended) == 2 and all(t is not None for t in ended)  # revoke_token ended both rows too
 
 
 def test_cookie_over_https_is_secure(api_client, db_session):
@@ -95,12 +139,12 @@ def test_cookie_over_https_is_secure(api_client, db_session):
     with TestClient(api_client.app, base_url="https://testserver") as c:
         r = c.post("/api/v1/session", json={"token": token})
         assert r.status_code == 200 and "Secure" in r.headers["set-cookie"]
-        assert "Max-Age=2592000" in r.headers["set-cookie"]  # a token that never expires: 30 days
+        assert "Max-Age=604800" in r.headers["set-cookie"]  # a token that never expires: SESSION_LIFETIME_S
 
 
 def test_csrf_refusals_of_cookie_writes(anon, db_session):
     token = make_token(db_session, "fred", ["jobs:submit"])
-    anon.cookies.set(SESSION_COOKIE, token)
+    anon.cookies.set(SESSION_COOKIE, make_session_cookie(db_session, token))
     n = len(db_session.scalars(select(Job.id)).all())
     import json
 
@@ -123,7 +167,7 @@ def test_csrf_refusals_of_cookie_writes(anon, db_session):
 
 def test_a_dead_cookie_is_401_and_cleared(anon, db_session):
     token = make_token(db_session, "gus", ["jobs:submit"])
-    anon.cookies.set(SESSION_COOKIE, token)
+    anon.cookies.set(SESSION_COOKIE, make_session_cookie(db_session, token))
     revoke_token(db_session, db_session.scalar(select(ApiToken.id).where(ApiToken.user == "gus")))
     r = anon.post("/api/v1/jobs", json=JOB)
     assert r.status_code == 401 and "sign in again" in r.json()["detail"]
@@ -248,3 +292,41 @@ def test_a_token_never_appears_in_logs_parameters_errors_or_rows(anon, db_sessio
             assert token not in text, table.name
             if table.name != "api_tokens":
                 assert hash_token(token) not in text, table.name
+
+
+def test_serve_trusts_forwarded_proto_from_the_configured_proxies_only(api_client, db_session, monkeypatch):
+    """Issue 24: ``lstdp serve`` passes ``FORWARDED_ALLOW_IPS`` to uvicorn: behind a trusted
+    TLS proxy (``X-Forwarded-Proto: https``) the trailing-slash redirect is https:// and the
+    session cookie is Secure; the same headers from another address change nothing. Runs
+    uvicorn's own ProxyHeadersMiddleware in-process, configured as ``cmd_serve`` configures it.
+    (``LSTDP_`` spelling: uvicorn itself also reads a bare ``FORWARDED_ALLOW_IPS``.)"""
+    import argparse
+
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from backend.cli import cmd_serve
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("LSTDP_FORWARDED_ALLOW_IPS", "10.0.0.5,192.168.7.0/24")
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    get_settings.cache_clear()
+    seen: dict = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw, app=app))
+    assert cmd_serve(argparse.Namespace(host=None, port=None)) == 0
+    assert seen["forwarded_allow_ips"] == "10.0.0.5,192.168.7.0/24" and seen["proxy_headers"] is True
+    options = {k: v for k, v in seen.items() if k in ("proxy_headers", "forwarded_allow_ips")}
+    config = uvicorn.Config(app=api_client.app, log_config=None, **options)
+    config.load()
+    proxied = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"}
+    token = make_token(db_session, "pia", ["jobs:submit"])
+    for client, trusted in [(("10.0.0.5", 40000), True), (("192.168.7.20", 40000), True),
+                            (("10.0.0.6", 40000), False), (("203.0.113.50", 40000), False)]:
+        with TestClient(config.loaded_app, client=client, follow_redirects=False) as c:
+            r = c.get("/api/v1/events/", headers=proxied)
+            assert r.status_code == 307, r.text
+            scheme = "https" if trusted else "http"
+            assert r.headers["location"].startswith(f"{scheme}://testserver/api/v1/events"), (client, r.headers)
+            r = c.post("/api/v1/session", json={"token": token}, headers=proxied)
+            assert r.status_code == 200, r.text
+            assert ("Secure" in r.headers["set-cookie"]) is trusted, (client, r.headers["set-cookie"])

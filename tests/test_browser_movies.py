@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
-from tests.test_movies import build_store, simulated, submit_token  # noqa: F401 - fixture
+from tests.test_movies import build_store, simulated, submit_session  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
 
@@ -116,7 +116,7 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
 
     ids = live.ids
     # asking for a movie needs a token with jobs:submit: the browser carries it as its session cookie
-    page.context.add_cookies([{"name": "lstdp_session", "value": submit_token(), "url": live.url}])
+    page.context.add_cookies([{"name": "lstdp_session", "value": submit_session(), "url": live.url}])
     page.goto(f"{live.url}/events/{ids.flare}")
     page.wait_for_selector("#event-movie #movie-player[data-ready=true]")
     # the window is the flare's ± 30 min: 03:00:11 - 30 min to 09:00:10 + 30 min

@@ -2,18 +2,19 @@
 the live server of tests/test_browser.py (uvicorn in a thread, temporary SQLite database, the
 filesystem broker; no worker runs, so a submitted job stays ``queued``).
 
-A token made in the test is pasted once; the session cookie it becomes (HttpOnly, so no page
-script can read it) carries the job submission; the job's owner is the token's user.
+A token made in the test is pasted once; the session cookie it starts (a random session id,
+HttpOnly, so no page script can read it) carries the job submission; the job's owner is the token's user.
 Screenshots go to each test's ``tmp_path``.
 """
 
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import select
 
-from backend.auth import SESSION_COOKIE
+from backend.auth import SESSION_COOKIE, hash_token
 from backend.db import session_scope
-from backend.models import Job, JobState
+from backend.models import BrowserSession, Job, JobState
 from tests.conftest import make_token
 from tests.test_browser import browser, live, page  # noqa: F401 - fixtures
 
@@ -64,7 +65,10 @@ def test_sign_in_submit_a_job_and_sign_out(live, page, tmp_path):
     assert "token expires" in page.locator("#signin-expiry").inner_text()
     assert page.input_value("#signin-token") == ""  # the page keeps no copy
     cookie = next(c for c in page.context.cookies() if c["name"] == SESSION_COOKIE)
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] == token
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["value"] != token  # a session id
+    with session_scope() as s:
+        signed_in = s.scalar(select(BrowserSession).where(BrowserSession.session_hash == hash_token(cookie["value"])))
+        assert signed_in is not None and signed_in.user == "alice" and signed_in.revoked_at is None
     assert 0 < cookie["expires"] - __import__("time").time() <= 2 * 86400 + 5  # not past the token's expiry
     assert page.evaluate("document.cookie") == ""  # HttpOnly: invisible to scripts
     page.screenshot(path=str(tmp_path / "signed-in.png"), full_page=True)
@@ -91,6 +95,8 @@ def test_sign_in_submit_a_job_and_sign_out(live, page, tmp_path):
     page.wait_for_selector("#signin[data-signed-in='false']")
     assert page.locator("#signin-form").is_visible() and page.locator("#signin-state").is_hidden()
     assert SESSION_COOKIE not in {c["name"] for c in page.context.cookies()}
+    with session_scope() as s:  # signed out server-side: the old cookie value is dead
+        assert s.get(BrowserSession, signed_in.id).revoked_at is not None
     page.goto(live.url + "/jobs/new")
     page.wait_for_selector("#signin[data-signed-in='false']")
     page.wait_for_selector("#job-estimate[data-frames]")

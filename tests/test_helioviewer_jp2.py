@@ -101,3 +101,36 @@ def test_header_parser_refuses_xml_without_fits():
     h = read_helioviewer_header("<meta><fits><naxis>2</naxis><cdelt1>0.6</cdelt1><object>Sun</object></fits>"
                                 "<helioviewer><hv_rotation>0</hv_rotation></helioviewer></meta>")
     assert h == {"NAXIS": 2, "CDELT1": 0.6, "OBJECT": "Sun", "HV_ROTATION": 0}
+
+
+def _with_xml_box(raw: bytes, xml: bytes) -> bytes:
+    """``raw`` with its ``xml `` box's contents replaced by ``xml``."""
+    out, off = b"", 0
+    while off < len(raw):
+        n, t = struct.unpack(">I4s", raw[off:off + 8])
+        n = len(raw) - off if n == 0 else n
+        out += struct.pack(">I4s", 8 + len(xml), t) + xml if t == b"xml " else raw[off:off + n]
+        off += n
+    return out
+
+
+LAUGHS = ('<?xml version="1.0"?><!DOCTYPE meta [<!ENTITY a "lol">'
+          + "".join(f'<!ENTITY {chr(98 + i)} "{("&" + chr(97 + i) + ";") * 10}">' for i in range(8))
+          + ']><meta><fits><object>&i;</object></fits></meta>')
+SMALL_ENTITY = ('<?xml version="1.0"?><!DOCTYPE meta [<!ENTITY s "Sun">]>'
+                '<meta><fits><naxis>2</naxis><object>&s;</object></fits></meta>')
+EXTERNAL = ('<?xml version="1.0"?><!DOCTYPE meta [<!ENTITY x SYSTEM "file:///etc/hostname">]>'
+            '<meta><fits><object>&x;</object></fits></meta>')
+
+
+@pytest.mark.parametrize("xml", [LAUGHS, SMALL_ENTITY, EXTERNAL], ids=["billion-laughs", "entity", "external"])
+def test_an_xml_box_with_entities_is_refused_not_expanded(tmp_path, xml):
+    """Issue 24: the XML box comes from an input file: entity declarations (billion laughs,
+    external entities, and even a harmless one) are refused with the data error, never expanded."""
+    with pytest.raises(Jp2ReadError, match="refused.*entities") as info:
+        read_helioviewer_header(xml)
+    assert isinstance(info.value, DataError)
+    p = tmp_path / "entities.jp2"
+    p.write_bytes(_with_xml_box(HMI.read_bytes(), xml.encode()))
+    with pytest.raises(Jp2ReadError, match="refused.*entities"):
+        read_helioviewer_jp2(p)

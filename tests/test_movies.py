@@ -94,6 +94,16 @@ def submit_token(user: str = "tester") -> str:
         return make_token(s, user, ("jobs:submit",))
 
 
+def submit_session(user: str = "tester") -> str:
+    """A session cookie value (``lstdp_session``) of a new token of ``user`` with scope
+    jobs:submit, committed on the current settings' database."""
+    from backend.db import session_scope
+    from tests.conftest import make_session_cookie, make_token
+
+    with session_scope() as s:
+        return make_session_cookie(s, make_token(s, user, ("jobs:submit",)))
+
+
 def _iso(t: dt.datetime) -> str:
     return t.isoformat().replace("+00:00", "Z")
 

@@ -147,6 +147,28 @@ def test_private_targets_are_refused_unless_allowed(api_client, db_session, monk
     assert db_session.scalar(select(Webhook).where(Webhook.url == url)) is None
 
 
+@pytest.mark.parametrize("allow_private", ["false", "true"])
+@pytest.mark.parametrize("url", ["http://0177.0.0.1/h", "http://0300.0250.0.1/h", "https://1.2.3.04/h",
+                                 "http://010.0.0.1:8080/h"])
+def test_a_leading_zero_ipv4_is_422_on_every_webhook_route(api_client, db_session, monkeypatch, url, allow_private):
+    """Issue 24: ``0177.0.0.1`` is 127.0.0.1 to some resolvers and 177.0.0.1 to others (and
+    httpx refuses it): a 422 naming the field and the reason on both routes, never a 500."""
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("WEBHOOK_ALLOW_PRIVATE", allow_private)
+    get_settings.cache_clear()
+    with pytest.raises(ValueError, match="leading zeros"):
+        notify.check_webhook_url(url)
+    r = api_client.post("/api/v1/jobs", json={**JOB, "webhook_url": url})
+    assert r.status_code == 422, r.text
+    assert "webhook_url" in r.text and "leading zeros" in r.text
+    body = {"name": "flares", "kind": "events", "query": {"type": "FL"}, "webhook_url": url}
+    r = api_client.post("/api/v1/saved-searches", json=body)
+    assert r.status_code == 422, r.text
+    assert "webhook_url" in r.json()["detail"] and "leading zeros" in r.json()["detail"]
+    assert db_session.scalar(select(Webhook).where(Webhook.url == url)) is None
+
+
 def test_an_attempt_to_a_name_that_resolves_to_a_private_address_posts_nothing(db_session, settings_env,
                                                                              monkeypatch):
     """A name checked at each attempt (it may be re-pointed after registration): the attempt

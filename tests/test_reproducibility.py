@@ -98,6 +98,58 @@ def _versions(*names):
     return out
 
 
+def recipe_digests(path) -> tuple[list[tuple[int, str, str]], str]:
+    """The manifest digests of the FITS file ``path`` recomputed as README.md's recipe says
+    (written out here, independently of ``backend.services.manifests``)."""
+    import hashlib
+
+    hdus = []
+    with fits.open(path) as hdul:
+        for i, hdu in enumerate(hdul):
+            if hdu.data is None:
+                hex_ = hashlib.sha256(b"").hexdigest()
+            else:
+                a = np.asarray(hdu.data)
+                a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder(">")))
+                hex_ = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode() + a.tobytes()).hexdigest()
+            hdus.append((i, hdu.name, hex_))
+    total = hashlib.sha256("".join(f"{i} {name} {hex_}\n" for i, name, hex_ in hdus).encode()).hexdigest()
+    return hdus, total
+
+
+def test_product_digests_cover_every_hdu_as_the_readme_says(tmp_path):
+    """Issue 24: the digest covers data, UNCERT, DQ and any other HDU, in file order, as the
+    README's recipe recomputes it from the file; a change to UNCERT alone changes it."""
+    from backend.services.manifests import product_digests
+
+    rng = np.random.default_rng(3)
+    data = rng.normal(size=(6, 8)).astype(np.float32)
+    data[0, 0] = np.nan
+    sigma = np.abs(rng.normal(size=(6, 8))).astype(np.float32)
+    dq = (rng.random((6, 8)) < 0.2).astype(np.uint8)
+    hdul = fits.HDUList([fits.PrimaryHDU(data), fits.ImageHDU(sigma, name="UNCERT"), fits.ImageHDU(dq, name="DQ"),
+                         fits.ImageHDU(np.arange(12, dtype=np.int16).reshape(3, 4), name="EXTRA"),
+                         fits.ImageHDU(name="EMPTY")])
+    path = tmp_path / "p.fits"
+    hdul.writeto(path)
+    mem = product_digests(hdul)
+    with fits.open(path) as h:
+        assert product_digests(h) == mem  # in memory (as written) and read back: the same
+    hdus, total = recipe_digests(path)
+    assert [(h["index"], h["name"], h["sha256"]) for h in mem["hdus"]] == hdus and mem["all"] == total
+    assert [n for _, n, _ in hdus] == ["PRIMARY", "UNCERT", "DQ", "EXTRA", "EMPTY"]
+    assert (mem["data"], mem["uncertainty"], mem["dq"]) == (hdus[0][2], hdus[1][2], hdus[2][2])
+    old = array_digests(data, dq)  # the data/dq digests of older manifests: unchanged
+    assert (mem["data"], mem["dq"]) == (old["data"], old["dq"])
+    bumped = sigma.copy()
+    bumped[3, 4] = np.nextafter(bumped[3, 4], np.float32(np.inf))
+    other = product_digests(fits.HDUList([fits.PrimaryHDU(data), fits.ImageHDU(bumped, name="UNCERT"),
+                                          fits.ImageHDU(dq, name="DQ")]))
+    assert other["uncertainty"] != mem["uncertainty"] and other["data"] == mem["data"] and other["all"] != mem["all"]
+    extra = fits.HDUList([*hdul[:4], fits.ImageHDU(np.ones((2, 2), np.float32), name="EMPTY")])
+    assert product_digests(extra)["all"] != mem["all"]  # any other HDU counts too
+
+
 def _check_product_manifest(m: dict, prod: Product, frame: Frame, cal_rows: list[CalibrationFile]) -> None:
     """Every field of a product manifest, against values recomputed from the files."""
     from pipelines.calibration.options import CalibrationOptions
@@ -125,7 +177,12 @@ def _check_product_manifest(m: dict, prod: Product, frame: Frame, cal_rows: list
     assert backend == "numpy"
     assert m["product"]["id"] == prod.id and m["product"]["sha256"] == sha256_file(prod.path) == prod.sha256
     data, dq, _ = read_product(prod.path)
-    assert m["product"]["data_sha256"] == array_digests(data, dq)
+    got = m["product"]["data_sha256"]
+    assert (got["data"], got["dq"]) == (array_digests(data, dq)["data"], array_digests(data, dq)["dq"])
+    hdus, total = recipe_digests(prod.path)  # the README's recipe, every HDU (issue 24)
+    assert [h["name"] for h in got["hdus"]] == ["PRIMARY", "UNCERT", "DQ"]
+    assert [(h["index"], h["name"], h["sha256"]) for h in got["hdus"]] == hdus and got["all"] == total
+    assert got["uncertainty"] == hdus[1][2] and got["data"] == hdus[0][2] and got["dq"] == hdus[2][2]
     assert m["tolerance"] == TOLERANCE and "test_gpu_batch" in m["tolerance"]["basis"]
     assert m["tolerance"]["across_backends"]["p999_rel"] == 1e-4
     assert m["rerun"]["cli"].endswith(f"lstdp rerun product-{prod.id}.json")

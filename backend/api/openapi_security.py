@@ -41,8 +41,9 @@ SECURITY_SCHEMES: dict[str, dict[str, Any]] = {
     },
     "SessionCookie": {
         "type": "apiKey", "in": "cookie", "name": SESSION_COOKIE,
-        "description": "The browser's session: `POST /api/v1/session` with `{\"token\": \"lst_...\"}` sets this "
-                       "HttpOnly, SameSite=Strict cookie (Secure over https). Writes made with it must be sent as "
+        "description": "The browser's session: `POST /api/v1/session` with `{\"token\": \"lst_...\"}` starts a "
+                       "server-side session and sets this HttpOnly, SameSite=Strict cookie (Secure over https) to its "
+                       "random id, never the token; `DELETE /api/v1/session` ends it. Writes made with it must be sent as "
                        "`application/json` and, where the browser sends `Origin`, from this host: else 403 (CSRF).",
     },
 }

@@ -12,8 +12,9 @@ paths alike) and served at ``GET /api/v1/products/{id}/manifest``. It holds
   sunpy, opencv (and cupy when the GPU computed it), from :mod:`importlib.metadata`;
 * ``backend``: the array backend that actually computed the values (the product header's
   ``BACKEND``: ``numpy`` = CPU, ``cupy`` = GPU);
-* ``product``: the file's sha256 and the sha256 of its data arrays (:func:`array_digests`:
-  the file itself differs run to run by ``DATE`` and ``CHECKSUM``, the arrays do not);
+* ``product``: the file's sha256 and the sha256 of the data of every HDU, and of them all
+  together (:func:`product_digests`, :data:`DIGEST_RECIPE`: the file itself differs run to
+  run by ``DATE`` and ``CHECKSUM``, the arrays do not);
 * ``tolerance``: what "the same data" means on one backend (bit for bit) and across CPU and
   GPU (:data:`TOLERANCE`, with its basis);
 * ``rerun``: the commands that re-run it.
@@ -42,6 +43,7 @@ from sqlalchemy.orm import Session
 from backend.models import CalibrationSet, Frame, Job, JobItem, Product, ProductState
 
 __all__ = ["PRODUCT_SCHEMA", "JOB_SCHEMA", "TOLERANCE", "ARRAY_ENCODING", "array_digests", "dependency_versions",
+           "DIGEST_RECIPE", "product_digests", "hdu_digest",
            "product_manifest", "job_manifest", "compare_arrays", "rerun_commands", "MAX_INLINE_PRODUCTS",
            "device_of", "rerun_results"]
 
@@ -52,6 +54,13 @@ JOB_SCHEMA = "lstdp.job-manifest/1"
 ARRAY_ENCODING = ("sha256 of the C-order bytes of the array as the FITS file stores it: data big-endian float32 "
                   "(ny, nx) in BUNIT (NaN where DQ has NOT_FINITE or NO_DATA), dq uint8 (ny, nx); "
                   "each digest also covers dtype and shape")
+
+#: What :func:`product_digests` hashes, in words (README "Reproducibility" gives it as code).
+DIGEST_RECIPE = ("for each HDU of the file in file order (PRIMARY = data, UNCERT, DQ, then any other), as "
+                 "astropy.io.fits reads it: a = hdu.data cast to big-endian (a.astype(a.dtype.newbyteorder('>')), "
+                 "C order); its sha256 is sha256(f'{a.dtype.str}{a.shape}'.encode() + a.tobytes()), or sha256(b'') "
+                 "for an HDU without data; 'all' is the sha256 of the UTF-8 lines f'{index} {name} {hex}\\n' of "
+                 "every HDU in order; 'data', 'uncertainty', 'dq' repeat the PRIMARY, UNCERT and DQ digests")
 
 #: Float tolerance of a re-run. On one backend the arithmetic is deterministic, so a re-run
 #: must give the same bytes. CPU (NumPy) against GPU (CuPy) the float32 operations round
@@ -102,6 +111,39 @@ def array_digests(data: np.ndarray, dq: np.ndarray) -> dict[str, str | None]:
         is not recorded yet (``None``): the manifests' comparisons cover data and DQ.
     """
     return {"data": _digest(data, ">f4"), "uncertainty": None, "dq": _digest(dq, "u1")}
+
+
+def hdu_digest(data: np.ndarray | None) -> str:
+    """SHA-256 (hex) of one HDU's data as :data:`DIGEST_RECIPE` says: the array in big-endian
+    byte order and C order, prefixed by its dtype string and shape; ``sha256(b'')`` for None."""
+    if data is None:
+        return hashlib.sha256(b"").hexdigest()
+    a = np.asarray(data)
+    return _digest(a, a.dtype.newbyteorder(">").str)
+
+
+def product_digests(hdul: Any) -> dict[str, Any]:
+    """The digests of every HDU of a product (:data:`DIGEST_RECIPE`).
+
+    Parameters
+    ----------
+    hdul : astropy.io.fits.HDUList
+        The product as written (:func:`pipelines.products.build_product_hdul`) or as read
+        back from its file: the same values either way.
+
+    Returns
+    -------
+    dict
+        ``{"data": hex, "uncertainty": hex or None, "dq": hex or None, "hdus": [{"index": i,
+        "name": EXTNAME, "sha256": hex}, ...], "all": hex}``. ``data`` and ``dq`` equal
+        :func:`array_digests` of the same arrays (manifests made before ``UNCERT`` was
+        covered compare with them).
+    """
+    hdus = [{"index": i, "name": str(hdu.name or ""), "sha256": hdu_digest(hdu.data)} for i, hdu in enumerate(hdul)]
+    by_name = {h["name"]: h["sha256"] for h in reversed(hdus)}  # the first HDU of a name wins
+    total = hashlib.sha256("".join(f"{h['index']} {h['name']} {h['sha256']}\n" for h in hdus).encode("utf-8"))
+    return {"data": hdus[0]["sha256"] if hdus else None, "uncertainty": by_name.get("UNCERT"),
+            "dq": by_name.get("DQ"), "hdus": hdus, "all": total.hexdigest()}
 
 
 @lru_cache(maxsize=4)
@@ -190,7 +232,7 @@ def product_manifest(prod: Product, frame: Frame, *, header: dict[str, Any] | An
     file_sha256 : str
         Hex SHA-256 of the written FITS file.
     digests : dict
-        :func:`array_digests` of the written arrays.
+        :func:`product_digests` of the written HDU list (every HDU).
     software_version : str
         The platform's version (``SOFTVERS``).
 
@@ -211,6 +253,7 @@ def product_manifest(prod: Product, frame: Frame, *, header: dict[str, Any] | An
         "schema": PRODUCT_SCHEMA,
         "product": {"id": prod.id, "level": prod.level, "version": prod.version, "file": header.get("FILENAME"),
                     "sha256": file_sha256, "data_sha256": digests, "array_encoding": ARRAY_ENCODING,
+                    "digest_recipe": DIGEST_RECIPE,
                     "calibration_key": prod.calibration_key, "params_hash": prod.params_hash,
                     "job_id": prod.job_id, "written_at": _iso(written_at or dt.datetime.now(dt.UTC))},
         "input": {"frame_id": frame.id, "original_name": frame.original_name, "sha256": frame.sha256,

@@ -56,6 +56,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -149,7 +150,22 @@ def check_webhook_url(url: str) -> str:
     if not parts.hostname:
         raise ValueError("a webhook URL needs a host name")
     del port
+    host = parts.hostname.rstrip(".")
+    if _DOTTED_NUMBERS.fullmatch(host) and any(len(p) > 1 and p.startswith("0") for p in host.split(".")):
+        raise ValueError(f"a webhook URL's IPv4 address must not have leading zeros ({host!r}: some resolvers read "
+                         "0177 as octal 127, others as decimal 177); write each part in decimal without leading "
+                         "zeros, e.g. 127.0.0.1")
+    import httpx
+
+    try:
+        httpx.URL(url)  # the URL the deliveries are posted to: refused now, not at the first attempt
+    except (httpx.InvalidURL, ValueError, UnicodeError) as exc:
+        raise ValueError(f"not a URL: {redact_tokens(str(exc))[:200]}") from None
     return url
+
+
+#: A host made of dot-separated decimal digits only (an IPv4 address, or a mistyped one).
+_DOTTED_NUMBERS = re.compile(r"[0-9]+(\.[0-9]+)*")
 
 
 #: IPv6 ranges that carry an IPv4 address (RFC 6052 NAT64 well-known and local-use prefixes,
@@ -188,7 +204,10 @@ def resolve_target(url: str) -> tuple[str, list[str]]:
 
     import httpx
 
-    u = httpx.URL(url)
+    try:
+        u = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"not a URL: {exc}") from None
     host = u.raw_host.decode("ascii").strip("[]")
     try:
         infos = socket.getaddrinfo(host, u.port or (443 if u.scheme == "https" else 80), proto=socket.IPPROTO_TCP)

@@ -30,7 +30,7 @@ from backend.services.ingest import header_to_json
 # a job's items, its row lock and its end are shared with the API (cancel, retry):
 # backend.services.job_plan; re-exported here for the worker's modules
 from backend.services.job_plan import count_item, finish_job, frames_for_job, lock_job, plan_product, recount_job
-from backend.services.manifests import array_digests, product_manifest
+from backend.services.manifests import product_digests, product_manifest
 from backend.settings import Settings
 from backend.state import claim_product, confirm_claim, move_job, move_product, reason_text
 from pipelines.calibration.options import as_options
@@ -182,7 +182,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
     prod.manifest = product_manifest(prod, frame, header=hdul[0].header, file_sha256=sha,
-                                     digests=array_digests(hdul[0].data, result.dq), software_version=__version__)
+                                     digests=product_digests(hdul), software_version=__version__)
     move_product(prod, ProductState.written)
     return True
 
