@@ -368,6 +368,25 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
+def _end_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies (``PR_SET_PDEATHSIG``).
+
+    ``make demo`` runs ``lstdp demo`` as make's child; SIGTERM sent to make's PID (a
+    supervisor, ``kill``, a CI runner's timeout) ends make alone, and the demo, its worker and
+    the worker's reconciler ran on. With this the demo is told too, and stops them through its
+    ``finally``. Does nothing where ``prctl`` is missing; ends the demo at once if the parent
+    is already gone."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # died before prctl took effect
+        raise SystemExit(128 + signal.SIGTERM)
+
+
 def _demo_simulation_current(sim_dir: Path) -> bool:
     """Whether ``sim_dir`` holds a demo simulation; one made by an older version (without the
     XRS day's flare) is kept, with a note: simulating again would change every frame's bytes
@@ -401,6 +420,7 @@ def cmd_demo(args) -> int:
     upgrade(s.sqlalchemy_url)
 
     worker = None
+    _end_with_parent()
     # SIGTERM ends the demo through its `finally` (which stops the worker's process group and
     # waits for it), as Ctrl-C does, rather than killing it on the spot; uvicorn restores
     # this handler and re-raises the signal after its graceful shutdown, so it also applies

@@ -89,17 +89,32 @@ def _free_port() -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc (Linux)")
-@pytest.mark.parametrize("phase", ["preparing", "serving"])
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_demo_stops_its_worker_and_reconciler_on_a_signal(tmp_path, signum, phase):
+@pytest.mark.parametrize(("signum", "phase", "via"), [
+    (signal.SIGTERM, "preparing", "direct"), (signal.SIGTERM, "serving", "direct"),
+    (signal.SIGINT, "preparing", "direct"), (signal.SIGINT, "serving", "direct"),
+    # `make demo`, make's own PID signalled (a supervisor or `kill`): make ends alone, its child
+    # lstdp demo must notice and stop what it started
+    (signal.SIGTERM, "serving", "make"),
+], ids=["SIGTERM-preparing", "SIGTERM-serving", "SIGINT-preparing", "SIGINT-serving", "SIGTERM-make-serving"])
+def test_demo_stops_its_worker_and_reconciler_on_a_signal(tmp_path, signum, phase, via):
+    import shutil
+
     import httpx
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_URL", "CELERY_", "LSTDP_", "DATA_DIR"))}
     port = _free_port()
     env.update(DATA_DIR=str(tmp_path / "var"), HOST="127.0.0.1", PORT=str(port))
     log = open(tmp_path / "demo.log", "wb")
-    demo = subprocess.Popen([sys.executable, "-c", _CHILD, phase], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    cmd = [sys.executable, "-c", _CHILD, phase]
+    if via == "make":
+        if shutil.which("make") is None:
+            pytest.skip("no make")
+        (tmp_path / "child.py").write_text(_CHILD)
+        (tmp_path / "Makefile").write_text(f"demo:\n\t{sys.executable} {tmp_path / 'child.py'} {phase}\n")
+        cmd = ["make", "-s", "-f", str(tmp_path / "Makefile"), "demo"]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                             *filter(None, [env.get("PYTHONPATH")])])
+    demo = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     recorded: set[int] = set()
     try:
         deadline = time.monotonic() + 240  # a bound for a loaded machine, not a speed
