@@ -343,12 +343,20 @@ def cmd_reconcile(args) -> int:
     return 0
 
 
+def serve_options(s) -> dict:
+    """uvicorn's options of ``lstdp serve`` from settings ``s``, less host and port: its HTTP
+    protocol closes a connection that has not sent a complete request header within
+    ``HEADER_TIMEOUT_S`` (:mod:`backend.api.http_protocol`)."""
+    from backend.api.http_protocol import protocol_class
+
+    return {"http": protocol_class(s.header_timeout_s), "log_level": "info"}
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
     s = _settings()
-    uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port,
-                log_level="info")
+    uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port, **serve_options(s))
     return 0
 
 
