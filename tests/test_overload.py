@@ -224,34 +224,41 @@ def test_a_key_whose_first_request_is_in_progress_is_409(pg_api, pg_url, monkeyp
     assert c.post("/api/v1/saved-searches", json=SAVED, headers=key).json() == out[0].json()
 
 
-def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, pg_url):
-    """POST /jobs/{id}/retry waits on a row lock held by the test past its deadline: it is
-    answered 503; the lock is then released and the route goes on, but its commit is refused,
-    so the job was not retried. On f32dd98 the retry ran anyway."""
+def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, pg_url, monkeypatch):
+    """POST /jobs/{id}/retry is held (an event) before its work until the test has its answer:
+    503 at the deadline. Released, the route goes on, but its commit is refused, so the job
+    was not retried. On f32dd98 the retry ran anyway."""
+    from backend.models import Job, JobState
+    from backend.services import job_control
+
     c = pg_api(API_DEADLINE_S=1, API_STATEMENT_TIMEOUT_S=30)
     job_id = str(uuid.uuid4())
-    from backend.models import Job, JobState
-
     engine = create_engine(pg_url)
     with Session(engine) as s:
-        s.add(Job(id=job_id, owner=c.user, state=JobState.failed, error="a frame failed"))
+        s.add(Job(id=job_id, owner=c.user, state=JobState.failed, error="a frame failed",
+                  parameters={"channels": ["SDI"], "start": "1990-01-01T00:00:00+00:00",
+                              "end": "1990-01-02T00:00:00+00:00"}))
         s.commit()
+    real, release, ended = job_control.retry_job, threading.Event(), threading.Event()
+
+    def held(*a, **kw):
+        assert release.wait(60)
+        try:
+            return real(*a, **kw)
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(job_control, "retry_job", held)
+    r = c.post(f"/api/v1/jobs/{job_id}/retry")
+    release.set()
+    assert r.status_code == 503, r.text
+    assert ended.wait(60)  # retry_job commits (or is refused its commit) before it returns
+    with Session(engine) as s:
+        job = s.get(Job, job_id)
+        retries, state = job.retries, job.state
     engine.dispose()
-    with psycopg.connect(_plain(pg_url)) as locker:
-        locker.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
-        r = c.post(f"/api/v1/jobs/{job_id}/retry")
-        assert r.status_code == 503 and r.headers.get("Retry-After"), r.text
-        assert "wrote nothing" in r.json()["detail"], r.text
-        locker.rollback()
-    with psycopg.connect(_plain(pg_url), autocommit=True) as admin:
-        def settled():  # the route's thread has finished with the job's row (lock free, no transaction)
-            busy = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                 "AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction') "
-                                 "AND query ILIKE '%jobs%'").fetchone()[0]
-            return busy == 0
-        _wait(settled, "the late retry to end")
-        retries, state = admin.execute("SELECT retries, state FROM jobs WHERE id = %s", (job_id,)).fetchone()
-    assert (retries, state) == (0, "failed")
+    assert (retries, state) == (0, JobState.failed), "a retry answered 503 ran anyway"
+    assert r.headers.get("Retry-After") and "wrote nothing" in r.json()["detail"], r.text
 
 
 # -- 4. the database drops during the rollback -------------------------------------------------
