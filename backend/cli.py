@@ -343,6 +343,18 @@ def cmd_reconcile(args) -> int:
     return 0
 
 
+def serve_options(s) -> dict:
+    """uvicorn's options of ``lstdp serve`` from settings ``s``, less host and port: its HTTP
+    protocol closes a connection that has not sent a complete request header within
+    ``HEADER_TIMEOUT_S`` (:mod:`backend.api.http_protocol`), and it trusts the
+    ``X-Forwarded-Proto``/``X-Forwarded-For`` headers of the proxies in ``FORWARDED_ALLOW_IPS``
+    only (uvicorn's ``proxy_headers`` and ``forwarded_allow_ips``)."""
+    from backend.api.http_protocol import protocol_class
+
+    return {"http": protocol_class(s.header_timeout_s), "log_level": "info", "proxy_headers": True,
+            "forwarded_allow_ips": s.forwarded_allow_ips}
+
+
 def cmd_serve(args) -> int:
     """Run the API with uvicorn on ``HOST``:``PORT``, trusting the ``X-Forwarded-Proto`` and
     ``X-Forwarded-For`` headers of the proxies in ``FORWARDED_ALLOW_IPS`` only (uvicorn's
@@ -352,8 +364,7 @@ def cmd_serve(args) -> int:
     import uvicorn
 
     s = _settings()
-    uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port,
-                log_level="info", proxy_headers=True, forwarded_allow_ips=s.forwarded_allow_ips)
+    uvicorn.run("backend.api.app:app", host=args.host or s.host, port=args.port or s.port, **serve_options(s))
     return 0
 
 

@@ -116,8 +116,9 @@ def _ms(seconds: float) -> int:
 def db_timeouts(settings: Settings, role: Role = "worker") -> DbTimeouts:
     """The timeouts of ``role``'s connections, from ``settings`` (see :mod:`backend.settings`).
 
-    * ``api``: statements and pool checkouts get ``API_DEADLINE_S`` (a statement outliving
-      the answer is wasted work), connecting its value rounded up (at least psycopg's 2 s),
+    * ``api``: statements get ``API_STATEMENT_TIMEOUT_S`` (two thirds of the deadline unless
+      set: a slow query is cancelled, and answered as such, before the deadline), pool
+      checkouts ``API_DEADLINE_S``, connecting its value rounded up (at least psycopg's 2 s),
       idle transactions :data:`API_IDLE_IN_TRANSACTION_S`. Without a deadline
       (``API_DEADLINE_S=0``) the workers' values.
     * ``worker`` (also the CLI): ``DB_CONNECT_TIMEOUT_S``, ``DB_STATEMENT_TIMEOUT_S``,
@@ -130,7 +131,7 @@ def db_timeouts(settings: Settings, role: Role = "worker") -> DbTimeouts:
         return DbTimeouts(connect_s=settings.db_connect_timeout_s)
     if role == "api" and settings.api_deadline_s > 0:
         deadline = settings.api_deadline_s
-        return DbTimeouts(connect_s=max(2, math.ceil(deadline)), statement_s=deadline,
+        return DbTimeouts(connect_s=max(2, math.ceil(deadline)), statement_s=settings.api_statement_s,
                           idle_in_transaction_s=API_IDLE_IN_TRANSACTION_S, pool_s=deadline)
     return worker
 
@@ -144,7 +145,8 @@ API_POOL = (15, 0)
 DEFAULT_POOL = (5, 10)
 
 
-def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, int] = DEFAULT_POOL) -> Engine:
+def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, int] = DEFAULT_POOL,
+                sqlite_statement_s: float = 0.0) -> Engine:
     """Create an engine for ``url`` with the pragmas and timeouts this project needs.
 
     Parameters
@@ -157,6 +159,10 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, i
     pool : (int, int)
         PostgreSQL only: SQLAlchemy ``pool_size`` and ``max_overflow`` (:data:`DEFAULT_POOL`;
         the API's: :data:`API_POOL`).
+    sqlite_statement_s : float
+        SQLite only: a statement running longer than this is interrupted (``sqlite3``'s
+        progress handler; it raises ``OperationalError: interrupted``) [s]; 0 for none (the
+        default). The API's engine gets ``API_STATEMENT_TIMEOUT_S``.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -169,6 +175,8 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, i
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
+        if sqlite_statement_s > 0:
+            _interrupt_slow_sqlite(engine, sqlite_statement_s)
         return engine
     t = timeouts if timeouts is not None else db_timeouts(get_settings(), "worker")
     query = make_url(url).query
@@ -199,6 +207,27 @@ def make_engine(url: str, timeouts: DbTimeouts | None = None, pool: tuple[int, i
     return engine
 
 
+def _interrupt_slow_sqlite(engine: Engine, budget_s: float) -> None:
+    """Interrupt ``engine``'s SQLite statements that run longer than ``budget_s``: each
+    statement sets its end time on its connection, a progress handler (every 1000 virtual
+    machine instructions) aborts it once past (``sqlite3.OperationalError: interrupted``).
+    A wait for SQLite's write lock (``busy_timeout``) is not interrupted."""
+    import time
+
+    @event.listens_for(engine, "connect")
+    def _install(dbapi_conn, record):
+        record.info["statement_ends"] = math.inf
+        dbapi_conn.set_progress_handler(lambda: int(time.monotonic() > record.info["statement_ends"]), 1000)
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _start(conn, _cursor, _statement, _params, _context, _many):
+        conn.connection.info["statement_ends"] = time.monotonic() + budget_s
+
+    @event.listens_for(engine, "after_cursor_execute")
+    def _end(conn, _cursor, _statement, _params, _context, _many):
+        conn.connection.info["statement_ends"] = math.inf
+
+
 #: The engines and session factories made so far, one per role (:func:`get_engine`).
 _ENGINES: dict[str, Engine] = {}
 _SESSIONMAKERS: dict[str, sessionmaker[Session]] = {}
@@ -210,8 +239,9 @@ def get_engine(role: Role = "worker") -> Engine:
     engine = _ENGINES.get(role)
     if engine is None:
         s = get_settings()
-        engine = _ENGINES.setdefault(role, make_engine(s.sqlalchemy_url, db_timeouts(s, role),
-                                                       API_POOL if role == "api" else DEFAULT_POOL))
+        engine = _ENGINES.setdefault(role, make_engine(
+            s.sqlalchemy_url, db_timeouts(s, role), API_POOL if role == "api" else DEFAULT_POOL,
+            sqlite_statement_s=s.api_statement_s if role == "api" and s.api_deadline_s > 0 else 0.0))
     return engine
 
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -883,3 +884,32 @@ class SavedSearchNotification(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("saved_search_id", "item_id"),)
+
+
+# -- idempotent writes --
+
+
+class IdempotencyKey(Base):
+    """One ``Idempotency-Key`` of one principal (:mod:`backend.api.idempotency`): the request it
+    was first used with (its fingerprint) and, once answered, the answer, replayed to a repeat.
+
+    ``principal`` is the SHA-256 (hex) of the request's credential (bearer token or session
+    cookie), ``"anonymous"`` without one; ``fingerprint`` the SHA-256 of the method, path, query
+    and body. ``status`` is null while the first request is in progress (a repeat then gets
+    409). Rows expire at ``expires_at`` (``IDEMPOTENCY_TTL_S`` after the first request).
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    principal: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(String(2000))
+    #: HTTP status of the stored answer; null while the first request is in progress.
+    status: Mapped[int | None] = mapped_column(Integer)
+    #: The answer's ``content-type`` and ``location`` headers (those replayed).
+    headers: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    body: Mapped[bytes | None] = mapped_column(LargeBinary)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column(index=True)

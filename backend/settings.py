@@ -115,6 +115,24 @@ class Settings(BaseSettings):
         0.2 s left for the network. The API's database statement timeout, its broker socket
         timeouts and the health checks are derived from it (``backend.db``,
         ``backend.broker``, ``backend.api.app``).
+    ``API_STATEMENT_TIMEOUT_S``
+        PostgreSQL ``statement_timeout`` of the API's connections [s] (SQLite: the API's
+        statements are interrupted after it); 0 for none. Default: two thirds of
+        ``API_DEADLINE_S`` (1.2 s), so that a slow query is cancelled, and answered 503 with
+        ``Retry-After`` and "the database query took too long", before the request's deadline
+        (whose 503 cannot tell what it waited for). Without a deadline, the workers' value.
+    ``HEALTH_PROBE_TIMEOUT_S``
+        How long ``/health`` waits for each probe (a ``SELECT 1`` on a connection of its own, a
+        broker ping) [s]. Default: half of ``API_DEADLINE_S`` (0.9 s), 1 s without a
+        deadline. A dependency is reported down only when its probe fails or passes this.
+    ``IDEMPOTENCY_TTL_S``
+        How long the answer to a POST made with an ``Idempotency-Key`` header is kept and
+        replayed to a repeat [s]. Default 86400 (24 h, as Stripe's API).
+    ``HEADER_TIMEOUT_S``
+        ``lstdp serve``: a connection that has not sent a complete request header within this
+        long of opening (or of the previous answer, on a kept-alive connection) is answered
+        408 and closed [s]. Default 10, a choice: far above what a client on a slow link
+        needs, short enough that idle half-open connections (slowloris) do not pile up.
     ``BROKER_SOCKET_TIMEOUT_S``
         Redis (broker and result backend): connect and socket timeouts of the workers [s].
         Default 10, a choice: longer than kombu's 1 s ``BRPOP`` wait (the solo pool of the
@@ -185,6 +203,13 @@ class Settings(BaseSettings):
     db_idle_in_transaction_timeout_s: float | None = Field(
         default=None, ge=0, validation_alias=_alias("DB_IDLE_IN_TRANSACTION_TIMEOUT_S"))
     api_deadline_s: float = Field(default=1.8, ge=0, le=3600, validation_alias=_alias("API_DEADLINE_S"))
+    api_statement_timeout_s: float | None = Field(default=None, ge=0, le=3600,
+                                                  validation_alias=_alias("API_STATEMENT_TIMEOUT_S"))
+    health_probe_timeout_s: float | None = Field(default=None, gt=0, le=60,
+                                                 validation_alias=_alias("HEALTH_PROBE_TIMEOUT_S"))
+    idempotency_ttl_s: float = Field(default=86_400.0, gt=0, le=30 * 86_400,
+                                     validation_alias=_alias("IDEMPOTENCY_TTL_S"))
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600, validation_alias=_alias("HEADER_TIMEOUT_S"))
     broker_socket_timeout_s: float = Field(default=10.0, gt=0, le=3600,
                                            validation_alias=_alias("BROKER_SOCKET_TIMEOUT_S"))
     quota_concurrent_jobs: int = Field(default=4, ge=0, le=10_000, validation_alias=_alias("QUOTA_CONCURRENT_JOBS"))
@@ -223,6 +248,24 @@ class Settings(BaseSettings):
         if self.db_idle_in_transaction_timeout_s is None:
             return self.lease_s
         return self.db_idle_in_transaction_timeout_s
+
+    @property
+    def api_statement_s(self) -> float:
+        """The API's statement budget [s] (0: none): ``API_STATEMENT_TIMEOUT_S`` or, unset, two
+        thirds of ``API_DEADLINE_S``; without a deadline, ``DB_STATEMENT_TIMEOUT_S``."""
+        if self.api_statement_timeout_s is not None:
+            return self.api_statement_timeout_s
+        if self.api_deadline_s > 0:
+            return self.api_deadline_s * 2 / 3
+        return self.db_statement_timeout_s
+
+    @property
+    def health_probe_s(self) -> float:
+        """How long ``/health`` waits for each probe [s]: ``HEALTH_PROBE_TIMEOUT_S`` or, unset,
+        half of ``API_DEADLINE_S`` (1 s without a deadline)."""
+        if self.health_probe_timeout_s is not None:
+            return self.health_probe_timeout_s
+        return self.api_deadline_s / 2 if self.api_deadline_s > 0 else 1.0
 
     # -- derived ---------------------------------------------------------------------------
     @property

@@ -334,7 +334,8 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     assert _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})[0].status_code == 200
 
     # the job POSTed while frozen was answered 503: once its request thread has got through,
-    # the row it stored says failed, with the reason (not queued: the client knows nothing of it)
+    # its commit is refused (past its deadline), so no job was stored: a write answered 503
+    # has not happened (issue 24)
     from sqlalchemy import create_engine
 
     engine = create_engine(pg_url)
@@ -343,13 +344,13 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
         while True:
             with engine.connect() as conn:
                 rows = conn.execute(text("SELECT state, error FROM jobs WHERE owner = :o"), {"o": owner}).all()
-            if (rows and rows[0][0] != "queued") or time.monotonic() - t0 > 10:
+            if rows or time.monotonic() - t0 > 10:
                 break
             time.sleep(0.1)
     finally:
         engine.dispose()
     print(f"the job POSTed while frozen: {rows}")
-    assert len(rows) == 1 and rows[0][0] == "failed" and "answered 503" in rows[0][1], rows
+    assert rows == [], rows
     assert _timed(c, "POST", "/api/v1/jobs", json=JOB)[0].status_code == 202
 
 
@@ -412,8 +413,8 @@ def test_each_role_gets_its_timeouts_and_a_statement_past_it_is_cancelled(privat
     from backend.faults import public_reason
 
     _, url = private_pg
-    s = Settings(API_DEADLINE_S=1.8, DB_STATEMENT_TIMEOUT_S=300, TASK_TIME_LIMIT_S=900)
-    expected = {"api": ("1800ms", "10s"), "worker": ("5min", "16min"), "migrations": ("0", "0")}
+    s = Settings(API_DEADLINE_S=1.8, DB_STATEMENT_TIMEOUT_S=300, TASK_TIME_LIMIT_S=900)  # API: 2/3 of the deadline
+    expected = {"api": ("1200ms", "10s"), "worker": ("5min", "16min"), "migrations": ("0", "0")}
     for role, (statement, idle) in expected.items():
         engine = make_engine(url, db_timeouts(s, role))
         try:

@@ -28,12 +28,14 @@ handlers pass details and echoed inputs through :func:`backend.auth.redact_token
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -48,6 +50,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
 from backend.api.deps import SessionDep
+from backend.api.idempotency import IdempotencyMiddleware, document_idempotency
 from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, movies, products
 from backend.api.routes import viewer as viewer_routes
 from backend.api.routes import event_curves as event_curves_routes
@@ -169,23 +172,68 @@ async def _db_data_error_handler(request: Request, exc: DatabaseDataError):
     return JSONResponse({"detail": detail}, status_code=422)
 
 
+def is_slow_query(exc: BaseException) -> bool:
+    """Whether a database error is a statement stopped for passing its budget (the server
+    answered: a slow query, not an outage): psycopg's ``QueryCanceled`` (PostgreSQL's
+    ``statement_timeout``, SQLSTATE 57014) or SQLite's ``interrupted`` (the API's budget,
+    :func:`backend.db.make_engine`)."""
+    orig = getattr(exc, "orig", None)
+    if orig is None:
+        return False
+    if type(orig).__name__ == "QueryCanceled" or getattr(orig, "sqlstate", None) == "57014":
+        return True
+    return type(orig).__module__ == "sqlite3" and str(orig).strip().lower() == "interrupted"
+
+
+def _query_summary(statement: str | None) -> str:
+    """The statement's kind and first table, e.g. ``SELECT ... FROM events``: enough to say
+    which query, no parameter values (they are bound, never in the text)."""
+    if not statement:
+        return "a query"
+    words = statement.split()
+    verb = words[0].upper() if words else "query"
+    table = next((words[i + 1].strip('"(),') for i, w in enumerate(words[:-1])
+                  if w.upper() in ("FROM", "INTO", "UPDATE")), None)
+    return f"{verb} on {table}" if table else verb
+
+
+#: ``Retry-After`` of a 503 the server expects to pass soon (a slow query, a busy pool) [s].
+RETRY_AFTER_S = 2
+
+
 async def _db_unavailable_handler(request: Request, exc: Exception):
+    """503 for database faults, saying which: a slow query (the server cancelled it at its
+    budget), every pooled connection busy (both: ``Retry-After``, the server is up), the
+    schema missing, or the database unreachable (refused, dropped, not answering)."""
     from backend.db import SCHEMA_MISSING, is_schema_missing
 
+    headers = None
     if is_schema_missing(exc):
         log.error("database has no schema: %s", str(exc).splitlines()[0])
         detail = SCHEMA_MISSING
     elif isinstance(exc, ProgrammingError):
         return await _unexpected_handler(request, exc)
-    elif type(getattr(exc, "orig", None)).__name__ == "QueryCanceled":
-        log.error("database statement cancelled on %s %s: %s", request.method, request.url.path, exc)
-        detail = "the database did not finish in time (statement timeout); try again later or narrow the request"
+    elif is_slow_query(exc):
+        budget = get_settings().api_statement_s
+        query = _query_summary(getattr(exc, "statement", None))
+        log.error("slow query on %s %s (%s) cancelled at its budget of %g s", request.method, request.url.path,
+                  query, budget)
+        detail = (f"the database query took too long: {query} of {request.method} {request.url.path} passed "
+                  f"its budget of {budget:g} s and was cancelled (the database is up); try again later or "
+                  "narrow the request")
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+    elif isinstance(exc, PoolTimeoutError):
+        log.error("no free database connection on %s %s: %s", request.method, request.url.path, exc)
+        detail = "the server is busy: every database connection is in use (the database is up); try again shortly"
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     else:
         log.error("database unavailable on %s %s: %s", request.method, request.url.path, exc)
         detail = f"the database is unavailable ({public_reason(exc)}); try again later"
     if not _is_api(request):
-        return _error_page(request, 503, detail)
-    return JSONResponse({"detail": detail}, status_code=503)
+        page = _error_page(request, 503, detail)
+        page.headers.update(headers or {})
+        return page
+    return JSONResponse({"detail": detail}, status_code=503, headers=headers)
 
 
 async def _unexpected_handler(request: Request, exc: Exception):
@@ -284,9 +332,19 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class DeadlinePassed(Exception):
+    """A request tried to commit after its deadline: refused, so that a write answered 503
+    has not happened (:func:`_refuse_late_commit`)."""
+
+
+#: The deadline of the request this code runs for (set by :class:`DeadlineMiddleware`; the
+#: route's worker thread sees it too, AnyIO copies the context).
+current_deadline: ContextVar["RequestDeadline | None"] = ContextVar("current_deadline", default=None)
+
+
 class RequestDeadline:
     """The deadline of one request, shared by :class:`DeadlineMiddleware` and the route
-    (``request.state.deadline``).
+    (``request.state.deadline``, :data:`current_deadline`).
 
     Attributes
     ----------
@@ -294,30 +352,111 @@ class RequestDeadline:
         The deadline, from the request's arrival [s].
     answered : bool
         True once the middleware has answered 503: whatever the route does afterwards is not
-        seen by the client (a route that writes can undo or mark its work, as
-        ``POST /jobs`` does).
+        seen by the client; a commit is then refused (:class:`DeadlinePassed`).
+    wrote : bool
+        True once the request has begun a commit in time: the middleware then waits for the
+        route's own answer (one more ``limit_s``) instead of saying the write did not happen.
+    query : str or None
+        The database statement running now (``SELECT on events``), for the 503's message.
     """
 
     def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s
         self.started = time.monotonic()
         self.answered = False
+        self.wrote = False
+        self.query: str | None = None
+        self.query_started = 0.0
+        self._lock = threading.Lock()
 
     def remaining_s(self) -> float:
         """Seconds left before the deadline (negative once past) [s]."""
         return self.limit_s - (time.monotonic() - self.started)
 
+    def begin_write(self) -> bool:
+        """Claim the right to commit: False when the deadline has passed or the client was
+        answered 503 (the commit must not happen), else True and :attr:`wrote` is set."""
+        with self._lock:
+            if self.wrote:
+                return True
+            if self.answered or self.remaining_s() <= 0:
+                return False
+            self.wrote = True
+            return True
+
+    def give_up(self) -> bool:
+        """The middleware's side: mark the request answered 503 unless a commit has begun
+        (then False: the route's own answer is awaited)."""
+        with self._lock:
+            if self.wrote:
+                return False
+            self.answered = True
+            return True
+
+
+def _refuse_late_commit(session) -> None:
+    """SQLAlchemy ``before_commit`` of every session: within a request past its deadline (or
+    already answered 503) the commit is refused with :class:`DeadlinePassed`, so the write
+    does not happen. Sessions with ``info["after_deadline"]`` (the idempotency store's) are
+    exempt."""
+    deadline = current_deadline.get()
+    if deadline is None or session.info.get("after_deadline"):
+        return
+    if not session.new and not session.dirty and not session.deleted and not session.in_transaction():
+        return
+    if not deadline.begin_write():
+        raise DeadlinePassed(f"the request passed its deadline of {deadline.limit_s:g} s before its commit: "
+                             "nothing was written")
+
+
+def _track_statement(conn, _cursor, statement, _params, _context, _many) -> None:
+    deadline = current_deadline.get()
+    if deadline is not None:
+        deadline.query, deadline.query_started = _query_summary(statement), time.monotonic()
+
+
+def _statement_done(conn, _cursor, _statement, _params, _context, _many) -> None:
+    deadline = current_deadline.get()
+    if deadline is not None:
+        deadline.query = None
+
+
+def _install_deadline_hooks() -> None:
+    """Register :func:`_refuse_late_commit` and the statement tracking once per process."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    if not event.contains(Session, "before_commit", _refuse_late_commit):
+        event.listen(Session, "before_commit", _refuse_late_commit)
+        event.listen(Engine, "before_cursor_execute", _track_statement)
+        event.listen(Engine, "after_cursor_execute", _statement_done)
+
+
+async def _deadline_passed_handler(request: Request, exc: DeadlinePassed):
+    detail = f"{exc}; try again"
+    if not _is_api(request):
+        return _error_page(request, 503, detail)
+    return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
 
 class DeadlineMiddleware:
-    """Answer 503 ``{"detail": ...}`` when a request has not started its response within
-    ``API_DEADLINE_S`` (1.8 s by default), so the API answers within 2 s even when
-    PostgreSQL or Redis is frozen.
+    """Answer 503 ``{"detail": ...}`` with ``Retry-After`` when a request has not started its
+    response within ``API_DEADLINE_S`` (1.8 s by default), so the API answers within 2 s even
+    when PostgreSQL or Redis is frozen.
 
     A frozen server (SIGSTOP, a hung host behind a live kernel) accepts TCP connections and
     acknowledges what is sent, and never answers: the server-side ``statement_timeout`` is
     never applied, a pooled connection's ``pool_pre_ping`` waits forever. Only the client
     can give up, and psycopg has no timeout for a statement, so the request is given up
-    here, around the application.
+    here, around the application. A slow query on a server that answers is cancelled at its
+    budget first (``API_STATEMENT_TIMEOUT_S``, two thirds of the deadline) and answered as
+    such; the deadline's 503 says what the request was waiting for when it knows (a query
+    still running), and never claims an outage it has not seen.
+
+    Writes: a commit is refused once the deadline has passed (:func:`_refuse_late_commit`),
+    so a write answered 503 here has not happened. A request whose commit began in time is
+    given one more deadline for its own answer; past that, the 503 says its write may have
+    happened and to repeat it with the same ``Idempotency-Key`` (which then gets its answer).
 
     What happens to the work still running: a synchronous route runs in a thread, which
     cannot be interrupted; it stays blocked until the server answers again (or the kernel
@@ -325,10 +464,8 @@ class DeadlineMiddleware:
     :mod:`backend.db`), then finishes, and its answer is dropped. Such threads are bounded:
     each holds a pooled connection (15 at most), a checkout past those fails after the
     pool timeout (the deadline), a thread of the pool (40, AnyIO's default) is held per
-    stuck request. The route is told through ``request.state.deadline``
-    (:class:`RequestDeadline`): ``POST /jobs`` fails a job the client was told nothing
-    about. A process that stops while a server is frozen waits for such threads (or is
-    killed by its supervisor).
+    stuck request. A process that stops while a server is frozen waits for such threads
+    (or is killed by its supervisor).
 
     A response that has started in time (a FITS download, a CSV export streaming) is not
     cut. ``API_DEADLINE_S=0`` turns the deadline off.
@@ -356,21 +493,41 @@ class DeadlineMiddleware:
                 started = True
             await send(message)
 
-        task = asyncio.ensure_future(self.app(scope, receive, guarded_send))
+        token = current_deadline.set(deadline)
+        try:
+            task = asyncio.ensure_future(self.app(scope, receive, guarded_send))  # copies the context
+        finally:
+            current_deadline.reset(token)
         done, _ = await asyncio.wait({task}, timeout=limit)
         if done or started:
             await task  # finished, or a response under way: let it end (and raise as it does)
             return
-        deadline.answered = True
+        in_doubt = False
+        if not deadline.give_up():  # its commit began in time: wait for its own answer
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if done or started:
+                await task
+                return
+            deadline.answered = in_doubt = True
         self._orphans.add(task)
         task.add_done_callback(self._forget)
-        log.error("%s %s: no answer within %.1f s (a database or broker that does not answer); answered 503, "
-                  "the request goes on in the background", scope.get("method"), scope.get("path"), limit)
-        detail = f"the server could not answer within {limit:g} s (the database or the broker is not answering); " \
-                 "try again later"
+        if in_doubt:
+            detail = (f"the request's write began in time but its answer did not come within {2 * limit:g} s: it "
+                      "may have happened; repeat the request with the same Idempotency-Key to get its answer")
+        elif deadline.query is not None:
+            detail = (f"the database has not finished a query ({deadline.query}) for "
+                      f"{time.monotonic() - deadline.query_started:.1f} s: it is slow or not answering; the request "
+                      f"was given up at its deadline of {limit:g} s and wrote nothing; try again later")
+        else:
+            detail = (f"the server could not answer within {limit:g} s (busy, or the database or the broker is not "
+                      "answering); the request wrote nothing; try again later")
+        log.error("%s %s: no answer within %.1f s; answered 503 (%s), the request goes on in the background",
+                  scope.get("method"), scope.get("path"), limit, detail)
         request = Request(scope)
-        response = JSONResponse({"detail": detail}, status_code=503) if _is_api(request) \
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        response = JSONResponse({"detail": detail}, status_code=503, headers=headers) if _is_api(request) \
             else _error_page(request, 503, detail)
+        response.headers.update(headers)
         await response(scope, receive, send)
 
     def _forget(self, task: asyncio.Task) -> None:
@@ -380,69 +537,88 @@ class DeadlineMiddleware:
             log.error("a request answered 503 at its deadline then failed: %s: %s", type(exc).__name__, exc)
 
 
-class _BoundedCheck:
-    """Run a blocking health check in a daemon thread and give up on it after a timeout.
-
-    A check stuck on a frozen server keeps its thread until the server answers; at most
-    ``max_stuck`` (2) are let wait at once, later checks are reported as not answering
-    without starting another thread, so a frozen server cannot multiply them.
+class _SharedProbe:
+    """Probe one dependency in a daemon thread, one probe at a time per target: a health check
+    that comes while a probe is in flight waits for that probe's answer (each caller up to its
+    own timeout) instead of starting another. A dependency is reported down only when its probe
+    fails or does not answer in time, never because other checks or requests are in progress;
+    a probe stuck on a frozen server holds one thread, however many checks come meanwhile.
     """
 
-    def __init__(self, name: str, max_stuck: int = 2) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.slots = threading.BoundedSemaphore(max_stuck)
+        self._lock = threading.Lock()
+        self._in_flight: dict[Any, concurrent.futures.Future] = {}
 
-    async def run(self, fn: Callable[..., str], timeout_s: float, *args: Any) -> str:
-        if not self.slots.acquire(blocking=False):
-            return f"{self.name} unreachable: earlier checks still wait for an answer"
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[str] = loop.create_future()
-
-        def settle(value: str) -> None:
-            if not future.done():
-                future.set_result(value)
-
-        def work() -> None:
-            try:
-                value = fn(*args)
-            except Exception as exc:  # noqa: BLE001 - a check reports, never raises
-                log.warning("%s check failed: %s: %s", self.name, type(exc).__name__, exc)
-                value = f"{self.name} unreachable: {public_reason(exc)}"
-            finally:
-                self.slots.release()
-            try:
-                loop.call_soon_threadsafe(settle, value)
-            except RuntimeError:  # the loop has closed meanwhile: nobody waits
-                pass
-
-        threading.Thread(target=work, name=f"health-{self.name}", daemon=True).start()
+    def _work(self, target: Any, future: concurrent.futures.Future, fn: Callable[..., str], args: tuple) -> None:
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            value = fn(*args)
+        except Exception as exc:  # noqa: BLE001 - a probe reports, never raises
+            log.warning("%s probe failed: %s: %s", self.name, type(exc).__name__, exc)
+            value = f"{self.name} unreachable: {public_reason(exc)}"
+        with self._lock:
+            if self._in_flight.get(target) is future:
+                del self._in_flight[target]
+        future.set_result(value)
+
+    async def run(self, fn: Callable[..., str], timeout_s: float, *args: Any, target: Any = None) -> str:
+        """``fn(*args)`` (``"ok"`` or the reason), shared with the probe of ``target`` already in
+        flight; ``"<name> unreachable: no answer within <timeout_s> s"`` past ``timeout_s``."""
+        with self._lock:
+            future = self._in_flight.get(target)
+            if future is None:
+                future = self._in_flight[target] = concurrent.futures.Future()
+                threading.Thread(target=self._work, args=(target, future, fn, args), name=f"health-{self.name}",
+                                 daemon=True).start()
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout_s)
         except TimeoutError:
             return f"{self.name} unreachable: no answer within {timeout_s:.2g} s"
 
 
+#: The health probes' own engines, one per database URL: one connection, short timeouts, so a
+#: probe never waits behind the API's requests for a pooled connection.
+_PROBE_ENGINES: dict[str, Engine] = {}
+_PROBE_ENGINES_LOCK = threading.Lock()
+
+
+def _probe_engine(engine: Engine) -> Engine:
+    from backend.db import DbTimeouts, make_engine
+
+    url = engine.url.render_as_string(hide_password=False)
+    with _PROBE_ENGINES_LOCK:
+        probe = _PROBE_ENGINES.get(url)
+        if probe is None:
+            limit = get_settings().health_probe_s
+            probe = _PROBE_ENGINES[url] = make_engine(
+                url, DbTimeouts(connect_s=max(2, math.ceil(limit)), statement_s=limit, pool_s=limit), pool=(1, 0))
+        return probe
+
+
 def _database_status(bind) -> str:
-    """``"ok"`` after a ``SELECT 1`` on ``bind`` (an engine: one pooled connection; a
-    connection: on it)."""
+    """``"ok"`` after a ``SELECT 1`` on ``bind`` (an engine: on a connection of the probe's own
+    engine for its URL, :func:`_probe_engine`; a connection: on it)."""
     if isinstance(bind, Engine):
-        with bind.connect() as conn:
+        with _probe_engine(bind).connect() as conn:
             conn.execute(text("SELECT 1"))
     else:
         bind.execute(text("SELECT 1"))
     return "ok"
 
 
-_DATABASE_CHECK = _BoundedCheck("database")
-_BROKER_CHECK = _BoundedCheck("broker")
+def _probe_target(bind) -> Any:
+    return bind.url.render_as_string(hide_password=False) if isinstance(bind, Engine) else id(bind)
+
+
+_DATABASE_CHECK = _SharedProbe("database")
+_BROKER_CHECK = _SharedProbe("broker")
 
 
 def health_check_timeout_s() -> float:
-    """How long ``/health`` waits for each dependency [s]: half of ``API_DEADLINE_S`` (0.9 s by
-    default; both are checked at once, so the answer comes before the deadline), 1 s
-    without a deadline."""
-    deadline = get_settings().api_deadline_s
-    return deadline / 2 if deadline > 0 else 1.0
+    """How long ``/health`` waits for each probe [s]: ``HEALTH_PROBE_TIMEOUT_S``, by default half
+    of ``API_DEADLINE_S`` (0.9 s; both are probed at once, so the answer comes before the
+    deadline), 1 s without a deadline."""
+    return get_settings().health_probe_s
 
 
 def _health_router() -> APIRouter:
@@ -451,15 +627,19 @@ def _health_router() -> APIRouter:
     @router.get("/health", response_model=HealthPublic, responses={503: {"model": HealthPublic}})
     async def health(session: SessionDep):
         """Each dependency separately: ``database`` and ``broker`` are ``ok`` or the reason they
-        are not (never their address); 503 when any is not. Both are checked at once, each
-        given up after half of ``API_DEADLINE_S`` (0.9 s by default), also when a server is
-        frozen."""
+        are not (never their address); 503 when any is not. A dependency is down only when its
+        probe fails: a ``SELECT 1`` on a connection of the probe's own (not the API's busy
+        pool), a broker ping; never because requests are in progress. Both are probed at once,
+        each given up after ``HEALTH_PROBE_TIMEOUT_S`` (half of ``API_DEADLINE_S``, 0.9 s, by
+        default), also when a server is frozen; checks that come while a probe is in flight
+        share its answer."""
         from backend.broker import broker_status
 
         limit = health_check_timeout_s()
+        bind = session.get_bind()
         database, broker = await asyncio.gather(
-            _DATABASE_CHECK.run(_database_status, limit, session.get_bind()),
-            _BROKER_CHECK.run(broker_status, limit, limit / 2))
+            _DATABASE_CHECK.run(_database_status, limit, bind, target=_probe_target(bind)),
+            _BROKER_CHECK.run(broker_status, limit, limit / 2, target=get_settings().celery_broker_url))
         ok = database == "ok" and broker == "ok"
         body = HealthPublic(status="ok" if ok else "error", database=database, broker=broker, version=__version__)
         return body if ok else JSONResponse(body.model_dump(), status_code=503)
@@ -478,7 +658,16 @@ def create_app() -> FastAPI:
         description=(
             "REST API of the ASO-S Lyman-alpha Solar Telescope (LST) data platform: channels, "
             "raw frames (L0/L1), L2 products, calibration files, solar events (HEK codes) with "
-            "light curves, and recalibration jobs."
+            "light curves, and recalibration jobs.\n\n"
+            "**Writes are safe to repeat**: send an `Idempotency-Key` header (any unique string, e.g. a UUID) "
+            "with a POST; a repeat with the same key and request gets the first answer, the same key with "
+            "another request is 422, a key whose first request is still in progress is 409. Keys are kept 24 h "
+            "(`IDEMPOTENCY_TTL_S`). A write answered 503 has not happened, or its repeat with the same key gets "
+            "its answer.\n\n"
+            "**503** always says why and carries `Retry-After` where the server is up: a slow query (passed its "
+            "budget, `API_STATEMENT_TIMEOUT_S`), every database connection busy, the deadline "
+            "(`API_DEADLINE_S`) passed, or the database or broker unreachable. `/api/v1/health` reports a "
+            "dependency down only when its probe fails."
         ),
         docs_url="/docs",
         redoc_url="/redoc",
@@ -516,16 +705,19 @@ def create_app() -> FastAPI:
     app.add_exception_handler(InterfaceError, _db_unavailable_handler)  # a connection closed under us
     app.add_exception_handler(PoolTimeoutError, _db_unavailable_handler)  # every pooled connection busy
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
+    app.add_exception_handler(DeadlinePassed, _deadline_passed_handler)
     app.add_exception_handler(Exception, _unexpected_handler)
     add_text_compression(app)  # gzip for text answers; innermost of ours
     app.add_middleware(HeadAsGetMiddleware)
+    app.add_middleware(IdempotencyMiddleware)  # Idempotency-Key on every POST; inside the body limit
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(DeadlineMiddleware)  # outermost of ours: covers the others' work too
+    _install_deadline_hooks()
     from backend.api.openapi_security import document_security
 
     install_log_redaction()  # no token in the access log, even one put in a URL
 
-    return document_security(app)  # securitySchemes; 401/403 on every write
+    return document_idempotency(document_security(app))  # securitySchemes; 401/403 on every write; the key
 
 
 app = create_app()

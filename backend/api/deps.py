@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
 import anyio
-from fastapi import Depends
+from fastapi import Depends, HTTPException
 from sqlalchemy.orm import Session
 
 from backend.db import get_sessionmaker
 from backend.settings import Settings, get_settings
+
+log = logging.getLogger(__name__)
 
 
 async def get_session() -> AsyncIterator[Session]:
@@ -28,11 +31,22 @@ async def get_session() -> AsyncIterator[Session]:
     session = get_sessionmaker("api")()
     try:
         yield session
-    except BaseException:
-        await _end(session, session.rollback)
+    except BaseException as exc:
+        try:
+            await _end(session, session.rollback)
+        except Exception as lost:  # the database dropped during the rollback: a clean 503, not a reset
+            log.error("the rollback after %s failed: %s: %s", type(exc).__name__, type(lost).__name__, lost)
+            from backend.faults import public_reason
+
+            raise HTTPException(503, detail="the database connection was lost while the request's changes were "
+                                            f"undone ({public_reason(lost)}); nothing was written; try again later",
+                                headers={"Retry-After": "2"}) from lost
         raise
     finally:
-        await _end(session, session.close)
+        try:
+            await _end(session, session.close)
+        except Exception as lost:  # noqa: BLE001 - the answer is decided; the pool drops the connection
+            log.warning("closing the request's session failed: %s: %s", type(lost).__name__, lost)
 
 
 async def _end(session: Session, step) -> None:

@@ -1,0 +1,254 @@
+"""``Idempotency-Key``: every POST may carry one (as Stripe's API), so that a client may repeat a
+write whose answer it did not get (a 503, a dropped connection) without writing twice.
+
+:class:`IdempotencyMiddleware`, applied once around every route:
+
+* the key (1 to 255 printable ASCII characters) is kept per principal: the SHA-256 of the
+  request's credential (bearer token, else session cookie), ``anonymous`` without one; with
+  the request's fingerprint, the SHA-256 of its method, path, query and body;
+* the first request with a key stores a row (table ``idempotency_keys``) before it runs, and
+  its answer (status, body, ``content-type`` and ``location``) when it ends with a status
+  below 400; an answer of 400 or more (nothing was done: a bad request, a refused token, a
+  quota, a 503 whose write did not happen) frees the key, so the same key may be sent again;
+* a repeat with the same key and request gets the stored answer, with
+  ``Idempotent-Replayed: true``; with another request (method, path or body) a 422; while
+  the first is still in progress a 409 (an in-progress row older than :data:`STALE_S`, a
+  process that died, is taken over);
+* keys expire ``IDEMPOTENCY_TTL_S`` (24 h) after their first use; expired rows are deleted
+  when a new key is stored.
+
+The rows are in the database, so several API processes share them. A request answered 503 at
+its deadline goes on in the background and stores its own answer when it ends: a repeat then
+gets it (the same write), or runs again if that answer was an error (the write did not
+happen: a commit past the deadline is refused, :class:`backend.api.app.DeadlineMiddleware`).
+Answers are stored as sent, a created token's or webhook's secret included (readable by whoever
+reads the database, for ``IDEMPOTENCY_TTL_S``); ``Set-Cookie`` is not replayed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import re
+
+import anyio
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+
+from backend.auth import SESSION_COOKIE
+from backend.db import get_sessionmaker
+from backend.models import IdempotencyKey
+from backend.settings import get_settings
+
+__all__ = ["IdempotencyMiddleware", "HEADER", "STALE_S", "MAX_STORED_BYTES"]
+
+log = logging.getLogger(__name__)
+
+HEADER = "idempotency-key"
+#: An in-progress key older than this [s] belongs to a request whose process died: taken over.
+STALE_S = 600.0
+#: Largest answer stored for replay [bytes]; a larger one frees its key.
+MAX_STORED_BYTES = 1 << 20
+_KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
+_REPLAYED_HEADERS = ("content-type", "content-encoding", "vary", "location", "retry-after")
+
+
+def _principal(headers: dict[bytes, bytes]) -> str:
+    auth = headers.get(b"authorization", b"")
+    credential = auth if auth.lower().startswith(b"bearer ") else b""
+    if not credential:
+        for part in headers.get(b"cookie", b"").split(b";"):
+            name, _, value = part.strip().partition(b"=")
+            if name == SESSION_COOKIE.encode() and value:
+                credential = b"cookie:" + value
+    return hashlib.sha256(credential).hexdigest() if credential else "anonymous"
+
+
+def _fingerprint(method: str, path: str, query: bytes, body: bytes) -> str:
+    h = hashlib.sha256()
+    for part in (method.encode(), path.encode(), query, hashlib.sha256(body).digest()):
+        h.update(len(part).to_bytes(8, "big") + part)
+    return h.hexdigest()
+
+
+def _session():
+    session = get_sessionmaker("api")()
+    session.info["after_deadline"] = True  # the store's commits are not the request's write
+    return session
+
+
+def _claim(principal: str, key: str, fingerprint: str, method: str, path: str) -> tuple[str, IdempotencyKey | None]:
+    """Store the key as in progress: ``("new", None)``; or the row already there:
+    ``("replay" | "conflict" | "mismatch", row)``."""
+    now = dt.datetime.now(dt.UTC)
+    ttl = dt.timedelta(seconds=get_settings().idempotency_ttl_s)
+    with _session() as session:
+        row = session.get(IdempotencyKey, (principal, key))
+        if row is not None and (_aware(row.expires_at) <= now or (
+                row.status is None and _aware(row.created_at) <= now - dt.timedelta(seconds=STALE_S))):
+            session.delete(row)  # expired, or the in-progress row of a process that died
+            session.commit()
+            row = None
+        if row is None:
+            session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at <= now))
+            session.add(IdempotencyKey(principal=principal, key=key, fingerprint=fingerprint, method=method,
+                                       path=path[:2000], status=None, headers={}, body=None, created_at=now,
+                                       expires_at=now + ttl))
+            try:
+                session.commit()
+                return "new", None
+            except IntegrityError:  # another process stored it meanwhile
+                session.rollback()
+                row = session.get(IdempotencyKey, (principal, key))
+                if row is None:
+                    return "conflict", None
+        if row.fingerprint != fingerprint:
+            return "mismatch", row
+        return ("conflict" if row.status is None else "replay"), row
+
+
+def _aware(t: dt.datetime) -> dt.datetime:
+    return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
+
+
+def _finish(principal: str, key: str, status: int | None, headers: dict[str, str], body: bytes | None) -> None:
+    """Store the answer (``status`` below 400), or free the key (anything else, ``None``: no answer)."""
+    with _session() as session:
+        if status is not None and status < 400 and body is not None and len(body) <= MAX_STORED_BYTES:
+            session.execute(update(IdempotencyKey).where(
+                IdempotencyKey.principal == principal, IdempotencyKey.key == key,
+                IdempotencyKey.status.is_(None)).values(status=status, headers=headers, body=body))
+        else:
+            session.execute(delete(IdempotencyKey).where(
+                IdempotencyKey.principal == principal, IdempotencyKey.key == key, IdempotencyKey.status.is_(None)))
+        session.commit()
+
+
+async def _json(send, status: int, detail: str, extra: list[tuple[bytes, bytes]] = ()) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class IdempotencyMiddleware:
+    """Honour ``Idempotency-Key`` on every POST (module docstring). Requests without the header,
+    and other methods, pass through untouched."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        raw_key = headers.get(HEADER.encode())
+        if raw_key is None:
+            await self.app(scope, receive, send)
+            return
+        key = raw_key.decode("latin-1")
+        if not _KEY_RE.match(key):
+            await _json(send, 422, "Idempotency-Key must be 1 to 255 printable ASCII characters (no spaces)")
+            return
+        chunks, more = [], True
+        while more:  # the whole body (at most MAX_BODY_BYTES, BodySizeLimitMiddleware), for its hash
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        principal = _principal(headers)
+        fingerprint = _fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
+        try:
+            outcome, row = await anyio.to_thread.run_sync(_claim, principal, key, fingerprint, scope["method"],
+                                                          scope["path"])
+        except Exception as exc:  # noqa: BLE001 - the database: nothing was done, say so
+            from backend.faults import public_reason
+
+            log.error("could not check Idempotency-Key on %s: %s", scope["path"], exc)
+            await _json(send, 503, f"the Idempotency-Key could not be checked: the database is unavailable "
+                                   f"({public_reason(exc)}); nothing was done, try again later", [(b"retry-after", b"2")])
+            return
+        if outcome == "mismatch":
+            await _json(send, 422, f"Idempotency-Key {key[:40]!r} was first used with another request "
+                                   f"({row.method} {row.path[:200]} with another body); use a new key for a new request")
+            return
+        if outcome == "conflict":
+            await _json(send, 409, f"the first request with Idempotency-Key {key[:40]!r} is still in progress; "
+                                   "repeat it once that one has been answered", [(b"retry-after", b"1")])
+            return
+        if outcome == "replay":
+            stored = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (row.headers or {}).items()]
+            await send({"type": "http.response.start", "status": row.status,
+                        "headers": [*stored, (b"content-length", str(len(row.body or b"")).encode()),
+                                    (b"idempotent-replayed", b"true")]})
+            await send({"type": "http.response.body", "body": row.body or b""})
+            return
+
+        replayed = False
+
+        async def replay_receive():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        status: int | None = None
+        kept: dict[str, str] = {}
+        out: list[bytes] = []
+
+        async def recording_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for k, v in message.get("headers") or []:
+                    name = k.decode("latin-1").lower()
+                    if name in _REPLAYED_HEADERS:
+                        kept[name] = v.decode("latin-1")
+            elif message["type"] == "http.response.body" and sum(map(len, out)) <= MAX_STORED_BYTES:
+                out.append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, replay_receive, recording_send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await anyio.to_thread.run_sync(_finish, principal, key, status, kept, b"".join(out))
+                except Exception:  # noqa: BLE001 - the key then stays in progress until STALE_S
+                    log.exception("could not store the answer of Idempotency-Key %r", key[:40])
+
+
+#: The header's OpenAPI parameter, added to every POST (:func:`document_idempotency`).
+PARAMETER = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    "description": "Makes the POST safe to repeat (as Stripe's API): a repeat with the same key and request gets "
+                   "the first answer (`Idempotent-Replayed: true`); the same key with another request is 422; "
+                   "while the first is in progress, 409. Kept per credential for IDEMPOTENCY_TTL_S (24 h). An "
+                   "answer of 400 or more frees the key. Any unique string, e.g. a UUID.",
+}
+
+
+def document_idempotency(app):
+    """Make ``app.openapi()`` list :data:`PARAMETER` on every POST operation (idempotent)."""
+    build = app.openapi
+
+    def openapi():
+        schema = build()
+        for methods in schema.get("paths", {}).values():
+            op = methods.get("post")
+            if isinstance(op, dict):
+                params = op.setdefault("parameters", [])
+                if not any(p.get("name") == PARAMETER["name"] for p in params):
+                    params.append(dict(PARAMETER))
+        return schema
+
+    app.openapi = openapi
+    return app
