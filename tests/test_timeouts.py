@@ -35,8 +35,11 @@ from tests.conftest import require
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-#: The API's promise: an answer within this long, whatever the servers do [s].
-WITHIN_S = 2.0
+#: The API's promise is an answer at its deadline (1.8 s), whatever the servers do; the test
+#: allows 2 s more for the test process itself on a loaded machine [s]. A hang (the behaviour
+#: this guards against: a frozen server holds a request until a TCP or client timeout of 10 s
+#: and more) still fails it; 0.2 s of slack (the former 2.0 s) failed under CPU load.
+WITHIN_S = 1.8 + 2.0
 #: Recognisable secrets put in the URLs: no response body may contain them.
 PG_PASSWORD = "pg-S3cret-" + uuid.uuid4().hex[:6]
 REDIS_PASSWORD = "rd-S3cret-" + uuid.uuid4().hex[:6]
