@@ -28,7 +28,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.orm import Session
 
 from tests.conftest import make_token
@@ -338,3 +338,29 @@ def test_lstdp_serve_closes_connections_that_never_finish_their_headers(tmp_path
             s.close()
         proc.terminate()
         proc.wait(30)
+
+
+def test_a_replayed_answer_never_holds_the_secret_of_the_first(pg_api, pg_url):
+    """``POST /api/v1/tokens`` answers a new token once: the idempotency store keeps its answer
+    without it (tokens are stored hashed everywhere else), and the replay says so; the repeat
+    makes no second token."""
+    from backend.models import ApiToken, IdempotencyKey
+
+    c = pg_api(API_DEADLINE_S=20)
+    engine = create_engine(pg_url)
+    with Session(engine) as s:
+        c.headers["Authorization"] = f"Bearer {make_token(s, 'ov-admin', scopes=('admin',))}"
+        s.commit()
+    key = f"k-{uuid.uuid4()}"
+    user = f"ov-{uuid.uuid4().hex[:8]}"
+    first = c.post("/api/v1/tokens", json={"user": user}, headers={"Idempotency-Key": key})
+    assert first.status_code == 201 and first.json()["token"].startswith("lst_"), first.text
+    again = c.post("/api/v1/tokens", json={"user": user}, headers={"Idempotency-Key": key})
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["token"] is None and "not kept" in again.json()["replay_note"]
+    assert again.json()["id"] == first.json()["id"]
+    with Session(engine) as s:
+        stored = s.scalars(select(IdempotencyKey.body).where(IdempotencyKey.key == key)).one()
+        assert first.json()["token"].encode() not in stored and b"lst_" not in stored
+        assert s.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.user == user)) == 1
+    engine.dispose()

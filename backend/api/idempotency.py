@@ -21,8 +21,12 @@ The rows are in the database, so several API processes share them. A request ans
 its deadline goes on in the background and stores its own answer when it ends: a repeat then
 gets it (the same write), or runs again if that answer was an error (the write did not
 happen: a commit past the deadline is refused, :class:`backend.api.app.DeadlineMiddleware`).
-Answers are stored as sent, a created token's or webhook's secret included (readable by whoever
-reads the database, for ``IDEMPOTENCY_TTL_S``); ``Set-Cookie`` is not replayed.
+Secrets are never stored: in a JSON answer every string that is an API token (``lst_...``) or a
+webhook secret (``whsec_...``) is replaced by null before the answer is kept, and the replay
+says so in ``replay_note`` (the secret was shown once, in the first answer; a client that lost
+it makes a new one). An answer over :data:`MAX_STORED_BYTES` is not kept either: its key stays
+used, and a repeat is 409 saying the first request succeeded (never a second write).
+``Set-Cookie`` is not replayed.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from backend.db import get_sessionmaker
 from backend.models import IdempotencyKey
 from backend.settings import get_settings
 
-__all__ = ["IdempotencyMiddleware", "HEADER", "STALE_S", "MAX_STORED_BYTES"]
+__all__ = ["IdempotencyMiddleware", "HEADER", "STALE_S", "MAX_STORED_BYTES", "SECRET_PREFIXES", "redact_secrets"]
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +117,56 @@ def _aware(t: dt.datetime) -> dt.datetime:
     return t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)
 
 
+#: Prefixes of the secrets an answer may carry once (API tokens, webhook secrets): never stored.
+SECRET_PREFIXES = ("lst_", "whsec_")
+#: What a replay says where it left a secret out.
+REPLAY_NOTE = ("replayed answer of an Idempotency-Key: the secrets of the first answer (shown once) are not kept "
+               "and read null here")
+
+
+def redact_secrets(body: bytes, content_type: str) -> bytes:
+    """``body`` with every JSON string value that starts with one of :data:`SECRET_PREFIXES`
+    replaced by null (and, where one was, ``replay_note`` set on the top-level object); other
+    bodies unchanged. Raises nothing: a body that is not JSON is returned as it is."""
+    if "json" not in content_type.lower():
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    found = False
+
+    def walk(node):
+        nonlocal found
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, str) and node.startswith(SECRET_PREFIXES):
+            found = True
+            return None
+        return node
+
+    doc = walk(doc)
+    if not found:
+        return body
+    if isinstance(doc, dict):
+        doc["replay_note"] = REPLAY_NOTE
+    return json.dumps(doc).encode()
+
+
 def _finish(principal: str, key: str, status: int | None, headers: dict[str, str], body: bytes | None) -> None:
-    """Store the answer (``status`` below 400), or free the key (anything else, ``None``: no answer)."""
+    """Store the answer (``status`` below 400; secrets left out, :func:`redact_secrets`; an
+    answer over :data:`MAX_STORED_BYTES` as status only, body null), or free the key (anything
+    else, ``None``: no answer)."""
     with _session() as session:
-        if status is not None and status < 400 and body is not None and len(body) <= MAX_STORED_BYTES:
+        if status is not None and status < 400:
+            kept = None
+            if body is not None and len(body) <= MAX_STORED_BYTES:
+                kept = redact_secrets(body, headers.get("content-type", ""))
             session.execute(update(IdempotencyKey).where(
                 IdempotencyKey.principal == principal, IdempotencyKey.key == key,
-                IdempotencyKey.status.is_(None)).values(status=status, headers=headers, body=body))
+                IdempotencyKey.status.is_(None)).values(status=status, headers=headers, body=kept))
         else:
             session.execute(delete(IdempotencyKey).where(
                 IdempotencyKey.principal == principal, IdempotencyKey.key == key, IdempotencyKey.status.is_(None)))
@@ -181,6 +228,11 @@ class IdempotencyMiddleware:
         if outcome == "conflict":
             await _json(send, 409, f"the first request with Idempotency-Key {key[:40]!r} is still in progress; "
                                    "repeat it once that one has been answered", [(b"retry-after", b"1")])
+            return
+        if outcome == "replay" and row.body is None:
+            await _json(send, 409, f"the first request with Idempotency-Key {key[:40]!r} succeeded (HTTP {row.status}, "
+                                   f"{_aware(row.created_at):%Y-%m-%dT%H:%M:%SZ}); its answer was too large to keep, "
+                                   "so it is not replayed and nothing was done again")
             return
         if outcome == "replay":
             stored = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (row.headers or {}).items()]
