@@ -10,7 +10,7 @@ by name at call time (so a test can switch one off, tests/test_access_matrix.py 
 * job: public (``publishes``: the platform's or an admin's) or the viewer's own;
 * event: the public catalogue (``owner IS NULL``) or the viewer's own detections;
 * movie: the platform's (``owner == 'system'``) or the viewer's own;
-* saved search, webhook: the viewer's own (anonymous: none);
+* saved search, webhook, API token: the viewer's own (anonymous: none);
 * webhook delivery: of a webhook the viewer may see.
 
 Derived objects use the rule of what they reveal: a manifest is its product's (a job's
@@ -31,12 +31,12 @@ from typing import Any
 from sqlalchemy import exists, false, or_, select
 from sqlalchemy.orm import Session
 
-from backend.models import CalibrationSet, Event, Job, Movie, Product, SavedSearch, Webhook, WebhookDelivery
+from backend.models import ApiToken, CalibrationSet, Event, Job, Movie, Product, SavedSearch, Webhook, WebhookDelivery
 from pipelines.errors import DataError
 
 __all__ = ["Viewer", "viewer_of", "NotVisible", "RULES", "condition", "visible", "get_visible", "allows",
            "set_rule", "product_rule", "job_rule", "event_rule", "movie_rule", "saved_search_rule",
-           "webhook_rule", "delivery_rule", "PLATFORM_OWNER"]
+           "webhook_rule", "delivery_rule", "token_rule", "PLATFORM_OWNER"]
 
 #: The owner of what the platform itself makes (CLI, demo, reconciler): public.
 PLATFORM_OWNER = "system"
@@ -118,6 +118,11 @@ def webhook_rule(v: Viewer):
     return None if v.sees_all else _own(Webhook.owner, v)
 
 
+def token_rule(v: Viewer):
+    """API tokens (their rows, never the secrets): the viewer's own."""
+    return None if v.sees_all else _own(ApiToken.user, v)
+
+
 def delivery_rule(v: Viewer):
     """Webhook deliveries: of a webhook :func:`webhook_rule` lets the viewer see."""
     cond = rule_for(Webhook)(v)
@@ -129,11 +134,11 @@ def delivery_rule(v: Viewer):
 #: Model class -> the name of its rule in this module (looked up at call time).
 RULES: dict[type, str] = {CalibrationSet: "set_rule", Product: "product_rule", Job: "job_rule",
                           Event: "event_rule", Movie: "movie_rule", SavedSearch: "saved_search_rule",
-                          Webhook: "webhook_rule", WebhookDelivery: "delivery_rule"}
+                          Webhook: "webhook_rule", WebhookDelivery: "delivery_rule", ApiToken: "token_rule"}
 
 #: What an unknown id is called in a 404's message.
 _NAMES = {CalibrationSet: "calibration set", Product: "product", Job: "job", Event: "event", Movie: "movie",
-          SavedSearch: "saved search", Webhook: "webhook", WebhookDelivery: "webhook delivery"}
+          SavedSearch: "saved search", Webhook: "webhook", WebhookDelivery: "webhook delivery", ApiToken: "token"}
 
 
 def rule_for(kind: type):
