@@ -237,7 +237,9 @@ def test_cancel_and_retry_refusals(idle_stack):
                  carol=("jobs:submit",), root=("admin",))
     span = _span()
     with session_scope() as s:  # stored, not sent: it stays queued while this test runs
-        queued = submit_job(s, JobRequest(channels=["SDI", "WST"], **span), owner="alice", enqueue=False).id
+        # a user's job, as POST /jobs makes it for a non-admin (publishes=False): private to alice
+        queued = submit_job(s, JobRequest(channels=["SDI", "WST"], **span), owner="alice", publishes=False,
+                            enqueue=False).id
         done = submit_job(s, JobRequest(channels=["SDI"], **span), owner="alice", enqueue=False)
         move_job(done, JobState.running)
         move_job(done, JobState.succeeded)
