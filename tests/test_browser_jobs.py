@@ -98,7 +98,8 @@ def test_job_form_submits_with_its_defaults_on_first_load(live, page, tmp_path):
 
 def test_job_page_lists_its_options_and_exactly_its_products(live, page, tmp_path):
     with session_scope() as s:
-        job = Job(owner="tester", kind="calibrate", state=JobState.succeeded, total=2, done=2,
+        # a platform job (publishes): public, so the anonymous browser may open its page
+        job = Job(owner="system", publishes=True, kind="calibrate", state=JobState.succeeded, total=2, done=2,
                   parameters={"channels": ["SDI"], "start": "2024-05-14T15:50:00Z", "end": "2024-05-14T16:00:00Z",
                               "pinned_calibrations": {"dark": 2},
                               "options": {"remove_cosmic_rays": True, "interpolation_order": 1}})

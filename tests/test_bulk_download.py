@@ -188,8 +188,10 @@ def test_stream_tar_is_produced_piece_by_piece(products, settings):  # noqa: F81
 
 
 def test_products_job_filter_lists_exactly_the_jobs_products(client, db_session, products):
-    job = Job(owner="t", kind="calibrate", parameters={"channels": ["SDI"]}, state=JobState.succeeded)
-    other = Job(owner="t", kind="calibrate", parameters={}, state=JobState.succeeded)
+    # platform jobs (publishes): public, so anyone may filter by them
+    job = Job(owner="system", kind="calibrate", parameters={"channels": ["SDI"]}, state=JobState.succeeded,
+              publishes=True)
+    other = Job(owner="system", kind="calibrate", parameters={}, state=JobState.succeeded, publishes=True)
     db_session.add_all([job, other])
     db_session.flush()
     db_session.add_all([
@@ -208,7 +210,9 @@ def test_products_job_filter_lists_exactly_the_jobs_products(client, db_session,
     man = _read_tar(r.content)[1]
     assert {row["product_id"]: row["status"] for row in man["products"]} == {products["sdi"].id: "sent",
                                                                              products["gone"].id: "missing"}
-    assert client.get("/api/v1/products", params={"job_id": "0" * 36}).json()["total"] == 0
+    # an unknown job is 404, as another user's private one (tests/test_access_matrix.py)
+    assert client.get("/api/v1/products", params={"job_id": "0" * 36}).status_code == 404
+    assert client.get("/api/v1/products/archive", params={"job_id": "0" * 36}).status_code == 404
     assert_error(client.get("/api/v1/products", params={"job_id": "x;drop"}), 422, "job_id")
 
 

@@ -259,7 +259,9 @@ def test_sets_keep_the_public_catalogue_and_mark_private_detections(simulated, s
         job1 = r.json()["id"]
         assert wait_job(job1).state == JobState.succeeded
         assert {f.state.value for f in _wait_follow_ups(job1)} == {"done"}, stack.worker_log()
-        sets1 = anon.get(f"/api/v1/jobs/{job1}").json()["calibration_sets"]
+        assert anon.get(f"/api/v1/jobs/{job1}").status_code == 404  # alice's job is hers (and admins')
+        assert bob.get(f"/api/v1/jobs/{job1}").status_code == 404
+        sets1 = alice.get(f"/api/v1/jobs/{job1}").json()["calibration_sets"]
         assert len(sets1) == 1 and sets1[0] != d_id
         s_id = sets1[0]
 

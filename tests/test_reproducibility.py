@@ -257,8 +257,9 @@ def test_rerun_on_a_worker_reproduces_bit_for_bit_and_refuses_a_changed_master(s
     from backend.db import session_scope
 
     token = _token("alice")
-    with stack.client() as c:
+    with stack.client(Authorization=f"Bearer {token}") as c:  # alice's job is hers: others get 404
         job_id = _calibrate_via_api(c, token)
+        assert c.get(f"/api/v1/jobs/{job_id}/manifest", headers={"Authorization": ""}).status_code == 404
         # the job's manifest: its request, its set, its products' manifests, no token anywhere
         jm = c.get(f"/api/v1/jobs/{job_id}/manifest")
         assert jm.status_code == 200, jm.text
@@ -276,7 +277,7 @@ def test_rerun_on_a_worker_reproduces_bit_for_bit_and_refuses_a_changed_master(s
                 s.expunge(p)
 
         # anonymous re-runs are refused; the owner's is accepted
-        assert c.post(f"/api/v1/jobs/{job_id}/rerun").status_code == 401
+        assert c.post(f"/api/v1/jobs/{job_id}/rerun", headers={"Authorization": ""}).status_code == 401
         r = c.post(f"/api/v1/jobs/{job_id}/rerun", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 202, r.text
         assert r.headers["Location"] == f"/api/v1/jobs/{r.json()['id']}"
@@ -329,9 +330,10 @@ def test_rerun_on_a_worker_reproduces_bit_for_bit_and_refuses_a_changed_master(s
             assert f"calibration file {flat['id']} (flat v{flat['version']}" in item.reason
             assert f"the manifest says {flat['sha256'][:16]}" in item.reason and "refusing" in item.reason
         assert "sha256" in refused.error
-        # a job owned by someone else, on a public set, may be re-run by another user; a bad id is 404
+        # another user's (private) job and a bad id are both 404
         other = _token("bob")
         assert c.post("/api/v1/jobs/nope/rerun", headers={"Authorization": f"Bearer {other}"}).status_code == 404
+        assert c.post(f"/api/v1/jobs/{job_id}/rerun", headers={"Authorization": f"Bearer {other}"}).status_code == 404
 
         # tokens never appear in manifests, job JSON, or the worker's log
         texts = [json.dumps(jm), json.dumps(rm), c.get(f"/api/v1/jobs/{refused.id}/manifest").text,
@@ -372,7 +374,7 @@ def test_a_lost_rerun_message_is_sent_again_by_the_reconciler(stack):
 
 
 def test_rerun_errors(sqlite_env, sim_dir):
-    """A job with nothing written is 409, someone else's private job 403, no scope 403."""
+    """A job with nothing written is 409, someone else's private job 404, no scope 403."""
     from fastapi.testclient import TestClient
 
     from backend.api.app import create_app
@@ -392,7 +394,8 @@ def test_rerun_errors(sqlite_env, sim_dir):
         r = c.post(f"/api/v1/jobs/{empty_id}/rerun", headers={"Authorization": f"Bearer {reader}"})
         assert r.status_code == 403 and "jobs:submit" in r.json()["detail"]
         assert c.get("/api/v1/jobs/nope/manifest").status_code == 404
-        m = c.get(f"/api/v1/jobs/{empty_id}/manifest").json()
+        assert c.get(f"/api/v1/jobs/{empty_id}/manifest").status_code == 404  # dave's: not anonymous's
+        m = c.get(f"/api/v1/jobs/{empty_id}/manifest", headers={"Authorization": f"Bearer {dave}"}).json()
         assert m["products"] == [] and m["request"] == {"channels": ["SDI"]}
 
 

@@ -70,6 +70,7 @@ from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.errors import DataError
+from backend.services.visibility import NotVisible
 
 __all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR", "DeadlineMiddleware", "RequestDeadline"]
 
@@ -158,6 +159,15 @@ async def _data_error_handler(request: Request, exc: DataError):
     if not _is_api(request):
         return _error_page(request, 422, detail)
     return JSONResponse({"detail": detail}, status_code=422)
+
+
+async def _not_visible_handler(request: Request, exc: Exception):
+    """An unknown id, or an object the caller may not see (:mod:`backend.services.visibility`):
+    404 either way, so a private object's id is not confirmed."""
+    detail = redact_tokens(str(exc).splitlines()[0] if str(exc) else "not found")
+    if not _is_api(request):
+        return _error_page(request, 404, detail)
+    return JSONResponse({"detail": detail}, status_code=404)
 
 
 async def _db_data_error_handler(request: Request, exc: DatabaseDataError):
@@ -700,6 +710,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(DataError, _data_error_handler)
+    app.add_exception_handler(NotVisible, _not_visible_handler)  # a subclass of DataError: 404, not 422
     app.add_exception_handler(DatabaseDataError, _db_data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
     app.add_exception_handler(InterfaceError, _db_unavailable_handler)  # a connection closed under us

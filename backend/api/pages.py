@@ -385,11 +385,12 @@ def new_job_page(request: Request, session: SessionDep):
 
 
 @router.get("/jobs", response_class=HTMLResponse)
-def jobs_page(request: Request, session: SessionDep):
-    """The most recent jobs, and the queue's lanes (cpu, gpu) with their measured throughput."""
+def jobs_page(request: Request, session: SessionDep, principal: OptionalPrincipal):
+    """The most recent jobs the viewer may see (public ones and their own), and the queue's
+    lanes (cpu, gpu) with their measured throughput."""
     from backend.services.quotas import queue_snapshot
 
-    rows, total = jobs_service.list_jobs(session, limit=PAGE_SIZE, offset=0)
+    rows, total = jobs_service.list_jobs(session, principal, limit=PAGE_SIZE, offset=0)
     return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total,
                                                              "lanes": queue_snapshot(session).as_dict()["lanes"]})
 
@@ -397,9 +398,7 @@ def jobs_page(request: Request, session: SessionDep):
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str, session: SessionDep, principal: OptionalPrincipal):
     """One job, its parameters and a progress bar that follows it."""
-    job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
-    if job is None:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
+    job = jobs_service.get_job(session, job_id, principal)  # another user's private job: 404
     from backend.api.routes.jobs import with_queue
     from backend.services import job_form
     from backend.services.set_access import product_condition

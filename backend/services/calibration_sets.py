@@ -99,12 +99,11 @@ def get_set(session: Session, set_id: int) -> CalibrationSet | None:
 
 def visible_to(q, user: str | None, *, admin: bool = False):
     """``q`` (a select of :class:`CalibrationSet`) limited to the sets ``user`` may see:
-    public ones and their own (an admin sees all)."""
-    if admin:
-        return q
-    if user:
-        return q.where(or_(CalibrationSet.public.is_(True), CalibrationSet.owner == user))
-    return q.where(CalibrationSet.public.is_(True))
+    public ones and their own (an admin sees all): the rule of
+    :func:`backend.services.visibility.set_rule`."""
+    from backend.services.visibility import Viewer, visible
+
+    return visible(q, CalibrationSet, Viewer(user, admin))
 
 
 def list_sets(session: Session, *, channel: str | None = None, user: str | None = None, admin: bool = False,

@@ -7,10 +7,13 @@ change if it were replaced (impact).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, joinedload
 
 from backend.models import CalibrationFile, CalibrationKind, Frame, Product, ProductCalibrationFile, ProductState
+from backend.services import visibility
 
 __all__ = ["list_calibration_files", "get_calibration_file", "products_using_calibration_file",
            "impact_of_calibration_file"]
@@ -61,7 +64,8 @@ def _lineage(calibration_file_id: int) -> Select:
             .where(ProductCalibrationFile.calibration_file_id == calibration_file_id))
 
 
-def _page(session: Session, stmt: Select, limit: int, offset: int) -> tuple[list[Product], int]:
+def _page(session: Session, stmt: Select, limit: int, offset: int, principal: Any = None) -> tuple[list[Product], int]:
+    stmt = visibility.visible(stmt, Product, principal)  # only products the viewer may see
     total = session.scalar(select(func.count()).select_from(stmt.with_only_columns(Product.id).subquery())) or 0
     rows = session.scalars(stmt.options(joinedload(Product.frame))
                            .order_by(Frame.date_obs, Product.version, Product.id).limit(limit).offset(offset))
@@ -69,8 +73,9 @@ def _page(session: Session, stmt: Select, limit: int, offset: int) -> tuple[list
 
 
 def products_using_calibration_file(session: Session, calibration_file_id: int, *, limit: int = 50,
-                                    offset: int = 0) -> tuple[list[Product], int]:
-    """Products made with the calibration file (its lineage, ``product_calibration_files``).
+                                    offset: int = 0, principal: Any = None) -> tuple[list[Product], int]:
+    """Products made with the calibration file (its lineage, ``product_calibration_files``)
+    that ``principal`` (None: anonymous) may see (:func:`backend.services.visibility.product_rule`).
 
     Every product version and state is listed, ordered by the frame's DATE-OBS, then
     product version, then id.
@@ -82,12 +87,13 @@ def products_using_calibration_file(session: Session, calibration_file_id: int, 
     total : int
         Number of such products (all pages).
     """
-    return _page(session, _lineage(calibration_file_id), limit, offset)
+    return _page(session, _lineage(calibration_file_id), limit, offset, principal)
 
 
 def impact_of_calibration_file(session: Session, cal: CalibrationFile, *, limit: int = 50,
-                               offset: int = 0) -> tuple[list[Product], int]:
-    """Products that would change if ``cal`` were replaced by a new version.
+                               offset: int = 0, principal: Any = None) -> tuple[list[Product], int]:
+    """Products that would change if ``cal`` were replaced by a new version (of those
+    ``principal``, None: anonymous, may see; :func:`backend.services.visibility.product_rule`).
 
     Rule: a replacement is a new version of the same channel and kind with the same
     validity interval. The registry's selection (newest version valid at DATE-OBS, unless
@@ -122,4 +128,4 @@ def impact_of_calibration_file(session: Session, cal: CalibrationFile, *, limit:
         stmt = stmt.where(Frame.date_obs < cal.valid_to)
     pinned = Product.parameters["pinned"][cal.kind.value].as_string()
     stmt = stmt.where(pinned.is_(None))
-    return _page(session, stmt, limit, offset)
+    return _page(session, stmt, limit, offset, principal)

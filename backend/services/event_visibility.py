@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import or_
-
 from backend.models import Event
 
 __all__ = ["viewer_of", "owner_condition", "may_see", "visible"]
@@ -35,13 +33,10 @@ def viewer_of(principal: Any) -> tuple[str | None, bool]:
 def owner_condition(user: str | None, sees_all: bool = False, column=None):
     """SQL condition on an event owner column (default ``events.owner``) for a viewer: None
     when the viewer sees all (an admin), ``owner IS NULL`` for anonymous, ``owner IS NULL OR
-    owner = user`` for a user."""
-    col = Event.__table__.c.owner if column is None else column
-    if sees_all:
-        return None
-    if user:
-        return or_(col.is_(None), col == user)
-    return col.is_(None)
+    owner = user`` for a user (:func:`backend.services.visibility.event_rule`)."""
+    from backend.services.visibility import Viewer, condition
+
+    return condition(Event, Viewer(user, sees_all), column=column)
 
 
 def may_see(principal: Any, owner: str | None) -> bool:

@@ -678,10 +678,12 @@ def get_event(session: Session, event_id: int, principal=None) -> Event | None:
     """The event with this id if ``principal`` may see it (None: anonymous, the public
     catalogue only; :mod:`backend.services.event_visibility`), else None (a 404: a private
     event's id is not revealed)."""
-    from backend.services.event_visibility import may_see
+    from backend.services import visibility
 
-    row = session.get(Event, event_id)
-    return row if row is not None and may_see(principal, row.owner) else None
+    try:
+        return visibility.get_visible(session, Event, event_id, principal)
+    except visibility.NotVisible:
+        return None
 
 
 def associated_events_with_reasons(session: Session, event_id: int,

@@ -52,6 +52,7 @@ from backend.auth import Principal
 from backend.models import ItemOutcome, Job, JobItem, JobState, Product, ProductState, utcnow
 from backend.state import JOB_FINAL, cancel_reason, move_job, move_product, reason_text
 from backend.services.job_plan import count_item, finish_job, frames_for_job, lock_job, plan_product
+from backend.services import visibility
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def _when(t) -> str:
 def _job_for(session: Session, job_id: str, principal: Principal, verb: str) -> Job:
     """Job ``job_id`` under its row lock, if ``principal`` may act on it."""
     job = lock_job(session, job_id)
-    if job is None:
+    if job is None or not visibility.allows(session, Job, job, principal):  # another's private job: unknown
         raise JobControlError(404, f"no job with id {job_id[:40]!r}")
     if not principal.may_act_on(job.owner):
         raise JobControlError(403, f"job {job.id} belongs to user {job.owner!r}: user {principal.user!r} may "

@@ -223,13 +223,28 @@ def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publ
     return job
 
 
-def get_job(session: Session, job_id: str) -> Job | None:
-    return session.get(Job, job_id)
+def get_job(session: Session, job_id: str, principal: Any) -> Job:
+    """Job ``job_id`` if ``principal`` (None: anonymous) may see it
+    (:func:`backend.services.visibility.job_rule`: public jobs and their own; admins all).
+
+    Raises
+    ------
+    backend.services.visibility.NotVisible
+        No such job, or another user's (a 404 either way).
+    """
+    from backend.services.visibility import get_visible
+
+    return get_visible(session, Job, job_id, principal)
 
 
-def list_jobs(session: Session, *, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
-    total = session.scalar(select(func.count()).select_from(Job)) or 0
-    rows = list(session.scalars(select(Job).order_by(Job.created_at.desc()).limit(limit).offset(offset)))
+def list_jobs(session: Session, principal: Any, *, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    """The jobs ``principal`` may see (public jobs and their own; an admin all; anonymous the
+    public ones), newest first: one page and the total."""
+    from backend.services.visibility import visible
+
+    q = visible(select(Job), Job, principal)
+    total = session.scalar(select(func.count()).select_from(q.subquery())) or 0
+    rows = list(session.scalars(q.order_by(Job.created_at.desc(), Job.id).limit(limit).offset(offset)))
     return rows, total
 
 

@@ -41,6 +41,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend.models import CalibrationSet, Frame, Job, JobItem, Product, ProductState
+from backend.services import visibility
 
 __all__ = ["PRODUCT_SCHEMA", "JOB_SCHEMA", "TOLERANCE", "ARRAY_ENCODING", "array_digests", "dependency_versions",
            "DIGEST_RECIPE", "product_digests", "hdu_digest",
@@ -348,10 +349,12 @@ def rerun_results(job: Job) -> list[dict[str, Any]]:
     return out
 
 
-def job_manifest(session: Session, job: Job) -> dict[str, Any]:
+def job_manifest(session: Session, job: Job, principal: Any = None) -> dict[str, Any]:
     """The manifest of ``job``: its request, its calibration sets, its products' manifests
     (the first :data:`MAX_INLINE_PRODUCTS` inline, the rest as links) and the re-run command;
-    for a ``rerun`` job also its per-frame results.
+    for a ``rerun`` job also its per-frame results. Products ``principal`` (None: anonymous)
+    may not see (:func:`backend.services.visibility.product_rule`) appear by frame and outcome
+    only, and their sets not at all; the caller checks that the job itself is visible.
 
     Returns
     -------
@@ -363,9 +366,12 @@ def job_manifest(session: Session, job: Job) -> dict[str, Any]:
         .where(JobItem.job_id == job.id).order_by(JobItem.frame_id)).all()
     products: list[dict[str, Any]] = []
     set_ids: set[int] = set()
+    seen_cond = visibility.condition(Product, principal)
+    seen = None if seen_cond is None else set(session.scalars(
+        select(Product.id).join(JobItem, JobItem.product_id == Product.id).where(JobItem.job_id == job.id, seen_cond)))
     for i, (item, prod) in enumerate(rows):
         entry: dict[str, Any] = {"frame_id": item.frame_id, "outcome": item.outcome.value, "reason": item.reason}
-        if prod is not None:
+        if prod is not None and (seen is None or prod.id in seen):
             if prod.calibration_set_id is not None:
                 set_ids.add(prod.calibration_set_id)
             entry.update({"product_id": prod.id, "state": prod.state.value,

@@ -22,6 +22,7 @@ from astropy.io import fits
 from sqlalchemy.orm import Session
 
 from backend.models import Frame, Product, ProductState
+from backend.services import visibility
 from pipelines.errors import DataError
 
 __all__ = ["VOLATILE", "DiffError", "DiffNotFound", "DiffNotOfFrame", "DiffNotWritten", "ProductPair",
@@ -65,13 +66,14 @@ class ProductPair:
     b_header: fits.Header
 
 
-def load_pair(session: Session, frame_id: int, a_id: int, b_id: int) -> ProductPair:
-    """Products ``a_id`` and ``b_id`` of frame ``frame_id``, read from their files.
+def load_pair(session: Session, frame_id: int, a_id: int, b_id: int, principal: Any = None) -> ProductPair:
+    """Products ``a_id`` and ``b_id`` of frame ``frame_id``, read from their files, if
+    ``principal`` (None: anonymous) may see both (:func:`backend.services.visibility.product_rule`).
 
     Raises
     ------
     DiffNotFound
-        Unknown frame or product.
+        Unknown frame or product, or a product the principal may not see.
     DiffNotOfFrame
         A product of another frame.
     DiffNotWritten
@@ -87,7 +89,7 @@ def load_pair(session: Session, frame_id: int, a_id: int, b_id: int) -> ProductP
     prods = []
     for name, pid in (("a", a_id), ("b", b_id)):
         p = session.get(Product, pid)
-        if p is None:
+        if p is None or not visibility.allows(session, Product, p, principal):  # a private set's: unknown
             raise DiffNotFound(f"no product with id {pid} ({name})")
         if p.frame_id != frame_id:
             raise DiffNotOfFrame(f"product {pid} ({name}) is a product of frame {p.frame_id}, not of frame {frame_id}")
@@ -259,10 +261,10 @@ def ratio_png(pair: ProductPair) -> tuple[bytes, float]:
     return _png(img, 1.0 - half, 1.0 + half, "RdBu_r"), half
 
 
-def versions_of_frame(session: Session, frame_id: int) -> list[Product]:
-    """The written products of a frame, oldest first (for "compare versions" links)."""
+def versions_of_frame(session: Session, frame_id: int, principal: Any = None) -> list[Product]:
+    """The written products of a frame that ``principal`` (None: anonymous) may see, oldest
+    first (for "compare versions" links)."""
     from sqlalchemy import select
 
-    return list(session.scalars(select(Product).where(Product.frame_id == frame_id,
-                                                      Product.state == ProductState.written)
-                                .order_by(Product.created_at, Product.id)))
+    q = select(Product).where(Product.frame_id == frame_id, Product.state == ProductState.written)
+    return list(session.scalars(visibility.visible(q, Product, principal).order_by(Product.created_at, Product.id)))

@@ -17,12 +17,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, joinedload
 
 from backend.models import CalibrationSet, Frame, JobItem, Product, ProductState
-from backend.services.calibration_sets import visible_to
-from backend.services.event_visibility import viewer_of
+from backend.services import visibility
 
 __all__ = ["public_series_ids", "may_see_set", "visible_set", "product_condition", "may_see_product",
            "set_products_page", "set_span", "SetSpan", "job_set_ids", "queue_public_detections"]
@@ -62,33 +61,29 @@ def public_series_ids(session: Session | None, channel: str | None, start: dt.da
 
 
 def may_see_set(principal: Any, row: CalibrationSet) -> bool:
-    """Whether ``principal`` (None: anonymous) may see set ``row``: public, theirs, or an admin."""
-    user, sees_all = viewer_of(principal)
-    return bool(row.public) or sees_all or (user is not None and row.owner == user)
+    """Whether ``principal`` (None: anonymous) may see set ``row``: public, theirs, or an admin
+    (:func:`backend.services.visibility.set_rule`, evaluated on a loaded row)."""
+    v = visibility.viewer_of(principal)
+    return bool(row.public) or v.sees_all or (v.user is not None and row.owner == v.user)
 
 
 def visible_set(session: Session, set_id: int, principal: Any) -> CalibrationSet | None:
     """Set ``set_id`` if it exists and ``principal`` may see it, else None (a 404)."""
-    row = session.get(CalibrationSet, set_id)
-    return row if row is not None and may_see_set(principal, row) else None
+    try:
+        return visibility.get_visible(session, CalibrationSet, set_id, principal)
+    except visibility.NotVisible:
+        return None
 
 
 def product_condition(principal: Any):
     """SQL condition on ``products`` for the products ``principal`` may see (None: an admin,
-    all): no set, or a set :func:`visible_to` the principal."""
-    user, sees_all = viewer_of(principal)
-    if sees_all:
-        return None
-    sets = visible_to(select(CalibrationSet.id), user)
-    return or_(Product.calibration_set_id.is_(None), Product.calibration_set_id.in_(sets))
+    all): :func:`backend.services.visibility.product_rule`."""
+    return visibility.condition(Product, principal)
 
 
 def may_see_product(session: Session, principal: Any, row: Product) -> bool:
     """Whether ``principal`` may see product ``row`` (its set's visibility)."""
-    if row.calibration_set_id is None:
-        return True
-    cs = row.calibration_set or session.get(CalibrationSet, row.calibration_set_id)
-    return cs is None or may_see_set(principal, cs)
+    return visibility.allows(session, Product, row, principal)
 
 
 def set_products_page(session: Session, set_id: int, *, state: ProductState | None = None, limit: int = 50,

@@ -65,9 +65,14 @@ class ProductSearch:
     principal: object = None  #: who asks: products of private sets only to their owner (and admins)
 
     def select(self, session) -> bulk.ProductSelection:
-        from backend.services.set_access import product_condition
+        """The selection (only products the principal may see); a ``job_id`` of a job the
+        principal may not see raises :class:`backend.services.visibility.NotVisible` (404)."""
+        from backend.models import Job, Product
+        from backend.services import visibility
 
-        cond = product_condition(self.principal)
+        if self.job_id is not None:
+            visibility.get_visible(session, Job, self.job_id, self.principal)  # another's private job: 404
+        cond = visibility.condition(Product, self.principal)
         return bulk.search_products(session, channel=self.channel, start=self.start, end=self.end, state=self.state,
                                     frame_id=self.frame_id, job_id=self.job_id, limit=self.limit,
                                     offset=self.offset, conditions=() if cond is None else (cond,))

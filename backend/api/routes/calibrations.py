@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from backend.api.deps import SessionDep
+from backend.auth import OptionalPrincipal
 from backend.api.routes.params import ChannelQuery, IdPath, PaginationDep
 from backend.api.schemas import (
     CalibrationFilePublic,
@@ -52,11 +53,12 @@ def _file_or_404(session, calibration_file_id: int):
 @router.get("/{calibration_file_id}/products", response_model=ProductsPublic,
             summary="Products made with this calibration file")
 def read_calibration_file_products(calibration_file_id: IdPath, session: SessionDep,
-                                   page: PaginationDep) -> ProductsPublic:
-    """Every product (all versions and states) whose calibration set included this file, by DATE-OBS."""
+                                   page: PaginationDep, principal: OptionalPrincipal) -> ProductsPublic:
+    """Every product (all versions and states) whose calibration set included this file, by
+    DATE-OBS; only those the caller may see (a private set's: its owner and admins)."""
     _file_or_404(session, calibration_file_id)
     rows, total = calibrations_service.products_using_calibration_file(
-        session, calibration_file_id, limit=page.limit, offset=page.offset)
+        session, calibration_file_id, limit=page.limit, offset=page.offset, principal=principal)
     return ProductsPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
                           limit=page.limit, offset=page.offset)
 
@@ -69,7 +71,7 @@ IMPACT_RULE = ("written products that used this file, whose frame's DATE-OBS lie
 @router.get("/{calibration_file_id}/impact", response_model=CalibrationImpactPublic,
             summary="Products that would change if this calibration file were replaced")
 def read_calibration_file_impact(calibration_file_id: IdPath, session: SessionDep,
-                                 page: PaginationDep) -> CalibrationImpactPublic:
+                                 page: PaginationDep, principal: OptionalPrincipal) -> CalibrationImpactPublic:
     """Products a replacement of this file would recompute.
 
     The rule (see :func:`backend.services.calibrations.impact_of_calibration_file`): the
@@ -77,10 +79,11 @@ def read_calibration_file_impact(calibration_file_id: IdPath, session: SessionDe
     validity interval, and that did not pin a version of this kind. The registry picks
     the newest version valid at DATE-OBS, so a new version with the same interval would
     be chosen for exactly those frames; a recalibration job then makes new product
-    versions and keeps these.
+    versions and keeps these. Only products the caller may see are listed.
     """
     cal = _file_or_404(session, calibration_file_id)
-    rows, total = calibrations_service.impact_of_calibration_file(session, cal, limit=page.limit, offset=page.offset)
+    rows, total = calibrations_service.impact_of_calibration_file(session, cal, limit=page.limit, offset=page.offset,
+                                                                 principal=principal)
     return CalibrationImpactPublic(items=[ProductPublic.model_validate(r) for r in rows], total=total,
                                    limit=page.limit, offset=page.offset,
                                    calibration_file=CalibrationFilePublic.model_validate(cal), rule=IMPACT_RULE)

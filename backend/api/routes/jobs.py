@@ -8,7 +8,8 @@ from fastapi import APIRouter, HTTPException, Request, Response, status
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import PaginationDep, is_safe_key
+from backend.auth import OptionalPrincipal
+from backend.api.routes.params import PaginationDep
 from backend.api.schemas import JobPublic, JobQueuePublic, JobsPublic
 from backend.api.routes.notifications import JobCreatedPublic, job_created
 from backend.faults import public_reason
@@ -100,18 +101,17 @@ def fail_if_queued(session: Session, job: Job, reason: str) -> None:
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs")
-def read_jobs(session: SessionDep, page: PaginationDep) -> JobsPublic:
-    """Jobs, newest first."""
-    rows, total = jobs_service.list_jobs(session, limit=page.limit, offset=page.offset)
+def read_jobs(session: SessionDep, page: PaginationDep, principal: OptionalPrincipal) -> JobsPublic:
+    """The jobs the caller may see, newest first: public (the platform's and admins') jobs and
+    the caller's own (anonymous: public ones; an admin: all)."""
+    rows, total = jobs_service.list_jobs(session, principal, limit=page.limit, offset=page.offset)
     return JobsPublic(items=with_queue(session, rows), total=total,
                       limit=page.limit, offset=page.offset)
 
 
 @router.get("/{job_id}", response_model=JobPublic, summary="One job and its progress")
-def read_job(job_id: str, session: SessionDep) -> JobPublic:
+def read_job(job_id: str, session: SessionDep, principal: OptionalPrincipal) -> JobPublic:
     """State (queued, running, succeeded, failed, cancelled), counts, progress fraction, error,
-    timestamps and, while queued or running, ``queue``: its position and ETA in its lane."""
-    job = jobs_service.get_job(session, job_id) if is_safe_key(job_id, 36) else None
-    if job is None:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    return with_queue(session, [job])[0]
+    timestamps and, while queued or running, ``queue``: its position and ETA in its lane.
+    Another user's private job is 404."""
+    return with_queue(session, [jobs_service.get_job(session, job_id, principal)])[0]

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
-from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep, is_safe_key
+from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep
 from backend.faults import public_reason
 from backend.models import Movie, MovieState, ProductState
 from backend.services import events as events_service
@@ -138,14 +138,13 @@ def read_difference_png(
     """``product - ref`` block-averaged to at most 512 pixels a side, scaled symmetrically
     about zero (±the 99.5th percentile of ``|difference|``; ``astropy.visualization``),
     grey, north up."""
-    from backend.services.set_access import may_see_product
+    from backend.models import Product
+    from backend.services import visibility
     from pipelines.movies import difference_image, rgb_frame, signed_unit_image
 
     rows = []
     for pid in (product_id, ref):
-        row = products_service.get_product(session, pid)
-        if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's only
-            raise HTTPException(404, detail=f"no product with id {pid}")
+        row = visibility.get_visible(session, Product, pid, principal)  # a private set's: 404
         if row.state != ProductState.written:
             raise HTTPException(404, detail=f"product {pid} is {row.state.value}, its FITS file is not written")
         path = products_service.served_store_path(row.path, settings.products)
@@ -206,17 +205,18 @@ def create_movie(req: MovieRequest, session: SessionDep, response: Response, pri
     return MoviePublic.of(movie)
 
 
-def _movie_or_404(session: Session, movie_id: str) -> Movie:
-    movie = movies_service.get_movie(session, movie_id) if is_safe_key(movie_id, 36) else None
-    if movie is None:
-        raise HTTPException(404, detail=f"no movie with id {movie_id[:40]!r}")
-    return movie
+def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
+    """The movie if ``principal`` may see it (its own, or the platform's); else 404."""
+    from backend.services import visibility
+
+    return visibility.get_visible(session, Movie, movie_id, principal)
 
 
 @router.get("/{movie_id}", response_model=MoviePublic, summary="One movie and its progress")
-def read_movie(movie_id: str, session: SessionDep) -> MoviePublic:
-    """State (queued, running, succeeded, failed), frames done of total, the reason of a failure."""
-    return MoviePublic.of(_movie_or_404(session, movie_id))
+def read_movie(movie_id: str, session: SessionDep, principal: OptionalPrincipal) -> MoviePublic:
+    """State (queued, running, succeeded, failed), frames done of total, the reason of a failure.
+    Another user's movie is 404."""
+    return MoviePublic.of(_movie_or_404(session, movie_id, principal))
 
 
 @router.get(
@@ -226,9 +226,10 @@ def read_movie(movie_id: str, session: SessionDep) -> MoviePublic:
     responses={200: {"content": {"video/mp4": {}}, "description": "The movie (H.264)"},
                404: {"description": "No such movie, or it is not made (yet)"}},
 )
-def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep) -> FileResponse:
-    """The MP4 of a succeeded movie, as an attachment."""
-    movie = _movie_or_404(session, movie_id)
+def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep,
+                    principal: OptionalPrincipal) -> FileResponse:
+    """The MP4 of a succeeded movie, as an attachment (another user's movie: 404)."""
+    movie = _movie_or_404(session, movie_id, principal)
     if movie.state != MovieState.succeeded:
         raise HTTPException(404, detail=f"movie {movie_id} is {movie.state.value}: it has no file"
                                         + (f" ({movie.error})" if movie.error else ""))

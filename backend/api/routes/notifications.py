@@ -38,11 +38,11 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import IdPath, PaginationDep, is_safe_key
+from backend.api.routes.params import IdPath, PaginationDep
 from backend.auth import OptionalPrincipal, Principal
 from backend.services.quotas import SubmitLimited
 from backend.models import Job, Movie, SavedSearch, Webhook
-from backend.services import notify
+from backend.services import notify, visibility
 from backend.services import saved_searches as searches
 from backend.state import JOB_FINAL, MOVIE_FINAL
 
@@ -208,15 +208,14 @@ def _released(session: Session):
 
 @router.get("/jobs/{job_id}/events", response_class=StreamingResponse, responses=_SSE_RESPONSES,
             summary="Follow a job's progress (server-sent events)")
-def job_events(job_id: str, session: SessionDep,
+def job_events(job_id: str, session: SessionDep, principal: OptionalPrincipal,
                last_event_id: Annotated[str | None, Header(max_length=200)] = None) -> StreamingResponse:
     """``text/event-stream``: ``progress`` events (id, state, total, done, failed, skipped,
     cancelled, progress fraction, error) each time the job changes, ``end`` once it has
     ended, then the stream closes; a ``: heartbeat`` comment every 15 s. ``Last-Event-ID``
     is honoured (nothing seen is sent again); ``retry: 3000``. The job page uses it (with
     ``EventSource``) instead of polling ``GET /jobs/{id}``."""
-    if not is_safe_key(job_id, 36) or session.get(Job, job_id) is None:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
+    visibility.get_visible(session, Job, job_id, principal)  # another user's private job: 404
     bind = _released(session)
     stream = progress_stream(lambda: _job_snapshot(bind, job_id), lambda s: s["state"] in {j.value for j in JOB_FINAL},
                              last_event_id=last_event_id, what="job")
@@ -225,11 +224,10 @@ def job_events(job_id: str, session: SessionDep,
 
 @router.get("/movies/{movie_id}/events", response_class=StreamingResponse, responses=_SSE_RESPONSES,
             summary="Follow a movie's rendering (server-sent events)")
-def movie_events(movie_id: str, session: SessionDep,
+def movie_events(movie_id: str, session: SessionDep, principal: OptionalPrincipal,
                  last_event_id: Annotated[str | None, Header(max_length=200)] = None) -> StreamingResponse:
     """As ``GET /jobs/{id}/events`` for a movie: ``done`` and ``total`` count frames rendered."""
-    if not is_safe_key(movie_id, 36) or session.get(Movie, movie_id) is None:
-        raise HTTPException(404, detail=f"no movie with id {movie_id[:40]!r}")
+    visibility.get_visible(session, Movie, movie_id, principal)  # another user's movie: 404
     bind = _released(session)
     stream = progress_stream(lambda: _movie_snapshot(bind, movie_id),
                              lambda s: s["state"] in {m.value for m in MOVIE_FINAL}, last_event_id=last_event_id,
@@ -247,11 +245,6 @@ def _signed_in(principal: Principal | None, what: str) -> Principal:
     return principal
 
 
-def _forbidden(principal: Principal, what: str) -> HTTPException:
-    return HTTPException(403, detail=f"{what} belongs to another user; user {principal.user!r} may read only "
-                                     "their own (admins: all)")
-
-
 def _deliveries_page(session: Session, webhook_ids: list[int], page) -> dict[str, Any]:
     rows, total = notify.deliveries_of(session, webhook_ids=webhook_ids, limit=page.limit, offset=page.offset)
     return {"items": [notify.describe_delivery(r) for r in rows], "total": total, "limit": page.limit,
@@ -262,22 +255,15 @@ def _deliveries_page(session: Session, webhook_ids: list[int], page) -> dict[str
 def read_webhooks(session: SessionDep, principal: OptionalPrincipal) -> dict[str, Any]:
     """The webhooks of the token's user (all, for an admin), newest first; never their secrets."""
     p = _signed_in(principal, "webhooks")
-    q = select(Webhook).order_by(Webhook.id.desc())
-    if not p.is_admin:
-        q = q.where(Webhook.owner == p.user)
+    q = visibility.visible(select(Webhook).order_by(Webhook.id.desc()), Webhook, p)
     rows = list(session.scalars(q.limit(500)))
     return {"items": [notify.describe_webhook(h) for h in rows], "total": len(rows)}
 
 
 def _owned(session: Session, model: type, row_id: int, p: Principal, what: str) -> Any:
-    """Row ``row_id`` of ``model`` (a webhook, a saved search) if ``p`` owns it or is an
-    admin: 404 when there is none, 403 when it is another user's."""
-    row = session.get(model, row_id)
-    if row is None:
-        raise HTTPException(404, detail=f"no {what} with id {row_id}")
-    if not p.may_act_on(row.owner):
-        raise _forbidden(p, f"{what} {row_id}")
-    return row
+    """Row ``row_id`` of ``model`` (a webhook, a saved search) if ``p`` may see it (its owner,
+    or an admin): 404 otherwise, also for another user's (never 403: its id is not confirmed)."""
+    return visibility.get_visible(session, model, row_id, p)
 
 
 def _own_webhook(session: Session, webhook_id: int, p: Principal) -> Webhook:
@@ -300,12 +286,10 @@ def read_job_deliveries(job_id: str, session: SessionDep, principal: OptionalPri
     """The deliveries of the job's webhook(s) (``webhook_url`` of its request), as
     ``GET /webhooks/{id}/deliveries``; only the job's owner (or an admin) may read them."""
     p = _signed_in(principal, "a delivery log")
-    job = session.get(Job, job_id) if is_safe_key(job_id, 36) else None
-    if job is None:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    if not p.may_act_on(job.owner):
-        raise _forbidden(p, f"job {job_id}'s delivery log")
-    ids = list(session.scalars(select(Webhook.id).where(Webhook.job_id == job.id)))
+    job = visibility.get_visible(session, Job, job_id, p)  # another user's private job: 404
+    if not p.may_act_on(job.owner):  # a public job: its deliveries are still its owner's
+        raise HTTPException(404, detail=f"no delivery log of job {job_id[:40]!r} for user {p.user!r}")
+    ids = list(session.scalars(visibility.visible(select(Webhook.id).where(Webhook.job_id == job.id), Webhook, p)))
     return _deliveries_page(session, ids, page)
 
 

@@ -12,9 +12,9 @@ from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
 from backend.api.routes.bulk import JobIdQuery
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
-from backend.models import Product, ProductState
+from backend.models import Job, Product, ProductState
 from backend.services import products as products_service
-from backend.services import set_access
+from backend.services import visibility
 
 router = APIRouter(prefix="/products", tags=["products"])
 
@@ -34,8 +34,11 @@ def read_products(
 ) -> ProductsPublic:
     """Products filtered by channel, DATE-OBS range of their frame, state, frame, job (the products of
     the job's frames, whichever job made them first) and calibration set; every version is listed.
-    Products of a private calibration set are listed to its owner (and admins) only."""
-    conds = [c for c in (set_access.product_condition(principal),) if c is not None]
+    Products of a private calibration set are listed to its owner (and admins) only; a
+    ``job_id`` of another user's private job is 404."""
+    if job_id:
+        visibility.get_visible(session, Job, job_id, principal)
+    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
     if calibration_set is not None:
         conds.append(Product.calibration_set_id == calibration_set)
     rows, total = products_service.list_products(
@@ -47,10 +50,7 @@ def read_products(
 
 
 def _product_or_404(session, product_id: int, principal=None) -> Product:
-    row = products_service.get_product(session, product_id)
-    if row is None or not set_access.may_see_product(session, principal, row):
-        raise HTTPException(404, detail=f"no product with id {product_id}")
-    return row
+    return visibility.get_visible(session, Product, product_id, principal)  # a private set's: 404
 
 
 @router.get("/{product_id}", response_model=ProductDetail, summary="One product with its calibration lineage")

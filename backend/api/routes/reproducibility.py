@@ -14,13 +14,14 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import HTMLResponse
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import MAX_ID, IdPath, is_safe_key
+from backend.api.routes.params import MAX_ID, IdPath
 from backend.api.routes.jobs import fail_if_queued
 from backend.api.schemas import JobPublic
 from backend.services.quotas import SubmitLimited
 from backend.faults import public_reason
 from backend.models import Job, Product
-from backend.services import manifests, product_diff, reruns
+from backend.services import manifests, product_diff, reruns, visibility
+from backend.auth import OptionalPrincipal
 from pipelines.errors import DataError
 
 router = APIRouter(tags=["reproducibility"])
@@ -34,25 +35,21 @@ _DIFF_ERRORS = {404: {"description": "Unknown frame or product"},
                 422: {"description": "A product is not one of this frame's"}}
 
 
-def _job(session, job_id: str) -> Job:
-    job = session.get(Job, job_id) if is_safe_key(job_id, 36) else None
-    if job is None:
-        raise HTTPException(404, detail=f"no job with id {job_id[:40]!r}")
-    return job
+def _job(session, job_id: str, principal) -> Job:
+    """The job if ``principal`` may see it; else 404 (:class:`visibility.NotVisible`)."""
+    return visibility.get_visible(session, Job, job_id, principal)
 
 
 @router.get("/products/{product_id}/manifest", summary="The manifest of one product",
             responses={404: {"description": "No such product"},
                        409: {"description": "Not written, or written before manifests were recorded"}})
-def read_product_manifest(product_id: IdPath, session: SessionDep) -> dict:
+def read_product_manifest(product_id: IdPath, session: SessionDep, principal: OptionalPrincipal) -> dict:
     """What the product was made from and how to make it again: input frame (id, original
     name, sha256), calibration set and files (ids, kinds, versions, sha256), full options,
     software and dependency versions, the array backend used (``BACKEND``), the file's and
     the data arrays' sha256, the CPU/GPU float tolerance and the re-run command. Save it
     and pass it to ``lstdp rerun``."""
-    prod = session.get(Product, product_id)
-    if prod is None:
-        raise HTTPException(404, detail=f"no product with id {product_id}")
+    prod = visibility.get_visible(session, Product, product_id, principal)  # a private set's: 404
     if prod.manifest is None:
         raise HTTPException(409, detail=f"product {product_id} is {prod.state.value} and has no manifest "
                                         "(manifests are recorded when a product is written; one written before "
@@ -61,11 +58,12 @@ def read_product_manifest(product_id: IdPath, session: SessionDep) -> dict:
 
 
 @router.get("/jobs/{job_id}/manifest", summary="The manifest of one job", responses={404: {"description": "No such job"}})
-def read_job_manifest(job_id: str, session: SessionDep) -> dict:
+def read_job_manifest(job_id: str, session: SessionDep, principal: OptionalPrincipal) -> dict:
     """The job's request, its calibration sets, its products' manifests (the first
     ``MAX_INLINE_PRODUCTS`` inline, the others as links), the re-run command; for a
-    ``rerun`` job also its per-frame results."""
-    return manifests.job_manifest(session, _job(session, job_id))
+    ``rerun`` job also its per-frame results. Another user's private job is 404; products
+    the caller may not see are listed by frame and outcome only."""
+    return manifests.job_manifest(session, _job(session, job_id, principal), principal)
 
 
 @router.post("/jobs/{job_id}/rerun", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED,
@@ -84,7 +82,7 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
     on the workers, into the re-run store. Each frame's result (``identical``,
     ``within_tolerance`` or ``differs``, with max abs / rel difference) is in the new job's
     ``rerun_results`` and its manifest. The new job's ``rerun_of`` is ``job_id``."""
-    job = _job(session, job_id)
+    job = _job(session, job_id, principal)
     try:
         reruns.check_may_rerun(session, job, principal)
         specs = reruns.specs_from_job(session, job)
@@ -113,9 +111,9 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
     return JobPublic.model_validate(new)
 
 
-def _pair(session, frame_id: int, a: int, b: int) -> product_diff.ProductPair:
+def _pair(session, frame_id: int, a: int, b: int, principal) -> product_diff.ProductPair:
     try:
-        return product_diff.load_pair(session, frame_id, a, b)
+        return product_diff.load_pair(session, frame_id, a, b, principal)
     except product_diff.DiffNotFound as exc:
         raise HTTPException(404, detail=str(exc)) from None
     except product_diff.DiffNotOfFrame as exc:
@@ -125,13 +123,14 @@ def _pair(session, frame_id: int, a: int, b: int) -> product_diff.ProductPair:
 
 
 @router.get("/frames/{frame_id}/diff", summary="Compare two product versions of one frame", responses=_DIFF_ERRORS)
-def read_frame_diff(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep) -> dict:
+def read_frame_diff(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
+                    principal: OptionalPrincipal) -> dict:
     """Header keyword diff (added, removed, changed; volatile keywords DATE, CHECKSUM,
     DATASUM, PRODID, PRODVER, CALSET, FILENAME marked), and the image difference ``b - a``
     and ratio ``b / a`` with statistics (mean, median, std, min, max, 1st/99th percentiles,
     count, differing pixels, max abs diff) over the pixels good in both DQ masks, in BUNIT;
     links to their PNGs."""
-    return product_diff.diff_report(_pair(session, frame_id, a, b))
+    return product_diff.diff_report(_pair(session, frame_id, a, b, principal))
 
 
 def _png_response(png: bytes, half: float) -> Response:
@@ -141,26 +140,29 @@ def _png_response(png: bytes, half: float) -> Response:
 
 @router.get("/frames/{frame_id}/diff/difference.png", response_class=Response, responses={**_PNG, **_DIFF_ERRORS},
             summary="PNG of b - a (diverging colormap, symmetric limits)")
-def read_difference_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep) -> Response:
+def read_difference_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
+                        principal: OptionalPrincipal) -> Response:
     """``b - a`` over the pixels good in both (grey elsewhere), colormap ``RdBu_r`` with limits
     symmetric about 0 (the 99th percentile of ``|b - a|``, in header ``X-Limits-Half-Width``)."""
-    return _png_response(*product_diff.difference_png(_pair(session, frame_id, a, b)))
+    return _png_response(*product_diff.difference_png(_pair(session, frame_id, a, b, principal)))
 
 
 @router.get("/frames/{frame_id}/diff/ratio.png", response_class=Response, responses={**_PNG, **_DIFF_ERRORS},
             summary="PNG of b / a (diverging colormap, limits symmetric about 1)")
-def read_ratio_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep) -> Response:
+def read_ratio_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
+                   principal: OptionalPrincipal) -> Response:
     """``b / a`` over the pixels good in both with ``a != 0`` (grey elsewhere), colormap
     ``RdBu_r`` with limits symmetric about 1."""
-    return _png_response(*product_diff.ratio_png(_pair(session, frame_id, a, b)))
+    return _png_response(*product_diff.ratio_png(_pair(session, frame_id, a, b, principal)))
 
 
 @page_router.get("/frames/{frame_id}/diff", response_class=HTMLResponse)
-def frame_diff_page(request: Request, frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep):
+def frame_diff_page(request: Request, frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
+                    principal: OptionalPrincipal):
     """The diff of two product versions of one frame: products, header diff table, image
     statistics, the difference and ratio images; links to the other versions."""
     from backend.api.pages import templates
 
-    report = product_diff.diff_report(_pair(session, frame_id, a, b))
+    report = product_diff.diff_report(_pair(session, frame_id, a, b, principal))
     return templates.TemplateResponse(request, "frame_diff.html", {
-        "report": report, "versions": product_diff.versions_of_frame(session, frame_id)})
+        "report": report, "versions": product_diff.versions_of_frame(session, frame_id, principal)})

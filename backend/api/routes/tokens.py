@@ -127,13 +127,10 @@ def make_token(body: TokenCreate, session: SessionDep, principal: AdminPrincipal
 def delete_token(token_id: Annotated[int, Path(ge=1, le=2**31 - 1)], session: SessionDep,
                  principal: SignedInPrincipal) -> TokenPublic:
     """Revoke token ``token_id`` (an admin: any; anyone else: their own). Revoking a revoked
-    token changes nothing and answers it as it is."""
-    row = session.get(ApiToken, token_id)
-    if row is None:
-        raise HTTPException(404, detail=f"no token with id {token_id}")
-    if not principal.may_act_on(row.user):
-        raise HTTPException(403, detail=f"token {token_id} is {row.user!r}'s: user {principal.user!r} may revoke "
-                                        "only their own tokens (others' need scope 'admin')")
+    token changes nothing and answers it as it is. Another user's token is 404, as an unknown id."""
+    from backend.services import visibility
+
+    visibility.get_visible(session, ApiToken, token_id, principal)
     row = revoke_token(session, token_id)
     session.commit()
     return TokenPublic.of(row)
