@@ -277,7 +277,7 @@ def test_the_database_dropping_during_the_rollback_is_a_clean_503(pg_api, pg_url
         with psycopg.connect(_plain(pg_url), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
-    def failing_get_job(session, job_id):
+    def failing_get_job(session, job_id, *_principal):
         session.execute(text("SELECT 1"))
         event.listen(get_engine("api"), "rollback", kill, once=True)
         raise LookupError("a bug after a statement")
