@@ -17,6 +17,7 @@ the test has seen what it checks, and waits are generous bounds on a condition.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -220,7 +221,7 @@ def test_a_key_whose_first_request_is_in_progress_is_409(pg_api, pg_url, monkeyp
     release.set()
     t.join(60)
     assert busy.status_code == 409 and "in progress" in busy.json()["detail"], busy.text
-    assert out[0].status_code == 201
+    assert out[0].status_code == 201, out[0].text
     assert c.post("/api/v1/saved-searches", json=SAVED, headers=key).json() == out[0].json()
 
 
@@ -303,7 +304,8 @@ def test_lstdp_serve_closes_connections_that_never_finish_their_headers(tmp_path
     or nothing, are answered 408 and closed (waited for up to 30 s each: a bound, not a
     speed); a complete request is answered. On f32dd98 they stayed open."""
     port = _free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), "HEADER_TIMEOUT_S": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": str(tmp_path), "HEADER_TIMEOUT_S": "1",
+           "API_DEADLINE_S": "0"}  # no request deadline: the slow body below is bounded by nothing else
     proc = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--port", str(port)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     socks: list[socket.socket] = []
@@ -333,6 +335,26 @@ def test_lstdp_serve_closes_connections_that_never_finish_their_headers(tmp_path
                     break
                 got += chunk
             assert got.startswith(b"HTTP/1.1 408"), got
+        # a request pipelined behind an answered one, its headers complete and its body sent
+        # slowly (8 bytes every 0.5 s, 3.5 s in all): its body is not bounded by the header
+        # timer; it is answered (the route's own answer), never 408
+        body = b'{"token": "lst_' + b"a" * 40 + b'"}'
+        slow = socket.create_connection(("127.0.0.1", port), timeout=30)
+        socks.append(slow)
+        slow.sendall(b"GET /static/style.css HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /api/v1/session HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:5])
+        for i in range(5, len(body), 8):
+            time.sleep(0.5)
+            slow.sendall(body[i:i + 8])
+        got = b""
+        while True:
+            chunk = slow.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)
+        assert len(statuses) == 2 and statuses[0] == b"200" and statuses[1] != b"408", got[-600:]
     finally:
         for s in socks:
             s.close()
@@ -361,6 +383,81 @@ def test_a_replayed_answer_never_holds_the_secret_of_the_first(pg_api, pg_url):
     assert again.json()["id"] == first.json()["id"]
     with Session(engine) as s:
         stored = s.scalars(select(IdempotencyKey.body).where(IdempotencyKey.key == key)).one()
-        assert first.json()["token"].encode() not in stored and b"lst_" not in stored
+        assert first.json()["token"].encode() not in stored and b"lst_sc" not in stored.replace(b"lst_" + first.json()["prefix"][4:].encode(), b"")
         assert s.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.user == user)) == 1
     engine.dispose()
+
+
+def test_a_gzip_answer_is_kept_plain_and_without_its_webhook_secret(pg_api, pg_url):
+    """A saved search with a webhook answers its ``whsec_`` secret once; an answer over 1 kB is
+    gzip-compressed inside the idempotency middleware. What is kept is the plain JSON without
+    the secret (no ``content-encoding``), and the replay (asked without gzip) is that JSON."""
+    import gzip
+
+    from backend.models import IdempotencyKey
+
+    c = pg_api(API_DEADLINE_S=20)
+    key = f"k-{uuid.uuid4()}"
+    body = {**SAVED, "name": "n" * 100, "webhook_url": "https://example.com/" + "p" * 300}
+    first = c.post("/api/v1/saved-searches", json=body, headers={"Idempotency-Key": key, "Accept-Encoding": "gzip"})
+    assert first.status_code == 201 and first.headers.get("content-encoding") == "gzip", first.headers
+    secret = first.json()["webhook"]["secret"]
+    assert secret.startswith("whsec_")
+    engine = create_engine(pg_url)
+    with Session(engine) as s:
+        row = s.scalars(select(IdempotencyKey).where(IdempotencyKey.key == key)).one()
+        assert "content-encoding" not in row.headers and row.body[:2] != b"\x1f\x8b"
+        assert row.body.startswith(b"{") and secret.encode() not in row.body
+    engine.dispose()
+    again = c.post("/api/v1/saved-searches", json=body,
+                   headers={"Idempotency-Key": key, "Accept-Encoding": "identity"})
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers.get("content-encoding") in (None, "identity")
+    assert again.json()["webhook"]["secret"] is None and again.json()["id"] == first.json()["id"]
+
+
+def test_no_replay_to_a_revoked_token_or_a_signed_out_cookie_and_sign_in_is_never_keyed(pg_api, pg_url):
+    """A stored answer is read again only by a credential that still authenticates: after the
+    token is revoked, or the session signed out, the same keyed POST is 401 (the route's own
+    answer), never the stored 201. Signing in with a key twice sets a cookie both times."""
+    from backend.auth import revoke_token
+
+    c = pg_api(API_DEADLINE_S=20)
+    engine = create_engine(pg_url)
+    with Session(engine) as s:
+        token = make_token(s, f"ov-{uuid.uuid4().hex[:8]}")
+        s.commit()
+    bearer = {"Authorization": f"Bearer {token}"}
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    first = c.post("/api/v1/saved-searches", json=SAVED, headers={**bearer, **key})
+    assert first.status_code == 201, first.text
+    with Session(engine) as s:
+        revoke_token(s, _token_id(s, token))
+        s.commit()
+    again = c.post("/api/v1/saved-searches", json=SAVED, headers={**bearer, **key})
+    assert again.status_code == 401 and "Idempotent-Replayed" not in again.headers, again.text
+    # the cookie: sign in twice with the same key (both set a cookie), post, sign out, replay
+    with Session(engine) as s:
+        token2 = make_token(s, f"ov-{uuid.uuid4().hex[:8]}")
+        s.commit()
+    engine.dispose()
+    browser = TestClient(c.app, raise_server_exceptions=False)
+    sign_key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    for _ in range(2):
+        browser.cookies.clear()
+        r = browser.post("/api/v1/session", json={"token": token2}, headers=sign_key)
+        assert r.status_code == 200 and "lstdp_session=" in r.headers.get("set-cookie", ""), r.headers
+    cookie = browser.cookies.get("lstdp_session")
+    key2 = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    assert browser.post("/api/v1/saved-searches", json=SAVED, headers=key2).status_code == 201
+    assert browser.delete("/api/v1/session").status_code == 204
+    browser.cookies.set("lstdp_session", cookie)
+    replay = browser.post("/api/v1/saved-searches", json=SAVED, headers=key2)
+    assert replay.status_code == 401 and "Idempotent-Replayed" not in replay.headers, replay.text
+
+
+def _token_id(session, token: str) -> int:
+    from backend.auth import hash_token
+    from backend.models import ApiToken
+
+    return session.scalar(select(ApiToken.id).where(ApiToken.token_hash == hash_token(token)))

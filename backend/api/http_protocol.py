@@ -42,8 +42,12 @@ class HeaderTimeoutMixin:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
-        if not self.transport.is_closing():  # type: ignore[attr-defined]
-            self._arm_header_timer()  # kept alive: the next request's headers are bounded too
+        cycle = self.cycle  # type: ignore[attr-defined]
+        # kept alive: the next request's headers are bounded too, unless that request (sent
+        # pipelined behind the one just answered) already has its headers: its body is not
+        # bounded here
+        if not self.transport.is_closing() and (cycle is None or cycle.response_complete):  # type: ignore[attr-defined]
+            self._arm_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()

@@ -15,14 +15,21 @@ write whose answer it did not get (a 503, a dropped connection) without writing 
   the first is still in progress a 409 (an in-progress row older than :data:`STALE_S`, a
   process that died, is taken over);
 * keys expire ``IDEMPOTENCY_TTL_S`` (24 h) after their first use; expired rows are deleted
-  when a new key is stored.
+  when a new key is stored;
+* a key sent with a credential that no longer authenticates (revoked or expired token,
+  signed-out or expired session) is ignored: the route runs and answers 401, and nothing
+  stored is replayed to it; ``POST /api/v1/session`` (sign-in, whose answer is a cookie) is
+  never keyed.
 
 The rows are in the database, so several API processes share them. A request answered 503 at
 its deadline goes on in the background and stores its own answer when it ends: a repeat then
 gets it (the same write), or runs again if that answer was an error (the write did not
 happen: a commit past the deadline is refused, :class:`backend.api.app.DeadlineMiddleware`).
+Answers are kept uncompressed (the gzip of :func:`backend.api.app.add_text_compression` runs
+inside this middleware, so a gzip answer is decoded first; a replay is sent uncompressed).
 Secrets are never stored: in a JSON answer every string that is an API token (``lst_...``) or a
-webhook secret (``whsec_...``) is replaced by null before the answer is kept, and the replay
+webhook secret (``whsec_...``) is replaced by null before the answer is kept (a body that is not
+JSON and holds such a prefix is not kept at all), and the replay
 says so in ``replay_note`` (the secret was shown once, in the first answer; a client that lost
 it makes a new one). An answer over :data:`MAX_STORED_BYTES` is not kept either: its key stays
 used, and a repeat is 409 saying the first request succeeded (never a second write).
@@ -32,6 +39,7 @@ used, and a repeat is 409 saying the first request succeeded (never a second wri
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
 import json
 import logging
@@ -68,6 +76,34 @@ def _principal(headers: dict[bytes, bytes]) -> str:
             if name == SESSION_COOKIE.encode() and value:
                 credential = b"cookie:" + value
     return hashlib.sha256(credential).hexdigest() if credential else "anonymous"
+
+
+def _credential_live(headers: dict[bytes, bytes]) -> bool:
+    """Whether the request's credential (bearer token, else session cookie) is one that
+    authenticates now; True without one. A stored answer is never replayed to a credential
+    that was revoked, signed out or expired since (it would read what a plain request may not).
+    Reads only (no ``last_used_at`` write: that row may be locked by a request in progress)."""
+    from backend.auth import _session_row, hash_token, session_state, token_state
+    from backend.models import ApiToken
+
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    cookie = None
+    for part in headers.get(b"cookie", b"").split(b";"):
+        name, _, value = part.strip().partition(b"=")
+        if name == SESSION_COOKIE.encode() and value:
+            cookie = value.decode("latin-1")
+    bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    if bearer is None and cookie is None:
+        return True
+    with _session() as session:
+        try:
+            if bearer is not None:
+                row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(bearer)))
+                return row is not None and token_state(row) == "active"
+            browser = _session_row(session, cookie)
+            return browser is not None and session_state(browser, session.get(ApiToken, browser.token_id)) == "active"
+        finally:
+            session.rollback()
 
 
 def _fingerprint(method: str, path: str, query: bytes, body: bytes) -> str:
@@ -119,21 +155,28 @@ def _aware(t: dt.datetime) -> dt.datetime:
 
 #: Prefixes of the secrets an answer may carry once (API tokens, webhook secrets): never stored.
 SECRET_PREFIXES = ("lst_", "whsec_")
+#: A whole secret: a prefix and 20 or more URL-safe characters (a token's 10-character
+#: ``prefix`` field is not one).
+_SECRET_RE = re.compile(r"^(?:lst_|whsec_)[A-Za-z0-9_\-]{20,}$")
+#: Routes that are never idempotent by key: signing in answers a cookie, which a replay could
+#: not give (the repeat is run again; signing in twice is harmless).
+UNKEYED_PATHS = frozenset({"/api/v1/session"})
 #: What a replay says where it left a secret out.
 REPLAY_NOTE = ("replayed answer of an Idempotency-Key: the secrets of the first answer (shown once) are not kept "
                "and read null here")
 
 
 def redact_secrets(body: bytes, content_type: str) -> bytes:
-    """``body`` with every JSON string value that starts with one of :data:`SECRET_PREFIXES`
-    replaced by null (and, where one was, ``replay_note`` set on the top-level object); other
-    bodies unchanged. Raises nothing: a body that is not JSON is returned as it is."""
+    """``body`` with every JSON string value that is a whole secret (one of
+    :data:`SECRET_PREFIXES` and 20 or more URL-safe characters) replaced by null (and, where one
+    was, ``replay_note`` set on the top-level object). A body that is not JSON is returned as it
+    is when it holds no secret prefix at all, else None (not to be kept). Raises nothing."""
     if "json" not in content_type.lower():
-        return body
+        return None if any(p.encode() in body for p in SECRET_PREFIXES) else body
     try:
         doc = json.loads(body)
     except ValueError:
-        return body
+        return None if any(p.encode() in body for p in SECRET_PREFIXES) else body
     found = False
 
     def walk(node):
@@ -142,7 +185,7 @@ def redact_secrets(body: bytes, content_type: str) -> bytes:
             return {k: walk(v) for k, v in node.items()}
         if isinstance(node, list):
             return [walk(v) for v in node]
-        if isinstance(node, str) and node.startswith(SECRET_PREFIXES):
+        if isinstance(node, str) and _SECRET_RE.match(node):
             found = True
             return None
         return node
@@ -162,6 +205,14 @@ def _finish(principal: str, key: str, status: int | None, headers: dict[str, str
     with _session() as session:
         if status is not None and status < 400:
             kept = None
+            encoding = headers.pop("content-encoding", "identity").strip().lower()
+            if body is not None and encoding == "gzip":  # compressed inside us: keep the plain answer
+                try:
+                    body = gzip.decompress(body)
+                except (OSError, EOFError):
+                    body = None
+            elif encoding not in ("", "identity"):
+                body = None
             if body is not None and len(body) <= MAX_STORED_BYTES:
                 kept = redact_secrets(body, headers.get("content-type", ""))
             session.execute(update(IdempotencyKey).where(
@@ -197,6 +248,9 @@ class IdempotencyMiddleware:
         if raw_key is None:
             await self.app(scope, receive, send)
             return
+        if scope["path"] in UNKEYED_PATHS:
+            await self.app(scope, receive, send)
+            return
         key = raw_key.decode("latin-1")
         if not _KEY_RE.match(key):
             await _json(send, 422, "Idempotency-Key must be 1 to 255 printable ASCII characters (no spaces)")
@@ -211,7 +265,20 @@ class IdempotencyMiddleware:
         body = b"".join(chunks)
         principal = _principal(headers)
         fingerprint = _fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
+        replayed = False
+
+        async def replay_receive():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
         try:
+            live = await anyio.to_thread.run_sync(_credential_live, headers)
+            if not live:  # a signed-out cookie, a revoked or unknown token: the route answers 401
+                await self.app(scope, replay_receive, send)
+                return
             outcome, row = await anyio.to_thread.run_sync(_claim, principal, key, fingerprint, scope["method"],
                                                           scope["path"])
         except Exception as exc:  # noqa: BLE001 - the database: nothing was done, say so
@@ -241,15 +308,6 @@ class IdempotencyMiddleware:
                                     (b"idempotent-replayed", b"true")]})
             await send({"type": "http.response.body", "body": row.body or b""})
             return
-
-        replayed = False
-
-        async def replay_receive():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
         status: int | None = None
         kept: dict[str, str] = {}
