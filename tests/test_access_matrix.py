@@ -181,7 +181,7 @@ MUST_LIST = {"/api/v1/jobs", "/jobs", "/api/v1/products", "/api/v1/calibration-s
              "/api/v1/saved-searches", "/api/v1/webhooks"}
 #: Writes A may call without destroying the fixture for later calls; done after every read,
 #: in this order (the destructive ones last).
-WRITE_ORDER = ["/cancel", "/retry", "/rerun", "/notifications", "/saved-searches/{search_id}", "/tokens/{token_id}",
+WRITE_ORDER = ["/saved-searches", "/cancel", "/retry", "/rerun", "/notifications", "/saved-searches/{search_id}", "/tokens/{token_id}",
                "/promote"]
 
 
