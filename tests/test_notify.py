@@ -752,7 +752,7 @@ def test_live_failing_and_hanging_targets_block_neither_the_worker_nor_the_api(l
             assert r.status_code == 202, r.text
             hooks[rx.url] = (r.json()["id"], r.json()["webhook"]["id"])
         for job_id, _ in hooks.values():
-            job = _wait_state(base, job_id)
+            job = _wait_state(base, job_id, headers)
             assert job["state"] == "succeeded", job
         # both targets are being tried (the hanging one holds one attempt for WEBHOOK_TIMEOUT_S = 2 s)
         failing.wait(1, timeout=60)
@@ -763,7 +763,7 @@ def test_live_failing_and_hanging_targets_block_neither_the_worker_nor_the_api(l
         assert time.monotonic() - t0 < 2.0
         r = httpx.post(f"{base}/api/v1/jobs", json={**span, "options": {"flag_bad_pixels": False}}, headers=headers, timeout=30)
         assert r.status_code == 202, r.text
-        other = _wait_state(base, r.json()["id"], timeout=120)
+        other = _wait_state(base, r.json()["id"], headers, timeout=120)
         assert other["state"] == "succeeded" and other["done"] == other["total"], json.dumps(other)
         # each delivery ends failed after WEBHOOK_MAX_ATTEMPTS = 2 attempts, the reasons logged
         for url, (job_id, hook_id) in hooks.items():
@@ -781,12 +781,13 @@ def test_live_failing_and_hanging_targets_block_neither_the_worker_nor_the_api(l
     assert len(failing.requests) == 2
 
 
-def _wait_state(base: str, job_id: str, timeout: float = 180.0) -> dict:
+def _wait_state(base: str, job_id: str, headers: dict[str, str], timeout: float = 180.0) -> dict:
+    """The job once ended, read as its owner (``headers``: a user's job is private to them)."""
     import httpx
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        j = httpx.get(f"{base}/api/v1/jobs/{job_id}", timeout=30).json()
+        j = httpx.get(f"{base}/api/v1/jobs/{job_id}", headers=headers, timeout=30).json()
         if j["state"] in ("succeeded", "failed", "cancelled"):
             return j
         time.sleep(0.3)

@@ -392,7 +392,7 @@ def jobs_page(request: Request, session: SessionDep, principal: OptionalPrincipa
 
     rows, total = jobs_service.list_jobs(session, principal, limit=PAGE_SIZE, offset=0)
     return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total,
-                                                             "lanes": queue_snapshot(session).as_dict()["lanes"]})
+                                                             "lanes": queue_snapshot(session, viewer=principal).as_dict()["lanes"]})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)

@@ -12,8 +12,9 @@ Providers
       ``catalogue_coverage`` (:func:`record_catalogue_coverage`, called by
       :func:`backend.services.events.import_catalogue`). Gaps: "catalogue begins/ends",
       "no catalogue file covers this", "not imported".
-    * :class:`ChannelProvider` (one per LST channel): where written L2 products exist, from
-      the frames and their products. Frames less than :data:`GAP_CADENCES` nominal cadences
+    * :class:`ChannelProvider` (one per LST channel): where written public L2 products exist,
+      from the frames and their products (a user's private products count nowhere, their
+      errors are never shown). Frames less than :data:`GAP_CADENCES` nominal cadences
       apart are one covered span; a longer break, or frames without a written product, is a
       gap, with its reasons: no frames, failed products (with the commonest error), frames
       not calibrated, quarantined files (DATE-OBS read from the quarantined file).
@@ -347,6 +348,15 @@ def quarantined_frames(settings) -> list[tuple[str, dt.datetime, str]]:
     return out
 
 
+def _public_products():
+    """SQL condition on ``products``: the rows an anonymous viewer may see
+    (:func:`backend.services.visibility.product_rule`). Coverage, its gap reasons and the
+    detections' window are the same for every caller, so they read public products only."""
+    from backend.services.visibility import condition
+
+    return condition(Product, None)
+
+
 class ChannelProvider:
     """Coverage of one LST channel by written L2 products (see the module docstring)."""
 
@@ -359,11 +369,13 @@ class ChannelProvider:
         self.max_break = self.cadence * GAP_CADENCES
 
     def frames(self, session: Session, start, end) -> list[tuple[dt.datetime, float, int, int, int, str | None]]:
-        """``(date_obs, exposure_s, written, failed, products, an error)`` per frame, by DATE-OBS."""
+        """``(date_obs, exposure_s, written, failed, products, an error)`` per frame, by DATE-OBS,
+        counting public products only (:func:`_public_products`: coverage is everyone's, so a
+        user's private product neither covers a frame nor shows its error)."""
         written = func.max(case((Product.state == ProductState.written, 1), else_=0))
         failed = func.max(case((Product.state == ProductState.failed, 1), else_=0))
         q = (select(Frame.date_obs, Frame.exposure_s, written, failed, func.count(Product.id), func.max(Product.error))
-             .outerjoin(Product, Product.frame_id == Frame.id)
+             .outerjoin(Product, (Product.frame_id == Frame.id) & _public_products())
              .where(Frame.channel_code == self.name)
              .group_by(Frame.id, Frame.date_obs, Frame.exposure_s).order_by(Frame.date_obs))
         if start is not None:
@@ -488,7 +500,8 @@ def _detected_window(session: Session, start, end) -> WindowCoverage:
     with a written L2 product in it (one aggregate; the planner starts from whichever of the
     written products and the window's frames is smaller)."""
     q = (select(func.min(Frame.date_obs), func.max(Frame.date_obs))
-         .join(Product, Product.frame_id == Frame.id).where(Product.state == ProductState.written))
+         .join(Product, Product.frame_id == Frame.id)
+         .where(Product.state == ProductState.written, _public_products()))
     if start is not None:
         q = q.where(Frame.date_obs >= start)
     if end is not None:

@@ -1204,15 +1204,16 @@ def frame_overlays(session, img: ProductImage, *, margin: dt.timedelta = dt.time
     m = img.smap
     t = as_utc(m.date.utc.to_datetime(timezone=dt.UTC))
     start, end = t - margin, t + margin
-    from backend.services.event_visibility import may_see
+    from backend.services import visibility
 
     rows = _events_overlapping(session, start, end, limit + 1, principal)
     truncated = len(rows) > limit
     rows = rows[:limit]
     if event_id is not None and all(r.id != event_id for r in rows):
-        extra = session.get(Event, event_id)
-        if extra is None or not may_see(principal, extra.owner):
-            raise ViewerParamError(f"no event with id {event_id}")
+        try:  # the event rule of backend.services.visibility, as every event route
+            extra = visibility.get_visible(session, Event, event_id, principal)
+        except visibility.NotVisible:
+            raise ViewerParamError(f"no event with id {event_id}") from None
         rows.append(extra)
     stand_in = located_events(session, rows, principal)
     return {"date_obs": m.date.utc.isot, "window": [start.isoformat(), end.isoformat()],

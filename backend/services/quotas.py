@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Response
-from sqlalchemy import case, func, or_, select, text
+from sqlalchemy import case, func, or_, select, text, true
 from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep
@@ -486,22 +486,32 @@ def _pending(total: int, done: int, failed: int, skipped: int, cancelled: int, s
 
 
 def queue_snapshot(session: Session, *, now: dt.datetime | None = None,
-                   settings: Settings | None = None) -> QueueSnapshot:
+                   settings: Settings | None = None, viewer: Any = None) -> QueueSnapshot:
     """Every lane's state and every queued or running job's position and ETA, in two queries
-    (the unfinished jobs with their charges, the throughput per lane)."""
+    (the unfinished jobs with their charges, the throughput per lane).
+
+    ``viewer`` (a Principal, a :class:`backend.services.visibility.Viewer`; None: anonymous)
+    is who reads the lanes: a lane's ``oldest_waiting.job_id`` is null when the viewer may not
+    see that job (:func:`backend.services.visibility.job_rule`); counts, frames and waiting
+    times are everyone's. ``jobs`` holds every unfinished job (for the callers that pick
+    the viewer's own)."""
+    from backend.services import visibility
+
     settings = settings or get_settings()
+    seen = visibility.condition(Job, viewer)
+    seen_col = (case((seen, True), else_=False) if seen is not None else true()).label("seen")
     now = now or utcnow()
     tp = measure_throughput(session, now=now, window_s=settings.throughput_window_s)
     lanes = {lane: LaneState(lane, throughput=tp.get(lane)) for lane in tp}
     rows = session.execute(
         select(Job.id, Job.owner, Job.lane, Job.state, Job.created_at, Job.total, Job.done, Job.failed, Job.skipped,
-               Job.cancelled, func.sum(QuotaCharge.frames))
+               Job.cancelled, func.sum(QuotaCharge.frames), seen_col)
         .outerjoin(QuotaCharge, QuotaCharge.job_id == Job.id)
         .where(Job.state.in_(_UNFINISHED))
         .group_by(Job.id)
         .order_by(Job.created_at, Job.id))
     snap = QueueSnapshot(now, lanes)
-    for jid, owner, lane, state, created, total, done, failed, skipped, cancelled, charged in rows:
+    for jid, owner, lane, state, created, total, done, failed, skipped, cancelled, charged, visible in rows:
         ls = lanes.get(lane)
         if ls is None:
             ls = lanes[lane] = LaneState(lane, throughput=Throughput(lane, None, 0, None, None,
@@ -521,7 +531,7 @@ def queue_snapshot(session: Session, *, now: dt.datetime | None = None,
         if state == JobState.queued:
             ls.queued += 1
             if ls.oldest_waiting is None:
-                ls.oldest_waiting = {"job_id": jid, "created_at": _iso(created),
+                ls.oldest_waiting = {"job_id": jid if visible else None, "created_at": _iso(created),
                                      "waiting_s": round((now - assume_utc(created)).total_seconds(), 3)}
         else:
             ls.running += 1

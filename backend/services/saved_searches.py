@@ -38,9 +38,9 @@ from urllib.parse import parse_qsl
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from backend.models import (Event, Frame, Product, ProductState, SavedSearch, SavedSearchNotification, Webhook,
+from backend.models import (CalibrationSet, Event, Frame, Job, Product, ProductState, SavedSearch, SavedSearchNotification, Webhook,
                             utcnow)
-from backend.services import notify
+from backend.services import notify, visibility
 from pipelines.errors import DataError
 
 __all__ = ["SavedSearchError", "KINDS", "EVENT_PARAMS", "PRODUCT_PARAMS", "MAX_NAME_CHARS", "MAX_PER_PASS",
@@ -191,31 +191,53 @@ def _event_filters(query: dict[str, Any]):
     return parse_event_filters(**kw).filters
 
 
-def _product_query(query: dict[str, Any], owner: str | None = None):
-    """The products a product search matches, among those ``owner`` may see (public sets,
-    and their own: never another user's private set, which a webhook would carry away)."""
-    from types import SimpleNamespace
+def _viewer(owner: str | None) -> visibility.Viewer:
+    """A search sees as its owner does (never as an admin: a search outlives its token)."""
+    return visibility.Viewer(owner, False)
 
+
+def _product_query(query: dict[str, Any], owner: str | None = None):
+    """The products a product search matches, among those ``owner`` may see
+    (:func:`backend.services.visibility.product_rule`: never another user's private set,
+    which a webhook would carry away), and of a job they may see when it names one
+    (:func:`~backend.services.visibility.job_rule`: another user's private job matches nothing)."""
     from backend.services.products import _filtered
-    from backend.services.set_access import product_condition
 
     start = dt.datetime.fromisoformat(query["start"]) if query.get("start") else None
     end = dt.datetime.fromisoformat(query["end"]) if query.get("end") else None
     q = _filtered(select(Product).join(Product.frame), channel=query.get("channel"), start=start, end=end,
                   state=None, frame_id=query.get("frame_id"), job_id=query.get("job_id"))
-    seen = product_condition(SimpleNamespace(user=owner, is_admin=False))
-    return q if seen is None else q.where(seen)
+    q = visibility.visible(q, Product, _viewer(owner))
+    if query.get("job_id"):
+        q = q.where(visibility.visible(select(Job.id).where(Job.id == query["job_id"]), Job, _viewer(owner)).exists())
+    return q
+
+
+def _top_id(session: Session, kind: type, owner: str | None) -> int:
+    """The largest id of ``kind`` (Event or Product) that ``owner`` may see (0: none): a
+    cursor shown to its owner never holds another user's private id."""
+    return int(session.scalar(visibility.visible(select(func.max(kind.id)), kind, _viewer(owner))) or 0)
 
 
 def _product_horizon(session: Session, query: dict[str, Any], after: int, owner: str | None = None) -> int:
     """The cursor of a product search: below the first matching product above ``after``
-    still ``planned``/``writing``; else the largest product id."""
+    still ``planned``/``writing``; else the largest product id ``owner`` may see."""
     first_open = session.scalar(_product_query(query, owner).with_only_columns(func.min(Product.id))
                                 .where(Product.id > after,
                                        Product.state.in_([ProductState.planned, ProductState.writing])))
     if first_open is not None:
         return int(first_open) - 1
-    return max(after, int(session.scalar(select(func.max(Product.id))) or 0))
+    return max(after, _top_id(session, Product, owner))
+
+
+def check_query_ids(session: Session, owner: str | None, query: dict[str, Any]) -> None:
+    """Raise :class:`~backend.services.visibility.NotVisible` (404) when a stored query names
+    a job or calibration set ``owner`` may not see (as ``GET /api/v1/jobs/{id}`` would)."""
+    if query.get("job_id"):
+        visibility.get_visible(session, Job, query["job_id"], _viewer(owner))
+    cal_set = str(query.get("calibration_set") or "").strip()
+    if cal_set.isdigit():  # a set id (the other form, kind:version pairs, names public files)
+        visibility.get_visible(session, CalibrationSet, int(cal_set), _viewer(owner))
 
 
 def create_saved_search(session: Session, owner: str, name: str, kind: str, query: dict[str, Any] | str | None, *,
@@ -228,6 +250,8 @@ def create_saved_search(session: Session, owner: str, name: str, kind: str, quer
     ------
     SavedSearchError
         A bad name, kind or query (the field named), too many searches.
+    backend.services.visibility.NotVisible
+        The query names a job or calibration set the owner may not see (404).
     notify.WebhookError
         A webhook URL that cannot be used.
     """
@@ -235,6 +259,7 @@ def create_saved_search(session: Session, owner: str, name: str, kind: str, quer
     if not name or len(name) > MAX_NAME_CHARS or "\x00" in name:
         raise SavedSearchError("name", f"a name is 1-{MAX_NAME_CHARS} characters", name)
     stored = normalise_query(kind, query)
+    check_query_ids(session, owner, stored)
     if webhook_url is not None:
         try:
             notify.check_webhook_url(webhook_url)
@@ -244,7 +269,7 @@ def create_saved_search(session: Session, owner: str, name: str, kind: str, quer
     if have >= MAX_PER_USER:
         raise SavedSearchError("name", f"{owner} has {have} saved searches, the most allowed; delete one first")
     if kind == "events":
-        cursor = int(session.scalar(select(func.max(Event.id))) or 0)
+        cursor = _top_id(session, Event, owner)
     else:
         cursor = _product_horizon(session, stored, 0, owner)
     row = SavedSearch(owner=owner, name=name, kind=kind, query=stored, cursor=cursor)
@@ -273,7 +298,7 @@ def _product_summary(p: Product, f: Frame) -> dict[str, Any]:
 def _new_event_matches(session: Session, search: SavedSearch) -> tuple[list[tuple[int, dict]], int]:
     from backend.services.event_search import filter_conditions
 
-    top = int(session.scalar(select(func.max(Event.id))) or 0)
+    top = _top_id(session, Event, search.owner)
     if top <= search.cursor:
         return [], search.cursor
     # the search's owner is the viewer: the public catalogue and their own detections

@@ -60,11 +60,10 @@ def public_series_ids(session: Session | None, channel: str | None, start: dt.da
     return select(inner.c.product_id, inner.c.frame_id).where(inner.c.rank == 1)
 
 
-def may_see_set(principal: Any, row: CalibrationSet) -> bool:
-    """Whether ``principal`` (None: anonymous) may see set ``row``: public, theirs, or an admin
-    (:func:`backend.services.visibility.set_rule`, evaluated on a loaded row)."""
-    v = visibility.viewer_of(principal)
-    return bool(row.public) or v.sees_all or (v.user is not None and row.owner == v.user)
+def may_see_set(session: Session, principal: Any, row: CalibrationSet) -> bool:
+    """Whether ``principal`` (None: anonymous) may see set ``row`` (a loaded row), by
+    :func:`backend.services.visibility.set_rule` itself (:func:`~backend.services.visibility.allows`)."""
+    return visibility.allows(session, CalibrationSet, row, principal)
 
 
 def visible_set(session: Session, set_id: int, principal: Any) -> CalibrationSet | None:

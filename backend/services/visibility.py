@@ -10,13 +10,13 @@ by name at call time (so a test can switch one off, tests/test_access_matrix.py 
 * job: public (``publishes``: the platform's or an admin's) or the viewer's own;
 * event: the public catalogue (``owner IS NULL``) or the viewer's own detections;
 * movie: the platform's (``owner == 'system'``) or the viewer's own;
-* saved search, webhook, API token: the viewer's own (anonymous: none);
-* webhook delivery: of a webhook the viewer may see.
+* saved search, webhook, API token: the viewer's own (anonymous: none).
 
 Derived objects use the rule of what they reveal: a manifest is its product's (a job's
 manifest its job's, listing only the products the viewer may see), a diff needs both of its
-products, an archive / download script / product list holds only visible products, and a
-list of jobs only visible jobs. Admins see all; anonymous viewers see only public rows.
+products, an archive / download script / product list holds only visible products, a list
+of jobs only visible jobs, and a webhook delivery its webhook's (deliveries are listed only
+through a webhook fetched with :func:`get_visible`, a job's through its visible webhooks). Admins see all; anonymous viewers see only public rows.
 
 Routes fetch by id only through :func:`get_visible` (or filter lists with :func:`visible`
 / :func:`condition`): an object the viewer may not see raises :class:`NotVisible`, answered
@@ -31,12 +31,12 @@ from typing import Any
 from sqlalchemy import exists, false, or_, select
 from sqlalchemy.orm import Session
 
-from backend.models import ApiToken, CalibrationSet, Event, Job, Movie, Product, SavedSearch, Webhook, WebhookDelivery
+from backend.models import ApiToken, CalibrationSet, Event, Job, Movie, Product, SavedSearch, Webhook
 from pipelines.errors import DataError
 
 __all__ = ["Viewer", "viewer_of", "NotVisible", "RULES", "condition", "visible", "get_visible", "allows",
            "set_rule", "product_rule", "job_rule", "event_rule", "movie_rule", "saved_search_rule",
-           "webhook_rule", "delivery_rule", "token_rule", "PLATFORM_OWNER"]
+           "webhook_rule", "token_rule", "PLATFORM_OWNER"]
 
 #: The owner of what the platform itself makes (CLI, demo, reconciler): public.
 PLATFORM_OWNER = "system"
@@ -123,22 +123,14 @@ def token_rule(v: Viewer):
     return None if v.sees_all else _own(ApiToken.user, v)
 
 
-def delivery_rule(v: Viewer):
-    """Webhook deliveries: of a webhook :func:`webhook_rule` lets the viewer see."""
-    cond = rule_for(Webhook)(v)
-    if cond is None:
-        return None
-    return WebhookDelivery.webhook_id.in_(select(Webhook.id).where(cond))
-
-
 #: Model class -> the name of its rule in this module (looked up at call time).
 RULES: dict[type, str] = {CalibrationSet: "set_rule", Product: "product_rule", Job: "job_rule",
                           Event: "event_rule", Movie: "movie_rule", SavedSearch: "saved_search_rule",
-                          Webhook: "webhook_rule", WebhookDelivery: "delivery_rule", ApiToken: "token_rule"}
+                          Webhook: "webhook_rule", ApiToken: "token_rule"}
 
 #: What an unknown id is called in a 404's message.
 _NAMES = {CalibrationSet: "calibration set", Product: "product", Job: "job", Event: "event", Movie: "movie",
-          SavedSearch: "saved search", Webhook: "webhook", WebhookDelivery: "webhook delivery", ApiToken: "token"}
+          SavedSearch: "saved search", Webhook: "webhook", ApiToken: "token"}
 
 
 def rule_for(kind: type):

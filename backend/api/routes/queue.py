@@ -7,6 +7,7 @@ from pydantic import BaseModel, Field
 
 from backend.api.deps import SessionDep
 from backend.api.schemas import UTCDateTime
+from backend.auth import OptionalPrincipal
 from backend.services import quotas
 
 router = APIRouter(tags=["jobs"])
@@ -25,7 +26,7 @@ class ThroughputPublic(BaseModel):
 
 
 class WaitingJobPublic(BaseModel):
-    job_id: str
+    job_id: str | None = Field(description="null when it is a job the caller may not see (another user's)")
     created_at: UTCDateTime
     waiting_s: float = Field(description="time since it was submitted [s]")
 
@@ -48,11 +49,12 @@ class QueuePublic(BaseModel):
 
 @router.get("/queue", response_model=QueuePublic,
             summary="Each lane's jobs, pending frames, measured throughput and oldest waiting job")
-def read_queue(session: SessionDep) -> QueuePublic:
+def read_queue(session: SessionDep, principal: OptionalPrincipal) -> QueuePublic:
     """Per lane (``cpu``, ``gpu``): ``queued`` and ``running`` jobs, ``frames_pending`` (their
     frames not yet settled; a job not yet planned counts the frames it covered at submit
     time), ``throughput`` (``frames_per_s`` written by the lane's jobs over the last
     ``THROUGHPUT_WINDOW_S``, and its ``basis``: how many products from when to when, or why
     nothing is measured) and ``oldest_waiting`` (the earliest queued job, how long it has
-    waited [s]). Anonymous, like every read."""
-    return QueuePublic.model_validate(quotas.queue_snapshot(session).as_dict())
+    waited [s]; its ``job_id`` only when the caller may see that job: their own or a public
+    one). Anonymous, like every read."""
+    return QueuePublic.model_validate(quotas.queue_snapshot(session, viewer=principal).as_dict())
