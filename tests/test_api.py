@@ -675,7 +675,8 @@ def test_post_job_queues_it_on_the_filesystem_broker(client, db_session, setting
            "pinned_calibrations": {"dark": 3}}
     # the owner is the token's user; a body that names one is refused (it would be a claim, not a fact)
     assert_error(client.post("/api/v1/jobs", json={**job, "owner": "lst-team"}), 422, "owner", "API token")
-    r = client.post("/api/v1/jobs", json=job, headers=auth_headers(db_session, "lst-team", ["jobs:submit"]))
+    team = auth_headers(db_session, "lst-team", ["jobs:submit"])
+    r = client.post("/api/v1/jobs", json=job, headers=team)
     assert r.status_code == 202, r.text
     body = r.json()
     assert r.headers["location"] == f"/api/v1/jobs/{body['id']}"
@@ -688,17 +689,18 @@ def test_post_job_queues_it_on_the_filesystem_broker(client, db_session, setting
     new = [m for m in _broker_messages(settings) if m not in before]
     assert len(new) == 1 and body["id"] in new[0] and "pipelines.tasks.run_job" in new[0]
 
-    got = client.get(r.headers["location"]).json()
+    got = client.get(r.headers["location"], headers=team).json()  # a user's job is theirs (and admins')
     assert got["id"] == body["id"] and got["state"] == "queued"
     assert {"total", "done", "failed", "skipped", "progress", "error", "created_at", "started_at",
             "finished_at"} <= set(got)
-    listing = client.get("/api/v1/jobs").json()
+    listing = client.get("/api/v1/jobs", headers=team).json()
     assert listing["total"] >= 1 and body["id"] in [j["id"] for j in listing["items"]]
+    assert body["id"] not in [j["id"] for j in client.get("/api/v1/jobs").json()["items"]]  # not another user's
 
 
 def test_job_progress_fraction(client, db_session):
-    job = Job(owner="x", parameters={}, state=JobState.running, total=8, done=3, failed=1, skipped=2)
-    done = Job(owner="x", parameters={}, state=JobState.failed, total=0, error="no frames in the range")
+    job = Job(owner="tester", parameters={}, state=JobState.running, total=8, done=3, failed=1, skipped=2)
+    done = Job(owner="tester", parameters={}, state=JobState.failed, total=0, error="no frames in the range")
     db_session.add_all([job, done])
     db_session.flush()
     body = client.get(f"/api/v1/jobs/{job.id}").json()

@@ -327,7 +327,8 @@ def lanes(db_session, frames, limits):
     return {"j1": j1, "j2": j2, "j3": j3, "g1": g1}
 
 
-def test_queue_position_and_eta_from_measured_throughput(client, lanes):
+def test_queue_position_and_eta_from_measured_throughput(client, lanes, db_session):
+    client.headers.update(auth_headers(db_session, "ops", ["admin"]))  # bob's jobs too (an admin sees every job)
     q1 = client.get(f"/api/v1/jobs/{lanes['j1'].id}").json()["queue"]
     assert (q1["lane"], q1["position"], q1["jobs_ahead"], q1["frames_ahead"], q1["frames_pending"]) == \
         ("cpu", 1, 0, 0, 12)
