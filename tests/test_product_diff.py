@@ -54,11 +54,20 @@ def two_versions(sqlite_env, sim_dir):
 
 @pytest.fixture
 def client(sqlite_env):
+    """An admin's client: ``b`` and ``planned`` were planned with non-default options and no
+    owner, so they belong to a set that is neither public nor anyone's (an admin's to see; the
+    product rule makes them 404 to everyone else, tested in test_access_matrix)."""
     from fastapi.testclient import TestClient
 
     from backend.api.app import create_app
+    from backend.db import session_scope
+    from tests.conftest import make_token
 
+    with session_scope() as s:
+        token = make_token(s, "ops", ("admin",))
+        s.commit()
     with TestClient(create_app(), raise_server_exceptions=False) as c:
+        c.headers["Authorization"] = f"Bearer {token}"
         yield c
 
 

@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 from backend import __version__
 from backend.models import CalibrationFile, Frame, Job, JobItem, JobState, Product, ProductState, RerunItem
-from backend.services.manifests import TOLERANCE, array_digests, compare_arrays
+from backend.services.manifests import TOLERANCE, array_digests, compare_arrays, product_digests
 from pipelines.fitsio import sha256_file
 from pipelines.products import read_product
 from tests.conftest import make_token
@@ -208,7 +208,12 @@ def test_product_manifest_holds_true_values(sqlite_env, sim_dir):
         _check_product_manifest(prod.manifest, prod, prod.frame, list(prod.calibration_files))
         assert prod.manifest["options"]["interpolation_order"] == 1
         manifest = prod.manifest
+    with session_scope() as s:  # the product's set (non-default options, no owner) is an admin's to see
+        admin = make_token(s, "ops", ("admin",))
+        s.commit()
     with TestClient(create_app(), raise_server_exceptions=False) as c:
+        assert c.get(f"/api/v1/products/{pid}/manifest").status_code == 404  # not public
+        c.headers["Authorization"] = f"Bearer {admin}"
         r = c.get(f"/api/v1/products/{pid}/manifest")
         assert r.status_code == 200 and r.json() == manifest
         assert c.get("/api/v1/products/999999/manifest").status_code == 404
@@ -293,7 +298,10 @@ def test_rerun_on_a_worker_reproduces_bit_for_bit_and_refuses_a_changed_master(s
             a_data, a_dq, _ = read_product(orig.path)
             b_data, b_dq, _ = read_product(item.path)
             assert np.array_equal(a_data.view(np.uint32), b_data.view(np.uint32)) and np.array_equal(a_dq, b_dq)
-            assert array_digests(b_data, b_dq) == item.data_sha256
+            assert {k: v for k, v in array_digests(b_data, b_dq).items() if v} == \
+                {k: item.data_sha256[k] for k in ("data", "dq")}
+            with fits.open(item.path) as rerun_file:  # every HDU, UNCERT included, as the manifest's recipe
+                assert product_digests(rerun_file) == item.data_sha256
             assert sha256_file(item.path) != orig.sha256  # the files differ (DATE, CHECKSUM), the data do not
         # the job JSON carries the results
         body = c.get(f"/api/v1/jobs/{rerun.id}").json()

@@ -431,5 +431,5 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
     return templates.TemplateResponse(request, "viewer.html", {
         "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
         "stretches": imaging.STRETCHES,
-        "versions": product_diff.versions_of_frame(session, row.frame_id),  # "compare versions" links
+        "versions": product_diff.versions_of_frame(session, row.frame_id, principal),  # "compare versions" links
     })

@@ -13,7 +13,7 @@ One frame (:func:`rerun_frame`):
 3. calibrate with exactly those files and the manifest's options
    (:func:`pipelines.calibration.flow.calibrate_frame`) on the lane's backend, write the L2
    file into the re-run store ``DATA_DIR/reruns/<job id>/`` (never the product store);
-4. compare: the sha256 of the data arrays (:func:`~backend.services.manifests.array_digests`)
+4. compare: the sha256 of every HDU's data (:func:`~backend.services.manifests.product_digests`)
    with the manifest's, and the arrays with the original file's when it is there
    (:func:`~backend.services.manifests.compare_arrays`): ``identical``,
    ``within_tolerance`` (other backend, within :data:`~backend.services.manifests.TOLERANCE`)
@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.broker import InFlight, TaskName, send
 from backend.models import CalibrationFile, Frame, ItemOutcome, Job, JobItem, JobState, Product, RerunItem, utcnow
-from backend.services.manifests import array_digests, compare_arrays, device_of
+from backend.services.manifests import compare_arrays, device_of, product_digests
 from backend.settings import Settings
 from backend.state import claim_is_dead, give_up_reason, move_job, reason_text
 from backend.worker.processing import lock_job, recount_job, resident_master
@@ -181,7 +181,7 @@ def _recompute(session: Session, settings: Settings, job: Job, item: RerunItem) 
     store = rerun_dir(settings)
     out = store / job.id / f"rerun_f{frame.id}_p{item.product_id}.fits"
     write_fits_atomic(hdul, out, tmp_dir=store_tmp_dir(store))
-    digests = array_digests(hdul[0].data, result.dq)
+    digests = product_digests(hdul)  # every HDU, as the product's manifest (DIGEST_RECIPE)
     expected = dict(item.expected or {})
     same_backend = (expected.get("backend") or "numpy") == used
     comparison = None
@@ -190,9 +190,15 @@ def _recompute(session: Session, settings: Settings, job: Job, item: RerunItem) 
         a_data, a_dq, _ = read_product(prod.path)
         comparison = compare_arrays(a_data, a_dq, result.data, result.dq, same_backend=same_backend)
         if not expected.get("data_sha256"):
-            expected["data_sha256"] = array_digests(a_data, a_dq)
+            from astropy.io import fits
+
+            with fits.open(prod.path) as original:
+                expected["data_sha256"] = product_digests(original)
     want = expected.get("data_sha256") or {}
-    sha_equal = bool(want) and want.get("data") == digests["data"] and want.get("dq") == digests["dq"]
+    # data and DQ always; UNCERT and every HDU ('all') where the manifest has them (manifests
+    # made before UNCERT was covered hold data and dq only)
+    sha_equal = bool(want) and all(want.get(k) == digests[k] for k in ("data", "dq", "uncertainty", "all")
+                                   if want.get(k) is not None)
     if comparison is None:
         comparison = {"identical": sha_equal, "verdict": "identical" if sha_equal else "differs",
                       "same_backend": same_backend,
