@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
+
 pytestmark = pytest.mark.slow
 
 _CHILD = textwrap.dedent("""
@@ -108,7 +110,7 @@ def test_demo_stops_its_worker_and_reconciler_on_a_signal(tmp_path, signum, phas
     cmd = [sys.executable, "-c", _CHILD, phase]
     if via == "make":
         if shutil.which("make") is None:
-            pytest.skip("no make")
+            require(False, "GNU make (the README's `make demo`)")
         (tmp_path / "child.py").write_text(_CHILD)
         (tmp_path / "Makefile").write_text(f"demo:\n\t{sys.executable} {tmp_path / 'child.py'} {phase}\n")
         cmd = ["make", "-s", "-f", str(tmp_path / "Makefile"), "demo"]

@@ -67,15 +67,29 @@ _KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")
 _REPLAYED_HEADERS = ("content-type", "content-encoding", "vary", "location", "retry-after")
 
 
+def _credentials(headers: dict[bytes, bytes]) -> tuple[str | None, str | None]:
+    """The request's ``(bearer token, session cookie value)``, each None where absent."""
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    cookie = None
+    for part in headers.get(b"cookie", b"").split(b";"):
+        name, _, value = part.strip().partition(b"=")
+        if name == SESSION_COOKIE.encode() and value:
+            cookie = value.decode("latin-1")
+    return bearer, cookie
+
+
 def _principal(headers: dict[bytes, bytes]) -> str:
-    auth = headers.get(b"authorization", b"")
-    credential = auth if auth.lower().startswith(b"bearer ") else b""
-    if not credential:
-        for part in headers.get(b"cookie", b"").split(b";"):
-            name, _, value = part.strip().partition(b"=")
-            if name == SESSION_COOKIE.encode() and value:
-                credential = b"cookie:" + value
-    return hashlib.sha256(credential).hexdigest() if credential else "anonymous"
+    """Whose key space a key is in: the SHA-256 of the credential (bearer token, else session
+    cookie), ``anonymous`` without one."""
+    bearer, cookie = _credentials(headers)
+    if bearer is not None:
+        credential = b"Bearer " + bearer.encode("latin-1")
+    elif cookie is not None:
+        credential = b"cookie:" + cookie.encode("latin-1")
+    else:
+        return "anonymous"
+    return hashlib.sha256(credential).hexdigest()
 
 
 def _credential_live(headers: dict[bytes, bytes]) -> bool:
@@ -86,13 +100,7 @@ def _credential_live(headers: dict[bytes, bytes]) -> bool:
     from backend.auth import _session_row, hash_token, session_state, token_state
     from backend.models import ApiToken
 
-    auth = headers.get(b"authorization", b"").decode("latin-1")
-    cookie = None
-    for part in headers.get(b"cookie", b"").split(b";"):
-        name, _, value = part.strip().partition(b"=")
-        if name == SESSION_COOKIE.encode() and value:
-            cookie = value.decode("latin-1")
-    bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+    bearer, cookie = _credentials(headers)
     if bearer is None and cookie is None:
         return True
     with _session() as session:
