@@ -417,39 +417,58 @@ def _demo_simulation_current(sim_dir: Path) -> bool:
 
 
 def cmd_demo(args) -> int:
-    """Everything, embedded: simulate, ingest, import catalogues, calibrate, detect, serve."""
+    """Everything, embedded: simulate, ingest, import catalogues, calibrate, detect, serve.
+
+    The browser is served as soon as the database is migrated (``lstdp serve`` in a process
+    of its own, log in ``<DATA_DIR>/server.log``), so a user can look while the data fill in:
+    each step is written to ``<DATA_DIR>/demo-progress.json``
+    (:mod:`backend.services.demo_progress`), which the landing page shows. ``--no-serve``
+    starts no server and returns once the data are ready."""
     from backend.db import session_scope
     from backend.migrate import upgrade
     from backend.models import Frame
+    from backend.services.demo_progress import DemoProgress
     from backend.services.jobs import JobRequest, submit_job
 
     s = _settings()
     if not s.embedded:
         _say("note: CELERY_BROKER_URL is set; the demo uses that broker and its workers")
     t_start = time.perf_counter()
-    _say(f"[1/7] database {s.sqlalchemy_url}")
+    s.root.mkdir(parents=True, exist_ok=True)
+    progress = DemoProgress(s.root, of=7)
+
+    def step(n: int, title: str) -> None:
+        _say(f"[{n}/7] {title}")
+        progress.step(n, title)
+
+    step(1, f"database {s.sqlalchemy_url}")
     upgrade(s.sqlalchemy_url)
 
-    worker = None
+    worker = server = None
     _end_with_parent()
-    # SIGTERM ends the demo through its `finally` (which stops the worker's process group and
-    # waits for it), as Ctrl-C does, rather than killing it on the spot; uvicorn restores
-    # this handler and re-raises the signal after its graceful shutdown, so it also applies
-    # while serving. PR_SET_PDEATHSIG (_die_with_parent) remains the net for SIGKILL.
+    # SIGTERM ends the demo through its `finally` (which stops the server's and the worker's
+    # process groups and waits for them), as Ctrl-C does, rather than killing it on the spot.
+    # PR_SET_PDEATHSIG (_die_with_parent) remains the net for SIGKILL.
     signal.signal(signal.SIGTERM, _exit_on_signal)
-    if s.embedded:
-        _say("[2/7] starting a Celery worker (filesystem broker, no server needed)")
-        log = open(s.root / "worker.log", "ab")
-        worker = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", "cpu",
-                                   "--concurrency", str(args.concurrency), "--name", f"demo@{os.getpid()}"],
-                                  stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                                  start_new_session=True, preexec_fn=_die_with_parent)
+    host, port = s.host, s.port
+    ready = False
     try:
+        if not args.no_serve:
+            server = _start_demo_server(s, host, port)
+            _say(f"      serving on http://{host}:{port} while the data fill in (the landing page shows "
+                 f"the progress; event browser /, API /api/v1, docs /docs; server log {s.root / 'server.log'})")
+        if s.embedded:
+            step(2, "starting a Celery worker (filesystem broker, no server needed)")
+            log = open(s.root / "worker.log", "ab")
+            worker = subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--queues", "cpu",
+                                       "--concurrency", str(args.concurrency), "--name", f"demo@{os.getpid()}"],
+                                      stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                                      start_new_session=True, preexec_fn=_die_with_parent)
         sim_dir = s.root / "simulated"
         sizes = FULL_SIZES if args.full_size else (
             {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
         if not _demo_simulation_current(sim_dir):
-            _say(f"[3/7] simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
+            step(3, f"simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
             from pipelines.simulation import simulate
 
             t0 = time.perf_counter()
@@ -458,8 +477,8 @@ def cmd_demo(args) -> int:
                      wst_helioviewer=True)
             _say(f"      done in {time.perf_counter() - t0:.1f} s")
         else:
-            _say(f"[3/7] simulated frames already in {sim_dir}")
-        _say("[4/7] ingesting raw frames and calibration masters (and the real bad files, to show quarantine)")
+            step(3, f"simulated frames already in {sim_dir}")
+        step(4, "ingesting raw frames and calibration masters (and the real bad files, to show quarantine)")
         files = _expand([str(sim_dir / "calibration"), str(sim_dir / "raw")])
         counts = ingest_files(files, move=False)
         inbox = s.root / "inbox"
@@ -470,11 +489,11 @@ def cmd_demo(args) -> int:
         bad_counts = ingest_files(sorted(inbox.iterdir()), move=True)
         _say("      frames: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
              " | bad-input: " + ", ".join(f"{k} {v}" for k, v in sorted(bad_counts.items())))
-        _say("[5/7] importing real event catalogues")
+        step(5, "importing real event catalogues")
         cmd_import_events(argparse.Namespace(folder=None))
         _say("      GOES XRS time series (X-ray context of the flares)")
         cmd_import_xray(argparse.Namespace(folder=None))
-        _say("[6/7] recalibration job over every frame (runs in the worker)")
+        step(6, "recalibration job over every frame (runs in the worker)")
         from sqlalchemy import func, select
 
         with session_scope() as sess:
@@ -485,21 +504,61 @@ def cmd_demo(args) -> int:
                 job = submit_job(sess, req, owner="system", publishes=True)
             state, error = wait_for_job(job.id, timeout=1200)
             _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
-        _say("[7/7] flare detection on the SDI L2 series")
+        step(7, "flare detection on the SDI L2 series")
         cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
         demo_token = _demo_token()
+        progress.finish()
+        ready = True
         _say(f"demo ready in {time.perf_counter() - t_start:.0f} s")
         _say(f"reads need no token; to submit, follow or cancel your own jobs use the demo token (user 'demo', "
              f"scopes jobs:submit jobs:cancel, valid 30 days):\n      {demo_token}\n"
              "      (paste it once on the job form, or send it as `Authorization: Bearer <token>`)")
-        if args.no_serve:
+        if server is None:
             return 0
-        host, port = s.host, s.port
         _say(f"serving on http://{host}:{port}  (event browser /, API /api/v1, docs /docs; Ctrl-C stops)")
-        return cmd_serve(argparse.Namespace(host=host, port=port))
+        return server.wait()
+    except BaseException as exc:
+        if not ready:
+            progress.finish(error=f"stopped at step {progress.steps[-1]['step'] if progress.steps else 0}: "
+                                  f"{type(exc).__name__} {exc}".strip())
+        raise
     finally:
-        if worker is not None:
-            stop_process_group(worker, timeout_s=20)
+        for proc in (server, worker):
+            if proc is not None:
+                stop_process_group(proc, timeout_s=20)
+
+
+def _start_demo_server(s, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
+    """Start ``lstdp serve`` on ``host``:``port`` in a process group of its own (stopped with
+    :func:`stop_process_group`; ``PR_SET_PDEATHSIG`` ends it if the demo is killed) and wait
+    until it accepts connections, at most ``wait_s`` [s] (a bound for a loaded machine).
+
+    Raises
+    ------
+    SystemExit
+        The server ended before it listened (the port is taken, say): its log's last lines.
+    """
+    import socket
+
+    log_path = s.root / "server.log"
+    log = open(log_path, "ab")
+    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--host", str(host), "--port", str(port)],
+                              stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                              start_new_session=True, preexec_fn=_die_with_parent)
+    probe = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-1500:]
+            raise SystemExit(f"the demo's server on {host}:{port} ended before it listened "
+                             f"(exit {server.returncode}); {log_path}:\n{tail}")
+        try:
+            with socket.create_connection((probe, int(port)), timeout=1):
+                return server
+        except OSError:
+            time.sleep(0.2)
+    stop_process_group(server, timeout_s=10)
+    raise SystemExit(f"the demo's server on {host}:{port} did not listen within {wait_s:.0f} s; see {log_path}")
 
 
 def _exit_on_signal(signum, _frame) -> None:

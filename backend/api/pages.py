@@ -39,6 +39,8 @@ from backend.services import jobs as jobs_service
 from backend.services import products as products_service
 from backend.services import event_search
 from backend.services.observing_windows import observing_windows
+from backend.services.demo_progress import read_progress
+from backend.settings import get_settings
 from backend.services import bulk as bulk_service
 from backend.services.channels import list_channels
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
@@ -290,6 +292,7 @@ def events_page(
         "export_urls": {fmt: f"/api/v1/events?{urlencode({**applied, 'format': fmt, 'limit': 500})}"
                         for fmt in ("csv", "votable", "hek")},
         "observing_windows": observing_windows(session, include_quiet=True),  # _demo_windows.html
+        "demo_progress": read_progress(get_settings().root),  # _demo_progress.html
     })
 
 
