@@ -177,3 +177,24 @@ def test_products_of_a_private_set_need_the_token(live, no_vso, monkeypatch, tmp
     files = Fido.fetch(block, path=tmp_path / "fido" / "{file}",
                        downloader=Client(live.url, token=live.token).downloader(progress=False))
     assert not files.errors and len(files) == SDI_FRAMES
+
+
+def test_offline_fido_searches_and_fetches_without_asking_vso(live, url_env, tmp_path, monkeypatch):
+    """The README's offline Fido (``lstdp_client.fido.offline_fido``): sunpy's own ``Fido`` with
+    VSO in its registry would ask VSO too (this machine has no internet); the offline one asks
+    no other client, and finds and fetches what the API lists."""
+    from lstdp_client.fido import offline_fido
+
+    def _no_vso(*args, **kwargs):
+        raise AssertionError("the offline Fido asked VSO")
+
+    monkeypatch.setattr(VSOClient, "search", _no_vso)
+    monkeypatch.setattr(VSOClient, "__init__", _no_vso)
+    fido = offline_fido()
+    assert list(fido.registry) == [LSTClient] and VSOClient in Fido.registry  # sunpy's Fido untouched
+    api = _written(live, channel="SDI", start="2004-03-01T00:00:00Z", end="2004-03-02T00:00:00Z")
+    res = fido.search(DAY, a.Instrument("LST"), a.Detector("SDI"))
+    block = _ours(res)
+    assert sorted(block["Product ID"]) == sorted(p["id"] for p in api) and len(api) >= 1
+    files = fido.fetch(block[:1], path=tmp_path / "{file}", progress=False)
+    assert not files.errors and len(files) == 1 and Path(files[0]).stat().st_size > 0

@@ -35,7 +35,7 @@ from sunpy.net.base_client import BaseClient, QueryResponseTable, convert_row_to
 from lstdp_client import attrs as la
 from lstdp_client.client import URL_ENV, Client
 
-__all__ = ["LSTClient", "INSTRUMENT", "SOURCE", "PROVIDER", "CHANNELS"]
+__all__ = ["LSTClient", "offline_fido", "INSTRUMENT", "SOURCE", "PROVIDER", "CHANNELS"]
 
 INSTRUMENT = "LST"
 SOURCE = "ASO-S"
@@ -292,3 +292,28 @@ class LSTClient(BaseClient):
             a.Source: [(SOURCE, "Advanced Space-based Solar Observatory")],
             a.Time: [("*", "DATE-OBS range of the products (UTC)")],
         }
+
+
+def offline_fido():
+    """A Fido that asks the LST client alone: no VSO, so it works without the internet.
+
+    sunpy's own ``Fido`` also asks the VSO client for any query with ``a.Time``
+    (``VSOClient._can_handle_query`` claims them all), which fails where VSO's servers cannot
+    be reached (an observatory's private network, a laptop offline, CI). This one is built as
+    sunpy builds ``Fido`` (``sunpy.net.fido_factory.UnifiedDownloaderFactory`` with the
+    ``_can_handle_query`` validation), with a registry holding :class:`LSTClient` only; its
+    ``search`` and ``fetch`` are Fido's own.
+
+    >>> from lstdp_client.fido import offline_fido                   # doctest: +SKIP
+    >>> fido = offline_fido()                                         # doctest: +SKIP
+    >>> res = fido.search(a.Time("2004-03-01", "2004-03-02"), a.Instrument("LST"), a.Detector("SDI"))  # doctest: +SKIP
+    >>> files = fido.fetch(res, path="downloads/{file}")             # doctest: +SKIP
+
+    Returns
+    -------
+    sunpy.net.fido_factory.UnifiedDownloaderFactory
+    """
+    from sunpy.net.fido_factory import UnifiedDownloaderFactory
+
+    return UnifiedDownloaderFactory(registry={LSTClient: LSTClient._can_handle_query},
+                                    additional_validation_functions=["_can_handle_query"])
