@@ -441,9 +441,6 @@ def cmd_demo(args) -> int:
         _say(f"[{n}/7] {title}")
         progress.step(n, title)
 
-    step(1, f"database {s.sqlalchemy_url}")
-    upgrade(s.sqlalchemy_url)
-
     worker = server = None
     _end_with_parent()
     # SIGTERM ends the demo through its `finally` (which stops the server's and the worker's
@@ -453,8 +450,14 @@ def cmd_demo(args) -> int:
     host, port = s.host, s.port
     ready = False
     try:
+        # the server imports the app while the database is migrated (it touches the database
+        # only when asked), so the browser answers as soon as both are done
         if not args.no_serve:
             server = _start_demo_server(s, host, port)
+        step(1, f"database {s.sqlalchemy_url}")
+        upgrade(s.sqlalchemy_url)
+        if server is not None:
+            _wait_listening(server, s, host, port)
             _say(f"      serving on http://{host}:{port} while the data fill in (the landing page shows "
                  f"the progress; event browser /, API /api/v1, docs /docs; server log {s.root / 'server.log'})")
         if s.embedded:
@@ -528,23 +531,29 @@ def cmd_demo(args) -> int:
                 stop_process_group(proc, timeout_s=20)
 
 
-def _start_demo_server(s, host: str, port: int, wait_s: float = 120.0) -> subprocess.Popen:
+def _start_demo_server(s, host: str, port: int) -> subprocess.Popen:
     """Start ``lstdp serve`` on ``host``:``port`` in a process group of its own (stopped with
-    :func:`stop_process_group`; ``PR_SET_PDEATHSIG`` ends it if the demo is killed) and wait
-    until it accepts connections, at most ``wait_s`` [s] (a bound for a loaded machine).
+    :func:`stop_process_group`; ``PR_SET_PDEATHSIG`` ends it if the demo is killed), its
+    output in ``<DATA_DIR>/server.log``; :func:`_wait_listening` waits for it."""
+    log = open(s.root / "server.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--host", str(host), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
+                            start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _wait_listening(server: subprocess.Popen, s, host: str, port: int, wait_s: float = 120.0) -> None:
+    """Wait until the demo's ``server`` accepts connections, at most ``wait_s`` [s] (a bound
+    for a loaded machine, not a speed).
 
     Raises
     ------
     SystemExit
-        The server ended before it listened (the port is taken, say): its log's last lines.
+        The server ended before it listened (the port is taken, say): its log's last lines;
+        or it did not listen within ``wait_s``.
     """
     import socket
 
     log_path = s.root / "server.log"
-    log = open(log_path, "ab")
-    server = subprocess.Popen([sys.executable, "-m", "backend.cli", "serve", "--host", str(host), "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
-                              start_new_session=True, preexec_fn=_die_with_parent)
     probe = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -554,10 +563,9 @@ def _start_demo_server(s, host: str, port: int, wait_s: float = 120.0) -> subpro
                              f"(exit {server.returncode}); {log_path}:\n{tail}")
         try:
             with socket.create_connection((probe, int(port)), timeout=1):
-                return server
+                return
         except OSError:
             time.sleep(0.2)
-    stop_process_group(server, timeout_s=10)
     raise SystemExit(f"the demo's server on {host}:{port} did not listen within {wait_s:.0f} s; see {log_path}")
 
 
