@@ -34,7 +34,56 @@ from backend.settings import get_settings  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample-data" / "real"
 PG_ADMIN = os.environ.get("LSTDP_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")
+
+
+def _xdist_worker_redis() -> str | None:
+    """Under pytest-xdist (``make test`` runs the suite in worker processes), each worker gets a
+    Redis server of its own (``redis-server`` on a free port, nothing kept on disk, stopped by
+    PID when the worker ends): tests use fixed database numbers of the shared server (11-15)
+    and flush them, which two workers must not do to each other. None outside xdist or where
+    ``LSTDP_TEST_REDIS`` names a server."""
+    import atexit
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    import time
+
+    if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("LSTDP_TEST_REDIS"):
+        return None
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    if not os.path.exists(binary):
+        return None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    folder = tempfile.mkdtemp(prefix=f"lstdp-redis-{os.environ['PYTEST_XDIST_WORKER']}-")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", folder, "--logfile", os.path.join(folder, "redis.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _stop() -> None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(folder, ignore_errors=True)
+
+    atexit.register(_stop)
+    deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    return f"redis://127.0.0.1:{port}/15"
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"the xdist worker's redis-server on port {port} did not answer; see {folder}/redis.log")
+
+
+REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")
 
 
 def require(condition: bool, reason: str) -> None:
@@ -180,3 +229,13 @@ def api_client(db_session, settings_env):
     with TestClient(app, raise_server_exceptions=False) as c:
         authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
         yield c
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``, as ``make test`` runs it) the tests of one file
+    run in one worker, so module-scoped fixtures are made once; ``tests/client`` is one group,
+    for its package-scoped live server."""
+    for item in items:
+        path = Path(str(item.fspath)).resolve()
+        group = "client" if path.parent.name == "client" else path.relative_to(ROOT).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
