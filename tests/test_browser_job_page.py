@@ -158,7 +158,7 @@ def test_retry_on_the_page_sends_exactly_the_failed_frames_again(live, page, tmp
     for pid in failed:
         _settle(job_id, pid)
     page.wait_for_selector(".job-status[data-state='succeeded']")
-    page.wait_for_function("document.querySelector('.job-status').dataset.liveState === 'succeeded'")
+    page.wait_for_function("(document.getElementById('job-product-states') || {}).textContent === '5 written'")
     assert page.locator(".job-counts").inner_text() == "5 done · 0 failed · 0 skipped · 5 frames"
     assert page.locator("#job-product-states").inner_text() == "5 written"
     assert not page.locator("#job-actions .job-cancel").is_visible()
@@ -189,7 +189,8 @@ def test_the_job_page_follows_a_job_to_its_end_state(live, page, tmp_path):
     # the end state, without a reload: the queue box gone, the finish time, every product
     # written with its file, and counts that agree with the products
     page.wait_for_selector(".job-status[data-state='succeeded']")
-    page.wait_for_function("document.querySelector('.job-status').dataset.liveState === 'succeeded'")
+    page.wait_for_function("!document.getElementById('job-queue') && "
+                           "document.getElementById('job-finished').textContent.trim() !== '—'")
     assert page.locator("#job-queue").count() == 0
     assert page.locator("#job-finished").inner_text() == f"{finished} UTC"
     assert states.all_inner_texts() == ["written"] * 4
