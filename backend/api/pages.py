@@ -409,9 +409,12 @@ def job_page(request: Request, job_id: str, session: SessionDep, principal: Opti
     seen = product_condition(principal)  # products of a private set: to its owner and admins only
     rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE,
                                                       conditions=() if seen is None else (seen,))
+    # a public job's products in a set private to its owner (not promoted): say so, not "no product yet"
+    n_hidden = 0 if seen is None else products_service.list_products(session, job_id=job.id, limit=0)[1] - n_products
+    states = products_service.job_product_states(session, job.id, () if seen is None else (seen,))
     return templates.TemplateResponse(request, "job.html", {
         "job": with_queue(session, [job])[0], "products": rows, "products_total": n_products,
-        "option_fields": job_form.option_fields()})
+        "products_hidden": n_hidden, "product_states": states, "option_fields": job_form.option_fields()})
 
 
 @router.get("/products/{product_id}/view", response_class=HTMLResponse)

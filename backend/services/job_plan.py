@@ -133,8 +133,10 @@ def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[J
     reason if ``failed``); a redelivered or duplicated message, or one for a product that is
     not finished yet, settles nothing. A product failed by a cancel
     (:func:`backend.state.is_cancel_reason`) settles the item of a job that asked to cancel
-    as ``cancelled``. The job's counts go up under its row lock, so
-    concurrent settlements add up and exactly one sees the last item. The caller commits.
+    as ``cancelled``. The job's row lock (:func:`lock_job`) is taken before the product is
+    read, so the settlement and a retry of the job (:func:`backend.services.job_control.retry_job`,
+    under the same lock) run one after the other; the counts go up under it, so concurrent
+    settlements add up and exactly one sees the last item. The caller commits.
 
     Returns
     -------
@@ -143,6 +145,13 @@ def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[J
         one call per job, the one after whose commit the follow-ups are sent.
     """
     if not job_id:
+        return None, False
+    # the job's row lock first, then the product as committed after it: a retry (which holds
+    # the lock while it plans the product again and puts its item back to pending) is waited
+    # for, so a product read as failed by the cancel before the retry never settles the item
+    # the retry re-opened ("cancelled" while the product is then written: a succeeded job
+    # reading 24 / 25 with 25 products written)
+    if lock_job(session, job_id) is None:
         return None, False
     prod = session.scalar(select(Product).where(Product.id == product_id).execution_options(populate_existing=True))
     if prod is None or prod.state not in (ProductState.written, ProductState.failed):

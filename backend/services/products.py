@@ -36,6 +36,7 @@ from pipelines.utc import as_utc
 
 __all__ = [
     "list_products",
+    "job_product_states",
     "get_product",
     "product_ids_for_event",
     "latest_products_in_window",
@@ -120,6 +121,16 @@ def list_products(
         .offset(offset)
     )
     return list(session.scalars(stmt)), total
+
+
+def job_product_states(session: Session, job_id: str, conditions: Sequence = ()) -> dict[str, int]:
+    """``{state: count}`` of the products of job ``job_id``'s items (``job_items.product_id``)
+    that match the SQL ``conditions`` (e.g. who may see them), in one query; states without a
+    product are left out. What the job page shows beside the job's own counts."""
+    q = (select(Product.state, func.count(Product.id))
+         .where(Product.id.in_(select(JobItem.product_id).where(JobItem.job_id == job_id)), *conditions)
+         .group_by(Product.state))
+    return {(st.value if hasattr(st, "value") else str(st)): int(n) for st, n in session.execute(q).all()}
 
 
 def get_product(session: Session, product_id: int) -> Product | None:

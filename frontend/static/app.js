@@ -7,6 +7,10 @@
  *   of GET /api/v1/jobs/{id}/events (EventSource: "progress" events, then "end") and
  *   updates its progress bar; without EventSource, or when the stream cannot be opened,
  *   it polls GET /api/v1/jobs/{id} until the job has ended.
+ * - With data-live-url (the job page), the page's parts marked [data-live][id] (queue, times,
+ *   products) are fetched again from that URL as the job moves (at most every LIVE_MIN_MS
+ *   while it runs, and always once it has ended), so they follow it to its end state: the
+ *   server renders them, one template for the first view and the updates.
  * - The job form (#job-form) is frontend/static/job_form.js.
  */
 (function () {
@@ -14,6 +18,46 @@
 
   const FINAL_STATES = new Set(["succeeded", "failed", "cancelled"]);
   const POLL_MS = 1000;
+  const LIVE_MIN_MS = 2000;
+
+  /* The refresher of a job page's [data-live] parts: refresh(final) fetches the page again
+   * (a change while running: at most every LIVE_MIN_MS; final: at once, and once more after
+   * a fetch in flight, which may have read the job before it ended). */
+  function liveParts(el) {
+    const url = el.dataset.liveUrl;
+    let busy = false, again = false, timer = null, last = 0;
+    async function fetchParts() {
+      if (busy) { again = true; return; }
+      busy = true;
+      last = Date.now();
+      try {
+        const resp = await fetch(url, { headers: { Accept: "text/html" }, credentials: "same-origin", cache: "no-store" });
+        if (!resp.ok) throw new Error(resp.status + " " + resp.statusText);
+        const doc = new DOMParser().parseFromString(await resp.text(), "text/html");
+        document.querySelectorAll("[data-live][id]").forEach(function (old) {
+          const fresh = doc.getElementById(old.id);
+          if (fresh) old.replaceWith(document.importNode(fresh, true));
+        });
+        const shown = doc.querySelector(".job-status[data-job-id]");
+        if (shown) el.dataset.liveState = shown.dataset.state;  // the job's state the parts show
+      } catch (err) {
+        el.dataset.liveError = err.message;  // the parts stay as they were; the next change tries again
+      } finally {
+        busy = false;
+        if (again) { again = false; fetchParts(); }
+      }
+    }
+    return function refresh(final) {
+      if (final) {
+        window.clearTimeout(timer);
+        timer = null;
+        fetchParts();
+        return;
+      }
+      if (timer) return;
+      timer = window.setTimeout(function () { timer = null; fetchParts(); }, Math.max(0, last + LIVE_MIN_MS - Date.now()));
+    };
+  }
 
   async function renderFigure(el) {
     const url = el.dataset.figureUrl;
@@ -39,14 +83,16 @@
   }
 
   function updateJobStatus(el, job) {
+    const counts = [job.total, job.done, job.failed, job.skipped, job.cancelled || 0].join("-");
     const state = el.querySelector(".job-state");
     state.textContent = job.state;
     state.className = "job-state state-" + job.state;
     const bar = el.querySelector(".job-progress");
     bar.value = job.progress;
     bar.textContent = Math.round(job.progress * 100) + "%";
+    const cancelled = job.cancelled ? ` · ${job.cancelled} cancelled` : "";
     el.querySelector(".job-counts").textContent =
-      `${job.done} done · ${job.failed} failed · ${job.skipped} skipped · ${job.total} frames`;
+      `${job.done} done · ${job.failed} failed · ${job.skipped} skipped${cancelled} · ${job.total} frames`;
     const err = el.querySelector(".job-error");
     if (job.error) {
       err.textContent = job.error;
@@ -54,7 +100,12 @@
     } else {
       err.hidden = true;
     }
+    const moved = el.dataset.state !== job.state || el.dataset.counts !== counts;
     el.dataset.state = job.state;
+    el.dataset.counts = counts;
+    if (el.liveRefresh && (moved || FINAL_STATES.has(job.state) && el.dataset.liveState !== job.state)) {
+      el.liveRefresh(FINAL_STATES.has(job.state));
+    }
   }
 
   function pollJob(el) {
@@ -80,6 +131,10 @@
   }
 
   function followJob(el) {
+    if (el.dataset.liveUrl) {
+      el.dataset.liveState = el.dataset.state;  // as the page was rendered
+      el.liveRefresh = liveParts(el);
+    }
     if (typeof window.EventSource !== "function") {
       el.dataset.follow = "polling";
       pollJob(el);

@@ -1,7 +1,8 @@
 /* Cancel and Retry buttons of the job page (frontend/templates/_job_actions.html).
  *
  * POST /api/v1/jobs/{id}/cancel or /retry with the browser's credentials (the session
- * cookie made from a pasted token, `credentials: "same-origin"`). The API's answer is shown
+ * cookie made from a pasted token, `credentials: "same-origin"`), as application/json with an
+ * empty JSON object: the cookie's CSRF rule refuses (403) a write sent as anything else. The API's answer is shown
  * as it is: 401 (no token: paste one), 403 (another user's job, or a missing scope), 409 (the
  * job's state does not allow it), each with its message. The buttons follow the job's state
  * as the progress poll (app.js) updates `.job-status[data-state]`.
@@ -14,12 +15,20 @@
     msg.textContent = text;
     msg.className = "job-action-message" + (isError ? " error" : "");
     msg.hidden = false;
+    box.hidden = false;
+  }
+
+  /* The card is shown while any of its parts is (a button that applies, a note, a message). */
+  function fitCard(box) {
+    box.hidden = !Array.from(box.querySelectorAll("button[data-action], .job-cancel-note, .job-retries, .job-action-message"))
+      .some(function (el) { return !el.hidden; });
   }
 
   function setButtons(box, state, cancelAsked) {
     box.dataset.state = state;
     box.querySelector(".job-cancel").hidden = !((state === "queued" || state === "running") && !cancelAsked);
     box.querySelector(".job-retry").hidden = !(state === "failed" || state === "cancelled");
+    fitCard(box);
   }
 
   async function act(box, action, button) {
@@ -27,7 +36,10 @@
     button.disabled = true;
     try {
       const resp = await fetch(`/api/v1/jobs/${encodeURIComponent(id)}/${action}`, {
-        method: "POST", credentials: "same-origin", headers: { Accept: "application/json" },
+        // the session cookie's CSRF rule (backend/auth.py check_cookie_write): a write made with
+        // the cookie must be sent as application/json, or it is refused 403
+        method: "POST", credentials: "same-origin",
+        headers: { Accept: "application/json", "Content-Type": "application/json" }, body: "{}",
       });
       let body = {};
       try { body = await resp.json(); } catch (e) { body = {}; }
