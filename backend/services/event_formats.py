@@ -15,8 +15,9 @@ Pure functions of ``Event`` rows (no HTTP, no session):
   ``obs_channelid``, ``kb_archivid``). The ``obs_*`` fields name the catalogue's own
   observatory and instrument (:func:`observation`): ASO-S/LST only for LST events.
 * :func:`event_voevent`: one event as a VOEvent 2.0 document (IVOA Recommendation
-  2011-07-11) with Who, What, WhereWhen (UTC-HPC-TOPO), How, Why and Citations (the
-  associated events).
+  2011-07-11), valid against its schema, with Who, What, WhereWhen (UTC-ICRS-GEO: the
+  schema has no solar coordinate system; the helioprojective position is in What), How,
+  Why and Citations (the associated events).
 
 Fields HEK has no name for are given with an ``lst_`` prefix (``lst_position_angle``,
 ``lst_source``, ``lst_id``).
@@ -43,6 +44,9 @@ __all__ = [
     "CSV_COLUMNS",
     "IVORN_BASE",
     "VOEVENT_NS",
+    "VOEVENT_COORD_SYSTEM",
+    "VOEVENT_POSITION_ERROR_DEG",
+    "geocentric_icrs",
     "event_ivorn",
     "observation",
     "events_csv",
@@ -340,6 +344,63 @@ def _param(group: ET.Element, name: str, value: Any, *, unit: str | None = None,
     _sub(group, "Param", name=name, value=str(value), unit=unit, ucd=ucd)
 
 
+#: ``AstroCoordSystem`` of the VOEvent's WhereWhen: UTC times, ICRS axes, geocentric origin.
+#: The VOEvent 2.0 schema allows only the STC systems of its ``idValues`` enumeration
+#: (TT/UTC/GPS/TDB with ICRS/FK5, TOPO/GEO/BARY): no solar (helioprojective) system, so
+#: HEK's ``UTC-HPC-TOPO`` makes a document the schema refuses. The helioprojective
+#: and heliographic positions are kept as ``What`` parameters (``hpc_x``/``hpc_y``,
+#: ``hgs_x``/``hgs_y``, the HEK names).
+VOEVENT_COORD_SYSTEM = "UTC-ICRS-GEO"
+
+#: ``Error2Radius`` of the WhereWhen position [deg]: one arcminute. The catalogues give no
+#: position error; their positions are arcsecond-level (detections, CDAW, HEK) or whole
+#: heliographic degrees (NOAA SWPC locations such as ``N12E34``: 1 degree is about 17
+#: arcsec at disk centre), so one arcminute bounds them; a stated choice, not a measurement.
+VOEVENT_POSITION_ERROR_DEG = 1.0 / 60.0
+
+
+def geocentric_icrs(e: Event) -> tuple[float, float] | None:
+    """The event's direction from the Earth's centre in ICRS axes, ``(ra, dec)`` [deg].
+
+    From its helioprojective position (``hpc_x``/``hpc_y`` [arcsec], observer at the
+    Earth's centre at the peak time, or the start time without a peak), else from its
+    Stonyhurst heliographic position (``hgs_lon``/``hgs_lat`` [deg], on the photosphere,
+    ``RSUN_REF`` 695 700 km, IAU 2015 nominal). The geometric direction: the point's ICRS
+    (barycentric) position minus the Earth's (``astropy.coordinates.get_body_barycentric``),
+    no aberration nor light time. ``None`` when the event has no finite position.
+
+    Uses ``sunpy.coordinates`` (Helioprojective, HeliographicStonyhurst). A helioprojective
+    point is placed at the Sun's distance along its line of sight: the direction does not
+    depend on that distance.
+    """
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord, UnitSphericalRepresentation, get_body_barycentric
+    from astropy.time import Time
+    from sunpy.coordinates import HeliographicStonyhurst, Helioprojective, get_earth
+
+    when = as_utc(e.peak_time or e.start_time)
+    if when is None:
+        return None
+    t = Time(when, scale="utc")
+
+    def finite(*v: Any) -> bool:
+        return all(x is not None and math.isfinite(float(x)) for x in v)
+
+    if finite(e.hpc_x, e.hpc_y):
+        earth = get_earth(t)
+        c = SkyCoord(e.hpc_x * u.arcsec, e.hpc_y * u.arcsec, earth.radius,
+                     frame=Helioprojective(obstime=t, observer=earth))
+    elif finite(e.hgs_lon, e.hgs_lat):
+        from sunpy.sun.constants import radius as rsun
+
+        c = SkyCoord(e.hgs_lon * u.deg, e.hgs_lat * u.deg, rsun, frame=HeliographicStonyhurst(obstime=t))
+    else:
+        return None
+    xyz = c.icrs.cartesian - get_body_barycentric("earth", t)
+    sph = xyz.represent_as(UnitSphericalRepresentation)
+    return float(sph.lon.to_value(u.deg)) % 360.0, float(sph.lat.to_value(u.deg))
+
+
 def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
                   *, author: str = "LST data platform") -> bytes:
     """One event as a VOEvent 2.0 XML document (UTF-8 bytes).
@@ -357,8 +418,11 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     -------
     bytes
         ``<voe:VOEvent ivorn=... role="observation" version="2.0">`` with Who, What
-        (HEK parameters as ``Param``), WhereWhen (time and helioprojective position,
-        coordinate system UTC-HPC-TOPO), How, Why and, if any, Citations.
+        (HEK parameters as ``Param``, the helioprojective ``hpc_x``/``hpc_y`` among them),
+        WhereWhen (time, and the direction from the Earth's centre as RA/Dec in
+        :data:`VOEVENT_COORD_SYSTEM`, :func:`geocentric_icrs`), How, Why and, if any,
+        Citations. Valid against the IVOA VOEvent 2.0 schema
+        (``tests/schemas/VOEvent-v2.0.xsd``).
 
     References
     ----------
@@ -392,6 +456,8 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     _param(what, "cme_radiallinvel", e.speed_km_s, unit="km/s", ucd="phys.veloc")
     _param(what, "cme_angularwidth", e.angular_width, unit="deg", ucd="phys.angSize")
     _param(what, "lst_position_angle", e.position_angle, unit="deg", ucd="pos.posAng")
+    _param(what, "hpc_x", e.hpc_x, unit="arcsec", ucd="pos.cartesian.x")
+    _param(what, "hpc_y", e.hpc_y, unit="arcsec", ucd="pos.cartesian.y")
     _param(what, "hgs_x", e.hgs_lon, unit="deg", ucd="pos.bodyrc.lon")
     _param(what, "hgs_y", e.hgs_lat, unit="deg", ucd="pos.bodyrc.lat")
     if e.peak_value is not None:
@@ -401,17 +467,20 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     odl = _sub(ww, "ObsDataLocation")
     _sub(odl, "ObservatoryLocation", id="GEOLUN")
     ol = _sub(odl, "ObservationLocation")
-    _sub(ol, "AstroCoordSystem", id="UTC-HPC-TOPO")
-    ac = _sub(ol, "AstroCoords", coord_system_id="UTC-HPC-TOPO")
+    _sub(ol, "AstroCoordSystem", id=VOEVENT_COORD_SYSTEM)
+    ac = _sub(ol, "AstroCoords", coord_system_id=VOEVENT_COORD_SYSTEM)
     tm = _sub(_sub(_sub(ac, "Time"), "TimeInstant"), "ISOTime")
-    tm.text = _iso(e.peak_time or e.start_time, z=False)
-    if e.hpc_x is not None and e.hpc_y is not None and math.isfinite(e.hpc_x) and math.isfinite(e.hpc_y):
-        pos = _sub(ac, "Position2D", unit="arcsec")
-        _sub(pos, "Name1", "X")
-        _sub(pos, "Name2", "Y")
+    when = e.peak_time or e.start_time
+    tm.text = _iso(when, z=False)
+    radec = geocentric_icrs(e)
+    if radec is not None:
+        pos = _sub(ac, "Position2D", unit="deg")
+        _sub(pos, "Name1", "RA")
+        _sub(pos, "Name2", "Dec")
         v2 = _sub(pos, "Value2")
-        _sub(v2, "C1", repr(float(e.hpc_x)))
-        _sub(v2, "C2", repr(float(e.hpc_y)))
+        _sub(v2, "C1", f"{radec[0]:.6f}")
+        _sub(v2, "C2", f"{radec[1]:.6f}")
+        _sub(pos, "Error2Radius", f"{VOEVENT_POSITION_ERROR_DEG:.6f}")
 
     how = _sub(root, "How")
     if e.source == DETECTED_SOURCE:
