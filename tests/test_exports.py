@@ -51,10 +51,28 @@ def varied_events(db_session):
     cme = make_event(db_session, "CE", T0, None, T0 + 60 * MIN, source="cdaw", channels="LASCO-C2,LASCO-C3",
                      position_angle=270.0, angular_width=360.0, speed_km_s=1500.0,
                      description="Halo CME <all> & \"fast\"")
+    hek = make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 9 * MIN, source="hek", channels="AIA 131",
+                     hpc_x=-500.0, hpc_y=200.0,
+                     attributes={"obs_observatory": "SDO", "obs_instrument": "AIA", "obs_channelid": "131"})
+    donki = make_event(db_session, "CE", T0, None, None, source="donki", channels="LASCO-C2,COR2-A",
+                       attributes={"instruments": ["SOHO: LASCO/C2", "STEREO A: SECCHI/COR2"]})
     db_session.add_all([EventAssociation(event_id=det.id, other_event_id=goes.id, kind="same_flare"),
                         EventAssociation(event_id=goes.id, other_event_id=det.id, kind="same_flare")])
     db_session.flush()
-    return {"detected": det, "goes_xrs": goes, "stix": stix, "noaa_srs": region, "cdaw": cme}
+    return {"detected": det, "goes_xrs": goes, "stix": stix, "noaa_srs": region, "cdaw": cme, "hek": hek,
+            "donki": donki}
+
+
+#: (obs_observatory, obs_instrument, obs_channelid) of each event of ``varied_events``
+OBSERVED = {
+    "detected": ("ASO-S", "LST", "SDI"),
+    "goes_xrs": ("GOES", "XRS", None),
+    "stix": ("Solar Orbiter", "STIX", "4-10 keV"),
+    "noaa_srs": ("NOAA SWPC", "SRS", None),
+    "cdaw": ("SOHO", "LASCO", "LASCO-C2,LASCO-C3"),
+    "hek": ("SDO", "AIA", "131"),
+    "donki": ("SOHO,STEREO A", "LASCO,SECCHI", "C2,COR2"),
+}
 
 
 # -- VOEvent ---------------------------------------------------------------------------------
@@ -89,3 +107,69 @@ def test_voevent_position_is_the_events_direction_from_the_earth_in_icrs(client,
     assert stix.find(".//Position2D/Value2/C1") is not None  # heliographic only: a direction all the same
     region = etree.fromstring(client.get(f"/api/v1/events/{varied_events['noaa_srs'].id}/voevent").content)
     assert region.find(".//Position2D") is None  # no position: none invented
+
+
+# -- CSV and VOTable -------------------------------------------------------------------------
+
+
+def test_csv_names_observatory_instrument_channel_and_the_stix_goes_level(client, varied_events):
+    r = client.get("/api/v1/events", params={"format": "csv", "limit": 50})
+    assert r.status_code == 200
+    rows = {int(row["id"]): row for row in csv.DictReader(io.StringIO(r.text))}
+    for name, e in varied_events.items():
+        row = rows[e.id]
+        got = (row["obs_observatory"] or None, row["obs_instrument"] or None, row["obs_channelid"] or None)
+        assert got == OBSERVED[name], (name, got)
+    stix, goes = rows[varied_events["stix"].id], rows[varied_events["goes_xrs"].id]
+    assert stix["goes_level"] == "B7.4" and float(stix["goes_level_flux"]) == pytest.approx(7.4e-7)
+    assert stix["goes_class"] == "" and stix["goes_flux"] == ""  # a level at the flare time, not a GOES class
+    assert goes["goes_class"] == "M1.0" and goes["goes_level"] == ""
+
+
+def test_votable_passes_astropys_validator_with_iso_times_and_the_observation_columns(client, varied_events):
+    from astropy.io.votable import parse, validate
+
+    r = client.get("/api/v1/events", params={"format": "votable", "limit": 50})
+    assert r.status_code == 200
+    report = io.StringIO()
+    assert validate(io.BytesIO(r.content), output=report, xmllint=False), report.getvalue()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no VOTable warning either
+        vot = parse(io.BytesIO(r.content))
+    table = vot.get_first_table()
+    (timesys,) = vot.resources[0].time_systems
+    assert timesys.timescale == "UTC"
+    for f in table.fields:
+        if f.name in ("start_time", "peak_time", "end_time"):
+            assert (f.datatype, f.arraysize, f.xtype, f.ref) == ("char", "*", "timestamp", timesys.ID), f.name
+    t = table.to_table()
+    by_id = {int(row["id"]): row for row in t}
+    start = by_id[varied_events["detected"].id]["start_time"]
+    start = start.decode() if isinstance(start, bytes) else str(start)
+    assert start == T0.strftime("%Y-%m-%dT%H:%M:%SZ")
+    for name, e in varied_events.items():
+        row = by_id[e.id]
+        got = tuple(None if np.ma.is_masked(row[c]) or str(row[c]) == "" else str(row[c])  # VOTable: null = ""
+                    for c in ("obs_observatory", "obs_instrument", "obs_channelid"))
+        assert got == OBSERVED[name], (name, got)
+    assert str(by_id[varied_events["stix"].id]["goes_level"]) == "B7.4"
+    assert str(t["goes_level_flux"].unit) == "W / m2"
+
+
+def test_light_rows_carry_the_attributes_on_sqlite_too(sqlite_env):
+    """The embedded default (SQLite) reads the same attributes into light rows as PostgreSQL."""
+    from backend.db import session_scope
+    from backend.services.event_formats import events_csv
+    from backend.services.event_search import EventFilters, search_events
+
+    with session_scope() as s:
+        make_event(s, "FL", T0, T0 + 5 * MIN, None, source="stix",
+                   attributes={"goes_xrs_class_at_flare_time": "C2.0", "goes_xrs_flux_at_flare_time_w_m2": 2e-6})
+        make_event(s, "CE", T0, None, None, source="donki", attributes={"instruments": ["SOHO: LASCO/C3"]})
+        s.commit()
+        page = search_events(s, EventFilters(), light=True)
+        rows = list(csv.DictReader(io.StringIO(events_csv(page.items))))
+    by_source = {r["source"]: r for r in rows}
+    assert by_source["stix"]["goes_level"] == "C2.0" and by_source["stix"]["obs_instrument"] == "STIX"
+    assert (by_source["donki"]["obs_observatory"], by_source["donki"]["obs_instrument"],
+            by_source["donki"]["obs_channelid"]) == ("SOHO", "LASCO", "C3")

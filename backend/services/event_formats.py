@@ -51,6 +51,9 @@ __all__ = [
     "observation",
     "events_csv",
     "events_votable",
+    "GOES_LEVEL_ATTRIBUTES",
+    "goes_level",
+    "event_attributes",
     "hek_record",
     "events_hek",
     "event_voevent",
@@ -67,6 +70,9 @@ CSV_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
     ("event_type", None, "meta.code.class", "HEK event code (FL, CE, PR, ...)"),
     ("source", None, "meta.ref", "detected, or the catalogue"),
     ("source_key", None, "meta.id", "Identifier within the source"),
+    ("obs_observatory", None, "meta.id;instr.obsty", "Observatory of the source (HEK obs_observatory)"),
+    ("obs_instrument", None, "meta.id;instr", "Instrument of the source (HEK obs_instrument)"),
+    ("obs_channelid", None, "instr.bandpass", "Channel or passband of the source (HEK obs_channelid)"),
     ("start_time", None, "time.start", "Start (UTC, ISO 8601)"),
     ("peak_time", None, "time.epoch", "Peak (UTC, ISO 8601)"),
     ("end_time", None, "time.end", "End (UTC, ISO 8601)"),
@@ -80,6 +86,9 @@ CSV_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
     ("speed_km_s", "km/s", "phys.veloc", "Plane-of-sky speed"),
     ("goes_class", None, "meta.code.class", "GOES X-ray class"),
     ("goes_flux", "W/m2", "phys.flux;em.X-ray", "GOES 0.1-0.8 nm peak flux of the class"),
+    ("goes_level", None, "meta.code.class", "GOES XRS 0.1-0.8 nm level at the event time as a class (a source's "
+                                             "own value, e.g. the STIX list's; not a GOES flare class)"),
+    ("goes_level_flux", "W/m2", "phys.flux;em.X-ray", "GOES XRS 0.1-0.8 nm level at the event time"),
     ("peak_value", None, "phys.flux", "Peak value, in peak_unit"),
     ("peak_unit", None, "meta.unit", "Unit of peak_value"),
     ("noaa_ar", None, "meta.id", "NOAA active region number"),
@@ -106,7 +115,31 @@ def event_ivorn(e: Event) -> str:
     return f"{IVORN_BASE}#{quote(e.source, safe='')}/{quote(e.source_key, safe='')}"
 
 
+#: Attributes that hold a source's GOES XRS level at the event time (not a GOES flare class):
+#: the STIX flare list's ``GOES_class_time_of_flare``/``GOES_flux_time_of_flare``
+#: (:mod:`pipelines.catalogues.stix`).
+GOES_LEVEL_ATTRIBUTES = ("goes_xrs_class_at_flare_time", "goes_xrs_flux_at_flare_time_w_m2")
+
+
+def goes_level(e: Event) -> tuple[str | None, float | None]:
+    """``(class, flux [W m-2])`` of the GOES XRS 0.1-0.8 nm level at the event's time that its
+    source gives (:data:`GOES_LEVEL_ATTRIBUTES`; the STIX list), or ``(None, None)``. Not the
+    event's GOES flare class (``Event.goes_class``), which only a GOES flare has."""
+    attrs = event_attributes(e)
+    cls = _text(attrs.get(GOES_LEVEL_ATTRIBUTES[0]))
+    flux = attrs.get(GOES_LEVEL_ATTRIBUTES[1])
+    try:
+        flux = float(flux) if flux is not None else None
+    except (TypeError, ValueError):
+        flux = None
+    return cls, (flux if flux is not None and math.isfinite(flux) else None)
+
+
 def _value(e: Event, name: str) -> Any:
+    if name.startswith("obs_"):
+        return dict(zip(("obs_observatory", "obs_instrument", "obs_channelid"), observation(e)))[name]
+    if name in ("goes_level", "goes_level_flux"):
+        return goes_level(e)[name == "goes_level_flux"]
     v = getattr(e, name)
     if name in _TIME_FIELDS:
         return _iso(v)
@@ -135,10 +168,13 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
     Notes
     -----
     Missing values are masked (VOTable nulls); floats carry units and UCDs, times are
-    ISO 8601 strings with ``xtype="timestamp"``.
+    ISO 8601 UTC strings (``datatype="char"``, ``arraysize="*"``, ``xtype="timestamp"``, the
+    DALI 1.1 timestamp) referring to a VOTable 1.4 ``TIMESYS`` (``timescale="UTC"``).
+    Observatory, instrument and channel of each event's source (:func:`observation`) and
+    the GOES level a source gives (:func:`goes_level`) are columns, as in the CSV.
     """
     from astropy.io.votable import from_table
-    from astropy.io.votable.tree import Info
+    from astropy.io.votable.tree import Info, TimeSys
     from astropy.table import MaskedColumn, Table
 
     t = Table()
@@ -149,20 +185,28 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
             data = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
         elif name in ("id", "noaa_ar"):
             data = np.array([0 if v is None else int(v) for v in vals], dtype=np.int64)
+        elif name in _TIME_FIELDS:  # ISO 8601, ASCII: VOTable char (DALI timestamp)
+            data = np.array([b"" if v is None else str(v).encode("ascii") for v in vals], dtype=bytes)
+            if data.dtype.itemsize == 0 or len(data) == 0:
+                data = np.array(data, dtype="S1")
         else:
             data = np.array(["" if v is None else str(v) for v in vals], dtype=str)
             if data.dtype.itemsize == 0 or len(data) == 0:
                 data = np.array(data, dtype="U1")
         t[name] = MaskedColumn(data, mask=mask, unit=unit, description=desc)
     vot = from_table(t)
+    vot.set_all_tables_format("tabledata")
     table = vot.get_first_table()
     table.name = "events"
+    timesys = TimeSys(ID="utc", timescale="UTC", refposition="TOPOCENTER",
+                      config={"version": "1.4", "version_1_4_or_later": True})
+    vot.resources[0].time_systems.append(timesys)
     for f in table.fields:
         ucd = next((c[2] for c in CSV_COLUMNS if c[0] == f.name), None)
         if ucd:
             f.ucd = ucd
         if f.name in _TIME_FIELDS:
-            f.xtype = "timestamp"
+            f.datatype, f.arraysize, f.xtype, f.ref = "char", "*", "timestamp", timesys.ID
     resource = vot.resources[0]
     for k, v in (info or {}).items():
         resource.infos.append(Info(name=str(k), value="" if v is None else str(v)))
@@ -180,6 +224,18 @@ _CATALOGUE_OBSERVATION: dict[str, tuple[str, str]] = {
     "stix": ("Solar Orbiter", "STIX"),
     DETECTED_SOURCE: ("ASO-S", "LST"),
 }
+
+
+def event_attributes(e: Any) -> dict[str, Any]:
+    """The source attributes of an ``Event``, or those a light search row carries
+    (``attr_<key>`` columns, :data:`backend.services.event_search.LIGHT_ATTRIBUTE_KEYS`)."""
+    attrs = getattr(e, "attributes", None)
+    if attrs is not None:
+        return attrs
+    mapping = getattr(e, "_mapping", None)
+    if mapping is None:
+        return {}
+    return {k[5:]: v for k, v in mapping.items() if isinstance(k, str) and k.startswith("attr_") and v is not None}
 
 
 def _text(v: Any) -> str | None:
@@ -204,10 +260,10 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
     ``obs_channelid`` of the HEK row, kept in the attributes); DONKI's instruments
     (``SOHO: LASCO/C2`` -> SOHO, LASCO, C2). Unknown parts are None.
     """
-    attrs = e.attributes or {}
+    attrs = event_attributes(e)
     if e.source == "hek":
         return (_text(attrs.get("obs_observatory")), _text(attrs.get("obs_instrument")),
-                _text(attrs.get("obs_channelid")) or e.channels)
+                _text(attrs.get("obs_channelid")) or _text(e.channels))
     if e.source == "donki":
         names = [str(n) for n in (attrs.get("instruments") or []) if n]
         obs, inst, chan = [], [], []
@@ -219,16 +275,16 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
             obs.append(where.strip())
             inst.append(i.strip())
             chan.append(c.strip())
-        return _joined(obs), _joined(inst), _joined(chan) or e.channels
+        return _joined(obs), _joined(inst), _joined(chan) or _text(e.channels)
     if e.source in _CATALOGUE_OBSERVATION:
         observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
-        return observatory, instrument, e.channels
+        return observatory, instrument, _text(e.channels)
     from pipelines.catalogues import CATALOGUES
 
     cat = CATALOGUES.get(e.source)  # a catalogue added with its observatory and instrument
     if cat is not None and (cat.observatory or cat.instrument):
-        return cat.observatory, cat.instrument, e.channels
-    return None, None, e.channels
+        return cat.observatory, cat.instrument, _text(e.channels)
+    return None, None, _text(e.channels)
 
 
 def _event_coord(e: Event, position_always: bool) -> tuple[str | None, str | None, Any, Any, bool]:
