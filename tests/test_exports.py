@@ -19,7 +19,7 @@ import pytest
 from lxml import etree
 
 from backend.models import EventAssociation
-from tests.test_api import MIN, T0, client, make_event, settings  # noqa: F401 - fixtures
+from tests.test_api import MIN, T0, client, make_event, make_frame, make_product, settings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.postgres
 
@@ -173,3 +173,75 @@ def test_light_rows_carry_the_attributes_on_sqlite_too(sqlite_env):
     assert by_source["stix"]["goes_level"] == "C2.0" and by_source["stix"]["obs_instrument"] == "STIX"
     assert (by_source["donki"]["obs_observatory"], by_source["donki"]["obs_instrument"],
             by_source["donki"]["obs_channelid"]) == ("SOHO", "LASCO", "C3")
+
+
+# -- light curves with their uncertainty ------------------------------------------------------
+
+
+def _with_uncert(path: Path, sigma: float) -> None:
+    """Add an ``UNCERT`` image (``sigma`` everywhere) to a product file, as the writer places it."""
+    from astropy.io import fits
+
+    with fits.open(path) as h:
+        hdus = [fits.PrimaryHDU(h[0].data, h[0].header),
+                fits.ImageHDU(np.full(h[0].data.shape, sigma, np.float32), name="UNCERT"),
+                *[x.copy() for x in h[1:]]]
+    fits.HDUList(hdus).writeto(path, checksum=True, overwrite=True)
+
+
+def test_light_curves_csv_fits_and_json_carry_the_uncertainty(client, db_session, tmp_path):
+    from astropy.io import fits
+    from astropy.table import Table
+
+    from backend.services import products as products_service
+
+    e = make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 10 * MIN, hpc_x=0.0, hpc_y=0.0)
+    sigmas = (2.0, 4.0, None)  # the last product predates UNCERT
+    prods = []
+    for k, (value, sigma) in enumerate(zip((100.0, 140.0, 120.0), sigmas)):
+        p = make_product(db_session, make_frame(db_session, "SDI", T0 + 5 * k * MIN), tmp_path, disk_value=value)
+        p.params_hash = "one-set"  # one calibration set: the curves draw all three
+        if sigma is not None:
+            _with_uncert(Path(p.path), sigma)
+        prods.append(p)
+    db_session.flush()
+    n_disk = [products_service.disk_integrated_mean(p.path).n_pixels for p in prods]
+    n_roi = [products_service.region_mean(p.path, 0.0, 0.0, products_service.ROI_HALF_WIDTH).n_pixels for p in prods]
+    want_disk = [None if s is None else s / np.sqrt(n) for s, n in zip(sigmas, n_disk)]
+    want_roi = [None if s is None else s / np.sqrt(n) for s, n in zip(sigmas, n_roi)]
+
+    body = client.get(f"/api/v1/events/{e.id}/curves").json()
+    assert body["disk"] == pytest.approx([100.0, 140.0, 120.0])
+    assert body["disk_sigma"][:2] == pytest.approx(want_disk[:2], rel=1e-6) and body["disk_sigma"][2] is None
+    assert body["roi_sigma"][:2] == pytest.approx(want_roi[:2], rel=1e-6) and body["roi_sigma"][2] is None
+
+    text = client.get(f"/api/v1/events/{e.id}/curves", params={"format": "csv"}).text
+    rows = list(csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#")))
+    disk = [r for r in rows if r["curve"] == "lst_disk"]
+    assert [r["uncertainty"] for r in disk][2] == ""
+    assert [float(r["uncertainty"]) for r in disk[:2]] == pytest.approx(want_disk[:2], rel=1e-2)
+    roi = [r for r in rows if r["curve"] == "lst_roi"]
+    assert [float(r["uncertainty"]) for r in roi[:2]] == pytest.approx(want_roi[:2], rel=1e-2)
+
+    r = client.get(f"/api/v1/events/{e.id}/curves", params={"format": "fits"})
+    with fits.open(io.BytesIO(r.content), checksum=True) as h:
+        lst = Table.read(h["LST"], mask_invalid=False)
+    assert str(lst["DISK_ERR"].unit) == str(lst["DISK_MEAN"].unit) == "erg / (s sr cm2)"
+    assert list(lst["DISK_ERR"][:2]) == pytest.approx(want_disk[:2], rel=1e-6) and np.isnan(lst["DISK_ERR"][2])
+    assert list(lst["ROI_ERR"][:2]) == pytest.approx(want_roi[:2], rel=1e-6)
+    out = tmp_path / "curves.fits"
+    out.write_bytes(r.content)
+    assert_fitsverify_clean(out)
+
+
+def assert_fitsverify_clean(path: Path) -> None:
+    """HEASARC's fitsverify finds no error and no warning in ``path``."""
+    import shutil
+    import subprocess
+
+    from tests.conftest import require
+
+    exe = shutil.which("fitsverify")
+    require(exe is not None, "Debian's fitsverify is not installed (scripts/ensure-services.sh installs it)")
+    run = subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
