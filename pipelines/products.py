@@ -15,9 +15,10 @@ Both extensions are images so that DS9, JHelioviewer and fitsverify show them. E
 product passes HEASARC's ``fitsverify`` with no error and no warning
 (``tests/test_fitsverify.py``: each channel, each option); ``WCSAXES`` is moved ahead of the
 other WCS keywords by the writer.
-``sunpy.map.Map(path)`` therefore returns a list of three maps (data, uncertainty, DQ);
-``sunpy.map.Map(path, hdus=0)`` the data map alone, and :func:`pipelines.io.load_l2` one
-map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncertainty``).
+Open one as one map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncertainty``):
+:func:`pipelines.io.load_l2`, or ``lstdp_client.open_l2`` of the Python client;
+``sunpy.map.Map(path, hdus=0)`` is the data map alone (without ``hdus=0`` sunpy makes a map
+of every 2-D image HDU: three).
 
 Products written before these extensions (DQ as a one-row binary table whose column
 ``DQ`` holds the 2-D mask, ``TDIM1 = '(nx,ny)'``, no ``UNCERT``) are still read:
