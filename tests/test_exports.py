@@ -215,6 +215,10 @@ def test_light_curves_csv_fits_and_json_carry_the_uncertainty(client, db_session
     assert body["disk_sigma"][:2] == pytest.approx(want_disk[:2], rel=1e-6) and body["disk_sigma"][2] is None
     assert body["roi_sigma"][:2] == pytest.approx(want_roi[:2], rel=1e-6) and body["roi_sigma"][2] is None
 
+    lc = client.get(f"/api/v1/events/{e.id}/lightcurve", params={"region": "disk"}).json()
+    assert lc["values"] == pytest.approx([100.0, 140.0, 120.0])
+    assert lc["uncertainties"][:2] == pytest.approx(want_disk[:2], rel=1e-6) and lc["uncertainties"][2] is None
+
     text = client.get(f"/api/v1/events/{e.id}/curves", params={"format": "csv"}).text
     rows = list(csv.DictReader(line for line in io.StringIO(text) if not line.startswith("#")))
     disk = [r for r in rows if r["curve"] == "lst_disk"]

@@ -523,6 +523,9 @@ class LightCurve:
     roi: tuple[float, float, float] | None = None
     times: list[dt.datetime] = field(default_factory=list)
     values: list[float | None] = field(default_factory=list)
+    #: 1-sigma uncertainty of each value in ``unit`` (from ``UNCERT``, :func:`mean_uncertainty`);
+    #: None where unknown (a product without ``UNCERT``) or the value is a gap.
+    sigmas: list[float | None] = field(default_factory=list)
     product_ids: list[int] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)
     #: Ids of the calibration sets of the products read (one per frame), in order of first use.
@@ -587,6 +590,7 @@ def product_lightcurve(
         # no usable pixel (all masked or NaN): the sample is missing, a gap in the curve
         value = None if m is None or m.value is None or not math.isfinite(m.value) else float(m.value)
         lc.values.append(value)
+        lc.sigmas.append(None if value is None or m.sigma is None or not math.isfinite(m.sigma) else float(m.sigma))
         if m is not None and m.unit:
             units.add(m.unit)
     if len(units) > 1:
