@@ -249,3 +249,18 @@ def assert_fitsverify_clean(path: Path) -> None:
     require(exe is not None, "Debian's fitsverify is not installed (scripts/ensure-services.sh installs it)")
     run = subprocess.run([exe, str(path)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+# -- the STIX list's GOES level in the pages ---------------------------------------------------
+
+
+def test_stix_rows_show_their_goes_level_as_a_level_in_the_pages(client, varied_events):
+    stix, goes = varied_events["stix"], varied_events["goes_xrs"]
+    page = client.get(f"/events/{stix.id}")
+    assert page.status_code == 200
+    assert 'id="goes-level">B7.4 (GOES XRS' in page.text and "not a GOES flare class" in page.text
+    assert "<dt>GOES class</dt>" not in page.text
+    listing = client.get("/", params={"start": "2024-05-14T00:00", "end": "2024-05-15T00:00"})
+    assert listing.status_code == 200
+    assert "GOES level B7.4" in listing.text and "GOES M1.0" in listing.text
+    assert "GOES level" not in client.get(f"/events/{goes.id}").text
