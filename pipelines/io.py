@@ -7,12 +7,12 @@ What a product file holds (:mod:`pipelines.products`): HDU 0 the data (float32, 
 ``UNCERT`` the 1-sigma uncertainty per pixel (same unit), ``DQ`` the uint8 quality bits
 (0 = good). What the usual readers return for it:
 
-* ``sunpy.map.Map(path)``: a list of three maps (data, uncertainty, DQ): sunpy makes a map
-  of every 2-D image HDU. ``sunpy.map.Map(path, hdus=0)`` is the data map alone, with
-  ``.unit`` from ``BUNIT`` (``erg / (s sr cm2)`` for SDI/WST; for SCI one MSB of the
-  passband as a scaled radiance, e.g. ``102408 erg / (s sr cm2)`` for SCI-UV) but no mask
-  and no uncertainty;
-* :func:`load_l2`: one map with ``mask`` and ``uncertainty`` set.
+* :func:`load_l2` (and, without the platform installed, ``lstdp_client.open_l2`` of the
+  Python client): one map with ``mask`` and ``uncertainty`` set;
+* ``sunpy.map.Map(path, hdus=0)``: the data map alone, with ``.unit`` from ``BUNIT``
+  (``erg / (s sr cm2)`` for SDI/WST; for SCI one MSB of the passband as a scaled radiance,
+  e.g. ``102408 erg / (s sr cm2)`` for SCI-UV) but no mask and no uncertainty. Without
+  ``hdus=0`` sunpy makes a map of every 2-D image HDU: a list of three (data, uncertainty, DQ).
 """
 
 from __future__ import annotations

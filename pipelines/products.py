@@ -11,10 +11,14 @@ FITS layout (:func:`build_product_hdul`):
 * HDU 2, ``EXTNAME='DQ'``: uint8 image, the data-quality bits (meanings in COMMENT cards
   and in :mod:`pipelines.calibration.steps`), ``BUNIT=''``; the WCS of HDU 0.
 
-Both extensions are images so that DS9, JHelioviewer and fitsverify show them.
-``sunpy.map.Map(path)`` therefore returns a list of three maps (data, uncertainty, DQ);
-``sunpy.map.Map(path, hdus=0)`` the data map alone, and :func:`pipelines.io.load_l2` one
-map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncertainty``).
+Both extensions are images so that DS9, JHelioviewer and fitsverify show them. Every
+product passes HEASARC's ``fitsverify`` with no error and no warning
+(``tests/test_fitsverify.py``: each channel, each option); ``WCSAXES`` is moved ahead of the
+other WCS keywords by the writer.
+Open one as one map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncertainty``):
+:func:`pipelines.io.load_l2`, or ``lstdp_client.open_l2`` of the Python client;
+``sunpy.map.Map(path, hdus=0)`` is the data map alone (without ``hdus=0`` sunpy makes a map
+of every 2-D image HDU: three).
 
 Products written before these extensions (DQ as a one-row binary table whose column
 ``DQ`` holds the 2-D mask, ``TDIM1 = '(nx,ny)'``, no ``UNCERT``) are still read:
@@ -55,6 +59,11 @@ _WCS_AND_OBSERVER = ("WCSAXES", "CTYPE1", "CTYPE2", "CUNIT1", "CUNIT2", "CRPIX1"
                      "DETECTOR", "CHANNEL", "WAVELNTH", "WAVEUNIT")
 
 
+#: Keywords of image HDUs that a table HDU may not carry (fitsverify: "not allowed in the
+#: Bin/ASCII table").
+_IMAGE_ONLY = ("BUNIT", "BSCALE", "BZERO", "BLANK", "DATAMIN", "DATAMAX")
+
+
 def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     """The L2 product as an HDU list (primary data, ``UNCERT`` and ``DQ`` image extensions).
 
@@ -93,6 +102,7 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     for key in ("SIMPLE", "BITPIX", "NAXIS", "NAXIS1", "NAXIS2", "EXTEND", "BZERO", "BSCALE", "BLANK",
                 "CHECKSUM", "DATASUM"):
         header.remove(key, ignore_missing=True, remove_all=True)
+    _wcsaxes_first(header)
     stamp_provenance(header, {"SOFTNAME": "lstdp", "SOFTVERS": str(software_version),
                               "DATE": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S"), "FILETYPE": "L2"})
     primary = fits.PrimaryHDU(data=data, header=header)
@@ -113,6 +123,18 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
         dq_header.add_comment(line)
     hdus.append(dq_image_hdu(dq, dq_header))
     return fits.HDUList(hdus)
+
+
+def _wcsaxes_first(header: fits.Header) -> None:
+    """Move ``WCSAXES`` in place to the head of ``header`` (mandatory keywords removed), so
+    that it precedes every other WCS keyword, as the FITS standard 4.0 (sect. 8.2) requires
+    and HEASARC's ``fitsverify`` checks ("WCSAXES keyword appears after other WCS keyword").
+    The calibration chain sets it after the ``CTYPEi`` it inherits from the raw header."""
+    if "WCSAXES" in header:
+        card = header.cards["WCSAXES"]
+        value, comment = card.value, card.comment
+        header.remove("WCSAXES", remove_all=True)
+        header.insert(0, ("WCSAXES", value, comment))
 
 
 def _extension_header(header: fits.Header) -> fits.Header:
@@ -153,6 +175,10 @@ def dq_table_hdu(dq: np.ndarray, header: fits.Header | None = None) -> fits.BinT
     dq = np.asarray(dq, dtype=np.uint8)
     ny, nx = dq.shape
     col = fits.Column(name="DQ", format=f"{ny * nx}B", dim=f"({nx},{ny})", array=dq[np.newaxis])
+    if header is not None:  # image-only keywords are not allowed in a table (FITS 4.0 sect. 7.3; fitsverify)
+        header = header.copy()
+        for key in _IMAGE_ONLY:
+            header.remove(key, ignore_missing=True, remove_all=True)
     return fits.BinTableHDU.from_columns([col], header=header, name="DQ")
 
 

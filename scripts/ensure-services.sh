@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure what the tests need is there: PostgreSQL and Redis answering on 127.0.0.1,
-# and Debian's Chromium for the browser tests. Starts or installs what is missing (as the
+# Debian's Chromium for the browser tests and Debian's fitsverify (HEASARC's FITS validator)
+# for the product files' tests. Starts or installs what is missing (as the
 # machine allows) and fails loudly if it cannot.
 set -uo pipefail
 
@@ -43,4 +44,13 @@ if [ ! -x /usr/bin/chromium ]; then
     fail "/usr/bin/chromium is missing; install Debian's chromium package (as root: apt-get install chromium)"
   fi
 fi
-echo "ensure-services: PostgreSQL, Redis and Chromium are ready"
+if ! command -v fitsverify >/dev/null; then
+  echo "ensure-services: installing Debian's fitsverify for the FITS validity tests"
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fitsverify >/dev/null) \
+      || fail "apt-get install fitsverify failed"
+  else
+    fail "fitsverify is missing; install Debian's fitsverify package (as root: apt-get install fitsverify)"
+  fi
+fi
+echo "ensure-services: PostgreSQL, Redis, Chromium and fitsverify are ready"

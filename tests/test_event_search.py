@@ -328,8 +328,9 @@ def test_voevent(client, db_session, catalogue):
     assert params["event_type"] == "FL" and params["frm_name"] == "lst-sdi-flare" and params["frm_version"] == "1.0.0"
     assert params["event_starttime"] == "2024-05-14T17:05:00" and params["obs_channelid"] == "SDI"
     c = root.find("WhereWhen/ObsDataLocation/ObservationLocation/AstroCoords")
-    assert c.get("coord_system_id") == "UTC-HPC-TOPO"
-    assert float(c.find("Position2D/Value2/C1").text) == 305.0 and float(c.find("Position2D/Value2/C2").text) == -95.0
+    assert c.get("coord_system_id") == "UTC-ICRS-GEO"  # the schema has no solar system (tests/test_exports.py)
+    assert c.find("Position2D").get("unit") == "deg" and c.find("Position2D/Error2Radius") is not None
+    assert float(params["hpc_x"]) == 305.0 and float(params["hpc_y"]) == -95.0
     assert c.find("Time/TimeInstant/ISOTime").text == "2024-05-14T17:10:00"
     assert "lst-sdi-flare" in root.find("How/Description").text
     cites = [x.text for x in root.iter("EventIVORN")]

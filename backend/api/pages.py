@@ -102,10 +102,20 @@ def _templates() -> Jinja2Templates:
         hek_label=hek_label,
         hek_types=HEK_EVENT_TYPES,
         event_colours=EVENT_COLOURS,
+        goes_level=_goes_level,
     )
     t.env.filters["utc"] = _fmt_utc
     t.env.filters["num"] = _fmt_num
     return t
+
+
+def _goes_level(e) -> str | None:
+    """The GOES XRS level a source gives for the event's time as a class (the STIX list's),
+    for an event or a light list row; None when it gives none
+    (:func:`backend.services.event_formats.goes_level`)."""
+    from backend.services.event_formats import goes_level
+
+    return goes_level(e)[0]
 
 
 def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:

@@ -296,6 +296,9 @@ class LightCurvePublic(BaseModel):
     times: list[UTCDateTime] = Field(description="DATE-OBS of each product (UTC)")
     values: list[float | None] = Field(
         description="Mean of each product in unit; null where every pixel of the region is masked or NaN (a gap)")
+    uncertainties: list[float | None] = Field(default_factory=list, description=(
+        "1-sigma uncertainty of each value in unit, from the products' UNCERT extension (independent pixels); "
+        "null where unknown (a product without UNCERT) or the value is a gap"))
     product_ids: list[int]
     skipped: list[dict[str, Any]] = Field(default_factory=list, description="Products that could not be read, and why")
     calibration_sets: list[dict[str, Any]] = Field(default_factory=list, description=(

@@ -113,6 +113,10 @@ class EventCurves:
     roi, disk : list of float or None
         ROI-box and disk-integrated means; None is a gap (all pixels masked). ``roi`` is empty
         when the event has no helioprojective position (or the channel is a coronagraph).
+    roi_sigma, disk_sigma : list of float or None
+        1-sigma uncertainty of each mean, in ``unit``, from the products' ``UNCERT``
+        extension (:func:`backend.services.products.mean_uncertainty`); None where a product
+        has none (written before ``UNCERT``) or the mean is a gap.
     roi_box : (x, y, half_width) or None
         The box [arcsec].
     product_ids : list of int
@@ -138,6 +142,8 @@ class EventCurves:
     lst_times: list[dt.datetime] = field(default_factory=list)
     roi: list[float | None] = field(default_factory=list)
     disk: list[float | None] = field(default_factory=list)
+    roi_sigma: list[float | None] = field(default_factory=list)
+    disk_sigma: list[float | None] = field(default_factory=list)
     roi_box: tuple[float, float, float] | None = None
     product_ids: list[int] = field(default_factory=list)
     frames_other_sets: int = 0
@@ -303,8 +309,10 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
             out.lst_times.append(as_utc(p.frame.date_obs))
             out.product_ids.append(p.id)
             out.disk.append(_value(disk))
+            out.disk_sigma.append(_sigma(disk))
             if out.roi_box:
                 out.roi.append(_value(roi))
+                out.roi_sigma.append(_sigma(roi))
             for m in (disk, roi):
                 if m is not None and m.unit:
                     units.add(m.unit)
@@ -330,14 +338,23 @@ def _value(m) -> float | None:
     return None if m is None or m.value is None or not math.isfinite(m.value) else float(m.value)
 
 
+def _sigma(m) -> float | None:
+    """The uncertainty of a mean, None when unknown or the mean is a gap."""
+    if _value(m) is None or m.sigma is None or not math.isfinite(m.sigma):
+        return None
+    return float(m.sigma)
+
+
 def _iso(t: dt.datetime) -> str:
     return as_utc(t).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def curves_csv(c: EventCurves) -> str:
     """The curves as CSV: one row per sample, ``curve`` naming it (``lst_roi``, ``lst_disk``,
-    ``goes_xrsb``, ``goes_xrsa``), an empty ``value`` for a gap; header comments give the event,
-    the calibration set and the window."""
+    ``goes_xrsb``, ``goes_xrsa``), an empty ``value`` for a gap, ``uncertainty`` the 1-sigma
+    uncertainty of an LST mean in ``unit`` (from the products' ``UNCERT``; empty when unknown,
+    and for GOES, whose files give none); header comments give the event, the calibration set
+    and the window."""
     import csv
 
     buf = io.StringIO()
@@ -358,20 +375,22 @@ def curves_csv(c: EventCurves) -> str:
     else:
         buf.write("# GOES: no stored XRS series covers this window\n")
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["curve", "time_utc", "value", "unit", "source"])
-    for name, vals in (("lst_roi", c.roi), ("lst_disk", c.disk)):
-        for t, v, pid in zip(c.lst_times, vals, c.product_ids):
-            w.writerow([name, _iso(t), "" if v is None else f"{v:.7g}", c.unit, f"product {pid}"])
+    w.writerow(["curve", "time_utc", "value", "uncertainty", "unit", "source"])
+    for name, vals, sigmas in (("lst_roi", c.roi, c.roi_sigma), ("lst_disk", c.disk, c.disk_sigma)):
+        for t, v, sig, pid in zip(c.lst_times, vals, sigmas or [None] * len(vals), c.product_ids):
+            w.writerow([name, _iso(t), "" if v is None else f"{v:.7g}", "" if sig is None else f"{sig:.3g}",
+                        c.unit, f"product {pid}"])
     if c.xray:
         for name, vals in (("goes_xrsb", c.xray.xrsb), ("goes_xrsa", c.xray.xrsa)):
             for t, v in zip(c.xray.times_iso, vals):
-                w.writerow([name, t, "" if v is None else f"{v:.6e}", "W m-2", c.xray.series.satellite])
+                w.writerow([name, t, "" if v is None else f"{v:.6e}", "", "W m-2", c.xray.series.satellite])
     return buf.getvalue()
 
 
 def curves_fits(c: EventCurves) -> bytes:
     """The curves as a FITS file: primary header (event, calibration set, DATE-OBS range) and two
-    binary tables, ``LST`` (TIME, PRODUCT_ID, ROI_MEAN, DISK_MEAN in the products' BUNIT) and
+    binary tables, ``LST`` (TIME, PRODUCT_ID, ROI_MEAN, DISK_MEAN and their 1-sigma
+    uncertainties ROI_ERR, DISK_ERR, in the products' BUNIT; NaN = unknown) and
     ``GOES_XRS`` (TIME, XRSB, XRSA in W m-2, quality words); NaN is a gap. TIME columns are
     astropy ``Time`` (UTC), written as FITS time columns."""
     import astropy.units as u
@@ -428,9 +447,13 @@ def curves_fits(c: EventCurves) -> bytes:
     lst["PRODUCT_ID"] = np.array(c.product_ids, dtype=np.int64)
     lst["ROI_MEAN"] = col(c.roi) if c.roi_box else np.full(len(c.lst_times), np.nan)
     lst["DISK_MEAN"] = col(c.disk)
+    lst["ROI_ERR"] = col(c.roi_sigma) if c.roi_box else np.full(len(c.lst_times), np.nan)
+    lst["DISK_ERR"] = col(c.disk_sigma)
+    lst["ROI_ERR"].description = "1-sigma uncertainty of ROI_MEAN (from UNCERT); NaN: unknown"
+    lst["DISK_ERR"].description = "1-sigma uncertainty of DISK_MEAN (from UNCERT); NaN: unknown"
     if unit is not None:
-        lst["ROI_MEAN"].unit = unit
-        lst["DISK_MEAN"].unit = unit
+        for name in ("ROI_MEAN", "DISK_MEAN", "ROI_ERR", "DISK_ERR"):
+            lst[name].unit = unit
     xr = Table()
     if c.xray:
         xr["TIME"] = Time(np.asarray(c.xray.t_tai, dtype=np.float64), format="unix_tai").utc

@@ -15,8 +15,9 @@ Pure functions of ``Event`` rows (no HTTP, no session):
   ``obs_channelid``, ``kb_archivid``). The ``obs_*`` fields name the catalogue's own
   observatory and instrument (:func:`observation`): ASO-S/LST only for LST events.
 * :func:`event_voevent`: one event as a VOEvent 2.0 document (IVOA Recommendation
-  2011-07-11) with Who, What, WhereWhen (UTC-HPC-TOPO), How, Why and Citations (the
-  associated events).
+  2011-07-11), valid against its schema, with Who, What, WhereWhen (UTC-ICRS-GEO: the
+  schema has no solar coordinate system; the helioprojective position is in What), How,
+  Why and Citations (the associated events).
 
 Fields HEK has no name for are given with an ``lst_`` prefix (``lst_position_angle``,
 ``lst_source``, ``lst_id``).
@@ -43,10 +44,16 @@ __all__ = [
     "CSV_COLUMNS",
     "IVORN_BASE",
     "VOEVENT_NS",
+    "VOEVENT_COORD_SYSTEM",
+    "VOEVENT_POSITION_ERROR_DEG",
+    "geocentric_icrs",
     "event_ivorn",
     "observation",
     "events_csv",
     "events_votable",
+    "GOES_LEVEL_ATTRIBUTES",
+    "goes_level",
+    "event_attributes",
     "hek_record",
     "events_hek",
     "event_voevent",
@@ -63,6 +70,9 @@ CSV_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
     ("event_type", None, "meta.code.class", "HEK event code (FL, CE, PR, ...)"),
     ("source", None, "meta.ref", "detected, or the catalogue"),
     ("source_key", None, "meta.id", "Identifier within the source"),
+    ("obs_observatory", None, "meta.id;instr.obsty", "Observatory of the source (HEK obs_observatory)"),
+    ("obs_instrument", None, "meta.id;instr", "Instrument of the source (HEK obs_instrument)"),
+    ("obs_channelid", None, "instr.bandpass", "Channel or passband of the source (HEK obs_channelid)"),
     ("start_time", None, "time.start", "Start (UTC, ISO 8601)"),
     ("peak_time", None, "time.epoch", "Peak (UTC, ISO 8601)"),
     ("end_time", None, "time.end", "End (UTC, ISO 8601)"),
@@ -76,6 +86,9 @@ CSV_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
     ("speed_km_s", "km/s", "phys.veloc", "Plane-of-sky speed"),
     ("goes_class", None, "meta.code.class", "GOES X-ray class"),
     ("goes_flux", "W/m2", "phys.flux;em.X-ray", "GOES 0.1-0.8 nm peak flux of the class"),
+    ("goes_level", None, "meta.code.class", "GOES XRS 0.1-0.8 nm level at the event time as a class (a source's "
+                                             "own value, e.g. the STIX list's; not a GOES flare class)"),
+    ("goes_level_flux", "W/m2", "phys.flux;em.X-ray", "GOES XRS 0.1-0.8 nm level at the event time"),
     ("peak_value", None, "phys.flux", "Peak value, in peak_unit"),
     ("peak_unit", None, "meta.unit", "Unit of peak_value"),
     ("noaa_ar", None, "meta.id", "NOAA active region number"),
@@ -102,7 +115,31 @@ def event_ivorn(e: Event) -> str:
     return f"{IVORN_BASE}#{quote(e.source, safe='')}/{quote(e.source_key, safe='')}"
 
 
+#: Attributes that hold a source's GOES XRS level at the event time (not a GOES flare class):
+#: the STIX flare list's ``GOES_class_time_of_flare``/``GOES_flux_time_of_flare``
+#: (:mod:`pipelines.catalogues.stix`).
+GOES_LEVEL_ATTRIBUTES = ("goes_xrs_class_at_flare_time", "goes_xrs_flux_at_flare_time_w_m2")
+
+
+def goes_level(e: Event) -> tuple[str | None, float | None]:
+    """``(class, flux [W m-2])`` of the GOES XRS 0.1-0.8 nm level at the event's time that its
+    source gives (:data:`GOES_LEVEL_ATTRIBUTES`; the STIX list), or ``(None, None)``. Not the
+    event's GOES flare class (``Event.goes_class``), which only a GOES flare has."""
+    attrs = event_attributes(e)
+    cls = _text(attrs.get(GOES_LEVEL_ATTRIBUTES[0]))
+    flux = attrs.get(GOES_LEVEL_ATTRIBUTES[1])
+    try:
+        flux = float(flux) if flux is not None else None
+    except (TypeError, ValueError):
+        flux = None
+    return cls, (flux if flux is not None and math.isfinite(flux) else None)
+
+
 def _value(e: Event, name: str) -> Any:
+    if name.startswith("obs_"):
+        return dict(zip(("obs_observatory", "obs_instrument", "obs_channelid"), observation(e)))[name]
+    if name in ("goes_level", "goes_level_flux"):
+        return goes_level(e)[name == "goes_level_flux"]
     v = getattr(e, name)
     if name in _TIME_FIELDS:
         return _iso(v)
@@ -131,10 +168,13 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
     Notes
     -----
     Missing values are masked (VOTable nulls); floats carry units and UCDs, times are
-    ISO 8601 strings with ``xtype="timestamp"``.
+    ISO 8601 UTC strings (``datatype="char"``, ``arraysize="*"``, ``xtype="timestamp"``, the
+    DALI 1.1 timestamp) referring to a VOTable 1.4 ``TIMESYS`` (``timescale="UTC"``).
+    Observatory, instrument and channel of each event's source (:func:`observation`) and
+    the GOES level a source gives (:func:`goes_level`) are columns, as in the CSV.
     """
     from astropy.io.votable import from_table
-    from astropy.io.votable.tree import Info
+    from astropy.io.votable.tree import Info, TimeSys
     from astropy.table import MaskedColumn, Table
 
     t = Table()
@@ -145,20 +185,28 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
             data = np.array([np.nan if v is None else float(v) for v in vals], dtype=float)
         elif name in ("id", "noaa_ar"):
             data = np.array([0 if v is None else int(v) for v in vals], dtype=np.int64)
+        elif name in _TIME_FIELDS:  # ISO 8601, ASCII: VOTable char (DALI timestamp)
+            data = np.array([b"" if v is None else str(v).encode("ascii") for v in vals], dtype=bytes)
+            if data.dtype.itemsize == 0 or len(data) == 0:
+                data = np.array(data, dtype="S1")
         else:
             data = np.array(["" if v is None else str(v) for v in vals], dtype=str)
             if data.dtype.itemsize == 0 or len(data) == 0:
                 data = np.array(data, dtype="U1")
         t[name] = MaskedColumn(data, mask=mask, unit=unit, description=desc)
     vot = from_table(t)
+    vot.set_all_tables_format("tabledata")
     table = vot.get_first_table()
     table.name = "events"
+    timesys = TimeSys(ID="utc", timescale="UTC", refposition="TOPOCENTER",
+                      config={"version": "1.4", "version_1_4_or_later": True})
+    vot.resources[0].time_systems.append(timesys)
     for f in table.fields:
         ucd = next((c[2] for c in CSV_COLUMNS if c[0] == f.name), None)
         if ucd:
             f.ucd = ucd
         if f.name in _TIME_FIELDS:
-            f.xtype = "timestamp"
+            f.datatype, f.arraysize, f.xtype, f.ref = "char", "*", "timestamp", timesys.ID
     resource = vot.resources[0]
     for k, v in (info or {}).items():
         resource.infos.append(Info(name=str(k), value="" if v is None else str(v)))
@@ -176,6 +224,18 @@ _CATALOGUE_OBSERVATION: dict[str, tuple[str, str]] = {
     "stix": ("Solar Orbiter", "STIX"),
     DETECTED_SOURCE: ("ASO-S", "LST"),
 }
+
+
+def event_attributes(e: Any) -> dict[str, Any]:
+    """The source attributes of an ``Event``, or those a light search row carries
+    (``attr_<key>`` columns, :data:`backend.services.event_search.LIGHT_ATTRIBUTE_KEYS`)."""
+    attrs = getattr(e, "attributes", None)
+    if attrs is not None:
+        return attrs
+    mapping = getattr(e, "_mapping", None)
+    if mapping is None:
+        return {}
+    return {k[5:]: v for k, v in mapping.items() if isinstance(k, str) and k.startswith("attr_") and v is not None}
 
 
 def _text(v: Any) -> str | None:
@@ -200,10 +260,10 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
     ``obs_channelid`` of the HEK row, kept in the attributes); DONKI's instruments
     (``SOHO: LASCO/C2`` -> SOHO, LASCO, C2). Unknown parts are None.
     """
-    attrs = e.attributes or {}
+    attrs = event_attributes(e)
     if e.source == "hek":
         return (_text(attrs.get("obs_observatory")), _text(attrs.get("obs_instrument")),
-                _text(attrs.get("obs_channelid")) or e.channels)
+                _text(attrs.get("obs_channelid")) or _text(e.channels))
     if e.source == "donki":
         names = [str(n) for n in (attrs.get("instruments") or []) if n]
         obs, inst, chan = [], [], []
@@ -215,16 +275,16 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
             obs.append(where.strip())
             inst.append(i.strip())
             chan.append(c.strip())
-        return _joined(obs), _joined(inst), _joined(chan) or e.channels
+        return _joined(obs), _joined(inst), _joined(chan) or _text(e.channels)
     if e.source in _CATALOGUE_OBSERVATION:
         observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
-        return observatory, instrument, e.channels
+        return observatory, instrument, _text(e.channels)
     from pipelines.catalogues import CATALOGUES
 
     cat = CATALOGUES.get(e.source)  # a catalogue added with its observatory and instrument
     if cat is not None and (cat.observatory or cat.instrument):
-        return cat.observatory, cat.instrument, e.channels
-    return None, None, e.channels
+        return cat.observatory, cat.instrument, _text(e.channels)
+    return None, None, _text(e.channels)
 
 
 def _event_coord(e: Event, position_always: bool) -> tuple[str | None, str | None, Any, Any, bool]:
@@ -340,6 +400,63 @@ def _param(group: ET.Element, name: str, value: Any, *, unit: str | None = None,
     _sub(group, "Param", name=name, value=str(value), unit=unit, ucd=ucd)
 
 
+#: ``AstroCoordSystem`` of the VOEvent's WhereWhen: UTC times, ICRS axes, geocentric origin.
+#: The VOEvent 2.0 schema allows only the STC systems of its ``idValues`` enumeration
+#: (TT/UTC/GPS/TDB with ICRS/FK5, TOPO/GEO/BARY): no solar (helioprojective) system, so
+#: HEK's ``UTC-HPC-TOPO`` makes a document the schema refuses. The helioprojective
+#: and heliographic positions are kept as ``What`` parameters (``hpc_x``/``hpc_y``,
+#: ``hgs_x``/``hgs_y``, the HEK names).
+VOEVENT_COORD_SYSTEM = "UTC-ICRS-GEO"
+
+#: ``Error2Radius`` of the WhereWhen position [deg]: one arcminute. The catalogues give no
+#: position error; their positions are arcsecond-level (detections, CDAW, HEK) or whole
+#: heliographic degrees (NOAA SWPC locations such as ``N12E34``: 1 degree is about 17
+#: arcsec at disk centre), so one arcminute bounds them; a stated choice, not a measurement.
+VOEVENT_POSITION_ERROR_DEG = 1.0 / 60.0
+
+
+def geocentric_icrs(e: Event) -> tuple[float, float] | None:
+    """The event's direction from the Earth's centre in ICRS axes, ``(ra, dec)`` [deg].
+
+    From its helioprojective position (``hpc_x``/``hpc_y`` [arcsec], observer at the
+    Earth's centre at the peak time, or the start time without a peak), else from its
+    Stonyhurst heliographic position (``hgs_lon``/``hgs_lat`` [deg], on the photosphere,
+    ``RSUN_REF`` 695 700 km, IAU 2015 nominal). The geometric direction: the point's ICRS
+    (barycentric) position minus the Earth's (``astropy.coordinates.get_body_barycentric``),
+    no aberration nor light time. ``None`` when the event has no finite position.
+
+    Uses ``sunpy.coordinates`` (Helioprojective, HeliographicStonyhurst). A helioprojective
+    point is placed at the Sun's distance along its line of sight: the direction does not
+    depend on that distance.
+    """
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord, UnitSphericalRepresentation, get_body_barycentric
+    from astropy.time import Time
+    from sunpy.coordinates import HeliographicStonyhurst, Helioprojective, get_earth
+
+    when = as_utc(e.peak_time or e.start_time)
+    if when is None:
+        return None
+    t = Time(when, scale="utc")
+
+    def finite(*v: Any) -> bool:
+        return all(x is not None and math.isfinite(float(x)) for x in v)
+
+    if finite(e.hpc_x, e.hpc_y):
+        earth = get_earth(t)
+        c = SkyCoord(e.hpc_x * u.arcsec, e.hpc_y * u.arcsec, earth.radius,
+                     frame=Helioprojective(obstime=t, observer=earth))
+    elif finite(e.hgs_lon, e.hgs_lat):
+        from sunpy.sun.constants import radius as rsun
+
+        c = SkyCoord(e.hgs_lon * u.deg, e.hgs_lat * u.deg, rsun, frame=HeliographicStonyhurst(obstime=t))
+    else:
+        return None
+    xyz = c.icrs.cartesian - get_body_barycentric("earth", t)
+    sph = xyz.represent_as(UnitSphericalRepresentation)
+    return float(sph.lon.to_value(u.deg)) % 360.0, float(sph.lat.to_value(u.deg))
+
+
 def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
                   *, author: str = "LST data platform") -> bytes:
     """One event as a VOEvent 2.0 XML document (UTF-8 bytes).
@@ -357,8 +474,11 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     -------
     bytes
         ``<voe:VOEvent ivorn=... role="observation" version="2.0">`` with Who, What
-        (HEK parameters as ``Param``), WhereWhen (time and helioprojective position,
-        coordinate system UTC-HPC-TOPO), How, Why and, if any, Citations.
+        (HEK parameters as ``Param``, the helioprojective ``hpc_x``/``hpc_y`` among them),
+        WhereWhen (time, and the direction from the Earth's centre as RA/Dec in
+        :data:`VOEVENT_COORD_SYSTEM`, :func:`geocentric_icrs`), How, Why and, if any,
+        Citations. Valid against the IVOA VOEvent 2.0 schema
+        (``tests/schemas/VOEvent-v2.0.xsd``).
 
     References
     ----------
@@ -392,6 +512,8 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     _param(what, "cme_radiallinvel", e.speed_km_s, unit="km/s", ucd="phys.veloc")
     _param(what, "cme_angularwidth", e.angular_width, unit="deg", ucd="phys.angSize")
     _param(what, "lst_position_angle", e.position_angle, unit="deg", ucd="pos.posAng")
+    _param(what, "hpc_x", e.hpc_x, unit="arcsec", ucd="pos.cartesian.x")
+    _param(what, "hpc_y", e.hpc_y, unit="arcsec", ucd="pos.cartesian.y")
     _param(what, "hgs_x", e.hgs_lon, unit="deg", ucd="pos.bodyrc.lon")
     _param(what, "hgs_y", e.hgs_lat, unit="deg", ucd="pos.bodyrc.lat")
     if e.peak_value is not None:
@@ -401,17 +523,20 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
     odl = _sub(ww, "ObsDataLocation")
     _sub(odl, "ObservatoryLocation", id="GEOLUN")
     ol = _sub(odl, "ObservationLocation")
-    _sub(ol, "AstroCoordSystem", id="UTC-HPC-TOPO")
-    ac = _sub(ol, "AstroCoords", coord_system_id="UTC-HPC-TOPO")
+    _sub(ol, "AstroCoordSystem", id=VOEVENT_COORD_SYSTEM)
+    ac = _sub(ol, "AstroCoords", coord_system_id=VOEVENT_COORD_SYSTEM)
     tm = _sub(_sub(_sub(ac, "Time"), "TimeInstant"), "ISOTime")
-    tm.text = _iso(e.peak_time or e.start_time, z=False)
-    if e.hpc_x is not None and e.hpc_y is not None and math.isfinite(e.hpc_x) and math.isfinite(e.hpc_y):
-        pos = _sub(ac, "Position2D", unit="arcsec")
-        _sub(pos, "Name1", "X")
-        _sub(pos, "Name2", "Y")
+    when = e.peak_time or e.start_time
+    tm.text = _iso(when, z=False)
+    radec = geocentric_icrs(e)
+    if radec is not None:
+        pos = _sub(ac, "Position2D", unit="deg")
+        _sub(pos, "Name1", "RA")
+        _sub(pos, "Name2", "Dec")
         v2 = _sub(pos, "Value2")
-        _sub(v2, "C1", repr(float(e.hpc_x)))
-        _sub(v2, "C2", repr(float(e.hpc_y)))
+        _sub(v2, "C1", f"{radec[0]:.6f}")
+        _sub(v2, "C2", f"{radec[1]:.6f}")
+        _sub(pos, "Error2Radius", f"{VOEVENT_POSITION_ERROR_DEG:.6f}")
 
     how = _sub(root, "How")
     if e.source == DETECTED_SOURCE:

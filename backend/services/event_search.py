@@ -99,8 +99,16 @@ LIGHT_COLUMNS = ("id", "event_type", "source", "source_key", "start_time", "peak
                  "hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s",
                  "goes_class", "goes_flux", "peak_value", "peak_unit", "noaa_ar", "frm_name", "frm_version",
                  "owner", "calibration_set_id")
+#: Keys of ``Event.attributes`` that a light row also carries, after :data:`LIGHT_COLUMNS`, as
+#: ``attr_<key>`` (one JSON value each, not the whole JSON): what CSV and VOTable show of the
+#: source's observatory, instrument and channel (HEK and DONKI rows keep them there) and of a
+#: GOES level the source gives (the STIX list). Read by
+#: :func:`backend.services.event_formats.event_attributes`.
+LIGHT_ATTRIBUTE_KEYS = ("obs_observatory", "obs_instrument", "obs_channelid", "instruments",
+                        "goes_xrs_class_at_flare_time", "goes_xrs_flux_at_flare_time_w_m2")
 _TIME_KEYS = {"start_time", "peak_time", "end_time"}
-_LIGHT = tuple(_E[c] for c in LIGHT_COLUMNS)
+_LIGHT = tuple(_E[c] for c in LIGHT_COLUMNS) + tuple(_E.attributes[k].label(f"attr_{k}")
+                                                     for k in LIGHT_ATTRIBUTE_KEYS)
 
 
 class SearchError(DataError):
@@ -440,8 +448,9 @@ def search_events(
         Count the matches (False: ``total`` is -1).
     light : bool
         Return read-only rows (``sqlalchemy.Row``, attribute access like an ``Event``) of
-        :data:`LIGHT_COLUMNS` instead of ORM objects: no ``attributes`` JSON, no
-        ``description``; a third of the cost of a page of 100 (a list does not show them).
+        :data:`LIGHT_COLUMNS` instead of ORM objects, then the few attributes of
+        :data:`LIGHT_ATTRIBUTE_KEYS` (``attr_<key>``): not the whole ``attributes`` JSON,
+        no ``description``; a third of the cost of a page of 100 (a list does not show them).
 
     Returns
     -------

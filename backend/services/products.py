@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend.models import Event, EventProduct, Frame, JobItem, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError, FitsReadError
-from pipelines.products import read_product
+from pipelines.products import read_product, read_uncertainty
 from pipelines.sun import apparent_rsun_arcsec
 from pipelines.units import display_unit
 from pipelines.utc import as_utc
@@ -276,12 +276,46 @@ class DiskMean:
         Number of pixels averaged.
     on_disk_only : bool
         True when the average was restricted to the solar disk (r <= Rsun).
+    sigma : float or None
+        1-sigma uncertainty of ``value`` in ``unit``, from the product's ``UNCERT``
+        extension (:func:`mean_uncertainty`); None for a product without one.
     """
 
     value: float
     unit: str
     n_pixels: int
     on_disk_only: bool
+    sigma: float | None = None
+
+
+def mean_uncertainty(sigma: np.ndarray | None, used: np.ndarray) -> float | None:
+    """1-sigma uncertainty of the mean of the pixels ``used`` of an L2 image, from its
+    per-pixel ``UNCERT`` (``sigma``, in the image's unit): ``sqrt(sum sigma_i^2) / n``.
+
+    The pixels' errors are taken as independent (propagation of the per-pixel standard
+    deviations, :mod:`pipelines.calibration.uncertainty`); the north-up resampling correlates
+    neighbouring pixels over its kernel (a few pixels), so for a mean over many pixels this
+    is a lower bound of the random error; systematic (calibration scale) errors are not in it.
+
+    Parameters
+    ----------
+    sigma : numpy.ndarray, shape (ny, nx), or None
+        The ``UNCERT`` image (None: a product without it).
+    used : numpy.ndarray of bool, shape (ny, nx)
+        The pixels averaged.
+
+    Returns
+    -------
+    float or None
+        None without ``UNCERT``, or when a pixel used has no finite uncertainty.
+    """
+    if sigma is None:
+        return None
+    s = np.asarray(sigma, dtype=np.float64)[used]
+    n = s.size
+    if n == 0 or not np.isfinite(s).all():
+        return None
+    return float(math.sqrt(float(np.sum(s * s))) / n)
 
 
 def _apparent_rsun_arcsec(header: fits.Header) -> float | None:
@@ -335,7 +369,14 @@ def _disk_mean_cached(path: str, _mtime_ns: int, _size: int, on_disk_only: bool)
     if n == 0:
         return None
     return DiskMean(value=float(data[good].mean()), unit=display_unit(header),
-                    n_pixels=n, on_disk_only=used_disk)
+                    n_pixels=n, on_disk_only=used_disk,
+                    sigma=mean_uncertainty(_uncertainty_of(path, data.shape), good))
+
+
+def _uncertainty_of(path: str | os.PathLike, shape: tuple[int, int]) -> np.ndarray | None:
+    """The ``UNCERT`` image of a product, or None (none, or not of the image's shape)."""
+    sigma = read_uncertainty(path, dtype=np.float64)
+    return sigma if sigma is not None and sigma.shape == shape else None
 
 
 def curve_values_cached(path, roi_box, coronagraph: bool) -> bool:
@@ -422,8 +463,10 @@ def _region_mean(path: str | os.PathLike, hpc_x: float, hpc_y: float, half_width
     n = int(good.sum())
     if n == 0:
         return None
+    sigma = _uncertainty_of(path, data.shape)
     return DiskMean(value=float(box[good].mean()), unit=display_unit(header),
-                    n_pixels=n, on_disk_only=False)
+                    n_pixels=n, on_disk_only=False,
+                    sigma=mean_uncertainty(None if sigma is None else sigma[i0:i1, j0:j1], good))
 
 
 def disk_integrated_mean(path: str | os.PathLike, *, on_disk_only: bool = True) -> DiskMean | None:
@@ -491,6 +534,9 @@ class LightCurve:
     roi: tuple[float, float, float] | None = None
     times: list[dt.datetime] = field(default_factory=list)
     values: list[float | None] = field(default_factory=list)
+    #: 1-sigma uncertainty of each value in ``unit`` (from ``UNCERT``, :func:`mean_uncertainty`);
+    #: None where unknown (a product without ``UNCERT``) or the value is a gap.
+    sigmas: list[float | None] = field(default_factory=list)
     product_ids: list[int] = field(default_factory=list)
     skipped: list[dict[str, object]] = field(default_factory=list)
     #: Ids of the calibration sets of the products read (one per frame), in order of first use.
@@ -555,6 +601,7 @@ def product_lightcurve(
         # no usable pixel (all masked or NaN): the sample is missing, a gap in the curve
         value = None if m is None or m.value is None or not math.isfinite(m.value) else float(m.value)
         lc.values.append(value)
+        lc.sigmas.append(None if value is None or m.sigma is None or not math.isfinite(m.sigma) else float(m.sigma))
         if m is not None and m.unit:
             units.add(m.unit)
     if len(units) > 1:

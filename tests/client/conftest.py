@@ -19,11 +19,17 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import sys
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import SAMPLE
+from tests.conftest import ROOT, SAMPLE
+
+# the client of this checkout, not an installed copy (the project's venv may hold another
+# checkout's editable install)
+if str(ROOT / "clients" / "python") not in sys.path:
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 #: Side of the simulated frames [pixel] (small: the tests are about the clients, not the science).
 NAXIS = 64

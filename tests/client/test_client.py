@@ -100,6 +100,9 @@ def test_search_products_lists_every_page_and_maps_open_with_date_and_detector(l
         assert abs((m.date - row["date_obs"]).to_value(u.s)) < 1e-3
         assert m.detector == "SDI" and m.instrument.upper().startswith("LST")
         assert m.unit is not None
+        # one map per product, its UNCERT and DQ attached (lstdp_client.open_l2)
+        assert m.uncertainty is not None and m.uncertainty.array.shape == m.data.shape
+        assert m.mask is not None and m.mask.shape == m.data.shape and m.mask.any() and not m.mask.all()
     for f in tmp_path.iterdir():
         assert _sha256(f) in set(prods["sha256"])
 

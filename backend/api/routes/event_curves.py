@@ -87,6 +87,7 @@ def read_event_curves(event_id: IdPath, session: SessionDep, settings: SettingsD
             "files": [{"kind": k, "id": i, "version": v} for k, i, v in c.calibration.files],
             "software_versions": c.calibration.software_versions},
         "roi_box_arcsec": c.roi_box, "times": [t.isoformat() for t in c.lst_times], "roi": c.roi, "disk": c.disk,
+        "roi_sigma": c.roi_sigma, "disk_sigma": c.disk_sigma,
         "product_ids": c.product_ids, "frames_other_sets": c.frames_other_sets, "skipped": c.skipped,
         "notes": c.notes, "xray": xr.model_dump(mode="json"),
     }

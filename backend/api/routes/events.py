@@ -350,7 +350,7 @@ def _lightcurve(session, settings, event_id: int, q: LightCurveQuery,
     return row, LightCurvePublic(
         event_id=row.id, channel=lc.channel, unit=lc.unit, window_start=lc.start, window_end=lc.end,
         region=lc.region, roi=lc.roi,
-        times=lc.times, values=lc.values, product_ids=lc.product_ids, skipped=lc.skipped,
+        times=lc.times, values=lc.values, uncertainties=lc.sigmas, product_ids=lc.product_ids, skipped=lc.skipped,
         calibration_sets=sets_used(session, lc.calibration_sets),
     )
 

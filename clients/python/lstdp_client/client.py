@@ -396,17 +396,16 @@ class Client:
         Returns
         -------
         list of sunpy.map.GenericMap
-            One per file, in the order of ``products``: the data (HDU 0). The files also hold
-            the ``UNCERT`` (1-sigma) and ``DQ`` image extensions, which ``sunpy.map.Map(path)``
-            would return as two more maps; read them with ``astropy.io.fits`` (or, with the
-            platform installed, ``pipelines.io.load_l2``).
+            One per file, in the order of ``products``, opened by :func:`lstdp_client.open_l2`:
+            the data with ``uncertainty`` (the ``UNCERT`` image) and ``mask`` (``DQ != 0`` or
+            not finite) attached.
 
         Raises
         ------
         LSTDPError
             When a download failed (its URL and parfive's reason in the message).
         """
-        import sunpy.map
+        from lstdp_client.l2 import open_l2
 
         items = _product_items(products)
         results = self.download(items, path, **download_kw)
@@ -417,7 +416,7 @@ class Client:
         files = [by_url.get(self.fits_url(p["id"])) for p in items]
         if any(f is None for f in files):
             files = list(results)
-        return [sunpy.map.Map(f, hdus=0) for f in files]
+        return [open_l2(f) for f in files]
 
     # -- jobs ------------------------------------------------------------------------------------
 
