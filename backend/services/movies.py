@@ -31,7 +31,7 @@ from backend.models import Event, Movie, MovieState, Product
 from backend.services import products as products_service
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
-from pipelines.movies import DIFF_MODES, display_array, hpc_to_fraction
+from pipelines.movies import DIFF_MODES, MAX_MOVIE_SIDE, MIN_MOVIE_SIDE, display_array, hpc_to_fraction
 from pipelines.utc import as_utc
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
-           "movie_dir", "cached_display_array", "event_movie_window"]
+           "movie_dir", "cached_display_array", "event_movie_window", "MovieSpec", "movie_spec", "spec_path"]
 
 #: Most frames one movie may hold (a day of SDI at its 1-min cadence is 1440 frames, 2.4 min
 #: at 10 fps; beyond this, ask for a shorter window).
@@ -71,6 +71,14 @@ class MovieRequest(BaseModel):
     diff: str = Field(default="none", description="none, running (minus the previous frame) or base "
                                                   "(minus the first frame of the window)")
     fps: float = Field(default=10.0, ge=MIN_FPS, le=MAX_FPS, description="frames per second of the MP4")
+    size: int | None = Field(default=None, ge=MIN_MOVIE_SIDE, le=MAX_MOVIE_SIDE,
+                             description="larger side of the MP4 [pixel], even; default: the products' own "
+                                         "resolution (of the crop, with crop=true)")
+    event: int | None = Field(default=None, ge=1, le=2_147_483_647,
+                              description="an event to mark (a ring at its helioprojective position, through "
+                                          "each product's WCS)")
+    crop: bool = Field(default=False, description="crop to the event's box (its hpc_bbox, else a 300 arcsec "
+                                                  "square around it) plus 100 arcsec a side; needs event")
 
     @model_validator(mode="before")
     @classmethod
@@ -109,11 +117,85 @@ class MovieRequest(BaseModel):
             raise ValueError("fps must be a finite number")
         return v
 
+    @field_validator("size")
+    @classmethod
+    def _even(cls, v: int | None) -> int | None:
+        if v is not None and v % 2:
+            raise ValueError(f"size {v} is odd: H.264 in yuv420p needs even sides; ask for {v - 1} or {v + 1}")
+        return v
+
     @model_validator(mode="after")
     def _range(self) -> MovieRequest:
         if self.end < self.start:
             raise ValueError("end is before start")
+        if self.crop and self.event is None:
+            raise ValueError("crop: cropping needs the event to crop to (event=<id>)")
         return self
+
+
+@dataclass(frozen=True)
+class MovieSpec:
+    """How a movie's frames are drawn beyond its row: ``size`` (larger side [pixel], None:
+    full resolution), the ``event`` marked (its ``hpc`` position [arcsec], as the event or
+    the same flare that stands in for it gave it when asked) and the ``box`` [arcsec]
+    ``(x0, y0, x1, y1)`` it is cropped to (None: the whole image).
+
+    Kept as JSON beside the movie store (:func:`spec_path`), written before the movie's row
+    is committed, since the ``movies`` table has no column for it (no migration in this
+    change); a movie without one is drawn with the defaults.
+    """
+
+    size: int | None = None
+    event: int | None = None
+    hpc: tuple[float, float] | None = None
+    box: tuple[float, float, float, float] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"size": self.size, "event": self.event, "hpc": None if self.hpc is None else list(self.hpc),
+                "box": None if self.box is None else list(self.box)}
+
+
+def spec_path(root: Path, movie_id: str) -> Path:
+    """Where the :class:`MovieSpec` of a movie is kept: ``DATA_DIR/movies/specs/<id>.json``."""
+    return movie_dir(root) / "specs" / f"{movie_id}.json"
+
+
+def movie_spec(root: Path, movie_id: str) -> MovieSpec:
+    """The spec of a movie (the defaults when it has none, or an unreadable one)."""
+    import json
+
+    try:
+        d = json.loads(spec_path(root, movie_id).read_text())
+    except (OSError, ValueError):
+        return MovieSpec()
+    return MovieSpec(size=d.get("size"), event=d.get("event"), hpc=tuple(d["hpc"]) if d.get("hpc") else None,
+                     box=tuple(d["box"]) if d.get("box") else None)
+
+
+def _resolve_spec(session: Session, req: MovieRequest, principal, n: int) -> MovieSpec:
+    """The spec of ``req``: its event's position (or its same flare's) and crop box.
+
+    Raises
+    ------
+    MovieRequestError
+        If the event does not exist for ``principal`` or has no helioprojective position.
+    """
+    if req.event is None:
+        return MovieSpec(size=req.size)
+    from backend.services.events import get_event
+    from backend.services.imaging import located_events
+    from pipelines.movies import event_box
+
+    ev = get_event(session, req.event, principal)
+    if ev is None:
+        raise MovieRequestError(f"event: no event with id {req.event}", n)
+    pos = ev if ev.hpc_x is not None and ev.hpc_y is not None else located_events(session, [ev], principal).get(ev.id)
+    if pos is None or pos.hpc_x is None or pos.hpc_y is None:
+        raise MovieRequestError(f"event: event {ev.id} has no helioprojective position (hpc_x, hpc_y) to mark "
+                                "or crop to", n)
+    hpc = (float(pos.hpc_x), float(pos.hpc_y))
+    box = event_box(*hpc, (pos.attributes or {}).get("hpc_bbox")) if req.crop else None
+    return MovieSpec(size=req.size, event=ev.id, hpc=hpc, box=box)
 
 
 def movie_products(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
@@ -276,11 +358,12 @@ def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tup
 
 
 def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
-                 quota_for: Principal | None = None) -> Movie:
+                 quota_for: Principal | None = None, root: Path | None = None) -> Movie:
     """Count the frames of ``req``, store a ``queued`` movie of ``owner`` (the token's user;
     ``system`` for the platform) and commit (the caller sends it, :func:`enqueue_movie`).
     ``quota_for``: the principal whose concurrent-jobs quota it counts against
-    (:func:`backend.services.quotas.admit_movie`; a movie is a job too).
+    (:func:`backend.services.quotas.admit_movie`; a movie is a job too). ``root``: the data
+    directory whose movie store keeps its :class:`MovieSpec` (default: the settings').
 
     Raises
     ------
@@ -288,16 +371,29 @@ def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
         429 over the concurrent-jobs quota of ``quota_for`` (nothing is stored).
     MovieRequestError
         If the window holds no frame to show (or one only, with a difference), or more than
-        :data:`MAX_FRAMES`; ``.frames`` is the count the movie would have had.
+        :data:`MAX_FRAMES`, or its event is unknown or has no position; ``.frames`` is the
+        count the movie would have had.
     """
+    import json
+    import uuid
+
     n = _check_count(len(movie_products(session, req.channel, req.start, req.end)), req.diff)
+    spec = _resolve_spec(session, req, quota_for, n)
     if quota_for is not None:
         from backend.services.quotas import admit_movie
 
         admit_movie(session, quota_for)
-    movie = Movie(owner=owner, channel_code=req.channel, start_time=req.start, end_time=req.end,
-                  diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n, frames_done=0,
-                  sent_at=dt.datetime.now(dt.UTC))
+    movie = Movie(id=str(uuid.uuid4()), owner=owner, channel_code=req.channel, start_time=req.start,
+                  end_time=req.end, diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n,
+                  frames_done=0, sent_at=dt.datetime.now(dt.UTC))
+    if spec != MovieSpec():
+        if root is None:
+            from backend.settings import get_settings
+
+            root = get_settings().root
+        path = spec_path(root, movie.id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(spec.as_dict()))
     session.add(movie)
     session.commit()
     return movie

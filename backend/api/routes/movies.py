@@ -70,10 +70,16 @@ class MoviePublic(BaseModel):
     finished_at: dt.datetime | None = None
     file_url: str | None = None
     progress: float = 0.0
+    size: int | None = Field(default=None, description="larger side asked for [pixel]; None: full resolution")
+    event: int | None = Field(default=None, description="the event marked")
+    crop: list[float] | None = Field(default=None, description="the box cropped to, helioprojective "
+                                                              "[x0, y0, x1, y1] arcsec; None: the whole image")
 
     @classmethod
-    def of(cls, movie: Movie) -> MoviePublic:
+    def of(cls, movie: Movie, spec: movies_service.MovieSpec | None = None) -> MoviePublic:
         out = cls.model_validate(movie)
+        if spec is not None:
+            out.size, out.event, out.crop = spec.size, spec.event, None if spec.box is None else list(spec.box)
         out.progress = round(movie.frames_done / movie.frames_total, 4) if movie.frames_total else 0.0
         if movie.state == MovieState.succeeded:
             out.file_url = f"/api/v1/movies/{movie.id}/file"
@@ -179,15 +185,22 @@ def read_difference_png(
                429: {"description": "Over the concurrent-jobs quota or the write rate limit; see Retry-After"},
                503: {"description": "Stored, but the broker could not be reached: the movie is marked failed"}},
 )
-def create_movie(req: MovieRequest, session: SessionDep, response: Response, principal: SubmitLimited):
+def create_movie(req: MovieRequest, session: SessionDep, settings: SettingsDep, response: Response,
+                 principal: SubmitLimited):
     """Count the window's frames, store a ``queued`` movie, commit, send it and return at once;
     poll ``GET /api/v1/movies/{id}`` for its progress.
 
     A movie is a job: it needs a token with scope ``jobs:submit`` (its owner is the token's
     user) and counts against the concurrent-jobs quota and the write rate (429 with
-    ``Retry-After`` over either, nothing stored; admins are exempt)."""
+    ``Retry-After`` over either, nothing stored; admins are exempt).
+
+    ``size`` (even, 32 to 4608) sets the MP4's larger side; without it the MP4 has the
+    products' own resolution (of the crop). ``event`` marks an event (a cyan ring at its
+    helioprojective position, through each product's WCS); ``crop`` cuts each frame to the
+    event's box (422 without ``event``, for an unknown event or one without a position)."""
     try:
-        movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal)
+        movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal,
+                                            root=settings.root)
     except MovieRequestError as exc:
         return JSONResponse({"detail": str(exc), "frames": exc.frames}, status_code=422)
     try:
@@ -202,7 +215,7 @@ def create_movie(req: MovieRequest, session: SessionDep, response: Response, pri
         raise HTTPException(503, detail=f"movie {movie.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: ask again later") from None
     response.headers["Location"] = f"/api/v1/movies/{movie.id}"
-    return MoviePublic.of(movie)
+    return MoviePublic.of(movie, movies_service.movie_spec(settings.root, movie.id))
 
 
 def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
@@ -213,10 +226,12 @@ def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
 
 
 @router.get("/{movie_id}", response_model=MoviePublic, summary="One movie and its progress")
-def read_movie(movie_id: str, session: SessionDep, principal: OptionalPrincipal) -> MoviePublic:
+def read_movie(movie_id: str, session: SessionDep, settings: SettingsDep,
+               principal: OptionalPrincipal) -> MoviePublic:
     """State (queued, running, succeeded, failed), frames done of total, the reason of a failure.
     Another user's movie is 404."""
-    return MoviePublic.of(_movie_or_404(session, movie_id, principal))
+    movie = _movie_or_404(session, movie_id, principal)
+    return MoviePublic.of(movie, movies_service.movie_spec(settings.root, movie.id))
 
 
 @router.get(
