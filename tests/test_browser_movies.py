@@ -128,6 +128,10 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
     assert page.locator("#event-movie-link").get_attribute("href") == f"/movies?event={ids.flare}"
 
     page.fill("#movie-fps", "6")
+    # an event's player offers its marker and its crop (issue 25); the chosen size goes with them
+    assert page.locator("#movie-event-options").is_visible() and page.locator("#movie-mark").is_checked()
+    page.check("#movie-crop")
+    page.select_option("#movie-size", "512")
     page.click("#movie-make")
     page.wait_for_function("document.getElementById('movie-player').dataset.movieId")
     movie_id = page.locator("#movie-player").get_attribute("data-movie-id")
@@ -138,7 +142,9 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
         assert make_movie(s, movie_id, live.settings).frames_done == len(inside)
     page.wait_for_selector("#movie-download:not([hidden])")
     status = page.locator("#movie-status").inner_text()
-    assert status.startswith(f"succeeded: {len(inside)} of {len(inside)} frames") and "128×128" in status  # the products' own size
+    assert status.startswith(f"succeeded: {len(inside)} of {len(inside)} frames") and "512×" in status, status
+    asked = page.request.get(f"{live.url}/api/v1/movies/{movie_id}").json()
+    assert (asked["event"], asked["size"], len(asked["crop"] or [])) == (ids.flare, 512, 4), asked
     href = page.locator("#movie-download").get_attribute("href")
     assert href == f"/api/v1/movies/{movie_id}/file"
     r = page.request.get(live.url + href)
