@@ -533,7 +533,6 @@ def test_an_event_movie_marks_the_event_where_the_wcs_puts_it_and_crops_to_its_b
     """Issue 25 (movies): the event's marker drawn at its helioprojective position through
     the product's WCS; cropped to its box, the frame holds the flare at the marker."""
     from backend.db import session_scope
-    from pipelines.movies import CROP_MARGIN_ARCSEC
 
     x, y = store.truth.hpc_x, store.truth.hpc_y
     bbox = [x - 100.0, y - 60.0, x + 300.0, y + 140.0]  # off-centre: the event is not the crop's centre
@@ -554,6 +553,8 @@ def test_an_event_movie_marks_the_event_where_the_wcs_puts_it_and_crops_to_its_b
     assert np.hypot(cols - col, rows - row).min() > 3  # a ring: the event's own pixels stay visible
 
     # cropped to the box (+ the margin) and enlarged to 240 px, a base difference: the flare is white
+    from pipelines.movies import CROP_MARGIN_ARCSEC  # 100 arcsec a side, documented
+
     size = 240
     got, meta, frames = _mp4(client, store, {**_window(store), "diff": "base", "event": store.flare,
                                              "crop": True, "size": size})
