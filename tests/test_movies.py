@@ -592,9 +592,16 @@ def test_bad_movie_sizes_and_events_are_422(client, store):
     from backend.db import session_scope
 
     base = {**_window(store), "diff": "none"}
+    with session_scope() as s:  # a private event of another user (a recalibration's detection)
+        ev = Event(event_type="FL", source="detected", source_key="alice-flare", start_time=store.dates[3],
+                   end_time=store.dates[5], hpc_x=-400.0, hpc_y=-350.0, owner="alice")
+        s.add(ev)
+        s.flush()
+        private = ev.id
     for extra, needle in (({"size": 8}, "size"), ({"size": 100000}, "size"), ({"size": 301}, "odd"),
                           ({"size": "big"}, "size"), ({"crop": True}, "crop"),
                           ({"event": 999999}, "no event with id 999999"),
+                          ({"event": private}, f"no event with id {private}"),  # another user's: as unknown
                           ({"event": store.cme, "crop": True}, "no helioprojective position")):
         r = client.post("/api/v1/movies", json={**base, **extra})
         assert r.status_code == 422, (extra, r.text)
