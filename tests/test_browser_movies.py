@@ -144,7 +144,7 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
     status = page.locator("#movie-status").inner_text()
     assert status.startswith(f"succeeded: {len(inside)} of {len(inside)} frames") and "512×" in status, status
     asked = page.request.get(f"{live.url}/api/v1/movies/{movie_id}").json()
-    assert (asked["event"], asked["size"], len(asked["crop"] or [])) == (ids.flare, 512, 4), asked
+    assert (asked["event"], asked["size"], asked["crop"], len(asked["crop_box"] or [])) == (ids.flare, 512, True, 4), asked
     href = page.locator("#movie-download").get_attribute("href")
     assert href == f"/api/v1/movies/{movie_id}/file"
     r = page.request.get(live.url + href)

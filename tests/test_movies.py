@@ -543,7 +543,7 @@ def test_an_event_movie_marks_the_event_where_the_wcs_puts_it_and_crops_to_its_b
 
     # the whole disk at full resolution, with the marker: a ring centred where sunpy puts the flare
     got, meta, frames = _mp4(client, store, {**_window(store), "diff": "none", "event": store.flare})
-    assert (got["event"], got["crop"], tuple(meta["size"])) == (store.flare, None, (nx, ny))
+    assert (got["event"], got["crop"], got["crop_box"], tuple(meta["size"])) == (store.flare, False, None, (nx, ny))
     px, py = _event_pixel(m, x, y)
     col, row = px, ny - 1 - py  # the MP4 is north up: FITS row 0 at the bottom
     rows, cols = np.nonzero(_cyan(frames[0]))
@@ -560,7 +560,7 @@ def test_an_event_movie_marks_the_event_where_the_wcs_puts_it_and_crops_to_its_b
                                              "crop": True, "size": size})
     box = [bbox[0] - CROP_MARGIN_ARCSEC, bbox[1] - CROP_MARGIN_ARCSEC, bbox[2] + CROP_MARGIN_ARCSEC,
            bbox[3] + CROP_MARGIN_ARCSEC]
-    assert got["crop"] == pytest.approx(box)
+    assert got["crop"] is True and got["crop_box"] == pytest.approx(box)
     w, h = meta["size"]
     assert w == size and h < size and h % 2 == 0  # the box is wider than tall: 600" x 400"
     assert abs(w / h - 600 / 400) < 0.1
@@ -608,3 +608,38 @@ def test_bad_movie_sizes_and_events_are_422(client, store):
         assert needle in r.json()["detail"], (extra, r.json())
     with session_scope() as s:
         assert s.scalar(select(func.count()).select_from(Movie)) == 0
+
+
+def test_a_movies_options_are_its_row(client, store):
+    """Issue 25 (movies): ``size``, ``event`` and ``crop`` are stored in the movie's row with
+    it (no file beside it); ``GET /movies/{id}`` and the worker read them from the row; the
+    event's deletion sets ``event_id`` NULL and a cropped movie not yet made then fails saying so."""
+    from backend.db import session_scope
+    from backend.worker.movies import make_movie
+    from pipelines.movies import CROP_MARGIN_ARCSEC, POINT_BOX_ARCSEC
+
+    r = client.post("/api/v1/movies", json={**_window(store), "event": store.flare, "crop": True, "size": 128})
+    assert r.status_code == 202, r.text
+    mid = r.json()["id"]
+    with session_scope() as s:
+        m = s.get(Movie, mid)
+        assert (m.size, m.event_id, m.crop) == (128, store.flare, True)
+        m.size = 96  # the row is what is read back: change it and GET follows
+    assert [p for p in (store.settings.root / "movies").rglob("*") if p.is_file()] == []
+    got = client.get(f"/api/v1/movies/{mid}").json()
+    half = POINT_BOX_ARCSEC / 2 + CROP_MARGIN_ARCSEC  # the flare has no hpc_bbox: a square around it
+    x, y = store.truth.hpc_x, store.truth.hpc_y
+    assert (got["size"], got["event"], got["crop"]) == (96, store.flare, True)
+    assert got["crop_box"] == pytest.approx([x - half, y - half, x + half, y + half])
+
+    plain = client.post("/api/v1/movies", json=_window(store)).json()["id"]
+    with session_scope() as s:
+        assert (lambda m: (m.size, m.event_id, m.crop))(s.get(Movie, plain)) == (None, None, False)
+        s.delete(s.get(Event, store.flare))
+    with session_scope() as s:
+        assert s.get(Movie, mid).event_id is None  # ON DELETE SET NULL
+    got = client.get(f"/api/v1/movies/{mid}").json()
+    assert (got["size"], got["event"], got["crop"], got["crop_box"]) == (96, None, True, None)
+    with session_scope() as s:
+        m = make_movie(s, mid, store.settings)
+        assert m.state == MovieState.failed and "the event this movie crops to was deleted" in m.error, m.error

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
-           "movie_dir", "cached_display_array", "event_movie_window", "MovieSpec", "movie_spec", "spec_path"]
+           "movie_dir", "cached_display_array", "event_movie_window", "MovieSpec", "movie_spec"]
 
 #: Most frames one movie may hold (a day of SDI at its 1-min cadence is 1440 frames, 2.4 min
 #: at 10 fps; beyond this, ask for a shorter window).
@@ -135,14 +135,14 @@ class MovieRequest(BaseModel):
 
 @dataclass(frozen=True)
 class MovieSpec:
-    """How a movie's frames are drawn beyond its row: ``size`` (larger side [pixel], None:
-    full resolution), the ``event`` marked (its ``hpc`` position [arcsec], as the event or
-    the same flare that stands in for it gave it when asked) and the ``box`` [arcsec]
-    ``(x0, y0, x1, y1)`` it is cropped to (None: the whole image).
+    """How a movie's frames are drawn beyond its window: ``size`` (larger side [pixel],
+    None: full resolution), the ``event`` marked (its ``hpc`` position [arcsec], the
+    event's own or its same flare's) and the ``box`` [arcsec] ``(x0, y0, x1, y1)`` it is
+    cropped to (None: the whole image).
 
-    Kept as JSON beside the movie store (:func:`spec_path`), written before the movie's row
-    is committed, since the ``movies`` table has no column for it (no migration in this
-    change); a movie without one is drawn with the defaults.
+    The options are the movie's row (``Movie.size``, ``Movie.event_id``, ``Movie.crop``,
+    stored in the transaction that stores the movie); the position and box are resolved
+    from the event's row when needed (:func:`movie_spec`).
     """
 
     size: int | None = None
@@ -150,52 +150,64 @@ class MovieSpec:
     hpc: tuple[float, float] | None = None
     box: tuple[float, float, float, float] | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"size": self.size, "event": self.event, "hpc": None if self.hpc is None else list(self.hpc),
-                "box": None if self.box is None else list(self.box)}
+
+def _placed(session: Session, ev: Event, principal) -> tuple[float, float] | None:
+    """``(hpc_x, hpc_y)`` [arcsec] of ``ev``: its own, else its same flare's that ``principal``
+    may see (:func:`backend.services.imaging.located_events`); None when neither has one."""
+    from backend.services.imaging import located_events
+
+    pos = ev if ev.hpc_x is not None and ev.hpc_y is not None else located_events(session, [ev], principal).get(ev.id)
+    if pos is None or pos.hpc_x is None or pos.hpc_y is None:
+        return None
+    return float(pos.hpc_x), float(pos.hpc_y)
 
 
-def spec_path(root: Path, movie_id: str) -> Path:
-    """Where the :class:`MovieSpec` of a movie is kept: ``DATA_DIR/movies/specs/<id>.json``."""
-    return movie_dir(root) / "specs" / f"{movie_id}.json"
+def _box(session: Session, ev: Event, hpc: tuple[float, float]) -> tuple[float, float, float, float]:
+    from pipelines.movies import event_box
+
+    return event_box(*hpc, (ev.attributes or {}).get("hpc_bbox"))
 
 
-def movie_spec(root: Path, movie_id: str) -> MovieSpec:
-    """The spec of a movie (the defaults when it has none, or an unreadable one)."""
-    import json
+def _owner_principal(owner: str):
+    """The principal a movie's event is placed for: its owner (``system``: the platform)."""
+    from backend.auth import SYSTEM, Principal
 
-    try:
-        d = json.loads(spec_path(root, movie_id).read_text())
-    except (OSError, ValueError):
-        return MovieSpec()
-    return MovieSpec(size=d.get("size"), event=d.get("event"), hpc=tuple(d["hpc"]) if d.get("hpc") else None,
-                     box=tuple(d["box"]) if d.get("box") else None)
+    return SYSTEM if owner == SYSTEM.user else Principal(owner, frozenset())
 
 
-def _resolve_spec(session: Session, req: MovieRequest, principal, n: int) -> MovieSpec:
-    """The spec of ``req``: its event's position (or its same flare's) and crop box.
+def movie_spec(session: Session, movie: Movie) -> MovieSpec:
+    """The :class:`MovieSpec` of ``movie`` from its row: ``size``; with ``event_id``, the
+    event's position now (its own, or its same flare's one the movie's owner may see) and,
+    with ``crop``, its box (:func:`pipelines.movies.event_box`). ``hpc``/``box`` are None
+    when the event is gone (``event_id`` set NULL) or has no position any more; the worker
+    refuses to render such a movie (:func:`backend.worker.movies.render_movie`)."""
+    if movie.event_id is None:
+        return MovieSpec(size=movie.size)
+    ev = session.get(Event, movie.event_id)
+    hpc = None if ev is None else _placed(session, ev, _owner_principal(movie.owner))
+    box = _box(session, ev, hpc) if movie.crop and hpc is not None else None
+    return MovieSpec(size=movie.size, event=movie.event_id, hpc=hpc, box=box)
+
+
+def _check_event(session: Session, req: MovieRequest, principal, n: int) -> None:
+    """Refuse ``req``'s event unless ``principal`` may see it and it can be placed.
 
     Raises
     ------
     MovieRequestError
-        If the event does not exist for ``principal`` or has no helioprojective position.
+        If the event does not exist for ``principal`` or has no helioprojective position
+        (of its own, or of a same flare ``principal`` may see).
     """
     if req.event is None:
-        return MovieSpec(size=req.size)
+        return
     from backend.services.events import get_event
-    from backend.services.imaging import located_events
-    from pipelines.movies import event_box
 
     ev = get_event(session, req.event, principal)
     if ev is None:
         raise MovieRequestError(f"event: no event with id {req.event}", n)
-    pos = ev if ev.hpc_x is not None and ev.hpc_y is not None else located_events(session, [ev], principal).get(ev.id)
-    if pos is None or pos.hpc_x is None or pos.hpc_y is None:
+    if _placed(session, ev, principal) is None:
         raise MovieRequestError(f"event: event {ev.id} has no helioprojective position (hpc_x, hpc_y) to mark "
                                 "or crop to", n)
-    hpc = (float(pos.hpc_x), float(pos.hpc_y))
-    box = event_box(*hpc, (pos.attributes or {}).get("hpc_bbox")) if req.crop else None
-    return MovieSpec(size=req.size, event=ev.id, hpc=hpc, box=box)
 
 
 def movie_products(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
@@ -358,12 +370,13 @@ def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tup
 
 
 def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
-                 quota_for: Principal | None = None, root: Path | None = None) -> Movie:
+                 quota_for: Principal | None = None) -> Movie:
     """Count the frames of ``req``, store a ``queued`` movie of ``owner`` (the token's user;
-    ``system`` for the platform) and commit (the caller sends it, :func:`enqueue_movie`).
-    ``quota_for``: the principal whose concurrent-jobs quota it counts against
-    (:func:`backend.services.quotas.admit_movie`; a movie is a job too). ``root``: the data
-    directory whose movie store keeps its :class:`MovieSpec` (default: the settings').
+    ``system`` for the platform) with its options (``size``, ``event_id``, ``crop``) in its
+    row, and commit (the caller sends it, :func:`enqueue_movie`). ``quota_for``: the
+    principal whose concurrent-jobs quota it counts against
+    (:func:`backend.services.quotas.admit_movie`; a movie is a job too) and who must be able
+    to see the event.
 
     Raises
     ------
@@ -374,26 +387,18 @@ def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
         :data:`MAX_FRAMES`, or its event is unknown or has no position; ``.frames`` is the
         count the movie would have had.
     """
-    import json
     import uuid
 
     n = _check_count(len(movie_products(session, req.channel, req.start, req.end)), req.diff)
-    spec = _resolve_spec(session, req, quota_for, n)
+    _check_event(session, req, quota_for, n)
     if quota_for is not None:
         from backend.services.quotas import admit_movie
 
         admit_movie(session, quota_for)
     movie = Movie(id=str(uuid.uuid4()), owner=owner, channel_code=req.channel, start_time=req.start,
                   end_time=req.end, diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n,
-                  frames_done=0, sent_at=dt.datetime.now(dt.UTC))
-    if spec != MovieSpec():
-        if root is None:
-            from backend.settings import get_settings
-
-            root = get_settings().root
-        path = spec_path(root, movie.id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(spec.as_dict()))
+                  frames_done=0, sent_at=dt.datetime.now(dt.UTC), size=req.size, event_id=req.event,
+                  crop=req.crop)
     session.add(movie)
     session.commit()
     return movie

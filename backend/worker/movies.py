@@ -9,7 +9,7 @@ that finds the movie ended, or held by a live claim, does nothing; one that find
 The frames are rendered in DATE-OBS order (:mod:`pipelines.movies`: the quicklook stretch,
 or the running or base difference on one symmetric scale for the whole movie, the channel
 and DATE-OBS in a caption; at the products' resolution or a chosen size, optionally cut to
-an event's box and with its marker: the movie's :class:`~backend.services.movies.MovieSpec`)
+an event's box and with its marker: the options of the movie's row, :func:`~backend.services.movies.movie_spec`)
 and piped to ffmpeg (``imageio-ffmpeg``, whose wheel ships the binary: H.264, yuv420p,
 ``+faststart``) into a temporary file of the movie store, renamed
 into place once complete. Progress (``frames_done``) is committed as frames are written, by
@@ -30,7 +30,7 @@ import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.models import Movie, MovieState, utcnow
+from backend.models import Event, Movie, MovieState, utcnow
 from backend.services import products as products_service
 from backend.services.movies import movie_dir, movie_products
 from backend.settings import Settings
@@ -235,7 +235,12 @@ def render_movie(session: Session, movie: Movie, settings: Settings, holder: str
     if total <= 0:
         raise DataError(f"empty movie: the window holds {len(paths)} written product(s) of {movie.channel_code} now")
     movie_id, channel, diff, fps = movie.id, movie.channel_code, movie.diff, float(movie.fps)
-    spec = movie_spec(settings.root, movie_id)
+    spec = movie_spec(session, movie)
+    if (movie.crop and spec.box is None) or (movie.event_id is not None and spec.hpc is None):
+        role = "crops to" if movie.crop else "marks"
+        if movie.event_id is None or session.get(Event, movie.event_id) is None:
+            raise DataError(f"the event this movie {role} was deleted")
+        raise DataError(f"event {movie.event_id}, which this movie {role}, has no helioprojective position any more")
     out_dir = movie_dir(settings.root)
     tmp_dir = out_dir / ".tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)

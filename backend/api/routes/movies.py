@@ -71,15 +71,20 @@ class MoviePublic(BaseModel):
     file_url: str | None = None
     progress: float = 0.0
     size: int | None = Field(default=None, description="larger side asked for [pixel]; None: full resolution")
-    event: int | None = Field(default=None, description="the event marked")
-    crop: list[float] | None = Field(default=None, description="the box cropped to, helioprojective "
-                                                              "[x0, y0, x1, y1] arcsec; None: the whole image")
+    event: int | None = Field(default=None, validation_alias="event_id",
+                              description="the event marked; None: none, or the event was deleted")
+    crop: bool = Field(default=False, description="cropped to the event's box")
+    crop_box: list[float] | None = Field(default=None, description="the box cropped to, helioprojective "
+                                                                   "[x0, y0, x1, y1] arcsec, from the event's row; "
+                                                                   "None: the whole image, or the event is gone")
 
     @classmethod
     def of(cls, movie: Movie, spec: movies_service.MovieSpec | None = None) -> MoviePublic:
+        """The movie's row (its options included); ``spec``
+        (:func:`backend.services.movies.movie_spec`) gives the crop box."""
         out = cls.model_validate(movie)
-        if spec is not None:
-            out.size, out.event, out.crop = spec.size, spec.event, None if spec.box is None else list(spec.box)
+        if spec is not None and spec.box is not None:
+            out.crop_box = list(spec.box)
         out.progress = round(movie.frames_done / movie.frames_total, 4) if movie.frames_total else 0.0
         if movie.state == MovieState.succeeded:
             out.file_url = f"/api/v1/movies/{movie.id}/file"
@@ -185,8 +190,7 @@ def read_difference_png(
                429: {"description": "Over the concurrent-jobs quota or the write rate limit; see Retry-After"},
                503: {"description": "Stored, but the broker could not be reached: the movie is marked failed"}},
 )
-def create_movie(req: MovieRequest, session: SessionDep, settings: SettingsDep, response: Response,
-                 principal: SubmitLimited):
+def create_movie(req: MovieRequest, session: SessionDep, response: Response, principal: SubmitLimited):
     """Count the window's frames, store a ``queued`` movie, commit, send it and return at once;
     poll ``GET /api/v1/movies/{id}`` for its progress.
 
@@ -199,8 +203,7 @@ def create_movie(req: MovieRequest, session: SessionDep, settings: SettingsDep, 
     helioprojective position, through each product's WCS); ``crop`` cuts each frame to the
     event's box (422 without ``event``, for an unknown event or one without a position)."""
     try:
-        movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal,
-                                            root=settings.root)
+        movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal)
     except MovieRequestError as exc:
         return JSONResponse({"detail": str(exc), "frames": exc.frames}, status_code=422)
     try:
@@ -215,7 +218,7 @@ def create_movie(req: MovieRequest, session: SessionDep, settings: SettingsDep, 
         raise HTTPException(503, detail=f"movie {movie.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: ask again later") from None
     response.headers["Location"] = f"/api/v1/movies/{movie.id}"
-    return MoviePublic.of(movie, movies_service.movie_spec(settings.root, movie.id))
+    return MoviePublic.of(movie, movies_service.movie_spec(session, movie))
 
 
 def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
@@ -226,12 +229,11 @@ def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
 
 
 @router.get("/{movie_id}", response_model=MoviePublic, summary="One movie and its progress")
-def read_movie(movie_id: str, session: SessionDep, settings: SettingsDep,
-               principal: OptionalPrincipal) -> MoviePublic:
+def read_movie(movie_id: str, session: SessionDep, principal: OptionalPrincipal) -> MoviePublic:
     """State (queued, running, succeeded, failed), frames done of total, the reason of a failure.
     Another user's movie is 404."""
     movie = _movie_or_404(session, movie_id, principal)
-    return MoviePublic.of(movie, movies_service.movie_spec(settings.root, movie.id))
+    return MoviePublic.of(movie, movies_service.movie_spec(session, movie))
 
 
 @router.get(
