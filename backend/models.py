@@ -613,6 +613,17 @@ class Movie(Base):
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     width: Mapped[int | None] = mapped_column(Integer)
     height: Mapped[int | None] = mapped_column(Integer)
+    #: The larger side of the MP4 asked for [pixel], even, within
+    #: [``pipelines.movies.MIN_MOVIE_SIDE``, ``MAX_MOVIE_SIDE``]; None: the products' own
+    #: resolution (of the crop, with ``crop``).
+    size: Mapped[int | None] = mapped_column(Integer)
+    #: The event marked on every frame (a ring at its helioprojective position, or its
+    #: same flare's, through each frame's WCS); None: no marker, or the event was deleted
+    #: (``ON DELETE SET NULL``).
+    event_id: Mapped[int | None] = mapped_column(ForeignKey("events.id", ondelete="SET NULL"), index=True)
+    #: Cropped to the event's box (:func:`pipelines.movies.event_box`: its ``hpc_bbox``, else
+    #: a square around it, plus a margin); only with ``event_id``. False: the whole image.
+    crop: Mapped[bool] = mapped_column(default=False, server_default="0")
     deliveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     sent_at: Mapped[dt.datetime | None] = mapped_column()
     claimed_at: Mapped[dt.datetime | None] = mapped_column()

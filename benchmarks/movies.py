@@ -10,7 +10,8 @@ L2-layout products (float32 image + ``DQ`` table, helioprojective WCS, CHECKSUM)
 * ``diff_png_warm_s``: the same with the display arrays cached (the player's next frame
   reuses the previous one as its reference: one array read per frame);
 * ``mp4_fps``: movie frames rendered and encoded per second by the worker's steps
-  (display array, base difference, caption, H.264 through imageio-ffmpeg), files read.
+  (base difference at the products' full resolution, caption, H.264 through
+  imageio-ffmpeg), files read (twice: the movie's scale, then the frames).
 
 Median of ``--repeat`` runs. The last line printed is::
 
@@ -85,24 +86,29 @@ def diff_png(a: Path, b: Path, cache: dict | None) -> bytes:
     return buf.getvalue()
 
 
-def mp4(paths: list[Path], out: Path) -> int:
+def mp4(paths: list[Path], out: Path, size: int | None = None) -> int:
+    """The worker's steps (:func:`backend.worker.movies._frame_images`: base difference at
+    full resolution on one scale, then :func:`pipelines.movies.movie_frame`) into H.264."""
     import imageio_ffmpeg
 
-    from pipelines.movies import annotate_frame, difference_image, display_array, rgb_frame, signed_unit_image
-    from pipelines.products import read_product
+    from backend.services.movies import MovieSpec
+    from backend.worker.movies import _frame_images
+    from pipelines.movies import movie_frame, movie_shape, rgb_frame
 
-    arrays = [display_array(*read_product(p)[:2]) for p in paths]
-    writer = None
-    for i in range(1, len(arrays)):
-        unit, _ = signed_unit_image(difference_image(arrays[i], arrays[0]))
-        frame = annotate_frame(rgb_frame(unit, "SDI", difference=True), "SDI", f"2024-05-14T16:{i:02d}:00.000", "base")
+    writer, n = None, 0
+    for i, unit, mark, is_diff in _frame_images(paths, "base", "SDI", MovieSpec(size=size)):
+        shape = movie_shape(unit.shape, size)
+        frame = movie_frame(rgb_frame(unit, "SDI", difference=is_diff), shape,
+                            ("LST SDI  base difference", f"2024-05-14T16:{i:02d}:00.000 UTC"), mark)
         if writer is None:
             writer = imageio_ffmpeg.write_frames(str(out), (frame.shape[1], frame.shape[0]), fps=10, codec="libx264",
-                                                 pix_fmt_in="rgb24", pix_fmt_out="yuv420p", ffmpeg_log_level="error")
+                                                 pix_fmt_in="rgb24", pix_fmt_out="yuv420p", macro_block_size=2,
+                                                 ffmpeg_log_level="error")
             writer.send(None)
         writer.send(np.ascontiguousarray(frame))
+        n += 1
     writer.close()
-    return len(arrays) - 1
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

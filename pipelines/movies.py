@@ -31,7 +31,9 @@ from pipelines.products import _CMAPS, quicklook_image
 
 __all__ = ["DIFF_MODES", "DISPLAY_SIZE", "MOVIE_SIDE", "MACRO_BLOCK", "CAPTION_PX", "DIFF_PERCENTILE",
            "display_factor", "display_array", "difference_image", "signed_unit_image", "rgb_frame",
-           "annotate_frame", "hpc_to_fraction", "quicklook_unit_image", "diff_label"]
+           "annotate_frame", "hpc_to_fraction", "quicklook_unit_image", "diff_label", "MIN_MOVIE_SIDE",
+           "MAX_MOVIE_SIDE", "POINT_BOX_ARCSEC", "CROP_MARGIN_ARCSEC", "MARKER_RGB", "event_box", "product_map",
+           "hpc_pixel", "crop_shape", "crop_to_box", "movie_shape", "movie_frame"]
 
 #: Difference modes of a movie: none (the quicklook stretch), running (each frame minus the
 #: previous frame), base (each frame minus the first frame of the window).
@@ -257,3 +259,160 @@ def hpc_to_fraction(header: fits.Header, hpc_x: float, hpc_y: float,
     if not (0.0 <= fx <= 1.0 and 0.0 <= fy <= 1.0) or not (np.isfinite(fx) and np.isfinite(fy)):
         return None
     return float(fx), float(fy)
+
+
+# --------------------------------------------------------------- MP4 frames at product size
+#: Bounds [pixel] of a chosen MP4 size (its larger side): the smallest LST frame ingest
+#: accepts (``pipelines.channels.MIN_FRAME_SIDE``) to the largest detector (SDI/WST, 4608).
+MIN_MOVIE_SIDE, MAX_MOVIE_SIDE = 32, 4608
+#: Side [arcsec] of the box of an event that has a position but no ``hpc_bbox`` (a choice:
+#: about an active region, 5 arcmin).
+POINT_BOX_ARCSEC = 300.0
+#: Margin [arcsec] added on each side of an event's box when a movie is cropped to it.
+CROP_MARGIN_ARCSEC = 100.0
+#: Colour of an event's marker ring in an MP4 (cyan: no quicklook colour map of the
+#: channels, nor grey, has it).
+MARKER_RGB = (0, 255, 255)
+
+
+def event_box(hpc_x: float, hpc_y: float, hpc_bbox=None,
+              margin: float = CROP_MARGIN_ARCSEC) -> tuple[float, float, float, float]:
+    """The crop box of an event [arcsec]: ``(x0, y0, x1, y1)`` helioprojective.
+
+    Its ``hpc_bbox`` (``[x0, y0, x1, y1]`` arcsec, as the detector and HEK give it) widened
+    to hold its position, else a square of :data:`POINT_BOX_ARCSEC` around the position;
+    then ``margin`` on each side.
+    """
+    if hpc_bbox is not None and len(hpc_bbox) == 4 and all(np.isfinite(v) for v in hpc_bbox):
+        x0, y0, x1, y1 = (float(v) for v in hpc_bbox)
+        x0, x1 = min(x0, x1, hpc_x), max(x0, x1, hpc_x)
+        y0, y1 = min(y0, y1, hpc_y), max(y0, y1, hpc_y)
+    else:
+        h = POINT_BOX_ARCSEC / 2
+        x0, y0, x1, y1 = hpc_x - h, hpc_y - h, hpc_x + h, hpc_y + h
+    return x0 - margin, y0 - margin, x1 + margin, y1 + margin
+
+
+def product_map(data: np.ndarray, header: fits.Header):
+    """A ``sunpy.map.Map`` of an L2 image and its header (the product's helioprojective WCS)."""
+    import sunpy.map
+
+    return sunpy.map.Map(np.asarray(data), header)
+
+
+def hpc_pixel(smap, hpc_x: float, hpc_y: float) -> tuple[float, float]:
+    """Pixel ``(x, y)`` (0-based, row 0 at the bottom as in the FITS) of a helioprojective
+    position [arcsec] in ``smap``'s frame (``GenericMap.world_to_pixel``)."""
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord
+
+    px, py = smap.world_to_pixel(SkyCoord(hpc_x * u.arcsec, hpc_y * u.arcsec, frame=smap.coordinate_frame))
+    return float(px.to_value(u.pix)), float(py.to_value(u.pix))
+
+
+def crop_shape(smap, box: tuple[float, float, float, float]) -> tuple[int, int]:
+    """``(ny, nx)`` [pixel] of a crop of ``smap`` that covers ``box`` [arcsec]: the span of
+    its corners through the WCS, rounded up to even (H.264 in yuv420p needs even sides),
+    at most the image."""
+    x0, y0, x1, y1 = box
+    corners = np.array([hpc_pixel(smap, x, y) for x, y in ((x0, y0), (x1, y0), (x0, y1), (x1, y1))])
+    span = np.ceil(np.ptp(corners, axis=0)).astype(int)
+    ny_img, nx_img = smap.data.shape
+    nx = min(int(span[0]) + int(span[0]) % 2, nx_img - nx_img % 2)
+    ny = min(int(span[1]) + int(span[1]) % 2, ny_img - ny_img % 2)
+    return max(ny, 2), max(nx, 2)
+
+
+def crop_to_box(image: np.ndarray, smap, box: tuple[float, float, float, float], shape: tuple[int, int],
+                mark: tuple[float, float] | None = None) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """The part of ``image`` (on ``smap``'s pixel grid) of ``shape`` centred on ``box``'s
+    centre through ``smap``'s WCS (``astropy.nddata.Cutout2D``, NaN outside the image).
+
+    Returns
+    -------
+    cut : numpy.ndarray, shape ``shape``
+    mark : (x, y) or None
+        The helioprojective position ``mark`` [arcsec] as a pixel of ``cut`` (0-based,
+        row 0 at the bottom).
+
+    Raises
+    ------
+    pipelines.errors.DataError
+        If the box does not overlap the image.
+    """
+    from astropy.nddata import Cutout2D, NoOverlapError
+
+    centre = hpc_pixel(smap, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+    try:
+        cut = Cutout2D(np.asarray(image, dtype=np.float64), centre, shape, mode="partial", fill_value=np.nan)
+    except NoOverlapError:
+        raise DataError(f"the event's box {tuple(round(v) for v in box)} arcsec is off the image") from None
+    where = None
+    if mark is not None:
+        x, y = cut.to_cutout_position(hpc_pixel(smap, *mark))
+        where = (float(x), float(y))
+    return cut.data, where
+
+
+def movie_shape(shape: tuple[int, int], size: int | None) -> tuple[int, int]:
+    """``(H, W)`` [pixel] of the MP4 of images of ``shape`` (ny, nx): the images' own
+    (``size`` None: full resolution, rounded up to even), else the larger side ``size``
+    and the other in proportion, rounded to even."""
+    ny, nx = shape
+    if size is None:
+        return ny + ny % 2, nx + nx % 2
+    s = size / max(ny, nx)
+    def even(v: float) -> int:
+        return max(2, 2 * int(round(v / 2)))
+    return (size, even(nx * s)) if ny >= nx else (even(ny * s), size)
+
+
+def movie_frame(rgb: np.ndarray, shape: tuple[int, int], caption: tuple[str, str],
+                mark: tuple[float, float] | None = None) -> np.ndarray:
+    """An MP4 frame: ``rgb`` resampled to ``shape``, the marker ring and the caption drawn on it.
+
+    Parameters
+    ----------
+    rgb : numpy.ndarray, shape (ny, nx, 3), uint8
+        From :func:`rgb_frame` (row 0 at the top).
+    shape : (H, W)
+        Of the frame (:func:`movie_shape`); enlarged nearest neighbour (pixels stay pixels),
+        reduced by area averaging (PIL ``BOX``); a frame of the image's own size + 1 (odd
+        sides) is padded black at the right or bottom.
+    caption : (str, str)
+        Two lines written at the top left, white with a black outline.
+    mark : (x, y), optional
+        A pixel of ``rgb``'s image (0-based, row 0 at the **bottom**, FITS) where a ring of
+        :data:`MARKER_RGB` is drawn.
+
+    Returns
+    -------
+    numpy.ndarray, shape (H, W, 3), uint8
+    """
+    from PIL import Image, ImageDraw, ImageFont
+
+    H, W = shape
+    ny, nx = rgb.shape[:2]
+    img = Image.fromarray(np.ascontiguousarray(rgb, dtype=np.uint8), "RGB")
+    if 0 <= H - ny <= 1 and 0 <= W - nx <= 1:  # full resolution
+        sx = sy = 1.0
+        canvas = Image.new("RGB", (W, H), "black")
+        canvas.paste(img, (0, 0))
+    else:
+        method = Image.Resampling.NEAREST if W >= nx and H >= ny else Image.Resampling.BOX
+        canvas = img.resize((W, H), method)
+        sx, sy = W / nx, H / ny
+    draw = ImageDraw.Draw(canvas)
+    side = min(W, H)
+    if mark is not None:
+        # PIL draws on whole pixels: the ring is centred on the pixel nearest the position
+        ox, oy = round((mark[0] + 0.5) * sx - 0.5), round((ny - 0.5 - mark[1]) * sy - 0.5)
+        r, w = max(6, side // 25), max(2, side // 200)
+        draw.ellipse((ox - r, oy - r, ox + r, oy + r), outline=MARKER_RGB, width=w)
+    font = ImageFont.load_default(size=max(8, min(28, side // 28)))
+    y = 2
+    for line in caption:
+        if line:
+            draw.text((3, y), line, fill="white", font=font, stroke_width=1, stroke_fill="black")
+            y += font.size + 2
+    return np.asarray(canvas, dtype=np.uint8)

@@ -171,7 +171,9 @@ EXEMPT: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/jobs"): "creates a job of the caller; its body names no object: channels, a DATE-OBS range, "
                               "calibration file versions (public rows), options, a webhook URL",
     ("POST", "/api/v1/movies"): "creates a movie of the caller; its body names no object (channel, window, "
-                                "difference, fps) and a movie shows public products only",
+                                "difference, fps, size) but the event it marks or crops to: an event the "
+                                "caller may not see is refused as an unknown id (422, test_movies."
+                                "test_bad_movie_sizes_and_events_are_422), and a movie shows public products only",
     ("POST", "/api/v1/session"): "sign-in with a token in the body: no object id",
     ("DELETE", "/api/v1/session"): "sign-out clears the caller's cookie: no object id",
     ("POST", "/api/v1/tokens"): "an admin makes a token from a body: no id to read",

@@ -128,6 +128,10 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
     assert page.locator("#event-movie-link").get_attribute("href") == f"/movies?event={ids.flare}"
 
     page.fill("#movie-fps", "6")
+    # an event's player offers its marker and its crop (issue 25); the chosen size goes with them
+    assert page.locator("#movie-event-options").is_visible() and page.locator("#movie-mark").is_checked()
+    page.check("#movie-crop")
+    page.select_option("#movie-size", "512")
     page.click("#movie-make")
     page.wait_for_function("document.getElementById('movie-player').dataset.movieId")
     movie_id = page.locator("#movie-player").get_attribute("data-movie-id")
@@ -138,10 +142,78 @@ def test_event_page_player_makes_an_mp4_and_offers_it(live, page, tmp_path):  # 
         assert make_movie(s, movie_id, live.settings).frames_done == len(inside)
     page.wait_for_selector("#movie-download:not([hidden])")
     status = page.locator("#movie-status").inner_text()
-    assert status.startswith(f"succeeded: {len(inside)} of {len(inside)} frames") and "512×544" in status
+    assert status.startswith(f"succeeded: {len(inside)} of {len(inside)} frames") and "512×" in status, status
+    asked = page.request.get(f"{live.url}/api/v1/movies/{movie_id}").json()
+    assert (asked["event"], asked["size"], asked["crop"], len(asked["crop_box"] or [])) == (ids.flare, 512, True, 4), asked
     href = page.locator("#movie-download").get_attribute("href")
     assert href == f"/api/v1/movies/{movie_id}/file"
     r = page.request.get(live.url + href)
     assert r.status == 200 and r.headers["content-type"] == "video/mp4" and r.body()[4:8] == b"ftyp"
     page.screenshot(path=str(tmp_path / "event-movie.png"), full_page=True)
     assert page.js_errors == []
+
+
+def test_a_frame_that_fails_to_load_is_marked_retried_and_shown(live, page, tmp_path):  # noqa: F811
+    """Issue 25 (movies): a frame whose image fails (a 503, by route interception) is marked
+    on the stage and in the list, tried again with a fresh URL and shown; one that fails
+    every time is marked as not loaded after the bounded retries."""
+    ids = live.ids
+    n = len(ids.dates)
+    # the player preloads the 5 frames after the one shown: shown 1 then 9, neither 9 nor 7 is asked for before
+    k, dead = 8, 6
+    seen: dict[int, list[str]] = {k: [], dead: []}
+
+    def handler(j, fail_first):
+        def handle(route):
+            seen[j].append(route.request.url)
+            if len(seen[j]) <= fail_first:
+                route.fulfill(status=503, body="busy", content_type="text/plain")
+            else:
+                route.continue_()
+        return handle
+
+    page.route(f"**/api/v1/products/{ids.products[k]}/quicklook.png*", handler(k, 1))
+    page.route(f"**/api/v1/products/{ids.products[dead]}/quicklook.png*", handler(dead, 99))
+    start = (ids.dates[0] - dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    end = (ids.dates[-1] + dt.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    page.goto(f"{live.url}/movies?channel=SDI&start={start}&end={end}")
+    page.wait_for_selector("#movie-player[data-ready=true]")
+    assert page.locator("#movie-frame-error").is_hidden() and page.locator("#movie-failed").is_hidden()
+    # every state the stage's mark goes through, as the player sets it
+    page.evaluate("""() => {
+        const stage = document.getElementById('movie-stage'), note = document.getElementById('movie-frame-error');
+        window.marks = [];
+        const record = () => window.marks.push([stage.classList.contains('frame-failed'), note.hidden, note.textContent]);
+        new MutationObserver(record).observe(stage, {attributes: true, attributeFilter: ['class'], subtree: true,
+                                                     childList: true, characterData: true});
+    }""")
+    page.locator("#movie-slider").evaluate(f"(el) => {{ el.value = '{k}'; el.dispatchEvent(new Event('input')); }}")
+    page.wait_for_function(f"""() => {{
+        const img = document.getElementById('movie-frame');
+        return img.dataset.frame === '{k}' && img.complete && img.naturalWidth > 0 && img.src.includes('retry=1')
+            && !document.getElementById('movie-stage').classList.contains('frame-failed');
+    }}""", timeout=20000)
+    marks = page.evaluate("window.marks")
+    assert [True, False, f"Frame {k + 1} failed to load: trying again (1 of 3)…"] in marks, marks
+    assert marks[-1][:2] == [False, True], marks  # the mark is gone once the frame is shown
+    assert len(seen[k]) == 2 and "retry" not in seen[k][0] and seen[k][1].endswith("?retry=1"), seen[k]
+    assert page.locator("#movie-frame-error").is_hidden()
+    assert page.locator("#movie-failed").inner_text() == f"Frames that failed to load: {k + 1} (loaded on a retry)"
+    assert _date_obs(page) == _shown(ids.dates[k]) and page.locator("#movie-index").inner_text() == f"{k + 1} / {n}"
+    page.screenshot(path=str(tmp_path / "movie-frame-retried.png"), full_page=True)
+
+    # a frame that never loads: the first try and MAX_RETRIES (3) more, then marked as not loaded
+    page.locator("#movie-slider").evaluate(f"(el) => {{ el.value = '{dead}'; el.dispatchEvent(new Event('input')); }}")
+    page.wait_for_function("document.getElementById('movie-frame-error').textContent.includes('could not be loaded')",
+                           timeout=30000)
+    assert page.locator("#movie-frame-error").is_visible()
+    assert page.locator("#movie-frame-error").inner_text() == f"Frame {dead + 1} could not be loaded (4 tries)."
+    assert [u.rsplit("?", 1)[-1] if "?" in u else "" for u in seen[dead]] == ["", "retry=1", "retry=2", "retry=3"]
+    assert page.locator("#movie-player").get_attribute("data-failed-frames") == str(dead + 1)
+    assert f"{dead + 1} (could not be loaded)" in page.locator("#movie-failed").inner_text()
+    page.screenshot(path=str(tmp_path / "movie-frame-dead.png"), full_page=True)
+    # stepping on shows the next frame, unmarked
+    page.click("#movie-forward")
+    page.wait_for_function("document.getElementById('movie-frame').complete")
+    assert page.locator("#movie-frame-error").is_hidden() and _date_obs(page) == _shown(ids.dates[dead + 1])
+    assert [e for e in page.js_errors if "503" not in e] == []

@@ -117,3 +117,52 @@ def test_0006_migrates_a_job_that_planned_two_products_of_one_frame(fresh_pg):
         assert [tuple(i) for i in items] == [("j1", 1, 2, "done")]
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0017_movie_options_upgrade_and_downgrade_keep_the_movies(dialect, tmp_path, request):
+    """Issue 25 (movies): 0017 adds ``size``, ``event_id`` (set NULL when the event is
+    deleted) and ``crop`` (false for the movies made before) to ``movies``, and its downgrade
+    drops them again; the movies' rows survive both ways, on SQLite and PostgreSQL."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'm.sqlite3'}" if dialect == "sqlite" else request.getfixturevalue("fresh_pg")
+    upgrade(url, "0014_idempotency_keys")
+    engine = dbmod.make_engine(url)
+    t = dt.datetime(2024, 5, 10, tzinfo=dt.UTC)
+    movie = ("INSERT INTO movies (id, owner, channel_code, start_time, end_time, diff, fps, state, frames_total, "
+             "created_at{cols}) VALUES (:id, 'me', 'SDI', :t, :t, 'none', 10, 'queued', 3, :t{vals})")
+    try:
+        with engine.begin() as c:
+            c.execute(text(movie.format(cols="", vals="")), {"id": "old", "t": t})
+        upgrade(url)
+        cols = {c["name"]: c for c in inspect(engine).get_columns("movies")}
+        assert {"size", "event_id", "crop"} <= set(cols) and not cols["crop"]["nullable"]
+        fks = inspect(engine).get_foreign_keys("movies")
+        assert [(f["referred_table"], f["options"].get("ondelete")) for f in fks
+                if f["constrained_columns"] == ["event_id"]] == [("events", "SET NULL")]
+        with engine.begin() as c:
+            if dialect == "sqlite":
+                c.exec_driver_sql("PRAGMA foreign_keys=ON")
+            c.execute(text("INSERT INTO events (id, event_type, source, source_key, start_time, duration_s, "
+                           "attributes, created_at) VALUES (7, 'FL', 'hek', 'k', :t, 0, '{}', :t)"), {"t": t})
+            c.execute(text(movie.format(cols=", size, event_id, crop", vals=", 256, 7, :crop")),
+                      {"id": "new", "t": t, "crop": True})
+        with engine.connect() as c:
+            got = {r[0]: tuple(r[1:]) for r in c.execute(text("SELECT id, size, event_id, crop FROM movies"))}
+        assert got == {"old": (None, None, False), "new": (256, 7, True)}
+        with engine.begin() as c:
+            if dialect == "sqlite":
+                c.exec_driver_sql("PRAGMA foreign_keys=ON")
+            c.execute(text("DELETE FROM events WHERE id = 7"))
+        with engine.connect() as c:
+            assert c.execute(text("SELECT event_id, crop FROM movies WHERE id = 'new'")).one() == (None, True)
+        downgrade(url, "0014_idempotency_keys")
+        assert not {"size", "event_id", "crop"} & {c["name"] for c in inspect(engine).get_columns("movies")}
+        with engine.connect() as c:
+            assert sorted(c.execute(text("SELECT id FROM movies")).scalars()) == ["new", "old"]
+        upgrade(url)
+    finally:
+        engine.dispose()

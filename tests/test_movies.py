@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from backend.broker import InFlight, TaskName
 from backend.models import Event, Frame, Movie, MovieState, Product, ProductState
@@ -291,12 +291,12 @@ def test_a_movie_is_made_by_the_task_and_reads_back(client, store):
     reader = imageio_ffmpeg.read_frames(str(path))
     meta = next(reader)
     frames = [np.frombuffer(b, np.uint8).reshape(meta["size"][1], meta["size"][0], 3) for b in reader]
-    # 128 px products enlarged 4x to 512, a 32 px caption band; 8 frames/s
-    assert tuple(meta["size"]) == (512, 544) == (got["width"], got["height"])
+    # the products' own 128 px (issue 25: no longer enlarged to 512 with a caption band); 8 frames/s
+    assert tuple(meta["size"]) == (SIZE, SIZE) == (got["width"], got["height"])
     assert len(frames) == len(store.dates) - 1 and meta["fps"] == pytest.approx(8)
-    # the caption band holds text (the channel and DATE-OBS), and frames differ as the flare grows
-    assert frames[0][512:, :, :].max() > 200
-    assert np.abs(frames[0][:512].astype(int) - frames[5][:512].astype(int)).mean() > 1.0
+    # the caption (the channel and DATE-OBS) at the top left, and frames differ as the flare grows
+    assert frames[0][:12, :60, :].max() > 200
+    assert np.abs(frames[0][16:].astype(int) - frames[5][16:].astype(int)).mean() > 1.0
     # a second delivery of the same message does nothing
     with session_scope() as s:
         assert make_movie(s, body["id"], store.settings).deliveries == 1
@@ -458,3 +458,188 @@ def test_an_event_ending_before_it_starts_gives_a_forward_window():
     ev = SimpleNamespace(start_time=t, end_time=t - dt.timedelta(hours=3), peak_time=None)
     a, b = event_movie_window(ev, dt.timedelta(minutes=30))
     assert (a, b) == (t - dt.timedelta(minutes=30), t + dt.timedelta(minutes=30))
+
+
+# ------------------------------------------------------- issue 25: size, event marker and crop
+def _mp4(client, store, body) -> tuple[dict, dict, list[np.ndarray]]:
+    """Ask for a movie, make it in-process (the task's function), read the MP4 back with
+    imageio-ffmpeg (ffmpeg's decoder, as the worker's encoder): (movie JSON, meta, RGB frames)."""
+    import imageio_ffmpeg
+
+    from backend.db import session_scope
+    from backend.worker.movies import make_movie
+
+    r = client.post("/api/v1/movies", json=body)
+    assert r.status_code == 202, r.text
+    with session_scope() as s:
+        assert make_movie(s, r.json()["id"], store.settings).state == MovieState.succeeded
+    got = client.get(f"/api/v1/movies/{r.json()['id']}").json()
+    path = store.settings.root / "movies" / f"check-{got['id']}.mp4"
+    path.write_bytes(client.get(got["file_url"]).content)
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    w, h = meta["size"]
+    return got, meta, [np.frombuffer(b, np.uint8).reshape(h, w, 3).astype(int) for b in reader]
+
+
+def _product_map(store, i: int = 0):
+    """sunpy's map of the i-th product file (its own WCS, independent of the code under test)."""
+    import sunpy.map
+
+    from backend.db import session_scope
+
+    with session_scope() as s:
+        return sunpy.map.Map(s.get(Product, store.products[i]).path, hdus=0)
+
+
+def _event_pixel(m, x: float, y: float) -> tuple[float, float]:
+    import astropy.units as u
+    from astropy.coordinates import SkyCoord
+
+    px, py = m.world_to_pixel(SkyCoord(x * u.arcsec, y * u.arcsec, frame=m.coordinate_frame))
+    return float(px.value), float(py.value)
+
+
+def _cyan(frame: np.ndarray) -> np.ndarray:
+    """Pixels of the marker's colour (0, 255, 255) after H.264: no colour map of SDI has it."""
+    r, g, b = frame[..., 0], frame[..., 1], frame[..., 2]
+    return (r < 110) & (g > 150) & (b > 150)
+
+
+def _centre(v: np.ndarray) -> float:
+    """Centre of a ring's pixels along one axis (the middle of its extent)."""
+    return (float(v.min()) + float(v.max())) / 2
+
+
+def test_the_mp4_has_the_products_resolution_or_the_chosen_size(client, store):
+    """Issue 25 (movies): the MP4 was 512x544 from 128 px products (384x416 from 1152 px):
+    now the products' own size, or the size asked for (larger side)."""
+    m = _product_map(store)
+    ny, nx = m.data.shape
+    assert (nx, ny) == (SIZE, SIZE)
+    got, meta, frames = _mp4(client, store, {**_window(store), "diff": "none", "fps": 8})
+    assert tuple(meta["size"]) == (nx, ny) == (got["width"], got["height"]) and got["size"] is None
+    assert len(frames) == len(store.dates) and meta["fps"] == pytest.approx(8)
+    assert frames[0][:12, :60].max() > 200  # the caption (channel, DATE-OBS) written at the top left
+    assert not _cyan(frames[0]).any()  # no event asked for: no marker
+    got, meta, frames = _mp4(client, store, {**_window(store), "diff": "running", "size": 96})
+    assert tuple(meta["size"]) == (96, 96) == (got["width"], got["height"]) and got["size"] == 96
+    assert len(frames) == len(store.dates) - 1
+    got, meta, frames = _mp4(client, store, {**_window(store), "diff": "base", "size": 320})
+    assert tuple(meta["size"]) == (320, 320) and len(frames) == len(store.dates) - 1
+
+
+def test_an_event_movie_marks_the_event_where_the_wcs_puts_it_and_crops_to_its_box(client, store):
+    """Issue 25 (movies): the event's marker drawn at its helioprojective position through
+    the product's WCS; cropped to its box, the frame holds the flare at the marker."""
+    from backend.db import session_scope
+
+    x, y = store.truth.hpc_x, store.truth.hpc_y
+    bbox = [x - 100.0, y - 60.0, x + 300.0, y + 140.0]  # off-centre: the event is not the crop's centre
+    with session_scope() as s:
+        s.get(Event, store.flare).attributes = {"hpc_bbox": bbox}
+    m = _product_map(store)
+    ny, nx = m.data.shape
+
+    # the whole disk at full resolution, with the marker: a ring centred where sunpy puts the flare
+    got, meta, frames = _mp4(client, store, {**_window(store), "diff": "none", "event": store.flare})
+    assert (got["event"], got["crop"], got["crop_box"], tuple(meta["size"])) == (store.flare, False, None, (nx, ny))
+    px, py = _event_pixel(m, x, y)
+    col, row = px, ny - 1 - py  # the MP4 is north up: FITS row 0 at the bottom
+    rows, cols = np.nonzero(_cyan(frames[0]))
+    assert rows.size > 20
+    mc, mr = _centre(cols), _centre(rows)
+    assert abs(mc - col) <= 1.0 and abs(mr - row) <= 1.0, (mc, mr, col, row)
+    assert np.hypot(cols - col, rows - row).min() > 3  # a ring: the event's own pixels stay visible
+
+    # cropped to the box (+ the margin) and enlarged to 240 px, a base difference: the flare is white
+    from pipelines.movies import CROP_MARGIN_ARCSEC  # 100 arcsec a side, documented
+
+    size = 240
+    got, meta, frames = _mp4(client, store, {**_window(store), "diff": "base", "event": store.flare,
+                                             "crop": True, "size": size})
+    box = [bbox[0] - CROP_MARGIN_ARCSEC, bbox[1] - CROP_MARGIN_ARCSEC, bbox[2] + CROP_MARGIN_ARCSEC,
+           bbox[3] + CROP_MARGIN_ARCSEC]
+    assert got["crop"] is True and got["crop_box"] == pytest.approx(box)
+    w, h = meta["size"]
+    assert w == size and h < size and h % 2 == 0  # the box is wider than tall: 600" x 400"
+    assert abs(w / h - 600 / 400) < 0.1
+    # expected place: the crop is centred on the box's centre; the event's offset from it in
+    # the product's pixels (sunpy), scaled to the MP4
+    cx, cy = _event_pixel(m, (box[0] + box[2]) / 2, (box[1] + box[3]) / 2)
+    scale = w / ((box[2] - box[0]) / abs(m.scale.axis1.value))  # MP4 pixels per product pixel
+    want_col, want_row = w / 2 + (px - cx) * scale, h / 2 - (py - cy) * scale
+    peak = dt.datetime.fromisoformat(store.truth.peak).replace(tzinfo=dt.UTC)
+    k = min(range(1, len(store.dates)), key=lambda i: abs(store.dates[i] - peak)) - 1  # base: frame 0 is the ref
+    f = frames[k]
+    rows, cols = np.nonzero(_cyan(f))
+    assert rows.size > 20
+    mc, mr = _centre(cols), _centre(rows)
+    tol = scale / 2 + 2  # the crop starts on a whole product pixel
+    assert abs(mc - want_col) < tol and abs(mr - want_row) < tol, (mc, mr, want_col, want_row, tol)
+    # the image under the marker is the flare: the base difference's brightest (white) pixels
+    lum = f.mean(axis=2)
+    white = (lum > 235) & ~_cyan(f) & (np.abs(f[..., 0] - f[..., 2]) < 30)
+    white[:30] = False  # not the caption
+    wr, wc = np.nonzero(white)
+    assert wr.size > 4
+    assert abs(wc.mean() - mc) < 6 and abs(wr.mean() - mr) < 6, (wc.mean(), wr.mean(), mc, mr)
+
+
+def test_bad_movie_sizes_and_events_are_422(client, store):
+    """Issue 25 (movies): a size out of bounds or odd, a crop without an event, an unknown
+    event or one without a position: 422 with the reason, nothing stored."""
+    from backend.db import session_scope
+
+    base = {**_window(store), "diff": "none"}
+    with session_scope() as s:  # a private event of another user (a recalibration's detection)
+        ev = Event(event_type="FL", source="detected", source_key="alice-flare", start_time=store.dates[3],
+                   end_time=store.dates[5], hpc_x=-400.0, hpc_y=-350.0, owner="alice")
+        s.add(ev)
+        s.flush()
+        private = ev.id
+    for extra, needle in (({"size": 8}, "size"), ({"size": 100000}, "size"), ({"size": 301}, "odd"),
+                          ({"size": "big"}, "size"), ({"crop": True}, "crop"),
+                          ({"event": 999999}, "no event with id 999999"),
+                          ({"event": private}, f"no event with id {private}"),  # another user's: as unknown
+                          ({"event": store.cme, "crop": True}, "no helioprojective position")):
+        r = client.post("/api/v1/movies", json={**base, **extra})
+        assert r.status_code == 422, (extra, r.text)
+        assert needle in r.json()["detail"], (extra, r.json())
+    with session_scope() as s:
+        assert s.scalar(select(func.count()).select_from(Movie)) == 0
+
+
+def test_a_movies_options_are_its_row(client, store):
+    """Issue 25 (movies): ``size``, ``event`` and ``crop`` are stored in the movie's row with
+    it (no file beside it); ``GET /movies/{id}`` and the worker read them from the row; the
+    event's deletion sets ``event_id`` NULL and a cropped movie not yet made then fails saying so."""
+    from backend.db import session_scope
+    from backend.worker.movies import make_movie
+    from pipelines.movies import CROP_MARGIN_ARCSEC, POINT_BOX_ARCSEC
+
+    r = client.post("/api/v1/movies", json={**_window(store), "event": store.flare, "crop": True, "size": 128})
+    assert r.status_code == 202, r.text
+    mid = r.json()["id"]
+    with session_scope() as s:
+        m = s.get(Movie, mid)
+        assert (m.size, m.event_id, m.crop) == (128, store.flare, True)
+        m.size = 96  # the row is what is read back: change it and GET follows
+    assert [p for p in (store.settings.root / "movies").rglob("*") if p.is_file()] == []
+    got = client.get(f"/api/v1/movies/{mid}").json()
+    half = POINT_BOX_ARCSEC / 2 + CROP_MARGIN_ARCSEC  # the flare has no hpc_bbox: a square around it
+    x, y = store.truth.hpc_x, store.truth.hpc_y
+    assert (got["size"], got["event"], got["crop"]) == (96, store.flare, True)
+    assert got["crop_box"] == pytest.approx([x - half, y - half, x + half, y + half])
+
+    plain = client.post("/api/v1/movies", json=_window(store)).json()["id"]
+    with session_scope() as s:
+        assert (lambda m: (m.size, m.event_id, m.crop))(s.get(Movie, plain)) == (None, None, False)
+        s.delete(s.get(Event, store.flare))
+    with session_scope() as s:
+        assert s.get(Movie, mid).event_id is None  # ON DELETE SET NULL
+    got = client.get(f"/api/v1/movies/{mid}").json()
+    assert (got["size"], got["event"], got["crop"], got["crop_box"]) == (96, None, True, None)
+    with session_scope() as s:
+        m = make_movie(s, mid, store.settings)
+        assert m.state == MovieState.failed and "the event this movie crops to was deleted" in m.error, m.error

@@ -31,7 +31,7 @@ from backend.models import Event, Movie, MovieState, Product
 from backend.services import products as products_service
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
-from pipelines.movies import DIFF_MODES, display_array, hpc_to_fraction
+from pipelines.movies import DIFF_MODES, MAX_MOVIE_SIDE, MIN_MOVIE_SIDE, display_array, hpc_to_fraction
 from pipelines.utc import as_utc
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MovieRequest", "MovieRequestError", "MAX_FRAMES", "MAX_FPS", "EVENT_MARGIN", "movie_products",
            "frame_count", "window_events", "player_frames", "submit_movie", "enqueue_movie", "get_movie",
-           "movie_dir", "cached_display_array", "event_movie_window"]
+           "movie_dir", "cached_display_array", "event_movie_window", "MovieSpec", "movie_spec"]
 
 #: Most frames one movie may hold (a day of SDI at its 1-min cadence is 1440 frames, 2.4 min
 #: at 10 fps; beyond this, ask for a shorter window).
@@ -71,6 +71,14 @@ class MovieRequest(BaseModel):
     diff: str = Field(default="none", description="none, running (minus the previous frame) or base "
                                                   "(minus the first frame of the window)")
     fps: float = Field(default=10.0, ge=MIN_FPS, le=MAX_FPS, description="frames per second of the MP4")
+    size: int | None = Field(default=None, ge=MIN_MOVIE_SIDE, le=MAX_MOVIE_SIDE,
+                             description="larger side of the MP4 [pixel], even; default: the products' own "
+                                         "resolution (of the crop, with crop=true)")
+    event: int | None = Field(default=None, ge=1, le=2_147_483_647,
+                              description="an event to mark (a ring at its helioprojective position, through "
+                                          "each product's WCS)")
+    crop: bool = Field(default=False, description="crop to the event's box (its hpc_bbox, else a 300 arcsec "
+                                                  "square around it) plus 100 arcsec a side; needs event")
 
     @model_validator(mode="before")
     @classmethod
@@ -109,11 +117,97 @@ class MovieRequest(BaseModel):
             raise ValueError("fps must be a finite number")
         return v
 
+    @field_validator("size")
+    @classmethod
+    def _even(cls, v: int | None) -> int | None:
+        if v is not None and v % 2:
+            raise ValueError(f"size {v} is odd: H.264 in yuv420p needs even sides; ask for {v - 1} or {v + 1}")
+        return v
+
     @model_validator(mode="after")
     def _range(self) -> MovieRequest:
         if self.end < self.start:
             raise ValueError("end is before start")
+        if self.crop and self.event is None:
+            raise ValueError("crop: cropping needs the event to crop to (event=<id>)")
         return self
+
+
+@dataclass(frozen=True)
+class MovieSpec:
+    """How a movie's frames are drawn beyond its window: ``size`` (larger side [pixel],
+    None: full resolution), the ``event`` marked (its ``hpc`` position [arcsec], the
+    event's own or its same flare's) and the ``box`` [arcsec] ``(x0, y0, x1, y1)`` it is
+    cropped to (None: the whole image).
+
+    The options are the movie's row (``Movie.size``, ``Movie.event_id``, ``Movie.crop``,
+    stored in the transaction that stores the movie); the position and box are resolved
+    from the event's row when needed (:func:`movie_spec`).
+    """
+
+    size: int | None = None
+    event: int | None = None
+    hpc: tuple[float, float] | None = None
+    box: tuple[float, float, float, float] | None = None
+
+
+def _placed(session: Session, ev: Event, principal) -> tuple[float, float] | None:
+    """``(hpc_x, hpc_y)`` [arcsec] of ``ev``: its own, else its same flare's that ``principal``
+    may see (:func:`backend.services.imaging.located_events`); None when neither has one."""
+    from backend.services.imaging import located_events
+
+    pos = ev if ev.hpc_x is not None and ev.hpc_y is not None else located_events(session, [ev], principal).get(ev.id)
+    if pos is None or pos.hpc_x is None or pos.hpc_y is None:
+        return None
+    return float(pos.hpc_x), float(pos.hpc_y)
+
+
+def _box(session: Session, ev: Event, hpc: tuple[float, float]) -> tuple[float, float, float, float]:
+    from pipelines.movies import event_box
+
+    return event_box(*hpc, (ev.attributes or {}).get("hpc_bbox"))
+
+
+def _owner_principal(owner: str):
+    """The principal a movie's event is placed for: its owner (``system``: the platform)."""
+    from backend.auth import SYSTEM, Principal
+
+    return SYSTEM if owner == SYSTEM.user else Principal(owner, frozenset())
+
+
+def movie_spec(session: Session, movie: Movie) -> MovieSpec:
+    """The :class:`MovieSpec` of ``movie`` from its row: ``size``; with ``event_id``, the
+    event's position now (its own, or its same flare's one the movie's owner may see) and,
+    with ``crop``, its box (:func:`pipelines.movies.event_box`). ``hpc``/``box`` are None
+    when the event is gone (``event_id`` set NULL) or has no position any more; the worker
+    refuses to render such a movie (:func:`backend.worker.movies.render_movie`)."""
+    if movie.event_id is None:
+        return MovieSpec(size=movie.size)
+    ev = session.get(Event, movie.event_id)
+    hpc = None if ev is None else _placed(session, ev, _owner_principal(movie.owner))
+    box = _box(session, ev, hpc) if movie.crop and hpc is not None else None
+    return MovieSpec(size=movie.size, event=movie.event_id, hpc=hpc, box=box)
+
+
+def _check_event(session: Session, req: MovieRequest, principal, n: int) -> None:
+    """Refuse ``req``'s event unless ``principal`` may see it and it can be placed.
+
+    Raises
+    ------
+    MovieRequestError
+        If the event does not exist for ``principal`` or has no helioprojective position
+        (of its own, or of a same flare ``principal`` may see).
+    """
+    if req.event is None:
+        return
+    from backend.services.events import get_event
+
+    ev = get_event(session, req.event, principal)
+    if ev is None:
+        raise MovieRequestError(f"event: no event with id {req.event}", n)
+    if _placed(session, ev, principal) is None:
+        raise MovieRequestError(f"event: event {ev.id} has no helioprojective position (hpc_x, hpc_y) to mark "
+                                "or crop to", n)
 
 
 def movie_products(session: Session, channel: str, start: dt.datetime, end: dt.datetime,
@@ -278,9 +372,11 @@ def event_movie_window(event: Event, margin: dt.timedelta = EVENT_MARGIN) -> tup
 def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
                  quota_for: Principal | None = None) -> Movie:
     """Count the frames of ``req``, store a ``queued`` movie of ``owner`` (the token's user;
-    ``system`` for the platform) and commit (the caller sends it, :func:`enqueue_movie`).
-    ``quota_for``: the principal whose concurrent-jobs quota it counts against
-    (:func:`backend.services.quotas.admit_movie`; a movie is a job too).
+    ``system`` for the platform) with its options (``size``, ``event_id``, ``crop``) in its
+    row, and commit (the caller sends it, :func:`enqueue_movie`). ``quota_for``: the
+    principal whose concurrent-jobs quota it counts against
+    (:func:`backend.services.quotas.admit_movie`; a movie is a job too) and who must be able
+    to see the event.
 
     Raises
     ------
@@ -288,16 +384,21 @@ def submit_movie(session: Session, req: MovieRequest, *, owner: str = "system",
         429 over the concurrent-jobs quota of ``quota_for`` (nothing is stored).
     MovieRequestError
         If the window holds no frame to show (or one only, with a difference), or more than
-        :data:`MAX_FRAMES`; ``.frames`` is the count the movie would have had.
+        :data:`MAX_FRAMES`, or its event is unknown or has no position; ``.frames`` is the
+        count the movie would have had.
     """
+    import uuid
+
     n = _check_count(len(movie_products(session, req.channel, req.start, req.end)), req.diff)
+    _check_event(session, req, quota_for, n)
     if quota_for is not None:
         from backend.services.quotas import admit_movie
 
         admit_movie(session, quota_for)
-    movie = Movie(owner=owner, channel_code=req.channel, start_time=req.start, end_time=req.end,
-                  diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n, frames_done=0,
-                  sent_at=dt.datetime.now(dt.UTC))
+    movie = Movie(id=str(uuid.uuid4()), owner=owner, channel_code=req.channel, start_time=req.start,
+                  end_time=req.end, diff=req.diff, fps=req.fps, state=MovieState.queued, frames_total=n,
+                  frames_done=0, sent_at=dt.datetime.now(dt.UTC), size=req.size, event_id=req.event,
+                  crop=req.crop)
     session.add(movie)
     session.commit()
     return movie

@@ -6,10 +6,12 @@ lease: its worker died), with one more ``deliveries`` and the holder recorded. A
 that finds the movie ended, or held by a live claim, does nothing; one that finds it past
 ``MAX_DELIVERIES`` fails it with the reason (a movie that kills its worker stops).
 
-The frames are rendered in DATE-OBS order (:mod:`pipelines.movies`: display arrays, the
-running or base difference on one symmetric scale for the whole movie, the channel and
-DATE-OBS in a caption) and piped to ffmpeg (``imageio-ffmpeg``, whose wheel ships the
-binary: H.264, yuv420p, ``+faststart``) into a temporary file of the movie store, renamed
+The frames are rendered in DATE-OBS order (:mod:`pipelines.movies`: the quicklook stretch,
+or the running or base difference on one symmetric scale for the whole movie, the channel
+and DATE-OBS in a caption; at the products' resolution or a chosen size, optionally cut to
+an event's box and with its marker: the options of the movie's row, :func:`~backend.services.movies.movie_spec`)
+and piped to ffmpeg (``imageio-ffmpeg``, whose wheel ships the binary: H.264, yuv420p,
+``+faststart``) into a temporary file of the movie store, renamed
 into place once complete. Progress (``frames_done``) is committed as frames are written, by
 an UPDATE conditioned on the claim: a holder whose movie was taken over stops at its next
 frame and writes nothing. Any failure moves the movie to ``failed`` with the reason.
@@ -28,7 +30,7 @@ import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.models import Movie, MovieState, utcnow
+from backend.models import Event, Movie, MovieState, utcnow
 from backend.services import products as products_service
 from backend.services.movies import movie_dir, movie_products
 from backend.settings import Settings
@@ -130,41 +132,95 @@ def _progress(session: Session, movie_id: str, holder: str, done: int) -> None:
         raise TakenOver(f"movie {movie_id} was taken over by another delivery")
 
 
-def _frame_images(paths: list[Path], diff: str, channel: str):
-    """Yield (index, unit image [0, 1], is_difference) per movie frame (see the module docstring)."""
-    from backend.services.movies import cached_display_array
-    from pipelines.movies import difference_image, quicklook_unit_image, signed_unit_image
+def _sources(paths: list[Path], spec):
+    """Yield (index, image, mark) per product: the L2 image at full resolution (float64,
+    NaN where DQ != 0 or not finite, row 0 at the bottom), cut to ``spec.box`` when it has
+    one (one pixel shape for the movie, from its first product's WCS; each frame centred on
+    the box through its own WCS), and the pixel of ``spec.hpc`` on it (None: no marker)."""
+    from pipelines.movies import crop_shape, crop_to_box, hpc_pixel, product_map
     from pipelines.products import read_product
 
+    shape = None
+    for i, p in enumerate(paths):
+        data, dq, header = read_product(p, dtype=np.float64)
+        img = np.where((np.asarray(dq) != 0) | ~np.isfinite(data), np.nan, data)
+        if spec.hpc is None and spec.box is None:
+            yield i, img, None
+            continue
+        smap = product_map(img, header)
+        if spec.box is None:
+            yield i, img, hpc_pixel(smap, *spec.hpc)
+            continue
+        shape = shape or crop_shape(smap, spec.box)
+        try:
+            cut, mark = crop_to_box(img, smap, spec.box, shape, spec.hpc)
+        except DataError as exc:
+            raise DataError(f"frame {i + 1} of the movie: {exc}") from None
+        yield i, cut, mark
+
+
+#: Most values of ``|difference|`` per frame that the movie's difference scale is taken
+#: from (a strided subsample of each frame at full resolution: the percentile of the pooled
+#: values, without holding every frame).
+SCALE_SAMPLES = 65536
+
+
+def _frame_images(paths: list[Path], diff: str, channel: str, spec):
+    """Yield (index, unit image [0, 1] at full resolution, mark, is_difference) per movie frame.
+
+    Without a difference, each product's quicklook stretch (of the crop); with one, the
+    difference on one symmetric scale for the whole movie: the :data:`~pipelines.movies.DIFF_PERCENTILE`
+    of ``|difference|`` pooled over every frame (subsampled, :data:`SCALE_SAMPLES` a frame),
+    so a frame's contrast means the same in every frame. The products are read twice then
+    (the scale, then the frames), never all held at once.
+    """
+    from pipelines.movies import DIFF_PERCENTILE, difference_image, quicklook_unit_image, signed_unit_image
+
     if diff == "none":
-        for i, p in enumerate(paths):
-            data, dq, _ = read_product(p)
-            yield i, quicklook_unit_image(data, dq, channel), False
+        for i, img, mark in _sources(paths, spec):
+            yield i, quicklook_unit_image(img, np.zeros(img.shape, np.uint8), channel, size=max(img.shape)), mark, False
         return
-    arrays = [cached_display_array(p) for p in paths]
-    ref = (lambda i: arrays[i - 1]) if diff == "running" else (lambda i: arrays[0])
-    diffs = [difference_image(arrays[i], ref(i)) for i in range(1, len(arrays))]
-    finite = [np.abs(d[np.isfinite(d)]) for d in diffs]
-    allv = np.concatenate(finite) if finite else np.empty(0)
-    # one scale for the whole movie: a frame's contrast means the same in every frame
-    limit = float(np.percentile(allv, 99.5)) if allv.size else None
-    for i, d in enumerate(diffs, start=1):
-        yield i, signed_unit_image(d, limit=limit)[0], True
+
+    def diffs():
+        ref = None
+        for i, img, mark in _sources(paths, spec):
+            if ref is not None:
+                yield i, difference_image(img, ref), mark
+            if ref is None or diff == "running":
+                ref = img
+
+    samples = []
+    for _, d, _ in diffs():
+        step = max(1, int(np.ceil(np.sqrt(d.size / SCALE_SAMPLES))))
+        v = np.abs(d[::step, ::step])
+        samples.append(v[np.isfinite(v)])
+    allv = np.concatenate(samples) if samples else np.empty(0)
+    limit = float(np.percentile(allv, DIFF_PERCENTILE)) if allv.size else None
+    for i, d, mark in diffs():
+        yield i, signed_unit_image(d, limit=limit)[0], mark, True
 
 
 def render_movie(session: Session, movie: Movie, settings: Settings, holder: str) -> tuple[Path, tuple[int, int]]:
     """Render ``movie``'s frames into its MP4 (atomically); returns its path and (width, height) [pixel].
 
+    The frames are drawn as its :class:`~backend.services.movies.MovieSpec` says: at the
+    products' own resolution (of the crop) or with the larger side ``size``, cut to the
+    event's box, with the event's marker ring (:func:`pipelines.movies.movie_frame`; every
+    frame, at the event's helioprojective position through that frame's WCS), the channel
+    and DATE-OBS written at the top left.
+
     Raises
     ------
     pipelines.errors.DataError
-        If its frames are gone or unreadable, or the window now holds too few.
+        If its frames are gone or unreadable, differ in size, the event's box is off a
+        frame, or the window now holds too few.
     TakenOver
         If another delivery took the movie over meanwhile.
     """
     import imageio_ffmpeg
 
-    from pipelines.movies import annotate_frame, rgb_frame
+    from backend.services.movies import movie_spec
+    from pipelines.movies import diff_label, movie_frame, movie_shape, rgb_frame
 
     prods = movie_products(session, movie.channel_code, movie.start_time, movie.end_time)
     paths = []
@@ -179,6 +235,12 @@ def render_movie(session: Session, movie: Movie, settings: Settings, holder: str
     if total <= 0:
         raise DataError(f"empty movie: the window holds {len(paths)} written product(s) of {movie.channel_code} now")
     movie_id, channel, diff, fps = movie.id, movie.channel_code, movie.diff, float(movie.fps)
+    spec = movie_spec(session, movie)
+    if (movie.crop and spec.box is None) or (movie.event_id is not None and spec.hpc is None):
+        role = "crops to" if movie.crop else "marks"
+        if movie.event_id is None or session.get(Event, movie.event_id) is None:
+            raise DataError(f"the event this movie {role} was deleted")
+        raise DataError(f"event {movie.event_id}, which this movie {role}, has no helioprojective position any more")
     out_dir = movie_dir(settings.root)
     tmp_dir = out_dir / ".tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -186,22 +248,24 @@ def render_movie(session: Session, movie: Movie, settings: Settings, holder: str
         old.unlink(missing_ok=True)
     tmp = tmp_dir / f"{movie_id}.{os.getpid()}.part.mp4"
     final = out_dir / f"lst_{channel.lower().replace('-', '')}_{diff}_{movie_id}.mp4"
-    writer, size, done, last = None, None, 0, time.monotonic()
+    writer, source, shape, done, last = None, None, None, 0, time.monotonic()
     session.execute(update(Movie).where(Movie.id == movie_id).values(frames_total=total)
                     .execution_options(synchronize_session=False))
     session.commit()
+    head = f"LST {channel}" + (f"  {diff_label(diff)}" if diff != "none" else "")
     try:
-        for i, unit, is_diff in _frame_images(paths, diff, channel):
-            frame = annotate_frame(rgb_frame(unit, channel, difference=is_diff), channel, dates[i], diff)
-            if writer is None:
-                size = (frame.shape[1], frame.shape[0])
+        for i, unit, mark, is_diff in _frame_images(paths, diff, channel, spec):
+            if source is None:
+                source, shape = unit.shape, movie_shape(unit.shape, spec.size)
                 writer = imageio_ffmpeg.write_frames(
-                    str(tmp), size, fps=fps, codec="libx264", pix_fmt_in="rgb24", pix_fmt_out="yuv420p",
-                    macro_block_size=16, ffmpeg_log_level="error", output_params=["-movflags", "+faststart"])
+                    str(tmp), (shape[1], shape[0]), fps=fps, codec="libx264", pix_fmt_in="rgb24",
+                    pix_fmt_out="yuv420p", macro_block_size=2, ffmpeg_log_level="error",
+                    output_params=["-movflags", "+faststart"])
                 writer.send(None)
-            if (frame.shape[1], frame.shape[0]) != size:
-                raise DataError(f"frame {i + 1} of the movie is {frame.shape[1]}x{frame.shape[0]} pixels, the first "
-                                f"{size[0]}x{size[1]}: products of one movie must have one size")
+            if unit.shape != source:
+                raise DataError(f"frame {i + 1} of the movie is {unit.shape[1]}x{unit.shape[0]} pixels, the first "
+                                f"{source[1]}x{source[0]}: products of one movie must have one size")
+            frame = movie_frame(rgb_frame(unit, channel, difference=is_diff), shape, (head, f"{dates[i]} UTC"), mark)
             writer.send(np.ascontiguousarray(frame))
             done += 1
             if time.monotonic() - last >= PROGRESS_EVERY_S:
@@ -220,7 +284,7 @@ def render_movie(session: Session, movie: Movie, settings: Settings, holder: str
             except Exception:  # noqa: BLE001 - the failure that got us here is the one to report
                 pass
         tmp.unlink(missing_ok=True)
-    return final, size
+    return final, (shape[1], shape[0])
 
 
 def make_movie(session: Session, movie_id: str, settings: Settings, *, holder: str | None = None) -> Movie | None:

@@ -3,8 +3,14 @@
 // start (and marked where they are while they last), and "Make MP4" with its progress.
 // Frames and markers come from GET /api/v1/movies/frames (markers placed server-side
 // through each product's WCS, as fractions of the image from the top left).
+// A frame whose image fails to load is marked (a red outline and a note on the stage, and
+// in the list under the controls) and tried again, at most MAX_RETRIES times, each after a
+// longer pause, with a fresh URL (?retry=n) so that no failed answer is reused.
 (function () {
   "use strict";
+
+  const MAX_RETRIES = 3;   // tries after the first failure of a frame, each time it is shown
+  const RETRY_MS = 700;    // pause before try n: n * RETRY_MS
 
   function fmt(iso) {
     // "2004-03-01T00:00:10.515000Z" -> "2004-03-01 00:00:10.515 UTC"
@@ -26,20 +32,74 @@
     return n;
   }
 
+  function withRetry(url, n) {
+    return n ? url + (url.indexOf("?") >= 0 ? "&" : "?") + "retry=" + n : url;
+  }
+
   function Player(root) {
     const $ = (id) => root.querySelector("#" + id);
     const img = $("movie-frame"), slider = $("movie-slider"), playBtn = $("movie-play");
+    const stage = $("movie-stage"), frameError = $("movie-frame-error"), failedNote = $("movie-failed");
     const dateObs = $("movie-date-obs"), index = $("movie-index"), markers = $("movie-markers");
     const list = $("movie-events"), noEvents = $("movie-no-events"), speed = $("movie-speed");
-    let data = null, i = 0, timer = null;
+    let data = null, i = 0, timer = null, retryTimer = null;
     const cache = [];
+    // frame index -> {tries: retries made, state: "failed" (a preload failed: tried again when
+    // shown) | "retrying" | "gave-up" | "loaded"}
+    const failed = {};
 
     function preload(k) {
       if (!data || k < 0 || k >= data.frames.length || cache[k]) return;
       const im = new Image();
-      im.src = data.frames[k].url;
+      im.onerror = () => {  // shown later with a fresh URL, and marked
+        delete cache[k];
+        if (!failed[k]) failed[k] = {tries: 1, state: "failed"};
+        showFailures();
+      };
+      im.src = withRetry(data.frames[k].url, failed[k] ? failed[k].tries : 0);
       cache[k] = im;
     }
+
+    function showFailures() {
+      const f = failed[i];
+      const bad = !!f && f.state !== "loaded";
+      stage.classList.toggle("frame-failed", bad);
+      frameError.hidden = !bad;
+      if (bad) {
+        frameError.textContent = f.state === "gave-up"
+          ? "Frame " + (i + 1) + " could not be loaded (" + (f.tries + 1) + " tries)."
+          : "Frame " + (i + 1) + " failed to load: trying again (" + f.tries + " of " + MAX_RETRIES + ")…";
+      }
+      const ks = Object.keys(failed).map(Number).sort((a, b) => a - b);
+      root.dataset.failedFrames = ks.filter((k) => failed[k].state !== "loaded").map((k) => k + 1).join(",");
+      failedNote.hidden = !ks.length;
+      failedNote.textContent = ks.length ? "Frames that failed to load: " + ks.map((k) => (k + 1) + " (" +
+        {failed: "failed, tried again when shown", retrying: "retrying", "gave-up": "could not be loaded",
+         loaded: "loaded on a retry"}[failed[k].state] +
+        ")").join(", ") : "";
+    }
+
+    img.addEventListener("error", () => {
+      const k = Number(img.dataset.frame);
+      if (!data || k !== i) return;
+      const f = failed[k] || (failed[k] = {tries: 0, state: "retrying"});
+      delete cache[k];
+      if (f.tries >= MAX_RETRIES) {
+        f.state = "gave-up";
+      } else {
+        f.state = "retrying";
+        f.tries += 1;
+        const n = f.tries;
+        clearTimeout(retryTimer);
+        retryTimer = setTimeout(() => { if (i === k) img.src = withRetry(data.frames[k].url, n); }, RETRY_MS * n);
+      }
+      showFailures();
+    });
+    img.addEventListener("load", () => {
+      const k = Number(img.dataset.frame);
+      if (k === i && failed[k] && failed[k].state !== "loaded") failed[k].state = "loaded";
+      showFailures();
+    });
 
     function lastOf(e) { return ms(e.end_time || e.peak_time || e.start_time); }
 
@@ -47,8 +107,14 @@
       if (!data || !data.frames.length) return;
       i = Math.max(0, Math.min(data.frames.length - 1, k));
       const f = data.frames[i];
-      img.src = f.url;
+      const fail = failed[i];
+      if (fail && fail.state === "gave-up") fail.tries = 0;  // shown again: a fresh round of tries
+      if (fail && fail.state !== "loaded") fail.state = "retrying";
+      clearTimeout(retryTimer);
+      img.dataset.frame = String(i);
+      img.src = withRetry(f.url, fail && fail.state !== "loaded" ? fail.tries : 0);
       img.dataset.productId = f.product_id;
+      showFailures();
       slider.value = String(i);
       dateObs.textContent = fmt(f.date_obs);
       dateObs.dataset.iso = f.date_obs;
@@ -109,6 +175,11 @@
       status.textContent = "Sending…";
       const body = {channel: data.channel, start: data.start, end: data.end, diff: data.diff,
                     fps: Number($("movie-fps").value || 10)};
+      if ($("movie-size").value) body.size = Number($("movie-size").value);
+      if (data.event && ($("movie-mark").checked || $("movie-crop").checked)) {
+        body.event = data.event;
+        body.crop = $("movie-crop").checked;
+      }
       fetch("/api/v1/movies", {method: "POST", headers: {"Content-Type": "application/json"},
                                body: JSON.stringify(body)})
         .then((r) => r.json().then((j) => ({ok: r.ok, j: j})))
@@ -164,6 +235,7 @@
         return;
       }
       loading.hidden = true;
+      $("movie-event-options").hidden = !data.event;
       root.classList.add("ready");
       slider.max = String(data.frames.length - 1);
       show(0);

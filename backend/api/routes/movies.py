@@ -70,10 +70,21 @@ class MoviePublic(BaseModel):
     finished_at: dt.datetime | None = None
     file_url: str | None = None
     progress: float = 0.0
+    size: int | None = Field(default=None, description="larger side asked for [pixel]; None: full resolution")
+    event: int | None = Field(default=None, validation_alias="event_id",
+                              description="the event marked; None: none, or the event was deleted")
+    crop: bool = Field(default=False, description="cropped to the event's box")
+    crop_box: list[float] | None = Field(default=None, description="the box cropped to, helioprojective "
+                                                                   "[x0, y0, x1, y1] arcsec, from the event's row; "
+                                                                   "None: the whole image, or the event is gone")
 
     @classmethod
-    def of(cls, movie: Movie) -> MoviePublic:
+    def of(cls, movie: Movie, spec: movies_service.MovieSpec | None = None) -> MoviePublic:
+        """The movie's row (its options included); ``spec``
+        (:func:`backend.services.movies.movie_spec`) gives the crop box."""
         out = cls.model_validate(movie)
+        if spec is not None and spec.box is not None:
+            out.crop_box = list(spec.box)
         out.progress = round(movie.frames_done / movie.frames_total, 4) if movie.frames_total else 0.0
         if movie.state == MovieState.succeeded:
             out.file_url = f"/api/v1/movies/{movie.id}/file"
@@ -185,7 +196,12 @@ def create_movie(req: MovieRequest, session: SessionDep, response: Response, pri
 
     A movie is a job: it needs a token with scope ``jobs:submit`` (its owner is the token's
     user) and counts against the concurrent-jobs quota and the write rate (429 with
-    ``Retry-After`` over either, nothing stored; admins are exempt)."""
+    ``Retry-After`` over either, nothing stored; admins are exempt).
+
+    ``size`` (even, 32 to 4608) sets the MP4's larger side; without it the MP4 has the
+    products' own resolution (of the crop). ``event`` marks an event (a cyan ring at its
+    helioprojective position, through each product's WCS); ``crop`` cuts each frame to the
+    event's box (422 without ``event``, for an unknown event or one without a position)."""
     try:
         movie = movies_service.submit_movie(session, req, owner=principal.user, quota_for=principal)
     except MovieRequestError as exc:
@@ -202,7 +218,7 @@ def create_movie(req: MovieRequest, session: SessionDep, response: Response, pri
         raise HTTPException(503, detail=f"movie {movie.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: ask again later") from None
     response.headers["Location"] = f"/api/v1/movies/{movie.id}"
-    return MoviePublic.of(movie)
+    return MoviePublic.of(movie, movies_service.movie_spec(session, movie))
 
 
 def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
@@ -216,7 +232,8 @@ def _movie_or_404(session: Session, movie_id: str, principal) -> Movie:
 def read_movie(movie_id: str, session: SessionDep, principal: OptionalPrincipal) -> MoviePublic:
     """State (queued, running, succeeded, failed), frames done of total, the reason of a failure.
     Another user's movie is 404."""
-    return MoviePublic.of(_movie_or_404(session, movie_id, principal))
+    movie = _movie_or_404(session, movie_id, principal)
+    return MoviePublic.of(movie, movies_service.movie_spec(session, movie))
 
 
 @router.get(
