@@ -13,7 +13,9 @@ DATE-OBS range (ordered by ``Frame.date_obs``), runs the pure detector
 :func:`pipelines.detect.flares.detect_flares` on them, and stores each flare as an
 ``Event`` (HEK type ``FL``, ``source='detected'``, ``channels='SDI'``, ``frm_name``
 ``lst-sdi-flare`` and its version) linked to the products and frames from its start to its
-end (``EventProduct``/``EventFrame``).
+end (``EventProduct``/``EventFrame``). A range whose observing runs are all shorter than the
+detector's background needs (``FlareDetectionParams.min_series_frames``, 8 frames) is
+refused with :class:`pipelines.detect.flares.SeriesTooShortError`, not searched.
 
 Idempotent: the event's ``source_key`` is
 ``lst-sdi-flare/<version>/<peak DATE-OBS>/<round(x)>,<round(y)>``; a flare already stored
@@ -60,6 +62,7 @@ from pipelines.detect.flares import (
     DETECTOR_VERSION,
     DetectedFlare,
     FlareDetectionParams,
+    SeriesTooShortError,
 )
 from pipelines.detect.registry import DETECTORS, get_detector
 from pipelines.errors import FitsReadError
@@ -339,12 +342,18 @@ def detect_sdi_flares(
     -------
     list of Event
         The flares found in the range, ordered by peak time: new events and those already
-        stored by an earlier run (a re-run adds nothing).
+        stored by an earlier run (a re-run adds nothing). Empty when the range holds no
+        written SDI product.
 
     Raises
     ------
     pipelines.errors.FitsReadError
         If a product file cannot be read.
+    pipelines.detect.flares.SeriesTooShortError
+        If no observing run (:func:`observing_runs`) in the range has the detector's
+        ``min_series_frames`` (8 with the defaults): refused, with the reason, rather than
+        searched (a job's follow-up detection stores it as its reason). Shorter runs beside
+        a searched one are skipped (logged).
     pipelines.detect.flares.FlareDetectionError
         If the products cannot be used together (shapes, times, WCS).
     """
@@ -353,16 +362,35 @@ def detect_sdi_flares(
     p = params or det.params(channel)
     start, end = as_utc(start), as_utc(end)
     all_rows = _latest_written_sdi(session, start, end, scope)
-    if len(all_rows) < p.min_background_frames + p.min_frames:
-        log.info("flare detection: %d SDI products in range, too few", len(all_rows))
+    if not all_rows:
+        log.info("flare detection: no written SDI product in range")
         return []
+    runs = observing_runs(all_rows)
+    searched = [rows for rows in runs if len(rows) >= p.min_series_frames]
+    short = [rows for rows in runs if len(rows) < p.min_series_frames]
+    if not searched:
+        raise SeriesTooShortError(max(len(r) for r in runs), p.min_series_frames, what=_runs_text(short))
+    if short:
+        log.warning("flare detection: %s not searched (fewer than %d frames)", _runs_text(short), p.min_series_frames)
     events: list[Event] = []
-    for rows in observing_runs(all_rows):
-        if len(rows) < p.min_background_frames + p.min_frames:
-            continue
+    for rows in searched:
         events.extend(_detect_sdi_run(session, det, channel, p, rows, product_root, scope))
     session.flush()
     return sorted(events, key=lambda e: (e.peak_time or e.start_time, e.id or 0))
+
+
+def _runs_text(runs: list[list[tuple[Product, Frame]]]) -> str:
+    """``'the SDI series 2004-03-01 00:00-05:00 UTC'`` (one run) or ``'each of the 2 SDI
+    observing runs (...; ...)'``: what a refusal names."""
+    def span(rows: list[tuple[Product, Frame]]) -> str:
+        t0, t1 = as_utc(rows[0][1].date_obs), as_utc(rows[-1][1].date_obs)
+        return f"{t0:%Y-%m-%d %H:%M}-{t1:%H:%M} UTC" if t0.date() == t1.date() else \
+            f"{t0:%Y-%m-%d %H:%M}-{t1:%Y-%m-%d %H:%M} UTC"
+
+    if len(runs) == 1:
+        return f"the SDI series {span(runs[0])}"
+    shown = "; ".join(f"{span(r)}: {len(r)}" for r in runs[:5]) + ("; ..." if len(runs) > 5 else "")
+    return f"each of the {len(runs)} SDI observing runs ({shown}), the longest"
 
 
 #: Frames further apart than this [s] belong to separate observing runs: the flare detector
@@ -740,15 +768,19 @@ def detect_wst_white_light_flares(
     Raises
     ------
     pipelines.errors.FitsReadError, pipelines.detect.flares.FlareDetectionError
+        Unreadable products, products that cannot be used together, or (``SeriesTooShortError``)
+        fewer products than the flare detector's ``min_series_frames`` (refused, not searched).
     """
     det = DETECTORS["white-light"]
     channel = det.channel(channel)
     p = params or det.params(channel)
     fp = p.flare_params()
     rows = _latest_written(session, channel, as_utc(start), as_utc(end), scope)
-    if len(rows) < fp.min_background_frames + fp.min_frames:
-        log.info("white-light flare detection: %d WST products in range, too few", len(rows))
+    if not rows:
+        log.info("white-light flare detection: no written WST product in range")
         return []
+    if len(rows) < fp.min_series_frames:  # as detect_flares would, before any file is read
+        raise SeriesTooShortError(len(rows), fp.min_series_frames, what="the WST series")
     times, images, dqs, headers = _lazy_series(rows, product_root)
     events = []
     for fl in det.detect(times, images, headers, dq=dqs, params=p):

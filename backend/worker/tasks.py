@@ -35,6 +35,7 @@ from backend.worker.reconcile import send_calibration, send_follow_ups
 from backend.worker import notify as _notify_tasks  # noqa: F401 - registers deliver_webhook
 from pipelines.calibration.options import as_options
 from pipelines.calibration.resample import available_cores, set_default_threads
+from pipelines.detect.flares import SeriesTooShortError
 from pipelines.detect.registry import get_detector
 from pipelines.errors import DataError, failure_reason
 from pipelines.fitsio import PARTIAL_MAX_AGE_S, sweep_dead_writers, sweep_partial_files
@@ -390,6 +391,10 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
     set(s) of the channel (:func:`backend.services.detection.job_detection_scope`): into the
     public catalogue only when the job publishes and its sets are public, else as its owner's
     private events. Without ``job_id``: the public detection (the public set of each frame).
+    A series too short for the detector's background
+    (:class:`pipelines.detect.flares.SeriesTooShortError`) is refused: a follow-up is
+    ``failed`` with that reason (shown on the job's page and in ``GET /api/v1/jobs/{id}``);
+    the public detection answers ``refused`` with it.
     """
     t0, t1 = _time(start), _time(end)
     with session_scope() as s:
@@ -408,6 +413,10 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
                 events = run_detector(s, detector, channel=channel, start=t0, end=t1, scope=scope)
                 linked = associate_events(s, start=t0, end=t1)
         except (DataError, ValueError) as exc:
+            if row is None and isinstance(exc, SeriesTooShortError):  # refused by design: said, not a fault
+                log.warning("%s detection on %s refused: %s", detector, channel, failure_reason(exc))
+                return {"detector": detector, "channel": channel, "events": [], "associations": 0,
+                        "refused": failure_reason(exc)}
             if row is None:
                 raise
             settle_follow_up(row, FollowUpState.failed, reason=failure_reason(exc))

@@ -26,10 +26,17 @@ triple-threshold method of Lu et al. (2024) for SDI:
 4. **local thresholds** (start and end): the light curve of the event's footprint (mean of
    its macropixels), relative to its pre-event level (the running background of the first
    frame with a kernel), gives the peak; the start is the first frame of the
-   contiguous run around the peak above ``start_fraction`` of the peak enhancement, the end
-   the last frame above ``end_fraction`` of it (0.5: as the GOES event list ends a flare
-   when the flux has decayed half-way back to its pre-flare level, NOAA/NGDC XRS report
-   documentation).
+   contiguous run around the peak above ``start_fraction`` of the peak enhancement (below
+   it the curve is at its background), the end the first frame after the peak where the
+   curve is back below that level: where the light curve returns to the background (1.5.0;
+   1.4.0 ended a flare half-way back, ``end_fraction`` 0.5 as the GOES event list does,
+   which put the end of an hourly series' flare at its peak while its curve stayed raised
+   for hours).
+
+A series shorter than :attr:`FlareDetectionParams.min_series_frames` (8 frames with the
+defaults; its docstring derives the number) is refused (:class:`SeriesTooShortError`), not
+searched: its noise cannot be measured, and evolution between frames would be reported as
+flares.
 
 Location: the centroid at the peak frame, weighted by the excess brightness above the
 pre-event background (full-resolution pixels, the excess smoothed by a Gaussian of sigma half
@@ -113,6 +120,7 @@ __all__ = [
     "FlareDetectionParams",
     "DetectedFlare",
     "FlareDetectionError",
+    "SeriesTooShortError",
     "detect_flares",
     "macropixel_factor",
 ]
@@ -120,7 +128,7 @@ __all__ = [
 #: Detector name (HEK ``frm_name`` of the events it makes).
 DETECTOR_NAME = "lst-sdi-flare"
 #: Detector version (HEK ``frm_version``); bump it when a change alters detections.
-DETECTOR_VERSION = "1.4.0"
+DETECTOR_VERSION = "1.5.0"
 
 _MAD_TO_SIGMA = 1.4826
 #: Variance of the median of n Gaussian values is about pi / 2 sigma^2 / n (its asymptotic
@@ -131,6 +139,21 @@ _MEDIAN_VARIANCE = math.pi / 2.0
 
 class FlareDetectionError(DataError):
     """The inputs cannot be used for flare detection (shapes, times, WCS); the message says why."""
+
+
+class SeriesTooShortError(FlareDetectionError):
+    """The series has fewer frames than the detector's background needs
+    (:attr:`FlareDetectionParams.min_series_frames`): refused rather than searched, since on
+    fewer frames the noise is not measured and the evolution between frames is reported as
+    flares. ``n_frames``: the frames given; ``needed``: the fewest searched."""
+
+    def __init__(self, n_frames: int, needed: int, what: str = "") -> None:
+        self.n_frames, self.needed = n_frames, needed
+        super().__init__(
+            f"flare detection refused: {what or 'the series'} has {n_frames} frame{'' if n_frames == 1 else 's'}; "
+            f"the detector needs at least {needed} (each searched frame needs a background of earlier frames, and "
+            f"the noise is measured from the frame-to-frame changes, which the shortest flare must not dominate); "
+            f"on fewer frames it reports the evolution between frames as flares")
 
 
 @dataclass(frozen=True)
@@ -174,9 +197,17 @@ class FlareDetectionParams:
         Fewest frames with a kernel for an event. Default 2.
     max_gap_frames : int
         Frames without a kernel an event may skip. Default 1.
-    start_fraction, end_fraction : float
-        Local thresholds on the footprint light curve, as fractions of its peak
-        enhancement: start 0.1, end 0.5 (half-way decay).
+    start_fraction : float
+        Local threshold on the footprint light curve, as a fraction of its peak enhancement:
+        below it the curve is at its background. The start is the first frame of the
+        contiguous run around the peak above it; the end (``end_fraction`` None) the first
+        frame after the peak back below it, where the light curve has returned to the
+        background. Default 0.1.
+    end_fraction : float or None
+        None (default, 1.5.0): the end is the return to the background (above). A fraction
+        of the peak enhancement instead gives the end as the last frame above it (0.5: as
+        the GOES event list ends a flare when the flux has decayed half-way back to its
+        pre-flare level, NOAA/NGDC XRS report documentation; the 1.4.0 default).
     disk_limit_rsun : float
         Pixels farther from disk centre than this [Rsun] are not used (limb flares are kept;
         SDI sees to 1.2 Rsun). Default 1.1.
@@ -270,7 +301,7 @@ class FlareDetectionParams:
     min_frames: int = 2
     max_gap_frames: int = 1
     start_fraction: float = 0.1
-    end_fraction: float = 0.5
+    end_fraction: float | None = None
     disk_limit_rsun: float = 1.1
     min_background_fraction: float = 0.05
     min_valid_fraction: float = 0.5
@@ -296,8 +327,8 @@ class FlareDetectionParams:
             raise ValueError("need 1 <= min_background_frames <= max_background_frames")
         if self.background_lag_s < 0 or self.background_span_s < 0:
             raise ValueError("background_lag_s and background_span_s must be >= 0")
-        if not 0 < self.start_fraction < 1 or not 0 < self.end_fraction < 1:
-            raise ValueError("start_fraction and end_fraction must lie in (0, 1)")
+        if not 0 < self.start_fraction < 1 or (self.end_fraction is not None and not 0 < self.end_fraction < 1):
+            raise ValueError("start_fraction and end_fraction must lie in (0, 1) (end_fraction may be None)")
         if self.detection_threshold <= 0 or self.noise_sigma < 0:
             raise ValueError("detection_threshold must be positive, noise_sigma non-negative")
         if self.min_area_macropixels < 1 or self.min_frames < 1 or self.max_gap_frames < 0:
@@ -316,6 +347,30 @@ class FlareDetectionParams:
             raise ValueError("corotate must be 'auto', 'on' or 'off'")
         if self.rotation_model not in ("howard", "snodgrass", "allen", "rigid"):
             raise ValueError("rotation_model must be one of sunpy's: howard, snodgrass, allen, rigid")
+
+    @property
+    def min_series_frames(self) -> int:
+        """Fewest frames of a series the detector searches: ``max(b + m + 1, 2 (m + 1) + 2)``
+        with ``b = min_background_frames`` and ``m = min_frames``; **8** with the defaults
+        (b = 3, m = 2). :func:`detect_flares` refuses a shorter series
+        (:class:`SeriesTooShortError`).
+
+        Derivation. (i) The background: a frame can hold a kernel only with ``b`` frames
+        before it, an event needs ``m`` frames with a kernel, and its end (the return to the
+        background) needs one frame after them: ``b + m + 1`` frames (6). (ii) The noise the
+        excess is tested against is the robust scatter (median absolute deviation) of each
+        macropixel's ``N - 1`` frame-to-frame changes; a median breaks down when half of its
+        values are not noise. The shortest event (``m`` frames) changes ``m + 1`` of them (its
+        rise, the changes between its frames, its decay), which must be fewer than the
+        ``N - 1 - (m + 1)`` others: ``N >= 2 (m + 1) + 2`` (8). On fewer frames the noise is
+        that of the flare or of the evolution between frames, and the thresholds (unchanged
+        here) flood: 6 hourly frames of the demo's SDI series (2004-03-01 00-05 h, 384 px)
+        gave 13 "flares", 5 frames 21. The demo's 13-frame hourly series
+        (:mod:`pipelines.simulation.series`) and the 11 EIT 195 A frames of the validation
+        (``benchmarks/validate_detection.py``) are searched.
+        """
+        m = self.min_frames
+        return max(self.min_background_frames + m + 1, 2 * (m + 1) + 2)
 
     def for_cadence(self, cadence_s: float) -> tuple[FlareDetectionParams, bool]:
         """The parameters that apply to a series of median cadence ``cadence_s`` [s], and
@@ -754,6 +809,8 @@ def detect_flares(
 
     Raises
     ------
+    SeriesTooShortError
+        If there are fewer than ``params.min_series_frames`` frames (8 with the defaults).
     FlareDetectionError
         If times and frames differ in number, times do not increase, frames differ in shape
         or the WCS is unusable (with ``corotate='on'``: does not give the solar rotation).
@@ -774,8 +831,8 @@ def detect_flares(
         raise FlareDetectionError(f"{len(dq)} DQ arrays for {n} frames")
     if any(b <= a for a, b in zip(when, when[1:], strict=False)):
         raise FlareDetectionError("frame times must increase strictly")
-    if n < p.min_background_frames + p.min_frames:
-        return []
+    if n < p.min_series_frames:
+        raise SeriesTooShortError(n, p.min_series_frames)
     sec = np.array([(t - when[0]).total_seconds() for t in when])
     p, sparse = p.for_cadence(float(np.median(np.diff(sec))))
     windows = _background_windows(sec, p)
@@ -1011,7 +1068,10 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
         if not r_peak > 0:
             return None
 
-        def walk(step: int, threshold: float) -> tuple[int, bool]:
+        def walk(step: int, threshold: float) -> tuple[int, int | None]:
+            """From the peak, the last frame of the contiguous run at or above ``threshold``,
+            and the first frame after it below (None: the run reaches the edge of the series
+            or a gap longer than ``max_gap_frames``)."""
             j, last_good, gap = peak, peak, 0
             while 0 <= j + step < n:
                 j += step
@@ -1022,12 +1082,21 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
                         break
                     continue
                 if v < threshold:
-                    return last_good, False
+                    return last_good, j
                 last_good, gap = j, 0
-            return last_good, True  # reached the edge of the series (or a long gap)
+            return last_good, None
 
-        start, start_edge = walk(-1, p.start_fraction * r_peak)
-        end, end_edge = walk(+1, p.end_fraction * r_peak)
+        start, below = walk(-1, p.start_fraction * r_peak)
+        start_edge = below is None
+        if p.end_fraction is None:
+            # the end is where the light curve has returned to the background: the first
+            # frame after the peak back below the level the start left (the true return lies
+            # between the frame before and it); never back: the last frame of the run
+            last_up, back = walk(+1, p.start_fraction * r_peak)
+            end, end_edge = (last_up, True) if back is None else (back, False)
+        else:  # the half-way decay (GOES style): the last frame above end_fraction of the peak
+            end, after = walk(+1, p.end_fraction * r_peak)
+            end_edge = after is None
         if _pass or start >= k0 or windows[start] is None or windows[start][-1] >= base_idx[-1]:
             break
         base_idx = windows[start]
