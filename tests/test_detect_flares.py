@@ -7,7 +7,7 @@ repeated hourly with photon-like noise; a flare is a 2-D Gaussian brightening in
 known helioprojective position with a known time profile (Gaussian rise, exponential
 decay). The truth for start/peak/end follows the detector's documented definitions applied
 to the injected profile: start = first frame above ``start_fraction`` of the peak, end =
-last frame above ``end_fraction`` of it.
+the first frame after the peak back below it (the return to the background; detector 1.5.0).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def truth(p: FlareDetectionParams, **kw) -> tuple[int, int, int]:
     f = profile(np.arange(N_FRAMES), **kw)
     peak = int(np.argmax(f))
     above_start = np.flatnonzero(f >= p.start_fraction)
-    above_end = np.flatnonzero(f >= p.end_fraction)
-    return int(above_start.min()), peak, int(above_end.max())
+    back = np.flatnonzero((np.arange(N_FRAMES) > peak) & (f < p.start_fraction))
+    return int(above_start.min()), peak, int(back.min()) if back.size else N_FRAMES - 1
 
 
 def rebin_scene(data: np.ndarray, header: fits.Header, k: int) -> tuple[np.ndarray, fits.Header]:
@@ -129,7 +129,7 @@ def test_finds_exactly_the_injected_flare(scene):
     assert len(found) == 1
     fl = found[0]
     s, pk, e = truth(p)
-    assert (s, pk, e) == (5, 7, 8)  # the profile makes no frame borderline
+    assert (s, pk, e) == (5, 7, 12)  # no frame is borderline (0.135 and 0.082 of the peak at 11 and 12)
     for got, want in ((fl.start_time, s), (fl.peak_time, pk), (fl.end_time, e)):
         assert abs(got - times[want]) <= CADENCE
     assert abs(fl.hpc_x - x0) < 3.0 and abs(fl.hpc_y - y0) < 3.0  # one SWAP pixel is 3.16 arcsec
@@ -249,8 +249,10 @@ def test_slow_flare_at_the_sdi_cadence(scene):
     # noise, and its pre-event trailing window (15 frames before 40 min) caps that at only 2x
     # its pre-flare scatter; 5.5 sigma of that is ~10 sigma of the white noise. A known
     # limitation (a long event in a short series; docs/science-changelog.md). The lagged
-    # background itself, what this test is about, is checked with the white-noise test.
-    p = FlareDetectionParams(robust_baseline=False)
+    # background itself, what this test is about, is checked with the white-noise test. Its
+    # end is the half-way one (end_fraction 0.5, the 1.4.0 rule): the e-folding tail is still
+    # at 0.15 of the peak when the series ends, so the return to the background is not observed.
+    p = FlareDetectionParams(robust_baseline=False, end_fraction=0.5)
     (fl,) = detect_flares(times, frames, header, params=p)
     f = np.array([slow(m / 60.0) for m in minutes])
     s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
@@ -283,14 +285,19 @@ def test_slow_flare_in_a_6_hour_series_is_one_event(scene):
 
     f = np.array([slow(m / 60.0) for m in minutes])
     p = FlareDetectionParams()
-    s, pk, e = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f)), np.flatnonzero(f >= p.end_fraction).max()
-    assert (s, pk, e) == (164, 200, 210)
+    s, pk = np.flatnonzero(f >= p.start_fraction).min(), int(np.argmax(f))
+    e = np.flatnonzero((minutes > pk) & (f < p.start_fraction)).min()  # back at the background
+    assert (s, pk, e) == (164, 200, 235)
     times, frames = make_series(base, header, flares=[(250.0, -200.0, 0.6, 30.0, slow)], hours=minutes / 60.0,
                                 seed=6)
     (fl,) = detect_flares(times, frames, header)
     assert abs(fl.hpc_x - 250) < 25 and abs(fl.hpc_y + 200) < 25  # one pixel is 25 arcsec
     # the start is found from the background of the first kernel (18 min into the rise)
-    assert abs(fl.start_index - s) <= 5 and abs(fl.peak_index - pk) <= 2 and abs(fl.end_index - e) <= 2
+    assert abs(fl.start_index - s) <= 5 and abs(fl.peak_index - pk) <= 2
+    # the end: the tail nears 0.1 of the peak at 0.7 % of the peak per frame while the footprint
+    # curve scatters by ~5 % of it (128 px): two frames in a row below come up to ~1.5 sigma
+    # early, 10 frames (seeds 6, 7, 8: 231, 236, 228)
+    assert abs(fl.end_index - e) <= 10 and "end_not_observed" not in fl.flags
 
 
 def test_inputs_are_checked(scene_512):

@@ -26,12 +26,12 @@ triple-threshold method of Lu et al. (2024) for SDI:
 4. **local thresholds** (start and end): the light curve of the event's footprint (mean of
    its macropixels), relative to its pre-event level (the running background of the first
    frame with a kernel), gives the peak; the start is the first frame of the
-   contiguous run around the peak above ``start_fraction`` of the peak enhancement (below
-   it the curve is at its background), the end the first frame after the peak where the
-   curve is back below that level: where the light curve returns to the background (1.5.0;
-   1.4.0 ended a flare half-way back, ``end_fraction`` 0.5 as the GOES event list does,
-   which put the end of an hourly series' flare at its peak while its curve stayed raised
-   for hours).
+   contiguous run around the peak above ``start_fraction`` of the peak enhancement, the end
+   the frame where the light curve has returned to the background: the first of
+   ``max_gap_frames + 1`` frames in a row after the peak whose excess is within
+   ``end_sigma`` (2) times its noise (1.5.0; 1.4.0 ended a flare half-way back,
+   ``end_fraction`` 0.5 as the GOES event list does, which put the end of the demo's hourly
+   flare, 03:00-09:00, at its peak, 05:00, while its curve stayed raised to 07:00).
 
 A series shorter than :attr:`FlareDetectionParams.min_series_frames` (8 frames with the
 defaults; its docstring derives the number) is refused (:class:`SeriesTooShortError`), not
@@ -199,15 +199,24 @@ class FlareDetectionParams:
         Frames without a kernel an event may skip. Default 1.
     start_fraction : float
         Local threshold on the footprint light curve, as a fraction of its peak enhancement:
-        below it the curve is at its background. The start is the first frame of the
-        contiguous run around the peak above it; the end (``end_fraction`` None) the first
-        frame after the peak back below it, where the light curve has returned to the
-        background. Default 0.1.
+        the start is the first frame of the contiguous run around the peak above it.
+        Default 0.1.
+    end_sigma : float
+        The end (``end_fraction`` None) is where the light curve has returned to the
+        background: the first frame after the peak of the first ``max_gap_frames + 1``
+        frames in a row whose excess over the pre-event level is below ``end_sigma`` times
+        its white noise (that of the mean of the footprint's macropixels, each with the
+        noise of ``noise_sigma`` above, independent from macropixel to macropixel, and of
+        the median of the pre-event background). Default 2 (ours: one test per frame on one
+        known footprint, so no look-elsewhere factor as for ``noise_sigma``; a frame at the
+        background is below 2 sigma with probability 0.977, a curve still 4 sigma above it
+        passes two frames in a row with probability 5e-4). Where the noise is unknown, below
+        ``start_fraction`` of the peak.
     end_fraction : float or None
-        None (default, 1.5.0): the end is the return to the background (above). A fraction
-        of the peak enhancement instead gives the end as the last frame above it (0.5: as
-        the GOES event list ends a flare when the flux has decayed half-way back to its
-        pre-flare level, NOAA/NGDC XRS report documentation; the 1.4.0 default).
+        None (default, 1.5.0): the end is the return to the background (``end_sigma``). A
+        fraction of the peak enhancement instead gives the end as the last frame above it
+        (0.5: as the GOES event list ends a flare when the flux has decayed half-way back to
+        its pre-flare level, NOAA/NGDC XRS report documentation; the 1.4.0 default).
     disk_limit_rsun : float
         Pixels farther from disk centre than this [Rsun] are not used (limb flares are kept;
         SDI sees to 1.2 Rsun). Default 1.1.
@@ -301,6 +310,7 @@ class FlareDetectionParams:
     min_frames: int = 2
     max_gap_frames: int = 1
     start_fraction: float = 0.1
+    end_sigma: float = 2.0
     end_fraction: float | None = None
     disk_limit_rsun: float = 1.1
     min_background_fraction: float = 0.05
@@ -329,6 +339,8 @@ class FlareDetectionParams:
             raise ValueError("background_lag_s and background_span_s must be >= 0")
         if not 0 < self.start_fraction < 1 or (self.end_fraction is not None and not 0 < self.end_fraction < 1):
             raise ValueError("start_fraction and end_fraction must lie in (0, 1) (end_fraction may be None)")
+        if not self.end_sigma >= 0:
+            raise ValueError("end_sigma must be non-negative")
         if self.detection_threshold <= 0 or self.noise_sigma < 0:
             raise ValueError("detection_threshold must be positive, noise_sigma non-negative")
         if self.min_area_macropixels < 1 or self.min_frames < 1 or self.max_gap_frames < 0:
@@ -987,7 +999,7 @@ def detect_flares(
     # 4. local thresholds and characterisation
     def characterise(t: _Track) -> DetectedFlare | None:
         return _characterise(t.footprint, sorted(set(t.frames)), cube, when, sec, windows, images, dq, wcs_items,
-                             f, scale, p)
+                             f, scale, p, sigma)
 
     found: list[tuple[_Track, DetectedFlare]] = []
     for t in tracks:
@@ -1034,12 +1046,51 @@ def _merge_overlapping(found: list, characterise, structure: np.ndarray) -> list
     return found
 
 
+def _curve_noise(footprint: np.ndarray, sigma: np.ndarray, n_base: int) -> float:
+    """White noise of the footprint light curve's excess over its pre-event level (absolute
+    units): the noise of the mean of the footprint's macropixels (``sigma``, the detector's
+    white-noise map, independent from macropixel to macropixel) with that of the median of
+    ``n_base`` background frames (variance ``pi / 2 / n`` of the frame's). NaN if unknown."""
+    s = sigma[footprint]
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        return float("nan")
+    return float(np.sqrt(np.sum(s.astype(np.float64) ** 2)) / s.size * math.sqrt(1.0 + _MEDIAN_VARIANCE / max(n_base, 1)))
+
+
+def _return_to_background(rel: np.ndarray, peak: int, level: float, max_gap: int) -> tuple[int, bool]:
+    """Where the light curve ``rel`` (relative to the pre-event level) returns to the
+    background after frame ``peak``: the first frame of the first run of more than
+    ``max_gap`` frames below ``level`` (a curve may dip below for as many frames as an event
+    may go without a kernel; a frame whose value is not finite neither starts nor breaks a
+    run), or the last frame of the series below ``level`` (nothing after it to say more).
+    The true return lies between the frame before and it. Returns ``(end, edge)``: ``edge``
+    True when the curve never returns (``end`` is then the last frame with a finite value)."""
+    n = rel.shape[0]
+    first, count, last_finite = None, 0, peak
+    for j in range(peak + 1, n):
+        v = rel[j]
+        if not np.isfinite(v):
+            continue
+        last_finite = j
+        if v < level:
+            first = j if count == 0 else first
+            count += 1
+            if count > max_gap:
+                return first, False
+        else:
+            first, count = None, 0
+    if first is not None:
+        return first, False
+    return last_finite, True
+
+
 #: Frames (the latest of the pre-event background) whose median is the centroid's background.
 _CENTROID_BACKGROUND_FRAMES = 5
 
 
 def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_items, f, scale,
-                  p) -> DetectedFlare | None:
+                  p, sigma) -> DetectedFlare | None:
     # Long: timing, contrast and the full-resolution centroid of one flare use the same
     # footprint and series slices; each block is commented where it starts.
     n = cube.shape[0]
@@ -1089,11 +1140,10 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
         start, below = walk(-1, p.start_fraction * r_peak)
         start_edge = below is None
         if p.end_fraction is None:
-            # the end is where the light curve has returned to the background: the first
-            # frame after the peak back below the level the start left (the true return lies
-            # between the frame before and it); never back: the last frame of the run
-            last_up, back = walk(+1, p.start_fraction * r_peak)
-            end, end_edge = (last_up, True) if back is None else (back, False)
+            level = p.end_sigma * _curve_noise(footprint, sigma, len(base_idx)) / base
+            if not (np.isfinite(level) and level > 0):
+                level = p.start_fraction * r_peak  # no noise known: the level the start left
+            end, end_edge = _return_to_background(rel, peak, level, p.max_gap_frames)
         else:  # the half-way decay (GOES style): the last frame above end_fraction of the peak
             end, after = walk(+1, p.end_fraction * r_peak)
             end_edge = after is None
