@@ -18,6 +18,7 @@ import hashlib
 import numpy as np
 import pytest
 from astropy.io import fits
+from astropy.time import Time
 from astropy.wcs import WCS
 from sqlalchemy import func, select
 
@@ -29,11 +30,14 @@ from pipelines.detect.flares import (
     DETECTOR_VERSION,
     FlareDetectionError,
     FlareDetectionParams,
+    SeriesTooShortError,
     detect_flares,
     macropixel_factor,
 )
 from pipelines.fitsio import read_image
 from pipelines.products import dq_table_hdu
+from pipelines.simulation.series import FLARE, _flare_profile
+from pipelines.simulation.sources import EIT_DIR
 from tests.conftest import SAMPLE
 
 SWAP = SAMPLE / "full-disk" / "swap_lv1_20120101_001607.fits"
@@ -309,7 +313,8 @@ def test_inputs_are_checked(scene_512):
         detect_flares(list(reversed(times)), frames, header)
     with pytest.raises(FlareDetectionError, match="shape"):
         detect_flares(times, frames[:-1] + [frames[-1][:100]], header)
-    assert detect_flares(times[:3], frames[:3], header) == []  # too short for a background
+    with pytest.raises(SeriesTooShortError, match="3 frames"):  # too short for a background
+        detect_flares(times[:3], frames[:3], header)
     with pytest.raises(ValueError):
         FlareDetectionParams(start_fraction=1.5)
     with pytest.raises(ValueError):
@@ -323,6 +328,91 @@ def test_inputs_are_checked(scene_512):
         detect_flares(times, frames, bad, params=FlareDetectionParams(corotate="on"))
     assert detect_flares(times, frames, bad) == detect_flares(times, frames, bad, params=FlareDetectionParams(
         corotate="off"))
+
+
+# -- short series are refused; an event ends where its light curve returns to the background ----
+# (issue 25, point 4: a user's recalibration of 6 hourly SDI frames gave 21 "flares"; the demo's
+# injected 03:00-09:00 flare was stored as 04:00-05:00, its end at its peak)
+
+DEMO_X, DEMO_Y = FLARE["hpc_x"], FLARE["hpc_y"]  # the demo's injected SDI flare: (-400", -350")
+
+
+def demo_flare(h: float) -> float:
+    """The demo's injected flare (:data:`pipelines.simulation.series.FLARE`, the simulator's own
+    profile): 03:00-09:00 of an hourly series from 00:00, linear rise to 05:00, e-folding decay of
+    1.5 h that reaches 0 at 09:00."""
+    t = [Time(T0 + dt.timedelta(hours=float(x))) for x in (h, FLARE["start_frame"], FLARE["peak_frame"],
+                                                          FLARE["end_frame"])]
+    return _flare_profile(*t, FLARE["decay_time_s"])
+
+
+def fred(h: float, start: float = 3.0, peak: float = 4.0, end: float = 9.0, tau: float = 1.0) -> float:
+    """Fast rise (one hour, linear), exponential decay (e-folding ``tau`` [h]) shifted to reach 0
+    at ``end`` [h]."""
+    if h <= start or h >= end:
+        return 0.0
+    if h <= peak:
+        return (h - start) / (peak - start)
+    floor = np.exp(-(end - peak) / tau)
+    return float((np.exp(-(h - peak) / tau) - floor) / (1.0 - floor))
+
+
+def gaussian(h: float, start: float = 3.0, end: float = 9.0, width: float = 0.9) -> float:
+    """A Gaussian of sigma ``width`` [h] centred between ``start`` and ``end``, lowered to reach 0
+    at both (symmetric: no impulsive phase)."""
+    if h <= start or h >= end:
+        return 0.0
+    mid = 0.5 * (start + end)
+    floor = np.exp(-0.5 * ((end - mid) / width) ** 2)
+    return float((np.exp(-0.5 * ((h - mid) / width) ** 2) - floor) / (1.0 - floor))
+
+
+@pytest.fixture(scope="module")
+def scene_256(scene):
+    data, header = rebin_scene(*scene, 4)  # 256 x 256, 12.6 arcsec/px: the macropixel is one pixel
+    return data.astype(np.float32), header
+
+
+def test_a_series_shorter_than_its_background_needs_is_refused(scene_256):
+    """The 6 hourly frames 00-05 h of the demo's series (the user's recalibration) are refused with
+    the reason; the demo's whole 13-frame series is searched and its flare found."""
+    p = FlareDetectionParams()
+    assert p.min_series_frames == 8  # the docstring's number: max(3 + 2 + 1, 2 (2 + 1) + 2)
+    assert FlareDetectionParams(min_frames=1).min_series_frames == 6  # max(3 + 1 + 1, 2 x 2 + 2)
+    assert FlareDetectionParams(min_background_frames=6).min_series_frames == 9  # 6 + 2 + 1
+    base, header = scene_256
+    times, frames = make_series(base, header, flares=[(DEMO_X, DEMO_Y, FLARE["peak_enhancement"], 30.0, demo_flare)],
+                                seed=11)
+    for n in (6, 7):
+        with pytest.raises(SeriesTooShortError, match=f"has {n} frames; the detector needs at least 8") as err:
+            detect_flares(times[:n], frames[:n], header)
+        assert (err.value.n_frames, err.value.needed) == (n, 8)
+    assert isinstance(detect_flares(times[:8], frames[:8], header), list)  # 8: searched
+    # the demo's SDI series: the 13 EIT frames the simulator requires (pipelines.simulation.sources)
+    assert len(sorted((SAMPLE / EIT_DIR).glob("*.fits"))) == N_FRAMES == 13 >= p.min_series_frames
+    found = detect_flares(times, frames, header)
+    assert [(round(f.hpc_x, -1), round(f.hpc_y, -1)) for f in found] == [(DEMO_X, DEMO_Y)], found
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23])
+@pytest.mark.parametrize("shape", [demo_flare, fred, gaussian], ids=["demo", "fred", "gaussian"])
+def test_an_event_ends_where_its_light_curve_returns_to_the_background(scene_256, shape, seed):
+    """Flares that start at 03:00 and are back at the background at 09:00 (the demo's, a fast
+    rise with an exponential decay, a symmetric Gaussian: shapes the detector does not assume),
+    in a 13-frame hourly series: the event ends within one frame of 09:00 (the first frame back
+    is 08:00 or 09:00, by the noise), not half-way down (1.4.0: 05:00, 04:00, 07:00)."""
+    base, header = scene_256
+    times, frames = make_series(base, header, flares=[(DEMO_X, DEMO_Y, 2.0, 30.0, shape)], seed=seed)
+    found = [f for f in detect_flares(times, frames, header)
+             if np.hypot(f.hpc_x - DEMO_X, f.hpc_y - DEMO_Y) < 30.0]
+    assert len(found) == 1, found
+    (fl,) = found
+    peak = int(np.argmax([shape(h) for h in range(N_FRAMES)]))
+    assert fl.peak_index == peak
+    assert abs(fl.end_time - (T0 + dt.timedelta(hours=9))) <= CADENCE, (fl.end_time, fl.light_curve)
+    assert "end_not_observed" not in fl.flags
+    start = min(h for h in range(N_FRAMES) if shape(h) >= FlareDetectionParams().start_fraction)
+    assert abs(fl.start_index - start) <= 1  # the start is unchanged: the first frame above 10 % of the peak
 
 
 # -- the service on PostgreSQL ------------------------------------------------------------------
