@@ -513,10 +513,13 @@ def test_detect_sdi_flares_stores_one_event_and_is_idempotent(db_session, sdi_pr
 
 def test_detect_sdi_flares_time_range(db_session, sdi_products):
     times, _, store = sdi_products
-    assert detect_sdi_flares(db_session, end=times[3], product_root=store) == []  # 4 frames: too few
-    # the quiet first half alone holds no flare
-    assert detect_sdi_flares(db_session, start=times[0], end=times[5] - dt.timedelta(minutes=1),
-                             product_root=store) == []
+    # 4 and 5 frames: fewer than the background needs, refused with the reason (was: nothing found)
+    with pytest.raises(SeriesTooShortError, match="the SDI series 2023-03-01 00:00-03:00 UTC has 4 frames"):
+        detect_sdi_flares(db_session, end=times[3], product_root=store)
+    with pytest.raises(SeriesTooShortError, match="has 5 frames; the detector needs at least 8"):
+        detect_sdi_flares(db_session, start=times[0], end=times[5] - dt.timedelta(minutes=1), product_root=store)
+    # no product in the range: nothing to search, nothing refused
+    assert detect_sdi_flares(db_session, start=times[-1] + CADENCE, product_root=store) == []
     assert db_session.scalar(select(func.count()).select_from(Event)) == 0
     # naive datetimes are UTC
     found = detect_sdi_flares(db_session, start=times[0].replace(tzinfo=None), product_root=store)
@@ -528,3 +531,75 @@ def flare_source_key_of(ev: Event) -> str:
         peak_time, hpc_x, hpc_y = ev.peak_time, ev.hpc_x, ev.hpc_y
 
     return flare_source_key(_F)
+
+
+# -- a user's recalibration of 6 frames: refused, the reason on the job (issue 25, point 4) --------
+
+
+def test_a_jobs_detection_on_6_frames_is_refused_with_the_reason_on_the_job(sqlite_env, scene_256):
+    """A user's job over the 6 hourly SDI frames 2004-03-01 00-05 h (the demo's injected flare
+    in them), products in the user's own calibration set: its follow-up flare detection is
+    refused, not searched (1.4.0 stored 21 private "flares"); the reason is on the job in the API
+    and on the job's page, and no event is stored."""
+    from fastapi.testclient import TestClient
+    from markupsafe import escape
+
+    from backend.api.app import create_app
+    from backend.db import session_scope
+    from backend.models import CalibrationSet, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState
+    from backend.worker import tasks
+    from tests.conftest import make_token
+
+    base, header = scene_256
+    _, frames = make_series(base, header, flares=[(DEMO_X, DEMO_Y, 2.0, 30.0, demo_flare)], seed=12,
+                            hours=np.arange(6.0))
+    day = dt.datetime(2004, 3, 1, tzinfo=dt.UTC)
+    times = [day + k * CADENCE for k in range(6)]
+    store = sqlite_env.products
+    dq = np.zeros(base.shape, dtype=np.uint8)
+    with session_scope() as s:
+        token = make_token(s, "alice", ("jobs:submit",))
+        cs = CalibrationSet(channel_code="SDI", calibration_key="alice-flat", params_hash="a" * 8,
+                            software_version="test", public=False, owner="alice")
+        job = Job(owner="alice", parameters={"channels": ["SDI"], "start": times[0].isoformat(),
+                                             "end": times[-1].isoformat()},
+                  state=JobState.succeeded, total=6, done=6, failed=0, skipped=0)
+        s.add_all([cs, job])
+        s.flush()
+        for k, when in enumerate(times):
+            name = f"alice_sdi_{k:02d}.fits"
+            _write_product(store / name, frames[k], header, when, dq)
+            fr = Frame(channel_code="SDI", date_obs=when, exposure_s=1.0, level="L1", naxis1=base.shape[1],
+                       naxis2=base.shape[0], path=f"raw/{name}", original_name=name,
+                       sha256=hashlib.sha256(name.encode()).hexdigest(), size_bytes=1, header={})
+            s.add(fr)
+            s.flush()
+            prod = Product(frame_id=fr.id, level="L2", version=1, calibration_key="alice-flat", params_hash="a" * 8,
+                           software_version="test", state=ProductState.written, path=name,
+                           calibration_set_id=cs.id, job_id=job.id)
+            s.add(prod)
+            s.flush()
+            s.add(JobItem(job_id=job.id, frame_id=fr.id, product_id=prod.id, outcome=ItemOutcome.done))
+        s.add(JobFollowUp(job_id=job.id, detector="flares", channel="SDI", state=FollowUpState.queued))
+        job_id = job.id
+        s.commit()
+
+    out = tasks.detect_events.run("flares", "SDI", times[0].isoformat(), times[-1].isoformat(), job_id=job_id)
+    want = ("flare detection refused: the SDI series 2004-03-01 00:00-05:00 UTC has 6 frames; "
+            "the detector needs at least 8")
+    assert out["error"].startswith(want), out
+    with session_scope() as s:
+        row = s.get(JobFollowUp, (job_id, "flares", "SDI"))
+        assert row.state == FollowUpState.failed and row.error.startswith(want) and row.events is None
+        assert s.scalar(select(func.count()).select_from(Event)) == 0  # no private "flares"
+        reason = row.error
+
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        c.headers["Authorization"] = f"Bearer {token}"
+        r = c.get(f"/api/v1/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        assert r.json()["follow_ups"] == [{"detector": "flares", "channel": "SDI", "state": "failed", "events": None,
+                                           "error": reason}]
+        page = c.get(f"/jobs/{job_id}")
+        assert page.status_code == 200
+        assert 'id="job-detections"' in page.text and str(escape(reason)) in page.text, page.text
