@@ -446,6 +446,10 @@ class FollowUpState(str, enum.Enum):
     queued = "queued"
     done = "done"
     failed = "failed"
+    #: not run, by design, with the reason (e.g. a series shorter than the detector's background
+    #: needs: pipelines.detect.flares.SeriesTooShortError); a value of the same VARCHAR(16)
+    #: column (non-native enum, no CHECK constraint: no migration)
+    refused = "refused"
 
 
 class JobFollowUp(Base):

@@ -365,23 +365,25 @@ def confirm_claim(session: Session, product_id: int, attempt: int, holder: str |
 
 def settle_follow_up(row: JobFollowUp, to: FollowUpState, *, events: int | None = None,
                      reason: str | None = None) -> JobFollowUp:
-    """Move follow-up detection ``row`` (``queued``) to ``done`` (with its event count) or
-    ``failed`` (with the reason); a settled row is not moved again.
+    """Move follow-up detection ``row`` (``queued``) to ``done`` (with its event count),
+    ``failed`` or ``refused`` (not run by design, e.g. too few frames; both with the reason); a
+    settled row is not moved again.
 
     Raises
     ------
     IllegalTransition
-        If ``row`` is settled already, or ``failed`` has no reason.
+        If ``row`` is settled already, or ``failed`` or ``refused`` has no reason.
     """
     if row.state != FollowUpState.queued or to == FollowUpState.queued:
         raise IllegalTransition(f"follow-up {row.job_id}/{row.detector}/{row.channel}: "
                                 f"{FollowUpState(row.state).value} -> {to.value} is not allowed")
-    if to == FollowUpState.failed and not reason:
-        raise IllegalTransition("a failed follow-up needs a reason")
+    with_reason = to in (FollowUpState.failed, FollowUpState.refused)
+    if with_reason and not reason:
+        raise IllegalTransition(f"a {to.value} follow-up needs a reason")
     row.state = to
     row.finished_at = utcnow()
     row.events = events
-    row.error = reason_text(reason) if to == FollowUpState.failed else None
+    row.error = reason_text(reason) if with_reason else None
     return row
 
 

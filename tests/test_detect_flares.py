@@ -542,8 +542,8 @@ def flare_source_key_of(ev: Event) -> str:
 def test_a_jobs_detection_on_6_frames_is_refused_with_the_reason_on_the_job(sqlite_env, scene_256):
     """A user's job over the 6 hourly SDI frames 2004-03-01 00-05 h (the demo's injected flare
     in them), products in the user's own calibration set: its follow-up flare detection is
-    refused, not searched (1.4.0 stored 21 private "flares"); the reason is on the job in the API
-    and on the job's page, and no event is stored."""
+    refused, not searched (1.4.0 stored 21 private "flares" at the demo's size); the follow-up is
+    ``refused`` with the reason, in the API and on the job's page, and no event is stored."""
     from fastapi.testclient import TestClient
     from markupsafe import escape
 
@@ -590,10 +590,10 @@ def test_a_jobs_detection_on_6_frames_is_refused_with_the_reason_on_the_job(sqli
     out = tasks.detect_events.run("flares", "SDI", times[0].isoformat(), times[-1].isoformat(), job_id=job_id)
     want = ("flare detection refused: the SDI series 2004-03-01 00:00-05:00 UTC has 6 frames; "
             "the detector needs at least 8")
-    assert out["error"].startswith(want), out
+    assert out["refused"].startswith(want) and out["events"] == [], out
     with session_scope() as s:
         row = s.get(JobFollowUp, (job_id, "flares", "SDI"))
-        assert row.state == FollowUpState.failed and row.error.startswith(want) and row.events is None
+        assert row.state == FollowUpState.refused and row.error.startswith(want) and row.events is None
         assert s.scalar(select(func.count()).select_from(Event)) == 0  # no private "flares"
         reason = row.error
 
@@ -601,7 +601,7 @@ def test_a_jobs_detection_on_6_frames_is_refused_with_the_reason_on_the_job(sqli
         c.headers["Authorization"] = f"Bearer {token}"
         r = c.get(f"/api/v1/jobs/{job_id}")
         assert r.status_code == 200, r.text
-        assert r.json()["follow_ups"] == [{"detector": "flares", "channel": "SDI", "state": "failed", "events": None,
+        assert r.json()["follow_ups"] == [{"detector": "flares", "channel": "SDI", "state": "refused", "events": None,
                                            "error": reason}]
         page = c.get(f"/jobs/{job_id}")
         assert page.status_code == 200

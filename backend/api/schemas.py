@@ -314,9 +314,10 @@ class FollowUpPublic(_ORM):
 
     detector: str = Field(description="registry detector: flares, cmes, prominences, white-light")
     channel: str
-    state: str = Field(description="queued, done or failed")
+    state: str = Field(description="queued, done, failed, or refused (not run by design: e.g. a series shorter "
+                                   "than the detector's background needs; error says why)")
     events: int | None = Field(description="events the detection found (done)")
-    error: str | None
+    error: str | None = Field(description="why it failed or was refused")
 
 
 class JobQueuePublic(BaseModel):

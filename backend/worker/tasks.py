@@ -392,9 +392,9 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
     public catalogue only when the job publishes and its sets are public, else as its owner's
     private events. Without ``job_id``: the public detection (the public set of each frame).
     A series too short for the detector's background
-    (:class:`pipelines.detect.flares.SeriesTooShortError`) is refused: a follow-up is
-    ``failed`` with that reason (shown on the job's page and in ``GET /api/v1/jobs/{id}``);
-    the public detection answers ``refused`` with it.
+    (:class:`pipelines.detect.flares.SeriesTooShortError`) is refused: a follow-up is settled
+    ``refused`` with that reason (shown on the job's page and in ``GET /api/v1/jobs/{id}``);
+    either way the answer carries it as ``refused``.
     """
     t0, t1 = _time(start), _time(end)
     with session_scope() as s:
@@ -412,11 +412,14 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
                 scope = job_detection_scope(s, job_id, channel) if job_id else PUBLIC_SCOPE
                 events = run_detector(s, detector, channel=channel, start=t0, end=t1, scope=scope)
                 linked = associate_events(s, start=t0, end=t1)
+        except SeriesTooShortError as exc:  # refused by design: said, not a fault
+            log.warning("%s detection on %s%s refused: %s", detector, channel, f" (job {job_id})" if job_id else "",
+                        failure_reason(exc))
+            if row is not None:
+                settle_follow_up(row, FollowUpState.refused, reason=failure_reason(exc))
+            return {"detector": detector, "channel": channel, "job_id": job_id, "events": [], "associations": 0,
+                    "refused": failure_reason(exc)}
         except (DataError, ValueError) as exc:
-            if row is None and isinstance(exc, SeriesTooShortError):  # refused by design: said, not a fault
-                log.warning("%s detection on %s refused: %s", detector, channel, failure_reason(exc))
-                return {"detector": detector, "channel": channel, "events": [], "associations": 0,
-                        "refused": failure_reason(exc)}
             if row is None:
                 raise
             settle_follow_up(row, FollowUpState.failed, reason=failure_reason(exc))
