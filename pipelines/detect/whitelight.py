@@ -139,6 +139,8 @@ class WhiteLightParams:
             # scatter and co-moving background are not validated for WST yet)
             red_noise_sigma=self.noise_sigma, max_baseline_inflation=2.0, trailing_baseline=False,
             corotate="off",
+            # the half-way end of flares 1.4.0 (its return-to-background end is validated on SDI only)
+            end_fraction=0.5,
         )
 
     def as_dict(self) -> dict[str, Any]:
