@@ -527,6 +527,20 @@ def test_detect_sdi_flares_time_range(db_session, sdi_products):
     # naive datetimes are UTC
     found = detect_sdi_flares(db_session, start=times[0].replace(tzinfo=None), product_root=store)
     assert len(found) == 1 and found[0].source_key == flare_source_key_of(found[0])
+    # a short observing run a day later beside the searched one: skipped, the long run still searched
+    later = times[-1] + dt.timedelta(days=1)
+    for k in range(3):
+        fr = Frame(channel_code="SDI", date_obs=later + k * CADENCE, exposure_s=1.0, level="L1", naxis1=8, naxis2=8,
+                   path=f"raw/later_{k}.fits", original_name=f"later_{k}.fits",
+                   sha256=hashlib.sha256(f"later-{k}-{store}".encode()).hexdigest(), size_bytes=1, header={})
+        db_session.add(fr)
+        db_session.flush()
+        db_session.add(Product(frame_id=fr.id, level="L2", version=1, calibration_key="cal-v1", params_hash="p",
+                               software_version="test", state=ProductState.written, path="sdi_00_v2.fits"))
+    db_session.flush()
+    assert [e.id for e in detect_sdi_flares(db_session, product_root=store)] == [found[0].id]
+    with pytest.raises(SeriesTooShortError, match="the SDI series .* has 3 frames"):
+        detect_sdi_flares(db_session, start=later, product_root=store)
 
 
 def flare_source_key_of(ev: Event) -> str:

@@ -371,7 +371,8 @@ def detect_sdi_flares(
     if not searched:
         raise SeriesTooShortError(max(len(r) for r in runs), p.min_series_frames, what=_runs_text(short))
     if short:
-        log.warning("flare detection: %s not searched (fewer than %d frames)", _runs_text(short), p.min_series_frames)
+        log.warning("flare detection: %d SDI observing run(s) of fewer than %d frames not searched: %s", len(short),
+                    p.min_series_frames, _runs_text(short))
     events: list[Event] = []
     for rows in searched:
         events.extend(_detect_sdi_run(session, det, channel, p, rows, product_root, scope))
@@ -380,17 +381,17 @@ def detect_sdi_flares(
 
 
 def _runs_text(runs: list[list[tuple[Product, Frame]]]) -> str:
-    """``'the SDI series 2004-03-01 00:00-05:00 UTC'`` (one run) or ``'each of the 2 SDI
-    observing runs (...; ...)'``: what a refusal names."""
+    """What a refusal names: ``'the SDI series 2004-03-01 00:00-05:00 UTC'`` (one run), or
+    ``'the longest of the 2 SDI observing runs (...: 3 frames; ...: 5 frames)'``."""
     def span(rows: list[tuple[Product, Frame]]) -> str:
         t0, t1 = as_utc(rows[0][1].date_obs), as_utc(rows[-1][1].date_obs)
         return f"{t0:%Y-%m-%d %H:%M}-{t1:%H:%M} UTC" if t0.date() == t1.date() else \
-            f"{t0:%Y-%m-%d %H:%M}-{t1:%Y-%m-%d %H:%M} UTC"
+            f"{t0:%Y-%m-%d %H:%M} to {t1:%Y-%m-%d %H:%M} UTC"
 
     if len(runs) == 1:
         return f"the SDI series {span(runs[0])}"
-    shown = "; ".join(f"{span(r)}: {len(r)}" for r in runs[:5]) + ("; ..." if len(runs) > 5 else "")
-    return f"each of the {len(runs)} SDI observing runs ({shown}), the longest"
+    shown = "; ".join(f"{span(r)}: {len(r)} frames" for r in runs[:5]) + ("; ..." if len(runs) > 5 else "")
+    return f"the longest of the {len(runs)} SDI observing runs ({shown})"
 
 
 #: Frames further apart than this [s] belong to separate observing runs: the flare detector
