@@ -424,11 +424,8 @@ def cmd_demo(args) -> int:
     each step is written to ``<DATA_DIR>/demo-progress.json``
     (:mod:`backend.services.demo_progress`), which the landing page shows. ``--no-serve``
     starts no server and returns once the data are ready."""
-    from backend.db import session_scope
     from backend.migrate import upgrade
-    from backend.models import Frame
     from backend.services.demo_progress import DemoProgress
-    from backend.services.jobs import JobRequest, submit_job
 
     s = _settings()
     if not s.embedded:
@@ -467,48 +464,7 @@ def cmd_demo(args) -> int:
                                        "--concurrency", str(args.concurrency), "--name", f"demo@{os.getpid()}"],
                                       stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy(),
                                       start_new_session=True, preexec_fn=_die_with_parent)
-        sim_dir = s.root / "simulated"
-        sizes = FULL_SIZES if args.full_size else (
-            {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
-        if not _demo_simulation_current(sim_dir):
-            step(3, f"simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
-            from pipelines.simulation import simulate
-
-            t0 = time.perf_counter()
-            # the EIT day (2004-03-01), the XRS day (2011-06-07, GOES M2.5) and the HMI JP2 WST frame (2023-01-31)
-            simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True, xrs_day=True,
-                     wst_helioviewer=True)
-            _say(f"      done in {time.perf_counter() - t0:.1f} s")
-        else:
-            step(3, f"simulated frames already in {sim_dir}")
-        step(4, "ingesting raw frames and calibration masters (and the real bad files, to show quarantine)")
-        files = _expand([str(sim_dir / "calibration"), str(sim_dir / "raw")])
-        counts = ingest_files(files, move=False)
-        inbox = s.root / "inbox"
-        inbox.mkdir(exist_ok=True)
-        bad = s.sample_data_dir / "bad-input"
-        for f in sorted(bad.iterdir()) if bad.is_dir() else []:
-            shutil.copy2(f, inbox / f.name)
-        bad_counts = ingest_files(sorted(inbox.iterdir()), move=True)
-        _say("      frames: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
-             " | bad-input: " + ", ".join(f"{k} {v}" for k, v in sorted(bad_counts.items())))
-        step(5, "importing real event catalogues")
-        cmd_import_events(argparse.Namespace(folder=None))
-        _say("      GOES XRS time series (X-ray context of the flares)")
-        cmd_import_xray(argparse.Namespace(folder=None))
-        step(6, "recalibration job over every frame (runs in the worker)")
-        from sqlalchemy import func, select
-
-        with session_scope() as sess:
-            t_min, t_max = sess.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))).one()
-        if t_min is not None:
-            req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max)
-            with session_scope() as sess:
-                job = submit_job(sess, req, owner="system", publishes=True)
-            state, error = wait_for_job(job.id, timeout=1200)
-            _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
-        step(7, "flare detection on the SDI L2 series")
-        cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
+        _demo_data_steps(args, s, step)
         demo_token = _demo_token()
         progress.finish()
         ready = True
@@ -529,6 +485,58 @@ def cmd_demo(args) -> int:
         for proc in (server, worker):
             if proc is not None:
                 stop_process_group(proc, timeout_s=20)
+
+
+def _demo_data_steps(args, s, step) -> None:
+    """Steps 3 to 7 of ``lstdp demo``: simulate (once), ingest (and the real bad files),
+    import the catalogues and the X-ray series, recalibrate every frame in the worker, detect
+    flares. ``step(n, title)`` announces each (printed and written for the landing page)."""
+    from sqlalchemy import func, select
+
+    from backend.db import session_scope
+    from backend.models import Frame
+    from backend.services.jobs import JobRequest, submit_job
+
+    sim_dir = s.root / "simulated"
+    sizes = FULL_SIZES if args.full_size else (
+        {c: args.size for c in DEMO_SIZES} if args.size else DEMO_SIZES)
+    if not _demo_simulation_current(sim_dir):
+        step(3, f"simulating LST frames from real scenes ({', '.join(f'{k} {v}px' for k, v in sizes.items())})")
+        from pipelines.simulation import simulate
+
+        t0 = time.perf_counter()
+        # the EIT day (2004-03-01), the XRS day (2011-06-07, GOES M2.5) and the HMI JP2 WST frame (2023-01-31)
+        simulate(sim_dir, naxis=sizes, noise=True, seed=args.seed, sdi_sequence=True, xrs_day=True,
+                 wst_helioviewer=True)
+        _say(f"      done in {time.perf_counter() - t0:.1f} s")
+    else:
+        step(3, f"simulated frames already in {sim_dir}")
+    step(4, "ingesting raw frames and calibration masters (and the real bad files, to show quarantine)")
+    files = _expand([str(sim_dir / "calibration"), str(sim_dir / "raw")])
+    counts = ingest_files(files, move=False)
+    inbox = s.root / "inbox"
+    inbox.mkdir(exist_ok=True)
+    bad = s.sample_data_dir / "bad-input"
+    for f in sorted(bad.iterdir()) if bad.is_dir() else []:
+        shutil.copy2(f, inbox / f.name)
+    bad_counts = ingest_files(sorted(inbox.iterdir()), move=True)
+    _say("      frames: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) +
+         " | bad-input: " + ", ".join(f"{k} {v}" for k, v in sorted(bad_counts.items())))
+    step(5, "importing real event catalogues")
+    cmd_import_events(argparse.Namespace(folder=None))
+    _say("      GOES XRS time series (X-ray context of the flares)")
+    cmd_import_xray(argparse.Namespace(folder=None))
+    step(6, "recalibration job over every frame (runs in the worker)")
+    with session_scope() as sess:
+        t_min, t_max = sess.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))).one()
+    if t_min is not None:
+        req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max)
+        with session_scope() as sess:
+            job = submit_job(sess, req, owner="system", publishes=True)
+        state, error = wait_for_job(job.id, timeout=1200)
+        _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
+    step(7, "flare detection on the SDI L2 series")
+    cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
 
 
 def _start_demo_server(s, host: str, port: int) -> subprocess.Popen:
