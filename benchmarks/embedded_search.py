@@ -36,7 +36,7 @@ databases. Target: <= 200 ms for every filter on both (issue 25).
 Run (it takes minutes; the PostgreSQL seeding dominates)::
 
     nice -n 19 .venv/bin/python benchmarks/embedded_search.py [--pg-events N] [--repeat R]
-        [--sqlite PATH] [--skip-pg]
+        [--sqlite PATH] [--skip-pg | --pg-url URL | --keep]
 
 ``--sqlite PATH`` reuses (or, when absent, builds and keeps) that SQLite file.
 """
@@ -174,7 +174,6 @@ def _values(url: str) -> dict[str, list]:
         frm = top(E.frm_name, 1)
         frm_v = top(E.frm_version, 1)
         ars = top(E.noaa_ar, 1)
-        chans = top(E.channels, 1)
         # a busy day: the day with the most flares of the newest thousand starts
         recent = [r[0] for r in c.execute(select(E.start_time).order_by(E.start_time.desc()).limit(1000))]
     engine.dispose()
@@ -186,7 +185,7 @@ def _values(url: str) -> dict[str, list]:
         "start": [iso(d0), iso(d0 - dt.timedelta(days=3650))],
         "end": [iso(d0), iso(dt.datetime(1990, 6, 1))],
         "source": sources,
-        "channel": [(chans[0].split(",")[0] if chans else "SDI"), "SCI-UV"],
+        "channel": ["SDI", "SCI-UV"],  # LST channels (catalogue rows name other instruments' bands)
         "pa_min": [60.0, 300.0],
         "pa_max": [120.0, 30.0],
         "hpc_x_min": [250.0], "hpc_x_max": [350.0], "hpc_y_min": [-120.0], "hpc_y_max": [-80.0],
@@ -275,6 +274,16 @@ def measure(url: str, data_dir: Path, repeat: int) -> dict[str, tuple[float, lis
     return results
 
 
+def _count_events(url: str) -> int:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.connect() as c:
+        n = int(c.execute(text("SELECT count(*) FROM events")).scalar())
+    engine.dispose()
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pg-events", type=int, default=1_000_000, help="events seeded in PostgreSQL")
@@ -282,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--sqlite", type=Path, default=None, help="reuse (or build and keep) this SQLite file")
     ap.add_argument("--skip-pg", action="store_true", help="SQLite only (pg_p99_ms=nan)")
+    ap.add_argument("--pg-url", default=None,
+                    help="measure this already seeded PostgreSQL database (migrated to head here), not dropped")
+    ap.add_argument("--keep", action="store_true", help="keep the PostgreSQL database it seeds (URL printed)")
     args = ap.parse_args(argv)
 
     tmp = Path(tempfile.mkdtemp(prefix="lstdp_embedded_search_"))
@@ -290,15 +302,24 @@ def main(argv: list[str] | None = None) -> int:
     print("SQLite (the demo's catalogue):", flush=True)
     res = {"sqlite": measure(sqlite_url, tmp / "data-sqlite", args.repeat)}
     if not args.skip_pg:
-        pg_url = build_pg(args.pg_events, args.seed)
+        if args.pg_url:
+            from backend.migrate import upgrade
+
+            pg_url = args.pg_url
+            upgrade(pg_url)
+        else:
+            pg_url = build_pg(args.pg_events, args.seed)
         try:
-            print(f"PostgreSQL ({args.pg_events:,} events):", flush=True)
+            print(f"PostgreSQL ({_count_events(pg_url):,} events):", flush=True)
             res["pg"] = measure(pg_url, tmp / "data-pg", args.repeat)
         finally:
             from backend import db as dbmod
 
             dbmod.reset_caches()
-            _events_api().drop_database(pg_url)
+            if args.pg_url is None and not args.keep:
+                _events_api().drop_database(pg_url)
+            elif args.keep:
+                print(f"kept {pg_url}")
     worst = {db: max(r.items(), key=lambda kv: kv[1][0]) for db, r in res.items()}
     slowest = max(worst.values(), key=lambda kv: kv[1][0])[0]
     errors = sum(s != 200 for r in res.values() for _, st in r.values() for s in st)
