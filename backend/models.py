@@ -501,7 +501,7 @@ class Event(Base):
     source_key: Mapped[str] = mapped_column(String(200))
     start_time: Mapped[dt.datetime] = mapped_column()
     peak_time: Mapped[dt.datetime | None] = mapped_column()
-    end_time: Mapped[dt.datetime | None] = mapped_column(index=True)
+    end_time: Mapped[dt.datetime | None] = mapped_column()
     channels: Mapped[str | None] = mapped_column(String(64))
     hpc_x: Mapped[float | None] = mapped_column(Float)
     hpc_y: Mapped[float | None] = mapped_column(Float)
@@ -542,12 +542,19 @@ class Event(Base):
         # longest duration of a type: one index probe (time-overlap bound)
         Index("ix_events_type_duration", "event_type", "duration_s"),
         Index("ix_events_duration", "duration_s"),
-        Index("ix_events_goes_flux", "goes_flux"),
         Index("ix_events_frm", "frm_name", "frm_version"),
         # one source (of several) newest first: the index gives the order, no sort of the
         # source's rows (migration 0015; it replaces the single-column ix_events_source)
         Index("ix_events_source_start_id", "source", "start_time", "id", postgresql_include=SEARCH_INCLUDE),
         Index("ix_events_noaa_ar", "noaa_ar"),
+        # the nullable sort keys in their order, the id breaking ties (keyset pages: the rows
+        # with a value by the index, then the NULLs by id; event_search._nullable_key_page);
+        # goes_flux also serves min_goes_class. They replace ix_events_goes_flux and
+        # ix_events_end_time (their prefixes), migration 0015
+        Index("ix_events_goes_flux_id", "goes_flux", "id"),
+        Index("ix_events_end_time_id", "end_time", "id"),
+        Index("ix_events_peak_time_id", "peak_time", "id"),
+        Index("ix_events_speed_id", "speed_km_s", "id"),
     )
 
 

@@ -11,6 +11,10 @@
   replacing ``ix_events_source`` (its prefix): one source newest first in index order, no
   sort of all that source's rows.
 * ``events (noaa_ar)``: a NOAA region's events.
+* ``events (goes_flux, id)``, ``(end_time, id)``, ``(peak_time, id)``, ``(speed_km_s, id)``:
+  the nullable sort keys in index order (the page's rows with a value by the index, then the
+  NULLs by id, ``backend.services.event_search``); the first two replace ``ix_events_goes_flux``
+  and ``ix_events_end_time`` (their prefixes).
 
 ``ANALYZE`` at the end (both dialects) so that the planners know the new indexes' value
 distribution (SQLite has no statistics otherwise and guesses).
@@ -42,10 +46,22 @@ def upgrade() -> None:
                     postgresql_include=SEARCH_INCLUDE)
     op.drop_index("ix_events_source", table_name="events")
     op.create_index("ix_events_noaa_ar", "events", ["noaa_ar"])
+    op.create_index("ix_events_goes_flux_id", "events", ["goes_flux", "id"])
+    op.drop_index("ix_events_goes_flux", table_name="events")
+    op.create_index("ix_events_end_time_id", "events", ["end_time", "id"])
+    op.drop_index("ix_events_end_time", table_name="events")
+    op.create_index("ix_events_peak_time_id", "events", ["peak_time", "id"])
+    op.create_index("ix_events_speed_id", "events", ["speed_km_s", "id"])
     op.execute("ANALYZE")
 
 
 def downgrade() -> None:
+    op.drop_index("ix_events_speed_id", table_name="events")
+    op.drop_index("ix_events_peak_time_id", table_name="events")
+    op.create_index("ix_events_end_time", "events", ["end_time"])
+    op.drop_index("ix_events_end_time_id", table_name="events")
+    op.create_index("ix_events_goes_flux", "events", ["goes_flux"])
+    op.drop_index("ix_events_goes_flux_id", table_name="events")
     op.drop_index("ix_events_noaa_ar", table_name="events")
     op.create_index("ix_events_source", "events", ["source"])
     op.drop_index("ix_events_source_start_id", table_name="events")
