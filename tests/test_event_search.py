@@ -468,3 +468,36 @@ def test_no_filter_reads_a_table_once_per_row_on_sqlite(sqlite_engine, name):
         for statement, parameters in statements:
             rows = c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters).all()
             assert not _inner_full_scans(rows), (statement, [r[3] for r in rows])
+
+
+@pytest.mark.parametrize("sort", [f"{d}{k}" for k in event_search.SORT_KEYS for d in ("", "-")])
+def test_every_sort_key_pages_in_index_order_on_sqlite(sqlite_engine, sort):
+    """Issue 25: a nullable sort key (``goes_flux``, ``speed_km_s``...) was one statement ordered
+    by ``key IS NULL, key, id``, which no index gives: every match was sorted (all 79,000 events
+    of the demo). No page statement of any sort key may sort ("USE TEMP B-TREE FOR ORDER BY"),
+    first page or after a cursor."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    statements = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        if "ORDER BY" in statement:
+            statements.append((statement, parameters))
+
+    with Session(sqlite_engine) as s:
+        for k in range(4):  # some with a value of every key, some without
+            ev(s, "FL", T0 + k * MIN, T0 + (k + 5) * MIN if k % 2 else None, peak=T0 + (k + 1) * MIN if k % 2 else None,
+               goes_class="C1.0" if k % 2 else None, speed_km_s=400.0 + k if k % 2 else None)
+        event.listen(sqlite_engine, "before_cursor_execute", capture)
+        try:
+            first = search_events(s, EventFilters(), sort=sort, limit=1)
+            search_events(s, EventFilters(), sort=sort, limit=2, cursor=first.next_cursor)
+        finally:
+            event.remove(sqlite_engine, "before_cursor_execute", capture)
+            s.rollback()
+    assert statements
+    with sqlite_engine.connect() as c:
+        for statement, parameters in statements:
+            plan = [r[3] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
+            assert not any("TEMP B-TREE FOR ORDER BY" in d for d in plan), (statement, plan)
