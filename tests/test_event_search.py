@@ -501,3 +501,22 @@ def test_every_sort_key_pages_in_index_order_on_sqlite(sqlite_engine, sort):
         for statement, parameters in statements:
             plan = [r[3] for r in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)]
             assert not any("TEMP B-TREE FOR ORDER BY" in d for d in plan), (statement, plan)
+
+
+@pytest.mark.parametrize("linked_ids_limit", [event_search.LINKED_IDS_LIMIT, 0])
+def test_linked_filters_as_ids_or_as_a_subquery(client, db_session, catalogue, monkeypatch, linked_ids_limit):
+    """``associated_type`` passes a small linked set as its ids and a large one as a subquery
+    (``LINKED_IDS_LIMIT``): the same answer either way, on both databases; a link to an event
+    the viewer cannot see does not count."""
+    monkeypatch.setattr(event_search, "LINKED_IDS_LIMIT", linked_ids_limit)
+    e = catalogue
+    hidden = ev(db_session, "CE", T0 + 75 * MIN, source="detected", owner="someone-else")
+    for a, b in ((e["m1"], e["ce10"]), (e["x2"], e["ce180"]), (e["c5"], hidden)):
+        db_session.add_all([EventAssociation(event_id=a.id, other_event_id=b.id, kind="flare_cme"),
+                            EventAssociation(event_id=b.id, other_event_id=a.id, kind="cme_flare")])
+    db_session.flush()
+    got, body = ids(client, associated_type="CE", sort="start_time")
+    assert got == [e["m1"].id, e["x2"].id] and body["total"] == 2
+    assert ids(client, associated_type="FL", type="CE")[0] == [e["ce180"].id, e["ce10"].id]
+    assert ids(client, associated_type="AR")[0] == []
+    assert ids(client, associated_type="CE", start=(T0 + 100 * MIN).isoformat())[0] == [e["x2"].id]
