@@ -43,7 +43,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sqlalchemy import (
+    Integer,
+    String,
     and_,
+    any_,
+    bindparam,
     func,
     literal_column,
     or_,
@@ -391,9 +395,17 @@ def _linked_ids(session: Session, ids_query):
     planners join once (hash) or probe along the page's index order, stopping at the page's end.
     """
     ids = session.execute(ids_query.limit(LINKED_IDS_LIMIT + 1)).scalars().all()
-    if len(ids) <= LINKED_IDS_LIMIT:
-        return _E.id.in_(sorted(set(ids)))
-    return _E.id.in_(ids_query)
+    if len(ids) > LINKED_IDS_LIMIT:
+        return _E.id.in_(ids_query)
+    ids = sorted(set(ids))
+    # one parameter, not one per id (binding 5,000 parameters cost 0.1-0.3 s of Python per
+    # statement): an array on PostgreSQL, a JSON list read by json_each on SQLite
+    if session.get_bind().dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import ARRAY
+
+        return _E.id == any_(bindparam("linked_ids", value=ids, type_=ARRAY(Integer), unique=True))
+    listed = func.json_each(bindparam("linked_ids", value=json.dumps(ids), type_=String, unique=True))
+    return _E.id.in_(select(literal_column("value")).select_from(listed))
 
 
 def _keyset(key: str, desc: bool, value: Any, row_id: int):
