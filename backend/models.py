@@ -337,7 +337,9 @@ class Product(Base):
     # frame with the same set at once make one product. The same files and options under
     # another software version are another set, so (frame, calibration_key, params_hash) is
     # not unique (migration 0012).
-    __table_args__ = (UniqueConstraint("frame_id", "version", name="uq_products_frame_id_version"),)
+    __table_args__ = (UniqueConstraint("frame_id", "version", name="uq_products_frame_id_version"),
+                      # the calibration_set search filter by key (``dark:3,flat:5``), migration 0015
+                      Index("ix_products_calibration_key", "calibration_key"))
 
 
 class ProductCalibrationFile(Base):
@@ -499,11 +501,11 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     event_type: Mapped[str] = mapped_column(String(4))
-    source: Mapped[str] = mapped_column(String(32), index=True)
+    source: Mapped[str] = mapped_column(String(32))
     source_key: Mapped[str] = mapped_column(String(200))
     start_time: Mapped[dt.datetime] = mapped_column()
     peak_time: Mapped[dt.datetime | None] = mapped_column()
-    end_time: Mapped[dt.datetime | None] = mapped_column(index=True)
+    end_time: Mapped[dt.datetime | None] = mapped_column()
     channels: Mapped[str | None] = mapped_column(String(64))
     hpc_x: Mapped[float | None] = mapped_column(Float)
     hpc_y: Mapped[float | None] = mapped_column(Float)
@@ -544,8 +546,19 @@ class Event(Base):
         # longest duration of a type: one index probe (time-overlap bound)
         Index("ix_events_type_duration", "event_type", "duration_s"),
         Index("ix_events_duration", "duration_s"),
-        Index("ix_events_goes_flux", "goes_flux"),
         Index("ix_events_frm", "frm_name", "frm_version"),
+        # one source (of several) newest first: the index gives the order, no sort of the
+        # source's rows (migration 0015; it replaces the single-column ix_events_source)
+        Index("ix_events_source_start_id", "source", "start_time", "id", postgresql_include=SEARCH_INCLUDE),
+        Index("ix_events_noaa_ar", "noaa_ar"),
+        # the nullable sort keys in their order, the id breaking ties (keyset pages: the rows
+        # with a value by the index, then the NULLs by id; event_search._nullable_key_page);
+        # goes_flux also serves min_goes_class. They replace ix_events_goes_flux and
+        # ix_events_end_time (their prefixes), migration 0015
+        Index("ix_events_goes_flux_id", "goes_flux", "id"),
+        Index("ix_events_end_time_id", "end_time", "id"),
+        Index("ix_events_peak_time_id", "peak_time", "id"),
+        Index("ix_events_speed_id", "speed_km_s", "id"),
     )
 
 
@@ -567,6 +580,10 @@ class EventProduct(Base):
     event_id: Mapped[int] = mapped_column(ForeignKey("events.id", ondelete="CASCADE"), primary_key=True)
     product_id: Mapped[int] = mapped_column(ForeignKey("products.id", ondelete="CASCADE"), primary_key=True)
 
+    #: the events of a product (``calibration_set``/``calibration_file`` search filters); the
+    #: primary key leads with ``event_id`` (migration 0015)
+    __table_args__ = (Index("ix_event_products_product", "product_id", "event_id"),)
+
 
 class EventAssociation(Base):
     """A link between two events (e.g. a WST white-light flare and its GOES flare)."""
@@ -578,6 +595,11 @@ class EventAssociation(Base):
     #: Why the two are linked, in words with the evidence (peak times apart, distance, NOAA
     #: region, position angles), written by the rule that made the link; None for older links.
     reason: Mapped[str | None] = mapped_column(Text)
+
+    #: the links to an event (``associated_type`` search filter: events linked to one of type X);
+    #: the primary key leads with ``event_id``, so without it SQLite read every link once per
+    #: event of type X (migration 0015)
+    __table_args__ = (Index("ix_event_associations_other", "other_event_id", "event_id"),)
 
 
 class MovieState(str, enum.Enum):

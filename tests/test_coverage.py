@@ -221,3 +221,44 @@ def test_detected_coverage_of_an_event_search_is_an_extent_not_a_covered_span(db
     w = window_coverage(db_session, ["detected"], T("2023-01-01"), T("2024-12-31"))["detected"]
     assert w.status == "partial" and "first 2023-01-31" in w.message and "gaps between" in w.message
     assert all(not s.complete for s in w.spans)
+
+
+def test_sdi_run_of_2011_06_07_is_one_run_at_its_own_six_minute_cadence(db_session, settings):
+    """Issue 25: the demo's SDI series of the XRS day (25 frames every 6 min from 05:20,
+    ``pipelines.simulation.series.XRS_DAY``) was 25 one-second spans and 24 "no frames" gaps
+    when a gap was five *nominal* SDI cadences (5 min); it is one run at 6 min."""
+    from pipelines.simulation.series import XRS_DAY
+
+    t0 = T(XRS_DAY["first_frame"])
+    step = dt.timedelta(seconds=XRS_DAY["cadence_s"])
+    times = [t0 + k * step for k in range(XRS_DAY["n_frames"])]
+    for t in times:
+        make_product(db_session, make_frame(db_session, "SDI", t), None)
+    db_session.flush()
+    day0, day1 = T("2011-06-07T00:00:00"), T("2011-06-08T00:00:00")
+    c = ChannelProvider("SDI").coverage(db_session, day0, day1, settings)
+    assert [(s.start, s.end) for s in c.spans] == [(times[0], times[-1] + dt.timedelta(seconds=1))]
+    assert c.spans[0].note == "run of 25 frames every 360 s"
+    assert [(g.start, g.end, g.reason) for g in c.gaps] == [
+        (day0, times[0], "no frames"), (times[-1] + dt.timedelta(seconds=1), day1, "no frames")]
+
+
+def test_observing_runs_follow_each_runs_own_cadence():
+    """A 1-min run, a pause, a 6-min run, two frames an hour apart: the 6-min run is not
+    shredded by the 1-min run's cadence, the pause is a break, two frames are not a run."""
+    from backend.services.coverage import observing_runs
+
+    t0 = T("2011-06-07T00:00:00")
+    m = dt.timedelta(minutes=1)
+    fast = [t0 + k * m for k in range(30)]  # 00:00-00:29 every minute
+    slow = [t0 + 36 * m + k * 6 * m for k in range(10)]  # 00:36-01:30 every 6 min (6-min step after the fast run)
+    pause = [t0 + 3 * 60 * m + k * m for k in range(5)]  # 03:00-03:04 after a 90-min pause
+    lone = [t0 + 10 * 60 * m, t0 + 11 * 60 * m]  # two frames an hour apart
+    times = fast + slow + pause + lone
+    runs = observing_runs(times)
+    assert [(times[a], times[b]) for a, b in runs] == [(fast[0], fast[-1]), (slow[0], slow[-1]),
+                                                        (pause[0], pause[-1])]
+    # a frame or two dropped from a run is no break; the run's own spacing, not a nominal one
+    hourly = [t0 + k * 60 * m for k in range(13) if k not in (4, 8, 9)]
+    assert observing_runs(hourly) == [(0, len(hourly) - 1)]
+    assert observing_runs(lone) == [] and observing_runs([]) == []

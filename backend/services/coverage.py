@@ -14,10 +14,12 @@ Providers
       "no catalogue file covers this", "not imported".
     * :class:`ChannelProvider` (one per LST channel): where written public L2 products exist,
       from the frames and their products (a user's private products count nowhere, their
-      errors are never shown). Frames less than :data:`GAP_CADENCES` nominal cadences
-      apart are one covered span; a longer break, or frames without a written product, is a
-      gap, with its reasons: no frames, failed products (with the commonest error), frames
-      not calibrated, quarantined files (DATE-OBS read from the quarantined file).
+      errors are never shown). An observing *run* is frames whose spacing stays within
+      :data:`GAP_CADENCES` times the run's own median spacing (:func:`observing_runs`; a
+      6-min run is one run at 6 min whatever the channel's nominal cadence); a run is one
+      covered span, a break of it, or frames without a written product, is a gap, with its
+      reasons: no frames, failed products (with the commonest error), frames not calibrated,
+      quarantined files (DATE-OBS read from the quarantined file).
     * :class:`DetectedProvider` (``detected``): the union of the channels' covered spans
       (the detectors run on written L2 products; no product, no detection).
 
@@ -27,6 +29,7 @@ Spans are half-open ``[start, end)`` in aware UTC.
 from __future__ import annotations
 
 import datetime as dt
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +47,8 @@ from pipelines.utc import as_utc
 
 __all__ = [
     "GAP_CADENCES",
+    "MIN_RUN_FRAMES",
+    "observing_runs",
     "Span",
     "Gap",
     "SourceCoverage",
@@ -60,12 +65,19 @@ __all__ = [
     "quarantined_frames",
 ]
 
-#: A break of more than this many nominal cadences (``ChannelSpec.cadence_s``) between two
-#: frames is a gap: 5 min for SDI (60 s). The same bound the flare detector calls a series
-#: *sparse* at (``pipelines.detect.flares``: ``sparse_cadence_s`` = 300 s, five SDI
-#: cadences): beyond it a flare's rise can fall between two frames, so the time between is
-#: not observed in any useful sense; a frame or two dropped is not a gap.
+#: A spacing of more than this many times its run's own median spacing (the run's cadence)
+#: between two frames is a gap (:func:`observing_runs`): a frame or two dropped is not a gap
+#: (at most 3 cadences), a pause of five cadences or more is. For SDI at its nominal 60 s this
+#: is the bound the flare detector calls a series *sparse* at (``pipelines.detect.flares``:
+#: ``sparse_cadence_s`` = 300 s): beyond it a flare's rise can fall between two frames.
 GAP_CADENCES = 5.0
+#: Fewest frames of a run: its median spacing must come from at least two spacings, so that
+#: one spacing is never measured against itself (two frames an hour apart are two frames,
+#: not an hourly run). Fewer frames are isolated frames, each covering its exposure.
+MIN_RUN_FRAMES = 3
+#: Frames this far outside a window are read too, so that a run crossing the window's edge is
+#: measured with its own spacing (a run at a cadence slower than this is cut at the edge).
+RUN_CONTEXT = dt.timedelta(hours=6)
 
 #: How the sources are named in messages ("CDAW: no coverage after 2013-12-31").
 SOURCE_TITLES: dict[str, str] = {
@@ -196,6 +208,69 @@ def _merge(spans: list[Span], slack: dt.timedelta = dt.timedelta(0)) -> list[Spa
         else:
             out.append(s)
     return out
+
+
+def observing_runs(times: list[dt.datetime], *, factor: float = GAP_CADENCES,
+                   min_frames: int = MIN_RUN_FRAMES) -> list[tuple[int, int]]:
+    """Split sorted frame times into observing runs by their own cadence.
+
+    A run is consecutive frames whose every spacing is at most ``factor`` times the run's
+    median spacing. Found top-down: a stretch of frames is cut at each spacing above
+    ``factor`` times its median spacing and each piece is split again by its own median,
+    until no piece is cut; consecutive pieces of fewer than ``min_frames`` frames (frames a
+    faster cadence left alone, e.g. a 6-min run after a 1-min one) are joined and split again
+    by *their* median spacing. Pieces that stay shorter than ``min_frames`` are isolated
+    frames, not runs.
+
+    Parameters
+    ----------
+    times : list of datetime.datetime
+        Frame times, sorted ascending (equal times allowed).
+    factor : float
+        Break factor (default :data:`GAP_CADENCES`).
+    min_frames : int
+        Fewest frames of a run (default :data:`MIN_RUN_FRAMES`).
+
+    Returns
+    -------
+    list of (int, int)
+        ``(first, last)`` indices into ``times`` (inclusive) of each run, in time order;
+        isolated frames belong to none.
+    """
+    import numpy as np
+
+    n = len(times)
+    if n < min_frames:
+        return []
+    t = np.array([(x - times[0]).total_seconds() for x in times])
+    d = np.diff(t)
+    runs: list[tuple[int, int]] = []
+    todo = [(0, n - 1)]
+    while todo:
+        a, b = todo.pop()
+        if b - a + 1 < min_frames:
+            continue
+        gaps = d[a:b]
+        moving = gaps[gaps > 0]  # frames at one time (equal DATE-OBS) set no cadence
+        cadence = float(np.median(moving)) if moving.size else 0.0
+        cuts = np.flatnonzero(gaps > factor * cadence) + a  # frame i ends a piece when d[i] is a break
+        if cuts.size == 0:
+            runs.append((a, b))
+            continue
+        pieces = list(zip([a, *(cuts + 1).tolist()], [*cuts.tolist(), b], strict=True))
+        small: list[tuple[int, int]] = []
+        for lo, hi in [*pieces, (b + 1, b)]:  # a sentinel flushes the last small stretch
+            if hi - lo + 1 < min_frames and lo <= b:
+                small.append((lo, hi))
+                continue
+            if small:
+                joined = (small[0][0], small[-1][1])
+                if joined != (a, b) and joined[1] - joined[0] + 1 >= min_frames:
+                    todo.append(joined)
+                small = []
+            if lo <= b:
+                todo.append((lo, hi))
+    return sorted(runs)
 
 
 def _clip(spans: list[Span], start: dt.datetime | None, end: dt.datetime | None) -> list[Span]:
@@ -366,7 +441,8 @@ class ChannelProvider:
         self.name = code
         self.title = code
         self.cadence = dt.timedelta(seconds=CHANNELS[code].cadence_s)
-        self.max_break = self.cadence * GAP_CADENCES
+        #: frames read beyond the window's ends (:data:`RUN_CONTEXT`)
+        self.max_break = RUN_CONTEXT
 
     def frames(self, session: Session, start, end) -> list[tuple[dt.datetime, float, int, int, int, str | None]]:
         """``(date_obs, exposure_s, written, failed, products, an error)`` per frame, by DATE-OBS,
@@ -388,18 +464,21 @@ class ChannelProvider:
     def coverage(self, session, start=None, end=None, settings=None) -> SourceCoverage:
         rows = self.frames(session, start, end)
         cov = SourceCoverage(self.name, self.kind, self.title, start, end,
-                             basis=f"written L2 products of {self.name}; a break of more than "
-                                   f"{GAP_CADENCES:g} cadences ({self.max_break.total_seconds():g} s) is a gap")
+                             basis=f"written L2 products of {self.name}; an observing run is frames spaced "
+                                   f"at most {GAP_CADENCES:g} times the run's own median spacing, a longer "
+                                   "break is a gap")
+        written = [(t, exp) for t, exp, w, _fl, _n, _err in rows if w]
+        runs = observing_runs([t for t, _ in written])
+        in_run = [False] * len(written)
         spans: list[Span] = []
-        for t, exp, w, _fl, _n, _err in rows:
-            if not w:
-                continue
-            t_end = t + dt.timedelta(seconds=exp)
-            if spans and t - spans[-1].end <= self.max_break:
-                spans[-1] = Span(spans[-1].start, max(spans[-1].end, t_end))
-            else:
-                spans.append(Span(t, t_end))
-        cov.spans = _clip(spans, start, end)
+        for a, b in runs:
+            cadence = statistics.median((written[i + 1][0] - written[i][0]).total_seconds() for i in range(a, b))
+            end_ = max(t + dt.timedelta(seconds=exp) for t, exp in written[a:b + 1])
+            spans.append(Span(written[a][0], end_, True, f"run of {b - a + 1} frames every {cadence:g} s"))
+            in_run[a:b + 1] = [True] * (b - a + 1)
+        spans += [Span(t, t + dt.timedelta(seconds=exp), True, "isolated frame")
+                  for (t, exp), inside in zip(written, in_run, strict=True) if not inside]
+        cov.spans = _clip(_merge(spans), start, end)
         quarantined = [(t, why) for ch, t, why in quarantined_frames(settings) if ch == self.name]
         lo = start if start is not None else (rows[0][0] if rows else None)
         hi = end if end is not None else (rows[-1][0] if rows else None)
