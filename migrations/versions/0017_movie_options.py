@@ -9,7 +9,7 @@
   every movie made before this revision (they were drawn whole).
 
 Revision ID: 0017_movie_options
-Revises: 0014_idempotency_keys
+Revises: 0015_search_indexes
 Create Date: 2026-12-05 17:00:00
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017_movie_options"
-down_revision: str | None = "0014_idempotency_keys"
+down_revision: str | None = "0015_search_indexes"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
