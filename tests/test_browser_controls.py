@@ -16,8 +16,8 @@ not the ``hidden`` attribute) is clicked, toggled (a select to another option) o
 (a form without a submit button through ``requestSubmit``), and the visible result is
 checked: no visible ``.error``/``role=alert`` text and no "refused"/"could not" text, no
 4xx/5xx answer in the page's network log and no script error, unless ``EXPECTED`` lists the
-case with its reason. The page is opened afresh after every button, link or form (a click
-may navigate or change the session).
+case with its reason. A checkbox or select is put back after its check; the page is opened
+afresh when a click loaded another document or signed out.
 
 One server (uvicorn in a thread on a temporary SQLite database, the filesystem broker, no
 worker: submitted jobs stay ``queued``) and one browser serve the module. The last case
@@ -89,7 +89,7 @@ class Expected:
 
 
 #: (route, identity, control key) -> what the control may show. The control key is the
-#: element's id (or ``tag:text``).
+#: element's id (or ``tag:text``), ``(page)`` for the page as opened, ``*`` for any of them.
 EXPECTED: dict[tuple[str, str, str], Expected] = {
     ("/jobs/new", "anonymous", "#job-submit"): Expected(
         frozenset({401}), "/api/v1/jobs", "this needs an API token with scope 'jobs:submit'",
@@ -97,6 +97,9 @@ EXPECTED: dict[tuple[str, str, str], Expected] = {
     ("/jobs/new", "anonymous", "form#job-form"): Expected(
         frozenset({401}), "/api/v1/jobs", "this needs an API token with scope 'jobs:submit'",
         "the same form as #job-submit, submitted with Enter"),
+    ("/jobs/{job_id}", "signed-in", "*"): Expected(
+        frozenset(), "", "1 frame failed",
+        "the seeded failed job's own error (Job.error), shown in its status box as it should be"),
 }
 
 
@@ -111,6 +114,7 @@ class Visit:
 class Tally:
     pages: int = 0
     controls: int = 0
+    hidden: int = 0
     cases: set = field(default_factory=set)
 
 
@@ -298,7 +302,17 @@ class Driver:
         assert "text/html" in resp.headers.get("content-type", ""), (self.visit.url, resp.headers)
         pg.wait_for_load_state("load")
         self.settle()
+        self.enumerate()
+        pg.evaluate("window.__controlsDocument = true")  # gone once a click loads another document
         return pg
+
+    def navigated(self) -> bool:
+        """Whether another document was loaded since :meth:`open` (a URL changed by the page's
+        own history.replaceState, e.g. the timeline's zoom, is no navigation)."""
+        try:
+            return not self.page.evaluate("window.__controlsDocument === true")
+        except Exception:  # noqa: BLE001 - the context of the old document is gone
+            return True
 
     def _started(self, req):
         if req.resource_type not in ("eventsource", "websocket"):
@@ -332,13 +346,30 @@ class Driver:
         raise AssertionError(f"{self.visit.url}: requests still in flight after {limit_s} s: "
                              f"{[r.url for r in self.pending]}")
 
-    def controls(self) -> list[dict]:
-        found = self.page.evaluate(_CONTROLS_JS)
-        return [c for c in found if self.page.locator(f"[data-ctl='{c['index']}']").is_visible()]
+    def enumerate(self) -> dict[int, dict]:
+        """The page's controls by index (each marked ``data-ctl=<index>``), visible or not."""
+        self.found = {c["index"]: c for c in self.page.evaluate(_CONTROLS_JS)}
+        return self.found
+
+    def visible(self) -> list[dict]:
+        return [c for c in self.enumerate().values() if self.page.locator(f"[data-ctl='{c['index']}']").is_visible()]
+
+    def locate(self, index: int, key: str):
+        """Control ``index`` if it is still ``key`` and visible (the page re-marked once when
+        its DOM was redrawn, e.g. a plot's toolbar), else ``None``."""
+        for attempt in range(2):
+            c = self.found.get(index)
+            loc = self.page.locator(f"[data-ctl='{index}']")
+            if c is not None and c["key"] == key and loc.count() == 1:
+                return c if loc.is_visible() else None
+            if attempt == 0:
+                self.enumerate()
+        return None
 
     def problems(self, key: str, since: int) -> list[str]:
         """What the page shows or logged since ``self.log[since]`` that is not expected."""
-        exp = EXPECTED.get((self.visit.route, self.visit.identity, key))
+        exp = (EXPECTED.get((self.visit.route, self.visit.identity, key))
+               or EXPECTED.get((self.visit.route, self.visit.identity, "*")))
         out = []
         for status, method, url in self.log[since:]:
             if exp and status in exp.statuses and exp.url in url:
@@ -361,7 +392,7 @@ class Driver:
     def act(self, c: dict) -> str | None:
         """Click, toggle, choose or submit control ``c``. A checkbox or select is checked and put
         back (the second step returns its key, to be checked too); returns ``"open"`` when the
-        page must be opened afresh (a navigation, a submission, a sign-out), else ``None``."""
+        page must be opened afresh although its URL stays (a sign-out), else ``None``."""
         pg = self.page
         loc = pg.locator(f"[data-ctl='{c['index']}']")
         if c["tag"] == "select":
@@ -378,10 +409,9 @@ class Driver:
             return None
         if c["tag"] == "form":
             loc.evaluate("f => f.requestSubmit()")
-            return "open"
-        loc.click()
-        submits = c["tag"] in ("button", "input") and c["type"] in ("", "submit") and c["inForm"]
-        return "open" if submits or c["key"] in RESETS_PAGE else None
+        else:
+            loc.click()
+        return "open" if c["key"] in RESETS_PAGE else None
 
 
 #: Controls after which the page is opened afresh although the URL stays (the session changes).
@@ -395,24 +425,24 @@ def _check_page(browser, site, visit: Visit) -> tuple[int, list[str]]:
     try:
         drv.open()
         problems += drv.problems("(page)", 0)
-        keys = [(c["index"], c["key"]) for c in drv.controls() if not (c["tag"] == "form" and c["hasSubmit"])]
+        keys = [(c["index"], c["key"]) for c in drv.visible() if not (c["tag"] == "form" and c["hasSubmit"])]
         for index, key in keys:
-            now = {c["index"]: c for c in drv.controls()}
-            c = now.get(index)
-            if c is None or c["key"] != key:
-                continue  # not shown now (e.g. a box that a toggle hides)
+            c = drv.locate(index, key)
+            if c is None:
+                TALLY.hidden += 1  # not shown now (e.g. a box that an earlier control hid)
+                continue
             since = len(drv.log)
             drv.restore = None
             then = drv.act(c)
             clicked += 1
             drv.settle()
             problems += drv.problems(key, since)
-            if drv.restore is not None and drv.page.url == site.url + visit.url:
+            if drv.restore is not None and not drv.navigated():
                 since = len(drv.log)
                 drv.restore()
                 drv.settle()
                 problems += drv.problems(key + " (put back)", since)
-            if then == "open" or drv.page.url != site.url + visit.url:
+            if then == "open" or drv.navigated():
                 drv.open()
                 problems += drv.problems("(page)", len(drv.log))
     finally:
@@ -421,7 +451,7 @@ def _check_page(browser, site, visit: Visit) -> tuple[int, list[str]]:
 
 
 #: Cases whose failure is fixed on another branch (strict: they fail the suite once fixed here).
-ELSEWHERE = {("/jobs/{job_id}", "anonymous"), ("/jobs/{job_id}", "signed-in")}
+ELSEWHERE = {("/jobs/{job_id}", "signed-in")}  # Cancel and Retry post without a Content-Type: 403
 
 
 def _cases():
@@ -450,7 +480,7 @@ def test_every_control_clicked(site, browser, route, identity):  # noqa: F811 - 
 
 def test_controls_counted():
     """The counts the issue's note quotes; every case above ran (none lost to a filter)."""
-    print(f"CONTROLS pages={TALLY.pages} controls={TALLY.controls}")
+    print(f"CONTROLS pages={TALLY.pages} controls={TALLY.controls} (hidden by an earlier click: {TALLY.hidden})")
     missing = {(r, i) for r in ROUTES for i in IDENTITIES} - TALLY.cases
     assert not missing, f"cases that did not run: {sorted(missing)}"
     assert TALLY.pages >= 2 * (len(ROUTES) - len(EXEMPT)) and TALLY.controls > 0
