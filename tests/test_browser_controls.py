@@ -26,12 +26,12 @@ prints ``CONTROLS pages=<page visits> controls=<controls clicked>``.
 
 from __future__ import annotations
 
-import datetime as dt
-import re
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from urllib.parse import urlencode, urlsplit
+
+import re
 
 import pytest
 from fastapi.dependencies.utils import get_flat_params
@@ -126,10 +126,10 @@ def html_routes(app) -> list[str]:
     out = []
     for ctx in iter_route_contexts(app.routes):
         route = ctx.original_route
-        if not isinstance(route, APIRoute) or "GET" not in route.methods:
+        if "GET" not in (getattr(route, "methods", None) or ()):
             continue
         path = ctx.path_format or route.path_format
-        rc = route.response_class
+        rc = getattr(route, "response_class", None)
         rc = getattr(rc, "value", rc)  # DefaultPlaceholder
         if (isinstance(rc, type) and issubclass(rc, HTMLResponse)) or not path.startswith("/api/"):
             out.append(path)
@@ -145,15 +145,17 @@ def _routes() -> list[str]:
 ROUTES = _routes()
 
 
-def plan_visits(app_route: str, identity: str, ids) -> list[Visit]:
-    """The URLs of ``app_route`` for ``identity``; fails the test for a route it cannot fill."""
-    from backend.api.app import create_app
-
-    route = next(ctx.original_route for ctx in iter_route_contexts(create_app().routes)
-                 if isinstance(ctx.original_route, APIRoute) and (ctx.path_format or ctx.original_route.path_format)
-                 == app_route and "GET" in ctx.original_route.methods)
-    params = get_flat_params(route.dependant)
-    path_names = [p.alias for p in params if isinstance(p.field_info, PathParam)]
+def plan_visits(app_route: str, identity: str, ids, app=None) -> list[Visit]:
+    """The URLs of ``app_route`` of ``app`` (default the platform's) for ``identity``; fails the
+    test for a route it cannot fill."""
+    if app is None:
+        from backend.api.app import app
+    route = next(ctx.original_route for ctx in iter_route_contexts(app.routes)
+                 if (ctx.path_format or ctx.original_route.path_format) == app_route
+                 and "GET" in (getattr(ctx.original_route, "methods", None) or ()))
+    params = get_flat_params(route.dependant) if isinstance(route, APIRoute) else []
+    path_names = ([p.alias for p in params if isinstance(p.field_info, PathParam)] if isinstance(route, APIRoute)
+                  else re.findall(r"{(\w+)", app_route))
     query = {k: v.format(**vars(ids)) for k, v in ROUTE_QUERY.get(app_route, {}).items()}
     missing = [n for n in path_names if n not in PATH_VALUES]
     missing += [f"query {p.alias}" for p in params if isinstance(p.field_info, Query)
@@ -484,6 +486,26 @@ def test_every_control_clicked(site, browser, route, identity):  # noqa: F811 - 
         TALLY.controls += clicked
         problems += found
     assert problems == [], "\n".join(problems)
+
+
+def test_a_page_the_generator_cannot_fill_fails():
+    """A new page with a path parameter nobody described is a failure, not a silent skip."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.get("/widgets/{widget_id}", response_class=HTMLResponse)
+    def widget(widget_id: int) -> str:
+        return "<p>widget</p>"
+
+    @app.get("/api/v1/widgets")
+    def widgets() -> list[int]:
+        return []
+
+    found = html_routes(app)
+    assert "/widgets/{widget_id}" in found and "/api/v1/widgets" not in found
+    with pytest.raises(pytest.fail.Exception, match="no value for widget_id"):
+        plan_visits("/widgets/{widget_id}", "anonymous", SimpleNamespace(), app=app)
 
 
 def test_controls_counted():
