@@ -66,7 +66,7 @@
       const body = await resp.json();
       if (!resp.ok) throw new Error(body.detail || resp.statusText);
       el.innerHTML = "";
-      await Plotly.newPlot(el, body.data, body.layout, { responsive: true, displaylogo: false });
+      await Plotly.newPlot(el, body.data, body.layout, { responsive: true, displaylogo: false, showSendToCloud: false });
       if (el.dataset.clickUrl) {
         el.on("plotly_click", function (ev) {
           const id = ev.points && ev.points[0] && ev.points[0].customdata;

@@ -1,6 +1,7 @@
 // The frame player (templates/_movie_player.html): play/pause, step, speed, a time slider,
 // the DATE-OBS of the frame shown, the window's events listed once the frames reach their
-// start (and marked where they are while they last), and "Make MP4" with its progress.
+// start (and marked where they are while they last), and "Make MP4" with its progress (shown
+// only to a browser signed in with scope jobs:submit, GET /api/v1/session).
 // Frames and markers come from GET /api/v1/movies/frames (markers placed server-side
 // through each product's WCS, as fractions of the image from the top left).
 // A frame whose image fails to load is marked (a red outline and a note on the stage, and
@@ -211,6 +212,19 @@
       }
     }
     $("movie-make").addEventListener("click", makeMovie);
+
+    // "Make MP4" is a job of the signed-in user (scope jobs:submit; admin implies it): shown only
+    // then, otherwise a note says how to sign in (an anonymous click could only be refused)
+    fetch("/api/v1/session", {headers: {Accept: "application/json"}, credentials: "same-origin"})
+      .then((r) => (r.ok ? r.json() : {signed_in: false}))
+      .catch(() => ({signed_in: false}))
+      .then((s) => {
+        const scopes = (s && s.scopes) || [];
+        const may = Boolean(s && s.signed_in) && (scopes.includes("jobs:submit") || scopes.includes("admin"));
+        $("movie-make-box").hidden = !may;
+        $("movie-make-signin").hidden = may;
+        root.dataset.canMake = may ? "true" : "false";
+      });
 
     fetch(root.dataset.framesUrl).then((r) => r.json().then((j) => ({ok: r.ok, j: j}))).then(({ok, j}) => {
       const loading = $("movie-loading");

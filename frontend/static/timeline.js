@@ -75,7 +75,7 @@
         if (!resp.ok) throw new Error(body.detail || resp.statusText);
         const loading = el.querySelector(".figure-loading");
         if (loading) loading.remove();
-        await Plotly.react(el, body.data, body.layout, { responsive: true, displaylogo: false });
+        await Plotly.react(el, body.data, body.layout, { responsive: true, displaylogo: false, showSendToCloud: false });
         const meta = body.layout.meta || {};
         el.dataset.mode = meta.mode || "";
         el.dataset.total = String(meta.total === undefined ? "" : meta.total);

@@ -6,12 +6,14 @@
  *   resolution, and on every zoom or pan a PNG of the visible region at the screen's
  *   resolution from {api}/region.png (a dynamic pyramid: the server block-averages by the
  *   power of two that fits the region in `size` pixels; X-Region says which pixels came).
- * - The DQ layer is {api}/dq.png of the same region, drawn above.
+ * - The DQ layer is {api}/dq.png of the same region, painted onto that region's image (Plotly
+ *   draws one layout image per placement: see layoutImages).
  * - Under the cursor: {api}/pixel?tx=&ty= (debounced) fills the readout.
  * - Events of the frame's window: {api}/overlays; points (rotated to DATE-OBS by the
  *   server) and CME wedges, hover text, a click opens /events/{id}. ?event=<id> (the page's
  *   data-event-id) highlights one and centres the view on it.
- * window.lstViewer exposes the state the browser tests read (requests made, last region).
+ * window.lstViewer exposes the state the browser tests read (requests made, last region);
+ * #viewer-app's data-drawn counts the images laid out.
  */
 (function () {
   "use strict";
@@ -22,10 +24,12 @@
   const plot = document.getElementById("viewer-plot");
   const errorBox = document.getElementById("viewer-error");
   const eventId = root.dataset.eventId ? Number(root.dataset.eventId) : null;
+  // plotly.js 4 offers "send to Plotly Cloud" by default: the platform runs offline, its data stay here
+  const PLOT_CONFIG = { responsive: true, displaylogo: false, scrollZoom: true, showSendToCloud: false };
   const TYPE_COLOURS = { FL: "#ff3b30", CE: "#34c759", PR: "#ffcc00", AR: "#5ac8fa", CH: "#af52de" };
   const state = {
     desc: null, overlays: null, requests: [], lastRegion: null, lastDecimation: null,
-    base: null, detail: null, dq: null, seq: 0, hoverSeq: 0, ready: false,
+    base: null, detail: null, dq: null, seq: 0, hoverSeq: 0, ready: false, draws: 0,
   };
   window.lstViewer = state;
 
@@ -108,19 +112,60 @@
     return { src: URL.createObjectURL(blob), region, factor, limits };
   }
 
+  function sameRegion(a, b) {
+    return a.x0 === b.x0 && a.x1 === b.x1 && a.y0 === b.y0 && a.y1 === b.y1;
+  }
+
+  function layoutImage(src, region) {
+    const p = placement(region);
+    return { source: src, xref: "x", yref: "y", x: p.x, y: p.y, sizex: p.sizex, sizey: p.sizey,
+             xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below" };
+  }
+
+  // Plotly keys layout images by their placement (xref, x, sizex, yref, y, sizey) and drops an
+  // image placed exactly like another, so a DQ layer of the region shown (always the case: it is
+  // asked for that region) is painted onto that region's image instead: one image per placement,
+  // under the traces. A DQ layer of another region is an image of its own.
   function layoutImages() {
+    const dq = document.getElementById("viewer-dq").checked ? state.dq : null;
     const imgs = [];
-    for (const layer of [state.base, state.detail, document.getElementById("viewer-dq").checked ? state.dq : null]) {
+    let painted = false;
+    for (const layer of [state.base, state.detail]) {
       if (!layer) continue;
-      const p = placement(layer.region);
-      imgs.push({ source: layer.src, xref: "x", yref: "y", x: p.x, y: p.y, sizex: p.sizex, sizey: p.sizey,
-                  xanchor: "left", yanchor: "top", sizing: "stretch", layer: "below" });
+      const onto = dq && dq.painted && dq.onto === layer;
+      painted = painted || onto;
+      imgs.push(layoutImage(onto ? dq.painted : layer.src, layer.region));
     }
+    if (dq && !painted) imgs.push(layoutImage(dq.src, dq.region));
+    root.dataset.dq = dq ? (painted ? "painted" : "separate") : "";
     return imgs;
   }
 
+  async function decoded(src) {
+    const im = new Image();
+    im.src = src;
+    await im.decode();
+    return im;
+  }
+
+  // The image of `layer` with the DQ PNG drawn over it (same region: same pixel grid), as a PNG URL.
+  async function paintDq(layer, dq) {
+    const [image, mask] = await Promise.all([decoded(layer.src), decoded(dq.src)]);
+    const canvas = document.createElement("canvas");
+    canvas.width = image.naturalWidth;
+    canvas.height = image.naturalHeight;
+    const g = canvas.getContext("2d");
+    g.imageSmoothingEnabled = false;
+    g.drawImage(image, 0, 0);
+    g.drawImage(mask, 0, 0, canvas.width, canvas.height);
+    const blob = await new Promise((resolve) => canvas.toBlob(resolve, "image/png"));
+    return URL.createObjectURL(blob);
+  }
+
   function replace(key, value) {
-    if (state[key] && state[key].src) URL.revokeObjectURL(state[key].src);
+    const old = state[key];
+    if (old && old.src) URL.revokeObjectURL(old.src);
+    if (old && old.painted) URL.revokeObjectURL(old.painted);
     state[key] = value;
   }
 
@@ -142,7 +187,15 @@
         detail = await fetchPng("region", r, size);
       }
       if (r && document.getElementById("viewer-dq").checked) dq = await fetchPng("dq", r, size);
-      if (seq !== state.seq) { for (const x of [detail, dq]) if (x) URL.revokeObjectURL(x.src); return; }
+      if (dq) {
+        dq.onto = [detail, state.base].find((layer) => layer && sameRegion(layer.region, dq.region)) || null;
+        if (dq.onto) dq.painted = await paintDq(dq.onto, dq);
+      }
+      if (seq !== state.seq) {
+        for (const x of [detail, dq]) if (x) URL.revokeObjectURL(x.src);
+        if (dq && dq.painted) URL.revokeObjectURL(dq.painted);
+        return;
+      }
       replace("detail", detail);
       replace("dq", dq);
       const shown = detail || state.base;
@@ -155,6 +208,7 @@
       await Plotly.relayout(plot, { images: layoutImages() });
       showError("");
       root.dataset.loaded = String(state.requests.length);
+      root.dataset.drawn = String(++state.draws);
     } catch (err) {
       showError("Could not draw the image: " + err.message);
     }
@@ -315,7 +369,8 @@
   async function redrawTraces() {
     const [xr, yr] = axisRanges();
     await Plotly.react(plot, traces(), { ...plot.layout, xaxis: { ...plot.layout.xaxis, range: xr, autorange: false },
-                                          yaxis: { ...plot.layout.yaxis, range: yr, autorange: false } });
+                                          yaxis: { ...plot.layout.yaxis, range: yr, autorange: false } },
+                      PLOT_CONFIG);
   }
 
   async function init() {
@@ -356,7 +411,7 @@
       dragmode: "zoom", hovermode: "closest", showlegend: false,
     };
     plot.innerHTML = "";
-    await Plotly.newPlot(plot, traces(), layout, { responsive: true, displaylogo: false, scrollZoom: true });
+    await Plotly.newPlot(plot, traces(), layout, PLOT_CONFIG);
     plot.on("plotly_relayout", onRelayout);
     plot.on("plotly_click", (ev) => {
       const url = ev.points && ev.points[0] && ev.points[0].customdata;
