@@ -102,6 +102,7 @@ def _templates() -> Jinja2Templates:
         event_colours=EVENT_COLOURS,
     )
     t.env.filters["utc"] = _fmt_utc
+    t.env.filters["ink"] = badge_ink
     t.env.filters["num"] = _fmt_num
     return t
 
@@ -111,6 +112,24 @@ def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:
     if t is None:
         return "—"
     return t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+def _luminance(hex_colour: str) -> float:
+    """Relative luminance of an sRGB ``#rrggbb`` colour, 0 (black) to 1 (white) (WCAG 2.2,
+    "relative luminance")."""
+    h = hex_colour.lstrip("#")
+    rgb = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def badge_ink(background: str) -> str:
+    """The text colour (``#000000`` or ``#ffffff``) of higher WCAG contrast on ``background``
+    (``#rrggbb``): an event badge's code stays readable on every colour of
+    :data:`backend.figures.EVENT_COLOURS` (white on the Okabe-Ito vermillion is 3.9:1, under
+    the 4.5:1 that WCAG 2.2 SC 1.4.3 asks of small text; black is 5.4:1)."""
+    lum = _luminance(background)
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
 
 
 def _fmt_num(v: float | None, digits: int = 1) -> str:
