@@ -405,3 +405,88 @@ def test_overlap_finder_sees_an_overlap_and_ignores_touching_boxes():
     same_text = {"key": 1, "l": 10, "t": 0, "r": 30, "b": 10}
     got = {frozenset((p[0]["key"], p[1]["key"])) for p in overlapping_pairs([a, touching, next_line, over, same_text])}
     assert got == {frozenset((1, 4)), frozenset((2, 4)), frozenset((3, 4))}
+
+
+# -- what the new pages do in the browser (after the audit: these change the saved searches) ----
+
+
+@pytest.fixture
+def signed_in(site, browser):  # noqa: F811 - the browser fixture
+    """A page of a browser context signed in as alice (the session cookie)."""
+    context = browser.new_context(viewport={"width": WIDTHS[0], "height": HEIGHT})
+    r = context.request.post(site.url + "/api/v1/session", data=json.dumps({"token": site.ids.token}),
+                             headers={"Content-Type": "application/json"})
+    assert r.ok, r.text()
+    page = context.new_page()
+    page.set_default_timeout(30_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.js_errors = errors
+    yield page
+    context.close()
+
+
+def _listed(page) -> list[int]:
+    return page.locator("#events-table tbody tr").evaluate_all("rs => rs.map(r => Number(r.dataset.eventId))")
+
+
+def test_the_event_table_follows_the_timeline_zoom(site, signed_in):
+    page = signed_in
+    page.goto(site.url + "/events")
+    page.wait_for_selector("#timeline[data-state='drawn']")
+    everything = _listed(page)
+    with session_scope() as s:
+        from backend.models import Event
+
+        assert len(everything) == s.query(Event).count() > 3  # the fixture's events, all on one page
+    # a drag-zoom onto 2011-06-07 06:00-07:00: the list shows that day's events only
+    page.evaluate("""() => Plotly.relayout(document.getElementById('timeline'),
+                       {'xaxis.range[0]': '2011-06-07 06:00:00', 'xaxis.range[1]': '2011-06-07 07:00:00'})""")
+    page.wait_for_selector("#event-list[data-zoom-start^='2011-06-07T06:00']")
+    with session_scope() as s:
+        from backend.models import Event
+        from sqlalchemy import select
+
+        want = list(s.scalars(select(Event.id).where(Event.start_time >= dt.datetime(2011, 6, 7, 6),
+                                                     Event.start_time <= dt.datetime(2011, 6, 7, 7))
+                              .order_by(Event.start_time.desc(), Event.id.desc())))
+    assert want and _listed(page) == want
+    assert "in the timeline's view" in page.locator("#event-count").inner_text()
+    assert "tl_start=" in page.url
+    # back to the whole search (double-click: autorange)
+    page.evaluate("() => Plotly.relayout(document.getElementById('timeline'), {'xaxis.autorange': true})")
+    page.wait_for_selector("#event-list:not([data-zoom-start])")
+    assert _listed(page) == everything and "tl_start" not in page.url
+    assert page.js_errors == []
+
+
+def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
+    page = signed_in
+    page.goto(site.url + "/saved-searches?kind=events&query=type%3DFL%26min_goes_class%3DM1.0")
+    assert page.input_value("#saved-new-query") == "type=FL&min_goes_class=M1.0"
+    page.fill("#saved-new-name", "M flares")
+    page.click("#saved-new-submit")
+    section = page.locator("section.saved-search", has=page.locator("h2", has_text="M flares"))
+    section.wait_for()
+    sid = int(section.get_attribute("data-search-id"))
+    with session_scope() as s:
+        row = s.get(SavedSearch, sid)
+        assert row.owner == "alice" and row.query["min_goes_class"] == "M1.0" and row.query["type"] in ("FL", ["FL"])
+    # a bad query: the API's message, nothing changed
+    section.locator("input[name=query]").fill("min_goes_class=huge")
+    section.locator("button.saved-save").click()
+    err = section.locator(".saved-error")
+    err.wait_for(state="visible")
+    assert "min_goes_class" in err.inner_text()
+    section.locator("input[name=name]").fill("X flares")
+    section.locator("input[name=query]").fill("type=FL&min_goes_class=X1.0")
+    section.locator("button.saved-save").click()
+    page.locator(f"#saved-{sid} h2", has_text="X flares").wait_for()
+    with session_scope() as s:
+        assert s.get(SavedSearch, sid).name == "X flares" and s.get(SavedSearch, sid).query["min_goes_class"] == "X1.0"
+    page.once("dialog", lambda d: d.accept())
+    page.locator(f"#saved-{sid} button.saved-delete").click()
+    page.locator(f"#saved-{sid}").wait_for(state="detached")
+    with session_scope() as s:
+        assert s.get(SavedSearch, sid) is None
+    assert page.js_errors == []
