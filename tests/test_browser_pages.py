@@ -10,7 +10,8 @@ show more (an event with its GOES curves, a movie player with frames).
 
 One server (uvicorn in a thread on a temporary SQLite database, module-scoped) and one
 Chromium (Debian's, driven by Playwright) serve the whole module; every page is visited once
-per viewer and width by the module fixture ``audit``, and the tests read its findings:
+per viewer and width of :data:`VISITS` by the module fixture ``audit``, and the tests read its
+findings:
 
 * text boxes: every visible text node's line boxes (``Range.getClientRects``, clipped by
   ancestors that hide their overflow) and every Plotly SVG ``<text>`` box; two boxes of
@@ -53,6 +54,10 @@ AXE_JS = Path(__file__).parent / "vendor" / "axe.min.js"
 WIDTHS = (1280, 800)
 HEIGHT = 900
 VIEWERS = ("anonymous", "signed-in")
+#: (viewer, width, run axe too): every page is read at both widths anonymous and at the narrower
+#: signed in (the sign-in state and one's own objects take the most room there); axe-core runs
+#: once per viewer (its rules do not depend on the width).
+VISITS = (("anonymous", 1280, True), ("anonymous", 800, False), ("signed-in", 800, True))
 #: Two text boxes overlap when they share more than this many CSS pixels in both directions
 #: (glyph boxes of neighbouring words and lines touch, or cross by a subpixel).
 OVERLAP_PX = 2.0
@@ -313,8 +318,9 @@ def _axe(page) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def audit(site, browser):  # noqa: F811 - the browser fixture
-    """Every page visited once per viewer and width: its overlapping text pairs and (at the
-    first width) its serious/critical axe violations; and the routes that could not be filled."""
+    """Every page visited once per :data:`VISITS` entry: its overlapping text pairs, squeezed
+    text and (where the entry says) its serious/critical axe violations; and the routes that
+    could not be filled."""
     from backend.api.app import create_app
 
     urls, unfilled = page_urls(create_app(), site.ids)
@@ -322,14 +328,15 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
     found = SimpleNamespace(overlaps={}, cramped={}, axe={}, errors={}, unfilled=unfilled, urls=urls, shots=site.tmp / "shots")
     found.shots.mkdir()
     for viewer in VIEWERS:
-        context = browser.new_context(viewport={"width": WIDTHS[0], "height": HEIGHT})
+        widths = [w for v, w, _axe_too in VISITS if v == viewer]
+        context = browser.new_context(viewport={"width": widths[0], "height": HEIGHT})
         if viewer == "signed-in":
             r = context.request.post(site.url + "/api/v1/session", data=json.dumps({"token": site.ids.token}),
                                      headers={"Content-Type": "application/json"})
             assert r.ok, r.text()
         page = context.new_page()
         page.set_default_timeout(30_000)
-        for width in WIDTHS:
+        for width in widths:
             page.set_viewport_size({"width": width, "height": HEIGHT})
             for url in urls:
                 resp = page.goto(site.url + url, wait_until="load")
@@ -350,7 +357,7 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
                 page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
                 if pairs:
                     found.overlaps[where] = pairs
-                if width == WIDTHS[0]:
+                if (viewer, width, True) in VISITS:
                     bad = _axe(page)
                     if bad:
                         found.axe[where] = bad
