@@ -24,7 +24,7 @@ findings:
   injected into each page after its figures are drawn: every violation of impact
   ``serious`` or ``critical``.
 
-Screenshots of every visit go to the module's temporary folder (printed on failure).
+Screenshots of every visit with a finding go to the module's temporary folder (printed on failure).
 """
 
 from __future__ import annotations
@@ -122,7 +122,8 @@ def extra_pages(ids) -> list[str]:
     """States of pages that show more than their route's default call."""
     return [f"/events/{ids.flare}",  # the 2011-06-07 M2.5 flare: LST and GOES XRS curves, spans, markers
             f"/events/{ids.ce}",  # a CME: position angle, width, speed
-            f"/events/{ids.hek}",  # a HEK flare 60 s from the GOES one: coincident markers
+            f"/events/{ids.hek}",  # a HEK flare 60 s from the GOES one
+            f"/events/{ids.coincident}",  # start = peak, end 3 min later: coincident and close marks
             "/?start=2011-06-07T00:00&end=2011-06-08T00:00",
             "/movies?channel=SDI&start=2011-06-07T06:00Z&end=2011-06-07T07:40Z",
             f"/coverage?start=2011-06-07T00:00Z&end=2011-06-08T00:00Z"]
@@ -163,6 +164,9 @@ def site(tmp_path_factory):
                        EventAssociation(event_id=hek.id, other_event_id=fl.id, kind="same_flare")])
             assert xray_service.ingest_xray_file(s, FITS_2011, settings).status == "ingested"
             ids.flare, ids.hek = fl.id, hek.id
+            # start and peak at one time, end 3 min later: the three labels would overprint
+            t = dt.datetime(2024, 5, 16, 8, 0, tzinfo=dt.UTC)
+            ids.coincident = make_event(s, "FL", t, t, t + 3 * minute, goes_class="C1.1").id
             ids.product = prods[2].id
             ids.diff_frame, ids.diff_a, ids.diff_b = prods[3].frame_id, prods[3].id, other.id
             job = Job(owner="system", publishes=True, kind="calibrate", state=JobState.succeeded, total=2, done=2,
@@ -353,14 +357,16 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
                 pairs = overlapping_pairs(seen["boxes"])
                 if seen["cramped"]:
                     found.cramped[where] = seen["cramped"]
-                shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90] + ".png")
-                page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
                 if pairs:
                     found.overlaps[where] = pairs
                 if (viewer, width, True) in VISITS:
                     bad = _axe(page)
                     if bad:
                         found.axe[where] = bad
+                if where in found.overlaps or where in found.cramped or where in found.axe:  # to look at
+                    shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90]
+                                          + ".png")
+                    page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
         context.close()
     return found
 
