@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.figures import MARK_ROW_PX, add_event_marks, legend_margin
+from backend.figures import AXIS_BELOW_PX, LEGEND_BELOW, MARK_ROW_PX, add_event_marks, legend_margin
 from pipelines.utc import as_utc
 
 __all__ = ["event_curves_figure", "GOES_CLASS_BANDS", "with_gaps"]
@@ -143,22 +143,21 @@ def event_curves_figure(curves) -> go.Figure:
     # below 1e-9 and above 1e-4 (X10): the corner ticks stay clear of the time labels and the upper panel's
     fig.update_yaxes(type="log", range=[-9.3, -3.3], title={"text": "GOES XRS flux [W m\u207b\u00b2]"}, exponentformat="power",
                      row=2, col=1)
-    # under the plot, from the bottom of the figure up: the notes (one row each), then the legend
-    # (rows of two entries at 800 px), then the time axis's title and labels
+    # under the plot, from the top down: the time axis's labels and title, the notes (one row
+    # each), the legend (rows of two entries at 800 px) at the bottom of the figure
     notes = list(getattr(c, "notes", []) or [])
     note_px = 16
-    for i, note in enumerate(notes):
-        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="container", x=0.0,
-                           y=0.0, yshift=note_px * (len(notes) - 1 - i) + 4, xanchor="left", yanchor="bottom",
-                           font={"size": 10, "color": "#8a5a00"}, name="note")
     below = legend_margin(len(fig.data), per_row=2) + note_px * len(notes)
+    for i, note in enumerate(notes):  # annotations take no container reference: from the plot's bottom down
+        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=0.0,
+                           yshift=-(AXIS_BELOW_PX + note_px * i), xanchor="left", yanchor="top",
+                           font={"size": 10, "color": "#8a5a00"}, name="note")
     top = 80 + MARK_ROW_PX * max(rows - 1, 0)
     fig.update_layout(
         title={"text": f"{e.event_type} #{e.id}: LST {c.channel} and GOES XRS"},
         hovermode="x unified", height=480 + top + below,
         margin={"l": 80, "r": 40, "t": top, "b": below},
-        legend={"orientation": "h", "yref": "container", "y": note_px * len(notes) / (480 + top + below),
-                "yanchor": "bottom", "x": 0.0, "xanchor": "left"},
+        legend=LEGEND_BELOW,
         template="plotly_white",
     )
 

@@ -182,10 +182,13 @@ def events_timeline_figure(
 #: at the bottom of the figure's container (not a fraction of the plot area, which lands on
 #: the axis title at some heights), the axes pushing the margin for their labels.
 LEGEND_BELOW = {"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0.0, "xanchor": "left"}
-#: Bottom margin [px] of a figure with :data:`LEGEND_BELOW`: two-line date tick labels (~32 px),
-#: the axis title (~22 px) and one legend row (~22 px), plus 22 px for each further legend row
-#: (:func:`legend_margin`).
-LEGEND_MARGIN_PX = 84
+#: Room [px] under the plot for the time axis: two-line date tick labels and the axis title
+#: (measured ~72 px in Chromium with Plotly's default fonts).
+AXIS_BELOW_PX = 76
+#: Bottom margin [px] of a figure with :data:`LEGEND_BELOW`: the axis (:data:`AXIS_BELOW_PX`)
+#: and one legend row with its padding (~32 px), plus :data:`LEGEND_ROW_PX` for each further
+#: row (:func:`legend_margin`).
+LEGEND_MARGIN_PX = AXIS_BELOW_PX + 32
 LEGEND_ROW_PX = 22
 #: Two event-mark labels (start, peak, end) nearer than this fraction of the time axis go on
 #: separate rows: a label is ~30 px wide, and the plot area of an 800-px-wide page ~620 px,

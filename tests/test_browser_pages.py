@@ -124,6 +124,7 @@ def extra_pages(ids) -> list[str]:
             f"/events/{ids.ce}",  # a CME: position angle, width, speed
             f"/events/{ids.hek}",  # a HEK flare 60 s from the GOES one
             f"/events/{ids.coincident}",  # start = peak, end 3 min later: coincident and close marks
+            f"/events/{ids.long}",  # 12 days: a 2-day window, notes under the curves' legend
             "/?start=2011-06-07T00:00&end=2011-06-08T00:00",
             "/movies?channel=SDI&start=2011-06-07T06:00Z&end=2011-06-07T07:40Z",
             f"/coverage?start=2011-06-07T00:00Z&end=2011-06-08T00:00Z"]
@@ -167,6 +168,9 @@ def site(tmp_path_factory):
             # start and peak at one time, end 3 min later: the three labels would overprint
             t = dt.datetime(2024, 5, 16, 8, 0, tzinfo=dt.UTC)
             ids.coincident = make_event(s, "FL", t, t, t + 3 * minute, goes_class="C1.1").id
+            # a 12-day region: its curves carry notes under the legend
+            ids.long = make_event(s, "AR", FLARE["start"] - dt.timedelta(days=6), FLARE["peak"],
+                                  FLARE["start"] + dt.timedelta(days=6), source="hek").id
             ids.product = prods[2].id
             ids.diff_frame, ids.diff_a, ids.diff_b = prods[3].frame_id, prods[3].id, other.id
             job = Job(owner="system", publishes=True, kind="calibrate", state=JobState.succeeded, total=2, done=2,
