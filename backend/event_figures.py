@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.figures import _MARK_STYLE
+from backend.figures import AXIS_BELOW_PX, LEGEND_BELOW, MARK_ROW_PX, add_event_marks, legend_margin
 from pipelines.utc import as_utc
 
 __all__ = ["event_curves_figure", "GOES_CLASS_BANDS", "with_gaps"]
@@ -123,8 +123,9 @@ def event_curves_figure(curves) -> go.Figure:
                            showarrow=False, xref="x2 domain", yref="y2 domain", x=0.0, y=1.0, xanchor="left",
                            yanchor="top", font={"size": 10, "color": "#555"}, name="xrs-source")
     else:
-        spans = "; ".join(f"{sat} {as_utc(a):%Y-%m-%d %H:%M}\u2013{as_utc(b):%Y-%m-%d %H:%M}" for sat, a, b in c.xray_coverage[:6])
-        fig.add_annotation(text="No GOES XRS series stored for this window" + (f"<br>stored: {spans}" if spans else ""),
+        # one stored span a line: a list joined on one line ran over the axes at 800 px
+        spans = "<br>".join(f"{sat} {as_utc(a):%Y-%m-%d %H:%M}\u2013{as_utc(b):%Y-%m-%d %H:%M}" for sat, a, b in c.xray_coverage[:6])
+        fig.add_annotation(text="No GOES XRS series stored for this window" + (f"<br>stored:<br>{spans}" if spans else ""),
                            showarrow=False, xref="x2 domain", yref="y2 domain", x=0.5, y=0.5, name="no-xrs", bgcolor="rgba(255,255,255,0.9)",
                            font={"size": 12})
     # GOES class bands: a line at each threshold, its letter at the right edge
@@ -134,27 +135,30 @@ def event_curves_figure(curves) -> go.Figure:
         # annotations on a log axis take log10 of the value (shapes take the value itself)
         fig.add_annotation(text=letter, xref="x2 domain", yref="y2", x=1.0, y=math.log10(flux), xanchor="left", yanchor="bottom",
                            showarrow=False, font={"size": 11, "color": "#777"}, name=f"class-{letter}")
-    for name, t in (("start", e.start_time), ("peak", e.peak_time), ("end", e.end_time)):
-        if t is None:
-            continue
-        style = _MARK_STYLE[name]
-        fig.add_shape(type="line", xref="x", yref="paper", x0=as_utc(t), x1=as_utc(t), y0=0, y1=1,
-                      line={"color": style["color"], "dash": style["dash"], "width": 1.5}, name=name)
-        fig.add_annotation(x=as_utc(t), xref="x", y=1.0, yref="paper", yanchor="bottom", text=name,
-                           showarrow=False, font={"color": style["color"]}, name=f"mark-{name}")
+    rows = add_event_marks(fig, e, (c.start, c.end), name_prefix="mark-")
     # the window on both (matched) axes: plotly takes the range of the axis the other matches
     fig.update_xaxes(type="date", range=[as_utc(c.start), as_utc(c.end)], row=1, col=1)
     fig.update_xaxes(type="date", range=[as_utc(c.start), as_utc(c.end)], title={"text": "Time (UTC)"}, row=2, col=1)
     fig.update_yaxes(title={"text": f"LST {c.channel} mean [{c.unit}]" if c.unit else f"LST {c.channel} mean"}, row=1, col=1)
-    fig.update_yaxes(type="log", range=[-9, -3], title={"text": "GOES XRS flux [W m\u207b\u00b2]"}, exponentformat="power",
+    # below 1e-9 and above 1e-4 (X10): the corner ticks stay clear of the time labels and the upper panel's
+    fig.update_yaxes(type="log", range=[-9.3, -3.3], title={"text": "GOES XRS flux [W m\u207b\u00b2]"}, exponentformat="power",
                      row=2, col=1)
-    for i, note in enumerate(getattr(c, "notes", []) or []):
-        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=-0.27 - 0.05 * i,
-                           xanchor="left", yanchor="top", font={"size": 10, "color": "#8a5a00"}, name="note")
+    # under the plot, from the top down: the time axis's labels and title, the notes (one row
+    # each), the legend (rows of two entries at 800 px) at the bottom of the figure
+    notes = list(getattr(c, "notes", []) or [])
+    note_px = 16
+    below = legend_margin(len(fig.data), per_row=2) + note_px * len(notes)
+    for i, note in enumerate(notes):  # annotations take no container reference: from the plot's bottom down
+        fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=0.0,
+                           yshift=-(AXIS_BELOW_PX + note_px * i), xanchor="left", yanchor="top",
+                           font={"size": 10, "color": "#8a5a00"}, name="note")
+    top = 80 + MARK_ROW_PX * max(rows - 1, 0)
     fig.update_layout(
         title={"text": f"{e.event_type} #{e.id}: LST {c.channel} and GOES XRS"},
-        hovermode="x unified", height=620 + 40 * len(getattr(c, "notes", []) or []),
-        margin={"l": 80, "r": 40, "t": 80, "b": 60 + 40 * len(getattr(c, "notes", []) or [])},
-        legend={"orientation": "h", "y": -0.12}, template="plotly_white",
+        hovermode="x unified", height=480 + top + below,
+        margin={"l": 80, "r": 40, "t": top, "b": below},
+        legend=LEGEND_BELOW,
+        template="plotly_white",
     )
+
     return fig

@@ -167,9 +167,9 @@ def events_timeline_figure(
         xaxis={"type": "date", "title": {"text": "Time (UTC)"}},
         yaxis={"title": {"text": "HEK event type"}, "type": "category", "autorange": "reversed"},
         hovermode="closest",
-        margin={"l": 150, "r": 20, "t": 50, "b": 50},
-        height=max(220, 90 + 55 * max(len(by_type), 1)),
-        legend={"orientation": "h", "y": -0.25},
+        margin={"l": 150, "r": 20, "t": 50, "b": legend_margin(len(fig.data))},
+        height=max(220, 90 + 55 * max(len(by_type), 1)) + legend_margin(len(fig.data)) - 50,
+        legend=LEGEND_BELOW,
         template="plotly_white",
     )
     if not rows:
@@ -178,11 +178,83 @@ def events_timeline_figure(
     return fig
 
 
+#: A legend under the plot that never runs into the time axis's title or tick labels: placed
+#: at the bottom of the figure's container (not a fraction of the plot area, which lands on
+#: the axis title at some heights), the axes pushing the margin for their labels.
+LEGEND_BELOW = {"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "x": 0.0, "xanchor": "left"}
+#: Room [px] under the plot for the time axis: two-line date tick labels and the axis title
+#: (measured ~72 px in Chromium with Plotly's default fonts).
+AXIS_BELOW_PX = 76
+#: Bottom margin [px] of a figure with :data:`LEGEND_BELOW`: the axis (:data:`AXIS_BELOW_PX`)
+#: and one legend row with its padding (~32 px), plus :data:`LEGEND_ROW_PX` for each further
+#: row (:func:`legend_margin`).
+LEGEND_MARGIN_PX = AXIS_BELOW_PX + 32
+LEGEND_ROW_PX = 22
+#: Two event-mark labels (start, peak, end) nearer than this fraction of the time axis go on
+#: separate rows: a label is ~30 px wide, and the plot area of an 800-px-wide page ~620 px,
+#: so 7 % (~43 px) keeps them apart down to ~430 px of plot width.
+MARK_LABEL_GAP = 0.07
+#: Height of one row of mark labels [px].
+MARK_ROW_PX = 15
+
+
+def legend_margin(entries: int, per_row: int = 3) -> int:
+    """Bottom margin [px] for :data:`LEGEND_BELOW` with ``entries`` legend items, ``per_row``
+    to a row at 800 px (the narrowest page width the pages are checked at)."""
+    rows = max(1, -(-entries // per_row))
+    return LEGEND_MARGIN_PX + LEGEND_ROW_PX * (rows - 1)
+
+
+def add_event_marks(fig, event, window=None, *, name_prefix: str | None = None) -> int:
+    """Vertical lines at the event's start, peak and end (``layout.shapes`` named ``start``,
+    ``peak``, ``end``) across the figure, each labelled above the plot; a label nearer than
+    :data:`MARK_LABEL_GAP` of the time axis to another goes a row higher (coincident or close
+    times never overprint).
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure
+    event : Event-like
+        ``start_time``, ``peak_time``, ``end_time`` (aware or naive UTC; None where unknown).
+    window : (datetime, datetime), optional
+        The time axis's range; default the span of the marks.
+    name_prefix : str, optional
+        The annotations' names are ``<prefix><mark>`` when given.
+
+    Returns
+    -------
+    int
+        Rows of labels used (0 without marks); the top margin needs ``MARK_ROW_PX`` more per row past the first.
+    """
+    marks = [(n, as_utc(t)) for n, t in (("start", event.start_time), ("peak", event.peak_time),
+                                          ("end", event.end_time)) if t is not None]
+    if not marks:
+        return 0
+    lo, hi = (as_utc(window[0]), as_utc(window[1])) if window else (marks[0][1], max(t for _, t in marks))
+    span = max((hi - lo).total_seconds(), 1.0)
+    placed: list[tuple[float, int]] = []
+    for name, t in marks:
+        f = (t - lo).total_seconds() / span
+        row = 0
+        while any(r == row and abs(f - g) < MARK_LABEL_GAP for g, r in placed):
+            row += 1
+        placed.append((f, row))
+        style = _MARK_STYLE[name]
+        fig.add_shape(type="line", xref="x", yref="paper", x0=t, x1=t, y0=0, y1=1,
+                      line={"color": style["color"], "dash": style["dash"], "width": 1.5}, name=name)
+        extra = {"name": f"{name_prefix}{name}"} if name_prefix else {}
+        fig.add_annotation(x=t, xref="x", y=1.0, yref="paper", yanchor="bottom", yshift=MARK_ROW_PX * row,
+                           text=name, showarrow=False, font={"color": _MARK_TEXT[name]}, **extra)
+    return 1 + max(r for _, r in placed)
+
+
 _MARK_STYLE = {
     "start": {"color": "#009E73", "dash": "dash"},
     "peak": {"color": "#D55E00", "dash": "solid"},
     "end": {"color": "#0072B2", "dash": "dash"},
 }
+#: Label colours of the marks: the line's hue, dark enough for 4.5:1 on white (WCAG 2.2 SC 1.4.3).
+_MARK_TEXT = {"start": "#00704f", "peak": "#a84300", "end": "#0072B2"}
 
 
 def lightcurve_figure(
@@ -242,21 +314,15 @@ def lightcurve_figure(
         marker={"size": 5},
         hovertemplate="%{x|%Y-%m-%d %H:%M:%S}<br>%{y:.4g} " + unit.replace("%", "%%") + "<extra></extra>",
     ))
-    for name, t in (("start", event.start_time), ("peak", event.peak_time), ("end", event.end_time)):
-        if t is None:
-            continue
-        style = _MARK_STYLE[name]
-        fig.add_shape(type="line", xref="x", yref="paper", x0=as_utc(t), x1=as_utc(t), y0=0, y1=1,
-                      line={"color": style["color"], "dash": style["dash"], "width": 1.5}, name=name)
-        fig.add_annotation(x=as_utc(t), xref="x", y=1.0, yref="paper", yanchor="bottom", text=name,
-                           showarrow=False, font={"color": style["color"]})
+    edges = [as_utc(t) for t in times] + [as_utc(t) for t in (event.start_time, event.peak_time, event.end_time) if t]
+    rows = add_event_marks(fig, event, (min(edges), max(edges)))
     fig.update_layout(
         title={"text": f"{channel} light curve around {event.event_type} #{event.id}"},
         xaxis={"type": "date", "title": {"text": "Time (UTC)"}},
         yaxis={"title": {"text": f"{what} [{unit}]" if unit else what}},
         hovermode="x unified",
         showlegend=False,
-        margin={"l": 80, "r": 20, "t": 60, "b": 50},
+        margin={"l": 80, "r": 20, "t": 60 + MARK_ROW_PX * max(rows - 1, 0), "b": 50},
         height=360,
         template="plotly_white",
     )

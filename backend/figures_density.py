@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from backend.figures import EVENT_COLOURS, hek_label
+from backend.figures import EVENT_COLOURS, LEGEND_BELOW, hek_label, legend_margin
 from backend.services.event_histogram import Histogram, width_label
 
 __all__ = ["events_density_figure"]
@@ -65,9 +65,9 @@ def events_density_figure(h: Histogram, *, drill_max: int) -> go.Figure:
                "range": [h.edges[0], h.edges[-1]] if h.edges else None},
         yaxis={"title": {"text": f"events per {width_label(h.bin_s)}"}, "rangemode": "tozero", "fixedrange": True},
         hovermode="closest",
-        margin={"l": 70, "r": 20, "t": 50, "b": 50},
-        height=320,
-        legend={"orientation": "h", "y": -0.3},
+        margin={"l": 70, "r": 20, "t": 50, "b": legend_margin(len(fig.data))},
+        height=270 + legend_margin(len(fig.data)),
+        legend=LEGEND_BELOW,
         template="plotly_white",
         meta={"mode": "bins", "total": h.total, "bin_s": h.bin_s,
               "start": _iso(h.start) if h.start else None, "end": _iso(h.end) if h.end else None},

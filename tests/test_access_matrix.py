@@ -161,7 +161,12 @@ DESCRIBED: dict[tuple[str, str], list[Filler] | str] = {
     ],
     **{("GET", page): "a page: the Request renders the template only; its parameters are declared"
        for page in ("/", "/events/{event_id}", "/products", "/jobs/new", "/jobs", "/jobs/{job_id}",
-                    "/products/{product_id}/view", "/movies", "/coverage", "/frames/{frame_id}/diff")},
+                    "/products/{product_id}/view", "/movies", "/coverage", "/frames/{frame_id}/diff",
+                    "/events", "/products/search", "/saved-searches")},
+    ("PATCH", "/api/v1/saved-searches/{search_id}"): [
+        Filler(body={"name": "renamed"}, private=True, unknown_body={"name": "renamed"}),
+        Filler(body={"query": {"channel": "SDI"}}, private=True, unknown_body={"query": {"channel": "SDI"}}),
+    ],
 }
 #: Routes not in the matrix, each with why.
 EXEMPT: dict[tuple[str, str], str] = {
@@ -180,7 +185,7 @@ EXEMPT: dict[tuple[str, str], str] = {
 }
 #: List routes whose answer to A must show A's private object (the fixture is seen where it should be).
 MUST_LIST = {"/api/v1/jobs", "/jobs", "/api/v1/products", "/api/v1/calibration-sets", "/api/v1/events",
-             "/api/v1/saved-searches", "/api/v1/webhooks"}
+             "/api/v1/saved-searches", "/api/v1/webhooks", "/saved-searches", "/products/search"}
 #: Writes A may call without destroying the fixture for later calls; done after every read,
 #: in this order (the destructive ones last).
 WRITE_ORDER = ["/saved-searches", "/cancel", "/retry", "/rerun", "/notifications", "/saved-searches/{search_id}", "/tokens/{token_id}",

@@ -659,7 +659,7 @@ def _health_router() -> APIRouter:
 
 def create_app() -> FastAPI:
     """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
-    from backend.api import coverage_page, pages
+    from backend.api import coverage_page, pages, product_search_page, saved_searches_page
 
     # FastAPIOffline serves Swagger UI and ReDoc from packaged files: /docs works offline
     app = FastAPIOffline(
@@ -705,6 +705,8 @@ def create_app() -> FastAPI:
     app.include_router(pages.router)
     app.include_router(movies.page_router)
     app.include_router(coverage_page.router)
+    app.include_router(product_search_page.router)  # /products/search
+    app.include_router(saved_searches_page.router)  # /saved-searches
     app.include_router(reproducibility.page_router)
     app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)

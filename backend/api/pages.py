@@ -105,6 +105,7 @@ def _templates() -> Jinja2Templates:
         goes_level=_goes_level,
     )
     t.env.filters["utc"] = _fmt_utc
+    t.env.filters["ink"] = badge_ink
     t.env.filters["num"] = _fmt_num
     return t
 
@@ -123,6 +124,24 @@ def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:
     if t is None:
         return "—"
     return t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
+
+
+def _luminance(hex_colour: str) -> float:
+    """Relative luminance of an sRGB ``#rrggbb`` colour, 0 (black) to 1 (white) (WCAG 2.2,
+    "relative luminance")."""
+    h = hex_colour.lstrip("#")
+    rgb = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def badge_ink(background: str) -> str:
+    """The text colour (``#000000`` or ``#ffffff``) of higher WCAG contrast on ``background``
+    (``#rrggbb``): an event badge's code stays readable on every colour of
+    :data:`backend.figures.EVENT_COLOURS` (white on the Okabe-Ito vermillion is 3.9:1, under
+    the 4.5:1 that WCAG 2.2 SC 1.4.3 asks of small text; black is 5.4:1)."""
+    lum = _luminance(background)
+    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
 
 
 def _fmt_num(v: float | None, digits: int = 1) -> str:
@@ -222,6 +241,7 @@ def event_list_page(session, filters: EventFilters, *, after: str | None = None,
 
 
 @router.get("/", response_class=HTMLResponse)
+@router.get("/events", response_class=HTMLResponse)
 def events_page(
     request: Request,
     session: SessionDep,
@@ -251,7 +271,9 @@ def events_page(
     calibration set), newest first, paged by cursor (:func:`event_list_page`; the filters ride
     along in the page links), the coverage of the window per source and the landing timeline
     (all matching events, ``frontend/static/timeline.js``; its zoom is ``tl_start``/``tl_end``
-    in the URL). A page link made for other filters is reported and the newest page shown."""
+    in the URL). A page link made for other filters is reported and the newest page shown.
+    Served at ``/`` (the landing page) and ``/events`` (the event list), the links of each
+    staying on its own path."""
     from backend.api.events_search_page import search_form_extras
 
     parsed = parse_event_filters(
@@ -271,11 +293,14 @@ def events_page(
             "noaa_ar": str(filters.noaa_ar or ""), "associated_type": filters.associated_type or "",
             "frm_name": filters.frm_name or "", "calibration_set": filters.calibration_set or ""}
     form_q = {k: v for k, v in form.items() if v}
+    # the list follows the timeline's zoom (tl_start/tl_end): the events of the search in view
+    list_filters, zoom = _zoomed(filters, tl_start, tl_end)
+    page_q = {**form_q, **({"tl_start": zoom[0], "tl_end": zoom[1]} if zoom else {})}
     try:
-        page = event_list_page(session, filters, after=after, before=before)
+        page = event_list_page(session, list_filters, after=after, before=before)
     except SearchError as exc:
         errors.append(f"page link not followed ({exc}): the newest events are shown")
-        page = event_list_page(session, filters)
+        page = event_list_page(session, list_filters)
     applied = {k: v for k, v in (
         ("type", event_type), ("source", source),
         ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
@@ -283,6 +308,8 @@ def events_page(
         ("noaa_ar", form["noaa_ar"]), ("associated_type", form["associated_type"]), ("frm_name", form["frm_name"]),
         ("calibration_set", form["calibration_set"]),
     ) if v}
+    base = "/events" if request.url.path.rstrip("/") == "/events" else "/"
+    shown = {"start": list_filters.start.isoformat(), "end": list_filters.end.isoformat()} if zoom else {}
     extras = search_form_extras(session, filters, applied, tl_start, tl_end)
     errors += extras.pop("errors")
     return templates.TemplateResponse(request, "events.html", {
@@ -292,18 +319,45 @@ def events_page(
         "total_is_estimate": page.total_is_estimate,
         "exact_count_limit": event_search.EXACT_COUNT_LIMIT,
         "first_page": page.first,
-        "newest_url": f"/?{urlencode(form_q)}",
-        "prev_url": f"/?{urlencode({**form_q, 'before': page.before})}" if page.before else None,
-        "next_url": f"/?{urlencode({**form_q, 'after': page.after})}" if page.after else None,
+        "base": base,
+        "save_query": urlencode(applied),  # "Save this search": the API's parameters of these filters
+        "zoom": zoom,
+        "newest_url": f"{base}?{urlencode(page_q)}",
+        "prev_url": f"{base}?{urlencode({**page_q, 'before': page.before})}" if page.before else None,
+        "next_url": f"{base}?{urlencode({**page_q, 'after': page.after})}" if page.after else None,
         "form": form,
         "sources": EVENT_SOURCES,
         "errors": errors,
         "timeline_url": f"/api/v1/events/timeline/figure?{urlencode(applied)}",
-        "export_urls": {fmt: f"/api/v1/events?{urlencode({**applied, 'format': fmt, 'limit': 500})}"
+        "export_urls": {fmt: f"/api/v1/events?{urlencode({**applied, **shown, 'format': fmt, 'limit': 500})}"
                         for fmt in ("csv", "votable", "hek")},
         "observing_windows": observing_windows(session, include_quiet=True),  # _demo_windows.html
         "demo_progress": read_progress(get_settings().root),  # _demo_progress.html
     })
+
+
+def _zoomed(filters: EventFilters, tl_start: str | None, tl_end: str | None
+            ) -> tuple[EventFilters, tuple[str, str] | None]:
+    """The filters of the events list under the timeline's zoom: the search's time window cut
+    to ``tl_start``..``tl_end`` (ISO UTC), and the zoom as the page links carry it. A zoom
+    that cannot be read, is empty, or lies outside the search leaves the search as it is
+    (as ``frontend/static/timeline.js`` draws it; bad values are reported by
+    :func:`backend.api.events_search_page.search_form_extras`)."""
+    import dataclasses
+
+    from backend.api.routes.params import _filter_time
+
+    problems: list = []
+    z0 = _filter_time("tl_start", tl_start, problems)
+    z1 = _filter_time("tl_end", tl_end, problems)
+    if problems or z0 is None or z1 is None or z1 <= z0:
+        return filters, None
+    a = max(filters.start, z0) if filters.start else z0
+    b = min(filters.end, z1) if filters.end else z1
+    if b <= a:
+        return filters, None
+    iso = "%Y-%m-%dT%H:%M:%S.%fZ"
+    return dataclasses.replace(filters, start=a, end=b), (as_utc(z0).strftime(iso), as_utc(z1).strftime(iso))
 
 
 def _quicklooks_around(session, event: Event) -> dict[str, list[Any]]:

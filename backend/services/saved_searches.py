@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import re
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -44,7 +45,7 @@ from backend.services import notify, visibility
 from pipelines.errors import DataError
 
 __all__ = ["SavedSearchError", "KINDS", "EVENT_PARAMS", "PRODUCT_PARAMS", "MAX_NAME_CHARS", "MAX_PER_PASS",
-           "normalise_query", "create_saved_search", "evaluate", "evaluate_all", "describe_saved_search",
+           "normalise_query", "create_saved_search", "update_saved_search", "evaluate", "evaluate_all", "describe_saved_search",
            "describe_notification", "list_saved_searches", "notifications_of"]
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ EVENT_PARAMS = ("type", "source", "start", "end", "channel", "hpc_x_min", "hpc_x
                 "pa_min", "pa_max", "min_goes_class", "min_peak_value", "frm_name", "frm_version", "noaa_ar",
                 "associated_type", "calibration_set", "calibration_file", "min_angular_width")
 #: The filters of ``GET /api/v1/products`` (``state``: only ``written``, what is notified).
-PRODUCT_PARAMS = ("channel", "start", "end", "state", "frame_id", "job_id")
+PRODUCT_PARAMS = ("channel", "start", "end", "state", "frame_id", "job_id", "calibration_set", "level")
 _NOT_FILTERS = ("limit", "offset", "cursor", "sort", "format")
 MAX_NAME_CHARS = 100
 #: Most new matches one evaluation records per search (the next pass takes the rest).
@@ -156,6 +157,16 @@ def _normalise_products(q: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(q["job_id"], str) or not is_safe_key(q["job_id"], 36):
             raise SavedSearchError("query.job_id", "is not a job id (letters, digits, _ . -; at most 36)", q["job_id"])
         out["job_id"] = q["job_id"]
+    if q.get("calibration_set") not in (None, ""):
+        cid = str(q["calibration_set"]).strip()
+        if not cid.isdigit() or not 1 <= int(cid) <= MAX_ID:
+            raise SavedSearchError("query.calibration_set", f"is not a calibration set id (1..{MAX_ID})",
+                                   q["calibration_set"])
+        out["calibration_set"] = cid  # text, as check_query_ids reads it
+    if q.get("level") not in (None, ""):
+        if not isinstance(q["level"], str) or not re.fullmatch(r"L[0-9][A-Za-z0-9.]{0,6}", q["level"]):
+            raise SavedSearchError("query.level", "is not a product level such as L2", q["level"])
+        out["level"] = q["level"]
     return out
 
 
@@ -208,6 +219,10 @@ def _product_query(query: dict[str, Any], owner: str | None = None):
     q = _filtered(select(Product).join(Product.frame), channel=query.get("channel"), start=start, end=end,
                   state=None, frame_id=query.get("frame_id"), job_id=query.get("job_id"))
     q = visibility.visible(q, Product, _viewer(owner))
+    if query.get("calibration_set"):
+        q = q.where(Product.calibration_set_id == int(query["calibration_set"]))
+    if query.get("level"):
+        q = q.where(Product.level == query["level"])
     if query.get("job_id"):
         q = q.where(visibility.visible(select(Job.id).where(Job.id == query["job_id"]), Job, _viewer(owner)).exists())
     return q
@@ -277,6 +292,36 @@ def create_saved_search(session: Session, owner: str, name: str, kind: str, quer
     session.flush()
     hook = notify.register_webhook(session, owner, webhook_url, saved_search_id=row.id) if webhook_url else None
     return row, hook
+
+
+def update_saved_search(session: Session, row: SavedSearch, *, name: str | None = None,
+                        query: dict[str, Any] | str | None = None) -> SavedSearch:
+    """Rename a saved search and/or replace its query (checked as :func:`create_saved_search`
+    checks one). A new query is told of matches that arrive from now on (its cursor starts
+    again at the newest id its owner may see); the notifications already recorded stay.
+    Flushed; the caller commits.
+
+    Raises
+    ------
+    SavedSearchError
+        A bad name or query (the field named).
+    backend.services.visibility.NotVisible
+        The query names a job or calibration set the owner may not see (404).
+    """
+    if name is not None:
+        name = name.strip()
+        if not name or len(name) > MAX_NAME_CHARS or "\x00" in name:
+            raise SavedSearchError("name", f"a name is 1-{MAX_NAME_CHARS} characters", name)
+        row.name = name
+    if query is not None:
+        stored = normalise_query(row.kind, query)
+        check_query_ids(session, row.owner, stored)
+        if stored != row.query:
+            row.query = stored
+            row.cursor = (_top_id(session, Event, row.owner) if row.kind == "events"
+                          else _product_horizon(session, stored, 0, row.owner))
+    session.flush()
+    return row
 
 
 def _iso(t: dt.datetime | None) -> str | None:

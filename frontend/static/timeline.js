@@ -6,7 +6,8 @@
  * window in view, so the bins follow the zoom and a small enough window drills down to
  * the events (a click on one opens its page). The zoom is kept in the page URL as
  * tl_start / tl_end (replaceState): a reload or a shared link shows the same view.
- * Double-click (autorange) shows the whole search again.
+ * Double-click (autorange) shows the whole search again. The events list under it
+ * (#event-list) follows the zoom: it is read again from the page at the new URL.
  *
  * input[data-utc-time]: ISO 8601 text in UTC (no browser-local picker); a value that is not
  * one is marked and explained next to the field, and the form is not sent with it.
@@ -41,10 +42,15 @@
 
     function keepInUrl() {
       const u = new URL(window.location.href);
+      const view = function () { return u.searchParams.get("tl_start") + "/" + u.searchParams.get("tl_end"); };
+      const was = view();
       if (z0 && z1) { u.searchParams.set("tl_start", z0); u.searchParams.set("tl_end", z1); }
       else { u.searchParams.delete("tl_start"); u.searchParams.delete("tl_end"); }
+      const changed = view() !== was;
+      if (changed) { u.searchParams.delete("after"); u.searchParams.delete("before"); }  // a new list: its first page
       window.history.replaceState(null, "", u.toString());
       if (reset) reset.hidden = !(z0 && z1);
+      if (changed) refreshList();
       // the list's page links keep the view too
       document.querySelectorAll("#event-pager a").forEach(function (a) {
         const l = new URL(a.href, window.location.origin);
@@ -59,6 +65,38 @@
       z0 = a; z1 = b;
       keepInUrl();
       load();
+    }
+
+    /* The events list (#event-list) follows the zoom: the page at the new URL (tl_start/tl_end)
+     * is read and its list put in place of this one (the server cuts the search to the view). */
+    let listAsked = 0;
+    async function refreshList() {
+      const list = document.getElementById("event-list");
+      if (!list) return;
+      const mine = ++listAsked;
+      list.setAttribute("aria-busy", "true");
+      try {
+        const resp = await fetch(window.location.href, { headers: { Accept: "text/html" } });
+        const html = await resp.text();
+        if (mine !== listAsked) return;
+        if (!resp.ok) throw new Error(resp.status + " " + resp.statusText);
+        const fresh = new DOMParser().parseFromString(html, "text/html").getElementById("event-list");
+        if (!fresh) throw new Error("no list in the answer");
+        list.replaceWith(document.importNode(fresh, true));
+        el.dataset.listZoom = (z0 && z1) ? z0 + "/" + z1 : "";
+      } catch (err) {
+        if (mine !== listAsked) return;
+        list.removeAttribute("aria-busy");
+        let note = document.getElementById("event-list-error");
+        if (!note) {
+          note = document.createElement("p");
+          note.id = "event-list-error";
+          note.className = "error";
+          note.setAttribute("role", "alert");
+          list.insertAdjacentElement("beforebegin", note);
+        }
+        note.textContent = "Could not update the list for the timeline's view: " + err.message;
+      }
     }
 
     async function load() {

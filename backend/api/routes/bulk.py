@@ -19,7 +19,8 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
-from backend.api.routes.params import MAX_ID, SAFE_KEY_PATTERN, ChannelQuery, IdPath, TimeRangeDep
+from backend.api.routes.params import (MAX_ID, SAFE_KEY_PATTERN, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery,
+                                      TimeRangeDep)
 from backend.models import ProductState
 from backend.services import bulk
 from backend.services import events as events_service
@@ -63,6 +64,8 @@ class ProductSearch:
     limit: int | None
     offset: int
     principal: object = None  #: who asks: products of private sets only to their owner (and admins)
+    calibration_set: int | None = None  #: only the products of this calibration set (its id)
+    level: str | None = None  #: only products of this level (``L2``)
 
     def select(self, session) -> bulk.ProductSelection:
         """The selection (only products the principal may see); a ``job_id`` of a job the
@@ -72,10 +75,14 @@ class ProductSearch:
 
         if self.job_id is not None:
             visibility.get_visible(session, Job, self.job_id, self.principal)  # another's private job: 404
-        cond = visibility.condition(Product, self.principal)
+        conds = [c for c in (visibility.condition(Product, self.principal),) if c is not None]
+        if self.calibration_set is not None:
+            conds.append(Product.calibration_set_id == self.calibration_set)
+        if self.level is not None:
+            conds.append(Product.level == self.level)
         return bulk.search_products(session, channel=self.channel, start=self.start, end=self.end, state=self.state,
                                     frame_id=self.frame_id, job_id=self.job_id, limit=self.limit,
-                                    offset=self.offset, conditions=() if cond is None else (cond,))
+                                    offset=self.offset, conditions=tuple(conds))
 
 
 async def product_search(
@@ -87,9 +94,11 @@ async def product_search(
     job_id: JobIdQuery = None,
     limit: LimitQuery = None,
     offset: OffsetQuery = 0,
+    calibration_set: CalibrationSetQuery = None,
+    level: LevelQuery = None,
 ) -> ProductSearch:
     return ProductSearch(channel, span.start, span.end, None if state == "any" else ProductState(state), frame_id,
-                         job_id or None, limit, offset, principal)
+                         job_id or None, limit, offset, principal, calibration_set, level)
 
 
 ProductSearchDep = Annotated[ProductSearch, Depends(product_search)]

@@ -122,6 +122,15 @@ class SavedSearchCreate(BaseModel):
                                     description="https:// or http://, no credentials; deliveries are signed")
 
 
+class SavedSearchUpdate(BaseModel):
+    """A change to a saved search: a new name and/or a new query (its kind stays)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=searches.MAX_NAME_CHARS)
+    query: dict[str, Any] | str | None = Field(None, examples=[{"type": "CE", "min_angular_width": 90}])
+
+
 # -- server-sent events -------------------------------------------------------------------------
 
 
@@ -341,6 +350,29 @@ def read_saved_searches(session: SessionDep, principal: OptionalPrincipal) -> di
 @router.get("/saved-searches/{search_id}", summary="One saved search", responses=_AUTH_ERRORS)
 def read_saved_search(search_id: IdPath, session: SessionDep, principal: OptionalPrincipal) -> dict[str, Any]:
     row = _search_or_error(session, search_id, _signed_in(principal, "saved searches"))
+    return searches.describe_saved_search(row, _hook_of(session, row.id))
+
+
+@router.patch("/saved-searches/{search_id}", summary="Rename a saved search or change its query",
+              responses={**_AUTH_ERRORS, 422: {"description": "A bad name or query parameter (the field named)"}})
+def update_saved_search(search_id: IdPath, body: SavedSearchUpdate, session: SessionDep,
+                        principal: SubmitLimited) -> dict[str, Any]:
+    """Change one's own saved search: ``name``, and/or ``query`` (checked as on creation; a
+    new query is told of matches from now on, the notifications recorded so far stay). Needs
+    ``jobs:submit``. Another user's search is 404."""
+    from fastapi.exceptions import RequestValidationError
+
+    row = _search_or_error(session, search_id, principal)
+    if body.name is None and body.query is None:
+        raise RequestValidationError([{"type": "value_error", "loc": ("body",), "msg": "give name, query or both",
+                                       "input": None}])
+    try:
+        searches.update_saved_search(session, row, name=body.name, query=body.query)
+    except searches.SavedSearchError as exc:
+        raise RequestValidationError([{"type": "value_error", "loc": ("body", *exc.param.split(".")),
+                                       "msg": exc.message,
+                                       "input": None if exc.value is None else str(exc.value)[:200]}]) from None
+    session.commit()
     return searches.describe_saved_search(row, _hook_of(session, row.id))
 
 

@@ -40,6 +40,8 @@ __all__ = [
     "is_safe_key",
     "IdPath",
     "ChannelQuery",
+    "LevelQuery",
+    "CalibrationSetQuery",
     "EventTypeQuery",
     "TimeRange",
     "TimeRangeDep",
@@ -103,6 +105,17 @@ def is_safe_key(value: str, max_length: int = 64) -> bool:
 
 
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="Row id")]
+#: A product's processing level (``products.level``, the FITS ``LEVEL`` keyword: ``L2`` for
+#: every calibrated product today).
+LevelQuery = Annotated[
+    str | None,
+    Query(max_length=8, pattern=r"^L[0-9][A-Za-z0-9.]{0,6}$", description="Product level (LEVEL keyword), e.g. L2"),
+]
+#: Only the products of one calibration set (its id).
+CalibrationSetQuery = Annotated[
+    int | None,
+    Query(ge=1, le=MAX_ID, description="Only products of this calibration set (its id: GET /calibration-sets)"),
+]
 ChannelQuery = Annotated[
     str | None,
     Query(description="LST channel: SDI, WST, SCI-UV or SCI-WL (case-insensitive)"),

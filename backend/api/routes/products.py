@@ -9,7 +9,8 @@ from fastapi.responses import FileResponse
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
-from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
+from backend.api.routes.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery, PaginationDep,
+                                      TimeRangeDep)
 from backend.api.routes.bulk import JobIdQuery
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Job, Product, ProductState
@@ -29,11 +30,11 @@ def read_products(
     state: Annotated[ProductState | None, Query(description="planned, writing, written or failed")] = None,
     frame_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="Only products of this frame")] = None,
     job_id: JobIdQuery = None,
-    calibration_set: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
-        "Only products of this calibration set (its id: GET /calibration-sets)"))] = None,
+    calibration_set: CalibrationSetQuery = None,
+    level: LevelQuery = None,
 ) -> ProductsPublic:
     """Products filtered by channel, DATE-OBS range of their frame, state, frame, job (the products of
-    the job's frames, whichever job made them first) and calibration set; every version is listed.
+    the job's frames, whichever job made them first), calibration set and level; every version is listed.
     Products of a private calibration set are listed to its owner (and admins) only; a
     ``job_id`` of another user's private job is 404."""
     if job_id:
@@ -41,6 +42,8 @@ def read_products(
     conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
     if calibration_set is not None:
         conds.append(Product.calibration_set_id == calibration_set)
+    if level is not None:
+        conds.append(Product.level == level)
     rows, total = products_service.list_products(
         session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
         limit=page.limit, offset=page.offset, conditions=conds,

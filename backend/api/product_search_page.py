@@ -1,0 +1,118 @@
+"""The ``/products/search`` page: L2 products by channel, DATE-OBS range, calibration set and
+level, paged, with the bulk download of the same search (issue 25, point 6).
+
+The page reads through the products API's service (:func:`backend.services.products.list_products`,
+the query of ``GET /api/v1/products``) with the API's visibility rule (a private set's
+products to its owner and admins only), and links the archive and the curl/wget script of
+``GET /api/v1/products/archive`` and ``/download.sh`` (:mod:`backend.api.routes.bulk`) with
+the same filters. Bad filter values are shown on the page and not applied, never an error
+status (as the events page does).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+from sqlalchemy import select
+
+from backend.api.deps import SessionDep
+from backend.api.routes.params import MAX_ID, _filter_time, canonical_channel
+from backend.auth import OptionalPrincipal
+from backend.models import Product, ProductState
+from backend.services import bulk as bulk_service
+from backend.services import products as products_service
+from backend.services import visibility
+from backend.services.calibration_sets import list_sets
+from pipelines.channels import CHANNELS
+
+__all__ = ["router", "PAGE_SIZE", "MAX_SETS"]
+
+router = APIRouter(include_in_schema=False)
+
+#: Products per page.
+PAGE_SIZE = 50
+#: Calibration sets offered in the form's list (newest first; any other id may be typed in the URL).
+MAX_SETS = 200
+_LEVEL = re.compile(r"^L[0-9][A-Za-z0-9.]{0,6}$")
+
+
+@router.get("/products/search", response_class=HTMLResponse)
+def product_search_page(
+    request: Request,
+    session: SessionDep,
+    principal: OptionalPrincipal,
+    channel: Annotated[str | None, Query(max_length=16)] = None,
+    start: Annotated[str | None, Query(max_length=40)] = None,
+    end: Annotated[str | None, Query(max_length=40)] = None,
+    calibration_set: Annotated[str | None, Query(max_length=12)] = None,
+    level: Annotated[str | None, Query(max_length=8)] = None,
+    page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
+):
+    """Written products matching the filters, ordered by DATE-OBS (every version), 50 a page
+    (``page``: 1, 2, ...), and the bulk download of the whole search (the archive holds at
+    most :data:`backend.services.bulk.MAX_ARCHIVE_FILES`)."""
+    from backend.api.pages import _form_time, templates
+
+    errors: list[str] = []
+    problems: list = []
+    try:
+        code = canonical_channel(channel or None)
+    except ValueError as exc:
+        errors.append(f"channel: {exc}")
+        code = None
+    t0 = _filter_time("start", start, problems)
+    t1 = _filter_time("end", end, problems)
+    errors += [p.note for p in problems]
+    if t0 is not None and t1 is not None and t1 < t0:
+        errors.append("end is before start: the time range was not applied")
+        t0 = t1 = None
+    set_id = None
+    if calibration_set:
+        if calibration_set.strip().isdigit() and 1 <= int(calibration_set) <= MAX_ID:
+            set_id = int(calibration_set)
+        else:
+            errors.append(f"calibration set: {calibration_set[:12]!r} is not a set id (a whole number, see the list)")
+    lvl = None
+    if level:
+        if _LEVEL.match(level.strip()):
+            lvl = level.strip()
+        else:
+            errors.append(f"level: {level[:8]!r} is not a product level such as L2")
+    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
+    if set_id is not None:
+        conds.append(Product.calibration_set_id == set_id)
+    if lvl is not None:
+        conds.append(Product.level == lvl)
+    rows, total = products_service.list_products(
+        session, channel=code, start=t0, end=t1, state=ProductState.written, limit=PAGE_SIZE,
+        offset=(page - 1) * PAGE_SIZE, conditions=conds)
+    pages = max(1, -(-total // PAGE_SIZE))
+    form = {"channel": code or "", "start": _form_time(t0), "end": _form_time(t1),
+            "calibration_set": str(set_id or ""), "level": lvl or ""}
+    applied = {k: v for k, v in form.items() if v}
+    api_q = {**applied, **({"start": t0.isoformat()} if t0 else {}), **({"end": t1.isoformat()} if t1 else {})}
+    sets, _n = list_sets(session, user=getattr(principal, "user", None),
+                         admin=bool(principal and principal.is_admin), limit=MAX_SETS)
+    levels = sorted(set(session.scalars(select(Product.level).distinct())) | {"L2"})
+
+    def page_url(n: int) -> str:
+        return f"/products/search?{urlencode({**applied, 'page': n})}"
+
+    return templates.TemplateResponse(request, "product_search.html", {
+        "nav": "product_search",
+        "rows": rows, "total": total, "page": page, "pages": pages, "page_size": PAGE_SIZE,
+        "first_index": (page - 1) * PAGE_SIZE + 1 if rows else 0,
+        "prev_url": page_url(page - 1) if page > 1 else None,
+        "next_url": page_url(page + 1) if page < pages else None,
+        "form": form, "errors": errors, "channels": list(CHANNELS), "sets": sets, "levels": levels,
+        "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
+        "archive_url": f"/api/v1/products/archive?{urlencode(api_q)}",
+        "archive_zip_url": f"/api/v1/products/archive?{urlencode({**api_q, 'format': 'zip'})}",
+        "script_url": f"/api/v1/products/download.sh?{urlencode(api_q)}",
+        "api_url": f"/api/v1/products?{urlencode({**api_q, 'state': 'written'})}",
+        "save_url": f"/saved-searches?{urlencode({'kind': 'products', 'query': urlencode(api_q)})}",
+    })
