@@ -361,30 +361,42 @@ _END_CARD = b"END" + b" " * 77
 _LEGAL_KEYWORD = re.compile(r"^[A-Z0-9_-]{0,8}$")
 
 
-def _primary_header_cards(f: BinaryIO) -> list[bytes] | None:
-    """The 80-byte card images of the primary header read from ``f`` up to its END card
-    (``f`` is left just after the header's last block); None if ``f`` is not a FITS file."""
-    cards: list[bytes] = []
+_END_ROW = np.frombuffer(_END_CARD, np.uint8)
+_HISTORY_KEY = np.frombuffer(b"HISTORY ", np.uint8)
+_SCAN_BLOCKS = 64  # blocks read at a time while looking for END (184 kB)
+
+
+def _primary_header_cards(f: BinaryIO) -> tuple[np.ndarray, bytes] | None:
+    """The cards of the primary header read from ``f`` before its END card, as an (n, 80)
+    uint8 array, and the bytes read past the header's last block; None if ``f`` is not a FITS
+    file or ends inside its header."""
+    parts = []
     while True:
-        block = f.read(_BLOCK)
-        if len(block) < _BLOCK or (not cards and not block.startswith(b"SIMPLE  =")):
+        chunk = f.read(_BLOCK * _SCAN_BLOCKS)
+        if len(chunk) < _BLOCK or (not parts and not chunk.startswith(b"SIMPLE  =")):
             return None
-        for i in range(0, _BLOCK, _CARD):
-            card = block[i:i + _CARD]
-            if card == _END_CARD:
-                return cards
-            cards.append(card)
+        usable = len(chunk) - len(chunk) % _BLOCK
+        cards = np.frombuffer(chunk, np.uint8, count=usable).reshape(-1, _CARD)
+        end = np.flatnonzero((cards == _END_ROW).all(axis=1))
+        if end.size:
+            e = int(end[0])
+            parts.append(cards[:e])
+            last = (e // (_BLOCK // _CARD) + 1) * _BLOCK  # the end of END's block
+            return np.concatenate(parts), chunk[last:]
+        if usable < len(chunk):
+            return None
+        parts.append(cards)
 
 
 def bounded_fits_source(path: str | os.PathLike, keep: int = HISTORY_KEEP) -> tuple[io.BytesIO | None, int]:
     """The file with its primary header's HISTORY cards bounded, for :func:`astropy.io.fits.open`.
 
     The primary header is scanned as bytes (80-byte cards in 2880-byte blocks, FITS 4.0
-    sect. 3.3 and 4.1): when it holds more than ``2 * keep`` HISTORY cards, the first and
-    last ``keep`` are kept and the others left out, so astropy parses, verifies and copies a
-    bounded header whatever the raw file carries. The data and any extensions follow
-    unchanged (FITS has no absolute offsets). Plain and gzip files are read this way; other
-    files are left to astropy.
+    sect. 3.3 and 4.1; NumPy compares the cards' first 8 bytes): when it holds more than
+    ``2 * keep`` HISTORY cards, the first and last ``keep`` are kept and the others left out,
+    so astropy parses, verifies and copies a bounded header whatever the raw file carries.
+    The data and any extensions follow unchanged (FITS has no absolute offsets). Plain and
+    gzip files are read this way; other files are left to astropy.
 
     Parameters
     ----------
@@ -411,16 +423,18 @@ def bounded_fits_source(path: str | os.PathLike, keep: int = HISTORY_KEEP) -> tu
     opener = gzip.open if gz else open
     try:
         with opener(p, "rb") as f:
-            cards = _primary_header_cards(f)
-            if cards is None:
+            scanned = _primary_header_cards(f)
+            if scanned is None:
                 return None, 0
-            history = [i for i, c in enumerate(cards) if c[:8] == b"HISTORY "]
-            if len(history) <= 2 * keep:
-                return None, len(history)
-            left_out = set(history[keep:len(history) - keep])
-            kept = b"".join(c for i, c in enumerate(cards) if i not in left_out) + _END_CARD
-            kept += b" " * (-len(kept) % _BLOCK)
-            return io.BytesIO(kept + f.read()), len(history)
+            cards, past = scanned
+            history = np.flatnonzero((cards[:, :8] == _HISTORY_KEY).all(axis=1))
+            if history.size <= 2 * keep:
+                return None, int(history.size)
+            kept = np.ones(len(cards), bool)
+            kept[history[keep:history.size - keep]] = False
+            head = cards[kept].tobytes() + _END_CARD
+            head += b" " * (-len(head) % _BLOCK)
+            return io.BytesIO(head + past + f.read()), int(history.size)
     except (OSError, EOFError):  # not gzip after all, truncated: astropy gives the reason
         return None, 0
 
