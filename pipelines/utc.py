@@ -94,7 +94,8 @@ def parse_utc_text(value: Any) -> dt.datetime:
     ValueError
         With a message that says how to write a time: for a number (``1307404800``,
         ``2011``: never read as Unix seconds), an 8-digit date that is not a date, second 60
-        outside a leap second, or any other text.
+        outside a leap second, or any other text; "out of range once in UTC" for a time that
+        leaves ``datetime``'s range when its offset is applied (``0001-01-01T00:00+05:00``).
     """
     if isinstance(value, dt.datetime):
         return as_utc(value)
@@ -118,7 +119,9 @@ def parse_utc_text(value: Any) -> dt.datetime:
         if not re.match(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", s):
             raise ValueError(s)
         t = as_utc(dt.datetime.fromisoformat(s))
-    except (ValueError, OverflowError):
+    except OverflowError:
+        raise ValueError(f"{shown!r} is out of range once in UTC") from None
+    except ValueError:
         raise ValueError(f"{shown!r} is not a date and time; write {TIME_FORMS}") from None
     return _before_leap(t)
 
