@@ -60,8 +60,9 @@ def _json_value(v: Any) -> Any:
 
 
 #: HISTORY and COMMENT lines a stored header keeps [lines]: the first and the last
-#: ``LINES_KEPT`` of each (a choice: a row stays a few kB; the file keeps every card).
-LINES_KEPT = 20
+#: ``LINES_KEPT`` of each (a choice: a row holds at most about 10 kB of them; the file keeps
+#: every card).
+LINES_KEPT = 50
 
 
 def header_to_json(header: fits.Header, *, lines_kept: int = LINES_KEPT) -> dict[str, Any]:
