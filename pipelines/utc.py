@@ -82,7 +82,8 @@ def parse_utc_text(value: Any) -> dt.datetime:
         an offset ``+08:00``) or basic format (``20110607``, ``20110607T123000Z``); a date
         alone is its 00:00 UTC; no offset means UTC. A time inside a leap second
         (``2016-12-31T23:59:60.5Z``) is read through astropy ``Time`` and stored as
-        :func:`datetime_from_time` says. A ``datetime`` is returned as :func:`as_utc`.
+        :func:`datetime_from_time` says (so is a text time in the last millisecond before
+        a leap second). A ``datetime`` is taken as a stored time: returned as :func:`as_utc`.
 
     Returns
     -------
@@ -98,7 +99,10 @@ def parse_utc_text(value: Any) -> dt.datetime:
         leaves ``datetime``'s range when its offset is applied (``0001-01-01T00:00+05:00``).
     """
     if isinstance(value, dt.datetime):
-        return as_utc(value)
+        try:  # already a stored time (a datetime cannot say second 60): not mapped again
+            return as_utc(value)
+        except OverflowError:
+            raise ValueError(f"{value.isoformat()} is out of range once in UTC") from None
     if isinstance(value, dt.date):
         return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC)
     if isinstance(value, bool) or not isinstance(value, str | int | float):

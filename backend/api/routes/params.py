@@ -269,9 +269,9 @@ def _filter_time(name: str, value: str | dt.datetime | None, problems: list[Filt
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
     try:
-        return as_utc(parse_utc_text(value))
-    except (ValueError, OverflowError) as exc:
-        msg = str(exc) if isinstance(exc, ValueError) else f"{value!r} is out of range in UTC"
+        return parse_utc_text(value)
+    except ValueError as exc:
+        msg = str(exc)
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
 

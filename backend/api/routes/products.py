@@ -9,7 +9,6 @@ from fastapi.responses import FileResponse
 from starlette.responses import Response
 
 from backend.api.conditional import file_response
-
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, PaginationDep, TimeRangeDep
