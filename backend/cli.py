@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.utc import assume_utc
+from pipelines.utc import parse_utc_text
 
 __all__ = ["main", "build_parser"]
 
@@ -146,7 +146,8 @@ def cmd_import_xray(args) -> int:
 
 
 def _parse_time(s: str) -> dt.datetime:
-    return assume_utc(dt.datetime.fromisoformat(s))
+    """A time typed on the command line: :func:`pipelines.utc.parse_utc_text` (ISO 8601, UTC)."""
+    return parse_utc_text(s)
 
 
 def wait_for_job(job_id: str, *, timeout: float = 1800, progress: bool = True):

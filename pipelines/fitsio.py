@@ -14,7 +14,13 @@ Reader quirks handled (all met in the project's real sample data):
   filled from Earth's ephemeris at DATE-OBS (ASO-S is in low Earth orbit, LST.md), the
   given ones are kept; an ASO-S frame's ``DSUN_OBS`` in km is converted, an implausible one
   refused (:data:`DSUN_RANGE_M`);
-* NaN pixels (kept; counted by the caller).
+* NaN pixels (kept; counted by the caller);
+* illegal keyword names (e.g. ``P.I.    = 'Latham  '``, astropy/astropy#887: astropy's
+  ``verify('silentfix')`` calls them unfixable): renamed to a legal name, value kept
+  (:func:`repair_keyword_names`);
+* headers with thousands of ``HISTORY`` cards: only the first and last
+  :data:`HISTORY_KEEP` of the primary header are read, the count is kept
+  (:func:`bounded_fits_source`); the raw file keeps them all.
 
 Verified: ``CHECKSUM``/``DATASUM`` of every HDU that carries them (a mismatch refuses the
 file). Defaults applied (each recorded in ``RawImage.fixes`` and as a HISTORY card, so the
@@ -28,7 +34,9 @@ Every refusal raises :class:`~pipelines.errors.FitsReadError` with a one-line re
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import hashlib
+import io
 import math
 import os
 import re
@@ -46,6 +54,7 @@ from astropy.io import fits
 from astropy.time import Time
 
 from pipelines.errors import DataError, FitsReadError, HeaderFixWarning
+from pipelines.utc import datetime_from_time
 
 __all__ = [
     "sweep_dead_writers",
@@ -58,6 +67,10 @@ __all__ = [
     "exposure_seconds",
     "verify_checksums",
     "DATE_KEYWORDS",
+    "HISTORY_KEEP",
+    "bounded_fits_source",
+    "read_primary_header",
+    "repair_keyword_names",
     "EXPOSURE_KEYWORDS",
     "DSUN_RANGE_M",
     "write_fits_atomic",
@@ -284,11 +297,12 @@ def _check_dsun(header: fits.Header) -> list[str]:
     raise FitsReadError(f"implausible DSUN_OBS {d:.6g} m (an Earth-orbit observer is {lo:.2g}..{hi:.2g} m from the Sun)")
 
 
-def fix_header(header: fits.Header) -> tuple[fits.Header, list[str]]:
+def fix_header(header: fits.Header, prior: list[str] | tuple[str, ...] = ()) -> tuple[fits.Header, list[str]]:
     """Repair the known quirks of a header in place and apply the reader's defaults.
 
     Each repair and each default is returned and also written as a ``HISTORY`` card
-    (``read_image: ...``), so that the products made from the frame carry it.
+    (``read_image: ...``), so that the products made from the frame carry it. ``prior``:
+    repairs made before the header was parsed (:func:`read_image`), returned and written first.
 
     Returns
     -------
@@ -303,6 +317,7 @@ def fix_header(header: fits.Header) -> tuple[fits.Header, list[str]]:
         If there is no usable date, or ``DSUN_OBS`` is implausible.
     """
     t, fixes = _observation_date(header)
+    fixes = [*prior, *fixes]
     iso = t.isot
     raw_date = header.get("DATE-OBS")
     if _is_missing(raw_date) or str(raw_date).strip() != iso:
@@ -334,6 +349,157 @@ def fix_header(header: fits.Header) -> tuple[fits.Header, list[str]]:
     return header, fixes
 
 
+#: HISTORY cards of a raw primary header read [cards]: the first ``HISTORY_KEEP`` and the last
+#: ``HISTORY_KEEP``; the others are counted, not parsed (a choice: real raw frames carry tens,
+#: one pathological file 20,000, which made ingest take 19 s and the frame's row 1.3 MB).
+HISTORY_KEEP = 20
+
+_CARD = 80
+_BLOCK = 2880
+_END_CARD = b"END" + b" " * 77
+#: A legal keyword name (FITS standard 4.0 sect. 4.1.2.1: A-Z, 0-9, '-' and '_', at most 8).
+_LEGAL_KEYWORD = re.compile(r"^[A-Z0-9_-]{0,8}$")
+
+
+_END_ROW = np.frombuffer(_END_CARD, np.uint8)
+_HISTORY_KEY = np.frombuffer(b"HISTORY ", np.uint8)
+_SCAN_BLOCKS = 64  # blocks read at a time while looking for END (184 kB)
+
+
+def _primary_header_cards(f: BinaryIO) -> tuple[np.ndarray, bytes] | None:
+    """The cards of the primary header read from ``f`` before its END card, as an (n, 80)
+    uint8 array, and the bytes read past the header's last block; None if ``f`` is not a FITS
+    file or ends inside its header."""
+    parts = []
+    while True:
+        chunk = f.read(_BLOCK * _SCAN_BLOCKS)
+        if len(chunk) < _BLOCK or (not parts and not chunk.startswith(b"SIMPLE  =")):
+            return None
+        usable = len(chunk) - len(chunk) % _BLOCK
+        cards = np.frombuffer(chunk, np.uint8, count=usable).reshape(-1, _CARD)
+        end = np.flatnonzero((cards == _END_ROW).all(axis=1))
+        if end.size:
+            e = int(end[0])
+            parts.append(cards[:e])
+            last = (e // (_BLOCK // _CARD) + 1) * _BLOCK  # the end of END's block
+            return np.concatenate(parts), chunk[last:]
+        if usable < len(chunk):
+            return None
+        parts.append(cards)
+
+
+def bounded_fits_source(path: str | os.PathLike, keep: int = HISTORY_KEEP) -> tuple[io.BytesIO | None, int]:
+    """The file with its primary header's HISTORY cards bounded, for :func:`astropy.io.fits.open`.
+
+    The primary header is scanned as bytes (80-byte cards in 2880-byte blocks, FITS 4.0
+    sect. 3.3 and 4.1; NumPy compares the cards' first 8 bytes): when it holds more than
+    ``2 * keep`` HISTORY cards, the first and last ``keep`` are kept and the others left out,
+    so astropy parses, verifies and copies a bounded header whatever the raw file carries.
+    The data and any extensions follow unchanged (FITS has no absolute offsets). Plain and
+    gzip files are read this way; other files are left to astropy.
+
+    Parameters
+    ----------
+    path : path-like
+        A FITS file (``.fits``, ``.fits.gz``).
+    keep : int
+        HISTORY cards kept at each end (default :data:`HISTORY_KEEP`).
+
+    Returns
+    -------
+    source : io.BytesIO or None
+        The bounded file in memory; None when nothing was left out (open ``path`` itself).
+    history_cards : int
+        HISTORY cards in the raw primary header (0 if it could not be scanned).
+
+    Notes
+    -----
+    A ``CHECKSUM`` of the primary HDU covers the cards left out: verify it on the file
+    itself (:func:`verify_checksums`), not on this source.
+    """
+    p = Path(path)
+    with open(p, "rb") as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    opener = gzip.open if gz else open
+    try:
+        with opener(p, "rb") as f:
+            scanned = _primary_header_cards(f)
+            if scanned is None:
+                return None, 0
+            cards, past = scanned
+            history = np.flatnonzero((cards[:, :8] == _HISTORY_KEY).all(axis=1))
+            if history.size <= 2 * keep:
+                return None, int(history.size)
+            kept = np.ones(len(cards), bool)
+            kept[history[keep:history.size - keep]] = False
+            head = cards[kept].tobytes() + _END_CARD
+            head += b" " * (-len(head) % _BLOCK)
+            return io.BytesIO(head + past + f.read()), int(history.size)
+    except (OSError, EOFError):  # not gzip after all, truncated: astropy gives the reason
+        return None, 0
+
+
+def read_primary_header(path: str | os.PathLike) -> fits.Header:
+    """The primary header of a FITS file, its HISTORY bounded as :func:`bounded_fits_source` does.
+
+    Raises
+    ------
+    OSError, ValueError
+        From astropy, for a file that is not FITS.
+    """
+    source, _ = bounded_fits_source(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with fits.open(source or path, memmap=False) as hdul:
+            return hdul[0].header
+
+
+def repair_keyword_names(header: fits.Header) -> list[str]:
+    """Rename the cards of ``header`` whose keyword name the FITS standard forbids, in place.
+
+    astropy reads such a card (``P.I.    = 'Latham  '``, astropy/astropy#887) but its
+    ``verify('silentfix')`` calls it unfixable and raises ``VerifyError``. Each illegal
+    character becomes ``_`` (``P.I.`` -> ``P_I_``); the value and comment are kept, in the
+    same place. A name that would clash with a keyword present, or that is empty, keeps the
+    card's text as a ``COMMENT`` card instead. HIERARCH, commentary and record-valued cards
+    are legal and left alone.
+
+    Returns
+    -------
+    list of str
+        One repair text per card (empty if none).
+    """
+    fixes = []
+    for i, card in reversed(list(enumerate(header.cards))):  # from the end: a COMMENT may take two cards
+        image = card.image
+        name = image[:8].strip().upper()
+        if not name or image.startswith("HIERARCH") or _LEGAL_KEYWORD.match(name):
+            continue
+        legal = re.sub(r"[^A-Z0-9_-]", "_", name)[:8]
+        rule = "FITS 4.0 sect. 4.1.2.1 allows A-Z, 0-9, '-' and '_'"
+        del header[i]
+        if legal.strip("_") and legal not in header:
+            try:
+                value, comment = card.value, card.comment
+            except (ValueError, fits.VerifyError):
+                value = None
+            if value is not None:
+                header.insert(i, (legal, value, comment))
+                fixes.append(f"illegal keyword name {name!r} ({rule}) renamed {legal}, value kept")
+                continue
+        header.insert(i, ("COMMENT", image.rstrip()))
+        fixes.append(f"illegal keyword name {name!r} ({rule}): its card kept as a COMMENT")
+    return fixes[::-1]
+
+
+def _verify_reason(exc: fits.VerifyError) -> str:
+    """The first message of an astropy ``VerifyError`` (its text starts with a blank line and a
+    'Verification reported errors:' title), on one line."""
+    lines = [ln.strip() for ln in str(exc).splitlines()]
+    useful = [ln for ln in lines if ln and not ln.startswith(("Verification reported", "Note:", "HDU ", "Card "))]
+    return (useful[0] if useful else type(exc).__name__).removeprefix("Unfixable error: ")
+
+
 @dataclass
 class RawImage:
     """A FITS image as read: data (NaNs kept, float64 after BSCALE/BZERO), repaired header."""
@@ -344,6 +510,8 @@ class RawImage:
     fixes: list[str]
     date_obs: Time
     nan_fraction: float
+    #: HISTORY cards in the raw primary header (all of them, also those not read).
+    history_cards: int = 0
 
 
 def verify_checksums(path: str | os.PathLike) -> int:
@@ -419,20 +587,33 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
         raise FitsReadError(f"no such file: {p}")
     if p.stat().st_size == 0:
         raise FitsReadError("empty file")
+    source, history_cards = bounded_fits_source(p)
+    prior = []
+    if source is not None:
+        prior.append(f"{history_cards} HISTORY cards in the raw header: the first and last {HISTORY_KEEP} "
+                     "read, the others left out (the raw file keeps them all)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with fits.open(p, memmap=False) as hdul:
+            with fits.open(source or p, memmap=False) as hdul:
+                for h in hdul:
+                    prior += repair_keyword_names(h.header)
                 hdul.verify("silentfix")
+                # a file with no checksum keyword has nothing to verify: it is not parsed again
+                sums = any(isinstance(h, fits.CompImageHDU)
+                           or any(k in h.header for k in ("CHECKSUM", "DATASUM", "ZHECKSUM", "ZDATASUM"))
+                           for h in hdul)
                 idx = _first_image_hdu(hdul)
                 hdu = hdul[idx]
-                header = hdu.header.copy()
+                header = hdu.header  # the file is closed below: nothing else holds it
                 data = hdu.data
                 if data is None:
                     raise FitsReadError("image HDU holds no data")
                 data = np.asarray(data, dtype=dtype)
     except FitsReadError:
         raise
+    except fits.VerifyError as exc:  # what silentfix cannot repair: the real reason, on one line
+        raise FitsReadError(f"FITS header does not verify: {_verify_reason(exc)}") from None
     except OSError as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "SIMPLE" in msg or "Empty or corrupt" in msg or "header" in msg.lower():
@@ -454,7 +635,8 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
             ) from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
     try:
-        verify_checksums(p)
+        if sums:
+            verify_checksums(p)
     except FitsReadError:
         raise
     except (OSError, TypeError, ValueError, IndexError, EOFError) as exc:
@@ -467,7 +649,7 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
             raise FitsReadError(f"image has {data.ndim} dimensions, expected 2")
     if data.size == 0:
         raise FitsReadError("image has no pixels")
-    header, fixes = fix_header(header)
+    header, fixes = fix_header(header, prior)
     if warn:
         for f in fixes:
             warnings.warn(f, HeaderFixWarning, stacklevel=2)
@@ -475,7 +657,8 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
     if nan_fraction == 1.0:
         raise FitsReadError("every pixel is NaN")
     return RawImage(data=data, header=header, hdu_index=idx, fixes=fixes,
-                    date_obs=Time(header["DATE-OBS"], scale="utc"), nan_fraction=nan_fraction)
+                    date_obs=Time(header["DATE-OBS"], scale="utc"), nan_fraction=nan_fraction,
+                    history_cards=history_cards)
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -676,8 +859,9 @@ def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = PARTIA
 
 
 def utc_datetime(t: Time) -> dt.datetime:
-    """An aware UTC ``datetime`` from an astropy ``Time``.
+    """An aware UTC ``datetime`` from an astropy ``Time``: :func:`pipelines.utc.datetime_from_time`.
 
-    ``datetime`` has no second 60: a time inside a leap second is carried into the next
-    second (astropy's ``leap_second_strict='silent'``)."""
-    return t.utc.to_datetime(timezone=dt.UTC, leap_second_strict="silent")
+    ``datetime`` has no second 60: a time inside a leap second (FITS 4.0 sect. 9.1.1 allows
+    ``23:59:60.x`` in UTC) is stored in the last millisecond of 23:59:59, in order and distinct
+    from the times around it; the header's ``DATE-OBS`` keeps the exact time."""
+    return datetime_from_time(t)

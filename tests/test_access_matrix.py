@@ -151,6 +151,10 @@ DESCRIBED: dict[tuple[str, str], list[Filler] | str] = {
     ("GET", "/api/v1/products/download.sh"): "the Request gives the script's base URL only",
     ("GET", "/api/v1/events/{event_id}/products/download.sh"): "the Request gives the script's base URL only",
     ("GET", "/api/v1/session"): "reads the session cookie (the caller's own); no object id",
+    **{("GET", f): "the Request gives the conditional headers only (If-None-Match, If-Modified-Since: "
+                   "backend.api.conditional); the object is the declared path id"
+       for f in ("/api/v1/products/{product_id}/fits", "/api/v1/products/{product_id}/quicklook.png",
+                 "/api/v1/movies/{movie_id}/file")},
     ("POST", "/api/v1/saved-searches"): [
         Filler(body=_search("products", {"job_id": JOB}), private=True,
                unknown_body=_search("products", {"job_id": UNKNOWN_STR})),

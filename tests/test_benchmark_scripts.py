@@ -86,3 +86,17 @@ def test_faults_benchmark_prints_one_result_line():
     frames, products, lost, duplicated = (int(x) for x in m.groups()[:4])
     assert frames == 24 and products + lost <= frames and duplicated <= frames
     assert "kill 3:" in r.stdout and "the job ended after" not in r.stdout, r.stdout[-3000:]
+
+
+def test_ingest_history_benchmark_prints_one_result_line():
+    """A tiny run (2,000 HISTORY cards, one ingest per size): the RESULT line, with the row
+    bounded (a few kB; the timings are the script's to report, not asserted)."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ingest_history.py"), "--history", "2000",
+                        "--repeat", "1"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    last = r.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"RESULT plain_ms=([\d.]+) history_ms=([\d.]+) ratio=([\d.]+) row_kb=([\d.]+) "
+                     r"history_cards=2000", last)
+    assert m, last
+    assert float(m.group(4)) < 16, last

@@ -36,9 +36,11 @@ def test_parse_date_obs(text, iso):
 def test_leap_second_becomes_an_aware_datetime():
     from pipelines.fitsio import utc_datetime
 
-    # datetime cannot hold second 60: astropy carries it into the next second
+    # datetime cannot hold second 60: the leap second is kept in the last millisecond of
+    # 23:59:59 (pipelines.utc), before the next second's time, not equal to it
     t = utc_datetime(parse_date_obs("2016-12-31T23:59:60.5"))
-    assert t.isoformat() == "2017-01-01T00:00:00.500000+00:00"
+    assert t.isoformat() == "2016-12-31T23:59:59.999500+00:00"
+    assert utc_datetime(parse_date_obs("2017-01-01T00:00:00.5")) > t > utc_datetime(parse_date_obs("2016-12-31T23:59:59.5"))
 
 
 def test_parse_date_obs_refuses_garbage():

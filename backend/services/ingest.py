@@ -29,9 +29,10 @@ from backend.models import CalibrationFile, CalibrationKind, Frame
 from backend.settings import Settings
 from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, channel_from_header
 from pipelines.errors import DataError, FitsReadError, NotLSTFrameError
-from pipelines.fitsio import exposure_seconds, parse_date_obs, read_image, sha256_file, utc_datetime, verify_checksums
+from pipelines.fitsio import (exposure_seconds, parse_date_obs, read_image, read_primary_header, sha256_file,
+                              utc_datetime, verify_checksums)
 
-__all__ = ["IngestOutcome", "ingest_path", "header_to_json", "check_frame_shape"]
+__all__ = ["IngestOutcome", "ingest_path", "header_to_json", "check_frame_shape", "LINES_KEPT"]
 
 
 @dataclass
@@ -58,15 +59,37 @@ def _json_value(v: Any) -> Any:
     return str(v)
 
 
-def header_to_json(header: fits.Header) -> dict[str, Any]:
-    """A JSON-safe dict of a FITS header (HISTORY and COMMENT as lists of strings)."""
+#: HISTORY and COMMENT lines a stored header keeps [lines]: the first and the last
+#: ``LINES_KEPT`` of each (a choice: a row holds at most about 10 kB of them; the file keeps
+#: every card).
+LINES_KEPT = 50
+
+
+def header_to_json(header: fits.Header, *, lines_kept: int = LINES_KEPT) -> dict[str, Any]:
+    """A JSON-safe dict of a FITS header, its HISTORY and COMMENT bounded.
+
+    HISTORY and COMMENT are lists of strings holding at most the first and the last
+    ``lines_kept`` lines; when lines are left out, ``"_lines"`` gives the count of each, e.g.
+    ``{"HISTORY": {"total": 20013, "kept": 40}}``. Other keywords map to their values (NaN
+    and infinities to None, other types to ``str``).
+    """
     out: dict[str, Any] = {}
-    for card in header.cards:
+    lines: dict[str, list[int]] = {}
+    commentary = []
+    for n, card in enumerate(header.cards):
         key = card.keyword
         if key in ("HISTORY", "COMMENT"):
-            out.setdefault(key, []).append(str(card.value))
+            lines.setdefault(key, []).append(n)
         elif key:
             out[key] = _json_value(card.value)
+    cards = header.cards
+    for key, where in lines.items():
+        kept = where if len(where) <= 2 * lines_kept else where[:lines_kept] + where[-lines_kept:]
+        out[key] = [str(cards[n].value) for n in kept]
+        if len(kept) < len(where):
+            commentary.append((key, {"total": len(where), "kept": len(kept)}))
+    if commentary:
+        out["_lines"] = dict(commentary)
     return out
 
 
@@ -170,11 +193,10 @@ def check_frame_shape(shape: tuple[int, ...], channel: str) -> None:
 
 
 def _primary_header(path: Path) -> fits.Header | None:
+    """The primary header (its HISTORY bounded: :func:`pipelines.fitsio.read_primary_header`),
+    None if it cannot be read (the full reader then gives the reason)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with fits.open(path, memmap=False) as hdul:
-                return hdul[0].header.copy()
+        return read_primary_header(path)
     except Exception:  # noqa: BLE001 - the full reader gives the reason below
         return None
 
@@ -218,6 +240,7 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
         dest = settings.raw / channel / date_obs.strftime("%Y/%m/%d") / src.name
         header_json = header_to_json(raw.header)
         header_json["_fixes"] = raw.fixes
+        header_json["_raw_history_cards"] = raw.history_cards  # the raw file's, also those not read
         frame = Frame(channel_code=channel, date_obs=date_obs, exposure_s=exposure,
                       level=str(raw.header.get("LEVEL", "L1")).strip()[:8] or "L1",
                       naxis1=int(raw.data.shape[1]), naxis2=int(raw.data.shape[0]), path=str(dest),
@@ -234,6 +257,7 @@ def ingest_path(session: Session, path: str | Path, settings: Settings, *, move:
     except (FitsReadError, DataError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     except Exception as exc:  # noqa: BLE001 - any other failure on one file must not stop the batch
-        reason = f"unexpected {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".strip()
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")  # a VerifyError starts blank
+        reason = f"unexpected {type(exc).__name__}: {first}".strip()
     where = quarantine(src, reason, settings, move, sha)
     return IngestOutcome(str(src), "rejected", reason, stored_path=str(where))

@@ -18,7 +18,7 @@ from backend.models import CalibrationFile, CalibrationKind, Job, JobState
 from pipelines.calibration.options import CalibrationOptions
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
-from pipelines.utc import as_utc
+from pipelines.utc import as_utc, parse_utc_text
 
 if TYPE_CHECKING:
     from backend.auth import Principal
@@ -116,6 +116,13 @@ class JobRequest(BaseModel):
             except KeyError:
                 raise ValueError(f"unknown channel {c!r}; expected one of {', '.join(CHANNELS)}") from None
         return sorted(set(out))
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """ISO 8601 extended or basic, leap seconds through astropy ``Time``; a number is refused
+        (never Unix seconds): :func:`pipelines.utc.parse_utc_text`."""
+        return v if v is None else parse_utc_text(v)
 
     @field_validator("start", "end")
     @classmethod

@@ -32,7 +32,7 @@ from backend.services import products as products_service
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 from pipelines.movies import DIFF_MODES, MAX_MOVIE_SIDE, MIN_MOVIE_SIDE, display_array, hpc_to_fraction
-from pipelines.utc import as_utc
+from pipelines.utc import as_utc, parse_utc_text
 
 if TYPE_CHECKING:
     from backend.auth import Principal
@@ -101,6 +101,13 @@ class MovieRequest(BaseModel):
         if v not in DIFF_MODES:
             raise ValueError(f"unknown difference {v!r}; expected one of {', '.join(DIFF_MODES)}")
         return v
+
+    @field_validator("start", "end", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """ISO 8601 extended or basic, leap seconds through astropy ``Time``; a number is refused
+        (never Unix seconds): :func:`pipelines.utc.parse_utc_text`."""
+        return v if v is None else parse_utc_text(v)
 
     @field_validator("start", "end")
     @classmethod

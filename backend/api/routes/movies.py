@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
+from backend.api.conditional import file_response
 from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep
 from backend.faults import public_reason
 from backend.models import Movie, MovieState, ProductState
@@ -37,7 +38,7 @@ from backend.state import move_movie
 from pipelines.channels import CHANNELS
 from pipelines.errors import DataError
 from pipelines.movies import DIFF_MODES
-from pipelines.utc import as_utc
+from pipelines.utc import parse_utc_text
 
 router = APIRouter(prefix="/movies", tags=["movies"])
 page_router = APIRouter(include_in_schema=False)
@@ -243,9 +244,10 @@ def read_movie(movie_id: str, session: SessionDep, principal: OptionalPrincipal)
     responses={200: {"content": {"video/mp4": {}}, "description": "The movie (H.264)"},
                404: {"description": "No such movie, or it is not made (yet)"}},
 )
-def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep,
-                    principal: OptionalPrincipal) -> FileResponse:
-    """The MP4 of a succeeded movie, as an attachment (another user's movie: 404)."""
+def read_movie_file(request: Request, movie_id: str, session: SessionDep, settings: SettingsDep,
+                    principal: OptionalPrincipal) -> Response:
+    """The MP4 of a succeeded movie, as an attachment (another user's movie: 404); conditional
+    requests are honoured (304, :mod:`backend.api.conditional`)."""
     movie = _movie_or_404(session, movie_id, principal)
     if movie.state != MovieState.succeeded:
         raise HTTPException(404, detail=f"movie {movie_id} is {movie.state.value}: it has no file"
@@ -253,7 +255,7 @@ def read_movie_file(movie_id: str, session: SessionDep, settings: SettingsDep,
     path = products_service.served_store_path(movie.path, movies_service.movie_dir(settings.root))
     if path is None:
         raise HTTPException(404, detail=f"the file of movie {movie_id} is missing from the movie store")
-    return FileResponse(path, media_type="video/mp4", filename=path.name)
+    return file_response(request, path, media_type="video/mp4", filename=path.name)
 
 
 @page_router.get("/movies", response_class=HTMLResponse)
@@ -277,9 +279,9 @@ def movie_page(request: Request, session: SessionDep, principal: OptionalPrincip
     times = {}
     for name, value in (("start", start), ("end", end)):
         try:
-            times[name] = as_utc(dt.datetime.fromisoformat(value)) if value else None
-        except (ValueError, OverflowError):
-            errors.append(f"{name}: {value!r} is not an ISO 8601 time")
+            times[name] = parse_utc_text(value) if value else None
+        except ValueError as exc:
+            errors.append(f"{name}: {exc}")
     ev = None
     if event:
         if event.isdigit() and 1 <= int(event) <= MAX_ID:

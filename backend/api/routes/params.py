@@ -33,6 +33,7 @@ from backend.services.event_search import EventFilters
 from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE, SOURCES
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.utc import as_utc as _as_utc
+from pipelines.utc import parse_utc_text
 
 __all__ = [
     "MAX_ID",
@@ -50,6 +51,7 @@ __all__ = [
     "canonical_channel",
     "canonical_event_type",
     "as_utc",
+    "time_input",
     "EVENT_FORMATS",
     "FilterProblem",
     "ParsedEventFilters",
@@ -140,7 +142,17 @@ def reject_plus_as_space(value: Any) -> Any:
     return value
 
 
-_TimeQuery = Annotated[dt.datetime | None, BeforeValidator(reject_plus_as_space), AfterValidator(as_utc)]
+def time_input(value: Any) -> Any:
+    """The BeforeValidator of every time the API reads (:func:`pipelines.utc.parse_utc_text`):
+    ISO 8601 extended or basic (``20110607``), leap seconds through astropy ``Time``; a
+    number is a ValueError (never Unix seconds), as is a ``+`` offset that came as a space.
+    None passes (an open bound)."""
+    if value is None:
+        return None
+    return parse_utc_text(reject_plus_as_space(value))
+
+
+_TimeQuery = Annotated[dt.datetime | None, BeforeValidator(time_input), AfterValidator(as_utc)]
 
 
 @dataclass(frozen=True)
@@ -270,11 +282,9 @@ def _filter_time(name: str, value: str | dt.datetime | None, problems: list[Filt
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
     try:
-        if isinstance(value, dt.datetime):
-            return as_utc(value)
-        return as_utc(dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
-    except (ValueError, OverflowError):
-        msg = f"{value!r} is not a date and time (expected YYYY-MM-DDTHH:MM, UTC)"
+        return parse_utc_text(value)
+    except ValueError as exc:
+        msg = str(exc)
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse
+from starlette.responses import Response
 
+from backend.api.conditional import file_response
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
 from backend.api.routes.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery, PaginationDep,
@@ -70,16 +72,17 @@ def read_product(product_id: IdPath, session: SessionDep, principal: OptionalPri
     responses={200: {"content": {"application/fits": {}}, "description": "The L2 FITS file"},
                404: {"description": "No such product, or its file is not written"}},
 )
-def read_product_fits(product_id: IdPath, session: SessionDep, settings: SettingsDep,
-                      principal: OptionalPrincipal) -> FileResponse:
-    """The L2 FITS file (image + ``DQ`` extension) of a written product."""
+def read_product_fits(request: Request, product_id: IdPath, session: SessionDep, settings: SettingsDep,
+                      principal: OptionalPrincipal) -> Response:
+    """The L2 FITS file (image + ``DQ`` extension) of a written product. ``ETag`` is the file's
+    SHA-256; ``If-None-Match``/``If-Modified-Since`` are honoured (304, :mod:`backend.api.conditional`)."""
     row = _product_or_404(session, product_id, principal)
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}, its FITS file is not written")
     path = products_service.served_store_path(row.path, settings.products)
     if path is None:
         raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
-    return FileResponse(path, media_type="application/fits", filename=path.name)
+    return file_response(request, path, media_type="application/fits", filename=path.name, sha256=row.sha256)
 
 
 @router.get(
@@ -89,13 +92,14 @@ def read_product_fits(product_id: IdPath, session: SessionDep, settings: Setting
     responses={200: {"content": {"image/png": {}}, "description": "The quicklook image"},
                404: {"description": "No such product, or it has no quicklook"}},
 )
-def read_product_quicklook(product_id: IdPath, session: SessionDep, settings: SettingsDep,
-                           principal: OptionalPrincipal) -> FileResponse:
-    """The quicklook image of a product (``Product.quicklook_path``)."""
+def read_product_quicklook(request: Request, product_id: IdPath, session: SessionDep, settings: SettingsDep,
+                           principal: OptionalPrincipal) -> Response:
+    """The quicklook image of a product (``Product.quicklook_path``); conditional requests
+    are honoured (304, :mod:`backend.api.conditional`)."""
     row = _product_or_404(session, product_id, principal)
     if not row.quicklook_path:
         raise HTTPException(404, detail=f"product {product_id} has no quicklook image")
     path = products_service.served_store_path(row.quicklook_path, settings.products)
     if path is None:
         raise HTTPException(404, detail=f"the quicklook of product {product_id} is missing from the product store")
-    return FileResponse(path, media_type="image/png")
+    return file_response(request, path, media_type="image/png")

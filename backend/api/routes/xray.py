@@ -11,7 +11,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import AfterValidator, BeforeValidator
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import as_utc, reject_plus_as_space
+from backend.api.routes.params import as_utc, time_input
 from backend.api.schemas import (
     XRayCoveragePublic,
     XRayCoverageSpan,
@@ -23,7 +23,7 @@ from backend.services import xray as xray_service
 
 router = APIRouter(prefix="/xray", tags=["xray"])
 
-_Time = Annotated[dt.datetime, BeforeValidator(reject_plus_as_space), AfterValidator(as_utc)]
+_Time = Annotated[dt.datetime, BeforeValidator(time_input), AfterValidator(as_utc)]
 SatelliteQuery = Annotated[
     str | None,
     Query(max_length=12, pattern=r"^[A-Za-z0-9_\- ]*$", description="GOES satellite (GOES-15, g15 or 15); default: all"),

@@ -1,0 +1,85 @@
+"""File downloads that honour conditional requests (RFC 9110 sect. 13).
+
+Every route that sends a stored file (a product's FITS file and quicklook, a movie's MP4)
+answers through :func:`file_response`: the answer carries ``ETag`` and ``Last-Modified``,
+and a ``GET``/``HEAD`` whose ``If-None-Match`` names the file's current ETag, or, without
+``If-None-Match``, whose ``If-Modified-Since`` is not older than the file, is answered
+``304 Not Modified`` with no body (RFC 9110 sect. 13.1.2, 13.1.3 and 13.2.2: ``If-None-Match``
+is compared weakly and takes precedence). The ETag is the content's SHA-256 where the row
+holds it (the same on every API replica), else Starlette's (file size and mtime).
+
+The product archives (``/products/archive``) are made on request, with their creation time
+in the name and the manifest, and sent ``Cache-Control: no-store``: no validator applies.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+
+from fastapi import Request
+from fastapi.responses import FileResponse
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.staticfiles import NotModifiedResponse
+
+__all__ = ["file_response", "not_modified"]
+
+
+def _etags(value: str) -> list[str]:
+    """The entity tags of an ``If-None-Match`` value, weak prefixes removed (weak comparison)."""
+    return [t.strip().removeprefix("W/") for t in value.split(",") if t.strip()]
+
+
+def not_modified(request_headers: Headers, etag: str, last_modified: str) -> bool:
+    """Whether a GET with these request headers may be answered 304 (module docstring).
+
+    Parameters
+    ----------
+    request_headers : starlette.datastructures.Headers
+    etag : str
+        The file's current ETag, quoted (``'"abc"'``).
+    last_modified : str
+        Its ``Last-Modified`` (an HTTP date, whole seconds).
+    """
+    if_none_match = request_headers.get("if-none-match")
+    if if_none_match is not None:
+        tags = _etags(if_none_match)
+        return "*" in tags or etag.removeprefix("W/") in tags
+    since = request_headers.get("if-modified-since")
+    if not since:
+        return False
+    try:
+        asked, modified = parsedate_to_datetime(since), parsedate_to_datetime(last_modified)
+    except (TypeError, ValueError, IndexError):
+        return False  # an invalid date is ignored (RFC 9110 sect. 13.1.3)
+    if asked.tzinfo is None:
+        asked = asked.replace(tzinfo=dt.UTC)
+    return modified <= asked
+
+
+def file_response(request: Request, path: str | os.PathLike, *, media_type: str, filename: str | None = None,
+                  sha256: str | None = None) -> Response:
+    """A ``FileResponse`` of ``path`` with ETag and Last-Modified, or a 304 (module docstring).
+
+    Parameters
+    ----------
+    request : fastapi.Request
+    path : path-like
+        The stored file (it exists).
+    media_type : str
+    filename : str, optional
+        Sent as an attachment under this name.
+    sha256 : str, optional
+        The content's hex SHA-256 (a product's ``sha256``): the ETag is then ``"<sha256>"``.
+    """
+    p = Path(path)
+    response = FileResponse(p, media_type=media_type, filename=filename, stat_result=p.stat())
+    if sha256:
+        response.headers["etag"] = f'"{sha256}"'
+    if request.method in ("GET", "HEAD") and not_modified(request.headers, response.headers["etag"],
+                                                          response.headers["last-modified"]):
+        return NotModifiedResponse(response.headers)
+    return response
