@@ -114,7 +114,10 @@ def parse_utc_text(value: Any) -> dt.datetime:
     s = _extended(text)
     m = _LEAP.match(s)
     if m:
-        return _leap_time(shown, m)
+        try:
+            return _leap_time(shown, m)
+        except OverflowError:  # the offset moves it out of datetime's range (0001 or 9999)
+            raise ValueError(f"{shown!r} is out of range once in UTC") from None
     if s.endswith(("Z", "z")):
         s = s[:-1] + "+00:00"
     try:
@@ -127,7 +130,10 @@ def parse_utc_text(value: Any) -> dt.datetime:
         raise ValueError(f"{shown!r} is out of range once in UTC") from None
     except ValueError:
         raise ValueError(f"{shown!r} is not a date and time; write {TIME_FORMS}") from None
-    return _before_leap(t)
+    try:
+        return _before_leap(t)
+    except OverflowError:  # the last millisecond of 9999-12-31: its next midnight is out of range
+        raise ValueError(f"{shown!r} is out of range once in UTC") from None
 
 
 def _before_leap(t: dt.datetime) -> dt.datetime:
@@ -165,6 +171,8 @@ def datetime_from_time(t: Any) -> dt.datetime:
     if iso[11:17] != "23:59:" or float(iso[17:]) < 59.0 + _WINDOW_S:
         return utc.to_datetime(timezone=dt.UTC)
     day = iso[:10]
+    if day == "9999-12-31":  # no next midnight in datetime's range (and no leap second known)
+        return utc.to_datetime(timezone=dt.UTC)
     start = Time(f"{day}T23:59:59", scale="utc") + TimeDelta(_WINDOW_S, format="sec")
     # real seconds to the next midnight (TAI differences): 0.001, or 1.001 across a leap second
     window = (Time(f"{dt.date.fromisoformat(day) + dt.timedelta(days=1)}T00:00:00", scale="utc") - start).to_value("s")

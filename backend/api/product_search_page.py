@@ -72,7 +72,7 @@ def product_search_page(
         t0 = t1 = None
     set_id = None
     if calibration_set:
-        if calibration_set.strip().isdigit() and 1 <= int(calibration_set) <= MAX_ID:
+        if (calibration_set.strip().isascii() and calibration_set.strip().isdigit()) and 1 <= int(calibration_set) <= MAX_ID:
             set_id = int(calibration_set)
         else:
             errors.append(f"calibration set: {calibration_set[:12]!r} is not a set id (a whole number, see the list)")

@@ -226,7 +226,7 @@ def _calibration_files_used(session: Session, key: str, params_hash: str,
     ids = []
     for part in key.split(","):
         _, _, fid = part.partition(":")
-        if fid.strip().isdigit():
+        if (fid.strip().isascii() and fid.strip().isdigit()):
             ids.append(int(fid))
     rows = {c.id: c for c in session.scalars(select(CalibrationFile).where(CalibrationFile.id.in_(ids)))} if ids else {}
     files = [(rows[i].kind.value, i, rows[i].version) for i in ids if i in rows]

@@ -374,7 +374,7 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
                                  .where(other.c.event_type == f.associated_type,
                                         *([] if other_seen is None else [other_seen]))))
     if f.calibration_set:
-        by = (Product.calibration_set_id == int(f.calibration_set) if f.calibration_set.isdigit()
+        by = (Product.calibration_set_id == int(f.calibration_set) if (f.calibration_set.isascii() and f.calibration_set.isdigit())
               else Product.calibration_key == f.calibration_set)
         conds.append(_linked_ids(session, select(EventProduct.event_id)
                                  .join(Product, Product.id == EventProduct.product_id).where(by)))

@@ -721,7 +721,7 @@ def parse_dq_bits(bits: str | None) -> int:
         token = part.strip()
         if not token:
             continue
-        if token.isdigit():
+        if (token.isascii() and token.isdigit()):
             value = int(token)
             if value <= 0 or value & ~every:
                 raise ViewerParamError(f"DQ bits {token!r}: not a combination of the DQ bits "

@@ -159,7 +159,7 @@ def _normalise_products(q: dict[str, Any]) -> dict[str, Any]:
         out["job_id"] = q["job_id"]
     if q.get("calibration_set") not in (None, ""):
         cid = str(q["calibration_set"]).strip()
-        if not cid.isdigit() or not 1 <= int(cid) <= MAX_ID:
+        if not (cid.isascii() and cid.isdigit()) or not 1 <= int(cid) <= MAX_ID:
             raise SavedSearchError("query.calibration_set", f"is not a calibration set id (1..{MAX_ID})",
                                    q["calibration_set"])
         out["calibration_set"] = cid  # text, as check_query_ids reads it
@@ -251,7 +251,7 @@ def check_query_ids(session: Session, owner: str | None, query: dict[str, Any]) 
     if query.get("job_id"):
         visibility.get_visible(session, Job, query["job_id"], _viewer(owner))
     cal_set = str(query.get("calibration_set") or "").strip()
-    if cal_set.isdigit():  # a set id (the other form, kind:version pairs, names public files)
+    if (cal_set.isascii() and cal_set.isdigit()):  # a set id (the other form, kind:version pairs, names public files)
         visibility.get_visible(session, CalibrationSet, int(cal_set), _viewer(owner))
 
 

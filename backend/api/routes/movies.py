@@ -284,7 +284,7 @@ def movie_page(request: Request, session: SessionDep, principal: OptionalPrincip
             errors.append(f"{name}: {exc}")
     ev = None
     if event:
-        if event.isdigit() and 1 <= int(event) <= MAX_ID:
+        if (event.isascii() and event.isdigit()) and 1 <= int(event) <= MAX_ID:
             ev = events_service.get_event(session, int(event), principal)
         if ev is None:
             errors.append(f"event: no event with id {event[:20]!r}")

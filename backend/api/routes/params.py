@@ -342,7 +342,7 @@ def _link_filters(noaa_ar, associated_type, calibration_set, calibration_file,
             problems.append(FilterProblem("associated_type", str(exc), f"associated event type: {exc}",
                                           associated_type))
     cal_set = (calibration_set or "").strip() or None
-    if cal_set is not None and cal_set.isdigit():  # a calibration set id (GET /calibration-sets)
+    if cal_set is not None and (cal_set.isascii() and cal_set.isdigit()):  # a calibration set id (GET /calibration-sets)
         if not 1 <= int(cal_set) <= MAX_ID:
             msg = f"calibration set id {cal_set[:20]} is outside 1..{MAX_ID}"
             problems.append(FilterProblem("calibration_set", msg, f"calibration set: {msg}", calibration_set))
