@@ -452,7 +452,7 @@ def cmd_demo(args) -> int:
         # only when asked), so the browser answers as soon as both are done
         if not args.no_serve:
             server = _start_demo_server(s, host, port)
-        step(1, f"database {s.sqlalchemy_url}")
+        step(1, f"database {_shown_url(s.sqlalchemy_url)}")
         upgrade(s.sqlalchemy_url)
         if server is not None:
             _wait_listening(server, s, host, port)
@@ -538,6 +538,16 @@ def _demo_data_steps(args, s, step) -> None:
         _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
     step(7, "flare detection on the SDI L2 series")
     cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
+
+
+def _shown_url(url: str) -> str:
+    """A database URL as it may be printed or shown on a page: the password hidden."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: show its scheme only
+        return url.split(":", 1)[0] + ":..."
 
 
 def _start_demo_server(s, host: str, port: int) -> subprocess.Popen:

@@ -42,7 +42,34 @@ def test_landing_page_shows_the_demo_while_it_fills_in_and_not_after(api_client)
     p.finish()
     r = api_client.get("/")
     assert r.status_code == 200 and 'id="demo-progress"' not in r.text
-    p.finish(error="stopped at step 4: OSError disk full")
+    p.finish(error="stopped at step 4: OperationalError postgresql://lst:S3cret@db.internal/lst")
     r = api_client.get("/")
-    assert "stopped before it was ready" in r.text and "disk full" in r.text
+    assert "stopped before it was ready" in r.text and "step 4 of 7" in r.text
+    assert "S3cret" not in r.text and "db.internal" not in r.text  # the error is the terminal's, not the page's
     json.loads((root / FILE_NAME).read_text())  # the file stays valid JSON
+
+
+def test_a_file_left_by_a_demo_that_is_gone_is_not_shown(api_client):
+    """A demo killed with SIGKILL leaves its file "running": a later server must not show it."""
+    import subprocess
+    import sys
+
+    from backend.settings import get_settings
+
+    root = get_settings().root
+    DemoProgress(root, of=7).step(3, "simulating")
+    assert 'id="demo-progress"' in api_client.get("/").text
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    doc = json.loads((root / FILE_NAME).read_text())
+    doc["pid"] = int(gone.stdout)
+    (root / FILE_NAME).write_text(json.dumps(doc))
+    assert read_progress(root) is None
+    assert 'id="demo-progress"' not in api_client.get("/").text
+
+
+def test_the_demo_never_prints_or_shows_a_database_password():
+    from backend.cli import _shown_url
+
+    shown = _shown_url("postgresql+psycopg://lst:S3cret@db.internal:5432/lst")
+    assert "S3cret" not in shown and "db.internal" in shown
+    assert _shown_url("sqlite:////tmp/x/lstdp.sqlite3") == "sqlite:////tmp/x/lstdp.sqlite3"

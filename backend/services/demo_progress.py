@@ -12,7 +12,11 @@ File layout (JSON object)::
      "step": 3, "of": 7, "title": "simulating LST frames ...",
      "started_at": "2026-12-05T16:00:00Z", "updated_at": "...",
      "steps": [{"step": 1, "title": "...", "started_at": "...", "ended_at": "..." | null}, ...],
-     "error": null | "..."}
+     "error": null | "...", "pid": 1234, "host": "..."}
+
+The file is shown only while the demo that wrote it runs (its ``pid`` alive on this
+``host``): a demo killed with SIGKILL leaves a file that no later ``lstdp serve`` shows. The
+page never shows ``error`` (it may name hosts or paths); the demo's terminal does.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,7 +55,8 @@ class DemoProgress:
     def _write(self, state: str, error: str | None = None) -> None:
         current = self.steps[-1] if self.steps else {"step": 0, "title": "starting"}
         doc = {"state": state, "step": current["step"], "of": self.of, "title": current["title"],
-               "started_at": self.started_at, "updated_at": _now(), "steps": self.steps, "error": error}
+               "started_at": self.started_at, "updated_at": _now(), "steps": self.steps, "error": error,
+               "pid": os.getpid(), "host": socket.gethostname()}
         tmp = self.path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(doc))
@@ -73,9 +79,27 @@ class DemoProgress:
 
 
 def read_progress(root: Path) -> dict | None:
-    """The demo's progress in ``root``, or None where no demo wrote one (or it is unreadable)."""
+    """The demo's progress in ``root``, or None where no running demo wrote one (none was
+    written, it is unreadable, or the demo that wrote it is gone)."""
     try:
         doc = json.loads((Path(root) / FILE_NAME).read_text())
     except (OSError, ValueError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("state") in ("running", "ready", "failed") else None
+    if not isinstance(doc, dict) or doc.get("state") not in ("running", "ready", "failed"):
+        return None
+    return doc if _alive(doc.get("pid"), doc.get("host")) else None
+
+
+def _alive(pid, host) -> bool:
+    """Whether process ``pid`` runs on this ``host`` (the demo that wrote the file)."""
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    except OSError:
+        return False
+    return True
