@@ -509,3 +509,30 @@ def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
     with session_scope() as s:
         assert s.get(SavedSearch, sid) is None
     assert page.js_errors == []
+
+
+def test_a_failed_session_check_does_not_reload_the_saved_searches_page(site, signed_in):
+    """A reviewer's case: the page reloaded whenever the sign-in box's session check disagreed
+    with how it was rendered, and a failed check (a 503 under load) said "signed out": reload,
+    check, fail, reload, forever. Only the user's own sign-in or sign-out reloads it."""
+    page = signed_in
+    loads = []
+    page.on("load", lambda: loads.append(1))
+    checks = []
+
+    def _fail_session(route):
+        if route.request.method == "GET":
+            checks.append(1)
+            route.fulfill(status=503, content_type="application/json", body='{"detail": "overloaded"}')
+        else:
+            route.continue_()
+
+    page.route("**/api/v1/session", _fail_session)
+    try:
+        page.goto(site.url + "/saved-searches")
+        page.locator("#signin-error").wait_for(state="visible")  # the failed check is shown ...
+        page.wait_for_timeout(1500)  # ... and a reload, had one started, has had time to begin
+        assert checks and len(loads) == 1, f"{len(loads)} loads for {len(checks)} failed session checks"
+        assert page.locator("#saved-searches").count() == 1
+    finally:
+        page.unroute("**/api/v1/session")

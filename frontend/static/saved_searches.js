@@ -40,6 +40,10 @@
     const root = document.getElementById("saved-searches");
     const signedIn = Boolean(root);
     document.addEventListener("lstdp:session", function (ev) {
+      // only the user's own sign-in or sign-out reloads the page (a failed session check on
+      // load, a 503 under load, must not: it would reload, check and fail again, forever)
+      const source = ev.detail && ev.detail.source;
+      if (source !== "signin" && source !== "signout") return;
       if (Boolean(ev.detail && ev.detail.signed_in) !== signedIn ||
           (root && ev.detail && ev.detail.user && ev.detail.user !== root.dataset.user)) {
         window.location.reload();

@@ -7,7 +7,9 @@
  *   shown as "Signed in as <user> (<scopes>)"; an error shows the API's message.
  * - "Sign out" sends DELETE /api/v1/session (the cookie is cleared; the token stays valid).
  * - Every change is announced as a "lstdp:session" event on document, detail = the
- *   session (signed_in, user, scopes, ...), for other scripts of the page.
+ *   session (signed_in, user, scopes, ...) and its `source`: "load" (the check on load),
+ *   "unknown" (that check failed: the state is not known), "signin" or "signout" (the
+ *   user's action), for other scripts of the page.
  */
 (function () {
   "use strict";
@@ -29,7 +31,7 @@
     return body;
   }
 
-  function show(box, session) {
+  function show(box, session, source) {
     const form = box.querySelector("#signin-form");
     const state = box.querySelector("#signin-state");
     const signedIn = Boolean(session && session.signed_in);
@@ -43,7 +45,8 @@
         ? " · token expires " + session.expires_at.replace("T", " ").replace(/(\.\d+)?(Z|\+00:00)$/, " UTC")
         : "";
     }
-    document.dispatchEvent(new CustomEvent("lstdp:session", { detail: session || { signed_in: false } }));
+    const detail = Object.assign({}, session || { signed_in: false }, { source: source });
+    document.dispatchEvent(new CustomEvent("lstdp:session", { detail: detail }));
   }
 
   function fail(box, message) {
@@ -64,7 +67,7 @@
       try {
         const session = await call(url, "POST", { token: input.value.trim() });
         input.value = ""; // the cookie holds it now; the page keeps no copy
-        show(box, session);
+        show(box, session, "signin");
       } catch (err) {
         fail(box, "Not signed in: " + err.message);
       } finally {
@@ -75,13 +78,13 @@
       fail(box, "");
       try {
         await call(url, "DELETE");
-        show(box, { signed_in: false });
+        show(box, { signed_in: false }, "signout");
       } catch (err) {
         fail(box, "Could not sign out: " + err.message);
       }
     });
-    call(url, "GET").then(function (session) { show(box, session); }, function (err) {
-      show(box, { signed_in: false });
+    call(url, "GET").then(function (session) { show(box, session, "load"); }, function (err) {
+      show(box, { signed_in: false }, "unknown");
       fail(box, "Cannot tell whether you are signed in: " + err.message);
     });
   }
