@@ -222,3 +222,30 @@ def test_a_public_job_with_private_products_says_so_anonymously(live, page):
     rows = page.locator("#job-products-table tbody tr").evaluate_all("rs => rs.map(r => Number(r.dataset.productId))")
     assert sorted(rows) == sorted(products) and page.locator("#job-private-products").count() == 0
     assert page.js_errors == []
+
+
+def test_a_detection_that_settles_after_the_job_shows_without_a_reload(live, page):
+    """A reviewer's case: the detections a job queues when it ends settle after it, when the
+    job's own stream has ended; the page showed "queued" until reloaded. The page now fetches
+    them again while any is queued, so a refusal's reason appears by itself."""
+    from backend.models import FollowUpState, JobFollowUp
+
+    job_id, products = _job("system", 3, publishes=True)
+    for pid in products:
+        _settle(job_id, pid)
+    with session_scope() as s:
+        assert s.get(Job, job_id).state == JobState.succeeded
+        ups = s.scalars(select(JobFollowUp).where(JobFollowUp.job_id == job_id)).all()
+        assert ups, "an SDI job queues the flare detection when it ends"
+        for up in ups:
+            up.state = FollowUpState.queued
+    page.goto(f"{live.url}/jobs/{job_id}")
+    page.wait_for_selector("#job-detections-live[data-pending='true'] dd[data-state='queued']")
+    reason = "the SDI series has 3 frames; the detector needs at least 8"
+    with session_scope() as s:
+        for up in s.scalars(select(JobFollowUp).where(JobFollowUp.job_id == job_id)):
+            up.state, up.error = FollowUpState.refused, reason
+    page.wait_for_selector("#job-detections-live[data-pending='false'] dd[data-state='refused']", timeout=60_000)
+    assert reason in page.locator("#job-detections").inner_text()
+    assert page.evaluate("performance.getEntriesByType('navigation').length") == 1, "no reload"
+    assert page.js_errors == []

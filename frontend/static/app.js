@@ -40,6 +40,7 @@
         });
         const shown = doc.querySelector(".job-status[data-job-id]");
         if (shown) el.dataset.liveState = shown.dataset.state;  // the job's state the parts show
+        followDetections(el, fetchParts);
       } catch (err) {
         el.dataset.liveError = err.message;  // the parts stay as they were; the next change tries again
       } finally {
@@ -47,6 +48,7 @@
         if (again) { again = false; fetchParts(); }
       }
     }
+    followDetections(el, fetchParts);
     return function refresh(final) {
       if (final) {
         window.clearTimeout(timer);
@@ -57,6 +59,24 @@
       if (timer) return;
       timer = window.setTimeout(function () { timer = null; fetchParts(); }, Math.max(0, last + LIVE_MIN_MS - Date.now()));
     };
+  }
+
+  /* The detections a job queued when it ended settle after it (the job's own stream has
+   * ended by then): while #job-detections-live says data-pending="true", the live parts are
+   * fetched again, every 5 s at first and then less often (at most every 60 s, 40 times). */
+  function followDetections(el, fetchParts) {
+    if (el.detectionsTimer) return;
+    let delay = 5000, tries = 0;
+    function tick() {
+      el.detectionsTimer = null;
+      const box = document.getElementById("job-detections-live");
+      if (!box || box.dataset.pending !== "true" || tries++ >= 40) return;
+      fetchParts();
+      delay = Math.min(60000, Math.round(delay * 1.5));
+      el.detectionsTimer = window.setTimeout(tick, delay);
+    }
+    const box = document.getElementById("job-detections-live");
+    if (box && box.dataset.pending === "true") el.detectionsTimer = window.setTimeout(tick, delay);
   }
 
   async function renderFigure(el) {
