@@ -280,10 +280,12 @@ def event_box(hpc_x: float, hpc_y: float, hpc_bbox=None,
     """The crop box of an event [arcsec]: ``(x0, y0, x1, y1)`` helioprojective.
 
     Its ``hpc_bbox`` (``[x0, y0, x1, y1]`` arcsec, as the detector and HEK give it) widened
-    to hold its position, else a square of :data:`POINT_BOX_ARCSEC` around the position;
-    then ``margin`` on each side.
+    to hold its position, else (no box, or one that is not four finite numbers: a catalogue's
+    WKT text, a null) a square of :data:`POINT_BOX_ARCSEC` around the position; then
+    ``margin`` on each side.
     """
-    if hpc_bbox is not None and len(hpc_bbox) == 4 and all(np.isfinite(v) for v in hpc_bbox):
+    if (isinstance(hpc_bbox, list | tuple) and len(hpc_bbox) == 4
+            and all(isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) for v in hpc_bbox)):
         x0, y0, x1, y1 = (float(v) for v in hpc_bbox)
         x0, x1 = min(x0, x1, hpc_x), max(x0, x1, hpc_x)
         y0, y1 = min(y0, y1, hpc_y), max(y0, y1, hpc_y)

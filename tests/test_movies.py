@@ -644,3 +644,14 @@ def test_a_movies_options_are_its_row(client, store):
     with session_scope() as s:
         m = make_movie(s, mid, store.settings)
         assert m.state == MovieState.failed and "the event this movie crops to was deleted" in m.error, m.error
+
+
+@pytest.mark.parametrize("bbox", [[None, 1, 2, 3], [0, "a", 1, 2], "POLYGON((1 2,3 4))", [0, 0, float("nan"), 1], [True, 0, 1, 1]])
+def test_an_events_malformed_box_falls_back_to_a_square_around_its_position(bbox):
+    """A reviewer's case: a box that is not four finite numbers raised TypeError (a 500 on the
+    movie routes, a failed movie in the worker); it is read as no box."""
+    from pipelines.movies import POINT_BOX_ARCSEC, event_box
+
+    x0, y0, x1, y1 = event_box(100.0, -50.0, bbox, margin=0.0)
+    assert (x1 - x0, y1 - y0) == (POINT_BOX_ARCSEC, POINT_BOX_ARCSEC)
+    assert (x0 + x1) / 2 == 100.0 and (y0 + y1) / 2 == -50.0
