@@ -17,7 +17,6 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy import select
 
 from backend.api.deps import SessionDep
 from backend.api.routes.params import MAX_ID, _filter_time, canonical_channel
@@ -37,6 +36,9 @@ router = APIRouter(include_in_schema=False)
 PAGE_SIZE = 50
 #: Calibration sets offered in the form's list (newest first; any other id may be typed in the URL).
 MAX_SETS = 200
+#: The data levels the platform writes (``Product.level``; only L2: calibrated, in physical
+#: units, with uncertainty and data-quality mask; see README "Data levels and products").
+PRODUCT_LEVELS = ("L2",)
 _LEVEL = re.compile(r"^L[0-9][A-Za-z0-9.]{0,6}$")
 
 
@@ -97,7 +99,7 @@ def product_search_page(
     api_q = {**applied, **({"start": t0.isoformat()} if t0 else {}), **({"end": t1.isoformat()} if t1 else {})}
     sets, _n = list_sets(session, user=getattr(principal, "user", None),
                          admin=bool(principal and principal.is_admin), limit=MAX_SETS)
-    levels = sorted(set(session.scalars(select(Product.level).distinct())) | {"L2"})
+    levels = list(PRODUCT_LEVELS)  # a constant: a DISTINCT over products would scan them all on every view
 
     def page_url(n: int) -> str:
         return f"/products/search?{urlencode({**applied, 'page': n})}"
@@ -109,6 +111,7 @@ def product_search_page(
         "prev_url": page_url(page - 1) if page > 1 else None,
         "next_url": page_url(page + 1) if page < pages else None,
         "form": form, "errors": errors, "channels": list(CHANNELS), "sets": sets, "levels": levels,
+        "viewer": getattr(principal, "user", None),
         "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
         "archive_url": f"/api/v1/products/archive?{urlencode(api_q)}",
         "archive_zip_url": f"/api/v1/products/archive?{urlencode({**api_q, 'format': 'zip'})}",

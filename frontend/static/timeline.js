@@ -84,6 +84,8 @@
         if (!fresh) throw new Error("no list in the answer");
         list.replaceWith(document.importNode(fresh, true));
         el.dataset.listZoom = (z0 && z1) ? z0 + "/" + z1 : "";
+        const stale = document.getElementById("event-list-error");  // an earlier failure's note
+        if (stale) stale.remove();
       } catch (err) {
         if (mine !== listAsked) return;
         list.removeAttribute("aria-busy");
