@@ -19,9 +19,14 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/lstdp demo
 
+# The suite runs in PYTEST_WORKERS processes (pytest-xdist; the tests of one file in one worker,
+# each worker with a Redis server of its own: tests/conftest.py); PYTEST_WORKERS=0 runs it in one.
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+
 test: $(STAMP)
 	bash scripts/ensure-services.sh
-	$(BIN)/python -m pytest -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(BIN)/lstdp serve

@@ -229,13 +229,3 @@ def api_client(db_session, settings_env):
     with TestClient(app, raise_server_exceptions=False) as c:
         authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
         yield c
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadgroup``, as ``make test`` runs it) the tests of one file
-    run in one worker, so module-scoped fixtures are made once; ``tests/client`` is one group,
-    for its package-scoped live server."""
-    for item in items:
-        path = Path(str(item.fspath)).resolve()
-        group = "client" if path.parent.name == "client" else path.relative_to(ROOT).as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))

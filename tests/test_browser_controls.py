@@ -43,9 +43,9 @@ from playwright.sync_api import Error as PlaywrightError
 
 from backend.auth import SESSION_COOKIE
 from backend.db import session_scope
-from backend.models import ItemOutcome, Job, JobItem, JobState, Product
+from backend.models import CalibrationKind, ItemOutcome, Job, JobItem, JobState, Product
 from tests.conftest import make_session_cookie, make_token
-from tests.test_api import T0, make_product, route_celery_to_this_data_dir
+from tests.test_api import T0, make_calibration, make_product, route_celery_to_this_data_dir
 from tests.test_browser import TIMEOUT_MS, _fill, browser, served_app  # noqa: F401 - the browser fixture
 
 pytestmark = pytest.mark.browser
@@ -195,6 +195,10 @@ def site(tmp_path_factory):
             ids = _fill(settings)
             ids.sdi_peak = ids.sdi[2]
             with session_scope() as s:
+                # the masters SDI needs, so Retry on the failed job plans its frame again (without
+                # them the retry's planning fails, rightly, and the page shows why)
+                for kind in (CalibrationKind.dark, CalibrationKind.flat, CalibrationKind.radiometric):
+                    make_calibration(s, "SDI", kind, 1)
                 first = s.get(Product, ids.sdi[1])
                 v2 = make_product(s, first.frame, settings.products / "SDI", disk_value=140.0, version=2)
                 ids.diff_frame, ids.diff_a, ids.diff_b = first.frame_id, first.id, v2.id
