@@ -95,16 +95,21 @@ class PrivateServer:
         self.stopped = []
 
     def stop(self) -> None:
-        """Thaw, then SIGTERM the server (its own pid) and wait; SIGKILL it and its children if it
-        lingers."""
+        """Thaw, then stop the server (its own pid) and wait: PostgreSQL with SIGINT, its "fast"
+        shutdown (SIGTERM is its "smart" one, which waits for every client to disconnect: a
+        pooled connection left open kept it up past the wait), others with SIGTERM; SIGKILL it
+        and its children if it lingers (a child may have gone meanwhile)."""
         self.thaw()
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(signal.SIGINT if self.name.lower().startswith("postgres") else signal.SIGTERM)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 for child in _children(self.proc.pid):
-                    os.kill(child, signal.SIGKILL)
+                    try:
+                        os.kill(child, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 self.proc.kill()
                 self.proc.wait(timeout=10)
 
