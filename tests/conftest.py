@@ -16,6 +16,7 @@ sets the default back where it measures it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from pathlib import Path
@@ -134,9 +135,11 @@ def pg_engine(pg_url):
     engine.dispose()
 
 
-@pytest.fixture
-def db_session(pg_engine):
-    conn = pg_engine.connect()
+@contextlib.contextmanager
+def rolled_back_session(engine):
+    """A session on ``engine`` inside a transaction rolled back at the end (handlers may
+    ``commit()``: they release a SAVEPOINT only)."""
+    conn = engine.connect()
     trans = conn.begin()
     session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
     try:
@@ -145,6 +148,12 @@ def db_session(pg_engine):
         session.close()
         trans.rollback()
         conn.close()
+
+
+@pytest.fixture
+def db_session(pg_engine):
+    with rolled_back_session(pg_engine) as session:
+        yield session
 
 
 @pytest.fixture

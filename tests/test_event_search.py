@@ -55,20 +55,13 @@ def sqlite_engine(tmp_path_factory):
 @pytest.fixture(params=DIALECTS)
 def db_session(request):
     """The test's session, in a transaction rolled back at the end, on PostgreSQL and on SQLite."""
-    from sqlalchemy.orm import Session
+    from tests.conftest import rolled_back_session
 
     if request.param == "sqlite" and {"pg_engine", "pg_url"} & set(request.fixturenames):
         pytest.skip("PostgreSQL itself is under test")
     engine = request.getfixturevalue("pg_engine" if request.param == "postgresql" else "sqlite_engine")
-    conn = engine.connect()
-    trans = conn.begin()
-    session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
-    try:
+    with rolled_back_session(engine) as session:
         yield session
-    finally:
-        session.close()
-        trans.rollback()
-        conn.close()
 
 T0 = dt.datetime(2024, 5, 14, 16, 0, tzinfo=dt.UTC)
 MIN = dt.timedelta(minutes=1)
