@@ -36,7 +36,7 @@
     const w1 = el.dataset.windowEnd || null;
     let z0 = el.dataset.tlStart || null;
     let z1 = el.dataset.tlEnd || null;
-    let busy = false;
+    let drawing = false;
     let bound = false;
     const reset = document.getElementById("timeline-reset");
 
@@ -101,8 +101,11 @@
       }
     }
 
+    /* Draw the view (z0, z1) from the server. A newer view asked for while this one is on its way
+     * wins: the older answer is dropped, so a double-click during a load is never lost. */
+    let asked = 0;
     async function load() {
-      busy = true;
+      const mine = ++asked;
       el.dataset.state = "loading";
       const u = new URL(base, window.location.origin);
       let a = later(w0, z0), b = earlier(w1, z1);
@@ -112,37 +115,43 @@
       try {
         const resp = await fetch(u.toString(), { headers: { Accept: "application/json" } });
         const body = await resp.json();
+        if (mine !== asked) return;
         if (!resp.ok) throw new Error(body.detail || resp.statusText);
         const loading = el.querySelector(".figure-loading");
         if (loading) loading.remove();
-        await Plotly.react(el, body.data, body.layout, { responsive: true, displaylogo: false, showSendToCloud: false });
+        drawing = true;  // the relayout events Plotly.react itself sends are not the user's
+        try {
+          await Plotly.react(el, body.data, body.layout, { responsive: true, displaylogo: false, showSendToCloud: false });
+        } finally {
+          window.setTimeout(function () { drawing = false; }, 0);
+        }
         const meta = body.layout.meta || {};
         el.dataset.mode = meta.mode || "";
         el.dataset.total = String(meta.total === undefined ? "" : meta.total);
         if (!bound) bind();
-        el.dataset.state = "drawn";
+        if (mine === asked) el.dataset.state = "drawn";
       } catch (err) {
+        if (mine !== asked) return;
         el.innerHTML = "";
         const p = document.createElement("p");
         p.className = "error";
         p.textContent = "Could not draw the timeline: " + err.message;
         el.appendChild(p);
         el.dataset.state = "error";
-      } finally {
-        window.setTimeout(function () { busy = false; }, 0);
       }
     }
 
     function bind() {
       bound = true;
       el.on("plotly_relayout", function (ev) {
-        if (busy) return;
-        if (ev["xaxis.autorange"]) {
+        if (ev["xaxis.autorange"]) {  // double-click: the whole search (a no-op when it is shown)
+          if (!(z0 && z1)) return;
           z0 = z1 = null;
           keepInUrl();
           load();
           return;
         }
+        if (drawing) return;
         let r0 = ev["xaxis.range[0]"], r1 = ev["xaxis.range[1]"];
         if (r0 === undefined && Array.isArray(ev["xaxis.range"])) { r0 = ev["xaxis.range"][0]; r1 = ev["xaxis.range"][1]; }
         if (r0 === undefined || r1 === undefined) return;
