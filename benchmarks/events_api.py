@@ -226,8 +226,10 @@ def seed_events(conn, n: int, rng: np.random.Generator) -> dict:
     for s_, d_, k_ in zip(src[keep].tolist(), dst[keep].tolist(), kind[keep].tolist()):
         pairs.setdefault((s_, d_), k_)
     arr = np.array(list(pairs.keys()))
-    _copy(conn, "COPY event_associations (event_id, other_event_id, kind) FROM STDIN",
-          [arr[:, 0].astype(str), arr[:, 1].astype(str), np.array(list(pairs.values()))])
+    # each link carries its other event's type (the seeded events are all public: owner NULL)
+    _copy(conn, "COPY event_associations (event_id, other_event_id, kind, other_event_type) FROM STDIN",
+          [arr[:, 0].astype(str), arr[:, 1].astype(str), np.array(list(pairs.values())),
+           kinds[arr[:, 1] - 1].astype(str)])
     # an X flare of the GOES source that has links
     linked = np.zeros(n + 1, bool)
     linked[arr[:, 0]] = True

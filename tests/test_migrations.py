@@ -166,3 +166,44 @@ def test_0017_movie_options_upgrade_and_downgrade_keep_the_movies(dialect, tmp_p
         upgrade(url)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0018_links_carry_the_other_events_type_and_owner(dialect, tmp_path, request):
+    """Issue 25 (search at scale): 0018 copies each link's other event's type and owner into
+    the link row (existing rows filled from ``events``), makes the type NOT NULL and indexes
+    ``(other_event_type, event_id, other_owner)``; the downgrade drops them, keeping the links."""
+    import datetime as dt
+
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'l.sqlite3'}" if dialect == "sqlite" else request.getfixturevalue("fresh_pg")
+    upgrade(url, "0017_movie_options")
+    engine = dbmod.make_engine(url)
+    t = dt.datetime(2024, 5, 10, tzinfo=dt.UTC)
+    try:
+        with engine.begin() as c:
+            for eid, typ, owner in ((1, "FL", None), (2, "CE", None), (3, "CE", "alice")):
+                c.execute(text("INSERT INTO events (id, event_type, source, source_key, start_time, duration_s, "
+                               "attributes, created_at, owner) VALUES (:i, :ty, 'hek', :k, :t, 0, '{}', :t, :o)"),
+                          {"i": eid, "ty": typ, "k": f"k{eid}", "t": t, "o": owner})
+            for a, b in ((1, 2), (2, 1), (1, 3), (3, 1)):
+                c.execute(text("INSERT INTO event_associations (event_id, other_event_id, kind) "
+                               "VALUES (:a, :b, 'same_event')"), {"a": a, "b": b})
+        upgrade(url)
+        with engine.connect() as c:
+            got = {(r[0], r[1]): (r[2], r[3]) for r in c.execute(text(
+                "SELECT event_id, other_event_id, other_event_type, other_owner FROM event_associations"))}
+        assert got == {(1, 2): ("CE", None), (2, 1): ("FL", None), (1, 3): ("CE", "alice"), (3, 1): ("FL", None)}
+        cols = {c["name"]: c for c in inspect(engine).get_columns("event_associations")}
+        assert not cols["other_event_type"]["nullable"] and cols["other_owner"]["nullable"]
+        assert ["other_event_type", "event_id", "other_owner"] in [
+            i["column_names"] for i in inspect(engine).get_indexes("event_associations")]
+        downgrade(url, "0017_movie_options")
+        assert not {"other_event_type", "other_owner"} & {
+            c["name"] for c in inspect(engine).get_columns("event_associations")}
+        with engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM event_associations")).scalar() == 4
+        upgrade(url)
+    finally:
+        engine.dispose()

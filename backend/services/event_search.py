@@ -48,6 +48,7 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    false,
     func,
     literal_column,
     or_,
@@ -367,11 +368,10 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
     # uncorrelated IN subquery (see _linked_ids; a correlated EXISTS made SQLite scan the
     # other type per row)
     if f.associated_type:
-        other = Event.__table__.alias("assoc_other")
-        other_seen = owner_condition(f.viewer, f.sees_all, other.c.owner)  # a link to a hidden event counts not
+        # the link rows carry the other event's type and owner: one index range, no join
+        other_seen = owner_condition(f.viewer, f.sees_all, EventAssociation.other_owner)  # a hidden one counts not
         conds.append(_linked_ids(session, select(EventAssociation.event_id)
-                                 .join(other, other.c.id == EventAssociation.other_event_id)
-                                 .where(other.c.event_type == f.associated_type,
+                                 .where(EventAssociation.other_event_type == f.associated_type,
                                         *([] if other_seen is None else [other_seen]))))
     if f.calibration_set:
         by = (Product.calibration_set_id == int(f.calibration_set) if (f.calibration_set.isascii() and f.calibration_set.isdigit())
@@ -405,6 +405,8 @@ def _linked_ids(session: Session, ids_query):
     ids = session.execute(ids_query.limit(LINKED_IDS_LIMIT + 1)).scalars().all()
     if len(ids) > LINKED_IDS_LIMIT:
         return _E.id.in_(ids_query)
+    if not ids:  # nothing linked: a constant the planners fold (an empty array still walked the index)
+        return false()
     ids = sorted(set(ids))
     # one parameter, not one per id (binding 5,000 parameters cost 0.1-0.3 s of Python per
     # statement): an array on PostgreSQL, a JSON list read by json_each on SQLite

@@ -347,6 +347,12 @@ def _add_pairs(session: Session, links: list[tuple]) -> int:
         return 0
     have = _existing_pairs(session, {t[0] for t in links} | {t[1] for t in links})
     new, fill = [], []
+    # each link row carries its other event's type and owner (EventAssociation's columns)
+    ids = sorted({t[0] for t in links} | {t[1] for t in links})
+    other = {}
+    for i in range(0, len(ids), 5000):
+        other.update({r.id: (r.event_type, r.owner) for r in session.execute(
+            select(Event.id, Event.event_type, Event.owner).where(Event.id.in_(ids[i:i + 5000])))})
     for a, b, kind, *rest in links:
         reason = rest[0] if rest else None
         for x, y, k in ((a, b, kind), (b, a, _REVERSE_KIND.get(kind, kind))):
@@ -354,7 +360,8 @@ def _add_pairs(session: Session, links: list[tuple]) -> int:
                 continue
             if (x, y) not in have:
                 have.add((x, y))
-                new.append({"event_id": x, "other_event_id": y, "kind": k, "reason": reason})
+                new.append({"event_id": x, "other_event_id": y, "kind": k, "reason": reason,
+                            "other_event_type": other[y][0], "other_owner": other[y][1]})
             elif reason:
                 fill.append((x, y, reason))
     if new:
