@@ -57,8 +57,10 @@ def db_session(request):
     """The test's session, in a transaction rolled back at the end, on PostgreSQL and on SQLite."""
     from tests.conftest import rolled_back_session
 
-    if request.param == "sqlite" and {"pg_engine", "pg_url"} & set(request.fixturenames):
-        pytest.skip("PostgreSQL itself is under test")
+    # a test of PostgreSQL itself takes this fixture on PostgreSQL only (parametrize it
+    # indirectly: ``@pytest.mark.parametrize("db_session", ["postgresql"], indirect=True)``)
+    assert not (request.param == "sqlite" and {"pg_engine", "pg_url"} & set(request.fixturenames)), \
+        "a PostgreSQL test: parametrize db_session with ['postgresql'] only"
     engine = request.getfixturevalue("pg_engine" if request.param == "postgresql" else "sqlite_engine")
     with rolled_back_session(engine) as session:
         yield session
@@ -238,6 +240,7 @@ def test_filters_fingerprint_is_stable():
     assert f.fingerprint() != EventFilters(event_types=("FL",)).fingerprint()
 
 
+@pytest.mark.parametrize("db_session", ["postgresql"], indirect=True)
 def test_autocommit_reads(pg_engine, db_session):
     """A session on the engine reads in autocommit (no BEGIN, no transaction left open) and its
     connection goes back to the pool at the engine's isolation level; the tests' sessions
