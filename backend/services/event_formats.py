@@ -534,7 +534,7 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
 
     why = _sub(root, "Why")
     inf = _sub(why, "Inference", probability="1.0")
-    from backend.figures import HEK_EVENT_TYPES
+    from backend.render.figures import HEK_EVENT_TYPES
 
     _sub(inf, "Name", e.event_type)
     _sub(inf, "Concept", HEK_EVENT_TYPES.get(e.event_type, e.event_type))
