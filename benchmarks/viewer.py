@@ -5,7 +5,7 @@ through the real writer (:func:`pipelines.products.build_product_hdul`,
 :func:`pipelines.fitsio.write_fits_atomic`): a limb-darkened disk with noise, a
 helioprojective WCS of 0.5 arcsec/pixel scaled to the size, observer keywords, DQ flags.
 Then times what ``GET /api/v1/products/{id}/region.png`` does after its database lookup
-(:func:`backend.services.imaging.open_product` + :func:`~backend.services.imaging.render_region`):
+(:func:`backend.render.image.open_product` + :func:`~backend.render.image.render_region`):
 
 * ``cold``: the first request of the whole frame at ``--png`` pixels in a process that has
   served another product (opens the memory map, builds the pyramid levels it needs,
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args(argv)
 
-    from backend.services import imaging
+    from backend.render import image as imaging
 
     rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory() as tmp:

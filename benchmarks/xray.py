@@ -50,7 +50,7 @@ def main() -> int:
         from sqlalchemy.orm import Session
 
         from backend.db import make_engine
-        from backend.event_figures import event_curves_figure
+        from backend.render.event_figures import event_curves_figure
         from backend.migrate import upgrade
         from backend.models import Event
         from backend.services.event_curves import EventCurves

@@ -277,7 +277,7 @@ def test_masked_samples_are_null_and_drawn_as_gaps(client, db_session, tmp_path)
 
 
 def test_lightcurve_figure_draws_nan_as_gap():
-    from backend.figures import lightcurve_figure
+    from backend.render.figures import lightcurve_figure
     from backend.models import Event
 
     ev = Event(id=1, event_type="FL", source="detected", source_key="k", start_time=T0)

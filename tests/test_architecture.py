@@ -157,3 +157,53 @@ def test_calibration_flow_takes_the_options_object(name):
     sig = inspect.signature(getattr(flow, name))
     assert sig.parameters["options"].annotation in (CalibrationOptions, "CalibrationOptions | None",
                                                       "CalibrationOptions")
+
+
+#: What a renderer may not import: the database, its models, the services that query it.
+DATABASE_MODULES = ("sqlalchemy", "backend.db", "backend.models", "backend.services")
+
+
+def database_imports(root: Path = ROOT, package: str = "backend.render") -> list[str]:
+    """``module: imported name`` for every import statement (module level or in a function) of
+    ``package`` and of every product module it reaches (``scripts/import_graph.py``) that names
+    a module of :data:`DATABASE_MODULES` or one inside them."""
+    graph = import_graph.import_graph(root)
+    files = import_graph.modules(root)
+    todo = [m for m in graph if m == package or m.startswith(package + ".")]
+    reached: set[str] = set()
+    while todo:
+        m = todo.pop()
+        if m not in reached:
+            reached.add(m)
+            todo += graph[m]
+    bad = []
+    for m in sorted(reached):
+        for node in ast.walk(ast.parse(files[m].read_text(), filename=str(files[m]))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:  # a relative import stays in its package: the graph follows it
+                continue
+            bad += [f"{m}: {n}" for n in names if any(n == d or n.startswith(d + ".") for d in DATABASE_MODULES)]
+    return sorted(set(bad))
+
+
+def test_the_renderers_import_no_database_module():
+    """``backend/render/`` draws from files, arrays and rows it is given: nothing it imports,
+    directly or through another product module, reaches the database."""
+    assert "backend.render.image" in GRAPH and "backend.render.figures" in GRAPH
+    assert database_imports() == []
+
+
+def test_the_renderer_rule_can_fail(tmp_path):
+    for pkg in ("backend/render", "backend/services", "pipelines"):
+        (tmp_path / pkg).mkdir(parents=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "backend" / "__init__.py").write_text("")
+    (tmp_path / "backend" / "render" / "a.py").write_text("def f():\n    from pipelines import p\n")
+    (tmp_path / "pipelines" / "p.py").write_text("def g():\n    from sqlalchemy.orm import Session\n")
+    (tmp_path / "backend" / "render" / "b.py").write_text("from backend.services import q\n")
+    (tmp_path / "backend" / "services" / "q.py").write_text("")
+    assert database_imports(tmp_path) == ["backend.render.b: backend.services", "backend.render.b: backend.services.q",
+                                          "pipelines.p: sqlalchemy.orm", "pipelines.p: sqlalchemy.orm.Session"]

@@ -1,4 +1,4 @@
-"""Plotly figure builders (backend.figures): traces, shapes, axis titles and values."""
+"""Plotly figure builders (backend.render.figures): traces, shapes, axis titles and values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.figures import HEK_EVENT_TYPES, events_timeline_figure, hek_label, lightcurve_figure
+from backend.render.figures import HEK_EVENT_TYPES, events_timeline_figure, hek_label, lightcurve_figure
 
 T0 = dt.datetime(2024, 5, 14, 16, 0, tzinfo=dt.UTC)
 

@@ -138,7 +138,7 @@ def test_malformed_rows_refused_with_reasons(tmp_path):
 
 
 def test_registered_and_found_in_the_events_folder():
-    assert CATALOGUES["stix"].folder == "stix" and CATALOGUES["stix"].parse is parse_stix
+    assert CATALOGUES["stix"].folder == "stix" and CATALOGUES["stix"].parse.resolve() is parse_stix
     assert parse_catalogue("stix", EVENTS).rows_in == 6429
 
 

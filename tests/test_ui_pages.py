@@ -213,7 +213,7 @@ def test_saved_searches_page_shows_the_viewers_own_only(client, db_session):
 
 def test_badge_ink_has_the_higher_contrast():
     from backend.api.pages import _luminance, badge_ink
-    from backend.figures import EVENT_COLOURS
+    from backend.render.figures import EVENT_COLOURS
 
     def contrast(a, b):
         la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
@@ -228,7 +228,7 @@ def test_close_or_coincident_event_marks_go_on_separate_rows():
     import plotly.graph_objects as go
     from types import SimpleNamespace
 
-    from backend.figures import MARK_ROW_PX, add_event_marks
+    from backend.render.figures import MARK_ROW_PX, add_event_marks
 
     window = (T0, T0 + dt.timedelta(hours=2))
     spread = SimpleNamespace(start_time=T0 + 10 * MIN, peak_time=T0 + 60 * MIN, end_time=T0 + 110 * MIN)

@@ -355,7 +355,7 @@ def test_curves_figure_says_when_no_xrs_series_covers_the_window(client, db_sess
 
 
 def test_missing_samples_break_the_line():
-    from backend.event_figures import with_gaps
+    from backend.render.event_figures import with_gaps
 
     t0 = dt.datetime(2020, 1, 1, tzinfo=UTC)
     times = [t0 + dt.timedelta(seconds=2 * i) for i in range(5)] + [t0 + dt.timedelta(seconds=60)]
@@ -454,7 +454,7 @@ def test_figure_breaks_lines_at_skipped_frames_and_xrs_gaps():
     break the lines; nothing is bridged."""
     from types import SimpleNamespace
 
-    from backend.event_figures import event_curves_figure
+    from backend.render.event_figures import event_curves_figure
     from backend.services.event_curves import CalibrationSetUsed, EventCurves
     from backend.services.xray import XRaySeriesSamples
 

@@ -30,7 +30,7 @@ from backend import __version__
 from backend.api.deps import SessionDep
 from backend.api.routes.params import NUMERIC_FILTERS, IdPath, for_viewer, is_safe_key, parse_event_filters
 from backend.auth import OptionalPrincipal
-from backend.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
+from backend.render.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
 from backend.models import CalibrationKind, Event
 from backend.services import event_curves as event_curves_service
 from backend.services import events as events_service
@@ -489,7 +489,8 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
     limb, Stonyhurst grid, scaling, DQ layer, cursor readout, the events of its time window;
     ``?event=<id>`` highlights one event and centres the view on it."""
     from backend.models import ProductState
-    from backend.services import imaging, product_diff
+    from backend.render import image as imaging
+    from backend.services import product_diff
 
     from backend.services.set_access import may_see_product
 

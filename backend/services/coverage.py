@@ -39,7 +39,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from backend.models import CatalogueCoverage, Frame, Product, ProductState, utcnow
-from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE
+from pipelines.catalogues import CATALOGUES, DETECTED, DETECTED_SOURCE, source_label
 from pipelines.catalogues.coverage import FileCoverage, file_coverage
 from pipelines.catalogues.records import CatalogueError
 from pipelines.channels import CHANNELS
@@ -58,7 +58,6 @@ __all__ = [
     "ChannelProvider",
     "DetectedProvider",
     "PROVIDERS",
-    "SOURCE_TITLES",
     "record_catalogue_coverage",
     "coverage_report",
     "window_coverage",
@@ -78,26 +77,6 @@ MIN_RUN_FRAMES = 3
 #: Frames this far outside a window are read too, so that a run crossing the window's edge is
 #: measured with its own spacing (a run at a cadence slower than this is cut at the edge).
 RUN_CONTEXT = dt.timedelta(hours=6)
-
-#: How the sources are named in messages ("CDAW: no coverage after 2013-12-31").
-SOURCE_TITLES: dict[str, str] = {
-    DETECTED_SOURCE: "LST detections",
-    "lst_wst": "LST/WST flare list",
-    "goes_xrs": "GOES XRS",
-    "cdaw": "CDAW",
-    "hek": "HEK",
-    "donki": "DONKI",
-    "noaa_srs": "NOAA SRS",
-    "stix": "STIX",
-}
-
-
-def _catalogue_title(source: str) -> str:
-    """The registry title of a catalogue without a :data:`SOURCE_TITLES` entry (else the name)."""
-    from pipelines.catalogues import CATALOGUES
-
-    return CATALOGUES[source].title if source in CATALOGUES else source
-
 
 @dataclass(frozen=True)
 class Span:
@@ -351,7 +330,7 @@ class CatalogueProvider:
 
     def __init__(self, source: str) -> None:
         self.name = source
-        self.title = SOURCE_TITLES.get(source) or _catalogue_title(source)
+        self.title = source_label(source)
         self.description = CATALOGUES[source].title if source in CATALOGUES else source
 
     def spans(self, session: Session, rows: list | None = None) -> tuple[list[Span], int]:
@@ -507,7 +486,7 @@ class DetectedProvider:
 
     kind = "detected"
     name = DETECTED_SOURCE
-    title = SOURCE_TITLES[DETECTED_SOURCE]
+    title = DETECTED.label
 
     def coverage(self, session, start=None, end=None, settings=None) -> SourceCoverage:
         spans = []
@@ -566,11 +545,13 @@ def coverage_report(session: Session, start: dt.datetime | None = None, end: dt.
     KeyError
         For a name no provider has.
     """
-    by_name = {p.name: p for p in PROVIDERS}
+    # a catalogue registered after this module was imported (a plugin, a test) is covered too
+    added = [CatalogueProvider(s) for s in CATALOGUES if s not in {p.name for p in PROVIDERS}]
+    by_name = {p.name: p for p in (*PROVIDERS, *added)}
     for n in names or ():
         if n not in by_name:
             raise KeyError(f"no coverage of {n!r}; expected one of {', '.join(by_name)}")
-    chosen = [by_name[n] for n in names] if names else PROVIDERS
+    chosen = [by_name[n] for n in names] if names else [*PROVIDERS, *added]
     return [p.coverage(session, start, end, settings) for p in chosen]
 
 
@@ -586,7 +567,7 @@ def _detected_window(session: Session, start, end) -> WindowCoverage:
     if end is not None:
         q = q.where(Frame.date_obs <= end)
     first, last = session.execute(q).one()
-    title = SOURCE_TITLES[DETECTED_SOURCE]
+    title = DETECTED.label
     if first is None:
         where = "in this window" if start is not None or end is not None else "yet"
         return WindowCoverage(DETECTED_SOURCE, "none", f"{title}: no L2 products {where} (the detectors run on them)")
@@ -613,11 +594,10 @@ def window_coverage(session: Session, sources: list[str] | tuple[str, ...] | Non
     Returns
     -------
     dict of str to WindowCoverage
-        In :data:`pipelines.catalogues.SOURCES` order for the sources asked.
+        In :data:`pipelines.catalogues.SOURCES` order (``detected``, then the registry's
+        catalogues) for the sources asked.
     """
-    from pipelines.catalogues import SOURCES
-
-    wanted = [s for s in SOURCES if not sources or s in sources]
+    wanted = [s for s in (DETECTED_SOURCE, *CATALOGUES) if not sources or s in sources]  # the registry now
     out: dict[str, WindowCoverage] = {}
     by_source: dict[str, list] = {}
     for src, *row in session.execute(select(CatalogueCoverage.source, CatalogueCoverage.covers_start,

@@ -2,7 +2,7 @@
 GOES XRS curve of the same window, and the event's linked data.
 
 :func:`event_curves` gathers them (queries only; the figure is
-:func:`backend.event_figures.event_curves_figure`); :func:`curves_csv` and :func:`curves_fits`
+:func:`backend.render.event_figures.event_curves_figure`); :func:`curves_csv` and :func:`curves_fits`
 write them for download; :func:`linked_data` says which frames and products belong to the event.
 
 One calibration set

@@ -37,7 +37,7 @@ import numpy as np
 
 from backend import __version__
 from backend.models import Event
-from pipelines.catalogues import DETECTED_SOURCE
+from pipelines.catalogues import DETECTED_SOURCE, source_observation
 from pipelines.utc import as_utc
 
 __all__ = [
@@ -215,17 +215,6 @@ def events_votable(rows: list[Event], info: dict[str, Any] | None = None) -> byt
     return buf.getvalue()
 
 
-#: Observatory and instrument of the catalogues whose events all come from one instrument.
-_CATALOGUE_OBSERVATION: dict[str, tuple[str, str]] = {
-    "cdaw": ("SOHO", "LASCO"),
-    "goes_xrs": ("GOES", "XRS"),
-    "noaa_srs": ("NOAA SWPC", "SRS"),
-    "lst_wst": ("ASO-S", "LST"),
-    "stix": ("Solar Orbiter", "STIX"),
-    DETECTED_SOURCE: ("ASO-S", "LST"),
-}
-
-
 def event_attributes(e: Any) -> dict[str, Any]:
     """The source attributes of an ``Event``, or those a light search row carries
     (``attr_<key>`` columns, :data:`backend.services.event_search.LIGHT_ATTRIBUTE_KEYS`)."""
@@ -276,15 +265,8 @@ def observation(e: Event) -> tuple[str | None, str | None, str | None]:
             inst.append(i.strip())
             chan.append(c.strip())
         return _joined(obs), _joined(inst), _joined(chan) or _text(e.channels)
-    if e.source in _CATALOGUE_OBSERVATION:
-        observatory, instrument = _CATALOGUE_OBSERVATION[e.source]
-        return observatory, instrument, _text(e.channels)
-    from pipelines.catalogues import CATALOGUES
-
-    cat = CATALOGUES.get(e.source)  # a catalogue added with its observatory and instrument
-    if cat is not None and (cat.observatory or cat.instrument):
-        return cat.observatory, cat.instrument, _text(e.channels)
-    return None, None, _text(e.channels)
+    observatory, instrument = source_observation(e.source)  # the source's registry entry
+    return observatory, instrument, _text(e.channels)
 
 
 def _event_coord(e: Event, position_always: bool) -> tuple[str | None, str | None, Any, Any, bool]:
@@ -552,7 +534,7 @@ def event_voevent(e: Event, associated: list[tuple[Event, str]] | None = None,
 
     why = _sub(root, "Why")
     inf = _sub(why, "Inference", probability="1.0")
-    from backend.figures import HEK_EVENT_TYPES
+    from backend.render.figures import HEK_EVENT_TYPES
 
     _sub(inf, "Name", e.event_type)
     _sub(inf, "Concept", HEK_EVENT_TYPES.get(e.event_type, e.event_type))

@@ -31,6 +31,7 @@ from sqlalchemy import Float, Integer, cast, func, literal, select
 from sqlalchemy.orm import Session
 
 from backend.models import Event
+from backend.render.figures_density import width_label  # noqa: F401 - re-exported (__all__)
 from backend.services.event_search import EventFilters, filter_conditions
 from pipelines.utc import as_utc
 
@@ -62,16 +63,6 @@ def choose_bin_width(span_s: float, bins: int) -> int:
         if span_s / w < bins:
             return w
     return int(math.ceil(span_s / bins / (365 * _DAY) + 1e-12)) * 365 * _DAY
-
-
-def width_label(width_s: int) -> str:
-    """``'1 min'``, ``'6 h'``, ``'7 days'``... for a bin width [s]."""
-    if width_s < 3600:
-        return f"{width_s // 60} min"
-    if width_s < _DAY:
-        return f"{width_s // 3600} h"
-    days = width_s // _DAY
-    return "1 day" if days == 1 else f"{days} days"
 
 
 @dataclass

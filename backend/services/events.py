@@ -35,11 +35,11 @@ from pipelines.catalogues import (
     DETECTED_SOURCE,
     AssociationRecord,
     CatalogueError,
+    association_label,
     catalogue_files,
     parse_catalogue,
     refusal_summary,
 )
-from pipelines.detect.associate import SOURCE_LABELS
 from pipelines.errors import failure_reason
 from pipelines.utc import as_utc
 
@@ -402,7 +402,7 @@ def _store_associations(session: Session, assocs: list[AssociationRecord]) -> tu
             missing = [k for k, i in ((a.key, ia), (a.other_key, ib)) if i is None]
             unresolved.append((f"{a.key} {a.kind} {a.other_key}", "not stored: " + ", ".join(missing)))
             continue
-        links.append((ia, ib, a.kind, f"stated by {SOURCE_LABELS.get(a.source, a.source)}: {a.kind.replace('_', ' ')}"))
+        links.append((ia, ib, a.kind, f"stated by {association_label(a.source)}: {a.kind.replace('_', ' ')}"))
     return _add_pairs(session, links), unresolved
 
 

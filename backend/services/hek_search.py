@@ -244,7 +244,7 @@ def parse_hek_query(params: Mapping[str, str] | Sequence[tuple[str, str]],
         value, an unsupported ``cmd``/``type``/``cosec``/``event_coordsys``, an attribute our
         events do not have, an incomplete ``paramN``/``opN``/``valueN`` triple.
     """
-    from backend.figures import HEK_EVENT_TYPES
+    from backend.render.figures import HEK_EVENT_TYPES
 
     pairs = list(params.items()) if isinstance(params, Mapping) else list(params)
     q: dict[str, str] = {}

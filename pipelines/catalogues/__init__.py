@@ -5,6 +5,15 @@ Each ``parse_<name>(path) -> ParseResult`` reads one file and returns
 the refused rows with a reason each, and the number of data rows read. No database, no
 settings: the import service (``backend.services.events``) stores the records.
 
+This package is also the registry of event sources: one :class:`Catalogue` entry per
+catalogue (:data:`CATALOGUES`) and one :class:`DetectedSource` entry for the platform's own
+detections (:data:`DETECTED`) hold everything the platform says about a source besides its
+events: its names (coverage messages, association reasons), its observatory and instrument
+(exports), its parser and coverage reader. The parsers and readers are named as
+``"module:function"`` strings and imported on first use (:class:`LazyFunction`): importing
+this package (as ``backend.models`` does, through :mod:`~pipelines.catalogues.records`)
+loads no parser.
+
 ========== ======================================== ==================================== ====
 source     catalogue                                 files (under an ``events/`` folder)  type
 ========== ======================================== ==================================== ====
@@ -20,17 +29,13 @@ stix       Solar Orbiter/STIX flare list (Hayes+)    ``stix/STIX_flarelist*.csv`
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pipelines.catalogues.cdaw import parse_cdaw
-from pipelines.catalogues.donki import parse_donki
-from pipelines.catalogues.goes_xrs import parse_goes_xrs
-from pipelines.catalogues.hek import parse_hek
-from pipelines.catalogues.lst_wst import parse_lst_wst
-from pipelines.catalogues.noaa_srs import parse_noaa_srs
 from pipelines.catalogues.records import (
     AssociationRecord,
     CatalogueError,
@@ -39,17 +44,23 @@ from pipelines.catalogues.records import (
     full_noaa_number,
     refusal_summary,
 )
-from pipelines.catalogues.stix import parse_stix
 
 __all__ = [
     "EventRecord",
     "AssociationRecord",
     "ParseResult",
     "CatalogueError",
+    "LazyFunction",
     "Catalogue",
     "CATALOGUES",
+    "DetectedSource",
+    "DETECTED",
     "DETECTED_SOURCE",
     "SOURCES",
+    "source_entry",
+    "source_label",
+    "association_label",
+    "source_observation",
     "catalogue_files",
     "parse_catalogue",
     "full_noaa_number",
@@ -64,43 +75,121 @@ __all__ = [
 ]
 
 
+class LazyFunction:
+    """A function named ``"package.module:function"``, imported on its first call.
+
+    Calling it calls the function (``LazyFunction("pipelines.catalogues.cdaw:parse_cdaw")(path)``
+    is ``parse_cdaw(path)``); :meth:`resolve` gives the function itself.
+
+    Raises
+    ------
+    ValueError
+        If ``target`` is not ``"module:function"``.
+    ImportError, AttributeError
+        On first use, if the module or the function does not exist.
+    """
+
+    __slots__ = ("target", "_fn")
+
+    def __init__(self, target: str) -> None:
+        module, sep, name = target.partition(":")
+        if not (module and sep and name.isidentifier()):
+            raise ValueError(f"{target!r} is not 'package.module:function'")
+        self.target = target
+        self._fn: Callable | None = None
+
+    @property
+    def module(self) -> str:
+        """The module's dotted name (imported on first use)."""
+        return self.target.partition(":")[0]
+
+    @property
+    def name(self) -> str:
+        """The function's name in its module."""
+        return self.target.partition(":")[2]
+
+    def resolve(self) -> Callable:
+        """The function (its module imported now if not yet)."""
+        if self._fn is None:
+            self._fn = getattr(importlib.import_module(self.module), self.name)
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LazyFunction) and other.target == self.target
+
+    def __hash__(self) -> int:
+        return hash(self.target)
+
+    def __repr__(self) -> str:
+        return f"LazyFunction({self.target!r})"
+
+
+def _lazy(fn: Callable | str | None) -> Callable | None:
+    return LazyFunction(fn) if isinstance(fn, str) else fn
+
+
 @dataclass(frozen=True)
 class Catalogue:
-    """One catalogue: its source name, parser and where its files lie in an events folder.
+    """One catalogue: its source name, parser, files, names and instrument.
 
     Adding a catalogue is one module (its ``parse_<name>(path) -> ParseResult``) and one
-    ``Catalogue(...)`` line in :data:`CATALOGUES` (README, "Adding a catalogue").
+    ``Catalogue(...)`` line in :data:`CATALOGUES` (README, "Adding a catalogue"); coverage,
+    exports and association reasons read the entry.
 
     Attributes
     ----------
     source : str
         ``Event.source`` of its events (at most 32 characters; letters, digits, ``_``).
-    parse : callable
-        ``parse(path) -> ParseResult`` of one file.
+    parse : callable or str
+        ``parse(path) -> ParseResult`` of one file, or its ``"module:function"`` name
+        (imported on first use: stored as a :class:`LazyFunction`).
     folder : str
         Its folder in an events folder (``lstdp import-events <dir>``).
     pattern : str
         Glob of its files in that folder.
     title : str
-        What it is, for people (messages, coverage).
-    coverage : callable, optional
+        What it is, for people (import messages, the coverage's description).
+    coverage : callable or str, optional
         ``coverage(path) -> pipelines.catalogues.coverage.FileCoverage``: the span a file says
-        it covers. Optional for a new catalogue (the built-in ones have theirs in
-        :data:`pipelines.catalogues.coverage.COVERAGE_READERS`); without one a file covers
-        nothing known, and the coverage says so.
+        it covers (or its ``"module:function"`` name). Without one a file covers nothing known,
+        and the coverage says so.
     observatory, instrument : str, optional
         HEK ``obs_observatory`` / ``obs_instrument`` of its events, when they all come from
-        one instrument (:func:`backend.services.event_formats.observation`).
+        one instrument (:func:`backend.services.event_formats.observation`; HEK and DONKI
+        rows name their own).
+    label : str, optional
+        Its short name in coverage messages ("CDAW: no coverage after 2013-12-31");
+        default the title.
+    association_label : str, optional
+        How association reasons name it ("stated by CDAW (LASCO): ..."); default the source.
     """
 
     source: str
-    parse: Callable[[str | os.PathLike], ParseResult]
+    parse: Callable[[str | os.PathLike], ParseResult] | str
     folder: str
     pattern: str
     title: str
-    coverage: Callable | None = None
+    coverage: Callable | str | None = None
     observatory: str | None = None
     instrument: str | None = None
+    label: str | None = None
+    association_label: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parse", _lazy(self.parse))
+        object.__setattr__(self, "coverage", _lazy(self.coverage))
+
+
+def _cat(source: str, folder: str, pattern: str, title: str, label: str, association_label: str,
+         observatory: str | None = None, instrument: str | None = None) -> Catalogue:
+    """A built-in catalogue: parser ``pipelines.catalogues.<source>:parse_<source>``, coverage
+    reader ``pipelines.catalogues.coverage:<source>_coverage``."""
+    return Catalogue(source, f"pipelines.catalogues.{source}:parse_{source}", folder, pattern, title,
+                     coverage=f"pipelines.catalogues.coverage:{source}_coverage", observatory=observatory,
+                     instrument=instrument, label=label, association_label=association_label)
 
 
 #: The catalogues, in the order ``import_all`` imports them (the WST-GOES flare links are
@@ -108,13 +197,17 @@ class Catalogue:
 CATALOGUES: dict[str, Catalogue] = {
     c.source: c
     for c in (
-        Catalogue("lst_wst", parse_lst_wst, "aso-s_lst_wst", "*.txt", "LST/WST white-light flares (Jing et al. 2024)"),
-        Catalogue("goes_xrs", parse_goes_xrs, "goes_xrs_reports", "*.txt", "NOAA/NGDC GOES XRS flare reports"),
-        Catalogue("cdaw", parse_cdaw, "cdaw", "*.txt", "CDAW SOHO/LASCO CME catalogue"),
-        Catalogue("hek", parse_hek, "hek", "*.json", "HEK API responses"),
-        Catalogue("donki", parse_donki, "donki", "*.json", "NASA CCMC DONKI CMEs"),
-        Catalogue("noaa_srs", parse_noaa_srs, "noaa_srs", "*SRS.txt", "NOAA Solar Region Summaries"),
-        Catalogue("stix", parse_stix, "stix", "STIX_flarelist*.csv", "Solar Orbiter/STIX flare list (Hayes et al.)"),
+        _cat("lst_wst", "aso-s_lst_wst", "*.txt", "LST/WST white-light flares (Jing et al. 2024)",
+             "LST/WST flare list", "LST/WST", "ASO-S", "LST"),
+        _cat("goes_xrs", "goes_xrs_reports", "*.txt", "NOAA/NGDC GOES XRS flare reports",
+             "GOES XRS", "GOES", "GOES", "XRS"),
+        _cat("cdaw", "cdaw", "*.txt", "CDAW SOHO/LASCO CME catalogue", "CDAW", "CDAW (LASCO)", "SOHO", "LASCO"),
+        _cat("hek", "hek", "*.json", "HEK API responses", "HEK", "HEK"),
+        _cat("donki", "donki", "*.json", "NASA CCMC DONKI CMEs", "DONKI", "DONKI"),
+        _cat("noaa_srs", "noaa_srs", "*SRS.txt", "NOAA Solar Region Summaries", "NOAA SRS", "NOAA SRS",
+             "NOAA SWPC", "SRS"),
+        _cat("stix", "stix", "STIX_flarelist*.csv", "Solar Orbiter/STIX flare list (Hayes et al.)",
+             "STIX", "STIX", "Solar Orbiter", "STIX"),
     )
 }
 
@@ -122,9 +215,71 @@ CATALOGUES: dict[str, Catalogue] = {
 #: ``Event.source`` of the events the platform's own detectors store (``pipelines.detect``).
 DETECTED_SOURCE = "detected"
 
+
+@dataclass(frozen=True)
+class DetectedSource:
+    """The platform's own detections as an event source: the fields of a :class:`Catalogue`
+    that are not about files. Every detector of :data:`pipelines.detect.registry.DETECTORS`
+    stores its events under this one source (told apart by ``frm_name``), so a new detector
+    adds nothing here.
+
+    Attributes
+    ----------
+    source, title, label, association_label, observatory, instrument : str
+        As in :class:`Catalogue`.
+    """
+
+    source: str
+    title: str
+    label: str
+    association_label: str
+    observatory: str
+    instrument: str
+
+
+#: The detectors' source (:data:`DETECTED_SOURCE`): its names and instrument.
+DETECTED = DetectedSource(DETECTED_SOURCE, "Events detected on LST L2 products (pipelines.detect)",
+                          "LST detections", "LST", "ASO-S", "LST")
+
 #: Every ``Event.source`` the platform knows: the detectors' and the catalogues' (in
 #: :data:`CATALOGUES` order).
 SOURCES: tuple[str, ...] = (DETECTED_SOURCE, *CATALOGUES)
+
+
+def source_entry(source: str) -> Catalogue | DetectedSource | None:
+    """The registry entry of ``source``: :data:`DETECTED` or its :data:`CATALOGUES` entry
+    (None for a source the platform does not know)."""
+    return DETECTED if source == DETECTED_SOURCE else CATALOGUES.get(source)
+
+
+def source_label(source: str) -> str:
+    """``source``'s short name in coverage messages (its entry's ``label``, else its title;
+    the source itself for an unknown one)."""
+    entry = source_entry(source)
+    return (entry.label or entry.title) if entry is not None else source
+
+
+def association_label(source: str) -> str:
+    """How association reasons name ``source`` (its entry's ``association_label``, else the
+    source itself)."""
+    entry = source_entry(source)
+    return (entry.association_label if entry is not None else None) or source
+
+
+def source_observation(source: str) -> tuple[str | None, str | None]:
+    """``(observatory, instrument)`` of ``source``'s entry; ``(None, None)`` when its events
+    do not all come from one instrument (HEK, DONKI) or the source is unknown."""
+    entry = source_entry(source)
+    return (entry.observatory, entry.instrument) if entry is not None else (None, None)
+
+
+def __getattr__(name: str) -> Callable:
+    """``parse_<name>`` of a registered catalogue, its module imported now (PEP 562: the
+    parsers load on first use, not with this package)."""
+    for cat in CATALOGUES.values():
+        if isinstance(cat.parse, LazyFunction) and cat.parse.name == name:
+            return cat.parse.resolve()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def catalogue_files(source: str, path: str | os.PathLike) -> list[Path]:

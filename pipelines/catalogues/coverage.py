@@ -2,8 +2,9 @@
 
 A catalogue's coverage is what its files *say* they cover, never the span from its first
 to its last event: a quiet month inside a catalogue's period is covered (0 events is an
-answer), a month after its end is not (no answer). One reader per catalogue
-(:data:`COVERAGE_READERS`, keyed like :data:`pipelines.catalogues.CATALOGUES`):
+answer), a month after its end is not (no answer). One reader per catalogue, named by its
+registry entry (``Catalogue.coverage`` in :data:`pipelines.catalogues.CATALOGUES`, e.g.
+``"pipelines.catalogues.coverage:cdaw_coverage"``):
 
 ========== ======================================================================================
 source     what the file says
@@ -35,13 +36,22 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.catalogues.records import CatalogueError
 
-__all__ = ["FileCoverage", "COVERAGE_READERS", "file_coverage"]
+__all__ = [
+    "FileCoverage",
+    "file_coverage",
+    "goes_xrs_coverage",
+    "cdaw_coverage",
+    "hek_coverage",
+    "donki_coverage",
+    "noaa_srs_coverage",
+    "lst_wst_coverage",
+    "stix_coverage",
+]
 
 UTC = dt.UTC
 
@@ -74,7 +84,7 @@ def _year_span(y0: int, y1: int) -> tuple[dt.datetime, dt.datetime]:
     return dt.datetime(y0, 1, 1, tzinfo=UTC), dt.datetime(y1 + 1, 1, 1, tzinfo=UTC)
 
 
-def _goes_xrs(path: Path) -> FileCoverage:
+def goes_xrs_coverage(path: Path) -> FileCoverage:
     years: set[int] = set()
     with open(path, encoding="latin-1") as f:
         for line in f:
@@ -95,7 +105,7 @@ def _goes_xrs(path: Path) -> FileCoverage:
     return FileCoverage(path.name, *_year_span(y, y), True, "one GOES XRS report per year (rows' year, file name)")
 
 
-def _cdaw(path: Path) -> FileCoverage:
+def cdaw_coverage(path: Path) -> FileCoverage:
     m = re.search(r"(?<!\d)((?:19|20)\d{2})-((?:19|20)\d{2})(?!\d)", path.name)
     if not m:
         return FileCoverage(path.name, None, None, False, "the file's name states no period (YYYY-YYYY)")
@@ -108,7 +118,7 @@ def _cdaw(path: Path) -> FileCoverage:
 _DAY = r"(\d{4})-?(\d{2})-?(\d{2})"
 
 
-def _hek(path: Path) -> FileCoverage:
+def hek_coverage(path: Path) -> FileCoverage:
     days = re.findall(r"(?<!\d)" + _DAY + r"(?!\d)", path.name)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -126,7 +136,7 @@ def _hek(path: Path) -> FileCoverage:
     return FileCoverage(path.name, start, end, not overmax, basis)
 
 
-def _donki(path: Path) -> FileCoverage:
+def donki_coverage(path: Path) -> FileCoverage:
     m = re.search(r"(?<!\d)(\d{4})-(\d{2})_(\d{4})-(\d{2})(?!\d)", path.name)
     if not m:
         return FileCoverage(path.name, None, None, False, "the file's name states no query months (YYYY-MM_YYYY-MM)")
@@ -141,7 +151,7 @@ def _donki(path: Path) -> FileCoverage:
 _ISSUED = re.compile(r"^:Issued:\s*(\d{4})\s+([A-Za-z]{3})\w*\s+(\d{1,2})\s+(\d{4})\s*UTC", re.I | re.M)
 
 
-def _noaa_srs(path: Path) -> FileCoverage:
+def noaa_srs_coverage(path: Path) -> FileCoverage:
     text = Path(path).read_text(encoding="latin-1")
     m = _ISSUED.search(text)
     if not m:
@@ -152,7 +162,7 @@ def _noaa_srs(path: Path) -> FileCoverage:
                         "one Solar Region Summary per day (its :Issued: line; valid 00:00 UT for a day)")
 
 
-def _lst_wst(path: Path) -> FileCoverage:
+def lst_wst_coverage(path: Path) -> FileCoverage:
     from pipelines.catalogues.lst_wst import parse_lst_wst
 
     events = parse_lst_wst(path).events
@@ -169,7 +179,7 @@ def _lst_wst(path: Path) -> FileCoverage:
 _STIX_SPAN = re.compile(r"_(\d{8})_(\d{8})_version")
 
 
-def _stix(path: Path) -> FileCoverage:
+def stix_coverage(path: Path) -> FileCoverage:
     """The STIX flare list names its period (``..._20210214_20230430_version1.csv``; the last
     day included): :data:`pipelines.catalogues.stix.COVERAGE`."""
     m = _STIX_SPAN.search(path.name)
@@ -185,27 +195,14 @@ def _stix(path: Path) -> FileCoverage:
                         "file name: the list's period, first to last day (Hayes et al. STIX science flare list)")
 
 
-#: One reader per catalogue source (:data:`pipelines.catalogues.CATALOGUES`).
-COVERAGE_READERS: dict[str, Callable[[Path], FileCoverage]] = {
-    "goes_xrs": _goes_xrs,
-    "cdaw": _cdaw,
-    "hek": _hek,
-    "donki": _donki,
-    "noaa_srs": _noaa_srs,
-    "lst_wst": _lst_wst,
-    "stix": _stix,
-}
-
-
 def file_coverage(source: str, path: str | os.PathLike) -> FileCoverage:
     """The span catalogue file ``path`` of ``source`` says it covers.
 
     Parameters
     ----------
     source : str
-        A key of :data:`COVERAGE_READERS` (``goes_xrs``, ``cdaw``, ``hek``, ``donki``,
-        ``noaa_srs``, ``lst_wst``, ``stix``), or of :data:`pipelines.catalogues.CATALOGUES`
-        (its ``coverage`` reader; without one, a span-less FileCoverage saying so).
+        A key of :data:`pipelines.catalogues.CATALOGUES`: its entry's ``coverage`` reader
+        (without one, a span-less FileCoverage saying so).
     path : path-like
         One catalogue file.
 
@@ -217,19 +214,19 @@ def file_coverage(source: str, path: str | os.PathLike) -> FileCoverage:
     Raises
     ------
     KeyError
-        For a source without a reader.
+        For a source that is no catalogue.
     CatalogueError
         If the file contradicts itself (rows of another year than its name) or cannot be read.
     """
     from pipelines.catalogues import CATALOGUES
 
-    reader = COVERAGE_READERS.get(source) or (CATALOGUES[source].coverage if source in CATALOGUES else None)
+    if source not in CATALOGUES:
+        raise KeyError(f"no coverage reader for catalogue {source!r}; expected one of {', '.join(CATALOGUES)}")
+    reader = CATALOGUES[source].coverage
     p = Path(path)
-    if reader is None and source in CATALOGUES:  # a catalogue added without a coverage reader
+    if reader is None:  # a catalogue added without a coverage reader
         return FileCoverage(p.name, None, None, False,
                             f"no coverage reader for catalogue {source!r}: the period its files cover is unknown")
-    if reader is None:
-        raise KeyError(f"no coverage reader for catalogue {source!r}; expected one of {', '.join(COVERAGE_READERS)}")
     try:
         return reader(p)
     except OSError as exc:

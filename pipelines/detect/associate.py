@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+from pipelines.catalogues import association_label
 from pipelines.catalogues.records import full_noaa_number
 from pipelines.utc import as_utc
 
@@ -53,7 +54,6 @@ __all__ = [
     "same_region",
     "cme_follows",
     "association_reason",
-    "SOURCE_LABELS",
 ]
 
 #: Widening of a flare's [start, end] when matching another flare's peak.
@@ -169,15 +169,8 @@ def cme_follows(src, cme) -> tuple[bool, float]:
     return True, minutes + d / 10.0
 
 
-#: How a source is named in an association's reason.
-SOURCE_LABELS = {
-    "goes_xrs": "GOES", "hek": "HEK", "lst_wst": "LST/WST", "detected": "LST", "cdaw": "CDAW (LASCO)",
-    "donki": "DONKI", "noaa_srs": "NOAA SRS", "stix": "STIX",
-}
-
-
 def _who(e) -> str:
-    name = SOURCE_LABELS.get(e.source, e.source)
+    name = association_label(e.source)
     frm = getattr(e, "frm_name", None)
     if e.source == "hek" and frm:
         name += f" ({frm})"

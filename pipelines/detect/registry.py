@@ -28,6 +28,11 @@ Adding a detector
    (``_run_sequence_detector``: block-averaged limb/coronal stacks; ``_lazy_series``:
    full-resolution image series read on demand) and the event rows. A detector on a new
    kind of input series needs a new loader there.
+
+Its events are ``source="detected"`` (:data:`pipelines.catalogues.DETECTED_SOURCE`), told
+apart by ``frm_name``: that source's names, observatory and instrument are its one entry
+:data:`pipelines.catalogues.DETECTED`, so a new detector touches no coverage, export or
+association map.
 """
 
 from __future__ import annotations

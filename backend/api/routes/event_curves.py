@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from backend.api.deps import SessionDep, SettingsDep
 from backend.api.routes.params import MAX_ID, IdPath, canonical_channel
 from backend.auth import OptionalPrincipal
-from backend.event_figures import event_curves_figure
+from backend.render.event_figures import event_curves_figure
 from backend.services import event_curves as curves_service
 from backend.services import events as events_service
 

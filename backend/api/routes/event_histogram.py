@@ -13,8 +13,8 @@ from backend.api.deps import SessionDep
 from backend.api.routes.params import EventSearchDep
 from backend.api.schemas import EventHistogramPublic
 from backend.db import autocommit_reads
-from backend.figures import events_timeline_figure
-from backend.figures_density import events_density_figure
+from backend.render.figures import events_timeline_figure
+from backend.render.figures_density import events_density_figure
 from backend.services import event_search as event_search_service
 from backend.services.event_histogram import DEFAULT_BINS, MAX_BINS, event_histogram
 

@@ -27,7 +27,7 @@ from backend.api.schemas import (
     LightCurvePublic,
 )
 from backend.db import autocommit_reads
-from backend.figures import events_timeline_figure, lightcurve_figure
+from backend.render.figures import events_timeline_figure, lightcurve_figure
 from backend.models import Event
 from backend.services import event_formats
 from backend.services import event_search as event_search_service

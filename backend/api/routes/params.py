@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import AfterValidator, BeforeValidator
 
 from backend.auth import OptionalPrincipal
-from backend.figures import HEK_EVENT_TYPES
+from backend.render.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
 from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE, SOURCES
 from pipelines.channels import CHANNELS, get_channel

@@ -1,4 +1,4 @@
-"""``/products/{id}/...``: the image viewer's API (:mod:`backend.services.imaging`).
+"""``/products/{id}/...``: the image viewer's API (:mod:`backend.render.image`, :mod:`backend.services.imaging`).
 
 * ``region.png``: any pixel region as a PNG of at most ``size`` pixels a side, scaled with
   astropy.visualization (stretch, percentile limits of the whole image); the headers
@@ -26,8 +26,9 @@ from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
 from backend.api.routes.params import MAX_ID, IdPath
 from backend.models import ProductState
-from backend.services import imaging
+from backend.render import image as imaging
 from backend.services import products as products_service
+from backend.services.imaging import frame_overlays
 
 router = APIRouter(prefix="/products", tags=["viewer"])
 
@@ -93,7 +94,7 @@ def read_dq_region(
 @router.get("/{product_id}/wcs", summary="Helioprojective axes, limb and Stonyhurst grid of a product")
 def read_wcs(product_id: IdPath, session: SessionDep, settings: SettingsDep,
              principal: OptionalPrincipal) -> dict[str, Any]:
-    """See :func:`backend.services.imaging.wcs_description`: shape, DATE-OBS, observer, Rsun, the
+    """See :func:`backend.render.image.wcs_description`: shape, DATE-OBS, observer, Rsun, the
     pixel -> arcsec map, the limb and the Stonyhurst grid (every 15 deg, visible hemisphere only)
     as polylines in arcsec, the default scaling and the DQ bits."""
     out = dict(imaging.wcs_description(_image(session, settings, product_id, principal)))
@@ -124,7 +125,6 @@ def read_overlays(
     CMEs as position-angle wedges; each with its id, type, label and event page URL. An event
     behind the limb at the frame's time is flagged (``visible: false``), not dropped."""
     img = _image(session, settings, product_id, principal)
-    out = imaging.frame_overlays(session, img, margin=dt.timedelta(hours=margin_h), event_id=event,
-                                 principal=principal)
+    out = frame_overlays(session, img, margin=dt.timedelta(hours=margin_h), event_id=event, principal=principal)
     out["product_id"] = product_id
     return out

@@ -1,6 +1,6 @@
 """The event page's curves figure: the LST light curves above the GOES XRS curve on one UTC axis.
 
-Built as :mod:`backend.figures` builds its figures (``plotly.graph_objects``, sent as JSON, drawn
+Built as :mod:`backend.render.figures` builds its figures (``plotly.graph_objects``, sent as JSON, drawn
 by ``frontend/static/app.js``). Nothing here touches the database or HTTP.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from backend.figures import AXIS_BELOW_PX, LEGEND_BELOW, MARK_ROW_PX, add_event_marks, legend_margin
+from backend.render.figures import AXIS_BELOW_PX, LEGEND_BELOW, MARK_ROW_PX, add_event_marks, legend_margin
 from pipelines.utc import as_utc
 
 __all__ = ["event_curves_figure", "GOES_CLASS_BANDS", "with_gaps"]

@@ -3,32 +3,58 @@
 Built in Python and sent as JSON (``GET /api/v1/events/histogram/figure``); the events page's
 ``frontend/static/timeline.js`` draws it and asks for the next one when the user zooms. When
 the zoomed window holds few enough events the route sends the event-by-event timeline of
-:func:`backend.figures.events_timeline_figure` instead (markers, a click opens the event).
+:func:`backend.render.figures.events_timeline_figure` instead (markers, a click opens the event).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Protocol
+
 import plotly.graph_objects as go
 
-from backend.figures import EVENT_COLOURS, LEGEND_BELOW, hek_label, legend_margin
-from backend.services.event_histogram import Histogram, width_label
+from backend.render.figures import EVENT_COLOURS, LEGEND_BELOW, hek_label, legend_margin
 
-__all__ = ["events_density_figure"]
+__all__ = ["BinnedCounts", "events_density_figure", "width_label"]
 
 _DEFAULT_COLOUR = "#555555"
+_DAY = 86_400
+
+
+class BinnedCounts(Protocol):
+    """Counts per HEK type in time bins, as
+    :class:`backend.services.event_histogram.Histogram` gives them (its attributes)."""
+
+    start: dt.datetime | None
+    end: dt.datetime | None
+    bin_s: int
+    edges: list[dt.datetime]
+    counts: dict[str, list[int]]
+    total: int
+
+
+def width_label(width_s: int) -> str:
+    """``'1 min'``, ``'6 h'``, ``'7 days'``... for a bin width [s]."""
+    if width_s < 3600:
+        return f"{width_s // 60} min"
+    if width_s < _DAY:
+        return f"{width_s // 3600} h"
+    days = width_s // _DAY
+    return "1 day" if days == 1 else f"{days} days"
 
 
 def _iso(t) -> str:
     return t.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def events_density_figure(h: Histogram, *, drill_max: int) -> go.Figure:
+def events_density_figure(h: BinnedCounts, *, drill_max: int) -> go.Figure:
     """Stacked bars: per HEK type, the number of events starting in each bin of ``h``.
 
     Parameters
     ----------
-    h : Histogram
-        From :func:`backend.services.event_histogram.event_histogram`.
+    h : BinnedCounts
+        A :class:`backend.services.event_histogram.Histogram`
+        (:func:`backend.services.event_histogram.event_histogram`).
     drill_max : int
         The most events a window may hold to be drawn one by one (said in the title).
 
