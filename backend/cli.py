@@ -118,13 +118,14 @@ def cmd_ingest(args) -> int:
 
 def cmd_import_events(args) -> int:
     from backend.db import session_scope
-    from backend.services.events import associate_events, import_all
+    from backend.services.events import associate_events, import_all, refresh_statistics
 
     s = _settings()
     folder = Path(args.folder) if args.folder else s.sample_data_dir / "events"
     with session_scope() as session:
         run = import_all(session, folder)
         linked = associate_events(session)
+        refresh_statistics(session)
     for line in run.lines():
         _say(line)
     _say(f"associations: {linked} new link(s) across sources and types")

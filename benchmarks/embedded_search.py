@@ -90,7 +90,7 @@ def build_sqlite(path: Path) -> str:
 
     from backend import db as dbmod
     from backend.migrate import upgrade
-    from backend.services.events import associate_events, import_all
+    from backend.services.events import associate_events, import_all, refresh_statistics
     from backend.settings import get_settings
 
     url = f"sqlite:///{path}"
@@ -101,6 +101,7 @@ def build_sqlite(path: Path) -> str:
         run = import_all(s, get_settings().sample_data_dir / "events")
         s.commit()
         links = associate_events(s)
+        refresh_statistics(s)  # as `lstdp import-events` (the demo's step) does
         s.commit()
     engine.dispose()
     failed = [line for line in run.lines() if "error" in line.lower()]

@@ -282,3 +282,13 @@ def test_cli_import_events_names_skipped_folders_failures_refusals_and_truncatio
     assert any(line.startswith("hek") and "stored      5" in line for line in out)
     assert any("TRUNCATED" in line and "overmax" in line for line in out)
     assert any("refused" in line and " x section II" in line for line in out)
+    # the import leaves the planner's statistics of the events (issue 25: SQLite had none)
+    import sqlite3
+
+    from backend.settings import get_settings
+
+    db = sqlite3.connect(get_settings().sqlalchemy_url.removeprefix("sqlite:///"))
+    try:
+        assert db.execute("SELECT count(*) FROM sqlite_stat1 WHERE tbl = 'events'").fetchone()[0] > 0
+    finally:
+        db.close()

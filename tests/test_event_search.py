@@ -517,3 +517,23 @@ def test_linked_filters_as_ids_or_as_a_subquery(client, db_session, catalogue, m
     assert ids(client, associated_type="FL", type="CE")[0] == [e["ce180"].id, e["ce10"].id]
     assert ids(client, associated_type="AR")[0] == []
     assert ids(client, associated_type="CE", start=(T0 + 100 * MIN).isoformat())[0] == [e["x2"].id]
+
+
+def test_an_import_leaves_the_planner_statistics_of_the_events(db_session):
+    """Issue 25 (the embedded default at scale): ``lstdp import-events`` (the demo's step) ends
+    with :func:`refresh_statistics`; without it SQLite has no statistics and took the
+    ``frm_name`` index for a value most events share, sorting them all for one page."""
+    from sqlalchemy import text
+
+    from backend.services.events import refresh_statistics
+
+    for i in range(20):
+        ev(db_session, "FL", T0 + i * MIN, frm_name="NOAA/NGDC GOES XRS event report")
+    refresh_statistics(db_session)
+    if db_session.get_bind().dialect.name == "sqlite":
+        stats = db_session.execute(text("SELECT idx FROM sqlite_stat1 WHERE tbl = 'events'")).scalars().all()
+        assert "ix_events_frm" in stats
+    else:
+        cols = db_session.execute(text("SELECT attname FROM pg_stats WHERE tablename = 'events'")).scalars().all()
+        assert "frm_name" in cols
+
