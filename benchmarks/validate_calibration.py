@@ -367,7 +367,7 @@ def _blind_summary(res: dict) -> list[str]:
               "stray-light allowance; the stray-light error shows in it; 1 % gate once it is put back). Dark error: "
               "|mean error| of the dark current the chain subtracts at the science frame's DET_TEMP, as a fraction of it. "
               "CR found: detectable hit pixels flagged in an SAA-pass frame; CR left: injected signal left on them. "
-              "Gates: `tests/test_blind_chain.py` (`validation.blind_chain.gate_failures`).", ""]
+              "Gates: `tests/validation/test_blind_chain.py` (`validation.blind_chain.gate_failures`).", ""]
     return lines
 
 
@@ -411,10 +411,10 @@ def write_blind_report(res: dict, out: Path) -> Path:
 
         try:
             bad = gate_failures(chain_on)
-            lines += [f"Gates of `tests/test_blind_chain.py` on this run (noise on): "
+            lines += [f"Gates of `tests/validation/test_blind_chain.py` on this run (noise on): "
                       + (f"**missed: {', '.join(bad)}**." if bad else "all pass."), ""]
         except KeyError as exc:  # a run of an older chain without a metric the gates read
-            lines += [f"Gates of `tests/test_blind_chain.py`: not evaluated (metric {exc} missing).", ""]
+            lines += [f"Gates of `tests/validation/test_blind_chain.py`: not evaluated (metric {exc} missing).", ""]
     for title, by_noise in res["parts"].items():
         lines += [f"## {title}", "", "| metric | noise off | noise on |", "|---|---|---|"]
         keys = list(dict.fromkeys([*by_noise.get("noise_off", {}), *by_noise.get("noise_on", {})]))

@@ -25,7 +25,7 @@ simulator's truth, which the chain never sees:
   keeps the pixel correlations of the resampling.
 * ``seconds``: wall time of the whole check.
 
-Gate (``tests/test_blind_centre.py``): ``centre_err_px`` <= 0.1 px for WST and SCI with the
+Gate (``tests/validation/test_blind_centre.py``): ``centre_err_px`` <= 0.1 px for WST and SCI with the
 2 px header error and noise on, and ``|wl_err_<side>_fit - wl_err_<side>_true|`` within
 3 ``wl_noise_<side>`` (the header case being far outside it).
 """

@@ -40,7 +40,7 @@ The **chain side** derives every master from those frames and nothing else:
 
 Only the mask geometry and, for WST and SCI (and SDI with ``sdi_radiometry="given"``), the
 radiometric coefficient (``RADCOEF``) are the simulator's. The truth scores; see :func:`run`
-for the metrics and :func:`gate_failures` for the gates (``tests/test_blind_chain.py``).
+for the metrics and :func:`gate_failures` for the gates (``tests/validation/test_blind_chain.py``).
 
 SDI with the campaign's law (256 px, noise on; seeds 0 / 1): ``level_SDI`` 0.9709 / 1.0045,
 i.e. ``1 / (1 + delta)`` of the campaign's hidden LASP scale error (+3.03 / -0.35 %);
@@ -166,7 +166,7 @@ _SAA_PHASE = 0.3
 #: single-pixel limit at several times the pixel noise; fainter hits sit in the noise.
 CR_DETECTABLE_SIGMA = 10.0
 
-#: The gates of ``tests/test_blind_chain.py`` (issue 14 points 2, 4, 6 and item 1's dark and cosmic rays).
+#: The gates of ``tests/validation/test_blind_chain.py`` (issue 14 points 2, 4, 6 and item 1's dark and cosmic rays).
 #: Each error source is gated against its own claim:
 #:
 #: * ``pull_width_dev``: the per-pixel uncertainty (``UNCERT``) states the *random* error of

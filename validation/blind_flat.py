@@ -12,7 +12,7 @@ and the truth is used only to score.
 For contrast the same set goes through the whole-pixel KLL path (``method="kll"``) with
 the commanded offsets, which is what the chain did before.
 
-Gate (``tests/test_blind_flat.py``, 256 px, 9 images, noise on): flat RMS <= 0.5 %.
+Gate (``tests/validation/test_blind_flat.py``, 256 px, 9 images, noise on): flat RMS <= 0.5 %.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ centre (item 4) are the simulator's; they are the same law and header the chain 
 given otherwise. The flat is made from diffuser-like uniform frames for every channel, not
 by KLL from dithers (item 2); its error plane is what matters here.
 
-The gate (``tests/test_blind_units.py``): ``|pull_width - 1| <= 0.05`` for every channel,
+The gate (``tests/validation/test_blind_units.py``): ``|pull_width - 1| <= 0.05`` for every channel,
 noise on.
 
 Measured (seed 5, noise on; SDI / WST / SCI-UV / SCI-WL): pull width 1.007 / 1.005 / 1.007 /

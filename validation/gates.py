@@ -1,7 +1,7 @@
 """Validation of the L2 chain against the simulator's truth: the measurements and the gates.
 
 Used by ``benchmarks/validate_calibration.py`` (full or large size, report and figures) and
-by ``tests/test_calibration_gates.py`` (small size). Every number compares a calibrated
+by ``tests/validation/test_calibration_gates.py`` (small size). Every number compares a calibrated
 frame with the band-limited truth the raw frame was made from (:func:`pipelines.simulation.simulate`
 writes both, from real solar scenes: SOHO/EIT and SWAP for SDI, SOHO/MDI for WST, STEREO/COR1
 structure for SCI).

@@ -107,7 +107,7 @@ LASP_SCALE_UNCERTAINTY = 0.05
 #: Day-to-day relative noise of the LASP composite: the value :func:`lasp_daily_scatter`
 #: measures from the shipped file (robust RMS of the second difference of ln E over three
 #: consecutive days / sqrt(6), so that the smooth solar variation cancels). Recomputed by
-#: ``tests/test_blind_radiometry.py``.
+#: ``tests/validation/test_blind_radiometry.py``.
 LASP_DAILY_SCATTER = 0.0040
 
 #: Largest reduced chi-square of an accepted fit: the ratios may scatter up to 3x the
