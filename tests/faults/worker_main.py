@@ -91,6 +91,7 @@ def _install_hooks() -> None:
         worker_ready,
     )
 
+    import pipelines.calibration as calibration
     import pipelines.calibration.l2.flow as flow
     import pipelines.fitsio as fitsio
 
@@ -151,6 +152,7 @@ def _install_hooks() -> None:
             return real_calibrate(data, header, *args, **kwargs)
 
         flow.calibrate_frame = calibrate_frame
+        calibration.calibrate_frame = calibrate_frame  # the name backend/worker imports (the package's re-export)
 
     visibility = os.environ.get("LSTDP_FAULTS_VISIBILITY_S")
     if visibility:
