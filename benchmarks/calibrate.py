@@ -5,7 +5,7 @@ Measured in one run, each in its own process (so that peak memory is that of one
 * ``floor``: read the raw frame (:func:`pipelines.fitsio.read_image`, the pipeline's reader)
   and write a product of the same size, dtype and layout (float32 image + DQ table,
   uncompressed, CHECKSUM, atomic rename), no arithmetic.
-* ``pipeline``: read -> :func:`pipelines.calibration.flow.calibrate_frame` ->
+* ``pipeline``: read -> :func:`pipelines.calibration.l2.flow.calibrate_frame` ->
   :func:`pipelines.products.build_product_hdul` -> :func:`pipelines.fitsio.write_fits_atomic`,
   masters resident (loaded, and the bad-pixel map derived, once per worker, as a Celery
   worker keeps them), with per-step times.
@@ -18,7 +18,7 @@ process:
 
 * ``floor_batch``: the floor's read and write of each frame, one after the other: the
   floor's frames per second.
-* ``batch``: :class:`pipelines.calibration.batch.BatchExecutor` on NumPy, as a CPU worker
+* ``batch``: :class:`pipelines.calibration.l2.batch.BatchExecutor` on NumPy, as a CPU worker
   runs a batch: frame k+1 read and product k-1 written (``build_product_hdul`` and
   ``write_fits_atomic`` in the callback) while frame k calibrates. Its frames per second
   against the floor's is ``wst_batch_over_floor`` (target <= 1.3); the peak is measured
@@ -68,9 +68,9 @@ STEP_NAMES = ("flag_invalid_pixels", "flag_bad_pixels", "subtract_dark", "clean_
               "normalize_exposure", "convert_units", "correct_detector_signal", "subtract_stray_light",
               "mask_occulter", "mask_field_of_view", "deconvolve_psf", "rotate_north_up")
 #: Timed besides the steps: (module, function) as the flow calls them.
-EXTRA_TIMED = (("pipelines.calibration.uncertainty", "detector_variance"),
-               ("pipelines.calibration.uncertainty", "resample_variance"),
-               ("pipelines.calibration.flow", "fit_and_apply_centre"))
+EXTRA_TIMED = (("pipelines.calibration.l2.uncertainty", "detector_variance"),
+               ("pipelines.calibration.l2.uncertainty", "resample_variance"),
+               ("pipelines.calibration.l2.flow", "fit_and_apply_centre"))
 
 #: CalibrationOptions for the pipeline tasks (set from --resample in the worker).
 OPTIONS: dict = {}
@@ -107,7 +107,7 @@ class _Timer:
 
 
 def _floor_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
-    from pipelines.calibration.flow import L2Result
+    from pipelines.calibration.l2.flow import L2Result
     from pipelines.fitsio import read_image, write_fits_atomic
     from pipelines.products import build_product_hdul
 
@@ -125,7 +125,7 @@ def _floor_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
 
 
 def _pipeline_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
-    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration.l2.flow import calibrate_frame
     from pipelines.fitsio import read_image, write_fits_atomic
     from pipelines.products import build_product_hdul
 
@@ -162,7 +162,7 @@ def _peer_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
     m = m / cals["flat"].data["flat"]
     m = m / t * float(cals["radiometric"].parameters["RADCOEF"])
     if "stray_light" in cals:
-        from pipelines.calibration.flow import _stray_model
+        from pipelines.calibration.l2.flow import _stray_model
 
         model = _stray_model(cals["stray_light"])
         ny, nx = m.data.shape
@@ -181,7 +181,7 @@ def _peer_task(raw_path: Path, out: Path, timer: _Timer, cals) -> None:
 
 
 def _options():
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     return CalibrationOptions(**OPTIONS)
 
@@ -191,7 +191,7 @@ def _check_resample(name: str | None) -> None:
     the north-up back end), rather than measuring the default silently."""
     if name is None:
         return
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     if "resample" not in CalibrationOptions.model_fields:
         raise SystemExit(f"--resample {name}: this CalibrationOptions has no 'resample' field")
@@ -207,8 +207,8 @@ def batch_worker(mode: str, channel: str, data_dir: Path, n: int) -> dict:
     import warnings
 
     warnings.simplefilter("ignore")
-    from pipelines.calibration import flow
-    from pipelines.calibration.batch import BatchExecutor, BatchItem
+    from pipelines.calibration.l2 import flow
+    from pipelines.calibration.l2.batch import BatchExecutor, BatchItem
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import build_product_hdul
 
@@ -273,7 +273,7 @@ def worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool) 
 
     sunpy.log.setLevel("WARNING")
     warnings.simplefilter("ignore")
-    from pipelines.calibration import flow, resample, steps
+    from pipelines.calibration.l2 import flow, resample, steps
 
     task = TASKS[mode]
     raw_path = _raw_path(data_dir, channel)

@@ -4,12 +4,12 @@ One frame of ``--size`` (default 4608, the WST detector) with a DQ plane of ever
 occulted disk (OCCULTED), a field-of-view edge (OUTSIDE_FOV), 0.1 % bad pixels, 0.01 %
 cosmic rays, 0.01 % saturated pixels and 0.01 % non-finite flags (random, seed 0). It is
 resampled through a roll of ``--roll`` degrees and an off-centre shift (+13.37, -22.81) px by
-:func:`pipelines.calibration.resample._resample_dq`, once with the scipy passes
+:func:`pipelines.calibration.l2.resample._resample_dq`, once with the scipy passes
 (``use_opencv=False``, the path before this change) and once with the OpenCV passes (the
 CPU default now), on ``--threads`` threads; best of ``--repeat``. The outputs are compared:
 pixels that differ must all have a source position on a rounding tie (a half-integer within
 1e-9 px), else ``identical_except_ties=0``. Also timed: the whole
-:func:`~pipelines.calibration.resample.rotate_north_up` with ``method="opencv-cubic"``.
+:func:`~pipelines.calibration.l2.resample.rotate_north_up` with ``method="opencv-cubic"``.
 
 Prints ``RESULT scipy_dq_s=<a> opencv_dq_s=<b> speedup=<a/b> differing=<n> ties=<m>
 identical_except_ties=<0|1> rotate_opencv_cubic_s=<c> rotate_opencv_cubic_scipy_dq_s=<d>``
@@ -30,8 +30,8 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.array_backend import ndimage_for
-from pipelines.calibration import resample
-from pipelines.calibration.steps import DQ
+from pipelines.calibration.l2 import resample
+from pipelines.calibration.l2.steps import DQ
 
 
 def _scene(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -6,7 +6,7 @@ On a machine with an NVIDIA GPU and CuPy (``pip install -e '.[gpu]'``):
    (:func:`pipelines.simulation.simulate`), with their masters;
 2. parity: calibrates each frame with NumPy (``calibrate_frame``, ``backend="numpy"``),
    with CuPy frame by frame, and with CuPy through the GPU worker's batch executor
-   (:class:`pipelines.calibration.batch.BatchExecutor`: masters resident, pinned buffers,
+   (:class:`pipelines.calibration.l2.batch.BatchExecutor`: masters resident, pinned buffers,
    copy and compute streams). CPU vs GPU: the relative difference on the good pixels
    (median, 99.9th percentile, max) must stay at float32 rounding (median < 1e-6,
    p99.9 < 1e-4: the cubic spline and the powers are evaluated by different kernels),
@@ -89,7 +89,7 @@ def _gpu_or_reason() -> str | None:
 
 
 def _masters(out: Path, channel: str):
-    from pipelines.calibration.flow import bad_pixel_map
+    from pipelines.calibration.l2.flow import bad_pixel_map
     from pipelines.simulation import load_simulated_masters
 
     cals = load_simulated_masters(out, channel)
@@ -128,7 +128,7 @@ def _h2d_bandwidth(frame_shape: tuple[int, int], *, repeat: int = 5) -> dict:
       generation's nominal figure);
     * ``h2d_gbps``: the batch executor's own transfer: one float32 frame of
       ``frame_shape`` from a pinned buffer with ``cupy.ndarray.set(pinned, stream=...)``
-      (as :class:`pipelines.calibration.batch._CupyTransfer` stages a frame);
+      (as :class:`pipelines.calibration.l2.batch._CupyTransfer` stages a frame);
     * ``stage_gbps``: the host-side ``np.copyto`` into the pinned buffer that precedes it.
     """
     import cupy as cp
@@ -199,8 +199,8 @@ def main(argv=None) -> int:
         dev = cp.cuda.runtime.getDeviceProperties(0)
         print(f"GPU: {dev['name'].decode() if isinstance(dev['name'], bytes) else dev['name']}, CuPy {cp.__version__}")
 
-    from pipelines.calibration.batch import BatchExecutor, BatchItem
-    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration.l2.batch import BatchExecutor, BatchItem
+    from pipelines.calibration.l2.flow import calibrate_frame
     from pipelines.fitsio import read_image
     from pipelines.simulation import simulate
 

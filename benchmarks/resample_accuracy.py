@@ -6,19 +6,19 @@ LST frame: its own pixels (their real, unsmoothed structure), scaled so that its
 pixels (99.95th percentile) reach the channel's raw peak of the instrument model
 (``pipelines.simulation.forward.INSTRUMENT``: ``target_peak_dn`` less bias and dark), with
 a helioprojective header at a roll of ``--rolls`` degrees around its real disk centre (a
-fractional offset from the frame centre). :func:`pipelines.calibration.resample.rotate_north_up`
+fractional offset from the frame centre). :func:`pipelines.calibration.l2.resample.rotate_north_up`
 rotates it north up with each back end; the spline (``resample="spline"``, order 3) is the
 reference. Reported per scene and roll, for each OpenCV back end:
 
 * flux ratio: sum over the pixels with data in both outputs, back end / spline; and each
   output's sum over the disk (r < 1.05 Rsun) or the coronagraph field against the input's
   over the same sky (a rotation keeps the area);
-* limb (SCI: occulter edge) position: :func:`pipelines.calibration.centre.fit_disk_centre` on
+* limb (SCI: occulter edge) position: :func:`pipelines.calibration.l2.centre.fit_disk_centre` on
   both outputs; differences of centre (x, y) and radius [pixel];
 * median and p99 of ``|back end - spline|``, relative to the spline value and in units of
   the per-pixel noise sigma of the LST frame at that level (Poisson + read noise + ADC +
   dark: ``sigma^2 = (S + D) / gain + read_noise^2 + 1/12`` [DN^2], the model of
-  ``pipelines.calibration.uncertainty.raw_variance``), on the disk (r < 0.98 Rsun), in the
+  ``pipelines.calibration.l2.uncertainty.raw_variance``), on the disk (r < 0.98 Rsun), in the
   limb annulus (0.98-1.02 Rsun), off the disk, and for SCI over the field;
 * the time of the data resampling of one 4608^2 WST frame for each back end (MDI scene
   enlarged; noisy on a shared machine).
@@ -49,9 +49,9 @@ from astropy.io import fits
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipelines.calibration import resample  # noqa: E402
-from pipelines.calibration.centre import fit_disk_centre  # noqa: E402
-from pipelines.calibration.uncertainty import ADC_VARIANCE_DN2  # noqa: E402
+from pipelines.calibration.l2 import resample  # noqa: E402
+from pipelines.calibration.l2.centre import fit_disk_centre  # noqa: E402
+from pipelines.calibration.l2.uncertainty import ADC_VARIANCE_DN2  # noqa: E402
 from pipelines.errors import DataError  # noqa: E402
 from pipelines.simulation.forward import INSTRUMENT  # noqa: E402
 from pipelines.simulation.sources import (COR1_FILE, HMI_JP2_FILE, MDI_FILE, SAMPLE_DIR, SWAP_FILE,  # noqa: E402
@@ -394,7 +394,7 @@ def _report(results: list, times: dict, worst: dict, worst_lst: dict, args: argp
                 continue
             L.append(f"| {m} | {label} | {w['p99_sig']:.3f} | {_fmt(w['limb_px'])} | {w['flux_dev']:.2e} | "
                      f"{'yes' if w['qualifies'] else 'no'} |")
-    from pipelines.calibration.uncertainty import _keys_cubic
+    from pipelines.calibration.l2.uncertainty import _keys_cubic
 
     f = np.linspace(0.0, 1.0, 1001)
     ks = np.arange(-2, 4)
@@ -428,7 +428,7 @@ def _report(results: list, times: dict, worst: dict, worst_lst: dict, args: argp
           "deconvolution is sharper than its 9.5\" raw PSF); the GPU path is cupyx's spline, so another CPU "
           "default would break the CPU/GPU parity of the same product (tests/test_gpu_batch.py) and make a "
           "default product's params_hash mean another kernel than before; and OpenCV's Lanczos-4 is not the "
-          "exact windowed sinc (module docstring of pipelines/calibration/resample.py).",
+          "exact windowed sinc (module docstring of pipelines/calibration/l2/resample.py).",
           "- Scene caveats: MDI's NaN off the disk is set to 0 (the sky), so the MDI mask edge is a hard step "
           "just outside the limb (its limb and off-disk rows hold that step); MDI's on-disk max /sigma sits on a "
           "2-3 px dark feature near the disk centre (down to ~4 % of the disk level), the sharpest thing on its "
@@ -444,7 +444,7 @@ def _report(results: list, times: dict, worst: dict, worst_lst: dict, args: argp
           "the ratios are indicative, the absolute seconds are not; the lead re-measures on a quiet machine. "
           "The DQ path (scipy nearest-neighbour and, with defects, bilinear passes on uint8) is shared by all "
           "back ends and is most of what remains of opencv-cubic's step time.",
-          "", f"Default now: `{default}` (`pipelines.calibration.resample.DEFAULT_RESAMPLE`; the job option "
+          "", f"Default now: `{default}` (`pipelines.calibration.l2.resample.DEFAULT_RESAMPLE`; the job option "
           "`CalibrationOptions(resample=...)` selects a back end per job)."]
     return L
 

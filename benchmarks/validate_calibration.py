@@ -2,7 +2,7 @@
 
 Simulates raw frames of all four LST channels from real solar scenes
 (:func:`pipelines.simulation.simulate`), calibrates them with their masters, and compares the
-products with the truth (:mod:`pipelines.calibration.validation`, where the gates are
+products with the truth (:mod:`validation.gates`, where the gates are
 defined). Also: SCI stray light with a map measured from a sequence, and KLL flats of WST
 and SDI recovered from dithered sets.
 
@@ -34,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipelines.calibration import validation as v  # noqa: E402
+from validation import gates as v  # noqa: E402
 from pipelines.simulation import simulate  # noqa: E402
 
 REPORTS = ROOT / "benchmarks" / "reports"
@@ -153,7 +153,7 @@ def _report(res: dict, path: Path) -> list[str]:
              "structure on Baumbach/Ly-alpha radial models) with the simulator's flats (CMOS stripes), darks (hot "
              "pixels), pointing offsets and rolls, SCI stray light (LST.md power law) and occulter/field-stop "
              "vignetting; noise off leaves only the ADC's rounding to whole DN. Definitions and gates: "
-             "`pipelines/calibration/validation.py`.")
+             "`validation/gates.py`.")
     L.append("")
     L.append("## Gates")
     L.append("")
@@ -224,7 +224,7 @@ def _report(res: dict, path: Path) -> list[str]:
     L.append("## SCI stray light")
     L.append("")
     L.append("Default master: the power law through LST.md's on-orbit points. Measured "
-             "(`pipelines/calibration/stray_light.py`): per-pixel time minimum (or median) of a sequence "
+             "(`pipelines/calibration/masters/stray_light.py`): per-pixel time minimum (or median) of a sequence "
              "calibrated to MSB on the detector grid, minus a steady-corona model, azimuthal median in 0.01 Rsun "
              "annuli, written as a stray-light master version (STRAYTYP='PROFILE', CALVER 2-4) and used to "
              "recalibrate the sequence (the flow evaluates the profile about each frame's disk centre). The gate "
@@ -256,7 +256,7 @@ def _report(res: dict, path: Path) -> list[str]:
     L.append("")
     L.append("Nine images of the channel's truth scene (real solar image) shifted by a non-collinear, mixed-parity "
              "pattern scaled with the frame, multiplied by the simulator's injected flat (CMOS stripes, gradient, "
-             "PRNU); `pipelines/calibration/flatfield.derive_flat_master` makes the flat master version. Compared "
+             "PRNU); `pipelines/calibration/masters/flatfield.derive_flat_master` makes the flat master version. Compared "
              "on the pixels KLL measures (the disk covered twice or more).")
     L.append("")
     L.append("| channel | noise | px | RMS (recovered / injected - 1) | p99 | injected RMS | measured fraction | "
@@ -289,13 +289,13 @@ def rewrite_report(json_path: Path = REPORTS / "calibration_validation.json") ->
 #: The blind checks (issue 14): each part estimates what the chain must estimate in flight
 #: (flat from dithers, Sun centre, stray light, uncertainty) and scores it against the truth.
 BLIND_PARTS = {
-    "flat (sub-pixel dithers, WST)": "pipelines.calibration.blind_flat",
-    "centre (limb / occulter fit, 2 px header error)": "pipelines.calibration.blind_centre",
-    "stray light (SCI, wrong prior x0.5 and x1.5, % of the K corona)": "pipelines.calibration.blind_stray",
-    "units and uncertainty (pull width, median L2 error)": "pipelines.calibration.blind_units",
-    "SDI radiometric cross-calibration (LASP/LYRA; hidden coefficient and degradation)": "pipelines.calibration.blind_radiometry",
+    "flat (sub-pixel dithers, WST)": "validation.blind_flat",
+    "centre (limb / occulter fit, 2 px header error)": "validation.blind_centre",
+    "stray light (SCI, wrong prior x0.5 and x1.5, % of the K corona)": "validation.blind_stray",
+    "units and uncertainty (pull width, median L2 error)": "validation.blind_units",
+    "SDI radiometric cross-calibration (LASP/LYRA; hidden coefficient and degradation)": "validation.blind_radiometry",
     "chain end to end (own masters: dark model, flat, stray light, centre; cosmic rays)":
-        "pipelines.calibration.blind_chain",
+        "validation.blind_chain",
 }
 
 #: Summary columns: (header, [(part module, metric key with {c} = channel, scale, digits)], ...),
@@ -367,7 +367,7 @@ def _blind_summary(res: dict) -> list[str]:
               "stray-light allowance; the stray-light error shows in it; 1 % gate once it is put back). Dark error: "
               "|mean error| of the dark current the chain subtracts at the science frame's DET_TEMP, as a fraction of it. "
               "CR found: detectable hit pixels flagged in an SAA-pass frame; CR left: injected signal left on them. "
-              "Gates: `tests/test_blind_chain.py` (`pipelines.calibration.blind_chain.gate_failures`).", ""]
+              "Gates: `tests/validation/test_blind_chain.py` (`validation.blind_chain.gate_failures`).", ""]
     return lines
 
 
@@ -407,14 +407,14 @@ def write_blind_report(res: dict, out: Path) -> Path:
     chain_on = next((v.get("noise_on") for t, v in res["parts"].items()
                      if BLIND_PARTS.get(t, "").endswith("blind_chain") and v.get("noise_on")), None)
     if chain_on:
-        from pipelines.calibration.blind_chain import gate_failures
+        from validation.blind_chain import gate_failures
 
         try:
             bad = gate_failures(chain_on)
-            lines += [f"Gates of `tests/test_blind_chain.py` on this run (noise on): "
+            lines += [f"Gates of `tests/validation/test_blind_chain.py` on this run (noise on): "
                       + (f"**missed: {', '.join(bad)}**." if bad else "all pass."), ""]
         except KeyError as exc:  # a run of an older chain without a metric the gates read
-            lines += [f"Gates of `tests/test_blind_chain.py`: not evaluated (metric {exc} missing).", ""]
+            lines += [f"Gates of `tests/validation/test_blind_chain.py`: not evaluated (metric {exc} missing).", ""]
     for title, by_noise in res["parts"].items():
         lines += [f"## {title}", "", "| metric | noise off | noise on |", "|---|---|---|"]
         keys = list(dict.fromkeys([*by_noise.get("noise_off", {}), *by_noise.get("noise_on", {})]))

@@ -39,7 +39,7 @@ Flares (:func:`validate_flares`)
     (:func:`flare_real_sequence`: the SOHO/EIT 195 A hourly frames, compared with the GOES
     event list of that day).
 CMEs (:func:`validate_cmes`)
-    ``pipelines.simulation.synthetic``: a coronal background with real COR1 structure
+    ``validation.synthetic``: a coronal background with real COR1 structure
     (``coronal_background``), CMEs injected with ``inject_cme_sequence`` (PA, width,
     speed, contrast, acceleration), brightness and pointing jitter, cosmic rays and photon
     noise. Found: PA within 10 deg and speed within 20 %. Timing error: first appearance
@@ -99,7 +99,7 @@ from pipelines.detect.flares import (
 )
 from pipelines.detect.prominence import ProminenceParams, detect_prominence_eruptions
 from pipelines.fitsio import read_image
-from pipelines.simulation import synthetic as S
+from validation import synthetic as S
 
 SWAP = ROOT / "sample-data" / "real" / "full-disk" / "swap_lv1_20120101_001607.fits"
 REPORT = ROOT / "benchmarks" / "reports" / "detection_validation.md"

@@ -44,8 +44,8 @@ def synthetic_product(path: Path, n: int, seed: int = 1) -> Path:
     """A synthetic SDI L2 product of n x n pixels written by the real writer."""
     from astropy.io import fits
 
-    from pipelines.calibration.flow import L2Result
-    from pipelines.calibration.steps import DQ, RADIANCE_UNIT
+    from pipelines.calibration.l2.flow import L2Result
+    from pipelines.calibration.l2.steps import DQ, RADIANCE_UNIT
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import build_product_hdul
 

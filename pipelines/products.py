@@ -6,10 +6,10 @@ FITS layout (:func:`build_product_hdul`):
   (helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``CAL*`` provenance keywords,
   HISTORY per step), software name and version.
 * HDU 1, ``EXTNAME='UNCERT'``: float32 image, the standard deviation of every pixel of
-  HDU 0 in the same ``BUNIT`` (:mod:`pipelines.calibration.uncertainty`), as PUNCH's
+  HDU 0 in the same ``BUNIT`` (:mod:`pipelines.calibration.l2.uncertainty`), as PUNCH's
   products carry theirs; the WCS and observer keywords of HDU 0.
 * HDU 2, ``EXTNAME='DQ'``: uint8 image, the data-quality bits (meanings in COMMENT cards
-  and in :mod:`pipelines.calibration.steps`), ``BUNIT=''``; the WCS of HDU 0.
+  and in :mod:`pipelines.calibration.l2.steps`), ``BUNIT=''``; the WCS of HDU 0.
 
 Both extensions are images so that DS9, JHelioviewer and fitsverify show them. Every
 product passes HEASARC's ``fitsverify`` with no error and no warning
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from astropy.io import fits
 
-from pipelines.calibration.flow import L2Result
-from pipelines.calibration.steps import dq_description
+from pipelines.calibration.l2.flow import L2Result
+from pipelines.calibration.l2.steps import dq_description
 from pipelines.channels import get_channel
 from pipelines.fitsio import write_atomic
 from pipelines.provenance import stamp_provenance
@@ -70,7 +70,7 @@ def build_product_hdul(result: L2Result, software_version: str) -> fits.HDUList:
     Parameters
     ----------
     result : L2Result
-        From :func:`pipelines.calibration.flow.calibrate_frame`.
+        From :func:`pipelines.calibration.l2.flow.calibrate_frame`.
     software_version : str
         Version of the platform that made the product (``SOFTVERS``).
 

@@ -44,7 +44,7 @@ class ProvenanceKeyword:
         Card comment; ``None`` keeps the comment a card already has (``BUNIT`` of the raw
         frame), and no comment on a new card.
     stamped_by : str
-        ``flow`` (:func:`pipelines.calibration.flow.calibrate_frame`), ``writer``
+        ``flow`` (:func:`pipelines.calibration.l2.flow.calibrate_frame`), ``writer``
         (:func:`pipelines.products.build_product_hdul`) or ``store`` (the platform's product
         store: ids and file name).
     drop_long_comment : bool

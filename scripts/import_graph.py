@@ -1,17 +1,20 @@
 #!/usr/bin/env python
-"""The import graph of the product's own modules (``backend/``, ``pipelines/``), from source.
+"""The import graph of the product's own modules (``backend/``, ``pipelines/``) and of the
+validation campaigns (``validation/``), from source.
 
 Every ``import`` statement counts, at module level or inside a function (a lazy import is
 still a dependency: it only moves the cycle to run time). An edge goes to the module the
 statement names (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``);
 the implicit import of parent packages is not an edge. Prints each import cycle (a strongly
 connected component of more than one module, or a module importing itself) and, with
-``--layers``, every import from ``pipelines`` into ``backend``.
+``--layers``, every import that crosses a layer the wrong way: ``pipelines`` into ``backend``
+(:func:`layer_violations`), and the science into the simulator or the validation campaigns
+(:func:`science_violations`).
 
 Usage::
 
     python scripts/import_graph.py            # cycles; exit 1 if any
-    python scripts/import_graph.py --layers   # also imports that cross pipelines -> backend
+    python scripts/import_graph.py --layers   # also imports that cross a layer the wrong way
     python scripts/import_graph.py --edges    # the whole graph, one edge a line
 """
 
@@ -23,9 +26,20 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("backend", "pipelines")
+PACKAGES = ("backend", "pipelines", "validation")
 
-__all__ = ["modules", "import_graph", "cycles", "layer_violations"]
+#: The simulator: it may import the science, the science never imports it.
+SIMULATOR = "pipelines.simulation"
+
+#: The validation campaigns (``validation/``): not part of the product, imported by nothing in it.
+VALIDATION = "validation"
+
+#: The ``backend`` modules allowed to import the simulator, and why.
+SIMULATOR_IMPORTERS = {
+    "backend.cli": "`lstdp demo` and `lstdp simulate` make the simulated world they ingest",
+}
+
+__all__ = ["modules", "import_graph", "cycles", "layer_violations", "science_violations"]
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -140,9 +154,37 @@ def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
                   for b in deps if b.split(".")[0] == "backend")
 
 
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def science_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports that break "the simulator may import the science, never the reverse":
+
+    * a ``pipelines`` module outside :data:`SIMULATOR` importing the simulator or
+      :data:`VALIDATION` (the science and the products it makes must not change when a
+      simulated world or a campaign does);
+    * a ``backend`` module importing :data:`VALIDATION`, or importing the simulator without
+      being one of :data:`SIMULATOR_IMPORTERS`.
+
+    Returns ``(importer, imported)`` pairs, sorted; lazy imports count (the graph has them).
+    """
+    bad = []
+    for a, deps in graph.items():
+        top = a.split(".")[0]
+        for b in deps:
+            to_sim, to_val = _under(b, SIMULATOR), _under(b, VALIDATION)
+            if top == "pipelines" and not _under(a, SIMULATOR) and (to_sim or to_val):
+                bad.append((a, b))
+            elif top == "backend" and (to_val or (to_sim and a not in SIMULATOR_IMPORTERS)):
+                bad.append((a, b))
+    return sorted(bad)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", action="store_true", help="also list pipelines -> backend imports")
+    ap.add_argument("--layers", action="store_true",
+                    help="also list pipelines -> backend and science -> simulator/validation imports")
     ap.add_argument("--edges", action="store_true", help="print every edge")
     args = ap.parse_args(argv)
     graph = import_graph()
@@ -156,9 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     bad = layer_violations(graph) if args.layers else []
     for a, b in bad:
         print(f"layer: {a} imports {b}")
+    wrong_way = science_violations(graph) if args.layers else []
+    for a, b in wrong_way:
+        print(f"layer: {a} imports {b} (the simulator and validation/ may import the science, not the reverse)")
     print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports, {len(found)} cycle(s)"
-          + (f", {len(bad)} pipelines->backend import(s)" if args.layers else ""))
-    return 1 if found or bad else 0
+          + (f", {len(bad)} pipelines->backend import(s), {len(wrong_way)} science->simulator/validation import(s)"
+             if args.layers else ""))
+    return 1 if found or bad or wrong_way else 0
 
 
 if __name__ == "__main__":

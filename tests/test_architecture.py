@@ -2,6 +2,11 @@
 
 * ``pipelines/`` (the science) imports nothing from ``backend/``: checked from the source of
   every module (lazy imports included) and at run time by importing every module.
+* One direction between the science and the simulated worlds: no ``pipelines`` module
+  outside ``pipelines.simulation`` imports the simulator or the validation campaigns
+  (``validation/``), and in ``backend/`` only ``backend.cli`` imports the simulator (from
+  the source and at run time); the campaigns live in ``validation/``, not in
+  ``pipelines/calibration/``.
 * No import cycle between the product's modules (``scripts/import_graph.py``).
 * The API never imports the worker: it sends work by task name (``backend.broker``).
 * The worker registers every task name the broker knows, under the first release's names.
@@ -32,7 +37,7 @@ def test_the_graph_sees_every_module_and_real_edges():
     assert len(PIPELINES) > 30 and "backend.api.app" in GRAPH
     # a lazy import inside a function is an edge too
     assert "backend.broker" in GRAPH["backend.services.jobs"]
-    assert "pipelines.calibration.steps" in GRAPH["pipelines.calibration.flow"]
+    assert "pipelines.calibration.l2.steps" in GRAPH["pipelines.calibration.l2.flow"]
 
 
 def test_no_pipelines_module_imports_backend_in_its_source():
@@ -42,7 +47,7 @@ def test_no_pipelines_module_imports_backend_in_its_source():
 def test_importing_every_pipelines_module_loads_no_backend_module():
     code = (
         "import importlib, json, sys\n"
-        "import pipelines.calibration.flow, pipelines.detect, pipelines.catalogues\n"
+        "import pipelines.calibration.l2.flow, pipelines.detect, pipelines.catalogues\n"
         "first = sorted(m for m in sys.modules if m == 'backend' or m.startswith('backend.'))\n"
         f"for m in {PIPELINES!r}:\n"
         "    importlib.import_module(m)\n"
@@ -53,6 +58,61 @@ def test_importing_every_pipelines_module_loads_no_backend_module():
     assert out.returncode == 0, out.stderr
     first, after = json.loads(out.stdout.strip().splitlines()[-1])
     assert first == [] and after == []
+
+
+def test_no_validation_campaign_left_in_the_science():
+    calibration = ROOT / "pipelines" / "calibration"
+    assert sorted(calibration.rglob("blind_*.py")) == []
+    assert not (calibration / "validation.py").exists()
+    assert sorted(p.name for p in (ROOT / "validation").glob("blind_*.py")) == [
+        "blind_centre.py", "blind_chain.py", "blind_flat.py", "blind_radiometry.py", "blind_stray.py", "blind_units.py"]
+
+
+def test_the_science_never_imports_the_simulator_or_validation():
+    assert import_graph.science_violations(GRAPH) == []
+    # the simulator does import the science (the direction that is allowed), and the graph sees it
+    assert "pipelines.calibration.masters.limb" in GRAPH["pipelines.simulation"]
+    assert "pipelines.simulation" in GRAPH["backend.cli"]
+
+
+def test_importing_the_science_loads_no_simulator_or_validation_module():
+    science = [m for m in PIPELINES if not import_graph._under(m, import_graph.SIMULATOR)]
+    code = (
+        "import importlib, json, sys\n"
+        f"for m in {science!r}:\n"
+        "    importlib.import_module(m)\n"
+        "print(json.dumps(sorted(m for m in sys.modules\n"
+        "                        if m.startswith(('pipelines.simulation', 'validation')) or m == 'validation')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_direction_rule_can_fail(tmp_path):
+    """Every wrong-way import is reported, lazy ones too; the allowed directions are not."""
+    for d in ("backend/services", "pipelines/calibration", "pipelines/simulation", "pipelines/detect", "validation"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "__init__.py").write_text("")
+    for pkg in ("backend", "pipelines"):
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "pipelines" / "calibration" / "flat.py").write_text(
+        "def f():\n    from pipelines.simulation.limb import fit\n")
+    (tmp_path / "pipelines" / "calibration" / "gates.py").write_text("from validation import campaign\n")
+    (tmp_path / "pipelines" / "detect" / "cme.py").write_text("from pipelines import simulation\n")
+    (tmp_path / "pipelines" / "simulation" / "limb.py").write_text("from pipelines.calibration import flat\n")
+    (tmp_path / "validation" / "campaign.py").write_text("import pipelines.simulation.limb\nimport pipelines.calibration.flat\n")
+    (tmp_path / "backend" / "cli.py").write_text("from pipelines.simulation import limb\n")
+    (tmp_path / "backend" / "services" / "demo.py").write_text("def g():\n    import pipelines.simulation\n")
+    (tmp_path / "backend" / "services" / "report.py").write_text("from validation.campaign import x\n")
+    g = import_graph.import_graph(tmp_path)
+    assert import_graph.science_violations(g) == [
+        ("backend.services.demo", "pipelines.simulation"),
+        ("backend.services.report", "validation.campaign"),
+        ("pipelines.calibration.flat", "pipelines.simulation.limb"),
+        ("pipelines.calibration.gates", "validation.campaign"),
+        ("pipelines.detect.cme", "pipelines.simulation"),
+    ]
 
 
 def test_no_import_cycles():
@@ -151,8 +211,8 @@ def test_the_length_rule_can_fail(tmp_path):
 def test_calibration_flow_takes_the_options_object(name):
     import inspect
 
-    from pipelines.calibration import flow
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2 import flow
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     sig = inspect.signature(getattr(flow, name))
     assert sig.parameters["options"].annotation in (CalibrationOptions, "CalibrationOptions | None",

@@ -54,7 +54,7 @@ def test_calibrate_benchmark_prints_one_result_line(tmp_path):
     assert "rotate_north_up" in r.stdout and "Map.rotate(recenter=True)" in r.stdout
     assert "correct_detector_signal" in r.stdout and "WST batch of 3:" in r.stdout
     # before the north-up back end is merged, --resample is refused, not silently ignored
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     if "resample" not in CalibrationOptions.model_fields:
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--resample", "opencv-cubic",

@@ -60,7 +60,7 @@ def test_job_form_submits_with_its_defaults_on_first_load(live, page, tmp_path):
         assert job.state == JobState.queued and job.owner == "tester"  # the token's user
         assert job.parameters["channels"] == ["SCI-UV", "SCI-WL", "SDI", "WST"]
         assert job.parameters["start"] == "2024-05-14T15:50:00Z" and job.parameters["end"] == "2024-05-14T16:40:00Z"
-        from pipelines.calibration.options import CalibrationOptions
+        from pipelines.calibration.l2.options import CalibrationOptions
 
         assert job.parameters["options"] == CalibrationOptions().model_dump(mode="json")
         assert job.parameters["pinned_calibrations"] == {}

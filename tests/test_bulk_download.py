@@ -240,7 +240,7 @@ def test_job_options_give_defaults_limits_units_and_registry_versions(client, pr
     r = client.get("/api/v1/jobs/options")
     assert r.status_code == 200, r.text
     opts = {o["name"]: o for o in r.json()["options"]}
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     assert list(opts) == list(CalibrationOptions.model_fields)
     psf = opts["psf_iterations"]
@@ -271,7 +271,7 @@ def test_archive_of_pipeline_products_agrees_with_their_headers(client, db_sessi
     from backend.models import Frame
     from backend.services.ingest import ingest_path
     from backend.worker.processing import calibrate_product, plan_product
-    from pipelines.calibration.flow import CAL_KEYWORDS
+    from pipelines.calibration.l2.flow import CAL_KEYWORDS
 
     outs = [ingest_path(db_session, p, settings, move=False)
             for p in [c.path for c in simulated_sdi.calibration_files] + list(simulated_sdi.raw_files)]

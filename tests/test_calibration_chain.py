@@ -11,10 +11,10 @@ import pytest
 from scipy import ndimage
 
 from pipelines import sun
-from pipelines.calibration import steps
-from pipelines.calibration.flow import CalibrationInput, calibrate_frame, load_calibration_master, required_kinds
-from pipelines.calibration.options import CalibrationOptions
-from pipelines.calibration.steps import DQ
+from pipelines.calibration.l2 import steps
+from pipelines.calibration.l2.flow import CalibrationInput, calibrate_frame, load_calibration_master, required_kinds
+from pipelines.calibration.l2.options import CalibrationOptions
+from pipelines.calibration.l2.steps import DQ
 from pipelines.errors import CalibrationMissingError, DataError
 from tests.test_calibration_steps import _cal, _synthetic_wst, history, make_header
 
@@ -97,7 +97,7 @@ def test_cosmic_rays_are_replaced_and_flagged_on_request():
 
 
 def _psf_scene(n=96, fwhm=4.0):
-    from pipelines.calibration.psf import gaussian_psf
+    from pipelines.calibration.masters.psf import gaussian_psf
 
     truth = np.full((n, n), 100.0)
     yy, xx = np.mgrid[0:n, 0:n]
@@ -124,7 +124,7 @@ def test_deconvolve_psf_step_sharpens_towards_the_truth():
 
 
 def test_flow_deconvolves_sdi_with_the_psf_master_only_when_asked():
-    from pipelines.calibration.psf import gaussian_psf
+    from pipelines.calibration.masters.psf import gaussian_psf
 
     raw, h, cals, _ = _synthetic_wst(48, roll=0.0)
     for key in ("CHANNEL", "DETECTOR"):
@@ -144,7 +144,7 @@ def test_flow_deconvolves_sdi_with_the_psf_master_only_when_asked():
 
 
 def test_measured_stray_light_map_round_trips_through_a_master(tmp_path):
-    from pipelines.calibration.stray_light import measure_stray_light_map, stray_light_map_hdul
+    from pipelines.calibration.masters.stray_light import measure_stray_light_map, stray_light_map_hdul
     from pipelines.fitsio import write_fits_atomic
 
     n = 128
@@ -180,8 +180,8 @@ def test_measured_stray_light_map_round_trips_through_a_master(tmp_path):
 
 
 def test_derive_flat_master_recovers_an_injected_flat(tmp_path):
-    from pipelines.calibration.flatfield import compare_flats, derive_flat_master
-    from pipelines.calibration.kll import make_dithered_set, striped_flat
+    from pipelines.calibration.masters.flatfield import compare_flats, derive_flat_master
+    from pipelines.calibration.masters.kll import make_dithered_set, striped_flat
 
     n = 96
     yy, xx = np.mgrid[0:n, 0:n]

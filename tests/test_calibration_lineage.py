@@ -134,7 +134,7 @@ def _ingest_all(session, paths, settings):
 
 
 def _psf_master(path, channel: str, version: int, valid_from: str, valid_to: str):
-    from pipelines.calibration.psf import gaussian_psf, psf_calibration_hdul
+    from pipelines.calibration.masters.psf import gaussian_psf, psf_calibration_hdul
     from pipelines.fitsio import write_fits_atomic
 
     write_fits_atomic(psf_calibration_hdul(gaussian_psf(7, 1.5), channel, version, valid_from, valid_to,
@@ -144,7 +144,7 @@ def _psf_master(path, channel: str, version: int, valid_from: str, valid_to: str
 
 def test_recalibration_with_a_new_flat_version_keeps_the_old_product(db_session, settings_env, simulated, tmp_path):
     from backend.worker.processing import calibrate_product, plan_product
-    from pipelines.calibration.flow import CAL_KEYWORDS
+    from pipelines.calibration.l2.flow import CAL_KEYWORDS
     from pipelines.fitsio import write_fits_atomic
     from pipelines.products import read_product
 

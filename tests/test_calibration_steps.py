@@ -16,11 +16,11 @@ from astropy.io import fits
 from astropy.wcs import WCS
 
 from pipelines import array_backend, sun
-from pipelines.calibration import resample, steps
-from pipelines.calibration.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
+from pipelines.calibration.l2 import resample, steps
+from pipelines.calibration.l2.flow import (CAL_KEYWORDS, CalibrationInput, calibrate_frame, load_calibration_master,
                                         required_kinds)
-from pipelines.calibration.options import CalibrationOptions, as_options
-from pipelines.calibration.steps import DQ, StrayLightModel
+from pipelines.calibration.l2.options import CalibrationOptions, as_options
+from pipelines.calibration.l2.steps import DQ, StrayLightModel
 from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
 from pipelines.fitsio import write_fits_atomic
 from pipelines.products import build_product_hdul, quicklook_image, write_quicklook_png
@@ -229,7 +229,7 @@ def test_fused_detector_signal_equals_the_steps_one_by_one(bad_flat):
     normalize_exposure -> convert_units: the same float32 values (to 1 ulp) and the same
     keywords and HISTORY lines; the variance too (detector_variance against the chain of
     raw_variance, dark_variance, flat_variance, / t**2, x C**2)."""
-    from pipelines.calibration import kernels, uncertainty
+    from pipelines.calibration.l2 import kernels, uncertainty
 
     assert kernels.available(np.zeros(1))
     raw, h, bias, rate, flat, planes, flat_err = _random_detector(bad_flat=bad_flat)
@@ -264,7 +264,7 @@ def test_fused_detector_signal_equals_the_steps_one_by_one(bad_flat):
 def test_flow_fused_and_step_by_step_paths_agree():
     """calibrate_frame on NumPy (fused) against the step-by-step path the flow takes on
     other backends (forced here by hiding numexpr): data, DQ, uncertainty, statistics."""
-    from pipelines.calibration import kernels
+    from pipelines.calibration.l2 import kernels
 
     raw, h, cals, _ = _synthetic_wst(64)
     fused = calibrate_frame(raw, h, cals)
@@ -294,7 +294,7 @@ def test_fused_radius_mask_equals_the_radius_map(inside):
 
 
 def test_statistics_exact_when_small_and_sampled_with_a_measured_rank_error_when_large():
-    from pipelines.calibration import flow
+    from pipelines.calibration.l2 import flow
 
     rng = np.random.default_rng(8)
     small = rng.lognormal(0.0, 1.0, (300, 300)).astype(np.float32)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from astropy.io import fits
 
-from pipelines.calibration.flow import CAL_KEYWORDS, calibrate_frame, load_calibration_master
-from pipelines.calibration.options import CalibrationOptions
-from pipelines.calibration.steps import DQ
+from pipelines.calibration.l2.flow import CAL_KEYWORDS, calibrate_frame, load_calibration_master
+from pipelines.calibration.l2.options import CalibrationOptions
+from pipelines.calibration.l2.steps import DQ
 from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, read_product, write_quicklook_png
 from pipelines.simulation import INSTRUMENT, simulate

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from pipelines.calibration.cosmics import find_hot_pixels, remove_cosmic_rays
+from pipelines.calibration.l2.cosmics import find_hot_pixels, remove_cosmic_rays
 from pipelines.fitsio import read_image
 from tests.conftest import SAMPLE
 

@@ -2,7 +2,7 @@
 
 No SCI CME catalogue exists (LST.md), so the detector is validated on synthetic SCI
 sequences: the real STEREO/COR1-A frame's azimuthal structure times the Baumbach corona
-(``pipelines.simulation.synthetic``), CMEs injected at known PA, width and speed, and the
+(``validation.synthetic``), CMEs injected at known PA, width and speed, and the
 nuisances of a real sequence (Poisson noise, 1 % gain jitter, 0.1-pixel pointing jitter,
 cosmic rays, a masked occulter pylon). A second set runs on the real COR1 frame itself.
 """
@@ -26,7 +26,7 @@ from pipelines.detect.cme import (
     polar_unwrap,
 )
 from pipelines.errors import DataError
-from pipelines.simulation import synthetic as S
+from validation import synthetic as S
 from tests.conftest import SAMPLE
 
 N = 512  # a 2048^2 SCI frame binned 4x4

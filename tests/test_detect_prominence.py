@@ -22,7 +22,7 @@ from pipelines.detect.prominence import (
     hinge_fit,
 )
 from pipelines.errors import DataError
-from pipelines.simulation import synthetic as S
+from validation import synthetic as S
 
 N = 512
 RSUN = 960.0

@@ -21,7 +21,7 @@ from pipelines.detect.whitelight import FRM_NAME as WLF_NAME
 from pipelines.detect.whitelight import WhiteLightParams, detect_white_light_flares
 from pipelines.products import dq_table_hdu
 from pipelines.simulation import limb_darkening_neckel2005
-from pipelines.simulation import synthetic as S
+from validation import synthetic as S
 
 N = 512
 RSUN = 960.0

@@ -1,6 +1,6 @@
 """Every L2 product passes HEASARC's ``fitsverify`` with 0 errors and 0 warnings (issue 25.7).
 
-The products are made by the real chain (:func:`pipelines.calibration.flow.calibrate_frame`)
+The products are made by the real chain (:func:`pipelines.calibration.l2.flow.calibrate_frame`)
 and the one writer (:func:`pipelines.products.build_product_hdul`,
 :func:`pipelines.fitsio.write_fits_atomic`) from small simulated frames of each channel
 (SDI, WST, SCI-UV, SCI-WL), once per way a product can be written:
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from astropy.io import fits
 
-from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration.l2.options import CalibrationOptions
 from tests.conftest import require
 
 N = 48  # frame side [pixel]: small, every step still runs
@@ -55,8 +55,8 @@ def _fitsverify() -> str:
 @pytest.fixture(scope="module")
 def products(tmp_path_factory) -> dict[str, Path]:
     """``{variant: path}`` of L2 products of every channel and way of writing (module docstring)."""
-    from pipelines.calibration.flow import calibrate_frame, load_calibration_master
-    from pipelines.calibration.psf import gaussian_psf, psf_calibration_hdul
+    from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
+    from pipelines.calibration.masters.psf import gaussian_psf, psf_calibration_hdul
     from pipelines.fitsio import read_image, write_fits_atomic
     from pipelines.products import build_product_hdul, dq_table_hdu
     from pipelines.simulation import simulate

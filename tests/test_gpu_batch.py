@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from pipelines.array_backend import cupy_available
-from pipelines.calibration.batch import RESIDENT_KINDS, BatchExecutor, BatchItem, DeviceMasters
-from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.l2.batch import RESIDENT_KINDS, BatchExecutor, BatchItem, DeviceMasters
+from pipelines.calibration.l2.flow import calibrate_frame
 from pipelines.fitsio import read_image
 from pipelines.simulation import load_simulated_masters
 
@@ -168,7 +168,7 @@ def test_cpu_batch_overlaps_read_compute_and_write_and_fails_bad_frames_alone(si
     calibrated fails with its reason, the others are written as per frame."""
     import threading
 
-    from pipelines.calibration import batch
+    from pipelines.calibration.l2 import batch
 
     out, res = sim
     wst = [f for f in res.frames if f.channel == "WST"]
@@ -496,7 +496,7 @@ def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
     its lane's stream after waiting for its frame's copy; products equal per-frame ones."""
     import types
 
-    from pipelines.calibration import batch
+    from pipelines.calibration.l2 import batch
 
     out, res = sim
     fake = _FakeCuda()
@@ -589,7 +589,7 @@ def test_a_broken_gpu_batch_fails_its_products_and_ends_the_job(sim, sqlite_env,
 def test_numpy_executor_keeps_host_masters_alive_within_a_small_budget():
     # on NumPy the "resident" masters are the host arrays: bounded like a CPU worker's host
     # cache (about three full-size sets), not by the 8 GiB device budget
-    from pipelines.calibration import batch
+    from pipelines.calibration.l2 import batch
 
     assert BatchExecutor("numpy").masters.max_bytes == batch.HOST_MASTER_BYTES < batch.DEFAULT_DEVICE_MASTER_BYTES
 

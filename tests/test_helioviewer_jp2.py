@@ -11,7 +11,7 @@ import pytest
 from pipelines.errors import DataError
 from pipelines.helioviewer_jp2 import (Jp2ReadError, helioviewer_map, read_helioviewer_header, read_helioviewer_jp2,
                                        read_jp2_boxes)
-from pipelines.simulation.limb import fit_solar_limb
+from pipelines.calibration.masters.limb import fit_solar_limb
 from tests.conftest import SAMPLE
 
 HMI = SAMPLE / "helioviewer-jp2" / "2023_01_31__03_39_23_200__SDO_HMI_HMI_continuum.jp2"

@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 
 from backend.models import Job
 from backend.services.jobs import JobRequest
-from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration.l2.options import CalibrationOptions
 from backend.services.registry import params_hash
 
 pytestmark = pytest.mark.postgres

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from pipelines.calibration.kll import (
+from pipelines.calibration.masters.kll import (
     KLLShiftWarning,
     flat_calibration_hdul,
     kll_flat,
@@ -157,7 +157,7 @@ def test_bad_arguments():
 
 def test_flat_master_round_trip(tmp_path):
     """The KLL flat as a calibration master, read back by the calibration flow's loader."""
-    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.l2.flow import load_calibration_master
 
     scene = real_scene("mdi", n=128)
     flat = striped_flat(scene.shape, rng=7)

@@ -16,7 +16,7 @@ from astropy.io import fits
 from astropy.time import Time
 
 from pipelines import fitsio
-from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.l2.flow import calibrate_frame
 from pipelines.errors import FitsReadError
 from pipelines.fitsio import fix_header, read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, dq_table_hdu

@@ -1,6 +1,6 @@
 """One definition of each calibration option: the options object, the job request, the flow.
 
-:class:`pipelines.calibration.options.CalibrationOptions` is the only place an option, its
+:class:`pipelines.calibration.l2.options.CalibrationOptions` is the only place an option, its
 default and its limits are written. These tests fail if an option exists in one place and
 not in another: the job request's schema (and the API's OpenAPI) embeds the object, and the
 flow reads every field of it and repeats no default.
@@ -15,8 +15,8 @@ import pytest
 from pydantic import ValidationError
 
 from backend.services.jobs import JobRequest
-from pipelines.calibration import flow
-from pipelines.calibration.options import CalibrationOptions, as_options
+from pipelines.calibration.l2 import flow
+from pipelines.calibration.l2.options import CalibrationOptions, as_options
 from pipelines.errors import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +67,7 @@ def test_the_flow_reads_every_option_and_repeats_no_default():
     assert not gets, "the flow looks options up in a dict with its own defaults"
 
 
-@pytest.mark.parametrize("path", ["pipelines/calibration/flow.py", "pipelines/calibration/batch.py",
+@pytest.mark.parametrize("path", ["pipelines/calibration/l2/flow.py", "pipelines/calibration/l2/batch.py",
                                   "backend/worker/processing.py", "backend/worker/gpu_batch.py",
                                   "backend/services/jobs.py"])
 def test_no_module_defines_an_option_default_of_its_own(path):

@@ -9,7 +9,7 @@ import pytest
 from astropy.io import fits
 from scipy.signal import fftconvolve
 
-from pipelines.calibration.psf import (
+from pipelines.calibration.masters.psf import (
     airy_core_psf,
     deconvolve_richardson_lucy,
     gaussian_psf,
@@ -155,7 +155,7 @@ def test_psf_master_round_trip(tmp_path):
     back, hdr = read_psf_calibration(path)
     np.testing.assert_allclose(back, psf / psf.sum(), rtol=1e-12)
     assert hdr["CALVER"] == 2
-    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.l2.flow import load_calibration_master
 
     cal = load_calibration_master(path)  # the calibration flow's loader accepts it
     assert (cal.kind, cal.channel, cal.version) == ("psf", "SDI", 2)

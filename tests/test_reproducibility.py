@@ -152,7 +152,7 @@ def test_product_digests_cover_every_hdu_as_the_readme_says(tmp_path):
 
 def _check_product_manifest(m: dict, prod: Product, frame: Frame, cal_rows: list[CalibrationFile]) -> None:
     """Every field of a product manifest, against values recomputed from the files."""
-    from pipelines.calibration.options import CalibrationOptions
+    from pipelines.calibration.l2.options import CalibrationOptions
 
     assert m["schema"] == "lstdp.product-manifest/1"
     assert m["input"]["frame_id"] == frame.id and m["input"]["original_name"] == frame.original_name
@@ -413,7 +413,7 @@ def test_the_gpu_batch_path_records_manifests_too(sqlite_env, sim_dir):
     from backend.db import session_scope
     from backend.worker.gpu_batch import calibrate_products_batch
     from backend.worker.processing import plan_product
-    from pipelines.calibration.batch import BatchExecutor
+    from pipelines.calibration.l2.batch import BatchExecutor
 
     ingest_simulated(sim_dir)
     with session_scope() as s:

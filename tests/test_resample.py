@@ -17,10 +17,10 @@ import pytest
 from astropy.io import fits
 from astropy.wcs import WCS
 
-from pipelines.calibration import resample, uncertainty
-from pipelines.calibration.flow import calibrate_frame
-from pipelines.calibration.options import CalibrationOptions, as_options
-from pipelines.calibration.steps import DQ
+from pipelines.calibration.l2 import resample, uncertainty
+from pipelines.calibration.l2.flow import calibrate_frame
+from pipelines.calibration.l2.options import CalibrationOptions, as_options
+from pipelines.calibration.l2.steps import DQ
 from pipelines.errors import DataError
 from tests.test_calibration_steps import _synthetic_wst, history, make_header
 

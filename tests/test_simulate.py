@@ -13,7 +13,7 @@ import pytest
 from astropy.io import fits
 from astropy.time import Time
 
-from pipelines.calibration.flow import load_calibration_master
+from pipelines.calibration.l2.flow import load_calibration_master
 from pipelines.channels import CHANNELS, channel_from_header
 from pipelines.fitsio import parse_date_obs, read_image, sha256_file
 from pipelines.simulation import (SAMPLE_DIR, baumbach_f_corona, baumbach_k_corona, fit_solar_limb,

@@ -13,7 +13,7 @@ from astropy.time import Time
 
 from backend.db import session_scope
 from backend.services.ingest import ingest_path
-from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.l2.flow import calibrate_frame
 from pipelines.errors import DataError, FitsReadError
 from pipelines import fitsio
 from pipelines.fitsio import fix_header, read_image, write_fits_atomic

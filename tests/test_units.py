@@ -22,8 +22,8 @@ from astropy import units as u
 from astropy.io import fits
 from astropy.time import Time
 
-from pipelines.calibration import resample, uncertainty
-from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.l2 import resample, uncertainty
+from pipelines.calibration.l2.flow import calibrate_frame
 from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, dq_table_hdu, read_product, read_uncertainty
 from pipelines.simulation import load_simulated_masters, simulate

@@ -3,7 +3,7 @@
 
 The products are SDI frames of the simulator's EIT-based series (2004-03-01, hourly, with
 the injected flare at helioprojective (-400", -350")), calibrated by the real chain
-(:func:`pipelines.calibration.flow.calibrate_frame`) and written by the real writer
+(:func:`pipelines.calibration.l2.flow.calibrate_frame`) and written by the real writer
 (:func:`pipelines.products.build_product_hdul`, :func:`pipelines.fitsio.write_fits_atomic`):
 their WCS and observer keywords are what the pipeline makes. Expected values are computed
 here independently: astropy's WCS and percentiles, sunpy's map, and
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from backend.models import Event, Frame, Product, ProductState
-from pipelines.calibration.steps import DQ
+from pipelines.calibration.l2.steps import DQ
 
 pytestmark = pytest.mark.postgres
 
@@ -51,7 +51,7 @@ def simulated_sdi(tmp_path_factory) -> SimulatedSDI:
 
 def simulate_sdi(out: Path, naxis: int = N_SIM) -> SimulatedSDI:
     """The SDI series simulated (noise off) and FRAMES calibrated by the real chain."""
-    from pipelines.calibration.flow import calibrate_frame, load_calibration_master
+    from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
     from pipelines.fitsio import read_image
     from pipelines.simulation import simulate
 

@@ -55,7 +55,7 @@ from astropy.io import fits
 
 import sunpy.coordinates  # noqa: F401 - 0.3 s; the helioprojective frames (sunpy.map is not imported: seconds)
 
-from pipelines.calibration.steps import DQ
+from pipelines.calibration import DQ
 from pipelines.channels import get_channel
 from pipelines.errors import DataError, FitsReadError
 from pipelines.utc import as_utc

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.models import CalibrationSet, Frame, Product, ProductState, utcnow
 from backend.services.registry import SelectedCalibrations, params_hash, select_calibrations
-from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration import CalibrationOptions
 from pipelines.errors import DataError
 from pipelines.utc import assume_utc
 

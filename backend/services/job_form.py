@@ -1,7 +1,7 @@
 """What the job form offers and what a job would touch, before it is submitted.
 
 * :func:`option_fields`: the calibration options of
-  :class:`pipelines.calibration.options.CalibrationOptions` (the one definition) as form
+  :class:`pipelines.calibration.l2.options.CalibrationOptions` (the one definition) as form
   fields: name, kind (bool, int, float, choice), default, limits and unit, read from the
   model's fields so the form never drifts from what the API accepts.
 * :func:`calibration_choices`: the calibration versions the registry holds, per kind, with
@@ -23,7 +23,7 @@ from sqlalchemy import distinct, func, select
 from sqlalchemy.orm import Session
 
 from backend.models import CalibrationFile, CalibrationKind, Frame, Product, ProductState
-from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration import CalibrationOptions
 from pipelines.channels import CHANNELS
 
 __all__ = ["OptionField", "option_fields", "CalibrationChoice", "calibration_choices", "JobEstimate",

@@ -29,7 +29,7 @@ from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp,
 from backend.services.calibration_sets import set_for
 from backend.services.registry import params_hash, select_calibrations
 from backend.state import MAX_REASON_CHARS, is_cancel_reason, move_job, move_product, reason_text, requeue_follow_up
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.detect.registry import follow_ups
 
 log = logging.getLogger(__name__)

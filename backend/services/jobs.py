@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backend.models import CalibrationFile, CalibrationKind, Job, JobState
-from pipelines.calibration.options import CalibrationOptions
+from pipelines.calibration import CalibrationOptions
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError
 from pipelines.utc import as_utc, parse_utc_text
@@ -256,8 +256,8 @@ def list_jobs(session: Session, principal: Any, *, limit: int = 50, offset: int 
 
 
 #: ``CalibrationOptions.stray_light_source`` -> the ``STRAYTYP`` a stray-light master must carry
-#: to have that representation (written by :func:`pipelines.calibration.stray_light` and
-#: :func:`pipelines.calibration.blind_stray.blind_stray_master`).
+#: to have that representation (written by :func:`pipelines.calibration.masters.stray_light` and
+#: :func:`validation.blind_stray.blind_stray_master`).
 _STRAYTYP_FOR_SOURCE = {"profile": "PROFILE", "map": "MAP"}
 
 

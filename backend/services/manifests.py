@@ -242,7 +242,7 @@ def product_manifest(prod: Product, frame: Frame, *, header: dict[str, Any] | An
     dict
         JSON-ready (:data:`PRODUCT_SCHEMA`).
     """
-    from pipelines.calibration.options import as_options
+    from pipelines.calibration import as_options
 
     backend = str(header.get("BACKEND", "") or "").strip().lower() or None
     params = prod.parameters or {}

@@ -293,7 +293,7 @@ def mean_uncertainty(sigma: np.ndarray | None, used: np.ndarray) -> float | None
     per-pixel ``UNCERT`` (``sigma``, in the image's unit): ``sqrt(sum sigma_i^2) / n``.
 
     The pixels' errors are taken as independent (propagation of the per-pixel standard
-    deviations, :mod:`pipelines.calibration.uncertainty`); the north-up resampling correlates
+    deviations, :mod:`pipelines.calibration.l2.uncertainty`); the north-up resampling correlates
     neighbouring pixels over its kernel (a few pixels), so for a mean over many pixels this
     is a lower bound of the random error; systematic (calibration scale) errors are not in it.
 

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from backend.models import (CalibrationFile, CalibrationSet, Frame, Job, JobItem, JobState, Product, ProductState,
                             RerunItem)
 from backend.services.manifests import JOB_SCHEMA, PRODUCT_SCHEMA
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.errors import DataError
 
 __all__ = ["RerunError", "RerunNotFound", "RerunConflict", "RerunForbidden", "RerunSpec", "spec_from_product",

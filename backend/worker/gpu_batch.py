@@ -3,7 +3,7 @@
 :func:`calibrate_products_batch` is what the Celery task
 ``pipelines.tasks.calibrate_products_gpu_batch`` (queue ``gpu``) runs. It claims the
 products of the batch, streams their raw frames through the process's
-:class:`~pipelines.calibration.batch.BatchExecutor` (calibration masters resident on the
+:class:`~pipelines.calibration.l2.batch.BatchExecutor` (calibration masters resident on the
 device across batches, host-to-device copies overlapped with compute) and, as each frame
 comes back, writes its L2 FITS and quicklook, moves the product to ``written`` or
 ``failed`` (with the reason) and counts it towards its job (:func:`~backend.services.job_plan.count_item`) in the
@@ -39,7 +39,7 @@ from backend.worker.processing import count_item, resident_master, write_product
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
 from pipelines.array_backend import cupy_available
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,9 @@ def choose_backend(settings: Settings) -> tuple[str, str | None]:
 
 
 def gpu_executor(backend: str):
-    """This process's :class:`~pipelines.calibration.batch.BatchExecutor` for ``backend``
+    """This process's :class:`~pipelines.calibration.l2.batch.BatchExecutor` for ``backend``
     (made once: its resident masters serve every later batch)."""
-    from pipelines.calibration.batch import BatchExecutor
+    from pipelines.calibration import BatchExecutor
 
     ex = _EXECUTORS.get(backend)
     if ex is None:
@@ -147,7 +147,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         ``gpu``: the GPU worker's batch (above). ``cpu``: the CPU worker's batch
         (``calibrate_products_cpu_batch``): NumPy, by the process's overlapped host executor
         (frame k+1 read and product k-1 written while frame k computes:
-        :class:`~pipelines.calibration.batch.BatchExecutor`), no device note.
+        :class:`~pipelines.calibration.l2.batch.BatchExecutor`), no device note.
 
     Returns
     -------
@@ -158,7 +158,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     sqlalchemy.exc.OperationalError
         A database fault (the task retries; products not yet counted are redone).
     """
-    from pipelines.calibration.batch import BatchItem
+    from pipelines.calibration import BatchItem
 
     if device not in ("gpu", "cpu"):
         raise ValueError(f"device must be 'gpu' or 'cpu', got {device!r}")

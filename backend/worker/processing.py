@@ -33,7 +33,7 @@ from backend.services.job_plan import count_item, finish_job, frames_for_job, lo
 from backend.services.manifests import product_digests, product_manifest
 from backend.settings import Settings
 from backend.state import claim_product, confirm_claim, move_job, move_product, reason_text
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def resident_master(f):
     DataError
         If the file changed on disk since it was registered, or is not a master.
     """
-    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration import load_calibration_master
 
     key = (f.path, f.sha256)
     ci = _MASTERS.get(key)
@@ -146,7 +146,7 @@ def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
 
 def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = (),
                   attempt: int | None = None, holder: str | None = None) -> bool:
-    """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.flow.L2Result`)
+    """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.l2.flow.L2Result`)
     for ``prod`` and fill the row (state ``written``); the caller commits.
 
     ``notes`` become HISTORY lines of the product (e.g. the GPU worker's CPU fallback).
@@ -202,7 +202,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
     DataError
         If there is no product ``product_id``.
     """
-    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration import calibrate_frame
     from pipelines.fitsio import read_image
 
     claim = claim_product(session, product_id, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,

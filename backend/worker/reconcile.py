@@ -70,7 +70,7 @@ from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, conf
                            move_product, settle_follow_up)
 from backend.worker.processing import count_item, lock_job, recount_job
 from backend.worker.notify import reconcile_notifications
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.errors import DataError
 from pipelines.fitsio import sweep_dead_writers
 

@@ -11,7 +11,7 @@ One frame (:func:`rerun_frame`):
    manifest's sha256 (and that the registry row still has that id and sha256): any
    mismatch fails the frame with both digests, nothing is computed;
 3. calibrate with exactly those files and the manifest's options
-   (:func:`pipelines.calibration.flow.calibrate_frame`) on the lane's backend, write the L2
+   (:func:`pipelines.calibration.l2.flow.calibrate_frame`) on the lane's backend, write the L2
    file into the re-run store ``DATA_DIR/reruns/<job id>/`` (never the product store);
 4. compare: the sha256 of every HDU's data (:func:`~backend.services.manifests.product_digests`)
    with the manifest's, and the arrays with the original file's when it is there
@@ -40,7 +40,7 @@ from backend.services.manifests import compare_arrays, device_of, product_digest
 from backend.settings import Settings
 from backend.state import claim_is_dead, give_up_reason, move_job, reason_text
 from backend.worker.processing import lock_job, recount_job, resident_master
-from pipelines.calibration.options import as_options
+from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
 from pipelines.fitsio import sha256_file
 
@@ -164,7 +164,7 @@ def _backend(settings: Settings, lane: str, options) -> str:
 
 def _recompute(session: Session, settings: Settings, job: Job, item: RerunItem) -> None:
     """Steps 2-4 of the module docstring; fills ``item``'s result columns."""
-    from pipelines.calibration.flow import calibrate_frame
+    from pipelines.calibration import calibrate_frame
     from pipelines.fitsio import read_image, store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, read_product
     from pipelines.provenance import stamp_provenance

@@ -33,8 +33,8 @@ from backend.worker.processing import calibrate_product as _calibrate_product
 from backend.worker.processing import count_item, lock_job, plan_job
 from backend.worker.reconcile import send_calibration, send_follow_ups
 from backend.worker import notify as _notify_tasks  # noqa: F401 - registers deliver_webhook
-from pipelines.calibration.options import as_options
-from pipelines.calibration.resample import available_cores, set_default_threads
+from pipelines.calibration import as_options
+from pipelines.calibration import available_cores, set_default_threads
 from pipelines.detect.flares import SeriesTooShortError
 from pipelines.detect.registry import get_detector
 from pipelines.errors import DataError, failure_reason

@@ -51,7 +51,7 @@ Modules
     The scenes on the L2 grid in physical units, from those sources.
 :mod:`~pipelines.simulation.models`
     Physical constants and analytic brightness models (limb darkening, coronae).
-:mod:`~pipelines.simulation.limb`
+:mod:`~pipelines.calibration.masters.limb` (the science's, re-exported here)
     :func:`fit_solar_limb`.
 :mod:`~pipelines.simulation.grid`
     The L2 grid and the Sun seen from Earth.
@@ -68,16 +68,19 @@ Modules
     The dataclasses :func:`simulate` returns.
 :mod:`~pipelines.simulation.output`
     Software stamp, ISO times, checksums stamped with the observation time.
-:mod:`~pipelines.simulation.synthetic`
-    In-memory scenes with injected CMEs and prominence eruptions, for the detectors'
-    tests and validation (``from pipelines.simulation import synthetic``).
+
+The detectors' in-memory test scenes with injected CMEs and prominence eruptions are in
+:mod:`validation.synthetic` (not part of the product).
+
+The simulator may import the science (:mod:`pipelines.calibration`); the science never
+imports the simulator.
 """
 
 
 from __future__ import annotations
 
 from pipelines.simulation.forward import INSTRUMENT, InstrumentModel, ssw_date, stray_light_model
-from pipelines.simulation.limb import LimbFit, fit_solar_limb
+from pipelines.calibration.masters.limb import LimbFit, fit_solar_limb
 from pipelines.simulation.masters import load_simulated_masters
 from pipelines.simulation.models import (baumbach_f_corona, baumbach_k_corona, limb_darkening_neckel2005,
                                          lyman_alpha_corona, sci_wl_corona)

@@ -1,17 +1,17 @@
 """An SDI radiometric campaign: one raw frame on each of many observing days, with a hidden coefficient and degradation.
 
-What :mod:`pipelines.calibration.blind_radiometry` cross-calibrates. The instrument side:
+What :mod:`validation.blind_radiometry` cross-calibrates. The instrument side:
 
 * **Observing days** spread over the LASP composite's span (1997-2013): ``n_days`` days at
   even spacing with a seeded jitter of up to a quarter of the spacing, plus 2012-01-01,
   the one day of the PROBA2/LYRA file in the sample data; a seeded time of day each.
 * **The Sun's true irradiance** on each day follows the real LASP composite on that day
   with the series' own errors, drawn once per seed: ``E_true = E_LASP (1 + delta)(1 + eps_i)``
-  with ``delta`` uniform in +-:data:`~pipelines.calibration.radiometry.LASP_SCALE_UNCERTAINTY`
+  with ``delta`` uniform in +-:data:`~pipelines.calibration.masters.radiometry.LASP_SCALE_UNCERTAINTY`
   (the composite's absolute scale error, one for the whole series; that constant is a 1-sigma
   value, so the draw stays within 1 sigma: the gate of 2 % plus it then tests the chain, not
   the luck of the draw; a real scale error is beyond 1 sigma a third of the time) and ``eps_i`` Gaussian
-  of RMS :data:`~pipelines.calibration.radiometry.LASP_DAILY_SCATTER` (its day-to-day noise,
+  of RMS :data:`~pipelines.calibration.masters.radiometry.LASP_DAILY_SCATTER` (its day-to-day noise,
   measured from the file). The chain compares against the published series, not ``E_true``,
   so it never sees either error.
 * **The scene**: the SWAP 174 A image of 2012-01-01 made into Lyman-alpha radiance
@@ -40,10 +40,10 @@ model's ``flat t S / C_true`` with the simulator's flat (:func:`~pipelines.simul
 normalised to mean 1 over the whole detector; so is ``RADCOEF`` of every simulated master. A
 chain that calibrates with a flat of another normalisation (a KLL flat: mean 1 over the pixels
 it measured) finds ``C_true`` times that flat's level: see
-:mod:`pipelines.calibration.blind_radiometry`.
+:mod:`validation.blind_radiometry`.
 
 **The same hidden instrument as a science frame** (``detector=`` and ``coefficient_anchor=``,
-used by :mod:`pipelines.calibration.blind_chain`): the campaign is exposed through given
+used by :mod:`validation.blind_chain`): the campaign is exposed through given
 bias, dark-rate and flat planes instead of drawn ones, and ``C_hidden`` follows from the
 coefficient the instrument has at one time (``C_true(t_a) = C_a``, so
 ``C_hidden = C_a exp(-lambda (t_a - LAUNCH))``); the rate is drawn as above. As ``C_true``
@@ -179,7 +179,7 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     """
     # Long: one campaign end to end (hidden values, days, detector, frames, truth file): the
     # instrument side in the order it happens, sharing the draws of one seed.
-    from pipelines.calibration.radiometry import LASP_DAILY_SCATTER, LASP_SCALE_UNCERTAINTY, read_lasp_composite
+    from pipelines.calibration.masters.radiometry import LASP_DAILY_SCATTER, LASP_SCALE_UNCERTAINTY, read_lasp_composite
     from pipelines.simulation.scenes import _sdi_reference, _sdi_scene
     from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR, SWAP_FILE, _sunpy_source
     from pipelines.simulation.truth import _smooth_sigma_px

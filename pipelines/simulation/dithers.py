@@ -50,7 +50,7 @@ PLATE_SCALE_FULL = 0.5
 #: the IAU; the exact daily value does not matter for a flat).
 RSUN_ARCSEC = 959.63
 #: Commanded dither pattern (dy, dx) [pixel at 256 px]: non-collinear, mixed parity
-#: (the one of :data:`pipelines.calibration.validation.DITHERS`).
+#: (the one of :data:`validation.gates.DITHERS`).
 DITHERS_256 = np.array([(0, 0), (7, 18), (-12, 5), (23, -10), (-5, -17), (14, 9), (-20, -3), (3, 22), (11, -21)])
 #: Wavelength [nm] and resolution [arcsec] per disk channel (LST.md table).
 _BAND = {"WST": (360.0, 3.0), "SDI": (121.6, 9.5)}

@@ -20,7 +20,7 @@ from astropy.io import fits
 from astropy.time import Time
 from scipy import ndimage
 
-from pipelines.calibration.steps import StrayLightModel
+from pipelines.calibration.l2.steps import StrayLightModel
 from pipelines.channels import ChannelSpec, get_channel
 from pipelines.simulation.output import SOFTWARE
 
@@ -94,7 +94,7 @@ def stray_light_model(channel: str) -> StrayLightModel:
 
     Returns
     -------
-    pipelines.calibration.steps.StrayLightModel
+    pipelines.calibration.l2.steps.StrayLightModel
         Brightness [MSB] as a power law in r [Rsun], r clipped to 1-3 Rsun.
 
     Raises

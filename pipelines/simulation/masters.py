@@ -17,7 +17,7 @@ from astropy import units as u
 from astropy.io import fits
 from astropy.time import Time
 
-from pipelines.calibration.steps import StrayLightModel
+from pipelines.calibration.l2.steps import StrayLightModel
 from pipelines.channels import CHANNELS, ChannelSpec
 from pipelines.simulation.forward import InstrumentModel
 from pipelines.simulation.output import _write
@@ -84,16 +84,16 @@ def load_simulated_masters(out_dir: str | os.PathLike, channel: str, *, first_id
 
     Returns
     -------
-    dict of str to pipelines.calibration.flow.CalibrationInput
+    dict of str to pipelines.calibration.l2.flow.CalibrationInput
         By calibration kind (``dark``, ``flat``, ``radiometric``, ...): the mapping
-        :func:`pipelines.calibration.flow.calibrate_frame` takes.
+        :func:`pipelines.calibration.l2.flow.calibrate_frame` takes.
 
     Raises
     ------
     pipelines.errors.FitsReadError, pipelines.errors.DataError
         If a master cannot be read or does not describe itself.
     """
-    from pipelines.calibration.flow import load_calibration_master
+    from pipelines.calibration.l2.flow import load_calibration_master
 
     cals: dict[str, Any] = {}
     for path in sorted((Path(out_dir) / "calibration").glob(f"lst_{channel.lower()}_*.fits")):

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from astropy.io import fits
 
-from pipelines.calibration.steps import StrayLightModel
+from pipelines.calibration.l2.steps import StrayLightModel
 from pipelines.channels import CHANNELS, MIN_FRAME_SIDE, get_channel
 from pipelines.errors import DataError
 from pipelines.simulation.forward import (INSTRUMENT, _dark_planes, _detector_geometry, _flat_field, _forward_model,

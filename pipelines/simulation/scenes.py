@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from pipelines.calibration.steps import RADIANCE_UNIT
+from pipelines.calibration.l2.steps import RADIANCE_UNIT
 from pipelines.channels import CHANNELS
 from pipelines.simulation.grid import _affine_sample, _grid_offsets, _rho_grid
 from pipelines.simulation.models import (IRRADIANCE_360NM, LYA_GAMMA, LYA_LIMB_SCALE_RSUN, OMEGA_SUN_1AU,

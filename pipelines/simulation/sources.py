@@ -21,7 +21,7 @@ from scipy import ndimage
 from pipelines.errors import DataError
 from pipelines.fitsio import read_image
 from pipelines.simulation.grid import _apparent_rsun_arcsec
-from pipelines.simulation.limb import fit_solar_limb
+from pipelines.calibration.masters.limb import fit_solar_limb
 from pipelines.simulation.models import COR1_CONTRAST_GAIN
 from pipelines.simulation.output import _iso
 
@@ -220,14 +220,14 @@ def _eit_sources(sample_dir: Path) -> tuple[list[_DiskSource], list[dict[str, An
 def _lyman_alpha_irradiance(sample_dir: Path, t: Time) -> float:
     """LASP composite Ly-alpha irradiance at 1 au on the day of ``t``, or the nearest day with a
     value within a year [photons cm-2 s-1], read by the chain's own reader
-    (:func:`pipelines.calibration.radiometry.read_lasp_composite`).
+    (:func:`pipelines.calibration.masters.radiometry.read_lasp_composite`).
 
     Raises
     ------
     DataError
         If the file is missing or has no value within 366 days of ``t``.
     """
-    from pipelines.calibration.radiometry import read_lasp_composite
+    from pipelines.calibration.masters.radiometry import read_lasp_composite
 
     days = read_lasp_composite(sample_dir / LYA_INDEX_FILE).days
     day = t.utc.to_datetime().date()

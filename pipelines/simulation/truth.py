@@ -14,7 +14,7 @@ from astropy.io import fits
 from astropy.time import Time
 from scipy import ndimage
 
-from pipelines.calibration.steps import RADIANCE_UNIT, StrayLightModel
+from pipelines.calibration.l2.steps import RADIANCE_UNIT, StrayLightModel
 from pipelines.channels import CHANNELS, ChannelSpec
 from pipelines.simulation.forward import INSTRUMENT, _aperture
 from pipelines.simulation.grid import _apparent_rsun_arcsec, _rho_grid

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from astropy.io import fits
 
-from pipelines.calibration.flow import calibrate_frame
+from pipelines.calibration.l2.flow import calibrate_frame
 from pipelines.fitsio import write_fits_atomic
 from pipelines.products import build_product_hdul, dq_table_hdu
 from tests.conftest import ROOT

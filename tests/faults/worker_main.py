@@ -18,7 +18,7 @@ Observation (journal)
 Faults
     ``LSTDP_FAULTS_POISON``: comma-separated raw file names (the frame header's
     ``FILENAME``); the calibration of such a frame kills its own process with SIGKILL, every
-    time, from inside the science step (``pipelines.calibration.flow.calibrate_frame``),
+    time, from inside the science step (``pipelines.calibration.l2.flow.calibrate_frame``),
     that is after the task has taken its product (state ``writing``), as a frame that
     crashes the calibration would. A kill in ``task_prerun`` would come before the task
     could know it had started (``MAX_DELIVERIES`` counts calibrations that start without
@@ -91,7 +91,8 @@ def _install_hooks() -> None:
         worker_ready,
     )
 
-    import pipelines.calibration.flow as flow
+    import pipelines.calibration as calibration
+    import pipelines.calibration.l2.flow as flow
     import pipelines.fitsio as fitsio
 
     @task_prerun.connect(weak=False)
@@ -151,6 +152,7 @@ def _install_hooks() -> None:
             return real_calibrate(data, header, *args, **kwargs)
 
         flow.calibrate_frame = calibrate_frame
+        calibration.calibrate_frame = calibrate_frame  # the name backend/worker imports (the package's re-export)
 
     visibility = os.environ.get("LSTDP_FAULTS_VISIBILITY_S")
     if visibility:

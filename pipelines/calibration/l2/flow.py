@@ -1,0 +1,714 @@
+"""The L2 calibration flow of one LST frame: the steps of :mod:`.steps` composed.
+
+:func:`calibrate_frame` takes a raw frame as :func:`pipelines.fitsio.read_image` returns it
+(float data, header with the ASO-S quirks repaired and observer keywords filled) and the
+calibration inputs chosen for it (:class:`CalibrationInput`, one per kind), and returns an
+:class:`L2Result`: float32 data in physical units, a uint8 DQ array, a float32 per-pixel
+standard deviation (:mod:`.uncertainty`), the L2 header (full
+helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``BUNIT``, ``CAL*`` provenance
+keywords, one HISTORY line per step, ``DATE-BEG``/``DATE-AVG``/``DATE-END``/``TIMESYS`` from
+``DATE-OBS`` and the exposure; ``BUNIT`` readable by astropy and, for SCI, ``MSBVALUE``:
+:mod:`pipelines.units`) and summary statistics.
+
+Calibration masters are FITS files that describe themselves in their primary header
+(``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the
+parameters of the kind); :func:`load_calibration_master` reads one. The simulator
+(:mod:`pipelines.simulation`) writes such masters.
+
+Provenance keywords written on the product (name, version, database id, SHA-256 of each
+calibration file in ``CAL*`` keywords, as punchbowl does; ``LEVEL``, ``BUNIT``, ``BACKEND``)
+come from the spec :data:`pipelines.provenance.L2_PROVENANCE`, stamped by its one writer.
+
+Every calibration file given to :func:`calibrate_frame` is recorded, also one that a step
+did not apply (a PSF without ``deconvolve_psf``); HISTORY says which were applied.
+
+Options: one :class:`~pipelines.calibration.l2.options.CalibrationOptions` (defined once, with
+its defaults and limits; a recalibration job's request embeds the same object). The array
+backend (NumPy or CuPy) is an execution choice, not an option: the ``backend`` argument, or
+CuPy when the options say ``device='gpu'``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from astropy.io import fits
+from astropy.io.fits.verify import VerifyWarning
+
+from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
+from pipelines.calibration.l2 import resample, steps, uncertainty
+from pipelines.calibration.l2.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
+from pipelines.calibration.l2.options import CalibrationOptions
+from pipelines.calibration.masters.radiometry import coefficient_at, radiometric_uncertainty_at
+from pipelines.calibration.l2.steps import DQ, StrayLightModel
+from pipelines.channels import channel_from_header, get_channel
+from pipelines.errors import CalibrationMissingError, DataError, FitsReadError, NotLSTFrameError
+from pipelines.fitsio import exposure_seconds, sha256_file
+from pipelines.provenance import CAL_KEYWORDS, calibration_values, stamp_provenance
+from pipelines.sun import RSUN_REF_M, apparent_rsun_arcsec, sun_geometry
+from pipelines.units import stamp_units
+
+__all__ = [
+    "CALIBRATION_KINDS",
+    "CAL_KEYWORDS",
+    "CalibrationInput",
+    "L2Result",
+    "load_calibration_master",
+    "calibrate_frame",
+    "required_kinds",
+]
+
+#: Kinds of calibration file the flow knows (``CALKIND`` values).
+CALIBRATION_KINDS = ("dark", "flat", "radiometric", "stray_light", "mask_geometry", "psf")
+
+
+@dataclass
+class CalibrationInput:
+    """One calibration file as the flow uses it.
+
+    Attributes
+    ----------
+    kind : str
+        ``dark``, ``flat``, ``radiometric``, ``stray_light``, ``mask_geometry`` (or ``psf``).
+    id : int or None
+        Database id of the calibration file (set by the caller; ``None`` outside the DB).
+    version : int
+        ``CALVER``.
+    sha256 : str
+        Hex SHA-256 of the file's bytes.
+    name : str
+        File name (recorded on the product).
+    channel : str
+        ``CHANNEL`` the file is for.
+    data : dict of str to numpy.ndarray
+        Arrays by role: dark ``bias`` [DN] and ``dark_rate`` [DN/s]; flat ``flat``; empty for
+        the parameter-only kinds.
+    parameters : dict
+        The primary-header keywords (``RADCOEF``, ``RADUNIT``, ``OCCRAD``, ``FOVRAD``,
+        ``STRAYB0``, ``STRAYR0``, ``STRAYIDX``, ...).
+    path : str or None
+        Where it was read from.
+    """
+
+    kind: str
+    id: int | None
+    version: int
+    sha256: str
+    name: str
+    channel: str
+    data: dict[str, np.ndarray] = field(default_factory=dict)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None
+
+    def param(self, key: str, cast=float) -> Any:
+        """Parameter ``key`` cast by ``cast``; :class:`DataError` if missing or invalid."""
+        try:
+            return cast(self.parameters[key])
+        except (KeyError, TypeError, ValueError):
+            raise DataError(f"{self.kind} calibration {self.name!r} lacks a valid {key} keyword") from None
+
+
+@dataclass
+class L2Result:
+    """A calibrated frame.
+
+    Attributes
+    ----------
+    data : numpy.ndarray, shape (ny, nx), float32
+        Physical units (``header['BUNIT']``): erg cm-2 s-1 sr-1 (SDI, WST) or MSB (SCI).
+        NaN where ``dq`` has NOT_FINITE or NO_DATA.
+    dq : numpy.ndarray, shape (ny, nx), uint8
+        DQ bits (:class:`pipelines.calibration.l2.steps.DQ`).
+    header : astropy.io.fits.Header
+        The L2 header.
+    stats : dict
+        JSON-ready summary: ``mean``, ``min``, ``max`` (exact) and ``median``, ``p01``, ``p99``
+        (exact, or sampled on large frames: ``percentiles``, ``percentile_rank_error``;
+        :func:`_stats`) of the good pixels (DQ 0), ``n_pixels``, ``n_good``, ``n_masked``,
+        counts per DQ bit, ``rsun_px``, ``channel``, ``bunit``, ``backend``.
+    uncertainty : numpy.ndarray, shape (ny, nx), float32, or None
+        Standard deviation of ``data`` per pixel, in ``BUNIT``
+        (:mod:`pipelines.calibration.l2.uncertainty`); NaN where ``data`` is NaN.
+    """
+
+    data: np.ndarray
+    dq: np.ndarray
+    header: fits.Header
+    stats: dict[str, Any]
+    uncertainty: np.ndarray | None = None
+
+
+def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    if kind == "stray_light" and "PROFILE" in hdul:
+        tab = hdul["PROFILE"].data
+        out["_profile_r"] = np.asarray(tab["R"], dtype=np.float64)
+        out["_profile"] = np.asarray(tab["STRAY"], dtype=np.float64)
+    for i, hdu in enumerate(hdul):
+        if hdu.data is None or getattr(hdu.data, "ndim", 0) != 2:
+            continue
+        name = str(hdu.header.get("EXTNAME", "")).strip().lower() or ("primary" if i == 0 else f"hdu{i}")
+        out[name] = np.asarray(hdu.data, dtype=np.float32)
+    if kind == "dark":
+        if "bias" not in out and "primary" in out:
+            out["bias"] = out.pop("primary")
+        if "darkrate" in out:
+            out["dark_rate"] = out.pop("darkrate")
+        if "bias" not in out or "dark_rate" not in out:
+            raise DataError("dark calibration needs a BIAS plane [DN] and a DARKRATE plane [DN/s]")
+    if kind == "stray_light" and any(not k.startswith("_") for k in out):
+        if "straymap" not in out:
+            planes = [k for k in out if not k.startswith("_") and not k.endswith("err")]
+            if planes:  # an error plane (STRAYERR) is never the map
+                out["straymap"] = out.pop("primary") if "primary" in out else out[planes[0]]
+    if kind == "flat":
+        if "flat" not in out and "primary" in out:
+            out["flat"] = out.pop("primary")
+        if "flat" not in out:
+            raise DataError("flat calibration holds no image")
+    return out
+
+
+def load_calibration_master(path: str | Path) -> CalibrationInput:
+    """Read a calibration master written by :mod:`pipelines.simulation` (or any file of that form).
+
+    Parameters
+    ----------
+    path : path-like
+        FITS file whose primary header has ``CALKIND``, ``CHANNEL``, ``CALVER``.
+
+    Returns
+    -------
+    CalibrationInput
+        ``id`` is ``None``: the caller sets it from its registry.
+
+    Raises
+    ------
+    FitsReadError
+        If the file is missing, not FITS, or fails its CHECKSUM/DATASUM.
+    DataError
+        If the header does not describe a calibration file or the arrays are missing.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FitsReadError(f"no such calibration file: {p}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with fits.open(p, memmap=False, checksum=True) as hdul:
+                hdul.verify("silentfix")
+                primary = hdul[0].header.copy()
+                bad_sum = any(
+                    ("CHECKSUM" in h.header and not getattr(h, "_checksum_valid", True))
+                    or ("DATASUM" in h.header and not getattr(h, "_datasum_valid", True))
+                    for h in hdul)
+                kind = str(primary.get("CALKIND", "")).strip().lower()
+                arrays = _master_arrays(kind, hdul) if kind else {}
+    except (OSError, ValueError, TypeError, IndexError, EOFError) as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise FitsReadError(f"unreadable calibration file {p.name}: {msg}") from None
+    if bad_sum or any("checksum" in str(w.message).lower() and issubclass(w.category, (UserWarning, VerifyWarning))
+                      for w in caught):
+        raise FitsReadError(f"calibration file {p.name} fails its CHECKSUM/DATASUM (corrupted)")
+    if not kind:
+        raise DataError(f"{p.name} is not a calibration file (no CALKIND in the primary header)")
+    if kind not in CALIBRATION_KINDS:
+        raise DataError(f"{p.name}: unknown CALKIND {kind!r}")
+    try:
+        version = int(primary["CALVER"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{p.name}: no integer CALVER") from None
+    channel = str(primary.get("CHANNEL", "")).strip().upper()
+    params = {k: primary[k] for k in primary if k not in ("", "COMMENT", "HISTORY")}
+    return CalibrationInput(kind=kind, id=None, version=version, sha256=sha256_file(p), name=p.name,
+                            channel=channel, data=arrays, parameters=params, path=str(p))
+
+
+def required_kinds(channel: str, options: CalibrationOptions | None = None) -> tuple[str, ...]:
+    """Calibration kinds :func:`calibrate_frame` needs for ``channel``.
+
+    SCI channels also need ``stray_light`` unless ``options.subtract_stray_light`` is
+    false; ``options.deconvolve_psf`` needs ``psf``. ``mask_geometry`` is optional:
+    without it the channel's nominal field of view (:mod:`pipelines.channels`) is used. A
+    ``psf`` given without ``deconvolve_psf`` is recorded, not applied.
+    """
+    opts = _options(options)
+    kinds = ["dark", "flat", "radiometric"]
+    if get_channel(channel).is_coronagraph and opts.subtract_stray_light:
+        kinds.append("stray_light")
+    if opts.deconvolve_psf:
+        kinds.append("psf")
+    return tuple(kinds)
+
+
+def bad_pixel_map(dark: CalibrationInput, *, nsigma: float = 8.0) -> np.ndarray:
+    """The bad-pixel map of a dark master (cached on it: a worker keeps its masters).
+
+    The master's ``BADPIX`` plane (non-zero = bad) when it has one, else the hot pixels of
+    its dark-rate plane by :func:`pipelines.calibration.l2.cosmics.find_hot_pixels`
+    (``nsigma`` robust standard deviations above the 5 x 5 local median).
+
+    Returns
+    -------
+    numpy.ndarray of bool, shape (ny, nx)
+    """
+    from pipelines.calibration.l2.cosmics import find_hot_pixels
+
+    cached = dark.data.get("_bad_pixels")
+    if cached is None:
+        if "badpix" in dark.data:
+            cached = dark.data["badpix"] != 0
+        else:
+            cached = find_hot_pixels(dark.data["dark_rate"], nsigma=nsigma, box=5)
+        dark.data["_bad_pixels"] = cached
+    return cached
+
+
+def _stray_model(cal: CalibrationInput) -> StrayLightModel:
+    return StrayLightModel(b_ref=cal.param("STRAYB0"), r_ref=cal.param("STRAYR0"), index=cal.param("STRAYIDX"),
+                           r_min=float(cal.parameters.get("STRAYRMN", 1.0)),
+                           r_max=float(cal.parameters.get("STRAYRMX", 3.0)))
+
+
+#: Good pixels up to which the percentiles are exact (2**20, a 1024 x 1024 frame: one
+#: ``partition`` of 4 MB); above it they come from a deterministic subsample (:func:`_stats`).
+EXACT_PERCENTILE_PIXELS = 2**20
+
+
+def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, backend: str) -> dict[str, Any]:
+    """The product's summary statistics of the good pixels (DQ 0 and finite).
+
+    Exact: ``n_good``, ``mean`` (float64 accumulation), ``min``, ``max`` and the DQ counts.
+    ``median``, ``p01``, ``p99``: exact (``numpy.percentile``, linear interpolation) up to
+    :data:`EXACT_PERCENTILE_PIXELS` good pixels; above it, *sampled*: the percentiles of
+    every k-th pixel in raster order (k = ceil(n_pixels / 2**20), about 2**20 pixels; the
+    same pixels for the same frame size, so reruns agree). Their error is stated, not
+    estimated: ``percentile_rank_error`` is the largest difference [percentage points]
+    between the percentile asked for and the exact rank of the value returned among all
+    good pixels (counted in one pass each); with ~1e6 samples it is of order 0.01-0.1
+    points (binomial standard error sqrt(p (1 - p) / m): 0.01 points at p = 1 %, 0.05 at
+    the median). ``percentiles`` says ``"exact"`` or ``"sampled: 1 pixel in k, raster order"``.
+    """
+    from pipelines.calibration.l2 import kernels
+
+    flat_data, flat_dq = data.reshape(-1), dq.reshape(-1)
+    if kernels.available(data, dq) and data.dtype == np.float32:
+        good = kernels.evaluate("(q == 0) & isfinite(x)", {"q": flat_dq.view(np.uint8), "x": flat_data})
+    else:
+        good = (flat_dq == 0) & np.isfinite(flat_data)
+    n_good = int(np.count_nonzero(good))
+    counts = np.bincount(flat_dq, minlength=256)  # one pass over the DQ for every bit
+    values = np.arange(counts.size)
+    stats: dict[str, Any] = {
+        "channel": channel,
+        "bunit": str(header.get("BUNIT", "")),
+        "backend": backend,
+        "n_pixels": int(data.size),
+        "n_good": n_good,
+        "n_masked": int(data.size - counts[0]),
+    }
+    for bit in DQ:
+        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    if n_good:
+        mean, vmin, vmax = _exact_moments(flat_data, good, n_good)
+        if n_good <= EXACT_PERCENTILE_PIXELS:
+            vals = flat_data[good]
+            p01, med, p99 = np.percentile(vals, [1, 50, 99], overwrite_input=True)
+            how, rank_err = "exact", 0.0
+        else:
+            k = -(-data.size // EXACT_PERCENTILE_PIXELS)
+            sub = flat_data[::k][good[::k]]  # a copy of ~1e6 values: reordered in place below
+            p01, med, p99 = np.percentile(sub, [1, 50, 99], overwrite_input=True)
+            del sub
+            how = f"sampled: 1 pixel in {k}, raster order"
+            rank_err = 0.0
+            for want, got in ((1.0, p01), (50.0, med), (99.0, p99)):
+                below = int(np.count_nonzero(kernels.evaluate("g & (x < v)", {"g": good, "x": flat_data,
+                                                                             "v": np.float32(got)})
+                                             if kernels.available(data) else good & (flat_data < np.float32(got))))
+                rank_err = max(rank_err, abs(100.0 * below / n_good - want))
+        stats.update(median=float(med), mean=mean, p01=float(p01), p99=float(p99), min=vmin, max=vmax,
+                     percentiles=how, percentile_rank_error=round(rank_err, 4))
+    else:
+        stats.update(median=None, mean=None, p01=None, p99=None, min=None, max=None, percentiles=None,
+                     percentile_rank_error=None)
+    del good
+    try:
+        geom = sun_geometry(header)
+        stats["rsun_px"] = float(geom.rsun_px)
+    except DataError:
+        stats["rsun_px"] = None
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+
+
+def _exact_moments(x: np.ndarray, good: np.ndarray, n_good: int) -> tuple[float, float, float]:
+    """Mean (float64 accumulation), min and max of ``x[good]`` without copying ``x[good]``:
+    the bad pixels replaced by the neutral value in one reused buffer (numexpr), then the
+    plain SIMD reductions (masked ``where=`` reductions are several times slower)."""
+    from pipelines.calibration.l2 import kernels
+
+    if not (kernels.available(x) and x.dtype == np.float32):
+        return (float(np.add.reduce(x, where=good, dtype=np.float64) / n_good),
+                float(np.min(x, where=good, initial=np.inf)), float(np.max(x, where=good, initial=-np.inf)))
+    env = {"g": good, "x": x, "z": np.float32(0.0)}
+    buf = kernels.evaluate("where(g, x, z)", env)
+    mean = float(np.add.reduce(buf, dtype=np.float64) / n_good)
+    env["z"] = np.float32(np.inf)
+    vmin = float(np.min(kernels.evaluate("where(g, x, z)", env, out=buf)))
+    env["z"] = np.float32(-np.inf)
+    vmax = float(np.max(kernels.evaluate("where(g, x, z)", env, out=buf)))
+    return mean, vmin, vmax
+
+
+def _options(options: CalibrationOptions | None) -> CalibrationOptions:
+    if options is None:
+        return CalibrationOptions()
+    if not isinstance(options, CalibrationOptions):
+        raise TypeError(f"options must be CalibrationOptions (pipelines.calibration.l2.options.as_options "
+                        f"validates a dict), got {type(options).__name__}")
+    return options
+
+
+def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[str, CalibrationInput],
+                    options: CalibrationOptions | None = None, *, backend: str | None = None) -> L2Result:
+    """Calibrate one raw LST frame to L2.
+
+    Parameters
+    ----------
+    data : numpy.ndarray, shape (ny, nx) [DN]
+        Raw frame as read by :func:`pipelines.fitsio.read_image`.
+    header : astropy.io.fits.Header
+        Its repaired header (``HPLN-TAN`` WCS, ISO ``DATE-OBS``, observer keywords,
+        ``EXPTIME``, channel keywords).
+    calibrations : dict of str to CalibrationInput
+        By kind: ``dark``, ``flat``, ``radiometric``, for SCI ``stray_light``; optional
+        ``mask_geometry`` (default: the channel's nominal field of view) and ``psf``
+        (recorded in the header, noted as not applied).
+    options : CalibrationOptions, optional
+        The calibration options (default: all defaults).
+    backend : {"numpy", "cupy"}, optional
+        Array backend of the arithmetic; default CuPy if ``options.device == 'gpu'``, else NumPy.
+
+    Returns
+    -------
+    L2Result
+
+    Raises
+    ------
+    TypeError
+        If ``options`` is not a :class:`CalibrationOptions` (a dict goes through ``as_options``).
+    NotLSTFrameError
+        If the header names no LST channel.
+    CalibrationMissingError
+        If a needed kind of calibration is not given.
+    DataError
+        If a calibration is for another channel or another frame size, or the frame or
+        its header is unusable (no EXPTIME, no WCS, ...).
+    """
+    opts = _options(options)
+    channel, cals = _checked_inputs(data, header, calibrations, opts)
+    spec = get_channel(channel)
+    xp = resolve_namespace(backend or ("cupy" if opts.device == "gpu" else "numpy"))
+    rad = cals["radiometric"]
+    unit = str(rad.parameters.get("RADUNIT", spec.bunit)).strip() or spec.bunit
+    if unit != spec.bunit:
+        raise DataError(f"radiometric calibration {rad.name!r} gives {unit!r}; {channel} products are in {spec.bunit!r}")
+    coef = rad.param("RADCOEF")
+    law = rad.parameters.get("RADRATE") not in (None, "", 0, 0.0)  # a time-dependent law (calibration.radiometry)
+    if law:
+        coef = coefficient_at(rad.parameters, header.get("DATE-OBS"))
+    img, dq, h, var = _detector_steps(data, _l2_header(header), cals, opts, xp, coef, unit)
+    if law:
+        h.add_history(f"convert_units: RADCOEF {rad.param('RADCOEF'):.6g} at {rad.parameters.get('RADEPOCH')} x "
+                      f"exp({rad.param('RADRATE'):.5f}/yr) = {coef:.6g} at DATE-OBS")
+    # the scale's own uncertainty (one number for the frame: a keyword, not in UNCERT)
+    h.remove("RADUNC", ignore_missing=True, remove_all=True)
+    radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
+    if radunc is not None:
+        h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma error of the radiometric scale")
+    tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
+    h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
+                                tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
+                                enabled=opts.fit_centre)
+    img, h, var = _stray_light_step(img, h, cals, opts, spec, xp, var)
+    dq, h = _mask_steps(img, dq, h, cals, spec, xp)
+    img, h = _psf_step(img, dq, h, cals, opts)
+    if opts.deconvolve_psf:
+        h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
+    if opts.rotate_north_up:
+        h_in = h
+        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order, method=opts.resample)
+        var = uncertainty.resample_variance(var, h_in, order=opts.interpolation_order,
+                                            threads=resample.default_threads(), method=opts.resample)
+        del h_in
+    else:
+        img = xp.astype(img, xp.float32)
+        h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
+    _stamp_l2(h, cals, unit, channel, backend_name(xp))
+    _stamp_dates(h)
+    out = to_numpy(img).astype(np.float32, copy=False)
+    dq_np = to_numpy(dq).astype(np.uint8, copy=False)
+    sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
+    sigma[~np.isfinite(out)] = np.nan
+    del var
+    h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
+                  "stray light; resampled with squared interpolation weights: pipelines.calibration.uncertainty)")
+    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)),
+                    uncertainty=sigma)
+
+
+def _checked_inputs(data: Any, header: fits.Header, calibrations: dict[str, CalibrationInput] | None,
+                    opts: CalibrationOptions) -> tuple[str, dict[str, CalibrationInput]]:
+    """The frame's channel and its calibrations, checked (kinds, channel, frame size)."""
+    if getattr(data, "ndim", None) != 2:
+        raise DataError(f"a frame must be a 2-D image, got shape {getattr(data, 'shape', None)}")
+    channel = channel_from_header(header)
+    if channel is None:
+        raise NotLSTFrameError("the header names no LST channel (TELESCOP/INSTRUME/DETECTOR/CHANNEL)")
+    cals = dict(calibrations or {})
+    missing = [k for k in required_kinds(channel, opts) if k not in cals]
+    if missing:
+        raise CalibrationMissingError(f"no {', '.join(missing)} calibration given for this {channel} frame")
+    for kind, cal in cals.items():
+        if cal.channel and cal.channel != channel:
+            raise DataError(f"the {kind} calibration {cal.name!r} is for {cal.channel}, the frame is {channel}")
+        if kind not in ("dark", "flat", "stray_light"):
+            continue  # only these hold frame-shaped planes (a PSF holds a kernel)
+        for name, arr in cal.data.items():
+            if name.startswith("_"):
+                continue
+            if tuple(arr.shape) != tuple(data.shape):
+                raise DataError(f"the {kind} calibration {cal.name!r} ({name}) is {arr.shape[1]}x{arr.shape[0]}, "
+                                f"the frame is {data.shape[1]}x{data.shape[0]}")
+    return channel, cals
+
+
+def _l2_header(header: fits.Header) -> fits.Header:
+    """The raw header as the start of the L2 one: scaling and checksums dropped, the raw
+    file named in ``RAWFILE``, ``DATE_OBS`` kept equal to ``DATE-OBS``."""
+    h = header.copy()
+    for key in ("BZERO", "BSCALE", "BLANK", "CHECKSUM", "DATASUM"):
+        h.remove(key, ignore_missing=True, remove_all=True)
+    if "FILENAME" in h:
+        stamp_provenance(h, {"RAWFILE": str(h["FILENAME"])})
+        del h["FILENAME"]
+    if "DATE_OBS" in h:
+        h["DATE_OBS"] = (str(h["DATE-OBS"]), "[UTC] ISO 8601")
+    return h
+
+
+def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput],
+                    opts: CalibrationOptions, xp: Any, coef: float, unit: str) -> tuple[Any, Any, fits.Header, Any]:
+    """Invalid and bad pixels, dark (by exposure and temperature), cosmic rays, flat, DN/s,
+    physical units; and the variance of the result [unit**2] (:mod:`pipelines.calibration.l2.uncertainty`).
+
+    Without cosmic-ray cleaning (the default) on NumPy, the dark, flat, exposure and units
+    run fused in one pass (:func:`pipelines.calibration.l2.steps.correct_detector_signal`), and
+    so does their variance (:func:`pipelines.calibration.l2.uncertainty.detector_variance`);
+    HISTORY has the same lines (the skipped cosmic-ray step's comes first). Otherwise the
+    steps run one by one (cosmic rays are found on the dark-subtracted frame in DN).
+    """
+    # float32 arithmetic: raw DN (<= 65535) are exact, masters are stored as float32, and the
+    # relative rounding (6e-8) is far below what the calibration can resolve
+    raw = to_device(data, xp, dtype=xp.float32)
+    dq, h = steps.flag_invalid_pixels(raw, None, h, saturation_dn=float(opts.saturation_dn))
+    dark = cals["dark"]
+    if opts.flag_bad_pixels:
+        dq, h = steps.flag_bad_pixels(dq, h, to_device(bad_pixel_map(dark), xp), source=dark.name)
+    else:
+        dq, h = steps.flag_bad_pixels(dq, h, None)
+    tref, tdbl = dark.parameters.get("DARKTREF"), dark.parameters.get("DARKTDBL")
+    tref = float(tref) if tref not in (None, "") else None
+    tdbl = float(tdbl) if tdbl not in (None, "") else None
+    bias = to_device(dark.data["bias"], xp, xp.float32)
+    dark_rate = to_device(dark.data["dark_rate"], xp, xp.float32)
+    gain, read_noise, noise_src = uncertainty.detector_noise(h, dark.parameters)
+    flat_cal = cals["flat"]
+    flat = to_device(flat_cal.data["flat"], xp, xp.float32)
+    flat_err = to_device(flat_cal.data["flaterr"], xp, xp.float32) if "flaterr" in flat_cal.data else None
+    dark_err = "biaserr" in dark.data or "darkerr" in dark.data
+    if not opts.remove_cosmic_rays and backend_name(xp) == "numpy":
+        _img, dq, h = steps.clean_cosmic_rays(raw, dq, h, enabled=False)
+        img, h = steps.correct_detector_signal(raw, h, bias, dark_rate, flat, coef, unit,
+                                               reference_temperature_c=tref, doubling_temperature_c=tdbl)
+        t = exposure_seconds(h)
+        planes = {k: to_device(dark.data[k], xp, xp.float32) for k in ("biaserr", "darkerr") if k in dark.data}
+        var = uncertainty.detector_variance(raw, bias, gain, read_noise, planes, t * float(h.get("DARKTFAC", 1.0)),
+                                            flat, flat_err, dark_rate, t, coef)
+        del raw, bias, dark_rate, flat, flat_err, planes
+    else:
+        var = uncertainty.raw_variance(raw, bias, gain, read_noise)
+        img, h = steps.subtract_dark(raw, h, bias, dark_rate, reference_temperature_c=tref,
+                                     doubling_temperature_c=tdbl)
+        del raw, bias
+        t = exposure_seconds(h)
+        var, dark_err = uncertainty.dark_variance(var, dark.data, t * float(h.get("DARKTFAC", 1.0)), xp)
+        img, dq, h = steps.clean_cosmic_rays(img, dq, h, enabled=opts.remove_cosmic_rays,
+                                             gain=float(h.get("GAIN", dark.parameters.get("GAIN", 1.0)) or 1.0))
+        img, h = steps.correct_flat(img, h, flat)
+        var = uncertainty.flat_variance(var, img, flat, flat_err)
+        del flat, flat_err
+        img, h = steps.normalize_exposure(img, h)
+        var = var / xp.asarray(t * t, dtype=var.dtype)
+        img, h = steps.convert_units(img, h, coef, unit)
+        var = var * xp.asarray(coef * coef, dtype=var.dtype)
+    h["UNCGAIN"] = (gain, f"[e/DN] Poisson gain ({noise_src})")
+    h["UNCRDN"] = (read_noise, f"[DN] read noise ({noise_src})")
+    h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
+                  f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
+                  f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}")
+    return img, dq, h, var
+
+
+def _stray_representation(stray_cal: CalibrationInput, source: str, xp: Any) -> tuple[Any, str]:
+    """The representation of a stray-light master chosen by ``CalibrationOptions.stray_light_source``.
+
+    Returns the model for :func:`pipelines.calibration.l2.steps.subtract_stray_light` and a
+    phrase for HISTORY. Raises :class:`~pipelines.errors.DataError` when the master lacks it.
+    """
+    stray_type = str(stray_cal.parameters.get("STRAYTYP", "")).strip().upper()
+    has_profile = "_profile" in stray_cal.data
+    has_map = "straymap" in stray_cal.data
+    if source == "auto":
+        source = "profile" if stray_type == "PROFILE" and has_profile else ("map" if has_map else "law")
+        how = f"STRAYTYP={stray_type or 'none'} chose the {source}"
+    else:
+        how = "requested"
+    if source == "profile":
+        if not has_profile:
+            raise DataError(f"stray_light_source=profile: master {stray_cal.name!r} has no PROFILE table")
+        prof_r, prof = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile"])
+        ok = np.isfinite(prof)
+        if ok.sum() < 2:
+            raise DataError(f"stray_light_source=profile: master {stray_cal.name!r} has fewer than 2 finite radii")
+        return (steps.StrayLightProfile(tuple(prof_r[ok].tolist()), tuple(prof[ok].tolist())),
+                f"measured radial profile of {stray_cal.name} ({how})")
+    if source == "map":
+        if not has_map:
+            raise DataError(f"stray_light_source=map: master {stray_cal.name!r} has no stray-light map plane")
+        return to_device(stray_cal.data["straymap"], xp, xp.float32), f"measured map of {stray_cal.name} ({how})"
+    try:
+        model = _stray_model(stray_cal)
+    except (KeyError, TypeError, ValueError, DataError) as exc:
+        raise DataError(f"stray_light_source=law: master {stray_cal.name!r} has no power-law keywords "
+                        f"(STRAYB0, STRAYR0, STRAYIDX): {exc}") from None
+    return model, f"power law of {stray_cal.name} ({how})"
+
+
+def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput], opts: CalibrationOptions,
+                      spec: Any, xp: Any, var: Any) -> tuple[Any, fits.Header, Any]:
+    """SCI stray light: a measured radial profile, a measured map or the power-law model;
+    the variance gets the model's stated uncertainty (``STRAYUNC`` or a ``STRAYERR`` plane)."""
+    if spec.is_coronagraph and not opts.subtract_stray_light:
+        h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
+        return img, h, var
+    stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
+    model = None
+    if stray_cal is not None:
+        model, what = _stray_representation(stray_cal, opts.stray_light_source, xp)
+        h.add_history(f"stray_light_source={opts.stray_light_source}: {what}")
+    img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
+    if spec.is_coronagraph and stray_cal is not None:
+        frac = stray_cal.parameters.get("STRAYUNC")
+        var, why = uncertainty.stray_light_variance(var, h, model, float(frac) if frac not in (None, "") else None,
+                                                    stray_cal.data.get("strayerr"))
+        h.add_history(f"uncertainty: {why}")
+    return img, h, var
+
+
+def _occulter_rsun(cals: dict[str, CalibrationInput], spec: Any) -> float | None:
+    """SCI occulter radius [Rsun]: ``OCCRAD`` of the mask geometry, else the channel's."""
+    if not spec.is_coronagraph:
+        return None
+    occ = cals["mask_geometry"].parameters.get("OCCRAD") if "mask_geometry" in cals else None
+    return float(occ) if occ not in (None, "") else float(spec.fov_rsun_min)
+
+
+def _mask_steps(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput], spec: Any,
+                xp: Any) -> tuple[Any, fits.Header]:
+    """Non-finite pixels, the occulter (SCI) and the field stop, from ``mask_geometry`` or
+    the channel's nominal field of view."""
+    if "mask_geometry" in cals:
+        geo = cals["mask_geometry"].parameters
+    else:
+        geo = {"OCCRAD": spec.fov_rsun_min, "FOVRAD": spec.fov_rsun_max}
+        h.add_history(f"calibrate_frame: no mask_geometry calibration; nominal {spec.code} field of view used "
+                      f"(occulter {spec.fov_rsun_min} Rsun, outer {spec.fov_rsun_max} Rsun)")
+    occ = geo.get("OCCRAD")
+    occ = float(occ) if occ not in (None, "") else None
+    fov = geo.get("FOVRAD", spec.fov_rsun_max)
+    if isinstance(img, np.ndarray) and isinstance(dq, np.ndarray):  # in place on our own DQ: one pass, no temporaries
+        bad = ~np.isfinite(img)
+        if bad.any():
+            np.bitwise_or(dq, np.uint8(int(DQ.NOT_FINITE)), out=dq, where=bad)
+        del bad
+    else:
+        dq = xp.where(xp.isfinite(img), dq, dq | xp.asarray(int(DQ.NOT_FINITE), dtype=xp.uint8))
+    dq, h = steps.mask_occulter(dq, h, occ if spec.is_coronagraph else None)
+    return steps.mask_field_of_view(dq, h, float(fov) if fov not in (None, "") else None)
+
+
+def _psf_step(img: Any, dq: Any, h: fits.Header, cals: dict[str, CalibrationInput],
+              opts: CalibrationOptions) -> tuple[Any, fits.Header]:
+    """SDI Richardson-Lucy deconvolution on request; a PSF file given but not applied is said so."""
+    if opts.deconvolve_psf:
+        psf_cal = cals["psf"]
+        kernel = psf_cal.data.get("primary", psf_cal.data.get("psf"))
+        if kernel is None:
+            raise DataError(f"PSF calibration {psf_cal.name!r} holds no kernel")
+        return steps.deconvolve_psf(img, dq, h, kernel, n_iter=opts.psf_iterations, source=psf_cal.name)
+    img, h = steps.deconvolve_psf(img, dq, h, None)
+    if "psf" in cals:
+        h.add_history(f"deconvolve_psf: not applied (option deconvolve_psf=false); PSF file {cals['psf'].name} "
+                      "recorded")
+    return img, h
+
+
+def _stamp_dates(h: fits.Header) -> None:
+    """``DATE-BEG``, ``DATE-AVG``, ``DATE-END``, ``TIMESYS`` (and ``XPOSURE``) from ``DATE-OBS`` and the exposure.
+
+    ``DATE-OBS`` is the start of the exposure (FITS 4.0 sect. 9.1.1; LST writes it so), the
+    end is ``DATE-OBS`` + the exposure (:func:`pipelines.fitsio.exposure_seconds`), the mean
+    their midpoint (what sunpy's ``Map.date_start``, ``date_end`` and ``date_average`` read).
+    They describe the observation, not the making of the product, so they are stamped here
+    and are not rows of :data:`pipelines.provenance.L2_PROVENANCE`. A date is never written
+    empty: no valid ``DATE-OBS`` refuses the frame.
+    """
+    from astropy import units as u
+    from astropy.time import Time
+
+    raw = h.get("DATE-OBS")
+    try:
+        if raw is None or str(raw).strip() == "":
+            raise ValueError("empty")
+        start = Time(str(raw).strip(), format="isot", scale="utc")
+    except ValueError:
+        raise DataError(f"the frame has no valid ISO DATE-OBS ({raw!r}); read it with pipelines.fitsio.read_image") from None
+    t = exposure_seconds(h)
+    end = start + t * u.s
+    mid = start + (t / 2.0) * u.s
+    h.set("TIMESYS", "UTC", "time scale of the DATE-* keywords", after="DATE-OBS")
+    h.set("DATE-BEG", start.isot, "[UTC] start of the exposure (DATE-OBS)", after="TIMESYS")
+    h.set("DATE-AVG", mid.isot, "[UTC] middle of the exposure", after="DATE-BEG")
+    h.set("DATE-END", end.isot, "[UTC] end of the exposure", after="DATE-AVG")
+    h["DATE-OBS"] = (start.isot, "[UTC] start of the exposure")
+    if "XPOSURE" not in h:  # the FITS 4.0 keyword, whichever the raw frame gave (sunpy's exposure_time)
+        h.set("XPOSURE", t, "[s] exposure time", after="DATE-END")
+
+
+def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, channel: str, backend: str) -> None:
+    """Calibration files, solar radius keywords, level, unit, channel and backend."""
+    for cal in cals.values():
+        if cal.kind in CAL_KEYWORDS:
+            stamp_provenance(h, calibration_values(cal.kind, cal.name, cal.version, cal.id, cal.sha256))
+    if "RSUN_REF" not in h:
+        h["RSUN_REF"] = (RSUN_REF_M, "[m] solar radius (IAU 2015 nominal)")
+    if "RSUN_OBS" not in h:
+        h["RSUN_OBS"] = (apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
+    stamp_provenance(h, {"LEVEL": "L2", "BUNIT": unit, "CHANNEL": channel, "BACKEND": backend})
+    stamp_units(h, channel)  # BUNIT readable by astropy; SCI: 1 MSB as a radiance, MSBVALUE (pipelines.units)

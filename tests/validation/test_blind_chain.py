@@ -1,0 +1,221 @@
+"""Gates of the blind end-to-end chain (issue 14 item 1): the chain derives every master itself.
+
+One run per channel at 256 px with noise on (:func:`validation.blind_chain.run`),
+shared by the tests; the truth is used only to score. Each gate is shown able to fail on a
+control the same run measures (the header's centre, the dark without its temperature law,
+no flat) or on a small synthetic case. Each error source is gated against its own claim
+(:data:`validation.blind_chain.GATES`): the per-pixel uncertainty against the
+random error (the truth where the product says each pixel is, at its own level), the centre
+against 0.1 px and against the product's ``CRDER``/``CSYER``, the level of L2 against the
+truth as it is.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from validation import blind_chain as bc
+
+SIZE = 256
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return bc.run(SIZE, True, 0)
+
+
+def test_every_gate_passes(chain):
+    assert bc.gate_failures(chain) == []
+
+
+@pytest.mark.parametrize("c", bc.CHANNELS)
+def test_pull_width_of_l2_against_the_random_error(chain, c):
+    assert abs(chain[f"pull_width_centre_level_corrected_{c}"] - 1.0) <= bc.GATES["pull_width_dev"]
+    # and centred (the level is divided out by the median ratio over the bright pixels, so this checks
+    # that the residuals carry no bias that varies with brightness, not the level itself)
+    assert abs(chain[f"pull_median_centre_level_corrected_{c}"]) <= 0.05
+
+
+@pytest.mark.parametrize("c", bc.CHANNELS)
+def test_level_of_l2_against_the_truth_as_it_is(chain, c):
+    assert abs(chain[f"level_{c}"] - 1.0) <= bc.level_tolerance(chain, c)
+
+
+@pytest.mark.parametrize("c", bc.CHANNELS)
+def test_centre_within_the_products_own_claim(chain, c):
+    """The error of the centre used lies within hypot(CSYER) + 3 hypot(CRDER) that the product states."""
+    assert chain[f"centre_err_arcsec_{c}"] <= chain[f"centre_claim_arcsec_{c}"]
+    # the claim is not vacuous: the 2 px header error would break it
+    scale = chain[f"centre_err_arcsec_{c}"] / chain[f"centre_err_px_{c}"]
+    assert chain[f"centre_err_px_header_{c}"] * scale > chain[f"centre_claim_arcsec_{c}"]
+
+
+@pytest.mark.parametrize("c,r", [(c, r) for c in ("SCI-UV", "SCI-WL") for r in bc.RADII])
+def test_stray_light_within_5_percent_of_the_k_corona(chain, c, r):
+    assert chain[f"stray_pct_{c}_r{r:g}"] <= bc.GATES["stray_pct"]
+
+
+def test_every_other_gate_passes_per_channel(chain):
+    for c in bc.CHANNELS:
+        assert chain[f"header_err_px_{c}"] == pytest.approx(2.0, abs=1e-3), c
+        assert chain[f"centre_err_px_{c}"] <= 0.1, c  # SDI only just (0.097 px): the scene's limb offset
+        assert chain[f"fit_used_{c}"] == 1.0, c
+        assert chain[f"dark_err_frac_{c}"] <= 0.02, c
+        assert chain[f"tdbl_{c}"] == pytest.approx(bc.HIDDEN_DOUBLING_C, rel=0.05), c
+    for c in ("SDI", "WST"):
+        assert chain[f"flat_rms_{c}"] <= 0.005, c
+    for c in ("SCI-UV", "SCI-WL"):  # the SCI level error is the stray estimate's: without it the level is right
+        assert abs(chain[f"level_stray_corrected_{c}"] - 1.0) <= bc.GATES["level_dev_sci"], c
+
+
+def test_the_gates_fail_on_the_controls(chain):
+    """The header's centre (fit off), the dark without its temperature law and no flat miss the gates."""
+    for c in bc.CHANNELS:
+        assert chain[f"centre_err_px_header_{c}"] > 1.9
+        assert chain[f"dark_err_frac_unscaled_{c}"] > 0.3  # 2**(3/6.3) - 1 of the dark at -15 C vs -21 C
+    for c in ("SDI", "WST"):
+        assert chain[f"flat_rms_none_{c}"] > 0.01
+    for c in bc.CHANNELS:
+        if chain[f"cr_detectable_pix_saa_{c}"] > 0:
+            assert chain[f"cr_residual_frac_off_{c}"] > 0.8  # rejection off: the hits stay
+    bad = dict(chain)
+    bad["centre_err_px_WST"] = chain["centre_err_px_header_WST"]
+    bad["dark_err_frac_SDI"] = chain["dark_err_frac_unscaled_SDI"]
+    bad["flat_rms_SDI"] = chain["flat_rms_none_SDI"]
+    bad["centre_err_arcsec_SDI"] = chain["centre_err_px_header_SDI"] * (chain["centre_err_arcsec_SDI"]
+                                                                         / chain["centre_err_px_SDI"])
+    bad["pull_width_centre_level_corrected_SCI-UV"] = 1.08
+    bad["cr_residual_frac_saa_SCI-WL"] = chain["cr_residual_frac_off_SCI-WL"]
+    bad["level_WST"] = 1.012
+    bad["level_SCI-WL"] = 1.0 + bc.level_tolerance(chain, "SCI-WL") + 0.002
+    bad["stray_pct_SCI-WL_r2.5"] = 5.1
+    assert set(bc.gate_failures(bad)) - set(bc.gate_failures(chain)) == {
+        "centre WST", "centre claim SDI", "dark SDI", "flat SDI", "pull width SCI-UV", "cosmic-ray residual SCI-WL",
+        "level WST", "level SCI-WL", "stray SCI-WL 2.5 Rsun"}
+    # a product without the WCS error keywords states no claim: that fails too
+    bad = dict(chain)
+    bad["centre_claim_arcsec_WST"] = float("nan")
+    assert bc.gate_failures(bad) == ["centre claim WST"]
+
+
+def test_cosmic_rays_at_the_leo_rate_and_in_the_saa(chain):
+    for c in bc.CHANNELS:
+        assert chain[f"cr_events_saa_{c}"] > 10 * max(chain[f"cr_events_q_{c}"], 1) or chain[f"cr_events_q_{c}"] == 0
+    # SDI: 1 s on 4.6 cm x 4.6 cm at 1.2 cm-2 s-1: ~25 events outside the SAA
+    assert 10 <= chain["cr_events_q_SDI"] <= 50
+    for c in bc.CHANNELS:
+        if chain[f"cr_detectable_pix_saa_{c}"] > 0:
+            assert chain[f"cr_found_frac_saa_{c}"] >= bc.GATES["cr_found_frac"], c
+            assert abs(chain[f"cr_residual_frac_saa_{c}"]) <= bc.GATES["cr_residual_frac"], c
+
+
+def test_stray_light_is_scored_for_sci_only(chain):
+    assert all(f"stray_pct_{c}_r{r:g}" in chain for c in ("SCI-UV", "SCI-WL") for r in bc.RADII)
+    assert not any(k.startswith("stray_pct_SDI") or k.startswith("stray_pct_WST") for k in chain)
+
+
+def test_dark_model_recovers_the_temperature_law_and_needs_two_temperatures():
+    rng = np.random.default_rng(1)
+    bias = 100 + rng.normal(0, 3, (32, 32))
+    rate0 = np.exp(rng.normal(0, 0.25, (32, 32)))  # DN/s at -20 C
+    frames = lambda t: [(t, bias + rate0 * 2 ** ((t + 20) / 7.0) * 20.0 + rng.normal(0, 2.5, bias.shape))  # noqa: E731
+                        for _ in range(4)]
+    est = bc.estimate_dark_model([bias + rng.normal(0, 2.5, bias.shape) for _ in range(8)],
+                                 frames(-30.0) + frames(-20.0) + frames(-10.0), 20.0)
+    assert est["tdbl"] == pytest.approx(7.0, rel=0.02)
+    assert est["tref"] == pytest.approx(-20.0)
+    pull = (est["dark_rate"] - rate0) / est["darkerr"]  # the stated error holds the scatter
+    assert 0.8 < 1.4826 * np.median(np.abs(pull - np.median(pull))) < 1.25
+    assert abs(np.median(pull)) < 0.2
+    with pytest.raises(ValueError, match="two or more temperatures"):
+        bc.estimate_dark_model([bias, bias], frames(-20.0), 20.0)
+
+
+def test_saa_flag_by_time():
+    day = dt.date(2024, 1, 1)
+    passes = bc.saa_passes(day)
+    assert len(passes) == bc.SAA_ORBITS_PER_DAY
+    a, b = passes[0]
+    assert bc.in_saa(a + (b - a) / 2) and not bc.in_saa(a - dt.timedelta(minutes=1))
+    assert bc.cosmic_ray_rate(a) == pytest.approx(bc.CR_RATE_QUIET_CM2_S * bc.SAA_RATE_FACTOR)
+    assert bc.cosmic_ray_rate(dt.datetime(2024, 1, 1, 0, 10)) == pytest.approx(bc.CR_RATE_QUIET_CM2_S)
+
+
+def test_summary_table_leaves_a_dash_for_parts_that_did_not_run():
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parents[2] / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    title = next(t for t, m in vc.BLIND_PARTS.items() if m.endswith("blind_units"))
+    res = {"parts": {title: {"noise_on": {"pull_width_SDI": 1.01, "median_l2_error_pct_SDI": 0.3}}}}
+    lines = vc._blind_summary(res)
+    row = next(line for line in lines if line.startswith("| SDI | on |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert "1.010 †" in cells and "0.30 % †" in cells
+    assert cells.count("n/a") == 4 and "—" in cells
+    off = next(line for line in lines if line.startswith("| SCI-WL | off |"))
+    assert "n/a" not in off
+
+
+# ---- SDI radiometry from its own campaign (issue 14 item 5 joined to item 1)
+
+
+def test_sdi_is_calibrated_with_the_law_its_campaign_fitted(chain):
+    """The campaign (same hidden detector, coefficient anchored at the science frame's) fitted with the
+    chain's own dark and KLL flat; the science frame lies within its validity."""
+    from validation.blind_radiometry import gate_tolerance
+    from pipelines.calibration.masters.radiometry import LASP_SCALE_UNCERTAINTY
+
+    assert chain["radiometry_from_campaign_SDI"] == 1.0
+    assert chain["radcal_fit_accepted_SDI"] == 1.0 and chain["radcal_valid_SDI"] == 1.0
+    assert chain["radcal_n_days_SDI"] >= 12
+    assert chain["radcal_rate_per_year_SDI"] == pytest.approx(chain["radcal_rate_true_per_year_SDI"], abs=0.002)
+    # the product states its scale's uncertainty: the fit's error at DATE-OBS and the LASP scale's 5 %
+    assert LASP_SCALE_UNCERTAINTY <= chain["radunc_SDI"] <= LASP_SCALE_UNCERTAINTY + 0.01
+    assert bc.level_tolerance(chain, "SDI") == pytest.approx(0.02 + chain["radunc_SDI"])
+    assert abs(chain["level_SDI"] - 1.0) <= gate_tolerance() + 0.01
+    # the level is the series' hidden scale error and nothing more: 1 / (1 + delta)
+    assert chain["level_SDI"] * (1.0 + chain["lasp_scale_error_hidden_SDI"]) == pytest.approx(
+        chain["level_scale_error_removed_SDI"])
+    assert abs(chain["level_scale_error_removed_SDI"] - 1.0) <= 0.003  # measured 0.0002 (seed 0)
+
+
+def test_the_kll_flat_constant_cancels_with_the_campaign_law(chain):
+    """With the given RADCOEF the SDI level is the KLL flat's constant (1 / flat_level); with the law
+    fitted through the same flat, what is left beyond the series' scale error is smaller."""
+    given = chain["level_given_radcoef_SDI"]
+    assert given == pytest.approx(1.0 / chain["flat_level_SDI"], abs=0.001)
+    assert abs(chain["flat_level_SDI"] - 1.0) > 0.001
+    assert abs(chain["level_scale_error_removed_SDI"] - 1.0) < abs(given - 1.0)
+
+
+def test_sdi_level_gate_follows_the_radiometry_used(chain):
+    ok, off = dict(chain, level_SDI=1.06), dict(chain, level_SDI=1.08)
+    assert "level SDI" not in bc.gate_failures(ok) and "level SDI" in bc.gate_failures(off)
+    # what the chain adds beyond the series' scale error is gated at 1 %
+    assert "level beyond the series' scale SDI" not in bc.gate_failures(chain)
+    assert "level beyond the series' scale SDI" in bc.gate_failures(dict(chain, level_scale_error_removed_SDI=1.012))
+    # SCI: everything but the stray-light estimate within 1 %
+    assert "level without stray SCI-UV" in bc.gate_failures(dict(chain, **{"level_stray_corrected_SCI-UV": 0.988}))
+    given = dict(chain, level_SDI=1.012, radiometry_from_campaign_SDI=0.0)
+    assert "level SDI" in bc.gate_failures(given)  # the given RADCOEF: the 1 % disk gate
+    with pytest.raises(ValueError, match="sdi_radiometry"):
+        bc._run(SIZE, True, 0, channels=("SDI",), sdi_radiometry="lasp")
+
+
+def test_report_states_the_gates_of_the_run(chain, tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parents[2] / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    title = next(t for t, m in vc.BLIND_PARTS.items() if m.endswith("blind_chain"))
+    res = {"size": SIZE, "seed": 0, "when": "now", "machine": "here", "parts": {title: {"noise_on": chain}}}
+    text = vc.write_blind_report(res, tmp_path).read_text()
+    assert "(noise on): all pass." in text
+    res["parts"][title]["noise_on"] = dict(chain, level_WST=1.02)
+    assert "**missed: level WST**" in vc.write_blind_report(res, tmp_path).read_text()
