@@ -309,6 +309,10 @@ class Product(Base):
     quicklook_path: Mapped[str | None] = mapped_column(Text)
     header: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     stats: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    #: Frame-wide systematics the calibration flagged: the product header's ``QUALITY``, bits of
+    #: ``pipelines.calibration.l2.quality.FrameQuality`` (1 centre fit refused, 2 centre fit
+    #: failed, 4 stray light refused, 8 flat plane stated); 0: none (migration 0019).
+    quality_flags: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: The machine-readable manifest recorded when the file was written (inputs, calibration
     #: files, options, versions, backend, sha256 of file and arrays, re-run command):
     #: ``backend.services.manifests.product_manifest``.

@@ -10,8 +10,8 @@ What a product file holds (:mod:`pipelines.products`): HDU 0 the data (float32, 
 * :func:`load_l2` (and, without the platform installed, ``lstdp_client.open_l2`` of the
   Python client): one map with ``mask`` and ``uncertainty`` set;
 * ``sunpy.map.Map(path, hdus=0)``: the data map alone, with ``.unit`` from ``BUNIT``
-  (``erg / (s sr cm2)`` for SDI/WST; for SCI one MSB of the passband as a scaled radiance,
-  e.g. ``102408 erg / (s sr cm2)`` for SCI-UV) but no mask and no uncertainty. Without
+  (``erg / (s sr cm2)`` for SDI/WST; for SCI ``dimensionless``: the data are in MSB, and
+  ``MSBVALUE`` is 1 MSB in erg cm-2 s-1 sr-1) but no mask and no uncertainty. Without
   ``hdus=0`` sunpy makes a map of every 2-D image HDU: a list of three (data, uncertainty, DQ).
 """
 
@@ -40,8 +40,9 @@ def load_l2(path: str | os.PathLike) -> Any:
         ``data`` float32 (ny, nx) in ``map.unit``; ``mask`` bool (ny, nx), True where the DQ
         is non-zero or the data are not finite; ``uncertainty`` an
         ``astropy.nddata.StdDevUncertainty`` (ny, nx) in the data's unit, or ``None`` for a
-        product without ``UNCERT``. ``map.meta['bunit']`` is always astropy-readable: an
-        older SCI product's ``'MSB'`` is rewritten as its channel's MSB radiance
+        product without ``UNCERT``. ``map.meta['bunit']`` is always astropy-readable and,
+        for SCI, 1 MSB as a radiance: the file's dimensionless ``BUNIT`` (or an older
+        product's ``'MSB'``) is rewritten as ``MSBVALUE`` erg cm-2 s-1 sr-1
         (:func:`pipelines.units.header_unit`).
 
     Raises
@@ -68,7 +69,9 @@ def load_l2(path: str | os.PathLike) -> Any:
         raise FitsReadError(f"{os.path.basename(os.fspath(path))}: UNCERT shape {sigma.shape} differs from "
                             f"image shape {data.shape}")
     unit = header_unit(header)
-    if unit is not None and str(header.get("BUNIT", "")).strip().upper() == "MSB":
+    if unit is not None and str(header.get("BUNIT", "") or "").strip().upper() in ("MSB", ""):
+        # SCI: the file's BUNIT is dimensionless (MSB, strict FITS) or an older 'MSB'; the map
+        # gets 1 MSB as a radiance, so that map.quantity converts to erg cm-2 s-1 sr-1
         header["BUNITNAM"] = ("MSB", "data in mean solar brightness")
         scale = (1 * unit).to_value(RADIANCE_UNIT)
         header["BUNIT"] = (f"{scale:.9E} {RADIANCE_UNIT}", "1 MSB as a radiance")

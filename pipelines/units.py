@@ -28,12 +28,15 @@ mean over the disk is what an irradiance measures either way).
 
 FITS keywords written on SCI products (:func:`stamp_units`):
 
-* ``BUNIT = '1.024078E+05 erg cm-2 s-1 sr-1'``: the data stay in MSB; the unit *is* one MSB
-  written as a scaled radiance, so ``astropy.units.Unit(header['BUNIT'])`` parses it and
-  ``sunpy.map.Map(path, hdus=0).unit`` is that unit (``map.quantity.to('erg cm-2 s-1 sr-1')``
-  converts to radiance). Strict FITS 4.0 (sect. 4.3.1) allows only powers of ten as a unit
-  factor; astropy's ``format='fits'`` parser refuses the factor, its generic parser (the one
-  sunpy uses) reads it. ``BUNITNAM = 'MSB'`` keeps the name;
+* ``BUNIT = ''``: the data are in MSB, a ratio of two radiances in one passband, so their FITS
+  unit is dimensionless (the empty string of the FITS 4.0 unit grammar, sect. 4.3). Strict FITS
+  allows only powers of ten as a unit factor, so 1 MSB cannot be written as a scaled radiance:
+  ``astropy.units.Unit(bunit, format='fits', parse_strict='raise')`` refused the
+  ``'1.024078E+05 erg cm-2 s-1 sr-1'`` that products carried until lstdp 0.1.1 (issue 27,
+  item 8), and reads ``''``. ``sunpy.map.Map(path, hdus=0).unit`` is
+  ``dimensionless_unscaled``; :func:`header_unit` (and :func:`pipelines.io.load_l2`, whose map
+  is in that unit) gives 1 MSB as a radiance from ``MSBVALUE``. ``BUNITNAM = 'MSB'`` keeps the
+  name;
 * ``MSBVALUE`` [erg cm-2 s-1 sr-1]: 1 MSB of this passband (data x MSBVALUE = radiance);
 * ``MSBWAVE1``/``MSBWAVE2`` [nm]: the passband over which the disk radiance is taken;
 * ``MSBSRC``: the source of the value.
@@ -61,7 +64,7 @@ from pipelines.channels import get_channel
 from pipelines.sun import RSUN_REF_M
 
 __all__ = ["RADIANCE_UNIT", "OMEGA_SUN_1AU", "MSBDefinition", "MSB_UV", "MSB_WL", "MSB_DEFINITIONS",
-           "msb_definition", "product_bunit", "stamp_units", "header_unit", "display_unit"]
+           "msb_definition", "msb_unit", "product_bunit", "stamp_units", "header_unit", "display_unit"]
 
 RADIANCE_UNIT = "erg cm-2 s-1 sr-1"
 
@@ -145,21 +148,34 @@ def msb_definition(channel: str) -> MSBDefinition:
 
 
 def product_bunit(channel: str) -> str:
-    """``BUNIT`` of an L2 product of ``channel``: the radiance unit, or 1 MSB as a scaled radiance.
+    """``BUNIT`` of an L2 product of ``channel``, readable by strict FITS unit parsing
+    (``astropy.units.Unit(bunit, format="fits", parse_strict="raise")``): the radiance unit,
+    or ``''`` (dimensionless: the data are in MSB, 1 MSB = ``MSBVALUE``) for SCI.
 
     >>> product_bunit("SDI")
     'erg cm-2 s-1 sr-1'
-    >>> product_bunit("SCI-WL")  # doctest: +SKIP
-    '1.679353E+09 erg cm-2 s-1 sr-1'
+    >>> product_bunit("SCI-WL")
+    ''
     """
     code = get_channel(channel).code
     if code not in MSB_DEFINITIONS:
         return RADIANCE_UNIT
-    return f"{MSB_DEFINITIONS[code].radiance:.6E} {RADIANCE_UNIT}"
+    return ""
+
+
+def msb_unit(channel: str) -> u.UnitBase:
+    """1 MSB of an SCI channel as an astropy unit: the radiance ``MSBVALUE`` erg cm-2 s-1 sr-1.
+
+    Raises
+    ------
+    KeyError
+        If ``channel`` is not an SCI channel (:func:`msb_definition`).
+    """
+    return u.Unit(msb_definition(channel).radiance * u.Unit(RADIANCE_UNIT))
 
 
 def stamp_units(header: fits.Header, channel: str) -> None:
-    """Write ``BUNIT`` (astropy-readable) and, for SCI, ``BUNITNAM``/``MSBVALUE``/``MSBWAVE1``/``MSBWAVE2``/``MSBSRC``.
+    """Write ``BUNIT`` (strict FITS) and, for SCI, ``BUNITNAM``/``MSBVALUE``/``MSBWAVE1``/``MSBWAVE2``/``MSBSRC``.
 
     Parameters
     ----------
@@ -173,7 +189,7 @@ def stamp_units(header: fits.Header, channel: str) -> None:
         header["BUNIT"] = (RADIANCE_UNIT, "spectral-band radiance")
         return
     d = MSB_DEFINITIONS[code]
-    header["BUNIT"] = (product_bunit(code), "1 MSB as a radiance")
+    header["BUNIT"] = (product_bunit(code), "MSB: ratio to mean disk radiance (MSBVALUE)")
     header.set("BUNITNAM", "MSB", "data in mean solar brightness", after="BUNIT")
     header.set("MSBVALUE", float(f"{d.radiance:.6E}"), "[erg cm-2 s-1 sr-1] data x MSBVALUE = radiance",
                after="BUNITNAM")
@@ -192,10 +208,15 @@ def display_unit(header) -> str:
 def header_unit(header: fits.Header) -> u.UnitBase | None:
     """The astropy unit of a product header's ``BUNIT`` (``None`` if absent or unreadable).
 
-    Reads the units :func:`stamp_units` writes, and older products' ``BUNIT = 'MSB'`` through
-    their channel's :data:`MSB_DEFINITIONS` (``MSBVALUE`` when the header has one).
+    Reads the units :func:`stamp_units` writes (an SCI product's dimensionless ``BUNIT`` with
+    ``BUNITNAM = 'MSB'``: 1 MSB as a radiance, ``MSBVALUE`` erg cm-2 s-1 sr-1), products of
+    lstdp 0.1.0 (``BUNIT`` 1 MSB written as a scaled radiance) and older products'
+    ``BUNIT = 'MSB'``, both through their channel's :data:`MSB_DEFINITIONS` (``MSBVALUE``
+    when the header has one).
     """
-    raw = str(header.get("BUNIT", "")).strip()
+    raw = str(header.get("BUNIT", "") or "").strip()
+    if not raw and str(header.get("BUNITNAM", "") or "").strip().upper() == "MSB":
+        raw = "MSB"
     if not raw:
         return None
     if raw.upper() == "MSB":

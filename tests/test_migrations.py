@@ -207,3 +207,58 @@ def test_0018_links_carry_the_other_events_type_and_owner(dialect, tmp_path, req
         upgrade(url)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_0019_products_carry_their_quality_flags(dialect, tmp_path, request):
+    """Issue 27 item 5: 0019 adds ``products.quality_flags`` (NOT NULL, default 0), filled from the
+    stored header: ``QUALITY`` when there is one, else a failed centre fit of an older product
+    (``FITCSTAT = 'FAILED'``: refused when HISTORY gives a refusal's reason, else failed); the
+    downgrade drops it, keeping the products."""
+    import datetime as dt
+    import json
+
+    from sqlalchemy import text
+
+    url = f"sqlite:///{tmp_path / 'q.sqlite3'}" if dialect == "sqlite" else request.getfixturevalue("fresh_pg")
+    upgrade(url, "0018_link_other_type")
+    engine = dbmod.make_engine(url)
+    t = dt.datetime(2024, 5, 10, tzinfo=dt.UTC)
+    headers = {
+        1: {"FITCSTAT": "OK", "HISTORY": ["fit_sun_centre: limb fit ... the header's centre kept"]},
+        2: {"FITCSTAT": "FAILED", "HISTORY": ["fit_sun_centre: limb fit FAILED (fit 4.94 px from the header's "
+                                              "centre, more than the 4.2 px believed); the header's centre kept"]},
+        3: {"FITCSTAT": "FAILED", "HISTORY": ["fit_sun_centre: limb fit FAILED (limb edge found on 3 of 800 rays "
+                                              "only); the header's centre kept"]},
+        4: {"QUALITY": 9, "FITCSTAT": "FAILED", "HISTORY": ["... believed ..."]},
+        5: None,
+    }
+    try:
+        with engine.begin() as c:
+            c.execute(text("INSERT INTO frames (id, channel_code, date_obs, exposure_s, level, naxis1, naxis2, path, "
+                           "original_name, sha256, size_bytes, header, quality_flags, ingested_at) VALUES "
+                           "(1, 'WST', :t, 1, 'L1', 8, 8, '/x', 'x.fits', 'aa', 1, '{}', 0, :t)"), {"t": t})
+            for pid, header in headers.items():
+                c.execute(text("INSERT INTO products (id, frame_id, level, version, calibration_key, params_hash, "
+                               "parameters, software_version, state, header, created_at, updated_at) VALUES "
+                               "(:id, 1, 'L2', :id, 'k', 'h', '{}', 't', 'written', :h, :t, :t)"),
+                          {"id": pid, "h": None if header is None else json.dumps(header), "t": t})
+        upgrade(url)
+        cols = {c["name"]: c for c in inspect(engine).get_columns("products")}
+        assert "quality_flags" in cols and not cols["quality_flags"]["nullable"]
+        with engine.connect() as c:
+            got = dict(c.execute(text("SELECT id, quality_flags FROM products")).all())
+        assert got == {1: 0, 2: 1, 3: 2, 4: 9, 5: 0}
+        with engine.begin() as c:  # a new row without the column gets the default
+            c.execute(text("INSERT INTO products (id, frame_id, level, version, calibration_key, params_hash, "
+                           "parameters, software_version, state, created_at, updated_at) VALUES "
+                           "(6, 1, 'L2', 6, 'k', 'h', '{}', 't', 'planned', :t, :t)"), {"t": t})
+        with engine.connect() as c:
+            assert c.execute(text("SELECT quality_flags FROM products WHERE id = 6")).scalar() == 0
+        downgrade(url, "0018_link_other_type")
+        assert "quality_flags" not in {c["name"] for c in inspect(engine).get_columns("products")}
+        with engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM products")).scalar() == 6
+        upgrade(url)
+    finally:
+        engine.dispose()

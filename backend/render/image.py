@@ -270,7 +270,7 @@ class ProductImage:
     def bunit(self) -> str:
         from pipelines.units import display_unit
 
-        return display_unit(self.header)  # 'MSB' for SCI (BUNIT holds 1 MSB as a radiance)
+        return display_unit(self.header)  # 'MSB' for SCI (BUNITNAM; BUNIT is dimensionless)
 
     @property
     def smap(self) -> "FrameGeometry":

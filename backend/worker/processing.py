@@ -160,6 +160,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
         return False
     from pipelines.fitsio import store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
+    from pipelines.calibration.l2.quality import frame_quality
     from pipelines.provenance import stamp_provenance
 
     frame = prod.frame
@@ -181,6 +182,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.quicklook_path = str(ql)
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
+    prod.quality_flags = int(frame_quality(hdul[0].header))  # QUALITY: frame-wide systematics flagged
     prod.manifest = product_manifest(prod, frame, header=hdul[0].header, file_sha256=sha,
                                      digests=product_digests(hdul), software_version=__version__)
     move_product(prod, ProductState.written)

@@ -50,15 +50,21 @@ it fits, compares with the header and, when they disagree by more than
 re-centring) uses the fitted centre. Both centres go into the header (``FITCRPX1/2``,
 ``HDRCRPX1/2``, ``FITCSIG``, ``CTRSHIFT``, ``CTRSRC``) and into HISTORY; a failed fit keeps
 the header's centre and says so (``CTRSRC = 'HEADER'``, ``FITCSTAT = 'FAILED'``, a HISTORY
-line with the reason). The DQ array is per pixel and has no frame-level bit, so a failed
-fit is flagged in the header and HISTORY only.
+line with the reason) and flags the frame (:mod:`pipelines.calibration.l2.quality`): bit
+``CENTRE_REFUSED`` of ``QUALITY`` when a fit was made and refused (further from the header than
+:func:`pointing_uncertainty_px`, 4.2 px at 256 px, or too uncertain; its centre is then in
+``FITCRPX1/2`` and its distance in ``CTRSHIFT``), ``CENTRE_FAILED`` when none could be made;
+``CENTFAIL`` says why.
 
 The centre's uncertainty goes into the WCS's own error keywords (FITS Standard 4.0, sect. 8.2;
 Greisen & Calabretta 2002, A&A 395, 1061, WCS Paper I): ``CRDERia`` (random: the fit's
 1-sigma) and ``CSYERia`` (systematic: the channel's edge systematic, at least
 :data:`EDGE_SYSTEMATIC_FLOOR_PX`, plus the header's distance from the fit when the header's
-centre is kept), in ``CUNITia``; a failed or disabled fit writes neither and removes any
-that came in with the header (they would state the error of a centre nobody measured). The per-pixel
+centre is kept), in ``CUNITia``; a disabled fit writes neither and removes any that came in
+with the header (they would state the error of a centre nobody measured); a failed or refused
+fit removes them too and writes ``CSYERia`` = the pointing uncertainty (the larger of
+:func:`pointing_uncertainty_px` and a refused fit's distance from the header), no ``CRDERia``,
+so that the product never claims the precision of a measured centre. The per-pixel
 uncertainty (``UNCERT``) does not include them: a centre error is one error for the whole
 frame, like the radiometric coefficient's (the radiometric master's ``RADCERR``/``RADSCALE``;
 no L2 keyword states that one yet).
@@ -75,12 +81,13 @@ from astropy.io import fits
 from scipy import ndimage, optimize
 
 from pipelines.array_backend import to_numpy
+from pipelines.calibration.l2.quality import FrameQuality, flag_frame
 from pipelines.errors import DataError
 from pipelines.sun import sun_geometry
 
 __all__ = ["CentreFit", "edge_points", "fit_circle", "fit_disk_centre", "fit_and_apply_centre",
            "CENTRE_KEYWORDS", "MAX_POINTING_ERROR_PX", "EDGE_SYSTEMATIC_ARCSEC",
-           "EDGE_SYSTEMATIC_FLOOR_PX"]
+           "EDGE_SYSTEMATIC_FLOOR_PX", "pointing_uncertainty_px"]
 
 #: A fit more than this far from the header's centre [pixel of the frame, scaled from
 #: 40 px at 4608 px] is not believed (the pointing of ASO-S is known to a few arcsec;
@@ -420,16 +427,30 @@ def _drop_wcs_errors(h: fits.Header, axes=(1, 2)) -> None:
             h.remove(key, ignore_missing=True, remove_all=True)
 
 
-def _set_wcs_errors(h: fits.Header, scale_arcsec: float, rand_x_px: float, rand_y_px: float, sys_px: float) -> None:
-    """``CRDER1/2``, ``CSYER1/2`` from pixel errors, in the header's ``CUNITia`` (arcsec or deg)."""
+def _set_wcs_errors(h: fits.Header, scale_arcsec: float, rand_x_px: float, rand_y_px: float, sys_px: float,
+                    *, random: bool = True) -> None:
+    """``CRDER1/2`` (unless ``random`` is false), ``CSYER1/2`` from pixel errors, in the header's
+    ``CUNITia`` (arcsec or deg)."""
     for axis, rand in ((1, rand_x_px), (2, rand_y_px)):
         unit = str(h.get(f"CUNIT{axis}", "arcsec")).strip().lower()
         per = {"arcsec": 1.0, "deg": 1.0 / 3600.0, "arcmin": 1.0 / 60.0}.get(unit)
         if per is None:  # a unit the step does not know: say nothing rather than something wrong
             _drop_wcs_errors(h, (axis,))
             continue
-        _set(h, f"CRDER{axis}", float(f"{rand * scale_arcsec * per:.3g}"))
+        if random:
+            _set(h, f"CRDER{axis}", float(f"{rand * scale_arcsec * per:.3g}"))
         _set(h, f"CSYER{axis}", float(f"{sys_px * scale_arcsec * per:.3g}"))
+
+
+def pointing_uncertainty_px(n: int) -> float:
+    """The largest pointing error believed in a header [pixel] for a frame of ``n`` pixels a side.
+
+    :data:`MAX_POINTING_ERROR_PX` scaled from 4608 px (frames below 256 px as 256), plus 2 px
+    for the edge search: 4.22 px at 256 px, 6.44 px at 512 px, 42 px at 4608 px. A centre fit
+    further from the header is refused; with no fit used, it is the header centre's stated
+    systematic error.
+    """
+    return MAX_POINTING_ERROR_PX * max(int(n), 256) / 4608.0 + 2.0
 
 
 def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulter_rsun: float | None = None,
@@ -481,24 +502,39 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
     _set(h, "FITCMETH", method.upper())
     _set(h, "HDRCRPX1", round(geom.x0 + 1.0, 4))
     _set(h, "HDRCRPX2", round(geom.y0 + 1.0, 4))
-    reason = ""
+    reason = short = ""
     fit = None
     try:
         fit = fit_disk_centre(img, geom.x0, geom.y0, r_guess, method=method)
     except DataError as exc:
-        reason = str(exc)
-    limit = MAX_POINTING_ERROR_PX * max(n, 256) / 4608.0 + 2.0
+        reason = short = str(exc)
+    limit = pointing_uncertainty_px(n)
+    pointing_px = limit  # the header's centre is believed to this, no better, when nothing measured it
     if fit is not None:
         shift = math.hypot(fit.x0 - geom.x0, fit.y0 - geom.y0)
         if shift > limit:
             reason = f"fit {shift:.2f} px from the header's centre, more than the {limit:.1f} px believed"
+            short = f"fit {shift:.2f} px off header, > {limit:.2f} px"
         elif not fit.sigma <= MAX_SIGMA_PX:
-            reason = f"fit uncertainty {fit.sigma:.3f} px above {MAX_SIGMA_PX} px"
+            reason = short = f"fit uncertainty {fit.sigma:.3f} px above {MAX_SIGMA_PX} px"
+        if reason:
+            pointing_px = max(limit, shift)  # header and fit disagree by `shift`: either may be the wrong one
+            _set(h, "FITCRPX1", round(fit.x0 + 1.0, 4))
+            _set(h, "FITCRPX2", round(fit.y0 + 1.0, 4))
+            _set(h, "FITCSIG", float(f"{fit.sigma:.3g}"))
+            _set(h, "CTRSHIFT", round(shift, 4))
     if reason:
         _set(h, "FITCSTAT", "FAILED")
         _set(h, "CTRSRC", "HEADER")
         h.add_history(f"fit_sun_centre: {method} fit FAILED ({reason}); the header's centre "
                       f"({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) kept (1-based)")
+        # the header's centre is unverified: say so frame-wide and state the pointing uncertainty
+        # as its systematic error (no random error: nothing was measured)
+        flag_frame(h, FrameQuality.CENTRE_REFUSED if fit is not None else FrameQuality.CENTRE_FAILED,
+                   short)
+        _set_wcs_errors(h, geom.scale, 0.0, 0.0, pointing_px, random=False)
+        h.add_history(f"fit_sun_centre: CSYER1/2 state the pointing uncertainty, {pointing_px:.2f} px "
+                      f"({pointing_px * geom.scale:.2f} arcsec), as the centre's systematic error")
         return h, None
     dx, dy = fit.x0 - geom.x0, fit.y0 - geom.y0
     shift = math.hypot(dx, dy)

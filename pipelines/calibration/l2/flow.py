@@ -7,8 +7,9 @@ calibration inputs chosen for it (:class:`CalibrationInput`, one per kind), and 
 standard deviation (:mod:`.uncertainty`), the L2 header (full
 helioprojective WCS, observer keywords, ``LEVEL='L2'``, ``BUNIT``, ``CAL*`` provenance
 keywords, one HISTORY line per step, ``DATE-BEG``/``DATE-AVG``/``DATE-END``/``TIMESYS`` from
-``DATE-OBS`` and the exposure; ``BUNIT`` readable by astropy and, for SCI, ``MSBVALUE``:
-:mod:`pipelines.units`) and summary statistics.
+``DATE-OBS`` and the exposure; ``BUNIT`` readable by astropy's strict FITS parser and, for
+SCI, ``MSBVALUE``: :mod:`pipelines.units`; ``QUALITY``, the frame-wide systematics flagged, 0
+when none, with a reason keyword per bit: :mod:`.quality`) and summary statistics.
 
 Calibration masters are FITS files that describe themselves in their primary header
 (``CALKIND``, ``CHANNEL``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC`` and the
@@ -44,6 +45,7 @@ from pipelines.array_backend import backend_name, resolve_namespace, to_device, 
 from pipelines.calibration.l2 import resample, steps, uncertainty
 from pipelines.calibration.l2.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.l2.options import CalibrationOptions
+from pipelines.calibration.l2.quality import FrameQuality, flag_frame, frame_quality, stamp_quality
 from pipelines.calibration.masters.radiometry import coefficient_at, radiometric_uncertainty_at
 from pipelines.calibration.l2.steps import DQ, StrayLightModel
 from pipelines.channels import channel_from_header, get_channel
@@ -431,6 +433,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
     if radunc is not None:
         h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma error of the radiometric scale")
+    _flag_stated_flat_plane(h, cals["flat"])
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
@@ -711,4 +714,18 @@ def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, chan
     if "RSUN_OBS" not in h:
         h["RSUN_OBS"] = (apparent_rsun_arcsec(h), "[arcsec] apparent photospheric radius")
     stamp_provenance(h, {"LEVEL": "L2", "BUNIT": unit, "CHANNEL": channel, "BACKEND": backend})
-    stamp_units(h, channel)  # BUNIT readable by astropy; SCI: 1 MSB as a radiance, MSBVALUE (pipelines.units)
+    stamp_units(h, channel)  # BUNIT readable by astropy's strict FITS parser; SCI: MSBVALUE (pipelines.units)
+    stamp_quality(h, frame_quality(h))  # QUALITY on every product, 0 when no frame-wide systematic was flagged
+
+
+#: Flat-master keyword: where the flat's large-scale plane (gain gradient) comes from,
+#: ``MEASURED`` or ``STATED`` (a prior, e.g. a symmetric disk); ``FLATPLWY`` may say why.
+FLAT_PLANE_SOURCE_KEY = "FLATPLSR"
+
+
+def _flag_stated_flat_plane(h: fits.Header, flat: CalibrationInput) -> None:
+    """Flag the frame ``FLAT_PLANE_STATED`` when the flat master says its plane is stated, not measured."""
+    src = str(flat.parameters.get(FLAT_PLANE_SOURCE_KEY, "") or "").strip().upper()
+    if src == "STATED":
+        why = str(flat.parameters.get("FLATPLWY", "") or "").strip() or "plane from a prior"
+        flag_frame(h, FrameQuality.FLAT_PLANE_STATED, f"{flat.name}: {why}")
