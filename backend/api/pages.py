@@ -404,6 +404,7 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep, principa
         "lightcurve_url": f"/api/v1/events/{event_id}/lightcurve/figure?channel=SDI",
         **_event_context(session, row, principal),
         "linked": event_curves_service.linked_data(session, row, QUICKLOOK_MARGIN),
+        "systematics": products_service.event_systematics(session, row.id),  # flagged linked products
     })
 
 
@@ -493,6 +494,7 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
     from backend.services import product_diff
 
     from backend.services.set_access import may_see_product
+    from pipelines.calibration.l2.quality import quality_reasons
 
     row = products_service.get_product(session, product_id)
     if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's
@@ -503,4 +505,5 @@ def viewer_page(request: Request, product_id: IdPath, session: SessionDep, princ
         "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
         "stretches": imaging.STRETCHES,
         "versions": product_diff.versions_of_frame(session, row.frame_id, principal),  # "compare versions" links
+        "systematics": quality_reasons({**(row.header or {}), "QUALITY": row.quality_flags}),  # {bit: reason}
     })

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, AliasPath, BaseModel, ConfigDict, Field, computed_field
+from pydantic import AfterValidator, AliasPath, BaseModel, BeforeValidator, ConfigDict, Field, computed_field
 
 from backend.models import CalibrationKind, JobState, ProductState
 from pipelines.utc import as_utc
@@ -167,7 +167,18 @@ class ProductPublic(_ORM):
     job_id: str | None
     created_at: UTCDateTime
     updated_at: UTCDateTime
+    quality_flags: Annotated[int, BeforeValidator(lambda v: 0 if v is None else v)] = Field(default=0, description=(
+        "Frame-wide systematics flagged by the calibration (the product's QUALITY bits): 1 centre fit refused, "
+        "2 centre fit failed, 4 stray light refused, 8 flat plane stated; 0 none"))
     quicklook_path: str | None = Field(default=None, exclude=True)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def systematics(self) -> list[str]:
+        """Names of the ``quality_flags`` bits set (the values of the ``systematics`` search filter)."""
+        from pipelines.calibration.l2.quality import quality_names
+
+        return quality_names(self.quality_flags or 0)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

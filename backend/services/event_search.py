@@ -8,7 +8,8 @@ Filters (all optional, combined with AND)
     when ``pa_min > pa_max``), minimum GOES flux [W m-2] (from ``min_goes_class``), minimum
     peak value, detector (``frm_name``, ``frm_version``), NOAA active region, "has an
     associated event of type X" (``event_associations``), calibration set or calibration
-    file of the L2 products an event was detected from (``event_products`` -> ``products``).
+    file of the L2 products an event was detected from (``event_products`` -> ``products``), a
+    frame-wide systematic flagged on them (``products.quality_flags``).
 Sort
     ``start_time``, ``peak_time``, ``end_time``, ``goes_flux``, ``speed_km_s`` or ``id``,
     ascending or descending (``-`` prefix), the id breaking ties; events without a value of
@@ -167,6 +168,11 @@ class EventFilters:
     min_angular_width : float or None
         Smallest angular width [deg] (``angular_width``: a CME's width in position angle,
         CDAW/CACTus; 360 for a halo CME). Events without a width never match.
+    systematics : str or None
+        A frame-wide systematic (``centre_refused``, ..., or ``any``;
+        :data:`pipelines.calibration.l2.quality.SYSTEMATICS`): the event is linked
+        (``event_products``) to an L2 product on which the calibration flagged it
+        (``Product.quality_flags``).
     """
 
     event_types: tuple[str, ...] = ()
@@ -191,6 +197,7 @@ class EventFilters:
     viewer: str | None = None
     sees_all: bool = False
     min_angular_width: float | None = None
+    systematics: str | None = None
 
     def fingerprint(self) -> str:
         """A short hash of the filters (a cursor is only valid with the filters it came from)."""
@@ -383,6 +390,12 @@ def filter_conditions(session: Session, f: EventFilters) -> list:
                                  .join(ProductCalibrationFile,
                                        ProductCalibrationFile.product_id == EventProduct.product_id)
                                  .where(ProductCalibrationFile.calibration_file_id == f.calibration_file)))
+    if f.systematics:
+        from backend.services.products import quality_condition
+
+        conds.append(_linked_ids(session, select(EventProduct.event_id)
+                                 .join(Product, Product.id == EventProduct.product_id)
+                                 .where(quality_condition(Product.quality_flags, f.systematics))))
     return conds
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from astropy.io import fits
@@ -37,6 +38,8 @@ from pipelines.utc import as_utc
 __all__ = [
     "list_products",
     "job_product_states",
+    "quality_condition",
+    "event_systematics",
     "get_product",
     "product_ids_for_event",
     "latest_products_in_window",
@@ -121,6 +124,53 @@ def list_products(
         .offset(offset)
     )
     return list(session.scalars(stmt)), total
+
+
+def quality_condition(column: Any, systematic: str) -> Any:
+    """SQL condition: the quality word ``column`` (``Product.quality_flags``) has ``systematic`` set.
+
+    Parameters
+    ----------
+    column : SQLAlchemy column expression of integers
+        Bits of :class:`pipelines.calibration.l2.quality.FrameQuality`.
+    systematic : str
+        A name of :data:`pipelines.calibration.l2.quality.SYSTEMATICS` (``centre_refused``, ...),
+        or ``any`` (any bit set).
+
+    Raises
+    ------
+    KeyError
+        If ``systematic`` is neither.
+    """
+    from pipelines.calibration.l2.quality import SYSTEMATICS
+
+    if systematic == "any":
+        return column != 0
+    return column.op("&")(int(SYSTEMATICS[systematic])) != 0
+
+
+def event_systematics(session: Session, event_id: int) -> list[dict[str, Any]]:
+    """The L2 products linked to an event (``event_products``) on which the calibration flagged a
+    frame-wide systematic (``quality_flags`` != 0), by id.
+
+    Returns
+    -------
+    list of dict
+        ``product_id``, ``channel``, ``date_obs`` (aware UTC) and ``reasons``, ``{bit name:
+        reason}`` (:func:`pipelines.calibration.l2.quality.quality_reasons` of the stored header).
+    """
+    from pipelines.calibration.l2.quality import quality_names, quality_reasons
+
+    rows = session.execute(
+        select(Product).join(EventProduct, EventProduct.product_id == Product.id)
+        .where(EventProduct.event_id == event_id, Product.quality_flags != 0)
+        .options(joinedload(Product.frame)).order_by(Product.id)).scalars().all()
+    out = []
+    for p in rows:
+        reasons = quality_reasons({**(p.header or {}), "QUALITY": p.quality_flags})
+        out.append({"product_id": p.id, "channel": p.frame.channel_code, "date_obs": as_utc(p.frame.date_obs),
+                    "names": quality_names(p.quality_flags), "reasons": reasons})
+    return out
 
 
 def job_product_states(session: Session, job_id: str, conditions: Sequence = ()) -> dict[str, int]:

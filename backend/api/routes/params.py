@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -43,6 +43,7 @@ __all__ = [
     "ChannelQuery",
     "LevelQuery",
     "CalibrationSetQuery",
+    "SystematicsQuery",
     "EventTypeQuery",
     "TimeRange",
     "TimeRangeDep",
@@ -117,6 +118,15 @@ LevelQuery = Annotated[
 CalibrationSetQuery = Annotated[
     int | None,
     Query(ge=1, le=MAX_ID, description="Only products of this calibration set (its id: GET /calibration-sets)"),
+]
+#: A frame-wide systematic the calibration flagged (``products.quality_flags``, the product's
+#: ``QUALITY`` bits: ``pipelines.calibration.l2.quality.SYSTEMATICS``), or ``any`` of them.
+Systematic = Literal["any", "centre_refused", "centre_failed", "stray_light_refused", "flat_plane_stated"]
+SystematicsQuery = Annotated[
+    Systematic | None,
+    Query(description="Frame-wide systematic flagged on the L2 product (QUALITY bits): centre_refused (a centre "
+                      "fit refused: header's centre kept, unverified), centre_failed (no centre fit), "
+                      "stray_light_refused, flat_plane_stated, or any"),
 ]
 ChannelQuery = Annotated[
     str | None,
@@ -558,6 +568,9 @@ async def event_search(
         "A calibration file id used by the L2 products the event was detected from"))] = None,
     min_angular_width: Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False, description=(
         "Smallest angular width [deg] (CMEs: 60 for wider than 60 deg, 360 for halo CMEs)"))] = None,
+    systematics: Annotated[Systematic | None, Query(description=(
+        "A frame-wide systematic flagged on an L2 product the event was detected from (its QUALITY bits): "
+        "centre_refused, centre_failed, stray_light_refused, flat_plane_stated, or any"))] = None,
 ):
     """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`
     (:func:`parse_event_filters`); 422 with the parameter named for a bad value."""
@@ -572,7 +585,12 @@ async def event_search(
     if parsed.problems:
         p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
         raise _query_error(p.param, p.message, p.value)
-    return for_viewer(parsed.filters, principal)
+    filters = parsed.filters
+    if systematics is not None:
+        import dataclasses
+
+        filters = dataclasses.replace(filters, systematics=systematics)
+    return for_viewer(filters, principal)
 
 
 def for_viewer(filters: EventFilters, principal) -> EventFilters:

@@ -12,7 +12,7 @@ from backend.api.conditional import file_response
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
 from backend.api.routes.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery, PaginationDep,
-                                      TimeRangeDep)
+                                      SystematicsQuery, TimeRangeDep)
 from backend.api.routes.bulk import JobIdQuery
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Job, Product, ProductState
@@ -34,9 +34,11 @@ def read_products(
     job_id: JobIdQuery = None,
     calibration_set: CalibrationSetQuery = None,
     level: LevelQuery = None,
+    systematics: SystematicsQuery = None,
 ) -> ProductsPublic:
     """Products filtered by channel, DATE-OBS range of their frame, state, frame, job (the products of
-    the job's frames, whichever job made them first), calibration set and level; every version is listed.
+    the job's frames, whichever job made them first), calibration set, level and a frame-wide
+    systematic flagged on them (``quality_flags``); every version is listed.
     Products of a private calibration set are listed to its owner (and admins) only; a
     ``job_id`` of another user's private job is 404."""
     if job_id:
@@ -46,6 +48,8 @@ def read_products(
         conds.append(Product.calibration_set_id == calibration_set)
     if level is not None:
         conds.append(Product.level == level)
+    if systematics is not None:
+        conds.append(products_service.quality_condition(Product.quality_flags, systematics))
     rows, total = products_service.list_products(
         session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
         limit=page.limit, offset=page.offset, conditions=conds,

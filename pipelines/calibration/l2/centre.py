@@ -514,7 +514,7 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
         shift = math.hypot(fit.x0 - geom.x0, fit.y0 - geom.y0)
         if shift > limit:
             reason = f"fit {shift:.2f} px from the header's centre, more than the {limit:.1f} px believed"
-            short = f"fit {shift:.2f} px off header, > {limit:.2f} px"
+            short = f"fit {shift:.2f} px off header, limit {limit:.2f} px"
         elif not fit.sigma <= MAX_SIGMA_PX:
             reason = short = f"fit uncertainty {fit.sigma:.3f} px above {MAX_SIGMA_PX} px"
         if reason:

@@ -728,4 +728,4 @@ def _flag_stated_flat_plane(h: fits.Header, flat: CalibrationInput) -> None:
     src = str(flat.parameters.get(FLAT_PLANE_SOURCE_KEY, "") or "").strip().upper()
     if src == "STATED":
         why = str(flat.parameters.get("FLATPLWY", "") or "").strip() or "plane from a prior"
-        flag_frame(h, FrameQuality.FLAT_PLANE_STATED, f"{flat.name}: {why}")
+        flag_frame(h, FrameQuality.FLAT_PLANE_STATED, f"{why} ({flat.name})")

@@ -38,7 +38,7 @@ import enum
 from astropy.io import fits
 
 __all__ = ["FrameQuality", "QUALITY_KEYWORDS", "REASON_KEYWORDS", "SYSTEMATICS", "flag_frame", "frame_quality",
-           "stamp_quality", "quality_names"]
+           "stamp_quality", "quality_names", "quality_reasons"]
 
 
 class FrameQuality(enum.IntFlag):
@@ -121,3 +121,10 @@ def flag_frame(header: fits.Header, bit: FrameQuality, reason: str) -> None:
     text = " ".join(str(reason).split()).replace("'", "")
     header[key] = (text[:_room(QUALITY_KEYWORDS[key])], QUALITY_KEYWORDS[key])
     header.add_history(f"quality: {bit.name} ({text})")
+
+
+def quality_reasons(header) -> dict[str, str]:
+    """``{bit name: reason}`` of the ``QUALITY`` bits set in ``header`` (a FITS header or a dict,
+    e.g. a product row's stored header); the reason is ``''`` when its keyword is missing."""
+    bits = frame_quality(header)
+    return {b.name: str(header.get(REASON_KEYWORDS[b], "") or "") for b in FrameQuality if bits & b}
