@@ -32,8 +32,8 @@ FITS keywords written on SCI products (:func:`stamp_units`):
   unit is dimensionless (the empty string of the FITS 4.0 unit grammar, sect. 4.3). Strict FITS
   allows only powers of ten as a unit factor, so 1 MSB cannot be written as a scaled radiance:
   ``astropy.units.Unit(bunit, format='fits', parse_strict='raise')`` refused the
-  ``'1.024078E+05 erg cm-2 s-1 sr-1'`` that products carried until lstdp 0.1.1 (issue 27,
-  item 8), and reads ``''``. ``sunpy.map.Map(path, hdus=0).unit`` is
+  ``'1.024078E+05 erg cm-2 s-1 sr-1'`` that products carried before issue 27 (item 8),
+  and reads ``''``. ``sunpy.map.Map(path, hdus=0).unit`` is
   ``dimensionless_unscaled``; :func:`header_unit` (and :func:`pipelines.io.load_l2`, whose map
   is in that unit) gives 1 MSB as a radiance from ``MSBVALUE``. ``BUNITNAM = 'MSB'`` keeps the
   name;
@@ -209,8 +209,8 @@ def header_unit(header: fits.Header) -> u.UnitBase | None:
     """The astropy unit of a product header's ``BUNIT`` (``None`` if absent or unreadable).
 
     Reads the units :func:`stamp_units` writes (an SCI product's dimensionless ``BUNIT`` with
-    ``BUNITNAM = 'MSB'``: 1 MSB as a radiance, ``MSBVALUE`` erg cm-2 s-1 sr-1), products of
-    lstdp 0.1.0 (``BUNIT`` 1 MSB written as a scaled radiance) and older products'
+    ``BUNITNAM = 'MSB'``: 1 MSB as a radiance, ``MSBVALUE`` erg cm-2 s-1 sr-1), products made
+    before issue 27 (``BUNIT`` 1 MSB written as a scaled radiance) and older products'
     ``BUNIT = 'MSB'``, both through their channel's :data:`MSB_DEFINITIONS` (``MSBVALUE``
     when the header has one).
     """

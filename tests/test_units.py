@@ -2,8 +2,9 @@
 
 * MSB per SCI passband: the constants are recomputed from the real series and spectrum in
   ``sample-data`` (LASP Lyman-alpha composite, ASTM G173-03 ETR);
-* every channel's product: ``astropy.units.Unit(BUNIT)`` parses, ``sunpy.map.Map(path,
-  hdus=0).unit`` is not None, ``DATE-BEG``/``DATE-END`` bracket the exposure, the file passes
+* every channel's product: ``astropy.units.Unit(BUNIT, format='fits', parse_strict='raise')``
+  parses (SCI: dimensionless, the data in MSB, ``MSBVALUE`` 1 MSB as a radiance),
+  ``sunpy.map.Map(path, hdus=0).unit`` is not None, ``DATE-BEG``/``DATE-END`` bracket the exposure, the file passes
   ``verify('exception')``, HDUs ``UNCERT`` and ``DQ`` are images;
 * :func:`pipelines.io.load_l2` returns one map with mask and uncertainty, also for a product
   of the older layout (DQ as a binary table, ``BUNIT='MSB'``);
@@ -28,7 +29,7 @@ from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.products import build_product_hdul, dq_table_hdu, read_product, read_uncertainty
 from pipelines.simulation import load_simulated_masters, simulate
 from pipelines.units import (LYA_COMPOSITE_MEAN_1E11, MSB_UV, MSB_WL, OMEGA_SUN_1AU, WL_BAND_IRRADIANCE_W_M2,
-                             header_unit, msb_definition, product_bunit)
+                             header_unit, msb_definition, msb_unit, product_bunit)
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample-data" / "real"
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
@@ -48,10 +49,10 @@ def test_msb_constants_from_the_sample_data():
     assert msb_definition("sci_wl").band_nm == (660.0, 740.0)
     with pytest.raises(KeyError, match="MSB is defined for SCI"):
         msb_definition("SDI")
-    for c in CHANNELS:
-        unit = u.Unit(product_bunit(c))
-        assert unit.is_equivalent(u.erg / u.cm ** 2 / u.s / u.sr)
-    assert (1 * u.Unit(product_bunit("SCI-UV"))).to_value("erg cm-2 s-1 sr-1") == pytest.approx(MSB_UV, rel=1e-6)
+    for c in CHANNELS:  # strict FITS (issue 27 item 8): radiance, or dimensionless MSB for SCI
+        unit = u.Unit(product_bunit(c), format="fits", parse_strict="raise")
+        assert unit == (u.dimensionless_unscaled if c.startswith("SCI") else u.erg / u.cm ** 2 / u.s / u.sr)
+    assert (1 * msb_unit("SCI-UV")).to_value("erg cm-2 s-1 sr-1") == pytest.approx(MSB_UV, rel=1e-6)
 
 
 def test_header_unit_reads_old_msb_products():
@@ -60,6 +61,13 @@ def test_header_unit_reads_old_msb_products():
     assert header_unit(fits.Header({"BUNIT": "MSB"})) is None  # no channel: no MSB value
     assert header_unit(fits.Header({"BUNIT": "furlongs"})) is None
     assert header_unit(fits.Header({"BUNIT": "DN/s"})) == u.DN / u.s
+    # the SCI BUNIT of products made before issue 27 (1 MSB as a scaled radiance) is still read
+    old = fits.Header({"BUNIT": "1.024078E+05 erg cm-2 s-1 sr-1", "BUNITNAM": "MSB", "CHANNEL": "SCI-UV"})
+    assert (1 * header_unit(old)).to_value("erg cm-2 s-1 sr-1") == pytest.approx(1.024078e5)
+    # today's: dimensionless BUNIT, BUNITNAM MSB, MSBVALUE
+    new = fits.Header({"BUNIT": "", "BUNITNAM": "MSB", "MSBVALUE": 1.679353e9, "CHANNEL": "SCI-WL"})
+    assert (1 * header_unit(new)).to_value("erg cm-2 s-1 sr-1") == pytest.approx(1.679353e9)
+    assert header_unit(fits.Header({"BUNIT": ""})) is None  # dimensionless without MSB: no radiance
 
 
 @pytest.fixture(scope="module")
@@ -87,18 +95,20 @@ def test_every_channel_product_has_units_dates_and_image_extensions(products):
             assert isinstance(hdul["DQ"], fits.ImageHDU) and hdul["DQ"].header["BITPIX"] == 8
             h = hdul[0].header
             assert hdul["UNCERT"].header["BUNIT"] == h["BUNIT"] and hdul["DQ"].header["CRPIX1"] == h["CRPIX1"]
-        u.Unit(h["BUNIT"])  # astropy reads it
+        u.Unit(h["BUNIT"], format="fits", parse_strict="raise")  # strict FITS reads it
         beg, end = Time(h["DATE-BEG"]), Time(h["DATE-END"])
         assert (end - beg).to_value("s") == pytest.approx(frame.exptime_s, abs=1e-3)
         assert Time(h["DATE-OBS"]) == beg
         with warnings.catch_warnings():
             warnings.simplefilter("error", UserWarning)  # no "could not parse unit" from sunpy
             m = sunpy.map.Map(path, hdus=0)
-        assert m.unit is not None and m.unit.is_equivalent("erg cm-2 s-1 sr-1"), c
         assert len(sunpy.map.Map(path)) == 3  # what sunpy.map.Map(path) returns (README)
-        if c.startswith("SCI"):
+        if c.startswith("SCI"):  # MSB: dimensionless in the file, 1 MSB = MSBVALUE radiance
+            assert m.unit == u.dimensionless_unscaled, c
             assert h["BUNITNAM"] == "MSB" and h["MSBVALUE"] == pytest.approx(msb_definition(c).radiance, rel=1e-6)
-            assert (1 * m.unit).to_value("erg cm-2 s-1 sr-1") == pytest.approx(h["MSBVALUE"], rel=1e-6)
+            assert (1 * header_unit(h)).to_value("erg cm-2 s-1 sr-1") == pytest.approx(h["MSBVALUE"], rel=1e-6)
+        else:
+            assert m.unit is not None and m.unit.is_equivalent("erg cm-2 s-1 sr-1"), c
         data, dq, _ = read_product(path)
         sigma = read_uncertainty(path)
         assert np.array_equal(dq, l2.dq) and np.array_equal(sigma, l2.uncertainty, equal_nan=True)

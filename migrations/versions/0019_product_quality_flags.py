@@ -7,9 +7,9 @@
 Issue 27 item 5: a 256 px frame with a 5 px pointing error had its correct centre fit refused
 and kept the wrong header with no quality flag; the searches (``systematics=``) and pages read
 this column. Existing rows are filled from the stored header: ``QUALITY`` when it has one, else
-a ``FITCSTAT = 'FAILED'`` centre (products before lstdp 0.1.1) is ``CENTRE_REFUSED`` when its
-HISTORY gives a refusal's reason (a fit too far from the header or too uncertain) and
-``CENTRE_FAILED`` otherwise.
+a ``FITCSTAT = 'FAILED'`` centre (products made before issue 27, without ``QUALITY``) is
+``CENTRE_REFUSED`` when its HISTORY gives a refusal's reason (a fit too far from the header
+or too uncertain) and ``CENTRE_FAILED`` otherwise.
 
 Revision ID: 0019_product_quality_flags
 Revises: 0018_link_other_type
