@@ -420,7 +420,7 @@ PLAN_VALUES = dict(event_types=("FL",), start=T0, end=T0 + 60 * MIN, sources=("g
                    hpc_x_min=-100.0, hpc_x_max=100.0, hpc_y_min=-100.0, hpc_y_max=100.0, pa_min=300.0, pa_max=30.0,
                    min_goes_flux=1e-5, min_peak_value=10.0, frm_name="lst-sdi-flare", frm_version="1.0.0",
                    noaa_ar=3664, associated_type="CE", calibration_set="dark:3,flat:5", calibration_file=7,
-                   viewer="tester", sees_all=True, min_angular_width=60.0)
+                   viewer="tester", sees_all=True, min_angular_width=60.0, systematics="centre_refused")
 
 
 def _inner_full_scans(rows) -> list[str]:

@@ -11,7 +11,8 @@ from astropy.io import fits
 from scipy.special import erf
 
 from validation.blind_centre import run
-from pipelines.calibration.l2.centre import fit_and_apply_centre, fit_circle, fit_disk_centre
+from pipelines.calibration.l2.centre import fit_and_apply_centre, fit_circle, fit_disk_centre, pointing_uncertainty_px
+from pipelines.calibration.l2.quality import FrameQuality
 from pipelines.calibration.l2.options import as_options
 from pipelines.errors import DataError
 from pipelines.simulation import simulate
@@ -138,9 +139,13 @@ def test_centre_uncertainty_in_the_wcs_error_keywords(tmp_path):
     hd["CRVAL1"] = hd["CRVAL2"] = 0.0
     h3, _ = fit_and_apply_centre(img, hd, coronagraph=False, tolerance_px=0.25, systematic_arcsec=3.0)
     assert h3["CSYER1"] == pytest.approx(3.0 / 3600, rel=0.01)
-    # a failed fit states nothing
+    # a failed fit measures nothing: no random error; the systematic error is the pointing
+    # uncertainty, and the frame is flagged (issue 27 item 5)
     h4, _ = fit_and_apply_centre(np.zeros((200, 200)), _header(200, 101.0, 99.0), coronagraph=False)
-    assert not any(k in h4 for k in ("CRDER1", "CSYER1"))
+    assert not any(k in h4 for k in ("CRDER1", "CRDER2"))
+    for axis in (1, 2):
+        assert h4[f"CSYER{axis}"] == pytest.approx(pointing_uncertainty_px(200) * abs(h4[f"CDELT{axis}"]), rel=2e-3)
+    assert h4["QUALITY"] == int(FrameQuality.CENTRE_FAILED) and h4["CENTFAIL"]
 
 
 def test_wcs_error_keywords_reach_every_hdu_of_the_product(tmp_path):
@@ -203,8 +208,9 @@ def test_simulated_pointing_error_changes_only_the_header(tmp_path):
 
 def test_wcs_error_keywords_are_the_steps_own_claim_and_reach_the_product(tmp_path):
     """CRDERia (the fit's 1 sigma) and CSYERia (the edge systematic, at least 0.1 px, plus the header's
-    distance from the fit when the header is kept) in CUNITia; none, and no stale ones, without a fit;
-    astropy.wcs reads them back from every image HDU of the product."""
+    distance from the fit when the header is kept) in CUNITia; none, and no stale ones, when no fit is
+    asked for; a failed fit: CSYERia the pointing uncertainty only (issue 27 item 5); astropy.wcs reads
+    them back from every image HDU of the product."""
     import warnings
 
     from astropy.wcs import WCS
@@ -231,11 +237,14 @@ def test_wcs_error_keywords_are_the_steps_own_claim_and_reach_the_product(tmp_pa
     hd["CUNIT1"], hd["CUNIT2"], hd["CDELT1"], hd["CDELT2"], hd["RSUN_OBS"] = "deg", "deg", 12 / 3600, 12 / 3600, 960.0
     hd, _ = fit_and_apply_centre(img, hd, coronagraph=False, tolerance_px=0.25)
     assert hd["CSYER1"] == pytest.approx(EDGE_SYSTEMATIC_FLOOR_PX * 12.0 / 3600.0, rel=2e-3)  # 3 significant digits
-    # no fit (disabled or failed): no claim at all, the stale one removed
-    for kw in ({"enabled": False}, {}):
-        frame = img if kw else np.zeros_like(img)
-        hn, _ = fit_and_apply_centre(frame, stale, coronagraph=False, **kw)
-        assert not any(k in hn for k in ("CRDER1", "CRDER2", "CSYER1", "CSYER2")), kw
+    # no fit asked for: no claim at all, the stale one removed
+    hn, _ = fit_and_apply_centre(img, stale, coronagraph=False, enabled=False)
+    assert not any(k in hn for k in ("CRDER1", "CRDER2", "CSYER1", "CSYER2"))
+    # a failed fit: the stale claim replaced by the pointing uncertainty (systematic only)
+    hn, _ = fit_and_apply_centre(np.zeros_like(img), stale, coronagraph=False)
+    assert not any(k in hn for k in ("CRDER1", "CRDER2"))
+    assert hn["CSYER1"] == pytest.approx(pointing_uncertainty_px(max(img.shape)) * abs(hn["CDELT1"]), rel=2e-3)
+    assert hn["CSYER2"] == hn["CSYER1"] != 99.0
     # the product: HDU 0 and the UNCERT / DQ extensions on the same grid carry them; astropy.wcs reads them
     res = L2Result(data=img.astype(np.float32), dq=np.zeros(img.shape, np.uint8), header=h, stats={},
                    uncertainty=np.sqrt(img).astype(np.float32))
