@@ -82,6 +82,12 @@ def test_flag_frame_sets_bits_and_keeps_reasons_on_one_card():
     with pytest.raises(ValueError):
         flag_frame(h, FrameQuality.CENTRE_REFUSED | FrameQuality.CENTRE_FAILED, "two at once")
     assert set(SYSTEMATICS) == {"centre_refused", "centre_failed", "stray_light_refused", "flat_plane_stated"}
+    # the API's enum is the bits' names and "any"
+    import typing
+
+    from backend.api.routes.params import Systematic
+
+    assert typing.get_args(Systematic) == ("any", *SYSTEMATICS)
 
 
 def test_a_flat_that_states_its_plane_flags_the_frame(tmp_path):
@@ -185,6 +191,21 @@ def test_the_flag_is_stored_searched_and_shown(pointed, api_client, db_session, 
         r = api_client.get(path, params={"systematics": "centre"})
         assert r.status_code == 422 and "systematics" in r.text
     assert api_client.get(f"/api/v1/products/{prods[5.0].id}").json()["quality_flags"] == 1
+
+    # a saved search takes the same filter (and is told of the flagged ones only)
+    from backend.services import saved_searches
+    from backend.services.event_search import search_events
+
+    for kind in ("products", "events"):
+        q = saved_searches.normalise_query(kind, {**span, "systematics": "centre_refused"})
+        assert q["systematics"] == "centre_refused"
+        with pytest.raises(saved_searches.SavedSearchError, match="systematics"):
+            saved_searches.normalise_query(kind, {"systematics": "centre"})
+    found = db_session.scalars(saved_searches._product_query(
+        saved_searches.normalise_query("products", {**span, "systematics": "any"}))).all()
+    assert [p.id for p in found] == [prods[5.0].id]
+    filters = saved_searches._event_filters(saved_searches.normalise_query("events", {**span, "systematics": "any"}))
+    assert [e.id for e in search_events(db_session, filters).items] == [events[5.0].id]
 
     page = api_client.get(f"/products/{prods[5.0].id}/view")
     assert page.status_code == 200

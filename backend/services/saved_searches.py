@@ -54,9 +54,9 @@ KINDS = ("events", "products")
 #: The filters of ``GET /api/v1/events`` (:func:`backend.api.routes.params.event_search`).
 EVENT_PARAMS = ("type", "source", "start", "end", "channel", "hpc_x_min", "hpc_x_max", "hpc_y_min", "hpc_y_max",
                 "pa_min", "pa_max", "min_goes_class", "min_peak_value", "frm_name", "frm_version", "noaa_ar",
-                "associated_type", "calibration_set", "calibration_file", "min_angular_width")
+                "associated_type", "calibration_set", "calibration_file", "min_angular_width", "systematics")
 #: The filters of ``GET /api/v1/products`` (``state``: only ``written``, what is notified).
-PRODUCT_PARAMS = ("channel", "start", "end", "state", "frame_id", "job_id", "calibration_set", "level")
+PRODUCT_PARAMS = ("channel", "start", "end", "state", "frame_id", "job_id", "calibration_set", "level", "systematics")
 _NOT_FILTERS = ("limit", "offset", "cursor", "sort", "format")
 MAX_NAME_CHARS = 100
 #: Most new matches one evaluation records per search (the next pass takes the rest).
@@ -99,10 +99,25 @@ def _scalar(name: str, value: Any) -> Any:
     return value
 
 
+def _systematic(q: dict[str, Any]) -> str | None:
+    """The ``systematics`` filter of a query, checked (``any`` or a name of
+    :data:`pipelines.calibration.l2.quality.SYSTEMATICS`, as the routes take it); None if absent."""
+    from pipelines.calibration.l2.quality import SYSTEMATICS
+
+    value = q.get("systematics")
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or (value != "any" and value not in SYSTEMATICS):
+        raise SavedSearchError("query.systematics", f"expected any or one of {', '.join(SYSTEMATICS)}", value)
+    return value
+
+
 def _normalise_events(q: dict[str, Any]) -> dict[str, Any]:
     from backend.api.routes.params import _API_CHECK_ORDER, parse_event_filters
 
-    kw = {("types" if k == "type" else "sources" if k == "source" else k): _scalar(k, v) for k, v in q.items()}
+    _systematic(q)  # not a parse_event_filters filter: the route adds it (params.event_search)
+    kw = {("types" if k == "type" else "sources" if k == "source" else k): _scalar(k, v) for k, v in q.items()
+          if k != "systematics"}
     if kw.get("min_peak_value") is not None:
         try:
             kw["min_peak_value"] = float(kw["min_peak_value"])
@@ -167,6 +182,8 @@ def _normalise_products(q: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(q["level"], str) or not re.fullmatch(r"L[0-9][A-Za-z0-9.]{0,6}", q["level"]):
             raise SavedSearchError("query.level", "is not a product level such as L2", q["level"])
         out["level"] = q["level"]
+    if _systematic(q) is not None:
+        out["systematics"] = q["systematics"]
     return out
 
 
@@ -194,12 +211,15 @@ def normalise_query(kind: str, query: dict[str, Any] | str | None) -> dict[str, 
 
 
 def _event_filters(query: dict[str, Any]):
+    import dataclasses
+
     from backend.api.routes.params import parse_event_filters
 
-    kw = {("types" if k == "type" else "sources" if k == "source" else k): v for k, v in query.items()}
+    kw = {("types" if k == "type" else "sources" if k == "source" else k): v for k, v in query.items()
+          if k != "systematics"}
     if kw.get("min_peak_value") is not None:
         kw["min_peak_value"] = float(kw["min_peak_value"])
-    return parse_event_filters(**kw).filters
+    return dataclasses.replace(parse_event_filters(**kw).filters, systematics=query.get("systematics") or None)
 
 
 def _viewer(owner: str | None) -> visibility.Viewer:
@@ -223,6 +243,10 @@ def _product_query(query: dict[str, Any], owner: str | None = None):
         q = q.where(Product.calibration_set_id == int(query["calibration_set"]))
     if query.get("level"):
         q = q.where(Product.level == query["level"])
+    if query.get("systematics"):
+        from backend.services.products import quality_condition
+
+        q = q.where(quality_condition(Product.quality_flags, query["systematics"]))
     if query.get("job_id"):
         q = q.where(visibility.visible(select(Job.id).where(Job.id == query["job_id"]), Job, _viewer(owner)).exists())
     return q
