@@ -191,6 +191,9 @@ def test_the_flag_is_stored_searched_and_shown(pointed, api_client, db_session, 
         r = api_client.get(path, params={"systematics": "centre"})
         assert r.status_code == 422 and "systematics" in r.text
     assert api_client.get(f"/api/v1/products/{prods[5.0].id}").json()["quality_flags"] == 1
+    # the bulk download takes the product filters, this one included
+    sh = api_client.get("/api/v1/products/download.sh", params={**span, "systematics": "centre_refused"})
+    assert sh.status_code == 200 and f"_f{prods[5.0].frame_id}_" in sh.text and f"_f{prods[0.0].frame_id}_" not in sh.text
 
     # a saved search takes the same filter (and is told of the flagged ones only)
     from backend.services import saved_searches

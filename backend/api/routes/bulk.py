@@ -20,7 +20,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from backend.api.deps import SessionDep, SettingsDep
 from backend.auth import OptionalPrincipal
 from backend.api.routes.params import (MAX_ID, SAFE_KEY_PATTERN, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery,
-                                      TimeRangeDep)
+                                      SystematicsQuery, TimeRangeDep)
 from backend.models import ProductState
 from backend.services import bulk
 from backend.services import events as events_service
@@ -66,6 +66,7 @@ class ProductSearch:
     principal: object = None  #: who asks: products of private sets only to their owner (and admins)
     calibration_set: int | None = None  #: only the products of this calibration set (its id)
     level: str | None = None  #: only products of this level (``L2``)
+    systematics: str | None = None  #: only products flagged with this frame-wide systematic (or ``any``)
 
     def select(self, session) -> bulk.ProductSelection:
         """The selection (only products the principal may see); a ``job_id`` of a job the
@@ -80,6 +81,10 @@ class ProductSearch:
             conds.append(Product.calibration_set_id == self.calibration_set)
         if self.level is not None:
             conds.append(Product.level == self.level)
+        if self.systematics is not None:
+            from backend.services.products import quality_condition
+
+            conds.append(quality_condition(Product.quality_flags, self.systematics))
         return bulk.search_products(session, channel=self.channel, start=self.start, end=self.end, state=self.state,
                                     frame_id=self.frame_id, job_id=self.job_id, limit=self.limit,
                                     offset=self.offset, conditions=tuple(conds))
@@ -96,9 +101,10 @@ async def product_search(
     offset: OffsetQuery = 0,
     calibration_set: CalibrationSetQuery = None,
     level: LevelQuery = None,
+    systematics: SystematicsQuery = None,
 ) -> ProductSearch:
     return ProductSearch(channel, span.start, span.end, None if state == "any" else ProductState(state), frame_id,
-                         job_id or None, limit, offset, principal, calibration_set, level)
+                         job_id or None, limit, offset, principal, calibration_set, level, systematics)
 
 
 ProductSearchDep = Annotated[ProductSearch, Depends(product_search)]
