@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from backend.models import Frame, Product, ProductState
 from backend.services import visibility
 from pipelines.errors import DataError
+from pipelines.units import display_unit
 
 __all__ = ["VOLATILE", "DiffError", "DiffNotFound", "DiffNotOfFrame", "DiffNotWritten", "ProductPair",
            "load_pair", "header_diff", "image_stats", "diff_report", "difference_png", "ratio_png",
@@ -209,7 +210,7 @@ def diff_report(pair: ProductPair) -> dict[str, Any]:
     q = f"a={pair.a.id}&b={pair.b.id}"
     base = f"/api/v1/frames/{pair.frame.id}/diff"
     return {"frame_id": pair.frame.id, "a": _describe(pair.a), "b": _describe(pair.b),
-            "bunit": pair.a_header.get("BUNIT"),
+            "bunit": display_unit(pair.a_header),  # 'MSB' for SCI (BUNITNAM; BUNIT is dimensionless)
             "header": header_diff(pair.a_header, pair.b_header),
             "image": image_stats(pair.a_data, pair.a_dq, pair.b_data, pair.b_dq),
             "difference_png": f"{base}/difference.png?{q}", "ratio_png": f"{base}/ratio.png?{q}",

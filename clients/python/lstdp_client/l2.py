@@ -44,7 +44,11 @@ def open_l2(path: str | os.PathLike) -> Any:
         ``astropy.nddata.StdDevUncertainty`` of shape (ny, nx) in the same unit (``None`` for
         a product without ``UNCERT``); ``mask`` bool, shape (ny, nx), True where ``DQ != 0``
         or the data are NaN/inf (the DQ bits themselves are in ``map.meta`` COMMENT cards and
-        on the platform's product page). ``map.meta`` is HDU 0's header.
+        on the platform's product page). ``map.meta`` is HDU 0's header. SCI data are in MSB
+        (mean solar brightness): ``BUNIT`` is dimensionless (strict FITS) and
+        ``map.meta['msbvalue']`` is 1 MSB in erg cm-2 s-1 sr-1; ``map.meta['quality']`` is the
+        frame-wide quality word (0: no systematic flagged; its reasons in ``centfail``,
+        ``stryfail``, ``flatplan``).
 
     Raises
     ------
