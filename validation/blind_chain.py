@@ -840,9 +840,10 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
     h2 = l2.header
     scale = float(h2.get("CDELT1", float("nan")))
     out[f"centre_err_arcsec_{chan}"] = out[f"centre_err_px_{chan}"] * abs(scale)
-    if all(k in h2 for k in ("CRDER1", "CRDER2", "CSYER1", "CSYER2")):
+    if all(k in h2 for k in ("CSYER1", "CSYER2")):  # a refused/failed fit states CSYER only (no random error)
         out[f"centre_claim_arcsec_{chan}"] = (math.hypot(float(h2["CSYER1"]), float(h2["CSYER2"]))
-                                              + 3.0 * math.hypot(float(h2["CRDER1"]), float(h2["CRDER2"])))
+                                              + 3.0 * math.hypot(float(h2.get("CRDER1", 0.0)),
+                                                                 float(h2.get("CRDER2", 0.0))))
     else:
         out[f"centre_claim_arcsec_{chan}"] = float("nan")
     hx, hy = frame.header_crpix or frame.crpix
