@@ -219,7 +219,10 @@ def write_limited(scope: str | None = None):
     dep = needs if needs is not None else _principal
 
     def dependency(session: SessionDep, response: Response, principal: Principal = Depends(dep)) -> Principal:
-        state = quotas.count_write(session, principal)
+        try:
+            state = quotas.count_write(session, principal)
+        except quotas.QuotaExceeded as exc:  # its 429 on any app, with or without the app's handler
+            raise HTTPException(exc.status_code, detail=exc.detail, headers=exc.headers) from None
         if state.limit is not None:
             response.headers["RateLimit-Limit"] = str(state.limit)
             response.headers["RateLimit-Remaining"] = str(state.remaining)
