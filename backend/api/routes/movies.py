@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep, SubmitLimited
 from backend.api.conditional import file_response
 from backend.api.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep
+from backend.api.presenters import movie_window
 from backend.faults import public_reason
 from backend.models import Movie, MovieState, ProductState
 from backend.services import movies as movies_service
