@@ -14,10 +14,8 @@ import math
 import pytest
 from sqlalchemy import func, select
 
-from backend.api.deps import SessionDep
-from backend.auth import CancelPrincipal
+from backend.api.deps import CancelPrincipal, SessionDep, WriteLimited
 from backend.models import Job, JobState, Movie, MovieState, Product, QuotaCharge, WriteCount, utcnow
-from backend.services.quotas import WriteLimited
 from backend.settings import get_settings
 from tests.conftest import auth_headers
 from tests.test_api import make_frame, make_product

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from astropy.io import fits
@@ -35,6 +36,7 @@ from pipelines.units import display_unit
 from pipelines.utc import as_utc
 
 __all__ = [
+    "product_conditions",
     "list_products",
     "job_product_states",
     "get_product",
@@ -81,6 +83,24 @@ def _filtered(
     if job_id is not None:  # exactly the job's products: those its items name (job_items.product_id)
         stmt = stmt.where(Product.id.in_(select(JobItem.product_id).where(JobItem.job_id == job_id)))
     return stmt
+
+
+def product_conditions(principal: Any = None, *, calibration_set: int | None = None,
+                       level: str | None = None) -> list:
+    """SQL conditions on ``products`` of a product search: the products ``principal`` may see
+    (:func:`backend.services.visibility.condition`: a private calibration set's only to its
+    owner and admins), of calibration set ``calibration_set`` (its id) and of ``level``
+    (``L2``) when given; for ``conditions=`` of :func:`list_products` and
+    :func:`backend.services.bulk.search_products` (the API's list and archive, the product
+    search page)."""
+    from backend.services import visibility
+
+    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
+    if calibration_set is not None:
+        conds.append(Product.calibration_set_id == calibration_set)
+    if level is not None:
+        conds.append(Product.level == level)
+    return conds
 
 
 def list_products(
