@@ -80,7 +80,7 @@ def test_the_science_never_imports_the_simulator_or_validation():
 
 
 def test_importing_the_science_loads_no_simulator_or_validation_module():
-    science = [m for m in PIPELINES if not import_graph._under(m, import_graph.SIMULATOR)]
+    science = [m for m in PIPELINES if not import_graph._within(m, import_graph.SIMULATOR)]
     code = (
         "import importlib, json, sys\n"
         f"for m in {science!r}:\n"
