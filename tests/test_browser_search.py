@@ -12,11 +12,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from backend.db import session_scope
 from backend.services.events import import_catalogue
 from tests.conftest import SAMPLE
 from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
@@ -26,17 +26,47 @@ pytestmark = pytest.mark.browser
 EVENTS = SAMPLE / "events"
 
 
-@pytest.fixture
-def live(sqlite_env, tmp_path):
+def _import_catalogues(folder) -> None:
+    """``folder/lstdp.sqlite3``: a migrated SQLite database with the real CDAW list, the GOES
+    XRS reports of 2013 and 2014 and the DONKI sample imported (built once per test run:
+    ``run_cache``; each test serves a copy of it)."""
+    import tempfile
 
-    goes = tmp_path / "goes_xrs_reports"
-    goes.mkdir()
-    for y in (2013, 2014):
-        shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
-    with session_scope() as s:
-        import_catalogue(s, "cdaw", EVENTS / "cdaw")
-        import_catalogue(s, "goes_xrs", goes)
-        import_catalogue(s, "donki", EVENTS / "donki")
+    from sqlalchemy.orm import Session
+
+    from backend import db as dbmod
+    from backend.migrate import upgrade
+
+    url = f"sqlite:///{folder / 'lstdp.sqlite3'}"
+    upgrade(url)
+    engine = dbmod.make_engine(url)
+    try:
+        with tempfile.TemporaryDirectory() as tmp, Session(engine) as s:
+            goes = Path(tmp) / "goes_xrs_reports"
+            goes.mkdir()
+            for y in (2013, 2014):
+                shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
+            import_catalogue(s, "cdaw", EVENTS / "cdaw")
+            import_catalogue(s, "goes_xrs", goes)
+            import_catalogue(s, "donki", EVENTS / "donki")
+            s.commit()
+    finally:
+        engine.dispose()  # the last connection checkpoints the WAL into the database file
+    assert not (folder / "lstdp.sqlite3-wal").exists()
+
+
+@pytest.fixture
+def live(sqlite_env, run_cache):
+    """The app served on this test's own copy of the catalogue database (:func:`_import_catalogues`)."""
+    from backend import db as dbmod
+
+    imported = run_cache.get("browser-search-catalogues", _import_catalogues) / "lstdp.sqlite3"
+    assert sqlite_env.sqlalchemy_url.startswith("sqlite:///")
+    target = Path(sqlite_env.sqlalchemy_url.removeprefix("sqlite:///"))
+    dbmod.reset_caches()  # no engine keeps the empty database open
+    for extra in ("-wal", "-shm"):
+        target.with_name(target.name + extra).unlink(missing_ok=True)
+    shutil.copyfile(imported, target)
     with served_app() as url:
         yield SimpleNamespace(url=url)
 
