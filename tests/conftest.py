@@ -406,6 +406,7 @@ def _xdist_ordering() -> bool:
     return os.environ.get("LSTDP_TEST_ORDER", "tiers") != "xdist"
 
 
+@pytest.hookimpl(trylast=True)  # after the hooks that add markers (tests/validation's ``validation``)
 def pytest_collection_modifyitems(config, items):
     """Under xdist, collect the work units (:func:`xdist_work_unit`) by :func:`file_tier`, then
     more tests first (xdist's own order), the tests of a unit kept together in their order: the
