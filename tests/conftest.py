@@ -193,15 +193,50 @@ def _migrate_sqlite(folder: Path) -> None:
     assert not (folder / "lstdp.sqlite3-wal").exists()  # all in the file: a copy is the database
 
 
+def _sqlite_path(settings) -> Path:
+    assert settings.sqlalchemy_url.startswith("sqlite:///"), settings.sqlalchemy_url
+    return Path(settings.sqlalchemy_url.removeprefix("sqlite:///"))
+
+
+def filled_sqlite(run_cache, name: str, fill) -> Path:
+    """A SQLite database built once per test run (:class:`RunCache` ``name``; read-only: serve
+    a copy, :func:`use_sqlite_copy`): migrated, then ``fill(session)`` run on it and committed
+    (``fill`` gets a ``sqlalchemy.orm.Session``; its asserts run at the build). Returns the
+    file's path."""
+    from sqlalchemy.orm import Session
+
+    def build(folder: Path) -> None:
+        db = folder / "lstdp.sqlite3"
+        shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", db)
+        engine = dbmod.make_engine(f"sqlite:///{db}")
+        try:
+            with Session(engine) as session:
+                fill(session)
+                session.commit()
+        finally:
+            engine.dispose()  # the last connection checkpoints the WAL into the database file
+        assert not (folder / "lstdp.sqlite3-wal").exists()
+
+    return run_cache.get(name, build) / "lstdp.sqlite3"
+
+
+def use_sqlite_copy(settings, database: Path) -> None:
+    """Make the SQLite database of ``settings`` (embedded mode) a copy of ``database``; the
+    cached engines are disposed first, so none keeps the file it replaces open."""
+    target = _sqlite_path(settings)
+    dbmod.reset_caches()
+    for extra in ("-wal", "-shm"):
+        target.with_name(target.name + extra).unlink(missing_ok=True)
+    shutil.copyfile(database, target)
+
+
 @pytest.fixture
 def sqlite_env(settings_env, run_cache):
     """Embedded-mode settings (SQLite in a temporary DATA_DIR), migrated: a copy of the database
     that ``upgrade`` made once for the test run (:func:`_migrate_sqlite`; the same schema and
     rows, without Alembic's 0.5-0.7 s per test)."""
     s = settings_env()
-    assert s.sqlalchemy_url.startswith("sqlite:///"), s.sqlalchemy_url
-    target = Path(s.sqlalchemy_url.removeprefix("sqlite:///"))
-    shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", target)
+    shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", _sqlite_path(s))
     return s
 
 

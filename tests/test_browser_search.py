@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from backend.services.events import import_catalogue
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, filled_sqlite, use_sqlite_copy
 from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
@@ -26,47 +26,25 @@ pytestmark = pytest.mark.browser
 EVENTS = SAMPLE / "events"
 
 
-def _import_catalogues(folder) -> None:
-    """``folder/lstdp.sqlite3``: a migrated SQLite database with the real CDAW list, the GOES
-    XRS reports of 2013 and 2014 and the DONKI sample imported (built once per test run:
-    ``run_cache``; each test serves a copy of it)."""
+def _import_catalogues(session) -> None:
+    """The real CDAW list, the GOES XRS reports of 2013 and 2014 and the DONKI sample, imported
+    once per test run (``filled_sqlite``); each test serves a copy of that database."""
     import tempfile
 
-    from sqlalchemy.orm import Session
-
-    from backend import db as dbmod
-    from backend.migrate import upgrade
-
-    url = f"sqlite:///{folder / 'lstdp.sqlite3'}"
-    upgrade(url)
-    engine = dbmod.make_engine(url)
-    try:
-        with tempfile.TemporaryDirectory() as tmp, Session(engine) as s:
-            goes = Path(tmp) / "goes_xrs_reports"
-            goes.mkdir()
-            for y in (2013, 2014):
-                shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
-            import_catalogue(s, "cdaw", EVENTS / "cdaw")
-            import_catalogue(s, "goes_xrs", goes)
-            import_catalogue(s, "donki", EVENTS / "donki")
-            s.commit()
-    finally:
-        engine.dispose()  # the last connection checkpoints the WAL into the database file
-    assert not (folder / "lstdp.sqlite3-wal").exists()
+    with tempfile.TemporaryDirectory() as tmp:
+        goes = Path(tmp) / "goes_xrs_reports"
+        goes.mkdir()
+        for y in (2013, 2014):
+            shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
+        import_catalogue(session, "cdaw", EVENTS / "cdaw")
+        import_catalogue(session, "goes_xrs", goes)
+        import_catalogue(session, "donki", EVENTS / "donki")
 
 
 @pytest.fixture
 def live(sqlite_env, run_cache):
     """The app served on this test's own copy of the catalogue database (:func:`_import_catalogues`)."""
-    from backend import db as dbmod
-
-    imported = run_cache.get("browser-search-catalogues", _import_catalogues) / "lstdp.sqlite3"
-    assert sqlite_env.sqlalchemy_url.startswith("sqlite:///")
-    target = Path(sqlite_env.sqlalchemy_url.removeprefix("sqlite:///"))
-    dbmod.reset_caches()  # no engine keeps the empty database open
-    for extra in ("-wal", "-shm"):
-        target.with_name(target.name + extra).unlink(missing_ok=True)
-    shutil.copyfile(imported, target)
+    use_sqlite_copy(sqlite_env, filled_sqlite(run_cache, "browser-search-catalogues", _import_catalogues))
     with served_app() as url:
         yield SimpleNamespace(url=url)
 
