@@ -255,11 +255,8 @@ def test_job_options_give_defaults_limits_units_and_registry_versions(client, pr
 
 
 @pytest.fixture(scope="module")
-def simulated_sdi(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    return simulate(tmp_path_factory.mktemp("bulk_sim"), channels=("SDI",), naxis=64, noise=False, seed=5,
-                    sdi_sequence=False)
+def simulated_sdi(simulated_dataset):
+    return simulated_dataset(channels=("SDI",), naxis=64, noise=False, seed=5, sdi_sequence=False)  # shared, read-only
 
 
 def test_archive_of_pipeline_products_agrees_with_their_headers(client, db_session, settings, simulated_sdi):

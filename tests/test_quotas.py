@@ -410,15 +410,13 @@ def stack(settings_env, tmp_path):
         yield st
 
 
-def test_eta_from_a_real_workers_throughput(stack, tmp_path):
+def test_eta_from_a_real_workers_throughput(stack, simulated_dataset):
     from backend.db import session_scope
     from backend.services import quotas
-    from pipelines.simulation import simulate
     from tests.conftest import make_token
     from tests.live import ingest_simulated, wait_job
 
-    sim = tmp_path / "sim"
-    simulate(sim, channels=("SDI",), naxis=128, noise=True, seed=3, sdi_sequence=True)
+    sim = simulated_dataset(channels=("SDI",), naxis=128, noise=True, seed=3, sdi_sequence=True).out_dir  # shared
     ingest_simulated(sim)
     with session_scope() as s:
         from backend.models import Frame
