@@ -21,6 +21,9 @@ demo: $(STAMP)
 
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist; the tests of one file in one worker,
 # each worker with a Redis server of its own: tests/conftest.py); PYTEST_WORKERS=0 runs it in one.
+# tests/conftest.py hands the files out longest first (the validation campaigns, then the slow
+# and browser files; tests/client and tests/faults each whole to one worker);
+# LSTDP_TEST_ORDER=xdist keeps pytest-xdist's own order, to compare.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 

@@ -14,9 +14,11 @@ scope:
 A token is 32 random bytes from :mod:`secrets` (``secrets.token_urlsafe``, 256 bits: no
 dictionary or brute-force attack applies, so one SHA-256 stored at rest is enough, as GitHub
 and PyPI store theirs), prefixed ``lst_`` so that secret scanners can find leaked ones. It is
-shown once, when made (``lstdp token create``), and only its hash is stored. The FastAPI side
-uses FastAPI's own security utilities (:class:`fastapi.security.HTTPBearer` and
-:class:`~fastapi.security.APIKeyCookie`), which also document the scheme in the OpenAPI.
+shown once, when made (``lstdp token create``), and only its hash is stored. The FastAPI
+dependencies that read a request's principal (``OptionalPrincipal``, ``require_scope``...)
+live in :mod:`backend.api.deps`, on FastAPI's own security utilities
+(:class:`fastapi.security.HTTPBearer` and :class:`~fastapi.security.APIKeyCookie`), which also
+document the scheme in the OpenAPI; this module does not import the API.
 
 The session cookie and CSRF: the browser sends a cookie on its own, so a page of another
 site could make it write. Cookie-authenticated writes are safe from that by three checks
@@ -51,24 +53,20 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
-from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import HTTPException, Request
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from backend.api.deps import get_session
 from backend.models import ApiToken, BrowserSession, utcnow
 from pipelines.errors import DataError
 from pipelines.utc import assume_utc
 
 __all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError", "new_token", "hash_token",
-           "create_token", "list_tokens", "revoke_token", "authenticate", "current_principal", "require_scope",
-           "OptionalPrincipal", "SubmitPrincipal", "CancelPrincipal", "AdminPrincipal", "looks_like_token",
+           "create_token", "list_tokens", "revoke_token", "authenticate", "looks_like_token",
            "redact_tokens", "token_state", "check_cookie_write", "origin_matches", "clear_session_cookie_header",
-           "SAFE_METHODS", "SignedInPrincipal", "RedactTokensFilter", "install_log_redaction", "create_session",
-           "authenticate_session", "revoke_session", "session_state"]
+           "SAFE_METHODS", "RedactTokensFilter", "install_log_redaction", "create_session",
+           "authenticate_session", "revoke_session", "session_state", "unauthorized"]
 
 #: The scopes a token may carry, and what each allows.
 SCOPES: dict[str, str] = {
@@ -267,12 +265,12 @@ def authenticate(session: Session, token: str, *, now: dt.datetime | None = None
     digest = hash_token(token.strip())
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == digest))
     if row is None or not hmac.compare_digest(row.token_hash, digest):
-        raise _unauthorized("the API token is not known (check it, or make one with `lstdp token create`)")
+        raise unauthorized("the API token is not known (check it, or make one with `lstdp token create`)")
     state = token_state(row, now)
     if state != "active":
         when = row.revoked_at if state == "revoked" else row.expires_at
-        raise _unauthorized(f"API token {row.id} ({row.prefix}...) was {state} at "
-                            f"{assume_utc(when).isoformat().replace('+00:00', 'Z')}")
+        raise unauthorized(f"API token {row.id} ({row.prefix}...) was {state} at "
+                           f"{assume_utc(when).isoformat().replace('+00:00', 'Z')}")
     last = assume_utc(row.last_used_at) if row.last_used_at else None
     if last is None or (now - last).total_seconds() > LAST_USED_EVERY_S:
         # its own statement, committed by whoever commits the request's session (a read
@@ -347,11 +345,11 @@ def authenticate_session(session: Session, session_id: str, *,
     now = now or utcnow()
     row = _session_row(session, session_id)
     if row is None:
-        raise _unauthorized("the session is not known (signed out, or never made)")
+        raise unauthorized("the session is not known (signed out, or never made)")
     token = session.get(ApiToken, row.token_id)
     state = session_state(row, token, now)
     if state != "active":
-        raise _unauthorized(f"session {row.id} of API token {row.token_id} has ended ({state})")
+        raise unauthorized(f"session {row.id} of API token {row.token_id} has ended ({state})")
     last = assume_utc(row.last_seen_at) if row.last_seen_at else None
     if last is None or (now - last).total_seconds() > LAST_USED_EVERY_S:
         session.execute(update(BrowserSession).where(BrowserSession.id == row.id).values(last_seen_at=now)
@@ -369,55 +367,9 @@ def revoke_session(session: Session, session_id: str, *, now: dt.datetime | None
     return row
 
 
-def _unauthorized(detail: str) -> HTTPException:
+def unauthorized(detail: str) -> HTTPException:
+    """401 with ``detail`` and ``WWW-Authenticate: Bearer``."""
     return HTTPException(401, detail=detail, headers={"WWW-Authenticate": "Bearer"})
-
-
-_bearer = HTTPBearer(auto_error=False, scheme_name="APIToken", bearerFormat="opaque (lst_...)",
-                     description="An API token (`lstdp token create`), as `Authorization: Bearer lst_...`. "
-                                 "Reads need none; writes need the scope each route names.")
-_cookie = APIKeyCookie(name=SESSION_COOKIE, auto_error=False, scheme_name="SessionCookie",
-                       description="The browser's session cookie (a random session id, not the token), made from "
-                                   "a token by `POST /api/v1/session`.")
-
-
-async def current_principal(
-    request: Request,
-    session: Annotated[Session, Depends(get_session)],
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    cookie: Annotated[str | None, Depends(_cookie)],
-) -> Principal | None:
-    """The request's principal: from the bearer token, else the session cookie; None when the
-    request carries neither (an anonymous read). A token that is given but not valid is 401
-    even where none is needed: a client is never silently downgraded to anonymous.
-
-    ``async``: an anonymous request is answered on the event loop (no database work, no
-    worker-thread hand-off); a token is looked up in a worker thread."""
-    token = bearer.credentials if bearer is not None and bearer.credentials else None
-    if token is None and request.headers.get("authorization", "").strip():
-        raise _unauthorized("the Authorization header must be `Bearer <token>`")
-    from_cookie = token is None and bool(cookie)
-    token = token or (cookie or None)
-    if not token:
-        return None
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(_token_principal, request, session, token, from_cookie)
-
-
-def _token_principal(request: Request, session: Session, token: str, from_cookie: bool) -> Principal:
-    """:func:`current_principal` for a request that carries ``token`` (blocking: database)."""
-    if from_cookie:
-        check_cookie_write(request)
-        try:
-            principal, _row = authenticate_session(session, token)
-        except HTTPException as exc:  # the browser holds a dead token: say so, and drop it
-            raise HTTPException(exc.status_code, detail=f"{exc.detail} (the browser's session cookie: sign in again)",
-                                headers={**(exc.headers or {}), "Set-Cookie": clear_session_cookie_header()}) from None
-    else:
-        principal = authenticate(session, token)
-    request.state.principal = principal
-    return principal
 
 
 #: Methods that never write: the CSRF checks of :func:`check_cookie_write` leave them alone.
@@ -472,41 +424,3 @@ def clear_session_cookie_header() -> str:
     """A ``Set-Cookie`` value that removes :data:`SESSION_COOKIE` (for error answers, which carry no
     :class:`~starlette.responses.Response` to call ``delete_cookie`` on)."""
     return f"{SESSION_COOKIE}=\"\"; HttpOnly; Max-Age=0; Path=/; SameSite=strict"
-
-
-OptionalPrincipal = Annotated[Principal | None, Depends(current_principal)]
-
-
-def require_scope(scope: str):
-    """A dependency that returns the request's principal, or answers 401 (no token) or 403
-    (a token without ``scope``)."""
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
-
-    def dependency(principal: OptionalPrincipal) -> Principal:
-        if principal is None:
-            raise _unauthorized(f"this needs an API token with scope '{scope}' "
-                                "(Authorization: Bearer <token>; make one with `lstdp token create`)")
-        if not principal.has(scope):
-            raise HTTPException(403, detail=f"API token {principal.token_id} ({principal.prefix}...) of user "
-                                            f"{principal.user!r} lacks scope '{scope}' (it has: "
-                                            f"{', '.join(sorted(principal.scopes)) or 'none'})")
-        return principal
-
-    dependency.__name__ = f"require_{scope.replace(':', '_')}"
-    return dependency
-
-
-def require_token(principal: OptionalPrincipal) -> Principal:
-    """A dependency: the request's principal whatever its scopes, or 401 without a token (for
-    what every signed-in user may do to their own things: list or revoke their tokens)."""
-    if principal is None:
-        raise _unauthorized("this needs an API token (any scope; Authorization: Bearer <token>, or sign in; "
-                            "make one with `lstdp token create`)")
-    return principal
-
-
-SignedInPrincipal = Annotated[Principal, Depends(require_token)]
-SubmitPrincipal = Annotated[Principal, Depends(require_scope("jobs:submit"))]
-CancelPrincipal = Annotated[Principal, Depends(require_scope("jobs:cancel"))]
-AdminPrincipal = Annotated[Principal, Depends(require_scope("admin"))]

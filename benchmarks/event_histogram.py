@@ -95,7 +95,7 @@ def main() -> int:
 
         from backend import db as dbmod
         from backend.api.app import create_app
-        from backend.api.routes.params import parse_event_filters
+        from backend.services.event_filters import parse_event_filters
         from backend.migrate import upgrade
         from backend.models import Event
         from backend.services.event_histogram import event_histogram

@@ -726,7 +726,7 @@ def floor_apps():
     from starlette.routing import Route
 
     from backend.api.routes.events import CursorQuery, FormatQuery, SortQuery
-    from backend.api.routes.params import EventSearchDep, PaginationDep
+    from backend.api.params import EventSearchDep, PaginationDep
     from backend.services.event_search import DEFAULT_SORT
 
     async def bare(request):

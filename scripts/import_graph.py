@@ -7,14 +7,24 @@ still a dependency: it only moves the cycle to run time). An edge goes to the mo
 statement names (``from a.b import c`` is ``a.b.c`` when that is a module, else ``a.b``);
 the implicit import of parent packages is not an edge. Prints each import cycle (a strongly
 connected component of more than one module, or a module importing itself) and, with
-``--layers``, every import that crosses a layer the wrong way: ``pipelines`` into ``backend``
-(:func:`layer_violations`), and the science into the simulator or the validation campaigns
-(:func:`science_violations`).
+``--layers``, every import that crosses a layer the wrong way:
+
+* ``pipelines`` (the science) -> ``backend`` (:func:`layer_violations`);
+* ``backend.services`` -> ``backend.api``, ``fastapi`` or ``starlette``: the services know no
+  HTTP (:func:`service_violations`; the third-party names come from
+  :func:`external_imports`, the graph holds the product's own modules only);
+* a route module (``backend.api.routes.X``) or a page module (``backend.api.pages.*``) ->
+  another route module: what they share lives in ``backend.api.presenters``,
+  ``backend.api.params`` or ``backend.api.deps`` (:func:`route_violations`);
+* ``backend.auth`` -> ``backend.api`` (:func:`auth_violations`).
+* the science (``pipelines``, the simulator aside) -> the simulator or the validation
+  campaigns, and ``backend`` -> ``validation`` or the simulator (except
+  :data:`SIMULATOR_IMPORTERS`) (:func:`science_violations`).
 
 Usage::
 
     python scripts/import_graph.py            # cycles; exit 1 if any
-    python scripts/import_graph.py --layers   # also imports that cross a layer the wrong way
+    python scripts/import_graph.py --layers   # also the imports that cross a layer the wrong way
     python scripts/import_graph.py --edges    # the whole graph, one edge a line
 """
 
@@ -39,7 +49,11 @@ SIMULATOR_IMPORTERS = {
     "backend.cli": "`lstdp demo` and `lstdp simulate` make the simulated world they ingest",
 }
 
-__all__ = ["modules", "import_graph", "cycles", "layer_violations", "science_violations"]
+__all__ = ["modules", "import_graph", "external_imports", "cycles", "layer_violations", "service_violations",
+           "route_violations", "auth_violations", "science_violations", "HTTP_PACKAGES"]
+
+#: The web framework's packages: ``backend.services`` imports none of them.
+HTTP_PACKAGES = ("fastapi", "starlette")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -102,6 +116,24 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     return graph
 
 
+def external_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the top-level names of the packages outside the product it imports, anywhere
+    in its source (``from fastapi.responses import X`` inside a function: ``fastapi``).
+    Relative imports and the product's own packages are left out."""
+    mods = modules(root)
+    out: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            out[name].update(t for t in tops if t not in PACKAGES)
+    return out
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module, or with a self-import
     (Tarjan's algorithm, iterative), each sorted, the list sorted."""
@@ -154,8 +186,35 @@ def layer_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
                   for b in deps if b.split(".")[0] == "backend")
 
 
-def _under(module: str, package: str) -> bool:
+def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
+
+
+def service_violations(graph: dict[str, set[str]], external: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports of the API (``backend.api``) or of the web framework (:data:`HTTP_PACKAGES`)
+    by a ``backend.services`` module: a service raises its own errors, the API maps them to
+    HTTP answers. ``external`` is :func:`external_imports`."""
+    bad = {(a, b) for a, deps in graph.items() if _within(a, "backend.services")
+           for b in deps if _within(b, "backend.api")}
+    bad |= {(a, b) for a, names in external.items() if _within(a, "backend.services")
+            for b in names if b in HTTP_PACKAGES}
+    return sorted(bad)
+
+
+def route_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports of a route module (``backend.api.routes.X``) by another route module or by a
+    page (``backend.api.pages``): one router per resource, what they share lives in
+    ``backend.api.presenters``, ``backend.api.params`` or ``backend.api.deps``."""
+    return sorted((a, b) for a, deps in graph.items()
+                  if _within(a, "backend.api.routes") or _within(a, "backend.api.pages")
+                  for b in deps if b.startswith("backend.api.routes.") and b != a)
+
+
+def auth_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports of the API (``backend.api``) by ``backend.auth``: tokens and sessions sit below
+    the API, whose dependencies (``backend.api.deps``) read them."""
+    return sorted((a, b) for a, deps in graph.items() if _within(a, "backend.auth")
+                  for b in deps if _within(b, "backend.api"))
 
 
 def science_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -173,8 +232,8 @@ def science_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     for a, deps in graph.items():
         top = a.split(".")[0]
         for b in deps:
-            to_sim, to_val = _under(b, SIMULATOR), _under(b, VALIDATION)
-            if top == "pipelines" and not _under(a, SIMULATOR) and (to_sim or to_val):
+            to_sim, to_val = _within(b, SIMULATOR), _within(b, VALIDATION)
+            if top == "pipelines" and not _within(a, SIMULATOR) and (to_sim or to_val):
                 bad.append((a, b))
             elif top == "backend" and (to_val or (to_sim and a not in SIMULATOR_IMPORTERS)):
                 bad.append((a, b))
@@ -183,8 +242,7 @@ def science_violations(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", action="store_true",
-                    help="also list pipelines -> backend and science -> simulator/validation imports")
+    ap.add_argument("--layers", action="store_true", help="also list the imports that cross a layer the wrong way")
     ap.add_argument("--edges", action="store_true", help="print every edge")
     args = ap.parse_args(argv)
     graph = import_graph()
@@ -195,15 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     found = cycles(graph)
     for comp in found:
         print("cycle: " + " <-> ".join(comp))
-    bad = layer_violations(graph) if args.layers else []
+    bad = []
+    if args.layers:
+        bad = [*layer_violations(graph), *service_violations(graph, external_imports()), *route_violations(graph),
+               *auth_violations(graph)]
     for a, b in bad:
         print(f"layer: {a} imports {b}")
     wrong_way = science_violations(graph) if args.layers else []
     for a, b in wrong_way:
         print(f"layer: {a} imports {b} (the simulator and validation/ may import the science, not the reverse)")
     print(f"{len(graph)} modules, {sum(map(len, graph.values()))} imports, {len(found)} cycle(s)"
-          + (f", {len(bad)} pipelines->backend import(s), {len(wrong_way)} science->simulator/validation import(s)"
-             if args.layers else ""))
+          + (f", {len(bad)} import(s) across a layer the wrong way, {len(wrong_way)} science->simulator/validation"
+             " import(s)" if args.layers else ""))
     return 1 if found or bad or wrong_way else 0
 
 

@@ -5,8 +5,12 @@
   migrated with Alembic, dropped at the end.
 * ``db_session``: a session on that database inside a transaction rolled back at the end
   of the test (handlers may ``commit()``: they release a SAVEPOINT only).
-* ``sqlite_env``: embedded-mode settings in a temporary DATA_DIR (SQLite, migrated).
+* ``sqlite_env``: embedded-mode settings in a temporary DATA_DIR (SQLite, migrated: a copy of
+  a database migrated once per test run).
 * ``SAMPLE``: the real solar files shipped with the project (``sample-data/real``).
+* ``run_cache``/``simulated_dataset``: data built once per test run (shared by the xdist
+  workers, under a file lock), read-only to the tests (checked by digest at the end of the
+  session): ``simulate`` output per distinct set of parameters, imported catalogues.
 
 ``API_DEADLINE_S`` is 30 s for the suite unless the environment sets it: the API's 1.8 s
 default (and the statement and broker timeouts derived from it) would turn a test machine
@@ -17,7 +21,11 @@ sets the default back where it measures it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
+import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 
@@ -178,11 +186,57 @@ def settings_env(monkeypatch, tmp_path):
     dbmod.reset_caches()
 
 
+def _migrate_sqlite(folder: Path) -> None:
+    """``folder/lstdp.sqlite3``: a new SQLite database upgraded to the head revision
+    (:func:`backend.migrate.upgrade`: the schema and the channel rows)."""
+    upgrade(f"sqlite:///{folder / 'lstdp.sqlite3'}")
+    assert not (folder / "lstdp.sqlite3-wal").exists()  # all in the file: a copy is the database
+
+
+def _sqlite_path(settings) -> Path:
+    assert settings.sqlalchemy_url.startswith("sqlite:///"), settings.sqlalchemy_url
+    return Path(settings.sqlalchemy_url.removeprefix("sqlite:///"))
+
+
+def filled_sqlite(run_cache, name: str, fill) -> Path:
+    """A SQLite database built once per test run (:class:`RunCache` ``name``; read-only: serve
+    a copy, :func:`use_sqlite_copy`): migrated, then ``fill(session)`` run on it and committed
+    (``fill`` gets a ``sqlalchemy.orm.Session``; its asserts run at the build). Returns the
+    file's path."""
+    from sqlalchemy.orm import Session
+
+    def build(folder: Path) -> None:
+        db = folder / "lstdp.sqlite3"
+        shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", db)
+        engine = dbmod.make_engine(f"sqlite:///{db}")
+        try:
+            with Session(engine) as session:
+                fill(session)
+                session.commit()
+        finally:
+            engine.dispose()  # the last connection checkpoints the WAL into the database file
+        assert not (folder / "lstdp.sqlite3-wal").exists()
+
+    return run_cache.get(name, build) / "lstdp.sqlite3"
+
+
+def use_sqlite_copy(settings, database: Path) -> None:
+    """Make the SQLite database of ``settings`` (embedded mode) a copy of ``database``; the
+    cached engines are disposed first, so none keeps the file it replaces open."""
+    target = _sqlite_path(settings)
+    dbmod.reset_caches()
+    for extra in ("-wal", "-shm"):
+        target.with_name(target.name + extra).unlink(missing_ok=True)
+    shutil.copyfile(database, target)
+
+
 @pytest.fixture
-def sqlite_env(settings_env):
-    """Embedded-mode settings (SQLite in a temporary DATA_DIR), migrated."""
+def sqlite_env(settings_env, run_cache):
+    """Embedded-mode settings (SQLite in a temporary DATA_DIR), migrated: a copy of the database
+    that ``upgrade`` made once for the test run (:func:`_migrate_sqlite`; the same schema and
+    rows, without Alembic's 0.5-0.7 s per test)."""
     s = settings_env()
-    upgrade(s.sqlalchemy_url)
+    shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", _sqlite_path(s))
     return s
 
 
@@ -238,3 +292,180 @@ def api_client(db_session, settings_env):
     with TestClient(app, raise_server_exceptions=False) as c:
         authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
         yield c
+
+
+# -- data built once per test run (simulated datasets, imported catalogues), read-only ------------
+
+
+def run_shared_tmp(tmp_path_factory) -> Path:
+    """A temporary folder of this test run that every pytest-xdist worker of the run sees (the
+    parent of the workers' own base temporary folders, ``.../pytest-N/``); the session's base
+    temporary folder outside xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _tree_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file under ``folder``, by path relative to it."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+class RunCache:
+    """Folders built once per test run and shared, read-only, by every test and xdist worker
+    of the run: :meth:`get` takes an exclusive ``fcntl.flock`` on ``root/<name>.lock``, so the
+    other workers wait for the one that builds and then read what it wrote.
+
+    ``root/<name>/data/`` holds what ``build`` wrote, ``root/<name>/digests.json`` the SHA-256
+    of each of its files (written last: a folder without it is an interrupted build, made
+    again). The data are read-only to the tests (the suite runs as root, so file modes would
+    not stop a write): :meth:`verify` compares every file used in this process with its digest
+    and raises ``AssertionError`` naming the files a test changed, added or removed. A test
+    that must write works on a copy."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.used: dict[str, Path] = {}
+
+    def get(self, name: str, build) -> Path:
+        """``root/<name>/data``, made by ``build(folder)`` (``folder`` created empty; a callable
+        that writes into it) the first time any process of the run asks for ``name``."""
+        folder = self.root / name
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if not (folder / "digests.json").exists():
+                    shutil.rmtree(folder, ignore_errors=True)
+                    (folder / "data").mkdir(parents=True)
+                    build(folder / "data")
+                    (folder / "digests.json").write_text(json.dumps(_tree_digests(folder / "data")))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        self.used[name] = folder
+        return folder / "data"
+
+    def verify(self) -> None:
+        """Raise ``AssertionError`` if a file of a folder used in this process differs from what
+        was built (changed, added or removed)."""
+        bad = []
+        for folder in self.used.values():
+            want = json.loads((folder / "digests.json").read_text())
+            have = _tree_digests(folder / "data")
+            bad += [str(folder / "data" / name) for name in sorted(set(want) | set(have))
+                    if want.get(name) != have.get(name)]
+        assert not bad, f"tests wrote into data shared by the test run (read-only; use a copy): {bad}"
+
+
+@pytest.fixture(scope="session")
+def run_cache(tmp_path_factory):
+    """The test run's :class:`RunCache` (in :func:`run_shared_tmp`), checked unchanged at the
+    end of the session."""
+    cache = RunCache(run_shared_tmp(tmp_path_factory) / "lstdp-run-cache")
+    yield cache
+    cache.verify()
+
+
+def _simulation_params(params: dict) -> dict:
+    """``simulate``'s keyword arguments ``params`` with its defaults filled in (two calls that
+    differ only in spelling out a default share a dataset), as JSON values (tuples as lists)."""
+    import inspect
+
+    from pipelines.simulation import simulate
+
+    bound = inspect.signature(simulate).bind(None, **params)
+    bound.apply_defaults()
+    args = dict(bound.arguments)
+    del args["out_dir"]
+    return json.loads(json.dumps(args, sort_keys=True, default=str))
+
+
+@pytest.fixture(scope="session")
+def simulated_dataset(run_cache):
+    """``simulated_dataset(**params)``: the :class:`~pipelines.simulation.results.SimulationResult`
+    of ``pipelines.simulation.simulate(out_dir, **params)``, simulated once per test run for
+    each distinct ``params`` (:class:`RunCache`; ``out_dir``, ``result.out_dir``, is shared and
+    read-only: copy it to write)."""
+
+    def get(**params):
+        import pickle
+
+        from pipelines.simulation import simulate
+
+        args = _simulation_params(params)
+        key = "sim-" + hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:16]
+
+        def build(folder: Path) -> None:
+            result = simulate(folder / "sim", **params)
+            (folder / "params.json").write_text(json.dumps(args, sort_keys=True))
+            (folder / "result.pickle").write_bytes(pickle.dumps(result))
+
+        return pickle.loads((run_cache.get(key, build) / "result.pickle").read_bytes())
+
+    return get
+
+
+# -- the order of the files under pytest-xdist (``make test``: ``-n 2 --dist loadfile``) ----------
+
+#: Packages run as one xdist work unit, all their files in one worker one after another, for
+#: their conftest's costly fixtures: tests/client's ``scope="package"`` live platform (~11 s),
+#: which pytest tears down whenever a worker leaves the package, so one unit per file built it
+#: once per file; tests/faults' ``scope="session"`` private PostgreSQL server and template
+#: database, built by every worker that runs one of its files.
+XDIST_PACKAGE_UNITS = ("tests/client/", "tests/faults/")
+
+
+def xdist_work_unit(nodeid: str) -> str:
+    """The xdist work unit of test ``nodeid``: its file, or its package for
+    :data:`XDIST_PACKAGE_UNITS`."""
+    for package in XDIST_PACKAGE_UNITS:
+        if nodeid.startswith(package):
+            return package.rstrip("/")
+    return nodeid.split("::", 1)[0]
+
+
+def file_tier(items) -> int:
+    """When a file's tests start under xdist (lower first: the longest work is started first,
+    the short files fill the end of the run): 0 the validation campaigns (``validation``
+    marker, or ``test_blind_*.py``), 1 files with ``slow`` or ``browser`` tests, 2 the rest."""
+    if any(i.get_closest_marker("validation") or Path(str(i.path)).name.startswith("test_blind_") for i in items):
+        return 0
+    if any(i.get_closest_marker("slow") or i.get_closest_marker("browser") for i in items):
+        return 1
+    return 2
+
+
+def _xdist_ordering() -> bool:
+    """Order the work units (this conftest's scheduler and collection order) unless
+    ``LSTDP_TEST_ORDER=xdist`` asks for pytest-xdist's own order (to compare the two)."""
+    return os.environ.get("LSTDP_TEST_ORDER", "tiers") != "xdist"
+
+
+@pytest.hookimpl(trylast=True)  # after the hooks that add markers (tests/validation's ``validation``)
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, collect the work units (:func:`xdist_work_unit`) by :func:`file_tier`, then
+    more tests first (xdist's own order), the tests of a unit kept together in their order: the
+    scheduler below hands the units out in this order. Outside xdist the order is untouched."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not _xdist_ordering():
+        return
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(xdist_work_unit(item.nodeid), []).append(item)
+    ordered = sorted(units.values(), key=lambda unit: (file_tier(unit), -len(unit)))  # stable
+    items[:] = [item for unit in ordered for item in unit]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with :data:`XDIST_PACKAGE_UNITS` as single units, handed out in the
+    collection order of :func:`pytest_collection_modifyitems` (not re-sorted by size)."""
+    if config.getoption("dist") != "loadfile" or not _xdist_ordering():
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TieredLoadFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # the collection order is the order wanted
+    return TieredLoadFileScheduling(config, log)

@@ -89,7 +89,7 @@ def test_api_pool_keeps_its_connections(pg_url, settings_env):
 def test_anonymous_principal_needs_no_thread_nor_database(monkeypatch):
     import starlette.concurrency
 
-    from backend.auth import current_principal
+    from backend.api.deps import current_principal
 
     def refuse(*_a, **_k):
         raise AssertionError("an anonymous request handed work to a worker thread")

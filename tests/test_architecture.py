@@ -9,6 +9,9 @@
   ``pipelines/calibration/``.
 * No import cycle between the product's modules (``scripts/import_graph.py``).
 * The API never imports the worker: it sends work by task name (``backend.broker``).
+* The services sit below the API: no ``backend.services`` module imports ``backend.api``,
+  ``fastapi`` or ``starlette``; ``backend.auth`` does not import ``backend.api``; no route
+  module (nor page) imports a route module.
 * The worker registers every task name the broker knows, under the first release's names.
 * No function of the product is over 100 lines of code without a comment saying why.
 """
@@ -30,6 +33,7 @@ import_graph = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_graph)
 
 GRAPH = import_graph.import_graph(ROOT)
+EXTERNAL = import_graph.external_imports(ROOT)
 PIPELINES = sorted(m for m in GRAPH if m.split(".")[0] == "pipelines")
 
 
@@ -76,7 +80,7 @@ def test_the_science_never_imports_the_simulator_or_validation():
 
 
 def test_importing_the_science_loads_no_simulator_or_validation_module():
-    science = [m for m in PIPELINES if not import_graph._under(m, import_graph.SIMULATOR)]
+    science = [m for m in PIPELINES if not import_graph._within(m, import_graph.SIMULATOR)]
     code = (
         "import importlib, json, sys\n"
         f"for m in {science!r}:\n"
@@ -133,6 +137,48 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
     assert import_graph.cycles(g) == [["backend.a", "backend.b", "pipelines.c"], ["pipelines.e"]]
     assert import_graph.layer_violations(g) == [("pipelines.c", "backend.a")]
     assert g["pipelines.d"] == {"pipelines.e"}
+
+
+def test_services_import_neither_the_api_nor_the_web_framework():
+    assert "backend.services.quotas" in GRAPH and "sqlalchemy" in EXTERNAL["backend.services.quotas"]
+    assert import_graph.service_violations(GRAPH, EXTERNAL) == []
+
+
+def test_no_route_module_imports_another_route_module():
+    assert "backend.api.presenters" in GRAPH["backend.api.routes.events"]
+    assert import_graph.route_violations(GRAPH) == []
+
+
+def test_auth_does_not_import_the_api():
+    assert "backend.auth" in GRAPH["backend.api.deps"]
+    assert import_graph.auth_violations(GRAPH) == []
+
+
+def test_the_layer_rules_find_forbidden_imports(tmp_path):
+    """On a tree where a service imports the API (lazily), FastAPI and Starlette, a route
+    imports another route, a page imports a route and auth imports the API, each is reported;
+    the allowed imports (a route of params, a service of another service) are not."""
+    for pkg in ("backend", "backend/services", "backend/api", "backend/api/routes", "backend/api/pages", "pipelines"):
+        (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "backend" / "services" / "a.py").write_text(
+        "import fastapi.responses\nfrom backend.services import b\n"
+        "def f():\n    from backend.api.deps import SessionDep\n    from starlette.requests import Request\n")
+    (tmp_path / "backend" / "services" / "b.py").write_text("import sqlalchemy\n")
+    (tmp_path / "backend" / "api" / "deps.py").write_text("from backend import auth\n")
+    (tmp_path / "backend" / "api" / "params.py").write_text("")
+    (tmp_path / "backend" / "api" / "routes" / "x.py").write_text("from backend.api import params\nfrom . import y\n")
+    (tmp_path / "backend" / "api" / "routes" / "y.py").write_text("from backend.api.routes import y\n")
+    (tmp_path / "backend" / "api" / "pages" / "p.py").write_text("from backend.api.routes.x import thing\n")
+    (tmp_path / "backend" / "auth.py").write_text("def g():\n    from backend.api import deps\n")
+    g, ext = import_graph.import_graph(tmp_path), import_graph.external_imports(tmp_path)
+    assert ext["backend.services.a"] == {"fastapi", "starlette"} and ext["backend.services.b"] == {"sqlalchemy"}
+    assert import_graph.service_violations(g, ext) == [
+        ("backend.services.a", "backend.api.deps"), ("backend.services.a", "fastapi"),
+        ("backend.services.a", "starlette")]
+    assert import_graph.route_violations(g) == [("backend.api.pages.p", "backend.api.routes.x"),
+                                                ("backend.api.routes.x", "backend.api.routes.y")]
+    assert import_graph.auth_violations(g) == [("backend.auth", "backend.api.deps")]
 
 
 def _reachable(start: str) -> set[str]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import datetime as dt
 import re
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from backend.db import session_scope
 from backend.services.events import import_catalogue
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, filled_sqlite, use_sqlite_copy
 from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.browser
@@ -26,17 +26,25 @@ pytestmark = pytest.mark.browser
 EVENTS = SAMPLE / "events"
 
 
-@pytest.fixture
-def live(sqlite_env, tmp_path):
+def _import_catalogues(session) -> None:
+    """The real CDAW list, the GOES XRS reports of 2013 and 2014 and the DONKI sample, imported
+    once per test run (``filled_sqlite``); each test serves a copy of that database."""
+    import tempfile
 
-    goes = tmp_path / "goes_xrs_reports"
-    goes.mkdir()
-    for y in (2013, 2014):
-        shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
-    with session_scope() as s:
-        import_catalogue(s, "cdaw", EVENTS / "cdaw")
-        import_catalogue(s, "goes_xrs", goes)
-        import_catalogue(s, "donki", EVENTS / "donki")
+    with tempfile.TemporaryDirectory() as tmp:
+        goes = Path(tmp) / "goes_xrs_reports"
+        goes.mkdir()
+        for y in (2013, 2014):
+            shutil.copy(EVENTS / "goes_xrs_reports" / f"goes-xrs-report_{y}.txt", goes)
+        import_catalogue(session, "cdaw", EVENTS / "cdaw")
+        import_catalogue(session, "goes_xrs", goes)
+        import_catalogue(session, "donki", EVENTS / "donki")
+
+
+@pytest.fixture
+def live(sqlite_env, run_cache):
+    """The app served on this test's own copy of the catalogue database (:func:`_import_catalogues`)."""
+    use_sqlite_copy(sqlite_env, filled_sqlite(run_cache, "browser-search-catalogues", _import_catalogues))
     with served_app() as url:
         yield SimpleNamespace(url=url)
 

@@ -255,11 +255,8 @@ def test_job_options_give_defaults_limits_units_and_registry_versions(client, pr
 
 
 @pytest.fixture(scope="module")
-def simulated_sdi(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    return simulate(tmp_path_factory.mktemp("bulk_sim"), channels=("SDI",), naxis=64, noise=False, seed=5,
-                    sdi_sequence=False)
+def simulated_sdi(simulated_dataset):
+    return simulated_dataset(channels=("SDI",), naxis=64, noise=False, seed=5, sdi_sequence=False)  # shared, read-only
 
 
 def test_archive_of_pipeline_products_agrees_with_their_headers(client, db_session, settings, simulated_sdi):
@@ -303,7 +300,7 @@ def test_archive_of_pipeline_products_agrees_with_their_headers(client, db_sessi
 
 
 def test_static_files_are_gzipped_and_cached_by_version(client):
-    from backend.api.pages import static_url
+    from backend.api.pages.templating import static_url
     from frontend import STATIC_DIR
 
     raw = (STATIC_DIR / "vendor" / "plotly.min.js").read_bytes()
@@ -348,7 +345,7 @@ def test_job_form_times_are_whole_seconds_in_utc_and_cover_every_frame():
     blank) becomes whole-second UTC text, the end rounded up so the last frame is inside."""
     import datetime as dt
 
-    from backend.api.pages import _job_form_times
+    from backend.api.pages.jobs import _job_form_times
 
     lo = dt.datetime(2024, 5, 14, 15, 50, 0, 123456, tzinfo=dt.UTC)
     hi = dt.datetime(2024, 5, 14, 18, 40, 0, 500000, tzinfo=dt.timezone(dt.timedelta(hours=2)))

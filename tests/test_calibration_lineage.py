@@ -118,11 +118,8 @@ N = 64
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    out = tmp_path_factory.mktemp("lineage_sim")
-    return simulate(out, channels=("SDI",), naxis=N, noise=False, seed=5, sdi_sequence=False)
+def simulated(simulated_dataset):
+    return simulated_dataset(channels=("SDI",), naxis=N, noise=False, seed=5, sdi_sequence=False)  # shared, read-only
 
 
 def _ingest_all(session, paths, settings):

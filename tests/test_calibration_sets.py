@@ -132,7 +132,7 @@ def test_detection_scope_key_never_collides():
 
 
 def test_calibration_set_filter_accepts_an_id():
-    from backend.api.routes.params import parse_event_filters
+    from backend.services.event_filters import parse_event_filters
 
     assert parse_event_filters(calibration_set="12").filters.calibration_set == "12"
     assert parse_event_filters(calibration_set="dark:3,flat:5").filters.calibration_set == "dark:3,flat:5"
@@ -144,12 +144,9 @@ def test_calibration_set_filter_accepts_an_id():
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    out = tmp_path_factory.mktemp("sim")
-    res = simulate(out, naxis=SIZE, noise=True, seed=3, sdi_sequence=True)
-    return out, res
+def simulated(simulated_dataset):
+    res = simulated_dataset(naxis=SIZE, noise=True, seed=3, sdi_sequence=True)  # shared, read-only
+    return res.out_dir, res
 
 
 @pytest.fixture

@@ -185,3 +185,43 @@ def test_wst_uses_the_quiet_sun_ratio_of_jing_2024():
     assert len(near(new, spots[1])) == 1 and near(new, spots[0]) == []
     assert len(near(old, spots[0])) == 1 and len(near(old, spots[1])) == 1
     assert near(new, spots[1])[0].peak_enhancement > 0.15  # rp = I / I0 - 1 reported: 0.12 / 0.6
+
+
+# -- hourly (sparse) series, issue 27 item 7 ------------------------------------------------------
+
+
+def test_hourly_simulated_series_recall_and_false_alarms_on_held_out_seeds():
+    """Simulated hourly SDI series (rotation, fast red noise, the hour-scale evolution
+    SDI_SLOW_EVOLUTION; ``benchmarks/validate_detection.py --hourly``), two of the held-out seeds
+    (never used to choose settings). Detector 1.5.0 measured there: 6 of the 8 injections at or
+    above the gate (1x the local scene; the demo's flare is 2x) found, all at 3x, no false
+    alarm. A floor that a change for sparse series must not lower (issue 27 item 7 is open:
+    the full held-out run, ``--hourly heldout``, gives 17/24 and 4 false alarms in 54 h)."""
+    from benchmarks.validate_detection import HOURLY_HELDOUT_SEEDS, HOURLY_TUNING_SEEDS, validate_hourly
+
+    assert not set(HOURLY_HELDOUT_SEEDS) & set(HOURLY_TUNING_SEEDS)
+    r = validate_hourly(HOURLY_HELDOUT_SEEDS[:2])
+    assert r.n_truth >= 4, r.extra
+    assert r.n_found >= 0.75 * r.n_truth, r.extra["recall_by_amp"]
+    assert all(h == n for a, h, n in r.extra["recall_by_amp"] if a >= 3.0), r.extra["recall_by_amp"]
+    assert r.extra["false_alarms"] == 0, r.rows
+
+
+def test_hourly_slow_evolution_changes_the_scene_only_when_asked():
+    """The slow component is off by default (the dense validation's frames are those it had), and
+    with it the hourly changes are larger than with the fast red noise alone."""
+    import datetime as dt
+
+    from benchmarks.validate_detection import T0, evolving_base
+    from pipelines.simulation import evolving as EV
+
+    base, header = evolving_base("sdi", 128)
+    times = [T0 + dt.timedelta(hours=k) for k in range(3)]
+    plain = EV.EvolvingSeries(base, header, times, EV.SDI_RED_NOISE, seed=3, rotate=False)
+    none = EV.EvolvingSeries(base, header, times, EV.SDI_RED_NOISE, seed=3, rotate=False, slow=None)
+    slow = EV.EvolvingSeries(base, header, times, EV.SDI_RED_NOISE, seed=3, rotate=False,
+                              slow=EV.SDI_SLOW_EVOLUTION)
+    assert np.array_equal(plain.quiet(2), none.quiet(2))
+    disk = base > 0.5 * np.median(base[base > np.percentile(base, 60)])
+    change = [np.std((s.quiet(2) / s.quiet(0))[disk]) for s in (plain, slow)]
+    assert change[1] > 1.3 * change[0], change

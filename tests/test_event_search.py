@@ -389,7 +389,7 @@ def test_voevent(client, db_session, catalogue):
 
 
 def test_one_filter_parser_for_the_api_and_the_page():
-    from backend.api.routes.params import parse_event_filters
+    from backend.services.event_filters import parse_event_filters
 
     # the same values give the same filters, whether parsed (API) or text (page form)
     api = parse_event_filters(types=["fl"], sources=[" cdaw "], start=dt.datetime(2024, 5, 14, 12),

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import shutil
 import urllib.parse
+from pathlib import Path
 
 import astropy.units as u
 import httpx
@@ -23,7 +24,7 @@ from astropy.table import Table
 
 from backend.db import session_scope
 from backend.services.events import import_catalogue
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, filled_sqlite, use_sqlite_copy
 from tests.test_browser import served_app
 
 EVENTS = SAMPLE / "events"
@@ -35,14 +36,22 @@ from sunpy.coordinates import Helioprojective  # noqa: E402
 from sunpy.net import attrs as a  # noqa: E402
 
 
-@pytest.fixture
-def served(sqlite_env, tmp_path):
-    """Our server on the real catalogues; yields its base URL."""
-    shutil.copy(GOES_2012, tmp_path / GOES_2012.name)
-    with session_scope() as s:
-        for source, path in (("goes_xrs", tmp_path / GOES_2012.name), ("cdaw", EVENTS / "cdaw"),
+def _import_catalogues(session) -> None:
+    """The real catalogues (GOES XRS 2012, CDAW, STIX, the HEK sample), imported once per test
+    run (``filled_sqlite``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(GOES_2012, Path(tmp) / GOES_2012.name)
+        for source, path in (("goes_xrs", Path(tmp) / GOES_2012.name), ("cdaw", EVENTS / "cdaw"),
                              ("stix", EVENTS / "stix"), ("hek", HEK_FILE)):
-            assert import_catalogue(s, source, path).stored > 0
+            assert import_catalogue(session, source, path).stored > 0
+
+
+@pytest.fixture
+def served(sqlite_env, run_cache):
+    """Our server on (this test's copy of) the real catalogues; yields its base URL."""
+    use_sqlite_copy(sqlite_env, filled_sqlite(run_cache, "hek-search-catalogues", _import_catalogues))
     with served_app() as url:
         yield url
 

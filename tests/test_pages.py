@@ -13,7 +13,7 @@ import re
 import pytest
 from sqlalchemy import select
 
-from backend.api.pages import event_list_page
+from backend.api.pages.events import event_list_page
 from backend.models import Event
 from backend.services import event_search
 from backend.services.event_search import EventFilters, SearchError, encode_cursor

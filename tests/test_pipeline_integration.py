@@ -44,12 +44,9 @@ SIZE = 128
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    out = tmp_path_factory.mktemp("sim")
-    res = simulate(out, naxis=SIZE, noise=True, seed=3, sdi_sequence=True)
-    return out, res
+def simulated(simulated_dataset):
+    res = simulated_dataset(naxis=SIZE, noise=True, seed=3, sdi_sequence=True)  # shared, read-only
+    return res.out_dir, res
 
 
 @pytest.fixture

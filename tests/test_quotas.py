@@ -14,10 +14,8 @@ import math
 import pytest
 from sqlalchemy import func, select
 
-from backend.api.deps import SessionDep
-from backend.auth import CancelPrincipal
+from backend.api.deps import CancelPrincipal, SessionDep, WriteLimited
 from backend.models import Job, JobState, Movie, MovieState, Product, QuotaCharge, WriteCount, utcnow
-from backend.services.quotas import WriteLimited
 from backend.settings import get_settings
 from tests.conftest import auth_headers
 from tests.test_api import make_frame, make_product
@@ -412,15 +410,13 @@ def stack(settings_env, tmp_path):
         yield st
 
 
-def test_eta_from_a_real_workers_throughput(stack, tmp_path):
+def test_eta_from_a_real_workers_throughput(stack, simulated_dataset):
     from backend.db import session_scope
     from backend.services import quotas
-    from pipelines.simulation import simulate
     from tests.conftest import make_token
     from tests.live import ingest_simulated, wait_job
 
-    sim = tmp_path / "sim"
-    simulate(sim, channels=("SDI",), naxis=128, noise=True, seed=3, sdi_sequence=True)
+    sim = simulated_dataset(channels=("SDI",), naxis=128, noise=True, seed=3, sdi_sequence=True).out_dir  # shared
     ingest_simulated(sim)
     with session_scope() as s:
         from backend.models import Frame

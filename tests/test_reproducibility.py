@@ -37,12 +37,8 @@ REDIS_DB = 12
 
 
 @pytest.fixture(scope="module")
-def sim_dir(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    out = tmp_path_factory.mktemp("sim")
-    simulate(out, naxis=128, noise=True, seed=3)
-    return out
+def sim_dir(simulated_dataset):
+    return simulated_dataset(naxis=128, noise=True, seed=3).out_dir  # shared, read-only
 
 
 # -- pure ----------------------------------------------------------------------------------

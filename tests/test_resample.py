@@ -206,12 +206,8 @@ def test_calibrate_frame_with_opencv_names_the_kernel_in_history_and_header():
 
 
 @pytest.fixture(scope="module")
-def sdi_sim_dir(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    out = tmp_path_factory.mktemp("sim")
-    simulate(out, channels=("SDI",), naxis=128, noise=True, seed=3)
-    return out
+def sdi_sim_dir(simulated_dataset):
+    return simulated_dataset(channels=("SDI",), naxis=128, noise=True, seed=3).out_dir  # shared, read-only
 
 
 def test_a_product_made_with_opencv_says_so_in_its_file_and_manifest(sqlite_env, sdi_sim_dir):

@@ -85,7 +85,7 @@ def test_flag_frame_sets_bits_and_keeps_reasons_on_one_card():
     # the API's enum is the bits' names and "any"
     import typing
 
-    from backend.api.routes.params import Systematic
+    from backend.api.params import Systematic
 
     assert typing.get_args(Systematic) == ("any", *SYSTEMATICS)
 

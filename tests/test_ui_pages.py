@@ -66,7 +66,7 @@ def _ids_on(html: str) -> list[int]:
 
 
 def test_product_search_page_filters_pages_and_links_the_bulk_download(client, db_session, settings):
-    from backend.api import product_search_page
+    from backend.api.pages import products as product_search_page
 
     _set(db_session, 8201), _set(db_session, 8202, channel="WST")
     sdi = _products(db_session, settings, 4, 8201)
@@ -140,7 +140,7 @@ def test_events_list_follows_the_timeline_zoom(client, db_session):
 
 
 def test_events_list_pages_within_the_zoom(client, db_session, monkeypatch):
-    from backend.api import pages
+    from backend.api.pages import events as pages
 
     monkeypatch.setattr(pages, "PAGE_SIZE", 2)
     evs = [make_event(db_session, "FL", T0 + i * dt.timedelta(hours=1), goes_class="C1.0") for i in range(6)]
@@ -212,7 +212,7 @@ def test_saved_searches_page_shows_the_viewers_own_only(client, db_session):
 
 
 def test_badge_ink_has_the_higher_contrast():
-    from backend.api.pages import _luminance, badge_ink
+    from backend.api.pages.templating import _luminance, badge_ink
     from backend.render.figures import EVENT_COLOURS
 
     def contrast(a, b):

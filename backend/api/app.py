@@ -8,6 +8,8 @@ never a 500:
 * request validation (bad channel, bad time string, end before start, limit out of
   1..500, unknown calibration kind...): 422;
 * unknown ids: 404;
+* over a quota or the write rate limit (:class:`backend.services.quotas.QuotaExceeded`): 429
+  with ``Retry-After``;
 * :class:`pipelines.errors.DataError` (and its :class:`~backend.services.jobs.JobRequestError`,
   e.g. a pinned calibration version that does not exist): 422;
 * a value the database cannot store or compare (a NUL character, a number out of the
@@ -70,6 +72,7 @@ from backend.faults import public_reason
 from backend.settings import get_settings
 from frontend import STATIC_DIR, TEMPLATE_DIR
 from pipelines.errors import DataError
+from backend.services.quotas import QuotaExceeded
 from backend.services.visibility import NotVisible
 
 __all__ = ["create_app", "app", "API_PREFIX", "STATIC_DIR", "TEMPLATE_DIR", "DeadlineMiddleware", "RequestDeadline"]
@@ -134,7 +137,7 @@ def validation_message(errors: list[dict[str, Any]]) -> str:
 
 
 def _error_page(request: Request, status: int, detail: str) -> HTMLResponse:
-    from backend.api.pages import templates
+    from backend.api.pages.templating import templates
 
     return templates.TemplateResponse(request, "error.html", {"status": status, "detail": detail}, status_code=status)
 
@@ -147,7 +150,7 @@ async def _validation_handler(request: Request, exc: RequestValidationError):
     return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
 
 
-async def _http_handler(request: Request, exc: StarletteHTTPException):
+async def _http_handler(request: Request, exc: StarletteHTTPException | QuotaExceeded):
     detail = redact_tokens(exc.detail if isinstance(exc.detail, str) else str(exc.detail))
     if not _is_api(request) and exc.status_code >= 400:
         return _error_page(request, exc.status_code, detail)
@@ -659,7 +662,7 @@ def _health_router() -> APIRouter:
 
 def create_app() -> FastAPI:
     """Build the application: API routers under ``/api/v1``, pages at ``/``, ``/static``."""
-    from backend.api import coverage_page, pages, product_search_page, saved_searches_page
+    from backend.api import pages
 
     # FastAPIOffline serves Swagger UI and ReDoc from packaged files: /docs works offline
     app = FastAPIOffline(
@@ -702,15 +705,11 @@ def create_app() -> FastAPI:
     api.include_router(reproducibility.router)  # manifests, re-runs, version diffs
     api.include_router(notifications.router)  # /jobs/{id}/events (SSE), /webhooks, /saved-searches
     app.include_router(api)
-    app.include_router(pages.router)
-    app.include_router(movies.page_router)
-    app.include_router(coverage_page.router)
-    app.include_router(product_search_page.router)  # /products/search
-    app.include_router(saved_searches_page.router)  # /saved-searches
-    app.include_router(reproducibility.page_router)
+    app.include_router(pages.router)  # every page (backend/api/pages/: a module per page family)
     app.mount("/static", VersionedStaticFiles(directory=STATIC_DIR), name="static")  # gzip, cached by version
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(QuotaExceeded, _http_handler)  # 429 with Retry-After (backend.services.quotas)
     app.add_exception_handler(DataError, _data_error_handler)
     app.add_exception_handler(NotVisible, _not_visible_handler)  # a subclass of DataError: 404, not 422
     app.add_exception_handler(DatabaseDataError, _db_data_error_handler)

@@ -1,7 +1,7 @@
 """The OpenAPI's security: which routes need a token, and what 401 and 403 mean on them.
 
 FastAPI lists a route's security from its dependencies: every route that depends on
-:func:`backend.auth.current_principal` (through ``SubmitPrincipal``, ``CancelPrincipal``,
+:func:`backend.api.deps.current_principal` (through ``SubmitPrincipal``, ``CancelPrincipal``,
 ``AdminPrincipal``, ``SignedInPrincipal`` or ``OptionalPrincipal``) gets
 ``security: [{"APIToken": []}, {"SessionCookie": []}]`` and both schemes land in
 ``components.securitySchemes``. :func:`document_security` completes that after FastAPI has
@@ -58,7 +58,7 @@ _DEFAULT_RESPONSES = {
 
 def _needs_token(dependant) -> bool:
     """Whether a route's dependency tree holds one that refuses anonymous requests
-    (:func:`backend.auth.require_scope`'s ``require_<scope>``, :func:`backend.auth.require_token`)."""
+    (:func:`backend.api.deps.require_scope`'s ``require_<scope>``, :func:`backend.api.deps.require_token`)."""
     for dep in dependant.dependencies:
         if getattr(dep.call, "__name__", "").startswith("require_") or _needs_token(dep):
             return True

@@ -537,3 +537,24 @@ class EventHistogramPublic(BaseModel):
 
 
 EventsPublic.model_rebuild()
+
+
+class WebhookCreatedPublic(BaseModel):
+    """A webhook as registered: ``secret`` is shown in this answer only."""
+
+    id: int
+    owner: str
+    url: str
+    job_id: str | None = None
+    saved_search_id: int | None = None
+    created_at: str | None = None
+    deliveries_url: str
+    secret: str | None = Field(None, description="whsec_...: shown once; verify X-LST-Signature with it")
+    secret_note: str | None = None
+
+
+# ``JobPublic`` plus the webhook registered with the job (its secret shown once). No docstring:
+# the OpenAPI schema has never had a description of its own.
+class JobCreatedPublic(JobPublic):
+    webhook: WebhookCreatedPublic | None = Field(
+        None, description="the job's webhook (webhook_url of the request), with its secret: shown once")

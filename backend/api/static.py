@@ -1,6 +1,6 @@
 """``/static``: the event browser's files, compressed and cached by version.
 
-Templates link static files with :func:`backend.api.pages.static_url`:
+Templates link static files with :func:`backend.api.pages.templating.static_url`:
 ``/static/<path>?v=<first 12 hex digits of the file's SHA-256>``. :class:`VersionedStaticFiles`
 
 * answers a request whose ``v`` is the file's current digest with

@@ -23,7 +23,8 @@ from pipelines.utc import as_utc, parse_utc_text
 if TYPE_CHECKING:
     from backend.auth import Principal
 
-__all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job"]
+__all__ = ["CalibrationOptions", "JobRequest", "JobRequestError", "submit_job", "get_job", "list_jobs", "enqueue_job",
+           "fail_if_queued"]
 
 #: Largest calibration version number accepted (a 32-bit signed integer column).
 MAX_VERSION = 2**31 - 1
@@ -156,6 +157,18 @@ def enqueue_job(job_id: str) -> None:
     from backend.broker import TaskName, send
 
     send(TaskName.run_job, args=[job_id], queue="cpu")
+
+
+def fail_if_queued(session: Session, job: Job, reason: str) -> None:
+    """Mark ``job`` failed with ``reason`` and commit, unless a worker has taken it meanwhile
+    (its message arrived after all: the row, locked and read again, says ``running``); for a
+    job stored but not sent (the broker unreachable, the request given up)."""
+    from backend.state import move_job
+
+    session.refresh(job, with_for_update=True)
+    if job.state == JobState.queued:
+        move_job(job, JobState.failed, reason)
+    session.commit()
 
 
 def submit_job(session: Session, req: JobRequest, *, owner: str = "system", publishes: bool = True,

@@ -36,6 +36,7 @@ from pipelines.units import display_unit
 from pipelines.utc import as_utc
 
 __all__ = [
+    "product_conditions",
     "list_products",
     "job_product_states",
     "quality_condition",
@@ -84,6 +85,33 @@ def _filtered(
     if job_id is not None:  # exactly the job's products: those its items name (job_items.product_id)
         stmt = stmt.where(Product.id.in_(select(JobItem.product_id).where(JobItem.job_id == job_id)))
     return stmt
+
+
+def product_conditions(principal: Any = None, *, calibration_set: int | None = None,
+                       level: str | None = None, systematics: str | None = None) -> list:
+    """SQL conditions on ``products`` of a product search: the products ``principal`` may see
+    (:func:`backend.services.visibility.condition`: a private calibration set's only to its
+    owner and admins), of calibration set ``calibration_set`` (its id), of ``level`` (``L2``)
+    and flagged with the frame-wide systematic ``systematics`` (``any`` or a name of
+    :data:`pipelines.calibration.l2.quality.SYSTEMATICS`: :func:`quality_condition` on
+    ``products.quality_flags``) when given; for ``conditions=`` of :func:`list_products` and
+    :func:`backend.services.bulk.search_products` (the API's list and archive, the product
+    search page, saved searches).
+
+    Raises
+    ------
+    KeyError
+        ``systematics`` is neither ``any`` nor a known systematic (:func:`quality_condition`)."""
+    from backend.services import visibility
+
+    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
+    if calibration_set is not None:
+        conds.append(Product.calibration_set_id == calibration_set)
+    if level is not None:
+        conds.append(Product.level == level)
+    if systematics is not None:
+        conds.append(quality_condition(Product.quality_flags, systematics))
+    return conds
 
 
 def list_products(

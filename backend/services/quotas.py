@@ -45,24 +45,22 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, HTTPException, Response
 from sqlalchemy import case, func, or_, select, text, true
 from sqlalchemy.orm import Session
 
-from backend.api.deps import SessionDep
-from backend.auth import OptionalPrincipal, Principal, require_scope
+from backend.auth import Principal
 from backend.models import ApiToken, Frame, Job, JobState, Movie, MovieState, Product, ProductState, QuotaCharge, \
     WriteCount, utcnow
 from backend.settings import Settings, get_settings
-from pipelines.errors import DataError
+from pipelines.errors import DataError, LSTDPError
 from pipelines.utc import assume_utc
 
 __all__ = ["LANES", "DAY", "CONCURRENT_RETRY_S", "QuotaExceeded", "QuotaError", "WriteState", "count_write",
            "write_state", "admit_job", "admit_movie", "charge_job", "frames_covered", "concurrent_usage",
            "frames_usage", "Throughput", "JobQueue", "LaneState", "QueueSnapshot", "queue_snapshot",
-           "me_summary", "write_limited", "WriteLimited", "SubmitLimited", "CancelLimited"]
+           "me_summary"]
 
 #: The worker lanes (``Job.lane``): each has its own queue, workers and throughput.
 LANES = ("cpu", "gpu")
@@ -77,16 +75,21 @@ _MOVIE_UNFINISHED = (MovieState.queued, MovieState.running)
 EXEMPT = "admins are exempt from quotas and rate limits"
 
 
-class QuotaExceeded(HTTPException):
-    """Over a quota or the write rate: 429, ``Retry-After`` in whole seconds (at least 1).
+class QuotaExceeded(LSTDPError):
+    """Over a quota or the write rate: the API answers 429 with ``detail`` and ``headers``
+    (``Retry-After`` in whole seconds, at least 1; :mod:`backend.api.app`).
 
     Attributes ``limit_name``, ``usage``, ``limit`` and ``retry_after_s`` hold the numbers the
-    message gives."""
+    message gives; ``status_code`` (429), ``detail`` (the message) and ``headers`` the answer's."""
+
+    status_code = 429
 
     def __init__(self, limit_name: str, usage: int, limit: int, retry_after_s: float, message: str) -> None:
         self.limit_name, self.usage, self.limit = limit_name, usage, limit
         self.retry_after_s = max(1, math.ceil(retry_after_s))
-        super().__init__(429, detail=message, headers={"Retry-After": str(self.retry_after_s)})
+        self.detail = message
+        self.headers = {"Retry-After": str(self.retry_after_s)}
+        super().__init__(message)
 
 
 class QuotaError(DataError):
@@ -194,44 +197,6 @@ def count_write(session: Session, principal: Principal, *, now: dt.datetime | No
             f"write rate limit: user {principal.user!r} made {limit} writes in the current {w:g} s window "
             f"(limit {limit} writes per {w:g} s, RATE_LIMIT_WRITES); the window resets at {_iso(resets)}"))
     return WriteState(limit, w, got, start, resets)
-
-
-def write_limited(scope: str | None = None):
-    """A dependency that returns the request's principal after counting one write against
-    its user's rate limit: 401 without a token, 403 when ``scope`` is given and missing
-    (checked before anything is counted), 429 over the limit. It also sets the
-    ``RateLimit-Limit``, ``RateLimit-Remaining`` and ``RateLimit-Reset`` [s] headers of the
-    answer (not for admins, who are exempt)."""
-    needs = require_scope(scope) if scope else None
-
-    def _principal(principal: OptionalPrincipal) -> Principal:
-        if principal is None:
-            from backend.auth import _unauthorized
-
-            raise _unauthorized("a write needs an API token (Authorization: Bearer <token>; make one with "
-                                "`lstdp token create`); reads need none")
-        return principal
-
-    dep = needs if needs is not None else _principal
-
-    def dependency(session: SessionDep, response: Response, principal: Principal = Depends(dep)) -> Principal:
-        state = count_write(session, principal)
-        if state.limit is not None:
-            response.headers["RateLimit-Limit"] = str(state.limit)
-            response.headers["RateLimit-Remaining"] = str(state.remaining)
-            response.headers["RateLimit-Reset"] = str(max(0, math.ceil((state.resets_at - utcnow()).total_seconds())))
-        return principal
-
-    dependency.__name__ = f"write_limited_{(scope or 'any').replace(':', '_')}"
-    return dependency
-
-
-#: Any valid token, one write counted (add beside a route's scope dependency, after it).
-WriteLimited = Annotated[Principal, Depends(write_limited())]
-#: Scope ``jobs:submit`` (401/403 first), then one write counted.
-SubmitLimited = Annotated[Principal, Depends(write_limited("jobs:submit"))]
-#: Scope ``jobs:cancel`` (401/403 first), then one write counted.
-CancelLimited = Annotated[Principal, Depends(write_limited("jobs:cancel"))]
 
 
 # -- job quotas -------------------------------------------------------------------------------

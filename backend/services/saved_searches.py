@@ -2,8 +2,8 @@
 
 A saved search holds the query parameters of ``GET /api/v1/events`` (``kind`` ``events``)
 or of ``GET /api/v1/products`` (``products``), checked with the same parsers as those
-routes (:func:`backend.api.routes.params.parse_event_filters`; the product filters'
-channel and time parsers), so a query saved is a query the API answers. Paging, sorting
+routes (:func:`backend.services.event_filters.parse_event_filters`; the product filters'
+channel and time parsers of the same module), so a query saved is a query the API answers. Paging, sorting
 and format parameters (``limit``, ``offset``, ``cursor``, ``sort``, ``format``) are not
 filters and are refused.
 
@@ -42,6 +42,8 @@ from sqlalchemy.orm import Session
 from backend.models import (CalibrationSet, Event, Frame, Job, Product, ProductState, SavedSearch, SavedSearchNotification, Webhook,
                             utcnow)
 from backend.services import notify, visibility
+from backend.services.event_filters import (MAX_ID, EventFilterError, canonical_channel, check_event_filters,
+                                            filter_time, is_safe_key, parse_event_filters, time_order_problem)
 from pipelines.errors import DataError
 
 __all__ = ["SavedSearchError", "KINDS", "EVENT_PARAMS", "PRODUCT_PARAMS", "MAX_NAME_CHARS", "MAX_PER_PASS",
@@ -51,7 +53,7 @@ __all__ = ["SavedSearchError", "KINDS", "EVENT_PARAMS", "PRODUCT_PARAMS", "MAX_N
 log = logging.getLogger(__name__)
 
 KINDS = ("events", "products")
-#: The filters of ``GET /api/v1/events`` (:func:`backend.api.routes.params.event_search`).
+#: The filters of ``GET /api/v1/events`` (:func:`backend.api.params.event_search`).
 EVENT_PARAMS = ("type", "source", "start", "end", "channel", "hpc_x_min", "hpc_x_max", "hpc_y_min", "hpc_y_max",
                 "pa_min", "pa_max", "min_goes_class", "min_peak_value", "frm_name", "frm_version", "noaa_ar",
                 "associated_type", "calibration_set", "calibration_file", "min_angular_width", "systematics")
@@ -113,9 +115,7 @@ def _systematic(q: dict[str, Any]) -> str | None:
 
 
 def _normalise_events(q: dict[str, Any]) -> dict[str, Any]:
-    from backend.api.routes.params import _API_CHECK_ORDER, parse_event_filters
-
-    _systematic(q)  # not a parse_event_filters filter: the route adds it (params.event_search)
+    _systematic(q)  # not a parse_event_filters filter: the route adds it (backend.api.params.event_search)
     kw = {("types" if k == "type" else "sources" if k == "source" else k): _scalar(k, v) for k, v in q.items()
           if k != "systematics"}
     if kw.get("min_peak_value") is not None:
@@ -126,17 +126,14 @@ def _normalise_events(q: dict[str, Any]) -> dict[str, Any]:
     for k in ("frm_name", "frm_version", "min_goes_class", "associated_type", "calibration_set", "channel"):
         if kw.get(k) is not None and not isinstance(kw[k], str):
             raise SavedSearchError(f"query.{k}", "must be text", kw[k])
-    parsed = parse_event_filters(**kw)
-    if parsed.problems:
-        p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
-        raise SavedSearchError(f"query.{p.param}", p.message, p.value)
+    try:
+        check_event_filters(parse_event_filters(**kw))
+    except EventFilterError as exc:
+        raise SavedSearchError(f"query.{exc.param}", exc.message, exc.value) from None
     return q
 
 
 def _normalise_products(q: dict[str, Any]) -> dict[str, Any]:
-    from backend.api.routes.params import (MAX_ID, _filter_time, _time_order_problem, canonical_channel,
-                                           is_safe_key)
-
     out: dict[str, Any] = {}
     for k, v in q.items():
         _scalar(k, v)
@@ -146,12 +143,12 @@ def _normalise_products(q: dict[str, Any]) -> dict[str, Any]:
         except ValueError as exc:
             raise SavedSearchError("query.channel", str(exc), q["channel"]) from None
     problems: list = []
-    t0 = _filter_time("start", q.get("start"), problems)
-    t1 = _filter_time("end", q.get("end"), problems)
+    t0 = filter_time("start", q.get("start"), problems)
+    t1 = filter_time("end", q.get("end"), problems)
     if problems:
         raise SavedSearchError(f"query.{problems[0].param}", problems[0].message, problems[0].value)
     if t0 is not None and t1 is not None and t1 < t0:
-        p = _time_order_problem(t0, t1)
+        p = time_order_problem(t0, t1)
         raise SavedSearchError("query.end", p.message, p.value)
     if t0 is not None:
         out["start"] = t0.isoformat()
@@ -211,10 +208,6 @@ def normalise_query(kind: str, query: dict[str, Any] | str | None) -> dict[str, 
 
 
 def _event_filters(query: dict[str, Any]):
-    import dataclasses
-
-    from backend.api.routes.params import parse_event_filters
-
     kw = {("types" if k == "type" else "sources" if k == "source" else k): v for k, v in query.items()
           if k != "systematics"}
     if kw.get("min_peak_value") is not None:
@@ -232,21 +225,15 @@ def _product_query(query: dict[str, Any], owner: str | None = None):
     (:func:`backend.services.visibility.product_rule`: never another user's private set,
     which a webhook would carry away), and of a job they may see when it names one
     (:func:`~backend.services.visibility.job_rule`: another user's private job matches nothing)."""
-    from backend.services.products import _filtered
+    from backend.services.products import _filtered, product_conditions
 
     start = dt.datetime.fromisoformat(query["start"]) if query.get("start") else None
     end = dt.datetime.fromisoformat(query["end"]) if query.get("end") else None
     q = _filtered(select(Product).join(Product.frame), channel=query.get("channel"), start=start, end=end,
                   state=None, frame_id=query.get("frame_id"), job_id=query.get("job_id"))
-    q = visibility.visible(q, Product, _viewer(owner))
-    if query.get("calibration_set"):
-        q = q.where(Product.calibration_set_id == int(query["calibration_set"]))
-    if query.get("level"):
-        q = q.where(Product.level == query["level"])
-    if query.get("systematics"):
-        from backend.services.products import quality_condition
-
-        q = q.where(quality_condition(Product.quality_flags, query["systematics"]))
+    q = q.where(*product_conditions(
+        _viewer(owner), calibration_set=int(query["calibration_set"]) if query.get("calibration_set") else None,
+        level=query.get("level") or None, systematics=query.get("systematics") or None))
     if query.get("job_id"):
         q = q.where(visibility.visible(select(Job.id).where(Job.id == query["job_id"]), Job, _viewer(owner)).exists())
     return q

@@ -62,6 +62,7 @@ __all__ = [
     "RedNoise",
     "SDI_RED_NOISE",
     "WST_RED_NOISE",
+    "SDI_SLOW_EVOLUTION",
     "FlareProfile",
     "InjectedFlare",
     "EvolvingSeries",
@@ -113,6 +114,14 @@ SDI_RED_NOISE = RedNoise(quiet_rms=0.03, active_rms=0.06, tau_s=600.0, scale_arc
 #: regions (penumbrae, faculae; ours), 5-min coherence (p modes and granulation lifetimes of
 #: ~5-10 min), 3-arcsec structures (the WST resolution).
 WST_RED_NOISE = RedNoise(quiet_rms=0.015, active_rms=0.03, tau_s=300.0, scale_arcsec=3.0, active_contrast=0.1)
+#: Hour-scale evolution of the Lyman-alpha disk (SDI), the slow component of
+#: :class:`EvolvingSeries` for hourly series (issue 27 item 7): 5 % rms on the quiet disk, 15 %
+#: in active regions, 20-arcsec patches, 3-h coherence. Ours, an assumption: the power-law
+#: spectra of UV/EUV intensity reach periods of hours (Ireland et al. 2015 fit 1e-4 to 1e-2 Hz)
+#: and plage and loops brighten and fade by tens of per cent in EUV over hours (in Lyman-alpha,
+#: formed lower, less); not measured, and the real EIT series is not used to set it.
+SDI_SLOW_EVOLUTION = RedNoise(quiet_rms=0.05, active_rms=0.15, tau_s=3 * 3600.0, scale_arcsec=20.0,
+                              active_contrast=0.5)
 
 
 @dataclass(frozen=True)
@@ -361,6 +370,12 @@ class EvolvingSeries(Sequence):
     reference : {'scene', 'quiet'}
         What the flare amplitude is relative to: the local (rotated) scene, or the local
         quiet-Sun level (:func:`quiet_level`).
+    slow : RedNoise, optional
+        A second, slow fluctuation (hour-scale evolution of active regions and network, e.g.
+        :data:`SDI_SLOW_EVOLUTION`), added to the first: the scene is multiplied by
+        ``1 + a f_k + a_s g_k`` with ``g_k`` its own AR(1) field (random stream
+        ``(seed, 3)``) and ``a_s`` its amplitude map (same active-region weighting). None
+        (default): no slow component, frames as before it existed.
     """
 
     base: np.ndarray
@@ -374,6 +389,7 @@ class EvolvingSeries(Sequence):
     reference: str = "scene"
     coarse_px: int = 8
     cache: int = 6
+    slow: RedNoise | None = None
     flares: list = field(default_factory=list)
     _stamps: list = field(default_factory=list, repr=False)
 
@@ -392,6 +408,11 @@ class EvolvingSeries(Sequence):
         act = np.clip(np.nan_to_num(c) / self.red.active_contrast, 0.0, 1.0)
         self._amp = (self.red.quiet_rms + (self.red.active_rms - self.red.quiet_rms) * act).astype(np.float32)
         self._amp[self.base < 0.05 * self._median] = 0.0
+        if self.slow is not None:
+            act_s = np.clip(np.nan_to_num(c) / self.slow.active_contrast, 0.0, 1.0)
+            self._amp_slow = (self.slow.quiet_rms + (self.slow.active_rms - self.slow.quiet_rms) * act_s
+                              ).astype(np.float32)
+            self._amp_slow[self.base < 0.05 * self._median] = 0.0
         # red-noise fields on a coarse grid, made sequentially (AR(1) needs the past)
         step = max(1.0, self.red.scale_arcsec / self.scale)
         self._rn_step = step
@@ -409,6 +430,17 @@ class EvolvingSeries(Sequence):
             fields.append(phi * fields[-1] + math.sqrt(1.0 - phi * phi) * unit_field())
         self._fields = [f.astype(np.float32) for f in fields]
         self._sec = sec
+        if self.slow is not None:  # its own stream and grid, so the fast fields stay as they were
+            step_s = max(1.0, self.slow.scale_arcsec / self.scale)
+            self._slow_step = step_s
+            shape_c = (int(math.ceil(self.base.shape[0] / step_s)) + 1,
+                       int(math.ceil(self.base.shape[1] / step_s)) + 1)
+            rng = np.random.default_rng((self.seed, 3))
+            slow = [unit_field()]
+            for k in range(1, len(self.times)):
+                phi = math.exp(-(sec[k] - sec[k - 1]) / self.slow.tau_s)
+                slow.append(phi * slow[-1] + math.sqrt(1.0 - phi * phi) * unit_field())
+            self._slow_fields = [f.astype(np.float32) for f in slow]
         self._frame = functools.lru_cache(maxsize=self.cache)(self._make)
 
     # -- injections ----------------------------------------------------------------------
@@ -462,7 +494,11 @@ class EvolvingSeries(Sequence):
         fld = self._fields[k]
         coords = np.mgrid[0:scene.shape[0], 0:scene.shape[1]].astype(np.float32) / np.float32(self._rn_step)
         rn = ndimage.map_coordinates(fld, coords, order=1, mode="nearest").astype(np.float32)
-        return scene * (1.0 + amp * rn)
+        if self.slow is None:
+            return scene * (1.0 + amp * rn)
+        coords = np.mgrid[0:scene.shape[0], 0:scene.shape[1]].astype(np.float32) / np.float32(self._slow_step)
+        sn = ndimage.map_coordinates(self._slow_fields[k], coords, order=1, mode="nearest").astype(np.float32)
+        return scene * (1.0 + amp * rn + self._rotated(self._amp_slow, t) * sn)
 
     def _make(self, k: int) -> np.ndarray:
         frame = self.quiet(k)

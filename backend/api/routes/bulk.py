@@ -17,22 +17,17 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from backend.api.deps import SessionDep, SettingsDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import (MAX_ID, SAFE_KEY_PATTERN, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery,
-                                      SystematicsQuery, TimeRangeDep)
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
+from backend.api.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, JobIdQuery, LevelQuery,
+                                SystematicsQuery, TimeRangeDep)
 from backend.models import ProductState
 from backend.services import bulk
 from backend.services import events as events_service
 
-__all__ = ["router", "JobIdQuery", "ProductSearch", "ProductSearchDep"]
+__all__ = ["router", "ProductSearch", "ProductSearchDep"]
 
 router = APIRouter(tags=["bulk download"])
 
-JobIdQuery = Annotated[
-    str | None,
-    Query(max_length=36, pattern=SAFE_KEY_PATTERN, description="Only the products of this job (its frames' products)"),
-]
 StateQuery = Annotated[
     Literal["written", "planned", "writing", "failed", "any"],
     Query(description="Product state (default written: those with a file); any: every state, those without a "
@@ -71,20 +66,14 @@ class ProductSearch:
     def select(self, session) -> bulk.ProductSelection:
         """The selection (only products the principal may see); a ``job_id`` of a job the
         principal may not see raises :class:`backend.services.visibility.NotVisible` (404)."""
-        from backend.models import Job, Product
+        from backend.models import Job
         from backend.services import visibility
+        from backend.services.products import product_conditions
 
         if self.job_id is not None:
             visibility.get_visible(session, Job, self.job_id, self.principal)  # another's private job: 404
-        conds = [c for c in (visibility.condition(Product, self.principal),) if c is not None]
-        if self.calibration_set is not None:
-            conds.append(Product.calibration_set_id == self.calibration_set)
-        if self.level is not None:
-            conds.append(Product.level == self.level)
-        if self.systematics is not None:
-            from backend.services.products import quality_condition
-
-            conds.append(quality_condition(Product.quality_flags, self.systematics))
+        conds = product_conditions(self.principal, calibration_set=self.calibration_set, level=self.level,
+                                   systematics=self.systematics)
         return bulk.search_products(session, channel=self.channel, start=self.start, end=self.end, state=self.state,
                                     frame_id=self.frame_id, job_id=self.job_id, limit=self.limit,
                                     offset=self.offset, conditions=tuple(conds))

@@ -16,10 +16,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, Field
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import ChannelQuery, IdPath, PaginationDep
+from backend.api.deps import AdminPrincipal, OptionalPrincipal, SessionDep
+from backend.api.params import ChannelQuery, IdPath, PaginationDep
 from backend.api.schemas import Page, ProductPublic, ProductsPublic, UTCDateTime
-from backend.auth import AdminPrincipal, OptionalPrincipal
 from backend.models import CalibrationSet, ProductState
 from backend.services import calibration_sets as sets_service
 from backend.services import set_access

@@ -6,9 +6,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from backend.api.deps import SessionDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import ChannelQuery, IdPath, PaginationDep
+from backend.api.deps import OptionalPrincipal, SessionDep
+from backend.api.params import ChannelQuery, IdPath, PaginationDep
 from backend.api.schemas import (
     CalibrationFilePublic,
     CalibrationFilesPublic,

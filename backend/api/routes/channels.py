@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import canonical_channel
+from backend.api.params import canonical_channel
 from backend.api.schemas import ChannelPublic, ChannelsPublic
 from backend.models import Channel
 from backend.services.channels import list_channels

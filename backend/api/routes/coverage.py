@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from backend.api.deps import SessionDep, SettingsDep
-from backend.api.routes.params import TimeRangeDep
+from backend.api.params import TimeRangeDep
 from backend.api.schemas import CoverageGapPublic, CoveragePublic, CoverageSpanPublic, SourceCoveragePublic
 from backend.services import coverage as coverage_service
 

@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Response
 
-from backend.api.deps import SessionDep, SettingsDep
-from backend.api.routes.params import MAX_ID, IdPath, canonical_channel
-from backend.auth import OptionalPrincipal
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
+from backend.api.params import MAX_ID, IdPath, canonical_channel
+from backend.api.presenters import visible_set_or_404, window_public
 from backend.render.event_figures import event_curves_figure
 from backend.services import event_curves as curves_service
 from backend.services import events as events_service
@@ -25,8 +25,6 @@ SetQuery = Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
 
 def _curves(session, settings, event_id: int, channel: str, principal=None, calibration_set: int | None = None):
     """The curves of a visible event (404 otherwise, also for a calibration set the caller may not see)."""
-    from backend.api.routes.events import visible_set_or_404
-
     row = events_service.get_event(session, event_id, principal)
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
@@ -74,7 +72,6 @@ def read_event_curves(event_id: IdPath, session: SessionDep, settings: SettingsD
     if format == "fits":
         return Response(curves_service.curves_fits(c), media_type="application/fits",
                         headers={"Content-Disposition": f'attachment; filename="event-{event_id}-curves.fits"'})
-    from backend.api.routes.xray import window_public
     from backend.services.xray import XRayWindow
 
     xr = window_public(XRayWindow(start=c.start, end=c.end, series=[c.xray] if c.xray else []))

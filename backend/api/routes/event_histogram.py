@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import EventSearchDep
+from backend.api.params import EventSearchDep
 from backend.api.schemas import EventHistogramPublic
 from backend.db import autocommit_reads
 from backend.render.figures import events_timeline_figure

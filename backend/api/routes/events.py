@@ -10,19 +10,17 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator
 
-from backend.api.deps import SessionDep, SettingsDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import (
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
+from backend.api.params import (
     EventSearchDep,
     MAX_ID,
     IdPath,
     PaginationDep,
     canonical_channel,
 )
+from backend.api.presenters import event_detail, visible_set_or_404
 from backend.api.schemas import (
-    EventAssociationPublic,
     EventDetail,
-    EventPublic,
     EventsPublic,
     LightCurvePublic,
 )
@@ -32,7 +30,6 @@ from backend.models import Event
 from backend.services import event_formats
 from backend.services import event_search as event_search_service
 from backend.services import events as events_service
-from backend.services import frames as frames_service
 from backend.services import products as products_service
 from backend.services.event_search import DEFAULT_SORT, LIGHT_COLUMNS
 from pipelines.utc import as_utc
@@ -65,24 +62,6 @@ def _event_or_404(session, event_id: int, principal=None) -> Event:
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
     return row
-
-
-def _association(item: tuple) -> EventAssociationPublic:
-    """One ``(event, kind[, reason])`` entry of ``associated_events_with_reasons``."""
-    event, kind, *rest = item
-    return EventAssociationPublic(kind=str(kind), event=EventPublic.model_validate(event),
-                                  reason=rest[0] if rest else None)
-
-
-def event_detail(session, row: Event, principal=None) -> EventDetail:
-    """The full description of an event: associations (to the events ``principal`` may
-    see) and linked frame/product ids."""
-    detail = EventDetail.model_validate(row)
-    detail.associated = [_association(a) for a in
-                         events_service.associated_events_with_reasons(session, row.id, principal)]
-    detail.frame_ids = frames_service.frame_ids_for_event(session, row.id)
-    detail.product_ids = products_service.product_ids_for_event(session, row.id)
-    return detail
 
 
 FormatQuery = Annotated[
@@ -191,7 +170,7 @@ def coverage_json(cover) -> dict:
 def page_json(result, coverage: dict | None = None) -> bytes:
     """The :class:`EventsPublic` JSON of a light search page, without re-validating each row.
 
-    The rows come from the database with the types of :class:`EventPublic` (whose fields are
+    The rows come from the database with the types of :class:`~backend.api.schemas.EventPublic` (whose fields are
     exactly :data:`LIGHT_COLUMNS`, a test checks it); pydantic-core serialises them as the model
     would (times with a zero UTC offset as ``...Z``). Only the three time columns are looked at:
     a time that is naive (SQLite) or has another offset is converted to UTC as
@@ -320,17 +299,6 @@ def sets_used(session, set_ids: list[int]) -> list[dict]:
 
     rows = {r.id: r for r in session.query(CalibrationSet).filter(CalibrationSet.id.in_(set_ids))} if set_ids else {}
     return [{"id": i, "public": bool(rows[i].public), "owner": rows[i].owner} for i in set_ids if i in rows]
-
-
-def visible_set_or_404(session, set_id: int | None, principal) -> int | None:
-    """``set_id`` when the caller may see that calibration set (None stays None); else 404."""
-    if set_id is None:
-        return None
-    from backend.services.set_access import visible_set
-
-    if visible_set(session, set_id, principal) is None:
-        raise HTTPException(404, detail=f"no calibration set with id {set_id}")
-    return set_id
 
 
 def _lightcurve(session, settings, event_id: int, q: LightCurveQuery,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import ChannelQuery, IdPath, PaginationDep, TimeRangeDep
+from backend.api.params import ChannelQuery, IdPath, PaginationDep, TimeRangeDep
 from backend.api.schemas import FrameDetail, FramePublic, FramesPublic
 from backend.services import frames as frames_service
 

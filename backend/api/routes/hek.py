@@ -9,9 +9,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import for_viewer
-from backend.auth import OptionalPrincipal
+from backend.api.deps import OptionalPrincipal, SessionDep
+from backend.api.params import for_viewer
 from backend.db import autocommit_reads
 from backend.services.event_search import EventFilters
 from backend.services.hek_search import HEKQueryError, hek_search, parse_hek_query

@@ -7,10 +7,9 @@ import logging
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import is_safe_key
+from backend.api.deps import CancelLimited, SessionDep, SubmitLimited
+from backend.api.params import is_safe_key
 from backend.api.schemas import JobPublic
-from backend.services.quotas import CancelLimited, SubmitLimited
 from backend.faults import public_reason
 from backend.models import JobState
 from backend.services import job_control

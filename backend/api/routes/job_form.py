@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import TimeRangeDep, canonical_channel
+from backend.api.params import TimeRangeDep, canonical_channel
 from backend.api.schemas import UTCDateTime
 from backend.services import job_form
 

@@ -5,19 +5,13 @@ from __future__ import annotations
 import logging
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
-from sqlalchemy.orm import Session
 
-from backend.api.deps import SessionDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import PaginationDep
-from backend.api.schemas import JobPublic, JobQueuePublic, JobsPublic
-from backend.api.routes.notifications import JobCreatedPublic, job_created
+from backend.api.deps import OptionalPrincipal, SessionDep, SubmitLimited
+from backend.api.params import PaginationDep
+from backend.api.presenters import job_created, with_queue
+from backend.api.schemas import JobCreatedPublic, JobPublic, JobsPublic
 from backend.faults import public_reason
-from backend.models import Job, JobState
-from backend.state import move_job
 from backend.services import jobs as jobs_service
-from backend.services import quotas
-from backend.services.quotas import SubmitLimited
 from backend.services.jobs import JobRequest
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -59,7 +53,7 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     deadline = getattr(request.state, "deadline", None)
     if deadline is not None and deadline.answered:
         log.error("job %s was stored after its request had been answered 503; failing it", job.id)
-        fail_if_queued(session, job, "not sent: the request had been answered 503 (no answer within "
+        jobs_service.fail_if_queued(session, job, "not sent: the request had been answered 503 (no answer within "
                                       f"{deadline.limit_s:g} s) before the job was stored")
         raise HTTPException(503, detail="the request took too long")  # nobody reads it
     try:
@@ -67,37 +61,12 @@ def create_job(req: JobRequest, session: SessionDep, response: Response, request
     except Exception as exc:  # broker down or misconfigured: the job must not stay queued forever
         log.exception("could not enqueue job %s", job.id)
         reason = f"broker unreachable: {public_reason(exc)}"
-        fail_if_queued(session, job, f"could not enqueue the job: {reason}")
+        jobs_service.fail_if_queued(session, job, f"could not enqueue the job: {reason}")
         raise HTTPException(503, detail=f"job {job.id} was stored but could not be sent to the broker ({reason}); "
                                         "it is marked failed: submit it again later") from None
     response.headers["Location"] = f"/api/v1/jobs/{job.id}"
     # with its queue position, ETA and calibration set, and its webhook's secret (shown once)
     return job_created(session, job, with_queue(session, [job])[0])
-
-
-def with_queue(session: Session, jobs: list[Job]) -> list[JobPublic]:
-    """``jobs`` as :class:`JobPublic`, each queued or running one with its ``queue`` position
-    and ETA (one snapshot of the queue for all: two queries, whatever the number of jobs)."""
-    from backend.services.set_access import job_set_ids
-
-    sets = job_set_ids(session, [j.id for j in jobs])
-    out = [JobPublic.model_validate(j).model_copy(update={"calibration_sets": sets[j.id]}) for j in jobs]
-    if any(j.state in (JobState.queued, JobState.running) for j in jobs):
-        snap = quotas.queue_snapshot(session)
-        for pub in out:
-            q = snap.jobs.get(pub.id)
-            if q is not None:
-                pub.queue = JobQueuePublic.model_validate(q.as_dict())
-    return out
-
-
-def fail_if_queued(session: Session, job: Job, reason: str) -> None:
-    """Mark ``job`` failed with ``reason`` and commit, unless a worker has taken it meanwhile
-    (its message arrived after all: the row, locked and read again, says ``running``)."""
-    session.refresh(job, with_for_update=True)
-    if job.state == JobState.queued:
-        move_job(job, JobState.failed, reason)
-    session.commit()
 
 
 @router.get("", response_model=JobsPublic, summary="List jobs")

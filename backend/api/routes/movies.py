@@ -8,7 +8,7 @@
   the answer saying how many frames the movie would have);
 * ``GET /movies/{id}``: its state and progress; ``GET /movies/{id}/file``: the MP4.
 
-The page ``/movies`` (:data:`page_router`) holds the player (``frontend/templates/movie.html``).
+The page ``/movies`` (:mod:`backend.api.pages.movies`) holds the player (``frontend/templates/movie.html``).
 """
 
 from __future__ import annotations
@@ -19,29 +19,23 @@ import logging
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm import Session
 
-from backend.api.deps import SessionDep, SettingsDep
-from backend.auth import OptionalPrincipal
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep, SubmitLimited
 from backend.api.conditional import file_response
-from backend.api.routes.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep
+from backend.api.params import MAX_ID, ChannelQuery, IdPath, TimeRangeDep
+from backend.api.presenters import movie_window
 from backend.faults import public_reason
 from backend.models import Movie, MovieState, ProductState
-from backend.services import events as events_service
 from backend.services import movies as movies_service
 from backend.services import products as products_service
 from backend.services.movies import MovieRequest, MovieRequestError
-from backend.services.quotas import SubmitLimited
 from backend.state import move_movie
-from pipelines.channels import CHANNELS
 from pipelines.errors import DataError
-from pipelines.movies import DIFF_MODES
-from pipelines.utc import parse_utc_text
 
 router = APIRouter(prefix="/movies", tags=["movies"])
-page_router = APIRouter(include_in_schema=False)
 log = logging.getLogger(__name__)
 
 DiffQuery = Annotated[str, Query(pattern="^(none|running|base)$",
@@ -93,27 +87,6 @@ class MoviePublic(BaseModel):
         return out
 
 
-def _window(session: Session, channel: str | None, start: dt.datetime | None, end: dt.datetime | None,
-            event: int | None, principal=None) -> tuple[str, dt.datetime, dt.datetime, int | None]:
-    """The channel and window asked for: explicit, or an event's (± the margin; its own
-    channel when it names an LST channel that has frames there, else the first that has)."""
-    if event is not None:
-        row = events_service.get_event(session, event, principal)
-        if row is None:
-            raise HTTPException(404, detail=f"no event with id {event}")
-        lo, hi = movies_service.event_movie_window(row)
-        if channel is None:
-            named = [c.strip() for c in (row.channels or "").split(",") if c.strip() in CHANNELS]
-            have = [c for c in named + ["SDI", *CHANNELS]
-                    if movies_service.movie_products(session, c, lo, hi, limit=1)]
-            channel = have[0] if have else (named[0] if named else "SDI")
-        return channel, lo, hi, event
-    missing = [n for n, v in (("channel", channel), ("start", start), ("end", end)) if v is None]
-    if missing:
-        raise HTTPException(422, detail=f"give {', '.join(missing)} (or event=<id>)")
-    return channel, start, end, None
-
-
 @router.get("/frames", summary="Frames of a player: channel and window, or an event's window")
 def read_movie_frames(
     session: SessionDep,
@@ -126,7 +99,7 @@ def read_movie_frames(
     """The frames (oldest first) with ``date_obs`` (DATE-OBS, UTC), ``url`` of the image and
     ``markers`` (``{event id: [fx, fy]}``, the event's helioprojective position as fractions
     of the image from the top left, through the product's WCS), and the window's events."""
-    code, lo, hi, ev = _window(session, channel, span.start, span.end, event, principal)
+    code, lo, hi, ev = movie_window(session, channel, span.start, span.end, event, principal)
     out = movies_service.player_frames(session, code, lo, hi, diff, principal=principal).as_dict()
     out["event"] = ev
     return out
@@ -256,45 +229,3 @@ def read_movie_file(request: Request, movie_id: str, session: SessionDep, settin
     if path is None:
         raise HTTPException(404, detail=f"the file of movie {movie_id} is missing from the movie store")
     return file_response(request, path, media_type="video/mp4", filename=path.name)
-
-
-@page_router.get("/movies", response_class=HTMLResponse)
-def movie_page(request: Request, session: SessionDep, principal: OptionalPrincipal, channel: str | None = None,
-               start: str | None = None,
-               end: str | None = None, diff: str = "none", event: str | None = None):
-    """The frame player: a channel over a window (``channel``, ``start``, ``end``, ``diff``) or
-    an event's window (``event``). Bad values are shown on the page, not as an error status."""
-    from backend.api.pages import templates
-    from backend.api.routes.params import canonical_channel
-
-    errors: list[str] = []
-    ctx = {"channels": CHANNELS, "diff_modes": DIFF_MODES, "diff": diff if diff in DIFF_MODES else "none",
-           "channel": None, "start": None, "end": None, "event": None, "errors": errors}
-    if diff not in DIFF_MODES:
-        errors.append(f"diff: {diff!r} is not one of {', '.join(DIFF_MODES)}")
-    try:
-        ctx["channel"] = canonical_channel(channel)
-    except ValueError as exc:
-        errors.append(f"channel: {exc}")
-    times = {}
-    for name, value in (("start", start), ("end", end)):
-        try:
-            times[name] = parse_utc_text(value) if value else None
-        except ValueError as exc:
-            errors.append(f"{name}: {exc}")
-    ev = None
-    if event:
-        if (event.isascii() and event.isdigit()) and 1 <= int(event) <= MAX_ID:
-            ev = events_service.get_event(session, int(event), principal)
-        if ev is None:
-            errors.append(f"event: no event with id {event[:20]!r}")
-    if not errors:
-        if ev is None and not (ctx["channel"] and times.get("start") and times.get("end")):
-            errors.append("give channel, start and end (UTC), or event=<id>")
-        elif ev is None and times["end"] < times["start"]:
-            errors.append("end is before start")
-        else:
-            code, lo, hi, _ = _window(session, ctx["channel"], times.get("start"), times.get("end"),
-                                      ev.id if ev is not None else None, principal)
-            ctx.update(channel=code, start=lo, end=hi, event=ev)
-    return templates.TemplateResponse(request, "movie.html", ctx)

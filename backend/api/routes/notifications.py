@@ -37,17 +37,15 @@ from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import IdPath, PaginationDep
-from backend.auth import OptionalPrincipal, Principal
-from backend.services.quotas import SubmitLimited
+from backend.api.deps import OptionalPrincipal, SessionDep, SubmitLimited
+from backend.api.params import IdPath, PaginationDep
+from backend.auth import Principal
 from backend.models import Job, Movie, SavedSearch, Webhook
 from backend.services import notify, visibility
 from backend.services import saved_searches as searches
 from backend.state import JOB_FINAL, MOVIE_FINAL
 
-__all__ = ["router", "POLL_S", "HEARTBEAT_S", "RETRY_MS", "POLL_TIMEOUT_S", "sse_event", "progress_stream",
-           "WebhookCreatedPublic", "JobCreatedPublic"]
+__all__ = ["router", "POLL_S", "HEARTBEAT_S", "RETRY_MS", "POLL_TIMEOUT_S", "sse_event", "progress_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -68,45 +66,6 @@ _AUTH_ERRORS = {401: {"description": "No API token, or an unknown, revoked or ex
 
 
 # -- schemas ---------------------------------------------------------------------------------------
-
-
-class WebhookCreatedPublic(BaseModel):
-    """A webhook as registered: ``secret`` is shown in this answer only."""
-
-    id: int
-    owner: str
-    url: str
-    job_id: str | None = None
-    saved_search_id: int | None = None
-    created_at: str | None = None
-    deliveries_url: str
-    secret: str | None = Field(None, description="whsec_...: shown once; verify X-LST-Signature with it")
-    secret_note: str | None = None
-
-
-def job_created_model():
-    """``JobPublic`` plus the webhook registered with the job (its secret shown once)."""
-    from backend.api.schemas import JobPublic
-
-    class JobCreatedPublic(JobPublic):
-        webhook: WebhookCreatedPublic | None = Field(
-            None, description="the job's webhook (webhook_url of the request), with its secret: shown once")
-
-    return JobCreatedPublic
-
-
-JobCreatedPublic = job_created_model()
-
-
-def job_created(session: Session, job: Job, public: Any = None) -> Any:
-    """The answer of ``POST /jobs``: the job (``public``, the ``JobPublic`` with its queue
-    position and calibration sets, when given) and, when it has one, its webhook with the secret."""
-    body = (JobCreatedPublic.model_validate(public.model_dump()) if public is not None
-            else JobCreatedPublic.model_validate(job))
-    hook = notify.webhook_of_job(session, job.id)
-    if hook is not None:
-        body.webhook = WebhookCreatedPublic(**notify.describe_webhook(hook, with_secret=True))
-    return body
 
 
 class SavedSearchCreate(BaseModel):

@@ -9,11 +9,9 @@ from fastapi.responses import FileResponse
 from starlette.responses import Response
 
 from backend.api.conditional import file_response
-from backend.api.deps import SessionDep, SettingsDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, LevelQuery, PaginationDep,
-                                      SystematicsQuery, TimeRangeDep)
-from backend.api.routes.bulk import JobIdQuery
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
+from backend.api.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, JobIdQuery, LevelQuery, PaginationDep,
+                                SystematicsQuery, TimeRangeDep)
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Job, Product, ProductState
 from backend.services import products as products_service
@@ -43,13 +41,8 @@ def read_products(
     ``job_id`` of another user's private job is 404."""
     if job_id:
         visibility.get_visible(session, Job, job_id, principal)
-    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
-    if calibration_set is not None:
-        conds.append(Product.calibration_set_id == calibration_set)
-    if level is not None:
-        conds.append(Product.level == level)
-    if systematics is not None:
-        conds.append(products_service.quality_condition(Product.quality_flags, systematics))
+    conds = products_service.product_conditions(principal, calibration_set=calibration_set, level=level,
+                                                systematics=systematics)
     rows, total = products_service.list_products(
         session, channel=channel, start=span.start, end=span.end, state=state, frame_id=frame_id, job_id=job_id or None,
         limit=page.limit, offset=page.offset, conditions=conds,

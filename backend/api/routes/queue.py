@@ -5,9 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from backend.api.deps import SessionDep
+from backend.api.deps import OptionalPrincipal, SessionDep
 from backend.api.schemas import UTCDateTime
-from backend.auth import OptionalPrincipal
 from backend.services import quotas
 
 router = APIRouter(tags=["jobs"])

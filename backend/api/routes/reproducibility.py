@@ -8,27 +8,21 @@ Reads are anonymous; ``POST /jobs/{id}/rerun`` needs a token with ``jobs:submit`
 from __future__ import annotations
 
 import logging
-from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, HTTPException, Response, status
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import MAX_ID, IdPath
-from backend.api.routes.jobs import fail_if_queued
+from backend.api.deps import OptionalPrincipal, SessionDep, SubmitLimited
+from backend.api.params import IdPath, VersionQuery
+from backend.api.presenters import product_pair
 from backend.api.schemas import JobPublic
-from backend.services.quotas import SubmitLimited
 from backend.faults import public_reason
 from backend.models import Job, Product
 from backend.services import manifests, product_diff, reruns, visibility
-from backend.auth import OptionalPrincipal
 from pipelines.errors import DataError
 
 router = APIRouter(tags=["reproducibility"])
-page_router = APIRouter(include_in_schema=False)
 log = logging.getLogger(__name__)
 
-VersionQuery = Annotated[int, Query(ge=1, le=MAX_ID, description="Product id (a written product of this frame)")]
 _PNG = {200: {"content": {"image/png": {}}, "description": "PNG image"}}
 _DIFF_ERRORS = {404: {"description": "Unknown frame or product"},
                 409: {"description": "A product is not written, or its file cannot be read"},
@@ -96,7 +90,7 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
         raise HTTPException(409, detail=str(exc)) from None
     except DataError as exc:
         raise HTTPException(422, detail=str(exc)) from None
-    from backend.services.jobs import enqueue_job
+    from backend.services.jobs import enqueue_job, fail_if_queued
 
     try:
         enqueue_job(new.id)
@@ -111,17 +105,6 @@ def rerun_job(job_id: str, session: SessionDep, response: Response, principal: S
     return JobPublic.model_validate(new)
 
 
-def _pair(session, frame_id: int, a: int, b: int, principal) -> product_diff.ProductPair:
-    try:
-        return product_diff.load_pair(session, frame_id, a, b, principal)
-    except product_diff.DiffNotFound as exc:
-        raise HTTPException(404, detail=str(exc)) from None
-    except product_diff.DiffNotOfFrame as exc:
-        raise HTTPException(422, detail=str(exc)) from None
-    except DataError as exc:  # not written, unreadable file, shapes differ
-        raise HTTPException(409, detail=str(exc)) from None
-
-
 @router.get("/frames/{frame_id}/diff", summary="Compare two product versions of one frame", responses=_DIFF_ERRORS)
 def read_frame_diff(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
                     principal: OptionalPrincipal) -> dict:
@@ -130,7 +113,7 @@ def read_frame_diff(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session:
     and ratio ``b / a`` with statistics (mean, median, std, min, max, 1st/99th percentiles,
     count, differing pixels, max abs diff) over the pixels good in both DQ masks, in BUNIT;
     links to their PNGs."""
-    return product_diff.diff_report(_pair(session, frame_id, a, b, principal))
+    return product_diff.diff_report(product_pair(session, frame_id, a, b, principal))
 
 
 def _png_response(png: bytes, half: float) -> Response:
@@ -144,7 +127,7 @@ def read_difference_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, sess
                         principal: OptionalPrincipal) -> Response:
     """``b - a`` over the pixels good in both (grey elsewhere), colormap ``RdBu_r`` with limits
     symmetric about 0 (the 99th percentile of ``|b - a|``, in header ``X-Limits-Half-Width``)."""
-    return _png_response(*product_diff.difference_png(_pair(session, frame_id, a, b, principal)))
+    return _png_response(*product_diff.difference_png(product_pair(session, frame_id, a, b, principal)))
 
 
 @router.get("/frames/{frame_id}/diff/ratio.png", response_class=Response, responses={**_PNG, **_DIFF_ERRORS},
@@ -153,16 +136,4 @@ def read_ratio_png(frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: 
                    principal: OptionalPrincipal) -> Response:
     """``b / a`` over the pixels good in both with ``a != 0`` (grey elsewhere), colormap
     ``RdBu_r`` with limits symmetric about 1."""
-    return _png_response(*product_diff.ratio_png(_pair(session, frame_id, a, b, principal)))
-
-
-@page_router.get("/frames/{frame_id}/diff", response_class=HTMLResponse)
-def frame_diff_page(request: Request, frame_id: IdPath, a: VersionQuery, b: VersionQuery, session: SessionDep,
-                    principal: OptionalPrincipal):
-    """The diff of two product versions of one frame: products, header diff table, image
-    statistics, the difference and ratio images; links to the other versions."""
-    from backend.api.pages import templates
-
-    report = product_diff.diff_report(_pair(session, frame_id, a, b, principal))
-    return templates.TemplateResponse(request, "frame_diff.html", {
-        "report": report, "versions": product_diff.versions_of_frame(session, frame_id, principal)})
+    return _png_response(*product_diff.ratio_png(product_pair(session, frame_id, a, b, principal)))

@@ -22,13 +22,11 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from backend.api.deps import SessionDep
+from backend.api.deps import AdminPrincipal, SessionDep, SignedInPrincipal
 from backend.auth import (
     MAX_EXPIRY_DAYS,
     MAX_USER_CHARS,
     SCOPES,
-    AdminPrincipal,
-    SignedInPrincipal,
     create_token,
     list_tokens,
     revoke_token,

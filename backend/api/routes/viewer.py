@@ -22,9 +22,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
-from backend.api.deps import SessionDep, SettingsDep
-from backend.auth import OptionalPrincipal
-from backend.api.routes.params import MAX_ID, IdPath
+from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
+from backend.api.params import MAX_ID, IdPath
 from backend.models import ProductState
 from backend.render import image as imaging
 from backend.services import products as products_service

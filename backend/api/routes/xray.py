@@ -11,14 +11,9 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from pydantic import AfterValidator, BeforeValidator
 
 from backend.api.deps import SessionDep
-from backend.api.routes.params import as_utc, time_input
-from backend.api.schemas import (
-    XRayCoveragePublic,
-    XRayCoverageSpan,
-    XRaySamplesPublic,
-    XRaySeriesPublic,
-    XRayWindowPublic,
-)
+from backend.api.params import as_utc, time_input
+from backend.api.presenters import window_public
+from backend.api.schemas import XRayCoveragePublic, XRayCoverageSpan, XRayWindowPublic
 from backend.services import xray as xray_service
 
 router = APIRouter(prefix="/xray", tags=["xray"])
@@ -28,16 +23,6 @@ SatelliteQuery = Annotated[
     str | None,
     Query(max_length=12, pattern=r"^[A-Za-z0-9_\- ]*$", description="GOES satellite (GOES-15, g15 or 15); default: all"),
 ]
-
-
-def window_public(win: xray_service.XRayWindow) -> XRayWindowPublic:
-    """The API form of an :class:`~backend.services.xray.XRayWindow`."""
-    return XRayWindowPublic(
-        start=win.start, end=win.end, n_samples=win.n_samples,
-        series=[XRaySamplesPublic(series=XRaySeriesPublic.model_validate(s.series), times=s.times_iso, xrsa=s.xrsa,
-                                  xrsb=s.xrsb, xrsa_quality=s.xrsa_quality, xrsb_quality=s.xrsb_quality)
-                for s in win.series],
-    )
 
 
 def window_csv(win: xray_service.XRayWindow) -> str:

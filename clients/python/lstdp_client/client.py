@@ -40,7 +40,7 @@ API_PREFIX = "/api/v1"
 #: Job states after which a job changes no more (``backend.models.JobState``).
 FINAL_JOB_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
-#: Largest page the API serves (``limit`` 1..500, ``backend/api/routes/params.py``).
+#: Largest page the API serves (``limit`` 1..500, ``backend/api/params.py``).
 MAX_PAGE = 500
 
 #: Parameters of ``GET /events`` that take a time, an angle [deg] or a helioprojective

@@ -1,65 +1,54 @@
-"""Query and path parameters shared by the routers: channel, HEK type, time range, paging,
-and the event filters.
+"""Event-filter parsing: the one reader of the event search's filters, for the API
+(``GET /api/v1/events`` and the figures built on it), the browser's events page and saved
+searches (:mod:`backend.services.saved_searches`).
 
-Bad values raise 422 with a message that names the parameter and says what is expected
-(see ``backend.api.app`` for the error body).
+:func:`parse_event_filters` reads every filter (HEK type, source, time range, channel,
+helioprojective box [arcsec], position angle [deg], minimum GOES class, NOAA region,
+associated event type, detector, calibration set or file, angular width [deg]) from parsed
+values (the API's query parameters) or from a form's text, and reports each refused value
+as a :class:`FilterProblem` naming the parameter, with the message the API answers and the
+note the events page shows. :func:`check_event_filters` raises the first problem, in the
+order the API has always checked them, as an :class:`EventFilterError` (a ``ValueError``);
+the API layer answers it 422 with the parameter named
+(:func:`backend.api.params.event_search`), saved searches refuse the query.
 
-The event filters (type, source, time range, channel, helioprojective box, position angle,
-minimum GOES class...) are read by one parser, :func:`parse_event_filters`, for both the
-API (:func:`event_search`: the first refused value is a 422) and the browser's events page
-(``backend.api.pages``: a refused value is shown as a note and that filter not applied).
-
-The dependencies that only check parameters are ``async def``: FastAPI calls them in the
-event loop instead of handing each to a worker thread (no I/O happens in them; about
-0.35 ms less per event search in a scratch measurement with ``benchmarks/events_api.py``).
+Nothing here knows HTTP: no FastAPI, no request objects.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from fastapi import Depends, Path, Query
-from fastapi.exceptions import RequestValidationError
-from pydantic import AfterValidator, BeforeValidator
-
-from backend.auth import OptionalPrincipal
-from backend.render.figures import HEK_EVENT_TYPES
 from backend.services.event_search import EventFilters
-from pipelines.catalogues import CATALOGUES, DETECTED_SOURCE, SOURCES
+from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS, get_channel
-from pipelines.utc import as_utc as _as_utc
 from pipelines.utc import parse_utc_text
 
 __all__ = [
     "MAX_ID",
     "SAFE_KEY_PATTERN",
     "is_safe_key",
-    "IdPath",
-    "ChannelQuery",
-    "LevelQuery",
-    "CalibrationSetQuery",
-    "SystematicsQuery",
-    "EventTypeQuery",
-    "TimeRange",
-    "TimeRangeDep",
-    "Pagination",
-    "PaginationDep",
     "canonical_channel",
     "canonical_event_type",
-    "as_utc",
-    "time_input",
-    "EVENT_FORMATS",
+    "PLUS_AS_SPACE",
+    "PLUS_AS_SPACE_MESSAGE",
+    "MAX_HPC_ARCSEC",
+    "NUMERIC_FILTERS",
     "FilterProblem",
     "ParsedEventFilters",
-    "NUMERIC_FILTERS",
+    "EventFilterError",
+    "filter_time",
+    "time_order_problem",
     "parse_event_filters",
-    "EventSearchDep",
-    "event_search",
+    "API_CHECK_ORDER",
+    "check_event_filters",
+    "for_viewer",
 ]
 
 #: Largest id a row can have (PostgreSQL ``integer``): bigger ids are 422, not a database error.
@@ -78,23 +67,14 @@ def canonical_channel(value: str | None) -> str | None:
 
 def canonical_event_type(value: str | None) -> str | None:
     """The upper-case HEK event code (``FL``, ``CE``, ``PR``...); ValueError for unknown codes."""
+    from backend.render.figures import HEK_EVENT_TYPES
+
     if value is None or value == "":
         return None
     code = value.strip().upper()
     if code not in HEK_EVENT_TYPES:
         raise ValueError(f"unknown HEK event type {value!r}; expected one of {', '.join(sorted(HEK_EVENT_TYPES))}")
     return code
-
-
-def as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    """Aware UTC time; a naive time is taken as UTC (:func:`pipelines.utc.as_utc`).
-
-    A query-parameter validator: a time out of range once in UTC is a ``ValueError``.
-    """
-    try:
-        return _as_utc(value)
-    except OverflowError:
-        raise ValueError(f"time {value.isoformat()} is out of range in UTC") from None
 
 
 #: What a job id or an event source may contain (they go into SQL string comparisons;
@@ -107,108 +87,15 @@ def is_safe_key(value: str, max_length: int = 64) -> bool:
     return len(value) <= max_length and re.fullmatch(SAFE_KEY_PATTERN, value) is not None
 
 
-IdPath = Annotated[int, Path(ge=1, le=MAX_ID, description="Row id")]
-#: A product's processing level (``products.level``, the FITS ``LEVEL`` keyword: ``L2`` for
-#: every calibrated product today).
-LevelQuery = Annotated[
-    str | None,
-    Query(max_length=8, pattern=r"^L[0-9][A-Za-z0-9.]{0,6}$", description="Product level (LEVEL keyword), e.g. L2"),
-]
-#: Only the products of one calibration set (its id).
-CalibrationSetQuery = Annotated[
-    int | None,
-    Query(ge=1, le=MAX_ID, description="Only products of this calibration set (its id: GET /calibration-sets)"),
-]
-#: A frame-wide systematic the calibration flagged (``products.quality_flags``, the product's
-#: ``QUALITY`` bits: ``pipelines.calibration.l2.quality.SYSTEMATICS``), or ``any`` of them.
-Systematic = Literal["any", "centre_refused", "centre_failed", "stray_light_refused", "flat_plane_stated"]
-SystematicsQuery = Annotated[
-    Systematic | None,
-    Query(description="Frame-wide systematic flagged on the L2 product (QUALITY bits): centre_refused (a centre "
-                      "fit refused: header's centre kept, unverified), centre_failed (no centre fit), "
-                      "stray_light_refused, flat_plane_stated, or any"),
-]
-ChannelQuery = Annotated[
-    str | None,
-    Query(description="LST channel: SDI, WST, SCI-UV or SCI-WL (case-insensitive)"),
-    AfterValidator(canonical_channel),
-]
-EventTypeQuery = Annotated[
-    str | None,
-    Query(alias="type", description="HEK event code: FL (flare), CE (CME), PR (prominence), ..."),
-    AfterValidator(canonical_event_type),
-]
 #: ``2024-05-10T00:00:00 00:00``: an ISO time whose ``+`` offset arrived as a space (a raw
 #: ``+`` in a URL query string means a space).
-_PLUS_AS_SPACE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)? \d{2}(:?\d{2})?\s*$")
+PLUS_AS_SPACE = re.compile(r"^\s*\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)? \d{2}(:?\d{2})?\s*$")
 PLUS_AS_SPACE_MESSAGE = ("{value!r} has a space where its UTC offset's '+' should be: a raw '+' in a URL query "
                          "is read as a space; encode it as %2B (e.g. 2024-05-10T00:00:00%2B00:00) or use Z")
 
 
-def reject_plus_as_space(value: Any) -> Any:
-    """A BeforeValidator of query times: ValueError for a time whose ``+`` came as a space."""
-    if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
-        raise ValueError(PLUS_AS_SPACE_MESSAGE.format(value=value))
-    return value
-
-
-def time_input(value: Any) -> Any:
-    """The BeforeValidator of every time the API reads (:func:`pipelines.utc.parse_utc_text`):
-    ISO 8601 extended or basic (``20110607``), leap seconds through astropy ``Time``; a
-    number is a ValueError (never Unix seconds), as is a ``+`` offset that came as a space.
-    None passes (an open bound)."""
-    if value is None:
-        return None
-    return parse_utc_text(reject_plus_as_space(value))
-
-
-_TimeQuery = Annotated[dt.datetime | None, BeforeValidator(time_input), AfterValidator(as_utc)]
-
-
-@dataclass(frozen=True)
-class TimeRange:
-    """Aware UTC bounds (inclusive); either may be open."""
-
-    start: dt.datetime | None
-    end: dt.datetime | None
-
-
-async def time_range(
-    start: Annotated[_TimeQuery, Query(description="Range start, ISO 8601 (UTC if no offset)")] = None,
-    end: Annotated[_TimeQuery, Query(description="Range end, ISO 8601 (UTC if no offset)")] = None,
-) -> TimeRange:
-    """The ``start``/``end`` query parameters; 422 when ``end`` is before ``start``."""
-    if start is not None and end is not None and end < start:
-        p = _time_order_problem(start, end)
-        raise _query_error(p.param, p.message, p.value)
-    return TimeRange(start, end)
-
-
-TimeRangeDep = Annotated[TimeRange, Depends(time_range)]
-
-
-@dataclass(frozen=True)
-class Pagination:
-    limit: int
-    offset: int
-
-
-async def pagination(
-    limit: Annotated[int, Query(ge=1, le=500, description="Page size (1..500)")] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_ID, description="Rows to skip")] = 0,
-) -> Pagination:
-    """``limit`` (1..500, default 50) and ``offset`` (>= 0)."""
-    return Pagination(limit, offset)
-
-
-PaginationDep = Annotated[Pagination, Depends(pagination)]
-
-
-# -- event filters ------------------------------------------------------------------------------
-
 #: Largest |hpc_x|, |hpc_y| accepted [arcsec] (SCI's field reaches ~2.5 Rsun, ~2400 arcsec).
 MAX_HPC_ARCSEC = 10_000.0
-EVENT_FORMATS = ("json", "csv", "votable", "hek")
 
 #: The numeric event filters: (query parameter, label on the events page, lowest, highest).
 NUMERIC_FILTERS: tuple[tuple[str, str, float, float], ...] = (
@@ -264,11 +151,6 @@ class ParsedEventFilters:
     min_goes_class: str | None = None
 
 
-def _query_error(name: str, msg: str, value) -> RequestValidationError:
-    return RequestValidationError([{"type": "value_error", "loc": ("query", name), "msg": msg,
-                                    "input": None if value is None else str(value)}])
-
-
 def _values(values: str | Sequence[str] | None, split: bool) -> list[str]:
     """The values of a repeatable filter; with ``split``, comma-separated lists are split."""
     if values is None:
@@ -278,16 +160,19 @@ def _values(values: str | Sequence[str] | None, split: bool) -> list[str]:
     return [part for v in values for part in (v.split(",") if split else [v])]
 
 
-def _time_order_problem(start: dt.datetime, end: dt.datetime) -> FilterProblem:
+def time_order_problem(start: dt.datetime, end: dt.datetime) -> FilterProblem:
+    """The problem of a time range whose ``end`` is before its ``start`` (both aware UTC)."""
     return FilterProblem("end", f"end ({end.isoformat()}) is before start ({start.isoformat()})",
                          "end is before start: the time range was not applied", end.isoformat())
 
 
-def _filter_time(name: str, value: str | dt.datetime | None, problems: list[FilterProblem]) -> dt.datetime | None:
-    """Aware UTC time of a datetime or of a form's text (``YYYY-MM-DDTHH:MM[:SS]``, UTC if no offset)."""
+def filter_time(name: str, value: str | dt.datetime | None, problems: list[FilterProblem]) -> dt.datetime | None:
+    """Aware UTC time of a datetime or of a form's text (``YYYY-MM-DDTHH:MM[:SS]``, UTC if no
+    offset; :func:`pipelines.utc.parse_utc_text`), or None when absent or refused: a refused
+    value is appended to ``problems`` as a :class:`FilterProblem` of parameter ``name``."""
     if value is None or value == "":
         return None
-    if isinstance(value, str) and _PLUS_AS_SPACE.match(value):
+    if isinstance(value, str) and PLUS_AS_SPACE.match(value):
         msg = PLUS_AS_SPACE_MESSAGE.format(value=value)
         problems.append(FilterProblem(name, msg, f"{name}: {msg}", value))
         return None
@@ -403,7 +288,8 @@ def parse_event_filters(
 ) -> ParsedEventFilters:
     # Long: every filter of the event search parsed in one place, so the API, the pages and the
     # saved searches refuse the same values with the same messages
-    """Read the event filters of the API (:func:`event_search`) or of the events page.
+    """Read the event filters of the API (:func:`backend.api.params.event_search`), of the events
+    page or of a saved search.
 
     Every value may be absent (None or empty). A refused value is left out of the filters
     and reported as a :class:`FilterProblem`; an ``end`` before ``start`` drops both, and so
@@ -478,10 +364,10 @@ def parse_event_filters(
         if part not in names:
             names.append(part)
 
-    t0 = _filter_time("start", start, problems)
-    t1 = _filter_time("end", end, problems)
+    t0 = filter_time("start", start, problems)
+    t1 = filter_time("end", end, problems)
     if t0 is not None and t1 is not None and t1 < t0:
-        problems.append(_time_order_problem(t0, t1))
+        problems.append(time_order_problem(t0, t1))
         t0 = t1 = None
 
     goes_class = ((min_goes_class or "").strip().upper() or None) if form else min_goes_class
@@ -527,81 +413,48 @@ def parse_event_filters(
 
 #: The order in which the API has always checked the event filters: a request with several
 #: bad values is answered with the first of them.
-_API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name, *_ in NUMERIC_FILTERS),
-                    "min_goes_class", "min_peak_value", "noaa_ar", "associated_type", "calibration_set",
-                    "calibration_file", "min_angular_width")
+API_CHECK_ORDER = ("start", "end", "type", "source", "channel", *(name for name, *_ in NUMERIC_FILTERS),
+                   "min_goes_class", "min_peak_value", "noaa_ar", "associated_type", "calibration_set",
+                   "calibration_file", "min_angular_width")
 
 
-_Hpc = Annotated[float | None, Query(ge=-MAX_HPC_ARCSEC, le=MAX_HPC_ARCSEC, allow_inf_nan=False)]
-_Pa = Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False)]
+class EventFilterError(ValueError):
+    """An event-filter value refused (:func:`check_event_filters`).
+
+    Attributes
+    ----------
+    param : str
+        The query parameter (``type``, ``end``, ``hpc_x_max``...).
+    message : str
+        Why, in one line (the API's 422 answers ``query.<param>: <message>``).
+    value : object
+        The value as given.
+    """
+
+    def __init__(self, param: str, message: str, value: Any = None) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param, self.message, self.value = param, message, value
 
 
-async def event_search(
-    span: TimeRangeDep,
-    principal: OptionalPrincipal,
-    type: Annotated[list[str] | None, Query(  # noqa: A002 - the HEK name of the filter
-        description="HEK event code(s): FL, CE, PR, ...; repeat the parameter or separate with commas")] = None,
-    source: Annotated[list[str] | None, Query(
-        description=f"{DETECTED_SOURCE}, or a catalogue ({', '.join(CATALOGUES)}); repeatable")] = None,
-    channel: ChannelQuery = None,
-    hpc_x_min: Annotated[_Hpc, Query(description="Bounding box: smallest Solar X [arcsec]")] = None,
-    hpc_x_max: Annotated[_Hpc, Query(description="Bounding box: largest Solar X [arcsec]")] = None,
-    hpc_y_min: Annotated[_Hpc, Query(description="Bounding box: smallest Solar Y [arcsec]")] = None,
-    hpc_y_max: Annotated[_Hpc, Query(description="Bounding box: largest Solar Y [arcsec]")] = None,
-    pa_min: Annotated[_Pa, Query(description="Position angle from [deg, CCW from solar north]; "
-                                             "pa_min > pa_max wraps through 0")] = None,
-    pa_max: Annotated[_Pa, Query(description="Position angle to [deg]")] = None,
-    min_goes_class: Annotated[str | None, Query(max_length=12, description="Smallest GOES class, e.g. M1.0 or X10")] = None,
-    min_peak_value: Annotated[float | None, Query(description="Smallest peak_value (in the event's peak_unit)")] = None,
-    frm_name: Annotated[str | None, Query(max_length=100, pattern=r"^[^\x00]*$",
-                                          description="Detector / method name (HEK FRM_NAME), exact")] = None,
-    frm_version: Annotated[str | None, Query(max_length=40, pattern=r"^[^\x00]*$",
-                                             description="Detector version (HEK FRM_VERSION), exact")] = None,
-    noaa_ar: Annotated[int | None, Query(ge=1, le=99_999, description=(
-        "NOAA active region number; four digits also match 1xxxx (SRS/HEK print 13664 as 3664)"))] = None,
-    associated_type: Annotated[str | None, Query(max_length=4, description=(
-        "HEK code of an associated event: e.g. CE for flares with a CME (event_associations)"))] = None,
-    calibration_set: Annotated[str | None, Query(max_length=400, description=(
-        "Calibration set of the L2 products the event was detected from: a set id "
-        "(GET /calibration-sets), or kind:id pairs (dark:3,flat:5)"))] = None,
-    calibration_file: Annotated[int | None, Query(ge=1, le=MAX_ID, description=(
-        "A calibration file id used by the L2 products the event was detected from"))] = None,
-    min_angular_width: Annotated[float | None, Query(ge=0, le=360, allow_inf_nan=False, description=(
-        "Smallest angular width [deg] (CMEs: 60 for wider than 60 deg, 360 for halo CMEs)"))] = None,
-    systematics: Annotated[Systematic | None, Query(description=(
-        "A frame-wide systematic flagged on an L2 product the event was detected from (its QUALITY bits): "
-        "centre_refused, centre_failed, stray_light_refused, flat_plane_stated, or any"))] = None,
-):
-    """The filters of ``GET /events`` as :class:`backend.services.event_search.EventFilters`
-    (:func:`parse_event_filters`); 422 with the parameter named for a bad value."""
-    parsed = parse_event_filters(
-        types=type, sources=source, start=span.start, end=span.end, channel=channel,
-        pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
-        hpc_y_min=hpc_y_min, hpc_y_max=hpc_y_max, min_goes_class=min_goes_class,
-        min_peak_value=min_peak_value, frm_name=frm_name, frm_version=frm_version,
-        noaa_ar=noaa_ar, associated_type=associated_type, calibration_set=calibration_set,
-        calibration_file=calibration_file, min_angular_width=min_angular_width,
-    )
+def check_event_filters(parsed: ParsedEventFilters) -> EventFilters:
+    """The filters of ``parsed`` when it refused nothing.
+
+    Raises
+    ------
+    EventFilterError
+        The first of ``parsed.problems`` in :data:`API_CHECK_ORDER` (a request with several
+        bad values is answered with the same one as always).
+    """
     if parsed.problems:
-        p = min(parsed.problems, key=lambda p: _API_CHECK_ORDER.index(p.param))
-        raise _query_error(p.param, p.message, p.value)
-    filters = parsed.filters
-    if systematics is not None:
-        import dataclasses
-
-        filters = dataclasses.replace(filters, systematics=systematics)
-    return for_viewer(filters, principal)
+        p = min(parsed.problems, key=lambda p: API_CHECK_ORDER.index(p.param))
+        raise EventFilterError(p.param, p.message, p.value)
+    return parsed.filters
 
 
 def for_viewer(filters: EventFilters, principal) -> EventFilters:
     """``filters`` limited to the events ``principal`` may see (None: anonymous, the public
     catalogue; :mod:`backend.services.event_visibility`)."""
-    import dataclasses
-
     from backend.services.event_visibility import viewer_of
 
     user, sees_all = viewer_of(principal)
     return dataclasses.replace(filters, viewer=user, sees_all=sees_all)
-
-
-EventSearchDep = Annotated[EventFilters, Depends(event_search)]

@@ -8,8 +8,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from backend.api.deps import SessionDep, SettingsDep
-from backend.api.routes.params import TimeRange, _filter_time
+from backend.api.pages.templating import form_time, templates
+from backend.api.params import TimeRange
 from backend.services.coverage import coverage_report
+from backend.services.event_filters import filter_time
 
 router = APIRouter(include_in_schema=False)
 
@@ -27,11 +29,9 @@ def coverage_page(
 ):
     """Coverage of every source (``GET /api/v1/coverage``) as a table with a bar per source;
     bad times are reported on the page and not applied."""
-    from backend.api.pages import _form_time, templates
-
     problems: list = []
-    t0 = _filter_time("start", start, problems)
-    t1 = _filter_time("end", end, problems)
+    t0 = filter_time("start", start, problems)
+    t1 = filter_time("end", end, problems)
     errors = [p.note for p in problems]
     if t0 is not None and t1 is not None and t1 < t0:
         errors.append("end is before start: the time range was not applied")
@@ -48,6 +48,6 @@ def coverage_page(
         return max(0.0, min(100.0, 100.0 * (t - lo).total_seconds() / (hi - lo).total_seconds()))
 
     return templates.TemplateResponse(request, "coverage.html", {
-        "report": report, "errors": errors, "form": {"start": _form_time(t0), "end": _form_time(t1)},
+        "report": report, "errors": errors, "form": {"start": form_time(t0), "end": form_time(t1)},
         "lo": lo, "hi": hi, "pct": pct, "gaps_shown": GAPS_SHOWN, "span": TimeRange(t0, t1),
     })

@@ -1,7 +1,9 @@
-"""The ``/products/search`` page: L2 products by channel, DATE-OBS range, calibration set and
-level, paged, with the bulk download of the same search (issue 25, point 6).
+"""The product pages: ``/products`` (the gallery of the latest quicklooks per channel),
+``/products/{product_id}/view`` (the image viewer of one L2 product) and ``/products/search``
+(L2 products by channel, DATE-OBS range, calibration set and level, paged, with the bulk
+download of the same search; issue 25, point 6).
 
-The page reads through the products API's service (:func:`backend.services.products.list_products`,
+The search page reads through the products API's service (:func:`backend.services.products.list_products`,
 the query of ``GET /api/v1/products``) with the API's visibility rule (a private set's
 products to its owner and admins only), and links the archive and the curl/wget script of
 ``GET /api/v1/products/archive`` and ``/download.sh`` (:mod:`backend.api.routes.bulk`) with
@@ -18,17 +20,21 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
-from backend.api.deps import SessionDep
-from backend.api.routes.params import MAX_ID, _filter_time, canonical_channel
-from backend.auth import OptionalPrincipal
-from backend.models import Product, ProductState
+from fastapi import HTTPException
+
+from backend.api.deps import OptionalPrincipal, SessionDep
+from backend.api.pages.events import QUICKLOOKS_PER_CHANNEL
+from backend.api.pages.templating import form_time, templates
+from backend.api.params import IdPath
+from backend.models import ProductState
 from backend.services import bulk as bulk_service
 from backend.services import products as products_service
-from backend.services import visibility
 from backend.services.calibration_sets import list_sets
+from backend.services.channels import list_channels
+from backend.services.event_filters import MAX_ID, canonical_channel, filter_time
 from pipelines.channels import CHANNELS
 
-__all__ = ["router", "PAGE_SIZE", "MAX_SETS"]
+__all__ = ["router", "PAGE_SIZE", "MAX_SETS", "PRODUCT_LEVELS"]
 
 router = APIRouter(include_in_schema=False)
 
@@ -40,6 +46,41 @@ MAX_SETS = 200
 #: units, with uncertainty and data-quality mask; see README "Data levels and products").
 PRODUCT_LEVELS = ("L2",)
 _LEVEL = re.compile(r"^L[0-9][A-Za-z0-9.]{0,6}$")
+
+
+@router.get("/products", response_class=HTMLResponse)
+def products_page(request: Request, session: SessionDep):
+    """Gallery of the latest quicklooks of each of LST's four channels."""
+    return templates.TemplateResponse(request, "products.html", {
+        "gallery": products_service.latest_quicklooks_by_channel(session, per_channel=QUICKLOOKS_PER_CHANNEL),
+        "channels": {c.code: c for c in list_channels(session)},
+        "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
+    })
+
+
+@router.get("/products/{product_id}/view", response_class=HTMLResponse)
+def viewer_page(request: Request, product_id: IdPath, session: SessionDep, principal: OptionalPrincipal,
+                event: Annotated[int | None, Query(ge=1, le=2_147_483_647)] = None):
+    """The image viewer of one L2 product (``frontend/static/viewer.js`` on the API of
+    :mod:`backend.api.routes.viewer`): helioprojective axes, zoom and pan at full resolution,
+    limb, Stonyhurst grid, scaling, DQ layer, cursor readout, the events of its time window;
+    ``?event=<id>`` highlights one event and centres the view on it."""
+    from backend.render import image as imaging
+    from backend.services import product_diff
+    from backend.services.set_access import may_see_product
+    from pipelines.calibration.l2.quality import quality_reasons
+
+    row = products_service.get_product(session, product_id)
+    if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's
+        raise HTTPException(404, detail=f"no product with id {product_id}")
+    if row.state != ProductState.written:
+        raise HTTPException(404, detail=f"product {product_id} is {row.state.value}: nothing to view")
+    return templates.TemplateResponse(request, "viewer.html", {
+        "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
+        "stretches": imaging.STRETCHES,
+        "versions": product_diff.versions_of_frame(session, row.frame_id, principal),  # "compare versions" links
+        "systematics": quality_reasons({**(row.header or {}), "QUALITY": row.quality_flags}),  # {bit: reason}
+    })
 
 
 @router.get("/products/search", response_class=HTMLResponse)
@@ -57,8 +98,6 @@ def product_search_page(
     """Written products matching the filters, ordered by DATE-OBS (every version), 50 a page
     (``page``: 1, 2, ...), and the bulk download of the whole search (the archive holds at
     most :data:`backend.services.bulk.MAX_ARCHIVE_FILES`)."""
-    from backend.api.pages import _form_time, templates
-
     errors: list[str] = []
     problems: list = []
     try:
@@ -66,8 +105,8 @@ def product_search_page(
     except ValueError as exc:
         errors.append(f"channel: {exc}")
         code = None
-    t0 = _filter_time("start", start, problems)
-    t1 = _filter_time("end", end, problems)
+    t0 = filter_time("start", start, problems)
+    t1 = filter_time("end", end, problems)
     errors += [p.note for p in problems]
     if t0 is not None and t1 is not None and t1 < t0:
         errors.append("end is before start: the time range was not applied")
@@ -84,16 +123,12 @@ def product_search_page(
             lvl = level.strip()
         else:
             errors.append(f"level: {level[:8]!r} is not a product level such as L2")
-    conds = [c for c in (visibility.condition(Product, principal),) if c is not None]
-    if set_id is not None:
-        conds.append(Product.calibration_set_id == set_id)
-    if lvl is not None:
-        conds.append(Product.level == lvl)
+    conds = products_service.product_conditions(principal, calibration_set=set_id, level=lvl)
     rows, total = products_service.list_products(
         session, channel=code, start=t0, end=t1, state=ProductState.written, limit=PAGE_SIZE,
         offset=(page - 1) * PAGE_SIZE, conditions=conds)
     pages = max(1, -(-total // PAGE_SIZE))
-    form = {"channel": code or "", "start": _form_time(t0), "end": _form_time(t1),
+    form = {"channel": code or "", "start": form_time(t0), "end": form_time(t1),
             "calibration_set": str(set_id or ""), "level": lvl or ""}
     applied = {k: v for k, v in form.items() if v}
     api_q = {**applied, **({"start": t0.isoformat()} if t0 else {}), **({"end": t1.isoformat()} if t1 else {})}

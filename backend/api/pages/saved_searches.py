@@ -20,8 +20,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
-from backend.api.deps import SessionDep
-from backend.auth import OptionalPrincipal
+from backend.api.deps import OptionalPrincipal, SessionDep
+from backend.api.pages.templating import templates
 from backend.models import Webhook
 from backend.services import notify
 from backend.services import saved_searches as searches
@@ -53,8 +53,6 @@ def saved_searches_page(
     the latest deliveries; the form to save a new one, prefilled from ``kind`` and ``query``
     (a URL query string, as the "Save this search" links of the event list and the product
     search send)."""
-    from backend.api.pages import templates
-
     items = []
     if principal is not None:
         for row in searches.list_saved_searches(session, principal.user):

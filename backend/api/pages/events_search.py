@@ -11,9 +11,9 @@ from urllib.parse import urlencode
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from backend.api.routes.params import _filter_time
 from backend.models import Event, EventProduct, Product
 from backend.services.coverage import window_coverage
+from backend.services.event_filters import filter_time
 from backend.services.event_search import EventFilters
 from backend.services.event_visibility import owner_condition
 from pipelines.catalogues import DETECTED_SOURCE
@@ -44,8 +44,8 @@ def search_form_extras(session: Session, filters: EventFilters, applied: dict[st
         ``errors`` (notes for bad zoom values: the zoom is then dropped).
     """
     problems: list = []
-    z0 = _filter_time("tl_start", tl_start, problems)
-    z1 = _filter_time("tl_end", tl_end, problems)
+    z0 = filter_time("tl_start", tl_start, problems)
+    z1 = filter_time("tl_end", tl_end, problems)
     errors = [f"timeline zoom not applied: {p.message}" for p in problems]
     if z0 is not None and z1 is not None and z1 <= z0:
         errors.append("timeline zoom not applied: tl_end is not after tl_start")

@@ -1,10 +1,11 @@
-"""The event browser: server-rendered pages (Jinja2 templates in ``frontend/templates``).
+"""The event pages: ``/`` (the landing page) and ``/events`` (the events list with its filters,
+the coverage of the window and the timeline), ``/events/{event_id}`` (one event).
 
 Pages read through the same service functions as the API; figures are not drawn here: a
 page holds a ``<div data-figure-url=...>`` that ``frontend/static/app.js`` fills with the
 Plotly JSON from the API. Bad filter values on a page are shown as a message on the page
 (the filter is then not applied), never as an error status; they are read by the API's parser,
-:func:`backend.api.routes.params.parse_event_filters`.
+:func:`backend.services.event_filters.parse_event_filters`.
 
 The events list pages with the search API's keyset cursors (``after``: the events older
 than a row, ``before``: the events newer than a row), never with an offset: every page
@@ -14,42 +15,37 @@ costs the same index range scan whatever its depth, and its total is exact up to
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-import functools
-import hashlib
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
-from fastapi.templating import Jinja2Templates
 
-from backend import __version__
-from backend.api.deps import SessionDep
-from backend.api.routes.params import NUMERIC_FILTERS, IdPath, for_viewer, is_safe_key, parse_event_filters
-from backend.auth import OptionalPrincipal
-from backend.render.figures import EVENT_COLOURS, HEK_EVENT_TYPES, hek_label
-from backend.models import CalibrationKind, Event
+from backend.api.deps import OptionalPrincipal, SessionDep
+from backend.api.pages.events_search import search_form_extras
+from backend.api.pages.templating import form_num, form_time, templates
+from backend.api.params import IdPath
+from backend.api.presenters import event_detail
+from backend.models import Event
 from backend.services import event_curves as event_curves_service
-from backend.services import events as events_service
-from backend.services import frames as frames_service
-from backend.services import jobs as jobs_service
-from backend.services import products as products_service
 from backend.services import event_search
-from backend.services.observing_windows import observing_windows
+from backend.services import events as events_service
+from backend.services import products as products_service
 from backend.services.demo_progress import read_progress
-from backend.settings import get_settings
-from backend.services import bulk as bulk_service
-from backend.services.channels import list_channels
+from backend.services.event_filters import NUMERIC_FILTERS, filter_time, for_viewer, parse_event_filters
 from backend.services.event_search import EventFilters, SearchError, encode_cursor, search_events
-from frontend import STATIC_DIR, TEMPLATE_DIR
+from backend.services.observing_windows import observing_windows
+from backend.settings import get_settings
 from pipelines.catalogues import SOURCES
 from pipelines.channels import CHANNELS
 from pipelines.utc import as_utc
 
-__all__ = ["router", "templates", "static_url", "PLOTLY_JS_VERSION", "EVENT_SOURCES", "ListPage", "event_list_page"]
+__all__ = ["router", "EVENT_SOURCES", "PAGE_SIZE", "ListPage", "event_list_page"]
+
+router = APIRouter(include_in_schema=False)
 
 PAGE_SIZE = 50
 #: Order of the events list: newest first (the API's default too), the higher id first on a
@@ -66,110 +62,6 @@ LIGHTCURVE_MARGIN = dt.timedelta(minutes=30)
 #: Event sources known to the platform (``Event.source``), offered in the filter form.
 EVENT_SOURCES = SOURCES
 
-
-def _plotly_js_version() -> str:
-    try:
-        with open(STATIC_DIR / "vendor" / "plotly.min.js", encoding="utf-8") as f:
-            head = f.read(200)
-    except OSError:
-        return "missing"
-    m = re.search(r"plotly\.js v(\d+\.\d+\.\d+)", head)
-    return m.group(1) if m else "unknown"
-
-
-@functools.lru_cache(maxsize=256)
-def static_url(path: str) -> str:
-    """The URL of a file under ``frontend/static``, versioned by its content.
-
-    ``/static/<path>?v=<first 12 hex digits of its SHA-256>``: a changed file gets a new URL,
-    so browsers may cache every version for ever. Raises ``FileNotFoundError`` for a path
-    that is not a static file (a template naming a missing script fails when rendered,
-    not silently in the browser).
-    """
-    f = (STATIC_DIR / path).resolve()
-    if STATIC_DIR.resolve() not in f.parents or not f.is_file():
-        raise FileNotFoundError(f"no static file {path!r} under {STATIC_DIR}")
-    digest = hashlib.sha256(f.read_bytes()).hexdigest()[:12]
-    return f"/static/{path}?v={digest}"
-
-
-def _templates() -> Jinja2Templates:
-    t = Jinja2Templates(directory=str(TEMPLATE_DIR))
-    t.env.globals.update(
-        static_url=static_url,
-        version=__version__,
-        plotly_version=PLOTLY_JS_VERSION,
-        hek_label=hek_label,
-        hek_types=HEK_EVENT_TYPES,
-        event_colours=EVENT_COLOURS,
-        goes_level=_goes_level,
-    )
-    t.env.filters["utc"] = _fmt_utc
-    t.env.filters["ink"] = badge_ink
-    t.env.filters["num"] = _fmt_num
-    return t
-
-
-def _goes_level(e) -> str | None:
-    """The GOES XRS level a source gives for the event's time as a class (the STIX list's),
-    for an event or a light list row; None when it gives none
-    (:func:`backend.services.event_formats.goes_level`)."""
-    from backend.services.event_formats import goes_level
-
-    return goes_level(e)[0]
-
-
-def _fmt_utc(t: dt.datetime | None, seconds: bool = True) -> str:
-    t = as_utc(t)
-    if t is None:
-        return "—"
-    return t.strftime("%Y-%m-%d %H:%M:%S" if seconds else "%Y-%m-%d %H:%M")
-
-
-def _luminance(hex_colour: str) -> float:
-    """Relative luminance of an sRGB ``#rrggbb`` colour, 0 (black) to 1 (white) (WCAG 2.2,
-    "relative luminance")."""
-    h = hex_colour.lstrip("#")
-    rgb = [int(h[i:i + 2], 16) / 255 for i in (0, 2, 4)]
-    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in rgb]
-    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
-
-
-def badge_ink(background: str) -> str:
-    """The text colour (``#000000`` or ``#ffffff``) of higher WCAG contrast on ``background``
-    (``#rrggbb``): an event badge's code stays readable on every colour of
-    :data:`backend.figures.EVENT_COLOURS` (white on the Okabe-Ito vermillion is 3.9:1, under
-    the 4.5:1 that WCAG 2.2 SC 1.4.3 asks of small text; black is 5.4:1)."""
-    lum = _luminance(background)
-    return "#000000" if (lum + 0.05) / 0.05 >= 1.05 / (lum + 0.05) else "#ffffff"
-
-
-def _fmt_num(v: float | None, digits: int = 1) -> str:
-    return "—" if v is None else f"{v:.{digits}f}"
-
-
-PLOTLY_JS_VERSION = _plotly_js_version()
-templates = _templates()
-router = APIRouter(include_in_schema=False)
-
-
-def _form_time(t: dt.datetime | None) -> str:
-    """A time for the form and the page links, to the minute unless it has seconds (exact:
-    a page link must give back the same filters, or its cursor is refused)."""
-    t = as_utc(t)
-    if t is None:
-        return ""
-    if t.microsecond:
-        return t.replace(tzinfo=None).isoformat()
-    return t.strftime("%Y-%m-%dT%H:%M:%S" if t.second else "%Y-%m-%dT%H:%M")
-
-
-def _form_num(v: float | None) -> str:
-    """A number for the form and the page links: short (``-500``) when that is exact, else ``repr``."""
-    if v is None:
-        return ""
-    short = f"{v:g}"
-    return short if float(short) == v else repr(v)
 
 
 _NUM = Annotated[str | None, Query(max_length=24)]
@@ -274,8 +166,6 @@ def events_page(
     in the URL). A page link made for other filters is reported and the newest page shown.
     Served at ``/`` (the landing page) and ``/events`` (the event list), the links of each
     staying on its own path."""
-    from backend.api.events_search_page import search_form_extras
-
     parsed = parse_event_filters(
         types=type, sources=source, start=start, end=end, min_goes_class=min_goes_class,
         pa_min=pa_min, pa_max=pa_max, hpc_x_min=hpc_x_min, hpc_x_max=hpc_x_max,
@@ -288,8 +178,8 @@ def events_page(
     source = filters.sources[0] if filters.sources else None
     t0, t1, min_class = filters.start, filters.end, parsed.min_goes_class
     num = {name: getattr(filters, name) for name, *_ in NUMERIC_FILTERS}
-    form = {"type": event_type or "", "source": source or "", "start": _form_time(t0), "end": _form_time(t1),
-            "min_goes_class": min_class or "", **{k: _form_num(v) for k, v in num.items()},
+    form = {"type": event_type or "", "source": source or "", "start": form_time(t0), "end": form_time(t1),
+            "min_goes_class": min_class or "", **{k: form_num(v) for k, v in num.items()},
             "noaa_ar": str(filters.noaa_ar or ""), "associated_type": filters.associated_type or "",
             "frm_name": filters.frm_name or "", "calibration_set": filters.calibration_set or ""}
     form_q = {k: v for k, v in form.items() if v}
@@ -304,7 +194,7 @@ def events_page(
     applied = {k: v for k, v in (
         ("type", event_type), ("source", source),
         ("start", t0.isoformat() if t0 else None), ("end", t1.isoformat() if t1 else None),
-        ("min_goes_class", min_class), *((k, _form_num(v)) for k, v in num.items()),
+        ("min_goes_class", min_class), *((k, form_num(v)) for k, v in num.items()),
         ("noaa_ar", form["noaa_ar"]), ("associated_type", form["associated_type"]), ("frm_name", form["frm_name"]),
         ("calibration_set", form["calibration_set"]),
     ) if v}
@@ -342,14 +232,10 @@ def _zoomed(filters: EventFilters, tl_start: str | None, tl_end: str | None
     to ``tl_start``..``tl_end`` (ISO UTC), and the zoom as the page links carry it. A zoom
     that cannot be read, is empty, or lies outside the search leaves the search as it is
     (as ``frontend/static/timeline.js`` draws it; bad values are reported by
-    :func:`backend.api.events_search_page.search_form_extras`)."""
-    import dataclasses
-
-    from backend.api.routes.params import _filter_time
-
+    :func:`backend.api.pages.events_search.search_form_extras`)."""
     problems: list = []
-    z0 = _filter_time("tl_start", tl_start, problems)
-    z1 = _filter_time("tl_end", tl_end, problems)
+    z0 = filter_time("tl_start", tl_start, problems)
+    z1 = filter_time("tl_end", tl_end, problems)
     if problems or z0 is None or z1 is None or z1 <= z0:
         return filters, None
     a = max(filters.start, z0) if filters.start else z0
@@ -384,8 +270,6 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep, principa
     """One event in the field's terms, its associations, quicklooks around it and its light curve.
     A private event (a user's detection on a set of their own) is shown to its owner and admins
     only, marked with its calibration set; 404 to anyone else."""
-    from backend.api.routes.events import event_detail
-
     row = events_service.get_event(session, event_id, principal)
     if row is None:
         raise HTTPException(404, detail=f"no event with id {event_id}")
@@ -405,105 +289,4 @@ def event_page(request: Request, event_id: IdPath, session: SessionDep, principa
         **_event_context(session, row, principal),
         "linked": event_curves_service.linked_data(session, row, QUICKLOOK_MARGIN),
         "systematics": products_service.event_systematics(session, row.id),  # flagged linked products
-    })
-
-
-@router.get("/products", response_class=HTMLResponse)
-def products_page(request: Request, session: SessionDep):
-    """Gallery of the latest quicklooks of each of LST's four channels."""
-    return templates.TemplateResponse(request, "products.html", {
-        "gallery": products_service.latest_quicklooks_by_channel(session, per_channel=QUICKLOOKS_PER_CHANNEL),
-        "channels": {c.code: c for c in list_channels(session)},
-        "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
-    })
-
-
-def _job_form_times(lo: dt.datetime | None, hi: dt.datetime | None) -> tuple[str, str]:
-    """Default DATE-OBS range of the job form as whole-second UTC ISO 8601 text
-    (``2024-05-14T15:50:00Z``): from the earliest frame (rounded down) to the latest (rounded
-    up, so it is inside), or the last day when there is no frame. Text, not a
-    ``datetime-local`` input: a value with microseconds left that input blank and the form
-    invalid, and a browser-local picker is ambiguous about UTC."""
-    if lo is None or hi is None:
-        hi = dt.datetime.now(dt.UTC).replace(microsecond=0)
-        lo = hi - dt.timedelta(days=1)
-    lo, hi = as_utc(lo), as_utc(hi)
-    if hi.microsecond:
-        hi = hi.replace(microsecond=0) + dt.timedelta(seconds=1)
-    return tuple(t.replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ") for t in (lo, hi))
-
-
-@router.get("/jobs/new", response_class=HTMLResponse)
-def new_job_page(request: Request, session: SessionDep):
-    """Form for a recalibration job (valid as first shown: it submits with its defaults): channels,
-    DATE-OBS range in UTC text, the calibration options with their defaults, limits and units,
-    pinned versions chosen from the registry, and the estimate of the frames it would touch
-    (``GET /api/v1/jobs/estimate``, as the fields change); submitted with fetch, then followed."""
-    from backend.services import job_form
-
-    start, end = _job_form_times(*frames_service.date_obs_span(session))
-    return templates.TemplateResponse(request, "job_new.html", {
-        "channels": list_channels(session),
-        "kinds": [k.value for k in CalibrationKind],
-        "default_start": start,
-        "default_end": end,
-        "option_fields": job_form.option_fields(),
-        "calibration_choices": job_form.calibration_choices(session),
-    })
-
-
-@router.get("/jobs", response_class=HTMLResponse)
-def jobs_page(request: Request, session: SessionDep, principal: OptionalPrincipal):
-    """The most recent jobs the viewer may see (public ones and their own), and the queue's
-    lanes (cpu, gpu) with their measured throughput."""
-    from backend.services.quotas import queue_snapshot
-
-    rows, total = jobs_service.list_jobs(session, principal, limit=PAGE_SIZE, offset=0)
-    return templates.TemplateResponse(request, "jobs.html", {"jobs": rows, "total": total,
-                                                             "lanes": queue_snapshot(session, viewer=principal).as_dict()["lanes"]})
-
-
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: str, session: SessionDep, principal: OptionalPrincipal):
-    """One job, its parameters and a progress bar that follows it."""
-    job = jobs_service.get_job(session, job_id, principal)  # another user's private job: 404
-    from backend.api.routes.jobs import with_queue
-    from backend.services import job_form
-    from backend.services.set_access import product_condition
-
-    seen = product_condition(principal)  # products of a private set: to its owner and admins only
-    rows, n_products = products_service.list_products(session, job_id=job.id, limit=PAGE_SIZE,
-                                                      conditions=() if seen is None else (seen,))
-    # a public job's products in a set private to its owner (not promoted): say so, not "no product yet"
-    n_hidden = 0 if seen is None else products_service.list_products(session, job_id=job.id, limit=0)[1] - n_products
-    states = products_service.job_product_states(session, job.id, () if seen is None else (seen,))
-    return templates.TemplateResponse(request, "job.html", {
-        "job": with_queue(session, [job])[0], "products": rows, "products_total": n_products,
-        "products_hidden": n_hidden, "product_states": states, "option_fields": job_form.option_fields()})
-
-
-@router.get("/products/{product_id}/view", response_class=HTMLResponse)
-def viewer_page(request: Request, product_id: IdPath, session: SessionDep, principal: OptionalPrincipal,
-                event: Annotated[int | None, Query(ge=1, le=2_147_483_647)] = None):
-    """The image viewer of one L2 product (``frontend/static/viewer.js`` on the API of
-    :mod:`backend.api.routes.viewer`): helioprojective axes, zoom and pan at full resolution,
-    limb, Stonyhurst grid, scaling, DQ layer, cursor readout, the events of its time window;
-    ``?event=<id>`` highlights one event and centres the view on it."""
-    from backend.models import ProductState
-    from backend.render import image as imaging
-    from backend.services import product_diff
-
-    from backend.services.set_access import may_see_product
-    from pipelines.calibration.l2.quality import quality_reasons
-
-    row = products_service.get_product(session, product_id)
-    if row is None or not may_see_product(session, principal, row):  # a private set's: its owner's
-        raise HTTPException(404, detail=f"no product with id {product_id}")
-    if row.state != ProductState.written:
-        raise HTTPException(404, detail=f"product {product_id} is {row.state.value}: nothing to view")
-    return templates.TemplateResponse(request, "viewer.html", {
-        "p": row, "event_id": event, "defaults": imaging.default_scaling(row.frame.channel_code),
-        "stretches": imaging.STRETCHES,
-        "versions": product_diff.versions_of_frame(session, row.frame_id, principal),  # "compare versions" links
-        "systematics": quality_reasons({**(row.header or {}), "QUALITY": row.quality_flags}),  # {bit: reason}
     })
