@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
+import re
 import uuid
 
 import pytest
@@ -216,4 +217,14 @@ def test_the_flag_is_stored_searched_and_shown(pointed, api_client, db_session, 
     assert "CENTRE_REFUSED" not in api_client.get(f"/products/{prods[0.0].id}/view").text
     page = api_client.get(f"/events/{events[5.0].id}")
     assert page.status_code == 200 and "CENTRE_REFUSED" in page.text
+    # the product search page takes it too (a select field), and its archive link carries it
+    page = api_client.get("/products/search", params={**span, "systematics": "centre_refused"})
+    assert page.status_code == 200
+    assert [int(x) for x in re.findall(r'<tr data-product-id="(\d+)"', page.text)] == [prods[5.0].id]
+    assert "systematics=centre_refused" in re.search(r'id="ps-archive" href="([^"]+)"', page.text).group(1)
+    assert '<option value="centre_refused" selected>' in page.text
+    unfiltered = api_client.get("/products/search", params=span).text
+    assert {int(x) for x in re.findall(r'<tr data-product-id="(\d+)"', unfiltered)} == {prods[5.0].id, prods[0.0].id}
+    bad = api_client.get("/products/search", params={**span, "systematics": "centre"})
+    assert bad.status_code == 200 and "systematics: &#39;centre&#39; is not one of" in bad.text
     assert "CENTRE_REFUSED" not in api_client.get(f"/events/{events[0.0].id}").text

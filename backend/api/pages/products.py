@@ -32,9 +32,10 @@ from backend.services import products as products_service
 from backend.services.calibration_sets import list_sets
 from backend.services.channels import list_channels
 from backend.services.event_filters import MAX_ID, canonical_channel, filter_time
+from pipelines.calibration.l2.quality import SYSTEMATICS
 from pipelines.channels import CHANNELS
 
-__all__ = ["router", "PAGE_SIZE", "MAX_SETS", "PRODUCT_LEVELS"]
+__all__ = ["router", "PAGE_SIZE", "MAX_SETS", "PRODUCT_LEVELS", "SYSTEMATIC_CHOICES"]
 
 router = APIRouter(include_in_schema=False)
 
@@ -45,6 +46,9 @@ MAX_SETS = 200
 #: The data levels the platform writes (``Product.level``; only L2: calibrated, in physical
 #: units, with uncertainty and data-quality mask; see README "Data levels and products").
 PRODUCT_LEVELS = ("L2",)
+#: The search's ``systematics`` choices: ``any`` flagged, or one frame-wide systematic (the
+#: values of ``GET /api/v1/products?systematics=``).
+SYSTEMATIC_CHOICES = ("any", *SYSTEMATICS)
 _LEVEL = re.compile(r"^L[0-9][A-Za-z0-9.]{0,6}$")
 
 
@@ -93,10 +97,12 @@ def product_search_page(
     end: Annotated[str | None, Query(max_length=40)] = None,
     calibration_set: Annotated[str | None, Query(max_length=12)] = None,
     level: Annotated[str | None, Query(max_length=8)] = None,
+    systematics: Annotated[str | None, Query(max_length=24)] = None,
     page: Annotated[int, Query(ge=1, le=1_000_000)] = 1,
 ):
-    """Written products matching the filters, ordered by DATE-OBS (every version), 50 a page
-    (``page``: 1, 2, ...), and the bulk download of the whole search (the archive holds at
+    """Written products matching the filters (``systematics``: ``any`` or a frame-wide systematic
+    of :data:`pipelines.calibration.l2.quality.SYSTEMATICS` flagged on the product), ordered by
+    DATE-OBS (every version), 50 a page (``page``: 1, 2, ...), and the bulk download of the whole search (the archive holds at
     most :data:`backend.services.bulk.MAX_ARCHIVE_FILES`)."""
     errors: list[str] = []
     problems: list = []
@@ -123,13 +129,19 @@ def product_search_page(
             lvl = level.strip()
         else:
             errors.append(f"level: {level[:8]!r} is not a product level such as L2")
-    conds = products_service.product_conditions(principal, calibration_set=set_id, level=lvl)
+    flagged = None
+    if systematics:
+        if systematics.strip() in SYSTEMATIC_CHOICES:
+            flagged = systematics.strip()
+        else:
+            errors.append(f"systematics: {systematics[:24]!r} is not one of {', '.join(SYSTEMATIC_CHOICES)}")
+    conds = products_service.product_conditions(principal, calibration_set=set_id, level=lvl, systematics=flagged)
     rows, total = products_service.list_products(
         session, channel=code, start=t0, end=t1, state=ProductState.written, limit=PAGE_SIZE,
         offset=(page - 1) * PAGE_SIZE, conditions=conds)
     pages = max(1, -(-total // PAGE_SIZE))
     form = {"channel": code or "", "start": form_time(t0), "end": form_time(t1),
-            "calibration_set": str(set_id or ""), "level": lvl or ""}
+            "calibration_set": str(set_id or ""), "level": lvl or "", "systematics": flagged or ""}
     applied = {k: v for k, v in form.items() if v}
     api_q = {**applied, **({"start": t0.isoformat()} if t0 else {}), **({"end": t1.isoformat()} if t1 else {})}
     sets, _n = list_sets(session, user=getattr(principal, "user", None),
@@ -146,6 +158,7 @@ def product_search_page(
         "prev_url": page_url(page - 1) if page > 1 else None,
         "next_url": page_url(page + 1) if page < pages else None,
         "form": form, "errors": errors, "channels": list(CHANNELS), "sets": sets, "levels": levels,
+        "systematic_choices": SYSTEMATIC_CHOICES,
         "viewer": getattr(principal, "user", None),
         "archive_limit": bulk_service.MAX_ARCHIVE_FILES,
         "archive_url": f"/api/v1/products/archive?{urlencode(api_q)}",
