@@ -488,6 +488,32 @@ def _seed_campaign(size: int, seeds: list[int], mismatch: bool, out: Path, argv_
     return sm
 
 
+def _ablation(size: int, seeds: list[int], out: Path, argv_text: str) -> None:
+    """Each family of :mod:`validation.families` alone (the others at today's shape) on ``seeds``:
+    which gates each one makes the current chain miss. Writes ``out/calibration_mismatch_ablation.json``
+    and re-renders ``out/calibration_mismatch.md``."""
+    from validation import blind_chain as bc
+    from validation.families import COMPONENTS, draw_families
+
+    rows = []
+    for comp in COMPONENTS:
+        for seed in seeds:
+            fam = draw_families(seed, True, size=size).only(comp)
+            t = time.perf_counter()
+            try:
+                checks, err = bc.gate_checks(bc.run(size, True, seed, families=fam)), None
+            except Exception as exc:  # a refused fit is a failed run
+                checks, err = [], f"{type(exc).__name__}: {exc}"
+            rows.append({"component": comp, "seed": seed, "seconds": time.perf_counter() - t, "checks": checks,
+                         "error": err})
+            print(f"only {comp}, seed {seed}: " + (err or ", ".join(n for n, ok in checks if not ok) or "all pass"),
+                  flush=True)
+    res = {"size": size, "seeds": seeds, "command": argv_text, "rows": rows,
+           "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    (out / "calibration_mismatch_ablation.json").write_text(json.dumps(res, indent=1, default=float))
+    write_mismatch_report(out)
+
+
 def _seed_summary(res: dict) -> dict:
     """Per-gate pass rates over the seeds (a seed that raised fails every gate) and the RESULT fields."""
     rows = res["rows"]
@@ -568,6 +594,17 @@ def write_mismatch_report(out: Path) -> Path:
                 L.append(f"| {x['seed']} | " + " | ".join(
                     ("" if k not in f else (f"{f[k]:.4g}" if isinstance(f[k], float) else str(f[k]))) for k in keys)
                     + " |")
+    abl = out / "calibration_mismatch_ablation.json"
+    if abl.is_file():
+        a = json.loads(abl.read_text())
+        L += ["", "## One family at a time", "",
+              f"`{a['command']}`, {a['when']}; size {a['size']} px, seeds {', '.join(str(s) for s in a['seeds'])}. "
+              "Each row keeps one component's family (`Families.only`) and leaves every other at the simulator's "
+              "shape: the gates that family alone makes the current chain miss (compare the mismatch-off table "
+              "for what the chain misses anyway).", "", "| family alone | seed | s | gates missed |", "|---|---|---|---|"]
+        for x in a["rows"]:
+            missed = x["error"] or ", ".join(n for n, ok in x["checks"] if not ok) or "none"
+            L.append(f"| {x['component']} | {x['seed']} | {x['seconds']:.0f} | {missed} |")
     path = out / "calibration_mismatch.md"
     path.write_text("\n".join(L) + "\n")
     return path
@@ -595,15 +632,21 @@ def main(argv=None) -> int:
     ap.add_argument("--mismatch", choices=("on", "off"), default="off",
                     help="with --blind --seeds: truths from model families the chain does not assume "
                          "(validation/families.py; on) or the simulator's own shapes (off, default: today's truth)")
+    ap.add_argument("--ablate", action="store_true",
+                    help="with --blind --seeds: each model family alone (validation/families.py COMPONENTS), "
+                         "gates missed per family into calibration_mismatch.md")
     args = ap.parse_args(argv)
     if args.render is not None:
         write_blind_report(json.loads(args.render.read_text()), args.out)
         return 0
-    if args.blind and (args.seeds is not None or args.mismatch == "on"):
+    if args.blind and (args.seeds is not None or args.mismatch == "on" or args.ablate):
         args.out.mkdir(parents=True, exist_ok=True)
         seeds = _parse_seeds(args.seeds) if args.seeds is not None else [args.seed]
         text = "python benchmarks/validate_calibration.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        _seed_campaign(args.size or 256, seeds, args.mismatch == "on", args.out, text)
+        if args.ablate:
+            _ablation(args.size or 256, seeds, args.out, text)
+        else:
+            _seed_campaign(args.size or 256, seeds, args.mismatch == "on", args.out, text)
         return 0
     if args.blind:
         args.out.mkdir(parents=True, exist_ok=True)

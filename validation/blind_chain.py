@@ -1156,9 +1156,7 @@ def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: in
     c_sim = float(cals["radiometric"].param("RADCOEF"))  # instrument side: the coefficient the frame was made with
     sim = simulate_sdi_campaign(work / "sim", naxis=frame.naxis, noise=noise, seed=int(seed) + 1000,
                                 detector=det, coefficient_anchor=(t_sci, c_sim),
-                                **({} if families is None or families.degradation is None else
-                                   {"sensitivity_extra": families.degradation,
-                                    "lasp_scale_error": families.lasp_scale_error}))
+                                **({} if families is None else families.campaign_kwargs()))
     given = next(load_calibration_master(i.path) for i in sim.calibration_files if i.kind == "radiometric")
     given.id = 9100
     lasp = read_lasp_composite(SAMPLE_DIR / LYA_INDEX_FILE)

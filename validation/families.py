@@ -33,10 +33,13 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["Families", "draw_families", "FAMILY_TABLE", "BentPowerLaw", "TwoComponentStray", "CoronaFactor",
+__all__ = ["COMPONENTS", "Families", "draw_families", "FAMILY_TABLE", "BentPowerLaw", "TwoComponentStray", "CoronaFactor",
            "DarkLaw", "Degradation", "DiffuserMap", "FlatInputs", "RealDitherScene", "STRAY_ANCHORS",
            "ROLL_ERROR_SIGMA_DEG", "OCCULTER_OFFSET_ARCSEC", "family_rows"]
 
+#: The components :meth:`Families.only` can keep alone (one family at a time, for attribution).
+COMPONENTS = ("stray", "corona", "dither_scene", "occulter", "diffuser", "degradation", "dark", "flat_inputs",
+              "roll", "lasp")
 #: LST.md's on-orbit stray-light points (r1 [Rsun], B1 [MSB], r2, B2) per SCI channel
 #: (:func:`pipelines.simulation.forward.stray_light_model` passes through them too).
 STRAY_ANCHORS = {"SCI-WL": (1.1, 7.8e-6, 2.5, 7.6e-7), "SCI-UV": (1.1, 4.3e-3, 2.5, 4.1e-4)}
@@ -344,6 +347,38 @@ class Families:
     lasp_scale_error: float | None = None
     flat_inputs: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
+
+    def campaign_kwargs(self) -> dict:
+        """Keyword arguments of :func:`pipelines.simulation.campaign.simulate_sdi_campaign` (empty: today's)."""
+        kw = {}
+        if self.degradation is not None:
+            kw["sensitivity_extra"] = self.degradation
+        if self.lasp_scale_error is not None:
+            kw["lasp_scale_error"] = self.lasp_scale_error
+        return kw
+
+    def only(self, component: str) -> "Families":
+        """A copy with one component's family kept (:data:`COMPONENTS`) and every other at today's shape."""
+        import dataclasses
+
+        if component not in COMPONENTS:
+            raise ValueError(f"unknown component {component!r}; one of {', '.join(COMPONENTS)}")
+        keep = {"stray": "stray", "corona": "corona_factor", "occulter": "occulter_offset_px", "roll": "roll_error_deg"}
+        variants = {}
+        for chan, v in self.variants.items():
+            base = dataclasses.replace(v, stray=None, corona_factor=None, occulter_offset_px=(0.0, 0.0),
+                                       roll_error_deg=0.0)
+            if component in keep:
+                base = dataclasses.replace(base, **{keep[component]: getattr(v, keep[component])})
+            variants[chan] = base
+        return Families(seed=self.seed, mismatch=self.mismatch, variants=variants,
+                        dither_gradient=self.dither_gradient if component == "dither_scene" else {},
+                        diffuser=self.diffuser if component == "diffuser" else {},
+                        dark_law=self.dark_law if component == "dark" else None,
+                        degradation=self.degradation if component == "degradation" else None,
+                        lasp_scale_error=self.lasp_scale_error if component == "lasp" else None,
+                        flat_inputs=self.flat_inputs if component == "flat_inputs" else {},
+                        params={k: v for k, v in self.params.items()})
 
     def dither_scene(self, chan: str, truth_path: Path) -> Callable | None:
         """The dithered flat set's scene for ``chan`` from its truth image, or ``None`` (the symmetric disk)."""

@@ -154,3 +154,19 @@ def test_lasp_scale_error_is_gaussian_at_its_sigma():
     d = np.array([fm.draw_families(s, True).lasp_scale_error for s in range(200)])
     assert np.std(d) == pytest.approx(fm.LASP_SIGMA, rel=0.2)
     assert np.mean(np.abs(d) > fm.LASP_SIGMA) > 0.2  # a +-1 sigma uniform draw never leaves the band
+
+
+def test_one_family_at_a_time_keeps_only_that_one():
+    fam = fm.draw_families(0, True)
+    for comp in fm.COMPONENTS:
+        one = fam.only(comp)
+        departs = {"stray": any(v.stray is not None for v in one.variants.values()),
+                   "corona": any(v.corona_factor is not None for v in one.variants.values()),
+                   "occulter": any(v.occulter_offset_px != (0.0, 0.0) for v in one.variants.values()),
+                   "roll": any(v.roll_error_deg != 0.0 for v in one.variants.values()),
+                   "dither_scene": bool(one.dither_gradient), "diffuser": bool(one.diffuser),
+                   "dark": one.dark_law is not None, "flat_inputs": bool(one.flat_inputs),
+                   "degradation": one.degradation is not None, "lasp": one.lasp_scale_error is not None}
+        assert {k for k, v in departs.items() if v} == {comp}
+    with pytest.raises(ValueError, match="unknown component"):
+        fam.only("psf")
