@@ -560,7 +560,14 @@ def write_mismatch_report(out: Path) -> Path:
           "Alternating shapes: stray light bent on even seeds for SCI-UV and odd seeds for SCI-WL, two components "
           "otherwise; corona tilt on even seeds, bump on odd; degradation step on even seeds, fast early loss on odd. "
           "All parameters are drawn per seed from `SeedSequence([seed, 27, 1])`, independent of the simulator's and "
-          "the chain's streams. `nan` fields of the RESULT line are not measured yet.", "",
+          "the chain's streams.", "",
+          "RESULT fields: `gates` the gates of `validation.blind_chain.gate_checks` (noise on); "
+          "`worst_gate_pass_rate` the lowest per-gate pass rate over the seeds; `seeds_all_pass` the seeds that pass "
+          "every gate; `stray_pct_max` the largest SCI stray-light error [% of the K corona] at 1.1/1.5/2.0/2.5 Rsun; "
+          "`flat_rms_real_pct` the largest SDI/WST flat RMS [%] (with mismatch on the dithered sets are real scenes; "
+          "with mismatch off the symmetric disk); `flat_rms_sci_pct` the same of the SCI diffuser flats; "
+          "`centre_err_px_max`, `dark_err_pct_max`, `level_dev_pct_max` the largest centre error [px], dark-current "
+          "error [%] and |median(L2/truth) - 1| [%] over channels and seeds; `nan`: not measured yet.", "",
           "## Pass rate per gate", ""]
     gates = list(dict.fromkeys(g for r in runs for g in r["summary"]["pass_rate"]))
     L += ["| gate | " + " | ".join(f"mismatch {r['mismatch']}" for r in runs) + " |",
