@@ -98,7 +98,7 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-__all__ = ["run", "gate_failures", "estimate_dark_model", "derive_chain_masters", "cross_calibrate_campaign",
+__all__ = ["run", "gate_failures", "gate_checks", "estimate_dark_model", "derive_chain_masters", "cross_calibrate_campaign",
            "gate_tolerance", "GATE_BASE", "kll_flat_error",
            "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
@@ -547,7 +547,7 @@ def _centre_err(h: fits.Header, crpix) -> tuple[float, float]:
     return math.hypot(*_centre_vec(h, crpix)), 1.0 if h.get("CTRSRC") == "FIT" else 0.0
 
 
-def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign") -> dict[str, float]:
+def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", families=None) -> dict[str, float]:
     """One blind end-to-end run per channel at ``size`` px (module docstring), scored against the truth.
 
     Parameters
@@ -560,6 +560,12 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign") 
     sdi_radiometry : {"campaign", "given"}
         SDI calibrated with the law its radiometric campaign fitted (default;
         :func:`_sdi_campaign_radiometry`) or with the simulator's given ``RADCOEF``.
+    families : validation.families.Families, optional
+        Truths from model families the chain does not assume (issue 27;
+        :func:`validation.families.draw_families`): stray light, coronal shape, occulter offset
+        and header roll error through the simulator, the dither scene and the flat inputs, the
+        diffuser, the dark law, the SDI degradation and the LASP scale error through the
+        instrument side here. ``None`` (or drawn with ``mismatch=False``): today's truth.
 
     Returns
     -------
@@ -626,7 +632,7 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign") 
     pipelines.errors.DataError
         If the SDI campaign's fit is refused or the science frame lies outside its validity.
     """
-    return _run(size, noise, seed, sdi_radiometry=sdi_radiometry)
+    return _run(size, noise, seed, sdi_radiometry=sdi_radiometry, families=families)
 
 
 def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
@@ -645,7 +651,7 @@ def _raw(f, saa: bool | None = None) -> tuple[np.ndarray, fits.Header, bool]:
     return raw.data, h, bool(flag)
 
 
-def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: dict[str, float]):
+def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: dict[str, float], families=None):
     """Calibration exposures (instrument side), then the chain's dark model and flat, written as
     masters; scores the flat and the dark into ``out``. Returns (cals, est, det, flat)."""
     from pipelines.calibration.l2.flow import load_calibration_master
@@ -656,7 +662,8 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
         sim.out_dir / "calibration", chan, frames[0].naxis, noise=noise,
         rng=np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 14, 1, ci])),
         dither_seed=int(seed) * 10 + ci, work=work, valid_from=ref.valid_from, valid_to=ref.valid_to, out=out,
-        science_header=_raw(frames[0])[1])
+        science_header=_raw(frames[0])[1], families=families,
+        dither_scene=None if families is None else families.dither_scene(chan, frames[0].truth_path))
     for info in sim.calibration_files:  # what the chain is given besides its own masters
         if info.channel == chan and info.kind in ("radiometric", "mask_geometry"):
             cals[info.kind] = load_calibration_master(info.path)
@@ -665,7 +672,7 @@ def _masters(sim, chan: str, ci: int, noise: bool, seed: int, work: Path, out: d
 
 def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool, rng: np.random.Generator,
                          dither_seed: int, work: Path, valid_from: str, valid_to: str, out: dict[str, float],
-                         science_header: fits.Header | None = None):
+                         science_header: fits.Header | None = None, families=None, dither_scene=None):
     """The chain's own dark model and flat of one channel, from calibration exposures of a hidden detector.
 
     The **instrument side** reads the hidden detector planes of ``hidden_cal_dir`` (the
@@ -704,6 +711,13 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
         ``dark_err_frac_C``, ``dark_err_frac_unscaled_C``, ``dark_rms_dn_C``.
     science_header : astropy.io.fits.Header, optional
         A science frame's header (``EXPTIME``, ``DET_TEMP``) at which the dark is scored.
+    families : validation.families.Families, optional
+        Instrument-side truths the chain does not assume (:mod:`validation.families`): the
+        dark law (``dark_law``, 1 at :data:`SCIENCE_TEMP_C`), the SCI diffuser's illumination
+        (``diffuser``), the flat inputs' contamination (``flat_inputs``). ``None``: today's.
+    dither_scene : callable, optional
+        The dithered flat set's scene (``scene`` of
+        :func:`pipelines.simulation.dithers.simulate_dithered_flat_set`); ``None``: its disk.
 
     Returns
     -------
@@ -731,6 +745,10 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
         raise ValueError(f"the hidden detector is {hidden_flat.shape}, not {n}x{n}")
     kw = {"model": model, "noise": noise}
     law = lambda temp: 2.0 ** ((temp - SCIENCE_TEMP_C) / HIDDEN_DOUBLING_C)  # noqa: E731
+    if families is not None and families.dark_law is not None:
+        law = families.dark_law
+    diffuser = None if families is None else families.diffuser.get(chan)
+    flat_inputs = None if families is None else families.flat_inputs.get(chan)
 
     def darks():
         for temp in DARK_TEMPS_C:
@@ -745,7 +763,9 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
         fe = bu.estimate_detector_masters(stack(t=0.0, level_dn=0.0),
                                           stack(t=DARK_EXPTIME_S, level_dn=0.0, rate_factor=law(t_flat)),
                                           DARK_EXPTIME_S,
-                                          stack(t=bu.FLAT_EXPTIME_S, level_dn=bu.FLAT_LEVEL_DN, rate_factor=law(t_flat)),
+                                          stack(t=bu.FLAT_EXPTIME_S, rate_factor=law(t_flat),
+                                                level_dn=bu.FLAT_LEVEL_DN if diffuser is None
+                                                else bu.FLAT_LEVEL_DN * diffuser(n)),
                                           bu.FLAT_EXPTIME_S)
         flat, flaterr = fe["flat"].astype(np.float64), fe["flaterr"]
         valid = np.ones(flat.shape, bool)
@@ -753,8 +773,13 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
         del fe
     else:
         dset = simulate_dithered_flat_set(n, noise=noise, seed=int(dither_seed), channel=chan, flat=hidden_flat,
-                                          read_noise_e=model.read_noise_dn * model.gain_e_per_dn)
+                                          read_noise_e=model.read_noise_dn * model.gain_e_per_dn,
+                                          **({} if dither_scene is None else {"scene": dither_scene}))
         images_dn = [im / model.gain_e_per_dn for im in dset.images]  # what the detector gives [DN]
+        if flat_inputs is not None:  # not perfectly dark-subtracted, hot pixels, cosmic rays
+            images_dn = flat_inputs.contaminate(images_dn, det["dark_rate"].astype(np.float64) * model.exptime_s,
+                                                exptime_s=model.exptime_s, detector_px=4608,
+                                                gain=model.gain_e_per_dn, quiet_rate_cm2_s=CR_RATE_QUIET_CM2_S)
         commanded = dset.commanded
         del dset
         der = derive_flat_master(images_dn, commanded, chan, 2, valid_from, method="subpixel")
@@ -915,7 +940,7 @@ def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan:
 
 
 def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error_px: float = POINTING_ERROR_PX,
-         remove_cosmic_rays: bool = True, sdi_radiometry: str = "campaign") -> dict[str, float]:
+         remove_cosmic_rays: bool = True, sdi_radiometry: str = "campaign", families=None) -> dict[str, float]:
     """:func:`run` for some ``channels``, another header pointing error, (controls) without cosmic-ray
     removal, or SDI calibrated with the given ``RADCOEF`` (``sdi_radiometry="given"``) instead of the
     law its radiometric campaign fitted (``"campaign"``, :func:`_sdi_campaign_radiometry`)."""
@@ -932,15 +957,16 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
     with tempfile.TemporaryDirectory(prefix="lstdp-blind-chain-") as tmp:
         tmp_path = Path(tmp)
         sim = simulate(tmp_path / "sim", channels=channels, naxis=int(size), noise=noise, seed=seed,
-                       sdi_sequence=False, pointing_error_px=pointing_error_px, sci_roll_deg=list(ROLLS_DEG))
+                       sdi_sequence=False, pointing_error_px=pointing_error_px, sci_roll_deg=list(ROLLS_DEG),
+                       **({} if families is None or not families.variants else {"variants": families.variants}))
         for ci, chan in enumerate(channels):
             frames = [f for f in sim.frames if f.channel == chan]
             sci = chan.startswith("SCI")
-            cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out)
+            cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out, families)
             rad_given = cals["radiometric"]
             if chan == "SDI" and sdi_radiometry == "campaign":
                 cals["radiometric"] = _sdi_campaign_radiometry(frames[0], cals, det, noise, seed,
-                                                               tmp_path / "campaign", out)
+                                                               tmp_path / "campaign", out, families=families)
             sest = None
             if sci:
                 ref = next(i for i in sim.calibration_files if i.channel == chan)
@@ -1098,7 +1124,7 @@ def cross_calibrate_campaign(sim, cals: dict, lasp, work: Path, *, as_sent: bool
 
 
 def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: int, work: Path,
-                             out: dict[str, float]):
+                             out: dict[str, float], *, families=None):
     """SDI's radiometric law from a campaign of the *same* hidden instrument, fitted with the chain's masters.
 
     Instrument side: :func:`pipelines.simulation.campaign.simulate_sdi_campaign` exposed
@@ -1130,7 +1156,8 @@ def _sdi_campaign_radiometry(frame, cals: dict, det: dict, noise: bool, seed: in
     t_sci = Time(frame.date_obs, scale="utc")
     c_sim = float(cals["radiometric"].param("RADCOEF"))  # instrument side: the coefficient the frame was made with
     sim = simulate_sdi_campaign(work / "sim", naxis=frame.naxis, noise=noise, seed=int(seed) + 1000,
-                                detector=det, coefficient_anchor=(t_sci, c_sim))
+                                detector=det, coefficient_anchor=(t_sci, c_sim),
+                                **({} if families is None else families.campaign_kwargs()))
     given = next(load_calibration_master(i.path) for i in sim.calibration_files if i.kind == "radiometric")
     given.id = 9100
     lasp = read_lasp_composite(SAMPLE_DIR / LYA_INDEX_FILE)
@@ -1197,6 +1224,14 @@ def level_tolerance(m: dict[str, float], c: str) -> float:
 def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) -> list[str]:
     """The gates (:data:`GATES`) that ``m`` (a :func:`run` result, noise on) misses, as readable strings.
 
+    The names of :func:`gate_checks` whose check fails (see there for the gates).
+    """
+    return [name for name, ok in gate_checks(m, channels, cosmic=cosmic) if not ok]
+
+
+def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) -> list[tuple[str, bool]]:
+    """Every gate (:data:`GATES`) of ``m`` (a :func:`run` result, noise on): ``(name, passed)`` in a fixed order.
+
     Per channel (:data:`GATES` says why each is what it is):
 
     * pull width: ``|pull_width_centre_level_corrected_C - 1| <= 0.05``, the per-pixel
@@ -1224,7 +1259,7 @@ def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True
       WST, SCI 91-95 %, 4-7 %).
     """
     g = GATES
-    bad = []
+    done: list[tuple[str, bool]] = []
     for c in channels:
         claim = m.get(f"centre_claim_arcsec_{c}", float("nan"))
         checks = [(f"pull width {c}", abs(m[f"pull_width_centre_level_corrected_{c}"] - 1.0) <= g["pull_width_dev"]),
@@ -1245,8 +1280,8 @@ def gate_failures(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True
         if cosmic and m.get(f"cr_detectable_pix_saa_{c}", 0) > 0:
             checks += [(f"cosmic-ray detection {c}", m[f"cr_found_frac_saa_{c}"] >= g["cr_found_frac"]),
                        (f"cosmic-ray residual {c}", abs(m[f"cr_residual_frac_saa_{c}"]) <= g["cr_residual_frac"])]
-        bad += [name for name, ok in checks if not ok]
-    return bad
+        done += [(name, bool(ok)) for name, ok in checks]
+    return done
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m validation.blind_chain SIZE [NOISE] [SEED]

@@ -140,7 +140,8 @@ def _days(rng: np.random.Generator, n_days: int) -> list[dt.date]:
 def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_days: int = 16, noise: bool = True,
                           seed: int = 0, sample_dir: str | os.PathLike | None = None,
                           detector: dict[str, np.ndarray] | None = None,
-                          coefficient_anchor: tuple[Time, float] | None = None) -> CampaignResult:
+                          coefficient_anchor: tuple[Time, float] | None = None,
+                          sensitivity_extra=None, lasp_scale_error: float | None = None) -> CampaignResult:
     """Simulate an SDI campaign (see the module docstring).
 
     Parameters
@@ -164,6 +165,15 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     coefficient_anchor : (astropy.time.Time, float), optional
         ``(t_a, C_a)``: the hidden coefficient at ``t_a`` [erg cm-2 s-1 sr-1 per DN/s], > 0
         (module docstring); the campaign's exposure is shortened where needed.
+    sensitivity_extra : callable, optional
+        ``g(y, y_first, y_last) -> float``: a factor on the sensitivity beyond the exponential
+        law, ``y`` [years since launch], ``y_first``/``y_last`` the campaign's first and last
+        day [years] (a step, a fast early loss: validation families). The hidden coefficient
+        is divided by ``g(y) / g(y_anchor)`` (``y_first`` without an anchor), so the anchored
+        coefficient stays. ``None``: the exponential law alone (output unchanged).
+    lasp_scale_error : float, optional
+        The composite's hidden scale error ``delta`` (fraction) instead of the uniform draw
+        (the random stream is drawn as before). ``None``: the uniform draw.
 
     Returns
     -------
@@ -198,6 +208,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     lasp = read_lasp_composite(sample / LYA_INDEX_FILE)
     days = _days(rng, n_days)
     delta = float(rng.uniform(-LASP_SCALE_UNCERTAINTY, LASP_SCALE_UNCERTAINTY))
+    if lasp_scale_error is not None:  # drawn by the caller (the random stream stays the same)
+        delta = float(lasp_scale_error)
     eps = rng.normal(0.0, LASP_DAILY_SCATTER, len(days))
     rate = float(rng.uniform(*RATE_RANGE))
     times = [Time(dt.datetime.combine(d, dt.time()) + dt.timedelta(seconds=float(rng.uniform(0, 86000))), scale="utc")
@@ -230,6 +242,13 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     c_safe = _radiometric_coefficient(max(float(tr.max()) for tr in truths), flat, bias, dark_rate, model)
     c_given = float(f"{c_safe * rng.uniform(1.02, 1.25):.4g}")
     years_of = lambda t: float((t - LAUNCH).to_value(u.day)) / 365.25  # noqa: E731
+    y_first, y_last = years_of(times[0]), years_of(times[-1])
+    if sensitivity_extra is None:
+        extra = lambda y: 1.0  # noqa: E731
+    else:  # C is inverse to the sensitivity; 1 at the anchor, so the anchored frame keeps its coefficient
+        y_ref = years_of(Time(coefficient_anchor[0])) if coefficient_anchor is not None else y_first
+        s_ref = float(sensitivity_extra(y_ref, y_first, y_last))
+        extra = lambda y: s_ref / float(sensitivity_extra(y, y_first, y_last))  # noqa: E731
     if coefficient_anchor is None:
         while True:
             c_hidden = c_safe * float(rng.uniform(1.02, 1.25))
@@ -242,7 +261,7 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
         c_hidden = float(c_a) * math.exp(-rate * years_of(Time(t_a)))
         while abs(math.log(c_hidden / c_given)) < 0.05:  # the given value stays at least 5 % off
             c_given = float(f"{c_safe * rng.uniform(1.02, 1.25):.4g}")
-        c_min = min(c_hidden * math.exp(rate * years_of(t)) for t in times)
+        c_min = min(c_hidden * math.exp(rate * years_of(t)) * extra(years_of(t)) for t in times)
         if c_min < c_safe:  # shorter exposures keep the brightest frame below 16 bits
             t_exp = model.exptime_s * c_min / c_safe
             e = math.floor(math.log10(t_exp)) - 2
@@ -255,6 +274,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     raw_files, date_obs, true_coefs = [], [], []
     for k, (t, truth, rs) in enumerate(zip(times, truths, rsun)):
         c_true = c_hidden * math.exp(rate * years_of(t))
+        if sensitivity_extra is not None:
+            c_true *= extra(years_of(t))
         x0, y0, roll = _detector_geometry(model, n, rng)
         raw = _forward_model(truth, spec, model, n, x0, y0, roll, rs / scale, None, flat, bias, dark_rate, c_true,
                              noise, rng)
@@ -277,6 +298,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
                  "detector_given": detector is not None,
                  "coefficient_anchor": None if coefficient_anchor is None else
                  [Time(coefficient_anchor[0]).utc.isot, float(coefficient_anchor[1])]}
+    if sensitivity_extra is not None:  # hidden_coefficient() then lacks the extra factor: use "days"
+        truth_doc["sensitivity_extra"] = True
     tp = out / "truth" / "campaign_truth.json"
     tp.write_text(json.dumps(truth_doc, indent=2) + "\n")
     return CampaignResult(out_dir=out, raw_files=raw_files, date_obs=date_obs, calibration_files=cal_infos,

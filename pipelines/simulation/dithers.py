@@ -98,7 +98,8 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
                                commanded=None, pointing_error_px: float = 0.5, level_jitter: float = 0.005,
                                peak_electrons: float = 4.0e4, read_noise_e: float = 4.0,
                                texture_rms: float = 0.03, texture_scale_arcsec: float = 20.0,
-                               supersample: int | None = None, flat: np.ndarray | None = None) -> DitheredFlatSet:
+                               supersample: int | None = None, flat: np.ndarray | None = None,
+                               scene=None) -> DitheredFlatSet:
     """Simulate N dithered full-disk images of the Sun through a hidden flat.
 
     Parameters
@@ -135,6 +136,12 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
         the flat it derives here); default: a new one from ``seed``
         (:func:`pipelines.simulation.forward._flat_field`). The other random draws are the
         same either way.
+    scene : callable, optional
+        ``scene(y, x) -> ndarray``: the disk brightness [relative] at offsets ``y``, ``x``
+        [Rsun] from the disk centre (arrays of one shape), replacing the limb-darkened disk
+        with its two spots (e.g. a real solar image with plages and a limb asymmetry); the
+        texture, PSF, levels, flat and noise are applied as before. ``None``: the symmetric
+        disk (output unchanged).
 
     Returns
     -------
@@ -153,6 +160,7 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
     wl, res_arcsec = _BAND[channel]
     wl = 360.0 if wl < 300 else wl
     rng = np.random.default_rng(seed)
+    scene_fn = scene
     n = int(size)
     if commanded is None:
         commanded = np.rint(DITHERS_256 * (n / 256.0)).astype(int)
@@ -195,8 +203,12 @@ def simulate_dithered_flat_set(size: int = 256, *, noise: bool = True, seed: int
         xx = sub[None, :] - ax - cx
         r = np.sqrt(yy ** 2 + xx ** 2) / rsun
         mu = np.sqrt(np.clip(1.0 - r ** 2, 0.0, 1.0))
-        scene = np.where(r < 1.0, limb_darkening_neckel2005(wl, mu), 0.0)
-        for sy, sx, ru, rp in spots:
+        if scene_fn is not None:
+            scene = np.asarray(scene_fn(np.broadcast_to(yy / rsun, r.shape), np.broadcast_to(xx / rsun, r.shape)),
+                               dtype=np.float64)
+        else:
+            scene = np.where(r < 1.0, limb_darkening_neckel2005(wl, mu), 0.0)
+        for sy, sx, ru, rp in (spots if scene_fn is None else ()):
             d = np.sqrt((yy - sy) ** 2 + (xx - sx) ** 2)
             pen = 0.5 * (1 - np.tanh((d - rp) / 0.4))
             umb = 0.5 * (1 - np.tanh((d - ru) / 0.4))

@@ -203,13 +203,20 @@ def _detector_rho(n: int, x0: float, y0: float, rsun_px: float) -> np.ndarray:
 
 def _forward_model(truth: np.ndarray, spec: ChannelSpec, model: InstrumentModel, n: int, x0: float, y0: float,
                    roll: float, rsun_px: float, stray: StrayLightModel | None, flat: np.ndarray, bias: np.ndarray,
-                   dark_rate: np.ndarray, coef: float, noise: bool, rng: np.random.Generator) -> np.ndarray:
-    """Raw DN of one frame: ``bias + dark_rate t + flat t aperture (S + S_stray) / C``, noise, uint16."""
+                   dark_rate: np.ndarray, coef: float, noise: bool, rng: np.random.Generator,
+                   aperture_offset_px: tuple[float, float] = (0.0, 0.0)) -> np.ndarray:
+    """Raw DN of one frame: ``bias + dark_rate t + flat t aperture (S + S_stray) / C``, noise, uint16.
+
+    ``aperture_offset_px`` (dx, dy) [pixel]: the occulter / field-stop aperture's centre minus
+    the Sun centre (0: centred on the Sun, the simulator's own shape).
+    """
     t_exp = model.exptime_s
     s_det = _to_detector(truth, n, x0, y0, roll)
     if stray is not None:
         rho = _detector_rho(n, x0, y0, rsun_px)
         s_det += stray.brightness(rho.astype(np.float64)).astype(np.float32)
+        if aperture_offset_px[0] or aperture_offset_px[1]:
+            rho = _detector_rho(n, x0 + aperture_offset_px[0], y0 + aperture_offset_px[1], rsun_px)
         s_det *= _aperture(rho, spec, model, rsun_px)
         del rho
     signal_dn = flat * (s_det * np.float32(t_exp / coef))  # DN from the Sun (and the stray light)

@@ -8,7 +8,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from astropy.io import fits
@@ -26,6 +26,7 @@ from pipelines.simulation.results import CalibrationFileInfo, InjectedFlare, Sim
 from pipelines.simulation.series import FLARE, _FramePlan, _plan_frames
 from pipelines.simulation.sources import SAMPLE_DIR
 from pipelines.simulation.truth import _write_truth
+from pipelines.simulation.variants import ChannelVariant
 
 
 _CHANNEL_INDEX = {c: i for i, c in enumerate(CHANNELS)}
@@ -69,7 +70,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
              sdi_sequence: bool = True, frames_per_channel: int = 1, *,
              sample_dir: str | os.PathLike | None = None, xrs_day: bool = False,
              wst_helioviewer: bool = False, sci_roll_deg: Sequence[float] | None = None,
-             pointing_error_px: float = 0.0) -> SimulationResult:
+             pointing_error_px: float = 0.0,
+             variants: Mapping[str, ChannelVariant] | None = None) -> SimulationResult:
     """Simulate raw LST frames, their calibration masters and their truth.
 
     Parameters
@@ -120,6 +122,11 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         each frame's ``crpix`` (``header_crpix`` holds what the header says). The chain
         must find the centre from the data (issue 14: "pointing errors of up to 2 px in
         the headers").
+    variants : mapping of str to ChannelVariant, optional
+        Per channel code (``SDI``, ``WST``, ``SCI-UV``, ``SCI-WL``), departures from the
+        simulator's own shapes (:class:`pipelines.simulation.variants.ChannelVariant`: stray
+        light, coronal radial shape, occulter offset, header roll error). ``None`` or a
+        channel left out: the simulator's shapes, output unchanged.
 
     Returns
     -------
@@ -165,7 +172,8 @@ def simulate(out_dir: str | os.PathLike, channels: Iterable[str] = ("SDI", "WST"
         done = _simulate_channel(chan, sizes[chan], out, sample, seed=seed, noise=noise, sdi_sequence=sdi_sequence,
                                  frames_per_channel=frames_per_channel, cache=cache, xrs_day=xrs_day,
                                  wst_helioviewer=wst_helioviewer, sci_roll_deg=rolls,
-                                 pointing_error_px=float(pointing_error_px))
+                                 pointing_error_px=float(pointing_error_px),
+                                 variant=(variants or {}).get(chan))
         flares.extend(done.flares)
         limb_fits.extend(done.limb_fits)
         radiometric[chan] = done.radiometric_coef
@@ -195,7 +203,7 @@ class _ChannelOutput:
 def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, noise: bool, sdi_sequence: bool,
                       frames_per_channel: int, cache: dict[str, Any], xrs_day: bool = False,
                       wst_helioviewer: bool = False, sci_roll_deg: list[float] | None = None,
-                      pointing_error_px: float = 0.0) -> _ChannelOutput:
+                      pointing_error_px: float = 0.0, variant: ChannelVariant | None = None) -> _ChannelOutput:
     """Truths, masters and raw frames of one channel, in that order.
 
     Pass 1 writes every truth and finds the channel's brightest signal, which fixes the
@@ -215,9 +223,13 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
             plan.roll_offset_deg = extra
             plan.notes.append(f"roll sequence: {extra:+.3f} deg on top of the nominal roll")
     stray = stray_light_model(chan) if spec.is_coronagraph else None
+    given_stray = stray  # the given master is the nominal law, whatever is injected
+    if variant is not None and variant.stray is not None and spec.is_coronagraph:
+        stray = variant.stray
+    corona_factor = variant.corona_factor if variant is not None else None
 
     # pass 1: the truths (written to disk) and the brightest signal of the channel
-    peak_signal = max(_write_truth(plan, chan, n, scale, stray, out) for plan in plans)
+    peak_signal = max(_write_truth(plan, chan, n, scale, stray, out, corona_factor=corona_factor) for plan in plans)
 
     # the channel's calibration masters; C puts the brightest pixel below target_peak_dn
     rng_cal = _rng(seed, ci, 1000 + n)
@@ -226,12 +238,12 @@ def _simulate_channel(chan: str, n: int, out: Path, sample: Path, *, seed: int, 
     coef = _radiometric_coefficient(peak_signal, flat, bias, dark_rate, model)
     t_first, t_last = min(p.t for p in plans), max(p.t for p in plans)
     valid_from, valid_to = _validity(t_first, t_last)
-    cal_infos = _write_masters(out, chan, spec, model, n, flat, bias, dark_rate, coef, stray, valid_from, valid_to,
-                               _iso(t_first))
+    cal_infos = _write_masters(out, chan, spec, model, n, flat, bias, dark_rate, coef, given_stray, valid_from,
+                               valid_to, _iso(t_first))
 
     # pass 2: the raw frames
     frames = [_write_raw_frame(plan, chan, n, out, _rng(seed, ci, k), stray, flat, bias, dark_rate, coef, noise,
-                               _pointing_error(pointing_error_px, _rng(seed, ci, 2000 + k)))
+                               _pointing_error(pointing_error_px, _rng(seed, ci, 2000 + k)), variant=variant)
               for k, plan in enumerate(plans)]
     return _ChannelOutput(frames=frames, calibration_files=cal_infos, radiometric_coef=coef, flares=flares,
                           limb_fits=fits_info)
@@ -247,13 +259,15 @@ def _pointing_error(length_px: float, rng: np.random.Generator) -> tuple[float, 
 
 def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.random.Generator,
                      stray: StrayLightModel | None, flat: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray,
-                     coef: float, noise: bool, header_error: tuple[float, float] = (0.0, 0.0)) -> SimulatedFrame:
+                     coef: float, noise: bool, header_error: tuple[float, float] = (0.0, 0.0),
+                     variant: ChannelVariant | None = None) -> SimulatedFrame:
     """Point the detector, run the forward model on the frame's truth and write ``raw/``.
 
     ``rng`` draws the pointing jitter first, then the noise. ``header_error`` (dx, dy)
     [pixel] is added to the disk centre written in the header (``CRPIX``), not to the
     pointing the frame is made with; the header does not say so (the truth is in the
-    returned frame and the manifest only).
+    returned frame and the manifest only). ``variant`` offsets the occulter from the Sun
+    centre and writes a wrong roll into the header (``crota2`` of the result is the true roll).
     """
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     scale = spec.plate_scale_for(n)
@@ -261,12 +275,14 @@ def _write_raw_frame(plan: _FramePlan, chan: str, n: int, out: Path, rng: np.ran
     roll += plan.roll_offset_deg
     with fits.open(plan.truth_path, memmap=False) as hd:
         truth = np.asarray(hd[0].data, dtype=np.float32)
+    occ = variant.occulter_offset_px if variant is not None else (0.0, 0.0)
     raw = _forward_model(truth, spec, model, n, x0, y0, roll, plan.rsun_arcsec / scale, stray, flat, bias,
-                         dark_rate, coef, noise, rng)
+                         dark_rate, coef, noise, rng, aperture_offset_px=occ)
     del truth
     raw_path = out / "raw" / plan.raw_name
     hx, hy = x0 + header_error[0], y0 + header_error[1]
-    rh = _raw_header(spec, plan.t, model, scale, hx, hy, roll, plan.scene, plan.raw_name, plan.notes,
+    h_roll = roll + (variant.roll_error_deg if variant is not None else 0.0)
+    rh = _raw_header(spec, plan.t, model, scale, hx, hy, h_roll, plan.scene, plan.raw_name, plan.notes,
                      keywords=plan.keywords)
     _write(fits.HDUList([fits.PrimaryHDU(raw, header=rh)]), raw_path, _iso(plan.t))
     return SimulatedFrame(channel=chan, raw_path=raw_path, truth_path=plan.truth_path, date_obs=_iso(plan.t),

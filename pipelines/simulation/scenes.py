@@ -129,8 +129,11 @@ def _wst_scene(src: _DiskSource, n: int, scale: float, rsun_arcsec: float,
 
 
 def _sci_scene(channel: str, tex: _CoronaTexture, n: int, scale: float, rsun_arcsec: float,
-               block: int = 256) -> np.ndarray:
+               block: int = 256, corona_factor=None) -> np.ndarray:
     """Coronal brightness [MSB] on the L2 grid (unsmoothed): radial model x COR1 structure.
+
+    ``corona_factor``: ``f(r)`` [dimensionless] multiplying the K corona (WL) or the Ly-alpha
+    corona (UV), ``r`` [Rsun] >= 1; ``None``: the radial models as they are.
 
     SCI's 1.1-2.5 Rsun maps linearly onto COR1's 2.0-3.8 Rsun annulus along the same
     position angle.
@@ -153,9 +156,10 @@ def _sci_scene(channel: str, tex: _CoronaTexture, n: int, scale: float, rsun_arc
         py = tex.y0 + inv[1, 0] * ux + inv[1, 1] * uy
         t = ndimage.map_coordinates(prefiltered, [py, px], order=3, mode="nearest", prefilter=False)
         rr = np.maximum(rho, 1.0)
+        kf = 1.0 if corona_factor is None else corona_factor(rr)
         if channel == "SCI-WL":
-            val = baumbach_f_corona(rr) + WL_K_FACTOR * baumbach_k_corona(rr) * t
+            val = baumbach_f_corona(rr) + WL_K_FACTOR * baumbach_k_corona(rr) * t * kf
         else:
-            val = lyman_alpha_corona(rr) * t
+            val = lyman_alpha_corona(rr) * t * kf
         out[j0:j0 + block] = val
     return out

@@ -56,11 +56,12 @@ def _truth_header(spec: ChannelSpec, t: Time, n: int, scale: float, rsun_arcsec:
 
 
 def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: StrayLightModel | None,
-                 out: Path) -> float:
+                 out: Path, corona_factor=None) -> float:
     """Build, band-limit and write the truth of one frame; return its brightest signal.
 
     The signal includes the stray light behind the aperture (what reaches the detector),
     so that the radiometric coefficient can keep every raw pixel below the target.
+    ``corona_factor`` (SCI): a radial factor ``f(r)`` on the K corona (``None``: 1).
     """
     spec, model = CHANNELS[chan], INSTRUMENT[chan]
     rsun_arcsec, obs = _apparent_rsun_arcsec(plan.t)
@@ -78,7 +79,9 @@ def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: Stray
         scene, notes = _wst_scene(plan.src, n, scale, rsun_arcsec)
         plan.notes.extend(notes)
     else:
-        scene = _sci_scene(chan, plan.src, n, scale, rsun_arcsec)
+        scene = _sci_scene(chan, plan.src, n, scale, rsun_arcsec, corona_factor=corona_factor)
+        if corona_factor is not None:
+            plan.notes.append("coronal radial shape: the K corona times a drawn radial factor (validation family)")
         plan.notes.append(f"radial model: Baumbach F + {WL_K_FACTOR:g} x K corona" if chan == "SCI-WL" else
                           f"radial model: Ly-alpha streamer corona (K shape, {UV_MSB_AT_1P5:.3g} MSB at 1.5 Rsun)")
     truth = ndimage.gaussian_filter(scene, sigma, mode="nearest").astype(np.float32)
