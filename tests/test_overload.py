@@ -87,8 +87,22 @@ def test_health_checks_that_come_while_a_probe_is_in_flight_share_it(api_client,
 # -- 2. a slow query is not an outage ---------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def own_pg_url():
+    """A PostgreSQL database of this module's own: its tests commit jobs, tokens and keys, which
+    the worker's shared database (``tests/conftest.py: pg_url``, under the rolled-back
+    ``db_session`` of other files) must not see (test_jobs counted a job of this module's)."""
+    from backend.migrate import upgrade
+    from tests.conftest import create_pg_database, drop_pg_database
+
+    url = create_pg_database()
+    upgrade(url)
+    yield url
+    drop_pg_database(url)
+
+
 @pytest.fixture
-def pg_api(settings_env, pg_url, monkeypatch):
+def pg_api(settings_env, own_pg_url, monkeypatch):
     """``pg_api(**env)``: a TestClient of a fresh app on the session's PostgreSQL database (real
     engine, committed rows), with a token of a new user (jobs:submit, jobs:cancel)."""
     clients = []
@@ -96,11 +110,11 @@ def pg_api(settings_env, pg_url, monkeypatch):
     def make(**env):
         for k, v in env.items():
             monkeypatch.setenv(k, str(v))
-        settings_env(DATABASE_URL=pg_url)
+        settings_env(DATABASE_URL=own_pg_url)
         from backend.api.app import create_app
 
         client = TestClient(create_app(), raise_server_exceptions=False)
-        engine = create_engine(pg_url)
+        engine = create_engine(own_pg_url)
         with Session(engine) as s:
             client.user = f"ov-{uuid.uuid4().hex[:8]}"
             client.headers["Authorization"] = f"Bearer {make_token(s, client.user)}"
@@ -119,13 +133,13 @@ def _plain(url: str) -> str:
     return url.replace("+psycopg", "")
 
 
-def test_a_query_past_its_budget_is_a_503_that_says_so_with_retry_after(pg_api, pg_url):
+def test_a_query_past_its_budget_is_a_503_that_says_so_with_retry_after(pg_api, own_pg_url):
     """A lock held by another connection keeps the event search waiting; its statement budget
     (0.2 s) cancels it: 503 with Retry-After, "the database query took too long", the route
     and the query named; not "database unavailable". On f32dd98 the budget was the deadline
     and the 503 had no Retry-After and said "statement timeout"."""
     c = pg_api(API_DEADLINE_S=20, API_STATEMENT_TIMEOUT_S=0.2)
-    with psycopg.connect(_plain(pg_url)) as locker:
+    with psycopg.connect(_plain(own_pg_url)) as locker:
         locker.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
         r = c.get("/api/v1/events")
         locker.rollback()
@@ -173,7 +187,7 @@ def test_sqlite_statements_of_the_api_are_interrupted_at_their_budget(tmp_path):
 SAVED = {"name": "flares", "kind": "events", "query": "type=FL"}
 
 
-def test_idempotency_key_replays_the_first_answer_and_refuses_another_request(pg_api, pg_url):
+def test_idempotency_key_replays_the_first_answer_and_refuses_another_request(pg_api, own_pg_url):
     c = pg_api(API_DEADLINE_S=20)
     key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
     first = c.post("/api/v1/saved-searches", json=SAVED, headers=key)
@@ -186,7 +200,7 @@ def test_idempotency_key_replays_the_first_answer_and_refuses_another_request(pg
     other = c.post("/api/v1/saved-searches", json={**SAVED, "name": "cmes"}, headers=key)
     assert other.status_code == 422 and "another request" in other.json()["detail"], other.text
     # the key is the client's: another user's same key is a new request
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with Session(engine) as s:
         token = make_token(s, f"ov-{uuid.uuid4().hex[:8]}")
         s.commit()
@@ -198,7 +212,7 @@ def test_idempotency_key_replays_the_first_answer_and_refuses_another_request(pg
     assert any(p["name"] == "Idempotency-Key" and p["in"] == "header" for p in params)
 
 
-def test_a_key_whose_first_request_is_in_progress_is_409(pg_api, pg_url, monkeypatch):
+def test_a_key_whose_first_request_is_in_progress_is_409(pg_api, own_pg_url, monkeypatch):
     """The first request is held (an event) inside its route: a repeat with its key is 409;
     once the first has answered, the repeat gets its answer."""
     from backend.services import saved_searches
@@ -225,7 +239,7 @@ def test_a_key_whose_first_request_is_in_progress_is_409(pg_api, pg_url, monkeyp
     assert c.post("/api/v1/saved-searches", json=SAVED, headers=key).json() == out[0].json()
 
 
-def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, pg_url, monkeypatch):
+def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, own_pg_url, monkeypatch):
     """POST /jobs/{id}/retry is held (an event) before its work until the test has its answer:
     503 at the deadline. Released, the route goes on, but its commit is refused, so the job
     was not retried. On f32dd98 the retry ran anyway."""
@@ -234,7 +248,7 @@ def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, 
 
     c = pg_api(API_DEADLINE_S=1, API_STATEMENT_TIMEOUT_S=30)
     job_id = str(uuid.uuid4())
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with Session(engine) as s:
         s.add(Job(id=job_id, owner=c.user, state=JobState.failed, error="a frame failed",
                   parameters={"channels": ["SDI"], "start": "1990-01-01T00:00:00+00:00",
@@ -265,7 +279,7 @@ def test_a_retry_whose_deadline_passed_before_its_commit_did_not_happen(pg_api, 
 # -- 4. the database drops during the rollback -------------------------------------------------
 
 
-def test_the_database_dropping_during_the_rollback_is_a_clean_503(pg_api, pg_url, monkeypatch):
+def test_the_database_dropping_during_the_rollback_is_a_clean_503(pg_api, own_pg_url, monkeypatch):
     """A route fails after a statement; the request's connection is terminated as its rollback
     starts: a 503 JSON answer that says the connection was lost, never a 500 or a reset."""
     from backend.db import get_engine
@@ -275,7 +289,7 @@ def test_the_database_dropping_during_the_rollback_is_a_clean_503(pg_api, pg_url
 
     def kill(conn):
         pid = conn.connection.dbapi_connection.info.backend_pid
-        with psycopg.connect(_plain(pg_url), autocommit=True) as admin:
+        with psycopg.connect(_plain(own_pg_url), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     def failing_get_job(session, job_id, *_principal):
@@ -362,14 +376,14 @@ def test_lstdp_serve_closes_connections_that_never_finish_their_headers(tmp_path
         proc.wait(30)
 
 
-def test_a_replayed_answer_never_holds_the_secret_of_the_first(pg_api, pg_url):
+def test_a_replayed_answer_never_holds_the_secret_of_the_first(pg_api, own_pg_url):
     """``POST /api/v1/tokens`` answers a new token once: the idempotency store keeps its answer
     without it (tokens are stored hashed everywhere else), and the replay says so; the repeat
     makes no second token."""
     from backend.models import ApiToken, IdempotencyKey
 
     c = pg_api(API_DEADLINE_S=20)
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with Session(engine) as s:
         c.headers["Authorization"] = f"Bearer {make_token(s, 'ov-admin', scopes=('admin',))}"
         s.commit()
@@ -388,7 +402,7 @@ def test_a_replayed_answer_never_holds_the_secret_of_the_first(pg_api, pg_url):
     engine.dispose()
 
 
-def test_a_gzip_answer_is_kept_plain_and_without_its_webhook_secret(pg_api, pg_url):
+def test_a_gzip_answer_is_kept_plain_and_without_its_webhook_secret(pg_api, own_pg_url):
     """A saved search with a webhook answers its ``whsec_`` secret once; an answer over 1 kB is
     gzip-compressed inside the idempotency middleware. What is kept is the plain JSON without
     the secret (no ``content-encoding``), and the replay (asked without gzip) is that JSON."""
@@ -403,7 +417,7 @@ def test_a_gzip_answer_is_kept_plain_and_without_its_webhook_secret(pg_api, pg_u
     assert first.status_code == 201 and first.headers.get("content-encoding") == "gzip", first.headers
     secret = first.json()["webhook"]["secret"]
     assert secret.startswith("whsec_")
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with Session(engine) as s:
         row = s.scalars(select(IdempotencyKey).where(IdempotencyKey.key == key)).one()
         assert "content-encoding" not in row.headers and row.body[:2] != b"\x1f\x8b"
@@ -416,14 +430,14 @@ def test_a_gzip_answer_is_kept_plain_and_without_its_webhook_secret(pg_api, pg_u
     assert again.json()["webhook"]["secret"] is None and again.json()["id"] == first.json()["id"]
 
 
-def test_no_replay_to_a_revoked_token_or_a_signed_out_cookie_and_sign_in_is_never_keyed(pg_api, pg_url):
+def test_no_replay_to_a_revoked_token_or_a_signed_out_cookie_and_sign_in_is_never_keyed(pg_api, own_pg_url):
     """A stored answer is read again only by a credential that still authenticates: after the
     token is revoked, or the session signed out, the same keyed POST is 401 (the route's own
     answer), never the stored 201. Signing in with a key twice sets a cookie both times."""
     from backend.auth import revoke_token
 
     c = pg_api(API_DEADLINE_S=20)
-    engine = create_engine(pg_url)
+    engine = create_engine(own_pg_url)
     with Session(engine) as s:
         token = make_token(s, f"ov-{uuid.uuid4().hex[:8]}")
         s.commit()
