@@ -116,7 +116,10 @@ def test_demo_stops_its_worker_and_reconciler_on_a_signal(tmp_path, signum, phas
         cmd = ["make", "-s", "-f", str(tmp_path / "Makefile"), "demo"]
         env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                              *filter(None, [env.get("PYTHONPATH")])])
-    demo = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    # SIGINT as a terminal gives it (default action): a suite started in the background by a shell
+    # without job control inherits SIGINT ignored, and Python then leaves it ignored
+    demo = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     recorded: set[int] = set()
     try:
         deadline = time.monotonic() + 240  # a bound for a loaded machine, not a speed
