@@ -252,6 +252,24 @@ def test_a_queued_job_whose_plan_message_is_gone_is_sent_again_then_given_up(db_
     assert report.jobs_failed == [job.id] and job.state == JobState.failed and "deliveries" in job.error
 
 
+def test_a_follow_up_not_yet_sent_by_the_process_that_ended_its_job_is_left_to_it(db_session, sent):
+    """The process that ends a job commits its follow-ups (``sent_at`` NULL), then sends them. A
+    reconcile pass between the two sent the detection too (CI: the fault suite's frozen-database
+    case counted the white-light follow-up queued twice). Within the grace after the job ended
+    it is that process's to send; after it, one never sent is lost and sent."""
+    s = db_session
+    job, _ = _job(s, [ProductState.written], job_state=JobState.succeeded)
+    job.finished_at = NOW - dt.timedelta(seconds=1)
+    s.add(JobFollowUp(job_id=job.id, detector="white-light", channel="WST", state=FollowUpState.queued))
+    s.flush()
+    assert _pass(s).follow_ups_resent == 0 and sent["tasks"] == []
+    job.finished_at = NOW - dt.timedelta(seconds=reconcile.grace_s(SETTINGS) + 1)
+    s.flush()
+    assert _pass(s).follow_ups_resent == 1
+    (name, _, kwargs), = sent["tasks"]
+    assert name == TaskName.detect_events and kwargs["detector"] == "white-light"
+
+
 def test_follow_ups_whose_message_is_gone_are_sent_again(db_session, sent):
     s = db_session
     job, _ = _job(s, [ProductState.written], job_state=JobState.succeeded)

@@ -285,7 +285,8 @@ def _lost_plans(session: Session, settings: Settings, report: ReconcileReport, f
 def _lost_follow_ups(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
                      now: dt.datetime) -> None:
     """Step 5: queued follow-up detections of ended jobs whose message is gone (or was never
-    sent: the process that ended the job died before sending)."""
+    sent: the process that ended the job died before sending; taken as such only when the job
+    ended more than the grace ago, :func:`grace_s`, as a sent message is)."""
     if flight is None:
         return
     cutoff = now - dt.timedelta(seconds=grace_s(settings))
@@ -294,12 +295,16 @@ def _lost_follow_ups(session: Session, settings: Settings, report: ReconcileRepo
         sent = _aware(r.sent_at)
         if (r.job_id, r.detector, r.channel) in flight.follow_ups or (sent is not None and sent >= cutoff):
             continue
+        job = session.get(Job, r.job_id)
+        if sent is None and job is not None and job.finished_at is not None and _aware(job.finished_at) >= cutoff:
+            # never sent, and its job ended within the grace: the process that ended the job commits
+            # the rows, then sends them (send_follow_ups); sent now, the detection went out twice
+            continue
         if (r.deliveries or 0) >= settings.max_deliveries:
             settle_follow_up(r, FollowUpState.failed, reason=f"gave up after {r.deliveries} deliveries that "
                                                              "did not finish")
             session.commit()
             continue
-        job = session.get(Job, r.job_id)
         span = {"start": (job.parameters or {}).get("start"), "end": (job.parameters or {}).get("end")}
         r.sent_at = now
         session.commit()
