@@ -199,6 +199,7 @@ def _values(url: str) -> dict[str, list]:
         "calibration_set": ["1", "dark:1"],
         "calibration_file": [1],
         "min_angular_width": [120.0, 360.0],
+        "systematics": ["any", "centre_refused"],  # events on products with a frame-wide flag (issue 27)
         "sort": [("-" if d else "") + k for k in SORT_KEYS for d in (False, True)],
         "format": ["csv", "votable", "hek"],
         "cursor": ["<second page>"],
