@@ -453,7 +453,7 @@ def estimate_dark_model(bias_frames: Iterable[np.ndarray], dark_frames: Iterable
 
 
 def kll_flat_error(images_dn, flat: np.ndarray, valid: np.ndarray, *, gain: float, read_noise: float,
-                   threshold: float = 0.05) -> np.ndarray:
+                   threshold: float = 0.05, replaced: np.ndarray | None = None) -> np.ndarray:
     """Standard error of a KLL flat [fraction of the flat] from the images' noise model.
 
     Parameters
@@ -467,6 +467,10 @@ def kll_flat_error(images_dn, flat: np.ndarray, valid: np.ndarray, *, gain: floa
         [electron/DN], [DN] (the chain's photon-transfer values).
     threshold : float
         The KLL solve's usable-pixel threshold (fraction of each image's 99th percentile).
+    replaced : numpy.ndarray of bool, shape (ny, nx), optional
+        Hot pixels whose gain is their column neighbours' median
+        (:attr:`pipelines.calibration.masters.subpixel_flat.SubpixelFlatResult.replaced`): their
+        error is the flat's scatter about that median (1.4826 MAD over ``valid``).
 
     Returns
     -------
@@ -477,10 +481,14 @@ def kll_flat_error(images_dn, flat: np.ndarray, valid: np.ndarray, *, gain: floa
     Notes
     -----
     KLL (Kuhn, Lin & Loranz 1991, PASP 103, 1097) gives ``ln G`` at a pixel as the mean over
-    the ``c`` images covering it of ``ln I_k`` minus the scene, itself the mean of about ``c``
-    other images' values: the variance of ``ln G`` is about twice the mean per-image variance
-    of ``ln I`` over ``c``: ``var(ln G) ~ 2 mean_k(var I_k / I_k**2) / c``, with
-    ``var I = I / g + sigma_read**2`` (Poisson and read noise).
+    the ``c`` images covering it of ``ln I_k`` minus the scene, the scene at each sky point
+    itself fitted to the ``c`` images that saw it. In the joint fit (every pixel and sky point
+    seen ``c`` times, dithers all distinct) eliminating the scene leaves each pixel's gain
+    tied to ``c - 1`` independent differences: ``var(ln G) ~ mean_k(var I_k / I_k**2) /
+    (c - 1)`` (the ``c`` images' mean variance over ``c - 1``), with ``var I = I / g +
+    sigma_read**2`` (Poisson and read noise). (Before issue 27 this was ``2 mean / c``, the
+    scene taken as an independent mean of ``c`` other values: 1.33 x too large at ``c = 9``;
+    the pulls of the flat's error over it were 0.75-0.82, seeds 1000-1001.)
     """
     acc = np.zeros(flat.shape, dtype=np.float64)
     cov = np.zeros(flat.shape, dtype=np.float64)
@@ -490,16 +498,26 @@ def kll_flat_error(images_dn, flat: np.ndarray, valid: np.ndarray, *, gain: floa
         safe = np.where(use, a, 1.0)
         acc += np.where(use, (np.maximum(safe, 0) / gain + read_noise ** 2) / safe ** 2, 0.0)
         cov += use
-    rel = np.sqrt(2.0 * acc / np.maximum(cov, 1) ** 2)
+    rel = np.sqrt(acc / (np.maximum(cov, 2) * np.maximum(cov - 1, 1)))
     out = np.where(valid, rel * np.where(np.isfinite(flat), flat, 1.0), np.nan)
     fill = float(np.sqrt(np.mean((flat[valid] - 1.0) ** 2))) if valid.any() else 0.01
     out[~valid] = fill
+    if replaced is not None and replaced.any():
+        from pipelines.calibration.masters.subpixel_flat import _column_median
+
+        lf = np.where(valid & ~replaced, np.log(np.where(flat > 0, flat, 1.0)), np.nan)
+        d = (lf - _column_median(lf))[valid & ~replaced]
+        d = d[np.isfinite(d)]
+        scatter = 1.4826 * float(np.median(np.abs(d - np.median(d)))) if d.size else 0.01
+        out[replaced] = np.hypot(out[replaced], scatter * flat[replaced])
     return out.astype(np.float32)
 
 
-def _write_masters(est: dict, flat: np.ndarray, flaterr: np.ndarray, chan: str, out_dir: Path, ref, flat_desc: str):
+def _write_masters(est: dict, flat: np.ndarray, flaterr: np.ndarray, chan: str, out_dir: Path, ref, flat_desc: str,
+                   flat_keywords: dict | None = None):
     """Dark and flat masters of the chain (:func:`validation.blind_units.write_detector_masters`),
-    with the dark's temperature law (``DARKTREF``, ``DARKTDBL``) and true descriptions."""
+    with the dark's temperature law (``DARKTREF``, ``DARKTDBL``), true descriptions and the
+    flat derivation's plane keywords (``FLATPLSR``, ``FLATPLSG``, ...; ``flat_keywords``)."""
     from validation.blind_units import write_detector_masters
 
     paths = write_detector_masters({**est, "flat": np.asarray(flat, np.float32), "flaterr": flaterr}, chan, out_dir,
@@ -514,6 +532,8 @@ def _write_masters(est: dict, flat: np.ndarray, flaterr: np.ndarray, chan: str, 
             hdu.add_checksum()
     with fits.open(paths["flat"], mode="update") as h:
         h[0].header["CALDESC"] = flat_desc
+        for key, val in (flat_keywords or {}).items():
+            h[0].header[key] = val
         for hdu in h:
             hdu.add_checksum()
     return paths
@@ -769,6 +789,7 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
                                           bu.FLAT_EXPTIME_S)
         flat, flaterr = fe["flat"].astype(np.float64), fe["flaterr"]
         valid = np.ones(flat.shape, bool)
+        plane_kw = {}
         desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
         del fe
     else:
@@ -785,8 +806,11 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
         der = derive_flat_master(images_dn, commanded, chan, 2, valid_from, method="subpixel")
         valid = der.result.valid_mask
         flat = np.asarray(der.flat, dtype=np.float64)
-        flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"])
+        flaterr = kll_flat_error(images_dn, flat, valid, gain=est["gain"], read_noise=est["read_noise"],
+                                 replaced=der.result.replaced)
         desc = f"{chan} sub-pixel KLL flat from {len(images_dn)} dithered images"
+        plane_kw = {k: der.hdul[0].header[k] for k in ("FLATPLSR", "FLATPLWY", "FLATPLSG", "FLATPLY0", "FLATPLX0",
+                                                       "FLATNCR", "FLATNHOT") if k in der.hdul[0].header}
         del images_dn, der
     # ---- scores: flat, dark at the science frame's temperature (the flow's own dark step)
     sc = compare_flats(flat, hidden_flat, valid)
@@ -795,9 +819,13 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
     ratio = flat[valid] / hidden_flat[valid]
     out[f"flat_level_{chan}"] = float(ratio.mean())
     ratio /= ratio.mean()
+    if not chan.startswith("SCI"):
+        ratio = _score_flat_plane(flat, hidden_flat, valid, flaterr, plane_kw, chan, out)
     with np.errstate(divide="ignore", invalid="ignore"):  # noise off: FLATERR can be 0
         fp = (ratio - 1.0) / (flaterr[valid] / flat[valid])
     out[f"flat_pull_{chan}"] = float(1.4826 * np.median(np.abs(fp - np.median(fp))))
+    if not chan.startswith("SCI"):
+        out[f"flat_pull_width_{chan}"] = out[f"flat_pull_{chan}"]
     out[f"tdbl_{chan}"] = float(est["tdbl"])
     out[f"gain_{chan}"] = float(est["gain"])
     out[f"read_noise_{chan}"] = float(est["read_noise"])
@@ -808,9 +836,57 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
             out[f"dark_err_frac{tag}_{chan}"] = abs(float(err.mean())) / float(true_dc.mean())
             if not tag:
                 out[f"dark_rms_dn_{chan}"] = float(np.sqrt(np.mean((err + bias_err(est, det)) ** 2)))
-    paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, work, ref, desc)
+    paths = _write_masters(est, np.where(np.isfinite(flat), flat, 1.0), flaterr, chan, work, ref, desc, plane_kw)
     cals = {k: load_calibration_master(p) for k, p in paths.items()}
     return cals, est, det, flat
+
+
+def _score_flat_plane(flat, hidden_flat, valid, flaterr, plane_kw: dict, chan: str, out: dict[str, float]) -> np.ndarray:
+    """The flat's plane against the hidden flat's (issue 27 item 2; truth used only here), into ``out``.
+
+    ``flat_rms_real_pct_C`` = 100 ``flat_rms_C``; ``flat_plane_stated_C`` (1 when the master
+    states its plane with ``FLATPLSG``); the error ``e = ln(flat / hidden)`` over ``valid`` is
+    fitted by a plane about the master's pivot (``FLATPLY0/X0``, else the valid centroid):
+    ``flat_plane_err_{y,x}_C`` [1/pixel]; ``flat_plane_pull_{y,x}_C`` = that x ``nx / FLATPLSG``
+    (the stated sigma of each axis; NaN when nothing is stated) and ``flat_plane_pull_C`` =
+    ``sqrt((pull_y**2 + pull_x**2) / 2)`` (the width over seeds is the RMS of these);
+    ``flat_rms_real_resid_pct_C`` the RMS error [%] with the best-fit plane removed;
+    ``flat_pull_total_C`` the robust width of ``e`` over ``FLATERR`` and the plane's per-pixel
+    sigma in quadrature. Returns the flat / hidden ratio (mean 1) used for ``flat_pull_C``:
+    with the fitted plane removed when the plane is stated (its error is the plane's stated
+    systematic, not ``FLATERR``'s), as it is otherwise.
+    """
+    from pipelines.calibration.masters.subpixel_flat import plane_sigma_map
+
+    ny, nx = flat.shape
+    e = np.log(flat[valid] / hidden_flat[valid])
+    e -= e.mean()
+    vy, vx = np.nonzero(valid)
+    py0 = float(plane_kw["FLATPLY0"]) - 1.0 if "FLATPLY0" in plane_kw else float(vy.mean())
+    px0 = float(plane_kw["FLATPLX0"]) - 1.0 if "FLATPLX0" in plane_kw else float(vx.mean())
+    design = np.column_stack([np.ones(vy.size), vy - py0, vx - px0])
+    coef = np.linalg.lstsq(design, e, rcond=None)[0]
+    resid = e - design @ coef
+    stated = str(plane_kw.get("FLATPLSR", "")).upper() == "STATED" and "FLATPLSG" in plane_kw
+    sig = float(plane_kw["FLATPLSG"]) / nx if stated else float("nan")
+    out[f"flat_rms_real_pct_{chan}"] = 100.0 * out[f"flat_rms_{chan}"]
+    out[f"flat_plane_stated_{chan}"] = float(stated)
+    out[f"flat_rms_real_resid_pct_{chan}"] = 100.0 * float(np.sqrt(np.mean(np.expm1(resid - resid.mean()) ** 2)))
+    out[f"flat_plane_err_y_{chan}"], out[f"flat_plane_err_x_{chan}"] = float(coef[1]), float(coef[2])
+    out[f"flat_plane_pull_y_{chan}"], out[f"flat_plane_pull_x_{chan}"] = float(coef[1]) / sig, float(coef[2]) / sig
+    out[f"flat_plane_pull_{chan}"] = math.sqrt((out[f"flat_plane_pull_y_{chan}"] ** 2
+                                                + out[f"flat_plane_pull_x_{chan}"] ** 2) / 2.0)
+    if stated:
+        pm = plane_sigma_map(flat.shape, float(plane_kw["FLATPLSG"]), (py0, px0))[valid]
+        rel = np.hypot(flaterr[valid] / flat[valid], pm)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tp = e / rel
+        out[f"flat_pull_total_{chan}"] = float(1.4826 * np.median(np.abs(tp - np.median(tp))))
+        ratio = np.exp(resid - resid.mean())
+    else:
+        out[f"flat_pull_total_{chan}"] = float("nan")
+        ratio = np.exp(e)
+    return ratio / ratio.mean()
 
 
 def _stray_master(frames, chan: str, cals: dict, ref, work: Path):

@@ -54,7 +54,7 @@ def test_derive_flat_master_subpixel_writes_a_loadable_master(noisy_set, tmp_pat
     dark = 100.0
     prev = s.flat * 1.2
     der = derive_flat_master([im + dark for im in s.images], s.commanded, "WST", 3, "2024-03-01T00:00:00",
-                             dark_dn=dark, method="subpixel", previous_flat=prev,
+                             dark_dn=dark, method="subpixel", previous_flat=prev, plane="disk",
                              out_path=tmp_path / "lst_wst_flat_256_v03.fits")
     valid = der.result.valid_mask
     cmp = compare_flats(der.result.flat, s.flat, valid)

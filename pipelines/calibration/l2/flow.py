@@ -534,6 +534,11 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     flat_cal = cals["flat"]
     flat = to_device(flat_cal.data["flat"], xp, xp.float32)
     flat_err = to_device(flat_cal.data["flaterr"], xp, xp.float32) if "flaterr" in flat_cal.data else None
+    plane_err = _stated_plane_error(flat_cal, h)
+    if plane_err is not None:  # the stated plane's per-pixel error, in quadrature with FLATERR [flat units]
+        pe = to_device(plane_err, xp, xp.float32) * flat
+        flat_err = pe if flat_err is None else xp.sqrt(flat_err * flat_err + pe * pe)
+        del pe
     dark_err = "biaserr" in dark.data or "darkerr" in dark.data
     if not opts.remove_cosmic_rays and backend_name(xp) == "numpy":
         _img, dq, h = steps.clean_cosmic_rays(raw, dq, h, enabled=False)
@@ -564,7 +569,8 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     h["UNCRDN"] = (read_noise, f"[DN] read noise ({noise_src})")
     h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
                   f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
-                  f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}")
+                  f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}"
+                  f"{'; stated flat plane (FLATPLSG) in quadrature' if plane_err is not None else ''}")
     return img, dq, h, var
 
 
@@ -721,6 +727,29 @@ def _stamp_l2(h: fits.Header, cals: dict[str, CalibrationInput], unit: str, chan
 #: Flat-master keyword: where the flat's large-scale plane (gain gradient) comes from,
 #: ``MEASURED`` or ``STATED`` (a prior, e.g. a symmetric disk); ``FLATPLWY`` may say why.
 FLAT_PLANE_SOURCE_KEY = "FLATPLSR"
+
+
+def _stated_plane_error(flat: CalibrationInput, h: fits.Header) -> np.ndarray | None:
+    """The stated flat plane's per-pixel 1-sigma [fraction of the flat] on the detector grid, or ``None``.
+
+    A flat master that states its plane (``FLATPLSR = 'STATED'`` with ``FLATPLSG``, the 1-sigma
+    gain change across the frame width per axis [1], about the pivot ``FLATPLY0``/``FLATPLX0``
+    [1-based pixel]; :func:`pipelines.calibration.masters.flatfield.derive_flat_master`) gives
+    ``FLATPLSG / nx * hypot(y - y0, x - x0)``
+    (:func:`pipelines.calibration.masters.subpixel_flat.plane_sigma_map`); ``FLATPLSG`` is
+    copied to the L2 header. The error is one plane for the whole frame (fully correlated
+    between pixels), carried per pixel in ``UNCERT`` so that a pixel's total error is there.
+    """
+    from pipelines.calibration.masters.subpixel_flat import plane_sigma_map
+
+    p = flat.parameters
+    if str(p.get(FLAT_PLANE_SOURCE_KEY, "") or "").strip().upper() != "STATED" or p.get("FLATPLSG") in (None, ""):
+        return None
+    sig = float(p["FLATPLSG"])
+    shape = np.shape(flat.data["flat"])
+    pivot = (float(p.get("FLATPLY0", (shape[0] + 1) / 2.0)) - 1.0, float(p.get("FLATPLX0", (shape[1] + 1) / 2.0)) - 1.0)
+    h["FLATPLSG"] = (sig, "[1] flat plane 1-sigma across frame (in UNCERT)")
+    return plane_sigma_map(shape, sig, pivot)
 
 
 def _flag_stated_flat_plane(h: fits.Header, flat: CalibrationInput) -> None:

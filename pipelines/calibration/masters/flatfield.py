@@ -35,7 +35,7 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.calibration.masters.kll import KLLResult, flat_calibration_hdul, kll_flat
-from pipelines.calibration.masters.subpixel_flat import SubpixelFlatResult, subpixel_kll_flat
+from pipelines.calibration.masters.subpixel_flat import FLAT_PLANE_SIGMA, SubpixelFlatResult, subpixel_kll_flat
 from pipelines.channels import get_channel
 
 __all__ = ["FlatDerivation", "derive_flat_master", "compare_flats"]
@@ -74,7 +74,8 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
                        mask: np.ndarray | None = None, previous_flat: np.ndarray | None = None,
                        fill_value: float = 1.0, threshold: float = 0.05, tol: float = 1e-7, n_iter: int = 500,
                        description: str | None = None, out_path: str | os.PathLike | None = None,
-                       method: str = "kll") -> FlatDerivation:
+                       method: str = "kll", plane: str = "zero", plane_sigma: float = FLAT_PLANE_SIGMA,
+                       outliers: bool = True) -> FlatDerivation:
     """Derive a flat-field master version from a dithered set of raw images (KLL 1991).
 
     Parameters
@@ -114,6 +115,20 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
         and equal levels. ``'subpixel'``: :func:`pipelines.calibration.masters.subpixel_flat.subpixel_kll_flat`
         (registration, joint fit with per-image levels, no-gradient disk prior); needs
         N >= 3 full-disk images. The header's ``FLATMETH`` says which.
+    plane : {'zero', 'disk'}
+        ``'subpixel'`` only: how the gain gradient that dithers cannot measure is fixed
+        (:mod:`pipelines.calibration.masters.subpixel_flat`, step 3). ``'zero'`` (default): zero
+        gradient over the measured pixels by convention, the plane **stated**: ``FLATPLSR =
+        'STATED'``, ``FLATPLWY`` why, ``FLATPLSG`` = ``plane_sigma``, ``FLATPLY0``/``FLATPLX0``
+        its pivot; the L2 flow adds the plane's per-pixel error to ``UNCERT`` and flags the
+        product (``QUALITY`` bit ``FLAT_PLANE_STATED``). ``'disk'``: the symmetric-disk prior
+        (exact on a symmetric disk only; ``FLATPLSR = 'STATED'`` too, no ``FLATPLSG``).
+    plane_sigma : float
+        1-sigma of the gain change across the frame width per axis [1]
+        (:data:`pipelines.calibration.masters.subpixel_flat.FLAT_PLANE_SIGMA`).
+    outliers : bool
+        ``'subpixel'`` only: drop cosmic-ray hits and hot pixels of the set and solve again
+        (step 4); ``FLATNCR`` / ``FLATNHOT`` count them.
 
     Returns
     -------
@@ -145,8 +160,10 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
             a = a - np.asarray(dark_dn, dtype=np.float32)
         imgs.append(a)
     if method == "subpixel":
+        if plane not in ("zero", "disk"):
+            raise ValueError(f"plane must be 'zero' or 'disk', got {plane!r}")
         result = subpixel_kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol,
-                                   n_iter=max(n_iter, 1000))
+                                   n_iter=max(n_iter, 1000), plane=plane, outliers=outliers)
         del imgs
         if description is None:
             description = f"sub-pixel KLL flat from {len(result.shifts)} registered images"
@@ -159,8 +176,20 @@ def derive_flat_master(images: Sequence[np.ndarray], shifts: Any, channel: str, 
             h[f"KLLSH{k:02d}"] = (f"{dy:.3f},{dx:.3f}", "[pixel] measured dy,dx of image")
         for k, lv in enumerate(result.levels[:99]):
             h[f"KLLLV{k:02d}"] = (float(lv), "relative level of image (mean 1)")
-        h["KLLPLNY"] = (float(result.plane[0]), "[1/pixel] dlnG/dy from the disk prior")
-        h["KLLPLNX"] = (float(result.plane[1]), "[1/pixel] dlnG/dx from the disk prior")
+        how = "disk prior" if plane == "disk" else "zero convention"
+        h["KLLPLNY"] = (float(result.plane[0]), f"[1/pixel] dlnG/dy added ({how})")
+        h["KLLPLNX"] = (float(result.plane[1]), f"[1/pixel] dlnG/dx added ({how})")
+        h["FLATPLSR"] = ("STATED", "flat plane (gain gradient) not measured")
+        if plane == "zero":
+            h["FLATPLWY"] = ("zero gradient by convention, dithers cannot measure it", "why stated")
+            h["FLATPLSG"] = (float(plane_sigma), "[1] 1-sigma gain change across frame per axis")
+            h["FLATPLY0"] = (result.pivot[0] + 1.0, "[pixel] plane pivot, row (1-based)")
+            h["FLATPLX0"] = (result.pivot[1] + 1.0, "[pixel] plane pivot, column (1-based)")
+        else:
+            h["FLATPLWY"] = ("symmetric disk prior", "why stated")
+        if outliers:
+            h["FLATNCR"] = (int(result.n_outliers), "image pixels dropped as cosmic-ray hits")
+            h["FLATNHOT"] = (int(result.replaced.sum()), "hot pixels: gain from column neighbours")
     else:
         result = kll_flat(imgs, shifts, mask=mask, threshold=threshold, tol=tol, n_iter=n_iter, method="cg")
         del imgs
