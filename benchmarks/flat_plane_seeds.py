@@ -6,7 +6,7 @@ channel's real scene with dirty inputs on the instrument side, derive the chain'
 ``FLATERR``; :func:`validation.blind_chain.derive_chain_masters`), and prints the flat metrics
 of each seed and a ``RESULT`` line::
 
-    python -m benchmarks.flat_plane_seeds --seeds 0-9 --size 256 --mismatch on
+    PYTHONPATH=. python benchmarks/flat_plane_seeds.py --seeds 0-9 --size 256 --mismatch on
 
 Across seeds, per channel ``C``: ``flat_plane_pull_width_C`` = RMS of the per-axis plane pulls
 (``flat_plane_pull_{y,x}_C``: the plane error over ``FLATPLSG / nx``), i.e. ``sqrt(mean

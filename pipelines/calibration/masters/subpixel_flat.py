@@ -88,12 +88,13 @@ __all__ = ["SubpixelFlatResult", "register_dithers", "subpixel_kll_flat", "solve
 #: Stated 1-sigma of the flat's linear gain change across the frame width, per axis [1]
 #: (``FLATPLSG``): the gain gradient a dithered set cannot measure (module notes, step 3)
 #: and ``plane="zero"`` sets to zero. LST.md states no ground value; this one is calibrated
-#: on the validation's seeds 1000-1019 (SDI and WST, 256 px, mismatch on: RMS over the 80
-#: per-axis plane errors, ``benchmarks``/issue 27), never on the reported seeds 0-9. It is
-#: then the spread of the simulator's hidden CMOS flat gradient (+-1.5 % per half frame,
-#: :func:`pipelines.simulation.forward._flat_field`): replace it by a ground or in-flight
-#: measurement of LST's gain gradient when one exists.
-FLAT_PLANE_SIGMA = 0.0175
+#: on the validation's seeds 1000-1011 (SDI and WST, 256 px, ``--mismatch on``: the RMS of
+#: the 48 per-axis plane errors times the frame width, 0.0173;
+#: ``benchmarks/flat_plane_seeds.py``), never on the reported seeds 0-9. It is then the
+#: spread of the simulator's hidden CMOS flat gradient (+-1.5 % per half frame, uniform:
+#: 2 x 0.015 / sqrt(3) = 0.0173; :func:`pipelines.simulation.forward._flat_field`): replace
+#: it by a ground or in-flight measurement of LST's gain gradient when one exists.
+FLAT_PLANE_SIGMA = 0.0173
 
 #: Outlier rejection of step 4 [robust sigmas]: a cosmic ray in one image, a hot pixel in the gain.
 OUTLIER_SIGMA = 6.0
