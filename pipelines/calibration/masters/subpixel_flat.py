@@ -72,6 +72,7 @@ scene share two equations and single pixels were off by up to 8 % in the simulat
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -650,12 +651,9 @@ def _column_median(a: np.ndarray, half: int = 3) -> np.ndarray:
     ny = a.shape[0]
     pad = np.pad(a, ((half, half), (0, 0)), constant_values=np.nan)
     stack = [pad[half + d:half + d + ny] for d in range(-half, half + 1) if d]
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return np.nanmedian(np.stack(stack), axis=0)
+    with warnings.catch_warnings():  # all-NaN neighbourhoods (outside the measured region) give NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(np.stack(stack), axis=0)
 
 
 def _outliers(images, shifts, use, g, s, c, origin, degree, valid, nsig: float):
