@@ -151,6 +151,8 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
         tab = hdul["PROFILE"].data
         out["_profile_r"] = np.asarray(tab["R"], dtype=np.float64)
         out["_profile"] = np.asarray(tab["STRAY"], dtype=np.float64)
+        if "SIGMA" in tab.columns.names:  # the profile's stated 1-sigma [MSB] (issue 27)
+            out["_profile_sigma"] = np.asarray(tab["SIGMA"], dtype=np.float64)
     for i, hdu in enumerate(hdul):
         if hdu.data is None or getattr(hdu.data, "ndim", 0) != 2:
             continue
@@ -618,9 +620,23 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
     img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
     if spec.is_coronagraph and stray_cal is not None:
         frac = stray_cal.parameters.get("STRAYUNC")
+        sig_prof = None
+        if isinstance(model, steps.StrayLightProfile) and "_profile_sigma" in stray_cal.data:
+            r_p, s_p = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile_sigma"])
+            ok = np.isfinite(s_p) & np.isfinite(to_numpy(stray_cal.data["_profile"]))
+            if ok.sum() >= 2:
+                sig_prof = steps.StrayLightProfile(tuple(r_p[ok].tolist()), tuple(s_p[ok].tolist()))
         var, why = uncertainty.stray_light_variance(var, h, model, float(frac) if frac not in (None, "") else None,
-                                                    stray_cal.data.get("strayerr"))
+                                                    stray_cal.data.get("strayerr"), sigma_profile=sig_prof)
         h.add_history(f"uncertainty: {why}")
+        if sig_prof is not None:  # the stated stray-light 1-sigma, in UNCERT and in two keywords
+            h["STRYUNC"] = (float(sig_prof.brightness(1.1)), "[MSB] stray-light 1-sigma at 1.1 Rsun")
+            h["STRYUN25"] = (float(sig_prof.brightness(2.5)), "[MSB] stray-light 1-sigma at 2.5 Rsun")
+        if "STRYCHI2" in stray_cal.parameters:
+            h["STRYCHI2"] = (float(stray_cal.parameters["STRYCHI2"]), "reduced chi2 of the stray-light fit")
+        if bool(stray_cal.parameters.get("STRYREFU", False)):  # never silently: the product says so
+            why = str(stray_cal.parameters.get("STRYWHY", "") or "stray-light fit refused")
+            flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")
     return img, h, var
 
 
