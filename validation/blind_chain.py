@@ -171,6 +171,8 @@ CR_DETECTABLE_SIGMA = 10.0
 #:
 #: * ``pull_width_dev``: the per-pixel uncertainty (``UNCERT``) states the *random* error of
 #:   each pixel (Poisson, read noise, dark, flat, stray-light terms; :mod:`pipelines.calibration.l2.uncertainty`).
+#:   SCI's ``UNCERT`` also holds the stated stray-light 1-sigma (issue 27 item 3), one error of the
+#:   whole frame: the gated width takes it out again (``UNCERT**2 - sigma_stray(r)**2``).
 #:   Errors that are one number for the whole frame are stated elsewhere, as the standards
 #:   do: the disk centre's in the WCS error keywords ``CRDERia``/``CSYERia`` (FITS Standard
 #:   4.0, sect. 8.2), the absolute scale's in ``RADUNC``. A single frame cannot test a
@@ -872,7 +874,15 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
     truth_reg = ndimage.shift(truth, (-ey, -ex), order=3, mode="nearest")
     level = _level(l2, truth_reg)
     out[f"level_centre_corrected_{chan}"] = level
-    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq, uncertainty=l2.uncertainty / level),
+    u_rand = l2.uncertainty
+    if sest is not None and sest.model_set is not None:
+        # SCI UNCERT holds the stated stray-light 1-sigma too (issue 27 item 3), a frame-wide error the
+        # flow adds on the output grid: the random part is what remains without it (same profile, same grid)
+        from pipelines.sun import radius_map, sun_geometry
+
+        s_out = sest.stray_sigma(radius_map(l2.data.shape, sun_geometry(l2.header)))
+        u_rand = np.sqrt(np.maximum(l2.uncertainty.astype(np.float64) ** 2 - s_out ** 2, 0.0))
+    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq, uncertainty=u_rand / level),
                              truth_reg)
     del truth_reg
     tag = "centre_level_corrected"

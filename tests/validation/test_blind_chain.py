@@ -93,7 +93,8 @@ def test_the_gates_fail_on_the_controls(chain):
     bad["cr_residual_frac_saa_SCI-WL"] = chain["cr_residual_frac_off_SCI-WL"]
     bad["level_WST"] = 1.012
     bad["level_SCI-WL"] = 1.0 + bc.level_tolerance(chain, "SCI-WL") + 0.002
-    bad["stray_pct_SCI-WL_r2.5"] = 5.1
+    bad["stray_pct_SCI-WL_r2.5"] = 5.1  # beyond 5 % of the K corona and beyond 3 stated sigma (issue 27)
+    bad["stray_pull_SCI-WL_r2.5"] = 3.1
     assert set(bc.gate_failures(bad)) - set(bc.gate_failures(chain)) == {
         "centre WST", "centre claim SDI", "dark SDI", "flat SDI", "pull width SCI-UV", "cosmic-ray residual SCI-WL",
         "level WST", "level SCI-WL", "stray SCI-WL 2.5 Rsun"}
@@ -116,6 +117,12 @@ def test_cosmic_rays_at_the_leo_rate_and_in_the_saa(chain):
 
 def test_stray_light_is_scored_for_sci_only(chain):
     assert all(f"stray_pct_{c}_r{r:g}" in chain for c in ("SCI-UV", "SCI-WL") for r in bc.RADII)
+    # issue 27 item 3: the stated 1-sigma, its pulls, the fit's chi-square and the refusal are scored
+    for c in ("SCI-UV", "SCI-WL"):
+        assert all(np.isfinite(chain[f"stray_pull_{c}_r{r:g}"]) and chain[f"stray_sigma_pct_{c}_r{r:g}"] > 0
+                   for r in bc.RADII)
+        assert chain[f"stray_refused_{c}"] in (0.0, 1.0) and chain[f"stray_flagged_{c}"] == chain[f"stray_refused_{c}"]
+        assert chain[f"stray_chi2_{c}"] > 0
     assert not any(k.startswith("stray_pct_SDI") or k.startswith("stray_pct_WST") for k in chain)
 
 
