@@ -26,7 +26,11 @@ The **chain side** derives every master from those frames and nothing else:
   :func:`validation.blind_units.estimate_detector_masters` (flat and ``FLATERR``);
 * SCI stray light: :func:`validation.blind_stray.estimate_stray_light` on the roll
   sequence calibrated with the chain's dark and flat, the coronal prior wrong by x0.5 (only its
-  shape is used), written by :func:`validation.blind_stray.blind_stray_master`;
+  shape is used), written by :func:`validation.blind_stray.blind_stray_master`; with the model
+  set of issue 27 item 3 (:func:`validation.blind_stray.fit_stray_model_set`): the master carries
+  the law's stated 1-sigma (``PROFILE`` ``SIGMA``, added to SCI ``UNCERT``), the fit's
+  ``STRYCHI2`` and residual profile, and a refusal (``STRYREFU``: the default law, LST.md's
+  on-orbit power law, is used and the product flagged, ``QUALITY`` bit 4 / ``STRYFAIL``);
 * centre: the limb / occulter fit of :func:`pipelines.calibration.l2.centre.fit_and_apply_centre`
   inside :func:`pipelines.calibration.l2.flow.calibrate_frame`;
 * cosmic rays: L.A.Cosmic (:func:`pipelines.calibration.l2.steps.clean_cosmic_rays`,
@@ -830,7 +834,12 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
 
 
 def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
-    """SCI: the stray light from the roll sequence calibrated with the chain's dark and flat (master and estimate)."""
+    """SCI: the stray light from the roll sequence calibrated with the chain's dark and flat (master and estimate).
+
+    The estimate runs the model set (``model_set=True``): stated 1-sigma, chi-square, residual
+    profile; a fit refused above :data:`validation.blind_stray.STRAY_CHI2_LIMIT` falls back to
+    the channel's default law (:func:`pipelines.simulation.stray_light_model`, LST.md's two
+    on-orbit points, the master the simulator hands out), and the master says so."""
     from validation.blind_stray import blind_stray_master, estimate_stray_light
     from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
     from pipelines.calibration.l2.options import CalibrationOptions
