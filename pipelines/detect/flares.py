@@ -128,7 +128,7 @@ __all__ = [
 #: Detector name (HEK ``frm_name`` of the events it makes).
 DETECTOR_NAME = "lst-sdi-flare"
 #: Detector version (HEK ``frm_version``); bump it when a change alters detections.
-DETECTOR_VERSION = "1.5.0"
+DETECTOR_VERSION = "1.6.0"
 
 _MAD_TO_SIGMA = 1.4826
 #: Variance of the median of n Gaussian values is about pi / 2 sigma^2 / n (its asymptotic
@@ -320,6 +320,8 @@ class FlareDetectionParams:
     sparse_cadence_s: float | None = 300.0
     sparse_noise_sigma: float = 5.0
     sparse_detection_threshold: float = 0.2
+    max_decay_s: float | None = None
+    sparse_max_decay_s: float | None = 10800.0
     robust_baseline: bool = True
     min_baseline_frames: int = 30
     max_baseline_inflation: float | None = None
@@ -353,6 +355,9 @@ class FlareDetectionParams:
             raise ValueError("min_baseline_frames must be >= 3 and quiet_sun_box_arcsec positive")
         if self.sparse_detection_threshold <= 0 or self.sparse_noise_sigma < 0:
             raise ValueError("sparse_detection_threshold must be positive, sparse_noise_sigma non-negative")
+        for v in (self.max_decay_s, self.sparse_max_decay_s):
+            if v is not None and not v > 0:
+                raise ValueError("max_decay_s and sparse_max_decay_s must be positive (or None)")
         if self.red_noise_sigma < 0 or (self.max_baseline_inflation is not None and self.max_baseline_inflation < 1):
             raise ValueError("red_noise_sigma must be non-negative and max_baseline_inflation >= 1 (or None)")
         if self.corotate not in ("auto", "on", "off"):
@@ -392,7 +397,8 @@ class FlareDetectionParams:
             return self, False
         return dataclasses.replace(
             self, noise_sigma=max(self.noise_sigma, self.sparse_noise_sigma),
-            detection_threshold=max(self.detection_threshold, self.sparse_detection_threshold)), True
+            detection_threshold=max(self.detection_threshold, self.sparse_detection_threshold),
+            max_decay_s=self.max_decay_s if self.sparse_max_decay_s is None else self.sparse_max_decay_s), True
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -1157,6 +1163,13 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
         low = min((float(rel[j]) for j in recent if np.isfinite(rel[j])), default=r_peak)
         if r_peak - min(low, r_peak) < p.impulsive_fraction * r_peak:
             return None  # a gradual brightening (active-region evolution), not a flare
+    if p.max_decay_s is not None:
+        # transient (1.6.0, sparse series): the decay observed, as the rise is above; a rise
+        # that stays up (or whose decay the series ends before showing) is evolution, or unproven
+        after = [j for j in range(peak + 1, n) if float(sec[j] - sec[peak]) <= p.max_decay_s]
+        low = min((float(rel[j]) for j in after if np.isfinite(rel[j])), default=r_peak)
+        if r_peak - min(low, r_peak) < p.impulsive_fraction * r_peak:
+            return None
     flags = []
     if start_edge and start == 0:
         flags.append("start_not_observed")

@@ -81,6 +81,17 @@ __all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_
            "disk_integrated_irradiance", "CrossCalibration", "fit_cross_calibration", "write_radiometric_master",
            "radiometric_uncertainty_at", "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
 
+#: The project's one Lyman-alpha irradiance convention [Rsun]: the irradiance of the Sun is the
+#: radiance integrated over the solid angle within this radius of the disk centre (the disk, the
+#: limb-brightened chromosphere and the inner corona out to SDI's field stop, ``FOVRAD``; the part
+#: of that circle on the frame), moved to 1 au. The simulator's single frames and series
+#: (:mod:`pipelines.simulation.truth`), its radiometric campaign
+#: (:mod:`pipelines.simulation.campaign`) and the chain (:func:`disk_integrated_irradiance`)
+#: all use it, and it is what the LASP composite and LYRA are compared with. Beyond 1.2 Rsun the
+#: Lyman-alpha corona adds :data:`CORONA_BEYOND_RADIUS_FRACTION` of the irradiance, which
+#: neither reference separates (whole-Sun radiometers): a term of :func:`reference_budget`.
+IRRADIANCE_RADIUS_RSUN = 1.2
+
 #: Hydrogen Lyman-alpha wavelength [nm] (vacuum, the 1s-2p multiplet's weighted centre; NIST ASD).
 LYA_WAVELENGTH_NM = 121.567
 
@@ -369,7 +380,7 @@ def disk_integrated_irradiance(data: np.ndarray, dq: np.ndarray | None, header: 
     img = np.asarray(data, dtype=np.float64)
     rho = radius_map(img.shape, geo)
     if r_max_rsun is None:
-        r_max_rsun = float(header.get("FOVRAD", 1.2))
+        r_max_rsun = float(header.get("FOVRAD", IRRADIANCE_RADIUS_RSUN))
     good = np.isfinite(img)
     if dq is not None:
         good &= np.asarray(dq) == 0
