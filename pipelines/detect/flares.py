@@ -1021,6 +1021,27 @@ def detect_flares(
     return out
 
 
+def _decays(rel: np.ndarray, sec: np.ndarray, peak: int, r_peak: float, p: FlareDetectionParams) -> bool:
+    """The decay test of sparse series (1.6.0, ``max_decay_s``): within ``max_decay_s`` after
+    the peak (plus half the median cadence) the footprint's enhancement falls to ``(1 - impulsive_fraction)`` of the peak (half)
+    or below, and stays there for the rest of that window. A flare is a single transient whose
+    decay is monotonic to within the noise; a brightening that holds, or comes back to half the
+    peak within the window, is the evolution of the scene (active-region brightenings last
+    hours), and one whose window the series ends before holding a frame below half cannot be
+    told from it. ``rel``: the footprint curve relative to its pre-event level, per frame;
+    ``sec``: frame times [s]."""
+    level = (1.0 - p.impulsive_fraction) * r_peak
+    # the window's frames with half a cadence's tolerance: frame times jitter by seconds
+    # (hourly EIT frames at 00:00:10, 01:00:16, ...), a frame nominally at 3 h is in it
+    horizon = p.max_decay_s + 0.5 * float(np.median(np.diff(sec))) if len(sec) > 1 else p.max_decay_s
+    after = [j for j in range(peak + 1, len(rel)) if float(sec[j] - sec[peak]) <= horizon
+             and np.isfinite(rel[j])]
+    below = [j for j in after if float(rel[j]) <= level]
+    if not below:
+        return False
+    return all(float(rel[j]) <= level for j in after if j > below[0])
+
+
 def _merge_overlapping(found: list, characterise, structure: np.ndarray) -> list:
     """One event per flare: tracks whose footprints touch (one macropixel of dilation, the
     tracking rule) and whose events overlap in time (``start_index <= other.end_index`` both
@@ -1163,13 +1184,8 @@ def _characterise(footprint, frames, cube, when, sec, windows, images, dq, wcs_i
         low = min((float(rel[j]) for j in recent if np.isfinite(rel[j])), default=r_peak)
         if r_peak - min(low, r_peak) < p.impulsive_fraction * r_peak:
             return None  # a gradual brightening (active-region evolution), not a flare
-    if p.max_decay_s is not None:
-        # transient (1.6.0, sparse series): the decay observed, as the rise is above; a rise
-        # that stays up (or whose decay the series ends before showing) is evolution, or unproven
-        after = [j for j in range(peak + 1, n) if float(sec[j] - sec[peak]) <= p.max_decay_s]
-        low = min((float(rel[j]) for j in after if np.isfinite(rel[j])), default=r_peak)
-        if r_peak - min(low, r_peak) < p.impulsive_fraction * r_peak:
-            return None
+    if p.max_decay_s is not None and not _decays(rel, sec, peak, r_peak, p):
+        return None  # no flare's decay within max_decay_s: persistent evolution, or unproven
     flags = []
     if start_edge and start == 0:
         flags.append("start_not_observed")
