@@ -207,6 +207,23 @@ def test_hourly_simulated_series_recall_and_false_alarms_on_held_out_seeds():
     assert r.extra["false_alarms"] == 0, r.rows
 
 
+def test_eit_hourly_series_false_alarms_at_most_one():
+    """Issue 27 item 7: the EIT hourly series of 2004-03-01, the untouched test of the sparse
+    rules (tuned on the simulated hourly series' tuning seeds only). The demo's SDI series (the
+    13 real EIT frames through the simulator, its one injected flare, calibrated to L2; here at
+    256 px): detector 1.5.0 reported 5 events, 4 false (7 and 6 at the demo's 1152 px); 1.6.0's
+    decay test leaves the injected flare and 1 false alarm (the same at 1152 px, ``--hourly``;
+    2 at 384 px). The raw EIT 195 A frames (``flare_real_sequence``, 128 px): no event with either
+    version; a detection there that matches no GOES event of the day would be a false alarm."""
+    from benchmarks.validate_detection import demo_eit_series, flare_real_sequence
+
+    demo = demo_eit_series(naxis=256)
+    assert demo.n_found == 1, demo.rows  # the injected flare
+    assert demo.extra["false_alarms"] <= 1, demo.rows
+    real = flare_real_sequence()
+    assert real.n_detections - real.n_true_detections <= 1, real.rows
+
+
 def test_hourly_slow_evolution_changes_the_scene_only_when_asked():
     """The slow component is off by default (the dense validation's frames are those it had), and
     with it the hourly changes are larger than with the fast red noise alone."""
