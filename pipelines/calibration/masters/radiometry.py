@@ -40,23 +40,65 @@ Reference series (``sample-data/real/lyman-alpha``, MANIFEST.md)
 * PROBA2/LYRA level 2, channel 1 (Lyman-alpha, 120-123 nm) [W m-2], 2012-01-01 only (no
   other LYRA day is in the sample data). Its header states no uncertainty either.
 
-The 1.215x of issue 14
-----------------------
-Measured with :func:`disk_integrated_irradiance` on main's SDI frame of 2012-01-01 00:16
-(``simulate(channels=['SDI'], naxis=256, sdi_sequence=False)``, its given ``RADCOEF``):
-SDI/LYRA = 1.213, SDI/LASP = 1.030. Two causes, neither an SDI detector effect:
+One irradiance convention (issue 27 item 6)
+-------------------------------------------
+The Lyman-alpha irradiance of the Sun, here and in the simulator, is the radiance integrated
+over the solid angle within :data:`IRRADIANCE_RADIUS_RSUN` = 1.2 Rsun of the disk centre (the
+disk, the limb-brightened chromosphere and the inner corona to SDI's field stop), moved to 1 au.
+:func:`disk_integrated_irradiance` measures it; the simulator's single frames and series and
+its radiometric campaign set their scene to the LASP value under it
+(``pipelines.simulation.scenes._scale_to_irradiance``). The whole-Sun references also see the
+corona beyond 1.2 Rsun, at most :data:`CORONA_BEYOND_RADIUS_FRACTION` (2.5e-4) of the total: a
+term of the budget below, not a correction.
 
-* the two reference series disagree by 1.1775x on that day: LASP 4.57e11 photons cm-2 s-1 =
-  7.47e-3 W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median of the file; LYRA/LASP = 0.849);
-* main's simulator sets the *disk alone* to the LASP value (disk-average radiance = E /
-  Omega_sun), so the limb and the inner corona out to the field stop add 3.0 % (the disk holds
-  0.967 of the integral).
+Before (issue 14, main's SDI frame of 2012-01-01 00:16 at 256 px with its given ``RADCOEF``)
+SDI read 1.030 x LASP and 1.213 x LYRA: the single frames put the LASP value on the *disk
+alone* (disk-average radiance = E / Omega_sun), so the limb and inner corona added 3.0 % (the
+disk holds 0.967 of the integral), while the campaign scaled the whole square frame. Now the
+same frame reads 1.0002 x LASP and 1.1777 x LYRA, i.e. the LASP/LYRA ratio of that day.
 
-After the cross-calibration SDI follows the series it is tied to: SDI/LASP = 1.000 on
-average over the campaign (RMS 0.2-0.4 % per day) and SDI/LYRA on 2012-01-01 = 1.168-1.178
-(blind runs, seeds 0-2 and 5), i.e. the LASP/LYRA scale difference (1.1775) and nothing more.
-That ~18 % is a disagreement between LYRA's and LASP's absolute scales; one LYRA day cannot
-fit a degradation, so LASP (continuous over 1997-2013) is the reference and LYRA the check.
+Two references and their budget
+-------------------------------
+The two series disagree by 1.1775x on 2012-01-01: LASP 4.57e11 photons cm-2 s-1 = 7.47e-3
+W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median of the file). :func:`reference_budget` states
+what covers it, relative 1 sigma, in quadrature:
+
+========================  ========  =====================================================
+term                      value     source
+========================  ========  =====================================================
+LASP absolute scale       0.05      :data:`LASP_SCALE_UNCERTAINTY` (UARS SOLSTICE scale)
+LYRA absolute scale       0.11      :data:`LYRA_SCALE_UNCERTAINTY` (BenMoussa et al. 2009)
+LASP daily value          0.0040    :data:`LASP_DAILY_SCATTER` (measured from the file)
+LYRA daily value          2e-5      standard error of the day's samples (the file)
+corona beyond 1.2 Rsun    2.5e-4    :data:`CORONA_BEYOND_RADIUS_FRACTION`
+total                     0.121
+========================  ========  =====================================================
+
+ln 1.1775 = 0.163 = 1.35 sigma: within :data:`REFERENCE_AGREEMENT_K` = 2. Not in the budget
+(stated by no provider, so the total is a lower bound): LYRA's level-2 correction of channel
+1's in-flight degradation (see :data:`LYRA_SCALE_UNCERTAINTY`). LASP's scale alone (5 %) would
+make the disagreement 3.3 sigma. LASP (continuous over 1997-2013) is the reference SDI's law is
+fitted to, LYRA the check; :func:`compare_with_reference` makes the check either way (SDI tied to
+LASP against LYRA, SDI tied to LYRA by :func:`cross_calibrate_on_day` against LASP) and the
+same z (+-1.35) results (``tests/validation/test_reference_radiometry.py``, the real files).
+After a campaign's fit SDI follows the series it is tied to: SDI/LASP = 1.000 on average over
+the campaign (RMS 0.2-0.4 % per day) and SDI/LYRA on 2012-01-01 = 1.168-1.178 (blind runs).
+
+A law of the wrong shape
+------------------------
+The fit assumes ``C(t) = C0 exp(lambda (t - t0))``. :func:`_law_mismatch` tests the residuals of
+every day (outliers included) against two alternatives with one parameter more, a step in
+sensitivity between any two observing days and a curvature of ln C (a fast early loss), by the
+largest chi-square drop against its parametric-bootstrap null distribution; below
+:data:`MISMATCH_P` the fit carries ``law_mismatch`` and the master ``RADMISFL = 'STEP'`` or
+``'CURVE'`` with ``RADMISP`` (the master is written, flagged, not refused: the chain still
+calibrates with the best exponential law, and the flag says its shape is refuted). Measured on
+synthetic campaign ratios (the campaign's day layout, 13 days, the composite's daily noise,
+200 seeds each, ``validation.families.Degradation`` drawn in its ranges): the exponential law
+flagged 2/200; a step (1-4 %) 158/200, those missed within 1.5 % of the truth; a fast early
+loss (2-6 %, e-folding 5-30 % of the span) 164/200, 19 missed by more than 1 %, at most 4.0 %.
+A one-day outlier (a flare snapshot) on the campaign's first or last day is flagged ``STEP``
+too (20 of 100 outliers at random days, all at an end): one day cannot tell them apart.
 """
 
 from __future__ import annotations
