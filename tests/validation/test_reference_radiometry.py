@@ -47,12 +47,12 @@ def sdi_frame(tmp_path_factory):
     cals = {fits.getheader(p)["CALKIND"]: load_calibration_master(p) for p in sorted((out / "calibration").glob("*.fits"))}
     raw = read_image(sorted((out / "raw").glob("*.fits"))[0])
     l2 = calibrate_frame(raw.data, raw.header, cals)
-    return l2, radiometry.disk_integrated_irradiance(l2.data, l2.dq, l2.header)
+    return l2, radiometry.disk_integrated_irradiance(l2.data, l2.dq, l2.header), raw, cals
 
 
 def test_one_convention_simulator_and_chain_agree(sdi_frame, refs):
     lasp, _ = refs
-    l2, e = sdi_frame
+    l2, e = sdi_frame[:2]
     assert e["r_max_rsun"] == radiometry.IRRADIANCE_RADIUS_RSUN == 1.2
     assert Time(l2.header["DATE-OBS"]).utc.to_datetime().date() == DAY
     # the frame was made with the LASP value within 1.2 Rsun and calibrated with the coefficient it
@@ -132,4 +132,19 @@ def test_a_degradation_law_of_the_wrong_shape_is_flagged(tmp_path):
     assert h["RADMISFL"] == "STEP" and 0 < h["RADMISP"] < radiometry.MISMATCH_P
     p = radiometry.write_radiometric_master(right[0], tmp_path / "r.fits", naxis=64, version=2,
                                             valid_from="1997-01-01T00:00:00", valid_to="2014-01-01T00:00:00")
-    assert fits.getheader(p)["RADMISFL"] == "NONE" or right[0].law_mismatch
+    assert not right[0].law_mismatch and fits.getheader(p)["RADMISFL"] == "NONE"
+
+
+def test_a_flagged_master_says_so_on_the_product(sdi_frame, tmp_path):
+    """A product calibrated with a master whose law's shape was refuted carries ``RADMISFL``."""
+    from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
+    from validation.families import Degradation
+
+    fit = _campaign_ratios(0, Degradation("step", 0.03, 0.5))
+    assert fit.law_mismatch
+    l2, _, raw, cals = sdi_frame
+    assert "RADMISFL" not in l2.header  # the simulator's master
+    m = radiometry.write_radiometric_master(fit, tmp_path / "m.fits", naxis=64, version=2,
+                                            valid_from="1997-01-01T00:00:00", valid_to="2014-01-01T00:00:00")
+    flagged = dict(cals, radiometric=load_calibration_master(m))
+    assert calibrate_frame(raw.data, raw.header, flagged).header["RADMISFL"] == "STEP"
