@@ -435,6 +435,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
     if radunc is not None:
         h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma error of the radiometric scale")
+    # the master's degradation law refuted by its own residuals (radiometry.MISMATCH_P): said on the
+    # product too (only then: products of an unflagged master keep their header)
+    h.remove("RADMISFL", ignore_missing=True, remove_all=True)
+    mis = str(rad.parameters.get("RADMISFL") or "NONE").strip().upper()
+    if mis != "NONE":
+        h["RADMISFL"] = (mis, "radiometric law's shape refuted by its fit")
     _flag_stated_flat_plane(h, cals["flat"])
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
