@@ -17,6 +17,7 @@ One SeaweedFS serves the module (about 1-3 s to start); each test has its own bu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
@@ -161,6 +162,14 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
         region = client.get(f"/api/v1/products/{ids[0]}/region.png", params={"size": 32})  # the viewer's cut-out
         assert region.status_code == 200 and region.content.startswith(b"\x89PNG")
 
+    # astropy through fsspec on the API's URL (a live server: fsspec's HTTP filesystem, range requests)
+    with _live_api() as base:
+        # blocks of two FITS records: the section needs reads that start past byte 0 (ranges)
+        with fits.open(f"{base}/api/v1/products/{ids[0]}/fits", use_fsspec=True,
+                       fsspec_kwargs={"block_size": 2 * 2880}) as hdul:
+            assert hdul[0].header["PRODID"] == ids[0]
+            assert hdul[0].section[10:20, 30:40].shape == (10, 10)
+
     # astropy through fsspec: obstore's filesystem, configured from the AWS_* environment
     for k, v in s3.env("unused").items():
         if k.startswith("AWS_"):
@@ -170,8 +179,37 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
 
     obstore.fsspec.register("s3")
     with fits.open(path, use_fsspec=True) as hdul:
-        assert hdul[0].header["PRODID"] == ids[0] and hdul[0].data.shape == (64, 64)
-        assert "DQ" in hdul
+        assert hdul[0].header["PRODID"] == ids[0] and hdul[0].section[0:8, 0:64].shape == (8, 64)
+        assert hdul[0].data.shape == (64, 64) and "DQ" in hdul
+
+
+@contextlib.contextmanager
+def _live_api():
+    """The app served by uvicorn on a free loopback port in a thread, for the ``with`` block."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from backend.api.app import create_app
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
 
 
 # -- the injector: every store operation and database statement of one calibration ---------------

@@ -12,8 +12,11 @@ With an object store (``PRODUCT_STORE=s3://...``) a product's files are objects:
 :func:`object_response` streams them from the store through the API, checked against their
 SHA-256 as they go (:meth:`backend.store.ProductStore.iter_verified`: a mismatch ends the
 transfer short, so a client never takes a wrong file as whole), with the same ETag and
-``Last-Modified`` (the object's) and the same 304 answers. The API does not redirect to
-presigned URLs: every byte it serves is checked on its way out.
+``Last-Modified`` (the object's) and the same 304 answers. A request with ``Range`` (astropy
+through fsspec reads FITS headers and sections so) is answered from the object's local copy in
+the bounded cache (:meth:`backend.store.ProductStore.local_file`, checked whole when fetched),
+with Starlette's range handling. The API does not redirect to presigned URLs: every byte it
+serves is checked.
 
 The product archives (``/products/archive``) are made on request, with their creation time
 in the name and the manifest, and sent ``Cache-Control: no-store``: no validator applies.
@@ -121,9 +124,17 @@ def object_response(request: Request, ref: str, *, media_type: str, filename: st
     obj = store.head(key) if key is not None else None
     if obj is None:
         return None
+    if request.headers.get("range"):
+        # a range (astropy through fsspec, a resumed download): from the checked local copy
+        # (a part cannot be checked against the whole file's SHA-256), with Starlette's ranges
+        try:
+            cached = store.local_file(key, sha256)
+        except FileNotFoundError:
+            return None
+        return file_response(request, cached, media_type=media_type, filename=filename, sha256=sha256)
     headers = {"content-length": str(obj.size), "last-modified": formatdate(obj.modified, usegmt=True),
                "etag": f'"{sha256}"' if sha256 else f'"{obj.size:x}-{int(obj.modified):x}"',
-               "accept-ranges": "none"}
+               "accept-ranges": "bytes"}
     if filename:
         headers["content-disposition"] = f'attachment; filename="{filename}"'
     if request.method in ("GET", "HEAD") and not_modified(request.headers, headers["etag"], headers["last-modified"]):
