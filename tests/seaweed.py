@@ -31,7 +31,7 @@ ACCESS_KEY, SECRET_KEY = "lstdp-test", "lstdp-test-secret"
 START_TIMEOUT_S = 60.0
 #: Seconds between SIGTERM and SIGKILL: SeaweedFS's own shutdown waits on its volume
 #: growth loop for ~10 s; test data is thrown away, so this is short
-STOP_GRACE_S = 2.0
+STOP_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
