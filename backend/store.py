@@ -40,7 +40,6 @@ import os
 import re
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,10 +164,6 @@ class ProductStore:
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         """Every object under ``prefix`` (the store's temporary files excluded)."""
         raise NotImplementedError
-
-    def presign(self, key: str, expires_s: float) -> str | None:
-        """A URL that serves ``key`` without credentials for ``expires_s`` [s], or None (local)."""
-        return None
 
     def incomplete_uploads(self) -> list[tuple[str, str]]:
         """``(key, upload id)`` of multipart uploads begun and never completed (local: none)."""
@@ -374,7 +369,11 @@ class ObjectStore(ProductStore):
             if _is_not_found(exc):
                 raise FileNotFoundError(self.ref(key)) from exc
             raise StoreError(f"read of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
-        yield from (bytes(c) for c in result.stream(min_chunk_size=CHUNK_BYTES))
+        try:
+            for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
+                yield bytes(chunk)
+        except Exception as exc:  # the connection broke mid-object
+            raise StoreError(f"read of {self.ref(key)} broke off: {exc.__class__.__name__}") from exc
 
     def stored_sha256(self, key: str) -> str | None:
         import obstore as obs
@@ -418,13 +417,6 @@ class ObjectStore(ProductStore):
                     yield StoredObject(m["path"], int(m["size"]), m["last_modified"].timestamp())
         except Exception as exc:
             raise StoreError(f"listing {self.url} failed: {exc.__class__.__name__}: {exc}") from exc
-
-    def presign(self, key: str, expires_s: float) -> str | None:
-        import datetime as dt
-
-        import obstore as obs
-
-        return obs.sign(self._store, "GET", key, dt.timedelta(seconds=expires_s))
 
     # multipart uploads (obstore lists none: ListMultipartUploads/AbortMultipartUpload signed here)
     def incomplete_uploads(self) -> list[tuple[str, str]]:
@@ -509,6 +501,3 @@ def product_store(settings=None) -> ProductStore:
             _STORES[cfg] = store
     return store
 
-
-def _age_s(obj: StoredObject) -> float:
-    return time.time() - obj.modified

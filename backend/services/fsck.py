@@ -203,11 +203,14 @@ class FsckReport:
         size = (f"{self.bytes_hashed / 1e9:.2f} GB" if self.bytes_hashed >= 1e9 else f"{self.bytes_hashed / 1e6:.1f} MB")
         hashed = f"; {size} hashed" if self.checksums else "; checksums not compared"
         out.append(f"checked {c.get('products', 0)} products, {c.get('product_files', 0)} product files, "
-                   f"{c.get('temporary_files', 0)} temporary files, {c.get('frames', 0)} frames, "
+                   f"{c.get('temporary_files', 0)} temporary files, "
+                   + (f"{c['product_objects']} product objects, " if "product_objects" in c else "")
+                   + f"{c.get('frames', 0)} frames, "
                    f"{c.get('calibration_files', 0)} calibration files{hashed} in {self.seconds:.1f} s")
         n, left = len(self.problems), len(self.remaining)
         if not n:
-            out.append("clean: the database and the disk agree")
+            out.append("clean: the database and the disk agree" if "product_objects" not in c
+                       else "clean: the database and the object store agree")
         elif self.repaired:
             out.append(f"{n} problem(s): {n - left} repaired, {left} remain")
         else:

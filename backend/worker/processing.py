@@ -39,8 +39,8 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed", "count_item", "recount_job",
-           "lock_job", "frames_for_job", "finish_job", "resident_master"]
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed", "count_item",
+           "recount_job", "lock_job", "frames_for_job", "finish_job", "resident_master"]
 
 
 def plan_job(session: Session, job_id: str) -> list[int]:
