@@ -132,6 +132,7 @@ def test_second_create_is_refused_and_changed_bytes_are_caught(s3, tmp_path):
 # -- end to end -------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~6-10 s: a calibration, a live uvicorn, downloads, an archive
 def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkeypatch):
     from astropy.io import fits
     from fastapi.testclient import TestClient
@@ -318,6 +319,7 @@ def _settle_case(settings, pid, kind, n):
     return ops, state, len(report.problems)
 
 
+@pytest.mark.slow  # ~5-7 s each: 12 store and 15 database cases, each with its retry and fsck
 @pytest.mark.parametrize("kind", ["store", "db"])
 def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, kind):
     """A dry run counts the operations of one calibration; then each one fails in turn. Store:
