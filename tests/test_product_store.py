@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import io
 import itertools
-import sqlite3
 import tarfile
 
 import pytest
@@ -51,16 +50,37 @@ def simulated(simulated_dataset):
 
 
 @pytest.fixture
-def s3_env(sqlite_env, settings_env, s3, simulated, monkeypatch):
-    """Embedded-mode settings with ``PRODUCT_STORE`` in a fresh prefix of the test server, the
-    simulated frames and masters ingested and one product planned per frame. Returns
-    (settings, product ids)."""
+def database(request, sqlite_env):
+    """The database of the test: the embedded SQLite (default), or with ``indirect``
+    parametrization ``"postgres"`` a new migrated PostgreSQL database (dropped after)."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        yield sqlite_env.sqlalchemy_url
+        return
+    from backend.migrate import upgrade
+    from tests.conftest import create_pg_database, drop_pg_database
+
+    url = create_pg_database("store_test")
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        from backend import db as dbmod
+
+        dbmod.reset_caches()
+        drop_pg_database(url)
+
+
+@pytest.fixture
+def s3_env(database, settings_env, s3, simulated):
+    """Settings with ``PRODUCT_STORE`` in a fresh prefix of the test server and ``database``,
+    the simulated frames and masters ingested and two products planned. Returns (settings,
+    product ids)."""
     from backend.db import session_scope
     from backend.services.ingest import ingest_path
     from backend.worker.processing import plan_product
 
     settings = settings_env(**s3.env("lstdp-test", f"t{next(_prefixes)}"), MAX_DELIVERIES="100",
-                            DATABASE_URL=sqlite_env.sqlalchemy_url)
+                            DATABASE_URL=database)
     with session_scope() as s:
         for p in [c.path for c in simulated.calibration_files] + list(simulated.raw_files):
             assert ingest_path(s, p, settings, move=False).status in ("ingested", "calibration")
@@ -83,12 +103,12 @@ def _calibrate(settings, pid, task="t1", attempt=0):
         return prod.state, prod.path, prod.sha256, prod.quicklook_path, prod.error
 
 
-def _fsck(settings, repair=False):
+def _fsck(settings, repair=False, checksums=True):
     from backend.db import session_scope
     from backend.services.fsck import run_fsck
 
     with session_scope() as s:
-        return run_fsck(s, settings, repair=repair)
+        return run_fsck(s, settings, repair=repair, checksums=checksums)
 
 
 def _objects(settings):
@@ -247,8 +267,8 @@ def _db_injector(mp, n: int, counter: list, *, lost_ack: bool):
     def before(conn, cursor, statement, params, context, executemany):
         counter[0] += 1
         counter.append(statement.split()[0])
-        if counter[0] == n:
-            raise sqlite3.OperationalError(f"injected database fault at operation {n} ({statement.split()[0]})")
+        if counter[0] == n:  # the driver's own error (SQLite's or psycopg's), as a dropped connection gives
+            raise conn.dialect.loaded_dbapi.OperationalError(f"injected database fault at operation {n}")
 
     real_commit = DefaultDialect.do_commit
 
@@ -258,7 +278,7 @@ def _db_injector(mp, n: int, counter: list, *, lost_ack: bool):
         if counter[0] == n:
             if lost_ack:
                 real_commit(self, dbapi_connection)
-            raise sqlite3.OperationalError(f"injected database fault at operation {n} (COMMIT)")
+            raise self.loaded_dbapi.OperationalError(f"injected database fault at operation {n} (COMMIT)")
         real_commit(self, dbapi_connection)
 
     mp.setattr(DefaultDialect, "do_commit", do_commit)
@@ -307,7 +327,7 @@ def _settle_case(settings, pid, kind, n):
     with session_scope() as s:
         prod = s.get(Product, pid)
         state, path, ql = prod.state, prod.path, prod.quicklook_path
-    report = _fsck(settings)
+    report = _fsck(settings, checksums=state == ProductState.written)  # a product's bytes checked too
     if not report.clean:
         report = _fsck(settings, repair=True)
         assert all(f.repaired for f in report.problems), [f.line() for f in report.problems]
@@ -319,9 +339,12 @@ def _settle_case(settings, pid, kind, n):
     return ops, state, len(report.problems)
 
 
-@pytest.mark.slow  # ~5-7 s each: 12 store and 15 database cases, each with its retry and fsck
-@pytest.mark.parametrize("kind", ["store", "db"])
-def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, kind):
+@pytest.mark.slow  # ~5-7 s each: 12 store and 15-20 database cases, each with its retry and fsck
+@pytest.mark.parametrize(("kind", "database"), [
+    ("store", "sqlite"),  # the embedded database
+    pytest.param("db", "postgres", marks=pytest.mark.postgres),  # production's: row locks, real COMMITs
+], indirect=["database"])
+def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, kind, database):
     """A dry run counts the operations of one calibration; then each one fails in turn. Store:
     once (the store answers again for the clean-up), and from there on (the store partitioned
     away: the writer cannot remove what it placed). Database: a statement or COMMIT that fails,
@@ -331,6 +354,7 @@ def test_every_failed_operation_ends_in_one_product_or_one_failed_row(s3_env, ki
     import pipelines.calibration as calibration
 
     settings, ids = s3_env
+    assert settings.sqlalchemy_url == database
     pid = ids[0]
     _reset(settings, pid)
     # the frame's calibration, computed once by the dry run and handed out again (a copy) to
