@@ -217,7 +217,7 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
     import tempfile
 
     from backend.store import attempt_tag, product_store
-    from pipelines.fitsio import sha256_file
+    from pipelines.fitsio import sha256_file, store_tmp_dir
     from pipelines.products import write_quicklook_png
 
     store = product_store(settings)
@@ -226,9 +226,11 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
     fits_key, png_key = f"{rel.as_posix()}{tag}.fits", f"{rel.as_posix()}{tag}.png"
     placed = session.info.setdefault(PLACED, [])
     placed.append((prod.id, [fits_key, png_key]))
-    scratch = settings.root / "store-tmp"
+    # local scratch in PRODUCT_DIR/.tmp/: what a killed writer leaves there is swept by age as
+    # the file store's temporary files are (pipelines.fitsio.partial_files; fsck partial_file)
+    scratch = store_tmp_dir(settings.products)
     scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="write.") as tmp:
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="upload.") as tmp:
         f = Path(tmp) / out.name
         hdul.writeto(f, checksum=True)
         sha = sha256_file(f)
