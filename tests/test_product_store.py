@@ -461,3 +461,40 @@ def test_a_product_store_setting_that_is_no_s3_url_is_refused(value, monkeypatch
         Settings()
     monkeypatch.setenv("PRODUCT_STORE", "file://")
     assert Settings().product_store is None  # the local folder, as unset
+
+
+def test_cpu_batch_writes_into_s3_and_a_store_fault_fails_one_product_alone(s3_env, monkeypatch):
+    """The batch path (``calibrate_products_batch``, CPU executor) writes through the same
+    store: a fault on the second product's quicklook upload fails that product alone, and
+    what it had placed (its FITS) is removed at once (fsck clean without a repair)."""
+    import obstore as obs
+
+    from backend.db import session_scope
+    from backend.state import this_process
+    from backend.worker.gpu_batch import calibrate_products_batch
+    from pipelines.calibration.l2.batch import BatchExecutor
+
+    settings, ids = s3_env
+    real_put, puts = obs.put, []
+
+    def put(store, key, *a, **kw):
+        puts.append(key)
+        if len(puts) == 4:  # products' puts go FITS, PNG, FITS, PNG: the second product's PNG
+            raise ConnectionResetError("injected: connection reset by peer")
+        return real_put(store, key, *a, **kw)
+
+    monkeypatch.setattr(obs, "put", put)
+    with session_scope() as s:
+        report = calibrate_products_batch(s, list(ids), settings, executor=BatchExecutor("numpy"),
+                                          holder=this_process("batch-1", 0), device="cpu")
+    monkeypatch.setattr(obs, "put", real_put)
+    assert len(puts) == 4 and puts[3].endswith(".png")
+    assert report.written == [ids[0]] and list(report.failed) == [ids[1]], report
+    assert "upload of" in report.failed[ids[1]] and "ConnectionResetError" in report.failed[ids[1]], report.failed
+    with session_scope() as s:
+        good = s.get(Product, ids[0])
+        assert good.state == ProductState.written and good.path.startswith(settings.product_store)
+        assert s.get(Product, ids[1]).state == ProductState.failed
+    assert _objects(settings) == sorted(k.removeprefix(settings.product_store + "/")
+                                        for k in (good.path, good.quicklook_path))
+    assert _fsck(settings).clean
