@@ -34,6 +34,7 @@ local cache (``DATA_DIR/store-cache``, ``PRODUCT_CACHE_MB``, least recently used
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import os
@@ -54,6 +55,16 @@ __all__ = ["ProductStore", "LocalStore", "ObjectStore", "StoredObject", "StoreEr
 #: Bytes per chunk when streaming an object: 1 MiB, a choice (small enough to start a
 #: download at once, large enough that a 191 MB WST product is ~200 reads).
 CHUNK_BYTES = 1 << 20
+#: Seconds to open a connection to the object store, a choice: as ``DB_CONNECT_TIMEOUT_S``'s
+#: default (a store that does not answer in 5 s on a LAN is down, not slow).
+CONNECT_TIMEOUT_S = 5.0
+#: Seconds one request may take, a choice: a 191 MB WST product at 1 MB/s, with a margin
+#: (obstore's default, 30 s, would cut such an upload off below ~6 MB/s).
+REQUEST_TIMEOUT_S = 300.0
+#: Retries of a failed request (connection refused or reset, 5xx; obstore's own rule) and the
+#: time they may take together [s], a choice: a store restarting answers again within
+#: seconds; a longer fault is the caller's (the task fails or retries; the API answers 503).
+MAX_RETRIES, RETRY_TIMEOUT_S = 3, 10.0
 #: The user-metadata field (``x-amz-meta-sha256``) holding an object's SHA-256 (hex).
 SHA_METADATA = "sha256"
 
@@ -309,9 +320,14 @@ class ObjectStore(ProductStore):
         if access_key_id:
             cfg["access_key_id"] = access_key_id
             cfg["secret_access_key"] = secret_access_key or ""
-        self._store = S3Store(self.bucket, prefix=self.prefix or None, config=cfg,
-                              client_options={"allow_http": bool(endpoint and endpoint.startswith("http://"))},
-                              virtual_hosted_style_request=False)
+        self._store = S3Store(
+            self.bucket, prefix=self.prefix or None, config=cfg, virtual_hosted_style_request=False,
+            client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                            "connect_timeout": dt.timedelta(seconds=CONNECT_TIMEOUT_S),
+                            "timeout": dt.timedelta(seconds=REQUEST_TIMEOUT_S)},
+            retry_config={"max_retries": MAX_RETRIES, "retry_timeout": dt.timedelta(seconds=RETRY_TIMEOUT_S),
+                          "backoff": {"init_backoff": dt.timedelta(seconds=0.1),
+                                      "max_backoff": dt.timedelta(seconds=2), "base": 2}})
         self.cache_dir = Path(cache_dir)
         self.cache_bytes = int(cache_bytes)
         self._cache_lock = threading.Lock()

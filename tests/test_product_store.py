@@ -21,7 +21,9 @@ import contextlib
 import hashlib
 import io
 import itertools
+import socket
 import tarfile
+import time
 
 import pytest
 from sqlalchemy import event, select, update
@@ -153,7 +155,7 @@ def test_second_create_is_refused_and_changed_bytes_are_caught(s3, tmp_path):
 
 
 @pytest.mark.slow  # ~6-10 s: a calibration, a live uvicorn, downloads, an archive
-def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkeypatch):
+def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, settings_env, monkeypatch):
     from astropy.io import fits
     from fastapi.testclient import TestClient
 
@@ -192,6 +194,18 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
             assert hdul[0].header["PRODID"] == ids[0]
             assert hdul[0].section[10:20, 30:40].shape == (10, 10)
 
+    # the object store unreachable (a port nothing listens on): the download is a 503, promptly
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = sock.getsockname()[1]
+    settings_env(**{**s3.env("lstdp-test", settings.product_store.split("/", 3)[3]),
+                    "AWS_ENDPOINT_URL": f"http://127.0.0.1:{dead}"}, DATABASE_URL=settings.sqlalchemy_url)
+    with TestClient(create_app(), raise_server_exceptions=False) as client:
+        t0 = time.monotonic()
+        r = client.get(f"/api/v1/products/{ids[0]}/fits")
+        assert r.status_code == 503 and "product store" in r.json()["detail"], r.text
+        assert r.headers["retry-after"] and time.monotonic() - t0 < 10
+
     # astropy through fsspec: obstore's filesystem, configured from the AWS_* environment
     for k, v in s3.env("unused").items():
         if k.startswith("AWS_"):
@@ -208,9 +222,7 @@ def test_calibration_into_s3_read_back_through_api_and_fsspec(s3_env, s3, monkey
 @contextlib.contextmanager
 def _live_api():
     """The app served by uvicorn on a free loopback port in a thread, for the ``with`` block."""
-    import socket
     import threading
-    import time
 
     import uvicorn
 
