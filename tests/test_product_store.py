@@ -3,12 +3,15 @@
 * conformance: a second create of a key is refused (both stores); bytes changed in the store
   after the write are refused on every read that serves them;
 * an SDI frame (simulated, the real calibration chain) calibrated end to end into S3, read back
-  through the API (FITS and quicklook downloads, a bulk archive) and through
-  ``astropy.io.fits.open`` over fsspec (obstore's fsspec filesystem), ``lstdp fsck`` clean;
-* an injector that fails the N-th store operation, or the N-th database statement, of one
-  calibration, for every N until a calibration runs through: each case ends with one product
-  or one failed row and, after ``lstdp fsck --repair`` removed what the writer could not,
-  no object no row names (fsck clean);
+  through the API (FITS and quicklook downloads, a viewer cut-out, a bulk archive), through
+  ``astropy.io.fits.open`` over fsspec on the API's URL (a live server, range requests) and on
+  the object's ``s3://`` URL (obstore's fsspec filesystem), ``lstdp fsck`` clean; the API
+  answers 503 when the store is unreachable;
+* an injector that fails, in turn, every store operation (once, and from there on: the store
+  gone) and every database statement and COMMIT (failed, and carried out with its answer
+  lost; on PostgreSQL) of one calibration: each case ends with one product or one failed row
+  and, after ``lstdp fsck --repair`` removed what the writer could not, no object no row names
+  (fsck clean); the CPU batch path likewise for one fault;
 * fsck both ways: an object without its row, a row without its object, an incomplete
   multipart upload.
 
@@ -403,7 +406,6 @@ def _check_every_operation(settings, pid, kind):
             assert len(seen) >= n, (variant, n, seen)  # the fault was injected
             assert state in (ProductState.written, ProductState.failed), (variant, n, state)
             outcomes.append((variant, n, op, state.value, left))
-    print(outcomes)
     if kind == "store":  # a store fault is a failed frame (issue 28 item 4 makes it a paused lane)
         assert all(s == "failed" for *_, s, _ in outcomes), outcomes
         # the writer removes what it placed when the store answers; fsck when it cannot
