@@ -312,9 +312,10 @@ _SUMMARY_SOURCES = {
     "centre claim [arcsec]": [("blind_chain", "centre_claim_arcsec_{C}", 1, 2, "")],
     "median L2 error": [("blind_chain", "median_l2_error_pct_{C}", 1, 2, "%"),
                         ("blind_units", "median_l2_error_pct_{C}", 1, 2, "%")],
-    "pull width": [("blind_chain", "pull_width_centre_level_corrected_{C}", 1, 3, ""),
+    "pull width": [("blind_chain", "pull_width_total_{C}", 1, 3, ""),
                    ("blind_units", "pull_width_{C}", 1, 3, "")],
-    "pull width, truth as is": [("blind_chain", "pull_width_{C}", 1, 3, "")],
+    "frame pull": [("blind_chain", "pull_median_total_{C}", 1, 2, "")],
+    "pull width, UNCERT alone": [("blind_chain", "pull_width_{C}", 1, 3, "")],
     "L2 level": [("blind_chain", "level_{C}", 1, 4, "")],
     "RADUNC": [("blind_chain", "radunc_{C}", 100, 2, "%")],
     "dark error": [("blind_chain", "dark_err_frac_{C}", 100, 2, "%")],
@@ -483,8 +484,12 @@ def _seed_campaign(size: int, seeds: list[int], mismatch: bool, out: Path, argv_
     (out / f"calibration_mismatch_{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     write_mismatch_report(out)
     sm = res["summary"]
-    print("RESULT " + " ".join(f"{k}={v}" for k, v in sm["result"].items()) + f" mismatch={tag} size={size}",
+    if sm["excluded_seeds"]:
+        print(f"seeds {', '.join(map(str, sm['excluded_seeds']))} set limits (validation.blind_chain.TUNING_SEEDS): "
+              "left out of the rates", flush=True)
+    print("SUMMARY " + " ".join(f"{k}={v}" for k, v in sm["other"].items()) + f" mismatch={tag} size={size}",
           flush=True)
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in sm["result"].items()), flush=True)
     return sm
 
 
@@ -514,30 +519,99 @@ def _ablation(size: int, seeds: list[int], out: Path, argv_text: str) -> None:
     write_mismatch_report(out)
 
 
+#: The RESULT line's fields, in order (issue 27, "Done when").
+RESULT_FIELDS = ("seeds", "gates", "worst_gate_pass_rate", "stray_pct_max", "stray_pull_width", "stray_refused_frac",
+                 "flat_rms_real_pct", "flat_plane_stated", "flat_rms_real_resid_pct", "flat_plane_pull_width",
+                 "flat_pull_width", "total_pull_width_worst")
+_SCI = ("SCI-UV", "SCI-WL")
+_DISK = ("SDI", "WST")
+
+
+def _vals(rows, keys) -> list[float]:
+    """The finite values of ``keys`` over the rows' metrics (missing keys: none)."""
+    return [float(r["metrics"][k]) for r in rows for k in keys
+            if k in r["metrics"] and np.isfinite(float(r["metrics"][k]))]
+
+
+def _fmt(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}" if np.isfinite(x) else "nan"
+
+
+def _rms(vals) -> float:
+    return float(np.sqrt(np.mean(np.square(vals)))) if len(vals) else float("nan")
+
+
+def _worst(widths: dict) -> float:
+    """The width farthest from 1 (NaN if there is none)."""
+    ok = [w for w in widths.values() if np.isfinite(w)]
+    return max(ok, key=lambda w: abs(w - 1.0)) if ok else float("nan")
+
+
 def _seed_summary(res: dict) -> dict:
-    """Per-gate pass rates over the seeds (a seed that raised fails every gate) and the RESULT fields."""
-    rows = res["rows"]
-    names = list(dict.fromkeys(n for r in rows for n, _ in r["checks"]))
+    """Per-gate pass rates over the reported seeds, the pooled pull widths and the RESULT fields.
+
+    Seeds of :data:`validation.blind_chain.TUNING_SEEDS` (used to set a limit) are left out of
+    the rates and the widths (``excluded_seeds``); a seed that raised fails every gate. RESULT
+    fields (issue 27), each from the per-seed metric keys, ``nan`` where no seed has them:
+
+    * ``stray_pct_max``: the largest ``stray_pct_{C}_r{R}``; ``stray_pull_width``: RMS of
+      ``stray_pull_{C}`` over seeds and SCI channels (a per-seed pull or pull width: its RMS
+      is the pooled width either way); ``stray_refused_frac``: mean of ``stray_refused_{C}``;
+    * ``flat_rms_real_pct``: the largest ``flat_rms_real_pct_{C}``, else (a chain that does not
+      report it) 100 x the largest SDI/WST ``flat_rms_{C}`` (the same error: with mismatch on the
+      dithered sets are real scenes); ``flat_plane_stated``: 1 if any seed's
+      ``flat_plane_stated_{C}`` is 1 (0 when no seed reports it: today's chain never states it);
+      ``flat_rms_real_resid_pct``: the largest ``flat_rms_real_resid_pct_{C}``;
+      ``flat_plane_pull_width``: RMS of ``flat_plane_pull_{C}``;
+    * ``flat_pull_width``: per channel the RMS over seeds of ``flat_pull_{C}`` (the robust
+      width of the flat's error over ``FLATERR``), the channel farthest from 1;
+    * ``total_pull_width_worst``: per channel :func:`validation.blind_chain.pooled_pull_width`
+      of (``pull_width_total_{C}``, ``pull_median_total_{C}``) over seeds, the channel farthest
+      from 1.
+    """
+    from validation.blind_chain import CHANNELS as CH, RADII, TUNING_SEEDS, pooled_pull_width
+
+    excluded = [r["seed"] for r in res["rows"] if r["seed"] in TUNING_SEEDS]
+    rows = [r for r in res["rows"] if r["seed"] not in TUNING_SEEDS]
+    names = list(dict.fromkeys(n for r in res["rows"] for n, _ in r["checks"]))
     n = len(rows)
-    rates = {g: sum(1 for r in rows if dict(r["checks"]).get(g, False)) / n for g in names}
+    rates = {g: sum(1 for r in rows if dict(r["checks"]).get(g, False)) / n for g in names} if n else {}
 
     def mx(keys):
-        vals = [r["metrics"][k] for r in rows for k in keys if k in r["metrics"] and np.isfinite(r["metrics"][k])]
+        vals = _vals(rows, keys)
         return float(max(vals)) if vals else float("nan")
 
-    from validation.blind_chain import RADII
-
+    total = {c: pooled_pull_width([r["metrics"].get(f"pull_width_total_{c}", np.nan) for r in rows],
+                                  [r["metrics"].get(f"pull_median_total_{c}", np.nan) for r in rows]) for c in CH}
+    within = {c: _rms(_vals(rows, [f"pull_width_total_{c}"])) for c in CH}
+    shift = {c: _rms(_vals(rows, [f"pull_median_total_{c}"])) for c in CH}
+    flat_w = {c: _rms(_vals(rows, [f"flat_pull_{c}"])) for c in CH}
+    f = mx([f"flat_rms_real_pct_{c}" for c in CH])
+    if not np.isfinite(f):
+        f = 100 * mx([f"flat_rms_{c}" for c in _DISK])
+    stated = _vals(rows, [f"flat_plane_stated_{c}" for c in CH])
+    refused = _vals(rows, [f"stray_refused_{c}" for c in _SCI])
     result = {"seeds": n, "gates": len(names),
               "worst_gate_pass_rate": f"{min(rates.values()):.2f}" if rates else "nan",
-              "seeds_all_pass": sum(1 for r in rows if r["checks"] and all(ok for _, ok in r["checks"])),
-              "stray_pct_max": f"{mx([f'stray_pct_{c}_r{r:g}' for c in ('SCI-UV', 'SCI-WL') for r in RADII]):.2f}",
-              "flat_rms_real_pct": f"{100 * mx(['flat_rms_SDI', 'flat_rms_WST']):.3f}",
-              "flat_rms_sci_pct": f"{100 * mx(['flat_rms_SCI-UV', 'flat_rms_SCI-WL']):.3f}",
-              "centre_err_px_max": f"{mx([f'centre_err_px_{c}' for c in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')]):.3f}",
-              "dark_err_pct_max": f"{100 * mx([f'dark_err_frac_{c}' for c in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')]):.2f}",
-              "level_dev_pct_max": f"{100 * max((abs(r['metrics'][k] - 1) for r in rows for k in r['metrics'] if k.startswith('level_') and k[6:] in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')), default=float('nan')):.2f}",
-              **{k: "nan" for k in _RESULT_NAN}}
-    return {"pass_rate": rates, "result": result}
+              "stray_pct_max": _fmt(mx([f"stray_pct_{c}_r{r:g}" for c in _SCI for r in RADII]), 2),
+              "stray_pull_width": _fmt(_rms(_vals(rows, [f"stray_pull_{c}" for c in _SCI])), 3),
+              "stray_refused_frac": _fmt(float(np.mean(refused)) if refused else float("nan"), 2),
+              "flat_rms_real_pct": _fmt(f, 3),
+              "flat_plane_stated": int(any(v == 1 for v in stated)),
+              "flat_rms_real_resid_pct": _fmt(mx([f"flat_rms_real_resid_pct_{c}" for c in CH]), 3),
+              "flat_plane_pull_width": _fmt(_rms(_vals(rows, [f"flat_plane_pull_{c}" for c in CH])), 3),
+              "flat_pull_width": _fmt(_worst(flat_w), 3),
+              "total_pull_width_worst": _fmt(_worst(total), 3)}
+    assert tuple(result) == RESULT_FIELDS
+    other = {"seeds_all_pass": sum(1 for r in rows if r["checks"] and all(ok for _, ok in r["checks"])),
+             "flat_rms_sci_pct": _fmt(100 * mx([f"flat_rms_{c}" for c in _SCI]), 3),
+             "centre_err_px_max": _fmt(mx([f"centre_err_px_{c}" for c in CH]), 3),
+             "dark_err_pct_max": _fmt(100 * mx([f"dark_err_frac_{c}" for c in CH]), 2),
+             "level_dev_pct_max": _fmt(100 * max((abs(v - 1) for v in _vals(rows, [f"level_{c}" for c in CH])),
+                                                 default=float("nan")), 2)}
+    return {"pass_rate": rates, "result": result, "other": other, "excluded_seeds": excluded,
+            "pull_width_pooled": total, "pull_width_within": within, "pull_shift_rms": shift,
+            "flat_pull_width": flat_w}
 
 
 def write_mismatch_report(out: Path) -> Path:

@@ -101,7 +101,8 @@ from scipy import ndimage
 __all__ = ["run", "gate_failures", "gate_checks", "estimate_dark_model", "derive_chain_masters", "cross_calibrate_campaign",
            "gate_tolerance", "GATE_BASE", "kll_flat_error",
            "inject_cosmic_rays", "cosmic_ray_rate",
-           "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
+           "in_saa", "saa_passes", "CHANNELS", "frame_pull_stats", "pooled_pull_width", "TUNING_SEEDS",
+           "reported_seeds", "score_total_pulls", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
            "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
 
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
@@ -169,17 +170,24 @@ CR_DETECTABLE_SIGMA = 10.0
 #: The gates of ``tests/validation/test_blind_chain.py`` (issue 14 points 2, 4, 6 and item 1's dark and cosmic rays).
 #: Each error source is gated against its own claim:
 #:
-#: * ``pull_width_dev``: the per-pixel uncertainty (``UNCERT``) states the *random* error of
-#:   each pixel (Poisson, read noise, dark, flat, stray-light terms; :mod:`pipelines.calibration.l2.uncertainty`).
-#:   Errors that are one number for the whole frame are stated elsewhere, as the standards
-#:   do: the disk centre's in the WCS error keywords ``CRDERia``/``CSYERia`` (FITS Standard
-#:   4.0, sect. 8.2), the absolute scale's in ``RADUNC``. A single frame cannot test a
-#:   frame-wide systematic with its pixels (all of them share one draw of it), so the pull
-#:   width is measured against the truth *where the product says each pixel is and at the
-#:   product's own scale*: the truth moved by the chain's own centre error, L2 divided by its
-#:   one-number level (``pull_width_centre_level_corrected_C``). The centre and the level
-#:   are gated on their own (next items); the pull width against the truth as it is
-#:   (``pull_width_C``) is reported beside it.
+#: * ``pull_width_dev`` and ``frame_pull_max``: pulls ``(L2 - truth) / sigma_total`` against the
+#:   truth *as it is*, ``sigma_total`` the total error a user reads from the product
+#:   (:func:`pipelines.products.total_uncertainty`: ``UNCERT`` with the frame-wide ``RADUNC`` and
+#:   the centre's ``CRDERia``/``CSYERia`` through the image gradient). Nothing measured against
+#:   the truth (level, centre) corrects L2 before it is scored (issue 27 item 4; until then the
+#:   truth was moved by the chain's centre error and L2 divided by its truth-measured level).
+#:   A frame-wide error is one draw per frame: it shifts the pulls of all pixels of a frame
+#:   together, so one frame's pixels cannot test it. Two widths, then (:func:`frame_pull_stats`,
+#:   :func:`pooled_pull_width`): per frame, the robust width of its pixels' pulls about their
+#:   median (``pull_width_total_C``: the pixel-to-pixel error, which the frame-wide terms do not
+#:   widen) and the median itself (``pull_median_total_C``: the frame's shift); over seeds,
+#:   ``sqrt(mean(width**2) + mean(median**2))``, the pull width of a pixel of a product taken at
+#:   random, which is what a user's error bar claims. Per seed the gates are: the pixel-to-pixel
+#:   width within ``1 + pull_width_dev`` (the stated error does not understate the scatter; it may
+#:   be below 1 where a frame-wide term dominates the total) and the frame's shift within
+#:   ``frame_pull_max`` = 3 total sigma (a claim broken; 99.7 % pass for a right Gaussian claim).
+#:   Over the seeds the pooled width is gated within ``1 +- pull_width_dev`` (0.1: issue 27)
+#:   in the benchmark (``benchmarks/validate_calibration.py --seeds``, ``total_pull_width_worst``).
 #: * ``centre_err_px``: the centre within 0.1 px with a 2 px header error (issue 14 point 4),
 #:   every channel (SDI only just at 256 px, :func:`gate_failures`); it must also lie within its own claim,
 #:   ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)`` (``centre_claim_arcsec_C``).
@@ -199,7 +207,7 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   ``level_stray_corrected_C``).
 #: * ``stray_pct``: stray-light error [% of the K corona] at each of :data:`RADII` (issue 14:
 #:   5 % of the K corona).
-GATES = {"pull_width_dev": 0.05, "centre_err_px": 0.1, "flat_rms_disk": 0.005, "dark_err_frac": 0.02,
+GATES = {"pull_width_dev": 0.1, "frame_pull_max": 3.0, "centre_err_px": 0.1, "flat_rms_disk": 0.005, "dark_err_frac": 0.02,
          "cr_found_frac": 0.8, "cr_residual_frac": 0.25, "level_dev_disk": 0.01, "level_dev_sci": 0.01,
          "stray_pct": 5.0}
 
@@ -587,17 +595,14 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           one, SDI/WST ~0.25 %). SCI: ``level_stray_corrected_C`` the same with the stray-light
           error (estimate - injected) put back into L2 (diagnostic: how much of the level error
           is the stray estimate's);
-        * ``pull_width_centre_level_corrected_C``, ``pull_median_centre_level_corrected_C``,
-          ``median_l2_error_pct_centre_level_corrected_C``: as
-          :mod:`validation.blind_units` (good pixels, ``(L2 - truth) / sigma``) of
-          ``L2 / level_centre_corrected_C`` against the truth moved by the chain's own centre
-          error: the per-pixel uncertainty against the random error (the pull width is gated,
-          :data:`GATES`); ``level_centre_corrected_C`` the level there;
-        * ``pull_width_C``, ``pull_median_C``, ``median_l2_error_pct_C``: the same of ``L2``
-          itself against the truth as it is, so the frame-wide centre and level errors show in
-          them too (reported, not gated: a 0.07-0.1 px registration error on the structured
-          disk images and the KLL flat's 0.25 % constant widen the SDI/WST pulls to 1.1-1.3 at
-          256 px; measured seed 0, module docstring);
+        * ``pull_width_total_C``, ``pull_median_total_C``: :func:`frame_pull_stats` of
+          ``(L2 - truth) / sigma_total`` over the good pixels, the truth as it is and
+          ``sigma_total`` the product's total error (:func:`pipelines.products.total_uncertainty_from`):
+          the frame's pixel-to-pixel pull width and its median (the frame-wide shift); gated
+          (:data:`GATES`); ``pull_frame_total_C`` ``hypot`` of the two;
+        * ``pull_width_C``, ``pull_median_C``, ``median_l2_error_pct_C``: as
+          :mod:`validation.blind_units` (good pixels, ``(L2 - truth) / UNCERT``): UNCERT alone,
+          so the frame-wide centre and level errors widen them (reported, not gated);
         * ``centre_err_px_C`` (the centre the chain used minus the true one), ``centre_err_arcsec_C``,
           ``centre_claim_arcsec_C`` (the product's ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)``
           [arcsec], NaN without them), ``header_err_px_C``, ``fit_used_C``;
@@ -842,24 +847,15 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
     from validation.blind_units import _score
     from validation.gates import _read_truth, _rho
 
-    # the gated values: L2 itself against the truth as it is (a wrong level or centre shows here)
+    # L2 itself against the truth as it is, with UNCERT alone (reported: the frame-wide errors widen it)
     width, med, err = _score(l2, truth)
     out[f"pull_width_{chan}"], out[f"pull_median_{chan}"], out[f"median_l2_error_pct_{chan}"] = width, med, err
     out[f"level_{chan}"] = _level(l2, truth)
     out[f"radunc_{chan}"] = float(l2.header.get("RADUNC", float("nan")))  # the product's stated scale error
-    # diagnostics only (not gated): the truth as the chain registered it, moved by the chain's
-    # centre error (the error itself is centre_err_px), and L2 divided by its level there. The
-    # roll (< 2 deg) is neglected in the shift's direction.
-    ex, ey = _centre_vec(l2.header, frame.crpix)
-    truth_reg = ndimage.shift(truth, (-ey, -ex), order=3, mode="nearest")
-    level = _level(l2, truth_reg)
-    out[f"level_centre_corrected_{chan}"] = level
-    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq, uncertainty=l2.uncertainty / level),
-                             truth_reg)
-    del truth_reg
-    tag = "centre_level_corrected"
-    out[f"pull_width_{tag}_{chan}"], out[f"pull_median_{tag}_{chan}"], out[f"median_l2_error_pct_{tag}_{chan}"] = \
-        width, med, err
+    # the gated pulls: L2 against the truth as it is over the total error a user reads from the
+    # product (UNCERT with RADUNC and the centre's CRDER/CSYER; pipelines.products.total_uncertainty_from).
+    # Nothing measured against the truth corrects L2 before it is scored.
+    score_total_pulls(l2, truth, chan, out)
     out[f"centre_err_px_{chan}"], out[f"fit_used_{chan}"] = _centre_err(l2.header, frame.crpix)
     # the product's own claim on its centre (CRDERia random, CSYERia systematic; arcsec)
     h2 = l2.header
@@ -892,6 +888,23 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
         # corona's share of the scored brightness, times 5 %
         sel = _level_pixels(l2, tr)
         out[f"k_share_{chan}"] = float(np.median(kcor[sel] / tr[sel]))
+
+
+def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float]) -> None:
+    """The gated pulls of one product against the truth as it is, into ``out``.
+
+    ``(L2 - truth) / sigma_total``, ``sigma_total`` what a user reads from the product
+    (:func:`pipelines.products.total_uncertainty_from` of ``l2.data``, ``l2.uncertainty``,
+    ``l2.header``, ``l2.dq``); :func:`frame_pull_stats` gives ``pull_width_total_C`` and
+    ``pull_median_total_C``, ``pull_frame_total_C`` is their ``hypot``. L2 is scored as it is:
+    no level or centre measured against the truth corrects it first.
+    """
+    from pipelines.products import total_uncertainty_from
+
+    sig = total_uncertainty_from(l2.data, l2.uncertainty, l2.header, l2.dq)
+    w, m = frame_pull_stats(l2.data, truth, sig, l2.dq)
+    out[f"pull_width_total_{chan}"], out[f"pull_median_total_{chan}"] = w, m
+    out[f"pull_frame_total_{chan}"] = math.hypot(w, m)
 
 
 def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan: str, out: dict[str, float]) -> None:
@@ -1203,6 +1216,62 @@ def _score_sdi_level(out: dict[str, float], used, given, header: fits.Header) ->
         out["level_scale_error_removed_SDI"] = out["level_SDI"] * (1.0 + out["lasp_scale_error_hidden_SDI"])
 
 
+#: Seeds used to set a limit or tune a constant, excluded from the reported pass rates
+#: (:func:`reported_seeds`): seed 0 set the cosmic-ray limits (``cr_found_frac``,
+#: ``cr_residual_frac``: measured on it, :func:`gate_checks`) and most of the other figures
+#: quoted in this module's docstrings were measured on it.
+TUNING_SEEDS = (0,)
+
+
+def reported_seeds(seeds) -> list[int]:
+    """``seeds`` without :data:`TUNING_SEEDS` (the seeds whose pass rates may be reported)."""
+    return [int(s) for s in seeds if int(s) not in TUNING_SEEDS]
+
+
+def frame_pull_stats(data, truth, sigma, dq=None) -> tuple[float, float]:
+    """Pixel-to-pixel width and median of one frame's pulls ``(data - truth) / sigma``.
+
+    Parameters
+    ----------
+    data, truth, sigma : numpy.ndarray, shape (ny, nx)
+        The product, the truth (the same unit) and the 1-sigma error to test (e.g.
+        :func:`pipelines.products.total_uncertainty_from`).
+    dq : numpy.ndarray, shape (ny, nx), optional
+        Pixels with ``dq != 0`` are left out, as are non-finite values and ``sigma <= 0``.
+
+    Returns
+    -------
+    (width, median) : tuple of float
+        ``width`` = 1.4826 x the median absolute deviation of the pulls about their median
+        (the Gaussian sigma of the pulls' core, robust to the few bad pixels left), ``median``
+        the median pull (the frame-wide shift); NaN without good pixels.
+    """
+    d = np.asarray(data, dtype=np.float64)
+    sg = np.asarray(sigma, dtype=np.float64)
+    good = np.isfinite(d) & np.isfinite(sg) & (sg > 0) & np.isfinite(truth)
+    if dq is not None:
+        good &= np.asarray(dq) == 0
+    if not good.any():
+        return float("nan"), float("nan")
+    pull = (d[good] - np.asarray(truth, dtype=np.float64)[good]) / sg[good]
+    med = float(np.median(pull))
+    return float(1.4826 * np.median(np.abs(pull - med))), med
+
+
+def pooled_pull_width(widths, medians) -> float:
+    """The pull width over frames: ``sqrt(mean(width**2) + mean(median**2))``.
+
+    The pulls of a pixel of a frame taken at random: the pixel-to-pixel variance within a frame
+    (:func:`frame_pull_stats`' width squared) plus the spread of the frames' shifts about 0 (a
+    frame-wide error is one draw per frame). 1 when the stated total error is right; NaN
+    pairs are left out, NaN if none is left.
+    """
+    w = np.asarray(widths, dtype=np.float64)
+    m = np.asarray(medians, dtype=np.float64)
+    ok = np.isfinite(w) & np.isfinite(m)
+    return float(np.sqrt(np.mean(w[ok] ** 2 + m[ok] ** 2))) if ok.any() else float("nan")
+
+
 def level_tolerance(m: dict[str, float], c: str) -> float:
     """Largest ``|level_C - 1|`` of channel ``c`` in a :func:`run` result (:data:`GATES`).
 
@@ -1234,8 +1303,10 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
 
     Per channel (:data:`GATES` says why each is what it is):
 
-    * pull width: ``|pull_width_centre_level_corrected_C - 1| <= 0.05``, the per-pixel
-      uncertainty against the random error;
+    * pull width: ``pull_width_total_C <= 1.1`` (the pixel-to-pixel width of the pulls against
+      the truth as it is over the product's total error) and frame pull:
+      ``|pull_median_total_C| <= 3`` (the frame's shift within 3 total sigma); the pooled width
+      over seeds (:func:`pooled_pull_width`) is the benchmark's;
     * level: ``|level_C - 1| <= level_tolerance(m, C)``, L2 against the truth as it is; and
       what the chain adds to it within 1 %: SCI ``level_stray_corrected_C`` (the stray-light
       error put back), SDI with its campaign's law ``level_scale_error_removed_SDI`` (the
@@ -1262,7 +1333,8 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
     done: list[tuple[str, bool]] = []
     for c in channels:
         claim = m.get(f"centre_claim_arcsec_{c}", float("nan"))
-        checks = [(f"pull width {c}", abs(m[f"pull_width_centre_level_corrected_{c}"] - 1.0) <= g["pull_width_dev"]),
+        checks = [(f"pull width {c}", m.get(f"pull_width_total_{c}", math.nan) <= 1.0 + g["pull_width_dev"]),
+                  (f"frame pull {c}", abs(m.get(f"pull_median_total_{c}", math.nan)) <= g["frame_pull_max"]),
                   (f"level {c}", abs(m[f"level_{c}"] - 1.0) <= level_tolerance(m, c)),
                   (f"centre claim {c}", m[f"centre_err_arcsec_{c}"] <= claim),  # NaN (no claim) fails
                   (f"dark {c}", m[f"dark_err_frac_{c}"] <= g["dark_err_frac"])]

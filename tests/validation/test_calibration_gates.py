@@ -80,3 +80,113 @@ def test_kll_flat_recovered_within_half_a_percent(sim):
         assert r["rms"] < v.GATES["flat_rms"] and r["injected_rms"] > 0.01 and r["valid_fraction"] > 0.5, ch
     noisy = v.kll_flat_check(sim, "WST", noise=True, seed=3)
     assert noisy["rms"] < 0.02 and np.isfinite(noisy["p99"])  # reported at full size, not gated
+
+
+# ---- issue 27 item 4: pulls against the truth as it is, over the total error a user reads
+
+
+def _product(data, uncert, **keys):
+    """An L2-like HDU list (HDU 0, UNCERT, DQ) with ``keys`` in HDU 0's header."""
+    from astropy.io import fits
+
+    h = fits.Header()
+    h["CDELT1"], h["CDELT2"], h["CUNIT1"], h["CUNIT2"] = 0.6, 0.6, "arcsec", "arcsec"
+    for k, val in keys.items():
+        h[k] = val
+    return fits.HDUList([fits.PrimaryHDU(data.astype(np.float32), header=h),
+                         fits.ImageHDU(uncert.astype(np.float32), name="UNCERT"),
+                         fits.ImageHDU(np.zeros(data.shape, np.uint8), name="DQ")])
+
+
+def _disk(n=64, r=20.0, limb_px=2.0, shift=(0.0, 0.0)):
+    """A limb-darkened disk [arbitrary unit] with a smooth limb, centred ``shift`` px off the middle."""
+    y, x = np.mgrid[:n, :n] - (n - 1) / 2.0
+    rho = np.hypot(x - shift[0], y - shift[1]) / r
+    mu = np.sqrt(np.clip(1.0 - np.minimum(rho, 1.0) ** 2, 0, 1))
+    edge = 0.5 * (1.0 - np.tanh((rho - 1.0) * r / limb_px))
+    return 1000.0 * (0.4 + 0.6 * mu) * edge + 5.0
+
+
+def _normal_quantiles(k):
+    """``k`` stratified draws of N(0, 1) (the quantiles at (i + 1/2) / k): an exact-width sample."""
+    from scipy.stats import norm
+
+    return norm.ppf((np.arange(k) + 0.5) / k)
+
+
+def _pooled(frames, truth_of, **keys):
+    from validation import blind_chain as bc
+    from pipelines.products import total_uncertainty
+
+    w, m = [], []
+    for i, (data, unc) in enumerate(frames):
+        out = {}
+        hdul = _product(data, unc, **keys)
+        prod = type("L2", (), {"data": hdul[0].data.astype(np.float64), "uncertainty": hdul["UNCERT"].data,
+                               "header": hdul[0].header, "dq": hdul["DQ"].data})
+        bc.score_total_pulls(prod, truth_of(i), "X", out)
+        # the product-reading function a user calls gives the same error
+        assert np.allclose(total_uncertainty(hdul), np.sqrt(hdul["UNCERT"].data.astype(np.float64) ** 2
+                                                            + (keys.get("RADUNC", 0.0) * hdul[0].data) ** 2),
+                           rtol=1e-5) or "CSYER1" in keys
+        w.append(out["pull_width_total_X"])
+        m.append(out["pull_median_total_X"])
+    return bc.pooled_pull_width(w, m), np.array(w), np.array(m)
+
+
+def test_a_level_off_by_its_radunc_gives_width_one_only_with_radunc():
+    """Frames whose level is off by draws of their stated RADUNC: the pulls over the total error
+    (UNCERT with RADUNC) have width 1 over the frames; UNCERT alone is far too narrow an error; and
+    L2 is scored as it is: a frame 5 RADUNC off fails the frame-pull gate (a level measured
+    against the truth and divided out first would hide it)."""
+    from validation import blind_chain as bc
+
+    rng = np.random.default_rng(27)
+    truth = _disk()
+    unc = 0.01 * truth  # 1 % random per pixel, the scale's 5 % dominates the bright pixels
+    radunc = 0.05
+    frames = [(truth * (1.0 + radunc * a) + rng.normal(0.0, unc), unc) for a in _normal_quantiles(40)]
+    width, w, m = _pooled(frames, lambda i: truth, RADUNC=radunc)
+    assert abs(width - 1.0) <= bc.GATES["pull_width_dev"], width
+    assert np.all(w <= 1.0 + bc.GATES["pull_width_dev"])  # pixel-to-pixel: not understated within a frame
+    assert np.std(m) > 0.5  # the frame-wide term moves whole frames: the width is mostly between frames
+    without, _, _ = _pooled(frames, lambda i: truth)  # the product without RADUNC: UNCERT alone
+    assert without > 2.0, without
+    # one frame 5 RADUNC off: its shift breaks the 3-sigma frame gate
+    out = {}
+    bad = type("L2", (), {"data": truth * (1 + 5 * radunc) + rng.normal(0.0, unc), "uncertainty": unc,
+                          "header": _product(truth, unc, RADUNC=radunc)[0].header, "dq": np.zeros(truth.shape, np.uint8)})
+    bc.score_total_pulls(bad, truth, "SDI", out)
+    assert out["pull_median_total_SDI"] > bc.GATES["frame_pull_max"]
+    # the same frame scored after dividing L2 by its truth-measured level (what the gate did before
+    # issue 27) would sit at 0: the gate sees the error only because nothing corrects L2 first
+    out_c = {}
+    lvl = float(np.median(bad.data / truth))
+    bc.score_total_pulls(type("L2", (), {"data": bad.data / lvl, "uncertainty": unc / lvl, "header": bad.header,
+                                         "dq": bad.dq}), truth, "SDI", out_c)
+    assert abs(out_c["pull_median_total_SDI"]) < 1.0
+    print(f"pooled width {width:.3f} with RADUNC, {without:.3f} without; 5-RADUNC frame shift "
+          f"{out['pull_median_total_SDI']:.2f} (after a truth-measured level: {out_c['pull_median_total_SDI']:.2f})")
+
+
+def test_a_centre_off_by_its_csyer_gives_width_one_only_with_the_centre_term():
+    """Frames of a disk whose centre is off by draws of its stated CSYER (0.3 px per axis): the
+    centre term (CSYER through the image gradient) makes the pooled pull width 1; without it the
+    limb's pulls are far too wide."""
+    from validation import blind_chain as bc
+
+    rng = np.random.default_rng(7)
+    truth = _disk()
+    sig_px = 0.3
+    q = _normal_quantiles(40)
+    frames = []
+    for i, a in enumerate(q):
+        data = _disk(shift=(sig_px * a, sig_px * q[(7 * i + 3) % len(q)]))
+        unc = 0.002 * truth + 0.5
+        frames.append((data + rng.normal(0.0, unc), unc))
+    csyer = sig_px * 0.6  # arcsec: 0.3 px at CDELT 0.6 arcsec
+    with_c, _, _ = _pooled(frames, lambda i: truth, CSYER1=csyer, CSYER2=csyer)
+    without, _, _ = _pooled(frames, lambda i: truth)
+    print(f"pooled width {with_c:.3f} with the centre term, {without:.3f} without")
+    assert abs(with_c - 1.0) <= 0.2, with_c
+    assert without > 1.5, without
