@@ -102,7 +102,7 @@ __all__ = ["run", "gate_failures", "gate_checks", "estimate_dark_model", "derive
            "gate_tolerance", "GATE_BASE", "kll_flat_error",
            "inject_cosmic_rays", "cosmic_ray_rate",
            "in_saa", "saa_passes", "CHANNELS", "frame_pull_stats", "pooled_pull_width", "TUNING_SEEDS",
-           "reported_seeds", "score_total_pulls", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
+           "reported_seeds", "score_total_pulls", "LIMIT_SEEDS", "derive_cosmic_ray_limits", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
            "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
 
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
@@ -1216,11 +1216,43 @@ def _score_sdi_level(out: dict[str, float], used, given, header: fits.Header) ->
         out["level_scale_error_removed_SDI"] = out["level_SDI"] * (1.0 + out["lasp_scale_error_hidden_SDI"])
 
 
-#: Seeds used to set a limit or tune a constant, excluded from the reported pass rates
-#: (:func:`reported_seeds`): seed 0 set the cosmic-ray limits (``cr_found_frac``,
-#: ``cr_residual_frac``: measured on it, :func:`gate_checks`) and most of the other figures
-#: quoted in this module's docstrings were measured on it.
-TUNING_SEEDS = (0,)
+#: Seeds of 0-9 used to set a limit or tune a constant, excluded from the reported pass rates
+#: (:func:`reported_seeds`). None since issue 27 item 4: the cosmic-ray limits, first set after
+#: measuring seed 0, are re-derived on :data:`LIMIT_SEEDS` (:func:`derive_cosmic_ray_limits`),
+#: and the pull gates no longer have a measured limit. (Many figures quoted in this module's
+#: docstrings were measured on seed 0: diagnostics, not limits.)
+TUNING_SEEDS: tuple[int, ...] = ()
+#: Seeds (>= 1000, outside the test seeds 0-9) on which the limits that are measured are set:
+#: the blind chain at 256 px, noise on, mismatch on (``benchmarks/reports/cosmic_ray_limits_tuning.json``).
+LIMIT_SEEDS = (1000, 1001, 1002)
+
+
+def derive_cosmic_ray_limits(rows) -> dict[str, float]:
+    """The cosmic-ray gate limits from runs on :data:`LIMIT_SEEDS`: the weakest value rounded outward to 0.05.
+
+    Parameters
+    ----------
+    rows : iterable of dict
+        :func:`run` metrics (or their ``cr_*_saa_C`` keys) of the limit seeds.
+
+    Returns
+    -------
+    dict
+        ``cr_found_frac``: the smallest ``cr_found_frac_saa_C`` over rows and channels (with
+        detectable hits) rounded down to a multiple of 0.05; ``cr_residual_frac``: the largest
+        ``|cr_residual_frac_saa_C|`` rounded up to one. On seeds 1000-1002 (mismatch on,
+        256 px): 0.820 (SDI, seed 1001) -> 0.80 and 0.218 (SDI, seed 1001) -> 0.25, the limits of
+        :data:`GATES` (the same as the ones first set on seed 0).
+    """
+    found, left = [], []
+    for m in rows:
+        for c in CHANNELS:
+            if m.get(f"cr_detectable_pix_saa_{c}", 0) > 0:
+                found.append(m[f"cr_found_frac_saa_{c}"])
+                left.append(abs(m[f"cr_residual_frac_saa_{c}"]))
+    step = 0.05
+    return {"cr_found_frac": round(math.floor(min(found) / step + 1e-9) * step, 2),
+            "cr_residual_frac": round(math.ceil(max(left) / step - 1e-9) * step, 2)}
 
 
 def reported_seeds(seeds) -> list[int]:
@@ -1325,9 +1357,10 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
     * flat RMS <= 0.5 % (SDI, WST); dark-current error at the science temperature <= 2 %;
     * cosmic rays in the SAA-pass frame: >= 80 % of the detectable hit pixels flagged and
       <= 25 % of their injected signal left (where the frame has detectable hits). The
-      cosmic-ray limits were set after measuring (256 px, seed 0: SDI 84 % found, 20 % left,
-      the weakest: L.A.Cosmic's fine-structure test spares hits on the sharp Ly-alpha network;
-      WST, SCI 91-95 %, 4-7 %).
+      cosmic-ray limits are measured: first set on seed 0, re-derived on :data:`LIMIT_SEEDS`
+      (:func:`derive_cosmic_ray_limits`: SDI 82-84 % found, 18-22 % left, the weakest:
+      L.A.Cosmic's fine-structure test spares hits on the sharp Ly-alpha network; WST, SCI
+      89-96 %, 3-18 %), so the test seeds 0-9 set no limit (:data:`TUNING_SEEDS`).
     """
     g = GATES
     done: list[tuple[str, bool]] = []

@@ -190,3 +190,22 @@ def test_a_centre_off_by_its_csyer_gives_width_one_only_with_the_centre_term():
     print(f"pooled width {with_c:.3f} with the centre term, {without:.3f} without")
     assert abs(with_c - 1.0) <= 0.2, with_c
     assert without > 1.5, without
+
+
+def test_cosmic_ray_limits_are_the_ones_the_limit_seeds_give():
+    """The cosmic-ray limits come from seeds >= 1000 (the committed measurements), not from the test seeds."""
+    import json
+    from pathlib import Path
+
+    from validation import blind_chain as bc
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "reports"
+                       / "cosmic_ray_limits_tuning.json").read_text())
+    assert sorted(r["seed"] for r in data["rows"]) == list(bc.LIMIT_SEEDS)
+    assert min(bc.LIMIT_SEEDS) >= 1000
+    lim = bc.derive_cosmic_ray_limits(data["rows"])
+    assert lim == {k: bc.GATES[k] for k in ("cr_found_frac", "cr_residual_frac")}
+    # the rule rounds outward: a weaker seed would loosen the limits
+    worse = [dict(data["rows"][0], **{"cr_found_frac_saa_SDI": 0.74, "cr_residual_frac_saa_SDI": 0.31})]
+    assert bc.derive_cosmic_ray_limits(worse) == {"cr_found_frac": 0.7, "cr_residual_frac": 0.35}
+    assert bc.reported_seeds(range(10)) == [s for s in range(10) if s not in bc.TUNING_SEEDS]
