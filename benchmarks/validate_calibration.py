@@ -586,6 +586,8 @@ def _seed_summary(res: dict) -> dict:
     within = {c: _rms(_vals(rows, [f"pull_width_total_{c}"])) for c in CH}
     shift = {c: _rms(_vals(rows, [f"pull_median_total_{c}"])) for c in CH}
     flat_w = {c: _rms(_vals(rows, [f"flat_pull_{c}"])) for c in CH}
+    level_w = {c: _rms(_vals(rows, [f"level_pull_{c}"])) for c in CH}
+    centre_w = {c: _rms(_vals(rows, [f"centre_pull_{c}"])) for c in CH}
     f = mx([f"flat_rms_real_pct_{c}" for c in CH])
     if not np.isfinite(f):
         f = 100 * mx([f"flat_rms_{c}" for c in _DISK])
@@ -611,7 +613,7 @@ def _seed_summary(res: dict) -> dict:
                                                  default=float("nan")), 2)}
     return {"pass_rate": rates, "result": result, "other": other, "excluded_seeds": excluded,
             "pull_width_pooled": total, "pull_width_within": within, "pull_shift_rms": shift,
-            "flat_pull_width": flat_w}
+            "flat_pull_width": flat_w, "level_pull_rms": level_w, "centre_pull_rms": centre_w}
 
 
 def write_mismatch_report(out: Path) -> Path:
@@ -646,6 +648,9 @@ def write_mismatch_report(out: Path) -> Path:
         L.append(f"  `RESULT {' '.join(f'{k}={v}' for k, v in r['summary']['result'].items())}`")
         if "other" in r["summary"]:
             L.append(f"  (also: {', '.join(f'{k}={v}' for k, v in r['summary']['other'].items())})")
+        else:
+            L.append("  (scored before issue 27 item 4: the gates and RESULT fields of that time, the pull width "
+                     "then against a truth-measured level and centre; not re-run since)")
     L += ["", "## Model families (mismatch on)", "", *family_rows(), "",
           "Alternating shapes: stray light bent on even seeds for SCI-UV and odd seeds for SCI-WL, two components "
           "otherwise; corona tilt on even seeds, bump on odd; degradation step on even seeds, fast early loss on odd. "
@@ -665,12 +670,17 @@ def write_mismatch_report(out: Path) -> Path:
           "does not measure it yet). Also: `seeds_all_pass`, `flat_rms_sci_pct` (SCI diffuser flats), "
           "`centre_err_px_max`, `dark_err_pct_max`, `level_dev_pct_max` (largest |median(L2/truth) - 1| [%]).", "",
           "## Pulls over the seeds (truth as it is, total error)", "",
-          "| channel | " + " | ".join(f"mismatch {r['mismatch']}: pooled / within-frame / frame-shift RMS / FLATERR pull"
+          "Per channel over the seeds: pooled pull width / RMS of the within-frame widths / RMS of the frame shifts "
+          "/ RMS of the flat's pull width over FLATERR (`flat_pull_C`) / RMS of (level - 1) / RADUNC / RMS of the "
+          "centre error over its stated 1-sigma (`hypot` of the per-axis `hypot(CRDERi, CSYERi)`). Each is 1 when "
+          "its claim is right.", "",
+          "| channel | " + " | ".join(f"mismatch {r['mismatch']}: pooled / within / shift / FLATERR / RADUNC / centre"
                                      for r in runs) + " |",
           "|---|" + "---|" * len(runs),
           *[f"| {c} | " + " | ".join(
               " / ".join(_fmt(r["summary"].get(k, {}).get(c, float("nan")), 3)
-                         for k in ("pull_width_pooled", "pull_width_within", "pull_shift_rms", "flat_pull_width"))
+                         for k in ("pull_width_pooled", "pull_width_within", "pull_shift_rms", "flat_pull_width",
+                                   "level_pull_rms", "centre_pull_rms"))
               for r in runs) + " |" for c in CHANNELS], "",
           "## Pass rate per gate", ""]
     gates = list(dict.fromkeys(g for r in runs for g in r["summary"]["pass_rate"]))

@@ -599,7 +599,10 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           ``(L2 - truth) / sigma_total`` over the good pixels, the truth as it is and
           ``sigma_total`` the product's total error (:func:`pipelines.products.total_uncertainty_from`):
           the frame's pixel-to-pixel pull width and its median (the frame-wide shift); gated
-          (:data:`GATES`); ``pull_frame_total_C`` ``hypot`` of the two;
+          (:data:`GATES`); ``pull_frame_total_C`` ``hypot`` of the two; ``level_pull_C``
+          ``(level_C - 1) / RADUNC`` (NaN without ``RADUNC``) and ``centre_pull_C`` the centre
+          error over ``hypot`` of its stated per-axis 1-sigma errors: each frame-wide claim
+          alone (scoring only; RMS 1 over seeds when the claim is right);
         * ``pull_width_C``, ``pull_median_C``, ``median_l2_error_pct_C``: as
           :mod:`validation.blind_units` (good pixels, ``(L2 - truth) / UNCERT``): UNCERT alone,
           so the frame-wide centre and level errors widen them (reported, not gated);
@@ -867,6 +870,14 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
                                                                  float(h2.get("CRDER2", 0.0))))
     else:
         out[f"centre_claim_arcsec_{chan}"] = float("nan")
+    # the frame-wide claims one at a time (scoring only; their RMS over seeds should be 1):
+    # the level's error over RADUNC, the centre's over hypot of its per-axis 1-sigma
+    # (hypot(CRDERi, CSYERi) per axis, the error a user reads)
+    radunc = out[f"radunc_{chan}"]
+    out[f"level_pull_{chan}"] = (out[f"level_{chan}"] - 1.0) / radunc if math.isfinite(radunc) and radunc > 0 \
+        else float("nan")
+    sig_c = math.hypot(*(math.hypot(float(h2.get(f"CRDER{i}", 0.0)), float(h2.get(f"CSYER{i}", 0.0))) for i in (1, 2)))
+    out[f"centre_pull_{chan}"] = (out[f"centre_err_arcsec_{chan}"] / sig_c) if sig_c > 0 else float("nan")
     hx, hy = frame.header_crpix or frame.crpix
     out[f"header_err_px_{chan}"] = math.hypot(hx - frame.crpix[0], hy - frame.crpix[1])
     if sest is not None:
