@@ -20,6 +20,10 @@ Open one as one map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncerta
 ``sunpy.map.Map(path, hdus=0)`` is the data map alone (without ``hdus=0`` sunpy makes a map
 of every 2-D image HDU: three).
 
+The error to compare a product with anything else is :func:`total_uncertainty` (``UNCERT`` with
+the frame-wide errors the header states: ``RADUNC``, and ``CRDERia``/``CSYERia`` through the
+image gradient), not ``UNCERT`` alone.
+
 Products written before these extensions (DQ as a one-row binary table whose column
 ``DQ`` holds the 2-D mask, ``TDIM1 = '(nx,ny)'``, no ``UNCERT``) are still read:
 :func:`read_product` returns ``(data, dq, header)`` for both, :func:`read_uncertainty`
