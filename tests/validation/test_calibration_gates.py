@@ -241,3 +241,24 @@ def test_the_blind_chain_passes_its_gates_on_more_seeds(blind_seed):
           f"{m[f'pull_median_total_{chan}']:+.2f}, {len(checks)} gates")
     assert len(checks) >= 10 and any(n.startswith("pull width") for n, _ in checks)
     assert [n for n, ok in checks if not ok] == []
+
+
+def test_total_uncertainty_reads_a_written_product(tmp_path):
+    """A user's call on a product file: the same error as on the open HDU list, its terms, and a
+    clear error for planes of different shapes."""
+    from pipelines.products import total_uncertainty, total_uncertainty_from
+
+    truth = _disk()
+    unc = 0.01 * truth
+    hdul = _product(truth, unc, RADUNC=0.05, CRDER1=0.06, CRDER2=0.06, CSYER1=0.6, CSYER2=0.6)
+    hdul.writeto(tmp_path / "p.fits")
+    tot, parts = total_uncertainty(tmp_path / "p.fits", parts=True)
+    assert np.allclose(tot, total_uncertainty(hdul), rtol=1e-6)
+    assert set(parts) == {"uncert", "RADUNC", "centre"}
+    assert np.allclose(tot ** 2, parts["uncert"] ** 2 + parts["RADUNC"] ** 2 + parts["centre"] ** 2, rtol=1e-6)
+    # the centre term lives on the limb (the gradient), the scale term on the bright disk
+    y, x = np.mgrid[:64, :64] - 31.5
+    rho = np.hypot(x, y)
+    assert parts["centre"][np.abs(rho - 20) < 1].mean() > 10 * parts["centre"][rho < 10].mean()
+    with pytest.raises(ValueError, match="one shape"):
+        total_uncertainty_from(truth, unc[:10], hdul[0].header)
