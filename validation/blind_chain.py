@@ -53,7 +53,11 @@ Measured (seed 0, noise on; SDI / WST / SCI-UV / SCI-WL): at 256 px (60-90 s) ev
 (:func:`gate_failures`; ``benchmarks/reports/calibration_blind.md``). With SDI's campaign law
 (the default): SDI level 0.9709 against 2 % + its ``RADUNC`` of 5.00 % (1.0002 with the series'
 hidden +3.03 % scale error taken out), SDI pull width against the truth as it is 2.373 (the
-3 % level in it). The figures that follow are with the given ``RADCOEF``. Pull width against the random error (gated) 0.966 / 0.982 / 1.014 /
+3 % level in it; over UNCERT, RADUNC and the centre's CRDER/CSYER, the gated total error since
+issue 27 item 4: pixel-to-pixel width 0.212 / 0.952 / 0.993 / 0.972 and frame shift -0.57 / -0.35 /
++0.11 / +0.08, all four channels, measured 2026-12-05). The figures that follow are with the given
+``RADCOEF``, scored before item 4. Pull width against the random error (then gated, against a
+truth-measured level and centre) 0.966 / 0.982 / 1.014 /
 0.991; against the truth as it is 1.306 / 1.125 / 1.016 / 0.996: the SDI/WST pulls are widened
 there by the chain's own centre error (0.097 / 0.069 px = 0.87 / 0.62 arcsec, within the
 products' CRDER/CSYER claims of 1.75 / 1.40 arcsec) on the structured disk and by the KLL flat's
