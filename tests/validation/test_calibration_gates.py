@@ -262,3 +262,41 @@ def test_total_uncertainty_reads_a_written_product(tmp_path):
     assert parts["centre"][np.abs(rho - 20) < 1].mean() > 10 * parts["centre"][rho < 10].mean()
     with pytest.raises(ValueError, match="one shape"):
         total_uncertainty_from(truth, unc[:10], hdul[0].header)
+
+
+def test_seed_summary_prints_the_issue_27_result_fields():
+    """The RESULT fields in the issue's order, each from its per-seed metric keys, nan where absent;
+    the total pull width pools the frames' widths and shifts."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parents[2] / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+
+    def row(seed, **m):
+        return {"seed": seed, "seconds": 1.0, "metrics": m, "checks": [("pull width SDI", True), ("flat SDI", seed != 2)],
+                "error": None, "families": {}}
+
+    base = {"pull_width_total_SDI": 0.6, "pull_median_total_SDI": 0.8, "flat_rms_SDI": 0.004, "flat_pull_SDI": 1.1}
+    rows = [row(s, **base) for s in range(4)]
+    res = vc._seed_summary({"rows": rows})
+    r = res["result"]
+    assert tuple(r) == vc.RESULT_FIELDS == ("seeds", "gates", "worst_gate_pass_rate", "stray_pct_max",
+                                            "stray_pull_width", "stray_refused_frac", "flat_rms_real_pct",
+                                            "flat_plane_stated", "flat_rms_real_resid_pct", "flat_plane_pull_width",
+                                            "flat_pull_width", "total_pull_width_worst")
+    assert r["seeds"] == 4 and r["gates"] == 2 and r["worst_gate_pass_rate"] == "0.75"
+    assert r["total_pull_width_worst"] == "1.000"  # sqrt(0.6^2 + 0.8^2)
+    assert r["flat_pull_width"] == "1.100" and r["flat_rms_real_pct"] == "0.400"  # fallback: 100 x flat_rms
+    assert r["stray_pull_width"] == r["stray_refused_frac"] == r["flat_plane_pull_width"] == "nan"
+    assert r["flat_plane_stated"] == 0 and r["stray_pct_max"] == "nan"
+    # the other helpers' keys, when a chain reports them
+    more = dict(base, **{"stray_pull_SCI-UV": 1.2, "stray_pull_SCI-WL": 0.8, "stray_refused_SCI-UV": 1.0,
+                         "stray_refused_SCI-WL": 0.0, "flat_plane_stated_SDI": 1.0, "flat_plane_pull_SDI": 0.9,
+                         "flat_rms_real_pct_SDI": 3.0, "flat_rms_real_resid_pct_SDI": 0.3})
+    r = vc._seed_summary({"rows": [row(s, **more) for s in range(4)]})["result"]
+    assert r["stray_pull_width"] == f"{np.sqrt((1.2 ** 2 + 0.8 ** 2) / 2):.3f}" and r["stray_refused_frac"] == "0.50"
+    assert r["flat_plane_stated"] == 1 and r["flat_plane_pull_width"] == "0.900"
+    assert r["flat_rms_real_pct"] == "3.000" and r["flat_rms_real_resid_pct"] == "0.300"
