@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings", "ENV_NAMES"]
@@ -44,6 +44,19 @@ class Settings(BaseSettings):
         Default ``file://<DATA_DIR>/celery-results``. Production: ``redis://host:6379/1``.
     ``PRODUCT_DIR``, ``RAW_DIR``, ``QUARANTINE_DIR``, ``CALIBRATION_DIR``
         Sub-stores; default to folders under ``DATA_DIR``.
+    ``PRODUCT_STORE``
+        Where the L2 products (FITS and quicklook PNG) live (:mod:`backend.store`): unset or
+        ``file://`` for the local folder ``PRODUCT_DIR`` (the default, embedded mode), or
+        ``s3://bucket/prefix`` for an S3-compatible object store shared by every host.
+    ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``
+        The object store of an ``s3://`` ``PRODUCT_STORE`` (the AWS SDKs' own variable names,
+        so the same environment serves ``aws``, fsspec and obstore). The endpoint defaults to
+        AWS itself; ``http://`` endpoints (a store on a private network) are allowed. Region
+        default ``us-east-1`` (what SeaweedFS and MinIO accept).
+    ``PRODUCT_CACHE_MB``
+        With an object store: the bounded local cache [MiB] (``DATA_DIR/store-cache``) from
+        which the viewer, detectors and bulk archives read products as files; least recently
+        used files are dropped past it. Default 2048, a choice: ten full-size WST products.
     ``HOST``, ``PORT``
         Where ``lstdp serve`` listens. Default 127.0.0.1:8000.
     ``FORWARDED_ALLOW_IPS``
@@ -180,6 +193,12 @@ class Settings(BaseSettings):
     raw_dir: Path | None = Field(default=None, validation_alias=_alias("RAW_DIR"))
     quarantine_dir: Path | None = Field(default=None, validation_alias=_alias("QUARANTINE_DIR"))
     calibration_dir: Path | None = Field(default=None, validation_alias=_alias("CALIBRATION_DIR"))
+    product_store: str | None = Field(default=None, validation_alias=_alias("PRODUCT_STORE"))
+    aws_endpoint_url: str | None = Field(default=None, validation_alias=_alias("AWS_ENDPOINT_URL"))
+    aws_access_key_id: str | None = Field(default=None, validation_alias=_alias("AWS_ACCESS_KEY_ID"))
+    aws_secret_access_key: SecretStr | None = Field(default=None, validation_alias=_alias("AWS_SECRET_ACCESS_KEY"))
+    aws_region: str = Field(default="us-east-1", validation_alias=_alias("AWS_REGION"))
+    product_cache_mb: float = Field(default=2048.0, gt=0, validation_alias=_alias("PRODUCT_CACHE_MB"))
     host: str = Field(default="127.0.0.1", validation_alias=_alias("HOST"))
     port: int = Field(default=8000, ge=1, le=65535, validation_alias=_alias("PORT"))
     forwarded_allow_ips: str = Field(default="127.0.0.1", min_length=1,
@@ -234,6 +253,15 @@ class Settings(BaseSettings):
         if v not in {"numpy", "cupy"}:
             raise ValueError("ARRAY_BACKEND must be 'numpy' or 'cupy'")
         return v
+
+    @field_validator("product_store")
+    @classmethod
+    def _check_store(cls, v: str | None) -> str | None:
+        if v in (None, "", "file://"):
+            return None
+        if not v.startswith("s3://") or not v[len("s3://"):].split("/")[0]:
+            raise ValueError("PRODUCT_STORE must be unset, 'file://' or 's3://bucket[/prefix]'")
+        return v.rstrip("/")
 
     @property
     def lease_s(self) -> float:

@@ -312,9 +312,10 @@ _SUMMARY_SOURCES = {
     "centre claim [arcsec]": [("blind_chain", "centre_claim_arcsec_{C}", 1, 2, "")],
     "median L2 error": [("blind_chain", "median_l2_error_pct_{C}", 1, 2, "%"),
                         ("blind_units", "median_l2_error_pct_{C}", 1, 2, "%")],
-    "pull width": [("blind_chain", "pull_width_centre_level_corrected_{C}", 1, 3, ""),
+    "pull width": [("blind_chain", "pull_width_total_{C}", 1, 3, ""),
                    ("blind_units", "pull_width_{C}", 1, 3, "")],
-    "pull width, truth as is": [("blind_chain", "pull_width_{C}", 1, 3, "")],
+    "frame pull": [("blind_chain", "pull_median_total_{C}", 1, 2, "")],
+    "pull width, UNCERT alone": [("blind_chain", "pull_width_{C}", 1, 3, "")],
     "L2 level": [("blind_chain", "level_{C}", 1, 4, "")],
     "RADUNC": [("blind_chain", "radunc_{C}", 100, 2, "%")],
     "dark error": [("blind_chain", "dark_err_frac_{C}", 100, 2, "%")],
@@ -483,8 +484,12 @@ def _seed_campaign(size: int, seeds: list[int], mismatch: bool, out: Path, argv_
     (out / f"calibration_mismatch_{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     write_mismatch_report(out)
     sm = res["summary"]
-    print("RESULT " + " ".join(f"{k}={v}" for k, v in sm["result"].items()) + f" mismatch={tag} size={size}",
+    if sm["excluded_seeds"]:
+        print(f"seeds {', '.join(map(str, sm['excluded_seeds']))} set limits (validation.blind_chain.TUNING_SEEDS): "
+              "left out of the rates", flush=True)
+    print("SUMMARY " + " ".join(f"{k}={v}" for k, v in sm["other"].items()) + f" mismatch={tag} size={size}",
           flush=True)
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in sm["result"].items()), flush=True)
     return sm
 
 
@@ -514,30 +519,101 @@ def _ablation(size: int, seeds: list[int], out: Path, argv_text: str) -> None:
     write_mismatch_report(out)
 
 
+#: The RESULT line's fields, in order (issue 27, "Done when").
+RESULT_FIELDS = ("seeds", "gates", "worst_gate_pass_rate", "stray_pct_max", "stray_pull_width", "stray_refused_frac",
+                 "flat_rms_real_pct", "flat_plane_stated", "flat_rms_real_resid_pct", "flat_plane_pull_width",
+                 "flat_pull_width", "total_pull_width_worst")
+_SCI = ("SCI-UV", "SCI-WL")
+_DISK = ("SDI", "WST")
+
+
+def _vals(rows, keys) -> list[float]:
+    """The finite values of ``keys`` over the rows' metrics (missing keys: none)."""
+    return [float(r["metrics"][k]) for r in rows for k in keys
+            if k in r["metrics"] and np.isfinite(float(r["metrics"][k]))]
+
+
+def _fmt(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}" if np.isfinite(x) else "nan"
+
+
+def _rms(vals) -> float:
+    return float(np.sqrt(np.mean(np.square(vals)))) if len(vals) else float("nan")
+
+
+def _worst(widths: dict) -> float:
+    """The width farthest from 1 (NaN if there is none)."""
+    ok = [w for w in widths.values() if np.isfinite(w)]
+    return max(ok, key=lambda w: abs(w - 1.0)) if ok else float("nan")
+
+
 def _seed_summary(res: dict) -> dict:
-    """Per-gate pass rates over the seeds (a seed that raised fails every gate) and the RESULT fields."""
-    rows = res["rows"]
-    names = list(dict.fromkeys(n for r in rows for n, _ in r["checks"]))
+    """Per-gate pass rates over the reported seeds, the pooled pull widths and the RESULT fields.
+
+    Seeds of :data:`validation.blind_chain.TUNING_SEEDS` (used to set a limit) are left out of
+    the rates and the widths (``excluded_seeds``); a seed that raised fails every gate. RESULT
+    fields (issue 27), each from the per-seed metric keys, ``nan`` where no seed has them:
+
+    * ``stray_pct_max``: the largest ``stray_pct_{C}_r{R}``; ``stray_pull_width``: RMS of
+      ``stray_pull_{C}`` over seeds and SCI channels (a per-seed pull or pull width: its RMS
+      is the pooled width either way); ``stray_refused_frac``: mean of ``stray_refused_{C}``;
+    * ``flat_rms_real_pct``: the largest ``flat_rms_real_pct_{C}``, else (a chain that does not
+      report it) 100 x the largest SDI/WST ``flat_rms_{C}`` (the same error: with mismatch on the
+      dithered sets are real scenes); ``flat_plane_stated``: 1 if any seed's
+      ``flat_plane_stated_{C}`` is 1 (0 when no seed reports it: today's chain never states it);
+      ``flat_rms_real_resid_pct``: the largest ``flat_rms_real_resid_pct_{C}``;
+      ``flat_plane_pull_width``: RMS of ``flat_plane_pull_{C}``;
+    * ``flat_pull_width``: per channel the RMS over seeds of ``flat_pull_{C}`` (the robust
+      width of the flat's error over ``FLATERR``), the channel farthest from 1;
+    * ``total_pull_width_worst``: per channel :func:`validation.blind_chain.pooled_pull_width`
+      of (``pull_width_total_{C}``, ``pull_median_total_{C}``) over seeds, the channel farthest
+      from 1.
+    """
+    from validation.blind_chain import CHANNELS as CH, RADII, TUNING_SEEDS, pooled_pull_width
+
+    excluded = [r["seed"] for r in res["rows"] if r["seed"] in TUNING_SEEDS]
+    rows = [r for r in res["rows"] if r["seed"] not in TUNING_SEEDS]
+    names = list(dict.fromkeys(n for r in res["rows"] for n, _ in r["checks"]))
     n = len(rows)
-    rates = {g: sum(1 for r in rows if dict(r["checks"]).get(g, False)) / n for g in names}
+    rates = {g: sum(1 for r in rows if dict(r["checks"]).get(g, False)) / n for g in names} if n else {}
 
     def mx(keys):
-        vals = [r["metrics"][k] for r in rows for k in keys if k in r["metrics"] and np.isfinite(r["metrics"][k])]
+        vals = _vals(rows, keys)
         return float(max(vals)) if vals else float("nan")
 
-    from validation.blind_chain import RADII
-
+    total = {c: pooled_pull_width([r["metrics"].get(f"pull_width_total_{c}", np.nan) for r in rows],
+                                  [r["metrics"].get(f"pull_median_total_{c}", np.nan) for r in rows]) for c in CH}
+    within = {c: _rms(_vals(rows, [f"pull_width_total_{c}"])) for c in CH}
+    shift = {c: _rms(_vals(rows, [f"pull_median_total_{c}"])) for c in CH}
+    flat_w = {c: _rms(_vals(rows, [f"flat_pull_{c}"])) for c in CH}
+    level_w = {c: _rms(_vals(rows, [f"level_pull_{c}"])) for c in CH}
+    centre_w = {c: _rms(_vals(rows, [f"centre_pull_{c}"])) for c in CH}
+    f = mx([f"flat_rms_real_pct_{c}" for c in CH])
+    if not np.isfinite(f):
+        f = 100 * mx([f"flat_rms_{c}" for c in _DISK])
+    stated = _vals(rows, [f"flat_plane_stated_{c}" for c in CH])
+    refused = _vals(rows, [f"stray_refused_{c}" for c in _SCI])
     result = {"seeds": n, "gates": len(names),
               "worst_gate_pass_rate": f"{min(rates.values()):.2f}" if rates else "nan",
-              "seeds_all_pass": sum(1 for r in rows if r["checks"] and all(ok for _, ok in r["checks"])),
-              "stray_pct_max": f"{mx([f'stray_pct_{c}_r{r:g}' for c in ('SCI-UV', 'SCI-WL') for r in RADII]):.2f}",
-              "flat_rms_real_pct": f"{100 * mx(['flat_rms_SDI', 'flat_rms_WST']):.3f}",
-              "flat_rms_sci_pct": f"{100 * mx(['flat_rms_SCI-UV', 'flat_rms_SCI-WL']):.3f}",
-              "centre_err_px_max": f"{mx([f'centre_err_px_{c}' for c in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')]):.3f}",
-              "dark_err_pct_max": f"{100 * mx([f'dark_err_frac_{c}' for c in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')]):.2f}",
-              "level_dev_pct_max": f"{100 * max((abs(r['metrics'][k] - 1) for r in rows for k in r['metrics'] if k.startswith('level_') and k[6:] in ('SDI', 'WST', 'SCI-UV', 'SCI-WL')), default=float('nan')):.2f}",
-              **{k: "nan" for k in _RESULT_NAN}}
-    return {"pass_rate": rates, "result": result}
+              "stray_pct_max": _fmt(mx([f"stray_pct_{c}_r{r:g}" for c in _SCI for r in RADII]), 2),
+              "stray_pull_width": _fmt(_rms(_vals(rows, [f"stray_pull_{c}" for c in _SCI])), 3),
+              "stray_refused_frac": _fmt(float(np.mean(refused)) if refused else float("nan"), 2),
+              "flat_rms_real_pct": _fmt(f, 3),
+              "flat_plane_stated": int(any(v == 1 for v in stated)),
+              "flat_rms_real_resid_pct": _fmt(mx([f"flat_rms_real_resid_pct_{c}" for c in CH]), 3),
+              "flat_plane_pull_width": _fmt(_rms(_vals(rows, [f"flat_plane_pull_{c}" for c in CH])), 3),
+              "flat_pull_width": _fmt(_worst(flat_w), 3),
+              "total_pull_width_worst": _fmt(_worst(total), 3)}
+    assert tuple(result) == RESULT_FIELDS
+    other = {"seeds_all_pass": sum(1 for r in rows if r["checks"] and all(ok for _, ok in r["checks"])),
+             "flat_rms_sci_pct": _fmt(100 * mx([f"flat_rms_{c}" for c in _SCI]), 3),
+             "centre_err_px_max": _fmt(mx([f"centre_err_px_{c}" for c in CH]), 3),
+             "dark_err_pct_max": _fmt(100 * mx([f"dark_err_frac_{c}" for c in CH]), 2),
+             "level_dev_pct_max": _fmt(100 * max((abs(v - 1) for v in _vals(rows, [f"level_{c}" for c in CH])),
+                                                 default=float("nan")), 2)}
+    return {"pass_rate": rates, "result": result, "other": other, "excluded_seeds": excluded,
+            "pull_width_pooled": total, "pull_width_within": within, "pull_shift_rms": shift,
+            "flat_pull_width": flat_w, "level_pull_rms": level_w, "centre_pull_rms": centre_w}
 
 
 def write_mismatch_report(out: Path) -> Path:
@@ -546,31 +622,70 @@ def write_mismatch_report(out: Path) -> Path:
 
     runs = [json.loads(p.read_text()) for p in (out / "calibration_mismatch_off.json",
                                                 out / "calibration_mismatch_on.json") if p.is_file()]
-    L = ["# Blind chain under a wrong model: pass rates over seeds (issue 27, items 0 and 1)", "",
+    from validation.blind_chain import LIMIT_SEEDS, TUNING_SEEDS
+
+    L = ["# Blind chain under a wrong model: pass rates over seeds (issue 27, items 0, 1 and 4)", "",
          "The blind end-to-end chain (`validation/blind_chain.py`, noise on, all four channels) run on several seeds, "
          "with the truth drawn from model families the chain does not assume (`--mismatch on`, "
          "`validation/families.py`) and, for comparison, from the simulator's own shapes (`--mismatch off`, "
          "today's truth). No estimator was changed: these are the current chain's pass rates. A seed whose chain "
-         "raised (e.g. a refused fit) counts as failing every gate.", ""]
+         "raised (e.g. a refused fit) counts as failing every gate.", "",
+         "Pulls (issue 27 item 4) are `(L2 - truth) / sigma_total` against the truth *as it is*, `sigma_total` "
+         "the total error a user reads from the product (`pipelines.products.total_uncertainty`: `UNCERT`, "
+         "with the frame-wide `RADUNC` times the pixel's value and the centre's `CRDERia`/`CSYERia` through the "
+         "image gradient); nothing measured against the truth corrects L2 before it is scored. A frame-wide error "
+         "shifts all pixels of a frame together, so two widths: per frame the pixels' robust width about their "
+         "median (`pull_width_total_C`, gated <= 1.1) and the median itself (`pull_median_total_C`, the frame's "
+         "shift, gated within 3); over the seeds the pooled width `sqrt(mean(width^2) + mean(median^2))` "
+         "(`validation.blind_chain.pooled_pull_width`: the pull of a pixel of a product taken at random, what a "
+         "user's error bar claims; target 1 +- 0.1).", "",
+         f"Seeds that set a limit: {', '.join(map(str, LIMIT_SEEDS))} (the cosmic-ray limits, "
+         "`validation.blind_chain.derive_cosmic_ray_limits`; they were first set on seed 0). Test seeds left out "
+         f"of the rates: {', '.join(map(str, TUNING_SEEDS)) or 'none'}.", ""]
     for r in runs:
         L.append(f"- mismatch {r['mismatch']}: `{r['command']}` on {r['machine']}, {r['when']}; size {r['size']} px, "
                  f"seeds {', '.join(str(s) for s in r['seeds'])}; {sum(x['seconds'] for x in r['rows']):.0f} s.")
         L.append(f"  `RESULT {' '.join(f'{k}={v}' for k, v in r['summary']['result'].items())}`")
+        if "other" in r["summary"]:
+            L.append(f"  (also: {', '.join(f'{k}={v}' for k, v in r['summary']['other'].items())})")
+        else:
+            L.append("  (scored before issue 27 item 4: the gates and RESULT fields of that time, the pull width "
+                     "then against a truth-measured level and centre; not re-run since)")
     L += ["", "## Model families (mismatch on)", "", *family_rows(), "",
           "Alternating shapes: stray light bent on even seeds for SCI-UV and odd seeds for SCI-WL, two components "
           "otherwise; corona tilt on even seeds, bump on odd; degradation step on even seeds, fast early loss on odd. "
           "All parameters are drawn per seed from `SeedSequence([seed, 27, 1])`, independent of the simulator's and "
           "the chain's streams.", "",
-          "RESULT fields: `gates` the gates of `validation.blind_chain.gate_checks` (noise on); "
-          "`worst_gate_pass_rate` the lowest per-gate pass rate over the seeds; `seeds_all_pass` the seeds that pass "
-          "every gate; `stray_pct_max` the largest SCI stray-light error [% of the K corona] at 1.1/1.5/2.0/2.5 Rsun; "
-          "`flat_rms_real_pct` the largest SDI/WST flat RMS [%] (with mismatch on the dithered sets are real scenes; "
-          "with mismatch off the symmetric disk); `flat_rms_sci_pct` the same of the SCI diffuser flats; "
-          "`centre_err_px_max`, `dark_err_pct_max`, `level_dev_pct_max` the largest centre error [px], dark-current "
-          "error [%] and |median(L2/truth) - 1| [%] over channels and seeds; `nan`: not measured yet.", "",
+          "RESULT fields (`_seed_summary` in `benchmarks/validate_calibration.py`): `seeds` the seeds reported; "
+          "`gates` the gates of `validation.blind_chain.gate_checks` (noise on); `worst_gate_pass_rate` the lowest "
+          "per-gate pass rate over the seeds; `stray_pct_max` the largest SCI stray-light error [% of the K corona] "
+          "at 1.1/1.5/2.0/2.5 Rsun; `stray_pull_width` the RMS of `stray_pull_C` over seeds and SCI channels; "
+          "`stray_refused_frac` the mean of `stray_refused_C`; `flat_rms_real_pct` the largest "
+          "`flat_rms_real_pct_C` (a chain without it: the largest SDI/WST flat RMS [%], with mismatch on the "
+          "dithered sets being real scenes); `flat_plane_stated` 1 if a seed's `flat_plane_stated_C` is 1; "
+          "`flat_rms_real_resid_pct` the largest `flat_rms_real_resid_pct_C`; `flat_plane_pull_width` the RMS of "
+          "`flat_plane_pull_C`; `flat_pull_width` per channel the RMS over seeds of `flat_pull_C` (the flat's "
+          "error over `FLATERR`), the channel farthest from 1; `total_pull_width_worst` per channel the pooled "
+          "pull width over the seeds, the channel farthest from 1; `nan`: no seed reports the metric (the chain "
+          "does not measure it yet). Also: `seeds_all_pass`, `flat_rms_sci_pct` (SCI diffuser flats), "
+          "`centre_err_px_max`, `dark_err_pct_max`, `level_dev_pct_max` (largest |median(L2/truth) - 1| [%]).", "",
+          "## Pulls over the seeds (truth as it is, total error)", "",
+          "Per channel over the seeds: pooled pull width / RMS of the within-frame widths / RMS of the frame shifts "
+          "/ RMS of the flat's pull width over FLATERR (`flat_pull_C`) / RMS of (level - 1) / RADUNC / RMS of the "
+          "centre error over its stated 1-sigma (`hypot` of the per-axis `hypot(CRDERi, CSYERi)`). Each is 1 when "
+          "its claim is right.", "",
+          "| channel | " + " | ".join(f"mismatch {r['mismatch']}: pooled / within / shift / FLATERR / RADUNC / centre"
+                                     for r in runs) + " |",
+          "|---|" + "---|" * len(runs),
+          *[f"| {c} | " + " | ".join(
+              " / ".join(_fmt(r["summary"].get(k, {}).get(c, float("nan")), 3)
+                         for k in ("pull_width_pooled", "pull_width_within", "pull_shift_rms", "flat_pull_width",
+                                   "level_pull_rms", "centre_pull_rms"))
+              for r in runs) + " |" for c in CHANNELS], "",
           "## Pass rate per gate", ""]
     gates = list(dict.fromkeys(g for r in runs for g in r["summary"]["pass_rate"]))
-    L += ["| gate | " + " | ".join(f"mismatch {r['mismatch']}" for r in runs) + " |",
+    L += ["| gate | " + " | ".join(f"mismatch {r['mismatch']}" + ("" if "other" in r["summary"] else
+                                   " (scored before item 4)") for r in runs) + " |",
           "|---|" + "---|" * len(runs)]
     for g in gates:
         L.append(f"| {g} | " + " | ".join(
@@ -581,10 +696,13 @@ def write_mismatch_report(out: Path) -> Path:
             ("stray_pct_SCI-WL_r2.5", 1, 1), ("centre_err_px_SDI", 1, 3), ("centre_err_px_WST", 1, 3),
             ("centre_err_px_SCI-UV", 1, 3), ("centre_err_px_SCI-WL", 1, 3), ("level_SDI", 1, 4),
             ("level_WST", 1, 4), ("level_SCI-UV", 1, 4), ("level_SCI-WL", 1, 4),
-            ("pull_width_centre_level_corrected_SDI", 1, 3), ("pull_width_centre_level_corrected_SCI-WL", 1, 3)]
+            *((f"pull_width_total_{c}", 1, 3) for c in CHANNELS), *((f"pull_median_total_{c}", 1, 2) for c in CHANNELS),
+            ("flat_pull_SDI", 1, 2), ("flat_pull_WST", 1, 2), ("radunc_SDI", 1, 4)]
     for r in runs:
         L += ["", f"## Per seed, mismatch {r['mismatch']}", "",
-              "Flat RMS and dark error in %, stray light in % of the K corona, centre in px, level = median(L2/truth).",
+              "Flat RMS and dark error in %, stray light in % of the K corona, centre in px, level = median(L2/truth); "
+              "pull_width_total / pull_median_total: the frame's pull width and shift over the total error; flat_pull: "
+              "the flat's error over FLATERR.",
               "", "| seed | s | gates missed | " + " | ".join(c for c, _, _ in cols) + " |",
               "|---|---|---|" + "---|" * len(cols)]
         for x in r["rows"]:

@@ -1407,10 +1407,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hourly", default=None, choices=("heldout", "tuning"),
                     help="hourly series (issue 27 item 7): the demo's EIT series and simulated hourly series of "
                          "the held-out or the tuning seeds; prints RESULT lines")
+    ap.add_argument("--no-decay-test", action="store_true",
+                    help="with --hourly: the detector without its sparse-series decay test "
+                         "(sparse_max_decay_s=None: the rules of 1.5.0), for before/after figures")
     args = ap.parse_args(argv)
     if args.hourly:
         t_h = time.perf_counter()
-        demo, quiet, inj = run_hourly(args.hourly, log=lambda m: print(f"[{time.perf_counter() - t_h:5.0f} s] {m}"))
+        hp = FlareDetectionParams(sparse_max_decay_s=None) if args.no_decay_test else None
+        demo, quiet, inj = run_hourly(args.hourly, params=hp,
+                                      log=lambda m: print(f"[{time.perf_counter() - t_h:5.0f} s] {m}"))
         print("\n".join(["demo EIT series detections:", *demo.rows, "false alarms, simulated:", *quiet.rows,
                          *inj.rows]))
         print(f"RESULT hourly demo_eit events={demo.n_detections} injected_found={demo.n_found} "

@@ -20,6 +20,10 @@ Open one as one map with ``mask`` (DQ != 0) and ``uncertainty`` (``StdDevUncerta
 ``sunpy.map.Map(path, hdus=0)`` is the data map alone (without ``hdus=0`` sunpy makes a map
 of every 2-D image HDU: three).
 
+The error to compare a product with anything else is :func:`total_uncertainty` (``UNCERT`` with
+the frame-wide errors the header states: ``RADUNC``, and ``CRDERia``/``CSYERia`` through the
+image gradient), not ``UNCERT`` alone.
+
 Products written before these extensions (DQ as a one-row binary table whose column
 ``DQ`` holds the 2-D mask, ``TDIM1 = '(nx,ny)'``, no ``UNCERT``) are still read:
 :func:`read_product` returns ``(data, dq, header)`` for both, :func:`read_uncertainty`
@@ -32,6 +36,7 @@ Write the list with :func:`pipelines.fitsio.write_fits_atomic`, which adds
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -46,6 +51,7 @@ from pipelines.fitsio import write_atomic
 from pipelines.provenance import stamp_provenance
 
 __all__ = ["build_product_hdul", "dq_image_hdu", "dq_table_hdu", "read_product", "read_uncertainty",
+           "total_uncertainty", "total_uncertainty_from", "FRAME_WIDE_RELATIVE_KEYS",
            "write_quicklook_png", "quicklook_image"]
 
 #: EXTNAME of the uncertainty (standard deviation) image extension.
@@ -263,6 +269,140 @@ def read_uncertainty(path: str | os.PathLike, *, dtype: Any = np.float32) -> np.
         raise
     except (OSError, KeyError, TypeError, ValueError) as exc:
         raise FitsReadError(f"{name}: unreadable product FITS ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+
+
+#: Header keywords stating a *relative* 1-sigma error common to every pixel of the frame
+#: (one draw for the whole frame, so not in ``UNCERT``): ``RADUNC``, the radiometric scale's
+#: error (:func:`pipelines.calibration.masters.radiometry.radiometric_uncertainty_at`: the
+#: cross-calibration fit's error at DATE-OBS and the reference series' stated scale error).
+#: The stray-light and flat-plane terms the chain states are per-pixel planes already in
+#: ``UNCERT`` (:mod:`pipelines.calibration.l2.uncertainty`), so they are not added again.
+FRAME_WIDE_RELATIVE_KEYS = ("RADUNC",)
+
+
+def _finite_gradient(a: np.ndarray, ok: np.ndarray, axis: int) -> np.ndarray:
+    """d a / d index along ``axis`` [a per pixel]: central difference where both neighbours are
+    usable (``ok``), one-sided where one is, 0 where neither is."""
+    a = np.where(ok, a, 0.0)
+    fwd = np.zeros_like(a)
+    bwd = np.zeros_like(a)
+    okf = np.zeros_like(ok)
+    okb = np.zeros_like(ok)
+    sl = [slice(None)] * 2
+    lo, hi = list(sl), list(sl)
+    lo[axis], hi[axis] = slice(None, -1), slice(1, None)
+    lo, hi = tuple(lo), tuple(hi)
+    fwd[lo] = a[hi] - a[lo]
+    okf[lo] = ok[hi] & ok[lo]
+    bwd[hi] = a[hi] - a[lo]
+    okb[hi] = ok[hi] & ok[lo]
+    return np.where(okf & okb, 0.5 * (fwd + bwd), np.where(okf, fwd, np.where(okb, bwd, 0.0)))
+
+
+def total_uncertainty_from(data: np.ndarray, uncert: np.ndarray | None, header: fits.Header,
+                           dq: np.ndarray | None = None, *, parts: bool = False):
+    """The total 1-sigma error of every pixel that a user can read from an L2 product (arrays in hand).
+
+    ``sigma_total**2 = UNCERT**2 + sum_k (K_k |L2|)**2 + (dL2/dx sigma_x)**2 + (dL2/dy sigma_y)**2``
+
+    * ``UNCERT``: the per-pixel random and per-pixel systematic terms the chain propagated
+      (Poisson, read noise, ADC, dark, flat, stray light, flat plane;
+      :mod:`pipelines.calibration.l2.uncertainty`);
+    * ``K_k``: each frame-wide relative error of :data:`FRAME_WIDE_RELATIVE_KEYS` found in
+      the header (``RADUNC``: the absolute scale), times the pixel's own value;
+    * the disk centre's error propagated through the image gradient: the FITS WCS error
+      keywords (FITS Standard 4.0, sect. 8.2) ``CRDERia`` (random) and ``CSYERia``
+      (systematic), in ``CUNITia`` like ``CDELTi``, so ``sigma_x = hypot(CRDER1, CSYER1) / |CDELT1|``
+      [pixel] (``sigma_y`` likewise with axis 2); a centre wrong by ``e`` pixels moves every
+      value by ``-e . grad L2`` to first order. The gradient is the product's own (central
+      differences over good pixels, one-sided next to masked ones).
+
+    Every term is treated as independent of the others (added in quadrature). A frame-wide term
+    (``RADUNC``, the centre) is *one* draw for the whole frame: the pixels of one frame share
+    it, so their pulls are shifted together; the total is the error of a pixel of a product
+    taken at random, not of a difference of two pixels of one frame.
+
+    Parameters
+    ----------
+    data : numpy.ndarray, shape (ny, nx)
+        The L2 image (``BUNIT``).
+    uncert : numpy.ndarray, shape (ny, nx), or None
+        The ``UNCERT`` plane (same unit); None (a product without it): 0.
+    header : astropy.io.fits.Header
+        The L2 header (``RADUNC``, ``CRDERia``, ``CSYERia``, ``CDELTi``; missing keywords add nothing).
+    dq : numpy.ndarray, shape (ny, nx), optional
+        Data-quality bits: pixels with ``dq != 0`` are not used for the gradient.
+    parts : bool
+        Also return each term.
+
+    Returns
+    -------
+    numpy.ndarray, shape (ny, nx), float64
+        ``sigma_total`` in ``BUNIT`` (NaN where ``data`` is not finite). With ``parts``:
+        ``(sigma_total, {"uncert": ..., "RADUNC": ..., "centre": ...})``, each a 1-sigma plane.
+
+    Raises
+    ------
+    ValueError
+        If the arrays differ in shape or are not 2-D.
+    """
+    d = np.asarray(data, dtype=np.float64)
+    if d.ndim != 2:
+        raise ValueError(f"data must be a 2-D image, got shape {d.shape}")
+    u = np.zeros_like(d) if uncert is None else np.asarray(uncert, dtype=np.float64)
+    if u.shape != d.shape or (dq is not None and np.shape(dq) != d.shape):
+        raise ValueError(f"data {d.shape}, UNCERT {u.shape} and DQ {np.shape(dq)} must have one shape")
+    ok = np.isfinite(d) if dq is None else np.isfinite(d) & (np.asarray(dq) == 0)
+    terms = {"uncert": u}
+    var = u ** 2
+    for key in FRAME_WIDE_RELATIVE_KEYS:
+        k = header.get(key)
+        if k is not None and np.isfinite(float(k)):
+            terms[key] = abs(float(k)) * np.abs(d)
+            var = var + terms[key] ** 2
+    cvar = np.zeros_like(d)
+    for axis, img_axis in ((1, 1), (2, 0)):  # FITS axis 1 is x (numpy axis 1), axis 2 is y (numpy axis 0)
+        err = math.hypot(float(header.get(f"CRDER{axis}", 0.0) or 0.0), float(header.get(f"CSYER{axis}", 0.0) or 0.0))
+        scale = abs(float(header.get(f"CDELT{axis}", 0.0) or 0.0))
+        if err > 0 and scale > 0:
+            cvar += (_finite_gradient(d, ok, img_axis) * (err / scale)) ** 2
+    terms["centre"] = np.sqrt(cvar)
+    total = np.sqrt(var + cvar)
+    total[~np.isfinite(d)] = np.nan
+    return (total, terms) if parts else total
+
+
+def total_uncertainty(hdul: fits.HDUList | str | os.PathLike, *, parts: bool = False):
+    """The total 1-sigma error per pixel of an L2 product: ``UNCERT`` with the header's frame-wide errors.
+
+    What :func:`total_uncertainty_from` computes, from a product as written by
+    :func:`build_product_hdul` (HDU 0 data and header, the ``UNCERT`` and ``DQ`` extensions),
+    given open or as a path. Compare an L2 value with another measurement with this error, not
+    with ``UNCERT`` alone: ``UNCERT`` leaves out the errors that are one number for the whole
+    frame (the radiometric scale ``RADUNC``, the disk centre ``CRDERia``/``CSYERia``).
+
+    Example: ``pull = (L2 - reference) / total_uncertainty(path)``.
+
+    Returns
+    -------
+    numpy.ndarray, shape (ny, nx), float64
+        In the product's ``BUNIT``; with ``parts`` also the terms (:func:`total_uncertainty_from`).
+
+    Raises
+    ------
+    pipelines.errors.FitsReadError
+        If a path cannot be read as an L2 product.
+    ValueError
+        If the HDUs differ in shape.
+    """
+    if not isinstance(hdul, fits.HDUList):
+        data, dq, header = read_product(hdul, dtype=np.float64)
+        return total_uncertainty_from(data, read_uncertainty(hdul, dtype=np.float64), header, dq, parts=parts)
+    img = next(h for h in hdul if getattr(h, "data", None) is not None and getattr(h.data, "ndim", 0) == 2
+               and h.name not in ("DQ", UNCERT_EXTNAME))
+    unc = hdul[UNCERT_EXTNAME].data if UNCERT_EXTNAME in hdul else None
+    dq = hdul["DQ"].data if "DQ" in hdul and getattr(hdul["DQ"].data, "ndim", 0) == 2 else None
+    return total_uncertainty_from(img.data, unc, img.header, dq, parts=parts)
 
 
 def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:

@@ -20,7 +20,7 @@ COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
 # variables read by the official images, not by our settings
 IMAGE_ENV = {"POSTGRES_USER", "POSTGRES_PASSWORD", "POSTGRES_DB", "REDISCLI_AUTH"}
-OUR_SERVICES = ("api", "worker-cpu", "worker-gpu", "migrate")
+OUR_SERVICES = ("api", "worker-cpu", "worker-cpu-b", "worker-gpu", "migrate")
 #: Compose's interpolation: ``${NAME}``, ``${NAME:?message}``, ``${NAME:-default}``...
 INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?+])([^}]*))?\}")
 
@@ -103,12 +103,12 @@ def test_settings_parse_the_compose_environment(monkeypatch):
 def test_no_password_is_written_in_the_compose_file():
     """Every password (URL credentials, POSTGRES_PASSWORD, Redis' --requirepass) is a
     ``${VAR}`` from .env, never a literal."""
-    secret_ref = re.compile(r"^\$\{[A-Z_]+(:\?[^}]*)?\}$")
+    secret_ref = re.compile(r"^\$\{[A-Z0-9_]+(:\?[^}]*)?\}$")
     for user, password in re.findall(r"://([^:/@\s]*):([^@\s]*)@", COMPOSE_TEXT):
         assert secret_ref.match(password), f"a literal password in a URL: {user}:{password}"
     for name, svc in SERVICES.items():
         for key, value in (svc.get("environment") or {}).items():
-            if "PASSWORD" in key or key.endswith(("_AUTH", "_SECRET", "_TOKEN")):
+            if "PASSWORD" in key or "SECRET" in key or key.endswith(("_AUTH", "_TOKEN")):
                 assert secret_ref.match(str(value)), f"{name}: {key} is a literal"
         cmd = svc.get("command") or []
         if "--requirepass" in cmd:
@@ -159,5 +159,42 @@ def test_gpu_worker_reserves_a_gpu():
 def test_long_running_services_are_restarted_when_they_exit():
     """Celery can end a worker with 'Unrecoverable error' after a lost broker connection (seen
     in tests/faults when Redis restarted under load): a supervisor must start it again."""
-    for name in ("api", "worker-cpu", "worker-gpu"):
+    for name in ("api", "worker-cpu", "worker-cpu-b", "worker-gpu", "seaweedfs"):
         assert SERVICES[name].get("restart") in ("unless-stopped", "always"), name
+
+
+def _flags(command: str) -> dict[str, str]:
+    """The ``-flag[=value]`` arguments of the ``weed`` command line in ``command``."""
+    weed = command.split("exec weed", 1)[1]
+    return dict(m.groups() for m in re.finditer(r"(?<!\S)-([a-zA-Z0-9.]+)(?:=(\S+))?", weed))
+
+
+def test_api_and_workers_share_the_seaweedfs_object_store(monkeypatch):
+    """Every process that reads or writes products names the same object store, served by the
+    seaweedfs service: the endpoint's host and port are that service's S3 port, its one
+    identity is the workers' credentials, telemetry is off and every port it opens is set
+    (unset, SeaweedFS opens fixed ones, e.g. 8181 and 9101)."""
+    from backend.settings import Settings
+
+    example = _env_example()
+    sw = SERVICES["seaweedfs"]
+    flags = _flags(sw["command"][0])
+    assert flags["master.telemetry"] == "false" and "s3" in flags and "filer" in flags
+    for port in ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+                 "filer.port.grpc", "s3.port", "s3.port.grpc"):
+        assert flags[port].isdigit(), port
+    assert flags["s3.port.iceberg"] == "0" and flags["s3.port.lance"] == "0"
+    stores = set()
+    for name in ("api", "worker-cpu", "worker-cpu-b", "worker-gpu"):
+        for k, v in SERVICES[name]["environment"].items():
+            monkeypatch.setenv(k, _interpolate(str(v), example))
+        s = Settings()
+        assert s.product_store and s.product_store.startswith("s3://"), name
+        assert s.aws_endpoint_url == f"http://seaweedfs:{flags['s3.port']}", name
+        assert s.aws_access_key_id == sw["environment"]["AWS_ACCESS_KEY_ID"], name
+        assert s.aws_secret_access_key.get_secret_value() == _interpolate(sw["environment"]["AWS_SECRET_ACCESS_KEY"],
+                                                                          example), name
+        assert "seaweedfs" in SERVICES[name]["depends_on"], name
+        stores.add(s.product_store)
+    assert len(stores) == 1
+    assert SERVICES["worker-cpu"]["command"] == SERVICES["worker-cpu-b"]["command"]

@@ -620,3 +620,34 @@ def test_a_jobs_detection_on_6_frames_is_refused_with_the_reason_on_the_job(sqli
         page = c.get(f"/jobs/{job_id}")
         assert page.status_code == 200
         assert 'id="job-detections"' in page.text and str(escape(reason)) in page.text, page.text
+
+
+def test_sparse_series_report_only_brightenings_that_decay(scene_512):
+    """1.6.0 (issue 27 item 7): on an hourly series an event must fall to half its peak within
+    ``sparse_max_decay_s`` (3 h) and stay below it for the rest of that window. A brightening
+    that rises in an hour and holds (an active region brightening), or that comes back, is not
+    reported; the same rise followed by a decay is, and the dense rules are unchanged."""
+    base, header = rebin_scene(*scene_512, 2)  # 256 px, 12.6 arcsec/px: cheap
+    base = base.astype(np.float32)
+    xy = (-300.0, 250.0)
+
+    def shape(levels):
+        return lambda h: float(np.interp(h, np.arange(len(levels)), levels))
+
+    holds = shape([0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1])
+    comes_back = shape([0, 0, 0, 0, 0, 0, 1, 0.6, 0.35, 0.8, 0.8, 0.8, 0.8])
+    decays = shape([0, 0, 0, 0, 0, 0, 1, 0.6, 0.3, 0.15, 0.05, 0, 0])
+    old = FlareDetectionParams(sparse_max_decay_s=None)  # 1.5.0's rules
+    for prof, kept in ((holds, False), (comes_back, False), (decays, True)):
+        times, frames = make_series(base, header, flares=[(*xy, 1.5, 40.0, prof)], seed=5)
+        new = detect_flares(times, frames, header)
+        assert kept or len(detect_flares(times, frames, header, params=old)) == 1
+        assert len(new) == (1 if kept else 0), [(f.peak_time, f.light_curve) for f in new]
+        if kept:
+            assert abs(new[0].hpc_x - xy[0]) < 10 and "sparse_cadence" in new[0].flags
+    # dense series: no decay test (max_decay_s None there)
+    p = FlareDetectionParams()
+    assert p.max_decay_s is None and p.for_cadence(60.0)[0].max_decay_s is None
+    assert p.for_cadence(3600.0)[0].max_decay_s == 10800.0
+    with pytest.raises(ValueError):
+        FlareDetectionParams(sparse_max_decay_s=0.0)

@@ -195,8 +195,9 @@ def test_hourly_simulated_series_recall_and_false_alarms_on_held_out_seeds():
     SDI_SLOW_EVOLUTION; ``benchmarks/validate_detection.py --hourly``), two of the held-out seeds
     (never used to choose settings). Detector 1.5.0 measured there: 6 of the 8 injections at or
     above the gate (1x the local scene; the demo's flare is 2x) found, all at 3x, no false
-    alarm. A floor that a change for sparse series must not lower (issue 27 item 7 is open:
-    the full held-out run, ``--hourly heldout``, gives 17/24 and 4 false alarms in 54 h)."""
+    alarm; 1.6.0 (the sparse decay test) the same. A floor that a change for sparse series must
+    not lower (the full held-out run, ``--hourly heldout``: recall 17/24 with 1.5.0 and 1.6.0,
+    false alarms in 54 quiet hours 4 and 1)."""
     from benchmarks.validate_detection import HOURLY_HELDOUT_SEEDS, HOURLY_TUNING_SEEDS, validate_hourly
 
     assert not set(HOURLY_HELDOUT_SEEDS) & set(HOURLY_TUNING_SEEDS)
@@ -205,6 +206,24 @@ def test_hourly_simulated_series_recall_and_false_alarms_on_held_out_seeds():
     assert r.n_found >= 0.75 * r.n_truth, r.extra["recall_by_amp"]
     assert all(h == n for a, h, n in r.extra["recall_by_amp"] if a >= 3.0), r.extra["recall_by_amp"]
     assert r.extra["false_alarms"] == 0, r.rows
+
+
+def test_eit_hourly_series_false_alarms_at_most_one():
+    """Issue 27 item 7: the EIT hourly series of 2004-03-01, the untouched test of the sparse
+    rules (tuned on the simulated hourly series' tuning seeds only). The demo's SDI series (the
+    13 real EIT frames through the simulator, its one injected flare, calibrated to L2; here at
+    256 px): detector 1.5.0 reports 5 events, 4 false (8 and 7 at the demo's 1152 px; 7 and 6
+    before the simulator's scene lost the 3 % of the disk-only convention); 1.6.0's decay test
+    leaves the injected flare and 1 false alarm (the same at 1152 px, ``--hourly``; 2 at 384 px:
+    the rule is not a guarantee at every size). The raw EIT 195 A frames (``flare_real_sequence``, 128 px): no event with either
+    version; a detection there that matches no GOES event of the day would be a false alarm."""
+    from benchmarks.validate_detection import demo_eit_series, flare_real_sequence
+
+    demo = demo_eit_series(naxis=256)
+    assert demo.n_found == 1, demo.rows  # the injected flare
+    assert demo.extra["false_alarms"] <= 1, demo.rows
+    real = flare_real_sequence()
+    assert real.n_detections - real.n_true_detections <= 1, real.rows
 
 
 def test_hourly_slow_evolution_changes_the_scene_only_when_asked():

@@ -26,7 +26,11 @@ The **chain side** derives every master from those frames and nothing else:
   :func:`validation.blind_units.estimate_detector_masters` (flat and ``FLATERR``);
 * SCI stray light: :func:`validation.blind_stray.estimate_stray_light` on the roll
   sequence calibrated with the chain's dark and flat, the coronal prior wrong by x0.5 (only its
-  shape is used), written by :func:`validation.blind_stray.blind_stray_master`;
+  shape is used), written by :func:`validation.blind_stray.blind_stray_master`; with the model
+  set of issue 27 item 3 (:func:`validation.blind_stray.fit_stray_model_set`): the master carries
+  the law's stated 1-sigma (``PROFILE`` ``SIGMA``, added to SCI ``UNCERT``), the fit's
+  ``STRYCHI2`` and residual profile, and a refusal (``STRYREFU``: the default law, LST.md's
+  on-orbit power law, is used and the product flagged, ``QUALITY`` bit 4 / ``STRYFAIL``);
 * centre: the limb / occulter fit of :func:`pipelines.calibration.l2.centre.fit_and_apply_centre`
   inside :func:`pipelines.calibration.l2.flow.calibrate_frame`;
 * cosmic rays: L.A.Cosmic (:func:`pipelines.calibration.l2.steps.clean_cosmic_rays`,
@@ -53,7 +57,11 @@ Measured (seed 0, noise on; SDI / WST / SCI-UV / SCI-WL): at 256 px (60-90 s) ev
 (:func:`gate_failures`; ``benchmarks/reports/calibration_blind.md``). With SDI's campaign law
 (the default): SDI level 0.9709 against 2 % + its ``RADUNC`` of 5.00 % (1.0002 with the series'
 hidden +3.03 % scale error taken out), SDI pull width against the truth as it is 2.373 (the
-3 % level in it). The figures that follow are with the given ``RADCOEF``. Pull width against the random error (gated) 0.966 / 0.982 / 1.014 /
+3 % level in it; over UNCERT, RADUNC and the centre's CRDER/CSYER, the gated total error since
+issue 27 item 4: pixel-to-pixel width 0.212 / 0.952 / 0.993 / 0.972 and frame shift -0.57 / -0.35 /
++0.11 / +0.08, all four channels, measured 2026-12-05). The figures that follow are with the given
+``RADCOEF``, scored before item 4. Pull width against the random error (then gated, against a
+truth-measured level and centre) 0.966 / 0.982 / 1.014 /
 0.991; against the truth as it is 1.306 / 1.125 / 1.016 / 0.996: the SDI/WST pulls are widened
 there by the chain's own centre error (0.097 / 0.069 px = 0.87 / 0.62 arcsec, within the
 products' CRDER/CSYER claims of 1.75 / 1.40 arcsec) on the structured disk and by the KLL flat's
@@ -101,7 +109,8 @@ from scipy import ndimage
 __all__ = ["run", "gate_failures", "gate_checks", "estimate_dark_model", "derive_chain_masters", "cross_calibrate_campaign",
            "gate_tolerance", "GATE_BASE", "kll_flat_error",
            "inject_cosmic_rays", "cosmic_ray_rate",
-           "in_saa", "saa_passes", "CHANNELS", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
+           "in_saa", "saa_passes", "CHANNELS", "frame_pull_stats", "pooled_pull_width", "TUNING_SEEDS",
+           "reported_seeds", "score_total_pulls", "LIMIT_SEEDS", "derive_cosmic_ray_limits", "DARK_TEMPS_C", "SCIENCE_TEMP_C", "HIDDEN_DOUBLING_C",
            "CR_RATE_QUIET_CM2_S", "SAA_RATE_FACTOR", "GATES", "level_tolerance"]
 
 CHANNELS = ("SDI", "WST", "SCI-UV", "SCI-WL")
@@ -169,17 +178,26 @@ CR_DETECTABLE_SIGMA = 10.0
 #: The gates of ``tests/validation/test_blind_chain.py`` (issue 14 points 2, 4, 6 and item 1's dark and cosmic rays).
 #: Each error source is gated against its own claim:
 #:
-#: * ``pull_width_dev``: the per-pixel uncertainty (``UNCERT``) states the *random* error of
-#:   each pixel (Poisson, read noise, dark, flat, stray-light terms; :mod:`pipelines.calibration.l2.uncertainty`).
-#:   Errors that are one number for the whole frame are stated elsewhere, as the standards
-#:   do: the disk centre's in the WCS error keywords ``CRDERia``/``CSYERia`` (FITS Standard
-#:   4.0, sect. 8.2), the absolute scale's in ``RADUNC``. A single frame cannot test a
-#:   frame-wide systematic with its pixels (all of them share one draw of it), so the pull
-#:   width is measured against the truth *where the product says each pixel is and at the
-#:   product's own scale*: the truth moved by the chain's own centre error, L2 divided by its
-#:   one-number level (``pull_width_centre_level_corrected_C``). The centre and the level
-#:   are gated on their own (next items); the pull width against the truth as it is
-#:   (``pull_width_C``) is reported beside it.
+#: * ``pull_width_dev`` and ``frame_pull_max``: pulls ``(L2 - truth) / sigma_total`` against the
+#:   truth *as it is*, ``sigma_total`` the total error a user reads from the product
+#:   (:func:`pipelines.products.total_uncertainty`: ``UNCERT`` with the frame-wide ``RADUNC`` and
+#:   the centre's ``CRDERia``/``CSYERia`` through the image gradient). Nothing measured against
+#:   the truth (level, centre) corrects L2 before it is scored (issue 27 item 4; until then the
+#:   truth was moved by the chain's centre error and L2 divided by its truth-measured level).
+#:   A frame-wide error is one draw per frame: it shifts the pulls of all pixels of a frame
+#:   together, so one frame's pixels cannot test it. Two widths, then (:func:`frame_pull_stats`,
+#:   :func:`pooled_pull_width`): per frame, the robust width of its pixels' pulls about their
+#:   median (``pull_width_total_C``: the pixel-to-pixel error, which the frame-wide terms do not
+#:   widen) and the median itself (``pull_median_total_C``: the frame's shift); over seeds,
+#:   ``sqrt(mean(width**2) + mean(median**2))``, the pull width of a pixel of a product taken at
+#:   random, which is what a user's error bar claims. Per seed the gates are: the pixel-to-pixel
+#:   width within ``1 + pull_width_dev`` (the stated error does not understate the scatter; it may
+#:   be below 1 where a frame-wide term dominates the total) and the frame's shift within
+#:   ``frame_pull_max`` = 3 total sigma (a claim broken; 99.7 % pass for a right Gaussian claim).
+#:   Over the seeds the pooled width is gated within ``1 +- pull_width_dev`` (0.1: issue 27)
+#:   in the benchmark (``benchmarks/validate_calibration.py --seeds``, ``total_pull_width_worst``).
+#:   SCI's ``UNCERT`` holds the stated stray-light 1-sigma (issue 27 item 3), so it is part of
+#:   the total error; it widens the total and makes the per-frame pixel width fall below 1.
 #: * ``centre_err_px``: the centre within 0.1 px with a 2 px header error (issue 14 point 4),
 #:   every channel (SDI only just at 256 px, :func:`gate_failures`); it must also lie within its own claim,
 #:   ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)`` (``centre_claim_arcsec_C``).
@@ -198,10 +216,16 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   ``flat_level_C`` 1.000, and the level with the stray error put back is within 0.03 %,
 #:   ``level_stray_corrected_C``).
 #: * ``stray_pct``: stray-light error [% of the K corona] at each of :data:`RADII` (issue 14:
-#:   5 % of the K corona).
-GATES = {"pull_width_dev": 0.05, "centre_err_px": 0.1, "flat_rms_disk": 0.005, "dark_err_frac": 0.02,
+#:   5 % of the K corona), *or* (issue 27 item 3, "solved or stated") within ``stray_pull_max``
+#:   times the product's own stated stray-light 1-sigma (``|stray_pull_C_rR| <= 3``): two points
+#:   of the law (LST.md) do not fix it in between, so under a bent law the estimate may miss by
+#:   more than 5 % as long as the product says so. 3 sigma: a Gaussian pull passes 99.7 % of the
+#:   time; the pulls' width over the seeds is reported on its own (``stray_pull_C``).
+#:   The SCI level's tolerance (:func:`level_tolerance`) likewise takes the larger of the 5 %
+#:   allowance and 3 times the stated 1-sigma's share of the brightness (``stray_level_sigma_C``).
+GATES = {"pull_width_dev": 0.1, "frame_pull_max": 3.0, "centre_err_px": 0.1, "flat_rms_disk": 0.005, "dark_err_frac": 0.02,
          "cr_found_frac": 0.8, "cr_residual_frac": 0.25, "level_dev_disk": 0.01, "level_dev_sci": 0.01,
-         "stray_pct": 5.0}
+         "stray_pct": 5.0, "stray_pull_max": 3.0}
 
 
 # --------------------------------------------------------------------------- instrument side (simulation)
@@ -607,17 +631,17 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           one, SDI/WST ~0.25 %). SCI: ``level_stray_corrected_C`` the same with the stray-light
           error (estimate - injected) put back into L2 (diagnostic: how much of the level error
           is the stray estimate's);
-        * ``pull_width_centre_level_corrected_C``, ``pull_median_centre_level_corrected_C``,
-          ``median_l2_error_pct_centre_level_corrected_C``: as
-          :mod:`validation.blind_units` (good pixels, ``(L2 - truth) / sigma``) of
-          ``L2 / level_centre_corrected_C`` against the truth moved by the chain's own centre
-          error: the per-pixel uncertainty against the random error (the pull width is gated,
-          :data:`GATES`); ``level_centre_corrected_C`` the level there;
-        * ``pull_width_C``, ``pull_median_C``, ``median_l2_error_pct_C``: the same of ``L2``
-          itself against the truth as it is, so the frame-wide centre and level errors show in
-          them too (reported, not gated: a 0.07-0.1 px registration error on the structured
-          disk images and the KLL flat's 0.25 % constant widen the SDI/WST pulls to 1.1-1.3 at
-          256 px; measured seed 0, module docstring);
+        * ``pull_width_total_C``, ``pull_median_total_C``: :func:`frame_pull_stats` of
+          ``(L2 - truth) / sigma_total`` over the good pixels, the truth as it is and
+          ``sigma_total`` the product's total error (:func:`pipelines.products.total_uncertainty_from`):
+          the frame's pixel-to-pixel pull width and its median (the frame-wide shift); gated
+          (:data:`GATES`); ``pull_frame_total_C`` ``hypot`` of the two; ``level_pull_C``
+          ``(level_C - 1) / RADUNC`` (NaN without ``RADUNC``) and ``centre_pull_C`` the centre
+          error over ``hypot`` of its stated per-axis 1-sigma errors: each frame-wide claim
+          alone (scoring only; RMS 1 over seeds when the claim is right);
+        * ``pull_width_C``, ``pull_median_C``, ``median_l2_error_pct_C``: as
+          :mod:`validation.blind_units` (good pixels, ``(L2 - truth) / UNCERT``): UNCERT alone,
+          so the frame-wide centre and level errors widen them (reported, not gated);
         * ``centre_err_px_C`` (the centre the chain used minus the true one), ``centre_err_arcsec_C``,
           ``centre_claim_arcsec_C`` (the product's ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)``
           [arcsec], NaN without them), ``header_err_px_C``, ``fit_used_C``;
@@ -647,6 +671,14 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
         * SCI only: ``stray_pct_C_r{R}`` for R in :data:`RADII`: ``|mean(stray estimate - injected)|
           / mean(K corona)`` in the annulus of +-0.025 Rsun about R [%]; ``l2_corona_pct_C_r{R}``
           ``|mean(L2 - truth)| / mean(K corona)`` of the science frame [%];
+        * SCI stray light stated (issue 27 item 3; :func:`validation.blind_stray.fit_stray_model_set`):
+          ``stray_sigma_pct_C_r{R}`` the stated 1-sigma (annulus mean) [% of the K corona];
+          ``stray_pull_C_r{R}`` = ``mean(estimate - injected) / mean(stated 1-sigma)`` in the
+          annulus (signed); ``stray_pull_C`` the RMS of the four (the width over seeds is the RMS
+          of these over the seeds: ``sqrt(mean(stray_pull_C**2))``); ``stray_chi2_C`` the adopted
+          fit's reduced chi-square; ``stray_refused_C`` 1 if the fit was refused (the default law
+          used), ``stray_flagged_C`` 1 if the L2 carries QUALITY bit 4 and ``STRYFAIL``;
+          ``stray_level_sigma_C`` the median share of the stated 1-sigma in the scored brightness;
         * controls: ``centre_err_px_header_C`` (fit off: the header trusted), ``saa_flag_C``;
         * ``seconds``.
 
@@ -895,12 +927,17 @@ def _score_flat_plane(flat, hidden_flat, valid, flaterr, plane_kw: dict, chan: s
 
 
 def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
-    """SCI: the stray light from the roll sequence calibrated with the chain's dark and flat (master and estimate)."""
+    """SCI: the stray light from the roll sequence calibrated with the chain's dark and flat (master and estimate).
+
+    The estimate runs the model set (``model_set=True``): stated 1-sigma, chi-square, residual
+    profile; a fit refused above :data:`validation.blind_stray.STRAY_CHI2_LIMIT` falls back to
+    the channel's default law (:func:`pipelines.simulation.stray_light_model`, LST.md's two
+    on-orbit points, the master the simulator hands out), and the master says so."""
     from validation.blind_stray import blind_stray_master, estimate_stray_light
     from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
     from pipelines.calibration.l2.options import CalibrationOptions
     from pipelines.fitsio import write_fits_atomic
-    from pipelines.simulation import lyman_alpha_corona, sci_wl_corona
+    from pipelines.simulation import lyman_alpha_corona, sci_wl_corona, stray_light_model
 
     opts_l1 = CalibrationOptions(subtract_stray_light=False, rotate_north_up=False)
     l1s, hdrs, valids = [], [], []
@@ -911,7 +948,11 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
         hdrs.append(l1.header)
         valids.append(l1.dq == 0)
     prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
-    sest = estimate_stray_light(l1s, hdrs, lambda r: STRAY_PRIOR_FACTOR * prior0(r), valid=valids)
+    # issue 27 item 3: the model set (stated 1-sigma, chi-square, refusal); a refused fit falls back to
+    # the channel's default master, LST.md's on-orbit power law (the simulator's given master)
+    default = stray_light_model(chan)
+    sest = estimate_stray_light(l1s, hdrs, lambda r: STRAY_PRIOR_FACTOR * prior0(r), valid=valids, model_set=True,
+                                fallback=default.brightness)
     mpath = work / f"lst_{chan.lower()}_stray_light_chain.fits"
     write_fits_atomic(blind_stray_master(sest, l1s[0].shape, hdrs[0], chan, 9, ref.valid_from, ref.valid_to), mpath)
     return load_calibration_master(mpath), sest
@@ -923,24 +964,15 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
     from validation.blind_units import _score
     from validation.gates import _read_truth, _rho
 
-    # the gated values: L2 itself against the truth as it is (a wrong level or centre shows here)
+    # L2 itself against the truth as it is, with UNCERT alone (reported: the frame-wide errors widen it)
     width, med, err = _score(l2, truth)
     out[f"pull_width_{chan}"], out[f"pull_median_{chan}"], out[f"median_l2_error_pct_{chan}"] = width, med, err
     out[f"level_{chan}"] = _level(l2, truth)
     out[f"radunc_{chan}"] = float(l2.header.get("RADUNC", float("nan")))  # the product's stated scale error
-    # diagnostics only (not gated): the truth as the chain registered it, moved by the chain's
-    # centre error (the error itself is centre_err_px), and L2 divided by its level there. The
-    # roll (< 2 deg) is neglected in the shift's direction.
-    ex, ey = _centre_vec(l2.header, frame.crpix)
-    truth_reg = ndimage.shift(truth, (-ey, -ex), order=3, mode="nearest")
-    level = _level(l2, truth_reg)
-    out[f"level_centre_corrected_{chan}"] = level
-    width, med, err = _score(SimpleNamespace(data=l2.data / level, dq=l2.dq, uncertainty=l2.uncertainty / level),
-                             truth_reg)
-    del truth_reg
-    tag = "centre_level_corrected"
-    out[f"pull_width_{tag}_{chan}"], out[f"pull_median_{tag}_{chan}"], out[f"median_l2_error_pct_{tag}_{chan}"] = \
-        width, med, err
+    # the gated pulls: L2 against the truth as it is over the total error a user reads from the
+    # product (UNCERT with RADUNC and the centre's CRDER/CSYER; pipelines.products.total_uncertainty_from).
+    # Nothing measured against the truth corrects L2 before it is scored.
+    score_total_pulls(l2, truth, chan, out)
     out[f"centre_err_px_{chan}"], out[f"fit_used_{chan}"] = _centre_err(l2.header, frame.crpix)
     # the product's own claim on its centre (CRDERia random, CSYERia systematic; arcsec)
     h2 = l2.header
@@ -952,6 +984,14 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
                                                                  float(h2.get("CRDER2", 0.0))))
     else:
         out[f"centre_claim_arcsec_{chan}"] = float("nan")
+    # the frame-wide claims one at a time (scoring only; their RMS over seeds should be 1):
+    # the level's error over RADUNC, the centre's over hypot of its per-axis 1-sigma
+    # (hypot(CRDERi, CSYERi) per axis, the error a user reads)
+    radunc = out[f"radunc_{chan}"]
+    out[f"level_pull_{chan}"] = (out[f"level_{chan}"] - 1.0) / radunc if math.isfinite(radunc) and radunc > 0 \
+        else float("nan")
+    sig_c = math.hypot(*(math.hypot(float(h2.get(f"CRDER{i}", 0.0)), float(h2.get(f"CSYER{i}", 0.0))) for i in (1, 2)))
+    out[f"centre_pull_{chan}"] = (out[f"centre_err_arcsec_{chan}"] / sig_c) if sig_c > 0 else float("nan")
     hx, hy = frame.header_crpix or frame.crpix
     out[f"header_err_px_{chan}"] = math.hypot(hx - frame.crpix[0], hy - frame.crpix[1])
     if sest is not None:
@@ -960,12 +1000,25 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
         kcor = _k_corona_truth(chan, tr, rho)
         s_est = sest.stray(np.clip(rho, 1.0, 3.0))
         good = (l2.dq == 0) & np.isfinite(l2.data)
+        s_sig = sest.stray_sigma(np.clip(rho, 1.0, 3.0))
+        pulls = []
         for r0 in RADII:
             sel = _annulus(rho, r0)
             k = float(np.mean(kcor[sel]))
-            out[f"stray_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(s_est[sel] - stray_inj[sel]))) / k
+            d_s = float(np.mean(s_est[sel] - stray_inj[sel]))
+            out[f"stray_pct_{chan}_r{r0:g}"] = 100 * abs(d_s) / k
+            # issue 27 item 3: the error against the stated 1-sigma (the annulus mean of it)
+            sig = float(np.mean(s_sig[sel]))
+            out[f"stray_sigma_pct_{chan}_r{r0:g}"] = 100 * sig / k
+            out[f"stray_pull_{chan}_r{r0:g}"] = d_s / sig if sig > 0 else float("nan")
+            pulls.append(out[f"stray_pull_{chan}_r{r0:g}"])
             sg = sel & good
             out[f"l2_corona_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(l2.data[sg] - tr[sg]))) / k
+        out[f"stray_pull_{chan}"] = float(np.sqrt(np.mean(np.square(pulls))))
+        ms = sest.model_set
+        out[f"stray_refused_{chan}"] = float(ms.refused) if ms is not None else float("nan")
+        out[f"stray_chi2_{chan}"] = ms.chi2_red if ms is not None else sest.chi2_red
+        out[f"stray_flagged_{chan}"] = float(int(l2.header.get("QUALITY", 0)) & 4 != 0 and "STRYFAIL" in l2.header)
         # diagnostic: the level with the stray-light error put back (what of level_C is the stray estimate's)
         fixed = SimpleNamespace(data=l2.data + (s_est - stray_inj), dq=l2.dq)
         out[f"level_stray_corrected_{chan}"] = _level(fixed, tr)
@@ -973,6 +1026,25 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
         # corona's share of the scored brightness, times 5 %
         sel = _level_pixels(l2, tr)
         out[f"k_share_{chan}"] = float(np.median(kcor[sel] / tr[sel]))
+        # the stated stray-light 1-sigma's share of the scored brightness (for level_tolerance)
+        out[f"stray_level_sigma_{chan}"] = float(np.median(s_sig[sel] / tr[sel]))
+
+
+def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float]) -> None:
+    """The gated pulls of one product against the truth as it is, into ``out``.
+
+    ``(L2 - truth) / sigma_total``, ``sigma_total`` what a user reads from the product
+    (:func:`pipelines.products.total_uncertainty_from` of ``l2.data``, ``l2.uncertainty``,
+    ``l2.header``, ``l2.dq``); :func:`frame_pull_stats` gives ``pull_width_total_C`` and
+    ``pull_median_total_C``, ``pull_frame_total_C`` is their ``hypot``. L2 is scored as it is:
+    no level or centre measured against the truth corrects it first.
+    """
+    from pipelines.products import total_uncertainty_from
+
+    sig = total_uncertainty_from(l2.data, l2.uncertainty, l2.header, l2.dq)
+    w, m = frame_pull_stats(l2.data, truth, sig, l2.dq)
+    out[f"pull_width_total_{chan}"], out[f"pull_median_total_{chan}"] = w, m
+    out[f"pull_frame_total_{chan}"] = math.hypot(w, m)
 
 
 def _score_cosmics(tag: str, d, d_cr, dep, h, cals, flat, ref: dict, opts, chan: str, out: dict[str, float]) -> None:
@@ -1284,6 +1356,94 @@ def _score_sdi_level(out: dict[str, float], used, given, header: fits.Header) ->
         out["level_scale_error_removed_SDI"] = out["level_SDI"] * (1.0 + out["lasp_scale_error_hidden_SDI"])
 
 
+#: Seeds of 0-9 used to set a limit or tune a constant, excluded from the reported pass rates
+#: (:func:`reported_seeds`). None since issue 27 item 4: the cosmic-ray limits, first set after
+#: measuring seed 0, are re-derived on :data:`LIMIT_SEEDS` (:func:`derive_cosmic_ray_limits`),
+#: and the pull gates no longer have a measured limit. (Many figures quoted in this module's
+#: docstrings were measured on seed 0: diagnostics, not limits.)
+TUNING_SEEDS: tuple[int, ...] = ()
+#: Seeds (>= 1000, outside the test seeds 0-9) on which the limits that are measured are set:
+#: the blind chain at 256 px, noise on, mismatch on (``benchmarks/reports/cosmic_ray_limits_tuning.json``).
+LIMIT_SEEDS = (1000, 1001, 1002)
+
+
+def derive_cosmic_ray_limits(rows) -> dict[str, float]:
+    """The cosmic-ray gate limits from runs on :data:`LIMIT_SEEDS`: the weakest value rounded outward to 0.05.
+
+    Parameters
+    ----------
+    rows : iterable of dict
+        :func:`run` metrics (or their ``cr_*_saa_C`` keys) of the limit seeds.
+
+    Returns
+    -------
+    dict
+        ``cr_found_frac``: the smallest ``cr_found_frac_saa_C`` over rows and channels (with
+        detectable hits) rounded down to a multiple of 0.05; ``cr_residual_frac``: the largest
+        ``|cr_residual_frac_saa_C|`` rounded up to one. On seeds 1000-1002 (mismatch on,
+        256 px): 0.820 (SDI, seed 1001) -> 0.80 and 0.218 (SDI, seed 1001) -> 0.25, the limits of
+        :data:`GATES` (the same as the ones first set on seed 0).
+    """
+    found, left = [], []
+    for m in rows:
+        for c in CHANNELS:
+            if m.get(f"cr_detectable_pix_saa_{c}", 0) > 0:
+                found.append(m[f"cr_found_frac_saa_{c}"])
+                left.append(abs(m[f"cr_residual_frac_saa_{c}"]))
+    step = 0.05
+    return {"cr_found_frac": round(math.floor(min(found) / step + 1e-9) * step, 2),
+            "cr_residual_frac": round(math.ceil(max(left) / step - 1e-9) * step, 2)}
+
+
+def reported_seeds(seeds) -> list[int]:
+    """``seeds`` without :data:`TUNING_SEEDS` (the seeds whose pass rates may be reported)."""
+    return [int(s) for s in seeds if int(s) not in TUNING_SEEDS]
+
+
+def frame_pull_stats(data, truth, sigma, dq=None) -> tuple[float, float]:
+    """Pixel-to-pixel width and median of one frame's pulls ``(data - truth) / sigma``.
+
+    Parameters
+    ----------
+    data, truth, sigma : numpy.ndarray, shape (ny, nx)
+        The product, the truth (the same unit) and the 1-sigma error to test (e.g.
+        :func:`pipelines.products.total_uncertainty_from`).
+    dq : numpy.ndarray, shape (ny, nx), optional
+        Pixels with ``dq != 0`` are left out, as are non-finite values and ``sigma <= 0``.
+
+    Returns
+    -------
+    (width, median) : tuple of float
+        ``width`` = 1.4826 x the median absolute deviation of the pulls about their median
+        (the Gaussian sigma of the pulls' core, robust to the few bad pixels left), ``median``
+        the median pull (the frame-wide shift); NaN without good pixels.
+    """
+    d = np.asarray(data, dtype=np.float64)
+    sg = np.asarray(sigma, dtype=np.float64)
+    good = np.isfinite(d) & np.isfinite(sg) & (sg > 0) & np.isfinite(truth)
+    if dq is not None:
+        good &= np.asarray(dq) == 0
+    if not good.any():
+        return float("nan"), float("nan")
+    pull = (d[good] - np.asarray(truth, dtype=np.float64)[good]) / sg[good]
+    med = float(np.median(pull))
+    return float(1.4826 * np.median(np.abs(pull - med))), med
+
+
+def pooled_pull_width(widths, medians) -> float:
+    """The pull width over frames: ``sqrt(mean(width**2) + mean(median**2))``.
+
+    The pulls of a pixel of a frame taken at random: the pixel-to-pixel variance within a frame
+    (:func:`frame_pull_stats`' width squared) plus the spread of the frames' shifts about 0 (a
+    frame-wide error is one draw per frame). 1 when the stated total error is right; NaN
+    pairs are left out, NaN if none is left.
+    """
+    w = np.asarray(widths, dtype=np.float64)
+    m = np.asarray(medians, dtype=np.float64)
+    ok = np.isfinite(w) & np.isfinite(m)
+    return float(np.sqrt(np.mean(w[ok] ** 2 + m[ok] ** 2))) if ok.any() else float("nan")
+
+
 def level_tolerance(m: dict[str, float], c: str) -> float:
     """Largest ``|level_C - 1|`` of channel ``c`` in a :func:`run` result (:data:`GATES`).
 
@@ -1294,8 +1454,10 @@ def level_tolerance(m: dict[str, float], c: str) -> float:
     series' scale error; SCI: 1 % plus what the stray-light allowance of 5 % of the K corona
     makes of the scored brightness (``k_share_C``).
     """
-    if c.startswith("SCI"):
-        return GATES["level_dev_sci"] + GATES["stray_pct"] / 100.0 * m[f"k_share_{c}"]
+    if c.startswith("SCI"):  # issue 27: or 3 x the stated stray-light 1-sigma's share, if larger
+        stated = GATES["stray_pull_max"] * m.get(f"stray_level_sigma_{c}", 0.0)
+        return GATES["level_dev_sci"] + max(GATES["stray_pct"] / 100.0 * m[f"k_share_{c}"],
+                                            stated if math.isfinite(stated) else 0.0)
     if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
         radunc = m.get("radunc_SDI", float("nan"))  # the product's own RADUNC, else the series' stated scale
         return GATE_BASE + radunc if math.isfinite(radunc) else gate_tolerance()
@@ -1315,8 +1477,10 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
 
     Per channel (:data:`GATES` says why each is what it is):
 
-    * pull width: ``|pull_width_centre_level_corrected_C - 1| <= 0.05``, the per-pixel
-      uncertainty against the random error;
+    * pull width: ``pull_width_total_C <= 1.1`` (the pixel-to-pixel width of the pulls against
+      the truth as it is over the product's total error) and frame pull:
+      ``|pull_median_total_C| <= 3`` (the frame's shift within 3 total sigma); the pooled width
+      over seeds (:func:`pooled_pull_width`) is the benchmark's;
     * level: ``|level_C - 1| <= level_tolerance(m, C)``, L2 against the truth as it is; and
       what the chain adds to it within 1 %: SCI ``level_stray_corrected_C`` (the stray-light
       error put back), SDI with its campaign's law ``level_scale_error_removed_SDI`` (the
@@ -1331,27 +1495,31 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
       better there; SDI states 1.0 arcsec per axis in ``CSYERia``
       (:data:`pipelines.calibration.l2.centre.EDGE_SYSTEMATIC_ARCSEC`), which its error meets;
     * SCI: stray-light error <= 5 % of the K corona at 1.1, 1.5, 2.0 and 2.5 Rsun
-      (``stray_pct_C_rR``);
+      (``stray_pct_C_rR``), or within 3 times the stated stray-light 1-sigma there
+      (``|stray_pull_C_rR| <= 3``, issue 27: solved or stated);
     * flat RMS <= 0.5 % (SDI, WST), or, when the flat states its plane (``flat_plane_stated_C``),
       the RMS with the best-fit plane removed (``flat_rms_real_resid_pct_C``) <= 0.5 % (the plane's
       pulls against its stated ``FLATPLSG`` are scored across seeds); dark-current error at the
       science temperature <= 2 %;
     * cosmic rays in the SAA-pass frame: >= 80 % of the detectable hit pixels flagged and
       <= 25 % of their injected signal left (where the frame has detectable hits). The
-      cosmic-ray limits were set after measuring (256 px, seed 0: SDI 84 % found, 20 % left,
-      the weakest: L.A.Cosmic's fine-structure test spares hits on the sharp Ly-alpha network;
-      WST, SCI 91-95 %, 4-7 %).
+      cosmic-ray limits are measured: first set on seed 0, re-derived on :data:`LIMIT_SEEDS`
+      (:func:`derive_cosmic_ray_limits`: SDI 82-84 % found, 18-22 % left, the weakest:
+      L.A.Cosmic's fine-structure test spares hits on the sharp Ly-alpha network; WST, SCI
+      89-96 %, 3-18 %), so the test seeds 0-9 set no limit (:data:`TUNING_SEEDS`).
     """
     g = GATES
     done: list[tuple[str, bool]] = []
     for c in channels:
         claim = m.get(f"centre_claim_arcsec_{c}", float("nan"))
-        checks = [(f"pull width {c}", abs(m[f"pull_width_centre_level_corrected_{c}"] - 1.0) <= g["pull_width_dev"]),
+        checks = [(f"pull width {c}", m.get(f"pull_width_total_{c}", math.nan) <= 1.0 + g["pull_width_dev"]),
+                  (f"frame pull {c}", abs(m.get(f"pull_median_total_{c}", math.nan)) <= g["frame_pull_max"]),
                   (f"level {c}", abs(m[f"level_{c}"] - 1.0) <= level_tolerance(m, c)),
                   (f"centre claim {c}", m[f"centre_err_arcsec_{c}"] <= claim),  # NaN (no claim) fails
                   (f"dark {c}", m[f"dark_err_frac_{c}"] <= g["dark_err_frac"])]
         if c.startswith("SCI"):
-            checks += [(f"stray {c} {r:g} Rsun", m[f"stray_pct_{c}_r{r:g}"] <= g["stray_pct"]) for r in RADII]
+            checks += [(f"stray {c} {r:g} Rsun", m[f"stray_pct_{c}_r{r:g}"] <= g["stray_pct"]
+                        or abs(m.get(f"stray_pull_{c}_r{r:g}", math.inf)) <= g["stray_pull_max"]) for r in RADII]
             # everything but the stray-light estimate: the level with its error put back
             checks.append((f"level without stray {c}", abs(m[f"level_stray_corrected_{c}"] - 1.0) <= g["level_dev_sci"]))
         if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:

@@ -49,7 +49,12 @@ The truth (``truth/campaign_truth.json``) is read only to score:
   series, ``C_fit (1 + delta) / C_true - 1``: what the chain itself adds (photometry, fit);
 * ``sdi_over_lasp_before/after`` (mean of the daily ratios with the given and with the
   fitted master), ``sdi_over_lasp_after_rms``;
-* ``sdi_over_lyra_before/after``, ``lasp_over_lyra``: on 2012-01-01, against PROBA2/LYRA.
+* ``sdi_over_lyra_before/after``, ``lasp_over_lyra``: on 2012-01-01, against PROBA2/LYRA;
+  ``sdi_lyra_check_z`` / ``sdi_lyra_check_within``: the fitted SDI against LYRA in units of
+  their budget (:func:`~pipelines.calibration.masters.radiometry.compare_with_reference`, issue 27
+  item 6: ~1.35 sigma, within 2);
+* ``law_mismatch`` (1.0 when the fit's model-mismatch test refutes the exponential law's shape)
+  and ``law_mismatch_p`` (diagnostic; the campaign's law is exponential here).
 
 Measured with the chain's own masters (12 + 1 days, noise on, ``python -m
 validation.blind_radiometry SIZE SEED both``; 2 shared cores), chain / given
@@ -83,7 +88,8 @@ import numpy as np
 # SDI, and whose masters it needs); re-exported here, the module of the radiometric check
 from validation.blind_chain import (GATE_BASE, cross_calibrate_campaign,  # noqa: F401
                                                derive_chain_masters, gate_tolerance)
-from pipelines.calibration.masters.radiometry import LyaSeries, lyra_daily_irradiance, read_lasp_composite
+from pipelines.calibration.masters.radiometry import (LyaSeries, compare_with_reference, lyra_daily_irradiance,
+                                                     read_lasp_composite)
 
 __all__ = ["run", "GATE_BASE", "gate_tolerance", "cross_calibrate_campaign", "chain_campaign_masters",
            "score_cross_calibration"]
@@ -220,6 +226,11 @@ def score_cross_calibration(res: dict, truth: dict, lasp_true: LyaSeries, lyra: 
         out["sdi_over_lyra_before"] = float(e_before[k_lyra] / e_lyra)
         out["sdi_over_lyra_after"] = float(e_after[k_lyra] / e_lyra)
         out["lasp_over_lyra"] = float(lasp_true.on(times[k_lyra]) / e_lyra)
+        if np.isfinite(e_after[k_lyra]):  # the LYRA check of SDI tied to LASP, in units of their budget
+            chk = compare_with_reference(float(e_after[k_lyra]), times[k_lyra], lasp_true, lyra)
+            out["sdi_lyra_check_z"], out["sdi_lyra_check_within"] = chk.z, 1.0 if chk.within else 0.0
+    out["law_mismatch"] = 1.0 if fit.law_mismatch else 0.0
+    out["law_mismatch_p"] = fit.mismatch_p
     if flat_level is not None:
         out["max_rel_err_campaign_flat_convention"] = float(max(
             abs(fit.at(t) / (hidden_coefficient(truth, t) * flat_level) - 1.0) for t in times))

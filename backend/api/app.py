@@ -53,6 +53,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from backend import __version__
+from backend.store import StoreError
 from backend.api.deps import SessionDep
 from backend.api.idempotency import IdempotencyMiddleware, document_idempotency
 from backend.api.routes import bulk, calibrations, channels, events, frames, job_form, jobs, movies, products
@@ -214,6 +215,14 @@ def _query_summary(statement: str | None) -> str:
 
 #: ``Retry-After`` of a 503 the server expects to pass soon (a slow query, a busy pool) [s].
 RETRY_AFTER_S = 2
+
+
+async def _store_unavailable_handler(request: Request, exc: Exception):
+    """503 when the product store (an object store, :mod:`backend.store`) fails or answers
+    with other bytes than were written: the product is there, this answer is not."""
+    log.error("product store fault on %s %s: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": f"the product store could not serve this: {exc}"}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def _db_unavailable_handler(request: Request, exc: Exception):
@@ -749,6 +758,7 @@ def create_app() -> FastAPI:
     app.add_exception_handler(NotVisible, _not_visible_handler)  # a subclass of DataError: 404, not 422
     app.add_exception_handler(DatabaseDataError, _db_data_error_handler)
     app.add_exception_handler(OperationalError, _db_unavailable_handler)
+    app.add_exception_handler(StoreError, _store_unavailable_handler)
     app.add_exception_handler(InterfaceError, _db_unavailable_handler)  # a connection closed under us
     app.add_exception_handler(PoolTimeoutError, _db_unavailable_handler)  # every pooled connection busy
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table

@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend import __version__
 from backend.models import Event, Frame, Product, ProductState
 from backend.services import products as products_service
+from backend.store import StoreError, is_object_ref, product_name, product_store
 from pipelines.errors import DataError
 from pipelines.utc import as_utc
 
@@ -125,6 +126,9 @@ class ArchiveEntry:
     sha256: str | None = None
     size: int | None = None
     status: str = "pending"
+    #: the object's URL when the product store is an object store (``path`` is then only
+    #: a name; the bytes are fetched when the entry is reached, :func:`_open_entry`)
+    object_ref: str | None = None
 
     def manifest_row(self) -> dict[str, Any]:
         """The entry as a ``MANIFEST.json`` row (JSON-ready; the store path is not shown)."""
@@ -250,6 +254,12 @@ def _missing_reason(p: Product, root: Path) -> tuple[Path | None, str | None]:
         return None, why + (f" ({p.error.splitlines()[0][:300]})" if p.error else "")
     if not p.path:
         return None, "the product row names no file"
+    if is_object_ref(p.path):  # an object store: present now, fetched when its turn comes
+        store = product_store()
+        key = store.key_of(p.path)
+        if key is None or store.head(key) is None:
+            return None, f"object missing from the product store: {p.path}"
+        return Path(product_name(key)), None
     served = products_service.served_store_path(p.path, root)
     if served is not None:
         return served, None
@@ -269,7 +279,8 @@ def archive_entries(products: list[Product], root: Path) -> list[ArchiveEntry]:
     seen: set[str] = set()
     for p in products:
         path, reason = _missing_reason(p, root)
-        base = PurePosixPath(p.path.replace("\\", "/")).name if p.path else f"product_{p.id}.fits"
+        base = (product_name(p.path) if is_object_ref(p.path) else PurePosixPath(p.path.replace("\\", "/")).name
+                if p.path else f"product_{p.id}.fits")
         name = f"{p.frame.channel_code}/{base}"
         if name in seen:
             name = f"{p.frame.channel_code}/p{p.id}_{base}"
@@ -281,7 +292,8 @@ def archive_entries(products: list[Product], root: Path) -> list[ArchiveEntry]:
             calibrations=[{"id": c.id, "kind": c.kind.value, "version": c.version}
                           for c in sorted(p.calibration_files, key=lambda c: (c.kind.value, c.id))],
             job_id=p.job_id, name=name, stored_sha256=p.sha256, path=path, reason=reason,
-            status="missing" if path is None else "pending"))
+            status="missing" if path is None else "pending",
+            object_ref=p.path if path is not None and is_object_ref(p.path) else None))
     return out
 
 
@@ -306,6 +318,20 @@ def manifest(entries: list[ArchiveEntry], query: dict[str, Any], *, total: int, 
     }
 
 
+def _open_entry(e: ArchiveEntry):
+    """The open file of an entry: the product store's file, or, for an object, its copy in the
+    bounded local cache fetched now and checked against the row's SHA-256
+    (:meth:`backend.store.ProductStore.local_file`). A store fault is an ``OSError`` here (the
+    entry is then ``missing`` with the reason, and the archive goes on)."""
+    if e.object_ref is None:
+        return open(e.path, "rb")  # noqa: SIM115 - the caller closes it
+    store = product_store()
+    try:
+        return open(store.local_file(store.key_of(e.object_ref), e.stored_sha256), "rb")  # noqa: SIM115
+    except StoreError as exc:
+        raise OSError(str(exc)) from exc
+
+
 def _member(name: str, size: int, mtime: float) -> bytes:
     ti = tarfile.TarInfo(name)
     ti.size, ti.mtime, ti.mode, ti.type = size, int(mtime), 0o644, tarfile.REGTYPE
@@ -320,7 +346,7 @@ def _tar_bytes(entries: list[ArchiveEntry], query: dict[str, Any], total: int,
         if e.path is None:
             continue
         try:
-            f = open(e.path, "rb")  # noqa: SIM115 - closed below; held open so a rename cannot swap it
+            f = _open_entry(e)  # held open so a rename (or the cache's eviction) cannot swap it
         except OSError as exc:
             e.path, e.status, e.reason = None, "missing", f"file could not be opened: {exc.strerror or exc}"
             continue
@@ -394,7 +420,7 @@ def _zip_bytes(entries: list[ArchiveEntry], query: dict[str, Any], total: int,
             if e.path is None:
                 continue
             try:
-                f = open(e.path, "rb")  # noqa: SIM115 - closed below
+                f = _open_entry(e)  # closed below
             except OSError as exc:
                 e.path, e.status, e.reason = None, "missing", f"file could not be opened: {exc.strerror or exc}"
                 continue

@@ -44,6 +44,7 @@ from astropy.io import fits
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from backend.store import is_object_ref, product_store
 from backend.models import (
     Event,
     EventFrame,
@@ -472,6 +473,9 @@ def _product_paths(rows: list[tuple[Product, Frame]], product_root: Path | None)
     root = product_root
     paths = []
     for prod, _ in rows:
+        if is_object_ref(prod.path):  # an object store: a checked copy in the bounded local cache
+            paths.append(product_store().local_file(product_store().key_of(prod.path), prod.sha256))
+            continue
         path = Path(prod.path)
         if not path.is_absolute():
             if root is None:

@@ -28,6 +28,20 @@ what it did (and why it left the rest); :func:`run_fsck` does both. Each finding
 * ``frame_missing``, ``frame_mismatch``, ``calibration_missing``, ``calibration_mismatch``:
   a raw frame's or a calibration master's file missing, or differing from its row's SHA-256.
   Reported only: there is no copy to restore it from.
+* With an object store (``PRODUCT_STORE=s3://...``, :mod:`backend.store`) the product rows
+  are compared with the objects under the store's prefix, both ways: ``missing_file``,
+  ``checksum_mismatch`` (streamed, against the row's SHA-256) and ``missing_quicklook`` as
+  above (repair: the first two fail the product and remove what is left of its objects,
+  which are no product any more; the third is reported), and
+* ``attempt_object``: an object of a calibration attempt (its key carries the attempt,
+  :func:`backend.store.attempt_tag`) that the product's row does not name: the attempt lost
+  its claim, or failed after placing it. Only the attempt that settles the row is the
+  product. Repair: removed. An object of the attempt that holds the product's live claim
+  (``writing``, same attempt and holder) is ``in_progress``.
+* ``orphan_object``: an object under the prefix that carries no attempt. Reported only
+  (the prefix may be shared with something else).
+* ``incomplete_upload``: a multipart upload begun under the prefix and never completed (the
+  platform's writers never start one: a create-once write is one PUT). Repair: aborted.
 * ``in_progress`` (not a problem): a temporary file younger than the threshold, or a file of
   a product ``writing`` within the lease. Nothing is done.
 
@@ -66,6 +80,7 @@ from backend.services.ingest import quarantine
 from backend.services.products import resolve_store_path
 from backend.settings import Settings
 from backend.state import move_product
+from backend.store import StoreError, attempt_of_key, attempt_tag, is_object_ref, product_store
 from pipelines.fitsio import PARTIAL_MAX_AGE_S, partial_files, sha256_file, store_tmp_dir
 from pipelines.utc import as_utc
 
@@ -77,7 +92,7 @@ __all__ = ["Finding", "FsckReport", "check_store", "repair_store", "run_fsck", "
 PROBLEM_KINDS = frozenset({
     "missing_file", "checksum_mismatch", "missing_quicklook", "outside_store", "orphan_file",
     "unwritten_file", "partial_file", "frame_missing", "frame_mismatch", "calibration_missing",
-    "calibration_mismatch",
+    "calibration_mismatch", "attempt_object", "orphan_object", "incomplete_upload",
 })
 
 #: Name of a product file as ``backend.worker.processing`` writes it:
@@ -188,11 +203,14 @@ class FsckReport:
         size = (f"{self.bytes_hashed / 1e9:.2f} GB" if self.bytes_hashed >= 1e9 else f"{self.bytes_hashed / 1e6:.1f} MB")
         hashed = f"; {size} hashed" if self.checksums else "; checksums not compared"
         out.append(f"checked {c.get('products', 0)} products, {c.get('product_files', 0)} product files, "
-                   f"{c.get('temporary_files', 0)} temporary files, {c.get('frames', 0)} frames, "
+                   f"{c.get('temporary_files', 0)} temporary files, "
+                   + (f"{c['product_objects']} product objects, " if "product_objects" in c else "")
+                   + f"{c.get('frames', 0)} frames, "
                    f"{c.get('calibration_files', 0)} calibration files{hashed} in {self.seconds:.1f} s")
         n, left = len(self.problems), len(self.remaining)
         if not n:
-            out.append("clean: the database and the disk agree")
+            out.append("clean: the database and the disk agree" if "product_objects" not in c
+                       else "clean: the database and the object store agree")
         elif self.repaired:
             out.append(f"{n} problem(s): {n - left} repaired, {left} remain")
         else:
@@ -304,11 +322,13 @@ def _check_products(session: Session, ctx: _Ctx) -> tuple[list[Finding], dict[st
     rows = _product_rows(session)
     findings: list[Finding] = []
     for r in rows:
-        if r.state == ProductState.written:
+        if r.state == ProductState.written and not is_object_ref(r.path):
             findings += _check_written(ctx, r)
     by_path: dict[Path, _Row] = {}
     for r in sorted(rows, key=lambda r: r.state != ProductState.written):  # a written row's name first
         for p in (r.path, r.quicklook_path):
+            if is_object_ref(p):
+                continue
             q = resolve_store_path(p, ctx.store)
             if q is not None:
                 by_path.setdefault(q.resolve(), r)
@@ -335,6 +355,64 @@ def _check_products(session: Session, ctx: _Ctx) -> tuple[list[Finding], dict[st
         findings.append(Finding(kind, str(f), f"temporary file of a write, {age:.0f} s old "
                                 f"(removed after {ctx.partial_age_s:.0f} s)"))
     return findings, {"products": len(rows), "product_files": n_files, "temporary_files": len(partials)}
+
+
+def _check_objects(session: Session, ctx: _Ctx) -> tuple[list[Finding], dict[str, int]]:
+    """The product rows and the object store compared both ways (the module docstring)."""
+    store = product_store(ctx.settings)
+    rows = _product_rows(session)
+    claims = {pid: (att, by) for pid, att, by in session.execute(
+        select(Product.id, Product.attempts, Product.claimed_by).where(Product.state == ProductState.writing))}
+    objects = {o.key: o for o in store.list()}
+    named: set[str] = set()
+    out: list[Finding] = []
+    for r in rows:
+        if r.state != ProductState.written or not is_object_ref(r.path):
+            continue
+        row = f"product {r.id}"
+        key, ql = store.key_of(r.path), store.key_of(r.quicklook_path)
+        named.update(k for k in (key, ql) if k)
+        if key is None:
+            out.append(Finding("outside_store", r.path, f"FITS {r.path} is not in the product store {store.url}",
+                               row, r.id))
+            continue
+        if key not in objects:
+            out.append(Finding("missing_file", r.path, f"FITS object missing from the store: {r.path}", row, r.id))
+            continue
+        if ctx.checksums:
+            import hashlib
+
+            h = hashlib.sha256()
+            for chunk in store.iter_bytes(key):
+                h.update(chunk)
+            ctx.bytes_hashed += objects[key].size
+            if (sha := h.hexdigest()) != r.sha256:
+                out.append(Finding("checksum_mismatch", r.path, f"FITS object differs from the row: SHA-256 "
+                                   f"{sha[:12]}... stored, {(r.sha256 or 'none')[:12]}... in the row", row, r.id,
+                                   sha256=sha))
+                continue
+        if ql is None or ql not in objects:
+            out.append(Finding("missing_quicklook", r.quicklook_path, f"quicklook object missing: {r.quicklook_path}",
+                               row, r.id))
+    for key, obj in sorted(objects.items()):
+        if key in named:
+            continue
+        ref = store.ref(key)
+        who = attempt_of_key(key)
+        if who is None:
+            out.append(Finding("orphan_object", ref, "an object without an attempt in its key; no row names it"))
+            continue
+        pid, attempt, tag = who
+        live = claims.get(pid)
+        if live is not None and live[0] == attempt and attempt_tag(pid, attempt, live[1]).endswith(tag):
+            out.append(Finding("in_progress", ref, f"object of attempt {attempt} of product {pid}, which holds "
+                               "the product's claim now (its row is not yet committed)", f"product {pid}", pid))
+            continue
+        out.append(Finding("attempt_object", ref, f"object of attempt {attempt} of product {pid}, which the "
+                           "product's row does not name (not the product)", f"product {pid}", pid))
+    for key, upload in store.incomplete_uploads():
+        out.append(Finding("incomplete_upload", store.ref(key), f"multipart upload {upload} never completed"))
+    return out, {"product_objects": len(objects)}
 
 
 def _check_registered(ctx: _Ctx, label: str, prefix: str, rows, root: Path) -> list[Finding]:
@@ -376,6 +454,10 @@ def check_store(session: Session, settings: Settings, *, checksums: bool = True,
     t0 = time.perf_counter()
     ctx = _Ctx(settings, checksums, now)
     findings, checked = _check_products(session, ctx)
+    if settings.product_store:
+        more, n = _check_objects(session, ctx)
+        findings += more
+        checked.update(n)
     frames = list(session.execute(select(Frame.id, Frame.path, Frame.sha256).order_by(Frame.id)))
     findings += _check_registered(ctx, "frame", "frame", frames, settings.raw)
     cals = list(session.execute(select(CalibrationFile.id, CalibrationFile.path, CalibrationFile.sha256)
@@ -455,6 +537,8 @@ def _quarantine_file(session: Session, settings: Settings, ctx: _Ctx, f: Finding
 def _repair_one(session: Session, settings: Settings, ctx: _Ctx, f: Finding,
                 store_empty: bool) -> tuple[str, bool]:
     """Repair one finding: ``(action, repaired)``."""
+    if is_object_ref(f.path):
+        return _repair_object(session, settings, f, store_empty)
     if f.kind == "missing_file" and store_empty:
         return (f"left alone: the product store {ctx.store} holds no product file at all; is it mounted "
                 "(PRODUCT_DIR)? Failing every product would recompute them all"), False
@@ -488,6 +572,45 @@ def _repair_one(session: Session, settings: Settings, ctx: _Ctx, f: Finding,
     return why, False
 
 
+def _repair_object(session: Session, settings: Settings, f: Finding, store_empty: bool) -> tuple[str, bool]:
+    """Repair one finding of the object store pass: ``(action, repaired)``."""
+    store = product_store(settings)
+    if f.kind in ("missing_file", "checksum_mismatch"):
+        if f.kind == "missing_file" and store_empty:
+            return (f"left alone: the object store {store.url} holds no object at all; is PRODUCT_STORE "
+                    "right? Failing every product would recompute them all"), False
+        prod = session.get(Product, f.product_id)
+        if prod is None or prod.state != ProductState.written or prod.path != f.path:
+            return f"left alone: product is {prod.state.value if prod else 'gone'} now", False
+        move_product(prod, ProductState.failed, MISSING_REASON if f.kind == "missing_file" else
+                     f"object differs from its SHA-256 ({(f.sha256 or '')[:12]}... stored; found by lstdp fsck)")
+        session.flush()
+        gone = [k for k in (store.key_of(prod.path), store.key_of(prod.quicklook_path)) if k]
+        for k in gone:  # no longer a product: what is left of it would be an attempt object
+            store.delete(k)
+        return "moved to failed (the next job re-plans it); its objects removed", True
+    if f.kind == "attempt_object":
+        key = store.key_of(f.path)
+        pid, attempt, tag = attempt_of_key(key)
+        prod = session.get(Product, pid)
+        if prod is not None:
+            session.refresh(prod)
+            if store.ref(key) in (prod.path, prod.quicklook_path):
+                return "left alone: its row names it now", False
+            if (prod.state == ProductState.writing and prod.attempts == attempt
+                    and attempt_tag(pid, attempt, prod.claimed_by).endswith(tag)):
+                return "left alone: its attempt holds the claim now", False
+        store.delete(key)
+        return "removed (not the product)", True
+    if f.kind == "incomplete_upload":
+        key = store.key_of(f.path)
+        upload = f.detail.split()[2]
+        store.abort_upload(key, upload)
+        return "aborted", True
+    return ("reported only: an object no row names and no attempt wrote" if f.kind == "orphan_object"
+            else "reported only"), False
+
+
 def repair_store(session: Session, settings: Settings, report: FsckReport, *,
                  now: dt.datetime | None = None) -> FsckReport:
     """Repair the safe findings of ``report`` in place (the module docstring says which, and how).
@@ -514,11 +637,11 @@ def repair_store(session: Session, settings: Settings, report: FsckReport, *,
         ``report``, with ``repaired`` set.
     """
     ctx = _Ctx(settings, report.checksums, now)
-    store_empty = report.checked.get("product_files", 0) == 0
+    store_empty = report.checked.get("product_objects" if settings.product_store else "product_files", 0) == 0
     for f in report.problems:
         try:
             f.action, f.repaired = _repair_one(session, settings, ctx, f, store_empty)
-        except OSError as exc:
+        except (OSError, StoreError, RuntimeError) as exc:
             f.action, f.repaired = f"could not repair: {exc}", False
     report.repaired = True
     return report

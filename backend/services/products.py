@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from backend.models import Event, EventProduct, Frame, JobItem, Product, ProductState
 from pipelines.channels import CHANNELS, get_channel
 from pipelines.errors import DataError, FitsReadError
+from backend.store import is_object_ref, product_store
 from pipelines.products import read_product, read_uncertainty
 from pipelines.sun import apparent_rsun_arcsec
 from pipelines.units import display_unit
@@ -316,17 +317,37 @@ def latest_quicklooks_by_channel(session: Session, per_channel: int = 6) -> dict
 
 
 def resolve_store_path(path: str | None, root: Path) -> Path | None:
-    """The absolute location of a stored file (``path`` absolute, or relative to ``root``)."""
+    """The absolute location of a stored file (``path`` absolute, or relative to ``root``).
+
+    An object of the object store (``s3://...``, :mod:`backend.store`) is fetched into the
+    bounded local cache, checked against its SHA-256, and that file returned (``root`` is
+    then not used); an object that is not there gives ``None``."""
     if not path:
         return None
+    if is_object_ref(path):
+        return _cached_object(path)
     p = Path(path)
     return p if p.is_absolute() else root / p
+
+
+def _cached_object(ref: str) -> Path | None:
+    store = product_store()
+    key = store.key_of(ref)
+    if key is None:
+        log.warning("refused to serve %s: not in the product store %s", ref, store.url)
+        return None
+    try:
+        return store.local_file(key)
+    except FileNotFoundError:
+        return None
 
 
 def served_store_path(path: str | None, root: Path) -> Path | None:
     """:func:`resolve_store_path`, confined to the store: the file to serve, with links and
     ``..`` resolved, or ``None`` when the row names no file, no file is there, or it lies
     outside ``root`` (a path outside the store is never served, whatever the row says)."""
+    if is_object_ref(path):
+        return _cached_object(path)
     p = resolve_store_path(path, root)
     if p is None:
         return None

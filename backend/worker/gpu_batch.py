@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from backend.models import Product, ProductState
-from backend.worker.processing import count_item, resident_master, write_product
+from backend.worker.processing import PLACED, count_item, resident_master, settle_placed, write_product
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
 from pipelines.array_backend import cupy_available
@@ -227,11 +227,13 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             session.flush()
         except Exception as exc:  # noqa: BLE001 - e.g. product store full: this product fails
             session.rollback()
+            settle_placed(session, settings)  # its objects, if any were placed (object store)
             log.exception("product %s could not be written", pid)
             _fail(session, report, job_id, pid, failure_reason(exc))
             return
         _count(session, report, job_id, pid)
         session.commit()
+        session.info.pop(PLACED, None)  # its objects are the product now
         report.written.append(pid)
 
     executor.run(items, on_result=on_result, keep_results=False)

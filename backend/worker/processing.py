@@ -8,7 +8,10 @@ write files atomically and move the explicit state machines:
   ``cancelled`` (asked to cancel, :mod:`backend.services.job_control`, once its frames
   being calibrated have finished).
 
-The FITS file exists (fsynced, renamed) before the row says ``written``. The Celery tasks
+The FITS file exists (fsynced, renamed) before the row says ``written``; with an object
+store (``PRODUCT_STORE=s3://...``, :mod:`backend.store`) its objects are placed create-once
+under the attempt's keys and read back before, and removed after a rollback unless the row
+names them (:func:`settle_placed`). The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
 """
 
@@ -22,6 +25,7 @@ import numpy as np
 from celery.exceptions import SoftTimeLimitExceeded
 
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import __version__
@@ -38,8 +42,8 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item", "recount_job",
-           "lock_job", "frames_for_job", "finish_job", "resident_master"]
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed", "count_item",
+           "recount_job", "lock_job", "frames_for_job", "finish_job", "resident_master"]
 
 
 def plan_job(session: Session, job_id: str) -> list[int]:
@@ -154,7 +158,9 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     is confirmed, and the row locked, before any file is touched, so a delivery whose claim
     was taken over writes nothing and returns False (``holder``: the claim's holder,
     ``Claim.holder``, checked too when given). The file is fsynced and renamed before
-    the row says ``written``. Returns True when written.
+    the row says ``written`` (object store: the objects are placed and read back before,
+    :func:`_place_objects`; after a rollback the caller calls :func:`settle_placed`).
+    Returns True when written.
     """
     if attempt is not None and not confirm_claim(session, prod.id, attempt, holder):
         return False
@@ -173,13 +179,17 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
         result.header.add_history(note)
     hdul = build_product_hdul(result, software_version=__version__)
     out = _product_path(settings, frame, prod)
-    tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
-    sha = write_fits_atomic(hdul, out, tmp_dir=tmp)
-    ql = out.with_suffix(".png")
-    write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
-    prod.path = str(out)
-    prod.sha256 = sha
-    prod.quicklook_path = str(ql)
+    if settings.product_store:  # an object store: objects of this attempt first, the row after
+        fits_ref, sha, ql_ref = _place_objects(session, settings, prod, hdul, result, out, attempt, holder)
+        prod.path, prod.sha256, prod.quicklook_path = fits_ref, sha, ql_ref
+    else:
+        tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
+        sha = write_fits_atomic(hdul, out, tmp_dir=tmp)
+        ql = out.with_suffix(".png")
+        write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
+        prod.path = str(out)
+        prod.sha256 = sha
+        prod.quicklook_path = str(ql)
     prod.header = header_to_json(hdul[0].header)
     prod.stats = dict(result.stats)
     prod.quality_flags = int(frame_quality(hdul[0].header))  # QUALITY: frame-wide systematics flagged
@@ -187,6 +197,89 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
                                      digests=product_digests(hdul), software_version=__version__)
     move_product(prod, ProductState.written)
     return True
+
+
+#: ``Session.info`` entry listing the objects this session placed and has not yet committed
+#: a row for: ``[(product id, [key, ...]), ...]`` (:func:`settle_placed`).
+PLACED = "lstdp_placed_objects"
+
+
+def _place_objects(session: Session, settings: Settings, prod: Product, hdul, result, out: Path,
+                   attempt: int | None, holder: str | None) -> tuple[str, str, str]:
+    """Write the FITS and quicklook of ``prod`` into the object store under this attempt's keys
+    (:func:`backend.store.attempt_tag`), create-once and read back (:meth:`backend.store.ProductStore.put_file`).
+
+    The keys are listed in ``session.info[PLACED]`` *before* each upload starts, so whatever
+    fails later (the upload itself, the other upload, the row's commit, the soft time limit)
+    the caller's :func:`settle_placed` removes what this attempt placed unless its row
+    committed. Returns (FITS ref, FITS SHA-256, PNG ref).
+
+    Raises
+    ------
+    backend.store.StoreError
+        The store failed (the reason names the object).
+    """
+    import tempfile
+
+    from backend.store import attempt_tag, product_store
+    from pipelines.fitsio import sha256_file, store_tmp_dir
+    from pipelines.products import write_quicklook_png
+
+    store = product_store(settings)
+    rel = out.relative_to(settings.products).with_suffix("")
+    tag = attempt_tag(prod.id, attempt or 0, holder)
+    fits_key, png_key = f"{rel.as_posix()}{tag}.fits", f"{rel.as_posix()}{tag}.png"
+    placed = session.info.setdefault(PLACED, [])
+    placed.append((prod.id, [fits_key, png_key]))
+    # local scratch in PRODUCT_DIR/.tmp/: what a killed writer leaves there is swept by age as
+    # the file store's temporary files are (pipelines.fitsio.partial_files; fsck partial_file)
+    scratch = store_tmp_dir(settings.products)
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=scratch, prefix="upload.") as tmp:
+        f = Path(tmp) / out.name
+        hdul.writeto(f, checksum=True)
+        sha = sha256_file(f)
+        q = Path(tmp) / out.with_suffix(".png").name
+        write_quicklook_png(result.data, result.dq, q, prod.frame.channel_code)
+        store.put_file(fits_key, f, sha, content_type="application/fits")
+        store.put_file(png_key, q, sha256_file(q), content_type="image/png")
+    return store.ref(fits_key), sha, store.ref(png_key)
+
+
+def settle_placed(session: Session, settings: Settings) -> int:
+    """After a rollback: remove the objects this session placed (:data:`PLACED`) whose product
+    row does not name them (the row never committed, or another attempt settled it). A row
+    that names them (a commit that succeeded but whose answer was lost) keeps them. When the
+    database or the store cannot be asked, the objects stay for ``lstdp fsck --repair``
+    (attempt objects no row names; :mod:`backend.services.fsck`). Returns the number removed."""
+    from backend.store import product_store
+
+    placed = session.info.pop(PLACED, [])
+    removed = 0
+    for product_id, keys in placed:
+        try:
+            store = product_store(settings)
+            row = session.execute(select(Product.path, Product.quicklook_path).where(Product.id == product_id)).first()
+            session.rollback()  # end the read's transaction: nothing is held while deleting
+            named = set(row) if row else set()
+            for key in keys:
+                if store.ref(key) not in named:
+                    store.delete(key)
+                    removed += 1
+        except Exception:  # noqa: BLE001 - fsck settles what could not be settled here
+            log.warning("could not settle the objects of product %s (%s): fsck --repair removes them",
+                        product_id, ", ".join(keys), exc_info=True)
+            try:
+                session.rollback()
+            except Exception:  # noqa: BLE001
+                pass
+    return removed
+
+
+def _committed(session: Session) -> None:
+    """Commit; the objects placed for the committed rows are now products (no longer to settle)."""
+    session.commit()
+    session.info.pop(PLACED, None)
 
 
 def calibrate_product(session: Session, product_id: int, settings: Settings, *, holder: str | None = None) -> Product:
@@ -222,7 +315,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         result = calibrate_frame(raw.data, raw.header, cals, as_options(prod.parameters.get("options")))
         if write_product(session, settings, prod, result, attempt=claim.attempt, holder=claim.holder):
-            session.commit()
+            _committed(session)
         else:
             session.rollback()
             log.warning("product %s was taken over by another delivery while this one calibrated: not written",
@@ -231,19 +324,23 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
             session.refresh(prod)
     except OperationalError:  # a database fault: the claim stays ours and the task retries it
         session.rollback()
+        settle_placed(session, settings)
         raise
     except DataError as exc:
         session.rollback()
+        settle_placed(session, settings)
         _fail_claimed(session, product_id, claim, failure_reason(exc))
         prod = session.get(Product, product_id)
     except SoftTimeLimitExceeded:
         session.rollback()
+        settle_placed(session, settings)
         _fail_claimed(session, product_id, claim,
                       f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
                       "(TASK_SOFT_TIME_LIMIT_S)")
         prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
+        settle_placed(session, settings)
         _fail_claimed(session, product_id, claim, failure_reason(exc))
         raise
     return prod

@@ -186,13 +186,18 @@ def _recompute(session: Session, settings: Settings, job: Job, item: RerunItem) 
     same_backend = (expected.get("backend") or "numpy") == used
     comparison = None
     prod = session.get(Product, item.product_id) if item.product_id is not None else None
-    if prod is not None and prod.path and Path(prod.path).is_file():
-        a_data, a_dq, _ = read_product(prod.path)
+    original_path = None
+    if prod is not None and prod.path:
+        from backend.services.products import resolve_store_path
+
+        original_path = resolve_store_path(prod.path, settings.products)  # an object: its cached copy
+    if original_path is not None and original_path.is_file():
+        a_data, a_dq, _ = read_product(original_path)
         comparison = compare_arrays(a_data, a_dq, result.data, result.dq, same_backend=same_backend)
         if not expected.get("data_sha256"):
             from astropy.io import fits
 
-            with fits.open(prod.path) as original:
+            with fits.open(original_path) as original:
                 expected["data_sha256"] = product_digests(original)
     want = expected.get("data_sha256") or {}
     # data and DQ always; UNCERT and every HDU ('all') where the manifest has them (manifests

@@ -17,9 +17,12 @@ What :mod:`validation.blind_radiometry` cross-calibrates. The instrument side:
 * **The scene**: the SWAP 174 A image of 2012-01-01 made into Lyman-alpha radiance
   (:func:`~pipelines.simulation.scenes._sdi_scene`: the EUV proxy, the limb-brightened
   chromosphere and the Lyman-alpha corona), band-limited to SDI's resolution, then scaled so
-  that its **whole** irradiance (disk, limb and corona in the frame) seen from the observer
-  at ``DSUN_OBS`` (Earth at DATE-OBS) is ``E_true (1 au / DSUN_OBS)**2``: an irradiance
-  instrument sees the whole Sun. The structure is the same every day (no other Lyman-alpha
+  that its irradiance within 1.2 Rsun (the project's one convention,
+  :data:`~pipelines.calibration.masters.radiometry.IRRADIANCE_RADIUS_RSUN`: disk, limb and inner
+  corona to SDI's field stop, as the chain integrates it and as the single frames of
+  :mod:`pipelines.simulation.truth` are scaled) seen from the observer at ``DSUN_OBS`` (Earth at
+  DATE-OBS) is ``E_true (1 au / DSUN_OBS)**2``: an irradiance instrument sees the whole Sun.
+  (Before 2026-12-05 the whole square frame was summed, corners beyond 1.2 Rsun included.) The structure is the same every day (no other Lyman-alpha
   proxy image is in the sample data); only the disk-integrated value matters here.
 * **The hidden instrument**: ``raw = bias + dark t + flat t S / C_true(t)`` (the forward
   model of :mod:`pipelines.simulation.forward`, Poisson and read noise) with
@@ -75,7 +78,6 @@ from pipelines.simulation.forward import (INSTRUMENT, _dark_planes, _detector_ge
                                           _raw_header)
 from pipelines.simulation.grid import _apparent_rsun_arcsec
 from pipelines.simulation.masters import _radiometric_coefficient, _write_masters
-from pipelines.simulation.models import LYA_PHOTON_ERG
 from pipelines.simulation.output import _iso, _write
 from pipelines.simulation.results import CalibrationFileInfo
 
@@ -190,7 +192,7 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     # Long: one campaign end to end (hidden values, days, detector, frames, truth file): the
     # instrument side in the order it happens, sharing the draws of one seed.
     from pipelines.calibration.masters.radiometry import LASP_DAILY_SCATTER, LASP_SCALE_UNCERTAINTY, read_lasp_composite
-    from pipelines.simulation.scenes import _sdi_reference, _sdi_scene
+    from pipelines.simulation.scenes import _scale_to_irradiance, _sdi_reference, _sdi_scene
     from pipelines.simulation.sources import LYA_INDEX_FILE, SAMPLE_DIR, SWAP_FILE, _sunpy_source
     from pipelines.simulation.truth import _smooth_sigma_px
 
@@ -218,7 +220,6 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
     src = _sunpy_source(sample / SWAP_FILE)
     ref = _sdi_reference(src)
     scale = spec.plate_scale_for(n)
-    omega_pix = (scale * math.pi / (180.0 * 3600.0)) ** 2
     truths, e_true, rsun = [], [], []
     for d, t, e in zip(days, times, eps):
         rsun_arcsec, obs = _apparent_rsun_arcsec(t)
@@ -226,8 +227,8 @@ def simulate_sdi_campaign(out_dir: str | os.PathLike, *, naxis: int = 128, n_day
         scene = _sdi_scene(src, n, scale, rsun_arcsec, ref, 1.0)
         truth = ndimage.gaussian_filter(scene, _smooth_sigma_px(spec, scale), mode="nearest").astype(np.float64)
         e_day = lasp.on(d) * (1.0 + delta) * (1.0 + float(e))  # photons cm-2 s-1 at 1 au
-        target = e_day * LYA_PHOTON_ERG / dsun_au ** 2  # erg cm-2 s-1 at the observer
-        truth *= target / (float(truth.sum()) * omega_pix)
+        # the irradiance within IRRADIANCE_RADIUS_RSUN (1.2 Rsun), as in single frames and the chain
+        _scale_to_irradiance(truth, rsun_arcsec / scale, scale, e_day, dsun_au)
         truths.append(truth.astype(np.float32))
         e_true.append(e_day)
         rsun.append(rsun_arcsec)

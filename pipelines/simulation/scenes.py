@@ -13,7 +13,7 @@ from scipy import ndimage
 from pipelines.calibration.l2.steps import RADIANCE_UNIT
 from pipelines.channels import CHANNELS
 from pipelines.simulation.grid import _affine_sample, _grid_offsets, _rho_grid
-from pipelines.simulation.models import (IRRADIANCE_360NM, LYA_GAMMA, LYA_LIMB_SCALE_RSUN, OMEGA_SUN_1AU,
+from pipelines.simulation.models import (IRRADIANCE_360NM, LYA_GAMMA, LYA_LIMB_SCALE_RSUN, LYA_PHOTON_ERG, OMEGA_SUN_1AU,
                                          WL_K_FACTOR, _disk_average_factor, baumbach_f_corona,
                                          baumbach_k_corona, limb_darkening_neckel2005, lyman_alpha_corona)
 from pipelines.simulation.sources import _CoronaTexture, _DiskSource
@@ -45,6 +45,51 @@ def _sdi_scene(src: _DiskSource, n: int, scale: float, rsun_arcsec: float, ref: 
     proxy[off] *= w
     proxy *= np.float32(radiance_mean / ref["norm"])
     return proxy
+
+
+def _scale_to_irradiance(img: np.ndarray, rsun_px: float, scale_arcsec: float, e_1au_ph: float,
+                         dsun_au: float) -> np.ndarray:
+    """Scale a Lyman-alpha radiance image (L2 grid, disk centred) in place to an irradiance.
+
+    The project's one irradiance convention
+    (:data:`pipelines.calibration.masters.radiometry.IRRADIANCE_RADIUS_RSUN`): the irradiance
+    is the radiance integrated over the solid angle within 1.2 Rsun of the disk centre (the
+    disk, the limb-brightened chromosphere and the inner corona out to SDI's field stop; the
+    part of that circle on the frame), which is what the chain's
+    :func:`~pipelines.calibration.masters.radiometry.disk_integrated_irradiance` measures.
+
+    Parameters
+    ----------
+    img : numpy.ndarray, shape (n, n) [erg cm-2 s-1 sr-1, any scale]
+    rsun_px : float
+        Solar radius on the grid [pixel].
+    scale_arcsec : float
+        Plate scale [arcsec/pixel].
+    e_1au_ph : float
+        Target irradiance at 1 au [photons cm-2 s-1] (the LASP composite's quantity).
+    dsun_au : float
+        Observer distance [au]: the irradiance at the observer is ``e_1au / dsun_au**2``.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``img``, scaled.
+
+    Raises
+    ------
+    ValueError
+        If the image holds no positive radiance within the radius.
+    """
+    from pipelines.calibration.masters.radiometry import IRRADIANCE_RADIUS_RSUN
+
+    inside = _rho_grid(img.shape[0], rsun_px) <= np.float32(IRRADIANCE_RADIUS_RSUN)
+    total = float(img[inside].sum(dtype=np.float64))
+    if not total > 0:
+        raise ValueError("no radiance within the irradiance radius")
+    omega_pix = (scale_arcsec * np.pi / (180.0 * 3600.0)) ** 2  # sr
+    target = float(e_1au_ph) * LYA_PHOTON_ERG / float(dsun_au) ** 2  # erg cm-2 s-1 at the observer
+    img *= np.asarray(target / (total * omega_pix), dtype=img.dtype)
+    return img
 
 
 def _sdi_reference(src: _DiskSource) -> dict[str, float]:

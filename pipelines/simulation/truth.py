@@ -10,17 +10,19 @@ import math
 from pathlib import Path
 
 import numpy as np
+from astropy import units as u
 from astropy.io import fits
 from astropy.time import Time
 from scipy import ndimage
 
 from pipelines.calibration.l2.steps import RADIANCE_UNIT, StrayLightModel
+from pipelines.calibration.masters.radiometry import IRRADIANCE_RADIUS_RSUN
 from pipelines.channels import CHANNELS, ChannelSpec
 from pipelines.simulation.forward import INSTRUMENT, _aperture
 from pipelines.simulation.grid import _apparent_rsun_arcsec, _rho_grid
-from pipelines.simulation.models import LYA_GAMMA, LYA_PHOTON_ERG, OMEGA_SUN_1AU, UV_MSB_AT_1P5, WL_K_FACTOR
+from pipelines.simulation.models import LYA_GAMMA, UV_MSB_AT_1P5, WL_K_FACTOR
 from pipelines.simulation.output import SOFTWARE, _iso, _write
-from pipelines.simulation.scenes import _sci_scene, _sdi_scene, _wst_scene
+from pipelines.simulation.scenes import _scale_to_irradiance, _sci_scene, _sdi_scene, _wst_scene
 from pipelines.simulation.series import _FramePlan, _inject_flare
 
 
@@ -69,10 +71,17 @@ def _write_truth(plan: _FramePlan, chan: str, n: int, scale: float, stray: Stray
     sigma = _smooth_sigma_px(spec, scale)
     flare_img = None
     if plan.kind == "sdi":
-        radiance_mean = plan.lya_irradiance * LYA_PHOTON_ERG / OMEGA_SUN_1AU
-        scene = _sdi_scene(plan.src, n, scale, rsun_arcsec, plan.sdi_ref, radiance_mean)
-        plan.notes.append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; disk-average radiance {radiance_mean:.4g} "
-                          f"{RADIANCE_UNIT} (LASP composite irradiance)")
+        # the whole Sun to 1.2 Rsun (IRRADIANCE_RADIUS_RSUN) holds the LASP irradiance, as in the
+        # radiometric campaign and the chain's integral (before: the disk alone, 3 % less)
+        scene = _sdi_scene(plan.src, n, scale, rsun_arcsec, plan.sdi_ref, 1.0)
+        _scale_to_irradiance(scene, rsun_px, scale, plan.lya_irradiance,
+                             float(obs["DSUN_OBS"]) / float(u.au.to(u.m)))
+        disk = _rho_grid(n, rsun_px) <= 1.0
+        radiance_mean = float(scene[disk].mean())
+        plan.notes.append(f"Ly-alpha proxy (EUV/quiet)^{LYA_GAMMA}; irradiance within "
+                          f"{IRRADIANCE_RADIUS_RSUN:g} Rsun at 1 au = LASP composite "
+                          f"{plan.lya_irradiance:.4g} photons cm-2 s-1 (disk-average radiance {radiance_mean:.4g} "
+                          f"{RADIANCE_UNIT})")
         if plan.flare_amp > 0:
             flare_img = _inject_flare(scene, scale, plan.flare_amp, plan.notes, plan.flare_spec)
     elif plan.kind == "wst":

@@ -61,6 +61,9 @@ def test_the_fitted_master_is_used_and_ties_sdi_to_the_series(blind_128):
     # on the LYRA day SDI/LYRA becomes the LASP/LYRA disagreement of the two series
     assert r["lasp_over_lyra"] == pytest.approx(1.1775, abs=0.001)
     assert r["sdi_over_lyra_after"] == pytest.approx(r["lasp_over_lyra"], rel=0.01), r
+    # issue 27 item 6: within the two series' stated budget (1.35 sigma), and the law's shape holds
+    assert r["sdi_lyra_check_within"] == 1.0 and 1.2 < r["sdi_lyra_check_z"] < 1.5, r
+    assert r["law_mismatch"] == 0.0, r["law_mismatch_p"]
 
 
 def test_chain_masters_and_the_given_masters_control(blind_128):

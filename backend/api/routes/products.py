@@ -8,12 +8,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse
 from starlette.responses import Response
 
-from backend.api.conditional import file_response
+from backend.api.conditional import file_response, object_response
 from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
 from backend.api.params import (MAX_ID, CalibrationSetQuery, ChannelQuery, IdPath, JobIdQuery, LevelQuery, PaginationDep,
                                 SystematicsQuery, TimeRangeDep)
 from backend.api.schemas import ProductDetail, ProductPublic, ProductsPublic
 from backend.models import Job, Product, ProductState
+from backend.store import is_object_ref, product_name
 from backend.services import products as products_service
 from backend.services import visibility
 
@@ -76,6 +77,12 @@ def read_product_fits(request: Request, product_id: IdPath, session: SessionDep,
     row = _product_or_404(session, product_id, principal)
     if row.state != ProductState.written:
         raise HTTPException(404, detail=f"product {product_id} is {row.state.value}, its FITS file is not written")
+    if is_object_ref(row.path):  # an object store: streamed from it, checked as it goes
+        name = product_name(row.path)
+        answer = object_response(request, row.path, media_type="application/fits", filename=name, sha256=row.sha256)
+        if answer is None:
+            raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
+        return answer
     path = products_service.served_store_path(row.path, settings.products)
     if path is None:
         raise HTTPException(404, detail=f"the FITS file of product {product_id} is missing from the product store")
@@ -96,6 +103,11 @@ def read_product_quicklook(request: Request, product_id: IdPath, session: Sessio
     row = _product_or_404(session, product_id, principal)
     if not row.quicklook_path:
         raise HTTPException(404, detail=f"product {product_id} has no quicklook image")
+    if is_object_ref(row.quicklook_path):
+        answer = object_response(request, row.quicklook_path, media_type="image/png")
+        if answer is None:
+            raise HTTPException(404, detail=f"the quicklook of product {product_id} is missing from the product store")
+        return answer
     path = products_service.served_store_path(row.quicklook_path, settings.products)
     if path is None:
         raise HTTPException(404, detail=f"the quicklook of product {product_id} is missing from the product store")

@@ -151,6 +151,8 @@ def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
         tab = hdul["PROFILE"].data
         out["_profile_r"] = np.asarray(tab["R"], dtype=np.float64)
         out["_profile"] = np.asarray(tab["STRAY"], dtype=np.float64)
+        if "SIGMA" in tab.columns.names:  # the profile's stated 1-sigma [MSB] (issue 27)
+            out["_profile_sigma"] = np.asarray(tab["SIGMA"], dtype=np.float64)
     for i, hdu in enumerate(hdul):
         if hdu.data is None or getattr(hdu.data, "ndim", 0) != 2:
             continue
@@ -433,12 +435,18 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     radunc = radiometric_uncertainty_at(rad.parameters, header.get("DATE-OBS"))
     if radunc is not None:
         h["RADUNC"] = (float(f"{radunc:.4g}"), "rel. 1-sigma error of the radiometric scale")
+    # the master's degradation law refuted by its own residuals (radiometry.MISMATCH_P): said on the
+    # product too (only then: products of an unflagged master keep their header)
+    h.remove("RADMISFL", ignore_missing=True, remove_all=True)
+    mis = str(rad.parameters.get("RADMISFL") or "NONE").strip().upper()
+    if mis != "NONE":
+        h["RADMISFL"] = (mis, "radiometric law's shape refuted by its fit")
     _flag_stated_flat_plane(h, cals["flat"])
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
                                 enabled=opts.fit_centre)
-    img, h, var = _stray_light_step(img, h, cals, opts, spec, xp, var)
+    img, h, var, stray_sigma = _stray_light_step(img, h, cals, opts, spec, xp, var)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
     if opts.deconvolve_psf:
@@ -452,6 +460,11 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
+    if stray_sigma is not None:
+        # the stated stray-light 1-sigma is one error of the whole frame (fully correlated between
+        # pixels): added after the resampling, which would shrink it as if it were pixel noise
+        var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
+        h.add_history(f"uncertainty: {why}, added on the output grid")
     _stamp_l2(h, cals, unit, channel, backend_name(xp))
     _stamp_dates(h)
     out = to_numpy(img).astype(np.float32, copy=False)
@@ -610,12 +623,17 @@ def _stray_representation(stray_cal: CalibrationInput, source: str, xp: Any) -> 
 
 
 def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput], opts: CalibrationOptions,
-                      spec: Any, xp: Any, var: Any) -> tuple[Any, fits.Header, Any]:
+                      spec: Any, xp: Any, var: Any) -> tuple[Any, fits.Header, Any, Any]:
     """SCI stray light: a measured radial profile, a measured map or the power-law model;
-    the variance gets the model's stated uncertainty (``STRAYUNC`` or a ``STRAYERR`` plane)."""
+    the variance gets the model's stated uncertainty (``STRAYUNC`` or a ``STRAYERR`` plane).
+
+    Returns ``(img, h, var, sigma_profile)``: ``sigma_profile`` the master's stated 1-sigma
+    profile (:class:`~pipelines.calibration.l2.steps.StrayLightProfile` [MSB], its ``PROFILE``
+    ``SIGMA`` column) when the profile is subtracted, else None; the caller adds it to the
+    variance on the output grid (a frame-wide error, not shrunk by the resampling)."""
     if spec.is_coronagraph and not opts.subtract_stray_light:
         h.add_history("subtract_stray_light: skipped on request (option subtract_stray_light=false)")
-        return img, h, var
+        return img, h, var, None
     stray_cal = cals.get("stray_light") if spec.is_coronagraph else None
     model = None
     if stray_cal is not None:
@@ -624,10 +642,26 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
     img, h = steps.subtract_stray_light(img, h, model, source=stray_cal.name if stray_cal is not None else "")
     if spec.is_coronagraph and stray_cal is not None:
         frac = stray_cal.parameters.get("STRAYUNC")
-        var, why = uncertainty.stray_light_variance(var, h, model, float(frac) if frac not in (None, "") else None,
-                                                    stray_cal.data.get("strayerr"))
-        h.add_history(f"uncertainty: {why}")
-    return img, h, var
+        sig_prof = None
+        if isinstance(model, steps.StrayLightProfile) and "_profile_sigma" in stray_cal.data:
+            r_p, s_p = to_numpy(stray_cal.data["_profile_r"]), to_numpy(stray_cal.data["_profile_sigma"])
+            ok = np.isfinite(s_p) & np.isfinite(to_numpy(stray_cal.data["_profile"]))
+            if ok.sum() >= 2:
+                sig_prof = steps.StrayLightProfile(tuple(r_p[ok].tolist()), tuple(s_p[ok].tolist()))
+        if sig_prof is None:
+            var, why = uncertainty.stray_light_variance(var, h, model, float(frac) if frac not in (None, "") else None,
+                                                        stray_cal.data.get("strayerr"))
+            h.add_history(f"uncertainty: {why}")
+        if sig_prof is not None:  # the stated stray-light 1-sigma, in UNCERT and in two keywords
+            h["STRYUNC"] = (float(sig_prof.brightness(1.1)), "[MSB] stray-light 1-sigma at 1.1 Rsun")
+            h["STRYUN25"] = (float(sig_prof.brightness(2.5)), "[MSB] stray-light 1-sigma at 2.5 Rsun")
+        if "STRYCHI2" in stray_cal.parameters:
+            h["STRYCHI2"] = (float(stray_cal.parameters["STRYCHI2"]), "reduced chi2 of the stray-light fit")
+        if bool(stray_cal.parameters.get("STRYREFU", False)):  # never silently: the product says so
+            why = str(stray_cal.parameters.get("STRYWHY", "") or "stray-light fit refused")
+            flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")
+        return img, h, var, sig_prof
+    return img, h, var, None
 
 
 def _occulter_rsun(cals: dict[str, CalibrationInput], spec: Any) -> float | None:

@@ -15,8 +15,10 @@ bit    name                   reason    set when
                                         header than the pointing is believed to be off, or too
                                         uncertain): the header's centre is kept, unverified
 2      CENTRE_FAILED          CENTFAIL  no centre fit could be made (no edge found, too few points)
-4      STRAY_LIGHT_REFUSED    STRYFAIL  the stray-light model was refused for this frame (defined
-                                        here for the stray-light work: no chain step refuses one yet)
+4      STRAY_LIGHT_REFUSED    STRYFAIL  the stray-light model was refused for this frame: the
+                                        master's fit was refused (``STRYREFU = T``, reason
+                                        ``STRYWHY``) and its law is the fallback (the flow sets it,
+                                        :func:`pipelines.calibration.l2.flow.calibrate_frame`)
 8      FLAT_PLANE_STATED      FLATPLAN  the flat's large-scale plane (gain gradient) was stated
                                         (a prior), not measured: set when the flat master's
                                         ``FLATPLSR`` keyword is ``STATED``

@@ -21,7 +21,8 @@ convert_units            ``x C**2`` (the coefficient's own error is one number f
                          the fit's error at DATE-OBS and the reference's scale, or the
                          master's own ``RADUNC``; absent when the master states none)
 subtract_stray_light     ``+ (u S_stray)**2``: ``u`` the master's fractional uncertainty
-                         ``STRAYUNC`` (or its ``STRAYERR`` plane [MSB]); 0 when it states none
+                         ``STRAYUNC`` (or its ``STRAYERR`` plane [MSB], or the ``SIGMA`` column of its
+                         ``PROFILE`` table [MSB] about the disk centre); 0 when it states none
 deconvolve_psf           not propagated (Richardson-Lucy is non-linear): the pre-
                          deconvolution variance is kept and ``UNCPSF = F`` says so
 rotate_north_up          :func:`resample_variance`: squared interpolation weights
@@ -208,17 +209,25 @@ def detector_variance(raw: Any, bias: Any, gain: float, read_noise: float, plane
 
 
 def stray_light_variance(var: Any, header: fits.Header, model: Any, fraction: float | None,
-                         err_map: Any | None) -> tuple[Any, str]:
-    """Add the stray-light model's variance: ``(fraction * S_stray)**2`` or ``err_map**2`` [MSB**2].
+                         err_map: Any | None, *, sigma_profile: Any | None = None) -> tuple[Any, str]:
+    """Add the stray-light model's variance: ``sigma(r)**2``, ``err_map**2`` or ``(fraction * S_stray)**2`` [MSB**2].
 
     ``model`` is what :func:`pipelines.calibration.l2.steps.subtract_stray_light` was given (power
-    law, profile, map or None). Returns the variance and a HISTORY phrase.
+    law, profile, map or None). ``sigma_profile`` (a
+    :class:`~pipelines.calibration.l2.steps.StrayLightProfile` of the 1-sigma [MSB], the master's
+    ``PROFILE`` ``SIGMA`` column), evaluated about the frame's disk centre like the profile,
+    comes first; then an error plane; then the fraction ``STRAYUNC``. Returns the variance
+    (shape of ``var``) and a HISTORY phrase.
     """
     from pipelines.calibration.l2.steps import StrayLightModel, StrayLightProfile
 
     xp = namespace_of(var)
     if model is None:
         return var, "no stray light subtracted"
+    if sigma_profile is not None:
+        r = radius_map(var.shape, sun_geometry(header), xp, dtype=xp.float32)
+        e = xp.astype(sigma_profile.brightness(r), xp.float32)
+        return var + e * e, "stray-light 1-sigma profile of the master (PROFILE SIGMA, in quadrature)"
     if err_map is not None:
         e = to_device(err_map, xp, xp.float32)
         return var + e * e, "stray-light error plane of the master"

@@ -40,23 +40,65 @@ Reference series (``sample-data/real/lyman-alpha``, MANIFEST.md)
 * PROBA2/LYRA level 2, channel 1 (Lyman-alpha, 120-123 nm) [W m-2], 2012-01-01 only (no
   other LYRA day is in the sample data). Its header states no uncertainty either.
 
-The 1.215x of issue 14
-----------------------
-Measured with :func:`disk_integrated_irradiance` on main's SDI frame of 2012-01-01 00:16
-(``simulate(channels=['SDI'], naxis=256, sdi_sequence=False)``, its given ``RADCOEF``):
-SDI/LYRA = 1.213, SDI/LASP = 1.030. Two causes, neither an SDI detector effect:
+One irradiance convention (issue 27 item 6)
+-------------------------------------------
+The Lyman-alpha irradiance of the Sun, here and in the simulator, is the radiance integrated
+over the solid angle within :data:`IRRADIANCE_RADIUS_RSUN` = 1.2 Rsun of the disk centre (the
+disk, the limb-brightened chromosphere and the inner corona to SDI's field stop), moved to 1 au.
+:func:`disk_integrated_irradiance` measures it; the simulator's single frames and series and
+its radiometric campaign set their scene to the LASP value under it
+(``pipelines.simulation.scenes._scale_to_irradiance``). The whole-Sun references also see the
+corona beyond 1.2 Rsun, at most :data:`CORONA_BEYOND_RADIUS_FRACTION` (2.5e-4) of the total: a
+term of the budget below, not a correction.
 
-* the two reference series disagree by 1.1775x on that day: LASP 4.57e11 photons cm-2 s-1 =
-  7.47e-3 W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median of the file; LYRA/LASP = 0.849);
-* main's simulator sets the *disk alone* to the LASP value (disk-average radiance = E /
-  Omega_sun), so the limb and the inner corona out to the field stop add 3.0 % (the disk holds
-  0.967 of the integral).
+Before (issue 14, main's SDI frame of 2012-01-01 00:16 at 256 px with its given ``RADCOEF``)
+SDI read 1.030 x LASP and 1.213 x LYRA: the single frames put the LASP value on the *disk
+alone* (disk-average radiance = E / Omega_sun), so the limb and inner corona added 3.0 % (the
+disk holds 0.967 of the integral), while the campaign scaled the whole square frame. Now the
+same frame reads 1.0002 x LASP and 1.1777 x LYRA, i.e. the LASP/LYRA ratio of that day.
 
-After the cross-calibration SDI follows the series it is tied to: SDI/LASP = 1.000 on
-average over the campaign (RMS 0.2-0.4 % per day) and SDI/LYRA on 2012-01-01 = 1.168-1.178
-(blind runs, seeds 0-2 and 5), i.e. the LASP/LYRA scale difference (1.1775) and nothing more.
-That ~18 % is a disagreement between LYRA's and LASP's absolute scales; one LYRA day cannot
-fit a degradation, so LASP (continuous over 1997-2013) is the reference and LYRA the check.
+Two references and their budget
+-------------------------------
+The two series disagree by 1.1775x on 2012-01-01: LASP 4.57e11 photons cm-2 s-1 = 7.47e-3
+W m-2, LYRA channel 1 6.34e-3 W m-2 (daily median of the file). :func:`reference_budget` states
+what covers it, relative 1 sigma, in quadrature:
+
+========================  ========  =====================================================
+term                      value     source
+========================  ========  =====================================================
+LASP absolute scale       0.05      :data:`LASP_SCALE_UNCERTAINTY` (UARS SOLSTICE scale)
+LYRA absolute scale       0.11      :data:`LYRA_SCALE_UNCERTAINTY` (BenMoussa et al. 2009)
+LASP daily value          0.0040    :data:`LASP_DAILY_SCATTER` (measured from the file)
+LYRA daily value          2e-5      standard error of the day's samples (the file)
+corona beyond 1.2 Rsun    2.5e-4    :data:`CORONA_BEYOND_RADIUS_FRACTION`
+total                     0.121
+========================  ========  =====================================================
+
+ln 1.1775 = 0.163 = 1.35 sigma: within :data:`REFERENCE_AGREEMENT_K` = 2. Not in the budget
+(stated by no provider, so the total is a lower bound): LYRA's level-2 correction of channel
+1's in-flight degradation (see :data:`LYRA_SCALE_UNCERTAINTY`). LASP's scale alone (5 %) would
+make the disagreement 3.3 sigma. LASP (continuous over 1997-2013) is the reference SDI's law is
+fitted to, LYRA the check; :func:`compare_with_reference` makes the check either way (SDI tied to
+LASP against LYRA, SDI tied to LYRA by :func:`cross_calibrate_on_day` against LASP) and the
+same z (+-1.35) results (``tests/validation/test_reference_radiometry.py``, the real files).
+After a campaign's fit SDI follows the series it is tied to: SDI/LASP = 1.000 on average over
+the campaign (RMS 0.2-0.4 % per day) and SDI/LYRA on 2012-01-01 = 1.168-1.178 (blind runs).
+
+A law of the wrong shape
+------------------------
+The fit assumes ``C(t) = C0 exp(lambda (t - t0))``. :func:`_law_mismatch` tests the residuals of
+every day (outliers included) against two alternatives with one parameter more, a step in
+sensitivity between any two observing days and a curvature of ln C (a fast early loss), by the
+largest chi-square drop against its parametric-bootstrap null distribution; below
+:data:`MISMATCH_P` the fit carries ``law_mismatch`` and the master ``RADMISFL = 'STEP'`` or
+``'CURVE'`` with ``RADMISP`` (the master is written, flagged, not refused: the chain still
+calibrates with the best exponential law, and the flag says its shape is refuted). Measured on
+synthetic campaign ratios (the campaign's day layout, 13 days, the composite's daily noise,
+200 seeds each, ``validation.families.Degradation`` drawn in its ranges): the exponential law
+flagged 2/200; a step (1-4 %) 158/200, those missed within 1.5 % of the truth; a fast early
+loss (2-6 %, e-folding 5-30 % of the span) 164/200, 19 missed by more than 1 %, at most 4.0 %.
+A one-day outlier (a flare snapshot) on the campaign's first or last day is flagged ``STEP``
+too (20 of 100 outliers at random days, all at an end): one day cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -76,10 +118,23 @@ from astropy.time import Time
 from pipelines.errors import DataError
 
 __all__ = ["LYA_WAVELENGTH_NM", "LYA_PHOTON_J", "LASP_SCALE_UNCERTAINTY", "LASP_DAILY_SCATTER", "CHI2_ACCEPT",
-           "CLIP_SIGMA",
+           "CLIP_SIGMA", "IRRADIANCE_RADIUS_RSUN", "LYRA_SCALE_UNCERTAINTY", "CORONA_BEYOND_RADIUS_FRACTION",
+           "REFERENCE_AGREEMENT_K", "MISMATCH_P", "reference_budget", "ReferenceCheck", "cross_calibrate_on_day",
+           "compare_with_reference",
            "LyaSeries", "read_lasp_composite", "read_lyra_level2", "lyra_daily_irradiance", "lasp_daily_scatter",
            "disk_integrated_irradiance", "CrossCalibration", "fit_cross_calibration", "write_radiometric_master",
            "radiometric_uncertainty_at", "coefficient_at", "ph_cm2_s_to_w_m2", "w_m2_to_ph_cm2_s"]
+
+#: The project's one Lyman-alpha irradiance convention [Rsun]: the irradiance of the Sun is the
+#: radiance integrated over the solid angle within this radius of the disk centre (the disk, the
+#: limb-brightened chromosphere and the inner corona out to SDI's field stop, ``FOVRAD``; the part
+#: of that circle on the frame), moved to 1 au. The simulator's single frames and series
+#: (:mod:`pipelines.simulation.truth`), its radiometric campaign
+#: (:mod:`pipelines.simulation.campaign`) and the chain (:func:`disk_integrated_irradiance`)
+#: all use it, and it is what the LASP composite and LYRA are compared with. Beyond 1.2 Rsun the
+#: Lyman-alpha corona adds :data:`CORONA_BEYOND_RADIUS_FRACTION` of the irradiance, which
+#: neither reference separates (whole-Sun radiometers): a term of :func:`reference_budget`.
+IRRADIANCE_RADIUS_RSUN = 1.2
 
 #: Hydrogen Lyman-alpha wavelength [nm] (vacuum, the 1s-2p multiplet's weighted centre; NIST ASD).
 LYA_WAVELENGTH_NM = 121.567
@@ -121,6 +176,43 @@ CHI2_ACCEPT = 9.0
 #: flare against a daily mean, or a bad frame.
 CLIP_SIGMA = 5.0
 MAX_REJECT_FRACTION = 0.2
+
+#: Relative uncertainty of PROBA2/LYRA's absolute scale (1 sigma): 0.11, the upper end of the
+#: total relative uncertainty of LYRA's radiometric calibration, 1-11 % across its channels and
+#: detectors (BenMoussa et al. 2009, A&A 508, 1085, "Pre-flight calibration of LYRA": PTB/BESSY II
+#: synchrotron radiometry), taken for channel 1 (Lyman-alpha). The level-2 file states none. Not
+#: included (the provider states no number, so the budget is a lower bound there): the level-2
+#: correction of the in-flight degradation, severe for channel 1 of the nominal unit ("very low
+#: signal-to-noise ratio ... to be used with caution after mid-2010", PROBA2 Science Center,
+#: LYRA level 2 page; BenMoussa et al. 2013, Sol. Phys. 288, 389).
+LYRA_SCALE_UNCERTAINTY = 0.11
+
+#: Share of the whole-Sun Lyman-alpha irradiance beyond :data:`IRRADIANCE_RADIUS_RSUN`: 2.5e-4,
+#: the integral from 1.2 to 10 Rsun of a bright-streamer Lyman-alpha corona all round the Sun
+#: (Baumbach's K-corona radial shape, 8.5e-5 of the disk-average radiance at 1.5 Rsun: streamer
+#: intensities of 1e11-1e12 photons cm-2 s-1 sr-1 at 1.5 Rsun from Spartan 201 and SOHO/UVCS,
+#: Kohl et al. 1995, Sol. Phys. 162, 313; resonant scattering, Gabriel 1971, Sol. Phys. 21, 392;
+#: the simulator's ``lyman_alpha_corona``, integrated with scipy ``quad``) over the disk plus
+#: the corona to 1.2 Rsun; an upper bound (streamers
+#: do not fill every position angle). The references are whole-Sun radiometers; SDI's integral
+#: stops at 1.2 Rsun: a term of :func:`reference_budget` (negligible beside the scales).
+CORONA_BEYOND_RADIUS_FRACTION = 2.5e-4
+
+#: Coverage factor of :func:`compare_with_reference`: two irradiances agree when their log
+#: ratio is within this many combined standard uncertainties (2: about 95 % for a Gaussian).
+REFERENCE_AGREEMENT_K = 2.0
+
+#: Model-mismatch test of :func:`fit_cross_calibration`: the fitted exponential law is flagged
+#: (``law_mismatch``; ``RADMISFL``/``RADMISP`` in the master) when a law of another shape fits the
+#: same ratios significantly better: a step in sensitivity at any date between two observing
+#: days, or a curvature of ln C(t) (a fast early loss), each an extra parameter tested by the
+#: chi-square drop of nested least-squares models (Bevington & Robinson 2003, sect. 11.4), the
+#: largest over the alternatives and dates, its null distribution by parametric bootstrap
+#: (:func:`_law_mismatch`). Flagged below this family-wise false-alarm probability (ours: one
+#: correct law in a hundred flagged).
+MISMATCH_P = 0.01
+#: Parametric-bootstrap draws of the mismatch test's null distribution (p resolution 1/2000).
+MISMATCH_BOOTSTRAP = 2000
 
 _AU_M = float(const.au.to_value(u.m))
 _YEAR_DAYS = 365.25
@@ -297,8 +389,8 @@ def lyra_daily_irradiance(path: str | Path) -> LyaSeries:
     """The LYRA Lyman-alpha daily value (median of the day's samples) as a :class:`LyaSeries`.
 
     ``rel_uncertainty`` is the robust relative scatter of the day's samples over sqrt(N)
-    (the standard error of the daily value); ``scale_uncertainty`` is NaN: the file states
-    none, and LYRA is not used as the fit's reference here.
+    (the standard error of the daily value); ``scale_uncertainty`` is
+    :data:`LYRA_SCALE_UNCERTAINTY` (the file states none; see the constant for its source).
     """
     t, e = read_lyra_level2(path)
     days: dict[dt.date, float] = {}
@@ -309,7 +401,131 @@ def lyra_daily_irradiance(path: str | Path) -> LyaSeries:
         med = float(np.median(v))
         days[d] = w_m2_to_ph_cm2_s(med)
         errs.append(1.4826 * float(np.median(np.abs(v - med))) / med / math.sqrt(len(v)))
-    return LyaSeries("LYRA", days, float(max(errs)), float("nan"), Path(path).name)
+    return LyaSeries("LYRA", days, float(max(errs)), LYRA_SCALE_UNCERTAINTY, Path(path).name)
+
+
+# --------------------------------------------------------------------------- two references
+
+
+def reference_budget(a: LyaSeries, b: LyaSeries, *, sdi_rel_err: float = 0.0) -> dict[str, float]:
+    """Error budget of an irradiance tied to series ``a`` compared with series ``b`` on one day.
+
+    Relative 1-sigma terms, independent, added in quadrature (Bevington & Robinson 2003, ch. 3):
+    each series' absolute scale (``scale_uncertainty``: :data:`LASP_SCALE_UNCERTAINTY`,
+    :data:`LYRA_SCALE_UNCERTAINTY`), each one's daily value (``rel_uncertainty``), the SDI
+    measurement's own (``sdi_rel_err``: photometry, the cross-calibration fit) and the corona
+    beyond :data:`IRRADIANCE_RADIUS_RSUN` that the whole-Sun references see and SDI's integral
+    does not (:data:`CORONA_BEYOND_RADIUS_FRACTION`). The same budget bounds ``a / b`` itself.
+
+    Returns
+    -------
+    dict of str to float
+        One entry per term (``"<name> scale"``, ``"<name> daily"``, ``"SDI"``,
+        ``"corona beyond 1.2 Rsun"``) and ``"total"`` (their quadrature sum).
+
+    Raises
+    ------
+    DataError
+        If a series states no (finite) scale uncertainty: no budget can be made.
+    """
+    terms: dict[str, float] = {}
+    for ser in (a, b):
+        if not (math.isfinite(ser.scale_uncertainty) and ser.scale_uncertainty >= 0):
+            raise DataError(f"{ser.name} states no scale uncertainty: no error budget against it")
+        terms[f"{ser.name} scale"] = float(ser.scale_uncertainty)
+        terms[f"{ser.name} daily"] = float(ser.rel_uncertainty)
+    terms["SDI"] = float(sdi_rel_err)
+    terms[f"corona beyond {IRRADIANCE_RADIUS_RSUN:g} Rsun"] = CORONA_BEYOND_RADIUS_FRACTION
+    terms["total"] = math.sqrt(sum(v * v for v in terms.values()))
+    return terms
+
+
+@dataclass(frozen=True)
+class ReferenceCheck:
+    """SDI's irradiance, tied to one reference series, checked against another on one day.
+
+    Attributes
+    ----------
+    tied_to, checked_against : str
+        The series SDI's scale comes from and the one it is compared with.
+    day : datetime.date
+    ratio : float
+        ``E_SDI / E_check`` (dimensionless).
+    sigma : float
+        Combined relative 1-sigma uncertainty of the ratio (:func:`reference_budget` total).
+    z : float
+        ``ln(ratio) / sigma``.
+    within : bool
+        ``|z| <= k`` (:data:`REFERENCE_AGREEMENT_K` by default).
+    budget : dict of str to float
+        The terms of ``sigma``.
+    """
+
+    tied_to: str
+    checked_against: str
+    day: dt.date
+    ratio: float
+    sigma: float
+    z: float
+    within: bool
+    budget: dict[str, float]
+
+
+def cross_calibrate_on_day(e_sdi: float, day: dt.date | Time | str, reference: LyaSeries) -> float:
+    """One-day cross-calibration factor ``E_ref / E_SDI`` (multiply SDI's coefficient by it).
+
+    ``e_sdi`` [photons cm-2 s-1 at 1 au, > 0]; DataError if ``reference`` has no value that day,
+    ValueError for a non-positive irradiance.
+    """
+    if not (math.isfinite(e_sdi) and e_sdi > 0):
+        raise ValueError(f"SDI irradiance must be a positive number, got {e_sdi!r}")
+    return reference.on(day) / float(e_sdi)
+
+
+def compare_with_reference(e_sdi: float, day: dt.date | Time | str, tied_to: LyaSeries, check: LyaSeries, *,
+                           sdi_rel_err: float = 0.0, k: float = REFERENCE_AGREEMENT_K) -> ReferenceCheck:
+    """Check SDI's irradiance (its scale tied to ``tied_to``) against ``check`` within their budget.
+
+    Parameters
+    ----------
+    e_sdi : float
+        SDI's irradiance at 1 au [photons cm-2 s-1] on ``day``, calibrated with a coefficient
+        cross-calibrated against ``tied_to`` (:func:`fit_cross_calibration` or
+        :func:`cross_calibrate_on_day`), > 0.
+    day : datetime.date, astropy.time.Time or str
+    tied_to, check : LyaSeries
+        E.g. LASP and LYRA, or the reverse.
+    sdi_rel_err : float
+        Relative 1-sigma error of SDI's value beyond the scale of ``tied_to`` (fit, photometry).
+    k : float
+        Coverage factor.
+
+    Returns
+    -------
+    ReferenceCheck
+
+    Raises
+    ------
+    DataError
+        If ``check`` has no value that day or a series states no scale uncertainty.
+    ValueError
+        For a non-positive irradiance.
+
+    Notes
+    -----
+    Measured on the real files (2012-01-01, ``tests/validation/test_reference_radiometry.py``):
+    LASP/LYRA = 1.1775 (LASP 4.57e11 photons cm-2 s-1, LYRA channel 1 6.34e-3 W m-2, daily
+    median); budget 0.121 (LASP scale 0.05, LYRA scale 0.11, daily 0.004 and 2e-5, corona
+    2.5e-4): ln 1.1775 = 0.163 is 1.35 sigma, within k = 2. An SDI tied to either series reads
+    the same ratio to the other.
+    """
+    if not (math.isfinite(e_sdi) and e_sdi > 0):
+        raise ValueError(f"SDI irradiance must be a positive number, got {e_sdi!r}")
+    budget = reference_budget(tied_to, check, sdi_rel_err=sdi_rel_err)
+    ratio = float(e_sdi) / check.on(day)
+    z = math.log(ratio) / budget["total"]
+    return ReferenceCheck(tied_to=tied_to.name, checked_against=check.name, day=_utc_day(day), ratio=ratio,
+                          sigma=budget["total"], z=z, within=abs(z) <= k, budget=budget)
 
 
 # --------------------------------------------------------------------------- SDI irradiance
@@ -369,7 +585,7 @@ def disk_integrated_irradiance(data: np.ndarray, dq: np.ndarray | None, header: 
     img = np.asarray(data, dtype=np.float64)
     rho = radius_map(img.shape, geo)
     if r_max_rsun is None:
-        r_max_rsun = float(header.get("FOVRAD", 1.2))
+        r_max_rsun = float(header.get("FOVRAD", IRRADIANCE_RADIUS_RSUN))
     good = np.isfinite(img)
     if dq is not None:
         good &= np.asarray(dq) == 0
@@ -444,6 +660,16 @@ class CrossCalibration:
     rejected: tuple[str, ...] = ()
     #: Covariance of ln C0 and the rate [1/yr] of the fit (0 without a rate).
     log_coef_rate_cov: float = 0.0
+    #: Model-mismatch test (:data:`MISMATCH_P`): family-wise p-value that the law's shape is
+    #: right (NaN: too few days to test), and the alternative that fits better ("STEP",
+    #: "CURVE"; "" when none was tested).
+    mismatch_p: float = float("nan")
+    mismatch_alternative: str = ""
+
+    @property
+    def law_mismatch(self) -> bool:
+        """The residuals against the exponential law show another shape (``mismatch_p`` < :data:`MISMATCH_P`)."""
+        return math.isfinite(self.mismatch_p) and self.mismatch_p < MISMATCH_P
 
     @property
     def accepted(self) -> bool:
@@ -528,6 +754,9 @@ def fit_cross_calibration(times: Sequence[Time], sdi_irradiance: Sequence[float]
             break
         keep[worst] = False
     resid = y - a @ coef
+    # over every day, the ones left out as outliers too: a fast early loss or a step next to the
+    # campaign's edge leaves one or two days off the law, which the clipping alone would drop
+    mis_p, mis_alt = _law_mismatch(x, y, sig, a) if fit_degradation else (float("nan"), "")
     c0 = float(given_coefficient) * math.exp(-float(coef[0]))
     rate = float(coef[1]) if fit_degradation else 0.0
     return CrossCalibration(coefficient=c0, coefficient_err=c0 * math.sqrt(float(cov[0, 0])), rate_per_year=rate,
@@ -536,7 +765,57 @@ def fit_cross_calibration(times: Sequence[Time], sdi_irradiance: Sequence[float]
                             scale_uncertainty=float(reference.scale_uncertainty), reference=reference.name,
                             n_days=len(set(_utc_day(t) for t, k in zip(ts, keep) if k)), chi2_reduced=chi2r,
                             residuals=tuple(float(r) for r in resid), first=first, last=last,
-                            rejected=tuple(t.utc.isot for t, k in zip(ts, keep) if not k))
+                            rejected=tuple(t.utc.isot for t, k in zip(ts, keep) if not k),
+                            mismatch_p=mis_p, mismatch_alternative=mis_alt)
+
+
+def _law_mismatch(x: np.ndarray, y: np.ndarray, sig: np.ndarray, a: np.ndarray) -> tuple[float, str]:
+    """Family-wise p-value that the exponential law's shape fits, and the better alternative.
+
+    Nested weighted least-squares models with one extra parameter (Bevington & Robinson 2003,
+    sect. 11.4): a curvature ``x**2`` of ln C (a fast early loss, a slowing loss) and a step in
+    sensitivity between each two consecutive observing days. The statistic is the largest
+    chi-square drop over the alternatives, ``max (chi2_0 - chi2_1)``, with the errors scaled by
+    the best alternative's reduced chi-square where it exceeds 1 (more scatter than stated).
+    Its null distribution (the law right, the errors as scaled) comes from
+    :data:`MISMATCH_BOOTSTRAP` parametric-bootstrap draws about the fitted law (fixed seed:
+    the result is reproducible), which accounts for trying every date (Andrews 1993,
+    Econometrica 61, 821, on the supremum test of a break at an unknown date). Needs ``n >= 5``
+    days (NaN, "" otherwise). ``x`` [yr], ``y`` ln ratios, ``sig`` their errors, ``a`` the
+    law's design matrix, shape (n, 2).
+    """
+    n = len(y)
+    if n < 5:
+        return float("nan"), ""
+    order = np.argsort(x, kind="stable")
+    x, y, sig, a = x[order], y[order], sig[order], a[order]
+    xc = (x - x.mean()) / max(float(np.ptp(x)), 1e-12)
+    alts = [("CURVE", np.column_stack([a, xc ** 2]))]
+    alts += [("STEP", np.column_stack([a, (np.arange(n) >= k).astype(np.float64)]))
+             for k in range(1, n) if x[k] > x[k - 1]]
+    w = 1.0 / sig
+    # projections: residual chi-square of each model for many data vectors at once
+    def resid_chi2(design: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        aw = design * w[:, None]
+        q, _ = np.linalg.qr(aw)
+        yw = ys * w[:, None]
+        r = yw - q @ (q.T @ yw)
+        return np.sum(r * r, axis=0)
+
+    def stat(ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        chi0 = resid_chi2(a, ys)
+        chis = np.stack([resid_chi2(d, ys) for _, d in alts])  # (n_alt, n_draws)
+        best = np.argmin(chis, axis=0)
+        red = np.maximum(chis[best, np.arange(ys.shape[1])] / (n - 3), 1.0)
+        return np.max(chi0[None, :] - chis, axis=0) / red, best, red
+
+    obs, best, red = stat(y[:, None])
+    coef, _, _ = _wls(a, y, sig)
+    rng = np.random.default_rng(20261205)
+    draws = (a @ coef)[:, None] + rng.standard_normal((n, MISMATCH_BOOTSTRAP)) * (sig * math.sqrt(red[0]))[:, None]
+    null, _, _ = stat(draws)
+    p = (1.0 + float(np.sum(null >= obs[0]))) / (MISMATCH_BOOTSTRAP + 1.0)
+    return p, alts[int(best[0])][0]
 
 
 def _wls(a: np.ndarray, y: np.ndarray, sig: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -564,7 +843,11 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     Keywords: ``RADCOEF`` (C0 at ``RADEPOCH``), ``RADRATE`` [1/yr], ``RADLAW='EXP'``,
     ``RADCERR``, ``RADRERR``, ``RADCRCOV`` (covariance of ln C0 and the rate), ``RADSCALE``
     (reference scale uncertainty), ``RADREF``,
-    ``RADNDAYS``, ``RADCHI2``, ``RADUNIT``, and the master keywords ``CALKIND``, ``CHANNEL``,
+    ``RADNDAYS``, ``RADCHI2``, ``RADUNIT``, the model-mismatch test's ``RADMISP`` (its
+    family-wise p-value, -1 untested) and ``RADMISFL`` (``STEP`` or ``CURVE`` when the
+    exponential law's shape is refuted, :data:`MISMATCH_P`; ``NONE`` otherwise: such a master is
+    written, flagged, not refused, since the law still holds on the days it was fitted to
+    within the residuals it states), and the master keywords ``CALKIND``, ``CHANNEL``,
     ``FRMNAXIS``, ``CALVER``, ``VALIDFRM``/``VALIDTO``, ``CALDESC``; CHECKSUM/DATASUM.
 
     Returns
@@ -602,6 +885,10 @@ def write_radiometric_master(fit: CrossCalibration, path: str | Path, *, channel
     h["RADNDAYS"] = (fit.n_days, "observing days in the fit")
     h["RADNREJ"] = (len(fit.rejected), "frames left out as outliers")
     h["RADCHI2"] = (fit.chi2_reduced if math.isfinite(fit.chi2_reduced) else -1.0, "reduced chi-square")
+    h["RADMISP"] = (fit.mismatch_p if math.isfinite(fit.mismatch_p) else -1.0,
+                    "p that the law's shape fits (-1: untested)")
+    h["RADMISFL"] = (fit.mismatch_alternative if fit.law_mismatch else "NONE",
+                     f"law shape refuted (p<{MISMATCH_P:g}) by: STEP/CURVE")
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fits.HDUList([fits.PrimaryHDU(header=h)]).writeto(p, overwrite=True, checksum=True)

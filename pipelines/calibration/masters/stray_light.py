@@ -85,6 +85,18 @@ class StrayLightMeasurement:
     method : str
         One line for ``CALDESC``/HISTORY.
     notes : list of str
+    sigma : numpy.ndarray, shape (m,) [MSB], optional
+        Stated 1-sigma of ``profile`` (written as the ``PROFILE`` table's ``SIGMA`` column; the
+        calibration flow adds it to ``UNCERT`` in quadrature).
+    chi2_red : float, optional
+        Reduced chi-square of the fit that made ``profile`` (``STRYCHI2``).
+    residual : (r, resid, sigma) of numpy.ndarray, optional
+        The fit's residual profile: radii [Rsun], profile minus model [MSB] and the profile's
+        1-sigma [MSB] (extension ``RESIDUAL``).
+    fit_model : str
+        The adopted model in words (``STRYMODL``).
+    refused : str
+        Why the fit was refused ('' if it was not; ``STRYREFU``/``STRYWHY``).
     """
 
     map: np.ndarray
@@ -95,6 +107,11 @@ class StrayLightMeasurement:
     radial: bool
     method: str
     notes: list[str] = field(default_factory=list)
+    sigma: np.ndarray | None = None
+    chi2_red: float | None = None
+    residual: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    fit_model: str = ""
+    refused: str = ""
 
 
 def radial_profile(image: np.ndarray, r: np.ndarray, edges: np.ndarray, *, statistic: str = "median",
@@ -252,7 +269,14 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         pointing jitter between frames does not move it; ``'MAP'``: the flow subtracts the
         image pixel for pixel),
         ``STRAYNFR``, ``STRAYB11``/``STRAYB25`` and the power-law fit (``STRAYB0``,
-        ``STRAYR0``, ``STRAYIDX``; informative); extension ``PROFILE`` (the radial profile).
+        ``STRAYR0``, ``STRAYIDX``; informative); extension ``PROFILE`` (the radial profile,
+        columns ``R`` [Rsun], ``STRAY`` [MSB] and, when the measurement states one, ``SIGMA``
+        [MSB]: the 1-sigma the flow adds to ``UNCERT``). A fitted measurement (issue 27) also
+        records its fit: ``STRYCHI2`` (reduced chi-square of the adopted fit on the profile's
+        own 1-sigma), ``STRYMODL`` (the adopted model), ``STRYREFU`` (True: the fit was refused
+        and the law is the fallback; the flow then sets the product's ``QUALITY`` bit 4 and
+        ``STRYFAIL``), ``STRYWHY`` (why), and extension ``RESIDUAL`` (the residual profile:
+        ``R`` [Rsun], ``RESID`` = profile minus model [MSB], ``SIGMA`` the profile's 1-sigma [MSB]).
         Write it with :func:`pipelines.fitsio.write_fits_atomic`; ingest registers it.
     """
     from pipelines.calibration.masters.psf import calibration_header
@@ -277,8 +301,23 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         h["STRAYB0"] = (pl.b_ref, "[MSB] power-law fit at STRAYR0 (informative)")
         h["STRAYR0"] = (pl.r_ref, "[Rsun] reference radius")
         h["STRAYIDX"] = (pl.index, "power-law index of the fit")
+    if measurement.chi2_red is not None:
+        h["STRYCHI2"] = (float(measurement.chi2_red), "reduced chi2 of the stray-light fit")
+        h["STRYMODL"] = (measurement.fit_model[:40], "adopted stray-light model")
+        h["STRYREFU"] = (bool(measurement.refused), "fit refused: the law is the fallback")
+        if measurement.refused:
+            h["STRYWHY"] = (" ".join(measurement.refused.split())[:45], "why the fit was refused")
     for note in measurement.notes:
         h.add_comment(note)
-    cols = fits.ColDefs([fits.Column(name="R", format="D", unit="Rsun", array=measurement.radii),
-                         fits.Column(name="STRAY", format="D", unit="MSB", array=measurement.profile)])
-    return fits.HDUList([fits.PrimaryHDU(m, h), fits.BinTableHDU.from_columns(cols, name="PROFILE")])
+    cols = [fits.Column(name="R", format="D", unit="Rsun", array=measurement.radii),
+            fits.Column(name="STRAY", format="D", unit="MSB", array=measurement.profile)]
+    if measurement.sigma is not None:
+        cols.append(fits.Column(name="SIGMA", format="D", unit="MSB", array=np.asarray(measurement.sigma)))
+    hdus = [fits.PrimaryHDU(m, h), fits.BinTableHDU.from_columns(fits.ColDefs(cols), name="PROFILE")]
+    if measurement.residual is not None:
+        rr, res, sig = (np.asarray(a, dtype=np.float64) for a in measurement.residual)
+        hdus.append(fits.BinTableHDU.from_columns(fits.ColDefs([
+            fits.Column(name="R", format="D", unit="Rsun", array=rr),
+            fits.Column(name="RESID", format="D", unit="MSB", array=res),
+            fits.Column(name="SIGMA", format="D", unit="MSB", array=sig)]), name="RESIDUAL"))
+    return fits.HDUList(hdus)

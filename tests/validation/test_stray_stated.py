@@ -1,0 +1,129 @@
+"""SCI stray light that knows when it is wrong (issue 27 item 3).
+
+* :func:`validation.blind_stray.fit_stray_model_set` adopts a law, states its 1-sigma and its
+  fit's reduced chi-square, and refuses a profile no model of the set describes (falling back
+  to the default law, with the difference in the 1-sigma);
+* the master records the fit (``STRYCHI2``, ``STRYREFU``, ``RESIDUAL``) and the 1-sigma
+  (``PROFILE`` column ``SIGMA``);
+* the calibration flow adds that 1-sigma to ``UNCERT`` in quadrature (``STRYUNC``/``STRYUN25``)
+  and flags a product made with a refused fit (``QUALITY`` bit 4, ``STRYFAIL``), never silently.
+
+Synthetic radial profiles (no roll simulation) and one 128 px SCI-UV frame: ~2 s in all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from astropy.io import fits
+
+from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
+from pipelines.calibration.l2.options import CalibrationOptions
+from pipelines.calibration.l2.quality import FrameQuality, frame_quality
+from pipelines.calibration.masters.stray_light import StrayLightMeasurement, stray_light_map_hdul
+from pipelines.fitsio import read_image, write_fits_atomic
+from pipelines.simulation import lyman_alpha_corona, simulate, stray_light_model
+from pipelines.sun import radius_map, sun_geometry
+from validation.blind_stray import STRAY_CHI2_LIMIT, fit_stray_model_set
+
+RADII = np.round(np.arange(1.105, 2.5, 0.01), 4)
+
+
+def _profile(rng, *, ring: float = 0.0):
+    """Stray light (LST.md's UV law x a 1 % bend) + 0.7 x the coronal prior, 0.05 % noise; optionally
+    a narrow ring (a ghost) of ``ring`` x the stray light at 1.8 Rsun that no model of the set has."""
+    law = stray_light_model("SCI-UV").brightness
+    u = np.log(RADII / 1.1) / np.log(2.5 / 1.1)
+    stray = law(RADII) * (1 + 0.01 * np.sin(np.pi * u)) * (1 + ring * np.exp(-0.5 * ((RADII - 1.8) / 0.02) ** 2))
+    prof = stray + 0.7 * lyman_alpha_corona(RADII)
+    sig = 5e-4 * prof
+    return prof + rng.normal(0, 1, prof.size) * sig, sig, stray
+
+
+def test_a_described_profile_is_adopted_with_a_stated_error():
+    prof, sig, stray = _profile(np.random.default_rng(5))
+    ms = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, fallback=stray_light_model("SCI-UV").brightness)
+    assert not ms.refused and ms.reason == "" and ms.fallback == ""
+    assert 0.5 < ms.chi2_red < 2.0 and set(ms.chi2_models) >= {(0, 0), (1, 0), (0, 1)}
+    assert ms.residual.shape == ms.fit_radii.shape == ms.profile_sigma.shape
+    assert np.all(ms.sigma(RADII) > 0)
+    # the stated 1-sigma covers the error (the pulls are of order 1, not 10)
+    pull = (ms.stray(RADII) - stray) / ms.sigma(RADII)
+    assert np.max(np.abs(pull)) < 4.0
+
+
+def test_a_profile_no_model_describes_is_refused_and_falls_back():
+    prof, sig, _ = _profile(np.random.default_rng(6), ring=0.05)
+    fallback = stray_light_model("SCI-UV").brightness
+    ms = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, fallback=fallback)
+    assert ms.chi2_red > STRAY_CHI2_LIMIT and ms.refused
+    assert ms.reason.startswith("stray fit chi2") and "default law" in ms.fallback
+    r = np.linspace(1.1, 2.5, 50)
+    assert np.allclose(ms.stray(r), fallback(r), rtol=1e-3)
+    # the fallback's 1-sigma includes its distance from the (refused) fit: never smaller than the fit's
+    kept = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, fallback=None)
+    assert kept.refused and kept.reason.endswith("fit kept")
+    assert np.all(ms.sigma(r) >= np.abs(kept.stray(r) - fallback(r)) * 0.999)
+
+
+@pytest.fixture(scope="module")
+def sci_frame(tmp_path_factory):
+    from validation.gates import load_masters
+
+    base = tmp_path_factory.mktemp("stray_stated")
+    sim = simulate(base / "sim", channels=("SCI-UV",), naxis=128, noise=False, seed=11, sdi_sequence=False)
+    cals = load_masters(sim.calibration_files)["SCI-UV"]
+    raw = read_image(sim.frames[0].raw_path)
+    return base, raw, cals
+
+
+def _master(base, name: str, *, sigma: np.ndarray | None, refused: str):
+    radii = np.round(np.arange(1.0, 3.0001, 0.005), 4)
+    law = stray_light_model("SCI-UV")
+    meas = StrayLightMeasurement(map=np.zeros((128, 128), np.float32), radii=radii, profile=law.brightness(radii),
+                                 power_law=law, n_frames=8, radial=True, method="test", sigma=sigma, chi2_red=42.0,
+                                 residual=(radii[:10], np.zeros(10), np.ones(10)), fit_model="PL x bend1, corona tilt0",
+                                 refused=refused)
+    path = base / f"{name}.fits"
+    write_fits_atomic(stray_light_map_hdul(meas, "SCI-UV", 9, "2024-01-01T00:00:00"), path)
+    cal = load_calibration_master(path)
+    cal.id = 99
+    return cal, path
+
+
+def test_the_master_records_the_fit(sci_frame):
+    base, _, _ = sci_frame
+    sig = np.full(401, 1e-5)
+    _, path = _master(base, "recorded", sigma=sig, refused="stray fit chi2 42 > 10; default law used")
+    with fits.open(path) as h:
+        assert h[0].header["STRYCHI2"] == 42.0 and h[0].header["STRYREFU"] is True
+        assert h[0].header["STRYWHY"].startswith("stray fit chi2 42")
+        assert np.allclose(h["PROFILE"].data["SIGMA"], 1e-5)
+        assert list(h["RESIDUAL"].columns.names) == ["R", "RESID", "SIGMA"]
+
+
+def test_the_stray_sigma_is_in_uncert_and_a_refused_fit_flags_the_product(sci_frame):
+    base, raw, cals = sci_frame
+    radii = np.round(np.arange(1.0, 3.0001, 0.005), 4)
+    sig = 2e-5 * (1.0 + radii)  # [MSB], varies with r so a wrong radius would show
+    opts = CalibrationOptions(rotate_north_up=False, fit_centre=False, stray_light_source="profile")
+    out = {}
+    for name, s, why in (("with", sig, "stray fit chi2 42 > 10; default law used"), ("without", None, "")):
+        c = dict(cals)
+        c["stray_light"], _ = _master(base, name, sigma=s, refused=why)
+        out[name] = calibrate_frame(raw.data, raw.header, c, opts)
+    w, wo = out["with"], out["without"]
+    # the stated stray-light 1-sigma is added in quadrature, about the disk centre
+    r = radius_map(w.data.shape, sun_geometry(w.header))
+    ok = np.isfinite(w.uncertainty) & np.isfinite(wo.uncertainty) & (r > 1.1) & (r < 2.5)
+    assert ok.sum() > 1000
+    added = np.sqrt(np.maximum(w.uncertainty[ok].astype(np.float64) ** 2 - wo.uncertainty[ok].astype(np.float64) ** 2, 0))
+    expect = np.interp(r[ok], radii, sig)
+    assert np.median(np.abs(added / expect - 1)) < 0.01
+    assert w.header["STRYUNC"] == pytest.approx(2e-5 * 2.1, rel=1e-3)
+    assert w.header["STRYUN25"] == pytest.approx(2e-5 * 3.5, rel=1e-3)
+    assert "STRYUNC" not in wo.header
+    # a refused fit: QUALITY bit 4 and STRYFAIL with the reason; the master without it flags nothing
+    assert frame_quality(w.header) & FrameQuality.STRAY_LIGHT_REFUSED and w.header["QUALITY"] & 4
+    assert w.header["STRYFAIL"].startswith("stray fit chi2 42") and w.header["STRYCHI2"] == 42.0
+    assert not frame_quality(wo.header) & FrameQuality.STRAY_LIGHT_REFUSED and "STRYFAIL" not in wo.header
