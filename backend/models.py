@@ -772,6 +772,23 @@ class CatalogueCoverage(Base):
 # -- quotas --
 
 
+class DataGeneration(Base):
+    """A generation number per table whose content a process keeps derived data of
+    (migration 0022): ``catalogue_coverage`` today, read by the lean event search to know when
+    its copy of the catalogue spans is stale.
+
+    On PostgreSQL a statement-level trigger on the table sets ``value`` to the next value of the
+    sequence ``data_generation_seq`` on every INSERT, UPDATE, DELETE or TRUNCATE, in the
+    writer's transaction: a reader sees the new number exactly when it sees the new rows, and
+    a number is never given twice (a rolled-back write leaves a gap, not a reused number).
+    """
+
+    __tablename__ = "data_generations"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+
+
 class QuotaCharge(Base):
     """The frames one job covered when it was submitted: the frames-per-day quota of its owner
     is the sum of ``frames`` over the charges made in the last 24 h

@@ -1,0 +1,60 @@
+"""Lean events path: a generation number of the catalogue coverage, and search indexes.
+
+* ``data_generations`` (name, value) and the sequence ``data_generation_seq``; on PostgreSQL
+  a statement-level trigger on ``catalogue_coverage`` (INSERT, UPDATE, DELETE, TRUNCATE) sets
+  the ``catalogue_coverage`` row's value to the sequence's next value, in the writer's
+  transaction. The lean event search (``backend/services/event_search_lean.py``) keeps the
+  catalogue spans per process and re-reads them when the number it reads with each search
+  differs: correct across processes and for every writer of the table (imports today), without
+  the application having to remember to bump it. A sequence, not ``value + 1``: a write rolled
+  back never makes a number that another write gives again.
+* Indexes: see ``_INDEXES``.
+
+Issue 29 item 4. The number 0022 was assigned to this change; it chains after 0019 here (the
+lead re-chains 0020/0021 at merge).
+
+Revision ID: 0022_lean_events
+Revises: 0019_product_quality_flags
+Create Date: 2026-12-05 22:00:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0022_lean_events"
+down_revision: str | None = "0019_product_quality_flags"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+_BUMP = """
+CREATE OR REPLACE FUNCTION lstdp_bump_generation() RETURNS trigger AS $$
+BEGIN
+    INSERT INTO data_generations (name, value) VALUES (TG_ARGV[0], nextval('data_generation_seq'))
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
+    RETURN NULL;
+END $$ LANGUAGE plpgsql
+"""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "data_generations",
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("value", sa.BigInteger(), nullable=False, server_default="0"),
+    )
+    op.execute("INSERT INTO data_generations (name, value) VALUES ('catalogue_coverage', 0)")
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("CREATE SEQUENCE data_generation_seq")
+        op.execute(_BUMP)
+        op.execute("CREATE TRIGGER catalogue_coverage_generation AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE "
+                   "ON catalogue_coverage FOR EACH STATEMENT EXECUTE FUNCTION lstdp_bump_generation('catalogue_coverage')")
+
+
+def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("DROP TRIGGER IF EXISTS catalogue_coverage_generation ON catalogue_coverage")
+        op.execute("DROP FUNCTION IF EXISTS lstdp_bump_generation()")
+        op.execute("DROP SEQUENCE IF EXISTS data_generation_seq")
+    op.drop_table("data_generations")
