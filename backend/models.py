@@ -560,7 +560,8 @@ class Event(Base):
         # with a value by the index, then the NULLs by id; event_search._nullable_key_page);
         # goes_flux also serves min_goes_class. They replace ix_events_goes_flux and
         # ix_events_end_time (their prefixes), migration 0015
-        Index("ix_events_goes_flux_id", "goes_flux", "id"),
+        Index("ix_events_goes_flux_id", "goes_flux", "id",
+              postgresql_include=["owner", "event_type", "start_time", "end_time", "peak_time"]),  # 0022
         Index("ix_events_end_time_id", "end_time", "id"),
         Index("ix_events_peak_time_id", "peak_time", "id"),
         Index("ix_events_speed_id", "speed_km_s", "id"),

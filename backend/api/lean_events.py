@@ -323,30 +323,27 @@ def _utc(t):
     return t if t is None or t.utcoffset() == _ZERO else as_utc(t)
 
 
-def _page_body(page, coverage: dict) -> bytes:
-    """The JSON of ``routes.events.page_json`` (same keys, same order, same text) with orjson."""
+def _page_body(page, coverage: dict, utc: bool = False) -> bytes:
+    """The JSON of ``routes.events.page_json`` (same keys, same order, same text) with orjson
+    (which writes NaN and infinities as ``null``, as ``page_json`` asks pydantic-core to).
+    ``utc``: the rows' times are known to be UTC (:func:`_is_utc`), none is converted."""
     from backend.services.event_search import LIGHT_COLUMNS
 
     cols = LIGHT_COLUMNS
-    items = []
-    for row in page.items:
-        d = dict(zip(cols, row))
-        for k in ("start_time", "peak_time", "end_time"):
-            d[k] = _utc(d[k])
-        for k in _FLOATS:
-            v = d[k]
-            if v is not None and not math.isfinite(v):
-                d[k] = None
-        items.append(d)
+    if utc:
+        items = [dict(zip(cols, row)) for row in page.items]
+    else:
+        items = []
+        for row in page.items:
+            d = dict(zip(cols, row))
+            for k in ("start_time", "peak_time", "end_time"):
+                d[k] = _utc(d[k])
+            items.append(d)
     return orjson.dumps({
         "items": items, "total": page.total, "limit": page.limit, "offset": page.offset,
         "total_is_estimate": page.total_is_estimate, "sort": page.sort, "next_cursor": page.next_cursor,
         "truncated": page.truncated, "coverage": coverage,
     }, option=orjson.OPT_UTC_Z)
-
-
-_FLOATS = ("hpc_x", "hpc_y", "hgs_lat", "hgs_lon", "position_angle", "angular_width", "speed_km_s", "goes_flux",
-           "peak_value")
 
 
 def _coverage_json(cover) -> dict:
@@ -355,34 +352,92 @@ def _coverage_json(cover) -> dict:
             for s, c in cover.items()}
 
 
+class _Reads:
+    """The request's read connection (psycopg): the session's, in autocommit
+    (:func:`backend.db.autocommit_reads`), or, with no session (an anonymous request on the
+    API's own engine, :func:`_uses_pool`), one checked out of the API engine's pool, the same pool
+    and pre-ping the session would use, in autocommit while it is held, without the session's
+    bookkeeping (about 0.1 ms a request)."""
+
+    def __init__(self, session) -> None:
+        self.session, self._fairy = session, None
+        if session is not None:
+            from backend.db import autocommit_reads
+
+            autocommit_reads(session)
+            self._conn = session.connection()
+            self.dialect = self._conn.dialect.name
+            self.dbapi = self._conn.connection.dbapi_connection
+        else:
+            from backend.db import get_engine
+
+            self._fairy = get_engine("api").raw_connection()
+            self.dialect = "postgresql"
+            self.dbapi = self._fairy.dbapi_connection
+            self.dbapi.autocommit = True
+
+    def invalidate(self) -> None:
+        (self._conn if self._fairy is None else self._fairy).invalidate()
+
+    def close(self) -> None:
+        if self._fairy is None:
+            return
+        fairy, self._fairy = self._fairy, None
+        try:
+            if fairy.dbapi_connection is not None:
+                fairy.dbapi_connection.autocommit = False  # as the pool lends it
+        except Exception:  # noqa: BLE001 - a broken connection: not back into the pool
+            fairy.invalidate()
+        finally:
+            fairy.close()
+
+
+def _uses_pool(app) -> bool:
+    """Whether an anonymous lean request reads on a connection of the API engine's pool directly
+    (PostgreSQL, and the app's session is not overridden, as the tests do)."""
+    from backend.api.deps import get_session
+    from backend.db import get_engine
+
+    if get_session in (getattr(app, "dependency_overrides", None) or {}):
+        return False
+    return get_engine("api").dialect.name == "postgresql"
+
+
 def _search_work(session, params: dict, filters, deadline) -> bytes:
     """The blocking part of a lean search (a worker thread): SQL, coverage, JSON."""
     import psycopg
 
-    from backend.db import autocommit_reads
     from backend.services import event_search_lean as lean
     from backend.services.event_search import DEFAULT_SORT
     from pipelines.catalogues import DETECTED_SOURCE
 
-    autocommit_reads(session)
-    conn = session.connection()
     sort = params.get("sort", DEFAULT_SORT)
     limit, offset, cursor = params.get("limit", 50), params.get("offset", 0), params.get("cursor")
-    if conn.dialect.name == "postgresql" and lean.supported(filters):
-        detected = not filters.sources or DETECTED_SOURCE in filters.sources
-        try:
-            with conn.connection.dbapi_connection.cursor() as cur:
-                page = lean.lean_search(cur, filters, sort=sort, limit=limit, cursor=cursor, offset=offset,
-                                        detected=detected, deadline=deadline)
-                cover = lean.lean_coverage(cur, page, filters.sources, filters.start, filters.end, deadline)
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                conn.invalidate()
-            raise _db_error(exc, None) from exc
-        finally:
-            if deadline is not None:
-                deadline.query = None
-        return _page_body(page, _coverage_json(cover))
+    if session is None and not lean.supported(filters):  # the service needs a session
+        from backend.db import get_sessionmaker
+
+        with get_sessionmaker("api")() as own:
+            return _search_work(own, params, filters, deadline)
+    reads = _Reads(session)
+    try:
+        if reads.dialect == "postgresql" and lean.supported(filters):
+            detected = not filters.sources or DETECTED_SOURCE in filters.sources
+            try:
+                with reads.dbapi.cursor(binary=True) as cur:
+                    page = lean.lean_search(cur, filters, sort=sort, limit=limit, cursor=cursor, offset=offset,
+                                            detected=detected, deadline=deadline)
+                    cover = lean.lean_coverage(cur, page, filters.sources, filters.start, filters.end, deadline)
+                    utc = _is_utc(reads.dbapi)
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    reads.invalidate()
+                raise _db_error(exc, None) from exc
+            finally:
+                if deadline is not None:
+                    deadline.query = None
+            return _page_body(page, _coverage_json(cover), utc)
+    finally:
+        reads.close()
     # link-table filters (or SQLite): the search service itself, as the route calls it
     from backend.services import event_search as event_search_service
     from backend.services.coverage import window_coverage
@@ -390,6 +445,15 @@ def _search_work(session, params: dict, filters, deadline) -> bytes:
     result = event_search_service.search_events(session, filters, sort=sort, limit=limit, cursor=cursor,
                                                 offset=offset, light=True)
     return _page_body(result, _coverage_json(window_coverage(session, filters.sources, filters.start, filters.end)))
+
+
+def _is_utc(dbapi) -> bool:
+    """Whether psycopg gives this connection's times in UTC (its ``TimeZone``): then no row's
+    time needs converting."""
+    tz = dbapi.info.timezone
+    return tz.utcoffset(dt.datetime(2000, 1, 1)) == _ZERO and tz.utcoffset(dt.datetime(2000, 7, 1)) == _ZERO \
+        and getattr(tz, "key", "UTC") in ("UTC", "Etc/UTC", "Etc/UCT", "UCT", "Universal", "Etc/Universal", "Zulu",
+                                          "GMT", "Etc/GMT", "Etc/Zulu")
 
 
 _DETAIL_COLS = ("id", "event_type", "source", "source_key", "start_time", "peak_time", "end_time", "channels",
@@ -401,18 +465,24 @@ _DETAIL_COLS = ("id", "event_type", "source", "source_key", "start_time", "peak_
 def _detail_work(session, event_id: int, principal, deadline) -> bytes | None:
     """The blocking part of a lean detail: the event, its links, frames and products in two
     statements; None when the caller may not see it (404)."""
+    reads = _Reads(session)
+    try:
+        if reads.dialect != "postgresql":
+            return _detail_via_services(session, event_id, principal)
+        return _detail_lean(reads, event_id, principal, deadline)
+    finally:
+        reads.close()
+
+
+def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
+    """:func:`_detail_work` on PostgreSQL."""
     import psycopg
 
     from backend.api.schemas import EventAssociationPublic, EventDetail, EventPublic
-    from backend.db import autocommit_reads
     from backend.services import event_search_lean as lean
     from backend.services.event_search import EventFilters
     from backend.services.event_visibility import viewer_of
 
-    autocommit_reads(session)
-    conn = session.connection()
-    if conn.dialect.name != "postgresql":
-        return _detail_via_services(session, event_id, principal)
     user, sees_all = viewer_of(principal)
     viewer, has_user = lean._viewer_sql(EventFilters(viewer=user, sees_all=sees_all))
     params: dict[str, Any] = {"id": event_id}
@@ -432,7 +502,7 @@ def _detail_work(session, event_id: int, principal, deadline) -> bytes | None:
              + " ORDER BY events.start_time, events.id")
     sql = one
     try:
-        with conn.connection.dbapi_connection.cursor() as cur:
+        with reads.dbapi.cursor(binary=True) as cur:
             lean._note(deadline, one)
             cur.execute(one, params)
             row = cur.fetchone()
@@ -444,7 +514,7 @@ def _detail_work(session, event_id: int, principal, deadline) -> bytes | None:
             linked = cur.fetchall()
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError):
-            conn.invalidate()
+            reads.invalidate()
         raise _db_error(exc, sql) from exc
     finally:
         if deadline is not None:
@@ -538,6 +608,16 @@ class LeanEventsMiddleware:
         except _Refuse:
             STATS.route[SEARCH_PATH] += 1
             return False
+        if not _needs_principal(scope) and _uses_pool(scope.get("app")):
+            try:
+                filters = _filters(params, None)
+            except _Refuse:
+                STATS.route[SEARCH_PATH] += 1
+                return False
+            body = await anyio.to_thread.run_sync(_search_work, None, params, filters, _deadline(scope))
+            STATS.lean[SEARCH_PATH] += 1
+            await _send_json(send, body)
+            return True
         async with _SessionScope(scope.get("app")) as session:
             principal = await _principal(scope, session) if _needs_principal(scope) else None
             try:
@@ -555,6 +635,13 @@ class LeanEventsMiddleware:
             STATS.route[DETAIL_PATH] += 1
             return False
         event_id = int(raw)
+        if not _needs_principal(scope) and _uses_pool(scope.get("app")):
+            body = await anyio.to_thread.run_sync(_detail_work, None, event_id, None, _deadline(scope))
+            STATS.lean[DETAIL_PATH] += 1
+            if body is None:
+                raise HTTPException(404, detail=f"no event with id {event_id}")
+            await _send_json(send, body)
+            return True
         async with _SessionScope(scope.get("app")) as session:
             principal = await _principal(scope, session) if _needs_principal(scope) else None
             body = await anyio.to_thread.run_sync(_detail_work, session, event_id, principal, _deadline(scope))

@@ -240,8 +240,26 @@ def _longest_sql(n_types: int) -> str:
     return "SELECT " + (subs[0] if n_types == 1 else f"greatest({', '.join(subs)})")
 
 
-def _order(key: str, desc: bool, by_window: bool) -> str:
-    """:func:`~backend.services.event_search._order` as SQL."""
+def _deferred(key: str, where: str, inner_order: str, outer_order: str, limit: str) -> str:
+    """A page as a deferred join: the ids (and sort key) of the page first, from the filter
+    columns alone (an index-only scan where an index carries them: the search indexes INCLUDE
+    them, ``SEARCH_INCLUDE``), then the page's rows by id, in the same order. The same rows as
+    ``SELECT cols ... ORDER BY ... LIMIT`` (the order is total: the id breaks ties); a plain
+    index scan tested the filters on every table row it visited (6,000 rows for 44 matches of a
+    box over a month)."""
+    keycol = "" if key == "id" else f", events.{key} AS {key}"
+    inner = (f"SELECT events.id AS id{keycol} FROM events" + (f" WHERE {where}" if where else "")
+             + f" ORDER BY {inner_order} {limit}")
+    return f"SELECT {_COLS} FROM ({inner}) AS k JOIN events ON events.id = k.id ORDER BY {outer_order}"
+
+
+def _order(key: str, desc: bool, by_window: bool, table: str = "events.") -> str:
+    """:func:`~backend.services.event_search._order` as SQL (on ``table``'s columns: ``k.`` for
+    the outer order of :func:`_deferred`)."""
+    if table != "events.":
+        d = " DESC" if desc else " ASC"
+        nulls = f"({table}{key} IS NULL) ASC, " if SORT_KEYS[key][1] else ""
+        return f"{table}id{d}" if key == "id" else f"{nulls}{table}{key}{d}, {table}id{d}"
     col = f"events.{key}"
     nullable = SORT_KEYS[key][1]
     if by_window:
@@ -383,8 +401,8 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
             where = " AND ".join(conds)
             page_where = " AND ".join(conds + ([keyset] if keyset else []))
             meta = _meta_sql(where, det_sql)
-            page = (f"SELECT {_COLS} FROM events" + (f" WHERE {page_where}" if page_where else "")
-                    + f" ORDER BY {_order(key, desc, by_window)} LIMIT %(lim)s OFFSET %(off)s")
+            page = _deferred(key, page_where, _order(key, desc, by_window), _order(key, desc, False, "k."),
+                             "LIMIT %(lim)s OFFSET %(off)s")
             return f"SELECT meta.*, p.* FROM ({meta}) AS meta LEFT JOIN LATERAL ({page}) AS p ON true"
 
         sql = _sql(("page", shape, key, desc, by_window, bool(cursor), det_sql is not None, _es.EXACT_COUNT_LIMIT),
@@ -465,8 +483,7 @@ def _nullable_pages(cur, f, shape, params, key, desc, limit, after_cursor, value
             conds = _conditions(f, "lower" in params) + [f"{col} IS NOT NULL"]
             if after_cursor:
                 conds.append(f"({col}, events.id) {'<' if desc else '>'} (%(kv)s, %(kid)s)")
-            return (f"SELECT {_COLS} FROM events WHERE {' AND '.join(conds)} ORDER BY {by}{d}, events.id{d} "
-                    "LIMIT %(lim)s")
+            return _deferred(key, " AND ".join(conds), f"{by}{d}, events.id{d}", f"k.{key}{d}, k.id{d}", "LIMIT %(lim)s")
 
         sql = _sql(("nn1", shape, key, desc, by_window, after_cursor), build1)
         p = dict(params, lim=limit + 1)
@@ -483,7 +500,7 @@ def _nullable_pages(cur, f, shape, params, key, desc, limit, after_cursor, value
             if with_id:
                 conds.append("events.id < %(kid)s" if desc else "events.id > %(kid)s")
             by_id = "events.id + 0" if by_window else "events.id"
-            return f"SELECT {_COLS} FROM events WHERE {' AND '.join(conds)} ORDER BY {by_id}{d} LIMIT %(lim)s"
+            return _deferred("id", " AND ".join(conds), f"{by_id}{d}", f"k.id{d}", "LIMIT %(lim)s")
 
         sql = _sql(("nn2", shape, key, desc, by_window, with_id), build2)
         p = dict(params, lim=limit + 1 - len(rows))

@@ -8,7 +8,11 @@
   differs: correct across processes and for every writer of the table (imports today), without
   the application having to remember to bump it. A sequence, not ``value + 1``: a write rolled
   back never makes a number that another write gives again.
-* Indexes: see ``_INDEXES``.
+* ``ix_events_goes_flux_id`` (goes_flux, id) gets ``INCLUDE`` columns (owner, event_type,
+  start_time, end_time, peak_time): a minimum GOES class (the count of up to 10,001 matches,
+  the ids of a page sorted by flux) is then read from the index alone. Without them the
+  planner took a sequential scan for the count of ``min_goes_class=B5`` (130,000 rows read,
+  57 ms at 1,000,000 events: benchmarks/reports/events_api_load.md).
 
 Issue 29 item 4. The number 0022 was assigned to this change; it chains after 0019 here (the
 lead re-chains 0020/0021 at merge).
@@ -38,7 +42,14 @@ END $$ LANGUAGE plpgsql
 """
 
 
+#: ix_events_goes_flux_id's INCLUDE columns (models.Event.__table_args__).
+_FLUX_INCLUDE = ["owner", "event_type", "start_time", "end_time", "peak_time"]
+
+
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.drop_index("ix_events_goes_flux_id", table_name="events")
+        op.create_index("ix_events_goes_flux_id", "events", ["goes_flux", "id"], postgresql_include=_FLUX_INCLUDE)
     op.create_table(
         "data_generations",
         sa.Column("name", sa.String(64), primary_key=True),
@@ -53,6 +64,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        op.drop_index("ix_events_goes_flux_id", table_name="events")
+        op.create_index("ix_events_goes_flux_id", "events", ["goes_flux", "id"])
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER IF EXISTS catalogue_coverage_generation ON catalogue_coverage")
         op.execute("DROP FUNCTION IF EXISTS lstdp_bump_generation()")
