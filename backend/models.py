@@ -38,6 +38,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy import event as sa_event
+from sqlalchemy import text as sa_text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, backref, mapped_column, relationship
 
@@ -570,6 +571,13 @@ class Event(Base):
         # migration 0018
         Index("ix_events_peak_value", "peak_value"),
         Index("ix_events_angular_width", "angular_width"),
+        # (start time [s since 2000-01-01 UTC], Solar X) of the events with a position, GiST: a
+        # box over a time window bounds both at once (the lean search's point-in-box condition,
+        # backend/services/event_search_lean.py); PostgreSQL only, migration 0022
+        Index("ix_events_time_hpc_x",
+              sa_text("point(date_part('epoch', start_time - '2000-01-01 00:00:00+00'::timestamptz), hpc_x)"),
+              postgresql_using="gist", postgresql_include=["hpc_y", "event_type", "owner", "end_time", "peak_time"],
+              postgresql_where=sa_text("hpc_x IS NOT NULL")),
     )
 
 

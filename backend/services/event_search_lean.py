@@ -133,10 +133,32 @@ def _in(col: str, name: str, n: int) -> str:
     return f"{col} IN ({', '.join(f'%({name}{i})s' for i in range(n))})"
 
 
+#: The start time in seconds since 2000-01-01 UTC, as the GiST indexes of migration 0022 write it.
+TIME_S = "date_part('epoch', events.start_time - '2000-01-01 00:00:00+00'::timestamptz)"
+_EPOCH_2000 = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+#: Slack of the time side of the point-in-box conditions [s] (float rounding of the epoch).
+_BOX_SLACK_S = 1.0
+
+
+def _x_box(f: EventFilters, lower_bound: bool) -> bool:
+    """Whether the (time, Solar X) box condition is added: both time bounds, both X bounds."""
+    return bool(lower_bound and f.end is not None and f.start is not None and f.hpc_x_min is not None
+                and f.hpc_x_max is not None)
+
+
 def _conditions(f: EventFilters, lower_bound: bool) -> list[str]:
     """The SQL conditions of :func:`~backend.services.event_search.filter_conditions` for the
-    filters given (names of the parameters: :func:`_params`)."""
+    filters given (names of the parameters: :func:`_params`), and, with both time bounds and both
+    Solar X bounds, a point-in-box condition on (start time, Solar X) that the GiST index
+    ``ix_events_time_hpc_x`` of migration 0022 answers: a superset of what the exact conditions
+    beside it keep (the time side widened by :data:`_BOX_SLACK_S`), so the rows are the same.
+    (The same for the position angle, ``point(time, position_angle)``, made the planner
+    combine it with the type's time index into a bitmap heap scan slower than the covering
+    index-only scan it replaced: a year of CMEs 12-30 ms instead of 3-12; not used.)"""
     conds: list[str] = []
+    if _x_box(f, lower_bound):
+        conds.append(f"point({TIME_S}, events.hpc_x) <@ box(point(%(box_t0)s, %(hpc_x_min)s), "
+                     "point(%(box_t1)s, %(hpc_x_max)s))")
     viewer, _ = _viewer_sql(f)
     if viewer is not None:
         conds.append(f"({viewer})")
@@ -190,6 +212,9 @@ def _params(f: EventFilters, lower: dt.datetime | None) -> dict[str, Any]:
         p["start"] = f.start
         if lower is not None:
             p["lower"] = lower
+            if f.end is not None:
+                p["box_t0"] = (lower - _EPOCH_2000).total_seconds() - _BOX_SLACK_S
+                p["box_t1"] = (f.end - _EPOCH_2000).total_seconds() + _BOX_SLACK_S
     for i, s in enumerate(f.sources):
         p[f"source{i}"] = s
     if f.channel:

@@ -13,6 +13,16 @@
   the ids of a page sorted by flux) is then read from the index alone. Without them the
   planner took a sequential scan for the count of ``min_goes_class=B5`` (130,000 rows read,
   57 ms at 1,000,000 events: benchmarks/reports/events_api_load.md).
+* A GiST index (PostgreSQL) of 2-D points for the box filter, whose time range and Solar X
+  range two B-tree ranges cannot both bound: ``ix_events_time_hpc_x`` on (start time [s since
+  2000-01-01 UTC], Solar X) of the events that have a position, carrying what the search tests
+  besides (INCLUDE). A box over a month read every event of the month (12,000 index entries
+  for 0-50 matches, 1-10 ms); with it 0.5-2.5 ms (benchmarks/reports/events_api_load.md). The
+  lean search adds the point-in-box condition beside the exact ones (a superset with 1 s of
+  slack: the rows are the same) when both time bounds and both Solar X bounds are given. The
+  position-angle filter is covered by the INCLUDE columns of ``ix_events_type_start_id``
+  (migration 0015); a GiST of (time, angle) was tried and made the planner slower (a bitmap
+  heap scan), so it is not made.
 
 Issue 29 item 4. The number 0022 was assigned to this change; it chains after 0019 here (the
 lead re-chains 0020/0021 at merge).
@@ -46,10 +56,22 @@ END $$ LANGUAGE plpgsql
 _FLUX_INCLUDE = ["owner", "event_type", "start_time", "end_time", "peak_time"]
 
 
+#: The start time as seconds since 2000-01-01 UTC, an IMMUTABLE expression (timestamptz minus
+#: timestamptz is an interval; its epoch does not depend on the session's time zone). The lean
+#: search (backend/services/event_search_lean.py) writes the same text.
+TIME_S = "date_part('epoch', start_time - '2000-01-01 00:00:00+00'::timestamptz)"
+_GIST = {
+    "ix_events_time_hpc_x": (f"point({TIME_S}, hpc_x)", "hpc_x IS NOT NULL",
+                             "hpc_y, event_type, owner, end_time, peak_time"),
+}
+
+
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.drop_index("ix_events_goes_flux_id", table_name="events")
         op.create_index("ix_events_goes_flux_id", "events", ["goes_flux", "id"], postgresql_include=_FLUX_INCLUDE)
+        for name, (expr, where, include) in _GIST.items():
+            op.execute(f"CREATE INDEX {name} ON events USING gist (({expr})) INCLUDE ({include}) WHERE {where}")
     op.create_table(
         "data_generations",
         sa.Column("name", sa.String(64), primary_key=True),
@@ -65,6 +87,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
+        for name in _GIST:
+            op.execute(f"DROP INDEX IF EXISTS {name}")
         op.drop_index("ix_events_goes_flux_id", table_name="events")
         op.create_index("ix_events_goes_flux_id", "events", ["goes_flux", "id"])
     if op.get_bind().dialect.name == "postgresql":
