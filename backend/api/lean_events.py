@@ -431,7 +431,7 @@ def _search_work(session, params: dict, filters, deadline) -> bytes:
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError):
                     reads.invalidate()
-                raise _db_error(exc, None) from exc
+                raise _db_error(exc, "SELECT ... FROM events") from exc  # the 503 names "SELECT on events"
             finally:
                 if deadline is not None:
                     deadline.query = None
