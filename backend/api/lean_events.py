@@ -377,7 +377,11 @@ class _Reads:
             self.dbapi.autocommit = True
 
     def invalidate(self) -> None:
-        (self._conn if self._fairy is None else self._fairy).invalidate()
+        """After a psycopg OperationalError: a pooled connection that is lost (not one whose
+        statement was cancelled) is dropped from the pool. A session's connection is left to
+        the session (its rollback and the pool's pre-ping deal with it, as for the route)."""
+        if self._fairy is not None and (self.dbapi.broken or self.dbapi.closed):
+            self._fairy.invalidate()
 
     def close(self) -> None:
         if self._fairy is None:
@@ -500,7 +504,6 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
              "JOIN event_associations ON event_associations.other_event_id = events.id "
              "WHERE event_associations.event_id = %(id)s" + (f" AND ({viewer})" if viewer else "")
              + " ORDER BY events.start_time, events.id")
-    sql = one
     try:
         with reads.dbapi.cursor(binary=True) as cur:
             lean._note(deadline, one)
@@ -508,14 +511,13 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
             row = cur.fetchone()
             if row is None:
                 return None
-            sql = links
             lean._note(deadline, links)
             cur.execute(links, params)
             linked = cur.fetchall()
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError):
             reads.invalidate()
-        raise _db_error(exc, sql) from exc
+        raise _db_error(exc, "SELECT ... FROM events") from exc  # as the route's: "SELECT on events"
     finally:
         if deadline is not None:
             deadline.query = None
