@@ -344,3 +344,22 @@ def test_anonymous_requests_on_the_pool_same_bytes(pg_url, settings_env, monkeyp
             s.commit()
         engine.dispose()
         dbmod.reset_caches()
+
+
+def test_a_longer_event_stored_after_a_search_is_found(clients, world, db_session):
+    """The lean path keeps the longest duration of the types searched (the time-overlap lower
+    bound) and checks it in the same statement: an event longer than any before, stored after
+    a search, is found by the next one; one deleted changes nothing."""
+    import json
+
+    lean, route = clients
+    params = {"start": "2024-05-16T00:00:00Z", "end": "2024-05-16T01:00:00Z", "type": "FL", "limit": "500"}
+    _same(lean, route, params)
+    _same(lean, route, params)  # the kept value now
+    longest = _ev(db_session, "FL", T0 - dt.timedelta(days=20), T0 + dt.timedelta(days=5), goes_class="C1.0")
+    _, body = _same(lean, route, params)
+    assert longest.id in {x["id"] for x in json.loads(body)["items"]}
+    db_session.delete(longest)
+    db_session.flush()
+    _, body = _same(lean, route, params)
+    assert longest.id not in {x["id"] for x in json.loads(body)["items"]}

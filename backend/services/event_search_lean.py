@@ -348,8 +348,13 @@ def _note(deadline, sql: str) -> None:
         deadline.query, deadline.query_started = "SELECT on events", time.monotonic()
 
 
+#: The longest ``duration_s`` of the types searched that a search last read, per database and
+#: types (:func:`lean_search`): a lower bound made from it is checked in the same statement.
+_LONGEST: dict[tuple, float] = {}
+
+
 def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: str | None, offset: int,
-                detected: bool, deadline=None) -> LeanPage | None:
+                detected: bool, deadline=None, _probe: bool = False) -> LeanPage | None:
     """One page of light rows, the total, the next cursor, and (when ``detected``) the first
     and last DATE-OBS of the detections' window, as
     :func:`~backend.services.event_search.search_events` (``light=True``) and
@@ -390,20 +395,33 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
             raise SearchError("cursor and offset cannot be combined: a cursor already says where the page starts")
         fp = f.fingerprint()
         value, row_id = decode_cursor(cursor, sort_s, fp)
+    nullable = SORT_KEYS[key][1]
     lower = None
+    # the time-overlap lower bound (event_search.filter_conditions): from the longest duration of
+    # the types, read by a probe, or, in the one-statement form, from the value the last search
+    # read, checked in the same statement: a kept value at least the current one gives the same
+    # rows (the bound only has to be below every overlapping event's start); a smaller one, the
+    # search again with the current value (an import stored a longer event)
+    longest_key = check = None
     if f.start is not None:
-        secs_sql = _sql(("longest", len(f.event_types)), lambda: _longest_sql(len(f.event_types)))
-        _note(deadline, secs_sql)
-        cur.execute(secs_sql, {f"type{i}": t for i, t in enumerate(f.event_types)})
-        secs = float(cur.fetchone()[0] or 0.0)
+        info = cur.connection.info
+        longest_key = (info.host, info.port, info.dbname, f.event_types)
+        secs = None if (_probe or (nullable and not offset)) else _LONGEST.get(longest_key)
+        check = secs is not None
+        if secs is None:
+            secs_sql = _sql(("longest", len(f.event_types)), lambda: _longest_sql(len(f.event_types)))
+            _note(deadline, secs_sql)
+            cur.execute(secs_sql, {f"type{i}": t for i, t in enumerate(f.event_types)})
+            secs = float(cur.fetchone()[0] or 0.0)
+            _LONGEST[longest_key] = secs
         try:
             lower = f.start - dt.timedelta(seconds=secs + 1.0)
         except OverflowError:
             lower = None
+            check = False
     params = _params(f, lower)
     shape = _shape(f) + (lower is not None,)
     by_window = key != "start_time" and f.start is not None and f.end is not None and f.end - f.start <= WINDOW_FIRST_MAX
-    nullable = SORT_KEYS[key][1]
     det_sql = None
     if detected:
         det_sql, det_fixed = _detected_sql(f.start is not None, f.end is not None)
@@ -425,19 +443,30 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
             conds = _conditions(f, lower is not None)
             where = " AND ".join(conds)
             page_where = " AND ".join(conds + ([keyset] if keyset else []))
-            meta = _meta_sql(where, det_sql)
+            meta = _meta_sql(where, det_sql, _longest_sql(len(f.event_types))[len("SELECT "):] if check else None)
             page = _deferred(key, page_where, _order(key, desc, by_window), _order(key, desc, False, "k."),
                              "LIMIT %(lim)s OFFSET %(off)s")
             return f"SELECT meta.*, p.* FROM ({meta}) AS meta LEFT JOIN LATERAL ({page}) AS p ON true"
 
-        sql = _sql(("page", shape, key, desc, by_window, bool(cursor), det_sql is not None, _es.EXACT_COUNT_LIMIT),
-                   build)
+        sql = _sql(("page", shape, key, desc, by_window, bool(cursor), det_sql is not None, _es.EXACT_COUNT_LIMIT,
+                    check), build)
         _note(deadline, sql)
         cur.execute(sql, page_params)
         got = cur.fetchall()
         n, gen = got[0][0], got[0][1]
-        det = (got[0][2], got[0][3]) if det_sql is not None else None
-        skip = 4 if det_sql is not None else 2
+        skip = 2
+        if check:
+            now = float(got[0][2] or 0.0)
+            skip = 3
+            if now > secs:  # a longer event than the bound allowed for: again, with a probe
+                return lean_search(cur, f, sort=sort, limit=limit, cursor=cursor, offset=offset, detected=detected,
+                                   deadline=deadline, _probe=True)
+            if now < secs:  # the same rows; the estimate (EXPLAIN) is asked with the current bound
+                _LONGEST[longest_key] = now
+                params = dict(params, **{k: v for k, v in _params(f, f.start - dt.timedelta(seconds=now + 1.0)).items()
+                                         if k in ("lower", "box_t0")})
+        det = (got[0][skip], got[0][skip + 1]) if det_sql is not None else None
+        skip += 2 if det_sql is not None else 0
         rows = [r[skip:] for r in got] if got[0][skip + _ID] is not None else []
         total, estimate = _total(cur, f, shape, params, n, deadline)
     more = len(rows) > limit
@@ -453,12 +482,13 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
 _GENERATION = "(SELECT data_generations.value FROM data_generations WHERE data_generations.name = 'catalogue_coverage')"
 
 
-def _meta_sql(where: str, detected: str | None) -> str:
-    """One row: the capped count, the catalogue coverage's generation and, with ``detected``
-    (the SQL of :func:`_detected_sql`), the detections' window (first, last)."""
+def _meta_sql(where: str, detected: str | None, longest: str | None = None) -> str:
+    """One row: the capped count, the catalogue coverage's generation, with ``longest`` (the
+    expression of :func:`_longest_sql`) the longest duration now, and with ``detected`` (the SQL
+    of :func:`_detected_sql`) the detections' window (first, last)."""
     count = (f"SELECT count(*) FROM (SELECT 1 FROM events" + (f" WHERE {where}" if where else "")
              + f" LIMIT {_es.EXACT_COUNT_LIMIT + 1}) AS anon_1")
-    sql = f"SELECT ({count}) AS n, {_GENERATION} AS gen"
+    sql = f"SELECT ({count}) AS n, {_GENERATION} AS gen" + (f", {longest} AS longest" if longest else "")
     if detected:
         return f"SELECT m.*, d.* FROM ({sql}) AS m CROSS JOIN ({detected}) AS d"
     return sql
