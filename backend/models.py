@@ -38,6 +38,7 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy import event as sa_event
+from sqlalchemy import text as sa_text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import DeclarativeBase, Mapped, backref, mapped_column, relationship
 
@@ -560,7 +561,8 @@ class Event(Base):
         # with a value by the index, then the NULLs by id; event_search._nullable_key_page);
         # goes_flux also serves min_goes_class. They replace ix_events_goes_flux and
         # ix_events_end_time (their prefixes), migration 0015
-        Index("ix_events_goes_flux_id", "goes_flux", "id"),
+        Index("ix_events_goes_flux_id", "goes_flux", "id",
+              postgresql_include=["owner", "event_type", "start_time", "end_time", "peak_time"]),  # 0022
         Index("ix_events_end_time_id", "end_time", "id"),
         Index("ix_events_peak_time_id", "peak_time", "id"),
         Index("ix_events_speed_id", "speed_km_s", "id"),
@@ -569,6 +571,13 @@ class Event(Base):
         # migration 0018
         Index("ix_events_peak_value", "peak_value"),
         Index("ix_events_angular_width", "angular_width"),
+        # (start time [s since 2000-01-01 UTC], Solar X) of the events with a position, GiST: a
+        # box over a time window bounds both at once (the lean search's point-in-box condition,
+        # backend/services/event_search_lean.py); PostgreSQL only, migration 0022
+        Index("ix_events_time_hpc_x",
+              sa_text("point(date_part('epoch', start_time - '2000-01-01 00:00:00+00'::timestamptz), hpc_x)"),
+              postgresql_using="gist", postgresql_include=["hpc_y", "event_type", "owner", "end_time", "peak_time"],
+              postgresql_where=sa_text("hpc_x IS NOT NULL")),
     )
 
 
@@ -770,6 +779,23 @@ class CatalogueCoverage(Base):
 
 
 # -- quotas --
+
+
+class DataGeneration(Base):
+    """A generation number per table whose content a process keeps derived data of
+    (migration 0022): ``catalogue_coverage`` today, read by the lean event search to know when
+    its copy of the catalogue spans is stale.
+
+    On PostgreSQL a statement-level trigger on the table sets ``value`` to the next value of the
+    sequence ``data_generation_seq`` on every INSERT, UPDATE, DELETE or TRUNCATE, in the
+    writer's transaction: a reader sees the new number exactly when it sees the new rows, and
+    a number is never given twice (a rolled-back write leaves a gap, not a reused number).
+    """
+
+    __tablename__ = "data_generations"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class QuotaCharge(Base):

@@ -6,9 +6,15 @@ The server is the project's app (``backend.api.app``) run by uvicorn as ``lstdp 
 (``uvicorn.run``, ``log_level="info"``: the access log is on, written to a file; uvicorn picks
 uvloop and httptools, both installed), in a subprocess of this script (``--workers 1`` by default;
 ``--workers 2`` runs ``uvicorn backend.api.app:app --workers 2``), its database the benchmark's
-(``DATABASE_URL``). The five queries and the seeding are those of :mod:`benchmarks.events_api`
-(imported, not copied): a day of flares, a year of CMEs in a position-angle range, a box over a
-month, the detail of a GOES X flare with its links, the newest 100.
+(``DATABASE_URL``). The seeding is that of :mod:`benchmarks.events_api` (imported, not copied).
+The five kinds of query are those of :func:`benchmarks.events_api.queries`, with their
+parameters drawn at random for every request (:class:`RandomQueries`; issue 29 item 4: no cache
+of answers can help): a day of flares (a random day and hour of the ten seeded years), a year of
+CMEs in a position-angle range (random start, random range of 20-120 deg, wrapping through 0
+when it passes 360), a helioprojective box over a month (random month, random box of 100-400
+arcsec a side within +-900 arcsec), the detail of a linked GOES flare (a random one of those with
+links, M1 and above), the newest 100 at or above a random GOES class (B5 to M5).
+``--fixed`` sends the five fixed queries of :func:`~benchmarks.events_api.queries` instead.
 
 The load generator is this process: ``--clients`` (16) asyncio tasks, each with its own
 keep-alive HTTP/1.1 connection (asyncio streams on uvloop, a minimal client: a request line and a
@@ -37,13 +43,17 @@ counts and times the statements each request sends, per route; the client's late
 in-app time is uvicorn (HTTP parsing, sockets), the event loop's queue and the client. The
 load generator reads the figures from the server (``GET /__bench_layers``) before stopping it.
 The PostgreSQL CPU is that of the backends connected to the database when the recording starts.
+The lean events path (``backend/api/lean_events.py``, the default since issue 29) sends its
+statements on the psycopg cursor, past SQLAlchemy's hooks: its routes show 0 statements and 0 ms
+of SQL here (``LEAN_EVENTS=0`` in the environment serves the routes' own handlers).
 
 The last line::
 
-    RESULT clients=<n> p50_ms=<a> p99_ms=<b> rps=<r> errors=<e> seeded=<m>
+    RESULT clients=<n> p50_ms=<a> p99_ms=<b> rps=<r> errors=<e> server_cpu_ms=<c> seeded=<m>
 
-(p50/p99 over all recorded requests; per-query figures above it). Targets (issue 15 item 6):
-p99 <= 25 ms, 0 errors.
+(p50/p99 over all recorded requests; per-query figures above it; ``server_cpu_ms``: user +
+system CPU of the server's process tree over the recorded window per request [ms]). Targets
+(issue 15 item 6, issue 29): p99 <= 25 ms, 0 errors, server_cpu_ms <= 1.0.
 
 Run (seed once, keep, reuse, drop at the end)::
 
@@ -60,6 +70,7 @@ import contextlib
 import io
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -241,6 +252,68 @@ def request_targets(x_flare_id: int) -> list[tuple[str, str]]:
     return [(name, path + ("?" + urlencode(params) if params else "")) for name, path, params in queries(x_flare_id)]
 
 
+def linked_flares(url: str) -> list[int]:
+    """Ids of the GOES flares of M1 and above that have links (the detail query draws from them)."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT id FROM events e WHERE source = 'goes_xrs' AND goes_flux >= 1e-5 AND EXISTS "
+            "(SELECT 1 FROM event_associations a WHERE a.event_id = e.id) ORDER BY id")]
+
+
+class RandomQueries:
+    """The five kinds of query with parameters drawn at random per request (module docstring).
+
+    Times are drawn over the seeded span (:data:`benchmarks.events_api.EPOCH`, ten years), boxes
+    within +-900 arcsec (the seeded positions lie within 960 arcsec of the centre)."""
+
+    NAMES = ("day of flares (random day)", "year of CMEs, random PA range", "random bbox over a random month",
+             "detail of a random linked flare", "newest 100 >= random GOES class")
+    CLASSES = ("B5", "C1", "C5", "M1", "M5")
+
+    def __init__(self, linked: list[int]):
+        from benchmarks.events_api import EPOCH, SPAN_S
+
+        self.linked = linked or [1]
+        self.epoch, self.span_s = EPOCH, SPAN_S
+
+    def _t(self, rng: random.Random, room_s: float):
+        import datetime as dt
+
+        t = self.epoch + dt.timedelta(seconds=rng.uniform(0, self.span_s - room_s))
+        return t.replace(second=0, microsecond=0)
+
+    def draw(self, qi: int, rng: random.Random) -> str:
+        """``path?query`` of query kind ``qi`` with fresh random parameters."""
+        import datetime as dt
+        from urllib.parse import urlencode
+
+        def iso(t):
+            return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        if qi == 0:
+            t = self._t(rng, 86400).replace(minute=0)
+            p = {"type": "FL", "start": iso(t), "end": iso(t + dt.timedelta(seconds=86399)), "limit": 100}
+        elif qi == 1:
+            t = self._t(rng, 366 * 86400)
+            lo = round(rng.uniform(0, 360), 1)
+            hi = round((lo + rng.uniform(20, 120)) % 360, 1)
+            p = {"type": "CE", "start": iso(t), "end": iso(t + dt.timedelta(days=365)), "pa_min": lo, "pa_max": hi,
+                 "limit": 100}
+        elif qi == 2:
+            t = self._t(rng, 31 * 86400)
+            x0, y0 = round(rng.uniform(-900, 500), 1), round(rng.uniform(-900, 500), 1)
+            p = {"start": iso(t), "end": iso(t + dt.timedelta(days=30)), "hpc_x_min": x0,
+                 "hpc_x_max": round(x0 + rng.uniform(100, 400), 1), "hpc_y_min": y0,
+                 "hpc_y_max": round(y0 + rng.uniform(100, 400), 1), "limit": 100}
+        elif qi == 3:
+            return f"/api/v1/events/{rng.choice(self.linked)}"
+        else:
+            p = {"limit": 100, "min_goes_class": rng.choice(self.CLASSES)}
+        return "/api/v1/events?" + urlencode(p)
+
+
 class RawConnection:
     """One keep-alive HTTP/1.1 connection: ``GET`` and read a ``Content-Length`` answer."""
 
@@ -280,7 +353,8 @@ class RawConnection:
 
 
 async def run_load(port: int, targets: list[tuple[str, str]], clients: int, warmup_s: float, duration_s: float,
-                   max_requests: int, client_kind: str, server_pid: int, url: str) -> dict:
+                   max_requests: int, client_kind: str, server_pid: int, url: str,
+                   draw=None, seed: int = 2024) -> dict:
     """Closed-loop load; returns per-query latencies [ms], errors and the CPU split."""
     import httpx
 
@@ -293,23 +367,25 @@ async def run_load(port: int, targets: list[tuple[str, str]], clients: int, warm
 
     async def one_client(k: int):
         conn = RawConnection(port) if pool is None else None
+        rng = random.Random(seed * 1000 + k)
         i = k
         while not state["stop"]:
             qi = i % len(targets)
             i += 1
+            target = targets[qi][1] if draw is None else draw(qi, rng)
             t0 = time.perf_counter()
             ok = False
             try:
                 if pool is None:
-                    status, body = await asyncio.wait_for(conn.get(targets[qi][1]), TIMEOUT_S)
+                    status, body = await asyncio.wait_for(conn.get(target), TIMEOUT_S)
                 else:
-                    r = await pool.get(targets[qi][1])
+                    r = await pool.get(target)
                     status, body = r.status_code, r.content
                 ok = status == 200
                 if ok:
                     json.loads(body)
                 elif state["record"] and len(errors_seen) < 5:
-                    errors_seen.append(f"{targets[qi][0]}: HTTP {status} {body[:200]!r}")
+                    errors_seen.append(f"{targets[qi][0]} ({target}): HTTP {status} {body[:200]!r}")
             except Exception as exc:  # noqa: BLE001 - every failure is an error of the run
                 ok = False
                 if state["record"] and len(errors_seen) < 5:
@@ -365,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=(os.cpu_count() or 1) >= 2,
                     help="server on core 0, client on core 1")
     ap.add_argument("--layers", action="store_true", help="time the app and its SQL inside the server (workers=1)")
+    ap.add_argument("--fixed", action="store_true",
+                    help="the five fixed queries of benchmarks.events_api.queries (default: random parameters)")
     ap.add_argument("--report", type=Path, default=None, help="also write the output (Markdown) here")
     ap.add_argument("--app-root", type=Path, default=ROOT,
                     help="serve the app of this checkout (another commit, for before/after comparisons)")
@@ -400,6 +478,12 @@ def main(argv: list[str] | None = None) -> int:
         say(info["summary"])
     x_flare_id, n_events = x_flare_of(url)
     targets = request_targets(x_flare_id)
+    draw = None
+    if not args.fixed:
+        randomq = RandomQueries(linked_flares(url))
+        draw = randomq.draw
+        targets = [(name, "/api/v1/events/{id}" if i == 3 else "/api/v1/events")
+                   for i, name in enumerate(RandomQueries.NAMES)]
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="events_api_load_")
     log_path = os.path.join(tmp, "server.log")
@@ -423,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:  # pragma: no cover
             runner = asyncio.run
         res = runner(run_load(port, targets, args.clients, args.warmup, args.duration, args.max_requests,
-                              args.client, proc.pid, url))
+                              args.client, proc.pid, url, draw=draw, seed=args.seed))
         stats = None
         if args.layers:
             async def fetch_stats():
@@ -483,8 +567,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{(pct(client, 0.5) - app50) if client else float('nan'):.2f} |")
         say(f"\nConnections opened by the API engine's pool: {stats['connections']} (warm-up requests included "
             "in the server's figures).")
+    load1, load5, _ = os.getloadavg()
+    say(f"\nQueries: {'fixed' if args.fixed else 'random parameters per request'}; load average at the end "
+        f"{load1:.2f} (1 min), {load5:.2f} (5 min).")
     say(f"\nRESULT clients={args.clients} p50_ms={pct(all_ms, 0.5):.2f} p99_ms={pct(all_ms, 0.99):.2f} rps={rps:.1f} "
-        f"errors={errors} seeded={n_events}")
+        f"errors={errors} server_cpu_ms={1e3 * res['server_cpu'] / rps:.2f} seeded={n_events}")
     if args.keep and args.database is None:
         print(f"database kept: {url}", file=sys.stderr)
     elif args.database is None:

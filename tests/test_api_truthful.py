@@ -118,6 +118,21 @@ def test_database_data_error_is_422_not_500(client, monkeypatch):
         return [*real(session, f), Event.__table__.c.frm_name == "a\x00b"]
 
     monkeypatch.setattr(event_search, "filter_conditions", nul_filter)
+    # a parameter the lean events path does not read sends the request to the route's handler
+    _assert_422(client.get("/api/v1/events", params={"not_a_filter": "1"}), "cannot be used", "NUL")
+
+
+def test_database_data_error_is_422_not_500_on_the_lean_path(client, monkeypatch):
+    """The same on the lean events path (backend/api/lean_events.py): psycopg's error is
+    answered by the app's handler of SQLAlchemy's DataError."""
+    from backend.services import event_search_lean
+
+    real_conditions, real_params = event_search_lean._conditions, event_search_lean._params
+    monkeypatch.setattr(event_search_lean, "_SQL", {})  # the SQL texts made with the fault are not kept
+    monkeypatch.setattr(event_search_lean, "_conditions",
+                        lambda f, lower: [*real_conditions(f, lower), "events.frm_name = %(nul)s"])
+    monkeypatch.setattr(event_search_lean, "_params", lambda f, lower: {**real_params(f, lower), "nul": "a\x00b"})
+    client.headers.pop("Authorization", None)
     _assert_422(client.get("/api/v1/events"), "cannot be used", "NUL")
 
 

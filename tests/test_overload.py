@@ -151,6 +151,27 @@ def test_a_query_past_its_budget_is_a_503_that_says_so_with_retry_after(pg_api, 
     assert c.get("/api/v1/events").status_code == 200  # lock gone: answers again
 
 
+def test_a_query_past_its_budget_on_the_lean_pooled_path(pg_api, own_pg_url):
+    """The same for an anonymous search, which the lean events path reads on a pooled connection
+    without a session (backend/api/lean_events.py): the same 503, and the connection, whose
+    statement was only cancelled, serves the next request."""
+    c = pg_api(API_DEADLINE_S=20, API_STATEMENT_TIMEOUT_S=0.2)
+    c.headers.pop("Authorization")
+    assert c.get("/api/v1/events").status_code == 200
+    with psycopg.connect(_plain(own_pg_url)) as locker:
+        locker.execute("LOCK TABLE events IN ACCESS EXCLUSIVE MODE")
+        r = c.get("/api/v1/events", params={"type": "FL"})
+        d = c.get("/api/v1/events/1")
+        locker.rollback()
+    for resp in (r, d):
+        assert resp.status_code in (503, 504), resp.text
+        assert int(resp.headers["Retry-After"]) > 0
+        detail = resp.json()["detail"]
+        assert "query took too long" in detail and "/api/v1/events" in detail and "on events" in detail, detail
+    assert c.get("/api/v1/events", params={"type": "FL"}).status_code == 200
+    assert c.get("/api/v1/events/1").status_code == 404
+
+
 def test_slow_query_and_unreachable_are_told_apart():
     """The driver's errors: psycopg QueryCanceled (statement_timeout) and SQLite's interrupt are
     slow queries; an OperationalError on connect is not."""

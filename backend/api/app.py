@@ -764,7 +764,10 @@ def create_app() -> FastAPI:
     app.add_exception_handler(ProgrammingError, _db_unavailable_handler)  # PostgreSQL: a missing table
     app.add_exception_handler(DeadlinePassed, _deadline_passed_handler)
     app.add_exception_handler(Exception, _unexpected_handler)
-    add_text_compression(app)  # gzip for text answers; innermost of ours
+    from backend.api.lean_events import install as install_lean_events
+
+    install_lean_events(app)  # GET /events and /events/{id}: the same answers, far less CPU; innermost
+    add_text_compression(app)  # gzip for text answers; innermost of ours (after the lean events path)
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(IdempotencyMiddleware)  # Idempotency-Key on every POST; inside the body limit
     app.add_middleware(BodySizeLimitMiddleware)

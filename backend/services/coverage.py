@@ -323,6 +323,12 @@ def record_catalogue_coverage(session: Session, source: str, files: list[str | P
     return rows
 
 
+def _spans_of(rows) -> tuple[list[Span], int]:
+    """Merged spans and the number of files of one catalogue's rows (start, end, complete, basis)."""
+    spans = [Span(as_utc(a), as_utc(b), bool(c), basis) for a, b, c, basis in rows if a is not None and b is not None]
+    return _merge(spans), len(rows)
+
+
 class CatalogueProvider:
     """Coverage of one catalogue: the spans its imported files say they cover."""
 
@@ -340,8 +346,7 @@ class CatalogueProvider:
             rows = session.execute(select(CatalogueCoverage.covers_start, CatalogueCoverage.covers_end,
                                           CatalogueCoverage.complete, CatalogueCoverage.basis)
                                    .where(CatalogueCoverage.source == self.name)).all()
-        spans = [Span(as_utc(a), as_utc(b), bool(c), basis) for a, b, c, basis in rows if a is not None and b is not None]
-        return _merge(spans), len(rows)
+        return _spans_of(rows)
 
     def coverage(self, session, start=None, end=None, settings=None) -> SourceCoverage:
         spans, n_files = self.spans(session)
@@ -555,6 +560,22 @@ def coverage_report(session: Session, start: dt.datetime | None = None, end: dt.
     return [p.coverage(session, start, end, settings) for p in chosen]
 
 
+def detected_window_query(start: bool, end: bool):
+    """The statement of :func:`_detected_window` with bind parameters ``start`` and ``end``
+    (aware UTC) for the bounds that are given (``start``, ``end`` True): the lean event search
+    (:mod:`backend.services.event_search_lean`) compiles it once per shape."""
+    from sqlalchemy import bindparam
+
+    q = (select(func.min(Frame.date_obs), func.max(Frame.date_obs))
+         .join(Product, Product.frame_id == Frame.id)
+         .where(Product.state == ProductState.written, _public_products()))
+    if start:
+        q = q.where(Frame.date_obs >= bindparam("start", type_=Frame.date_obs.type))
+    if end:
+        q = q.where(Frame.date_obs <= bindparam("end", type_=Frame.date_obs.type))
+    return q
+
+
 def _detected_window(session: Session, start, end) -> WindowCoverage:
     """The detections' coverage of a window, cheaply: the first and last DATE-OBS of a frame
     with a written L2 product in it (one aggregate; the planner starts from whichever of the
@@ -567,6 +588,11 @@ def _detected_window(session: Session, start, end) -> WindowCoverage:
     if end is not None:
         q = q.where(Frame.date_obs <= end)
     first, last = session.execute(q).one()
+    return detected_window_from(first, last, start, end)
+
+
+def detected_window_from(first, last, start, end) -> WindowCoverage:
+    """:func:`_detected_window` from the first and last DATE-OBS it read (None, None: none)."""
     title = DETECTED.label
     if first is None:
         where = "in this window" if start is not None or end is not None else "yet"
@@ -597,19 +623,37 @@ def window_coverage(session: Session, sources: list[str] | tuple[str, ...] | Non
         In :data:`pipelines.catalogues.SOURCES` order (``detected``, then the registry's
         catalogues) for the sources asked.
     """
+    rows = session.execute(select(CatalogueCoverage.source, CatalogueCoverage.covers_start,
+                                  CatalogueCoverage.covers_end, CatalogueCoverage.complete,
+                                  CatalogueCoverage.basis)).all()  # one small table, read once
+    wants_detected = not sources or DETECTED_SOURCE in sources
+    detected = _detected_window(session, start, end) if wants_detected else None
+    return window_coverage_from(catalogue_spans(rows), sources, start, end, detected)
+
+
+def catalogue_spans(rows) -> dict[str, tuple[list[Span], int]]:
+    """``{source: (merged spans, files recorded)}`` of ``catalogue_coverage`` rows
+    ``(source, covers_start, covers_end, complete, basis)`` (what :func:`window_coverage_from`
+    reads; a function of the table alone, so the lean event search keeps it until an import
+    changes the table)."""
+    by_source: dict[str, list] = {}
+    for src, *row in rows:
+        by_source.setdefault(src, []).append(row)
+    return {src: _spans_of(r) for src, r in by_source.items()}
+
+
+def window_coverage_from(spans_by_source: dict[str, tuple[list[Span], int]], sources, start, end,
+                         detected: WindowCoverage | None) -> dict[str, WindowCoverage]:
+    """:func:`window_coverage` from the catalogue spans already read (:func:`catalogue_spans`)
+    and the detections' window (:func:`detected_window_from`; None when ``detected`` is not asked)."""
     wanted = [s for s in (DETECTED_SOURCE, *CATALOGUES) if not sources or s in sources]  # the registry now
     out: dict[str, WindowCoverage] = {}
-    by_source: dict[str, list] = {}
-    for src, *row in session.execute(select(CatalogueCoverage.source, CatalogueCoverage.covers_start,
-                                            CatalogueCoverage.covers_end, CatalogueCoverage.complete,
-                                            CatalogueCoverage.basis)):  # one small table, read once
-        by_source.setdefault(src, []).append(row)
     for s in wanted:
         if s == DETECTED_SOURCE:
-            out[s] = _detected_window(session, start, end)
+            out[s] = detected
             continue
         p = CatalogueProvider(s)
-        spans, n_files = p.spans(session, by_source.get(s, []))
+        spans, n_files = spans_by_source.get(s, ([], 0))
         t = p.title
         if not spans:
             out[s] = WindowCoverage(s, "unknown", f"{t}: not imported" if not n_files else f"{t}: its files state no span")
