@@ -49,11 +49,15 @@ that races a worker, or two reconcilers at once, at worst sends a message that d
 nothing. On PostgreSQL one pass runs at a time across all workers (an advisory lock).
 
 Bound: after a fault, with a worker running, a job settles within about
-``lease_s + 2 x RECONCILE_INTERVAL_S`` (a frozen or dead worker on another host), or
-``2 x RECONCILE_INTERVAL_S`` plus the frames' calibration time when the fault is a lost
-message or a dead process on a host that runs a reconciler. Defaults: 960 s + 60 s, and 60 s.
+``3 x RECONCILE_INTERVAL_S`` plus the frames' calibration time when a worker on any host died,
+froze or was cut off (its heartbeat, :mod:`backend.identity`, is stale after one interval;
+the next pass takes its claims back), ``2 x RECONCILE_INTERVAL_S`` plus the calibration time
+after a lost message, and ``lease_s + 2 x RECONCILE_INTERVAL_S`` for a worker that keeps
+beating but never finishes. Defaults: 90 s, 60 s and 960 s + 60 s. Times are the database's
+(:mod:`backend.clock`), so a host whose clock is off judges no lease wrong.
 
-Started by ``lstdp worker`` (a child process; ``--no-reconciler`` to leave it out), so the
+Started by ``lstdp worker`` (a child process, started again within one interval when it dies:
+``backend.cli.ReconcilerSupervisor``; ``--no-reconciler`` to leave it out), so the
 demo and every compose worker run one; ``lstdp reconcile [--once]`` runs it on its own.
 """
 
