@@ -27,16 +27,18 @@ import uuid
 
 log = logging.getLogger(__name__)
 
-__all__ = ["worker_id", "display", "heartbeat_interval_s", "start_heartbeat", "beat", "heartbeat_running"]
+__all__ = ["worker_id", "display", "heartbeat_interval_s", "start_heartbeat", "stop_heartbeat", "beat",
+           "heartbeat_running"]
 
 _ID: str | None = None
 _THREAD: threading.Thread | None = None
+_STOP = threading.Event()
 _LOCK = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    global _ID, _THREAD, _LOCK
-    _ID, _THREAD, _LOCK = None, None, threading.Lock()
+    global _ID, _THREAD, _LOCK, _STOP
+    _ID, _THREAD, _LOCK, _STOP = None, None, threading.Lock(), threading.Event()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -107,8 +109,9 @@ def start_heartbeat(settings=None, *, role: str = "worker", engine=None) -> None
         me = worker_id()
         every = heartbeat_interval_s(settings)
 
+        stop = _STOP
+
         def run() -> None:
-            stop = threading.Event()
             while not stop.wait(every):
                 if worker_id() != me:  # forked: not ours any more
                     return
@@ -120,3 +123,15 @@ def start_heartbeat(settings=None, *, role: str = "worker", engine=None) -> None
 
         _THREAD = threading.Thread(target=run, name=f"lstdp-heartbeat-{me[:8]}", daemon=True)
         _THREAD.start()
+
+
+def stop_heartbeat(timeout_s: float = 5.0) -> None:
+    """Stop this process's heartbeat thread (its row stays, and goes stale: the process's
+    claims are then dead after ``Settings.heartbeat_timeout_s``). For tests and shutdown."""
+    global _THREAD, _STOP
+    with _LOCK:
+        thread, _THREAD = _THREAD, None
+        _STOP.set()
+        _STOP = threading.Event()
+    if thread is not None:
+        thread.join(timeout_s)

@@ -386,3 +386,64 @@ def test_a_worker_with_its_clock_2h_off_takes_no_live_claim_and_writes_no_time_o
     finally:
         engine.dispose()
         drop_pg_database(url)
+
+
+@pytest.mark.postgres
+def test_a_claim_lives_by_its_workers_heartbeat_on_any_host_whatever_its_host_and_pid(db_session, monkeypatch):
+    """Two hosts with one name: a claim whose holder names this host and a pid that is not
+    alive here is live while its worker beats (the old ``host:pid`` rule took it); a claim
+    whose worker stopped beating more than one reconcile interval ago is taken back by the
+    next pass, from any host."""
+    import socket
+
+    from backend.clock import db_now
+    from backend.models import WorkerHeartbeat
+    from backend.settings import Settings
+    from backend.worker import reconcile
+    from tests.test_reconcile import _dead_pid, _job
+
+    settings = Settings(TASK_TIME_LIMIT_S=100, TASK_SOFT_TIME_LIMIT_S=90, RECONCILE_INTERVAL_S=5, MAX_DELIVERIES=3)
+    s = db_session
+    now = db_now(s)
+    same_name = f"{socket.gethostname()}:{_dead_pid()}"
+    job, (alive, dead) = _job(s, [ProductState.writing, ProductState.writing])
+    for prod, wid, beat_ago in ((alive, "a" * 32, 1.0), (dead, "b" * 32, 6.0)):
+        prod.claimed_by = f"{same_name} worker={wid} task=t try=0"
+        prod.claimed_at = now - dt.timedelta(seconds=10)  # well within the 160 s lease
+        prod.attempts = 1
+        s.add(WorkerHeartbeat(id=wid, host=socket.gethostname(), pid=1, started_at=now - dt.timedelta(seconds=60),
+                              heartbeat_at=now - dt.timedelta(seconds=beat_ago)))
+    s.flush()
+    sent: list[int] = []
+    monkeypatch.setattr(reconcile, "send_calibration", lambda pid, job_id, queue="cpu": sent.append(pid))
+    report = reconcile.reconcile_once(s, settings, flight=InFlight())
+    assert report.taken_back == [dead.id] and sent == [dead.id]
+    s.refresh(alive)
+    assert alive.state == ProductState.writing and alive.attempts == 1
+
+
+def test_the_heartbeat_renews_while_the_task_thread_is_busy(sqlite_env):
+    """The heartbeat thread writes the database's time every third of the interval while the
+    calling thread computes (here: holds the GIL in a Python loop)."""
+    from backend import identity
+    from backend.db import get_engine
+    from backend.models import WorkerHeartbeat
+    from backend.settings import Settings
+    from sqlalchemy.orm import Session
+
+    if identity.heartbeat_running():
+        pytest.skip("this process already beats")
+    identity.start_heartbeat(Settings(RECONCILE_INTERVAL_S=0.6))
+    try:
+        with Session(get_engine()) as s:
+            first = s.get(WorkerHeartbeat, identity.worker_id()).heartbeat_at
+        t0 = time.monotonic()
+        x = 0
+        while time.monotonic() - t0 < 1.0:  # busy, as a calibration in pure Python
+            x += 1
+        with Session(get_engine()) as s:
+            last = s.get(WorkerHeartbeat, identity.worker_id()).heartbeat_at
+    finally:
+        identity.stop_heartbeat()
+    assert not identity.heartbeat_running()
+    assert (last - first).total_seconds() >= 0.4, (first, last)
