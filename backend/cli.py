@@ -313,6 +313,11 @@ def cmd_worker(args) -> int:
         argv += ["-P", args.pool]
     supervisor = None if args.no_reconciler else ReconcilerSupervisor(s.reconcile_interval_s)
     if supervisor is not None:
+        from celery.signals import worker_shutting_down
+
+        # a warm or cold shutdown (SIGTERM to the process group reaches the reconciler too):
+        # the reconciler is not started again
+        worker_shutting_down.connect(lambda **_kw: supervisor.stop_watching(), weak=False)
         supervisor.start()
     try:
         app.worker_main(argv)
@@ -330,8 +335,9 @@ class ReconcilerSupervisor:
     A daemon thread of the worker's main process looks at it every :attr:`check_s` (a
     quarter of ``RECONCILE_INTERVAL_S``, at most 1 s) and starts a new one when it has
     exited, however (``kill -9``, a crash at start-up): a killed reconciler runs again within
-    one reconcile interval. The thread only waits and spawns (``fork``/``exec`` at once);
-    the pool's children are forked without it. The reconciler stops by itself when the
+    one reconcile interval (one ended by SIGTERM or SIGINT a check later: that is also how the
+    worker's own shutdown reaches it, which ``worker_shutting_down`` then says). The thread only
+    waits and spawns (``fork``/``exec`` at once); the pool's children are forked without it. The reconciler stops by itself when the
     worker is gone (it checks its parent each pass, and gets SIGTERM when its parent dies).
     """
 
@@ -357,12 +363,23 @@ class ReconcilerSupervisor:
             self._spawn()
         self._thread.start()
 
+    def stop_watching(self) -> None:
+        """Start it again no more (the worker is shutting down)."""
+        self._stop.set()
+
     def _watch(self) -> None:
+        termed_at = None
         while not self._stop.wait(self.check_s):
             with self._lock:
                 if self._stop.is_set() or self.proc is None or self.proc.poll() is None:
                     continue
                 old, code = self.proc.pid, self.proc.returncode
+                if code in (-signal.SIGTERM, -signal.SIGINT) and termed_at is None:
+                    # perhaps the worker's own shutdown (its whole group signalled): give
+                    # worker_shutting_down one more check to say so
+                    termed_at = old
+                    continue
+                termed_at = None
                 try:
                     self._spawn()
                     logging.getLogger("backend.worker.reconcile").warning(

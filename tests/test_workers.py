@@ -392,8 +392,8 @@ def test_a_worker_with_its_clock_2h_off_takes_no_live_claim_and_writes_no_time_o
 def test_a_claim_lives_by_its_workers_heartbeat_on_any_host_whatever_its_host_and_pid(db_session, monkeypatch):
     """Two hosts with one name: a claim whose holder names this host and a pid that is not
     alive here is live while its worker beats (the old ``host:pid`` rule took it); a claim
-    whose worker stopped beating more than one reconcile interval ago is taken back by the
-    next pass, from any host."""
+    whose worker stopped beating more than ``Settings.heartbeat_timeout_s`` ago (one reconcile
+    interval, at least 10 s) is taken back by the next pass, from any host."""
     import socket
 
     from backend.clock import db_now
@@ -407,7 +407,8 @@ def test_a_claim_lives_by_its_workers_heartbeat_on_any_host_whatever_its_host_an
     now = db_now(s)
     same_name = f"{socket.gethostname()}:{_dead_pid()}"
     job, (alive, dead) = _job(s, [ProductState.writing, ProductState.writing])
-    for prod, wid, beat_ago in ((alive, "a" * 32, 1.0), (dead, "b" * 32, 6.0)):
+    assert settings.heartbeat_timeout_s == 10.0  # MIN_HEARTBEAT_TIMEOUT_S
+    for prod, wid, beat_ago in ((alive, "a" * 32, 8.0), (dead, "b" * 32, 11.0)):
         prod.claimed_by = f"{same_name} worker={wid} task=t try=0"
         prod.claimed_at = now - dt.timedelta(seconds=10)  # well within the 160 s lease
         prod.attempts = 1
