@@ -66,11 +66,13 @@ def _wait(predicate, timeout_s: float, step_s: float = 0.05):
     return None
 
 
-def _start_worker(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 - closed with the process
+def _start_worker(folder: Path, *args: str, env: dict | None = None, unset=()) -> subprocess.Popen:
+    log = open(folder / "worker.log", "ab")  # noqa: SIM115 - closed with the process
+    full = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    for k in unset:
+        full.pop(k, None)
     return subprocess.Popen([sys.executable, "-m", "backend.cli", "worker", "--concurrency", "2", *args],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -96,57 +98,71 @@ def _pool(worker_pid: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- supervision
-def test_a_killed_reconciler_runs_again_within_one_reconcile_interval(sqlite_env, tmp_path):
-    """``kill -9`` of the worker's reconciler, three times: each time a new one is running
-    within one ``RECONCILE_INTERVAL_S`` (2 s here), and the worker runs on."""
-    interval = 2.0
-    worker = _start_worker(tmp_path, env={"RECONCILE_INTERVAL_S": str(interval)})
-    try:
-        first = _wait(lambda: _reconcilers(worker.pid), 60)
-        assert first, (tmp_path / "worker.log").read_text()[-2000:]
-        current = first[0]
-        for _ in range(3):
-            os.kill(current, signal.SIGKILL)
-            t0 = time.monotonic()
-            again = _wait(lambda: [p for p in _reconcilers(worker.pid) if p != current], interval)
-            took = time.monotonic() - t0
-            assert again, f"no reconciler again within {interval} s of the kill"
-            assert took <= interval
-            current = again[0]
-        assert worker.poll() is None
-    finally:
-        _stop(worker)
-
-
-def test_a_pool_childs_death_at_start_leaves_its_worker_up(sqlite_env, tmp_path):
-    """A pool child killed as soon as it exists (Celery's start-up check then stopped the whole
-    worker with ``WorkerLostError('Could not start worker processes')`` on the Redis broker):
-    the worker runs on and its pool is refilled to its two processes."""
+@pytest.fixture(scope="module")
+def started_worker(tmp_path_factory, run_cache):
+    """One ``lstdp worker`` (two pool processes, its reconciler every 2 s, the test Redis as
+    broker, embedded SQLite) one of whose pool processes was killed with SIGKILL as soon as
+    both existed, before the worker's start-up check of its pool (Celery then stopped the
+    whole worker with ``WorkerLostError('Could not start worker processes')``).
+    Yields (process, folder, killed pid)."""
     import redis
+
+    from tests.conftest import _migrate_sqlite
 
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
     except redis.RedisError:
-        require(False, f"Redis at {REDIS_URL} is needed")
-    worker = _start_worker(tmp_path, "--no-reconciler",
-                           env={"CELERY_BROKER_URL": REDIS_URL, "CELERY_RESULT_BACKEND": REDIS_URL})
+        pytest.skip(f"Redis at {REDIS_URL} is needed")
+    folder = tmp_path_factory.mktemp("started_worker")
+    (folder / "var").mkdir()
+    shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", folder / "var" / "lstdp.sqlite3")
+    env = {"DATA_DIR": str(folder / "var"), "RECONCILE_INTERVAL_S": "2", "CELERY_BROKER_URL": REDIS_URL,
+           "CELERY_RESULT_BACKEND": REDIS_URL}
+    worker = _start_worker(folder, env=env, unset=("DATABASE_URL", "LSTDP_DATABASE_URL", "LSTDP_DATA_DIR",
+                                                   "LSTDP_CELERY_BROKER_URL", "LSTDP_CELERY_RESULT_BACKEND"))
     try:
         # both pool processes forked (a lone child seen earlier may be a passing fork of start-up)
-        child = _wait(lambda: _pool(worker.pid) if len(_pool(worker.pid)) >= 2 else None, 60, step_s=0.01)
-        assert child, (tmp_path / "worker.log").read_text()[-2000:]
+        child = _wait(lambda: _pool(worker.pid) if len(_pool(worker.pid)) >= 2 else None, 120, step_s=0.01)
+        assert child, (folder / "worker.log").read_text()[-2000:]
         os.kill(child[0], signal.SIGKILL)
-        # the worker's start (consumer ready, its start-up check of the pool) comes later
-        assert _wait(lambda: "ready." in (tmp_path / "worker.log").read_text(), 60)
-        time.sleep(1.0)
-        log = (tmp_path / "worker.log").read_text()
-        assert worker.poll() is None, log[-3000:]
-        assert "Could not start worker processes" not in log
-        refilled = _wait(lambda: len(_pool(worker.pid)) == 2 and child[0] not in _pool(worker.pid), 20)
-        assert refilled, _pool(worker.pid)
+        yield worker, folder, child[0]
     finally:
         _stop(worker)
         client.flushdb()
+
+
+def test_a_pool_childs_death_at_start_leaves_its_worker_up(started_worker):
+    """The worker runs on and its pool is refilled to its two processes."""
+    worker, folder, killed = started_worker
+    # the worker's start (consumer ready, its start-up check of the pool) comes after the kill
+    assert _wait(lambda: "ready." in (folder / "worker.log").read_text(), 120)
+    time.sleep(1.0)
+    log = (folder / "worker.log").read_text()
+    assert worker.poll() is None, log[-3000:]
+    assert "Could not start worker processes" not in log
+    refilled = _wait(lambda: len(_pool(worker.pid)) == 2 and killed not in _pool(worker.pid), 30)
+    assert refilled, _pool(worker.pid)
+
+
+def test_a_killed_reconciler_runs_again_within_one_reconcile_interval(started_worker):
+    """``kill -9`` of the worker's reconciler, three times: each time a new one is running
+    within one ``RECONCILE_INTERVAL_S`` (2 s here), and the worker runs on."""
+    worker, folder, _ = started_worker
+    interval = 2.0
+    first = _wait(lambda: _reconcilers(worker.pid), 60)
+    assert first, (folder / "worker.log").read_text()[-2000:]
+    current = first[0]
+    for _ in range(3):
+        os.kill(current, signal.SIGKILL)
+        t0 = time.monotonic()
+        again = _wait(lambda: [p for p in _reconcilers(worker.pid) if p != current], interval)
+        took = time.monotonic() - t0
+        assert again, f"no reconciler again within {interval} s of the kill"
+        assert took <= interval
+        current = again[0]
+    assert worker.poll() is None
+    assert "started again" in (folder / "worker.log").read_text()
 
 
 # --------------------------------------------------------------------------- storage faults
@@ -325,22 +341,30 @@ CLOCK_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.postgres
-def test_a_worker_with_its_clock_2h_off_takes_no_live_claim_and_writes_no_time_of_its_own(settings_env):
+def test_a_worker_with_its_clock_2h_off_takes_no_live_claim_and_writes_no_time_of_its_own(settings_env, pg_url,
+                                                                                       pg_engine):
     from sqlalchemy import text
 
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
     from backend.db import make_engine
-    from backend.migrate import upgrade
     from backend.models import JobItem
     from backend.state import claim_product, this_process
-    from sqlalchemy.orm import Session
-    from tests.conftest import create_pg_database, drop_pg_database
+    from tests.conftest import PG_ADMIN, drop_pg_database
 
     faketime = shutil.which("faketime")
     require(faketime is not None, "faketime (Debian package faketime) is needed")
-    url = create_pg_database("workers_clock")
+    # a database of its own (the test commits), copied from the session's migrated one
+    pg_engine.dispose()  # CREATE DATABASE ... TEMPLATE needs the template without sessions
+    name = f"workers_clock_{os.getpid()}_{int(time.time() * 1000) % 10**9}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{pg_url.rsplit("/", 1)[1]}"'))
+    admin.dispose()
+    url = f"{pg_url.rsplit('/', 1)[0]}/{name}"
     engine = make_engine(url)
     try:
-        upgrade(url)
         settings_env(DATABASE_URL=url, RECONCILE_INTERVAL_S="30")
         now = dt.datetime.now(dt.UTC)
         with Session(engine) as s:
