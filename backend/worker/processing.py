@@ -279,7 +279,11 @@ def _storage_fault(session: Session, settings: Settings, product_id: int, claim,
     if err is None:
         return False
     log.warning("product %s: %s", product_id, err)
-    row = record_fault(session, lane, err, settings)
+    try:
+        with session.begin_nested():
+            row = record_fault(session, lane, err, settings)
+    except IntegrityError:  # another worker paused the lane at the same moment: count this try on its row
+        row = record_fault(session, lane, err, settings)
     reason = outlasted_reason(row, settings, row.last_at)
     if reason is not None:
         _fail_claimed(session, product_id, claim, reason)
