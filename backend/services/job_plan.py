@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.clock import db_now
 from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
-                            ProductCalibrationFile, ProductState, utcnow)
+                            ProductCalibrationFile, ProductState)
 from backend.services.calibration_sets import set_for
 from backend.services.registry import params_hash, select_calibrations
 from backend.state import MAX_REASON_CHARS, is_cancel_reason, move_job, move_product, reason_text, requeue_follow_up

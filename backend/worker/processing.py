@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from backend import __version__
 from backend.clock import db_now
-from backend.models import Frame, ItemOutcome, JobItem, JobState, Product, ProductState, utcnow
+from backend.models import Frame, ItemOutcome, JobItem, JobState, Product, ProductState
 from backend.services.ingest import header_to_json
 # a job's items, its row lock and its end are shared with the API (cancel, retry):
 # backend.services.job_plan; re-exported here for the worker's modules
