@@ -472,3 +472,21 @@ def test_the_heartbeat_renews_while_the_task_thread_is_busy(sqlite_env):
         identity.stop_heartbeat()
     assert not identity.heartbeat_running()
     assert (last - first).total_seconds() >= 0.4, (first, last)
+
+
+def test_messages_are_acknowledged_late_and_no_result_the_platform_does_not_read_is_stored():
+    """Every task is acknowledged after its body (``acks_late``, redelivered if its worker
+    dies), and none but ``ingest_file`` (read by the CLI) stores a result: a result backend
+    that fails after a task's body wrote its product has nothing to store, so it cannot
+    turn the written product into a failure."""
+    from backend.broker import TaskName, app, configure
+
+    configure(role="worker")
+    import backend.worker.tasks  # noqa: F401 - registers the tasks
+
+    for name in TaskName.all():
+        task = app.tasks[name]
+        assert task.acks_late, name
+        assert task.ignore_result == (name != TaskName.ingest_file), name
+    assert app.conf.task_reject_on_worker_lost and not app.conf.task_store_errors_even_if_ignored
+    configure(role="api")
