@@ -267,6 +267,20 @@ def test_a_full_disk_pauses_the_lane_and_fails_no_frame_until_the_bound(settings
         report = reconcile.reconcile_once(s, settings, now=first_at + dt.timedelta(seconds=3000), flight=flight)
         assert report.unconsumed == []
 
+    # the overlapped CPU batch (CPU_BATCH_SIZE > 1) on the full disk: its frames are given
+    # back too, none fails, each try counted on the lane's fault
+    from backend.worker.gpu_batch import calibrate_products_batch
+
+    with session_scope() as s:
+        report = calibrate_products_batch(s, list(todo[1:3]), settings, job_id=job_id, device="cpu")
+        assert sorted(report.skipped) == sorted(todo[1:3]) and not report.failed and not report.written
+        prods = list(s.scalars(select(Product).where(Product.id.in_(todo[1:3])).execution_options(
+            populate_existing=True)))
+        assert [p.state for p in prods] == [ProductState.planned] * 2 and all(p.attempts == 0 for p in prods)
+        fault = s.get(LaneFault, "cpu")
+        s.refresh(fault)
+        assert fault.failures == 3 and "No space left on device" in fault.reason
+
     # the fault outlasts the bound: the next try fails its frame, with the true reason
     monkeypatch.setenv("STORAGE_FAULT_BOUND_S", "0.5")
     get_settings.cache_clear()
@@ -277,13 +291,14 @@ def test_a_full_disk_pauses_the_lane_and_fails_no_frame_until_the_bound(settings
         assert prod.state == ProductState.failed
         assert "No space left on device" in prod.error and "STORAGE_FAULT_BOUND_S" in prod.error, prod.error
 
-    # space again: while the lane waits (its backoff, 60 s after the second try) nothing is
+    # space again: while the lane waits (its backoff after the fourth try) nothing is
     # tried; once its retry_at has passed (set here) the next write succeeds and ends the pause
     monkeypatch.undo()
     with session_scope() as s:
         assert calibrate_product(s, todo[1], settings).state == ProductState.planned
         fault = s.get(LaneFault, "cpu")
-        assert fault.failures == 2
+        s.refresh(fault)
+        assert fault.failures == 4
         fault.retry_at = fault.first_at
     with session_scope() as s:
         assert calibrate_product(s, todo[1], settings).state == ProductState.written

@@ -39,7 +39,8 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "count_item", "recount_job",
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "give_back_on_storage_fault",
+           "count_item", "recount_job",
            "lock_job", "frames_for_job", "finish_job", "resident_master"]
 
 
@@ -250,7 +251,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         raise
     except DataError as exc:
         session.rollback()
-        if not _storage_fault(session, settings, product_id, claim, lane, exc):
+        if not give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
             _fail_claimed(session, product_id, claim, failure_reason(exc))
         prod = session.get(Product, product_id)
     except SoftTimeLimitExceeded:
@@ -261,14 +262,15 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
-        if _storage_fault(session, settings, product_id, claim, lane, exc):
+        if give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
             return session.get(Product, product_id)
         _fail_claimed(session, product_id, claim, failure_reason(exc))
         raise
     return prod
 
 
-def _storage_fault(session: Session, settings: Settings, product_id: int, claim, lane: str, exc: BaseException) -> bool:
+def give_back_on_storage_fault(session: Session, settings: Settings, product_id: int, claim, lane: str,
+                               exc: BaseException) -> bool:
     """Handle ``exc`` if it is a storage fault (:func:`backend.worker.storage_faults.storage_fault`):
     pause ``lane`` with the true reason and give the claim back (``planned``, the start not
     counted), or, once the fault has outlasted ``STORAGE_FAULT_BOUND_S``, fail the product
