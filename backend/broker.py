@@ -166,7 +166,11 @@ def configure(settings: Settings | None = None, role: Role | None = None) -> Cel
         task_serializer="json",
         result_serializer="json",
         accept_content=["json"],
-        task_ignore_result=False,
+        # the platform follows its work in the database and reads no task result: a result
+        # backend that fails after a task body finished must not turn written work into a
+        # failure (issue 28), so none is stored (ingest_file keeps its own, for the CLI)
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
         result_expires=24 * 3600,
         broker_connection_retry_on_startup=True,
         broker_connection_timeout=timeout,

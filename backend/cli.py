@@ -303,24 +303,101 @@ def cmd_worker(args) -> int:
             "--without-mingle", "--without-gossip", "-n", args.name]
     if args.concurrency:
         argv += ["-c", str(args.concurrency)]
-    if args.pool:
+    from backend.worker.pool import POOL
+
+    # prefork (Celery's default) through backend.worker.pool: a child that dies while the
+    # worker starts is replaced instead of stopping the worker
+    if args.pool in (None, "prefork"):
+        app.conf.worker_pool = POOL  # a pool class by name (the -P option takes aliases only)
+    else:
         argv += ["-P", args.pool]
-    reconciler = None
-    if not args.no_reconciler:
-        # its own process (no threads in the forking worker), stopped with the worker; it
-        # also stops by itself if this process is killed (it checks its parent each pass)
-        reconciler = subprocess.Popen([sys.executable, "-m", "backend.cli", "reconcile", "--parent", str(os.getpid())],
-                                      env=os.environ.copy(), preexec_fn=_die_with_parent)
+    supervisor = None if args.no_reconciler else ReconcilerSupervisor(s.reconcile_interval_s)
+    if supervisor is not None:
+        from celery.signals import worker_shutting_down
+
+        # a warm or cold shutdown (SIGTERM to the process group reaches the reconciler too):
+        # the reconciler is not started again
+        worker_shutting_down.connect(lambda **_kw: supervisor.stop_watching(), weak=False)
+        supervisor.start()
     try:
         app.worker_main(argv)
     finally:
-        if reconciler is not None and reconciler.poll() is None:
-            reconciler.terminate()
-            try:
-                reconciler.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                reconciler.kill()
+        if supervisor is not None:
+            supervisor.stop()
     return 0
+
+
+class ReconcilerSupervisor:
+    """The reconciler of ``lstdp worker``: a process of its own (``lstdp reconcile --parent``,
+    no reconcile threads in the forking worker), started with the worker, **started again**
+    when it dies, and stopped with the worker.
+
+    A daemon thread of the worker's main process looks at it every :attr:`check_s` (a
+    quarter of ``RECONCILE_INTERVAL_S``, at most 1 s) and starts a new one when it has
+    exited, however (``kill -9``, a crash at start-up): a killed reconciler runs again within
+    one reconcile interval (one ended by SIGTERM or SIGINT a check later: that is also how the
+    worker's own shutdown reaches it, which ``worker_shutting_down`` then says). The thread only
+    waits and spawns (``fork``/``exec`` at once); the pool's children are forked without it. The reconciler stops by itself when the
+    worker is gone (it checks its parent each pass, and gets SIGTERM when its parent dies).
+    """
+
+    def __init__(self, interval_s: float, argv: list[str] | None = None):
+        import threading
+
+        self.interval_s = float(interval_s)
+        self.check_s = min(1.0, self.interval_s / 4)
+        self.argv = argv or [sys.executable, "-m", "backend.cli", "reconcile", "--parent", str(os.getpid())]
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="lstdp-reconciler-supervisor", daemon=True)
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen(self.argv, env=os.environ.copy(), preexec_fn=_die_with_parent)
+        self.starts += 1
+
+    def start(self) -> None:
+        """Start the reconciler and the thread that restarts it."""
+        with self._lock:
+            self._spawn()
+        self._thread.start()
+
+    def stop_watching(self) -> None:
+        """Start it again no more (the worker is shutting down)."""
+        self._stop.set()
+
+    def _watch(self) -> None:
+        termed_at = None
+        while not self._stop.wait(self.check_s):
+            with self._lock:
+                if self._stop.is_set() or self.proc is None or self.proc.poll() is None:
+                    continue
+                old, code = self.proc.pid, self.proc.returncode
+                if code in (-signal.SIGTERM, -signal.SIGINT) and termed_at is None:
+                    # perhaps the worker's own shutdown (its whole group signalled): give
+                    # worker_shutting_down one more check to say so
+                    termed_at = old
+                    continue
+                termed_at = None
+                try:
+                    self._spawn()
+                    logging.getLogger("backend.worker.reconcile").warning(
+                        "reconciler (pid %s) exited with %s; started again (pid %s)", old, code, self.proc.pid)
+                except OSError:
+                    logging.getLogger("backend.worker.reconcile").exception("could not start the reconciler again")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop watching, then stop the reconciler (SIGTERM, SIGKILL after ``timeout_s``)."""
+        self._stop.set()
+        with self._lock:
+            proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def cmd_reconcile(args) -> int:

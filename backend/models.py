@@ -92,6 +92,9 @@ NAMING_CONVENTION = {
 }
 
 
+from backend.clock import db_clock_default  # noqa: E402
+
+
 def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
@@ -324,14 +327,18 @@ class Product(Base):
     #: Times a calibration of this product started (claims, ``backend.state.claim_product``):
     #: one that reaches ``MAX_DELIVERIES`` without finishing fails the product (a poison frame).
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    #: When the running claim was taken, and by whom (``host:pid`` of the worker process):
-    #: a claim older than ``Settings.lease_s``, or one whose process is gone, is taken back.
+    #: When the running claim was taken (the database's clock), and by whom
+    #: (:func:`backend.state.this_process`: ``host:pid worker=<id of this process start>``):
+    #: a claim older than ``Settings.lease_s``, or whose worker stopped beating
+    #: (:class:`WorkerHeartbeat`), or whose process on this host is gone, is taken back.
     claimed_at: Mapped[dt.datetime | None] = mapped_column()
     claimed_by: Mapped[str | None] = mapped_column(String(200))
     #: When a calibration message for it was last sent (the reconciler re-sends lost ones).
     sent_at: Mapped[dt.datetime | None] = mapped_column()
-    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    #: Both from the database's clock (:func:`backend.clock.db_clock_default`), never a
+    #: worker's own: a host with its clock off cannot write ``updated_at < created_at``.
+    created_at: Mapped[dt.datetime] = mapped_column(default=db_clock_default)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=db_clock_default, onupdate=db_clock_default)
 
     frame: Mapped[Frame] = relationship(back_populates="products")
     calibration_set: Mapped[CalibrationSet | None] = relationship()
@@ -1015,3 +1022,42 @@ class IdempotencyKey(Base):
     body: Mapped[bytes | None] = mapped_column(LargeBinary)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     expires_at: Mapped[dt.datetime] = mapped_column(index=True)
+
+
+# -- workers and storage faults (issue 28, migration 0021) --
+
+
+class WorkerHeartbeat(Base):
+    """One process start of a worker (a Celery pool child, a solo worker, a reconciler): its
+    id (:func:`backend.identity.worker_id`, a UUID made when the process starts, never
+    reused), the host and pid for people to read, and its last heartbeat. Times are the
+    database's (:mod:`backend.clock`). A claim whose holder's heartbeat is older than
+    ``Settings.heartbeat_timeout_s`` is dead on every host (:func:`backend.state.claim_is_dead`).
+    Rows whose heartbeat is a day old are removed by the reconciler."""
+
+    __tablename__ = "worker_heartbeats"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(20), default="worker")
+    started_at: Mapped[dt.datetime] = mapped_column(default=db_clock_default)
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(default=db_clock_default, index=True)
+
+
+class LaneFault(Base):
+    """A storage fault that paused a lane (``cpu`` or ``gpu``): the store full, read-only or
+    unreachable (:mod:`backend.worker.storage_faults`). ``reason`` is the true error (e.g.
+    ``[Errno 28] No space left on device``); ``retry_at`` when the lane is tried again
+    (backoff doubling from ``STORAGE_RETRY_S``); ``first_at`` when the fault began: frames of
+    the lane fail with the reason only once it has lasted ``STORAGE_FAULT_BOUND_S``. The row
+    is removed by the first write that succeeds. Times are the database's."""
+
+    __tablename__ = "lane_faults"
+
+    lane: Mapped[str] = mapped_column(String(8), primary_key=True)
+    reason: Mapped[str] = mapped_column(Text)
+    failures: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    first_at: Mapped[dt.datetime] = mapped_column()
+    last_at: Mapped[dt.datetime] = mapped_column()
+    retry_at: Mapped[dt.datetime] = mapped_column()

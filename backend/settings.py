@@ -22,6 +22,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = ["Settings", "get_settings", "ENV_NAMES"]
 
 
+#: The shortest heartbeat timeout [s], whatever ``RECONCILE_INTERVAL_S``: on a loaded host a
+#: worker's heartbeat thread may wait seconds for the CPU (measured: the fault suite at a 1 s
+#: interval on a 2-core machine shared with other work had live claims taken back when the
+#: timeout was 1 s), and a live claim taken back is a calibration done twice.
+MIN_HEARTBEAT_TIMEOUT_S = 10.0
+
+
 def _alias(name: str) -> AliasChoices:
     return AliasChoices(name, f"LSTDP_{name}")
 
@@ -97,6 +104,16 @@ class Settings(BaseSettings):
         longer than ``TASK_TIME_LIMIT_S`` (a task still running would run twice).
     ``RECONCILE_INTERVAL_S``
         Period of the reconciler (``backend.worker.reconcile``) [s]. Default 30.
+    ``STORAGE_FAULT_BOUND_S``
+        How long a storage fault (the product store full, read-only or unreachable:
+        ``backend.worker.storage_faults``) may last before the frames of its lane are failed
+        with the fault's reason [s]. Until then the lane pauses and is tried again with
+        backoff, and no frame fails. Default 1800, a choice: long enough for an operator to
+        free space or remount a store, short enough that a job does not wait for hours.
+    ``STORAGE_RETRY_S``
+        First wait before a lane paused by a storage fault is tried again [s]; doubled after
+        each failed try, at most 300 s. Default 10. The reconciler re-sends the lane's
+        frames, so the tries come at its passes (every ``RECONCILE_INTERVAL_S``).
     ``MAX_DELIVERIES``
         Times a product's calibration may start without finishing (its worker killed, or
         past the hard time limit) before it is failed with the reason: a poison frame stops
@@ -217,6 +234,8 @@ class Settings(BaseSettings):
                                                validation_alias=_alias("BROKER_VISIBILITY_TIMEOUT_S"))
     reconcile_interval_s: float = Field(default=30.0, gt=0, validation_alias=_alias("RECONCILE_INTERVAL_S"))
     max_deliveries: int = Field(default=3, ge=1, le=100, validation_alias=_alias("MAX_DELIVERIES"))
+    storage_fault_bound_s: float = Field(default=1800.0, gt=0, validation_alias=_alias("STORAGE_FAULT_BOUND_S"))
+    storage_retry_s: float = Field(default=10.0, gt=0, validation_alias=_alias("STORAGE_RETRY_S"))
     db_connect_timeout_s: int = Field(default=5, ge=2, le=600, validation_alias=_alias("DB_CONNECT_TIMEOUT_S"))
     db_statement_timeout_s: float = Field(default=300.0, ge=0, validation_alias=_alias("DB_STATEMENT_TIMEOUT_S"))
     db_idle_in_transaction_timeout_s: float | None = Field(
@@ -268,6 +287,14 @@ class Settings(BaseSettings):
         """How long a started calibration may hold its product before the reconciler takes it
         back [s]: the hard time limit (after which no live worker still runs it) plus 60 s."""
         return self.task_time_limit_s + 60.0
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """How old a worker's heartbeat (:mod:`backend.identity`) may be before its claims are
+        dead on every host [s]: one ``RECONCILE_INTERVAL_S`` (three beats missed), at least
+        :data:`MIN_HEARTBEAT_TIMEOUT_S`. The reconciler's next pass takes them back, so a dead
+        worker's claims return within about two reconcile intervals (default 30 s each)."""
+        return max(MIN_HEARTBEAT_TIMEOUT_S, self.reconcile_interval_s)
 
     @property
     def idle_in_transaction_timeout_s(self) -> float:

@@ -55,11 +55,13 @@ from sqlalchemy.orm import Session
 
 from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Movie, MovieState,
                             Product, ProductState, utcnow)
+from backend.clock import db_now
+from backend.identity import beat, display, worker_id
 from pipelines.fitsio import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "JOB_RETRY_MOVES", "Claim", "claim_product", "confirm_claim", "this_process",
-           "claim_is_dead", "is_retry_of", "give_up_reason", "settle_follow_up", "requeue_follow_up", "MOVIE_MOVES",
+           "claim_is_dead", "is_retry_of", "worker_of", "give_up_reason", "settle_follow_up", "requeue_follow_up", "MOVIE_MOVES",
            "MOVIE_FINAL", "move_movie", "CANCEL_REASON_PREFIX", "cancel_reason", "is_cancel_reason",
            "cancelling_waiter", "DELIVERY_MOVES", "move_delivery", "claim_delivery"]
 
@@ -99,6 +101,15 @@ JOB_FINAL = frozenset({J.succeeded, J.failed, J.cancelled})
 class IllegalTransition(RuntimeError):
     """A state change that the state machine does not allow (the message says which): a bug
     in the caller, not bad data, so it is reported with its type."""
+
+
+def clock_of(row) -> dt.datetime:
+    """The time to stamp on ``row``: the database's (:func:`backend.clock.db_now`) when the row
+    belongs to a session, this host's only for a row outside any (built in memory)."""
+    from sqlalchemy.orm import object_session
+
+    session = object_session(row)
+    return db_now(session) if session is not None else utcnow()
 
 
 def reason_text(reason: str | None) -> str | None:
@@ -157,7 +168,7 @@ def move_job(job: Job, to: JobState, reason: str | None = None, *, retry: bool =
     if to not in JOB_MOVES[was] and not (retry and to in JOB_RETRY_MOVES.get(was, ())):
         raise IllegalTransition(f"job {job.id}: {was.value} -> {to.value} is not allowed")
     job.state = to
-    now = utcnow()
+    now = clock_of(job)
     if to == JobState.running:
         if was in JOB_FINAL:  # a retry: it runs again, and ends again
             job.finished_at = None
@@ -172,19 +183,30 @@ def move_job(job: Job, to: JobState, reason: str | None = None, *, retry: bool =
 
 
 def this_process(task_id: str | None = None, retries: int = 0) -> str:
-    """Who holds a claim: ``host:pid``, and for a Celery task ``host:pid task=<id> try=<n>``
-    (its id and retry number: a retry keeps the id and adds one to the number, a
-    redelivery after a crash keeps both)."""
-    who = f"{socket.gethostname()}:{os.getpid()}"
+    """Who holds a claim: ``host:pid worker=<id>`` (:func:`backend.identity.display`: the id is
+    unique per process start, the host and pid are for people), and for a Celery task
+    ``... task=<id> try=<n>`` (its id and retry number: a retry keeps the id and adds one to
+    the number, a redelivery after a crash keeps both)."""
+    who = display()
     return f"{who} task={task_id} try={retries}" if task_id else who
 
 
+def _parts(holder: str | None) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in (holder or "").split()[1:] if "=" in p)
+
+
 def _task_of(holder: str | None) -> tuple[str | None, int]:
-    parts = dict(p.split("=", 1) for p in (holder or "").split()[1:] if "=" in p)
+    parts = _parts(holder)
     try:
         return parts.get("task"), int(parts.get("try", 0))
     except ValueError:
         return parts.get("task"), 0
+
+
+def worker_of(holder: str | None) -> str | None:
+    """The worker id (:func:`backend.identity.worker_id`) in claim holder ``holder``, or None
+    (a holder written before worker ids: ``host:pid`` only)."""
+    return _parts(holder).get("worker")
 
 
 def is_retry_of(holder: str, claimed_by: str | None) -> bool:
@@ -198,13 +220,38 @@ def is_retry_of(holder: str, claimed_by: str | None) -> bool:
     return mine is not None and mine == theirs and my_try > their_try
 
 
-def claim_is_dead(claimed_by: str | None) -> bool:
-    """Whether the process holding a claim is known to be gone: it ran on this host and its
-    pid no longer exists. A claim of this very process is not dead (a ``threads`` pool runs
-    several tasks in one process; a retry of the same task is told by :func:`is_retry_of`),
-    and a claim from another host is never known dead here: its lease decides."""
+def claim_is_dead(claimed_by: str | None, session: Session | None = None, *, now: dt.datetime | None = None,
+                  timeout_s: float | None = None) -> bool:
+    """Whether the process holding a claim is known to be gone.
+
+    A holder with a worker id (:func:`backend.identity.worker_id`) is judged by its heartbeat
+    (``worker_heartbeats``), the same way on every host: dead when its row is missing or was
+    last renewed more than ``timeout_s`` (default ``Settings.heartbeat_timeout_s``) before
+    ``now`` (default: the database's time, :func:`backend.clock.db_now`), never by its pid (two
+    hosts may share a name, a restarted host may reuse pids). A claim of this very process
+    is never dead (a ``threads`` pool runs several tasks in one process; a retry of the same
+    task is told by :func:`is_retry_of`). Without ``session`` (or for a holder written before
+    worker ids): dead only when it ran on this host and its pid no longer exists; a claim from
+    another host is then never known dead here, and its lease decides.
+    """
     if not claimed_by:
         return True
+    wid = worker_of(claimed_by)
+    if wid is not None and wid == worker_id():
+        return False
+    if wid is not None and session is not None:
+        from backend.models import WorkerHeartbeat
+
+        last = session.scalar(select(WorkerHeartbeat.heartbeat_at).where(WorkerHeartbeat.id == wid))
+        if last is None:
+            return True
+        if timeout_s is None:
+            from backend.settings import get_settings
+
+            timeout_s = get_settings().heartbeat_timeout_s
+        now = now or db_now(session)
+        last = last.replace(tzinfo=dt.UTC) if last.tzinfo is None else last
+        return last < now - dt.timedelta(seconds=timeout_s)
     host, _, pid = claimed_by.split()[0].rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
@@ -231,7 +278,8 @@ class Claim:
 
 
 def claim_product(session: Session, product_id: int, *, lease_s: float, max_deliveries: int,
-                  holder: str | None = None, now: dt.datetime | None = None) -> Claim:
+                  holder: str | None = None, now: dt.datetime | None = None,
+                  heartbeat_timeout_s: float | None = None) -> Claim:
     """Claim product ``product_id`` for one calibration, committed before the work starts.
 
     Parameters
@@ -246,13 +294,23 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         delivery fails it, with the reason, instead of calibrating again.
     holder : str, optional
         Who claims (default :func:`this_process`; a task passes its id and retry number).
+        A holder of this process writes its heartbeat in the claim's transaction
+        (:func:`backend.identity.beat`), so its claim is never judged by a missing row.
+    now : datetime, optional
+        The time the claim is taken and leases are judged at; default the database's
+        (:func:`backend.clock.db_now`), never this host's clock (tests pass one).
+    heartbeat_timeout_s : float, optional
+        A holder whose heartbeat is older is dead (:func:`claim_is_dead`); default
+        ``Settings.heartbeat_timeout_s``.
 
     Returns
     -------
     Claim
     """
-    now = now or utcnow()
+    now = now or db_now(session)
     holder = holder or this_process()
+    if worker_of(holder) == worker_id():
+        beat(session)
     prod = session.scalar(select(Product).where(Product.id == product_id).execution_options(populate_existing=True))
     if prod is None:
         return Claim("missing")
@@ -263,7 +321,8 @@ def claim_product(session: Session, product_id: int, *, lease_s: float, max_deli
         if claimed_at is not None and claimed_at.tzinfo is None:
             claimed_at = claimed_at.replace(tzinfo=dt.UTC)
         live = claimed_at is not None and claimed_at > now - dt.timedelta(seconds=lease_s)
-        if live and not claim_is_dead(prod.claimed_by) and not is_retry_of(holder, prod.claimed_by):
+        if live and not claim_is_dead(prod.claimed_by, session, now=now, timeout_s=heartbeat_timeout_s) \
+                and not is_retry_of(holder, prod.claimed_by):
             return Claim("busy")
     # the frame boundary of a cancel: a product that only cancelled jobs wait on never starts
     # (also one whose message was in the broker when its job was cancelled)
@@ -381,7 +440,7 @@ def settle_follow_up(row: JobFollowUp, to: FollowUpState, *, events: int | None 
     if with_reason and not reason:
         raise IllegalTransition(f"a {to.value} follow-up needs a reason")
     row.state = to
-    row.finished_at = utcnow()
+    row.finished_at = clock_of(row)
     row.events = events
     row.error = reason_text(reason) if with_reason else None
     return row
@@ -423,7 +482,7 @@ def move_movie(movie: Movie, to: MovieState, reason: str | None = None) -> Movie
     if to == MovieState.failed and not reason:
         raise IllegalTransition(f"movie {movie.id}: failed needs a reason")
     movie.state = to
-    now = utcnow()
+    now = clock_of(movie)
     if to == MovieState.running:
         movie.started_at = now
     if to in MOVIE_FINAL:

@@ -72,6 +72,12 @@ SHA_METADATA = "sha256"
 _ATTEMPT = re.compile(r"\.p(?P<product>\d+)\.a(?P<attempt>\d+)-(?P<tag>[0-9a-f]{8})\.(?P<ext>fits|png)$")
 
 
+def _why(exc: BaseException) -> str:
+    """``Type: first line of the message`` of a store client's error (the true reason, short)."""
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0]}" if text else exc.__class__.__name__
+
+
 class StoreError(RuntimeError):
     """A product store operation failed (the store's own error is the cause)."""
 
@@ -355,8 +361,7 @@ class ObjectStore(ProductStore):
         except (AlreadyExistsError, PreconditionError) as exc:
             raise AlreadyExists(f"{self.ref(key)} exists") from exc
         except Exception as exc:
-            raise StoreError(f"upload of {self.ref(key)} failed: {exc.__class__.__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+            raise StoreError(f"upload of {self.ref(key)} failed: {_why(exc)}") from exc
         try:  # the object as the store now serves it, read back whole
             h = hashlib.sha256()
             for chunk in self.iter_bytes(key):
@@ -364,7 +369,7 @@ class ObjectStore(ProductStore):
             ok = h.hexdigest() == sha256 and self.stored_sha256(key) == sha256
         except Exception as exc:
             self._delete_quietly(key)
-            raise StoreError(f"read-back of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
+            raise StoreError(f"read-back of {self.ref(key)} failed: {_why(exc)}") from exc
         if not ok:
             self._delete_quietly(key)
             raise IntegrityMismatch(f"{self.ref(key)}: read back with another SHA-256 than written")
@@ -384,12 +389,12 @@ class ObjectStore(ProductStore):
         except Exception as exc:
             if _is_not_found(exc):
                 raise FileNotFoundError(self.ref(key)) from exc
-            raise StoreError(f"read of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
+            raise StoreError(f"read of {self.ref(key)} failed: {_why(exc)}") from exc
         try:
             for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
                 yield bytes(chunk)
         except Exception as exc:  # the connection broke mid-object
-            raise StoreError(f"read of {self.ref(key)} broke off: {exc.__class__.__name__}") from exc
+            raise StoreError(f"read of {self.ref(key)} broke off: {_why(exc)}") from exc
 
     def stored_sha256(self, key: str) -> str | None:
         import obstore as obs
@@ -401,7 +406,7 @@ class ObjectStore(ProductStore):
         except Exception as exc:
             if _is_not_found(exc):
                 raise FileNotFoundError(self.ref(key)) from exc
-            raise StoreError(f"head of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
+            raise StoreError(f"head of {self.ref(key)} failed: {_why(exc)}") from exc
 
     def head(self, key: str) -> StoredObject | None:
         import obstore as obs
@@ -411,7 +416,7 @@ class ObjectStore(ProductStore):
         except Exception as exc:
             if _is_not_found(exc):
                 return None
-            raise StoreError(f"head of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
+            raise StoreError(f"head of {self.ref(key)} failed: {_why(exc)}") from exc
         return StoredObject(m["path"], int(m["size"]), m["last_modified"].timestamp())
 
     def delete(self, key: str) -> None:
@@ -422,7 +427,7 @@ class ObjectStore(ProductStore):
         except Exception as exc:
             if _is_not_found(exc):
                 return
-            raise StoreError(f"delete of {self.ref(key)} failed: {exc.__class__.__name__}") from exc
+            raise StoreError(f"delete of {self.ref(key)} failed: {_why(exc)}") from exc
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]:
         import obstore as obs

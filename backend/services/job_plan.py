@@ -24,8 +24,9 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from backend import __version__
+from backend.clock import db_now
 from backend.models import (Frame, FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
-                            ProductCalibrationFile, ProductState, utcnow)
+                            ProductCalibrationFile, ProductState)
 from backend.services.calibration_sets import set_for
 from backend.services.registry import params_hash, select_calibrations
 from backend.state import MAX_REASON_CHARS, is_cancel_reason, move_job, move_product, reason_text, requeue_follow_up
@@ -166,7 +167,7 @@ def count_item(session: Session, job_id: str | None, product_id: int) -> tuple[J
     settled = session.execute(
         update(JobItem).where(JobItem.job_id == job_id, JobItem.product_id == product_id,
                               JobItem.outcome == ItemOutcome.pending)
-        .values(outcome=outcome, reason=reason, settled_at=utcnow())
+        .values(outcome=outcome, reason=reason, settled_at=db_now(session))
         .execution_options(synchronize_session=False))
     if settled.rowcount != 1:  # settled already (or not this job's): nothing to add
         job = session.get(Job, job_id)

@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from backend.models import Product, ProductState
-from backend.worker.processing import PLACED, count_item, resident_master, settle_placed, write_product
+from backend.worker.processing import (PLACED, count_item, give_back_on_storage_fault, resident_master, settle_placed,
+                                       write_product)
+from backend.worker.storage_faults import lane_of
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
 from pipelines.array_backend import cupy_available
@@ -229,6 +231,12 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             session.rollback()
             settle_placed(session, settings)  # its objects, if any were placed (object store)
             log.exception("product %s could not be written", pid)
+            # a storage fault (disk full, read-only or unreachable store) pauses the lane and
+            # gives the claim back instead (backend.worker.storage_faults); the reconciler
+            # re-sends the product when the lane is tried again
+            if give_back_on_storage_fault(session, settings, pid, claimed[pid], lane_of(prod.parameters), exc):
+                report.skipped.append(pid)
+                return
             _fail(session, report, job_id, pid, failure_reason(exc))
             return
         _count(session, report, job_id, pid)

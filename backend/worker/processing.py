@@ -29,7 +29,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backend import __version__
-from backend.models import Frame, ItemOutcome, JobItem, JobState, Product, ProductState, utcnow
+from backend.clock import db_now
+from backend.models import Frame, ItemOutcome, JobItem, JobState, Product, ProductState
 from backend.services.ingest import header_to_json
 # a job's items, its row lock and its end are shared with the API (cancel, retry):
 # backend.services.job_plan; re-exported here for the worker's modules
@@ -42,8 +43,9 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed", "count_item",
-           "recount_job", "lock_job", "frames_for_job", "finish_job", "resident_master"]
+__all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed",
+           "give_back_on_storage_fault", "count_item", "recount_job", "lock_job", "frames_for_job", "finish_job",
+           "resident_master"]
 
 
 def plan_job(session: Session, job_id: str) -> list[int]:
@@ -68,7 +70,7 @@ def plan_job(session: Session, job_id: str) -> list[int]:
     job.done = job.failed = job.skipped = job.cancelled = 0
     errors: list[str] = []
     todo: list[int] = []
-    now = utcnow()
+    now = db_now(session)
     for frame in frames:
         try:
             for attempt in (1, 2):
@@ -300,6 +302,20 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
     from pipelines.calibration import calibrate_frame
     from pipelines.fitsio import read_image
 
+    from backend.worker.storage_faults import clear_fault, lane_of, lane_paused, outlasted_reason
+
+    prod = session.get(Product, product_id)
+    if prod is None:
+        raise DataError(f"no product {product_id}")
+    lane = lane_of(prod.parameters)
+    paused = lane_paused(session, lane)
+    if paused is not None and outlasted_reason(paused, settings, db_now(session)) is None:
+        # the store of this lane is failing: the frame waits (the reconciler re-sends it
+        # when the lane is tried again, backend.worker.storage_faults), nothing fails
+        log.info("product %s: lane %s paused until %s by %s; not calibrated now", product_id, lane,
+                 paused.retry_at, paused.reason)
+        session.commit()
+        return prod
     claim = claim_product(session, product_id, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,
                           holder=holder)
     if claim.status == "missing":
@@ -315,6 +331,7 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         result = calibrate_frame(raw.data, raw.header, cals, as_options(prod.parameters.get("options")))
         if write_product(session, settings, prod, result, attempt=claim.attempt, holder=claim.holder):
+            clear_fault(session, lane)  # the store works (again)
             _committed(session)
         else:
             session.rollback()
@@ -329,7 +346,8 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
     except DataError as exc:
         session.rollback()
         settle_placed(session, settings)
-        _fail_claimed(session, product_id, claim, failure_reason(exc))
+        if not give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
+            _fail_claimed(session, product_id, claim, failure_reason(exc))
         prod = session.get(Product, product_id)
     except SoftTimeLimitExceeded:
         session.rollback()
@@ -341,9 +359,42 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
     except Exception as exc:
         session.rollback()
         settle_placed(session, settings)
+        if give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
+            return session.get(Product, product_id)
         _fail_claimed(session, product_id, claim, failure_reason(exc))
         raise
     return prod
+
+
+def give_back_on_storage_fault(session: Session, settings: Settings, product_id: int, claim, lane: str,
+                               exc: BaseException) -> bool:
+    """Handle ``exc`` if it is a storage fault (:func:`backend.worker.storage_faults.storage_fault`):
+    pause ``lane`` with the true reason and give the claim back (``planned``, the start not
+    counted), or, once the fault has outlasted ``STORAGE_FAULT_BOUND_S``, fail the product
+    with that reason; commits. Returns False (nothing done) for any other error."""
+    from backend.worker.storage_faults import outlasted_reason, record_fault, storage_fault
+
+    err = storage_fault(exc)
+    if err is None:
+        return False
+    log.warning("product %s: %s", product_id, err)
+    try:
+        with session.begin_nested():
+            row = record_fault(session, lane, err, settings)
+    except IntegrityError:  # another worker paused the lane at the same moment: count this try on its row
+        row = record_fault(session, lane, err, settings)
+    reason = outlasted_reason(row, settings, row.last_at)
+    if reason is not None:
+        _fail_claimed(session, product_id, claim, reason)
+        return True
+    if confirm_claim(session, product_id, claim.attempt, claim.holder):
+        prod = session.get(Product, product_id)
+        session.refresh(prod)
+        move_product(prod, ProductState.planned)
+        prod.attempts = max(0, (prod.attempts or 0) - 1)  # the store failed, not this frame
+        prod.claimed_at = prod.claimed_by = None
+    session.commit()
+    return True
 
 
 def _fail_claimed(session: Session, product_id: int, claim, reason: str) -> None:

@@ -34,7 +34,13 @@ compares the two and repairs:
    ``MAX_DELIVERIES`` times without finishing fails with the reason;
 9. **lost re-runs** (:mod:`backend.worker.rerun`): a pending frame of a ``rerun`` job whose
    ``rerun_frame`` message is gone and whose claim is dead or past its lease is sent again.
-10. **notifications** (:func:`backend.worker.notify.reconcile_notifications`): saved searches
+10. **storage faults** (:mod:`backend.worker.storage_faults`): a ``planned`` product of a
+   lane paused by a storage fault is not re-sent before the lane's ``retry_at``, then one per
+   pass (it tries the store; the others wait for its outcome); it is never failed as
+   "unconsumed". Once the fault has lasted ``STORAGE_FAULT_BOUND_S`` they are all re-sent and
+   fail with the fault's reason if it persists;
+11. **workers**: heartbeat rows (``worker_heartbeats``) not renewed for a day are removed;
+12. **notifications** (:func:`backend.worker.notify.reconcile_notifications`): saved searches
    are evaluated for new matches, and webhook deliveries whose message was lost are sent
    again.
 
@@ -43,11 +49,15 @@ that races a worker, or two reconcilers at once, at worst sends a message that d
 nothing. On PostgreSQL one pass runs at a time across all workers (an advisory lock).
 
 Bound: after a fault, with a worker running, a job settles within about
-``lease_s + 2 x RECONCILE_INTERVAL_S`` (a frozen or dead worker on another host), or
-``2 x RECONCILE_INTERVAL_S`` plus the frames' calibration time when the fault is a lost
-message or a dead process on a host that runs a reconciler. Defaults: 960 s + 60 s, and 60 s.
+``3 x RECONCILE_INTERVAL_S`` plus the frames' calibration time when a worker on any host died,
+froze or was cut off (its heartbeat, :mod:`backend.identity`, is stale after one interval;
+the next pass takes its claims back), ``2 x RECONCILE_INTERVAL_S`` plus the calibration time
+after a lost message, and ``lease_s + 2 x RECONCILE_INTERVAL_S`` for a worker that keeps
+beating but never finishes. Defaults: 90 s, 60 s and 960 s + 60 s. Times are the database's
+(:mod:`backend.clock`), so a host whose clock is off judges no lease wrong.
 
-Started by ``lstdp worker`` (a child process; ``--no-reconciler`` to leave it out), so the
+Started by ``lstdp worker`` (a child process, started again within one interval when it dies:
+``backend.cli.ReconcilerSupervisor``; ``--no-reconciler`` to leave it out), so the
 demo and every compose worker run one; ``lstdp reconcile [--once]`` runs it on its own.
 """
 
@@ -59,17 +69,19 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, delete, select, text
 from sqlalchemy.orm import Session
 
+from backend.clock import db_now
 from backend.broker import InFlight, TaskName, in_flight, send, send_calibration  # noqa: F401 - re-exported
-from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, Product,
-                            ProductState, utcnow)
+from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState, LaneFault, Product,
+                            ProductState, WorkerHeartbeat)
 from backend.settings import Settings, get_settings
 from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, confirm_claim, give_up_reason, move_job,
                            move_product, settle_follow_up)
 from backend.worker.processing import count_item, lock_job, recount_job
 from backend.worker.notify import reconcile_notifications
+from backend.worker.storage_faults import outlasted_reason
 from pipelines.calibration import as_options
 from pipelines.errors import DataError
 from pipelines.fitsio import sweep_dead_writers
@@ -153,7 +165,7 @@ def send_follow_ups(session: Session, job_id: str, *, only_unsent: bool = True) 
         rows = [r for r in rows if r.sent_at is None]
     span = {"start": (job.parameters or {}).get("start"), "end": (job.parameters or {}).get("end")}
     for r in rows:
-        r.sent_at = utcnow()
+        r.sent_at = db_now(session)
     session.commit()
     for r in rows:
         send(TaskName.detect_events, kwargs={"detector": r.detector, "channel": r.channel, "job_id": job_id, **span})
@@ -175,10 +187,12 @@ def _settle_finished(session: Session, report: ReconcileReport, closed: list[str
             closed.append(job_id)
 
 
-def _claim_lost(prod: Product, now: dt.datetime, lease: dt.timedelta) -> bool:
-    """Whether ``writing`` product ``prod``'s claim is past its lease or its process is gone."""
+def _claim_lost(session: Session, settings: Settings, prod: Product, now: dt.datetime, lease: dt.timedelta) -> bool:
+    """Whether ``writing`` product ``prod``'s claim is past its lease or its holder is dead
+    (its heartbeat stopped, :func:`backend.state.claim_is_dead`)."""
     claimed_at = _aware(prod.claimed_at)
-    return claimed_at is None or claimed_at < now - lease or claim_is_dead(prod.claimed_by)
+    return claimed_at is None or claimed_at < now - lease or claim_is_dead(
+        prod.claimed_by, session, now=now, timeout_s=settings.heartbeat_timeout_s)
 
 
 def _lost_products(session: Session, settings: Settings, report: ReconcileReport, flight: InFlight | None,
@@ -194,10 +208,12 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
                               Product.state.in_([ProductState.planned, ProductState.writing]))
         .order_by(Product.id).execution_options(populate_existing=True)))
     busy_queues: set[str] | None = None
+    faults = {f.lane: f for f in session.scalars(select(LaneFault).execution_options(populate_existing=True))}
+    probing: set[str] = set()
     for prod in rows:
         queue = _queue_of(prod.parameters)
         if prod.state == ProductState.writing:
-            if not _claim_lost(prod, now, lease):
+            if not _claim_lost(session, settings, prod, now, lease):
                 continue
             # lock the row while it still holds the claim read (a holder that woke and wrote
             # it meanwhile keeps its product), and look again under the lock
@@ -205,7 +221,7 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
                 session.rollback()
                 continue
             session.refresh(prod)
-            if not _claim_lost(prod, now, lease):  # re-taken meanwhile (a retry of its task)
+            if not _claim_lost(session, settings, prod, now, lease):  # re-taken meanwhile (a retry of its task)
                 session.rollback()
                 continue
             stopper = cancelling_waiter(session, prod.id)
@@ -235,9 +251,16 @@ def _lost_products(session: Session, settings: Settings, report: ReconcileReport
             continue
         if flight is None:
             continue
+        fault = faults.get(queue)
+        if fault is not None and outlasted_reason(fault, settings, now) is None:
+            # its lane is paused by a storage fault (backend.worker.storage_faults): nothing
+            # is sent before retry_at, then one frame per pass tries the store
+            if _aware(fault.retry_at) > now or queue in probing:
+                continue
+            probing.add(queue)
         sent_at = _aware(prod.sent_at) or _aware(prod.updated_at) or now
         if prod.id in flight.products:
-            if sent_at < stale and _aware(prod.updated_at) < stale:
+            if fault is None and sent_at < stale and _aware(prod.updated_at) < stale:
                 if busy_queues is None:
                     busy_queues = {_queue_of(p) for p in session.scalars(
                         select(Product.parameters).where(Product.updated_at >= stale,
@@ -403,7 +426,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
             return report
         lock_conn.commit()
     try:
-        now = now or utcnow()
+        now = now or db_now(session)  # the database's clock: a reconciler whose host clock is off judges no lease wrong
         closed: list[str] = []
         _settle_finished(session, report, closed)
         # read the broker after the database: a message taken meanwhile is at worst sent twice
@@ -419,7 +442,10 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
             report.follow_ups_resent += send_follow_ups(session, job_id)
         _lost_follow_ups(session, settings, report, flight, now)
         _lost_movies(session, settings, report, flight, now)
-        report.notifications = reconcile_notifications(session, settings, now, grace_s(settings))  # step 9
+        report.notifications = reconcile_notifications(session, settings, now, grace_s(settings))  # step 12
+        session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.heartbeat_at < now - dt.timedelta(days=1))
+                        .execution_options(synchronize_session=False))  # step 11
+        session.commit()
         report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:

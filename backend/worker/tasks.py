@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from backend.broker import TaskName, app
 from backend.db import forget_connections_after_fork, session_scope
+from backend.identity import heartbeat_running, start_heartbeat
 from backend.models import FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState
 from backend.services.detection import PUBLIC_SCOPE, job_detection_scope, run_detector
 from backend.services.events import associate_events
@@ -86,8 +87,20 @@ def _preload_lazy_imports(**_kwargs) -> None:
 @worker_process_init.connect
 def _own_connections(**_kwargs) -> None:
     """A pool child (also one that replaces a killed child) never uses its parent's database
-    connections (the start-up reaper opened some in the parent)."""
+    connections (the start-up reaper opened some in the parent). Its worker id is its own
+    (:func:`backend.identity.worker_id`, made again after the fork); its heartbeat starts
+    with its first task (:func:`_beating`): a child that dies at start must not raise here,
+    or the pool's start-up fails."""
     forget_connections_after_fork()
+
+
+def _beating() -> None:
+    """Start this process's heartbeat (:func:`backend.identity.start_heartbeat`) if it is not
+    running: every task that claims work calls it first, whatever the pool (prefork child,
+    solo or threads in the main process). A database fault raises ``OperationalError``: the
+    task's retry applies."""
+    if not heartbeat_running():
+        start_heartbeat(get_settings())
 
 
 @worker_ready.connect
@@ -112,7 +125,7 @@ RETRY = dict(autoretry_for=(OperationalError,), retry_backoff=2, retry_backoff_m
              max_retries=5)
 
 
-@app.task(name=TaskName.ingest_file, bind=True, **RETRY)
+@app.task(name=TaskName.ingest_file, bind=True, ignore_result=False, **RETRY)
 def ingest_file(self, path: str, move: bool = True) -> dict:
     """Ingest one file; returns the outcome (status, reason, ids). Never fails on bad data."""
     with session_scope() as s:
@@ -218,6 +231,7 @@ def rerun_frame(self, job_id: str, frame_id: int) -> dict:
     (:func:`backend.worker.rerun.rerun_frame`); a redelivered message does nothing twice."""
     from backend.worker.rerun import rerun_frame as _rerun_frame
 
+    _beating()
     with session_scope() as s:
         item = _rerun_frame(s, get_settings(), job_id, int(frame_id),
                             holder=this_process(self.request.id, self.request.retries or 0))
@@ -247,6 +261,7 @@ def calibrate_product(self, product_id: int, job_id: str | None = None) -> dict:
     last frames. (Messages of earlier versions, ``[product_id]`` with a ``record_progress``
     link, are still consumed: their link settles.) A database fault while settling retries
     the task; the product, written by then, is not calibrated again and settling is idempotent."""
+    _beating()
     with session_scope() as s:
         try:
             prod = _calibrate_product(s, product_id, get_settings(),
@@ -322,6 +337,7 @@ def calibrate_products_cpu_batch(self, job_id: str | None, product_ids: list[int
 
 def _run_batch(task, task_fn, job_id: str | None, product_ids: list[int], queue: str) -> dict:
     """The body of the two batch tasks (``queue`` 'gpu' or 'cpu', the device asked for)."""
+    _beating()
     holder = this_process(task.request.id, task.request.retries or 0)
     label = queue.upper()
     kw = {} if queue == "gpu" else {"device": "cpu"}
@@ -357,6 +373,7 @@ def make_movie(self, movie_id: str) -> dict:
     with the reason."""
     from backend.worker.movies import make_movie as _make_movie
 
+    _beating()
     with session_scope() as s:
         movie = _make_movie(s, movie_id, get_settings(), holder=this_process(self.request.id, self.request.retries or 0))
         if movie is None:

@@ -28,7 +28,7 @@ Issue 29 item 4. The number 0022 was assigned to this change; it chains after 00
 lead re-chains 0020/0021 at merge).
 
 Revision ID: 0022_lean_events
-Revises: 0019_product_quality_flags
+Revises: 0021_workers_and_lane_faults
 Create Date: 2026-12-05 22:00:00
 """
 
@@ -38,7 +38,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0022_lean_events"
-down_revision: str | None = "0019_product_quality_flags"
+down_revision: str | None = "0021_workers_and_lane_faults"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
