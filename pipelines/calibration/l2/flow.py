@@ -443,12 +443,11 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     img, h = _psf_step(img, dq, h, cals, opts)
     if opts.deconvolve_psf:
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
-    if opts.rotate_north_up:
-        h_in = h
-        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order, method=opts.resample)
-        var = uncertainty.resample_variance(var, h_in, order=opts.interpolation_order,
-                                            threads=resample.default_threads(), method=opts.resample)
-        del h_in
+    sigma = None
+    if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
+        img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
+                                                          method=opts.resample)
+        del var
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
@@ -456,9 +455,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     _stamp_dates(h)
     out = to_numpy(img).astype(np.float32, copy=False)
     dq_np = to_numpy(dq).astype(np.uint8, copy=False)
-    sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
-    sigma[~np.isfinite(out)] = np.nan
-    del var
+    if sigma is None:
+        sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
+        sigma[~np.isfinite(out)] = np.nan
+        del var
+    else:
+        sigma = to_numpy(sigma).astype(np.float32, copy=False)
     h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
                   "stray light; resampled with squared interpolation weights: pipelines.calibration.uncertainty)")
     return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)),
