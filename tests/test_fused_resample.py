@@ -136,3 +136,28 @@ def test_fallback_runs_when_disabled(monkeypatch):
         assert not fused.enabled()
     finally:
         fused.set_enabled(None)
+
+
+@numba_only
+def test_statistics_in_two_passes_equal_the_reference():
+    """flow._stats of a frame above 2**20 pixels: the compiled two-pass path gives every field equal."""
+    from astropy.io import fits
+
+    from pipelines.calibration.l2 import flow
+
+    rng = np.random.default_rng(11)
+    n = 1100  # 1.21e6 pixels > EXACT_PERCENTILE_PIXELS: the sampled branch
+    data = (rng.lognormal(3.0, 1.0, (n, n)) - 5.0).astype(np.float32)
+    data[rng.random((n, n)) < 0.01] = np.nan
+    dq = np.zeros((n, n), np.uint8)
+    dq[rng.random((n, n)) < 0.03] = np.uint8(DQ.BAD_PIXEL)
+    dq[:40] |= np.uint8(DQ.NO_DATA)
+    h = fits.Header({"BUNIT": "DN"})
+    fused.set_enabled(False)
+    try:
+        ref = flow._stats(data, dq, h, "WST", "numpy")
+    finally:
+        fused.set_enabled(None)
+    got = flow._stats(data, dq, h, "WST", "numpy")
+    assert got["percentiles"].startswith("sampled") and got["percentile_rank_error"] > 0
+    assert got == ref

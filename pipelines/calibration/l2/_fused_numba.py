@@ -251,3 +251,61 @@ def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab
                     sig_out[r, c] = np.float32(np.nan)
                 else:
                     sig_out[r, c] = np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
+
+
+@pjit
+def stats_pass(x, q, thresholds, nchunks, buf, hist, below, lo_hi):
+    """One pass over a flat float32 frame ``x`` and its DQ ``q`` (see fused.frame_statistics).
+
+    ``buf = where(good, x, 0)``, ``hist`` the DQ histogram (256), ``below[t]`` the good pixels
+    with ``x < thresholds[t]``, ``lo_hi = (min, max)`` of the good pixels; returns n_good.
+    Chunks in parallel, each with its own partial results, merged at the end (integers and
+    min/max: the merge order does not change them).
+    """
+    n = x.shape[0]
+    nt = thresholds.shape[0]
+    step = (n + nchunks - 1) // nchunks
+    part_hist = np.zeros((nchunks, 256), np.int64)
+    part_below = np.zeros((nchunks, max(nt, 1)), np.int64)
+    part_n = np.zeros(nchunks, np.int64)
+    part_lo = np.full(nchunks, np.inf, np.float32)
+    part_hi = np.full(nchunks, -np.inf, np.float32)
+    for ch in prange(nchunks):
+        a = ch * step
+        b = min(n, a + step)
+        ng = 0
+        lo = np.float32(np.inf)
+        hi = np.float32(-np.inf)
+        for i in range(a, b):
+            v = x[i]
+            d = q[i]
+            part_hist[ch, d] += 1
+            if d == 0 and np.isfinite(v):
+                ng += 1
+                buf[i] = v
+                if v < lo:
+                    lo = v
+                if v > hi:
+                    hi = v
+                for t in range(nt):
+                    if v < thresholds[t]:
+                        part_below[ch, t] += 1
+            else:
+                buf[i] = np.float32(0.0)
+        part_n[ch] = ng
+        part_lo[ch] = lo
+        part_hi[ch] = hi
+    total = 0
+    lo = np.float32(np.inf)
+    hi = np.float32(-np.inf)
+    for ch in range(nchunks):
+        total += part_n[ch]
+        for j in range(256):
+            hist[j] += part_hist[ch, j]
+        for t in range(nt):
+            below[t] += part_below[ch, t]
+        lo = min(lo, part_lo[ch])
+        hi = max(hi, part_hi[ch])
+    lo_hi[0] = lo
+    lo_hi[1] = hi
+    return total

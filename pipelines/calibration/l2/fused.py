@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STRIP", "available", "enabled", "set_enabled", "spline_prefilter", "resample_pass"]
+__all__ = ["STRIP", "available", "enabled", "set_enabled", "spline_prefilter", "resample_pass", "frame_statistics"]
 
 #: Columns of one strip of the axis-0 prefilter: 32 float64 columns are 256 bytes a row, so a
 #: strip of 4608 rows (1.2 MB) stays in L2 cache while the recursion runs down it and back.
@@ -144,3 +144,26 @@ def resample_pass(coef: np.ndarray, data: np.ndarray, dq: np.ndarray, var: np.nd
                         int(defect_bits), int(not_finite), int(no_data), np.ascontiguousarray(g_table, np.float32),
                         out, dq_out, sig)
     return out, dq_out, (sig if var is not None else None)
+
+
+def frame_statistics(x: np.ndarray, q: np.ndarray, thresholds: np.ndarray
+                     ) -> tuple[int, np.ndarray, float, float, np.ndarray, np.ndarray]:
+    """One compiled pass over a flat float32 frame and its flat uint8 DQ (parallel chunks).
+
+    Good pixels: DQ 0 and finite. Returns ``(n_good, counts, min, max, below, buf)``:
+    ``counts`` the DQ histogram (int64, 256), ``min``/``max`` of the good values (``inf`` /
+    ``-inf`` if none), ``below[t]`` the good pixels ``< thresholds[t]`` (float32 comparison),
+    ``buf`` float32 = the value where good, 0 elsewhere (for NumPy's float64 sum).
+    """
+    import numba
+
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    q = np.ascontiguousarray(q, dtype=np.uint8)
+    th = np.ascontiguousarray(thresholds, dtype=np.float32)
+    buf = np.empty_like(x)
+    hist = np.zeros(256, np.int64)
+    below = np.zeros(max(th.size, 1), np.int64)
+    lo_hi = np.zeros(2, np.float32)
+    nchunks = max(1, min(64, numba.get_num_threads() * 4))
+    n_good = _kernels().stats_pass(x, q, th, nchunks, buf, hist, below, lo_hi)
+    return int(n_good), hist, float(lo_hi[0]), float(lo_hi[1]), below[:th.size], buf
