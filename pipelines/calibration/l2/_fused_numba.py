@@ -309,3 +309,45 @@ def stats_pass(x, q, thresholds, nchunks, buf, hist, below, lo_hi):
     lo_hi[0] = lo
     lo_hi[1] = hi
     return total
+
+
+@pjit
+def ray_profiles(image, x0, y0, cos_t, sin_t, radii, offsets, round32, prof):
+    """Mean of bilinear samples along parallel rays (see fused.ray_profiles): for ray i, radius j,
+    ``prof[i, j] = (m(t0) + m(t1) + ...) / n`` with ``m(t)`` SciPy's order-1 ``map_coordinates``
+    (``mode="nearest"``: each tap clamped) at ``x = (x0 + c r) - s t``, ``y = (y0 + s r) + c t``,
+    rounded to float32 first when ``round32`` (SciPy's output in the input's dtype)."""
+    ny, nx = image.shape
+    nr = radii.shape[0]
+    nt = offsets.shape[0]
+    for i in prange(cos_t.shape[0]):
+        c = cos_t[i]
+        s = sin_t[i]
+        for j in range(nr):
+            r = radii[j]
+            acc = 0.0
+            for k in range(nt):
+                t = offsets[k]
+                x = x0 + c * r - s * t
+                y = y0 + s * r + c * t
+                ly = np.floor(y)
+                lx = np.floor(x)
+                w0y = 1.0 - (y - ly)
+                w0x = 1.0 - (x - lx)
+                w1y = 1.0 - w0y
+                w1x = 1.0 - w0x
+                a0 = np.int64(ly)
+                b0 = np.int64(lx)
+                a1 = _clamp(a0 + 1, ny)
+                b1 = _clamp(b0 + 1, nx)
+                a0 = _clamp(a0, ny)
+                b0 = _clamp(b0, nx)
+                v = 0.0
+                v += (image[a0, b0] * w0y) * w0x
+                v += (image[a0, b1] * w0y) * w1x
+                v += (image[a1, b0] * w1y) * w0x
+                v += (image[a1, b1] * w1y) * w1x
+                if round32:
+                    v = np.float64(np.float32(v))
+                acc += v
+            prof[i, j] = acc / nt

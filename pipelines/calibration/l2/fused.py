@@ -167,3 +167,23 @@ def frame_statistics(x: np.ndarray, q: np.ndarray, thresholds: np.ndarray
     nchunks = max(1, min(64, numba.get_num_threads() * 4))
     n_good = _kernels().stats_pass(x, q, th, nchunks, buf, hist, below, lo_hi)
     return int(n_good), hist, float(lo_hi[0]), float(lo_hi[1]), below[:th.size], buf
+
+
+def ray_profiles(image: np.ndarray, x0: float, y0: float, theta: np.ndarray, radii: np.ndarray,
+                 offsets: tuple[float, ...]) -> np.ndarray:
+    """Radial profiles of :func:`pipelines.calibration.l2.centre.edge_points`, compiled.
+
+    ``prof[i, j]`` (float64, shape ``(theta.size, radii.size)``) is the mean over the
+    tangential ``offsets`` [pixel] of the bilinear sample at radius ``radii[j]`` along
+    position angle ``theta[i]`` from ``(x0, y0)``: the sum of ``scipy.ndimage.map_coordinates(
+    image, ..., order=1, mode="nearest")`` of each offset (in the image's dtype), divided by
+    their number -- the same values, bit for bit (``tests/test_fused_resample.py``).
+    """
+    img = np.ascontiguousarray(image)
+    if img.dtype not in (np.float32, np.float64):
+        img = img.astype(np.float64)
+    prof = np.empty((theta.size, radii.size))
+    _kernels().ray_profiles(img, float(x0), float(y0), np.ascontiguousarray(np.cos(theta)),
+                            np.ascontiguousarray(np.sin(theta)), np.ascontiguousarray(radii, dtype=np.float64),
+                            np.asarray(offsets, dtype=np.float64), img.dtype == np.float32, prof)
+    return prof
