@@ -121,6 +121,8 @@ def _clamp(i, n):
 @pjit
 def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab, out, dq_out, sig_out):
     """The fused pass; ``var`` of shape (0, 0) skips the variance/sigma."""
+    # Long: one pass per output pixel for data, DQ and variance is the point (one read of each
+    # source neighbourhood); split into functions, numba would not keep the state in registers.
     ny, nx = coef.shape
     oy, ox = out.shape
     has_var = var.shape[0] > 0
