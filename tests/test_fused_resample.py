@@ -181,3 +181,15 @@ def test_ray_profiles_equal_scipy_map_coordinates(dtype):
     ref /= 3.0
     got = fused.ray_profiles(image, x0, y0, theta, radii, (-0.5, 0.0, 0.5))
     assert got.tobytes() == ref.tobytes()
+
+
+@numba_only
+def test_overwriting_the_input_gives_the_same_frames():
+    data, dq, var = _frame()
+    k, off = _map(-1.36)
+    ref = _north_up_exact(data, dq, var, k, off, order=3, threads=2, compiled=True)
+    mine = data.copy()
+    got = _north_up_exact(mine, dq.copy(), var, k, off, order=3, threads=2, compiled=True, overwrite=True)
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b, equal_nan=True)
+    assert not np.array_equal(mine, data, equal_nan=True)  # the input's memory held the coefficients

@@ -498,8 +498,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
     sigma = None
     if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
+        own = isinstance(img, np.ndarray) and not np.may_share_memory(img, data)  # the flow's frame, not the caller's
         img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
-                                                          method=opts.resample)
+                                                          method=opts.resample, overwrite_input=own)
         del var
     else:
         img = xp.astype(img, xp.float32)

@@ -475,15 +475,17 @@ def _spline_reference(nd: Any, data: np.ndarray, finite: np.ndarray, k: np.ndarr
 
 
 def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_yx: np.ndarray,
-                    offset: np.ndarray, *, order: int, threads: int,
-                    compiled: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    offset: np.ndarray, *, order: int, threads: int, compiled: bool | None = None,
+                    overwrite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Data, DQ and sigma on the north-up grid (NumPy, ``method="spline"``): the compiled pass
     (:mod:`pipelines.calibration.l2.fused`, cubic only) or its SciPy reference, equal results.
 
     ``var`` (float32 variance, or None) gives ``sigma = sqrt(max(v, 0))`` of the resampled
     variance (:func:`pipelines.calibration.l2.uncertainty.resample_variance`'s model), NaN
     where the data are NaN or the source is outside. ``compiled``: None decides by
-    :func:`pipelines.calibration.l2.fused.enabled`.
+    :func:`pipelines.calibration.l2.fused.enabled`. ``overwrite``: the compiled path may fill
+    and prefilter a C-contiguous float32 ``data`` in place and set ``NOT_FINITE`` in ``dq``
+    first (one frame less at the peak; the results are the same).
     """
     from scipy import ndimage as nd
 
@@ -494,6 +496,7 @@ def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_
         compiled = fused.enabled()
     compiled = bool(compiled) and order == 3
     data32 = np.ascontiguousarray(data, dtype=np.float32)
+    own = overwrite and data32 is data  # no conversion copy was made: the caller's frame may be reused
     finite = np.isfinite(data32)
     all_finite = bool(finite.all())
     var_f = None
@@ -505,7 +508,13 @@ def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_
     if compiled:
         import numba
 
-        coef = data32.copy() if all_finite else _filled(nd, data32, finite)
+        if own:  # the kernel's "not finite" test is then carried by the DQ bit set here
+            if not all_finite:
+                dq = np.where(finite, dq, dq | np.uint8(int(DQ.NOT_FINITE))).astype(np.uint8)
+                data32[...] = _filled(nd, data32, finite)
+            coef = data32
+        else:
+            coef = data32.copy() if all_finite else _filled(nd, data32, finite)
         del finite
         before = numba.get_num_threads()
         numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
@@ -546,8 +555,8 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
 
 
 def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header: fits.Header, *, order: int = 3,
-                         tolerance_px: float = 1e-3, threads: int | None = None,
-                         method: str = DEFAULT_RESAMPLE) -> tuple[Any, Any, Any | None, fits.Header]:
+                         tolerance_px: float = 1e-3, threads: int | None = None, method: str = DEFAULT_RESAMPLE,
+                         overwrite_input: bool = False) -> tuple[Any, Any, Any | None, fits.Header]:
     """Rotate solar north up and put the disk centre on the frame centre.
 
     The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
@@ -582,6 +591,9 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
         results equal to one call's to float rounding). ``None``: the cores this process may use.
     method : {"spline", "opencv-cubic", "opencv-lanczos4"}
         The resampling back end (:data:`RESAMPLE_METHODS`); the OpenCV ones need NumPy input.
+    overwrite_input : bool
+        ``data`` may be overwritten (its spline coefficients are computed in its memory: one
+        frame less at the peak). The calibration flow passes its own intermediate frame.
 
     Returns
     -------
@@ -641,7 +653,8 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
     n_threads = default_threads() if threads is None else max(1, int(threads))
     sigma = None
     if method == "spline" and isinstance(data, np.ndarray):  # one exact pass (compiled, or its SciPy reference)
-        out, dq_out, sigma = _north_up_exact(data, dq0, variance, k_yx, offset, order=int(order), threads=n_threads)
+        out, dq_out, sigma = _north_up_exact(data, dq0, variance, k_yx, offset, order=int(order), threads=n_threads,
+                                             overwrite=overwrite_input)
         kernel = f"spline order {int(order)}" + (f" ({RESAMPLE_METHODS['spline']})" if int(order) == 3 else "")
     else:
         finite = xp.isfinite(data)
