@@ -11,8 +11,12 @@ Back ends (``method``, the job option ``CalibrationOptions.resample``):
 
 ``spline`` (the reference)
     Interpolating B-spline of ``order`` (3: cubic; Unser 1999, IEEE Signal Proc. Mag. 16(6),
-    22) by ``scipy.ndimage`` or ``cupyx.scipy.ndimage`` (same API): a prefilter, then the
-    resampling, both on threads on the CPU (:func:`default_threads`).
+    22). On the host: one exact pass for data, DQ, variance and sigma
+    (:func:`rotate_north_up_full`), compiled with Numba for the cubic
+    (:mod:`pipelines.calibration.l2.fused`, on :func:`default_threads` threads) and equal bit
+    for bit to its SciPy reference (one ``scipy.ndimage.affine_transform`` call of the float32
+    coefficients, ``mode="nearest"``), which runs when Numba is absent or ``LSTDP_NUMBA=0``.
+    On the GPU: ``cupyx.scipy.ndimage`` (same API).
 ``opencv-cubic``
     Cubic convolution (Keys R. 1981, IEEE Trans. ASSP 29, 1153) with OpenCV's ``a = -0.75``
     (``INTER_CUBIC``; Keys' third-order-accurate choice is ``a = -0.5``), 4 x 4 support, no
@@ -31,10 +35,12 @@ unit random frame) and moves a sigma 3 px Gaussian's centroid by up to ~0.012 px
 rolls; 0.002 px at 23 deg). Their accuracy against the spline on real scenes is in
 ``benchmarks/reports/resample_accuracy.md`` (``benchmarks/resample_accuracy.py``): the
 spline stays the default (the rule and the numbers are there).
-The DQ passes (nearest neighbour, "any defect" bilinear) run on ``cv2.warpAffine`` on the
-CPU for every back end (OpenCV >= 5.1; the GPU keeps ``cupyx.scipy.ndimage``): the DQ is the
-scipy passes' bit for bit except where a source position falls exactly on a half-integer
-(``_resample_dq_opencv``; ``benchmarks/dq_resample.py``).
+On the host the DQ of every back end is the spline path's: nearest neighbour of the grown
+defect bits, the "any defect" bilinear pass, ``NO_DATA`` only where the source lies more than
+half a pixel outside the detector (the edge pixels a source still covers hold data; issue 29).
+The GPU keeps ``cupyx.scipy.ndimage`` passes with ``NO_DATA`` outside ``[0, n - 1]``
+(``_resample_dq``; its OpenCV variant ``_resample_dq_opencv`` equals them but for rounding ties,
+``benchmarks/dq_resample.py``).
 A Celery worker shares its cores among its processes with :func:`set_default_threads`.
 """
 
