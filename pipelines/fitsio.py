@@ -778,6 +778,10 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
     return sha256_file(p)
 
 
+#: Bytes of the lean writer's byteswap buffer (4 MiB: a multiple of every item size and of 4;
+#: stays in the L2/L3 caches, so the swapped bytes are hashed and written while still there).
+_LEAN_CHUNK = 4 << 20
+
 #: dtypes the lean writer writes as they are (FITS BITPIX 8, 16, 32, -32, -64; no BZERO/BSCALE).
 _LEAN_DTYPES = frozenset({"uint8", "int16", "int32", "float32", "float64"})
 
@@ -820,8 +824,8 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
     """Write ``hdul`` (:func:`lean_writable`) with ``CHECKSUM``/``DATASUM`` to the open binary
     file ``f``: the bytes of ``hdul.writeto(f, checksum=True)``, returning their hex SHA-256.
 
-    Each data plane is byteswapped to big-endian once, into one buffer reused by every HDU,
-    and written from it; ``DATASUM`` is summed from the native words (a little-endian 4-byte
+    Each data plane is byteswapped to big-endian once, chunk by chunk into one small buffer
+    reused by every chunk and HDU (:data:`_LEAN_CHUNK`), and written from it; ``DATASUM`` is summed from the native words (a little-endian 4-byte
     word read natively is the big-endian word of the swapped bytes) or from the buffer, so
     astropy's byteswapped copy for the sum is not made; the SHA-256 is computed on the bytes
     as they are written (no re-reading of the file). Headers, ``CHECKSUM`` and the card
@@ -839,41 +843,58 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
     hdul.update_extend()
     sha = hashlib.sha256()
     little = sys.byteorder == "little"
-    biggest = max((h.data.nbytes for h in hdul if h.data is not None), default=0)
-    buf = np.empty(biggest, np.uint8)
+    buf = np.empty(_LEAN_CHUNK, np.uint8)  # the reused byteswap buffer (cache-sized, not a frame)
 
     def put(b) -> None:
         f.write(b)
         sha.update(b)
 
+    def swapped_chunks(flat: np.ndarray):
+        """Big-endian bytes of ``flat`` (1-D, native, C-contiguous) chunk by chunk, in ``buf``."""
+        be = flat.dtype.newbyteorder(">")
+        per = _LEAN_CHUNK // flat.dtype.itemsize
+        for i in range(0, flat.size, per):
+            part = flat[i:i + per]
+            dst = buf[:part.nbytes]
+            np.copyto(dst.view(be), part)
+            yield dst
+
     for hdu in hdul:
         data = hdu.data
-        raw = None
+        raw = flat = None
         datasum = 0
         if data is not None and data.size:
-            be = data.dtype.newbyteorder(">")
             if data.dtype.itemsize == 1 or data.dtype.byteorder == ">" or (not little and data.dtype.isnative):
-                raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+                raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)  # already big-endian bytes
                 datasum = _ones_complement_sum(raw)
             else:
-                raw = buf[: data.nbytes]
-                np.copyto(raw.view(be).reshape(data.shape), data)  # the one byteswap of this plane
-                native = data if data.flags.c_contiguous else None
-                if data.dtype.itemsize == 4 and native is not None:
-                    datasum = _ones_complement_sum(raw, native.view(np.uint32))
-                else:
-                    datasum = _ones_complement_sum(raw)
+                flat = np.ascontiguousarray(data).reshape(-1)
+                if flat.dtype.itemsize == 4:  # a native 4-byte word is the big-endian word of the swapped bytes
+                    datasum = _ones_complement_sum(np.empty(0, np.uint8), flat.view(np.uint32))
+                else:  # 2- and 8-byte words: sum the swapped chunks (each a whole number of 4-byte words but the last)
+                    total = 0
+                    for chunk in swapped_chunks(flat):
+                        total += _ones_complement_sum(chunk)
+                    while hi := (total >> 32):
+                        total = (total & 0xFFFFFFFF) + hi
+                    datasum = total
         hdu._calculate_datasum = lambda ds=datasum: ds  # noqa: B023 (astropy's add_checksum asks for it)
         try:
             hdu._output_checksum = True
             hdu._prewriteto()
             try:
                 put(hdu._header.tostring(sep="", endcard=True, padding=True).encode("ascii"))
+                nbytes = 0
                 if raw is not None:
                     put(memoryview(raw))
-                    pad = (-raw.nbytes) % 2880
-                    if pad:
-                        put(b"\0" * pad)
+                    nbytes = raw.nbytes
+                elif flat is not None:
+                    for chunk in swapped_chunks(flat):  # the one byteswap of this plane, chunk by chunk
+                        put(memoryview(chunk))
+                    nbytes = flat.nbytes
+                pad = (-nbytes) % 2880
+                if nbytes and pad:
+                    put(b"\0" * pad)
             finally:
                 hdu._postwriteto()
         finally:

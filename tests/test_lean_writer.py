@@ -31,15 +31,16 @@ def _l2_like(seed: int = 0, shape=(37, 53), big_endian: bool = False) -> fits.HD
     h["LEVEL"] = ("L2", "calibrated")
     h.add_history("made by the test")
     return fits.HDUList([fits.PrimaryHDU(data=data, header=h), fits.ImageHDU(sigma, name="UNCERT"),
-                         fits.ImageHDU(dq, name="DQ"), fits.ImageHDU(np.arange(6, dtype=np.float64), name="F64"),
+                         fits.ImageHDU(dq, name="DQ"), fits.ImageHDU(data.astype(np.float64), name="F64"),
                          fits.ImageHDU(np.arange(7, dtype=np.int16), name="I16")])
 
 
-@pytest.mark.parametrize("big_endian", [False, True])
-def test_lean_bytes_equal_astropys_and_the_digest_is_theirs(frozen_time, big_endian):
+@pytest.mark.parametrize("big_endian,shape", [(False, (37, 53)), (True, (37, 53)), (False, (1031, 1100))])
+def test_lean_bytes_equal_astropys_and_the_digest_is_theirs(frozen_time, big_endian, shape):
+    # (1031, 1100): planes of 4.5 MB float32, 9 MB float64: several chunks of the 4 MiB buffer
     ref = io.BytesIO()
-    _l2_like(big_endian=big_endian).writeto(ref, checksum=True)
-    hdul = _l2_like(big_endian=big_endian)
+    _l2_like(big_endian=big_endian, shape=shape).writeto(ref, checksum=True)
+    hdul = _l2_like(big_endian=big_endian, shape=shape)
     before = [h.data.copy() for h in hdul]
     out = io.BytesIO()
     digest = write_fits_lean(hdul, out)
