@@ -503,8 +503,8 @@ def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_
     compiled = bool(compiled) and order == 3
     data32 = np.ascontiguousarray(data, dtype=np.float32)
     own = overwrite and data32 is data  # no conversion copy was made: the caller's frame may be reused
-    finite = np.isfinite(data32)
-    all_finite = bool(finite.all())
+    all_finite = bool(np.isfinite(data32).all())
+    finite = None if (compiled and all_finite) else np.isfinite(data32)  # the kernel tests finiteness itself
     var_f = None
     if var is not None:
         var32 = np.ascontiguousarray(var, dtype=np.float32)
@@ -636,7 +636,12 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
             raise ValueError(f"resampling method {method!r} runs on the CPU (NumPy) only; the GPU uses 'spline'")
         if int(order) != 3:
             raise ValueError(f"resampling method {method!r} has a fixed kernel; order={order} applies to 'spline' only")
-    dq0 = _new_dq(data, dq)
+    exact = method == "spline" and isinstance(data, np.ndarray)
+    if exact and isinstance(dq, np.ndarray) and dq.dtype == np.uint8:
+        _check_2d("dq", dq, data.shape)
+        dq0 = dq  # read only by the exact pass: no copy (one DQ plane less at the peak)
+    else:
+        dq0 = _new_dq(data, dq)
     geom = sun_geometry(header)
     ny, nx = data.shape
     cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
@@ -648,7 +653,7 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
         out = xp.where(xp.isfinite(data), data, xp.asarray(float("nan"), dtype=data.dtype))
         _history(h, "rotate_north_up", "skipped: already north up with the disk centred")
         out = xp.astype(out, xp.float32, copy=False)
-        return out, dq0, _sigma_of(out, variance), h
+        return out, (dq0.copy() if dq0 is dq else dq0), _sigma_of(out, variance), h
     nd = ndimage_for(xp)
     # the affine map in (row, column) order: p_in = offset + k_yx @ p_out
     k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
@@ -658,7 +663,7 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
     off_dev = xp.asarray(offset)
     n_threads = default_threads() if threads is None else max(1, int(threads))
     sigma = None
-    if method == "spline" and isinstance(data, np.ndarray):  # one exact pass (compiled, or its SciPy reference)
+    if exact:  # one exact pass (compiled, or its SciPy reference)
         out, dq_out, sigma = _north_up_exact(data, dq0, variance, k_yx, offset, order=int(order), threads=n_threads,
                                              overwrite=overwrite_input)
         kernel = f"spline order {int(order)}" + (f" ({RESAMPLE_METHODS['spline']})" if int(order) == 3 else "")
