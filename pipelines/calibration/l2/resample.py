@@ -691,7 +691,11 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
             sigma = _sigma_of(out, v)
             del v
     h["RESAMPLE"] = (method if method != "spline" else f"spline{int(order)}", "north-up resampling kernel (HISTORY)")
-    n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
+    if isinstance(dq_out, np.ndarray):  # by blocks of rows: no frame-sized temporaries at the peak
+        nd_bit = np.uint8(int(DQ.NO_DATA))
+        n_nodata = sum(int(np.count_nonzero(dq_out[r:r + 256] & nd_bit)) for r in range(0, dq_out.shape[0], 256))
+    else:
+        n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
     _history(h, "rotate_north_up",
              f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
              f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); resample="
