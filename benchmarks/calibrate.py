@@ -70,6 +70,7 @@ STEP_NAMES = ("flag_invalid_pixels", "flag_bad_pixels", "subtract_dark", "clean_
 #: Timed besides the steps: (module, function) as the flow calls them.
 EXTRA_TIMED = (("pipelines.calibration.l2.uncertainty", "detector_variance"),
                ("pipelines.calibration.l2.uncertainty", "resample_variance"),
+               ("pipelines.calibration.l2.resample", "rotate_north_up_full"),  # data, DQ and sigma (issue 29)
                ("pipelines.calibration.l2.flow", "fit_and_apply_centre"))
 
 #: CalibrationOptions for the pipeline tasks (set from --resample in the worker).

@@ -56,3 +56,51 @@ def test_every_difference_is_found(tmp_path):
     assert "z.fits: HDU 0 header: card" in text and "BUNIT" in text
     assert "only_old.fits" in text
     assert cp.main([str(a), str(b)]) == 1
+
+
+def _write_l2(path: Path, data: np.ndarray, sigma: np.ndarray, dq: np.ndarray, nodata_history: int) -> None:
+    h = fits.Header()
+    h["LEVEL"] = ("L2", "calibrated")
+    h.add_history(f"{nodata_history} pixels without data")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fits.HDUList([fits.PrimaryHDU(data=data, header=h), fits.ImageHDU(sigma, name="UNCERT"),
+                  fits.ImageHDU(dq, name="DQ")]).writeto(path, checksum=True)
+
+
+def test_tolerance_mode_allows_rounding_and_edge_fills_only(tmp_path):
+    n = 12
+    rng = np.random.default_rng(0)
+    data = (rng.normal(0, 1, (n, n)) * 1000).astype(np.float32)
+    sigma = np.abs(data) + np.float32(5)
+    dq = np.zeros((n, n), np.uint8)
+    dq[:, -2:] = cp.NO_DATA
+    data[dq != 0] = np.nan
+    sigma[dq != 0] = np.nan
+    _write_l2(tmp_path / "a" / "W" / "p.fits", data, sigma, dq, int((dq != 0).sum()))
+    # new: one column of slivers filled (edge fill), values moved by 1e-7 of the local scale
+    d2, s2, q2 = data.copy(), sigma.copy(), dq.copy()
+    q2[:, -2] = 0
+    d2[:, -2] = 1.0
+    s2[:, -2] = 2.0
+    d2[3, 3] += np.float32(1e-7) * np.float32(np.abs(data[2:7, 1:6]).max())
+    s2[4, 4] *= np.float32(1 + 5e-7)
+    _write_l2(tmp_path / "b" / "W" / "p.fits", d2, s2, q2, int((q2 != 0).sum()))
+    assert cp.compare_trees(tmp_path / "a", tmp_path / "b", tolerance=True) == (1, [])
+    assert cp.main(["--tolerance", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    assert len(cp.compare_trees(tmp_path / "a", tmp_path / "b")[1]) >= 3  # the exact mode sees every change
+    # beyond tolerance: data by 1e-6 of the local scale, UNCERT by 3e-6, a DQ bit inside the frame
+    for what in ("data", "uncert", "dq", "fill-inside"):
+        d3, s3, q3 = d2.copy(), s2.copy(), q2.copy()
+        if what == "data":
+            d3[6, 6] += np.float32(1e-6) * np.float32(np.abs(data[4:9, 4:9]).max())
+        elif what == "uncert":
+            s3[6, 6] *= np.float32(1 + 3e-6)
+        elif what == "dq":
+            q3[5, 5] = 32
+        else:  # a NO_DATA pixel filled away from every remaining NO_DATA pixel is not an edge fill
+            q3[:, -1] = 0
+            d3[:, -1] = 1.0
+            s3[:, -1] = 1.0
+        _write_l2(tmp_path / what / "W" / "p.fits", d3, s3, q3, int((q3 != 0).sum()))
+        n_cmp, lines = cp.compare_trees(tmp_path / "a", tmp_path / what, tolerance=True)
+        assert n_cmp == 1 and lines, what

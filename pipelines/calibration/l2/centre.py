@@ -81,6 +81,7 @@ from astropy.io import fits
 from scipy import ndimage, optimize
 
 from pipelines.array_backend import to_numpy
+from pipelines.calibration.l2 import fused
 from pipelines.calibration.l2.quality import FrameQuality, flag_frame
 from pipelines.errors import DataError
 from pipelines.sun import sun_geometry
@@ -213,15 +214,23 @@ def edge_points(image: np.ndarray, x0: float, y0: float, radius: float, *, risin
     if radii.size < 16:
         raise DataError(f"edge search range too small (radius {radius:.1f} px)")
     c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
-    prof = np.zeros((theta.size, radii.size))
+    offsets = (-0.5, 0.0, 0.5)  # three parallel rays, half a pixel apart (tangentially)
     inside = np.ones(theta.size, dtype=bool)
-    for t in (-0.5, 0.0, 0.5):  # three parallel rays, half a pixel apart (tangentially)
-        xs = x0 + c * radii[None, :] - s * t
-        ys = y0 + s * radii[None, :] + c * t
-        inside &= (xs.min(axis=1) >= 0) & (xs.max(axis=1) <= nx - 1)
-        inside &= (ys.min(axis=1) >= 0) & (ys.max(axis=1) <= ny - 1)
-        prof += ndimage.map_coordinates(image, [ys.ravel(), xs.ravel()], order=1, mode="nearest").reshape(prof.shape)
-    prof /= 3.0
+    for t in offsets:  # the rays' ends (a ray is a segment: its extremes are its end points)
+        for r in (radii[0], radii[-1]):
+            xe = x0 + c[:, 0] * r - s[:, 0] * t
+            ye = y0 + s[:, 0] * r + c[:, 0] * t
+            inside &= (xe >= 0) & (xe <= nx - 1) & (ye >= 0) & (ye <= ny - 1)
+    if fused.enabled() and isinstance(image, np.ndarray) and image.dtype in (np.float32, np.float64):
+        prof = fused.ray_profiles(image, x0, y0, theta, radii, offsets)  # the same values, compiled
+    else:
+        prof = np.zeros((theta.size, radii.size))
+        for t in offsets:
+            xs = x0 + c * radii[None, :] - s * t
+            ys = y0 + s * radii[None, :] + c * t
+            prof += ndimage.map_coordinates(image, [ys.ravel(), xs.ravel()], order=1,
+                                            mode="nearest").reshape(prof.shape)
+        prof /= 3.0
     if smooth_px > 0:
         prof = ndimage.gaussian_filter1d(prof, smooth_px / step, axis=1, mode="nearest")
     grad = np.gradient(prof, step, axis=1)

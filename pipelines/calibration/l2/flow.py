@@ -298,8 +298,13 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     points (binomial standard error sqrt(p (1 - p) / m): 0.01 points at p = 1 %, 0.05 at
     the median). ``percentiles`` says ``"exact"`` or ``"sampled: 1 pixel in k, raster order"``.
     """
-    from pipelines.calibration.l2 import kernels
+    from pipelines.calibration.l2 import fused, kernels
 
+    if fused.enabled() and isinstance(data, np.ndarray) and data.dtype == np.float32 and dq.dtype == np.uint8 \
+            and data.size > EXACT_PERCENTILE_PIXELS:
+        stats = _stats_two_passes(data, dq, header, channel, backend)
+        if stats is not None:
+            return stats
     flat_data, flat_dq = data.reshape(-1), dq.reshape(-1)
     if kernels.available(data, dq) and data.dtype == np.float32:
         good = kernels.evaluate("(q == 0) & isfinite(x)", {"q": flat_dq.view(np.uint8), "x": flat_data})
@@ -348,6 +353,54 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     except DataError:
         stats["rsun_px"] = None
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+
+
+def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str,
+                      backend: str) -> dict[str, Any] | None:
+    """:func:`_stats` of a frame above :data:`EXACT_PERCENTILE_PIXELS` pixels in two passes, every
+    field equal to it: the sampled percentiles first (from the ~2**20 sampled pixels alone),
+    then one compiled pass (:func:`pipelines.calibration.l2.fused.frame_statistics`: good
+    count, DQ histogram, min, max, the rank counts of the three percentiles, and the buffer of
+    good values with 0 elsewhere), then NumPy's float64 sum of that buffer (the same sum, in
+    the same order, as :func:`_exact_moments`). None if the frame has too few good pixels for
+    sampled percentiles (then :func:`_stats` runs its exact branch).
+    """
+    from pipelines.calibration.l2 import fused
+
+    flat_data, flat_dq = data.reshape(-1), dq.reshape(-1)
+    k = -(-data.size // EXACT_PERCENTILE_PIXELS)
+    sd, sq = flat_data[::k], flat_dq[::k]
+    sub = sd[(sq == 0) & np.isfinite(sd)]
+    pcts = np.percentile(sub, [1, 50, 99], overwrite_input=True) if sub.size else np.zeros(3)
+    del sub
+    thresholds = np.asarray([np.float32(v) for v in pcts], dtype=np.float32)
+    n_good, counts, vmin, vmax, below, buf = fused.frame_statistics(flat_data, flat_dq, thresholds)
+    if n_good <= EXACT_PERCENTILE_PIXELS:
+        return None
+    mean = float(np.add.reduce(buf, dtype=np.float64) / n_good)
+    del buf
+    values = np.arange(counts.size)
+    stats: dict[str, Any] = {
+        "channel": channel,
+        "bunit": str(header.get("BUNIT", "")),
+        "backend": backend,
+        "n_pixels": int(data.size),
+        "n_good": n_good,
+        "n_masked": int(data.size - counts[0]),
+    }
+    for bit in DQ:
+        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    p01, med, p99 = pcts
+    rank_err = 0.0
+    for want, cnt in zip((1.0, 50.0, 99.0), below):
+        rank_err = max(rank_err, abs(100.0 * int(cnt) / n_good - want))
+    stats.update(median=float(med), mean=mean, p01=float(p01), p99=float(p99), min=vmin, max=vmax,
+                 percentiles=f"sampled: 1 pixel in {k}, raster order", percentile_rank_error=round(rank_err, 4))
+    try:
+        stats["rsun_px"] = float(sun_geometry(header).rsun_px)
+    except DataError:
+        stats["rsun_px"] = None
+    return {key: (None if isinstance(v, float) and not math.isfinite(v) else v) for key, v in stats.items()}
 
 
 def _exact_moments(x: np.ndarray, good: np.ndarray, n_good: int) -> tuple[float, float, float]:
@@ -451,12 +504,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     img, h = _psf_step(img, dq, h, cals, opts)
     if opts.deconvolve_psf:
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
-    if opts.rotate_north_up:
-        h_in = h
-        img, dq, h = resample.rotate_north_up(img, dq, h, order=opts.interpolation_order, method=opts.resample)
-        var = uncertainty.resample_variance(var, h_in, order=opts.interpolation_order,
-                                            threads=resample.default_threads(), method=opts.resample)
-        del h_in
+    sigma = None
+    if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
+        own = isinstance(img, np.ndarray) and not np.may_share_memory(img, data)  # the flow's frame, not the caller's
+        img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
+                                                          method=opts.resample, overwrite_input=own)
+        del var
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
@@ -469,9 +522,12 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     _stamp_dates(h)
     out = to_numpy(img).astype(np.float32, copy=False)
     dq_np = to_numpy(dq).astype(np.uint8, copy=False)
-    sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
-    sigma[~np.isfinite(out)] = np.nan
-    del var
+    if sigma is None:
+        sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
+        sigma[~np.isfinite(out)] = np.nan
+        del var
+    else:
+        sigma = to_numpy(sigma).astype(np.float32, copy=False)
     h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
                   "stray light; resampled with squared interpolation weights: pipelines.calibration.uncertainty)")
     return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)),

@@ -11,8 +11,12 @@ Back ends (``method``, the job option ``CalibrationOptions.resample``):
 
 ``spline`` (the reference)
     Interpolating B-spline of ``order`` (3: cubic; Unser 1999, IEEE Signal Proc. Mag. 16(6),
-    22) by ``scipy.ndimage`` or ``cupyx.scipy.ndimage`` (same API): a prefilter, then the
-    resampling, both on threads on the CPU (:func:`default_threads`).
+    22). On the host: one exact pass for data, DQ, variance and sigma
+    (:func:`rotate_north_up_full`), compiled with Numba for the cubic
+    (:mod:`pipelines.calibration.l2.fused`, on :func:`default_threads` threads) and equal bit
+    for bit to its SciPy reference (one ``scipy.ndimage.affine_transform`` call of the float32
+    coefficients, ``mode="nearest"``), which runs when Numba is absent or ``LSTDP_NUMBA=0``.
+    On the GPU: ``cupyx.scipy.ndimage`` (same API).
 ``opencv-cubic``
     Cubic convolution (Keys R. 1981, IEEE Trans. ASSP 29, 1153) with OpenCV's ``a = -0.75``
     (``INTER_CUBIC``; Keys' third-order-accurate choice is ``a = -0.5``), 4 x 4 support, no
@@ -31,10 +35,12 @@ unit random frame) and moves a sigma 3 px Gaussian's centroid by up to ~0.012 px
 rolls; 0.002 px at 23 deg). Their accuracy against the spline on real scenes is in
 ``benchmarks/reports/resample_accuracy.md`` (``benchmarks/resample_accuracy.py``): the
 spline stays the default (the rule and the numbers are there).
-The DQ passes (nearest neighbour, "any defect" bilinear) run on ``cv2.warpAffine`` on the
-CPU for every back end (OpenCV >= 5.1; the GPU keeps ``cupyx.scipy.ndimage``): the DQ is the
-scipy passes' bit for bit except where a source position falls exactly on a half-integer
-(``_resample_dq_opencv``; ``benchmarks/dq_resample.py``).
+On the host the DQ of every back end is the spline path's: nearest neighbour of the grown
+defect bits, the "any defect" bilinear pass, ``NO_DATA`` only where the source lies more than
+half a pixel outside the detector (the edge pixels a source still covers hold data; issue 29).
+The GPU keeps ``cupyx.scipy.ndimage`` passes with ``NO_DATA`` outside ``[0, n - 1]``
+(``_resample_dq``; its OpenCV variant ``_resample_dq_opencv`` equals them but for rounding ties,
+``benchmarks/dq_resample.py``).
 A Celery worker shares its cores among its processes with :func:`set_default_threads`.
 """
 
@@ -49,10 +55,11 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.array_backend import namespace_of, ndimage_for
+from pipelines.calibration.l2.affine import _affine, _blocks
 from pipelines.calibration.l2.steps import DEFECT_BITS, DQ, _check_2d, _copy, _history, _new_dq
 from pipelines.sun import RSUN_REF_M, SunGeometry, sun_geometry
 
-__all__ = ["rotate_north_up", "RESAMPLE_METHODS", "DEFAULT_RESAMPLE", "available_cores", "default_threads",
+__all__ = ["rotate_north_up", "rotate_north_up_full", "RESAMPLE_METHODS", "DEFAULT_RESAMPLE", "available_cores", "default_threads",
            "set_default_threads"]
 
 #: The north-up resampling back ends: name -> the kernel and its source (HISTORY writes it).
@@ -98,13 +105,6 @@ def set_default_threads(n: int | None) -> None:
     _THREADS = None if n is None else max(1, int(n))
 
 
-def _blocks(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``(start, stop)`` ranges covering ``range(n)`` (fewer if n is small)."""
-    parts = max(1, min(int(parts), n // 64 or 1))
-    edges = [round(i * n / parts) for i in range(parts + 1)]
-    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-
-
 # --------------------------------------------------------------------------- kernels
 
 
@@ -137,32 +137,6 @@ def _spline_filter_inplace(nd: Any, a: np.ndarray, order: int, threads: int) -> 
                                                     mode="nearest"), _blocks(nx, threads)))
         list(pool.map(lambda r: nd.spline_filter1d(a[r[0]:r[1]], order=order, axis=1, output=a[r[0]:r[1]],
                                                     mode="nearest"), _blocks(ny, threads)))
-
-
-def _affine(nd: Any, src: Any, matrix: Any, offset: np.ndarray, shape: tuple[int, int], *, order: int,
-            mode: str, cval: float = 0.0, dtype: Any, threads: int = 1) -> Any:
-    """``ndimage.affine_transform`` (no prefilter) of ``src`` onto ``shape``, by row blocks on threads.
-
-    Output rows ``r0:r1`` are the transform with ``offset + matrix @ (r0, 0)`` (the same map,
-    the origin moved to the block), so the blocks join into the single-call result: the DQ
-    planes exactly, the data to float rounding (the shifted offsets round differently:
-    differences up to ~6e-8 of the value were seen at 2048 px).
-    CuPy arrays go in one call (the GPU parallelises the kernel itself).
-    """
-    if threads <= 1 or not isinstance(src, np.ndarray):
-        return nd.affine_transform(src, matrix, offset=offset, output_shape=shape, order=order, mode=mode,
-                                   cval=cval, prefilter=False, output=dtype)
-    k = np.asarray(matrix, dtype=float)
-    out = np.empty(shape, dtype=dtype)
-
-    def run(rows: tuple[int, int]) -> None:
-        r0, r1 = rows
-        nd.affine_transform(src, k, offset=offset + k @ np.array([r0, 0.0]), output_shape=(r1 - r0, shape[1]),
-                            order=order, mode=mode, cval=cval, prefilter=False, output=out[r0:r1])
-
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(run, _blocks(shape[0], threads)))
-    return out
 
 
 # --------------------------------------------------------------------------- the step
@@ -450,9 +424,145 @@ def _resample_dq(nd: Any, dq: Any, finite: Any, k_dev: Any, off_dev: Any, *, thr
     return dq_out
 
 
+def _outside_half_pixel(k: np.ndarray, offset: np.ndarray, out_shape: tuple[int, int],
+                        in_shape: tuple[int, int]) -> np.ndarray:
+    """Output pixels whose source lies more than half a pixel outside the input (``NO_DATA``).
+
+    Source positions in float64 summed as SciPy 1.17's ``affine_transform`` sums them,
+    ``(offset + r k[a, 0]) + c k[a, 1]``; a pixel is outside when either coordinate is below
+    ``-0.5`` or above ``n - 0.5`` (the input pixels cover ``[-0.5, n - 0.5]``).
+    Returns a bool array of ``out_shape``.
+    """
+    ny, nx = out_shape
+    rows = np.arange(ny, dtype=float)[:, None]
+    cols = np.arange(nx, dtype=float)[None, :]
+    bad = np.zeros(out_shape, dtype=bool)
+    for axis in (0, 1):
+        v = (offset[axis] + rows * k[axis, 0]) + cols * k[axis, 1]
+        bad |= (v < -0.5) | (v > in_shape[axis] - 0.5)
+    return bad
+
+
+def _resample_dq_reference(nd: Any, dq: np.ndarray, finite: np.ndarray, k: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The DQ on the output grid by ``scipy.ndimage`` (NumPy; the reference of the compiled pass).
+
+    Region bits by nearest neighbour (``order=0``, ``mode="nearest"``) of the DQ whose defect
+    bits are OR-ed over each pixel's 3 x 3 neighbourhood; the defect bits kept only where the
+    bilinear pass (``order=1``, ``mode="nearest"``, uint8) of "any defect" (255/0) is > 0;
+    ``NO_DATA`` where the source lies more than half a pixel outside (:func:`_outside_half_pixel`).
+    """
+    shape = dq.shape
+    defect_bits = sum(int(b) for b in DEFECT_BITS)
+    dq_flag = np.where(finite, dq, dq | np.uint8(int(DQ.NOT_FINITE))).astype(np.uint8)
+    defects = dq_flag & np.uint8(defect_bits)
+    has_defects = bool(defects.any())
+    if has_defects:
+        dq_flag = (dq_flag & np.uint8(255 - defect_bits)) | _or_dilate3(defects)
+    out = nd.affine_transform(dq_flag, k, offset=offset, output_shape=shape, order=0, mode="nearest",
+                              prefilter=False, output=np.uint8)
+    if has_defects:
+        marks = np.where(defects != 0, np.uint8(255), np.uint8(0))
+        spread = nd.affine_transform(marks, k, offset=offset, output_shape=shape, order=1, mode="nearest",
+                                     prefilter=False, output=np.uint8)
+        out = np.where(spread > 0, out, out & np.uint8(255 - defect_bits))
+    out[_outside_half_pixel(k, offset, shape, shape)] = int(DQ.NO_DATA)
+    return out
+
+
+def _spline_reference(nd: Any, data: np.ndarray, finite: np.ndarray, k: np.ndarray, offset: np.ndarray,
+                      order: int) -> np.ndarray:
+    """The data on the output grid by one call of ``scipy.ndimage.affine_transform`` (float32,
+    ``mode="nearest"``) of the float32 spline coefficients of the filled frame (the reference)."""
+    filled = _filled(nd, data, finite)
+    if order > 1:
+        filled = nd.spline_filter(filled, order=order, output=np.float32, mode="nearest")
+    return nd.affine_transform(filled, k, offset=offset, output_shape=data.shape, order=order, mode="nearest",
+                               prefilter=False, output=np.float32)
+
+
+def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_yx: np.ndarray,
+                    offset: np.ndarray, *, order: int, threads: int, compiled: bool | None = None,
+                    overwrite: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Data, DQ and sigma on the north-up grid (NumPy, ``method="spline"``): the compiled pass
+    (:mod:`pipelines.calibration.l2.fused`, cubic only) or its SciPy reference, equal results.
+
+    ``var`` (float32 variance, or None) gives ``sigma = sqrt(max(v, 0))`` of the resampled
+    variance (:func:`pipelines.calibration.l2.uncertainty.resample_variance`'s model), NaN
+    where the data are NaN or the source is outside. ``compiled``: None decides by
+    :func:`pipelines.calibration.l2.fused.enabled`. ``overwrite``: the compiled path may fill
+    and prefilter a C-contiguous float32 ``data`` in place and set ``NOT_FINITE`` in ``dq``
+    first (one frame less at the peak; the results are the same).
+    """
+    from scipy import ndimage as nd
+
+    from pipelines.calibration.l2 import fused
+    from pipelines.calibration.l2.uncertainty import _apply_factor_numpy, _factor_table
+
+    if compiled is None:
+        compiled = fused.enabled()
+    compiled = bool(compiled) and order == 3
+    data32 = np.ascontiguousarray(data, dtype=np.float32)
+    own = overwrite and data32 is data  # no conversion copy was made: the caller's frame may be reused
+    all_finite = bool(np.isfinite(data32).all())
+    finite = None if (compiled and all_finite) else np.isfinite(data32)  # the kernel tests finiteness itself
+    var_f = None
+    if var is not None:
+        var32 = np.ascontiguousarray(var, dtype=np.float32)
+        vfin = np.isfinite(var32)
+        var_f = var32 if bool(vfin.all()) else _filled(nd, var32, vfin)
+        del vfin
+    if compiled:
+        import numba
+
+        if own:  # the kernel's "not finite" test is then carried by the DQ bit set here
+            if not all_finite:
+                dq = np.where(finite, dq, dq | np.uint8(int(DQ.NOT_FINITE))).astype(np.uint8)
+                data32[...] = _filled(nd, data32, finite)
+            coef = data32
+        else:
+            coef = data32.copy() if all_finite else _filled(nd, data32, finite)
+        del finite
+        before = numba.get_num_threads()
+        numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))
+        try:
+            fused.spline_prefilter(coef)
+            g = _factor_table(order, 1025, "spline")[1].astype(np.float32)
+            out, dq_out, sigma = fused.resample_pass(
+                coef, data32, dq, var_f, k_yx, offset, g, defect_bits=sum(int(b) for b in DEFECT_BITS),
+                not_finite=int(DQ.NOT_FINITE), no_data=int(DQ.NO_DATA))
+        finally:
+            numba.set_num_threads(before)
+        return out, dq_out, sigma
+    out = _spline_reference(nd, data32, finite, k_yx, offset, order)
+    dq_out = _resample_dq_reference(nd, dq, finite, k_yx, offset)
+    del finite
+    out[(dq_out & np.uint8(int(DQ.NO_DATA | DQ.NOT_FINITE))) != 0] = np.nan
+    sigma = None
+    if var_f is not None:
+        v = nd.affine_transform(var_f, k_yx, offset=offset, output_shape=data.shape, order=1, mode="nearest",
+                                prefilter=False, output=np.float32)
+        _apply_factor_numpy(v, k_yx, offset, order, threads, "spline")
+        sigma = np.sqrt(np.maximum(v, np.float32(0.0)))
+        sigma[~np.isfinite(out)] = np.nan
+    return out, dq_out, sigma
+
+
 def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: int = 3,
                     tolerance_px: float = 1e-3, threads: int | None = None,
                     method: str = DEFAULT_RESAMPLE) -> tuple[Any, Any, fits.Header]:
+    """Rotate solar north up and put the disk centre on the frame centre (data and DQ).
+
+    :func:`rotate_north_up_full` without a variance: returns ``(data, dq, header)``; see it
+    for the parameters, the results and the errors raised.
+    """
+    out, dq_out, _, h = rotate_north_up_full(data, dq, None, header, order=order, tolerance_px=tolerance_px,
+                                             threads=threads, method=method)
+    return out, dq_out, h
+
+
+def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header: fits.Header, *, order: int = 3,
+                         tolerance_px: float = 1e-3, threads: int | None = None, method: str = DEFAULT_RESAMPLE,
+                         overwrite_input: bool = False) -> tuple[Any, Any, Any | None, fits.Header]:
     """Rotate solar north up and put the disk centre on the frame centre.
 
     The output grid keeps the frame's shape and plate scale; its WCS has ``CRPIX`` at the
@@ -473,6 +583,8 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
         finite neighbours before the spline (a NaN would spread) and are NaN again in the
         output.
     dq : array of uint8, shape (ny, nx), or None
+    variance : array, shape (ny, nx), or None
+        The frame's variance [unit**2]; None: no sigma is returned.
     header : astropy.io.fits.Header
         Helioprojective WCS and observer keywords.
     order : int
@@ -485,11 +597,18 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
         results equal to one call's to float rounding). ``None``: the cores this process may use.
     method : {"spline", "opencv-cubic", "opencv-lanczos4"}
         The resampling back end (:data:`RESAMPLE_METHODS`); the OpenCV ones need NumPy input.
+    overwrite_input : bool
+        ``data`` may be overwritten (its spline coefficients are computed in its memory: one
+        frame less at the peak). The calibration flow passes its own intermediate frame.
 
     Returns
     -------
     data : array, shape (ny, nx), float32
     dq : array of uint8, shape (ny, nx)
+    sigma : array, shape (ny, nx), float32, or None
+        ``sqrt(max(v, 0))`` of the variance resampled as
+        :func:`pipelines.calibration.l2.uncertainty.resample_variance` does; NaN where the
+        data are NaN. None if ``variance`` is None.
     header : astropy.io.fits.Header
         Updated WCS (``CTYPE HPLN-TAN/HPLT-TAN``, ``CUNIT arcsec``), ``RSUN_OBS`` [arcsec].
 
@@ -517,7 +636,12 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
             raise ValueError(f"resampling method {method!r} runs on the CPU (NumPy) only; the GPU uses 'spline'")
         if int(order) != 3:
             raise ValueError(f"resampling method {method!r} has a fixed kernel; order={order} applies to 'spline' only")
-    dq0 = _new_dq(data, dq)
+    exact = method == "spline" and isinstance(data, np.ndarray)
+    if exact and isinstance(dq, np.ndarray) and dq.dtype == np.uint8:
+        _check_2d("dq", dq, data.shape)
+        dq0 = dq  # read only by the exact pass: no copy (one DQ plane less at the peak)
+    else:
+        dq0 = _new_dq(data, dq)
     geom = sun_geometry(header)
     ny, nx = data.shape
     cx, cy = (nx - 1) / 2.0, (ny - 1) / 2.0
@@ -528,7 +652,8 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     if shift < tolerance_px and rot_err < tolerance_px:
         out = xp.where(xp.isfinite(data), data, xp.asarray(float("nan"), dtype=data.dtype))
         _history(h, "rotate_north_up", "skipped: already north up with the disk centred")
-        return xp.astype(out, xp.float32, copy=False), dq0, h
+        out = xp.astype(out, xp.float32, copy=False)
+        return out, (dq0.copy() if dq0 is dq else dq0), _sigma_of(out, variance), h
     nd = ndimage_for(xp)
     # the affine map in (row, column) order: p_in = offset + k_yx @ p_out
     k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
@@ -537,21 +662,52 @@ def rotate_north_up(data: Any, dq: Any | None, header: fits.Header, *, order: in
     k_dev = xp.asarray(k_yx)
     off_dev = xp.asarray(offset)
     n_threads = default_threads() if threads is None else max(1, int(threads))
-    finite = xp.isfinite(data)
-    if method == "spline":
-        out = _resample_data(nd, data, finite, k_dev, off_dev, order=int(order), threads=n_threads)
+    sigma = None
+    if exact:  # one exact pass (compiled, or its SciPy reference)
+        out, dq_out, sigma = _north_up_exact(data, dq0, variance, k_yx, offset, order=int(order), threads=n_threads,
+                                             overwrite=overwrite_input)
         kernel = f"spline order {int(order)}" + (f" ({RESAMPLE_METHODS['spline']})" if int(order) == 3 else "")
     else:
-        out = _resample_data_opencv(nd, data, finite, k_yx, offset, method=method, threads=n_threads)
-        kernel = RESAMPLE_METHODS[method]
-    dq_out = _resample_dq(nd, dq0, finite, k_dev, off_dev, threads=n_threads)
-    bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
-    out[bad] = float("nan")  # in place: no second output frame
-    del bad
+        finite = xp.isfinite(data)
+        if method == "spline":
+            out = _resample_data(nd, data, finite, k_dev, off_dev, order=int(order), threads=n_threads)
+            kernel = f"spline order {int(order)}" + (f" ({RESAMPLE_METHODS['spline']})" if int(order) == 3 else "")
+        else:
+            out = _resample_data_opencv(nd, data, finite, k_yx, offset, method=method, threads=n_threads)
+            kernel = RESAMPLE_METHODS[method]
+        if isinstance(data, np.ndarray):  # OpenCV kernels: the spline path's DQ (half-pixel NO_DATA rule)
+            dq_out = _resample_dq_reference(nd, np.asarray(dq0, dtype=np.uint8), finite, k_yx, offset)
+        else:
+            dq_out = _resample_dq(nd, dq0, finite, k_dev, off_dev, threads=n_threads)
+        del finite
+        bad = (dq_out & xp.asarray(int(DQ.NO_DATA | DQ.NOT_FINITE), dtype=xp.uint8)) != 0
+        out[bad] = float("nan")  # in place: no second output frame
+        del bad
+        if variance is not None:
+            from pipelines.calibration.l2.uncertainty import resample_variance
+
+            v = resample_variance(variance, header, order=int(order), tolerance_px=tolerance_px, threads=n_threads,
+                                  method=method)
+            sigma = _sigma_of(out, v)
+            del v
     h["RESAMPLE"] = (method if method != "spline" else f"spline{int(order)}", "north-up resampling kernel (HISTORY)")
-    n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
+    if isinstance(dq_out, np.ndarray):  # by blocks of rows: no frame-sized temporaries at the peak
+        nd_bit = np.uint8(int(DQ.NO_DATA))
+        n_nodata = sum(int(np.count_nonzero(dq_out[r:r + 256] & nd_bit)) for r in range(0, dq_out.shape[0], 256))
+    else:
+        n_nodata = int(xp.count_nonzero((dq_out & xp.asarray(int(DQ.NO_DATA), dtype=xp.uint8)) != 0))
     _history(h, "rotate_north_up",
              f"rotated by {-geom.roll_deg:+.4f} deg (roll was {geom.roll_deg:+.4f} deg), disk centre moved from "
              f"pixel ({geom.x0 + 1:.3f}, {geom.y0 + 1:.3f}) to ({cx + 1:.1f}, {cy + 1:.1f}) (1-based); resample="
              f"{method}: {kernel}, float32; DQ nearest neighbour; {n_nodata} pixels without data")
-    return xp.astype(out, xp.float32, copy=False), dq_out, h
+    return xp.astype(out, xp.float32, copy=False), dq_out, sigma, h
+
+
+def _sigma_of(out: Any, var: Any | None) -> Any | None:
+    """``sqrt(max(var, 0))`` as float32, NaN where ``out`` is not finite (None if ``var`` is None)."""
+    if var is None:
+        return None
+    xp = namespace_of(var)
+    sigma = xp.sqrt(xp.maximum(xp.astype(var, xp.float32, copy=False), xp.asarray(0.0, dtype=xp.float32)))
+    sigma[~xp.isfinite(out)] = float("nan")
+    return sigma

@@ -323,7 +323,7 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     array, shape (ny, nx), float32
         NaN where the source falls outside the detector or the input variance is not finite.
     """
-    from pipelines.calibration.l2.resample import _affine
+    from pipelines.calibration.l2.affine import _affine
 
     xp = namespace_of(var)
     geom = sun_geometry(header)
@@ -376,7 +376,7 @@ def _apply_factor_numpy(out: np.ndarray, k_yx: np.ndarray, offset: np.ndarray, o
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipelines.calibration.l2.resample import _blocks
+    from pipelines.calibration.l2.affine import _blocks
 
     ny, nx = out.shape
     f, g = _factor_table(int(order), 1025, method)

@@ -1,0 +1,355 @@
+"""The Numba kernels of :mod:`pipelines.calibration.l2.fused` (imported only when Numba is).
+
+Module-level functions so that ``cache=True`` stores them on disk (numba's ``__pycache__``):
+the first import in a fresh environment compiles them (about 10-20 s on a loaded 2-core
+machine), later processes load them (well under a second). Documented in
+:mod:`pipelines.calibration.l2.fused`.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import prange
+
+jit = nb.njit(cache=True, nogil=True)
+pjit = nb.njit(cache=True, nogil=True, parallel=True)
+
+
+@jit
+def _filter_strip(buf, n, w, z, gain):
+    """SciPy's apply_filter along axis 0 of ``buf[:n, :w]`` (float64), one pole."""
+    zn = z ** n
+    for j in range(w):
+        for i in range(n):
+            buf[i, j] *= gain
+    # causal start, half-sample rule (_init_causal_reflect), for the w columns side by side
+    c0 = np.empty(w)
+    acc = np.empty(w)
+    for j in range(w):
+        c0[j] = buf[0, j]
+        acc[j] = buf[0, j] + zn * buf[n - 1, j]
+    zi = z
+    for i in range(1, n):
+        if zi == 0.0:  # every further term is +-0: acc unchanged (no NaN: the frame is filled)
+            break
+        for j in range(w):
+            acc[j] += zi * (buf[i, j] + zn * buf[n - 1 - i, j])
+        zi *= z
+    f = z / (1 - zn * zn)
+    for j in range(w):
+        acc[j] *= f
+        acc[j] += c0[j]
+        buf[0, j] = acc[j]
+    for i in range(1, n):
+        for j in range(w):
+            buf[i, j] += z * buf[i - 1, j]
+    f = z / (z - 1)
+    for j in range(w):
+        buf[n - 1, j] *= f
+    for i in range(n - 2, -1, -1):
+        for j in range(w):
+            buf[i, j] = z * (buf[i + 1, j] - buf[i, j])
+
+@jit
+def _filter_line(c, n, z, gain):
+    """SciPy's apply_filter of one float64 line ``c[:n]``, one pole."""
+    for i in range(n):
+        c[i] *= gain
+    zn = z ** n
+    c0 = c[0]
+    acc = c[0] + zn * c[n - 1]
+    zi = z
+    for i in range(1, n):
+        if zi == 0.0:
+            break
+        acc += zi * (c[i] + zn * c[n - 1 - i])
+        zi *= z
+    acc *= z / (1 - zn * zn)
+    acc += c0
+    c[0] = acc
+    for i in range(1, n):
+        c[i] += z * c[i - 1]
+    c[n - 1] *= z / (z - 1)
+    for i in range(n - 2, -1, -1):
+        c[i] = z * (c[i + 1] - c[i])
+
+@pjit
+def prefilter(a, z, strip):
+    ny, nx = a.shape
+    gain = (1.0 - z) * (1.0 - 1.0 / z)
+    if ny > 1:
+        nstrips = (nx + strip - 1) // strip
+        for s in prange(nstrips):
+            c0 = s * strip
+            w = min(strip, nx - c0)
+            buf = np.empty((ny, w))
+            for i in range(ny):
+                for j in range(w):
+                    buf[i, j] = a[i, c0 + j]
+            _filter_strip(buf, ny, w, z, gain)
+            for i in range(ny):
+                for j in range(w):
+                    a[i, c0 + j] = np.float32(buf[i, j])
+    if nx > 1:
+        for r in prange(ny):
+            line = np.empty(nx)
+            for j in range(nx):
+                line[j] = a[r, j]
+            _filter_line(line, nx, z, gain)
+            for j in range(nx):
+                a[r, j] = np.float32(line[j])
+
+@jit
+def _w3(t, w):
+    """SciPy's cubic weights of the fractional position t (0 <= t < 1) into w[0:4]."""
+    y = t
+    zz = 1.0 - t
+    w[1] = (y * y * (y - 2.0) * 3.0 + 4.0) / 6.0
+    w[2] = (zz * zz * (zz - 2.0) * 3.0 + 4.0) / 6.0
+    w[0] = zz * zz * zz / 6.0
+    w3 = 1.0
+    w3 -= w[0]
+    w3 -= w[1]
+    w3 -= w[2]
+    w[3] = w3
+
+@jit
+def _clamp(i, n):
+    return 0 if i < 0 else (n - 1 if i > n - 1 else i)
+
+@pjit
+def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab, out, dq_out, sig_out):
+    """The fused pass; ``var`` of shape (0, 0) skips the variance/sigma."""
+    # Long: one pass per output pixel for data, DQ and variance is the point (one read of each
+    # source neighbourhood); split into functions, numba would not keep the state in registers.
+    ny, nx = coef.shape
+    oy, ox = out.shape
+    has_var = var.shape[0] > 0
+    keep = np.uint8(255 - defect_bits)
+    nf = np.uint8(not_finite)
+    nd_bit = np.uint8(no_data)
+    db = np.uint8(defect_bits)
+    ntab = gtab.shape[0] - 1
+    k00, k01, k10, k11 = k[0, 0], k[0, 1], k[1, 0], k[1, 1]
+    o0, o1 = off[0], off[1]
+    f00, f01 = np.float32(k00), np.float32(k01)
+    f10, f11 = np.float32(k10), np.float32(k11)
+    fo0, fo1 = np.float32(o0), np.float32(o1)
+    fny_hi, fnx_hi = np.float32(ny - 0.5), np.float32(nx - 0.5)
+    for r in prange(oy):
+        wy = np.empty(4)
+        wx = np.empty(4)
+        iy = np.empty(4, np.int64)
+        ix = np.empty(4, np.int64)
+        by = o0 + r * k00
+        bx = o1 + r * k10
+        fry = np.float32(r) * f00
+        frx = np.float32(r) * f10
+        for c in range(ox):
+            y = by + c * k01
+            x = bx + c * k11
+            # ---- data: cubic spline, taps clamped
+            fy = np.floor(y)
+            fx = np.floor(x)
+            sy = np.int64(fy) - 1
+            sx = np.int64(fx) - 1
+            _w3(y - fy, wy)
+            _w3(x - fx, wx)
+            for m in range(4):
+                iy[m] = _clamp(sy + m, ny)
+                ix[m] = _clamp(sx + m, nx)
+            t = 0.0
+            for m in range(4):
+                row = iy[m]
+                wym = wy[m]
+                for q in range(4):
+                    t += (coef[row, ix[q]] * wym) * wx[q]
+            val = np.float32(t)
+            # ---- DQ: nearest neighbour, defects grown and spread
+            if y < -0.5 or y > ny - 0.5 or x < -0.5 or x > nx - 0.5:
+                q8 = nd_bit
+                outside = True
+            else:
+                outside = False
+                ny0 = _clamp(np.int64(np.floor(y + 0.5)), ny)
+                nx0 = _clamp(np.int64(np.floor(x + 0.5)), nx)
+                flag = dq[ny0, nx0]
+                if not np.isfinite(data[ny0, nx0]):
+                    flag |= nf
+                grown = np.uint8(0)
+                for a in range(max(ny0 - 1, 0), min(ny0 + 2, ny)):
+                    for b in range(max(nx0 - 1, 0), min(nx0 + 2, nx)):
+                        d = dq[a, b]
+                        if not np.isfinite(data[a, b]):
+                            d |= nf
+                        grown |= d & db
+                q8 = (flag & keep) | grown
+                if grown != 0:
+                    # bilinear weight of "any defect" (255/0), SciPy's order-1 sum, mode nearest
+                    ly = np.floor(y)
+                    lx = np.floor(x)
+                    ty = y - ly
+                    tx = x - lx
+                    a0 = np.int64(ly)
+                    b0 = np.int64(lx)
+                    w0y = 1.0 - ty
+                    w0x = 1.0 - tx
+                    vy0 = w0y
+                    vy1 = 1.0 - w0y
+                    vx0 = w0x
+                    vx1 = 1.0 - w0x
+                    s = 0.0
+                    for m in range(2):
+                        aa = _clamp(a0 + m, ny)
+                        wyy = vy0 if m == 0 else vy1
+                        for q in range(2):
+                            bb = _clamp(b0 + q, nx)
+                            wxx = vx0 if q == 0 else vx1
+                            d = dq[aa, bb]
+                            if not np.isfinite(data[aa, bb]):
+                                d |= nf
+                            mk = 255.0 if (d & db) != 0 else 0.0
+                            s += (mk * wyy) * wxx
+                    if not (s > 0.0 and s + 0.5 >= 1.0):
+                        q8 = q8 & keep
+            dq_out[r, c] = q8
+            bad = outside or (q8 & nf) != 0
+            if bad:
+                val = np.float32(np.nan)
+            out[r, c] = val
+            if has_var:
+                ly = np.floor(y)
+                lx = np.floor(x)
+                w0y = 1.0 - (y - ly)
+                w0x = 1.0 - (x - lx)
+                vy1 = 1.0 - w0y
+                vx1 = 1.0 - w0x
+                a0 = np.int64(ly)
+                b0 = np.int64(lx)
+                a1 = _clamp(a0 + 1, ny)
+                b1 = _clamp(b0 + 1, nx)
+                a0 = _clamp(a0, ny)
+                b0 = _clamp(b0, nx)
+                s = 0.0
+                s += (var[a0, b0] * w0y) * w0x
+                s += (var[a0, b1] * w0y) * vx1
+                s += (var[a1, b0] * vy1) * w0x
+                s += (var[a1, b1] * vy1) * vx1
+                v = np.float32(s)
+                # squared-weight factors at float32 positions (as _apply_factor_numpy)
+                cy = fry + (np.float32(c) * f01 + fo0)
+                cx = frx + (np.float32(c) * f11 + fo1)
+                fr = cy - np.float32(np.floor(cy))
+                fr = fr * np.float32(ntab)
+                fr = fr + np.float32(0.5)
+                v = v * gtab[np.int64(fr)]
+                fr = cx - np.float32(np.floor(cx))
+                fr = fr * np.float32(ntab)
+                fr = fr + np.float32(0.5)
+                v = v * gtab[np.int64(fr)]
+                if bad or cy < np.float32(-0.5) or cy > fny_hi or cx < np.float32(-0.5) or cx > fnx_hi \
+                        or not (v == v):
+                    sig_out[r, c] = np.float32(np.nan)
+                else:
+                    sig_out[r, c] = np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
+
+
+@pjit
+def stats_pass(x, q, thresholds, nchunks, buf, hist, below, lo_hi):
+    """One pass over a flat float32 frame ``x`` and its DQ ``q`` (see fused.frame_statistics).
+
+    ``buf = where(good, x, 0)``, ``hist`` the DQ histogram (256), ``below[t]`` the good pixels
+    with ``x < thresholds[t]``, ``lo_hi = (min, max)`` of the good pixels; returns n_good.
+    Chunks in parallel, each with its own partial results, merged at the end (integers and
+    min/max: the merge order does not change them).
+    """
+    n = x.shape[0]
+    nt = thresholds.shape[0]
+    step = (n + nchunks - 1) // nchunks
+    part_hist = np.zeros((nchunks, 256), np.int64)
+    part_below = np.zeros((nchunks, max(nt, 1)), np.int64)
+    part_n = np.zeros(nchunks, np.int64)
+    part_lo = np.full(nchunks, np.inf, np.float32)
+    part_hi = np.full(nchunks, -np.inf, np.float32)
+    for ch in prange(nchunks):
+        a = ch * step
+        b = min(n, a + step)
+        ng = 0
+        lo = np.float32(np.inf)
+        hi = np.float32(-np.inf)
+        for i in range(a, b):
+            v = x[i]
+            d = q[i]
+            part_hist[ch, d] += 1
+            if d == 0 and np.isfinite(v):
+                ng += 1
+                buf[i] = v
+                if v < lo:
+                    lo = v
+                if v > hi:
+                    hi = v
+                for t in range(nt):
+                    if v < thresholds[t]:
+                        part_below[ch, t] += 1
+            else:
+                buf[i] = np.float32(0.0)
+        part_n[ch] = ng
+        part_lo[ch] = lo
+        part_hi[ch] = hi
+    total = 0
+    lo = np.float32(np.inf)
+    hi = np.float32(-np.inf)
+    for ch in range(nchunks):
+        total += part_n[ch]
+        for j in range(256):
+            hist[j] += part_hist[ch, j]
+        for t in range(nt):
+            below[t] += part_below[ch, t]
+        lo = min(lo, part_lo[ch])
+        hi = max(hi, part_hi[ch])
+    lo_hi[0] = lo
+    lo_hi[1] = hi
+    return total
+
+
+@pjit
+def ray_profiles(image, x0, y0, cos_t, sin_t, radii, offsets, round32, prof):
+    """Mean of bilinear samples along parallel rays (see fused.ray_profiles): for ray i, radius j,
+    ``prof[i, j] = (m(t0) + m(t1) + ...) / n`` with ``m(t)`` SciPy's order-1 ``map_coordinates``
+    (``mode="nearest"``: each tap clamped) at ``x = (x0 + c r) - s t``, ``y = (y0 + s r) + c t``,
+    rounded to float32 first when ``round32`` (SciPy's output in the input's dtype)."""
+    ny, nx = image.shape
+    nr = radii.shape[0]
+    nt = offsets.shape[0]
+    for i in prange(cos_t.shape[0]):
+        c = cos_t[i]
+        s = sin_t[i]
+        for j in range(nr):
+            r = radii[j]
+            acc = 0.0
+            for k in range(nt):
+                t = offsets[k]
+                x = x0 + c * r - s * t
+                y = y0 + s * r + c * t
+                ly = np.floor(y)
+                lx = np.floor(x)
+                w0y = 1.0 - (y - ly)
+                w0x = 1.0 - (x - lx)
+                w1y = 1.0 - w0y
+                w1x = 1.0 - w0x
+                a0 = np.int64(ly)
+                b0 = np.int64(lx)
+                a1 = _clamp(a0 + 1, ny)
+                b1 = _clamp(b0 + 1, nx)
+                a0 = _clamp(a0, ny)
+                b0 = _clamp(b0, nx)
+                v = 0.0
+                v += (image[a0, b0] * w0y) * w0x
+                v += (image[a0, b1] * w0y) * w1x
+                v += (image[a1, b0] * w1y) * w0x
+                v += (image[a1, b1] * w1y) * w1x
+                if round32:
+                    v = np.float64(np.float32(v))
+                acc += v
+            prof[i, j] = acc / nt
