@@ -53,4 +53,13 @@ if ! command -v fitsverify >/dev/null; then
     fail "fitsverify is missing; install Debian's fitsverify package (as root: apt-get install fitsverify)"
   fi
 fi
-echo "ensure-services: PostgreSQL, Redis, Chromium and fitsverify are ready"
+if ! command -v faketime >/dev/null; then
+  echo "ensure-services: installing Debian's faketime for the worker clock test (tests/test_workers.py)"
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
+      || fail "apt-get install faketime failed"
+  else
+    fail "faketime is missing; install Debian's faketime package (as root: apt-get install faketime)"
+  fi
+fi
+echo "ensure-services: PostgreSQL, Redis, Chromium, fitsverify and faketime are ready"
