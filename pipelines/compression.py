@@ -315,8 +315,9 @@ def compress_product_hdul(hdul: fits.HDUList, mode: str) -> fits.HDUList:
     Returns
     -------
     astropy.io.fits.HDUList
-        Write it with :func:`pipelines.fitsio.write_fits_atomic` (CHECKSUM/DATASUM of each
-        stored table; astropy adds ``ZHECKSUM``/``ZDATASUM`` of the image where it compresses).
+        Write it with :func:`pipelines.fitsio.write_fits_atomic`: ``CHECKSUM``/``DATASUM`` of
+        each stored binary table (they cover the compressed bytes; no ``ZHECKSUM``/``ZDATASUM``),
+        verified by :func:`pipelines.fitsio.verify_checksums`.
 
     Raises
     ------
