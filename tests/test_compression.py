@@ -24,6 +24,7 @@ from pipelines.fitsio import read_image, verify_checksums, write_fits_atomic
 from pipelines.products import build_product_hdul, read_product, read_uncertainty
 from tests.test_calibration_steps import _synthetic_wst
 from tests.conftest import require
+from tests.test_api import client, settings  # noqa: F401 - fixtures (client needs settings)
 
 N = 70  # not a multiple of the 32-pixel tiles: edge tiles are narrower and shorter
 
@@ -221,3 +222,44 @@ def test_noise_without_uncert_falls_back_to_lossless(result, tmp_path):
     write_fits_atomic(hdul, p)
     data, dq, _ = read_product(p)
     np.testing.assert_array_equal(data.view(np.uint32), np.asarray(result.data, np.float32).view(np.uint32))
+
+
+def test_pipeline_writes_what_the_deployment_sets_and_every_route_reads_it(client, db_session, settings_env,
+                                                                           simulated_dataset):
+    """``PRODUCT_COMPRESSION=noise``: the calibration chain's product is compressed, its stored
+    sha256 is the file's, and the product page, viewer cut-out, pixel probe and bulk archive
+    read it."""
+    import hashlib
+    import tarfile
+
+    from backend.models import Frame, ProductState
+    from backend.services.ingest import ingest_path
+    from backend.worker.processing import calibrate_product, plan_product
+
+    s = settings_env(PRODUCT_COMPRESSION="noise")
+    assert s.product_compression == "noise"
+    sim = simulated_dataset(channels=("SDI",), naxis=64, noise=False, seed=5, sdi_sequence=False)
+    outs = [ingest_path(db_session, p, s, move=False)
+            for p in [c.path for c in sim.calibration_files] + list(sim.raw_files)[:1]]
+    frame = next(db_session.get(Frame, o.frame_id) for o in outs if o.status == "ingested")
+    prod, _ = plan_product(db_session, frame, pinned=None, options={}, job_id=None)
+    prod = calibrate_product(db_session, prod.id, s)
+    assert prod.state == ProductState.written, prod.error
+    with fits.open(prod.path) as h:
+        assert [x.name for x in h] == ["PRIMARY", "SCI", "UNCERT", "DQ"] and h[0].header["CMPMODE"] == "noise"
+        assert h[0].header["CMPQERR"] <= 0.1
+    with open(prod.path, "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == prod.sha256
+    assert client.get(f"/api/v1/products/{prod.id}").status_code == 200
+    r = client.get(f"/api/v1/products/{prod.id}/region.png", params={"x0": 8, "x1": 40, "y0": 8, "y1": 40})
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png", r.text
+    r = client.get(f"/api/v1/products/{prod.id}/pixel", params={"x": 30, "y": 30})
+    assert r.status_code == 200, r.text
+    assert read_product(prod.path)[0].shape == (64, 64)
+    r = client.get("/api/v1/products/archive", params={"channel": "SDI"})
+    assert r.status_code == 200, r.text
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        names = [m.name for m in tar.getmembers() if m.name.endswith(".fits")]
+        assert len(names) == 1
+        member = tar.extractfile(names[0]).read()
+    assert hashlib.sha256(member).hexdigest() == prod.sha256
