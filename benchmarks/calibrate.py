@@ -481,7 +481,7 @@ def main(argv=None) -> int:
     line = (f"RESULT wst_pipeline_over_floor={w_pipe / w_floor:.2f} wst_batch_over_floor={b_pipe / b_floor:.2f} "
             f"wst_peer_over_pipeline={w_peer / w_pipe:.2f} sci_pipeline_over_floor={s_pipe / s_floor:.2f} "
             f"peak_mib={peak:.0f}")
-    cmp = _run_worker("compress", "WST", data, args.repeat)
+    cmp = _run_worker("compress", "WST", data, args.repeat, batch=args.batch)
     print("WST product compression (same product written each way; write s = compress + write_fits_atomic, "
           "median): " + "; ".join(f"{m} {cmp[f'bytes_per_px_{m}']:.3f} B/px {cmp[f'write_s_{m}']:.3f} s "
                                   f"err/sigma {cmp[f'err_over_sigma_{m}']:.4f} DQ exact {cmp[f'dq_exact_{m}']}"
