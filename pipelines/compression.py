@@ -124,13 +124,16 @@ class NoiseQuantization:
         Quantized values (``-2147483646`` for 0.0, ``-2147483648`` for NaN).
     scale, zero : numpy.ndarray, float64, shape (ntiles,)
         ``ZSCALE``, ``ZZERO`` per tile in the FITS tile order (x fastest).
-    decoded : numpy.ndarray, float32, shape (ny, nx)
-        What a reader gets back (the decoder's formula, exact to what astropy/cfitsio return).
     any_nan : bool
+    err_rms, err_max : float
+        RMS and largest ``|decoded - value| / sigma`` over the pixels with a finite value and a
+        finite positive sigma [1]; ``decoded`` is what a reader gets back (the decoder's formula,
+        FITS 4.0 eq. 10.3, in double then rounded to float32, as astropy and cfitsio do).
     """
 
-    def __init__(self, ints, scale, zero, decoded, any_nan):
-        self.ints, self.scale, self.zero, self.decoded, self.any_nan = ints, scale, zero, decoded, any_nan
+    def __init__(self, ints, scale, zero, any_nan, err_rms, err_max):
+        self.ints, self.scale, self.zero, self.any_nan = ints, scale, zero, any_nan
+        self.err_rms, self.err_max = err_rms, err_max
 
 
 def quantize_tiles(values: np.ndarray, sigma: np.ndarray, factor: float, *, tile: tuple[int, int] = TILE,
@@ -178,13 +181,14 @@ def quantize_tiles(values: np.ndarray, sigma: np.ndarray, factor: float, *, tile
     if not usable.any():
         raise ValueError("no pixel has a finite value and a finite positive sigma: no quantization step")
     sig_floor = float(np.min(sigma[usable]))
+    sig_nan = np.where(usable, sigma, np.float32(np.nan))
     rand = fits_random_sequence()
     ny, nx = values.shape
     ty, tx = tile
     ntx = -(-nx // tx)
     nty = -(-ny // ty)
     ints = np.empty(values.shape, np.int32)
-    decoded = np.empty(values.shape, np.float32)
+    sum_sq, count, err_max = 0.0, 0, 0.0
     scale = np.zeros(nty * ntx)
     zero = np.zeros(nty * ntx)
     width = np.minimum(tx, nx - np.arange(ntx) * tx)  # columns of each tile of a strip
@@ -200,10 +204,13 @@ def quantize_tiles(values: np.ndarray, sigma: np.ndarray, factor: float, *, tile
 
         v = strip(values, np.nan).astype(np.float64)
         fin = np.isfinite(v)
-        smin = strip(np.where(usable, sigma, np.inf), np.inf).min(axis=(1, 2)).astype(np.float64)
+        s = strip(sig_nan, np.nan)
+        ok = np.isfinite(s)  # finite value and finite positive sigma
+        smin = np.fmin.reduce(s, axis=(1, 2)).astype(np.float64)
         step = factor * np.where(np.isfinite(smin), smin, sig_floor)
-        lo = np.where(fin.any(axis=(1, 2)), np.min(np.where(fin, v, np.inf), axis=(1, 2)), 0.0)
-        hi = np.where(fin.any(axis=(1, 2)), np.max(np.where(fin, v, -np.inf), axis=(1, 2)), 0.0)
+        any_fin = fin.any(axis=(1, 2))
+        lo = np.where(any_fin, np.fmin.reduce(v, axis=(1, 2)), 0.0)
+        hi = np.where(any_fin, np.fmax.reduce(v, axis=(1, 2)), 0.0)
         step = np.maximum(step, (hi - lo) / _INT_MAX)  # keep the integers inside int32
         k = j * ntx + np.arange(ntx)
         start = (rand[(k + dither_seed - 1) % _N_RANDOM] * 500).astype(np.int64)
@@ -215,14 +222,18 @@ def quantize_tiles(values: np.ndarray, sigma: np.ndarray, factor: float, *, tile
         with np.errstate(invalid="ignore"):
             q = np.floor((v - zl) / st + r)  # NINT((v - zero)/step + r - 0.5); the argument is >= -0.5
         q = np.where(fin, q, 0.0)
-        dec = ((q - r + 0.5) * st + zl).astype(np.float32)  # FITS 4.0 eq. 10.3, in double then float
-        is_zero = fin & (v == 0.0)
-        qi = np.where(fin, np.where(is_zero, _ZERO_VALUE, q.astype(np.int64)), _ZBLANK)
-        dec = np.where(fin, np.where(is_zero, np.float32(0.0), dec), np.float32(np.nan))
+        is_zero = v == 0.0  # kept exact by SUBTRACTIVE_DITHER_2: no error
+        with np.errstate(invalid="ignore"):
+            dec = ((q - r + 0.5) * st + zl).astype(np.float32)  # FITS 4.0 eq. 10.3, in double then float
+            e = np.where(ok & ~is_zero, (dec - v) / s, 0.0)
+        sum_sq += float(np.dot(e.ravel(), e.ravel()))
+        count += int(ok.sum())
+        err_max = max(err_max, float(np.abs(e).max()))
+        qi = np.where(fin, np.where(is_zero, _ZERO_VALUE, q.astype(np.int32)), _ZBLANK).astype(np.int32)
         ints[y0:y1] = qi.transpose(1, 0, 2).reshape(h, ntx * tx)[:, :nx]
-        decoded[y0:y1] = dec.transpose(1, 0, 2).reshape(h, ntx * tx)[:, :nx]
         scale[k], zero[k] = step, lo
-    return NoiseQuantization(ints, scale, zero, decoded, bool((~finite).any()))
+    err_rms = math.sqrt(sum_sq / count) if count else 0.0
+    return NoiseQuantization(ints, scale, zero, bool((~finite).any()), err_rms, err_max)
 
 
 def _compressed_bytes(table_hdu: fits.BinTableHDU) -> int:
@@ -344,20 +355,13 @@ def compress_product_hdul(hdul: fits.HDUList, mode: str) -> fits.HDUList:
         primary.header.add_history("compression: noise mode asked, no UNCERT plane: data compressed losslessly")
     if noise:
         qd = quantize_tiles(data, sigma, QSTEP_DATA)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ok = np.isfinite(data) & np.isfinite(sigma) & (sigma > 0)
-            rel = (qd.decoded[ok].astype(np.float64) - data[ok]) / sigma[ok]
-        qerr = float(np.sqrt(np.mean(rel * rel))) if rel.size else 0.0
-        qmax = float(np.max(np.abs(rel))) if rel.size else 0.0
+        qerr, qmax = qd.err_rms, qd.err_max
         sci = _noise_table(qd, header, "SCI")
         per_hdu.append((sci, [("CMPQSTEP", QSTEP_DATA, "step = CMPQSTEP * min sigma of the tile"),
                               ("CMPQERR", round(qerr, 5), "RMS (decoded - original)/sigma"),
                               ("CMPQMAX", round(qmax, 5), "max |decoded - original|/sigma")]))
-        qu = quantize_tiles(sigma, sigma, QSTEP_UNCERT)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            oku = np.isfinite(sigma) & (sigma > 0)
-            relu = (qu.decoded[oku].astype(np.float64) - sigma[oku]) / sigma[oku]
-        uerr = float(np.sqrt(np.mean(relu * relu))) if relu.size else 0.0
+        qu = quantize_tiles(sigma, sigma, QSTEP_UNCERT)  # its error in units of itself: relative
+        uerr = qu.err_rms
         unc = _noise_table(qu, hdul["UNCERT"].header, "UNCERT")
         per_hdu.append((unc, [("CMPQSTEP", QSTEP_UNCERT, "step = CMPQSTEP * min sigma of the tile"),
                               ("CMPUERR", round(uerr, 5), "RMS relative error of decoded sigma")]))
