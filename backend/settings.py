@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -228,6 +229,10 @@ class Settings(BaseSettings):
     #: CPU jobs: 1 (default) sends one message per product; N > 1 sends batches of N to the
     #: ``cpu`` queue, calibrated by the overlapped CPU batch (read, compute and write at once)
     cpu_batch_size: int = Field(default=1, ge=1, le=1024, validation_alias=_alias("CPU_BATCH_SIZE"))
+    #: L2 product files: ``none`` (default, uncompressed), ``lossless`` (tile-compressed, bit-exact)
+    #: or ``noise`` (quantized from the UNCERT plane, error <= 0.1 sigma): :mod:`pipelines.compression`
+    product_compression: Literal["none", "lossless", "noise"] = Field(
+        default="none", validation_alias=_alias("PRODUCT_COMPRESSION"))
     task_soft_time_limit_s: float = Field(default=840.0, gt=0, validation_alias=_alias("TASK_SOFT_TIME_LIMIT_S"))
     task_time_limit_s: float = Field(default=900.0, gt=0, validation_alias=_alias("TASK_TIME_LIMIT_S"))
     broker_visibility_timeout_s: float = Field(default=3600.0, gt=0,

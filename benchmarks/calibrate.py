@@ -29,6 +29,11 @@ once more under ``tracemalloc`` for the peak of Python/NumPy allocations above w
 resident before the frame (also ``ru_maxrss``). The last line printed is::
 
     RESULT wst_pipeline_over_floor=<x> wst_batch_over_floor=<b> wst_peer_over_pipeline=<y> sci_pipeline_over_floor=<z> peak_mib=<m>
+        bytes_per_px_none=<n> bytes_per_px_lossless=<l> bytes_per_px_noise=<q> noise_err_over_sigma=<e>
+        write_s_none=<s> write_s_lossless=<s> write_s_noise=<s>
+
+(one line; the last seven fields: the WST product written each way of ``PRODUCT_COMPRESSION``,
+:func:`compress_worker`; targets ``bytes_per_px_noise`` <= 2.0, ``noise_err_over_sigma`` <= 0.1)
 
 ``peak_mib``: the pipeline's tracemalloc peak for one WST frame [MiB] (the target is <= 6
 float32 frames, 486 MiB at 4608 x 4608; the batch's peak is in the report). The report
@@ -267,6 +272,55 @@ def batch_worker(mode: str, channel: str, data_dir: Path, n: int) -> dict:
             "maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "all_seconds": [wall]}
 
 
+def compress_worker(channel: str, data_dir: Path, repeat: int) -> dict:
+    """The frame calibrated once, its product written each way of ``PRODUCT_COMPRESSION``.
+
+    Per mode: the median over ``repeat`` runs of :func:`pipelines.compression.compress_product_hdul`
+    plus :func:`pipelines.fitsio.write_fits_atomic` (``none``: the write alone), the file's
+    bytes per pixel (whole file, headers included), and for ``noise`` the RMS over the finite
+    pixels of ``(read back - written) / UNCERT``, read back with astropy (not taken from the
+    header's ``CMPQERR``, which is checked against it)."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from astropy.io import fits
+
+    from pipelines.calibration.l2.flow import calibrate_frame
+    from pipelines.compression import COMPRESSION_MODES, compress_product_hdul
+    from pipelines.fitsio import read_image, write_fits_atomic
+    from pipelines.products import build_product_hdul
+
+    cals = _masters(data_dir, channel)
+    raw = read_image(_raw_path(data_dir, channel), dtype=np.float32)
+    l2 = calibrate_frame(raw.data, raw.header, cals, _options())
+    hdul = build_product_hdul(l2, software_version="bench")
+    data = np.asarray(hdul[0].data)
+    sigma = np.asarray(hdul["UNCERT"].data)
+    dq = np.asarray(hdul["DQ"].data)
+    tmp = Path(tempfile.mkdtemp(prefix="lst_bench_cmp_"))
+    out: dict = {"mode": "compress", "channel": channel, "pixels": int(data.size)}
+    for mode in COMPRESSION_MODES:
+        path = tmp / f"product_{mode}.fits"
+        times = []
+        for _ in range(repeat + 1):  # the first run untimed (imports, caches)
+            t0 = time.perf_counter()
+            write_fits_atomic(compress_product_hdul(hdul, mode), path)
+            times.append(time.perf_counter() - t0)
+        out[f"bytes_per_px_{mode}"] = path.stat().st_size / data.size
+        out[f"write_s_{mode}"] = statistics.median(times[1:])
+        with fits.open(path, memmap=False) as back:
+            i0 = 0 if mode == "none" else 1
+            d, u, q = back[i0].data, back["UNCERT"].data, back["DQ"].data
+            ok = np.isfinite(data) & np.isfinite(sigma) & (sigma > 0)
+            e = (d[ok].astype(np.float64) - data[ok]) / sigma[ok]
+            out[f"err_over_sigma_{mode}"] = float(np.sqrt(np.mean(e * e)))
+            out[f"dq_exact_{mode}"] = bool(np.array_equal(q, dq))
+            out[f"header_qerr_{mode}"] = back[0].header.get("CMPQERR")
+        path.unlink()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def worker(mode: str, channel: str, data_dir: Path, repeat: int, profile: bool) -> dict:
     import warnings
 
@@ -386,7 +440,7 @@ def main(argv=None) -> int:
     ap.add_argument("--resample", default=None,
                     help="CalibrationOptions(resample=NAME) for the pipeline and the batch, where that field exists")
     ap.add_argument("--report", action="store_true", help=f"write {REPORT.relative_to(ROOT)}")
-    ap.add_argument("--worker", choices=sorted(TASKS) + list(BATCH_TASKS), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=sorted(TASKS) + list(BATCH_TASKS) + ["compress"], help=argparse.SUPPRESS)
     ap.add_argument("--channel", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -395,6 +449,9 @@ def main(argv=None) -> int:
     _check_resample(args.resample)
     if args.resample:
         OPTIONS["resample"] = args.resample
+    if args.worker == "compress":
+        print(json.dumps(compress_worker(args.channel, args.data, args.repeat)))
+        return 0
     if args.worker in BATCH_TASKS:
         print(json.dumps(batch_worker(args.worker, args.channel, args.data, args.batch)))
         return 0
@@ -425,6 +482,16 @@ def main(argv=None) -> int:
     line = (f"RESULT wst_pipeline_over_floor={w_pipe / w_floor:.2f} wst_batch_over_floor={b_pipe / b_floor:.2f} "
             f"wst_peer_over_pipeline={w_peer / w_pipe:.2f} sci_pipeline_over_floor={s_pipe / s_floor:.2f} "
             f"peak_mib={peak:.0f}")
+    cmp = _run_worker("compress", "WST", data, args.repeat, batch=args.batch)
+    print("WST product compression (same product written each way; write s = compress + write_fits_atomic, "
+          "median): " + "; ".join(f"{m} {cmp[f'bytes_per_px_{m}']:.3f} B/px {cmp[f'write_s_{m}']:.3f} s "
+                                  f"err/sigma {cmp[f'err_over_sigma_{m}']:.4f} DQ exact {cmp[f'dq_exact_{m}']}"
+                                  for m in ("none", "lossless", "noise"))
+          + f"; noise header CMPQERR {cmp['header_qerr_noise']}", flush=True)
+    line += (f" bytes_per_px_none={cmp['bytes_per_px_none']:.3f} bytes_per_px_lossless={cmp['bytes_per_px_lossless']:.3f}"
+             f" bytes_per_px_noise={cmp['bytes_per_px_noise']:.3f} noise_err_over_sigma={cmp['err_over_sigma_noise']:.4f}"
+             f" write_s_none={cmp['write_s_none']:.3f} write_s_lossless={cmp['write_s_lossless']:.3f}"
+             f" write_s_noise={cmp['write_s_noise']:.3f}")
     if args.report:
         _write_report(results, line, args)
     print(results[("WST", "pipeline")]["profile"] or "")

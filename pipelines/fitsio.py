@@ -520,7 +520,10 @@ def verify_checksums(path: str | os.PathLike) -> int:
 
     Every HDU is loaded (astropy verifies an extension only when it is loaded), and a
     tile-compressed HDU is checked as the binary table it is stored as (its keywords are
-    there). An HDU without the keywords has nothing to verify.
+    there; they cover every stored byte, the heap included). ``ZHECKSUM``/``ZDATASUM`` (the
+    sums of the uncompressed image, which some writers add; astropy 8 and
+    :mod:`pipelines.compression` do not) are not recomputed: a change of the stored bytes
+    already fails ``DATASUM``. An HDU without the keywords has nothing to verify.
 
     Returns
     -------

@@ -31,6 +31,10 @@ Products written before these extensions (DQ as a one-row binary table whose col
 
 Write the list with :func:`pipelines.fitsio.write_fits_atomic`, which adds
 ``CHECKSUM``/``DATASUM`` to both HDUs.
+With ``PRODUCT_COMPRESSION`` ``lossless`` or ``noise`` the list is first tile-compressed
+(:func:`pipelines.compression.compress_product_hdul`): a header-only HDU 0 with the same
+header, then ``SCI`` (the data; ``sunpy.map.Map(path, hdus=1)``), ``UNCERT`` and ``DQ``;
+:func:`read_product` and :func:`read_uncertainty` read both layouts.
 """
 
 from __future__ import annotations

@@ -48,9 +48,14 @@ def test_calibrate_benchmark_prints_one_result_line(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"RESULT wst_pipeline_over_floor=([\d.]+) wst_batch_over_floor=([\d.]+) "
-                     r"wst_peer_over_pipeline=([\d.]+) sci_pipeline_over_floor=([\d.]+) peak_mib=(\d+)", last)
+                     r"wst_peer_over_pipeline=([\d.]+) sci_pipeline_over_floor=([\d.]+) peak_mib=(\d+) "
+                     r"bytes_per_px_none=([\d.]+) bytes_per_px_lossless=([\d.]+) bytes_per_px_noise=([\d.]+) "
+                     r"noise_err_over_sigma=([\d.]+) write_s_none=([\d.]+) write_s_lossless=([\d.]+) "
+                     r"write_s_noise=([\d.]+)", last)
     assert m, last
     assert all(float(x) > 0 for x in m.groups())
+    bpp_none, bpp_lossless, bpp_noise, err = (float(x) for x in m.groups()[5:9])
+    assert bpp_noise < bpp_none and err <= 0.1  # at 96 px the headers weigh: lossless may not be smaller
     assert "rotate_north_up" in r.stdout and "Map.rotate(recenter=True)" in r.stdout
     assert "correct_detector_signal" in r.stdout and "WST batch of 3:" in r.stdout
     # before the north-up back end is merged, --resample is refused, not silently ignored

@@ -168,6 +168,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
         return False
     from pipelines.fitsio import store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, write_quicklook_png
+    from pipelines.compression import compress_product_hdul
     from pipelines.calibration.l2.quality import frame_quality
     from pipelines.provenance import stamp_provenance
 
@@ -181,12 +182,15 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
         result.header.add_history(note)
     hdul = build_product_hdul(result, software_version=__version__)
     out = _product_path(settings, frame, prod)
+    # the header and digests below are those of the calibrated arrays; the file may hold them
+    # tile-compressed (PRODUCT_COMPRESSION, pipelines.compression; "none" writes hdul as is)
+    stored = compress_product_hdul(hdul, getattr(settings, "product_compression", "none"))
     if settings.product_store:  # an object store: objects of this attempt first, the row after
-        fits_ref, sha, ql_ref = _place_objects(session, settings, prod, hdul, result, out, attempt, holder)
+        fits_ref, sha, ql_ref = _place_objects(session, settings, prod, stored, result, out, attempt, holder)
         prod.path, prod.sha256, prod.quicklook_path = fits_ref, sha, ql_ref
     else:
         tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
-        sha = write_fits_atomic(hdul, out, tmp_dir=tmp)
+        sha = write_fits_atomic(stored, out, tmp_dir=tmp)
         ql = out.with_suffix(".png")
         write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
         prod.path = str(out)
