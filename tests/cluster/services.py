@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.cluster.rig import Proc, Rig, RigError
+from tests.cluster.rig import NET, Proc, Rig, RigError
 from tests.faults.harness import PG_BIN, REDIS_BIN, ROOT
 from tests.seaweed import ACCESS_KEY, SECRET_KEY, _free_ports, weed_binary
 
@@ -54,6 +54,8 @@ def start_postgres(rig: Rig) -> tuple[Proc, str]:
     subprocess.run(["runuser", "-u", "postgres", "--", str(PG_BIN / "initdb"), "-D", str(base / "data"), "-U",
                     "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
                    check=True, capture_output=True, timeout=120)
+    with open(base / "data" / "pg_hba.conf", "a") as hba:  # the rig's hosts only (its private range)
+        hba.write(f"host all all {NET} trust\n")
     p = rig.start("pg", ["runuser", "-u", "postgres", "--", str(PG_BIN / "postgres"), "-D", str(base / "data"),
                          "-p", str(PG_PORT), "-k", str(base / "sock"), "-c", f"listen_addresses={rig.addr('pg')}",
                          "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=300",

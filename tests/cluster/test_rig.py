@@ -55,3 +55,15 @@ def test_rig_network_faults_and_teardown(tmp_path):
     assert _netns() == [] and _route() == ""
     for pid in pids:
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+
+
+def test_rig_torn_down_on_failure(tmp_path):
+    """An error inside the rig still removes its namespaces, processes and route."""
+    rig = Rig(tmp_path / "rig", hosts=("ctl", "w1"))
+    with pytest.raises(RuntimeError, match="boom"):
+        with rig:
+            p = rig.start("w1", ["sleep", "600"], hostname="host1")
+            rig.partition("w1")
+            raise RuntimeError("boom")
+    assert _netns() == [] and _route() == ""
+    assert p.popen.poll() is not None
