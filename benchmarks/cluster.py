@@ -19,7 +19,11 @@ Faults, on a schedule from when 5 % of the job is done (``--faults`` picks; offs
 * ``partition`` (10): worker host 2 cut from the network (nft drop on its ``eth0``) for
   ``--partition-s`` (default 60), then healed;
 * ``store_partition`` (12, s3 only): the object store's namespace cut for ``--store-cut-s``;
-* ``db_cut`` (15): worker host 3 cut from PostgreSQL only for ``--db-cut-s``.
+* ``db_cut`` (15): worker host 3 cut from PostgreSQL only for ``--db-cut-s``;
+* ``broker_loss`` (20): 30 % of the broker's packets dropped at random (nft ``numgen``) for
+  ``--loss-s``;
+* ``freeze`` (25): every process of worker host 1 stopped (SIGSTOP) for ``--freeze-s``
+  (default the broker's visibility timeout + 10 s), then thawed.
 
 A fault whose time comes after the job ended is not injected (and not named in ``faults``).
 ``--frame-delay S`` makes each calibration sleep ``S`` s first (``LSTDP_FAULTS_FRAME_DELAY_S``)
@@ -67,7 +71,8 @@ from tests.faults import harness as H  # noqa: E402
 #: Worker settings, as benchmarks/faults.py (lease = TASK_TIME_LIMIT_S + 60 s)
 SETTINGS = {"TASK_SOFT_TIME_LIMIT_S": 8, "TASK_TIME_LIMIT_S": 10, "BROKER_VISIBILITY_TIMEOUT_S": 15,
             "RECONCILE_INTERVAL_S": 1, "MAX_DELIVERIES": 3}
-FAULTS = ("host_kill", "same_name_restart", "api_kill", "partition", "store_partition", "db_cut")
+FAULTS = ("host_kill", "same_name_restart", "api_kill", "partition", "store_partition", "db_cut", "broker_loss",
+          "freeze")
 ORPHAN_KINDS = {"orphan_file", "orphan_object", "attempt_object", "partial_file", "unwritten_file",
                 "incomplete_upload"}
 
@@ -230,7 +235,8 @@ def run(args) -> dict:
             H.wait_progress(job, 0.05, timeout_s=300)
             wanted = set(args.faults.split(","))
             schedule = [(0, "host_kill"), (5, "same_name_restart"), (6, "api_kill"), (10, "api_restart"),
-                        (10, "partition"), (12, "store_partition"), (15, "db_cut")]
+                        (10, "partition"), (12, "store_partition"), (15, "db_cut"),
+                        (20, "broker_loss"), (25, "freeze")]
             heals: list[tuple[float, str]] = []
             start = time.monotonic()
             last_fault = start
@@ -248,6 +254,11 @@ def run(args) -> dict:
                 else:
                     events.remove(due)
                 kind = due[1]
+                if kind.startswith("thaw:"):
+                    rig.thaw(kind.split(":", 1)[1])
+                    last_fault = time.monotonic()
+                    _say(f"{time.monotonic() - start:6.1f} s: thawed {kind[5:]}")
+                    continue
                 if kind.startswith("heal:"):
                     rig.heal(kind.split(":", 1)[1])
                     last_fault = time.monotonic()
@@ -284,6 +295,14 @@ def run(args) -> dict:
                     rig.cut_to(w3, "pg", S.PG_PORT)
                     heals.append((time.monotonic() + args.db_cut_s, f"heal:{w3}"))
                     msg = f"db_cut: host3 cut from PostgreSQL only for {args.db_cut_s:.0f} s"
+                elif kind == "broker_loss":
+                    rig.lose("redis", S.REDIS_PORT, 30)
+                    heals.append((time.monotonic() + args.loss_s, "heal:redis"))
+                    msg = f"broker_loss: 30 % of the broker's packets dropped for {args.loss_s:.0f} s"
+                elif kind == "freeze" and w1:
+                    frozen = rig.freeze(w1)
+                    heals.append((time.monotonic() + args.freeze_s, f"thaw:{w1}"))
+                    msg = f"freeze: host1's {len(frozen)} processes stopped for {args.freeze_s:.0f} s"
                 else:
                     continue
                 if kind in FAULTS:
@@ -340,12 +359,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partition-s", type=float, default=60.0)
     ap.add_argument("--store-cut-s", type=float, default=20.0)
     ap.add_argument("--db-cut-s", type=float, default=30.0)
+    ap.add_argument("--loss-s", type=float, default=30.0)
+    ap.add_argument("--freeze-s", type=float, default=SETTINGS["BROKER_VISIBILITY_TIMEOUT_S"] + 10.0)
     ap.add_argument("--frame-delay", type=float, default=2.0, help="each calibration sleeps this long first [s]")
     ap.add_argument("--timeout", type=float, default=None, help="settle bound after the last fault [s]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, journal, stores)")
     args = ap.parse_args(argv)
     if bad := set(args.faults.split(",")) - set(FAULTS):
         ap.error(f"unknown faults {sorted(bad)}")
+    import signal
+
+    def _term(signum, frame):  # a SIGTERM tears the rig down as Ctrl-C does
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _term)
     out = run(args)
     _say(f"RESULT hosts={args.hosts} store={args.store} faults={','.join(out['faults']) or 'none'} "
          f"frames={out.get('frames', 0)} products={out.get('products', 0)} lost={out.get('lost', 0)} "

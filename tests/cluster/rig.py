@@ -186,6 +186,10 @@ class Rig:
         left: list[str] = []
         self.leave()
         procs, self.procs = self.procs, []
+        for n in self.made:  # a frozen host handles its SIGTERM once thawed
+            for pid in _run("ip", "netns", "pids", n, check=False).stdout.split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGCONT)
         for p in reversed(procs):
             try:
                 p.stop()
@@ -194,6 +198,8 @@ class Rig:
         for n in reversed(self.made):
             r = _run("ip", "netns", "pids", n, check=False)
             for pid in r.stdout.split():  # anything still in a rig namespace was started by the rig
+                if pid == str(os.getpid()):
+                    continue
                 with contextlib.suppress(ProcessLookupError, ValueError):
                     os.kill(int(pid), signal.SIGKILL)
             if _run("ip", "netns", "del", n, check=False).returncode:
@@ -279,6 +285,34 @@ class Rig:
                   f" chain in {{ type filter hook input priority 0; policy accept; ip saddr {a} tcp sport {port} drop; }}\n"
                   f" chain out {{ type filter hook output priority 0; policy accept; ip daddr {a} tcp dport {port} drop; }}\n"
                   "}\n")
+
+    def lose(self, host: str, port: int, percent: int) -> None:
+        """Drop ``percent`` % of ``host``'s TCP packets to and from its ``port``, at random
+        (nft ``numgen random``: this kernel has no netem), e.g. 30 % loss to the broker."""
+        if not 0 < percent < 100:
+            raise ValueError(f"percent must be in (0, 100), not {percent}")
+        self._nft(host, "table inet lstrig {\n"
+                  f" chain in {{ type filter hook input priority 0; policy accept; tcp dport {port} "
+                  f"numgen random mod 100 < {percent} drop; }}\n"
+                  f" chain out {{ type filter hook output priority 0; policy accept; tcp sport {port} "
+                  f"numgen random mod 100 < {percent} drop; }}\n}}\n")
+
+    def pids(self, host: str) -> list[int]:
+        """Every process in ``host``'s network namespace (all of a worker host's)."""
+        return [int(p) for p in _run("ip", "netns", "pids", self.ns(host), check=False).stdout.split()]
+
+    def freeze(self, host: str) -> list[int]:
+        """SIGSTOP every process of ``host`` (a host frozen, e.g. a VM paused); :meth:`thaw` resumes."""
+        pids = self.pids(host)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw(self, host: str) -> None:
+        for pid in self.pids(host):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def heal(self, host: str) -> None:
         _run("ip", "netns", "exec", self.ns(host), "nft", "delete", "table", "inet", "lstrig", check=False)

@@ -49,6 +49,12 @@ def test_rig_network_faults_and_teardown(tmp_path):
         assert not rig.reaches("w2", "pg", 5432) and rig.reaches("w1", "pg", 5432)
         rig.heal("w2")
         assert rig.reaches("w2", "pg", 5432)
+        def state(pid):
+            return [ln for ln in open(f"/proc/{pid}/status") if ln.startswith("State")][0].split()[1]
+
+        assert init in rig.freeze("w1") and state(init) == "T"
+        rig.thaw("w1")
+        assert state(init) != "T"
         rig.kill_host(h)
         assert not h.alive()
         pids = [p.pid for p in rig.procs]
