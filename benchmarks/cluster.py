@@ -278,7 +278,7 @@ def run(args) -> dict:
                     hosts[w1] = S.start_worker(rig, w1, "host1", env, concurrency=args.concurrency)
                     msg = "same_name_restart: host1 started again"
                 elif kind == "api_kill":
-                    apis["api1"].stop(grace_s=0)
+                    apis["api1"].kill()
                     msg = "api_kill: api1 killed (SIGKILL) while the client reads"
                 elif kind == "api_restart":
                     apis["api1"] = S.start_api(rig, "api1", env)

@@ -90,6 +90,14 @@ class Proc:
                     return int(kids[0])
         return None
 
+    def kill(self) -> None:
+        """SIGKILL its group at once (a crash, no shutdown)."""
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(10)
+
     def stop(self, grace_s: float = STOP_GRACE_S) -> None:
         """SIGTERM its group, SIGKILL after ``grace_s``. A group whose leader is gone is not
         signalled (its id may name another group by now): :meth:`Rig.down` kills what is
