@@ -349,7 +349,8 @@ def run(args) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (also for tests/cluster)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument("--hosts", type=int, default=3, help="worker hosts (3 for every fault)")
@@ -364,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frame-delay", type=float, default=2.0, help="each calibration sleeps this long first [s]")
     ap.add_argument("--timeout", type=float, default=None, help="settle bound after the last fault [s]")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs, journal, stores)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     if bad := set(args.faults.split(",")) - set(FAULTS):
         ap.error(f"unknown faults {sorted(bad)}")
