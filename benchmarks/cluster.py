@@ -41,6 +41,10 @@ during the run, a retry on the other replica included. The last line::
     RESULT hosts=<n> store=<s3|fs> faults=<kinds> frames=<n> products=<p> lost=<l> duplicated=<d>
     orphans=<o> double_runs=<r> settle_s=<t> api_max_s=<m>
 
+``orphans`` is what the run left; when ``lstdp fsck`` is not clean the run then repairs
+(``lstdp fsck --repair``) and says whether ``lstdp fsck`` is clean after it. The exit
+status is 0 only when ``lstdp fsck`` was clean without a repair.
+
 Usage (as root)::
 
     .venv/bin/python benchmarks/cluster.py                 # 300 frames, every fault
@@ -155,11 +159,13 @@ def measure(job_id: str, journal: Path) -> dict:
             "double_runs": double_runs, "details": details}
 
 
-def fsck(env: dict[str, str]) -> tuple[int, int, list[str]]:
-    """``lstdp fsck --json`` (run from this namespace); (exit code, orphans, problem lines)."""
+def fsck(env: dict[str, str], *, repair: bool = False) -> tuple[int, int, list[str]]:
+    """``lstdp fsck --json`` (``--repair`` too with ``repair``; run from this namespace);
+    (exit code, orphans, problem lines)."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck", "--json"], env=env, cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck", "--json", *(["--repair"] if repair else [])],
+                       env=env, cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     try:
         rep = json.loads(r.stdout)
@@ -335,6 +341,10 @@ def run(args) -> dict:
             _say(f"lstdp fsck exit {rc}" + ("" if rc == 0 else f": {len(problems)} problems"))
             for line in problems[:20]:
                 _say(f"fsck: {line[:300]}")
+            if rc != 0:  # what the operator's repair leaves (RESULT counts what the run left)
+                fsck(env, repair=True)
+                rc2, _, left = fsck(env)
+                _say(f"after lstdp fsck --repair: fsck exit {rc2}" + "".join(f"; {ln[:200]}" for ln in left[:5]))
             if args.keep:  # the rig's logs outlive it; its namespaces and servers do not
                 _say(f"kept {work}")
     finally:
