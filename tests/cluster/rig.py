@@ -65,6 +65,14 @@ def _run(*argv: str, check: bool = True, input: str | None = None) -> subprocess
     return r
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (``/proc/PID/stat``), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 @dataclass
 class Proc:
     """A process group started in a namespace; ``pid`` is its leader (also its group id)."""
@@ -315,6 +323,10 @@ class Rig:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5.0  # SIGSTOP lands asynchronously: until each is stopped
+        for pid in pids:
+            while time.monotonic() < deadline and _state(pid) not in ("T", None):
+                time.sleep(0.01)
         return pids
 
     def thaw(self, host: str) -> None:
