@@ -516,6 +516,9 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if stray_sigma is not None:
         # the stated stray-light 1-sigma is one error of the whole frame (fully correlated between
         # pixels): added after the resampling, which would shrink it as if it were pixel noise
+        if sigma is not None:  # the resampling pass gave sigma: back to a variance for the sum
+            var = xp.asarray(sigma) ** 2
+            sigma = None
         var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
         h.add_history(f"uncertainty: {why}, added on the output grid")
     _stamp_l2(h, cals, unit, channel, backend_name(xp))
