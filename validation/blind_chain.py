@@ -649,7 +649,8 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           pixels ``level_C`` scores (for :func:`level_tolerance`);
         * ``flat_rms_C``: RMS of (chain flat / hidden flat - 1), renormalised, over the pixels
           it measured (:func:`pipelines.calibration.masters.flatfield.compare_flats`); ``flat_pull_C``
-          the robust width of that error over ``FLATERR`` (SDI/WST: with the best-fit plane
+          the robust width of that error over ``FLATERR`` (SCI: over ``hypot(FLATERR / flat, FLATDFSG)``,
+          the stated diffuser non-uniformity in quadrature; SDI/WST: with the best-fit plane
           removed when the flat states its plane, whose error ``FLATPLSG`` states; also as
           ``flat_pull_width_C``); ``flat_rms_none_C`` the error with no flat; SDI/WST the
           stated plane's scores (issue 27 item 2, :func:`_score_flat_plane`):
@@ -791,6 +792,7 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
     from pipelines.calibration.masters.flatfield import compare_flats, derive_flat_master
     from pipelines.calibration.l2.flow import load_calibration_master
     from pipelines.simulation import INSTRUMENT
+    from pipelines.calibration.masters.diffuser_flat import DIFFUSER_SIGMA_KEY, diffuser_flat_keywords
     from pipelines.simulation.dithers import simulate_dithered_flat_set
 
     model = INSTRUMENT[chan]
@@ -826,7 +828,7 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
                                           bu.FLAT_EXPTIME_S)
         flat, flaterr = fe["flat"].astype(np.float64), fe["flaterr"]
         valid = np.ones(flat.shape, bool)
-        plane_kw = {}
+        plane_kw = diffuser_flat_keywords()  # the diffuser's large scale, stated (FLATDFSG)
         desc = f"{chan} flat from {bu.N_CAL_FRAMES} diffuser-like uniform frames"
         del fe
     else:
@@ -858,8 +860,11 @@ def derive_chain_masters(hidden_cal_dir: Path, chan: str, n: int, *, noise: bool
     ratio /= ratio.mean()
     if not chan.startswith("SCI"):
         ratio = _score_flat_plane(flat, hidden_flat, valid, flaterr, plane_kw, chan, out)
+    rel = flaterr[valid] / flat[valid]
+    if DIFFUSER_SIGMA_KEY in plane_kw:  # SCI: the stated diffuser term in quadrature (the total the product states)
+        rel = np.hypot(rel, float(plane_kw[DIFFUSER_SIGMA_KEY][0]))
     with np.errstate(divide="ignore", invalid="ignore"):  # noise off: FLATERR can be 0
-        fp = (ratio - 1.0) / (flaterr[valid] / flat[valid])
+        fp = (ratio - 1.0) / rel
     out[f"flat_pull_{chan}"] = float(1.4826 * np.median(np.abs(fp - np.median(fp))))
     if not chan.startswith("SCI"):
         out[f"flat_pull_width_{chan}"] = out[f"flat_pull_{chan}"]

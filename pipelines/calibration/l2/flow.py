@@ -611,6 +611,11 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
         pe = to_device(plane_err, xp, xp.float32) * flat
         flat_err = pe if flat_err is None else xp.sqrt(flat_err * flat_err + pe * pe)
         del pe
+    diff_err = _stated_diffuser_error(flat_cal, h)
+    if diff_err is not None:  # the stated diffuser non-uniformity (SCI), in quadrature with FLATERR [flat units]
+        de = xp.asarray(diff_err, dtype=xp.float32) * flat
+        flat_err = de if flat_err is None else xp.sqrt(flat_err * flat_err + de * de)
+        del de
     dark_err = "biaserr" in dark.data or "darkerr" in dark.data
     if not opts.remove_cosmic_rays and backend_name(xp) == "numpy":
         _img, dq, h = steps.clean_cosmic_rays(raw, dq, h, enabled=False)
@@ -642,7 +647,8 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
                   f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
                   f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}"
-                  f"{'; stated flat plane (FLATPLSG) in quadrature' if plane_err is not None else ''}")
+                  f"{'; stated flat plane (FLATPLSG) in quadrature' if plane_err is not None else ''}"
+                  f"{'; stated diffuser non-uniformity (FLATDFSG) in quadrature' if diff_err is not None else ''}")
     return img, dq, h, var
 
 
@@ -843,6 +849,30 @@ def _stated_plane_error(flat: CalibrationInput, h: fits.Header) -> np.ndarray | 
     pivot = (float(p.get("FLATPLY0", (shape[0] + 1) / 2.0)) - 1.0, float(p.get("FLATPLX0", (shape[1] + 1) / 2.0)) - 1.0)
     h["FLATPLSG"] = (sig, "[1] flat plane 1-sigma across frame (in UNCERT)")
     return plane_sigma_map(shape, sig, pivot)
+
+
+def _stated_diffuser_error(flat: CalibrationInput, h: fits.Header) -> float | None:
+    """The stated diffuser non-uniformity's per-pixel 1-sigma [fraction of the flat], or ``None``.
+
+    A diffuser flat master (SCI) states with ``FLATDFSG`` the large-scale illumination of the
+    diffuser that diffuser frames cannot separate from the flat
+    (:mod:`pipelines.calibration.masters.diffuser_flat`); it is copied to the L2 header and
+    added, times the flat, in quadrature to ``FLATERR``. Raises
+    :class:`~pipelines.errors.DataError` for a negative or non-finite value.
+    """
+    from pipelines.calibration.masters.diffuser_flat import DIFFUSER_SIGMA_KEY
+
+    raw = flat.parameters.get(DIFFUSER_SIGMA_KEY)
+    if raw in (None, ""):
+        return None
+    try:
+        sig = float(raw)
+    except (TypeError, ValueError):
+        raise DataError(f"flat master {flat.name}: {DIFFUSER_SIGMA_KEY}={raw!r} is not a number") from None
+    if not np.isfinite(sig) or sig < 0.0:
+        raise DataError(f"flat master {flat.name}: {DIFFUSER_SIGMA_KEY}={raw!r} must be a finite fraction >= 0")
+    h[DIFFUSER_SIGMA_KEY] = (sig, "[1] diffuser non-uniformity 1-sigma (in UNCERT)")
+    return sig
 
 
 def _flag_stated_flat_plane(h: fits.Header, flat: CalibrationInput) -> None:

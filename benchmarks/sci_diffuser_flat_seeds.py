@@ -1,0 +1,82 @@
+"""The SCI diffuser flat's pull over seeds: tune or check ``DIFFUSER_NONUNIFORMITY_SIGMA`` (issue 27).
+
+Runs only the flat part of the blind chain (:func:`validation.blind_chain._masters`) for
+SCI-UV and SCI-WL on the given seeds (256 px, noise on, families of
+:func:`validation.families.draw_families` with ``--mismatch on|off``) and prints per seed
+``flat_pull_C`` (the robust width of (flat / hidden - 1) over ``hypot(FLATERR / flat,
+FLATDFSG)``), and with ``--tune`` the sigma for which the RMS over all seeds and both
+channels of that width is 1 (bisection; tune only on seeds >= 1000).
+
+Usage: ``python benchmarks/sci_diffuser_flat_seeds.py --seeds 1000-1011 --mismatch on --tune``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+
+def _seeds(text: str) -> list[int]:
+    a, _, b = text.partition("-")
+    return list(range(int(a), int(b or a) + 1))
+
+
+def _width(ratio: np.ndarray, rel: np.ndarray, sigma: float) -> float:
+    fp = (ratio - 1.0) / np.hypot(rel, sigma)
+    return float(1.4826 * np.median(np.abs(fp - np.median(fp))))
+
+
+def main() -> None:
+    from pipelines.calibration.masters.diffuser_flat import DIFFUSER_NONUNIFORMITY_SIGMA
+    from pipelines.simulation import simulate
+    from validation import blind_chain as bc
+    from validation.families import draw_families
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="1000-1011")
+    ap.add_argument("--mismatch", choices=("on", "off"), default="on")
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--tune", action="store_true")
+    a = ap.parse_args()
+    chans = ("SCI-UV", "SCI-WL")
+    data, pulls = [], []
+    for seed in _seeds(a.seeds):
+        fam = draw_families(seed, a.mismatch == "on", size=a.size)
+        with tempfile.TemporaryDirectory(prefix="lstdp-diffuser-") as tmp:
+            tmp = Path(tmp)
+            sim = simulate(tmp / "sim", channels=list(bc.CHANNELS), naxis=a.size, noise=True, seed=seed,
+                           sdi_sequence=False, pointing_error_px=bc.POINTING_ERROR_PX,
+                           **({} if not fam.variants else {"variants": fam.variants}))
+            row = []
+            for chan in chans:
+                out: dict[str, float] = {}
+                _c, _e, det, flat = bc._masters(sim, chan, bc.CHANNELS.index(chan), True, seed, tmp / "chain", out, fam)
+                hidden = det["flat"].astype(np.float64)
+                ratio = flat / hidden
+                ratio /= ratio.mean()
+                fe = _c["flat"].data["flaterr"].astype(np.float64) / flat
+                data.append((ratio.ravel(), fe.ravel()))
+                row.append(out[f"flat_pull_{chan}"])
+                pulls.append(out[f"flat_pull_{chan}"])
+            print(f"seed {seed}: " + " ".join(f"flat_pull_{c}={v:.3f}" for c, v in zip(chans, row)), flush=True)
+    rms = math.sqrt(float(np.mean(np.square(pulls))))
+    print(f"RESULT sci_flat_pull_rms={rms:.3f} sigma={DIFFUSER_NONUNIFORMITY_SIGMA:g} seeds={a.seeds} "
+          f"mismatch={a.mismatch}")
+    if a.tune:
+        f = lambda s: math.sqrt(float(np.mean([_width(r, e, s) ** 2 for r, e in data]))) - 1.0  # noqa: E731
+        lo, hi = 0.0, 0.1
+        if f(lo) <= 0:
+            print("RESULT tuned_sigma=0 (pulls <= 1 without a diffuser term)")
+            return
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
+        print(f"RESULT tuned_sigma={0.5 * (lo + hi):.5f} seeds={a.seeds} mismatch={a.mismatch}")
+
+
+if __name__ == "__main__":
+    main()
