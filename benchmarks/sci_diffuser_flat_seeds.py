@@ -4,7 +4,8 @@ Runs only the flat part of the blind chain (:func:`validation.blind_chain._maste
 SCI-UV and SCI-WL on the given seeds (256 px, noise on, families of
 :func:`validation.families.draw_families` with ``--mismatch on|off``) and prints per seed
 ``flat_pull_C`` (the robust width of (flat / hidden - 1) over ``hypot(FLATERR / flat,
-FLATDFSG)``), and with ``--tune`` the sigma for which the RMS over all seeds and both
+FLATDFSG)``), their RMS over seeds per channel (``flat_pull_width_C``, as
+:mod:`benchmarks.validate_calibration` reports it) and pooled, and with ``--tune`` the sigma for which the RMS over all seeds and both
 channels of that width is 1 (bisection; tune only on seeds >= 1000).
 
 Usage: ``python benchmarks/sci_diffuser_flat_seeds.py --seeds 1000-1011 --mismatch on --tune``
@@ -64,8 +65,9 @@ def main() -> None:
                 pulls.append(out[f"flat_pull_{chan}"])
             print(f"seed {seed}: " + " ".join(f"flat_pull_{c}={v:.3f}" for c, v in zip(chans, row)), flush=True)
     rms = math.sqrt(float(np.mean(np.square(pulls))))
-    print(f"RESULT sci_flat_pull_rms={rms:.3f} sigma={DIFFUSER_NONUNIFORMITY_SIGMA:g} seeds={a.seeds} "
-          f"mismatch={a.mismatch}")
+    per = {c: math.sqrt(float(np.mean(np.square(pulls[i::2])))) for i, c in enumerate(chans)}
+    print(f"RESULT sci_flat_pull_rms={rms:.3f} " + " ".join(f"flat_pull_width_{c}={v:.3f}" for c, v in per.items())
+          + f" sigma={DIFFUSER_NONUNIFORMITY_SIGMA:g} seeds={a.seeds} mismatch={a.mismatch}")
     if a.tune:
         f = lambda s: math.sqrt(float(np.mean([_width(r, e, s) ** 2 for r, e in data]))) - 1.0  # noqa: E731
         lo, hi = 0.0, 0.1
