@@ -36,8 +36,14 @@ north-up re-centring. At 512 px a 0.25 px error makes the SCI-WL corona at 2.3-2
 
 For SCI the edge is the occulter's (``OCCRAD`` of the mask-geometry calibration, else the
 channel's 1.1 Rsun): this gives the Sun's centre only where the occulter is centred on
-the Sun, as the simulator assumes; a measured occulter-to-Sun offset in flight would be a
-mask-geometry parameter to add here. The field stop (2.5 Rsun) is not used: at most frame
+the Sun. A single frame cannot do better: the corona around the occulter has m = 1
+asymmetries of its own (streamers, tilts) that no symmetry argument separates from a centre
+offset. The occulter-to-Sun offset is therefore measured from a roll sequence
+(:mod:`pipelines.calibration.masters.occulter`: the corona turns about the Sun, the occulter
+stays) and carried by the stray-light (or mask-geometry) master as ``OCCOFF1/2``,
+``OCCOFERR``; :func:`fit_and_apply_centre` subtracts it from the occulter fit and adds its
+1-sigma to ``CSYERia`` (issue 27). Without it the occulter is taken as centred (HISTORY
+says so). The field stop (2.5 Rsun) is not used: at most frame
 sizes its vignetting ramp lies partly outside the detector.
 
 The flat derivation registers its dithers with another, image-only fit

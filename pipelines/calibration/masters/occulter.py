@@ -124,6 +124,16 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
     rs = float(geom.rsun_px)
     img0 = np.asarray(images[i0], dtype=np.float64)
     ok0 = np.isfinite(img0) & (np.asarray(valid[i0], bool) if valid is not None else True)
+    # brightness in units of its median in frame 0's annulus (the fits' tolerances are absolute:
+    # a channel in 1e-10 MSB would stop at its first step)
+    yy0, xx0 = np.mgrid[0:img0.shape[0], 0:img0.shape[1]]
+    o0_ = (float(headers[i0]["FITCRPX1"]) - 1.0, float(headers[i0]["FITCRPX2"]) - 1.0)
+    rho0 = np.hypot(xx0 - o0_[0], yy0 - o0_[1]) / rs
+    ring = ok0 & (rho0 > ANNULUS_RSUN[0]) & (rho0 < ANNULUS_RSUN[1])
+    norm = float(np.median(np.abs(img0[ring]))) if ring.any() else 0.0
+    if not (math.isfinite(norm) and norm > 0):
+        raise DataError("occulter offset: no signal in the annulus of the first frame")
+    img0 = img0 / norm
     coef0 = spline_filter(np.where(ok0, img0, 0.0), order=3, mode="nearest")  # cubic: no interpolation bias
     ok0f = ok0.astype(np.float64)
     o0 = np.array([float(headers[i0]["FITCRPX1"]) - 1.0, float(headers[i0]["FITCRPX2"]) - 1.0])
@@ -136,7 +146,7 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
         dth = float(headers[k]["CROTA2"]) - th0
         if abs(((dth + 180.0) % 360.0) - 180.0) < 5.0:  # no roll between them: no leverage on the centre
             continue
-        img = np.asarray(images[k], dtype=np.float64)
+        img = np.asarray(images[k], dtype=np.float64) / norm
         ok = np.isfinite(img) & (np.asarray(valid[k], bool) if valid is not None else True)
         o_k = np.array([float(headers[k]["FITCRPX1"]) - 1.0, float(headers[k]["FITCRPX2"]) - 1.0])
         rho = np.hypot(xx - o_k[0], yy - o_k[1]) / rs
