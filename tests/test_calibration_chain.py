@@ -207,3 +207,31 @@ def test_derive_flat_master_recovers_an_injected_flat(tmp_path):
     assert np.allclose(der2.flat[fill] / flat[fill], np.median(der2.flat[~fill] / flat[~fill]), rtol=0.01)
     with pytest.raises(ValueError, match="diffuser"):
         derive_flat_master(images, shifts, "SCI-WL", 1, "2024-01-01")
+
+
+def test_dark_curve_interpolates_the_measured_factors_and_the_flow_reads_them():
+    """The master's measured curve (DARKNT/DARKTn/DARKFn) replaces the doubling law (issue 27)."""
+    temps, facs = (-30.0, -24.0, -18.0, -12.0), (0.2, 0.5, 1.4, 3.5)
+    for t, f in zip(temps, facs):  # through its points, and between them smooth in ln
+        assert steps.dark_curve_factor(t, temps, facs) == (pytest.approx(f), False)
+    f_mid, outside = steps.dark_curve_factor(-15.0, temps, facs)
+    assert 1.4 < f_mid < 3.5 and not outside
+    f_out, outside = steps.dark_curve_factor(-6.0, temps, facs)
+    assert outside and f_out > 3.5
+    with pytest.raises(DataError, match="positive"):
+        steps.dark_curve_factor(-15.0, temps, (0.2, 0.5, -1.0, 3.5))
+    assert steps.dark_curve_from_header({"DARKNT": 1, "DARKT1": 0.0, "DARKF1": 1.0}) is None
+    raw, h, cals, _ = _synthetic_wst(48, roll=0.0)
+    base = calibrate_frame(raw, h, cals, CalibrationOptions(rotate_north_up=False))
+    h["CCDTEMP"] = -15.0
+    dark = cals["dark"]
+    kw = {"DARKTREF": -21.0, "DARKTDBL": 6.0, "DARKNT": 4}  # the curve wins over the doubling law
+    kw.update({f"DARKT{i}": t for i, t in enumerate(temps, 1)})
+    kw.update({f"DARKF{i}": f for i, f in enumerate(facs, 1)})
+    res = calibrate_frame(raw, h, dict(cals, dark=_cal("dark", "WST", dict(dark.data), **kw)),
+                          CalibrationOptions(rotate_north_up=False))
+    assert res.header["DARKTFAC"] == pytest.approx(f_mid, rel=1e-6)
+    assert "measured curve" in history(res.header)
+    expected = base.data - (dark.data["dark_rate"] * 0.5 / cals["flat"].data["flat"] / 0.5 * 2.0 * (f_mid - 1.0))
+    ok = (res.dq == 0) & (base.dq == 0)
+    assert ok.sum() > 1000 and np.allclose(res.data[ok], expected[ok], rtol=1e-5)

@@ -396,7 +396,8 @@ def estimate_dark_model(bias_frames: Iterable[np.ndarray], dark_frames: Iterable
         ``bias``, ``biaserr`` [DN]; ``dark_rate``, ``darkerr`` [DN/s] at ``tref`` [deg C] (the
         mean of the temperatures); ``tdbl`` [deg C] (doubling temperature); ``gain``
         [electron/DN]; ``read_noise`` [DN] (ADC's 1/12 DN**2 removed); ``temps``, ``levels``
-        (median dark rate at each temperature [DN/s]). Planes float32, shape (ny, nx).
+        (median dark rate at each temperature [DN/s]), ``factors`` (those over the rate plane's
+        level, the measured curve). Planes float32, shape (ny, nx).
 
     Raises
     ------
@@ -406,18 +407,22 @@ def estimate_dark_model(bias_frames: Iterable[np.ndarray], dark_frames: Iterable
 
     Notes
     -----
-    * Temperature law: ``R(T) = R_ref 2**((T - T_ref) / T_dbl)`` (the law of
-      :func:`pipelines.calibration.l2.steps.dark_temperature_factor`). ``T_dbl`` from the
-      least-squares line through ``log2 median R_k`` against ``T_k`` (the median over pixels
-      is immune to hot pixels); ``R_ref`` per pixel by least squares over the temperatures,
-      ``R_ref = sum f_k R_k / sum f_k**2`` with ``f_k = 2**((T_k - T_ref)/T_dbl)``, and its
-      standard error from each temperature's frame scatter and the bias error.
+    * Temperature law: the measured curve, no assumed form (issue 27: the truth's law may be
+      the depletion + diffusion sum, not a doubling law). ``F_k = L_k / L(T_ref)``, ``L_k`` the
+      median dark rate at ``T_k`` (immune to hot pixels) and ``L(T)`` the cubic in ``ln L``
+      through them (:func:`pipelines.calibration.l2.steps.dark_curve_factor`, which the flow
+      uses at the science frame's temperature from the master's ``DARKNT``/``DARKTn``/``DARKFn``);
+      ``R_ref`` per pixel by least squares over the temperatures, ``R_ref = sum F_k R_k / sum
+      F_k**2``, and its standard error from each temperature's frame scatter and the bias
+      error. ``T_dbl`` (``DARKTDBL``, kept for readers of the old law) is the least-squares
+      doubling temperature through ``log2 L_k``; ``factors`` holds the ``F_k``.
     * Photon transfer on dark pairs (the dark current's shot noise; Janesick 2007, *Photon
       Transfer*, SPIE Press): ``var(D1 - D2) / 2 = S / g + sigma_total**2`` over the pixels
       whose rate is within a factor 2 of the median (no hot pixels), ``S`` their mean dark
       signal, ``sigma_total**2 = var(B1 - B2) / 2`` from bias pairs, at the warmest
       temperature (the largest ``S``).
     """
+    from pipelines.calibration.l2.steps import dark_curve_factor
     from validation.blind_units import _robust_var
 
     if not dark_exptime_s > 0:
@@ -454,7 +459,10 @@ def estimate_dark_model(bias_frames: Iterable[np.ndarray], dark_frames: Iterable
         raise ValueError(f"the dark current does not grow with temperature (slope {slope:g} per C)")
     tdbl = 1.0 / float(slope)
     tref = float(np.mean(tt))
-    fk = 2.0 ** ((tt - tref) / tdbl)
+    # the temperature law: the measured curve itself (levels over the level at tref, the cubic
+    # in ln through them; pipelines.calibration.l2.steps.dark_curve_factor), not a doubling law
+    ref_level = dark_curve_factor(tref, temps, levels)[0]
+    fk = levels / ref_level
     den = float(np.sum(fk ** 2))
     rate = sum(fk[i] * rates[t] for i, t in enumerate(temps)) / den
     var_rate = sum(fk[i] ** 2 * (accs[t].var() / accs[t].n) for i, t in enumerate(temps)) / (den ** 2 * dark_exptime_s ** 2)
@@ -473,7 +481,7 @@ def estimate_dark_model(bias_frames: Iterable[np.ndarray], dark_frames: Iterable
     f32 = lambda a: np.asarray(a, dtype=np.float32)  # noqa: E731
     return {"bias": f32(bias), "biaserr": f32(biaserr), "dark_rate": f32(rate), "darkerr": f32(darkerr),
             "tref": tref, "tdbl": tdbl, "gain": gain, "read_noise": math.sqrt(max(var_total - 1.0 / 12.0, 0.0)),
-            "temps": temps, "levels": levels.tolist()}
+            "temps": temps, "levels": levels.tolist(), "factors": fk.tolist()}
 
 
 def kll_flat_error(images_dn, flat: np.ndarray, valid: np.ndarray, *, gain: float, read_noise: float,
@@ -550,6 +558,11 @@ def _write_masters(est: dict, flat: np.ndarray, flaterr: np.ndarray, chan: str, 
         if est.get("tdbl") is not None:
             h[0].header["DARKTREF"] = (float(est["tref"]), "[deg C] detector temperature of DARKRATE")
             h[0].header["DARKTDBL"] = (float(est["tdbl"]), "[deg C] fitted doubling temperature of the dark")
+        if est.get("factors") is not None:  # the measured curve (the flow prefers it to DARKTDBL)
+            h[0].header["DARKNT"] = (len(est["temps"]), "points of the measured dark temperature curve")
+            for i, (t, f) in enumerate(zip(est["temps"], est["factors"]), 1):
+                h[0].header[f"DARKT{i}"] = (float(t), "[deg C] dark exposure temperature")
+                h[0].header[f"DARKF{i}"] = (float(f), "median dark rate there / DARKRATE plane")
         temps = ", ".join(f"{t:g}" for t in est["temps"])
         h[0].header["CALDESC"] = f"{chan} dark model from {N_BIAS} bias and darks at {temps} C"
         for hdu in h:
@@ -570,7 +583,8 @@ def _chain_dark(est: dict, header: fits.Header, *, scaled: bool) -> np.ndarray:
     zero = np.zeros(est["bias"].shape, dtype=np.float32)
     out, _ = subtract_dark(zero, header, est["bias"], est["dark_rate"],
                            reference_temperature_c=est["tref"] if scaled else None,
-                           doubling_temperature_c=est["tdbl"] if scaled else None)
+                           doubling_temperature_c=est["tdbl"] if scaled else None,
+                           temperature_curve=(est["temps"], est["factors"]) if scaled and est.get("factors") else None)
     return -np.asarray(out, dtype=np.float64)
 
 
@@ -952,6 +966,19 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
         l1s.append(np.asarray(l1.data, dtype=np.float64))
         hdrs.append(l1.header)
         valids.append(l1.dq == 0)
+    # the occulter-to-Sun offset from the roll sequence (the occulter fit finds the occulter, the
+    # corona turns about the Sun): the Sun centre of each frame is its occulter fit minus it
+    from pipelines.calibration.masters.occulter import measure_occulter_offset
+    from pipelines.errors import DataError
+    try:
+        occ = measure_occulter_offset(l1s, hdrs, valids)
+    except DataError:
+        occ = None
+    if occ is not None:
+        for h in hdrs:
+            if "FITCRPX1" in h and "FITCRPX2" in h:
+                h["CRPIX1"] = float(h["FITCRPX1"]) - occ.dx_px
+                h["CRPIX2"] = float(h["FITCRPX2"]) - occ.dy_px
     prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
     # issue 27 item 3: the model set (stated 1-sigma, chi-square, refusal); a refused fit falls back to
     # the channel's default master, LST.md's on-orbit power law (the simulator's given master)
@@ -959,7 +986,11 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
     sest = estimate_stray_light(l1s, hdrs, lambda r: STRAY_PRIOR_FACTOR * prior0(r), valid=valids, model_set=True,
                                 fallback=default.brightness)
     mpath = work / f"lst_{chan.lower()}_stray_light_chain.fits"
-    write_fits_atomic(blind_stray_master(sest, l1s[0].shape, hdrs[0], chan, 9, ref.valid_from, ref.valid_to), mpath)
+    hdul = blind_stray_master(sest, l1s[0].shape, hdrs[0], chan, 9, ref.valid_from, ref.valid_to)
+    if occ is not None:
+        for k, v in occ.keywords().items():
+            hdul[0].header[k] = v
+    write_fits_atomic(hdul, mpath)
     return load_calibration_master(mpath), sest
 
 

@@ -36,8 +36,14 @@ north-up re-centring. At 512 px a 0.25 px error makes the SCI-WL corona at 2.3-2
 
 For SCI the edge is the occulter's (``OCCRAD`` of the mask-geometry calibration, else the
 channel's 1.1 Rsun): this gives the Sun's centre only where the occulter is centred on
-the Sun, as the simulator assumes; a measured occulter-to-Sun offset in flight would be a
-mask-geometry parameter to add here. The field stop (2.5 Rsun) is not used: at most frame
+the Sun. A single frame cannot do better: the corona around the occulter has m = 1
+asymmetries of its own (streamers, tilts) that no symmetry argument separates from a centre
+offset. The occulter-to-Sun offset is therefore measured from a roll sequence
+(:mod:`pipelines.calibration.masters.occulter`: the corona turns about the Sun, the occulter
+stays) and carried by the stray-light (or mask-geometry) master as ``OCCOFF1/2``,
+``OCCOFERR``; :func:`fit_and_apply_centre` subtracts it from the occulter fit and adds its
+1-sigma to ``CSYERia`` (issue 27). Without it the occulter is taken as centred (HISTORY
+says so). The field stop (2.5 Rsun) is not used: at most frame
 sizes its vignetting ramp lies partly outside the detector.
 
 The flat derivation registers its dithers with another, image-only fit
@@ -72,6 +78,7 @@ no L2 keyword states that one yet).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -464,7 +471,9 @@ def pointing_uncertainty_px(n: int) -> float:
 
 def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulter_rsun: float | None = None,
                          tolerance_px: float = 0.05, systematic_arcsec: float = 0.0,
-                         enabled: bool = True) -> tuple[fits.Header, CentreFit | None]:
+                         enabled: bool = True,
+                         occulter_offset_arcsec: tuple[float, float, float] | None = None,
+                         ) -> tuple[fits.Header, CentreFit | None]:
     """Fit the disk centre and, if it disagrees with the header, move the WCS onto it.
 
     Parameters
@@ -484,6 +493,12 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
         The edge fit's systematic error [arcsec] (:data:`EDGE_SYSTEMATIC_ARCSEC`).
     enabled : bool
         ``False``: no fit; the header's centre is kept and HISTORY says so.
+    occulter_offset_arcsec : (float, float, float), optional
+        SCI: the occulter centre minus the Sun centre along the detector axes and its 1-sigma
+        per axis [arcsec] (``OCCOFF1``, ``OCCOFF2``, ``OCCOFERR`` of the stray-light master,
+        measured from a roll sequence: :mod:`pipelines.calibration.masters.occulter`). The Sun
+        centre is the occulter fit minus it, and its 1-sigma is added in quadrature to
+        ``CSYERia``. ``None``: the occulter is taken as centred on the Sun (HISTORY says so).
 
     Returns
     -------
@@ -517,6 +532,17 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
         fit = fit_disk_centre(img, geom.x0, geom.y0, r_guess, method=method)
     except DataError as exc:
         reason = short = str(exc)
+    occ_sys_px = 0.0
+    if fit is not None and coronagraph:
+        if occulter_offset_arcsec is not None:  # the occulter's centre is not the Sun's: move to the Sun
+            ox, oy, oerr = (float(v) for v in occulter_offset_arcsec)
+            fit = dataclasses.replace(fit, x0=fit.x0 - ox / abs(geom.scale), y0=fit.y0 - oy / abs(geom.scale))
+            occ_sys_px = oerr / abs(geom.scale)
+            h.add_history(f"fit_sun_centre: occulter fit moved by the measured occulter-to-Sun offset "
+                          f"({-ox:+.2f}, {-oy:+.2f}) arcsec (OCCOFF1/2, 1-sigma {oerr:.2f} arcsec in CSYER1/2)")
+        else:
+            h.add_history("fit_sun_centre: no measured occulter-to-Sun offset (OCCOFF1/2): the occulter "
+                          "is taken as centred on the Sun")
     limit = pointing_uncertainty_px(n)
     pointing_px = limit  # the header's centre is believed to this, no better, when nothing measured it
     if fit is not None:
@@ -557,7 +583,7 @@ def fit_and_apply_centre(img: Any, h: fits.Header, *, coronagraph: bool, occulte
     _set(h, "FITCNPT", int(fit.n_points))
     _set(h, "CTRSHIFT", round(shift, 4))
     _set(h, "CTRTOL", round(threshold, 4))
-    sys_px = max(float(systematic_arcsec) / geom.scale, EDGE_SYSTEMATIC_FLOOR_PX)
+    sys_px = math.hypot(max(float(systematic_arcsec) / geom.scale, EDGE_SYSTEMATIC_FLOOR_PX), occ_sys_px)
     if shift <= threshold:  # the header's centre is kept: off the fit by `shift`, the fit off by sys_px
         sys_px += shift
     _set_wcs_errors(h, geom.scale, fit.sigma_x, fit.sigma_y, sys_px)

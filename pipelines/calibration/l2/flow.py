@@ -498,7 +498,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     tol = opts.occulter_tolerance_px if spec.is_coronagraph else opts.centre_tolerance_px
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
-                                enabled=opts.fit_centre)
+                                enabled=opts.fit_centre, occulter_offset_arcsec=_occulter_offset(cals, spec))
     img, h, var, stray_sigma = _stray_light_step(img, h, cals, opts, spec, xp, var)
     dq, h = _mask_steps(img, dq, h, cals, spec, xp)
     img, h = _psf_step(img, dq, h, cals, opts)
@@ -600,6 +600,7 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     tref, tdbl = dark.parameters.get("DARKTREF"), dark.parameters.get("DARKTDBL")
     tref = float(tref) if tref not in (None, "") else None
     tdbl = float(tdbl) if tdbl not in (None, "") else None
+    tcurve = steps.dark_curve_from_header(dark.parameters)  # measured curve, else the doubling law
     bias = to_device(dark.data["bias"], xp, xp.float32)
     dark_rate = to_device(dark.data["dark_rate"], xp, xp.float32)
     gain, read_noise, noise_src = uncertainty.detector_noise(h, dark.parameters)
@@ -620,7 +621,8 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     if not opts.remove_cosmic_rays and backend_name(xp) == "numpy":
         _img, dq, h = steps.clean_cosmic_rays(raw, dq, h, enabled=False)
         img, h = steps.correct_detector_signal(raw, h, bias, dark_rate, flat, coef, unit,
-                                               reference_temperature_c=tref, doubling_temperature_c=tdbl)
+                                               reference_temperature_c=tref, doubling_temperature_c=tdbl,
+                                               temperature_curve=tcurve)
         t = exposure_seconds(h)
         planes = {k: to_device(dark.data[k], xp, xp.float32) for k in ("biaserr", "darkerr") if k in dark.data}
         var = uncertainty.detector_variance(raw, bias, gain, read_noise, planes, t * float(h.get("DARKTFAC", 1.0)),
@@ -629,7 +631,7 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     else:
         var = uncertainty.raw_variance(raw, bias, gain, read_noise)
         img, h = steps.subtract_dark(raw, h, bias, dark_rate, reference_temperature_c=tref,
-                                     doubling_temperature_c=tdbl)
+                                     doubling_temperature_c=tdbl, temperature_curve=tcurve)
         del raw, bias
         t = exposure_seconds(h)
         var, dark_err = uncertainty.dark_variance(var, dark.data, t * float(h.get("DARKTFAC", 1.0)), xp)
@@ -727,6 +729,21 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
             flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")
         return img, h, var, sig_prof
     return img, h, var, None
+
+
+def _occulter_offset(cals: dict, spec) -> tuple[float, float, float] | None:
+    """SCI: the measured occulter-to-Sun offset (``OCCOFF1/2``, ``OCCOFERR`` [arcsec]) of the stray-light
+    or mask-geometry master (:mod:`pipelines.calibration.masters.occulter`), else ``None``."""
+    from pipelines.calibration.masters.occulter import offset_from_parameters
+
+    if not spec.is_coronagraph:
+        return None
+    for kind in ("stray_light", "mask_geometry"):
+        cal = cals.get(kind)
+        off = offset_from_parameters(cal.parameters) if cal is not None else None
+        if off is not None:
+            return off
+    return None
 
 
 def _occulter_rsun(cals: dict[str, CalibrationInput], spec: Any) -> float | None:

@@ -1,0 +1,80 @@
+"""SCI occulter-to-Sun offset from a roll sequence (issue 27: the occulter is not centred on the Sun).
+
+A synthetic corona with azimuthal structure turns about the Sun centre with the roll; the
+occulter, fixed in the instrument, sits off the Sun by a known offset. The occulter fit finds the
+occulter; the roll sequence finds the Sun.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from astropy.io import fits
+
+from pipelines.calibration.l2.centre import fit_and_apply_centre
+from pipelines.calibration.masters.occulter import measure_occulter_offset, offset_from_parameters
+from pipelines.errors import DataError
+
+N, SCALE, RSUN = 128, 32.0, 960.0  # 30 px to the solar radius
+SUN = (63.4, 64.7)  # 0-based
+OFFSET = (1.7, -1.1)  # occulter minus Sun [px]
+
+
+def _frame(roll: float, rng) -> tuple[np.ndarray, fits.Header]:
+    y, x = np.mgrid[:N, :N].astype(float)
+    a = math.radians(roll)
+    dx, dy = x - SUN[0], y - SUN[1]
+    ux, uy = math.cos(a) * dx - math.sin(a) * dy, math.sin(a) * dx + math.cos(a) * dy  # sky = R(roll) (det - sun)
+    r, phi = np.hypot(ux, uy) / 30.0, np.arctan2(uy, ux)
+    sky = 1e4 * np.maximum(r, 0.3) ** -3 * (1 + 0.3 * np.cos(2 * phi - 0.5) + 0.15 * np.cos(phi + 1.0))
+    ro = np.hypot(x - SUN[0] - OFFSET[0], y - SUN[1] - OFFSET[1]) / 30.0
+    shadow = np.sin(0.5 * np.pi * np.clip((ro - 1.0) / 0.1, 0, 1)) ** 2
+    img = rng.poisson(sky * shadow).astype(float)
+    h = fits.Header()
+    h["CTYPE1"], h["CTYPE2"], h["CUNIT1"], h["CUNIT2"] = "HPLN-TAN", "HPLT-TAN", "arcsec", "arcsec"
+    h["CRPIX1"], h["CRPIX2"] = SUN[0] + 1.0 + 0.8, SUN[1] + 1.0 - 0.5  # pointing error in the header
+    h["CRVAL1"], h["CRVAL2"], h["CDELT1"], h["CDELT2"] = 0.0, 0.0, SCALE, SCALE
+    h["CROTA2"], h["RSUN_OBS"], h["DATE-OBS"] = roll, RSUN, "2024-01-01T00:00:00"
+    return img, h
+
+
+@pytest.fixture(scope="module")
+def sequence():
+    rng = np.random.default_rng(11)
+    imgs, hdrs = [], []
+    for roll in (0.0, 90.0, 180.0, 270.0):
+        img, h = _frame(roll, rng)
+        h1, _ = fit_and_apply_centre(img, h, coronagraph=True, occulter_rsun=1.1)  # the occulter, not the Sun
+        imgs.append(img)
+        hdrs.append(h1)
+    return imgs, hdrs
+
+
+def test_occulter_fit_alone_finds_the_occulter_not_the_sun(sequence):
+    _, hdrs = sequence
+    h = hdrs[0]
+    assert math.hypot(h["CRPIX1"] - 1 - SUN[0] - OFFSET[0], h["CRPIX2"] - 1 - SUN[1] - OFFSET[1]) < 0.1
+    assert "taken as centred on the Sun" in "".join(str(v) for v in h["HISTORY"])
+
+
+def test_roll_sequence_measures_the_offset_and_the_centre_step_applies_it(sequence):
+    imgs, hdrs = sequence
+    off = measure_occulter_offset(imgs, hdrs)
+    assert off.n_pairs == 3
+    assert math.hypot(off.dx_px - OFFSET[0], off.dy_px - OFFSET[1]) < 0.1
+    assert off.sigma_px >= 0.1
+    kw = off.keywords()
+    got = offset_from_parameters({k: v for k, (v, _) in kw.items()})
+    assert got == pytest.approx((off.dx_px * SCALE, off.dy_px * SCALE, off.sigma_px * SCALE), abs=1e-3)
+    img, h = _frame(0.0, np.random.default_rng(12))
+    h_plain, _ = fit_and_apply_centre(img, h, coronagraph=True, occulter_rsun=1.1)
+    h_off, _ = fit_and_apply_centre(img, h, coronagraph=True, occulter_rsun=1.1, occulter_offset_arcsec=got)
+    err = math.hypot(h_off["CRPIX1"] - 1 - SUN[0], h_off["CRPIX2"] - 1 - SUN[1])
+    assert err < 0.15  # on the Sun, not on the occulter (2.0 px away)
+    assert h_off["CTRSRC"] == "FIT" and "occulter-to-Sun offset" in "".join(str(v) for v in h_off["HISTORY"])
+    # the offset's 1-sigma is stated in the centre's systematic error
+    assert h_off["CSYER1"] > h_plain["CSYER1"] and h_off["CSYER1"] >= off.sigma_px * SCALE * 0.99
+    with pytest.raises(DataError, match="fewer than two"):
+        measure_occulter_offset(imgs[:1], hdrs[:1])
