@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure what the tests need is there: PostgreSQL and Redis answering on 127.0.0.1,
-# Debian's Chromium for the browser tests and Debian's fitsverify (HEASARC's FITS validator)
-# for the product files' tests. Starts or installs what is missing (as the
+# Debian's Chromium for the browser tests, Debian's fitsverify (HEASARC's FITS validator)
+# for the product files' tests and Debian's faketime for the worker clock test. Starts or installs what is missing (as the
 # machine allows) and fails loudly if it cannot.
 set -uo pipefail
 
@@ -35,31 +35,20 @@ if ! redis_ok; then
   redis_ok || fail "Redis does not answer on 127.0.0.1:6379 and could not be started"
 fi
 
-if [ ! -x /usr/bin/chromium ]; then
-  echo "ensure-services: installing Debian's chromium for the browser tests"
+# apt_need COMMAND PACKAGE PURPOSE: install Debian's PACKAGE when COMMAND is missing (as root), else fail
+apt_need() {
+  command -v "$1" >/dev/null && return 0
+  echo "ensure-services: installing Debian's $2 for $3"
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || fail "apt-get install chromium failed"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null) \
+      || fail "apt-get install $2 failed"
   else
-    fail "/usr/bin/chromium is missing; install Debian's chromium package (as root: apt-get install chromium)"
+    fail "$1 is missing; install Debian's $2 package (as root: apt-get install $2)"
   fi
-fi
-if ! command -v fitsverify >/dev/null; then
-  echo "ensure-services: installing Debian's fitsverify for the FITS validity tests"
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fitsverify >/dev/null) \
-      || fail "apt-get install fitsverify failed"
-  else
-    fail "fitsverify is missing; install Debian's fitsverify package (as root: apt-get install fitsverify)"
-  fi
-fi
-if ! command -v faketime >/dev/null; then
-  echo "ensure-services: installing Debian's faketime for the worker clock test (tests/test_workers.py)"
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null) \
-      || fail "apt-get install faketime failed"
-  else
-    fail "faketime is missing; install Debian's faketime package (as root: apt-get install faketime)"
-  fi
-fi
+  command -v "$1" >/dev/null || fail "$1 is still missing after installing $2"
+}
+
+apt_need /usr/bin/chromium chromium "the browser tests"
+apt_need fitsverify fitsverify "the FITS validity tests"
+apt_need faketime faketime "the worker clock test (tests/test_workers.py)"
 echo "ensure-services: PostgreSQL, Redis, Chromium, fitsverify and faketime are ready"
