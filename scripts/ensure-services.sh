@@ -51,4 +51,5 @@ apt_need() {
 apt_need /usr/bin/chromium chromium "the browser tests"
 apt_need fitsverify fitsverify "the FITS validity tests"
 apt_need faketime faketime "the worker clock test (tests/test_workers.py)"
+apt_need nft nftables "the network-namespace rig's faults (tests/cluster)"
 echo "ensure-services: PostgreSQL, Redis, Chromium, fitsverify and faketime are ready"
