@@ -312,17 +312,7 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
         good = (flat_dq == 0) & np.isfinite(flat_data)
     n_good = int(np.count_nonzero(good))
     counts = np.bincount(flat_dq, minlength=256)  # one pass over the DQ for every bit
-    values = np.arange(counts.size)
-    stats: dict[str, Any] = {
-        "channel": channel,
-        "bunit": str(header.get("BUNIT", "")),
-        "backend": backend,
-        "n_pixels": int(data.size),
-        "n_good": n_good,
-        "n_masked": int(data.size - counts[0]),
-    }
-    for bit in DQ:
-        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    stats = _stats_head(data, header, channel, backend, n_good, counts)
     if n_good:
         mean, vmin, vmax = _exact_moments(flat_data, good, n_good)
         if n_good <= EXACT_PERCENTILE_PIXELS:
@@ -355,6 +345,24 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
 
 
+def _stats_head(data: np.ndarray, header: fits.Header, channel: str, backend: str, n_good: int,
+                counts: np.ndarray) -> dict[str, Any]:
+    """The counting fields of :func:`_stats`: channel, ``BUNIT``, backend, pixel counts and one
+    ``n_<bit>`` per DQ bit from ``counts`` (the DQ histogram, 256 bins)."""
+    values = np.arange(counts.size)
+    stats: dict[str, Any] = {
+        "channel": channel,
+        "bunit": str(header.get("BUNIT", "")),
+        "backend": backend,
+        "n_pixels": int(data.size),
+        "n_good": n_good,
+        "n_masked": int(data.size - counts[0]),
+    }
+    for bit in DQ:
+        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    return stats
+
+
 def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str,
                       backend: str) -> dict[str, Any] | None:
     """:func:`_stats` of a frame above :data:`EXACT_PERCENTILE_PIXELS` pixels in two passes, every
@@ -379,17 +387,7 @@ def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, cha
         return None
     mean = float(np.add.reduce(buf, dtype=np.float64) / n_good)
     del buf
-    values = np.arange(counts.size)
-    stats: dict[str, Any] = {
-        "channel": channel,
-        "bunit": str(header.get("BUNIT", "")),
-        "backend": backend,
-        "n_pixels": int(data.size),
-        "n_good": n_good,
-        "n_masked": int(data.size - counts[0]),
-    }
-    for bit in DQ:
-        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    stats = _stats_head(data, header, channel, backend, n_good, counts)
     p01, med, p99 = pcts
     rank_err = 0.0
     for want, cnt in zip((1.0, 50.0, 99.0), below):
