@@ -205,10 +205,11 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   KLL flat is known up to a constant (``flat_level_C``, measured 0.24-0.26 % at 256 px) and
 #:   WST's radiometric coefficient is given, so the level error should be that constant; 1 %
 #:   leaves four times it (a choice, no LST.md requirement). SDI calibrated with its
-#:   campaign's law (the default): 2 % + the product's ``RADUNC`` against the truth as it is
-#:   (:func:`level_tolerance`; the issue's radiometric gate, the level carrying the LASP
-#:   composite's scale error, which the simulator draws within +-1 sigma), and 1 % once the
-#:   series' hidden scale error is taken out (``level_scale_error_removed_SDI``).
+#:   campaign's law (the default): 2 % + 3 x the product's ``RADUNC`` against the truth as it
+#:   is (:func:`level_tolerance`; the level carries the LASP composite's scale error, which the
+#:   validation draws Gaussian at its stated sigma: issue 27 item 1). The level with the
+#:   series' hidden scale error taken out (``level_scale_error_removed_SDI``) is reported
+#:   only (it uses the truth).
 #: * ``level_dev_sci``: SCI's level may be off by 1 % plus what the issue's stray-light
 #:   allowance (``stray_pct``: 5 % of the K corona) makes of the scored brightness,
 #:   ``0.05 x k_share_C`` (the K corona's median share of it): a 1 % gate alone would ask the
@@ -1484,10 +1485,11 @@ def level_tolerance(m: dict[str, float], c: str) -> float:
     """Largest ``|level_C - 1|`` of channel ``c`` in a :func:`run` result (:data:`GATES`).
 
     SDI/WST: 1 %; SDI calibrated with its campaign's law (``radiometry_from_campaign_SDI``):
-    the radiometric gate, 2 % + the product's own ``RADUNC`` (``radunc_SDI``: the fit's error
-    at DATE-OBS and the LASP composite's stated scale uncertainty; without it
-    :func:`gate_tolerance`), the level then carrying the
-    series' scale error; SCI: 1 % plus what the stray-light allowance of 5 % of the K corona
+    the radiometric gate, 2 % + 3 x the product's own ``RADUNC`` (``radunc_SDI``: the fit's
+    error at DATE-OBS and the LASP composite's stated scale uncertainty, a 1-sigma; 3 sigma as
+    the frame pull and the stray gates, since the validation draws the series' scale error
+    Gaussian at its stated sigma; without it :func:`gate_tolerance`), the level then carrying
+    the series' scale error; SCI: 1 % plus what the stray-light allowance of 5 % of the K corona
     makes of the scored brightness (``k_share_C``).
     """
     if c.startswith("SCI"):  # issue 27: or 3 x the stated stray-light 1-sigma's share, if larger
@@ -1496,7 +1498,9 @@ def level_tolerance(m: dict[str, float], c: str) -> float:
                                             stated if math.isfinite(stated) else 0.0)
     if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
         radunc = m.get("radunc_SDI", float("nan"))  # the product's own RADUNC, else the series' stated scale
-        return GATE_BASE + radunc if math.isfinite(radunc) else gate_tolerance()
+        # 3 stated sigma, as the frame pull and the stray gates: the LASP scale error is drawn
+        # Gaussian at its stated sigma (issue 27 item 1), so a 1-sigma gate would pass 68 % of honest seeds
+        return GATE_BASE + GATES["frame_pull_max"] * radunc if math.isfinite(radunc) else gate_tolerance()
     return GATES["level_dev_disk"]
 
 
@@ -1517,10 +1521,11 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
       the truth as it is over the product's total error) and frame pull:
       ``|pull_median_total_C| <= 3`` (the frame's shift within 3 total sigma); the pooled width
       over seeds (:func:`pooled_pull_width`) is the benchmark's;
-    * level: ``|level_C - 1| <= level_tolerance(m, C)``, L2 against the truth as it is; and
-      what the chain adds to it within 1 %: SCI ``level_stray_corrected_C`` (the stray-light
-      error put back), SDI with its campaign's law ``level_scale_error_removed_SDI`` (the
-      series' hidden scale error taken out; scoring only);
+    * level: ``|level_C - 1| <= level_tolerance(m, C)``, L2 against the truth as it is. What
+      the chain adds beyond its stated errors (SCI ``level_stray_corrected_C``, the stray-light
+      error put back; SDI ``level_scale_error_removed_SDI``, the series' hidden scale error taken
+      out) is reported, not gated: both correct the estimate with what was measured against the
+      truth, which issue 27 item 4 keeps out of the scoring;
     * centre: ``<= 0.1 px`` with the 2 px header error (issue 14 point 4), and within the
       product's own ``CRDER``/``CSYER`` claim. SDI meets 0.1 px at 256 px only just (0.097 px,
       seed 0) and misses it at larger sizes: as in :mod:`validation.blind_centre`,
@@ -1556,12 +1561,9 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
         if c.startswith("SCI"):
             checks += [(f"stray {c} {r:g} Rsun", m[f"stray_pct_{c}_r{r:g}"] <= g["stray_pct"]
                         or abs(m.get(f"stray_pull_{c}_r{r:g}", math.inf)) <= g["stray_pull_max"]) for r in RADII]
-            # everything but the stray-light estimate: the level with its error put back
-            checks.append((f"level without stray {c}", abs(m[f"level_stray_corrected_{c}"] - 1.0) <= g["level_dev_sci"]))
-        if c == "SDI" and m.get("radiometry_from_campaign_SDI", 0.0) == 1.0:
-            # what the chain adds beyond the reference series' hidden scale error
-            checks.append(("level beyond the series' scale SDI",
-                           abs(m["level_scale_error_removed_SDI"] - 1.0) <= g["level_dev_disk"]))
+            # (the level with the stray-light error put back, level_stray_corrected_C, and SDI's level
+            # with the series' hidden scale error taken out, level_scale_error_removed_SDI, correct
+            # the estimate with what was measured against the truth: reported, not gated; issue 27 item 4)
         checks.append((f"centre {c}", m[f"centre_err_px_{c}"] <= g["centre_err_px"]))
         if not c.startswith("SCI"):
             # issue 27 item 2: a stated plane is scored by its own pulls (across seeds), the flat without it here
