@@ -185,14 +185,16 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     # the header and digests below are those of the calibrated arrays; the file may hold them
     # tile-compressed (PRODUCT_COMPRESSION, pipelines.compression; "none" writes hdul as is)
     stored = compress_product_hdul(hdul, getattr(settings, "product_compression", "none"))
+    hdu_sha: list[str] = []  # the HDUs' digests, hashed by the lean writer as it writes (uncompressed only)
     if settings.product_store:  # an object store: objects of this attempt first, the row after
         fits_ref, sha, ql_ref = _place_objects(session, settings, prod, stored, result, out, attempt, holder)
         prod.path, prod.sha256, prod.quicklook_path = fits_ref, sha, ql_ref
     else:
         tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
-        sha = write_fits_atomic(stored, out, tmp_dir=tmp)
+        sha = write_fits_atomic(stored, out, tmp_dir=tmp, hdu_digests=hdu_sha if stored is hdul else None)
         ql = out.with_suffix(".png")
-        write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
+        write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp,
+                            reduced=getattr(result, "quicklook", None))
         prod.path = str(out)
         prod.sha256 = sha
         prod.quicklook_path = str(ql)
@@ -200,7 +202,7 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.stats = dict(result.stats)
     prod.quality_flags = int(frame_quality(hdul[0].header))  # QUALITY: frame-wide systematics flagged
     prod.manifest = product_manifest(prod, frame, header=hdul[0].header, file_sha256=sha,
-                                     digests=product_digests(hdul), software_version=__version__)
+                                     digests=product_digests(hdul, hdu_sha), software_version=__version__)
     move_product(prod, ProductState.written)
     return True
 
