@@ -65,6 +65,8 @@ __all__ = [
     "read_image_stored",
     "StoredImage",
     "StoredSums",
+    "PendingFile",
+    "write_fits_pending",
     "STORED_UINT16",
     "parse_date_obs",
     "fix_header",
@@ -818,8 +820,38 @@ def store_tmp_dir(root: str | os.PathLike) -> Path:
     return Path(root) / STORE_TMP_DIR
 
 
+class PendingFile:
+    """A file written and fsynced under a temporary name, not yet renamed to its own
+    (:func:`write_atomic` with ``defer=True``): :meth:`commit` makes it the file, :meth:`discard`
+    removes it. A writer thread prepares it; the thread that owns the product's claim
+    commits it (``backend.worker.processing.write_product``)."""
+
+    def __init__(self, tmp: Path, path: Path):
+        self.tmp, self.path = tmp, path
+
+    def commit(self) -> Path:
+        """Rename the file to its path (readable by everyone the umask allows) and fsync the folder."""
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; products are for every reader
+        os.replace(self.tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return self.path
+
+    def discard(self) -> None:
+        """Remove the temporary file (nothing if committed or gone)."""
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
-                 tmp_dir: str | os.PathLike | None = None, suffix: str = ".part") -> Path:
+                 tmp_dir: str | os.PathLike | None = None, suffix: str = ".part", defer: bool = False) -> Any:
     """Write a file atomically: into a temporary file, fsynced, then renamed over ``path``.
 
     A crash never leaves a half-written file under the final name; the file is readable by
@@ -837,11 +869,14 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
         ``path``. Default: ``path``'s folder, under a hidden name (:data:`PARTIAL_PATTERNS`).
     suffix : str
         End of the temporary file's name.
+    defer : bool
+        Stop before the rename: return a :class:`PendingFile` (written and fsynced) that the
+        caller commits or discards.
 
     Returns
     -------
-    pathlib.Path
-        ``path``.
+    pathlib.Path or PendingFile
+        ``path``; with ``defer``, the pending file.
 
     Raises
     ------
@@ -864,23 +899,17 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             raise ValueError(f"temporary folder {folder} is not on the file system of {p.parent}: "
                              "the rename would not be atomic")
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    pending = PendingFile(Path(tmp), p)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; products are for every reader
-        os.replace(tmp, p)
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if defer:
+            return pending
+        pending.commit()
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        pending.discard()
         raise
     return p
 
@@ -895,6 +924,19 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
     ``hdu_digests``: a list that receives each HDU's data digest as the file is written
     (:func:`write_fits_lean`); left empty when the lean writer does not write ``hdul``.
     """
+    sha, pending = write_fits_pending(hdul, path, checksum=checksum, tmp_dir=tmp_dir, hdu_digests=hdu_digests)
+    try:
+        pending.commit()
+    except BaseException:
+        pending.discard()
+        raise
+    return sha
+
+
+def write_fits_pending(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: bool = True,
+                       tmp_dir: str | os.PathLike | None = None,
+                       hdu_digests: list[str] | None = None) -> tuple[str, PendingFile]:
+    """:func:`write_fits_atomic` up to the rename: ``(SHA-256 of the file, PendingFile)``."""
     if checksum and lean_writable(hdul):
         digest: list[str] = []
 
@@ -903,10 +945,15 @@ def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: 
                 del hdu_digests[:]  # a retried write starts again
             digest.append(write_fits_lean(hdul, f, hdu_digests=hdu_digests))
 
-        write_atomic(path, write, tmp_dir=tmp_dir)
-        return digest[0]
-    p = write_atomic(path, lambda f: hdul.writeto(f, checksum=checksum, overwrite=True), tmp_dir=tmp_dir)
-    return sha256_file(p)
+        pending = write_atomic(path, write, tmp_dir=tmp_dir, defer=True)
+        return digest[0], pending
+    pending = write_atomic(path, lambda f: hdul.writeto(f, checksum=checksum, overwrite=True), tmp_dir=tmp_dir,
+                           defer=True)
+    try:
+        return sha256_file(pending.tmp), pending
+    except BaseException:
+        pending.discard()
+        raise
 
 
 #: Bytes of the lean writer's byteswap buffer (4 MiB: a multiple of every item size and of 4;

@@ -56,7 +56,11 @@ from pipelines.provenance import stamp_provenance
 
 __all__ = ["build_product_hdul", "dq_image_hdu", "dq_table_hdu", "read_product", "read_uncertainty",
            "total_uncertainty", "total_uncertainty_from", "FRAME_WIDE_RELATIVE_KEYS",
-           "write_quicklook_png", "quicklook_image", "quicklook_stretch"]
+           "write_quicklook_png", "quicklook_image", "quicklook_stretch", "QUICKLOOK_SIZE"]
+
+#: Largest side of the quicklook PNG [pixel] (:func:`write_quicklook_png`'s default; the GPU
+#: worker's executor makes the block average for this size on the device).
+QUICKLOOK_SIZE = 512
 
 #: EXTNAME of the uncertainty (standard deviation) image extension.
 UNCERT_EXTNAME = "UNCERT"
@@ -458,8 +462,8 @@ _CMAPS = {"SDI": "inferno", "WST": "gray", "SCI-UV": "viridis", "SCI-WL": "bone"
 
 
 def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLike, channel_code: str,
-                        size: int = 512, *, tmp_dir: str | os.PathLike | None = None,
-                        reduced: np.ndarray | None = None) -> Path:
+                        size: int = QUICKLOOK_SIZE, *, tmp_dir: str | os.PathLike | None = None,
+                        reduced: np.ndarray | None = None, defer: bool = False):
     """Write a small PNG quicklook of an L2 frame (atomically, :func:`pipelines.fitsio.write_atomic`).
 
     Parameters
@@ -482,11 +486,14 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
         The block average already made (``L2Result.quicklook``: on the device, by
         :func:`pipelines.calibration.l2.device.quicklook_reduce` with this ``size``); then
         ``data`` and ``dq`` are not read.
+    defer : bool
+        Leave the file under its temporary name: return a
+        :class:`pipelines.fitsio.PendingFile` to commit or discard.
 
     Returns
     -------
-    pathlib.Path
-        ``path``.
+    pathlib.Path or pipelines.fitsio.PendingFile
+        ``path`` (with ``defer``, the pending file).
 
     Raises
     ------
@@ -507,5 +514,5 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
     cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].with_extremes(bad="black")
     rgba = cmap(np.ma.masked_invalid(img), bytes=True)
     return write_atomic(path, lambda f: imsave(f, rgba, origin="lower", format="png"), tmp_dir=tmp_dir,
-                        suffix=".part.png")
+                        suffix=".part.png", defer=defer)
 

@@ -450,6 +450,65 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
         assert (job.done, job.failed) == (2, 1)
 
 
+def test_gpu_batch_writes_products_on_writer_threads(sim, sqlite_env, eager, monkeypatch):
+    """A GPU batch's files are written by writer threads (GPU_WRITERS), renamed and recorded by
+    the task's thread: the rows' SHA-256 and manifest digests are those of the files on disk,
+    nothing is left in the store's .tmp/; a writer thread's fault fails its product alone with
+    the reason, and a product whose claim is lost meanwhile leaves no file."""
+    import threading
+
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Product, ProductState
+    from backend.services.manifests import product_digests
+    from backend.worker import gpu_batch, processing
+    from pipelines.fitsio import sha256_file, store_tmp_dir
+
+    monkeypatch.setenv("GPU_WRITERS", "2")
+    settings, job_id, _ = _gpu_job(sim, monkeypatch, corrupt=None)
+    assert settings.gpu_writers == 2 and not settings.product_store
+    threads, real = [], processing.prepare_product_files
+
+    def prepare(settings_, info, result, notes=()):
+        threads.append(threading.current_thread().name)
+        if info["stamp"]["FRAMEID"] == broken[0]:
+            raise RuntimeError("writer thread fault")
+        return real(settings_, info, result, notes)
+
+    monkeypatch.setattr(gpu_batch, "prepare_product_files", prepare)
+    with session_scope() as s:
+        pids = processing.plan_job(s, job_id)
+        s.commit()
+        prods = [s.get(Product, pid) for pid in pids]
+        broken = [prods[1].frame_id]
+        rep = gpu_batch.calibrate_products_batch(s, pids, settings, job_id=job_id)
+        assert sorted(rep.written) == sorted([pids[0], pids[2]]) and list(rep.failed) == [pids[1]]
+        assert "writer thread fault" in rep.failed[pids[1]]
+        assert threads and all(t.startswith("lst-batch-write") for t in threads)
+        for pid in rep.written:
+            p = s.get(Product, pid)
+            assert p.state == ProductState.written and p.sha256 == sha256_file(p.path)
+            assert Path(p.quicklook_path).is_file()
+            with fits.open(p.path) as back:
+                assert p.manifest["product"]["data_sha256"] == product_digests(back)
+        assert list(store_tmp_dir(settings.products).iterdir()) == []
+
+        # a lost claim: files prepared by a writer thread are discarded, nothing is renamed
+        out, res = sim
+        prod = s.get(Product, pids[1])
+        info = processing.product_write_info(settings, prod)
+        result = _per_frame(out, next(f for f in res.frames if f.channel == "WST"))
+        prepared = real(settings, info, result)
+        assert prepared.fits_file.tmp.is_file() and prepared.quicklook.tmp.is_file()
+        monkeypatch.setattr(processing, "confirm_claim", lambda *a, **k: False)
+        assert processing.write_product(s, settings, prod, result, attempt=1, prepared=prepared) is False
+        assert not prepared.fits_file.tmp.exists() and not prepared.quicklook.tmp.exists()
+        assert not info["out"].exists() and not info["out"].with_suffix(".png").exists()
+        assert list(store_tmp_dir(settings.products).iterdir()) == []
+
+
 def test_cpu_job_runs_in_overlapped_cpu_batches_when_asked(sim, sqlite_env, eager, monkeypatch):
     """CPU_BATCH_SIZE=2: a CPU job goes to the cpu queue in batches (calibrate_products_cpu_batch,
     the overlapped host executor); the corrupt frame fails its product alone, the others are

@@ -17,11 +17,11 @@ order, to a callback, while the next frames are already being read and copied:
   the *compute stream* of the lane that calibrates the frame wait for it, and an event
   recorded by that lane after the frame lets the copy stream reuse the device buffer.
   Frame k+1's host-to-device copy therefore runs while frame k computes.
-* **lanes**: ``calibrate_frame`` ends with the device-to-host copy of the product and
-  its statistics on the host (flow.py, not this module, does that, synchronously on the
-  current stream). With ``lanes=2`` (the CuPy default) two host threads each drive their
-  own compute stream, so frame k-1's device-to-host copy and host statistics overlap
-  frame k's kernels.
+* **lanes**: ``calibrate_frame`` ends with the device-to-host copy of the product (its
+  statistics and quicklook average computed on the device before; flow.py, not this module,
+  does that, synchronously on the current stream). With ``lanes=2`` (the CuPy default) two
+  host threads each drive their own compute stream, so frame k-1's device-to-host copy
+  overlaps frame k's kernels.
 * **host I/O**: a reader thread reads the next raw files from disk while the device
   works, and the callback (writing the product) runs on the calling thread while the
   lanes compute the following frames.
@@ -459,7 +459,7 @@ class BatchExecutor:
         The array backend (``cpu``/``gpu`` accepted as aliases).
     lanes : int, optional
         Frames computed at once, each by its own host thread and (CuPy) compute stream.
-        Default 2 on CuPy (the device-to-host copy and host statistics of one frame overlap
+        Default 2 on CuPy (the device-to-host copy of one frame overlaps
         the kernels of the next), 1 on NumPy (a CPU worker process gets its parallelism
         from the other worker processes).
     prefetch : int, optional

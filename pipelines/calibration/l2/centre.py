@@ -390,7 +390,9 @@ def fit_disk_centre(image: Any, x0: float, y0: float, radius: float, *, method: 
     ----------
     image : array, shape (ny, nx)
         Dark-subtracted, flat-fielded frame (NumPy or CuPy; any unit). Non-finite
-        pixels are set to the frame's median first.
+        pixels are set to the frame's median first. On CuPy the frame stays on the device:
+        the fill, the ray sampling and the edge search run there and only the edge points
+        (at most ``n_rays``) come to the host for the circle fit.
     x0, y0 : float
         First guess of the centre [pixel, 0-based] (the header's).
     radius : float
