@@ -548,7 +548,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         else:
             sigma = xp.astype(sigma, xp.float32, copy=False)
     stats = ql = None
-    if xp is not np:  # statistics and quicklook on the device: scalars and a small array come back
+    if backend_name(xp) != "numpy":  # statistics on the device: scalars come back
         with device.section("statistics"):
             stats = device.frame_statistics(img, dq, h, channel, backend_name(xp))
     if quicklook_size is not None:
