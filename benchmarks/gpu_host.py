@@ -61,8 +61,15 @@ Usage::
 
     .venv/bin/python benchmarks/gpu_host.py [--frames 3] [--size 4608] [--writers 2] [--sim DIR] [--out DIR]
 
-Measured (2-core shared development machine, loaded by other sessions; no GPU lent):
-see ``benchmarks/reports/gpu_host.md``.
+Measured (2-core shared development machine, load average 17-20 from other sessions; no GPU
+lent), ``nice -n 19 .venv/bin/python benchmarks/gpu_host.py --frames 3 --writers 2``::
+
+    RESULT host_cpu_s_per_frame=0.553 host_fps_16_cores=28.9 device_stub_cpu_s_per_frame=3.137
+      read=0.058 stage=0.007 calibrate_host=0.031 build_hdul=0.008 write_fits=0.172 sha256=0.216
+      digests=0.000 quicklook=0.044 header_json=0.001 other=0.017 frames=3 size=4608 writers=2
+      identical=1
+
+(main's GPU path: about 2.0 CPU-s a frame on the host; ``benchmarks/reports/gpu_host.md``).
 """
 
 from __future__ import annotations
