@@ -226,6 +226,10 @@ class Settings(BaseSettings):
     worker_queues: str = Field(default="cpu", validation_alias=_alias("WORKER_QUEUES"))
     array_backend: str = Field(default="numpy", validation_alias=_alias("ARRAY_BACKEND"))
     gpu_batch_size: int = Field(default=16, ge=1, le=1024, validation_alias=_alias("GPU_BATCH_SIZE"))
+    #: writer threads of a GPU batch: products written at once (each holds one product on the
+    #: host, 191 MB at 4608 x 4608). 8: at 20 WST frames/s the writing takes about 0.3-0.4
+    #: CPU-seconds a frame (benchmarks/reports/gpu_host.md), 6-8 cores busy writing
+    gpu_writers: int = Field(default=8, ge=1, le=64, validation_alias=_alias("GPU_WRITERS"))
     #: CPU jobs: 1 (default) sends one message per product; N > 1 sends batches of N to the
     #: ``cpu`` queue, calibrated by the overlapped CPU batch (read, compute and write at once)
     cpu_batch_size: int = Field(default=1, ge=1, le=1024, validation_alias=_alias("CPU_BATCH_SIZE"))

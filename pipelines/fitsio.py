@@ -62,6 +62,12 @@ __all__ = [
     "process_alive",
     "RawImage",
     "read_image",
+    "read_image_stored",
+    "StoredImage",
+    "StoredSums",
+    "PendingFile",
+    "write_fits_pending",
+    "STORED_UINT16",
     "parse_date_obs",
     "fix_header",
     "add_observer_keywords",
@@ -559,7 +565,110 @@ def _first_image_hdu(hdul: fits.HDUList) -> int:
     raise FitsReadError("no 2-D image HDU in the file")
 
 
-def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.float64) -> RawImage:
+#: What :func:`read_image_stored` reads as stored: FITS pseudo-unsigned 16-bit integers
+#: (``BITPIX = 16``, ``BZERO = 32768``, ``BSCALE = 1``, no ``BLANK``; FITS 4.0, sect. 5.2.5,
+#: table 11), how LST's raw frames and the simulator's are written.
+STORED_UINT16 = {"BITPIX": 16, "BZERO": 32768, "BSCALE": 1}
+
+
+@dataclass
+class StoredImage:
+    """A raw frame as its file stores it (:func:`read_image_stored`): no conversion on the host.
+
+    Attributes
+    ----------
+    stored : numpy.ndarray of uint16, shape (ny, nx)
+        The data unit's 16-bit words in file order (big-endian two's complement, before
+        ``BZERO``), viewed as uint16: 2 bytes a pixel, half a float32 frame.
+        :func:`pipelines.calibration.l2.device.decode_stored` turns them into the DN that
+        :func:`read_image` returns (``float32(word byteswapped XOR 0x8000)``), on whichever
+        array module holds them.
+    header, hdu_index, fixes, date_obs, history_cards
+        As :class:`RawImage` (the same header, card for card).
+    sums : StoredSums or None
+        With ``defer_sums``: the file's ``CHECKSUM``/``DATASUM``, still to be checked against
+        the data sum of ``stored`` (:meth:`StoredSums.check`); ``None`` when they were
+        verified on the host or the file has none.
+    """
+
+    stored: np.ndarray
+    header: fits.Header
+    hdu_index: int
+    fixes: list[str]
+    date_obs: Time
+    history_cards: int = 0
+    sums: StoredSums | None = None
+
+
+class StoredSums:
+    """A single-HDU file's ``DATASUM`` and ``CHECKSUM``, verified later from the data's sum.
+
+    The data sum (the ones'-complement sum of the data unit's big-endian 32-bit words, FITS
+    4.0 sect. 4.4.2.7) is what the device computes from the uploaded words
+    (:func:`pipelines.calibration.l2.device.stored_datasum`); the header's part is
+    astropy's own (``_calculate_checksum`` of the file's header as stored, not as repaired),
+    so :meth:`check` accepts and refuses exactly what :func:`verify_checksums` does.
+    """
+
+    def __init__(self, hdu: Any):
+        self._hdu = hdu  # header only (read from the closed file; no data loaded)
+        h = hdu.header
+        self.has_datasum = str(h.get("DATASUM", "")).strip() != ""
+        self.has_checksum = str(h.get("CHECKSUM", "")).strip() != ""
+        self.datasum = int(str(h["DATASUM"]).strip()) if self.has_datasum else None
+
+    def check(self, datasum: int) -> None:
+        """Raise :class:`~pipelines.errors.FitsReadError` (the messages of :func:`verify_checksums`)
+        if ``datasum``, the data sum of the stored words, contradicts the file's keywords."""
+        if self.has_datasum and int(datasum) != self.datasum:
+            raise FitsReadError("DATASUM mismatch in HDU 0 (PRIMARY): the data are not what was written")
+        if self.has_checksum:
+            expected = self._hdu._calculate_checksum(int(datasum) if "DATASUM" in self._hdu.header else 0)
+            if expected != self._hdu.header["CHECKSUM"]:
+                raise FitsReadError("CHECKSUM mismatch in HDU 0 (PRIMARY): the HDU is not what was written")
+
+
+def _deferred_sums(p: Path) -> StoredSums | None:
+    """:class:`StoredSums` of ``p`` if its sums can be checked from the primary data alone
+    (one HDU, an integer DATASUM), else None (verify on the host)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with fits.open(p, memmap=True, lazy_load_hdus=False) as hdul:
+                if len(hdul) != 1 or not isinstance(hdul[0], fits.PrimaryHDU):
+                    return None
+                return StoredSums(hdul[0])
+    except (OSError, TypeError, ValueError, KeyError):
+        return None
+
+
+def read_image_stored(path: str | os.PathLike, *, warn: bool = False, defer_sums: bool = False) -> StoredImage | None:
+    """:func:`read_image` without the conversion: the stored 16-bit words and the repaired header.
+
+    For a GPU host that uploads 2 bytes a pixel and converts on the device
+    (:class:`pipelines.calibration.l2.batch.BatchExecutor`): the host neither byteswaps,
+    nor scales, nor scans the frame for NaN (integers hold none). The header is the one
+    :func:`read_image` returns, ``CHECKSUM``/``DATASUM`` are verified the same way: here on
+    the host, or, with ``defer_sums`` and a single-HDU file, by the caller from the data's
+    sum (``StoredImage.sums``: the batch executor sums the words on the device), so that
+    the host does not read the frame twice.
+
+    Returns
+    -------
+    StoredImage or None
+        ``None`` when the image is not stored as :data:`STORED_UINT16` (other BITPIX or
+        scaling, a ``BLANK`` value, a tile-compressed HDU): read it with :func:`read_image`.
+
+    Raises
+    ------
+    FitsReadError
+        As :func:`read_image`.
+    """
+    return read_image(path, warn=warn, dtype=np.float32, _stored=True, _defer_sums=defer_sums)
+
+
+def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.float64,
+               _stored: bool = False, _defer_sums: bool = False) -> RawImage:
     """Read the first 2-D image of a FITS file, repairing its header.
 
     ``CHECKSUM``/``DATASUM`` of every HDU that carries them are verified
@@ -599,7 +708,7 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with fits.open(source or p, memmap=False) as hdul:
+            with fits.open(source or p, memmap=False, do_not_scale_image_data=_stored) as hdul:
                 for h in hdul:
                     prior += repair_keyword_names(h.header)
                 hdul.verify("silentfix")
@@ -610,10 +719,16 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
                 idx = _first_image_hdu(hdul)
                 hdu = hdul[idx]
                 header = hdu.header  # the file is closed below: nothing else holds it
+                if _stored and (isinstance(hdu, fits.CompImageHDU) or "BLANK" in header
+                                or any(header.get(k) != v for k, v in STORED_UINT16.items())):
+                    return None  # not pseudo-unsigned 16-bit: the caller reads it converted
                 data = hdu.data
                 if data is None:
                     raise FitsReadError("image HDU holds no data")
-                data = np.asarray(data, dtype=dtype)
+                if _stored:  # the words as stored (big-endian), viewed as uint16: no copy, no conversion
+                    data = np.ascontiguousarray(data).view(np.uint16)
+                else:
+                    data = np.asarray(data, dtype=dtype)
     except FitsReadError:
         raise
     except fits.VerifyError as exc:  # what silentfix cannot repair: the real reason, on one line
@@ -638,8 +753,11 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
                 f"truncated file: {p.stat().st_size} bytes, too short for the data unit its header declares"
             ) from None
         raise FitsReadError(f"unreadable FITS: {msg}") from None
+    deferred = None
     try:
-        if sums:
+        if sums and _stored and _defer_sums and source is None:
+            deferred = _deferred_sums(p)
+        if sums and deferred is None:
             verify_checksums(p)
     except FitsReadError:
         raise
@@ -657,6 +775,10 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
     if warn:
         for f in fixes:
             warnings.warn(f, HeaderFixWarning, stacklevel=2)
+    if _stored:  # integers hold no NaN
+        return StoredImage(stored=data, header=header, hdu_index=idx, fixes=fixes,
+                           date_obs=Time(header["DATE-OBS"], scale="utc"), history_cards=history_cards,
+                           sums=deferred)
     nan_fraction = float(np.isnan(data).mean())
     if nan_fraction == 1.0:
         raise FitsReadError("every pixel is NaN")
@@ -698,8 +820,38 @@ def store_tmp_dir(root: str | os.PathLike) -> Path:
     return Path(root) / STORE_TMP_DIR
 
 
+class PendingFile:
+    """A file written and fsynced under a temporary name, not yet renamed to its own
+    (:func:`write_atomic` with ``defer=True``): :meth:`commit` makes it the file, :meth:`discard`
+    removes it. A writer thread prepares it; the thread that owns the product's claim
+    commits it (``backend.worker.processing.write_product``)."""
+
+    def __init__(self, tmp: Path, path: Path):
+        self.tmp, self.path = tmp, path
+
+    def commit(self) -> Path:
+        """Rename the file to its path (readable by everyone the umask allows) and fsync the folder."""
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.tmp, 0o666 & ~umask)  # mkstemp makes 0600; products are for every reader
+        os.replace(self.tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        return self.path
+
+    def discard(self) -> None:
+        """Remove the temporary file (nothing if committed or gone)."""
+        try:
+            os.unlink(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
-                 tmp_dir: str | os.PathLike | None = None, suffix: str = ".part") -> Path:
+                 tmp_dir: str | os.PathLike | None = None, suffix: str = ".part", defer: bool = False) -> Any:
     """Write a file atomically: into a temporary file, fsynced, then renamed over ``path``.
 
     A crash never leaves a half-written file under the final name; the file is readable by
@@ -717,11 +869,14 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
         ``path``. Default: ``path``'s folder, under a hidden name (:data:`PARTIAL_PATTERNS`).
     suffix : str
         End of the temporary file's name.
+    defer : bool
+        Stop before the rename: return a :class:`PendingFile` (written and fsynced) that the
+        caller commits or discards.
 
     Returns
     -------
-    pathlib.Path
-        ``path``.
+    pathlib.Path or PendingFile
+        ``path``; with ``defer``, the pending file.
 
     Raises
     ------
@@ -744,41 +899,61 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
             raise ValueError(f"temporary folder {folder} is not on the file system of {p.parent}: "
                              "the rename would not be atomic")
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=folder)
+    pending = PendingFile(Path(tmp), p)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; products are for every reader
-        os.replace(tmp, p)
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        if defer:
+            return pending
+        pending.commit()
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        pending.discard()
         raise
     return p
 
 
 def write_fits_atomic(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: bool = True,
-                      tmp_dir: str | os.PathLike | None = None) -> str:
+                      tmp_dir: str | os.PathLike | None = None, hdu_digests: list[str] | None = None) -> str:
     """Write ``hdul`` to ``path`` atomically (:func:`write_atomic`) and return the file's SHA-256.
 
     ``CHECKSUM``/``DATASUM`` are added to every HDU (FITS standard 4.0, sect. 4.4.2.7).
     ``tmp_dir`` is where the temporary file lies during the write (default: beside ``path``
     under a hidden name); products give the store's :func:`store_tmp_dir`.
+    ``hdu_digests``: a list that receives each HDU's data digest as the file is written
+    (:func:`write_fits_lean`); left empty when the lean writer does not write ``hdul``.
     """
+    sha, pending = write_fits_pending(hdul, path, checksum=checksum, tmp_dir=tmp_dir, hdu_digests=hdu_digests)
+    try:
+        pending.commit()
+    except BaseException:
+        pending.discard()
+        raise
+    return sha
+
+
+def write_fits_pending(hdul: fits.HDUList, path: str | os.PathLike, *, checksum: bool = True,
+                       tmp_dir: str | os.PathLike | None = None,
+                       hdu_digests: list[str] | None = None) -> tuple[str, PendingFile]:
+    """:func:`write_fits_atomic` up to the rename: ``(SHA-256 of the file, PendingFile)``."""
     if checksum and lean_writable(hdul):
         digest: list[str] = []
-        write_atomic(path, lambda f: digest.append(write_fits_lean(hdul, f)), tmp_dir=tmp_dir)
-        return digest[0]
-    p = write_atomic(path, lambda f: hdul.writeto(f, checksum=checksum, overwrite=True), tmp_dir=tmp_dir)
-    return sha256_file(p)
+
+        def write(f: BinaryIO) -> None:
+            if hdu_digests is not None:
+                del hdu_digests[:]  # a retried write starts again
+            digest.append(write_fits_lean(hdul, f, hdu_digests=hdu_digests))
+
+        pending = write_atomic(path, write, tmp_dir=tmp_dir, defer=True)
+        return digest[0], pending
+    pending = write_atomic(path, lambda f: hdul.writeto(f, checksum=checksum, overwrite=True), tmp_dir=tmp_dir,
+                           defer=True)
+    try:
+        return sha256_file(pending.tmp), pending
+    except BaseException:
+        pending.discard()
+        raise
 
 
 #: Bytes of the lean writer's byteswap buffer (4 MiB: a multiple of every item size and of 4;
@@ -823,7 +998,7 @@ def _ones_complement_sum(words_u8: np.ndarray, native_u4: np.ndarray | None = No
     return s
 
 
-def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
+def write_fits_lean(hdul: fits.HDUList, f: BinaryIO, *, hdu_digests: list[str] | None = None) -> str:
     """Write ``hdul`` (:func:`lean_writable`) with ``CHECKSUM``/``DATASUM`` to the open binary
     file ``f``: the bytes of ``hdul.writeto(f, checksum=True)``, returning their hex SHA-256.
 
@@ -834,6 +1009,11 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
     as they are written (no re-reading of the file). Headers, ``CHECKSUM`` and the card
     comments are astropy's own (``add_checksum`` with the data sum given).
     ``tests/test_fitsio.py`` compares the bytes with astropy's.
+
+    ``hdu_digests``: a list to which the SHA-256 (hex) of each HDU's data is appended, in HDU
+    order, as :func:`backend.services.manifests.hdu_digest` defines it (the big-endian bytes
+    prefixed by dtype and shape), hashed from the same swapped chunks as they are written:
+    the manifest's digests without a second byteswapped copy of the product.
 
     Raises
     ------
@@ -866,6 +1046,12 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
         data = hdu.data
         raw = flat = None
         datasum = 0
+        dig = None
+        if hdu_digests is not None:
+            if data is None:
+                dig = hashlib.sha256(b"")
+            else:
+                dig = hashlib.sha256(f"{data.dtype.newbyteorder('>').str}{tuple(data.shape)}".encode())
         if data is not None and data.size:
             if data.dtype.itemsize == 1 or data.dtype.byteorder == ">" or (not little and data.dtype.isnative):
                 raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)  # already big-endian bytes
@@ -890,10 +1076,14 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
                 nbytes = 0
                 if raw is not None:
                     put(memoryview(raw))
+                    if dig is not None:
+                        dig.update(memoryview(raw))
                     nbytes = raw.nbytes
                 elif flat is not None:
                     for chunk in swapped_chunks(flat):  # the one byteswap of this plane, chunk by chunk
                         put(memoryview(chunk))
+                        if dig is not None:
+                            dig.update(memoryview(chunk))
                     nbytes = flat.nbytes
                 pad = (-nbytes) % 2880
                 if nbytes and pad:
@@ -902,6 +1092,8 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO) -> str:
                 hdu._postwriteto()
         finally:
             del hdu._calculate_datasum
+        if dig is not None:
+            hdu_digests.append(dig.hexdigest())
     return sha.hexdigest()
 
 

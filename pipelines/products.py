@@ -56,7 +56,11 @@ from pipelines.provenance import stamp_provenance
 
 __all__ = ["build_product_hdul", "dq_image_hdu", "dq_table_hdu", "read_product", "read_uncertainty",
            "total_uncertainty", "total_uncertainty_from", "FRAME_WIDE_RELATIVE_KEYS",
-           "write_quicklook_png", "quicklook_image"]
+           "write_quicklook_png", "quicklook_image", "quicklook_stretch", "QUICKLOOK_SIZE"]
+
+#: Largest side of the quicklook PNG [pixel] (:func:`write_quicklook_png`'s default; the GPU
+#: worker's executor makes the block average for this size on the device).
+QUICKLOOK_SIZE = 512
 
 #: EXTNAME of the uncertainty (standard deviation) image extension.
 UNCERT_EXTNAME = "UNCERT"
@@ -409,32 +413,29 @@ def total_uncertainty(hdul: fits.HDUList | str | os.PathLike, *, parts: bool = F
     return total_uncertainty_from(img.data, unc, img.header, dq, parts=parts)
 
 
-def _block_reduce(a: np.ndarray, factor: int, func) -> np.ndarray:
-    if factor <= 1:
-        return a
-    ny, nx = (a.shape[0] // factor) * factor, (a.shape[1] // factor) * factor
-    b = a[:ny, :nx].reshape(ny // factor, factor, nx // factor, factor)
-    return func(b, axis=(1, 3))
-
-
 def quicklook_image(data: np.ndarray, dq: np.ndarray, channel_code: str, size: int = 512) -> np.ndarray:
     """The quicklook as values in [0, 1] (NaN for masked pixels), at most ``size`` pixels a side.
+
+    :func:`quicklook_stretch` of the block average
+    :func:`pipelines.calibration.l2.device.quicklook_reduce` (which a GPU worker computes on
+    the device: ``L2Result.quicklook``).
+    """
+    from pipelines.calibration.l2.device import quicklook_reduce
+
+    return quicklook_stretch(quicklook_reduce(data, dq, size), channel_code)
+
+
+def quicklook_stretch(a: np.ndarray, channel_code: str) -> np.ndarray:
+    """Values in [0, 1] (NaN kept) of a block-averaged L2 frame
+    (:func:`pipelines.calibration.l2.device.quicklook_reduce`, float64, NaN = masked).
 
     Stretch between the 0.5 and 99.9 percentiles of the good pixels: SDI asinh (plage,
     network and the limb readable together), WST linear (limb darkening and spots); the
     coronagraph (SCI) a log stretch between the 1 and 99.5 percentiles (the corona falls
-    by orders of magnitude from 1.1 to 2.5 Rsun). Masked pixels (DQ != 0) are NaN.
+    by orders of magnitude from 1.1 to 2.5 Rsun).
     """
     spec = get_channel(channel_code)
-    a = np.asarray(data, dtype=np.float64)
-    bad = (np.asarray(dq) != 0) | ~np.isfinite(a)
-    factor = max(1, int(np.ceil(max(a.shape) / size)))
-    with np.errstate(invalid="ignore"):
-        a = np.where(bad, np.nan, a)
-        if factor > 1:
-            good_frac = _block_reduce((~bad).astype(np.float64), factor, np.mean)
-            a = _block_reduce(np.nan_to_num(a, nan=0.0), factor, np.sum) / np.maximum(good_frac * factor * factor, 1)
-            a = np.where(good_frac < 0.5, np.nan, a)
+    a = np.asarray(a, dtype=np.float64)
     vals = a[np.isfinite(a)]
     if vals.size == 0:
         return np.full(a.shape, np.nan)
@@ -461,7 +462,8 @@ _CMAPS = {"SDI": "inferno", "WST": "gray", "SCI-UV": "viridis", "SCI-WL": "bone"
 
 
 def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLike, channel_code: str,
-                        size: int = 512, *, tmp_dir: str | os.PathLike | None = None) -> Path:
+                        size: int = QUICKLOOK_SIZE, *, tmp_dir: str | os.PathLike | None = None,
+                        reduced: np.ndarray | None = None, defer: bool = False):
     """Write a small PNG quicklook of an L2 frame (atomically, :func:`pipelines.fitsio.write_atomic`).
 
     Parameters
@@ -480,11 +482,18 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
         Folder of the temporary file during the write, on the file system of ``path``
         (products give the store's :func:`pipelines.fitsio.store_tmp_dir`). Default: beside
         ``path`` under a hidden ``.part.png`` name.
+    reduced : numpy.ndarray, optional
+        The block average already made (``L2Result.quicklook``: on the device, by
+        :func:`pipelines.calibration.l2.device.quicklook_reduce` with this ``size``); then
+        ``data`` and ``dq`` are not read.
+    defer : bool
+        Leave the file under its temporary name: return a
+        :class:`pipelines.fitsio.PendingFile` to commit or discard.
 
     Returns
     -------
-    pathlib.Path
-        ``path``.
+    pathlib.Path or pipelines.fitsio.PendingFile
+        ``path`` (with ``defer``, the pending file).
 
     Raises
     ------
@@ -497,9 +506,13 @@ def write_quicklook_png(data: np.ndarray, dq: np.ndarray, path: str | os.PathLik
     from matplotlib import colormaps
     from matplotlib.image import imsave
 
-    img = quicklook_image(data, dq, channel_code, size)
+    if reduced is not None:  # made for this size? (block f = ceil(max side / size), ny // f x nx // f)
+        f = max(1, int(np.ceil(max(np.shape(data)) / size)))
+        if tuple(np.shape(reduced)) != (np.shape(data)[0] // f, np.shape(data)[1] // f):
+            reduced = None
+    img = quicklook_image(data, dq, channel_code, size) if reduced is None else quicklook_stretch(reduced, channel_code)
     cmap = colormaps[_CMAPS.get(get_channel(channel_code).code, "gray")].with_extremes(bad="black")
     rgba = cmap(np.ma.masked_invalid(img), bytes=True)
     return write_atomic(path, lambda f: imsave(f, rgba, origin="lower", format="png"), tmp_dir=tmp_dir,
-                        suffix=".part.png")
+                        suffix=".part.png", defer=defer)
 

@@ -38,6 +38,8 @@ def test_gpu_check_cpu_only_smoke_runs_the_batch_executor():
     assert m.group(1) == "1" and float(m.group(2)) > 0 and float(m.group(3)) > 0
     assert r.stdout.count("NumPy batch vs NumPy per frame") == 2 and "-> FAIL" not in r.stdout
     assert "numpy_batch1" in r.stdout and "numpy_batch2" in r.stdout
+    # each batched figure with its phases per frame (process CPU, device sections)
+    assert r.stdout.count("phases per frame") == 2 and "statistics" in r.stdout and "decode" in r.stdout
 
 
 @pytest.mark.slow

@@ -234,6 +234,94 @@ def test_cpu_batch_overlaps_read_compute_and_write_and_fails_bad_frames_alone(si
     assert ex.frames_done == 3 and ex.frames_failed == 2
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_writer_threads_write_products_at_once_and_hand_them_over_in_order(sim, tmp_path, lanes):
+    """``on_write`` runs on the writer pool (several products written at once, at most
+    ``writers`` held), ``on_result`` gets every outcome on the calling thread, in input order,
+    after its write, with what the write returned or raised; a failed frame is not written;
+    the products read as stored 16-bit words equal the per-frame float32 ones."""
+    import threading
+
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    masters = _masters(out, "WST")
+    garbage = tmp_path / "garbage.fits"
+    garbage.write_bytes(b"not FITS at all" * 300)
+    items = [BatchItem.from_path(0, wst[0].raw_path, masters),
+             BatchItem.from_path(1, wst[1].raw_path, masters, stored=False),
+             BatchItem.from_path(2, garbage, masters),
+             BatchItem.from_path(3, wst[2].raw_path, masters),
+             BatchItem.from_path(4, wst[0].raw_path, masters),
+             BatchItem.from_path(5, wst[1].raw_path, masters)]
+    caller = threading.current_thread()
+    lock = threading.Lock()
+    held, peak, writing, most_at_once, written_keys = set(), [0], [0], [0], []
+    both = threading.Barrier(2, timeout=60)  # the first two writes wait for each other: they overlap
+
+    def on_write(o):
+        assert threading.current_thread().name.startswith("lst-batch-write") and o.ok
+        with lock:
+            held.add(o.key)
+            peak[0] = max(peak[0], len(held))
+            writing[0] += 1
+            most_at_once[0] = max(most_at_once[0], writing[0])
+        if o.key in (0, 1):
+            both.wait()
+        with lock:
+            writing[0] -= 1
+            written_keys.append(o.key)
+        if o.key == 3:
+            raise OSError("store full")
+        return f"written {o.key}"
+
+    seen = []
+
+    def on_result(o):
+        assert threading.current_thread() is caller
+        with lock:
+            held.discard(o.key)
+        seen.append((o.key, o.ok, o.written, type(o.write_error).__name__ if o.write_error else None))
+        if o.ok and o.write_error is None:
+            assert o.key in written_keys and o.write_s >= 0
+            _same(o.result, _per_frame(out, wst[[0, 1, None, 2, 0, 1][o.key]]))
+
+    ex = BatchExecutor("numpy", lanes=lanes)
+    outs = ex.run(items, on_result=on_result, on_write=on_write, writers=2)
+    assert [o.key for o in outs] == list(range(6))
+    assert seen == [(0, True, "written 0", None), (1, True, "written 1", None), (2, False, None, None),
+                    (3, True, None, "OSError"), (4, True, "written 4", None), (5, True, "written 5", None)]
+    assert sorted(written_keys) == [0, 1, 3, 4, 5]
+    assert peak[0] <= 2  # at most ``writers`` products written or waiting for the caller
+    assert most_at_once[0] == 2  # two writes at once (the barrier), never more
+    with pytest.raises(ValueError):
+        ex.run(items[:1], on_write=on_write, writers=0)
+
+
+def test_a_frame_whose_raw_file_fails_its_datasum_fails_with_the_hosts_reason(sim, tmp_path):
+    """The raw file's DATASUM is checked from the uploaded words' sum (on the device): a
+    corrupted file fails with the reason read_image gives, the other frames are calibrated."""
+    from astropy.io import fits
+
+    from pipelines.errors import FitsReadError
+
+    out, res = sim
+    wst = [f for f in res.frames if f.channel == "WST"]
+    masters = _masters(out, "WST")
+    good, bad = tmp_path / "good.fits", tmp_path / "bad.fits"
+    with fits.open(wst[0].raw_path) as h:
+        h.writeto(good, checksum=True)
+    b = bytearray(good.read_bytes())
+    b[-2880 + 5] ^= 0x08  # a data byte (64 x 64 x 2 bytes: the last block holds data)
+    bad.write_bytes(bytes(b))
+    with pytest.raises(FitsReadError) as host:
+        read_image(bad)
+    outs = BatchExecutor("numpy").run([BatchItem.from_path("good", good, masters),
+                                       BatchItem.from_path("bad", bad, masters)])
+    assert outs[0].ok and not outs[1].ok
+    assert outs[1].error == f"FitsReadError: {host.value}" or str(host.value) in outs[1].error
+    _same(outs[0].result, _per_frame(out, wst[0]))
+
+
 def test_a_failing_callback_stops_the_batch(sim):
     out, res = sim
     wst = [f for f in res.frames if f.channel == "WST"]
@@ -360,6 +448,65 @@ def test_gpu_job_runs_batched_end_to_end_without_a_gpu(sim, sqlite_env, eager, m
         assert sorted(again.skipped) == sorted([p.id for p in prods.values()] + [bad.id]) and not again.written
         s.refresh(job)
         assert (job.done, job.failed) == (2, 1)
+
+
+def test_gpu_batch_writes_products_on_writer_threads(sim, sqlite_env, eager, monkeypatch):
+    """A GPU batch's files are written by writer threads (GPU_WRITERS), renamed and recorded by
+    the task's thread: the rows' SHA-256 and manifest digests are those of the files on disk,
+    nothing is left in the store's .tmp/; a writer thread's fault fails its product alone with
+    the reason, and a product whose claim is lost meanwhile leaves no file."""
+    import threading
+
+    from astropy.io import fits
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Product, ProductState
+    from backend.services.manifests import product_digests
+    from backend.worker import gpu_batch, processing
+    from pipelines.fitsio import sha256_file, store_tmp_dir
+
+    monkeypatch.setenv("GPU_WRITERS", "2")
+    settings, job_id, _ = _gpu_job(sim, monkeypatch, corrupt=None)
+    assert settings.gpu_writers == 2 and not settings.product_store
+    threads, real = [], processing.prepare_product_files
+
+    def prepare(settings_, info, result, notes=()):
+        threads.append(threading.current_thread().name)
+        if info["stamp"]["FRAMEID"] == broken[0]:
+            raise RuntimeError("writer thread fault")
+        return real(settings_, info, result, notes)
+
+    monkeypatch.setattr(gpu_batch, "prepare_product_files", prepare)
+    with session_scope() as s:
+        pids = processing.plan_job(s, job_id)
+        s.commit()
+        prods = [s.get(Product, pid) for pid in pids]
+        broken = [prods[1].frame_id]
+        rep = gpu_batch.calibrate_products_batch(s, pids, settings, job_id=job_id)
+        assert sorted(rep.written) == sorted([pids[0], pids[2]]) and list(rep.failed) == [pids[1]]
+        assert "writer thread fault" in rep.failed[pids[1]]
+        assert threads and all(t.startswith("lst-batch-write") for t in threads)
+        for pid in rep.written:
+            p = s.get(Product, pid)
+            assert p.state == ProductState.written and p.sha256 == sha256_file(p.path)
+            assert Path(p.quicklook_path).is_file()
+            with fits.open(p.path) as back:
+                assert p.manifest["product"]["data_sha256"] == product_digests(back)
+        assert list(store_tmp_dir(settings.products).iterdir()) == []
+
+        # a lost claim: files prepared by a writer thread are discarded, nothing is renamed
+        out, res = sim
+        prod = s.get(Product, pids[1])
+        info = processing.product_write_info(settings, prod)
+        result = _per_frame(out, next(f for f in res.frames if f.channel == "WST"))
+        prepared = real(settings, info, result)
+        assert prepared.fits_file.tmp.is_file() and prepared.quicklook.tmp.is_file()
+        monkeypatch.setattr(processing, "confirm_claim", lambda *a, **k: False)
+        assert processing.write_product(s, settings, prod, result, attempt=1, prepared=prepared) is False
+        assert not prepared.fits_file.tmp.exists() and not prepared.quicklook.tmp.exists()
+        assert not info["out"].exists() and not info["out"].with_suffix(".png").exists()
+        assert list(store_tmp_dir(settings.products).iterdir()) == []
 
 
 def test_cpu_job_runs_in_overlapped_cpu_batches_when_asked(sim, sqlite_env, eager, monkeypatch):
@@ -504,13 +651,23 @@ def test_stream_and_event_protocol_of_the_cupy_transfer(sim, monkeypatch):
     monkeypatch.setattr(batch, "resolve_namespace", lambda name: __import__("array_api_compat").numpy)
     computes = []
     real = batch.calibrate_frame
+    real_decode = batch.device.decode_stored
+    decoded = []
 
-    def spy(data, header, cals, opts, *, backend):
+    def decode_spy(words):  # the frame's first compute: it reads the device buffer (16-bit words)
+        assert words.dtype == np.uint16
+        fake.log.append(("compute", getattr(fake.tls, "current", None), words))
+        out = real_decode(np.asarray(words))
+        decoded.append(out)
+        return out
+
+    def spy(data, header, cals, opts, *, backend, quicklook_size=None):
+        assert any(data is d for d in decoded)  # the lane decoded the words it waited for
         computes.append((getattr(fake.tls, "current", None), data))
-        fake.log.append(("compute", getattr(fake.tls, "current", None), data))
-        return real(np.asarray(data), header, cals, opts, backend=backend)
+        return real(np.asarray(data), header, cals, opts, backend=backend, quicklook_size=quicklook_size)
 
     monkeypatch.setattr(batch, "calibrate_frame", spy)
+    monkeypatch.setattr(batch.device, "decode_stored", decode_spy)
     ex = BatchExecutor("numpy", lanes=2)
     tr = batch._CupyTransfer(ex.lanes, ex.nslots)
     ex.transfer = tr

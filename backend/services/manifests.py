@@ -123,7 +123,7 @@ def hdu_digest(data: np.ndarray | None) -> str:
     return _digest(a, a.dtype.newbyteorder(">").str)
 
 
-def product_digests(hdul: Any) -> dict[str, Any]:
+def product_digests(hdul: Any, hdu_sha256: list[str] | None = None) -> dict[str, Any]:
     """The digests of every HDU of a product (:data:`DIGEST_RECIPE`).
 
     Parameters
@@ -131,6 +131,10 @@ def product_digests(hdul: Any) -> dict[str, Any]:
     hdul : astropy.io.fits.HDUList
         The product as written (:func:`pipelines.products.build_product_hdul`) or as read
         back from its file: the same values either way.
+    hdu_sha256 : list of str, optional
+        :func:`hdu_digest` of each HDU, already computed (by the lean writer, as it wrote
+        the file: :func:`pipelines.fitsio.write_fits_atomic` ``hdu_digests``); used when it
+        has one digest per HDU, else the digests are computed here.
 
     Returns
     -------
@@ -140,7 +144,9 @@ def product_digests(hdul: Any) -> dict[str, Any]:
         :func:`array_digests` of the same arrays (manifests made before ``UNCERT`` was
         covered compare with them).
     """
-    hdus = [{"index": i, "name": str(hdu.name or ""), "sha256": hdu_digest(hdu.data)} for i, hdu in enumerate(hdul)]
+    known = hdu_sha256 if hdu_sha256 is not None and len(hdu_sha256) == len(hdul) else None
+    hdus = [{"index": i, "name": str(hdu.name or ""), "sha256": known[i] if known else hdu_digest(hdu.data)}
+            for i, hdu in enumerate(hdul)]
     by_name = {h["name"]: h["sha256"] for h in reversed(hdus)}  # the first HDU of a name wins
     total = hashlib.sha256("".join(f"{h['index']} {h['name']} {h['sha256']}\n" for h in hdus).encode("utf-8"))
     return {"data": hdus[0]["sha256"] if hdus else None, "uncertainty": by_name.get("UNCERT"),

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session
 
 from backend.models import Product, ProductState
-from backend.worker.processing import (PLACED, count_item, give_back_on_storage_fault, resident_master, settle_placed,
-                                       write_product)
+from backend.worker.processing import (PLACED, count_item, give_back_on_storage_fault, prepare_product_files,
+                                       product_write_info, resident_master, settle_placed, write_product)
 from backend.worker.storage_faults import lane_of
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
@@ -74,9 +74,11 @@ def gpu_executor(backend: str):
     (made once: its resident masters serve every later batch)."""
     from pipelines.calibration import BatchExecutor
 
+    from pipelines.products import QUICKLOOK_SIZE
+
     ex = _EXECUTORS.get(backend)
-    if ex is None:
-        ex = _EXECUTORS[backend] = BatchExecutor(backend)
+    if ex is None:  # the quicklook's block average made on the device with the product
+        ex = _EXECUTORS[backend] = BatchExecutor(backend, quicklook_size=QUICKLOOK_SIZE)
     return ex
 
 
@@ -196,6 +198,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             report.skipped.append(pid)
 
     items = []
+    infos: dict[int, dict] = {}  # what the writer threads need of each product, read here (the ORM stays on this thread)
     for pid in claimed:
         prod = session.get(Product, pid)
         try:
@@ -209,20 +212,35 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             _fail(session, report, job_id, pid, failure_reason(exc))
             continue
         items.append(BatchItem.from_path(pid, prod.frame.path, cals, options))
+        infos[pid] = product_write_info(settings, prod)
+
+    # GPU batches: each product's files are written by one of ``GPU_WRITERS`` writer threads
+    # (several at once, while the next frames compute) under temporary names; this thread
+    # confirms the claim, renames them and fills the row (write_product). An object store is
+    # written from this thread, as before.
+    threaded = device == "gpu" and not settings.product_store
+
+    def on_write(outcome):
+        return prepare_product_files(settings, infos[outcome.key], outcome.result, notes)
 
     def on_result(outcome) -> None:
         pid = outcome.key
+        prepared = outcome.written
         if not outcome.ok:
             _fail(session, report, job_id, pid, failure_reason(outcome.exception) if outcome.exception else outcome.error)
             return
         stopper = cancelling_waiter(session, pid)
         if stopper is not None:  # the frame boundary: every job waiting on it was cancelled meanwhile
+            if prepared is not None:
+                prepared.discard()
             _fail(session, report, job_id, pid, cancel_reason(stopper))
             return
         prod = session.get(Product, pid)
         try:
+            if outcome.write_error is not None:  # the writer thread's fault, handled as this thread's would be
+                raise outcome.write_error
             if not write_product(session, settings, prod, outcome.result, notes=notes, attempt=claimed[pid].attempt,
-                                 holder=claimed[pid].holder):
+                                 holder=claimed[pid].holder, prepared=prepared):
                 session.rollback()
                 report.skipped.append(pid)  # taken over by another delivery meanwhile
                 return
@@ -244,7 +262,10 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         session.info.pop(PLACED, None)  # its objects are the product now
         report.written.append(pid)
 
-    executor.run(items, on_result=on_result, keep_results=False)
+    if threaded:
+        executor.run(items, on_result=on_result, keep_results=False, on_write=on_write, writers=settings.gpu_writers)
+    else:
+        executor.run(items, on_result=on_result, keep_results=False)
     return report
 
 

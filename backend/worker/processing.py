@@ -150,8 +150,96 @@ def _product_path(settings: Settings, frame: Frame, prod: Product) -> Path:
         f"lst_{chan}_l2_{stamp}_f{frame.id}_v{prod.version}.fits"
 
 
+def product_write_info(settings: Settings, prod: Product) -> dict:
+    """What :func:`prepare_product_files` needs of ``prod`` and its frame, as plain values (read
+    on the session's thread, so that a writer thread never touches the ORM objects)."""
+    frame = prod.frame
+    out = _product_path(settings, frame, prod)
+    stamp = {"PRODID": prod.id, "PRODVER": prod.version, "CALSET": prod.calibration_set_id, "FRAMEID": frame.id,
+             "FILENAME": out.name}
+    return {"stamp": {k: v for k, v in stamp.items() if v is not None}, "out": out, "channel": frame.channel_code,
+            "warnings": list((prod.parameters or {}).get("warnings", []))}
+
+
+class PreparedProduct:
+    """A product's files written and fsynced under temporary names in the store's ``.tmp/``
+    (:func:`prepare_product_files`), and what the row needs of them; :meth:`commit` renames
+    them, :meth:`discard` removes them."""
+
+    def __init__(self, hdul, fits_file, quicklook, sha256: str, digests: dict):
+        self.hdul, self.fits_file, self.quicklook = hdul, fits_file, quicklook
+        self.sha256, self.digests = sha256, digests
+
+    @property
+    def header(self):
+        """The written primary header."""
+        return self.hdul[0].header
+
+    def commit(self) -> None:
+        """Rename the FITS file, then the quicklook, to their names (each atomic)."""
+        self.fits_file.commit()
+        self.quicklook.commit()
+
+    def discard(self) -> None:
+        """Remove what is still under a temporary name."""
+        self.fits_file.discard()
+        self.quicklook.discard()
+
+
+def _stamped_hdul(info: dict, result, notes: tuple[str, ...]):
+    from pipelines.products import build_product_hdul
+    from pipelines.provenance import stamp_provenance
+
+    stamp_provenance(result.header, info["stamp"])
+    for w in info["warnings"]:
+        result.header.add_history(f"calibration warning: {w}")
+    for note in notes:
+        result.header.add_history(note)
+    return build_product_hdul(result, software_version=__version__)
+
+
+def prepare_product_files(settings: Settings, info: dict, result, notes: tuple[str, ...] = ()) -> PreparedProduct:
+    """Write the L2 FITS and quicklook of ``result`` into the product store's ``.tmp/``, fsynced,
+    not yet renamed (no database work: a GPU worker's writer threads run it,
+    :func:`backend.worker.gpu_batch.calibrate_products_batch`).
+
+    ``info``: :func:`product_write_info` of the product. The FITS file's SHA-256 and the
+    manifest's HDU digests are hashed as the file is written (uncompressed products; a
+    compressed one's digests are computed from its arrays); the quicklook is drawn from the
+    block average made on the device when the result has one (``L2Result.quicklook``).
+    Pass the result to :func:`write_product` (``prepared=``), which confirms the claim and
+    renames the files, or :meth:`PreparedProduct.discard` it.
+
+    Raises
+    ------
+    OSError
+        From the writing (nothing is left under a temporary name).
+    """
+    from pipelines.compression import compress_product_hdul
+    from pipelines.fitsio import store_tmp_dir, write_fits_pending
+    from pipelines.products import write_quicklook_png
+
+    hdul = _stamped_hdul(info, result, notes)
+    # the header and digests below are those of the calibrated arrays; the file may hold them
+    # tile-compressed (PRODUCT_COMPRESSION, pipelines.compression; "none" writes hdul as is)
+    stored = compress_product_hdul(hdul, getattr(settings, "product_compression", "none"))
+    tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
+    hdu_sha: list[str] = []  # the HDUs' digests, hashed by the lean writer as it writes (uncompressed only)
+    out = info["out"]
+    sha, fits_file = write_fits_pending(stored, out, tmp_dir=tmp, hdu_digests=hdu_sha if stored is hdul else None)
+    try:
+        ql = write_quicklook_png(result.data, result.dq, out.with_suffix(".png"), info["channel"], tmp_dir=tmp,
+                                 reduced=getattr(result, "quicklook", None), defer=True)
+        digests = product_digests(hdul, hdu_sha)
+    except BaseException:
+        fits_file.discard()
+        raise
+    return PreparedProduct(hdul, fits_file, ql, sha, digests)
+
+
 def write_product(session: Session, settings: Settings, prod: Product, result, *, notes: tuple[str, ...] = (),
-                  attempt: int | None = None, holder: str | None = None) -> bool:
+                  attempt: int | None = None, holder: str | None = None,
+                  prepared: PreparedProduct | None = None) -> bool:
     """Write the L2 FITS and quicklook of ``result`` (an :class:`~pipelines.calibration.l2.flow.L2Result`)
     for ``prod`` and fill the row (state ``written``); the caller commits.
 
@@ -162,45 +250,45 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     ``Claim.holder``, checked too when given). The file is fsynced and renamed before
     the row says ``written`` (object store: the objects are placed and read back before,
     :func:`_place_objects`; after a rollback the caller calls :func:`settle_placed`).
-    Returns True when written.
+    ``prepared``: the files already written under temporary names by
+    :func:`prepare_product_files` (a writer thread, with the same ``notes``): renamed here
+    once the claim is confirmed, discarded when it is not (a product store that is an
+    object store ignores them). Returns True when written.
     """
     if attempt is not None and not confirm_claim(session, prod.id, attempt, holder):
+        if prepared is not None:
+            prepared.discard()
         return False
-    from pipelines.fitsio import store_tmp_dir, write_fits_atomic
-    from pipelines.products import build_product_hdul, write_quicklook_png
     from pipelines.compression import compress_product_hdul
     from pipelines.calibration.l2.quality import frame_quality
-    from pipelines.provenance import stamp_provenance
 
     frame = prod.frame
-    stamp = {"PRODID": prod.id, "PRODVER": prod.version, "CALSET": prod.calibration_set_id, "FRAMEID": frame.id,
-             "FILENAME": _product_path(settings, frame, prod).name}
-    stamp_provenance(result.header, {k: v for k, v in stamp.items() if v is not None})
-    for w in (prod.parameters or {}).get("warnings", []):
-        result.header.add_history(f"calibration warning: {w}")
-    for note in notes:
-        result.header.add_history(note)
-    hdul = build_product_hdul(result, software_version=__version__)
-    out = _product_path(settings, frame, prod)
-    # the header and digests below are those of the calibrated arrays; the file may hold them
-    # tile-compressed (PRODUCT_COMPRESSION, pipelines.compression; "none" writes hdul as is)
-    stored = compress_product_hdul(hdul, getattr(settings, "product_compression", "none"))
     if settings.product_store:  # an object store: objects of this attempt first, the row after
+        if prepared is not None:
+            prepared.discard()
+        hdul = _stamped_hdul(product_write_info(settings, prod), result, notes)
+        stored = compress_product_hdul(hdul, getattr(settings, "product_compression", "none"))
+        out = _product_path(settings, frame, prod)
         fits_ref, sha, ql_ref = _place_objects(session, settings, prod, stored, result, out, attempt, holder)
         prod.path, prod.sha256, prod.quicklook_path = fits_ref, sha, ql_ref
+        header, digests = hdul[0].header, product_digests(hdul)
     else:
-        tmp = store_tmp_dir(settings.products)  # temporary files in the store's .tmp/, never beside products
-        sha = write_fits_atomic(stored, out, tmp_dir=tmp)
-        ql = out.with_suffix(".png")
-        write_quicklook_png(result.data, result.dq, ql, frame.channel_code, tmp_dir=tmp)
-        prod.path = str(out)
-        prod.sha256 = sha
-        prod.quicklook_path = str(ql)
-    prod.header = header_to_json(hdul[0].header)
+        if prepared is None:
+            prepared = prepare_product_files(settings, product_write_info(settings, prod), result, notes)
+        try:
+            prepared.commit()
+        except BaseException:
+            prepared.discard()
+            raise
+        prod.path = str(prepared.fits_file.path)
+        prod.sha256 = sha = prepared.sha256
+        prod.quicklook_path = str(prepared.quicklook.path)
+        header, digests = prepared.header, prepared.digests
+    prod.header = header_to_json(header)
     prod.stats = dict(result.stats)
-    prod.quality_flags = int(frame_quality(hdul[0].header))  # QUALITY: frame-wide systematics flagged
-    prod.manifest = product_manifest(prod, frame, header=hdul[0].header, file_sha256=sha,
-                                     digests=product_digests(hdul), software_version=__version__)
+    prod.quality_flags = int(frame_quality(header))  # QUALITY: frame-wide systematics flagged
+    prod.manifest = product_manifest(prod, frame, header=header, file_sha256=sha, digests=digests,
+                                     software_version=__version__)
     move_product(prod, ProductState.written)
     return True
 
@@ -246,7 +334,8 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
         hdul.writeto(f, checksum=True)
         sha = sha256_file(f)
         q = Path(tmp) / out.with_suffix(".png").name
-        write_quicklook_png(result.data, result.dq, q, prod.frame.channel_code)
+        write_quicklook_png(result.data, result.dq, q, prod.frame.channel_code,
+                            reduced=getattr(result, "quicklook", None))
         store.put_file(fits_key, f, sha, content_type="application/fits")
         store.put_file(png_key, q, sha256_file(q), content_type="image/png")
     return store.ref(fits_key), sha, store.ref(png_key)

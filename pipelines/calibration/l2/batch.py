@@ -17,11 +17,11 @@ order, to a callback, while the next frames are already being read and copied:
   the *compute stream* of the lane that calibrates the frame wait for it, and an event
   recorded by that lane after the frame lets the copy stream reuse the device buffer.
   Frame k+1's host-to-device copy therefore runs while frame k computes.
-* **lanes**: ``calibrate_frame`` ends with the device-to-host copy of the product and
-  its statistics on the host (flow.py, not this module, does that, synchronously on the
-  current stream). With ``lanes=2`` (the CuPy default) two host threads each drive their
-  own compute stream, so frame k-1's device-to-host copy and host statistics overlap
-  frame k's kernels.
+* **lanes**: ``calibrate_frame`` ends with the device-to-host copy of the product (its
+  statistics and quicklook average computed on the device before; flow.py, not this module,
+  does that, synchronously on the current stream). With ``lanes=2`` (the CuPy default) two
+  host threads each drive their own compute stream, so frame k-1's device-to-host copy
+  overlaps frame k's kernels.
 * **host I/O**: a reader thread reads the next raw files from disk while the device
   works, and the callback (writing the product) runs on the calling thread while the
   lanes compute the following frames.
@@ -33,6 +33,20 @@ order, to a callback, while the next frames are already being read and copied:
   read ahead (``prefetch=0``), one frame computing, one product being written, so the
   batch holds about three frames more than one ``calibrate_frame`` does
   (``benchmarks/calibrate.py --batch`` measures the peak).
+* **uint16 upload** (:class:`StoredWords`): an item made by :meth:`BatchItem.from_path`
+  reads the raw frame as its file stores it (:func:`pipelines.fitsio.read_image_stored`:
+  16-bit words, no conversion on the host), the words are staged and copied (2 bytes a
+  pixel, half of float32) and turned into float32 DN on the device by the lane
+  (:func:`pipelines.calibration.l2.device.decode_stored`), equal to what
+  :func:`pipelines.fitsio.read_image` gives. Frames stored otherwise are read as float32.
+* **device side**: on CuPy the statistics, the uncertainty plane, the centre fit's sampling
+  and (``quicklook_size``) the quicklook's block average are computed on the device
+  (:mod:`pipelines.calibration.l2.device`); the host gets the product's planes, a few
+  scalars and a 512 x 512 array.
+* **writer threads** (``on_write``, ``writers``): each calibrated product is handed to a
+  bounded pool of ``writers`` threads that write it (FITS, hashes, quicklook) while the
+  next ones compute; ``on_result`` then gets the outcomes on the calling thread, in input
+  order, each after its write (the database work of a worker stays on one thread).
 * **error isolation**: a frame that cannot be read, staged or calibrated fails alone
   (:class:`BatchOutcome` ``error`` holds the reason, in one line); the rest of the batch
   goes on.
@@ -66,13 +80,14 @@ from typing import Any, Callable, Hashable, Iterable
 import numpy as np
 
 from pipelines.array_backend import backend_name, resolve_namespace
+from pipelines.calibration.l2 import device
 from pipelines.calibration.l2.flow import CalibrationInput, L2Result, bad_pixel_map, calibrate_frame
 from pipelines.calibration.l2.options import CalibrationOptions
 from pipelines.errors import DataError, LSTDPError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchItem", "BatchOutcome", "BatchExecutor", "DeviceMasters",
+__all__ = ["BatchItem", "BatchOutcome", "StoredWords", "BatchExecutor", "DeviceMasters",
            "DEFAULT_DEVICE_MASTER_BYTES", "HOST_MASTER_BYTES", "RESIDENT_KINDS"]
 
 #: Kinds whose frame-shaped planes are made resident on the device (the kinds whose planes
@@ -104,6 +119,33 @@ def _failed(key: Hashable, exc: BaseException, backend: str, read_s: float = 0.0
 
 
 @dataclass
+class StoredWords:
+    """A raw frame's 16-bit words as stored (:attr:`pipelines.fitsio.StoredImage.stored`), for
+    :attr:`BatchItem.load` to return in place of float DN: staged and uploaded as they are and
+    decoded on the device (:func:`pipelines.calibration.l2.device.decode_stored`).
+
+    Attributes
+    ----------
+    words : numpy.ndarray of uint16, shape (ny, nx)
+    sums : pipelines.fitsio.StoredSums or None
+        The file's ``CHECKSUM``/``DATASUM`` still to verify: the lane sums the uploaded words
+        on the device (:func:`pipelines.calibration.l2.device.stored_datasum`) and the frame
+        fails with :func:`pipelines.fitsio.verify_checksums`'s reason on a mismatch.
+    """
+
+    words: np.ndarray
+    sums: Any = None
+
+    @property
+    def ndim(self) -> int:
+        return self.words.ndim
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.words.shape
+
+
+@dataclass
 class BatchItem:
     """One frame to calibrate.
 
@@ -113,8 +155,9 @@ class BatchItem:
         Returned on its outcome (a product id, an index).
     load : callable
         Returns ``(data, header)``: the raw frame [DN], shape (ny, nx), and its repaired
-        header, as :func:`pipelines.fitsio.read_image` gives them. Called on the reader
-        thread; it may raise (the item then fails with the reason).
+        header, as :func:`pipelines.fitsio.read_image` gives them; or the frame's stored
+        words (:class:`StoredWords`, decoded on the device) and that header. Called on the
+        reader thread; it may raise (the item then fails with the reason).
     calibrations : dict of str to CalibrationInput
         The host masters by kind (as :func:`calibrate_frame` takes them).
     options : CalibrationOptions
@@ -128,12 +171,18 @@ class BatchItem:
 
     @classmethod
     def from_path(cls, key: Hashable, path, calibrations: dict[str, CalibrationInput],
-                  options: CalibrationOptions | None = None) -> BatchItem:
-        """An item that reads ``path`` with :func:`pipelines.fitsio.read_image` as float32
-        (16-bit DN exactly, half the bytes of float64: what the workers read)."""
-        from pipelines.fitsio import read_image
+                  options: CalibrationOptions | None = None, *, stored: bool = True) -> BatchItem:
+        """An item that reads ``path``: its stored 16-bit words (``stored``, the default:
+        :func:`pipelines.fitsio.read_image_stored`, decoded on the device), or, when the file
+        stores the frame otherwise or ``stored`` is False, :func:`pipelines.fitsio.read_image`
+        as float32 (16-bit DN exactly, half the bytes of float64)."""
+        from pipelines.fitsio import read_image, read_image_stored
 
         def load():
+            if stored:
+                st = read_image_stored(path, defer_sums=True)
+                if st is not None:
+                    return StoredWords(st.stored, st.sums), st.header
             raw = read_image(path, dtype=np.float32)
             return raw.data, raw.header
 
@@ -158,9 +207,15 @@ class BatchOutcome:
         traceback is logged, then dropped: it would keep the frame's arrays alive).
     read_s, compute_s : float
         Wall time [s] of reading the raw file (reader thread) and of ``calibrate_frame``
-        (lane thread, including its device-to-host copy and host statistics).
+        (lane thread, including the decoding of stored words and the device-to-host copy).
     backend : str
         ``numpy`` or ``cupy``.
+    written : any
+        What ``on_write`` returned for this outcome (:meth:`BatchExecutor.run`), else None.
+    write_error : BaseException or None
+        What ``on_write`` raised for it (its traceback dropped), else None.
+    write_s : float
+        Wall time [s] of ``on_write`` (a writer thread).
     """
 
     key: Hashable
@@ -170,6 +225,9 @@ class BatchOutcome:
     read_s: float = 0.0
     compute_s: float = 0.0
     backend: str = "numpy"
+    written: Any = None
+    write_error: BaseException | None = None
+    write_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -187,6 +245,8 @@ def _finished(entry: Any) -> bool:
 class _Staged:
     array: Any
     slot: Any = None
+    stored: bool = False  # ``array`` holds stored 16-bit words (decoded by the lane)
+    sums: Any = None      # their file's CHECKSUM/DATASUM, checked by the lane (StoredSums)
 
 
 class _HostTransfer:
@@ -399,7 +459,7 @@ class BatchExecutor:
         The array backend (``cpu``/``gpu`` accepted as aliases).
     lanes : int, optional
         Frames computed at once, each by its own host thread and (CuPy) compute stream.
-        Default 2 on CuPy (the device-to-host copy and host statistics of one frame overlap
+        Default 2 on CuPy (the device-to-host copy of one frame overlaps
         the kernels of the next), 1 on NumPy (a CPU worker process gets its parallelism
         from the other worker processes).
     prefetch : int, optional
@@ -410,6 +470,9 @@ class BatchExecutor:
     master_bytes : int, optional
         Bound of :class:`DeviceMasters`; default :data:`DEFAULT_DEVICE_MASTER_BYTES` or a
         quarter of the device's memory, whichever is less.
+    quicklook_size : int, optional
+        Also make each product's quicklook block average at this size on the device
+        (``L2Result.quicklook``; the GPU worker gives the quicklook's 512).
 
     Raises
     ------
@@ -425,7 +488,7 @@ class BatchExecutor:
     """
 
     def __init__(self, backend: str = "numpy", *, lanes: int | None = None, prefetch: int | None = None,
-                 master_bytes: int | None = None):
+                 master_bytes: int | None = None, quicklook_size: int | None = None):
         xp = resolve_namespace(backend)
         self.backend = backend_name(xp)
         self.lanes = int(lanes if lanes is not None else (2 if self.backend == "cupy" else 1))
@@ -440,6 +503,7 @@ class BatchExecutor:
         self.masters = DeviceMasters(self.transfer.upload, master_bytes or self.transfer.default_master_bytes())
         self.frames_done = 0
         self.frames_failed = 0
+        self.quicklook_size = quicklook_size
 
     # one frame on one lane (runs on a lane thread)
     def _compute(self, item: BatchItem, header: Any, staged: _Staged, cals: dict, lane: int,
@@ -449,7 +513,15 @@ class BatchExecutor:
             with self.transfer.lane(lane):
                 self.transfer.wait_ready(staged, lane)
                 try:
-                    result = calibrate_frame(staged.array, header, cals, item.options, backend=self.backend)
+                    data = staged.array
+                    if staged.stored:  # the uploaded 16-bit words to float32 DN, on the device
+                        with device.section("decode"):
+                            if staged.sums is not None:  # the raw file's DATASUM/CHECKSUM, summed on the device
+                                staged.sums.check(device.stored_datasum(data))
+                            data = device.decode_stored(data)
+                    result = calibrate_frame(data, header, cals, item.options, backend=self.backend,
+                                             quicklook_size=self.quicklook_size)
+                    del data
                 finally:
                     self.transfer.mark_done(staged, lane)
         except Exception as exc:  # noqa: BLE001 - the frame fails alone, with its reason
@@ -461,12 +533,15 @@ class BatchExecutor:
     def _read(item: BatchItem) -> tuple[Any, Any, float]:
         t0 = time.perf_counter()
         data, header = item.load()
+        if isinstance(data, StoredWords) and data.words.dtype != np.uint16:
+            raise DataError(f"stored words must be uint16, got {data.words.dtype}")
         if getattr(data, "ndim", None) != 2:
             raise DataError(f"a frame must be a 2-D image, got shape {getattr(data, 'shape', None)}")
         return data, header, time.perf_counter() - t0
 
     def run(self, items: Iterable[BatchItem], on_result: Callable[[BatchOutcome], None] | None = None, *,
-            keep_results: bool = True) -> list[BatchOutcome]:
+            keep_results: bool = True, on_write: Callable[[BatchOutcome], Any] | None = None,
+            writers: int = 1) -> list[BatchOutcome]:
         """Calibrate ``items``; outcomes in input order.
 
         Parameters
@@ -481,6 +556,16 @@ class BatchExecutor:
         keep_results : bool
             False: each outcome's ``result`` is dropped once ``on_result`` has had it (a
             full-size product is about 106 MB on the host; a worker writes it and lets it go).
+        on_write : callable, optional
+            Called with each calibrated outcome (``ok``) on one of ``writers`` writer threads,
+            as soon as it is in (several products are written at once, while the next frames
+            compute); what it returns is the outcome's ``written``, what it raises its
+            ``write_error`` (the batch goes on). ``on_result`` gets each outcome after its
+            write. It must not use the caller's database session (not thread-safe).
+        writers : int
+            Writer threads (``on_write`` only). At most ``writers`` products are being
+            written or waiting for the calling thread at once: the host memory of the batch
+            grows by that many products (about 191 MB each at 4608 x 4608).
 
         Returns
         -------
@@ -491,8 +576,13 @@ class BatchExecutor:
         outcomes: list[BatchOutcome] = []
         if not items:
             return outcomes
+        if writers < 1:
+            raise ValueError(f"writers must be at least 1, got {writers}")
         reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lst-batch-read")
         lanes = ThreadPoolExecutor(max_workers=self.lanes, thread_name_prefix="lst-batch-lane")
+        writer = (ThreadPoolExecutor(max_workers=writers, thread_name_prefix="lst-batch-write")
+                  if on_write is not None else None)
+        writing: deque[tuple[BatchOutcome, Future | None]] = deque()
         reads: dict[int, Future] = {}
         inflight: deque[tuple[int, Future | BatchOutcome]] = deque()
         # NumPy: staging is a no-op (no device buffers to recycle), so a lane may take the next
@@ -510,6 +600,31 @@ class BatchExecutor:
                     return
                 futures_wait(busy, return_when=FIRST_COMPLETED)
 
+        def hand_over(out: BatchOutcome) -> None:  # the calling thread, in input order
+            if on_result is not None:
+                on_result(out)
+                if not keep_results:
+                    out.result = None
+
+        def write(out: BatchOutcome) -> BatchOutcome:  # a writer thread
+            t0 = time.perf_counter()
+            try:
+                out.written = on_write(out)
+            except Exception as exc:  # noqa: BLE001 - handed to on_result with the outcome
+                log.warning("writing the product of frame %r failed: %s", out.key, failure_reason(exc), exc_info=exc)
+                out.write_error = exc.with_traceback(None)
+            out.write_s = time.perf_counter() - t0
+            return out
+
+        def drain(everything: bool = False, room: bool = False) -> None:
+            # hand over the written products in order; ``room``: first wait for the oldest until
+            # fewer than ``writers`` are held, so that one more may be submitted
+            while writing and (everything or (room and len(writing) >= writers) or _finished(writing[0][1])):
+                out, fut = writing.popleft()
+                if fut is not None:
+                    fut.result()
+                hand_over(out)
+
         def emit() -> None:
             _seq, entry = inflight.popleft()
             out = entry.result() if isinstance(entry, Future) else entry
@@ -518,10 +633,12 @@ class BatchExecutor:
             else:
                 self.frames_failed += 1
             outcomes.append(out)
-            if on_result is not None:
-                on_result(out)
-                if not keep_results:
-                    out.result = None
+            if writer is None:
+                hand_over(out)
+                return
+            drain(room=True)
+            writing.append((out, writer.submit(write, out) if out.ok else None))
+            drain()
 
         try:
             for i in range(min(len(items), self.prefetch + 1)):
@@ -544,7 +661,10 @@ class BatchExecutor:
                         cals = self.masters.resolve(item.calibrations)
                         # slot seq % nslots was last used by frame seq - nslots, already emitted:
                         # at most ``lanes`` frames (seq - lanes .. seq - 1) are in flight here
-                        staged = self.transfer.stage(seq % self.nslots, data)
+                        words = isinstance(data, StoredWords)
+                        staged = self.transfer.stage(seq % self.nslots, data.words if words else data)
+                        staged.stored = words
+                        staged.sums = data.sums if words else None
                     except Exception as exc:  # noqa: BLE001 - e.g. device out of memory: fails alone
                         entry = _failed(item.key, exc, self.backend, read_s)
                     else:
@@ -559,6 +679,7 @@ class BatchExecutor:
                     inflight.append((seq, entry))
                     while inflight and _finished(inflight[0][1]):
                         emit()
+                    drain()
                     continue
                 # the copy of frame seq is under way; wait for a free lane, then compute it. Until
                 # one frame has been calibrated by this executor, one lane only: the first frame
@@ -568,13 +689,17 @@ class BatchExecutor:
                 if entry is None:
                     entry = lanes.submit(self._compute, item, header, staged, cals, seq % self.lanes, read_s)
                 inflight.append((seq, entry))
+                drain()
             while inflight:
                 emit()
+            drain(everything=True)
         finally:
             for f in reads.values():
                 f.cancel()
             reader.shutdown(wait=True, cancel_futures=True)
             lanes.shutdown(wait=True, cancel_futures=True)
+            if writer is not None:
+                writer.shutdown(wait=True, cancel_futures=True)
             with contextlib.suppress(Exception):
                 self.transfer.synchronize()
         return outcomes

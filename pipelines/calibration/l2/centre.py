@@ -85,9 +85,10 @@ from typing import Any
 
 import numpy as np
 from astropy.io import fits
-from scipy import ndimage, optimize
+from scipy import optimize
 
-from pipelines.array_backend import to_numpy
+from pipelines.array_backend import namespace_of, ndimage_for, to_numpy
+from pipelines.calibration.l2 import device
 from pipelines.calibration.l2 import fused
 from pipelines.calibration.l2.quality import FrameQuality, flag_frame
 from pipelines.errors import DataError
@@ -228,63 +229,82 @@ def edge_points(image: np.ndarray, x0: float, y0: float, radius: float, *, risin
             xe = x0 + c[:, 0] * r - s[:, 0] * t
             ye = y0 + s[:, 0] * r + c[:, 0] * t
             inside &= (xe >= 0) & (xe <= nx - 1) & (ye >= 0) & (ye <= ny - 1)
-    if fused.enabled() and isinstance(image, np.ndarray) and image.dtype in (np.float32, np.float64):
-        prof = fused.ray_profiles(image, x0, y0, theta, radii, offsets)  # the same values, compiled
-    else:
-        prof = np.zeros((theta.size, radii.size))
-        for t in offsets:
-            xs = x0 + c * radii[None, :] - s * t
-            ys = y0 + s * radii[None, :] + c * t
-            prof += ndimage.map_coordinates(image, [ys.ravel(), xs.ravel()], order=1,
-                                            mode="nearest").reshape(prof.shape)
-        prof /= 3.0
+    with device.section("centre_sampling"):
+        if fused.enabled() and isinstance(image, np.ndarray) and image.dtype in (np.float32, np.float64):
+            prof = fused.ray_profiles(image, x0, y0, theta, radii, offsets)  # the same values, compiled
+        else:  # on the image's module (CuPy: cupyx.scipy.ndimage, on the device)
+            xp = namespace_of(image)
+            nd = ndimage_for(xp)
+            cd, sd, rd = xp.asarray(c), xp.asarray(s), xp.asarray(radii)
+            prof = xp.zeros((theta.size, radii.size))
+            for t in offsets:
+                xs = x0 + cd * rd[None, :] - sd * t
+                ys = y0 + sd * rd[None, :] + cd * t
+                prof += nd.map_coordinates(image, [ys.ravel(), xs.ravel()], order=1,
+                                           mode="nearest").reshape(prof.shape)
+            prof /= 3.0
+        # the profiles' edges on the same module (CuPy: on the device); only the edge points come back
+        r_edge, ok = _edges(prof, inside, radii, step, smooth_px, rising, normalise, level)
+        td = namespace_of(prof).asarray(theta)
+        xs_e = to_numpy((x0 + r_edge * namespace_of(prof).cos(td))[ok])
+        ys_e = to_numpy((y0 + r_edge * namespace_of(prof).sin(td))[ok])
+    return xs_e, ys_e
+
+
+def _edges(prof: Any, inside: np.ndarray, radii: np.ndarray, step: float, smooth_px: float, rising: bool,
+           normalise: bool, level: float) -> tuple[Any, Any]:
+    """Edge radius [pixel] per ray of the profiles ``prof`` (n_rays, n_radii) and which rays
+    show a usable edge (:func:`edge_points`), on the profiles' array module."""
+    xp = namespace_of(prof)
+    rd = xp.asarray(radii)
     if smooth_px > 0:
-        prof = ndimage.gaussian_filter1d(prof, smooth_px / step, axis=1, mode="nearest")
-    grad = np.gradient(prof, step, axis=1)
+        prof = ndimage_for(xp).gaussian_filter1d(prof, smooth_px / step, axis=1, mode="nearest")
+    grad = xp.gradient(prof, step, axis=1)
     if not rising:
         grad = -grad
-    r_edge, peak, left, right = _gradient_centroid(grad, radii, level)
-    noise = 1.4826 * np.median(np.abs(np.diff(grad, axis=1)), axis=1)
+    r_edge, peak, left, right = _gradient_centroid(grad, rd, level)
+    noise = 1.4826 * xp.median(xp.abs(xp.diff(grad, axis=1)), axis=1)
     # a usable edge: inside the frame, a positive peak clear of the range's ends, the run closed on both sides
-    ok = inside & (peak > 0) & (left >= 0) & (right < radii.size) & (peak > 5.0 * noise)
+    ok = xp.asarray(inside) & (peak > 0) & (left >= 0) & (right < radii.size) & (peak > 5.0 * noise)
     if rising and normalise:
         # the occulter's shadow multiplies a steeply falling brightness S(r) (stray light and
         # corona, streamers varying with position angle): divide each ray by the power law
         # r^b fitted to log I beyond the edge, so that the edge is that of the transmission
         # alone, then locate it again
-        width = np.maximum(right - left, 1)
-        start = np.minimum(right + width // 2, radii.size - 1)
-        lr = np.log(radii)
-        lp = np.log(np.maximum(prof, np.finfo(np.float64).tiny))
-        sel = np.arange(radii.size)[None, :] >= start[:, None]  # the samples beyond the edge
+        width = xp.maximum(right - left, 1)
+        start = xp.minimum(right + width // 2, radii.size - 1)
+        lr = xp.log(rd)
+        lp = xp.log(xp.maximum(prof, np.finfo(np.float64).tiny))
+        sel = xp.arange(radii.size)[None, :] >= start[:, None]  # the samples beyond the edge
         nsel = sel.sum(axis=1)
         ok &= nsel >= 10
-        sx = np.where(sel, lr[None, :], 0.0).sum(axis=1)
-        sy = np.where(sel, lp, 0.0).sum(axis=1)
-        sxx = np.where(sel, lr[None, :] ** 2, 0.0).sum(axis=1)
-        sxy = np.where(sel, lr[None, :] * lp, 0.0).sum(axis=1)
+        sx = xp.where(sel, lr[None, :], 0.0).sum(axis=1)
+        sy = xp.where(sel, lp, 0.0).sum(axis=1)
+        sxx = xp.where(sel, lr[None, :] ** 2, 0.0).sum(axis=1)
+        sxy = xp.where(sel, lr[None, :] * lp, 0.0).sum(axis=1)
         den = nsel * sxx - sx * sx
-        b = np.where(den > 0, (nsel * sxy - sx * sy) / np.where(den > 0, den, 1.0), 0.0)
-        trans = prof * np.exp(-b[:, None] * (lr[None, :] - np.log(np.maximum(r_edge, 1.0))[:, None]))
-        grad_t = np.gradient(trans, step, axis=1)
-        r_edge, peak_t, left, right = _gradient_centroid(grad_t, radii, level)
+        b = xp.where(den > 0, (nsel * sxy - sx * sy) / xp.where(den > 0, den, 1.0), 0.0)
+        trans = prof * xp.exp(-b[:, None] * (lr[None, :] - xp.log(xp.maximum(r_edge, 1.0))[:, None]))
+        grad_t = xp.gradient(trans, step, axis=1)
+        r_edge, peak_t, left, right = _gradient_centroid(grad_t, rd, level)
         ok &= (peak_t > 0) & (left >= 0) & (right < radii.size)
-    return (x0 + r_edge * np.cos(theta))[ok], (y0 + r_edge * np.sin(theta))[ok]
+    return r_edge, ok
 
 
 def _gradient_centroid(grad: np.ndarray, radii: np.ndarray, level: float) -> tuple[np.ndarray, ...]:
     """Per ray: the centroid [pixel] of ``grad`` over the contiguous run above ``level`` x its
     peak around the peak, the peak, and the last index before and first index after the run."""
-    k = np.argmax(grad, axis=1)
-    peak = grad[np.arange(grad.shape[0]), k]
+    xp = namespace_of(grad)
+    k = xp.argmax(grad, axis=1)
+    peak = grad[xp.arange(grad.shape[0]), k]
     above = grad >= level * peak[:, None]
-    idx = np.arange(radii.size)[None, :]
-    left = np.where((~above) & (idx < k[:, None]), idx, -1).max(axis=1)
-    right = np.where((~above) & (idx > k[:, None]), idx, radii.size).min(axis=1)
+    idx = xp.arange(radii.size)[None, :]
+    left = xp.where((~above) & (idx < k[:, None]), idx, -1).max(axis=1)
+    right = xp.where((~above) & (idx > k[:, None]), idx, radii.size).min(axis=1)
     run = (idx > left[:, None]) & (idx < right[:, None])
-    w = np.where(run, grad, 0.0)
+    w = xp.where(run, grad, 0.0)
     tot = w.sum(axis=1)
-    return (w * radii[None, :]).sum(axis=1) / np.where(tot > 0, tot, 1.0), peak, left, right
+    return (w * radii[None, :]).sum(axis=1) / xp.where(tot > 0, tot, 1.0), peak, left, right
 
 
 def _kasa(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -370,7 +390,9 @@ def fit_disk_centre(image: Any, x0: float, y0: float, radius: float, *, method: 
     ----------
     image : array, shape (ny, nx)
         Dark-subtracted, flat-fielded frame (NumPy or CuPy; any unit). Non-finite
-        pixels are set to the frame's median first.
+        pixels are set to the frame's median first. On CuPy the frame stays on the device:
+        the fill, the ray sampling and the edge search run there and only the edge points
+        (at most ``n_rays``) come to the host for the circle fit.
     x0, y0 : float
         First guess of the centre [pixel, 0-based] (the header's).
     radius : float
@@ -399,14 +421,17 @@ def fit_disk_centre(image: Any, x0: float, y0: float, radius: float, *, method: 
     """
     if method not in ("limb", "occulter"):
         raise ValueError(f"method must be 'limb' or 'occulter', got {method!r}")
-    img = np.asarray(to_numpy(image), dtype=np.float32)
+    xp = namespace_of(image)  # the frame stays where it is (CuPy: the fill and the sampling on the device)
+    img = xp.asarray(image, dtype=xp.float32)
     if img.ndim != 2:
         raise DataError(f"a frame must be 2-D, got shape {img.shape}")
-    finite = np.isfinite(img)
-    if not finite.any():
-        raise DataError("the frame has no finite pixel")
-    if not finite.all():
-        img = np.where(finite, img, np.float32(np.median(img[finite])))
+    with device.section("centre_sampling"):
+        finite = xp.isfinite(img)
+        if not bool(finite.any()):
+            raise DataError("the frame has no finite pixel")
+        if not bool(finite.all()):
+            img = xp.where(finite, img, xp.float32(float(xp.median(img[finite]))))
+        del finite
     if not (radius > 4 and math.isfinite(radius)):
         raise DataError(f"edge radius too small to fit ({radius:.2f} px)")
     rays = int(n_rays) if n_rays is not None else int(np.clip(2.0 * math.pi * radius, 180, 4096))

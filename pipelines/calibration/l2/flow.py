@@ -42,7 +42,7 @@ from astropy.io import fits
 from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
-from pipelines.calibration.l2 import resample, steps, uncertainty
+from pipelines.calibration.l2 import device, resample, steps, uncertainty
 from pipelines.calibration.l2.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.l2.options import CalibrationOptions
 from pipelines.calibration.l2.quality import FrameQuality, flag_frame, frame_quality, stamp_quality
@@ -143,6 +143,10 @@ class L2Result:
     header: fits.Header
     stats: dict[str, Any]
     uncertainty: np.ndarray | None = None
+    #: The quicklook's block average (float64, NaN = masked), when ``calibrate_frame`` was asked
+    #: for it (``quicklook_size``: made on the frame's device,
+    #: :func:`pipelines.calibration.l2.device.quicklook_reduce`); else None.
+    quicklook: np.ndarray | None = None
 
 
 def _master_arrays(kind: str, hdul: fits.HDUList) -> dict[str, np.ndarray]:
@@ -430,7 +434,8 @@ def _options(options: CalibrationOptions | None) -> CalibrationOptions:
 
 
 def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[str, CalibrationInput],
-                    options: CalibrationOptions | None = None, *, backend: str | None = None) -> L2Result:
+                    options: CalibrationOptions | None = None, *, backend: str | None = None,
+                    quicklook_size: int | None = None) -> L2Result:
     """Calibrate one raw LST frame to L2.
 
     Parameters
@@ -448,10 +453,16 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         The calibration options (default: all defaults).
     backend : {"numpy", "cupy"}, optional
         Array backend of the arithmetic; default CuPy if ``options.device == 'gpu'``, else NumPy.
+    quicklook_size : int, optional
+        Also make the quicklook's block average at this size (``L2Result.quicklook``), on the
+        frame's device before the product comes back to the host (the GPU worker's batch).
 
     Returns
     -------
     L2Result
+        Host arrays. On CuPy the statistics, the uncertainty plane and the quicklook's block
+        average are computed on the device (:mod:`pipelines.calibration.l2.device`), only the
+        product's planes and a few scalars are copied back.
 
     Raises
     ------
@@ -477,7 +488,8 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     law = rad.parameters.get("RADRATE") not in (None, "", 0, 0.0)  # a time-dependent law (calibration.radiometry)
     if law:
         coef = coefficient_at(rad.parameters, header.get("DATE-OBS"))
-    img, dq, h, var = _detector_steps(data, _l2_header(header), cals, opts, xp, coef, unit)
+    with device.section("detector"):
+        img, dq, h, var = _detector_steps(data, _l2_header(header), cals, opts, xp, coef, unit)
     if law:
         h.add_history(f"convert_units: RADCOEF {rad.param('RADCOEF'):.6g} at {rad.parameters.get('RADEPOCH')} x "
                       f"exp({rad.param('RADRATE'):.5f}/yr) = {coef:.6g} at DATE-OBS")
@@ -497,16 +509,18 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     h, _ = fit_and_apply_centre(img, h, coronagraph=spec.is_coronagraph, occulter_rsun=_occulter_rsun(cals, spec),
                                 tolerance_px=tol, systematic_arcsec=EDGE_SYSTEMATIC_ARCSEC.get(channel, 0.0),
                                 enabled=opts.fit_centre, occulter_offset_arcsec=_occulter_offset(cals, spec))
-    img, h, var, stray_sigma = _stray_light_step(img, h, cals, opts, spec, xp, var)
-    dq, h = _mask_steps(img, dq, h, cals, spec, xp)
-    img, h = _psf_step(img, dq, h, cals, opts)
+    with device.section("stray_light_masks_psf"):
+        img, h, var, stray_sigma = _stray_light_step(img, h, cals, opts, spec, xp, var)
+        dq, h = _mask_steps(img, dq, h, cals, spec, xp)
+        img, h = _psf_step(img, dq, h, cals, opts)
     if opts.deconvolve_psf:
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
     sigma = None
     if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
         own = isinstance(img, np.ndarray) and not np.may_share_memory(img, data)  # the flow's frame, not the caller's
-        img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
-                                                          method=opts.resample, overwrite_input=own)
+        with device.section("resample"):
+            img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
+                                                              method=opts.resample, overwrite_input=own)
         del var
     else:
         img = xp.astype(img, xp.float32)
@@ -517,22 +531,35 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         if sigma is not None:  # the resampling pass gave sigma: back to a variance for the sum
             var = xp.asarray(sigma) ** 2
             sigma = None
-        var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
+        with device.section("stray_light_sigma"):
+            var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
         h.add_history(f"uncertainty: {why}, added on the output grid")
     _stamp_l2(h, cals, unit, channel, backend_name(xp))
     _stamp_dates(h)
-    out = to_numpy(img).astype(np.float32, copy=False)
-    dq_np = to_numpy(dq).astype(np.uint8, copy=False)
-    if sigma is None:
-        sigma = np.sqrt(np.maximum(to_numpy(var).astype(np.float32, copy=False), 0.0))
-        sigma[~np.isfinite(out)] = np.nan
-        del var
-    else:
-        sigma = to_numpy(sigma).astype(np.float32, copy=False)
     h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
                   "stray light; resampled with squared interpolation weights: pipelines.calibration.uncertainty)")
-    return L2Result(data=out, dq=dq_np, header=h, stats=_stats(out, dq_np, h, channel, backend_name(xp)),
-                    uncertainty=sigma)
+    with device.section("uncertainty"):
+        img = xp.astype(img, xp.float32, copy=False)
+        dq = xp.astype(dq, xp.uint8, copy=False)
+        if sigma is None:  # on the frame's device: sqrt of the variance, NaN where the data are
+            sigma = xp.sqrt(xp.maximum(xp.astype(var, xp.float32, copy=False), xp.float32(0.0)))
+            sigma[~xp.isfinite(img)] = xp.nan
+            del var
+        else:
+            sigma = xp.astype(sigma, xp.float32, copy=False)
+    stats = ql = None
+    if backend_name(xp) != "numpy":  # statistics on the device: scalars come back
+        with device.section("statistics"):
+            stats = device.frame_statistics(img, dq, h, channel, backend_name(xp))
+    if quicklook_size is not None:
+        with device.section("quicklook_reduce"):
+            ql = device.quicklook_reduce(img, dq, quicklook_size)
+    with device.section("download"):
+        out, dq_np, sigma = to_numpy(img), to_numpy(dq), to_numpy(sigma)
+    if stats is None:  # NumPy: the compiled two-pass statistics (equal fields)
+        with device.section("statistics"):
+            stats = _stats(out, dq_np, h, channel, backend_name(xp))
+    return L2Result(data=out, dq=dq_np, header=h, stats=stats, uncertainty=sigma, quicklook=ql)
 
 
 def _checked_inputs(data: Any, header: fits.Header, calibrations: dict[str, CalibrationInput] | None,
