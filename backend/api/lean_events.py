@@ -33,6 +33,7 @@ import math
 import os
 import re
 import threading
+from itertools import repeat
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -362,7 +363,7 @@ def _page_body(page, coverage: dict, utc: bool = False) -> bytes:
 
     cols = LIGHT_COLUMNS
     if utc:
-        items = [dict(zip(cols, row)) for row in page.items]
+        items = list(map(dict, map(zip, repeat(cols), page.items)))
     else:
         items = []
         for row in page.items:
@@ -499,10 +500,21 @@ def _search_work(session, params: dict, filters, deadline, ping: bool = False) -
     return _page_body(result, _coverage_json(window_coverage(session, filters.sources, filters.start, filters.end)))
 
 
+#: :func:`_is_utc` by the connection's ``TimeZone`` setting (what psycopg's time zone is made from).
+_UTC_ZONES: dict[bytes | None, bool] = {}
+
+
 def _is_utc(dbapi) -> bool:
     """Whether psycopg gives this connection's times in UTC (its ``TimeZone``): then no row's
     time needs converting."""
-    tz = dbapi.info.timezone
+    setting = dbapi.pgconn.parameter_status(b"TimeZone")
+    hit = _UTC_ZONES.get(setting)
+    if hit is None:
+        hit = _UTC_ZONES[setting] = _tz_is_utc(dbapi.info.timezone)
+    return hit
+
+
+def _tz_is_utc(tz) -> bool:
     return tz.utcoffset(dt.datetime(2000, 1, 1)) == _ZERO and tz.utcoffset(dt.datetime(2000, 7, 1)) == _ZERO \
         and getattr(tz, "key", "UTC") in ("UTC", "Etc/UTC", "Etc/UCT", "UCT", "Universal", "Etc/Universal", "Zulu",
                                           "GMT", "Etc/GMT", "Etc/Zulu")
