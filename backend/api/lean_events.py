@@ -534,8 +534,8 @@ _DETAIL_COLS = ("id", "event_type", "source", "source_key", "start_time", "peak_
 
 
 def _detail_work(session, event_id: int, principal, deadline, ping: bool = False) -> bytes | None:
-    """The blocking part of a lean detail: the event, its links, frames and products in two
-    statements; None when the caller may not see it (404). Without a session, once more on a
+    """The blocking part of a lean detail: the event, its links, frames and products in one
+    statement; None when the caller may not see it (404). Without a session, once more on a
     pinged connection when the unpinged one was lost."""
     reads = _Reads(session, ping)
     try:
@@ -570,6 +570,8 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
         params["viewer"] = user
     cols = ", ".join(f"events.{c}" for c in _DETAIL_COLS)
     where = "events.id = %(id)s" + (f" AND ({viewer})" if viewer else "")
+    # one statement: the event (with its frames and products) as a one-row subquery, its visible
+    # linked events beside it (a row each, in their order; one row of NULLs when it has none)
     one = (f"SELECT {cols}, events.description, events.attributes, "
            "ARRAY(SELECT event_frames.frame_id FROM event_frames WHERE event_frames.event_id = events.id "
            "ORDER BY event_frames.frame_id), "
@@ -578,18 +580,13 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
            f"FROM events WHERE {where}")
     links = (f"SELECT {cols}, event_associations.kind, event_associations.reason FROM events "
              "JOIN event_associations ON event_associations.other_event_id = events.id "
-             "WHERE event_associations.event_id = %(id)s" + (f" AND ({viewer})" if viewer else "")
-             + " ORDER BY events.start_time, events.id")
+             "WHERE event_associations.event_id = %(id)s" + (f" AND ({viewer})" if viewer else ""))
+    sql = f"SELECT m.*, l.* FROM ({one}) AS m LEFT JOIN ({links}) AS l ON true ORDER BY l.start_time, l.id"
     try:
         with reads.dbapi.cursor(binary=True) as cur:
-            lean._note(deadline, one)
-            cur.execute(one, params)
-            row = cur.fetchone()
-            if row is None:
-                return None
-            lean._note(deadline, links)
-            cur.execute(links, params)
-            linked = cur.fetchall()
+            lean._note(deadline, sql)
+            cur.execute(sql, params)
+            got = cur.fetchall()
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError):
             lost = reads.lost_unpinged()
@@ -600,7 +597,12 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
     finally:
         if deadline is not None:
             deadline.query = None
+    if not got:
+        return None
     n = len(_DETAIL_COLS)
+    row = got[0]
+    k = n + 4  # where a linked event's columns begin
+    linked = [r[k:] for r in got] if got[0][k] is not None else []
     d = dict(zip(_DETAIL_COLS, row))
     d["description"], d["attributes"] = row[n], row[n + 1]
     detail = EventDetail.model_validate(d)
