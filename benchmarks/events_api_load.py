@@ -3,9 +3,10 @@
 Method
 ------
 The server is the project's app (``backend.api.app``) run by uvicorn as ``lstdp serve`` runs it
-(``uvicorn.run``, ``log_level="info"``: the access log is on, written to a file; uvicorn picks
-uvloop and httptools, both installed), in a subprocess of this script (``--workers 1`` by default;
-``--workers 2`` runs ``uvicorn backend.api.app:app --workers 2``), its database the benchmark's
+(``backend.cli.serve_options``: httptools with the header timeout, ``log_level="info"`` so the
+access log is on, written to a file, proxy headers; uvicorn picks uvloop; both come with
+``uvicorn[standard]``), in a subprocess of this script (``--workers 1`` by default; ``--workers 2``
+runs ``uvicorn backend.api.app:app --workers 2``, the compose file's plain uvicorn), its database the benchmark's
 (``DATABASE_URL``). The seeding is that of :mod:`benchmarks.events_api` (imported, not copied).
 The five kinds of query are those of :func:`benchmarks.events_api.queries`, with their
 parameters drawn at random for every request (:class:`RandomQueries`; issue 29 item 4: no cache
@@ -163,7 +164,12 @@ def serve(port: int, layers: bool) -> None:
                 d["statements"].append(rec["statements"])
 
         target = timed
-    config = uvicorn.Config(target, host="127.0.0.1", port=port, log_level="info", workers=1)
+    from backend.cli import serve_options
+    from backend.settings import get_settings
+
+    # lstdp serve's own options: its HTTP protocol (httptools with the header timer), access log
+    # on (log_level info), proxy headers from FORWARDED_ALLOW_IPS; uvicorn picks uvloop
+    config = uvicorn.Config(target, host="127.0.0.1", port=port, workers=1, **serve_options(get_settings()))
     server = uvicorn.Server(config)
     server.run()
 

@@ -363,3 +363,136 @@ def test_a_longer_event_stored_after_a_search_is_found(clients, world, db_sessio
     db_session.flush()
     _, body = _same(lean, route, params)
     assert longest.id not in {x["id"] for x in json.loads(body)["items"]}
+
+
+def test_a_pooled_connection_the_server_dropped_is_a_reconnect_not_an_error(pg_url, settings_env, monkeypatch):
+    """An anonymous lean read checks its pooled connection out without the pool's pre-ping
+    (``backend.db.checkout_without_ping``: no ``SELECT 1`` round trip per request); when that
+    connection turns out dropped by the server (here ``pg_terminate_backend``), the read is
+    repeated on a pinged connection, so the caller gets its answer, as the pre-ping gave it:
+    the search and the detail, each the same bytes as the route, and the repeat is seen."""
+    import psycopg
+    from sqlalchemy import delete
+    from sqlalchemy.orm import Session
+
+    from backend import db as dbmod
+    from backend.api.app import create_app
+
+    settings_env(DATABASE_URL=pg_url)
+    engine = dbmod.make_engine(pg_url)
+    tag = f"lean-drop-{uuid.uuid4().hex[:8]}"
+    with Session(engine) as s:
+        ev = Event(event_type="FL", source="hek", source_key=f"{tag}-0", start_time=T0, end_time=T0 + 3 * MIN,
+                   goes_class="M1.0", attributes={})
+        s.add(ev)
+        s.commit()
+        eid = ev.id
+    lost = []
+    real_lost = lean_events._Reads.lost_unpinged
+
+    def spy(self):
+        out = real_lost(self)
+        lost.append(out)
+        return out
+
+    monkeypatch.setattr(lean_events._Reads, "lost_unpinged", spy)
+
+    def drop_pooled_connections():
+        pool_engine = dbmod.get_engine("api")
+        pids = []
+        held = []
+        try:
+            for _ in range(pool_engine.pool.checkedin()):
+                conn = pool_engine.raw_connection()
+                held.append(conn)
+                pids.append(conn.dbapi_connection.info.backend_pid)
+        finally:
+            for conn in held:
+                conn.close()
+        assert pids
+        with psycopg.connect(pg_url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+            for pid in pids:
+                assert admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+            for _ in range(100):
+                if not admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+                    break
+                import time
+
+                time.sleep(0.05)
+
+    try:
+        apps = []
+        for lean in ("1", "0"):
+            monkeypatch.setenv("LEAN_EVENTS", lean)
+            apps.append(create_app())
+        params = {"type": "FL", "start": "2024-05-14T15:00:00Z", "end": "2024-05-14T17:00:00Z"}
+        with TestClient(apps[0]) as a, TestClient(apps[1]) as b:
+            want_search = b.get("/api/v1/events", params=params)
+            want_detail = b.get(f"/api/v1/events/{eid}")
+            assert want_search.status_code == 200 and want_detail.status_code == 200
+            assert a.get("/api/v1/events", params=params).content == want_search.content  # the pool has one now
+            assert lost == []
+            drop_pooled_connections()
+            got = a.get("/api/v1/events", params=params)
+            assert (got.status_code, got.content) == (200, want_search.content)
+            assert lost == [True]  # the unpinged connection was found lost, the read repeated
+            drop_pooled_connections()
+            got = a.get(f"/api/v1/events/{eid}")
+            assert (got.status_code, got.content) == (200, want_detail.content)
+            assert lost == [True, True]
+            assert a.get(f"/api/v1/events/{eid}").content == want_detail.content
+            assert lost == [True, True]
+    finally:
+        with Session(engine) as s:
+            s.execute(delete(Event).where(Event.source_key.like(f"{tag}-%")))
+            s.commit()
+        engine.dispose()
+        dbmod.reset_caches()
+
+
+def test_plain_utc_times_are_read_as_the_route_reads_them():
+    """The lean path reads ``YYYY-MM-DDTHH:MM:SSZ`` itself (``lean_events._time``): the same value
+    and time zone as the route's validators (``_time_general``), or the same refusal, on random
+    and edge texts (leap-second days, second 60, hour 24, month 13, day 0, year 0)."""
+    rng = random.Random(29)
+    texts = ["2016-12-31T23:59:59Z", "2016-12-31T23:59:60Z", "2015-06-30T23:59:59Z", "2015-06-30T23:59:60Z",
+             "2020-02-29T12:00:00Z", "2019-02-29T12:00:00Z", "2020-13-01T00:00:00Z", "2020-01-01T24:00:00Z",
+             "0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "0000-01-01T00:00:00Z", "2020-01-01T00:00:60Z",
+             "2020-00-10T00:00:00Z", "2020-01-00T00:00:00Z"]
+    texts += [f"{rng.randint(1, 9999):04d}-{rng.randint(0, 13):02d}-{rng.randint(0, 32):02d}T{rng.randint(0, 24):02d}:"
+              f"{rng.randint(0, 60):02d}:{rng.randint(0, 61):02d}Z" for _ in range(3000)]
+    read = 0
+    for text in texts:
+        got = want = "refused"
+        try:
+            got = lean_events._time(text)
+        except lean_events._Refuse:
+            pass
+        try:
+            want = lean_events._time_general(text)
+        except lean_events._Refuse:
+            pass
+        assert got == want, text
+        if want != "refused":
+            assert (got.tzinfo, got.isoformat()) == (want.tzinfo, want.isoformat()), text
+            read += 1
+    assert read > 1000
+
+
+def test_a_cursor_made_before_keeps_working():
+    """``EventFilters.fingerprint`` (in every cursor) is the hash it always was: the SHA-256 of
+    the fields' JSON, keys sorted, times as ISO text."""
+    import hashlib
+    import json
+    from dataclasses import fields
+
+    from backend.services.event_search import EventFilters
+
+    def before(f):
+        d = {x.name: getattr(f, x.name) for x in fields(f)}
+        d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in d.items()}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    for f in (EventFilters(), EventFilters(event_types=("CE", "FL"), start=T0, end=T0 + MIN, pa_min=350.0,
+                                           pa_max=10.0, viewer="someone", sources=("detected",), noaa_ar=12345)):
+        assert f.fingerprint() == before(f)

@@ -18,23 +18,35 @@ other than JSON, an error of the filters) goes to the route as before, which ans
 compression), exception handlers and the OpenAPI description are untouched: only the
 route's handler changes.
 
+Per request CPU (issue 29 item 4, ``benchmarks/events_api_load.py``'s ``server_cpu_ms``): an
+anonymous read checks its pooled connection out without the pool's pre-ping and repeats the
+read on a pinged connection if that one was lost (:class:`_Reads`,
+:func:`backend.db.checkout_without_ping`); the blocking work runs on this module's own thread
+pool (:func:`_in_thread`, about 0.03 ms less than ``anyio.to_thread``); plain UTC times
+(``2024-05-14T16:00:00Z``) are read without the general time parser (:func:`_time`).
+
 ``LEAN_EVENTS=0`` in the environment turns the lean path off (every request takes the route's
 own handler).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextvars
 import datetime as dt
 import inspect
 import math
 import os
 import re
+import threading
+from itertools import repeat
 from typing import Any
+from urllib.parse import parse_qsl
 
 import anyio
 import orjson
 from fastapi import HTTPException
-from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
 from backend.auth import SESSION_COOKIE
@@ -87,7 +99,27 @@ def _text(max_length: int, pattern: re.Pattern | None = None, no_nul: bool = Fal
     return parse
 
 
+#: A time in whole seconds, UTC, as clients write it most (``2024-05-14T16:00:00Z``): read by
+#: :func:`_time` without the general parser, to the same value.
+_CANONICAL_TIME = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z")
+
+
 def _time(v: str) -> dt.datetime:
+    """The route's reading of a time (``time_input``, then ``as_utc``); a plain UTC time in
+    whole seconds directly (the same value: ``tests/test_lean_events.py`` compares both on
+    every form, leap-second days included), except in the minute before midnight, where a leap
+    second may fall (the general parser then decides)."""
+    m = _CANONICAL_TIME.fullmatch(v)
+    if m is not None and m.group(4, 5) != ("23", "59"):
+        try:
+            return dt.datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                               int(m.group(6)), tzinfo=dt.UTC)
+        except ValueError:
+            pass  # not a date or time (month 13, hour 24, second 60...): the general parser says what
+    return _time_general(v)
+
+
+def _time_general(v: str) -> dt.datetime:
     # the route's validators in their order: time_input (BeforeValidator), then as_utc (AfterValidator)
     from backend.api.params import as_utc, time_input
 
@@ -182,15 +214,22 @@ def declared_query_params(app, path: str = SEARCH_PATH) -> list[str]:
 
 
 def _read_search_params(query_string: bytes) -> dict[str, Any]:
-    """The parameters as the lean path reads them; :class:`_Refuse` for anything else."""
-    qp = QueryParams(query_string)
+    """The parameters as the lean path reads them; :class:`_Refuse` for anything else. The
+    query string is split as Starlette's ``QueryParams`` splits it (``parse_qsl`` of its
+    Latin-1 text, blank values kept), without building the multidict."""
+    given: dict[str, list[str]] = {}
+    for name, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        values = given.get(name)
+        if values is None:
+            given[name] = [value]
+        else:
+            values.append(value)
     out: dict[str, Any] = {}
-    for name in qp.keys():
+    for name, values in given.items():
         spec = SEARCH_PARAMS.get(name)
         if spec is None:
             raise _Refuse  # unknown (HEK names among them: the route answers 400)
         parse, repeats = spec
-        values = qp.getlist(name)
         if not repeats and len(values) != 1:
             raise _Refuse
         if any(v == "" for v in values):
@@ -331,7 +370,7 @@ def _page_body(page, coverage: dict, utc: bool = False) -> bytes:
 
     cols = LIGHT_COLUMNS
     if utc:
-        items = [dict(zip(cols, row)) for row in page.items]
+        items = list(map(dict, map(zip, repeat(cols), page.items)))
     else:
         items = []
         for row in page.items:
@@ -357,10 +396,12 @@ class _Reads:
     (:func:`backend.db.autocommit_reads`), or, with no session (an anonymous request on the
     API's own engine, :func:`_uses_pool`), one checked out of the API engine's pool, the same pool
     and pre-ping the session would use, in autocommit while it is held, without the session's
-    bookkeeping (about 0.1 ms a request)."""
+    bookkeeping (about 0.1 ms a request). Such a connection is checked out without the pool's
+    pre-ping (:func:`backend.db.checkout_without_ping`) unless ``ping``: a caller that finds it
+    lost (:meth:`lost_unpinged`) repeats its read with ``ping=True``."""
 
-    def __init__(self, session) -> None:
-        self.session, self._fairy = session, None
+    def __init__(self, session, ping: bool = False) -> None:
+        self.session, self._fairy, self.unpinged = session, None, False
         if session is not None:
             from backend.db import autocommit_reads
 
@@ -369,9 +410,11 @@ class _Reads:
             self.dialect = self._conn.dialect.name
             self.dbapi = self._conn.connection.dbapi_connection
         else:
-            from backend.db import get_engine
+            from backend.db import checkout_without_ping, get_engine
 
-            self._fairy = get_engine("api").raw_connection()
+            engine = get_engine("api")
+            self._fairy = engine.raw_connection() if ping else checkout_without_ping(engine)
+            self.unpinged = not ping
             self.dialect = "postgresql"
             self.dbapi = self._fairy.dbapi_connection
             self.dbapi.autocommit = True
@@ -382,6 +425,12 @@ class _Reads:
         the session (its rollback and the pool's pre-ping deal with it, as for the route)."""
         if self._fairy is not None and (self.dbapi.broken or self.dbapi.closed):
             self._fairy.invalidate()
+
+    def lost_unpinged(self) -> bool:
+        """Whether this is a connection checked out without the pre-ping that turned out lost
+        (after an OperationalError): the read is then repeated on a pinged connection, as the
+        pre-ping would have reconnected."""
+        return self.unpinged and (self.dbapi.broken or self.dbapi.closed)
 
     def close(self) -> None:
         if self._fairy is None:
@@ -407,8 +456,9 @@ def _uses_pool(app) -> bool:
     return get_engine("api").dialect.name == "postgresql"
 
 
-def _search_work(session, params: dict, filters, deadline) -> bytes:
-    """The blocking part of a lean search (a worker thread): SQL, coverage, JSON."""
+def _search_work(session, params: dict, filters, deadline, ping: bool = False) -> bytes:
+    """The blocking part of a lean search (a worker thread): SQL, coverage, JSON. Without a
+    session, once more on a pinged connection when the unpinged one was lost."""
     import psycopg
 
     from backend.services import event_search_lean as lean
@@ -422,7 +472,8 @@ def _search_work(session, params: dict, filters, deadline) -> bytes:
 
         with get_sessionmaker("api")() as own:
             return _search_work(own, params, filters, deadline)
-    reads = _Reads(session)
+    retry = False
+    reads = _Reads(session, ping)
     try:
         if reads.dialect == "postgresql" and lean.supported(filters):
             detected = not filters.sources or DETECTED_SOURCE in filters.sources
@@ -434,14 +485,19 @@ def _search_work(session, params: dict, filters, deadline) -> bytes:
                     utc = _is_utc(reads.dbapi)
             except psycopg.Error as exc:
                 if isinstance(exc, psycopg.OperationalError):
+                    retry = reads.lost_unpinged()
                     reads.invalidate()
-                raise _db_error(exc, "SELECT ... FROM events") from exc  # the 503 names "SELECT on events"
+                if not retry:
+                    raise _db_error(exc, "SELECT ... FROM events") from exc  # the 503 names "SELECT on events"
             finally:
                 if deadline is not None:
                     deadline.query = None
-            return _page_body(page, _coverage_json(cover), utc)
+            if not retry:
+                return _page_body(page, _coverage_json(cover), utc)
     finally:
         reads.close()
+    if retry:  # the unpinged connection was lost: once more, as the pre-ping would have reconnected
+        return _search_work(None, params, filters, deadline, ping=True)
     # link-table filters (or SQLite): the search service itself, as the route calls it
     from backend.services import event_search as event_search_service
     from backend.services.coverage import window_coverage
@@ -451,10 +507,21 @@ def _search_work(session, params: dict, filters, deadline) -> bytes:
     return _page_body(result, _coverage_json(window_coverage(session, filters.sources, filters.start, filters.end)))
 
 
+#: :func:`_is_utc` by the connection's ``TimeZone`` setting (what psycopg's time zone is made from).
+_UTC_ZONES: dict[bytes | None, bool] = {}
+
+
 def _is_utc(dbapi) -> bool:
     """Whether psycopg gives this connection's times in UTC (its ``TimeZone``): then no row's
     time needs converting."""
-    tz = dbapi.info.timezone
+    setting = dbapi.pgconn.parameter_status(b"TimeZone")
+    hit = _UTC_ZONES.get(setting)
+    if hit is None:
+        hit = _UTC_ZONES[setting] = _tz_is_utc(dbapi.info.timezone)
+    return hit
+
+
+def _tz_is_utc(tz) -> bool:
     return tz.utcoffset(dt.datetime(2000, 1, 1)) == _ZERO and tz.utcoffset(dt.datetime(2000, 7, 1)) == _ZERO \
         and getattr(tz, "key", "UTC") in ("UTC", "Etc/UTC", "Etc/UCT", "UCT", "Universal", "Etc/Universal", "Zulu",
                                           "GMT", "Etc/GMT", "Etc/Zulu")
@@ -466,16 +533,25 @@ _DETAIL_COLS = ("id", "event_type", "source", "source_key", "start_time", "peak_
                 "calibration_set_id")
 
 
-def _detail_work(session, event_id: int, principal, deadline) -> bytes | None:
-    """The blocking part of a lean detail: the event, its links, frames and products in two
-    statements; None when the caller may not see it (404)."""
-    reads = _Reads(session)
+def _detail_work(session, event_id: int, principal, deadline, ping: bool = False) -> bytes | None:
+    """The blocking part of a lean detail: the event, its links, frames and products in one
+    statement; None when the caller may not see it (404). Without a session, once more on a
+    pinged connection when the unpinged one was lost."""
+    reads = _Reads(session, ping)
     try:
         if reads.dialect != "postgresql":
             return _detail_via_services(session, event_id, principal)
-        return _detail_lean(reads, event_id, principal, deadline)
+        try:
+            return _detail_lean(reads, event_id, principal, deadline)
+        except _Lost:
+            pass
     finally:
         reads.close()
+    return _detail_work(None, event_id, principal, deadline, ping=True)
+
+
+class _Lost(Exception):
+    """The unpinged connection of a lean read was lost: the read is repeated (:class:`_Reads`)."""
 
 
 def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
@@ -494,6 +570,8 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
         params["viewer"] = user
     cols = ", ".join(f"events.{c}" for c in _DETAIL_COLS)
     where = "events.id = %(id)s" + (f" AND ({viewer})" if viewer else "")
+    # one statement: the event (with its frames and products) as a one-row subquery, its visible
+    # linked events beside it (a row each, in their order; one row of NULLs when it has none)
     one = (f"SELECT {cols}, events.description, events.attributes, "
            "ARRAY(SELECT event_frames.frame_id FROM event_frames WHERE event_frames.event_id = events.id "
            "ORDER BY event_frames.frame_id), "
@@ -502,26 +580,29 @@ def _detail_lean(reads, event_id: int, principal, deadline) -> bytes | None:
            f"FROM events WHERE {where}")
     links = (f"SELECT {cols}, event_associations.kind, event_associations.reason FROM events "
              "JOIN event_associations ON event_associations.other_event_id = events.id "
-             "WHERE event_associations.event_id = %(id)s" + (f" AND ({viewer})" if viewer else "")
-             + " ORDER BY events.start_time, events.id")
+             "WHERE event_associations.event_id = %(id)s" + (f" AND ({viewer})" if viewer else ""))
+    sql = f"SELECT m.*, l.* FROM ({one}) AS m LEFT JOIN ({links}) AS l ON true ORDER BY l.start_time, l.id"
     try:
         with reads.dbapi.cursor(binary=True) as cur:
-            lean._note(deadline, one)
-            cur.execute(one, params)
-            row = cur.fetchone()
-            if row is None:
-                return None
-            lean._note(deadline, links)
-            cur.execute(links, params)
-            linked = cur.fetchall()
+            lean._note(deadline, sql)
+            cur.execute(sql, params)
+            got = cur.fetchall()
     except psycopg.Error as exc:
         if isinstance(exc, psycopg.OperationalError):
+            lost = reads.lost_unpinged()
             reads.invalidate()
+            if lost:
+                raise _Lost from exc
         raise _db_error(exc, "SELECT ... FROM events") from exc  # as the route's: "SELECT on events"
     finally:
         if deadline is not None:
             deadline.query = None
+    if not got:
+        return None
     n = len(_DETAIL_COLS)
+    row = got[0]
+    k = n + 4  # where a linked event's columns begin
+    linked = [r[k:] for r in got] if got[0][k] is not None else []
     d = dict(zip(_DETAIL_COLS, row))
     d["description"], d["attributes"] = row[n], row[n + 1]
     detail = EventDetail.model_validate(d)
@@ -550,6 +631,46 @@ async def _send_json(send, body: bytes) -> None:
 
 def _deadline(scope):
     return scope.get("state", {}).get("deadline")
+
+
+#: Threads of the lean path's blocking work: as many as the API's pooled connections
+#: (:data:`backend.db.API_POOL`), since each holds one; more requests wait in the queue, not in
+#: threads (until their deadline answers them).
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from backend.db import API_POOL
+
+        with _EXECUTOR_LOCK:
+            if _EXECUTOR is None:
+                _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=sum(API_POOL),
+                                                                  thread_name_prefix="lean-events")
+    return _EXECUTOR
+
+
+def _skip_if_answered(fn, deadline, *args):
+    """``fn(*args)``, unless the request was already answered 503 at its deadline while this
+    waited for a thread (its answer would be dropped): then nothing is read."""
+    if deadline is not None and deadline.answered:
+        return _ANSWERED
+    return fn(*args)
+
+
+#: What :func:`_skip_if_answered` returns for a request already answered.
+_ANSWERED = object()
+
+
+async def _in_thread(fn, *args):
+    """``fn(*args)`` in a thread of :func:`_executor`, in a copy of the request's context (as
+    ``anyio.to_thread.run_sync``, which costs about 0.03 ms more CPU per call: its capacity
+    limiter, cancel scope and checkpoints). The last of ``args`` is the request's deadline."""
+    loop = asyncio.get_running_loop()
+    ctx = contextvars.copy_context()
+    return await loop.run_in_executor(_executor(), ctx.run, _skip_if_answered, fn, args[-1], *args)
 
 
 _DETAIL = re.compile(r"/api/v1/events/([^/]*)")
@@ -616,7 +737,9 @@ class LeanEventsMiddleware:
             except _Refuse:
                 STATS.route[SEARCH_PATH] += 1
                 return False
-            body = await anyio.to_thread.run_sync(_search_work, None, params, filters, _deadline(scope))
+            body = await _in_thread(_search_work, None, params, filters, _deadline(scope))
+            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                return True
             STATS.lean[SEARCH_PATH] += 1
             await _send_json(send, body)
             return True
@@ -627,7 +750,9 @@ class LeanEventsMiddleware:
             except _Refuse:
                 STATS.route[SEARCH_PATH] += 1
                 return False
-            body = await anyio.to_thread.run_sync(_search_work, session, params, filters, _deadline(scope))
+            body = await _in_thread(_search_work, session, params, filters, _deadline(scope))
+            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                return True
         STATS.lean[SEARCH_PATH] += 1
         await _send_json(send, body)
         return True
@@ -638,7 +763,9 @@ class LeanEventsMiddleware:
             return False
         event_id = int(raw)
         if not _needs_principal(scope) and _uses_pool(scope.get("app")):
-            body = await anyio.to_thread.run_sync(_detail_work, None, event_id, None, _deadline(scope))
+            body = await _in_thread(_detail_work, None, event_id, None, _deadline(scope))
+            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                return True
             STATS.lean[DETAIL_PATH] += 1
             if body is None:
                 raise HTTPException(404, detail=f"no event with id {event_id}")
@@ -646,7 +773,9 @@ class LeanEventsMiddleware:
             return True
         async with _SessionScope(scope.get("app")) as session:
             principal = await _principal(scope, session) if _needs_principal(scope) else None
-            body = await anyio.to_thread.run_sync(_detail_work, session, event_id, principal, _deadline(scope))
+            body = await _in_thread(_detail_work, session, event_id, principal, _deadline(scope))
+            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                return True
             STATS.lean[DETAIL_PATH] += 1
             if body is None:  # as the route's _event_or_404: a private event of another user too
                 raise HTTPException(404, detail=f"no event with id {event_id}")

@@ -457,4 +457,6 @@ def for_viewer(filters: EventFilters, principal) -> EventFilters:
     from backend.services.event_visibility import viewer_of
 
     user, sees_all = viewer_of(principal)
+    if filters.viewer == user and filters.sees_all is sees_all:
+        return filters  # already so (an anonymous request: the defaults); the filters are frozen
     return dataclasses.replace(filters, viewer=user, sees_all=sees_all)

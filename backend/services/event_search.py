@@ -200,11 +200,23 @@ class EventFilters:
     systematics: str | None = None
 
     def fingerprint(self) -> str:
-        """A short hash of the filters (a cursor is only valid with the filters it came from)."""
-        # the fields' values as they are (asdict would deep-copy them): the same JSON, the same hash
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d = {k: (v.isoformat() if isinstance(v, dt.datetime) else v) for k, v in d.items()}
+        """A short hash of the filters (a cursor is only valid with the filters it came from):
+        the first 12 hex digits of the SHA-256 of ``json.dumps`` (keys sorted, ``default=str``)
+        of every field's value, times as ISO text."""
+        # the fields' values as they are (asdict would deep-copy them): the same JSON, the same hash;
+        # the field names read once per class (dataclasses.fields walks them on every call)
+        names = _FIELD_NAMES.get(type(self))
+        if names is None:
+            names = _FIELD_NAMES[type(self)] = tuple(f.name for f in fields(self))
+        d = {}
+        for k in names:
+            v = getattr(self, k)
+            d[k] = v.isoformat() if isinstance(v, dt.datetime) else v
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+#: The field names of each filters class, in their order (:meth:`EventFilters.fingerprint`).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 @dataclass

@@ -42,6 +42,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -348,6 +349,20 @@ def _note(deadline, sql: str) -> None:
         deadline.query, deadline.query_started = "SELECT on events", time.monotonic()
 
 
+#: ``(host, port, dbname)`` of each open connection (:func:`_database`).
+_DATABASE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _database(conn) -> tuple:
+    """``(host, port, dbname)`` of a psycopg connection (what the kept values are kept per),
+    read from its ``info`` once per connection (each is a libpq call and a decode)."""
+    hit = _DATABASE.get(conn)
+    if hit is None:
+        info = conn.info
+        hit = _DATABASE[conn] = (info.host, info.port, info.dbname)
+    return hit
+
+
 #: The longest ``duration_s`` of the types searched that a search last read, per database and
 #: types (:func:`lean_search`): a lower bound made from it is checked in the same statement.
 _LONGEST: dict[tuple, float] = {}
@@ -404,8 +419,7 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
     # search again with the current value (an import stored a longer event)
     longest_key = check = None
     if f.start is not None:
-        info = cur.connection.info
-        longest_key = (info.host, info.port, info.dbname, f.event_types)
+        longest_key = (*_database(cur.connection), f.event_types)
         secs = None if (_probe or (nullable and not offset)) else _LONGEST.get(longest_key)
         check = secs is not None
         if secs is None:
@@ -579,8 +593,7 @@ def catalogue_spans_cached(cur, generation: int | None, deadline=None) -> dict:
     differs from the one the kept copy was read with."""
     from backend.services.coverage import catalogue_spans
 
-    info = cur.connection.info
-    where = (info.host, info.port, info.dbname)
+    where = _database(cur.connection)
     hit = _SPANS.get(where)
     if hit is not None and generation is not None and hit[0] == generation:
         return hit[1]
