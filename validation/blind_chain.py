@@ -1149,7 +1149,8 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
         sim = simulate(tmp_path / "sim", channels=channels, naxis=int(size), noise=noise, seed=seed,
                        sdi_sequence=False, pointing_error_px=pointing_error_px, sci_roll_deg=list(ROLLS_DEG),
                        **({} if families is None or not families.variants else {"variants": families.variants}))
-        for ci, chan in enumerate(channels):
+        for chan in channels:
+            ci = CHANNELS.index(chan)  # the channel's own streams: a one-channel run reproduces its part of all four
             frames = [f for f in sim.frames if f.channel == chan]
             sci = chan.startswith("SCI")
             cals, est, det, flat = _masters(sim, chan, ci, noise, seed, tmp_path / "chain", out, families)
