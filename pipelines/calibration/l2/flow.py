@@ -506,7 +506,8 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
         if plane_rel is not None:  # moved with the data's map (same header), without the squared weights
             plane_rel = uncertainty.resample_variance(plane_rel * plane_rel, h, order=opts.interpolation_order,
-                                                      method=opts.resample, correlated=True)
+                                                      method=opts.resample, correlated=True,
+                                                      threads=resample.default_threads())
         own = isinstance(img, np.ndarray) and not np.may_share_memory(img, data)  # the flow's frame, not the caller's
         img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
                                                           method=opts.resample, overwrite_input=own)
