@@ -136,3 +136,44 @@ def test_a_product_with_a_stated_plane_carries_it_in_uncert_and_keywords(tmp_pat
     bright = want > 0.05 * np.median(plain.uncertainty[ok].astype(np.float64) ** 2)
     assert bright.sum() > 100
     assert np.allclose(extra[bright], want[bright], rtol=0.02)
+
+
+def test_a_stated_plane_is_not_shrunk_by_the_resampling(tmp_path):
+    """On the north-up grid the plane's error is its stated cone, ``FLATPLSG / nx`` per pixel from the pivot.
+
+    The plane is one error of the whole frame, smooth over the interpolation kernel: a resampled
+    value's error from it is the plane's 1-sigma at the source position times the value, not the
+    squared-weight sum of pixel noise (which shrinks a 1-sigma by ``sqrt(g(fx) g(fy))``, down to
+    0.76 at a half-pixel shift on both axes for the cubic spline; 0.89 here before the fix). A
+    header centre moved by half a pixel forces a fractional shift; the
+    extra ``UNCERT**2`` over ``data**2`` must be a cone of slope ``FLATPLSG / nx`` (a rotation
+    or a shift keeps a cone's slope), whatever the pivot ends up as on the output grid.
+    """
+    from pipelines.calibration.l2.flow import calibrate_frame
+    from pipelines.calibration.l2.options import CalibrationOptions
+    from pipelines.fitsio import read_image
+    from pipelines.simulation import simulate
+    from validation.gates import load_masters
+
+    sim = simulate(tmp_path, channels=("WST",), naxis=N, noise=True, seed=3, sdi_sequence=False)
+    raw = read_image(sim.frames[0].raw_path)
+    h = raw.header.copy()
+    h["CRPIX1"] = float(h["CRPIX1"]) + 0.5  # a half-pixel resampling shift on both axes
+    h["CRPIX2"] = float(h["CRPIX2"]) + 0.5
+    opts = CalibrationOptions(rotate_north_up=True, fit_centre=False, remove_cosmic_rays=False)
+    cals = load_masters(sim.calibration_files)["WST"]
+    plain = calibrate_frame(raw.data, h, cals, opts)
+    sig, pivot = 0.03, (30.0, 35.0)
+    cals["flat"].parameters.update(FLATPLSR="STATED", FLATPLWY="zero gradient by convention", FLATPLSG=sig,
+                                   FLATPLY0=pivot[0] + 1, FLATPLX0=pivot[1] + 1)
+    l2 = calibrate_frame(raw.data, h, cals, opts)
+    assert np.array_equal(l2.data, plain.data, equal_nan=True)
+    ok = np.isfinite(l2.uncertainty) & np.isfinite(plain.uncertainty) & (l2.dq == 0)
+    d = l2.data.astype(np.float64)
+    ok &= np.abs(d) > 0.3 * np.nanpercentile(np.abs(d[ok]), 99)  # the disk: the plane term well above the noise
+    rel2 = (l2.uncertainty[ok].astype(np.float64) ** 2 - plain.uncertainty[ok].astype(np.float64) ** 2) / d[ok] ** 2
+    yy, xx = np.nonzero(ok)
+    # rel2 = s**2 ((y - y0)**2 + (x - x0)**2): linear in (y**2 + x**2, y, x, 1)
+    coef = np.linalg.lstsq(np.column_stack([yy ** 2 + xx ** 2, yy, xx, np.ones(yy.size)]), rel2, rcond=None)[0]
+    assert ok.sum() > 500
+    assert math.sqrt(coef[0]) * N == pytest.approx(sig, rel=0.02)  # squared weights on it: 0.0266

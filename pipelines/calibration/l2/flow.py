@@ -489,7 +489,7 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     if law:
         coef = coefficient_at(rad.parameters, header.get("DATE-OBS"))
     with device.section("detector"):
-        img, dq, h, var = _detector_steps(data, _l2_header(header), cals, opts, xp, coef, unit)
+        img, dq, h, var, plane_rel = _detector_steps(data, _l2_header(header), cals, opts, xp, coef, unit)
     if law:
         h.add_history(f"convert_units: RADCOEF {rad.param('RADCOEF'):.6g} at {rad.parameters.get('RADEPOCH')} x "
                       f"exp({rad.param('RADRATE'):.5f}/yr) = {coef:.6g} at DATE-OBS")
@@ -517,6 +517,10 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         h["UNCPSF"] = (False, "uncertainty not propagated through the PSF deconvolution")
     sigma = None
     if opts.rotate_north_up:  # data, DQ and sigma in one resampling pass (resample.rotate_north_up_full)
+        if plane_rel is not None:  # moved with the data's map (same header), without the squared weights
+            plane_rel = uncertainty.resample_variance(plane_rel * plane_rel, h, order=opts.interpolation_order,
+                                                      method=opts.resample, correlated=True,
+                                                      threads=resample.default_threads())
         own = isinstance(img, np.ndarray) and not np.may_share_memory(img, data)  # the flow's frame, not the caller's
         with device.section("resample"):
             img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
@@ -525,6 +529,19 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
+        if plane_rel is not None:
+            plane_rel = plane_rel * plane_rel
+    if plane_rel is not None:
+        # the flat's stated plane is one error of the whole frame, smooth (fully correlated over the
+        # interpolation kernel): a resampled pixel's error from it is the plane's relative 1-sigma at
+        # its source position times its own value, added on the output grid (the squared weights of
+        # the resampling would shrink it as if it were pixel noise, by sqrt(g(fx) g(fy)) >= 0.57)
+        if sigma is not None:
+            var = xp.asarray(sigma) ** 2
+            sigma = None
+        var = var + xp.asarray(plane_rel, dtype=xp.float32) * (img * img)
+        del plane_rel
+        h.add_history("uncertainty: stated flat plane (FLATPLSG) x value, added on the output grid")
     if stray_sigma is not None:
         # the stated stray-light 1-sigma is one error of the whole frame (fully correlated between
         # pixels): added after the resampling, which would shrink it as if it were pixel noise
@@ -603,9 +620,15 @@ def _l2_header(header: fits.Header) -> fits.Header:
 
 
 def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput],
-                    opts: CalibrationOptions, xp: Any, coef: float, unit: str) -> tuple[Any, Any, fits.Header, Any]:
+                    opts: CalibrationOptions, xp: Any, coef: float, unit: str
+                    ) -> tuple[Any, Any, fits.Header, Any, Any | None]:
     """Invalid and bad pixels, dark (by exposure and temperature), cosmic rays, flat, DN/s,
     physical units; and the variance of the result [unit**2] (:mod:`pipelines.calibration.l2.uncertainty`).
+
+    Returns ``(img, dq, h, var, plane_rel)``: ``plane_rel`` the flat's stated plane's relative
+    1-sigma on the detector grid (float32, :func:`_stated_plane_error`) or None. It is *not* in
+    ``var``: a frame-wide smooth error, the caller adds ``(value x plane_rel)**2`` on the output
+    grid, after the resampling (whose squared weights are for pixel-independent errors).
 
     Without cosmic-ray cleaning (the default) on NumPy, the dark, flat, exposure and units
     run fused in one pass (:func:`pipelines.calibration.l2.steps.correct_detector_signal`), and
@@ -632,11 +655,11 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     flat_cal = cals["flat"]
     flat = to_device(flat_cal.data["flat"], xp, xp.float32)
     flat_err = to_device(flat_cal.data["flaterr"], xp, xp.float32) if "flaterr" in flat_cal.data else None
+    # the stated plane's per-pixel relative error: returned, added by the caller on the output grid
+    # (a frame-wide error, not resampled as pixel noise)
     plane_err = _stated_plane_error(flat_cal, h)
-    if plane_err is not None:  # the stated plane's per-pixel error, in quadrature with FLATERR [flat units]
-        pe = to_device(plane_err, xp, xp.float32) * flat
-        flat_err = pe if flat_err is None else xp.sqrt(flat_err * flat_err + pe * pe)
-        del pe
+    if plane_err is not None:
+        plane_err = to_device(plane_err, xp, xp.float32)
     diff_err = _stated_diffuser_error(flat_cal, h)
     if diff_err is not None:  # the stated diffuser non-uniformity (SCI), in quadrature with FLATERR [flat units]
         de = xp.asarray(diff_err, dtype=xp.float32) * flat
@@ -674,9 +697,9 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     h.add_history(f"uncertainty: Poisson (gain {gain:g} e/DN, {noise_src}), read noise {read_noise:g} DN, ADC 1/12 DN2; "
                   f"dark master {'error planes' if dark_err else 'states no uncertainty'}; flat master "
                   f"{'FLATERR plane' if 'flaterr' in flat_cal.data else 'states no uncertainty'}"
-                  f"{'; stated flat plane (FLATPLSG) in quadrature' if plane_err is not None else ''}"
+                  f"{'; stated flat plane (FLATPLSG) on the output grid' if plane_err is not None else ''}"
                   f"{'; stated diffuser non-uniformity (FLATDFSG) in quadrature' if diff_err is not None else ''}")
-    return img, dq, h, var
+    return img, dq, h, var, plane_err
 
 
 def _stray_representation(stray_cal: CalibrationInput, source: str, xp: Any) -> tuple[Any, str]:
@@ -879,7 +902,9 @@ def _stated_plane_error(flat: CalibrationInput, h: fits.Header) -> np.ndarray | 
     ``FLATPLSG / nx * hypot(y - y0, x - x0)``
     (:func:`pipelines.calibration.masters.subpixel_flat.plane_sigma_map`); ``FLATPLSG`` is
     copied to the L2 header. The error is one plane for the whole frame (fully correlated
-    between pixels), carried per pixel in ``UNCERT`` so that a pixel's total error is there.
+    between pixels), carried per pixel in ``UNCERT`` so that a pixel's total error is there;
+    :func:`calibrate_frame` adds it on the output grid, after the resampling (moved with the
+    data, without the squared interpolation weights of pixel noise).
     """
     from pipelines.calibration.masters.subpixel_flat import plane_sigma_map
 

@@ -25,7 +25,10 @@ subtract_stray_light     ``+ (u S_stray)**2``: ``u`` the master's fractional unc
                          ``PROFILE`` table [MSB] about the disk centre); 0 when it states none
 deconvolve_psf           not propagated (Richardson-Lucy is non-linear): the pre-
                          deconvolution variance is kept and ``UNCPSF = F`` says so
-rotate_north_up          :func:`resample_variance`: squared interpolation weights
+rotate_north_up          :func:`resample_variance`: squared interpolation weights; a
+                         frame-wide, smooth error (the flat's stated plane, the stated
+                         stray-light profile) is added on the output grid instead, where
+                         the squared weights would shrink it as if it were pixel noise
 =======================  ============================================================
 
 The product carries the standard deviation (``UNCERT`` image HDU, the data's ``BUNIT``),
@@ -306,7 +309,7 @@ def interpolation_variance_factor(frac: Any, order: int, method: str = "spline")
 
 
 def resample_variance(var: Any, header: fits.Header, *, order: int = 3, tolerance_px: float = 1e-3,
-                      threads: int = 1, method: str = "spline") -> Any:
+                      threads: int = 1, method: str = "spline", correlated: bool = False) -> Any:
     """The variance on the north-up grid of :func:`pipelines.calibration.l2.resample.rotate_north_up`.
 
     Same affine map as the data (``header`` is the one *before* the rotation). The variance
@@ -317,6 +320,12 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
     Correlations between neighbouring output pixels (which the resampling creates) are not
     represented: the frame holds marginal variances, as PUNCH's do. ``method``: the data's
     resampling back end (``rotate_north_up``'s), whose kernel gives ``g``.
+
+    ``correlated=True``: ``var`` is the variance of an error that is one draw for the whole
+    frame and smooth on the kernel's scale (a stated flat plane): the interpolated value's
+    error is then the interpolation of the error itself (the weights sum to 1), not the
+    squared-weight sum, so the field is only moved (bilinear), ``g`` is not applied (it would
+    shrink a 1-sigma by ``sqrt(g(fx) g(fy))``, down to 0.57 for the cubic spline).
 
     Returns
     -------
@@ -336,6 +345,8 @@ def resample_variance(var: Any, header: fits.Header, *, order: int = 3, toleranc
         return xp.astype(var, xp.float32)
     k_yx = np.array([[k_xy[1, 1], k_xy[1, 0]], [k_xy[0, 1], k_xy[0, 0]]])
     offset = np.array([geom.y0, geom.x0]) - k_yx @ np.array([cy, cx])
+    if correlated:  # g = 1: order 0's factor table is ones (NaN outside the detector still set)
+        order, method = 0, "spline"
     nd = ndimage_for(xp)
     finite = xp.isfinite(var)
     if bool(xp.all(finite)):  # the usual case: no filled copy (the input is read, not modified)
