@@ -259,3 +259,29 @@ def test_dark_model_follows_a_two_term_arrhenius_law_between_its_temperatures():
     lk = np.array(est["levels"])
     old = (fk * lk).sum() / (fk ** 2).sum() * 2.0 ** ((bc.SCIENCE_TEMP_C - est["tref"]) * slope)
     assert abs(old / (rate_s.mean() * law(bc.SCIENCE_TEMP_C)) - 1.0) > 0.01
+
+
+def test_rescore_scores_the_stored_metrics_with_todays_gates(tmp_path):
+    """``validate_calibration.py --blind --rescore``: the committed runs' metrics scored again by
+    :func:`validation.blind_chain.gate_checks` (no run), a gate flipped by a changed metric shows
+    in the checks, the summary and the report."""
+    import json
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("validate_calibration", root / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    src = root / "benchmarks" / "reports" / "calibration_mismatch_off.json"
+    shutil.copy(src, tmp_path / src.name)
+    res = json.loads(src.read_text())
+    res["rows"][0]["checks"] = []  # stale: must be recomputed
+    res["rows"][0]["metrics"]["level_WST"] = 1.5  # misses the 1 % level gate
+    (tmp_path / src.name).write_text(json.dumps(res))
+    assert vc.main(["--blind", "--rescore", "--out", str(tmp_path)]) == 0
+    new = json.loads((tmp_path / src.name).read_text())
+    for row in new["rows"]:
+        assert [list(c) for c in row["checks"]] == [list(c) for c in bc.gate_checks(row["metrics"])]
+    assert ["level WST", False] in [list(c) for c in new["rows"][0]["checks"]]
+    assert new["summary"]["pass_rate"]["level WST"] <= 0.9 and "rescored" in new
+    assert "Scored again" in (tmp_path / "calibration_mismatch.md").read_text()
