@@ -646,6 +646,8 @@ def repair_store(session: Session, settings: Settings, report: FsckReport, *,
     ctx = _Ctx(settings, report.checksums, now)
     store_empty = report.checked.get("product_objects" if settings.product_store else "product_files", 0) == 0
     for f in report.problems:
+        if f.repaired:  # settled before the check (run_fsck's sweep of placed objects)
+            continue
         try:
             f.action, f.repaired = _repair_one(session, settings, ctx, f, store_empty)
         except (OSError, StoreError, RuntimeError) as exc:
@@ -662,9 +664,18 @@ def run_fsck(session: Session, settings: Settings, *, repair: bool = False, chec
     reconciler does every pass (:func:`backend.worker.placements.sweep_placements`, which
     commits as it goes): what a writer that stopped between placing and committing left is
     removed before the check looks, once its attempt's claim is no longer live."""
+    swept: list[Finding] = []
     if repair:
         from backend.worker.placements import sweep_placements
 
-        sweep_placements(session, settings)
+        for pid, attempt, holder, ref in sweep_placements(session, settings):
+            local = not is_object_ref(ref)
+            kind = "attempt_object" if not local else (
+                "unwritten_file" if session.get(Product, pid) is not None else "orphan_file")
+            swept.append(Finding(kind, ref, f"placed by attempt {attempt} of product {pid} ({holder}), whose row "
+                                 "never committed", f"product {pid}", pid,
+                                 action="removed (its write-ahead record: the attempt's claim is no longer live)",
+                                 repaired=True))
     report = check_store(session, settings, checksums=checksums, now=now)
+    report.findings[:0] = swept
     return repair_store(session, settings, report, now=now) if repair else report

@@ -112,7 +112,7 @@ def _aware(t: dt.datetime | None) -> dt.datetime | None:
 
 
 def settle_attempt(session: Session, settings: Settings, product_id: int, attempt: int, holder: str, *,
-                   mine: bool = False, now: dt.datetime | None = None) -> int:
+                   mine: bool = False, now: dt.datetime | None = None) -> list[str]:
     """Settle the records of one attempt (the module docstring); commits (or rolls back when
     there is nothing to do).
 
@@ -133,8 +133,8 @@ def settle_attempt(session: Session, settings: Settings, product_id: int, attemp
 
     Returns
     -------
-    int
-        Files or objects removed.
+    list of str
+        The files or objects removed (their refs).
 
     Raises
     ------
@@ -144,12 +144,12 @@ def settle_attempt(session: Session, settings: Settings, product_id: int, attemp
     now = now or db_now(session)
     if not _lock_product(session, product_id):
         session.rollback()
-        return 0
+        return []
     recs = list(session.scalars(select(PlacedObject).where(
         PlacedObject.product_id == product_id, PlacedObject.attempt == attempt, PlacedObject.holder == holder)))
     if not recs:
         session.rollback()
-        return 0
+        return []
     row = session.execute(select(Product.state, Product.attempts, Product.claimed_by, Product.claimed_at,
                                  Product.path, Product.quicklook_path)
                           .where(Product.id == product_id).execution_options(populate_existing=True)).first()
@@ -158,12 +158,12 @@ def settle_attempt(session: Session, settings: Settings, product_id: int, attemp
             and row.claimed_by == holder)
     if not mine and held and (_aware(row.claimed_at) or now) > now - lease:
         session.rollback()  # a live claim: its writer may be about to place these
-        return 0
+        return []
     named = {row.path, row.quicklook_path} - {None} if row is not None and row.state == ProductState.written else set()
-    removed = 0
+    removed = []
     for r in recs:
         if r.ref not in named and _remove(settings, r.ref):
-            removed += 1
+            removed.append(r.ref)
             log.warning("removed %s: placed by attempt %d of product %s (%s), whose row never named it",
                         r.ref, attempt, product_id, holder)
     oldest = min(_aware(r.created_at) for r in recs)
@@ -182,16 +182,19 @@ def pending_placements(session: Session) -> list[tuple[int, int, str]]:
         .order_by(func.min(PlacedObject.id)))]
 
 
-def sweep_placements(session: Session, settings: Settings, *, now: dt.datetime | None = None) -> int:
+def sweep_placements(session: Session, settings: Settings, *,
+                     now: dt.datetime | None = None) -> list[tuple[int, int, str, str]]:
     """Settle every attempt that has records (:func:`settle_attempt`, not ``mine``): the
     reconciler's pass and ``lstdp fsck --repair``. An attempt whose store or database step
-    fails is logged and left for the next pass. Returns the files or objects removed."""
+    fails is logged and left for the next pass. Returns ``(product id, attempt, holder, ref)``
+    of each file or object removed."""
     now = now or db_now(session)
     session.commit()  # the read of the clock: no transaction held across the attempts
-    removed = 0
+    removed = []
     for product_id, attempt, holder in pending_placements(session):
         try:
-            removed += settle_attempt(session, settings, product_id, attempt, holder, now=now)
+            removed += [(product_id, attempt, holder, ref)
+                        for ref in settle_attempt(session, settings, product_id, attempt, holder, now=now)]
         except Exception:  # noqa: BLE001 - the next pass tries again
             log.warning("could not settle the placed objects of attempt %d of product %s (%s)", attempt,
                         product_id, holder, exc_info=True)

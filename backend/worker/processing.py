@@ -399,7 +399,7 @@ def settle_placed(session: Session, settings: Settings) -> int:
     for product_id, attempt, holder in placed:
         try:
             session.rollback()
-            removed += settle_attempt(session, settings, product_id, attempt, holder, mine=True)
+            removed += len(settle_attempt(session, settings, product_id, attempt, holder, mine=True))
         except Exception:  # noqa: BLE001 - the reconciler settles what could not be settled here
             log.warning("could not settle what attempt %d of product %s placed: the reconciler settles it",
                         attempt, product_id, exc_info=True)

@@ -456,7 +456,7 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
         session.commit()
         # step 7: what writers that stopped between placing and committing left (after step 2,
         # which takes their claims back: the same pass settles them)
-        report.placed_removed = sweep_placements(session, settings, now=now)
+        report.placed_removed = len(sweep_placements(session, settings, now=now))
         report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:
