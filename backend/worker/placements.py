@@ -75,7 +75,7 @@ def _lock_product(session: Session, product_id: int) -> bool:
     if session.get_bind().dialect.name == "postgresql":
         got = session.execute(select(Product.id).where(Product.id == product_id)
                               .with_for_update(skip_locked=True)).first()
-        return got is not None or session.get(Product, product_id) is None
+        return got is not None or session.scalar(select(Product.id).where(Product.id == product_id)) is None
     session.execute(text("UPDATE placed_objects SET attempt = attempt WHERE product_id = :p"), {"p": product_id})
     return True
 

@@ -11,7 +11,9 @@ write files atomically and move the explicit state machines:
 The FITS file exists (fsynced, renamed) before the row says ``written``; with an object
 store (``PRODUCT_STORE=s3://...``, :mod:`backend.store`) its objects are placed create-once
 under the attempt's keys and read back before, and removed after a rollback unless the row
-names them (:func:`settle_placed`). The Celery tasks
+names them (:func:`settle_placed`). In both stores what is about to be placed is recorded
+first (:mod:`backend.worker.placements`), so what a writer stopped between placing and
+committing leaves is removed by the reconciler. The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
 """
 
