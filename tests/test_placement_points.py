@@ -124,17 +124,36 @@ def _holder(name: str, retry: int = 0) -> str:
     return f"host-{name}:1 worker={uuid.uuid4()} task={name} try={retry}"
 
 
+#: How a delivery calibrates: ``task`` (``calibrate_product``, the CPU task) or ``batch``
+#: (``calibrate_products_batch`` with the CPU executor, the path the GPU worker takes too)
+DELIVERY = {"path": "task"}
+
+
 def _deliver(settings, pid, holder, ops: Ops | None = None):
     """One delivery of the product's calibration; returns the exception that ended it, if any."""
     from backend.db import session_scope
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    from backend.worker.gpu_batch import calibrate_products_batch, settle_after_time_limit
     from backend.worker.processing import calibrate_product
+    from pipelines.calibration.l2.batch import BatchExecutor
 
     mp = pytest.MonkeyPatch()
     try:
         if ops is not None:
             ops.install(mp)
         with session_scope() as s:
-            calibrate_product(s, pid, settings, holder=holder)
+            if DELIVERY["path"] == "batch":
+                try:
+                    calibrate_products_batch(s, [pid], settings, executor=BatchExecutor("numpy"), holder=holder,
+                                             device="cpu")
+                except SoftTimeLimitExceeded:  # what the batch task does then (backend.worker.tasks._run_batch)
+                    s.rollback()
+                    settle_after_time_limit(s, [pid], None, "CPU batch reached its soft time limit while making "
+                                            "this product", holder=holder)
+                    raise
+            else:
+                calibrate_product(s, pid, settings, holder=holder)
     except (Exception, Killed) as exc:  # noqa: BLE001 - the task's retry would handle it
         return exc
     finally:
@@ -250,6 +269,9 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
             assert _deliver(settings, pid, _holder(f"redelivery-{at}")) is None
     elif variant == "soft":
         assert state == ProductState.failed, (variant, at, state)
+    elif variant == "enospc" and state == ProductState.failed:
+        # the batch path fails a product whose write met a database error (not a storage fault)
+        assert DELIVERY["path"] == "batch" and expect_kind == "db", (variant, at, state, exc)
     elif variant == "enospc" and expect_kind == "db":  # the database's disk: the task retries
         assert state == ProductState.writing and "No space left" in str(exc), (variant, at, state, exc)
         assert _deliver(settings, pid, _holder(f"first-{variant}-{at}", retry=1)) is None
@@ -266,7 +288,9 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
     else:
         assert state == ProductState.failed and error, (variant, at, state, error)
         assert _objects(settings) == [], (variant, at, _objects(settings))
-        want = {"soft": "soft time limit", "kill_give_up": "gave up after 1 deliveries"}[variant]
+        # (the batch path's reason of a database error met in an autoflush is SQLAlchemy's first
+        # line, "OperationalError: (raised as a result of Query-invoked autoflush ...": not checked)
+        want = {"soft": "soft time limit", "kill_give_up": "gave up after 1 deliveries", "enospc": ""}[variant]
         assert want in error, (variant, at, error)
     fsck = _fsck(settings)
     assert fsck.clean and not [f for f in fsck.findings if f.kind != "in_progress"], (variant, at, fsck.lines())
@@ -312,5 +336,16 @@ def test_a_stop_at_every_point_between_placing_and_committing_leaves_one_outcome
     finally:
         mp.undo()
     assert {v for (_, f), v in outcomes.items() if f == "soft"} == {"failed"}, outcomes
-    assert {v for (_, f), v in outcomes.items() if f in ("enospc", "kill")} == {"written"}, outcomes
+    assert {v for (_, f), v in outcomes.items() if f == "kill"} == {"written"}, outcomes
+    assert {v for (_, f), v in outcomes.items() if f == "enospc"} == (
+        {"written"} if DELIVERY["path"] == "task" else {"written", "failed"}), outcomes
     assert {v for (_, f), v in outcomes.items() if f == "kill_give_up"} == {"failed"}, outcomes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("store_env", "database"), [("local", "sqlite")], indirect=True)
+def test_the_batch_path_stopped_at_every_point_leaves_one_outcome_and_no_orphan(store_env, monkeypatch):
+    """The same through ``calibrate_products_batch`` (the CPU batch; the GPU worker's batch
+    writes through the same :func:`backend.worker.processing.write_product`)."""
+    monkeypatch.setitem(DELIVERY, "path", "batch")
+    test_a_stop_at_every_point_between_placing_and_committing_leaves_one_outcome_and_no_orphan(store_env)
