@@ -1061,3 +1061,28 @@ class LaneFault(Base):
     first_at: Mapped[dt.datetime] = mapped_column()
     last_at: Mapped[dt.datetime] = mapped_column()
     retry_at: Mapped[dt.datetime] = mapped_column()
+
+
+class PlacedObject(Base):
+    """A write-ahead record of one file or object a calibration attempt is about to place in the
+    product store (issue 28): committed *before* the object is uploaded or the file renamed into
+    place, deleted in the transaction that commits the product row naming it
+    (:func:`backend.worker.placements.intend`, :func:`backend.worker.placements.forget`).
+
+    A record left behind says where a writer that died (killed, past its soft time limit, its
+    disk full) between placing and committing may have left something: the reconciler
+    (:func:`backend.worker.placements.sweep_placements`, every pass) and ``lstdp fsck --repair``
+    remove what its product row does not name once the attempt's claim is no longer live.
+    ``ref`` is what the row's ``path``/``quicklook_path`` would hold (a file's absolute path,
+    or ``s3://bucket/prefix/key``); ``attempt`` and ``holder`` are the claim's
+    (``Product.attempts``, ``Product.claimed_by``); ``created_at`` is the database's time
+    (migration 0023)."""
+
+    __tablename__ = "placed_objects"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    product_id: Mapped[int] = mapped_column(Integer, index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    holder: Mapped[str] = mapped_column(String(200))
+    ref: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=db_clock_default)

@@ -19,8 +19,9 @@ The rules every write follows (:func:`backend.worker.processing.write_product`):
 * **attempt keys**: on an object store, a key carries the claim that wrote it
   (:func:`attempt_tag`); only the attempt whose row commits is the product. Objects of other
   attempts (a worker that lost its claim, a commit that failed after the upload) are removed
-  by the writer when it can, and otherwise by ``lstdp fsck --repair``
-  (:func:`backend.services.fsck.run_fsck`);
+  by the writer when it can, otherwise by the reconciler from the attempt's write-ahead
+  records (:mod:`backend.worker.placements`, committed before the upload), and in the last
+  resort by ``lstdp fsck --repair`` (:func:`backend.services.fsck.run_fsck`);
 * **checked reads**: every object carries its SHA-256 as user metadata (``sha256``);
   :meth:`ProductStore.iter_verified` and :meth:`ProductStore.local_file` check the bytes they
   serve against it (and against the row's ``sha256`` where the caller gives it) and raise

@@ -36,11 +36,19 @@ Counted per frame of the job:
 * ``orphans``: files in the product store without a row (FITS without a ``written`` row,
   a quicklook no row names) plus partial files (``.part`` temporaries of killed writes);
 * ``settle_s``: seconds from the last kill until the job is terminal (``inf`` if it was
-  not within the timeout).
+  not within the timeout);
+* ``fsck``: what ``lstdp fsck`` (the check, no repair) says of the store at the end:
+  ``clean``, or the number of problems it found (its lines are printed).
+
+The end state is measured once the reconciler's sweep of placed objects has had its bound
+after the job ended (:data:`SWEEP_PERIODS` reconcile periods): a calibration killed, or past
+its soft time limit, between placing its files and committing its row leaves a write-ahead
+record (``placed_objects``, :mod:`backend.worker.placements`) and the next pass after its
+claim moved on removes what no row names; no ``--repair`` is run.
 
 The last line printed is::
 
-    RESULT frames=200 products=<n> lost=<l> duplicated=<d> orphans=<o> settle_s=<t>
+    RESULT frames=200 products=<n> lost=<l> duplicated=<d> orphans=<o> settle_s=<t> fsck=<clean|n>
 
 Usage::
 
@@ -68,6 +76,21 @@ from tests.faults import harness as H  # noqa: E402
 
 SETTINGS = {"TASK_SOFT_TIME_LIMIT_S": 8, "TASK_TIME_LIMIT_S": 10, "BROKER_VISIBILITY_TIMEOUT_S": 15,
             "RECONCILE_INTERVAL_S": 1, "MAX_DELIVERIES": 3}
+
+#: Reconcile periods waited after the job ended before the end state is measured: one for a
+#: pass to start after the last product settled, one for the pass itself (its sweep of placed
+#: objects, :mod:`backend.worker.placements`), one of margin; at least 3 s (the follow-ups
+#: queued at the close).
+SWEEP_PERIODS = 3
+
+
+def fsck(env: dict[str, str]) -> tuple[int, list[str]]:
+    """``lstdp fsck`` (check only) on the benchmark's store: (exit code, its output lines)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck"], capture_output=True, text=True,
+                       cwd=str(ROOT), env=env, timeout=600)
+    return r.returncode, (r.stdout + r.stderr).strip().splitlines()
 
 
 def _say(msg: str) -> None:
@@ -218,10 +241,17 @@ def run(args) -> dict:
             settle_s = time.monotonic() - last if view is not None and view.terminal else float("inf")
             _say(f"job {view} {time.monotonic() - t_job:.1f} s after submission; settle {settle_s:.1f} s "
                  f"after the last kill (bound {bound:.0f} s)")
-            if view is not None and view.terminal:
-                time.sleep(3.0)  # the follow-ups queued at the close
+            if view is not None and view.terminal:  # the reconciler's sweep, and the follow-ups queued at the close
+                time.sleep(max(3.0, SWEEP_PERIODS * float(env["RECONCILE_INTERVAL_S"])))
             out = measure(job, work / "journal.jsonl")
             out.update(settle_s=settle_s, kills=kills, job=view)
+            rc, lines = fsck(env)
+            problems = [ln for ln in lines if not ln.startswith(("checked ", "clean:", "in_progress:"))
+                        and "problem(s)" not in ln]
+            out["fsck"] = "clean" if rc == 0 else str(len(problems) or rc)
+            _say(f"lstdp fsck: exit {rc}")
+            for line in lines[-12:]:
+                _say(f"  {line[:300]}")
             for v in H.check_invariants(job, env=env):
                 _say(f"invariant: {v}")
             rep = out["report"]
@@ -264,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{job_floor_s(args):.1f} s, the kills take up to {args.kills * (args.max_gap + 1.0):.1f} s")
     out = run(args)
     _say(f"RESULT frames={out['frames']} products={out['products']} lost={out['lost']} "
-         f"duplicated={out['duplicated']} orphans={out['orphans']} settle_s={out['settle_s']:.1f}")
+         f"duplicated={out['duplicated']} orphans={out['orphans']} settle_s={out['settle_s']:.1f} fsck={out['fsck']}")
     return 0
 
 

@@ -45,6 +45,13 @@ what it did (and why it left the rest); :func:`run_fsck` does both. Each finding
 * ``in_progress`` (not a problem): a temporary file younger than the threshold, or a file of
   a product ``writing`` within the lease. Nothing is done.
 
+Writers record what they are about to place before placing it (``placed_objects``,
+:mod:`backend.worker.placements`); the reconciler removes, every pass, what a writer that
+stopped between placing and committing left (a file or object its row does not name, once
+the attempt's claim is no longer live), so after a kill, a soft time limit or a full disk
+``lstdp fsck`` is clean without ``--repair`` once the reconciler has run. ``--repair``
+settles those records first too (the same rule), then repairs what the check finds.
+
 Thresholds: a product ``writing`` (or a file) changed within ``Settings.lease_s`` (the hard
 task time limit plus 60 s, 960 s by default) may belong to a live worker and is never
 repaired; a temporary file is removed when older than the larger of
@@ -639,6 +646,8 @@ def repair_store(session: Session, settings: Settings, report: FsckReport, *,
     ctx = _Ctx(settings, report.checksums, now)
     store_empty = report.checked.get("product_objects" if settings.product_store else "product_files", 0) == 0
     for f in report.problems:
+        if f.repaired:  # settled before the check (run_fsck's sweep of placed objects)
+            continue
         try:
             f.action, f.repaired = _repair_one(session, settings, ctx, f, store_empty)
         except (OSError, StoreError, RuntimeError) as exc:
@@ -649,6 +658,24 @@ def repair_store(session: Session, settings: Settings, report: FsckReport, *,
 
 def run_fsck(session: Session, settings: Settings, *, repair: bool = False, checksums: bool = True,
              now: dt.datetime | None = None) -> FsckReport:
-    """:func:`check_store`, then :func:`repair_store` when ``repair``; the caller commits."""
+    """:func:`check_store`, then :func:`repair_store` when ``repair``; the caller commits.
+
+    With ``repair``, the write-ahead records of placed objects are settled first, as the
+    reconciler does every pass (:func:`backend.worker.placements.sweep_placements`, which
+    commits as it goes): what a writer that stopped between placing and committing left is
+    removed before the check looks, once its attempt's claim is no longer live."""
+    swept: list[Finding] = []
+    if repair:
+        from backend.worker.placements import sweep_placements
+
+        for pid, attempt, holder, ref in sweep_placements(session, settings):
+            local = not is_object_ref(ref)
+            kind = "attempt_object" if not local else (
+                "unwritten_file" if session.get(Product, pid) is not None else "orphan_file")
+            swept.append(Finding(kind, ref, f"placed by attempt {attempt} of product {pid} ({holder}), whose row "
+                                 "never committed", f"product {pid}", pid,
+                                 action="removed (its write-ahead record: the attempt's claim is no longer live)",
+                                 repaired=True))
     report = check_store(session, settings, checksums=checksums, now=now)
+    report.findings[:0] = swept
     return repair_store(session, settings, report, now=now) if repair else report

@@ -32,11 +32,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session
 
 from backend.models import Product, ProductState
 from backend.worker.processing import (PLACED, count_item, give_back_on_storage_fault, prepare_product_files,
-                                       product_write_info, resident_master, settle_placed, write_product)
+                                       product_write_info, resident_master, settle_placed, soft_time_limit_in,
+                                       write_product)
 from backend.worker.storage_faults import lane_of
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
@@ -247,7 +249,13 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             session.flush()
         except Exception as exc:  # noqa: BLE001 - e.g. product store full: this product fails
             session.rollback()
-            settle_placed(session, settings)  # its objects, if any were placed (object store)
+            if prepared is not None:  # what a writer thread left under temporary names
+                prepared.discard()
+            settle_placed(session, settings)  # what it placed, in either store (unless its row names it)
+            if soft_time_limit_in(exc):  # the batch's limit (SQLAlchemy may have wrapped it): the task settles
+                if isinstance(exc, SoftTimeLimitExceeded):
+                    raise
+                raise SoftTimeLimitExceeded(str(exc)) from exc
             log.exception("product %s could not be written", pid)
             # a storage fault (disk full, read-only or unreachable store) pauses the lane and
             # gives the claim back instead (backend.worker.storage_faults); the reconciler

@@ -11,7 +11,9 @@ write files atomically and move the explicit state machines:
 The FITS file exists (fsynced, renamed) before the row says ``written``; with an object
 store (``PRODUCT_STORE=s3://...``, :mod:`backend.store`) its objects are placed create-once
 under the attempt's keys and read back before, and removed after a rollback unless the row
-names them (:func:`settle_placed`). The Celery tasks
+names them (:func:`settle_placed`). In both stores what is about to be placed is recorded
+first (:mod:`backend.worker.placements`), so what a writer stopped between placing and
+committing leaves is removed by the reconciler. The Celery tasks
 in :mod:`backend.worker.tasks` are thin wrappers around them.
 """
 
@@ -38,6 +40,7 @@ from backend.services.job_plan import count_item, finish_job, frames_for_job, lo
 from backend.services.manifests import product_digests, product_manifest
 from backend.settings import Settings
 from backend.state import claim_product, confirm_claim, move_job, move_product, reason_text
+from backend.worker.placements import forget, intend
 from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
 
@@ -245,20 +248,38 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
 
     ``notes`` become HISTORY lines of the product (e.g. the GPU worker's CPU fallback).
     ``attempt``: the claim this write belongs to (:func:`backend.state.claim_product`); it
-    is confirmed, and the row locked, before any file is touched, so a delivery whose claim
-    was taken over writes nothing and returns False (``holder``: the claim's holder,
-    ``Claim.holder``, checked too when given). The file is fsynced and renamed before
-    the row says ``written`` (object store: the objects are placed and read back before,
-    :func:`_place_objects`; after a rollback the caller calls :func:`settle_placed`).
-    ``prepared``: the files already written under temporary names by
-    :func:`prepare_product_files` (a writer thread, with the same ``notes``): renamed here
-    once the claim is confirmed, discarded when it is not (a product store that is an
-    object store ignores them). Returns True when written.
+    is confirmed before any file is touched, so a delivery whose claim was taken over writes
+    nothing and returns False (``holder``: the claim's holder, ``Claim.holder``, checked too
+    when given). With a claim, what the write is about to place (the final FITS and PNG path,
+    or their objects) is first recorded and **committed**
+    (:func:`backend.worker.placements.intend`: the session is committed here), then the claim
+    is confirmed again, which locks the row until the caller's commit; the records are deleted
+    in that commit (:func:`backend.worker.placements.forget`). So a writer that stops between
+    placing and committing (killed, past its soft time limit, its disk full) leaves records
+    that the reconciler settles (:func:`backend.worker.placements.sweep_placements`), with no
+    manual step. The file is fsynced and renamed before the row says ``written`` (object
+    store: the objects are placed and read back before, :func:`_place_objects`); after a
+    rollback the caller calls :func:`settle_placed`. ``prepared``: the files already written
+    under temporary names by :func:`prepare_product_files` (a writer thread, with the same
+    ``notes``): renamed here once the claim is confirmed, discarded when it is not (a product
+    store that is an object store ignores them). Returns True when written.
     """
-    if attempt is not None and not confirm_claim(session, prod.id, attempt, holder):
-        if prepared is not None:
-            prepared.discard()
-        return False
+    if attempt is not None:
+        if not confirm_claim(session, prod.id, attempt, holder):
+            if prepared is not None:
+                prepared.discard()
+            return False
+        # the claim's holder as the row has it (the caller may give only the attempt)
+        who = holder if holder is not None else session.scalar(select(Product.claimed_by).where(Product.id == prod.id))
+        intend(session, prod.id, attempt, who or "", _refs(settings, prod, attempt, holder))
+        session.info.setdefault(PLACED, []).append((prod.id, attempt, who or ""))
+        session.commit()  # the records exist before anything is placed
+        if not confirm_claim(session, prod.id, attempt, holder):  # taken over meanwhile: nothing placed
+            if prepared is not None:
+                prepared.discard()
+            session.rollback()
+            settle_placed(session, settings)
+            return False
     from pipelines.compression import compress_product_hdul
     from pipelines.calibration.l2.quality import frame_quality
 
@@ -290,11 +311,37 @@ def write_product(session: Session, settings: Settings, prod: Product, result, *
     prod.manifest = product_manifest(prod, frame, header=header, file_sha256=sha, digests=digests,
                                      software_version=__version__)
     move_product(prod, ProductState.written)
+    if attempt is not None:  # the row names what was placed: its records go in the same commit
+        forget(session, prod.id, attempt, who or "")
     return True
 
 
-#: ``Session.info`` entry listing the objects this session placed and has not yet committed
-#: a row for: ``[(product id, [key, ...]), ...]`` (:func:`settle_placed`).
+def _refs(settings: Settings, prod: Product, attempt: int, holder: str | None) -> list[str]:
+    """What the row's ``path`` and ``quicklook_path`` will hold when attempt ``attempt``
+    writes ``prod``: the final FITS and PNG paths (local store), or their objects' URLs under
+    the attempt's keys (:func:`_object_keys`)."""
+    out = _product_path(settings, prod.frame, prod)
+    if not settings.product_store:
+        return [str(out), str(out.with_suffix(".png"))]
+    from backend.store import product_store
+
+    store = product_store(settings)
+    return [store.ref(k) for k in _object_keys(settings, prod, out, attempt, holder)]
+
+
+def _object_keys(settings: Settings, prod: Product, out: Path, attempt: int | None,
+                 holder: str | None) -> tuple[str, str]:
+    """The FITS and PNG keys of attempt ``attempt`` of ``prod`` (:func:`backend.store.attempt_tag`)."""
+    from backend.store import attempt_tag
+
+    rel = out.relative_to(settings.products).with_suffix("")
+    tag = attempt_tag(prod.id, attempt or 0, holder)
+    return f"{rel.as_posix()}{tag}.fits", f"{rel.as_posix()}{tag}.png"
+
+
+#: ``Session.info`` entry listing the attempts this session recorded placements for
+#: (:func:`backend.worker.placements.intend`) and has not yet committed a row for:
+#: ``[(product id, attempt, holder), ...]`` (:func:`settle_placed`).
 PLACED = "lstdp_placed_objects"
 
 
@@ -303,10 +350,12 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
     """Write the FITS and quicklook of ``prod`` into the object store under this attempt's keys
     (:func:`backend.store.attempt_tag`), create-once and read back (:meth:`backend.store.ProductStore.put_file`).
 
-    The keys are listed in ``session.info[PLACED]`` *before* each upload starts, so whatever
-    fails later (the upload itself, the other upload, the row's commit, the soft time limit)
-    the caller's :func:`settle_placed` removes what this attempt placed unless its row
-    committed. Returns (FITS ref, FITS SHA-256, PNG ref).
+    The keys were recorded (:func:`backend.worker.placements.intend`, committed) and listed in
+    ``session.info[PLACED]`` before this is called (:func:`write_product`), so whatever fails
+    later (the upload itself, the other upload, the row's commit, the soft time limit) the
+    caller's :func:`settle_placed` removes what this attempt placed unless its row committed,
+    and a writer killed meanwhile leaves them to the reconciler. Returns (FITS ref, FITS
+    SHA-256, PNG ref).
 
     Raises
     ------
@@ -315,16 +364,12 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
     """
     import tempfile
 
-    from backend.store import attempt_tag, product_store
+    from backend.store import product_store
     from pipelines.fitsio import sha256_file, store_tmp_dir
     from pipelines.products import write_quicklook_png
 
     store = product_store(settings)
-    rel = out.relative_to(settings.products).with_suffix("")
-    tag = attempt_tag(prod.id, attempt or 0, holder)
-    fits_key, png_key = f"{rel.as_posix()}{tag}.fits", f"{rel.as_posix()}{tag}.png"
-    placed = session.info.setdefault(PLACED, [])
-    placed.append((prod.id, [fits_key, png_key]))
+    fits_key, png_key = _object_keys(settings, prod, out, attempt, holder)
     # local scratch in PRODUCT_DIR/.tmp/: what a killed writer leaves there is swept by age as
     # the file store's temporary files are (pipelines.fitsio.partial_files; fsck partial_file)
     scratch = store_tmp_dir(settings.products)
@@ -342,28 +387,24 @@ def _place_objects(session: Session, settings: Settings, prod: Product, hdul, re
 
 
 def settle_placed(session: Session, settings: Settings) -> int:
-    """After a rollback: remove the objects this session placed (:data:`PLACED`) whose product
-    row does not name them (the row never committed, or another attempt settled it). A row
-    that names them (a commit that succeeded but whose answer was lost) keeps them. When the
-    database or the store cannot be asked, the objects stay for ``lstdp fsck --repair``
-    (attempt objects no row names; :mod:`backend.services.fsck`). Returns the number removed."""
-    from backend.store import product_store
+    """After a rollback: settle what this session's attempts (:data:`PLACED`) placed without
+    committing its row (:func:`backend.worker.placements.settle_attempt` with ``mine``): the
+    files or objects their product row does not name (the row never committed, or another
+    attempt settled it) are removed, in either store, and the attempt's records deleted. A
+    row that names them (a commit that succeeded but whose answer was lost) keeps them. When
+    the database or the store cannot be asked, the records stay and the reconciler settles
+    them (:func:`backend.worker.placements.sweep_placements`). Returns the number removed."""
+    from backend.worker.placements import settle_attempt
 
     placed = session.info.pop(PLACED, [])
     removed = 0
-    for product_id, keys in placed:
+    for product_id, attempt, holder in placed:
         try:
-            store = product_store(settings)
-            row = session.execute(select(Product.path, Product.quicklook_path).where(Product.id == product_id)).first()
-            session.rollback()  # end the read's transaction: nothing is held while deleting
-            named = set(row) if row else set()
-            for key in keys:
-                if store.ref(key) not in named:
-                    store.delete(key)
-                    removed += 1
-        except Exception:  # noqa: BLE001 - fsck settles what could not be settled here
-            log.warning("could not settle the objects of product %s (%s): fsck --repair removes them",
-                        product_id, ", ".join(keys), exc_info=True)
+            session.rollback()
+            removed += len(settle_attempt(session, settings, product_id, attempt, holder, mine=True))
+        except Exception:  # noqa: BLE001 - the reconciler settles what could not be settled here
+            log.warning("could not settle what attempt %d of product %s placed: the reconciler settles it",
+                        attempt, product_id, exc_info=True)
             try:
                 session.rollback()
             except Exception:  # noqa: BLE001
@@ -442,21 +483,32 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         if not give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
             _fail_claimed(session, product_id, claim, failure_reason(exc))
         prod = session.get(Product, product_id)
-    except SoftTimeLimitExceeded:
-        session.rollback()
-        settle_placed(session, settings)
-        _fail_claimed(session, product_id, claim,
-                      f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
-                      "(TASK_SOFT_TIME_LIMIT_S)")
-        prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
         settle_placed(session, settings)
+        if soft_time_limit_in(exc):  # also when it interrupted SQLAlchemy, which wraps it
+            _fail_claimed(session, product_id, claim,
+                          f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
+                          "(TASK_SOFT_TIME_LIMIT_S)")
+            return session.get(Product, product_id)
         if give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
             return session.get(Product, product_id)
         _fail_claimed(session, product_id, claim, failure_reason(exc))
         raise
     return prod
+
+
+def soft_time_limit_in(exc: BaseException | None) -> bool:
+    """Whether Celery's soft time limit (``SoftTimeLimitExceeded``, raised by a signal handler
+    wherever the task is) is ``exc`` or behind it: SQLAlchemy wraps an exception raised while it
+    runs a statement or an autoflush (``StatementError``, the original as ``orig``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, SoftTimeLimitExceeded):
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
+    return False
 
 
 def give_back_on_storage_fault(session: Session, settings: Settings, product_id: int, claim, lane: str,

@@ -27,7 +27,13 @@ compares the two and repairs:
 6. **ends**: a running job whose items are all settled ends, its counts recomputed from
    its items (a job asked to cancel ends ``cancelled``);
 7. **partial files**: temporary files of writers on this host that are gone (killed
-   mid-write) are removed from the store's ``.tmp/``;
+   mid-write) are removed from the store's ``.tmp/``; **placed objects**
+   (:mod:`backend.worker.placements`): a file or object that a calibration attempt recorded
+   before placing it and whose row never committed (the writer was killed, passed its soft
+   time limit or ran out of disk between placing and committing) is removed once that
+   attempt's claim is no longer live (taken back, claimed again, written or failed by
+   another, or past its lease), unless its product row names it; the records of such an
+   attempt are deleted once they are older than the lease;
 8. **lost movies** (:mod:`backend.worker.movies`): a ``queued`` movie whose ``make_movie``
    message is gone, sent more than a grace ago, and a ``running`` one whose claim is dead or
    past its lease and whose message is gone, are sent again; one delivered
@@ -81,6 +87,7 @@ from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, conf
                            move_product, settle_follow_up)
 from backend.worker.processing import count_item, lock_job, recount_job
 from backend.worker.notify import reconcile_notifications
+from backend.worker.placements import sweep_placements
 from backend.worker.storage_faults import outlasted_reason
 from pipelines.calibration import as_options
 from pipelines.errors import DataError
@@ -124,6 +131,7 @@ class ReconcileReport:
     jobs_ended: list[str] = field(default_factory=list)
     follow_ups_resent: int = 0
     partial_files_removed: int = 0
+    placed_removed: int = 0
     movies_resent: list[str] = field(default_factory=list)
     movies_failed: list[str] = field(default_factory=list)
     reruns_resent: list[str] = field(default_factory=list)
@@ -137,7 +145,7 @@ class ReconcileReport:
     def changed(self) -> bool:
         return bool(self.settled or self.resent or self.taken_back or self.given_up or self.stopped or self.unconsumed
                     or self.jobs_resent or self.jobs_failed or self.jobs_ended or self.follow_ups_resent
-                    or self.partial_files_removed or self.movies_resent or self.movies_failed
+                    or self.partial_files_removed or self.placed_removed or self.movies_resent or self.movies_failed
                     or self.reruns_resent or self.notifications)
 
 
@@ -446,6 +454,9 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
         session.execute(delete(WorkerHeartbeat).where(WorkerHeartbeat.heartbeat_at < now - dt.timedelta(days=1))
                         .execution_options(synchronize_session=False))  # step 11
         session.commit()
+        # step 7: what writers that stopped between placing and committing left (after step 2,
+        # which takes their claims back: the same pass settles them)
+        report.placed_removed = len(sweep_placements(session, settings, now=now))
         report.partial_files_removed = len(sweep_dead_writers(settings.products))
     finally:
         if lock_conn is not None:
