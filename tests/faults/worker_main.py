@@ -10,8 +10,8 @@ Observation (journal)
     children, every restart) appends to, one line per event: ``prerun``/``postrun`` of a
     task (name, id, arguments, delivery flags, state), ``publish`` of a message (its task
     name and id, in the process that sends it), ``write_start``/``write`` of a product FITS
-    (``pipelines.fitsio.write_fits_atomic`` wrapped: the path, and the SHA-256 once
-    renamed), ``child`` when a pool process starts, ``ready`` when the worker is. Each line
+    (``pipelines.fitsio.write_fits_pending`` and ``PendingFile.commit`` wrapped: the path
+    when its writing starts, and with the SHA-256 once renamed), ``child`` when a pool process starts, ``ready`` when the worker is. Each line
     has the process id and the wall time. A killed process loses nothing already written
     (``O_APPEND``, one ``write`` per line).
 
@@ -122,15 +122,25 @@ def _install_hooks() -> None:
     def _ready(sender=None, **_):
         journal("ready", hostname=getattr(sender, "hostname", None))
 
-    real_write = fitsio.write_fits_atomic
+    # a product's FITS is written under a temporary name (write_fits_pending, also inside
+    # write_fits_atomic) and becomes the file when renamed (PendingFile.commit, which the
+    # claim's holder calls in backend.worker.processing.write_product): a completed write is the rename
+    real_pending, real_commit = fitsio.write_fits_pending, fitsio.PendingFile.commit
 
-    def write_fits_atomic(hdul, path, *args, **kwargs):
+    def write_fits_pending(hdul, path, *args, **kwargs):
         journal("write_start", path=str(path))
-        sha = real_write(hdul, path, *args, **kwargs)
-        journal("write", path=str(path), sha256=sha)
-        return sha
+        sha, pending = real_pending(hdul, path, *args, **kwargs)
+        pending.journal_sha256 = sha
+        return sha, pending
 
-    fitsio.write_fits_atomic = write_fits_atomic
+    def commit(self):
+        done = real_commit(self)
+        if str(self.path).endswith(".fits"):
+            journal("write", path=str(self.path), sha256=getattr(self, "journal_sha256", None))
+        return done
+
+    fitsio.write_fits_pending = write_fits_pending
+    fitsio.PendingFile.commit = commit
 
     poison = _poison_names()
     slow = _slow_spec()
