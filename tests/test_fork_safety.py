@@ -66,3 +66,20 @@ def test_the_worker_resets_connections_in_every_pool_child():
 
     receivers = [r[1]() for r in worker_process_init.receivers]
     assert tasks._own_connections in receivers
+
+
+def test_worker_parent_imports_numba_and_the_kernels_before_the_pool_forks():
+    """A pool child never runs ``import numba`` itself (a time limit raised inside it left numba
+    half-initialised: ``module 'numba' has no attribute 'core'`` for every later product of that
+    child): the worker's ``worker_init`` handler imports numba, the compiled kernels and the entry
+    points' registries in the parent, in a fresh interpreter as a worker starts."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from backend.worker.tasks import _preload_lazy_imports; "
+            "assert 'pipelines.calibration.l2._fused_numba' not in sys.modules; _preload_lazy_imports(); "
+            "print(all(m in sys.modules for m in ('numba.core.entrypoints', 'pipelines.calibration.l2._fused_numba')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**__import__("os").environ, "LSTDP_NUMBA": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "True", r.stdout + r.stderr[-2000:]

@@ -70,7 +70,10 @@ def _preload_lazy_imports(**_kwargs) -> None:
     quicklooks and diff images). A time limit raised inside a child's first ``import
     matplotlib`` (a frozen database makes a task run out its soft limit at any line) leaves
     the module half-initialised in that child, and every later product there fails with
-    ``KeyError: 'Rectangle:kwdoc'``; imported in the parent, no task ever runs an import."""
+    ``KeyError: 'Rectangle:kwdoc'``; imported in the parent, no task ever runs an import.
+    Numba likewise (the compiled north-up pass and centre rays, :mod:`pipelines.calibration.l2.fused`):
+    a child whose first ``import numba`` was cut by a time limit failed every later product
+    with ``module 'numba' has no attribute 'core'`` (seen under load in ``benchmarks/faults.py``)."""
     import io
 
     import matplotlib
@@ -82,6 +85,15 @@ def _preload_lazy_imports(**_kwargs) -> None:
 
     # imsave imports matplotlib.figure, axes, table... on its first call: make that call here
     imsave(io.BytesIO(), np.zeros((2, 2), dtype=np.float32), cmap=colormaps["gray"], format="png")
+    from pipelines.calibration.l2 import fused
+
+    if fused.enabled():
+        fused._kernels()  # numba and the kernels' module, whole
+        import numba.core.entrypoints
+
+        # what a kernel's first call runs (caching.load_overload -> context.refresh) imports the
+        # entry points' registries: load them here too
+        numba.core.entrypoints.init_all()
 
 
 @worker_process_init.connect
