@@ -405,14 +405,15 @@ def simulated_dataset(run_cache):
     return get
 
 
-# -- the order of the files under pytest-xdist (``make test``: ``-n 2 --dist loadfile``) ----------
+# -- the order of the files under pytest-xdist (``make test``: ``-n 3 --dist loadfile``) ----------
 
 #: Packages run as one xdist work unit, all their files in one worker one after another, for
 #: their conftest's costly fixtures: tests/client's ``scope="package"`` live platform (~11 s),
 #: which pytest tears down whenever a worker leaves the package, so one unit per file built it
-#: once per file; tests/faults' ``scope="session"`` private PostgreSQL server and template
-#: database, built by every worker that runs one of its files.
-XDIST_PACKAGE_UNITS = ("tests/client/", "tests/faults/")
+#: once per file. tests/faults is *not* one unit: its ``scope="session"`` private PostgreSQL
+#: server and template database cost each worker that runs one of its files a few seconds,
+#: while its files together (~6 min) made the longest unit of the run, its critical path.
+XDIST_PACKAGE_UNITS = ("tests/client/",)
 
 
 def xdist_work_unit(nodeid: str) -> str:
@@ -427,10 +428,11 @@ def xdist_work_unit(nodeid: str) -> str:
 def file_tier(items) -> int:
     """When a file's tests start under xdist (lower first: the longest work is started first,
     the short files fill the end of the run): 0 the validation campaigns (``validation``
-    marker, or ``test_blind_*.py``), 1 files with ``slow`` or ``browser`` tests, 2 the rest."""
+    marker, or ``test_blind_*.py``), 1 files with ``slow``, ``browser`` or ``faults`` tests, 2 the rest."""
     if any(i.get_closest_marker("validation") or Path(str(i.path)).name.startswith("test_blind_") for i in items):
         return 0
-    if any(i.get_closest_marker("slow") or i.get_closest_marker("browser") for i in items):
+    if any(i.get_closest_marker("slow") or i.get_closest_marker("browser") or i.get_closest_marker("faults")
+           for i in items):
         return 1
     return 2
 

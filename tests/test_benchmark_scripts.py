@@ -73,26 +73,29 @@ def test_calibrate_benchmark_prints_one_result_line(tmp_path):
 @pytest.mark.faults
 @pytest.mark.skipif(os.geteuid() != 0, reason="the private PostgreSQL server runs as the postgres user (runuser)")
 def test_faults_benchmark_prints_one_result_line():
-    """A short run (24 frames, 3 kills of pool and main processes): the one RESULT line, its
-    counts consistent; what they are depends on the machinery of issue #10, not asserted here.
+    """A short run (16 frames, 2 kills of pool and main processes): the one RESULT line, its
+    counts consistent, and ``lstdp fsck`` of its store clean once the reconciler's sweep has had
+    its bound (issue 28); the other counts depend on the machinery of issue #10, not asserted here.
 
-    Every calibration sleeps 3.5 s first (``--frame-delay``): 24 frames on 4 pool processes
-    then take at least 5 x 3.5 = 17.5 s after the first wave, the 3 kills at most 3 x (2 + 1) =
-    9 s, so all three kills happen however fast the machine is (on a quiet machine the job
+    Every calibration sleeps 2.5 s first (``--frame-delay``): 16 frames on 4 pool processes
+    then take at least 3 x 2.5 = 7.5 s after the first wave, the 2 kills at most 2 x (1.5 + 1) =
+    5 s, so both kills happen however fast the machine is (on a quiet machine the job
     used to end before its first kill)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--frames", "24", "--kills", "3",
-                        "--main-share", "0.5", "--seed", "1", "--timeout", "30", "--max-gap", "2",
-                        "--frame-delay", "3.5"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--frames", "16", "--kills", "2",
+                        "--main-share", "0.5", "--seed", "1", "--timeout", "30", "--max-gap", "1.5",
+                        "--frame-delay", "2.5"], capture_output=True, text=True,
                        timeout=400, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]
     m = re.fullmatch(r"RESULT frames=(\d+) products=(\d+) lost=(\d+) duplicated=(\d+) orphans=(\d+) "
-                     r"settle_s=([\d.]+|inf)", last)
+                     r"settle_s=([\d.]+|inf) fsck=(clean|\d+)", last)
     assert m, last
     frames, products, lost, duplicated = (int(x) for x in m.groups()[:4])
-    assert frames == 24 and products + lost <= frames and duplicated <= frames
-    assert "kill 3:" in r.stdout and "the job ended after" not in r.stdout, r.stdout[-3000:]
+    assert frames == 16 and products + lost <= frames and duplicated <= frames
+    # lstdp fsck of the run's store once the reconciler's sweep has had its bound (issue 28)
+    assert m.group(7) == "clean" and int(m.group(5)) == 0, r.stdout[-3000:]
+    assert "kill 2:" in r.stdout and "the job ended after" not in r.stdout, r.stdout[-3000:]
 
 
 def test_ingest_history_benchmark_prints_one_result_line():

@@ -164,6 +164,9 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
     sqlalchemy.exc.OperationalError
         A database fault (the task retries; products not yet counted are redone).
     """
+    # Long: one device batch from claim to settlement (claims, resident masters, the executor's
+    # callbacks that write and count each product, the storage-fault and soft-limit exits);
+    # the callbacks close over the batch's session and claims
     from pipelines.calibration import BatchItem
 
     if device not in ("gpu", "cpu"):

@@ -572,6 +572,9 @@ class BatchExecutor:
         list of BatchOutcome
             One per item, in input order; failed items have ``error`` set.
         """
+        # Long: the executor's one ordering loop (reader thread, compute lanes, bounded writer pool,
+        # outcomes handed back in input order on the calling thread); split, its hand-offs would be
+        # spread over functions that share every queue and counter
         items = list(items)
         outcomes: list[BatchOutcome] = []
         if not items:

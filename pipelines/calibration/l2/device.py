@@ -42,8 +42,32 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipelines.array_backend import namespace_of, to_numpy
+from pipelines.calibration.l2.steps import DQ
 
 __all__ = ["decode_stored", "stored_datasum", "frame_statistics", "quicklook_reduce", "section", "DeviceMeter"]
+
+
+#: Good pixels up to which the percentiles are exact (2**20, a 1024 x 1024 frame: one
+#: ``partition`` of 4 MB); above it they come from a deterministic subsample (:func:`pipelines.calibration.l2.flow._stats`).
+EXACT_PERCENTILE_PIXELS = 2**20
+
+
+def stats_head(data: np.ndarray, header: fits.Header, channel: str, backend: str, n_good: int,
+                counts: np.ndarray) -> dict[str, Any]:
+    """The counting fields of :func:`pipelines.calibration.l2.flow._stats`: channel, ``BUNIT``, backend, pixel counts and one
+    ``n_<bit>`` per DQ bit from ``counts`` (the DQ histogram, 256 bins)."""
+    values = np.arange(counts.size)
+    stats: dict[str, Any] = {
+        "channel": channel,
+        "bunit": str(header.get("BUNIT", "")),
+        "backend": backend,
+        "n_pixels": int(data.size),
+        "n_good": n_good,
+        "n_masked": int(data.size - counts[0]),
+    }
+    for bit in DQ:
+        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
+    return stats
 
 
 # -- accounting ----------------------------------------------------------------------------
@@ -197,7 +221,6 @@ def frame_statistics(data: Any, dq: Any, header: Any, channel: str, backend: str
     dict
         JSON-ready, as :func:`~pipelines.calibration.l2.flow._stats`.
     """
-    from pipelines.calibration.l2.flow import EXACT_PERCENTILE_PIXELS, _stats_head
     from pipelines.errors import DataError
     from pipelines.sun import sun_geometry
 
@@ -206,7 +229,7 @@ def frame_statistics(data: Any, dq: Any, header: Any, channel: str, backend: str
     good = (q == 0) & xp.isfinite(flat)
     n_good = int(xp.count_nonzero(good))
     counts = to_numpy(xp.bincount(q, minlength=256))
-    stats = _stats_head(data, header, channel, backend, n_good, counts)
+    stats = stats_head(data, header, channel, backend, n_good, counts)
     if n_good:
         buf = xp.where(good, flat, xp.float32(0.0))
         mean = float(to_numpy(xp.sum(buf, dtype=xp.float64))) / n_good

@@ -43,6 +43,7 @@ from astropy.io.fits.verify import VerifyWarning
 
 from pipelines.array_backend import backend_name, resolve_namespace, to_device, to_numpy
 from pipelines.calibration.l2 import device, resample, steps, uncertainty
+from pipelines.calibration.l2.device import EXACT_PERCENTILE_PIXELS, stats_head as _stats_head
 from pipelines.calibration.l2.centre import EDGE_SYSTEMATIC_ARCSEC, fit_and_apply_centre
 from pipelines.calibration.l2.options import CalibrationOptions
 from pipelines.calibration.l2.quality import FrameQuality, flag_frame, frame_quality, stamp_quality
@@ -283,9 +284,6 @@ def _stray_model(cal: CalibrationInput) -> StrayLightModel:
                            r_max=float(cal.parameters.get("STRAYRMX", 3.0)))
 
 
-#: Good pixels up to which the percentiles are exact (2**20, a 1024 x 1024 frame: one
-#: ``partition`` of 4 MB); above it they come from a deterministic subsample (:func:`_stats`).
-EXACT_PERCENTILE_PIXELS = 2**20
 
 
 def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, backend: str) -> dict[str, Any]:
@@ -347,24 +345,6 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
     except DataError:
         stats["rsun_px"] = None
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
-
-
-def _stats_head(data: np.ndarray, header: fits.Header, channel: str, backend: str, n_good: int,
-                counts: np.ndarray) -> dict[str, Any]:
-    """The counting fields of :func:`_stats`: channel, ``BUNIT``, backend, pixel counts and one
-    ``n_<bit>`` per DQ bit from ``counts`` (the DQ histogram, 256 bins)."""
-    values = np.arange(counts.size)
-    stats: dict[str, Any] = {
-        "channel": channel,
-        "bunit": str(header.get("BUNIT", "")),
-        "backend": backend,
-        "n_pixels": int(data.size),
-        "n_good": n_good,
-        "n_masked": int(data.size - counts[0]),
-    }
-    for bit in DQ:
-        stats[f"n_{bit.name.lower()}"] = int(counts[(values & int(bit)) != 0].sum())
-    return stats
 
 
 def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str,
@@ -431,6 +411,32 @@ def _options(options: CalibrationOptions | None) -> CalibrationOptions:
         raise TypeError(f"options must be CalibrationOptions (pipelines.calibration.l2.options.as_options "
                         f"validates a dict), got {type(options).__name__}")
     return options
+
+
+def _add_frame_wide_errors(xp, img, var, sigma, h: fits.Header, plane_rel, stray_sigma):
+    """Add the frame-wide stated errors to the uncertainty on the output grid: the flat's stated
+    plane (``plane_rel``: its relative variance on the output grid, or None) and the stated
+    stray-light 1-sigma profile (``stray_sigma``, or None). Each is one error of the whole frame,
+    smooth (fully correlated over the interpolation kernel): a resampled pixel's error from it is
+    the relative 1-sigma at its source position times its own value, added after the resampling,
+    whose squared weights would shrink it as if it were pixel noise (by sqrt(g(fx) g(fy)) >= 0.57).
+
+    ``var`` (the variance) or ``sigma`` (the resampling pass's 1-sigma; then ``var`` is None), both
+    shaped as ``img``. Returns ``(var, sigma)``: the variance with the terms added and None, or, with
+    nothing to add, both as given. HISTORY lines in ``h`` say what was added.
+    """
+    if plane_rel is None and stray_sigma is None:
+        return var, sigma
+    if sigma is not None:  # the resampling pass gave sigma: back to a variance for the sum
+        var, sigma = xp.asarray(sigma) ** 2, None
+    if plane_rel is not None:
+        var = var + xp.asarray(plane_rel, dtype=xp.float32) * (img * img)
+        h.add_history("uncertainty: stated flat plane (FLATPLSG) x value, added on the output grid")
+    if stray_sigma is not None:
+        with device.section("stray_light_sigma"):
+            var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
+        h.add_history(f"uncertainty: {why}, added on the output grid")
+    return var, sigma
 
 
 def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[str, CalibrationInput],
@@ -525,32 +531,14 @@ def calibrate_frame(data: np.ndarray, header: fits.Header, calibrations: dict[st
         with device.section("resample"):
             img, dq, sigma, h = resample.rotate_north_up_full(img, dq, var, h, order=opts.interpolation_order,
                                                               method=opts.resample, overwrite_input=own)
-        del var
+        var = None  # in sigma now
     else:
         img = xp.astype(img, xp.float32)
         h.add_history("rotate_north_up: skipped on request (option rotate_north_up=false)")
         if plane_rel is not None:
             plane_rel = plane_rel * plane_rel
-    if plane_rel is not None:
-        # the flat's stated plane is one error of the whole frame, smooth (fully correlated over the
-        # interpolation kernel): a resampled pixel's error from it is the plane's relative 1-sigma at
-        # its source position times its own value, added on the output grid (the squared weights of
-        # the resampling would shrink it as if it were pixel noise, by sqrt(g(fx) g(fy)) >= 0.57)
-        if sigma is not None:
-            var = xp.asarray(sigma) ** 2
-            sigma = None
-        var = var + xp.asarray(plane_rel, dtype=xp.float32) * (img * img)
-        del plane_rel
-        h.add_history("uncertainty: stated flat plane (FLATPLSG) x value, added on the output grid")
-    if stray_sigma is not None:
-        # the stated stray-light 1-sigma is one error of the whole frame (fully correlated between
-        # pixels): added after the resampling, which would shrink it as if it were pixel noise
-        if sigma is not None:  # the resampling pass gave sigma: back to a variance for the sum
-            var = xp.asarray(sigma) ** 2
-            sigma = None
-        with device.section("stray_light_sigma"):
-            var, why = uncertainty.stray_light_variance(var, h, stray_sigma, None, None, sigma_profile=stray_sigma)
-        h.add_history(f"uncertainty: {why}, added on the output grid")
+    var, sigma = _add_frame_wide_errors(xp, img, var, sigma, h, plane_rel, stray_sigma)
+    del plane_rel
     _stamp_l2(h, cals, unit, channel, backend_name(xp))
     _stamp_dates(h)
     h.add_history("uncertainty: standard deviation per pixel in HDU UNCERT (Poisson, read noise, ADC, dark, flat, "
