@@ -221,9 +221,6 @@ def frame_statistics(data: Any, dq: Any, header: Any, channel: str, backend: str
     dict
         JSON-ready, as :func:`~pipelines.calibration.l2.flow._stats`.
     """
-    from pipelines.errors import DataError
-    from pipelines.sun import sun_geometry
-
     xp = namespace_of(data)
     flat, q = data.reshape(-1), dq.reshape(-1)
     good = (q == 0) & xp.isfinite(flat)
@@ -251,10 +248,20 @@ def frame_statistics(data: Any, dq: Any, header: Any, channel: str, backend: str
                 rank_err = max(rank_err, abs(100.0 * below / n_good - want))
         stats.update(median=med, mean=mean, p01=p01, p99=p99, min=vmin, max=vmax,
                      percentiles=how, percentile_rank_error=round(rank_err, 4))
-    else:
+    del good
+    return stats_tail(stats, header, n_good)
+
+
+def stats_tail(stats: dict[str, Any], header: fits.Header, n_good: int) -> dict[str, Any]:
+    """The end of the frame statistics (:func:`frame_statistics` and
+    :func:`pipelines.calibration.l2.flow._stats`): the value fields None without good pixels,
+    ``rsun_px`` from the header's geometry (None where it has none), non-finite floats as None."""
+    from pipelines.errors import DataError
+    from pipelines.sun import sun_geometry
+
+    if n_good == 0:
         stats.update(median=None, mean=None, p01=None, p99=None, min=None, max=None, percentiles=None,
                      percentile_rank_error=None)
-    del good
     try:
         stats["rsun_px"] = float(sun_geometry(header).rsun_px)
     except DataError:

@@ -335,16 +335,8 @@ def _stats(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str, 
                 rank_err = max(rank_err, abs(100.0 * below / n_good - want))
         stats.update(median=float(med), mean=mean, p01=float(p01), p99=float(p99), min=vmin, max=vmax,
                      percentiles=how, percentile_rank_error=round(rank_err, 4))
-    else:
-        stats.update(median=None, mean=None, p01=None, p99=None, min=None, max=None, percentiles=None,
-                     percentile_rank_error=None)
     del good
-    try:
-        geom = sun_geometry(header)
-        stats["rsun_px"] = float(geom.rsun_px)
-    except DataError:
-        stats["rsun_px"] = None
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in stats.items()}
+    return device.stats_tail(stats, header, n_good)
 
 
 def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, channel: str,
@@ -378,11 +370,7 @@ def _stats_two_passes(data: np.ndarray, dq: np.ndarray, header: fits.Header, cha
         rank_err = max(rank_err, abs(100.0 * int(cnt) / n_good - want))
     stats.update(median=float(med), mean=mean, p01=float(p01), p99=float(p99), min=vmin, max=vmax,
                  percentiles=f"sampled: 1 pixel in {k}, raster order", percentile_rank_error=round(rank_err, 4))
-    try:
-        stats["rsun_px"] = float(sun_geometry(header).rsun_px)
-    except DataError:
-        stats["rsun_px"] = None
-    return {key: (None if isinstance(v, float) and not math.isfinite(v) else v) for key, v in stats.items()}
+    return device.stats_tail(stats, header, n_good)
 
 
 def _exact_moments(x: np.ndarray, good: np.ndarray, n_good: int) -> tuple[float, float, float]:
