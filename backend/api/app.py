@@ -87,6 +87,25 @@ API_PREFIX = "/api/v1"
 _ERRORS = {404: {"model": ErrorPublic}, 422: {"model": ErrorPublic}}
 
 
+def _resolve_anyio_names() -> None:
+    """Import every name anyio exports now, in the importing thread.
+
+    anyio (4.13 on) imports most of its public names on first use, through a module
+    ``__getattr__`` (PEP 562). Starlette's ``FileResponse`` first touches ``anyio.open_file``
+    while a response is being sent, so without this the first file served imports a module
+    in the middle of answering; a CI run lost a quicklook that way (the browser saw
+    ``ERR_CONTENT_LENGTH_MISMATCH``). Resolving the names once at start-up takes ~10 ms."""
+    import anyio
+    import anyio.abc
+
+    for module in (anyio, anyio.abc):
+        for name in dir(module):
+            getattr(module, name)
+
+
+_resolve_anyio_names()
+
+
 def _is_api(request: Request) -> bool:
     return request.url.path.startswith(API_PREFIX) or request.url.path.startswith("/static")
 
