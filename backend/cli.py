@@ -256,7 +256,7 @@ def cmd_rerun(args) -> int:
 def cmd_detect(args) -> int:
     from backend.db import session_scope
     from backend.services.detection import run_detector
-    from backend.services.events import associate_events
+    from backend.services.events import associate_around
 
     t0 = _parse_time(args.start) if args.start else None
     t1 = _parse_time(args.end) if args.end else None
@@ -264,12 +264,19 @@ def cmd_detect(args) -> int:
         # the detector's default channel when none is given (pipelines.detect.registry)
         events = run_detector(s, args.kind, channel=args.channel or None, start=t0, end=t1)
         for e in events:
-            where = (f"PA {e.position_angle:.0f} deg, {e.speed_km_s:.0f} km/s" if e.position_angle is not None
-                     else f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
-            _say(f"{e.event_type} {e.start_time:%Y-%m-%d %H:%M} {e.channels} {where} [{e.frm_name} {e.frm_version}]")
+            _say(_event_line(e))
         _say(f"{len(events)} event(s) found by the {args.kind} detector (re-running stores nothing twice)")
-        _say(f"associations: {associate_events(s, start=t0, end=t1)} new link(s)")
+        _say(f"associations: {associate_around(s, events)} new link(s)")
     return 0
+
+
+def _event_line(e) -> str:
+    """One detected event as ``lstdp detect`` and the demo print it."""
+    where = (f"PA {e.position_angle:.0f} deg, {e.speed_km_s:.0f} km/s"
+             if e.position_angle is not None and e.speed_km_s is not None
+             else f"PA {e.position_angle:.0f} deg" if e.position_angle is not None
+             else f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")" if e.hpc_x is not None and e.hpc_y is not None else "")
+    return f"{e.event_type} {e.start_time:%Y-%m-%d %H:%M} {e.channels} {where} [{e.frm_name} {e.frm_version}]"
 
 
 def cmd_fsck(args) -> int:
@@ -608,14 +615,51 @@ def _demo_data_steps(args, s, step) -> None:
     step(6, "recalibration job over every frame (runs in the worker)")
     with session_scope() as sess:
         t_min, t_max = sess.execute(select(func.min(Frame.date_obs), func.max(Frame.date_obs))).one()
+    job_id = None
     if t_min is not None:
         req = JobRequest(channels=["SDI", "WST", "SCI-UV", "SCI-WL"], start=t_min, end=t_max)
         with session_scope() as sess:
-            job = submit_job(sess, req, owner="system", publishes=True)
-        state, error = wait_for_job(job.id, timeout=1200)
-        _say(f"      job {job.id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
-    step(7, "flare detection on the SDI L2 series")
-    cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
+            job_id = submit_job(sess, req, owner="system", publishes=True).id
+        state, error = wait_for_job(job_id, timeout=1200)
+        _say(f"      job {job_id}: {state.value if state else 'unfinished'}{' - ' + error if error else ''}")
+    step(7, "event detection on the L2 series (the job's follow-up detections, in the worker)")
+    if job_id is None or not _wait_follow_ups(job_id, timeout=600):
+        cmd_detect(argparse.Namespace(start=None, end=None, kind="flares", channel=None))
+
+
+def _wait_follow_ups(job_id: str, *, timeout: float) -> bool:
+    """Wait until the follow-up detections of ended job ``job_id`` (``job_follow_ups``: flares
+    and prominences on SDI, CMEs on SCI, white-light flares on WST) have run in the worker,
+    at most ``timeout`` [s], and say what each found. The demo used to run the flare detector
+    itself beside them: the same detection twice, on one SQLite file at once (``database is
+    locked`` retries), and a worker still busy with them when the demo stopped it.
+
+    Returns False when the job queued none (the caller detects flares itself)."""
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Event, FollowUpState, JobFollowUp
+    from pipelines.catalogues import DETECTED_SOURCE
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_scope() as s:
+            rows = [(r.detector, r.channel, r.state, r.events, r.error) for r in s.scalars(
+                select(JobFollowUp).where(JobFollowUp.job_id == job_id).order_by(JobFollowUp.detector,
+                                                                                 JobFollowUp.channel))]
+        if not rows:
+            return False
+        if all(state != FollowUpState.queued for _d, _c, state, _n, _e in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for detector, channel, state, n, error in rows:
+        what = {FollowUpState.done: f"{n or 0} event(s)", FollowUpState.queued: f"not finished within {timeout:.0f} s"}
+        _say(f"      {detector} on {channel}: {what.get(state, state.value)}{' - ' + error if error else ''}")
+    with session_scope() as s:
+        for e in s.scalars(select(Event).where(Event.source == DETECTED_SOURCE, Event.owner.is_(None))
+                           .order_by(Event.start_time).limit(20)):
+            _say("      " + _event_line(e))
+    return True
 
 
 def _shown_url(url: str) -> str:

@@ -89,3 +89,41 @@ def test_associate_events_links_both_ways_and_is_idempotent(db_session):
     assert linked(wrong_way) == set() and linked(other) == set()
     assert linked(cme2) == {(prom.id, "cme_prominence")} and linked(prom) == {(cme2.id, "prominence_cme")}
     assert associate_events(s) == 0  # idempotent
+
+
+def test_associate_around_links_found_events_where_they_are_and_nothing_elsewhere(db_session):
+    """``associate_around`` (detections link their events without re-proposing the whole
+    catalogue): both windows of events years apart are linked, and a partner that started
+    9 h before; events of a window no found event lies in are left alone."""
+    from backend.services.events import associate_around
+
+    s = db_session
+    made = []
+    for day in (dt.datetime(2004, 3, 1, 4, tzinfo=dt.UTC), dt.datetime(2011, 6, 7, 6, tzinfo=dt.UTC)):
+        goes = ev(s, "FL", day, day + 40 * MIN, peak=day + 20 * MIN, goes_class="M2.5", hpc_x=716, hpc_y=-340)
+        sdi = ev(s, "FL", day + 2 * MIN, day + 35 * MIN, peak=day + 19 * MIN, source="detected", channels="SDI",
+                 hpc_x=710, hpc_y=-345, frm_name="lst-sdi-flare", frm_version="1.0.0")
+        cme = ev(s, "CE", day + 60 * MIN, source="cdaw", position_angle=disk_position_angle(716, -340),
+                 angular_width=60, speed_km_s=700)
+        made.append((goes, sdi, cme))
+    # a 10-hour GOES flare (its start 9 h before its peak) and the SDI flare at that peak
+    t = dt.datetime(2015, 3, 11, 0, tzinfo=dt.UTC)
+    long_goes = ev(s, "FL", t, t + 10 * 60 * MIN, peak=t + 9 * 60 * MIN, goes_class="C3.0", hpc_x=-200, hpc_y=100)
+    long_sdi = ev(s, "FL", t + 8 * 60 * MIN + 50 * MIN, t + 9 * 60 * MIN + 30 * MIN, peak=t + 9 * 60 * MIN + 2 * MIN,
+                  source="detected", channels="SDI", hpc_x=-205, hpc_y=104, frm_name="lst-sdi-flare",
+                  frm_version="1.0.0")
+    # elsewhere (2008): a GOES and a HEK row of one flare, which a whole-catalogue pass would link
+    t8 = dt.datetime(2008, 1, 1, 12, tzinfo=dt.UTC)
+    g8 = ev(s, "FL", t8, t8 + 20 * MIN, peak=t8 + 10 * MIN, goes_class="C1.0", hpc_x=100, hpc_y=100, noaa_ar=10980)
+    h8 = ev(s, "FL", t8, t8 + 20 * MIN, peak=t8 + 10 * MIN, source="hek", hpc_x=102, hpc_y=99, noaa_ar=10980)
+
+    def linked(e):
+        return {(o.id, k) for o, k in associated_events(s, e.id)}
+
+    n = associate_around(s, [sdi for _g, sdi, _c in made] + [long_sdi])
+    for goes, sdi, cme in made:
+        assert linked(sdi) == {(goes.id, "same_flare"), (cme.id, "flare_cme")}, sdi.start_time
+    assert linked(long_sdi) == {(long_goes.id, "same_flare")}
+    assert linked(g8) == set() and linked(h8) == set()
+    assert n >= 5 and associate_around(s, []) == 0
+    assert associate_around(s, [sdi for _g, sdi, _c in made]) == 0  # idempotent

@@ -25,7 +25,7 @@ from backend.db import forget_connections_after_fork, session_scope
 from backend.identity import heartbeat_running, start_heartbeat
 from backend.models import FollowUpState, ItemOutcome, Job, JobFollowUp, JobItem, JobState
 from backend.services.detection import PUBLIC_SCOPE, job_detection_scope, run_detector
-from backend.services.events import associate_events
+from backend.services.events import associate_around
 from backend.services.ingest import ingest_path
 from backend.settings import get_settings
 from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
@@ -412,7 +412,7 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
     """Run registry detector ``detector`` (``flares``, ``cmes``, ``prominences``,
     ``white-light``) on the written L2 products of ``channel`` (default: the detector's) with
     DATE-OBS in ``start``..``end`` (ISO 8601), then link the new events to those of other
-    sources and types (:func:`backend.services.events.associate_events`).
+    sources and types where they are (:func:`backend.services.events.associate_around`).
 
     ``job_id``: sent as a follow-up of that job (a ``job_follow_ups`` row keyed by job,
     detector and channel): a follow-up done already runs nothing again; one whose detection
@@ -440,7 +440,7 @@ def detect_events(self, detector: str, channel: str | None = None, start: str | 
             with s.begin_nested():
                 scope = job_detection_scope(s, job_id, channel) if job_id else PUBLIC_SCOPE
                 events = run_detector(s, detector, channel=channel, start=t0, end=t1, scope=scope)
-                linked = associate_events(s, start=t0, end=t1)
+                linked = associate_around(s, events)  # where the events are, not the whole span
         except SeriesTooShortError as exc:  # refused by design: said, not a fault
             log.warning("%s detection on %s%s refused: %s", detector, channel, f" (job {job_id})" if job_id else "",
                         failure_reason(exc))
