@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import json
 import subprocess
@@ -32,20 +33,33 @@ spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" /
 import_graph = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(import_graph)
 
-GRAPH = import_graph.import_graph(ROOT)
-EXTERNAL = import_graph.external_imports(ROOT)
-PIPELINES = sorted(m for m in GRAPH if m.split(".")[0] == "pipelines")
+
+
+# The graphs are read when a test first asks (parsing every module takes seconds, which every
+# pytest-xdist worker would pay at collection).
+@functools.cache
+def _graph() -> dict:
+    return import_graph.import_graph(ROOT)
+
+
+@functools.cache
+def _external() -> dict:
+    return import_graph.external_imports(ROOT)
+
+
+def _pipelines() -> list[str]:
+    return sorted(m for m in _graph() if m.split(".")[0] == "pipelines")
 
 
 def test_the_graph_sees_every_module_and_real_edges():
-    assert len(PIPELINES) > 30 and "backend.api.app" in GRAPH
+    assert len(_pipelines()) > 30 and "backend.api.app" in _graph()
     # a lazy import inside a function is an edge too
-    assert "backend.broker" in GRAPH["backend.services.jobs"]
-    assert "pipelines.calibration.l2.steps" in GRAPH["pipelines.calibration.l2.flow"]
+    assert "backend.broker" in _graph()["backend.services.jobs"]
+    assert "pipelines.calibration.l2.steps" in _graph()["pipelines.calibration.l2.flow"]
 
 
 def test_no_pipelines_module_imports_backend_in_its_source():
-    assert import_graph.layer_violations(GRAPH) == []
+    assert import_graph.layer_violations(_graph()) == []
 
 
 def test_importing_every_pipelines_module_loads_no_backend_module():
@@ -53,7 +67,7 @@ def test_importing_every_pipelines_module_loads_no_backend_module():
         "import importlib, json, sys\n"
         "import pipelines.calibration.l2.flow, pipelines.detect, pipelines.catalogues\n"
         "first = sorted(m for m in sys.modules if m == 'backend' or m.startswith('backend.'))\n"
-        f"for m in {PIPELINES!r}:\n"
+        f"for m in {_pipelines()!r}:\n"
         "    importlib.import_module(m)\n"
         "after = sorted(m for m in sys.modules if m == 'backend' or m.startswith('backend.'))\n"
         "print(json.dumps([first, after]))\n"
@@ -73,14 +87,14 @@ def test_no_validation_campaign_left_in_the_science():
 
 
 def test_the_science_never_imports_the_simulator_or_validation():
-    assert import_graph.science_violations(GRAPH) == []
+    assert import_graph.science_violations(_graph()) == []
     # the simulator does import the science (the direction that is allowed), and the graph sees it
-    assert "pipelines.calibration.masters.limb" in GRAPH["pipelines.simulation"]
-    assert "pipelines.simulation" in GRAPH["backend.cli"]
+    assert "pipelines.calibration.masters.limb" in _graph()["pipelines.simulation"]
+    assert "pipelines.simulation" in _graph()["backend.cli"]
 
 
 def test_importing_the_science_loads_no_simulator_or_validation_module():
-    science = [m for m in PIPELINES if not import_graph._within(m, import_graph.SIMULATOR)]
+    science = [m for m in _pipelines() if not import_graph._within(m, import_graph.SIMULATOR)]
     code = (
         "import importlib, json, sys\n"
         f"for m in {science!r}:\n"
@@ -120,7 +134,7 @@ def test_the_direction_rule_can_fail(tmp_path):
 
 
 def test_no_import_cycles():
-    assert import_graph.cycles(GRAPH) == []
+    assert import_graph.cycles(_graph()) == []
 
 
 def test_the_cycle_finder_finds_cycles(tmp_path):
@@ -140,18 +154,18 @@ def test_the_cycle_finder_finds_cycles(tmp_path):
 
 
 def test_services_import_neither_the_api_nor_the_web_framework():
-    assert "backend.services.quotas" in GRAPH and "sqlalchemy" in EXTERNAL["backend.services.quotas"]
-    assert import_graph.service_violations(GRAPH, EXTERNAL) == []
+    assert "backend.services.quotas" in _graph() and "sqlalchemy" in _external()["backend.services.quotas"]
+    assert import_graph.service_violations(_graph(), _external()) == []
 
 
 def test_no_route_module_imports_another_route_module():
-    assert "backend.api.presenters" in GRAPH["backend.api.routes.events"]
-    assert import_graph.route_violations(GRAPH) == []
+    assert "backend.api.presenters" in _graph()["backend.api.routes.events"]
+    assert import_graph.route_violations(_graph()) == []
 
 
 def test_auth_does_not_import_the_api():
-    assert "backend.auth" in GRAPH["backend.api.deps"]
-    assert import_graph.auth_violations(GRAPH) == []
+    assert "backend.auth" in _graph()["backend.api.deps"]
+    assert import_graph.auth_violations(_graph()) == []
 
 
 def test_the_layer_rules_find_forbidden_imports(tmp_path):
@@ -187,7 +201,7 @@ def _reachable(start: str) -> set[str]:
         m = todo.pop()
         if m not in seen:
             seen.add(m)
-            todo.extend(GRAPH.get(m, ()))
+            todo.extend(_graph().get(m, ()))
     return seen
 
 
@@ -298,7 +312,7 @@ def database_imports(root: Path = ROOT, package: str = "backend.render") -> list
 def test_the_renderers_import_no_database_module():
     """``backend/render/`` draws from files, arrays and rows it is given: nothing it imports,
     directly or through another product module, reaches the database."""
-    assert "backend.render.image" in GRAPH and "backend.render.figures" in GRAPH
+    assert "backend.render.image" in _graph() and "backend.render.figures" in _graph()
     assert database_imports() == []
 
 
