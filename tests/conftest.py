@@ -60,6 +60,8 @@ def _xdist_worker_redis() -> str | None:
 
     if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("LSTDP_TEST_REDIS"):
         return None
+    from backend.cli import _die_with_parent
+
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not os.path.exists(binary):
         return None
@@ -69,7 +71,8 @@ def _xdist_worker_redis() -> str | None:
     folder = tempfile.mkdtemp(prefix=f"lstdp-redis-{os.environ['PYTEST_XDIST_WORKER']}-")
     proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                              "--dir", folder, "--logfile", os.path.join(folder, "redis.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent)  # also when the worker ends without atexit
 
     def _stop() -> None:
         proc.terminate()
