@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -56,9 +57,29 @@ def test_hek_overmax_makes_the_window_incomplete(tmp_path):
     assert (c.start, c.end, c.complete) == (T("2024-05-09"), T("2024-05-11"), False) and "overmax" in c.basis
 
 
+#: Parsed catalogues of :func:`imported`, by (source, file contents): the four tests that import
+#: the same files parse them once (~5 s a time); what is stored and recorded is done each time.
+_PARSED: dict = {}
+
+
+def _parse_once(source, path):
+    import hashlib
+
+    from pipelines.catalogues import catalogue_files, parse_catalogue
+
+    key = (source, tuple((Path(f).name, hashlib.sha256(Path(f).read_bytes()).hexdigest())
+                         for f in catalogue_files(source, path)))
+    if key not in _PARSED:
+        _PARSED[key] = parse_catalogue(source, path)
+    return _PARSED[key]
+
+
 @pytest.fixture
-def imported(db_session, tmp_path):
+def imported(db_session, tmp_path, monkeypatch):
     """The real CDAW list, the real GOES reports of 2013 and 2014, HEK, DONKI, SRS, WST imported."""
+    import backend.services.events as events_service
+
+    monkeypatch.setattr(events_service, "parse_catalogue", _parse_once)
     root = tmp_path / "events"
     (root / "goes_xrs_reports").mkdir(parents=True)
     for y in (2013, 2014):
