@@ -562,10 +562,13 @@ def has_reconcile_command() -> bool:
 
 
 def _has_command(name: str) -> bool:
-    with tempfile.TemporaryDirectory(prefix="lstdp-faults-help-") as tmp:  # the embedded broker makes DATA_DIR
-        r = subprocess.run([sys.executable, "-m", "backend.cli", name, "--help"], capture_output=True, text=True,
-                           cwd=str(ROOT), timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": tmp})
-    return r.returncode == 0
+    """Whether ``lstdp`` of this checkout has the subcommand ``name``: read from its argument
+    parser in this process (``lstdp NAME --help`` in a subprocess said the same in ~3 s)."""
+    import argparse
+
+    from backend.cli import build_parser
+
+    return any(isinstance(a, argparse._SubParsersAction) and name in a.choices for a in build_parser()._actions)
 
 
 # --------------------------------------------------------------------------------- frames
@@ -860,14 +863,34 @@ def has_fsck_command() -> bool:
     return _has_command("fsck")
 
 
+def run_cli(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """``lstdp ARGV`` (:func:`backend.cli.main`, its parsing and exit status) in this process
+    under the settings of ``env`` (a :func:`worker_env`); returns (exit status, what it printed).
+
+    In this process, not a subprocess: a Python start with the CLI's imports took ~3 s of
+    every scenario on a 2-core machine. The settings, engine and Celery app are those of
+    :func:`use_settings`, the same ``env`` a subprocess would get.
+    """
+    import io
+
+    from backend import cli
+    from backend.settings import ENV_NAMES
+
+    if any(os.environ.get(k) != v for k, v in env.items() if k in ENV_NAMES):
+        use_settings(env)  # the settings a subprocess with ``env`` would read
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = cli.main(argv)
+    return rc, buf.getvalue()
+
+
 def store_check(env: dict[str, str]) -> list[str]:
     """The product store's own check: ``lstdp fsck --json`` where it exists (exit 0 when
     clean), else no temporary files under the store and every FITS file there with exactly
     one ``written`` row of that path (and every ``written`` row with its file)."""
     if has_fsck_command():
-        r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck", "--json"], capture_output=True, text=True,
-                           cwd=str(ROOT), env=env, timeout=300)
-        return [] if r.returncode == 0 else [f"lstdp fsck exit {r.returncode}: {(r.stdout or r.stderr)[-1500:]}"]
+        rc, out = run_cli(["fsck", "--json"], env)
+        return [] if rc == 0 else [f"lstdp fsck exit {rc}: {out[-1500:]}"]
     from sqlalchemy import select
 
     from backend.db import session_scope
