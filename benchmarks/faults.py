@@ -188,6 +188,7 @@ def run(args) -> dict:
         H.use_settings(env)
         t0 = time.perf_counter()
         templates = H.simulate_templates(work / "templates", 4)
+        H.compile_kernels(templates)  # Numba's cache filled before the workers calibrate (a fresh clone)
         counts = H.prepare_frames(templates, work, args.frames)
         _say(f"{args.frames} frames of {H.FRAME_PX} px ({H.CHANNEL}) made and ingested in "
              f"{time.perf_counter() - t0:.1f} s: {counts}; logs in {work}")

@@ -582,6 +582,33 @@ def simulate_templates(out: Path, n: int = 4, *, seed: int = 11) -> Path:
     return out
 
 
+def compile_kernels(templates: Path) -> float:
+    """Calibrate one simulated frame of ``templates`` in this process, once, before any worker
+    starts; returns the seconds it took.
+
+    The calibration's Numba kernels (:mod:`pipelines.calibration.l2._fused_numba`,
+    ``cache=True``) are compiled on their first use and kept in the checkout's
+    ``__pycache__``. In a fresh clone (CI) no cache is there yet: the pool processes of the
+    first scenario compiled them in their first calibrations, two at once on two cores, each
+    past the fault settings' 8 s soft time limit, so the compilation was cut off and started
+    again by the next frame (measured: 30 s lost, six frames failed on the soft time limit
+    instead of being calibrated). Compiled here once, every worker loads them from the cache.
+    """
+    import numpy as np
+
+    from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
+    from pipelines.fitsio import read_image
+
+    t0 = time.perf_counter()
+    raw = read_image(sorted((templates / "raw").glob("*.fits"))[0], dtype=np.float32)
+    cals = {}
+    for p in sorted((templates / "calibration").glob("*.fits")):
+        cal = load_calibration_master(p)
+        cals[cal.kind] = cal
+    calibrate_frame(raw.data, raw.header, cals)
+    return time.perf_counter() - t0
+
+
 def frame_name(i: int) -> str:
     """The raw file name (and header ``FILENAME``) of frame ``i`` of :func:`make_raw_frames`."""
     return f"lst_{CHANNEL.lower()}_fault{i:04d}_raw.fits"
