@@ -85,12 +85,11 @@ SWEEP_PERIODS = 3
 
 
 def fsck(env: dict[str, str]) -> tuple[int, list[str]]:
-    """``lstdp fsck`` (check only) on the benchmark's store: (exit code, its output lines)."""
-    import subprocess
-
-    r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck"], capture_output=True, text=True,
-                       cwd=str(ROOT), env=env, timeout=600)
-    return r.returncode, (r.stdout + r.stderr).strip().splitlines()
+    """``lstdp fsck`` (check only) on the benchmark's store: (exit code, its output lines).
+    Run in this process (:func:`tests.faults.harness.run_cli`: the CLI's parsing, check and
+    exit status, without a Python start)."""
+    rc, out = H.run_cli(["fsck"], env)
+    return rc, out.strip().splitlines()
 
 
 def _say(msg: str) -> None:
@@ -189,6 +188,7 @@ def run(args) -> dict:
         H.use_settings(env)
         t0 = time.perf_counter()
         templates = H.simulate_templates(work / "templates", 4)
+        H.compile_kernels(templates)  # Numba's cache filled before the workers calibrate (a fresh clone)
         counts = H.prepare_frames(templates, work, args.frames)
         _say(f"{args.frames} frames of {H.FRAME_PX} px ({H.CHANNEL}) made and ingested in "
              f"{time.perf_counter() - t0:.1f} s: {counts}; logs in {work}")
@@ -197,8 +197,10 @@ def run(args) -> dict:
         workers = [H.Worker(f"w{i + 1}@bench", env, work, concurrency=args.concurrency, rng=rng)
                    for i in range(args.workers)]
         try:
+            for w in workers:  # started together, then waited for: each start is seconds of imports
+                w.start(wait_ready=False)
             for w in workers:
-                w.start()
+                w.wait_ready()
             _say(f"{len(workers)} workers of {args.concurrency} processes ready; reconcile command "
                  f"{'present' if H.has_reconcile_command() else 'absent'}, fsck "
                  f"{'present' if H.has_fsck_command() else 'absent'}")
@@ -264,9 +266,14 @@ def run(args) -> dict:
                          if not ln.startswith((" ", "Traceback", "billiard."))]
                 for line in list(dict.fromkeys(lines))[:5]:
                     _say(f"{w.log.name}: {line[:300]}")
-        finally:
-            for w in workers:
-                w.stop(timeout_s=10)
+        finally:  # stopped together (each waits up to 10 s for its warm shutdown)
+            import threading
+
+            stops = [threading.Thread(target=w.stop, kwargs={"timeout_s": 10}) for w in workers]
+            for t in stops:
+                t.start()
+            for t in stops:
+                t.join()
         if not args.keep:
             import shutil
 

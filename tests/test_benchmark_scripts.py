@@ -77,14 +77,16 @@ def test_faults_benchmark_prints_one_result_line():
     counts consistent, and ``lstdp fsck`` of its store clean once the reconciler's sweep has had
     its bound (issue 28); the other counts depend on the machinery of issue #10, not asserted here.
 
-    Every calibration sleeps 2.5 s first (``--frame-delay``): 16 frames on 4 pool processes
-    then take at least 3 x 2.5 = 7.5 s after the first wave, the 2 kills at most 2 x (1.5 + 1) =
-    5 s, so both kills happen however fast the machine is (on a quiet machine the job
-    used to end before its first kill)."""
+    Every calibration sleeps 1.8 s first (``--frame-delay``): 16 frames on 4 pool processes
+    then take at least 3 x 1.8 = 5.4 s after the first wave, the 2 kills at most 2 x (0.8 + 1) =
+    3.6 s (``--max-gap 0.8``), so both kills happen however fast the machine is (on a quiet
+    machine the job used to end before its first kill; the script refuses a delay that does
+    not guarantee it). The delay was 2.5 s with gaps up to 1.5 s: the same guarantee, each
+    wave of the job 0.7 s longer."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--frames", "16", "--kills", "2",
-                        "--main-share", "0.5", "--seed", "1", "--timeout", "30", "--max-gap", "1.5",
-                        "--frame-delay", "2.5"], capture_output=True, text=True,
+                        "--main-share", "0.5", "--seed", "1", "--timeout", "30", "--max-gap", "0.8",
+                        "--frame-delay", "1.8"], capture_output=True, text=True,
                        timeout=400, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     last = r.stdout.strip().splitlines()[-1]

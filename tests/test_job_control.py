@@ -2,9 +2,12 @@
 (database 10) and a real Celery worker.
 
 The worker runs through ``tests.faults.worker_main`` (``lstdp`` with test hooks) so that
-``LSTDP_FAULTS_FRAME_DELAY_S`` slows every calibration: a 50-frame job then runs long
-enough to be cancelled half-way on any machine. The reconciler runs every 2 s beside it, so
-the waits after a cancel also prove that it re-sends nothing.
+``LSTDP_FAULTS_FRAME_DELAY_FILE`` slows the calibrations of the cancel test's first job: a
+30-frame job then runs long enough to be cancelled half-way on any machine (its last 26
+frames take at least 26 x 0.5 s / 2 processes = 6.5 s after the cancel's trigger, whatever
+the machine's speed). The retry test, and the cancel test's second job, run without the
+delay (nothing in them races the worker). The reconciler runs every 2 s beside it, so the
+waits after a cancel also prove that it re-sends nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 REDIS_DB = 10
 SIZE = 128
 SDI_FRAMES = 13  # the simulated SDI series
-WST_FRAMES = 37
+#: 17 WST frames (with the SDI series, 30 in a job): the count only has to leave frames queued
+#: when the cancel comes (see the module docstring) and to make the retry's failed frames many;
+#: it was 37 (50 in all), which only made every job, ingest and simulation longer.
+WST_FRAMES = 17
 N_FRAMES = SDI_FRAMES + WST_FRAMES
 FRAME_DELAY_S = 0.5
 RECONCILE_S = 2
@@ -39,7 +45,7 @@ RECONCILE_S = 2
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
-    """50 raw frames at 128 px: the 13-frame SDI series and 37 WST frames, with their masters."""
+    """30 raw frames at 128 px: the 13-frame SDI series and 17 WST frames, with their masters."""
     from pipelines.simulation import simulate
 
     out = tmp_path_factory.mktemp("sim")
@@ -50,8 +56,13 @@ def simulated(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def _stack(settings_env, tmp_path, sim_dir, *, worker: bool = True):
-    env = {"LSTDP_FAULTS_FRAME_DELAY_S": str(FRAME_DELAY_S), "RECONCILE_INTERVAL_S": str(RECONCILE_S)}
+def _stack(settings_env, tmp_path, sim_dir, *, worker: bool = True, frame_delay_s: float = FRAME_DELAY_S):
+    """The live stack with the simulated frames ingested and (``worker``) a worker whose every
+    calibration first sleeps the number of seconds in ``tmp_path/frame-delay`` (written here
+    as ``frame_delay_s``; a test may change it while the worker runs)."""
+    delay_file = tmp_path / "frame-delay"
+    delay_file.write_text(str(frame_delay_s))
+    env = {"LSTDP_FAULTS_FRAME_DELAY_FILE": str(delay_file), "RECONCILE_INTERVAL_S": str(RECONCILE_S)}
     with live_stack(settings_env, tmp_path, redis_db=REDIS_DB, env=env, start_worker=False) as st:
         counts = ingest_simulated(sim_dir)
         assert counts.get("ingested") == N_FRAMES, counts
@@ -64,6 +75,13 @@ def _stack(settings_env, tmp_path, sim_dir, *, worker: bool = True):
 @pytest.fixture
 def stack(settings_env, tmp_path, simulated):
     with _stack(settings_env, tmp_path, simulated) as st:
+        yield st
+
+
+@pytest.fixture
+def undelayed_stack(settings_env, tmp_path, simulated):
+    """The stack whose worker calibrates at the machine's own speed (no frame delay)."""
+    with _stack(settings_env, tmp_path, simulated, frame_delay_s=0) as st:
         yield st
 
 
@@ -104,7 +122,7 @@ def _store_state(settings, job_id: str) -> dict:
             "partial": sorted(p for p in tmp.rglob("*") if p.is_file()) if tmp.exists() else []}
 
 
-def test_cancel_of_a_running_50_frame_job(stack):
+def test_cancel_of_a_running_30_frame_job(stack):
     settings = stack.settings
     headers = _tokens(alice=("jobs:submit", "jobs:cancel"))["alice"]
     with stack.client(**headers) as c:
@@ -152,7 +170,9 @@ def test_cancel_of_a_running_50_frame_job(stack):
         assert s.scalar(select(func.count()).select_from(JobFollowUp).where(JobFollowUp.job_id == job_id)) == 0, \
             "a cancelled job queues no detection"
 
-    # a later job re-plans the cancelled frames (their products failed, not stuck planned)
+    # a later job re-plans the cancelled frames (their products failed, not stuck planned);
+    # nothing races it, so its calibrations run at the machine's speed
+    (stack.tmp / "frame-delay").write_text("0")
     with stack.client(**headers) as c:
         r = c.post("/api/v1/jobs", json={"channels": ["SDI", "WST"], **_span()})
         assert r.status_code == 202, r.text
@@ -161,7 +181,8 @@ def test_cancel_of_a_running_50_frame_job(stack):
     assert (job2.skipped, job2.done) == (job.done, job.cancelled)
 
 
-def test_retry_runs_only_the_failed_frames(stack):
+def test_retry_runs_only_the_failed_frames(undelayed_stack):
+    stack = undelayed_stack
     headers = _tokens(alice=("jobs:submit", "jobs:cancel"))["alice"]
     with session_scope() as s:
         flat = s.scalar(select(CalibrationFile).where(CalibrationFile.channel_code == "WST",

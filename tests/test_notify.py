@@ -636,15 +636,17 @@ def sdi_sim(tmp_path_factory):
 @pytest.fixture
 def live(settings_env, tmp_path, sdi_sim):
     """The production stack with one worker process (concurrency 2, the calibrations slowed
-    by ``FRAME_DELAY_S``), webhooks to local receivers allowed, fast retries; yields the
+    by ``FRAME_DELAY_S``, the number in ``tmp_path/frame-delay``), webhooks to local receivers allowed, fast retries; yields the
     stack and the base URL of the API served by uvicorn."""
     import os
 
     from tests.live import ingest_simulated, live_stack, live_worker
     from tests.test_browser import served_app
 
+    delay_file = tmp_path / "frame-delay"  # read at every calibration: a test may set it to 0
+    delay_file.write_text(str(FRAME_DELAY_S))
     env = {"WEBHOOK_ALLOW_PRIVATE": "true", "WEBHOOK_BACKOFF_S": "1", "WEBHOOK_MAX_ATTEMPTS": "2",
-           "WEBHOOK_TIMEOUT_S": "2", "LSTDP_FAULTS_FRAME_DELAY_S": str(FRAME_DELAY_S)}
+           "WEBHOOK_TIMEOUT_S": "2", "LSTDP_FAULTS_FRAME_DELAY_FILE": str(delay_file)}
     with live_stack(settings_env, tmp_path, redis_db=LIVE_REDIS_DB, env=env, start_worker=False) as st:
         counts = ingest_simulated(sdi_sim)
         assert counts.get("ingested", 0) >= 8, counts
@@ -742,6 +744,7 @@ def test_live_failing_and_hanging_targets_block_neither_the_worker_nor_the_api(l
     import httpx
 
     stack, base = live
+    (stack.tmp / "frame-delay").write_text("0")  # no progress to watch here: calibrations at the machine's speed
     headers = _live_token()
     span = _sdi_span()
     with Receiver(script=[500] * 10) as failing, Receiver(hang_s=20) as hanging:

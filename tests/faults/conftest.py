@@ -1,7 +1,8 @@
 """Fixtures of the fault-injection tests.
 
 * ``fault_templates``: a few simulated 64 px WST raw frames and their masters (once per
-  session, a few seconds).
+  session, a few seconds); one of them calibrated in this process, so that the calibration's
+  compiled kernels are cached before any worker needs them (:func:`.harness.compile_kernels`).
 * ``pg_server``: one private PostgreSQL server for the session (port of its own; a test
   may restart, kill or freeze it: the next test finds it running again).
 * ``template_db``: a database on it, migrated, with ``TEMPLATE_FRAMES`` frames and the
@@ -52,7 +53,9 @@ TELLING = ("WorkerLostError", "ERROR", "CRITICAL", "Traceback", "reaped", "recon
 
 @pytest.fixture(scope="session")
 def fault_templates(tmp_path_factory) -> Path:
-    return H.simulate_templates(tmp_path_factory.mktemp("fault-templates"), 4)
+    templates = H.simulate_templates(tmp_path_factory.mktemp("fault-templates"), 4)
+    H.compile_kernels(templates)  # Numba's cache filled before any worker calibrates (fresh clones)
+    return templates
 
 
 @pytest.fixture(scope="session")

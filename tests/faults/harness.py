@@ -562,10 +562,13 @@ def has_reconcile_command() -> bool:
 
 
 def _has_command(name: str) -> bool:
-    with tempfile.TemporaryDirectory(prefix="lstdp-faults-help-") as tmp:  # the embedded broker makes DATA_DIR
-        r = subprocess.run([sys.executable, "-m", "backend.cli", name, "--help"], capture_output=True, text=True,
-                           cwd=str(ROOT), timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "DATA_DIR": tmp})
-    return r.returncode == 0
+    """Whether ``lstdp`` of this checkout has the subcommand ``name``: read from its argument
+    parser in this process (``lstdp NAME --help`` in a subprocess said the same in ~3 s)."""
+    import argparse
+
+    from backend.cli import build_parser
+
+    return any(isinstance(a, argparse._SubParsersAction) and name in a.choices for a in build_parser()._actions)
 
 
 # --------------------------------------------------------------------------------- frames
@@ -577,6 +580,33 @@ def simulate_templates(out: Path, n: int = 4, *, seed: int = 11) -> Path:
         simulate(out, channels=(CHANNEL,), naxis=FRAME_PX, noise=True, seed=seed, sdi_sequence=False,
                  frames_per_channel=n)
     return out
+
+
+def compile_kernels(templates: Path) -> float:
+    """Calibrate one simulated frame of ``templates`` in this process, once, before any worker
+    starts; returns the seconds it took.
+
+    The calibration's Numba kernels (:mod:`pipelines.calibration.l2._fused_numba`,
+    ``cache=True``) are compiled on their first use and kept in the checkout's
+    ``__pycache__``. In a fresh clone (CI) no cache is there yet: the pool processes of the
+    first scenario compiled them in their first calibrations, two at once on two cores, each
+    past the fault settings' 8 s soft time limit, so the compilation was cut off and started
+    again by the next frame (measured: 30 s lost, six frames failed on the soft time limit
+    instead of being calibrated). Compiled here once, every worker loads them from the cache.
+    """
+    import numpy as np
+
+    from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
+    from pipelines.fitsio import read_image
+
+    t0 = time.perf_counter()
+    raw = read_image(sorted((templates / "raw").glob("*.fits"))[0], dtype=np.float32)
+    cals = {}
+    for p in sorted((templates / "calibration").glob("*.fits")):
+        cal = load_calibration_master(p)
+        cals[cal.kind] = cal
+    calibrate_frame(raw.data, raw.header, cals)
+    return time.perf_counter() - t0
 
 
 def frame_name(i: int) -> str:
@@ -860,14 +890,34 @@ def has_fsck_command() -> bool:
     return _has_command("fsck")
 
 
+def run_cli(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """``lstdp ARGV`` (:func:`backend.cli.main`, its parsing and exit status) in this process
+    under the settings of ``env`` (a :func:`worker_env`); returns (exit status, what it printed).
+
+    In this process, not a subprocess: a Python start with the CLI's imports took ~3 s of
+    every scenario on a 2-core machine. The settings, engine and Celery app are those of
+    :func:`use_settings`, the same ``env`` a subprocess would get.
+    """
+    import io
+
+    from backend import cli
+    from backend.settings import ENV_NAMES
+
+    if any(os.environ.get(k) != v for k, v in env.items() if k in ENV_NAMES):
+        use_settings(env)  # the settings a subprocess with ``env`` would read
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        rc = cli.main(argv)
+    return rc, buf.getvalue()
+
+
 def store_check(env: dict[str, str]) -> list[str]:
     """The product store's own check: ``lstdp fsck --json`` where it exists (exit 0 when
     clean), else no temporary files under the store and every FITS file there with exactly
     one ``written`` row of that path (and every ``written`` row with its file)."""
     if has_fsck_command():
-        r = subprocess.run([sys.executable, "-m", "backend.cli", "fsck", "--json"], capture_output=True, text=True,
-                           cwd=str(ROOT), env=env, timeout=300)
-        return [] if r.returncode == 0 else [f"lstdp fsck exit {r.returncode}: {(r.stdout or r.stderr)[-1500:]}"]
+        rc, out = run_cli(["fsck", "--json"], env)
+        return [] if rc == 0 else [f"lstdp fsck exit {rc}: {out[-1500:]}"]
     from sqlalchemy import select
 
     from backend.db import session_scope

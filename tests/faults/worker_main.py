@@ -25,6 +25,10 @@ Faults
     finishing), so no implementation could count it.
     ``LSTDP_FAULTS_FRAME_DELAY_S``: every calibration first sleeps this long (a job then lasts
     long enough for faults at random moments whatever the machine's speed).
+    ``LSTDP_FAULTS_FRAME_DELAY_FILE``: a file holding that delay [s] instead, read at every
+    calibration (a missing or empty file: no delay), so that a test can slow the calibrations
+    only while it needs them slow (a job to be cancelled half-way) and let the rest of it run
+    at the machine's speed.
     ``LSTDP_FAULTS_SLOW``: ``NAME:SECONDS``: the first calibration of raw file ``NAME``
     (in any process; a marker file beside the journal says it happened) sleeps this long
     inside the science step, after its product is ``writing``.
@@ -145,13 +149,24 @@ def _install_hooks() -> None:
     poison = _poison_names()
     slow = _slow_spec()
     delay = float(os.environ.get("LSTDP_FAULTS_FRAME_DELAY_S", "0") or 0)
-    if poison or slow or delay:
+    delay_file = os.environ.get("LSTDP_FAULTS_FRAME_DELAY_FILE")
+
+    def frame_delay() -> float:
+        if not delay_file:
+            return delay
+        try:
+            return float(Path(delay_file).read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0.0
+
+    if poison or slow or delay or delay_file:
         real_calibrate = flow.calibrate_frame
 
         def calibrate_frame(data, header, *args, **kwargs):
             name = str(header.get("FILENAME", "")).strip()
-            if delay:
-                time.sleep(delay)
+            pause = frame_delay()
+            if pause:
+                time.sleep(pause)
             if name in poison:
                 journal("poison_kill", frame=name)
                 os.kill(os.getpid(), signal.SIGKILL)
