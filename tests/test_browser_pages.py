@@ -10,8 +10,9 @@ show more (an event with its GOES curves, a movie player with frames).
 
 One server (uvicorn in a thread on a temporary SQLite database, module-scoped) and one
 Chromium (Debian's, driven by Playwright) serve the whole module; every page is visited once
-per viewer and width of :data:`VISITS` by the module fixture ``audit``, and the tests read its
-findings:
+per viewer and width of :data:`VISITS` by the module fixture ``audit`` (a fresh load in a tab
+of a browser context of that viewer and width, axe-core in its pages where the entry says so;
+:data:`TABS` tabs load side by side and are read in turn), and the tests read its findings:
 
 * text boxes: every visible text node's line boxes (``Range.getClientRects``, clipped by
   ancestors that hide their overflow) and every Plotly SVG ``<text>`` box; two boxes of
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,6 +65,9 @@ VISITS = (("anonymous", 1280, True), ("anonymous", 800, False), ("signed-in", 12
 OVERLAP_PX = 2.0
 #: axe-core impacts that fail the test.
 FAILING_IMPACTS = ("serious", "critical")
+#: Pages loading side by side (browser tabs of one context), read in turn: one page's
+#: settling wait (:data:`SETTLE_MS`) is spent reading the others.
+TABS = 4
 #: Longest wait for a page's figures and lists to be drawn [ms].
 DRAWN_MS = 20_000
 #: Page routes left out, each with why.
@@ -305,23 +310,76 @@ def overlapping_pairs(boxes: list[dict], tol: float = OVERLAP_PX) -> list[tuple[
     return pairs
 
 
-def _settled_boxes(page, tries: int = 20) -> dict:
-    """The text boxes (and cramped text) once two readings 200 ms apart agree (Plotly's responsive relayout
-    and late images move text after the load); the last reading after ``tries``."""
-    last = page.evaluate(_TEXT_BOXES_JS)
+#: Two readings of a page's text boxes this far apart must agree for the page to count as settled [ms].
+SETTLE_MS = 200
+
+
+def _settled_boxes(pages: list, tries: int = 20) -> list[dict]:
+    """The text boxes (and cramped text) of each of ``pages`` once two readings at least
+    :data:`SETTLE_MS` apart agree (Plotly's responsive relayout and late images move text after
+    the load); the last reading after ``tries``. The pages are read in turn, so one page's wait
+    between its readings is spent reading the others."""
+    last, at = [], []
+    for page in pages:
+        last.append(page.evaluate(_TEXT_BOXES_JS))
+        at.append(time.monotonic())
+    open_ = list(range(len(pages)))
     for _ in range(tries):
-        page.wait_for_timeout(200)
-        now = page.evaluate(_TEXT_BOXES_JS)
-        if now == last:
+        if not open_:
             break
-        last = now
+        for i in list(open_):
+            left_ms = SETTLE_MS - (time.monotonic() - at[i]) * 1000
+            if left_ms > 0:
+                pages[i].wait_for_timeout(left_ms)
+            now = pages[i].evaluate(_TEXT_BOXES_JS)
+            at[i] = time.monotonic()
+            if now == last[i]:
+                open_.remove(i)
+            last[i] = now
     return last
 
 
 def _axe(page) -> list[dict]:
-    page.add_script_tag(path=str(AXE_JS))
+    """The page's serious or critical axe-core violations (axe injected unless the context's
+    init script put it there)."""
+    if not page.evaluate("() => typeof axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE_JS))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [v for v in result["violations"] if v["impact"] in FAILING_IMPACTS]
+
+
+def _read_pages(loaded: list[tuple], found) -> None:
+    """Read pages loaded side by side into ``found``: ``loaded`` holds (tab, where, the answer to
+    its navigation), ``where`` = (viewer, width, url). Each page is waited on for its load and
+    its figures, then read: its settled text boxes, squeezed text and (where :data:`VISITS`
+    says) its axe violations; a screenshot where something was found."""
+    ready = []
+    for page, where, resp in loaded:
+        if resp is None or resp.status >= 400:
+            found.errors[where] = f"HTTP {resp.status if resp else 'no answer'}"
+            continue
+        page.wait_for_load_state("load")
+        try:
+            page.wait_for_function(_DRAWN_JS, timeout=DRAWN_MS)
+        except Exception:  # noqa: BLE001 - read what is there; the note says it was not drawn
+            found.errors[where] = "not drawn within the wait"
+        page.evaluate("async () => { await document.fonts.ready; }")
+        ready.append((page, where))
+    for (page, where), seen in zip(ready, _settled_boxes([page for page, _where in ready])):
+        viewer, width, url = where
+        pairs = overlapping_pairs(seen["boxes"])
+        if seen["cramped"]:
+            found.cramped[where] = seen["cramped"]
+        if pairs:
+            found.overlaps[where] = pairs
+        if (viewer, width, True) in VISITS:
+            bad = _axe(page)
+            if bad:
+                found.axe[where] = bad
+        if where in found.overlaps or where in found.cramped or where in found.axe:  # to look at
+            shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90]
+                                  + ".png")
+            page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
 
 
 @pytest.fixture(scope="module")
@@ -335,42 +393,22 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
     urls += extra_pages(site.ids)
     found = SimpleNamespace(overlaps={}, cramped={}, axe={}, errors={}, unfilled=unfilled, urls=urls, shots=site.tmp / "shots")
     found.shots.mkdir()
-    for viewer in VIEWERS:
-        widths = [w for v, w, _axe_too in VISITS if v == viewer]
-        context = browser.new_context(viewport={"width": widths[0], "height": HEIGHT})
+    for viewer, width, axe_too in VISITS:
+        context = browser.new_context(viewport={"width": width, "height": HEIGHT})
+        if axe_too:  # axe-core in every page of the context, from its first script on
+            context.add_init_script(path=str(AXE_JS))
         if viewer == "signed-in":
             r = context.request.post(site.url + "/api/v1/session", data=json.dumps({"token": site.ids.token}),
                                      headers={"Content-Type": "application/json"})
             assert r.ok, r.text()
-        page = context.new_page()
-        page.set_default_timeout(30_000)
-        for width in widths:
-            page.set_viewport_size({"width": width, "height": HEIGHT})
-            for url in urls:
-                resp = page.goto(site.url + url, wait_until="load")
-                where = (viewer, width, url)
-                if resp is None or resp.status >= 400:
-                    found.errors[where] = f"HTTP {resp.status if resp else 'no answer'}"
-                    continue
-                try:
-                    page.wait_for_function(_DRAWN_JS, timeout=DRAWN_MS)
-                except Exception:  # noqa: BLE001 - read what is there; the note says it was not drawn
-                    found.errors[where] = "not drawn within the wait"
-                page.evaluate("async () => { await document.fonts.ready; }")
-                seen = _settled_boxes(page)
-                pairs = overlapping_pairs(seen["boxes"])
-                if seen["cramped"]:
-                    found.cramped[where] = seen["cramped"]
-                if pairs:
-                    found.overlaps[where] = pairs
-                if (viewer, width, True) in VISITS:
-                    bad = _axe(page)
-                    if bad:
-                        found.axe[where] = bad
-                if where in found.overlaps or where in found.cramped or where in found.axe:  # to look at
-                    shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90]
-                                          + ".png")
-                    page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
+        tabs = [context.new_page() for _ in range(min(TABS, len(urls)))]
+        for tab in tabs:
+            tab.set_default_timeout(30_000)
+        # each page loads afresh in a tab of its own, side by side with the next ones
+        for start in range(0, len(urls), len(tabs)):
+            loaded = [(tab, (viewer, width, url), tab.goto(site.url + url, wait_until="commit"))
+                      for tab, url in zip(tabs, urls[start:start + len(tabs)])]
+            _read_pages(loaded, found)
         context.close()
     return found
 
