@@ -45,7 +45,7 @@ from playwright.sync_api import Error as PlaywrightError
 from backend.auth import SESSION_COOKIE
 from backend.db import session_scope
 from backend.models import CalibrationKind, ItemOutcome, Job, JobItem, JobState, Product
-from tests.conftest import make_session_cookie, make_token
+from tests.conftest import _migrate_sqlite, make_session_cookie, make_token, use_sqlite_copy
 from tests.test_api import T0, make_calibration, make_product, route_celery_to_this_data_dir
 from tests.test_browser import TIMEOUT_MS, _fill, browser, served_app  # noqa: F401 - the browser fixture
 
@@ -175,11 +175,10 @@ def plan_visits(app_route: str, identity: str, ids, app=None) -> list[Visit]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, run_cache):
     """The app on a temporary SQLite database seeded with ``tests/test_browser.py``'s events
     and products, a second product version of one frame, jobs; served by uvicorn."""
     from backend import db as dbmod
-    from backend.migrate import upgrade
     from backend.settings import get_settings
 
     with pytest.MonkeyPatch.context() as mp:
@@ -191,7 +190,8 @@ def site(tmp_path_factory):
         dbmod.reset_caches()
         settings = get_settings()
         settings.ensure_dirs()
-        upgrade(settings.sqlalchemy_url)
+        # migrated: a copy of the database the run migrated once (tests/conftest.py)
+        use_sqlite_copy(settings, run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3")
         try:
             ids = _fill(settings)
             ids.sdi_peak = ids.sdi[2]
