@@ -11,8 +11,7 @@ show more (an event with its GOES curves, a movie player with frames).
 One server (uvicorn in a thread on a temporary SQLite database, module-scoped) and one
 Chromium (Debian's, driven by Playwright) serve the whole module; every page is visited once
 per viewer and width of :data:`VISITS` by the module fixture ``audit`` (a fresh load in a tab
-of a browser context of that viewer and width, axe-core in its pages where the entry says so;
-:data:`TABS` tabs load side by side and are read in turn), and the tests read its findings:
+of the viewer's browser context; :data:`TABS` tabs load side by side and are read in turn), and the tests read its findings:
 
 * text boxes: every visible text node's line boxes (``Range.getClientRects``, clipped by
   ancestors that hide their overflow) and every Plotly SVG ``<text>`` box; two boxes of
@@ -46,7 +45,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from backend.db import session_scope
 from backend.models import (DeliveryState, EventAssociation, ItemOutcome, Job, JobItem, JobState, SavedSearch,
                             SavedSearchNotification, Webhook, WebhookDelivery)
-from tests.conftest import make_token
+from tests.conftest import _migrate_sqlite, make_token, use_sqlite_copy
 from tests.test_api import make_event, route_celery_to_this_data_dir
 from tests.test_browser import _fill, browser, served_app  # noqa: F401 - fixtures
 
@@ -67,7 +66,7 @@ OVERLAP_PX = 2.0
 FAILING_IMPACTS = ("serious", "critical")
 #: Pages loading side by side (browser tabs of one context), read in turn: one page's
 #: settling wait (:data:`SETTLE_MS`) is spent reading the others.
-TABS = 4
+TABS = 3
 #: Longest wait for a page's figures and lists to be drawn [ms].
 DRAWN_MS = 20_000
 #: Page routes left out, each with why.
@@ -139,10 +138,9 @@ def extra_pages(ids) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, run_cache):
     """Embedded-mode settings in a module temporary DATA_DIR, filled, served by uvicorn."""
     from backend import db as dbmod
-    from backend.migrate import upgrade
     from backend.services import xray as xray_service
     from backend.settings import get_settings
     from tests.test_xray import FITS_2011, FLARE, make_flare_day
@@ -157,7 +155,8 @@ def site(tmp_path_factory):
     dbmod.reset_caches()
     settings = get_settings()
     settings.ensure_dirs()
-    upgrade(settings.sqlalchemy_url)
+    # migrated: a copy of the database the run migrated once (tests/conftest.py)
+    use_sqlite_copy(settings, run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3")
     try:
         ids = _fill(settings)
         with session_scope() as s:
@@ -340,10 +339,7 @@ def _settled_boxes(pages: list, tries: int = 20) -> list[dict]:
 
 
 def _axe(page) -> list[dict]:
-    """The page's serious or critical axe-core violations (axe injected unless the context's
-    init script put it there)."""
-    if not page.evaluate("() => typeof axe !== 'undefined'"):
-        page.add_script_tag(path=str(AXE_JS))
+    page.add_script_tag(path=str(AXE_JS))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [v for v in result["violations"] if v["impact"] in FAILING_IMPACTS]
 
@@ -393,10 +389,9 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
     urls += extra_pages(site.ids)
     found = SimpleNamespace(overlaps={}, cramped={}, axe={}, errors={}, unfilled=unfilled, urls=urls, shots=site.tmp / "shots")
     found.shots.mkdir()
-    for viewer, width, axe_too in VISITS:
-        context = browser.new_context(viewport={"width": width, "height": HEIGHT})
-        if axe_too:  # axe-core in every page of the context, from its first script on
-            context.add_init_script(path=str(AXE_JS))
+    for viewer in VIEWERS:
+        widths = [w for v, w, _axe_too in VISITS if v == viewer]
+        context = browser.new_context(viewport={"width": widths[0], "height": HEIGHT})
         if viewer == "signed-in":
             r = context.request.post(site.url + "/api/v1/session", data=json.dumps({"token": site.ids.token}),
                                      headers={"Content-Type": "application/json"})
@@ -404,11 +399,14 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
         tabs = [context.new_page() for _ in range(min(TABS, len(urls)))]
         for tab in tabs:
             tab.set_default_timeout(30_000)
-        # each page loads afresh in a tab of its own, side by side with the next ones
-        for start in range(0, len(urls), len(tabs)):
-            loaded = [(tab, (viewer, width, url), tab.goto(site.url + url, wait_until="commit"))
-                      for tab, url in zip(tabs, urls[start:start + len(tabs)])]
-            _read_pages(loaded, found)
+        for width in widths:
+            for tab in tabs:
+                tab.set_viewport_size({"width": width, "height": HEIGHT})
+            # each page loads afresh in a tab, side by side with the next ones
+            for start in range(0, len(urls), len(tabs)):
+                loaded = [(tab, (viewer, width, url), tab.goto(site.url + url, wait_until="commit"))
+                          for tab, url in zip(tabs, urls[start:start + len(tabs)])]
+                _read_pages(loaded, found)
         context.close()
     return found
 
