@@ -17,7 +17,8 @@ not the ``hidden`` attribute) is clicked, toggled (a select to another option) o
 checked: no visible ``.error``/``role=alert`` text and no "refused"/"could not" text, no
 4xx/5xx answer in the page's network log and no script error, unless ``EXPECTED`` lists the
 case with its reason. A checkbox or select is put back after its check; the page is opened
-afresh when a click loaded another document or signed out.
+afresh (a new load in the visit's tab, with a fresh session) when a click loaded another
+document or signed out.
 
 One server (uvicorn in a thread on a temporary SQLite database, the filesystem broker, no
 worker: submitted jobs stay ``queued``) and one browser serve the module. The last case
@@ -44,7 +45,7 @@ from playwright.sync_api import Error as PlaywrightError
 from backend.auth import SESSION_COOKIE
 from backend.db import session_scope
 from backend.models import CalibrationKind, ItemOutcome, Job, JobItem, JobState, Product
-from tests.conftest import make_session_cookie, make_token
+from tests.conftest import _migrate_sqlite, make_session_cookie, make_token, use_sqlite_copy
 from tests.test_api import T0, make_calibration, make_product, route_celery_to_this_data_dir
 from tests.test_browser import TIMEOUT_MS, _fill, browser, served_app  # noqa: F401 - the browser fixture
 
@@ -174,11 +175,10 @@ def plan_visits(app_route: str, identity: str, ids, app=None) -> list[Visit]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, run_cache):
     """The app on a temporary SQLite database seeded with ``tests/test_browser.py``'s events
     and products, a second product version of one frame, jobs; served by uvicorn."""
     from backend import db as dbmod
-    from backend.migrate import upgrade
     from backend.settings import get_settings
 
     with pytest.MonkeyPatch.context() as mp:
@@ -190,7 +190,8 @@ def site(tmp_path_factory):
         dbmod.reset_caches()
         settings = get_settings()
         settings.ensure_dirs()
-        upgrade(settings.sqlalchemy_url)
+        # migrated: a copy of the database the run migrated once (tests/conftest.py)
+        use_sqlite_copy(settings, run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3")
         try:
             ids = _fill(settings)
             ids.sdi_peak = ids.sdi[2]
@@ -286,22 +287,15 @@ class Driver:
         self.restore = None
 
     def open(self):
-        if self.page is not None:
-            self.page.close()
+        """Load the visit's URL afresh (a new document, in the driver's one tab) with a fresh
+        session where the visit is signed in."""
         self.context.clear_cookies()
         if self.visit.identity == "signed-in":
             self.context.add_cookies([_cookie(self.site)])  # a fresh session: a click may have signed out
-        pg = self.page = self.context.new_page()
-        pg.set_default_timeout(TIMEOUT_MS)
         self.pending = set()
-        pg.on("pageerror", lambda exc: self.errors.append(f"script error: {exc}"))
-        pg.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error"
-              and "Failed to load resource" not in m.text else None)
-        pg.on("request", self._started)
-        pg.on("requestfinished", self._ended)
-        pg.on("requestfailed", self._failed)
-        pg.on("response", lambda r: self.log.append((r.status, r.request.method, r.url)) if r.status >= 400 else None)
-        pg.on("download", lambda d: self.downloads.append(d))
+        if self.page is None:
+            self._new_page()
+        pg = self.page
         resp = pg.goto(self.site.url + self.visit.url)
         assert resp is not None and resp.status == 200, (self.visit.url, resp and resp.status)
         assert "text/html" in resp.headers.get("content-type", ""), (self.visit.url, resp.headers)
@@ -310,6 +304,19 @@ class Driver:
         self.enumerate()
         pg.evaluate("window.__controlsDocument = true")  # gone once a click loads another document
         return pg
+
+    def _new_page(self):
+        """The driver's tab, its listeners attached (they serve every document it loads)."""
+        pg = self.page = self.context.new_page()
+        pg.set_default_timeout(TIMEOUT_MS)
+        pg.on("pageerror", lambda exc: self.errors.append(f"script error: {exc}"))
+        pg.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error"
+              and "Failed to load resource" not in m.text else None)
+        pg.on("request", self._started)
+        pg.on("requestfinished", self._ended)
+        pg.on("requestfailed", self._failed)
+        pg.on("response", lambda r: self.log.append((r.status, r.request.method, r.url)) if r.status >= 400 else None)
+        pg.on("download", lambda d: self.downloads.append(d))
 
     def navigated(self) -> bool:
         """Whether another document was loaded since :meth:`open` (a URL changed by the page's

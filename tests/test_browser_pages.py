@@ -10,8 +10,8 @@ show more (an event with its GOES curves, a movie player with frames).
 
 One server (uvicorn in a thread on a temporary SQLite database, module-scoped) and one
 Chromium (Debian's, driven by Playwright) serve the whole module; every page is visited once
-per viewer and width of :data:`VISITS` by the module fixture ``audit``, and the tests read its
-findings:
+per viewer and width of :data:`VISITS` by the module fixture ``audit`` (a fresh load in a tab
+of the viewer's browser context; :data:`TABS` tabs load side by side and are read in turn), and the tests read its findings:
 
 * text boxes: every visible text node's line boxes (``Range.getClientRects``, clipped by
   ancestors that hide their overflow) and every Plotly SVG ``<text>`` box; two boxes of
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,7 +45,7 @@ from fastapi.routing import APIRoute, iter_route_contexts
 from backend.db import session_scope
 from backend.models import (DeliveryState, EventAssociation, ItemOutcome, Job, JobItem, JobState, SavedSearch,
                             SavedSearchNotification, Webhook, WebhookDelivery)
-from tests.conftest import make_token
+from tests.conftest import _migrate_sqlite, make_token, use_sqlite_copy
 from tests.test_api import make_event, route_celery_to_this_data_dir
 from tests.test_browser import _fill, browser, served_app  # noqa: F401 - fixtures
 
@@ -63,6 +64,9 @@ VISITS = (("anonymous", 1280, True), ("anonymous", 800, False), ("signed-in", 12
 OVERLAP_PX = 2.0
 #: axe-core impacts that fail the test.
 FAILING_IMPACTS = ("serious", "critical")
+#: Pages loading side by side (browser tabs of one context), read in turn: one page's
+#: settling wait (:data:`SETTLE_MS`) is spent reading the others.
+TABS = 3
 #: Longest wait for a page's figures and lists to be drawn [ms].
 DRAWN_MS = 20_000
 #: Page routes left out, each with why.
@@ -134,10 +138,9 @@ def extra_pages(ids) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(tmp_path_factory, run_cache):
     """Embedded-mode settings in a module temporary DATA_DIR, filled, served by uvicorn."""
     from backend import db as dbmod
-    from backend.migrate import upgrade
     from backend.services import xray as xray_service
     from backend.settings import get_settings
     from tests.test_xray import FITS_2011, FLARE, make_flare_day
@@ -152,7 +155,8 @@ def site(tmp_path_factory):
     dbmod.reset_caches()
     settings = get_settings()
     settings.ensure_dirs()
-    upgrade(settings.sqlalchemy_url)
+    # migrated: a copy of the database the run migrated once (tests/conftest.py)
+    use_sqlite_copy(settings, run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3")
     try:
         ids = _fill(settings)
         with session_scope() as s:
@@ -305,16 +309,32 @@ def overlapping_pairs(boxes: list[dict], tol: float = OVERLAP_PX) -> list[tuple[
     return pairs
 
 
-def _settled_boxes(page, tries: int = 20) -> dict:
-    """The text boxes (and cramped text) once two readings 200 ms apart agree (Plotly's responsive relayout
-    and late images move text after the load); the last reading after ``tries``."""
-    last = page.evaluate(_TEXT_BOXES_JS)
+#: Two readings of a page's text boxes this far apart must agree for the page to count as settled [ms].
+SETTLE_MS = 200
+
+
+def _settled_boxes(pages: list, tries: int = 20) -> list[dict]:
+    """The text boxes (and cramped text) of each of ``pages`` once two readings at least
+    :data:`SETTLE_MS` apart agree (Plotly's responsive relayout and late images move text after
+    the load); the last reading after ``tries``. The pages are read in turn, so one page's wait
+    between its readings is spent reading the others."""
+    last, at = [], []
+    for page in pages:
+        last.append(page.evaluate(_TEXT_BOXES_JS))
+        at.append(time.monotonic())
+    open_ = list(range(len(pages)))
     for _ in range(tries):
-        page.wait_for_timeout(200)
-        now = page.evaluate(_TEXT_BOXES_JS)
-        if now == last:
+        if not open_:
             break
-        last = now
+        for i in list(open_):
+            left_ms = SETTLE_MS - (time.monotonic() - at[i]) * 1000
+            if left_ms > 0:
+                pages[i].wait_for_timeout(left_ms)
+            now = pages[i].evaluate(_TEXT_BOXES_JS)
+            at[i] = time.monotonic()
+            if now == last[i]:
+                open_.remove(i)
+            last[i] = now
     return last
 
 
@@ -322,6 +342,40 @@ def _axe(page) -> list[dict]:
     page.add_script_tag(path=str(AXE_JS))
     result = page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [v for v in result["violations"] if v["impact"] in FAILING_IMPACTS]
+
+
+def _read_pages(loaded: list[tuple], found) -> None:
+    """Read pages loaded side by side into ``found``: ``loaded`` holds (tab, where, the answer to
+    its navigation), ``where`` = (viewer, width, url). Each page is waited on for its load and
+    its figures, then read: its settled text boxes, squeezed text and (where :data:`VISITS`
+    says) its axe violations; a screenshot where something was found."""
+    ready = []
+    for page, where, resp in loaded:
+        if resp is None or resp.status >= 400:
+            found.errors[where] = f"HTTP {resp.status if resp else 'no answer'}"
+            continue
+        page.wait_for_load_state("load")
+        try:
+            page.wait_for_function(_DRAWN_JS, timeout=DRAWN_MS)
+        except Exception:  # noqa: BLE001 - read what is there; the note says it was not drawn
+            found.errors[where] = "not drawn within the wait"
+        page.evaluate("async () => { await document.fonts.ready; }")
+        ready.append((page, where))
+    for (page, where), seen in zip(ready, _settled_boxes([page for page, _where in ready])):
+        viewer, width, url = where
+        pairs = overlapping_pairs(seen["boxes"])
+        if seen["cramped"]:
+            found.cramped[where] = seen["cramped"]
+        if pairs:
+            found.overlaps[where] = pairs
+        if (viewer, width, True) in VISITS:
+            bad = _axe(page)
+            if bad:
+                found.axe[where] = bad
+        if where in found.overlaps or where in found.cramped or where in found.axe:  # to look at
+            shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90]
+                                  + ".png")
+            page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
 
 
 @pytest.fixture(scope="module")
@@ -342,35 +396,17 @@ def audit(site, browser):  # noqa: F811 - the browser fixture
             r = context.request.post(site.url + "/api/v1/session", data=json.dumps({"token": site.ids.token}),
                                      headers={"Content-Type": "application/json"})
             assert r.ok, r.text()
-        page = context.new_page()
-        page.set_default_timeout(30_000)
+        tabs = [context.new_page() for _ in range(min(TABS, len(urls)))]
+        for tab in tabs:
+            tab.set_default_timeout(30_000)
         for width in widths:
-            page.set_viewport_size({"width": width, "height": HEIGHT})
-            for url in urls:
-                resp = page.goto(site.url + url, wait_until="load")
-                where = (viewer, width, url)
-                if resp is None or resp.status >= 400:
-                    found.errors[where] = f"HTTP {resp.status if resp else 'no answer'}"
-                    continue
-                try:
-                    page.wait_for_function(_DRAWN_JS, timeout=DRAWN_MS)
-                except Exception:  # noqa: BLE001 - read what is there; the note says it was not drawn
-                    found.errors[where] = "not drawn within the wait"
-                page.evaluate("async () => { await document.fonts.ready; }")
-                seen = _settled_boxes(page)
-                pairs = overlapping_pairs(seen["boxes"])
-                if seen["cramped"]:
-                    found.cramped[where] = seen["cramped"]
-                if pairs:
-                    found.overlaps[where] = pairs
-                if (viewer, width, True) in VISITS:
-                    bad = _axe(page)
-                    if bad:
-                        found.axe[where] = bad
-                if where in found.overlaps or where in found.cramped or where in found.axe:  # to look at
-                    shot = found.shots / (f"{viewer}-{width}-" + "".join(c if c.isalnum() else "_" for c in url)[:90]
-                                          + ".png")
-                    page.screenshot(path=str(shot), full_page=True)  # after reading: it resizes the viewport
+            for tab in tabs:
+                tab.set_viewport_size({"width": width, "height": HEIGHT})
+            # each page loads afresh in a tab, side by side with the next ones
+            for start in range(0, len(urls), len(tabs)):
+                loaded = [(tab, (viewer, width, url), tab.goto(site.url + url, wait_until="commit"))
+                          for tab, url in zip(tabs, urls[start:start + len(tabs)])]
+                _read_pages(loaded, found)
         context.close()
     return found
 
