@@ -802,7 +802,7 @@ def test_database_down_is_503_not_500(settings):
 def test_pages_render_and_bad_page_input_is_explained(client, db_session, events, tmp_path):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert f'href="/events/{events["fl"].id}"' in r.text and "/static/vendor/plotly.min.js" in r.text
+    assert f'href="/events/{events["fl"].id}"' in r.text and "/static/vendor/plotly-basic.min.js" in r.text
     # the landing timeline: all matching events (the filters without the window, which rides apart)
     assert 'data-timeline-url="/api/v1/events/histogram/figure?"' in r.text
     r = client.get("/", params={"type": "fl", "start": "2024-05-14T15:00", "source": "goes_xrs"})
@@ -837,8 +837,8 @@ def test_pages_render_and_bad_page_input_is_explained(client, db_session, events
         r = client.get(url)
         assert r.status_code == 200, url
     assert client.get("/static/app.js").headers["content-type"].startswith(("application/javascript", "text/javascript"))
-    head = client.get("/static/vendor/plotly.min.js").text[:200]
-    assert "plotly.js v" in head
+    head = client.get("/static/vendor/plotly-basic.min.js").text[:200]
+    assert "plotly.js (basic - minified) v" in head
 
 
 def test_event_lightcurve_of_the_flare_region_with_context_frames(client, db_session, tmp_path):

@@ -303,25 +303,25 @@ def test_static_files_are_gzipped_and_cached_by_version(client):
     from backend.api.pages.templating import static_url
     from frontend import STATIC_DIR
 
-    raw = (STATIC_DIR / "vendor" / "plotly.min.js").read_bytes()
-    url = static_url("vendor/plotly.min.js")
+    raw = (STATIC_DIR / "vendor" / "plotly-basic.min.js").read_bytes()
+    url = static_url("vendor/plotly-basic.min.js")
     digest = url.split("?v=")[1]
     r = client.get(url, headers={"Accept-Encoding": "gzip, deflate"})
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
     assert r.headers["cache-control"] == "public, max-age=31536000, immutable"
     assert r.headers["vary"] == "Accept-Encoding" and r.headers["etag"] == f'"{digest}-gzip"'
-    assert int(r.headers["content-length"]) < len(raw) / 3  # 4.8 MB -> about 1.4 MB
+    assert int(r.headers["content-length"]) < len(raw) / 2.5  # 1.19 MB -> about 0.4 MB
     assert r.content == raw  # httpx decodes it: the same bytes
     r = client.get(url, headers={"Accept-Encoding": "identity"})
     assert "content-encoding" not in r.headers and r.content == raw and r.headers["etag"] == f'"{digest}"'
     r = client.get(url, headers={"Accept-Encoding": "gzip;q=0"})
     assert "content-encoding" not in r.headers
     # unversioned (or an old version): a short max-age, revalidated by ETag
-    for u in ("/static/vendor/plotly.min.js", "/static/vendor/plotly.min.js?v=000000000000"):
+    for u in ("/static/vendor/plotly-basic.min.js", "/static/vendor/plotly-basic.min.js?v=000000000000"):
         r = client.get(u, headers={"Accept-Encoding": "gzip"})
         assert r.status_code == 200 and r.headers["cache-control"] == "public, max-age=300"
         assert r.headers["content-encoding"] == "gzip"
-    r = client.get("/static/vendor/plotly.min.js",
+    r = client.get("/static/vendor/plotly-basic.min.js",
                    headers={"Accept-Encoding": "gzip", "If-None-Match": f'"{digest}-gzip"'})
     assert r.status_code == 304 and r.content == b""
     css = client.get(static_url("style.css"), headers={"Accept-Encoding": "gzip"})
@@ -336,7 +336,7 @@ def test_pages_link_static_files_by_version(client):
     assert re.search(r'<script defer src="/static/app\.js\?v=[0-9a-f]{12}"></script>', html)
     assert "plotly" not in html.split("<footer")[0]  # no figure on the job form: no plotly.js
     html = client.get("/").text  # the events page: plotly.js deferred, so the table paints first
-    assert re.search(r'<script defer src="/static/vendor/plotly\.min\.js\?v=[0-9a-f]{12}"></script>', html)
+    assert re.search(r'<script defer src="/static/vendor/plotly-basic\.min\.js\?v=[0-9a-f]{12}"></script>', html)
     assert "<script src=" not in html
 
 

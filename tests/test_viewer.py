@@ -390,7 +390,7 @@ def test_viewer_page_and_event_context_images(stored):
     client, _, prods, flare = stored
     r = client.get(f"/products/{prods[1].id}/view?event={flare.id}")
     assert r.status_code == 200
-    assert f'data-event-id="{flare.id}"' in r.text and "viewer.js?v=" in r.text and "plotly.min.js?v=" in r.text
+    assert f'data-event-id="{flare.id}"' in r.text and "viewer.js?v=" in r.text and "plotly-basic.min.js?v=" in r.text
     assert client.get("/products/999999/view").status_code == 404
     page = client.get(f"/events/{flare.id}").text
     # before the start (02:00), at the peak (05:00), after the end (09:00), each linking to the viewer

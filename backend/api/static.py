@@ -11,7 +11,7 @@ Templates link static files with :func:`backend.api.pages.templating.static_url`
   :data:`MIN_GZIP_BYTES` gzip-compressed to a client that accepts it (``Accept-Encoding``),
   with ``Vary: Accept-Encoding``. Each file is compressed once (level 9, in a worker
   thread) and kept in memory while its size and modification time stay the same: the
-  vendored plotly.min.js goes from 4.8 MB to about 1.4 MB.
+  vendored plotly-basic.min.js goes from 1.19 MB to about 0.4 MB.
 
 The ETag is the content digest (``"<digest>"``, ``"<digest>-gzip"`` for the compressed
 body), the same for every process serving the same file.

@@ -21,11 +21,11 @@ __all__ = ["templates", "static_url", "PLOTLY_JS_VERSION", "badge_ink", "form_ti
 
 def _plotly_js_version() -> str:
     try:
-        with open(STATIC_DIR / "vendor" / "plotly.min.js", encoding="utf-8") as f:
+        with open(STATIC_DIR / "vendor" / "plotly-basic.min.js", encoding="utf-8") as f:
             head = f.read(200)
     except OSError:
         return "missing"
-    m = re.search(r"plotly\.js v(\d+\.\d+\.\d+)", head)
+    m = re.search(r"plotly\.js (?:\([^)]*\) )?v(\d+\.\d+\.\d+)", head)
     return m.group(1) if m else "unknown"
 
 
