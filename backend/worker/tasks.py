@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
@@ -31,7 +30,7 @@ from backend.settings import get_settings
 from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished, settle_after_time_limit
 from backend.worker.processing import calibrate_product as _calibrate_product
-from backend.worker.processing import count_item, lock_job, plan_job
+from backend.worker.processing import RESEND, count_item, lock_job, plan_job, soft_time_limit_in
 from backend.worker.reconcile import send_calibration, send_follow_ups
 from backend.worker import notify as _notify_tasks  # noqa: F401 - registers deliver_webhook
 from pipelines.calibration import as_options
@@ -284,9 +283,23 @@ def calibrate_product(self, product_id: int, job_id: str | None = None) -> dict:
         except Exception as exc:  # recorded as failed on the row; it is counted below all the same
             log.exception("product %s failed", product_id)
             out = {"product_id": product_id, "state": "failed", "error": str(exc)}
+        again = s.info.pop(RESEND, [])
+    for pid, lane in again:  # given back after the soft time limit: its next delivery, now
+        _send_again(pid, job_id, lane)
     if job_id:
         out["job_state"] = _settle(job_id, product_id)
     return out
+
+
+def _send_again(product_id: int, job_id: str | None, lane: str) -> None:
+    """Send product ``product_id``'s calibration again (given back after the soft time limit,
+    its ``sent_at`` committed): a broker that does not take it leaves it to the reconciler,
+    which re-sends a ``planned`` product whose message is gone after its grace."""
+    try:
+        send_calibration(product_id, job_id, lane)
+    except Exception:  # noqa: BLE001 - the reconciler re-sends it
+        log.warning("product %s: could not send its calibration again; the reconciler will", product_id,
+                    exc_info=True)
 
 
 def _settle(job_id: str, product_id: int) -> str | None:
@@ -329,7 +342,8 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     Without a usable GPU the batch runs on NumPy and the products say so (see that module).
     If the batch breaks as a whole (not a database fault, which is retried), its products
     not yet finished fail with the reason, so the job ends. Past the task's soft time limit,
-    the product under way fails and those never started are sent again (:func:`_run_batch`).
+    the product under way is given back (its start counted; failed on its ``MAX_DELIVERIES``-th)
+    and the batch's unfinished products are sent again (:func:`backend.worker.gpu_batch.settle_after_time_limit`).
     When the job ends, its follow-up detections are queued.
     """
     return _run_batch(self, calibrate_products_gpu_batch, job_id, product_ids, "gpu")
@@ -358,15 +372,22 @@ def _run_batch(task, task_fn, job_id: str | None, product_ids: list[int], queue:
             report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id, holder=holder, **kw)
     except OperationalError:
         raise
-    except SoftTimeLimitExceeded:
-        with session_scope() as s:
-            report, rest = settle_after_time_limit(
-                s, list(product_ids), job_id, f"{label} batch reached its soft time limit while making this product",
-                holder=holder)
-        if rest:  # never started: a new batch message, nothing failed for the batch's time
-            log.warning("%s batch of job %s: soft time limit; %d products sent again", label, job_id, len(rest))
-            task_fn.apply_async(args=[job_id, rest], queue=queue)
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
+        if soft_time_limit_in(exc):  # the batch's limit: given back and sent again, failed only when bounded
+            with session_scope() as s:
+                report, again = settle_after_time_limit(s, get_settings(), list(product_ids), job_id, exc,
+                                                        holder=holder)
+            if again:  # a new batch message (their sent_at committed; if it is lost the reconciler re-sends)
+                log.warning("%s batch of job %s: soft time limit; %d products sent again", label, job_id, len(again))
+                try:
+                    task_fn.apply_async(args=[job_id, again], queue=queue)
+                except Exception:  # noqa: BLE001 - the reconciler re-sends planned products whose message is gone
+                    log.warning("%s batch of job %s: could not send %d products again; the reconciler will", label,
+                                job_id, len(again), exc_info=True)
+            if report.job_finished:
+                with session_scope() as s:
+                    send_follow_ups(s, job_id)
+            return {"job_id": job_id, **report.as_dict()}
         log.exception("%s batch of job %s failed", label, job_id)
         with session_scope() as s:
             report = fail_unfinished(s, list(product_ids), job_id, f"{label} batch failed: {failure_reason(exc)}",
