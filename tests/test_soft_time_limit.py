@@ -116,7 +116,9 @@ def _job(job_id: str) -> tuple[Job, dict[int, JobItem]]:
 
 
 def test_a_soft_limit_on_the_first_delivery_gives_the_product_back_and_the_next_writes_it(job, monkeypatch):
-    settings, job_id, todo, sent = job
+    from backend.db import session_scope
+
+    _settings, job_id, todo, sent = job
     pid = todo[0]
     struck = _limit_for(monkeypatch, pid, times=1)
     out = _deliver(pid, job_id)
@@ -127,8 +129,6 @@ def test_a_soft_limit_on_the_first_delivery_gives_the_product_back_and_the_next_
     assert sent == [(pid, job_id, "cpu")]  # sent again at once
     j, items = _job(job_id)
     assert j.state == JobState.running and items[pid].outcome == ItemOutcome.pending
-    from backend.db import session_scope
-
     with session_scope() as s:
         assert s.scalars(select(LaneFault)).all() == []  # not waiting on storage: the lane goes on
     # the message sent again is delivered: written; the other frames too; the job succeeds
