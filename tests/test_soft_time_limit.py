@@ -213,10 +213,11 @@ def test_where_the_limit_struck_is_read_from_its_traceback():
         g = {"__name__": module, "E": exc_type}
         exec("def f():\n    raise E()\n", g)  # a function of ``module``
         try:
+            if context is None:
+                g["f"]()
             try:
-                if context is not None:
-                    raise context
-            except BaseException:
+                raise context
+            except BaseException:  # f raises while ``context`` is being handled
                 g["f"]()
         except BaseException as exc:  # noqa: BLE001
             return exc
