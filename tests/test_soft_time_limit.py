@@ -205,33 +205,78 @@ def test_a_soft_limit_while_waiting_on_storage_pauses_the_lane_with_that_reason(
     assert _product(pid).attempts == 2
 
 
+def _raised_in(*modules: str, exc_type=SoftTimeLimitExceeded, context: BaseException | None = None):
+    """The exception raised by a function of ``modules[-1]`` called through functions of the
+    modules before it (each a function whose globals are that module's name, as its frames
+    are), while ``context`` is being handled if given."""
+    call = None
+    for module in reversed(modules):
+        g = {"__name__": module, "E": exc_type, "inner": call}
+        exec("def f():\n    if inner is None:\n        raise E()\n    inner()\n", g)
+        call = g["f"]
+    try:
+        if context is None:
+            call()
+        try:
+            raise context
+        except BaseException:  # the call raises while ``context`` is being handled
+            call()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+
+
 def test_where_the_limit_struck_is_read_from_its_traceback():
     from backend.store import StoreError
     from backend.worker.processing import blocked_in
 
-    def raised_in(module: str, exc_type=SoftTimeLimitExceeded, context=None):
-        g = {"__name__": module, "E": exc_type}
-        exec("def f():\n    raise E()\n", g)  # a function of ``module``
-        try:
-            if context is None:
-                g["f"]()
-            try:
-                raise context
-            except BaseException:  # f raises while ``context`` is being handled
-                g["f"]()
-        except BaseException as exc:  # noqa: BLE001
-            return exc
-
-    assert blocked_in(raised_in("backend.store")) == "store"
-    assert blocked_in(raised_in("obstore.store")) == "store"
-    assert blocked_in(raised_in("pipelines.fitsio")) == "store"
-    assert blocked_in(raised_in("sqlalchemy.engine.base")) == "database"
-    assert blocked_in(raised_in("pipelines.calibration.l2.flow")) is None
-    # wrapped by the store's client (StoreError from it): still the store
-    limit = raised_in("backend.store")
+    assert blocked_in(_raised_in("backend.store")) == "store"
+    assert blocked_in(_raised_in("backend.worker.processing", "backend.store", "obstore.store")) == "store"
+    assert blocked_in(_raised_in("pipelines.fitsio")) == "store"
+    assert blocked_in(_raised_in("backend.worker.processing", "sqlalchemy.engine.base", "psycopg.waiting")) == \
+        "database"
+    assert blocked_in(_raised_in("pipelines.calibration.l2.flow")) is None
+    # the innermost frame decides: an import of sunpy that the file I/O started is not the store's
+    assert blocked_in(_raised_in("pipelines.fitsio", "importlib._bootstrap", "sunpy.coordinates")) is None
+    # the signal handler's own frame (billiard's) and test hooks say nothing
+    assert blocked_in(_raised_in("backend.store", "billiard.pool")) == "store"
+    assert blocked_in(_raised_in("pipelines.fitsio", "tests.hooks")) == "store"
+    # wrapped by the store's client (StoreError from it), or re-raised as the batch does: still the store
+    limit = _raised_in("backend.store")
     try:
         raise StoreError("upload failed") from limit
     except StoreError as wrapped:
         assert blocked_in(wrapped) == "store"
+        try:
+            raise SoftTimeLimitExceeded(str(wrapped)) from wrapped  # backend.worker.gpu_batch._raise_time_limit
+        except SoftTimeLimitExceeded as again:
+            assert blocked_in(again) == "store"
     # what the limit interrupted is not where it struck: a store error being handled by the science
-    assert blocked_in(raised_in("pipelines.calibration.l2.flow", context=raised_in("backend.store", OSError))) is None
+    assert blocked_in(_raised_in("pipelines.calibration.l2.flow",
+                                 context=_raised_in("backend.store", exc_type=OSError))) is None
+
+
+def test_a_module_whose_import_was_cut_short_is_imported_again(tmp_path, monkeypatch):
+    """A time limit inside an import, struck in the import machinery's clean-up, leaves the
+    module in ``sys.modules`` half-initialised: every later ``from pkg import name`` of that
+    process fails ("partially initialized module"; ``benchmarks/cluster.py``: 240 frames of one
+    pool child failed so after a thawed freeze cut its first ``import sunpy``). Before each task
+    such modules are forgotten, and the next import runs them again."""
+    import importlib.util
+    import sys
+
+    from backend.worker.tasks import _forget_broken_imports
+
+    pkg = tmp_path / "lstdp_cut_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .part import X\n")
+    (pkg / "part.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.find_spec("lstdp_cut_pkg")
+    spec._initializing = True  # what the cut import left: the package there, its names missing
+    monkeypatch.setitem(sys.modules, "lstdp_cut_pkg", importlib.util.module_from_spec(spec))
+    with pytest.raises(ImportError, match="partially initialized module"):
+        exec("from lstdp_cut_pkg import X")
+    assert _forget_broken_imports() == ["lstdp_cut_pkg"]
+    from lstdp_cut_pkg import X
+
+    assert X == 1 and _forget_broken_imports() == []

@@ -581,30 +581,39 @@ RESEND = "lstdp_resend"
 STORE_MODULES = ("backend.store", "obstore", "pipelines.fitsio")
 #: ... or on the database (SQLAlchemy and its driver)
 DATABASE_MODULES = ("sqlalchemy", "psycopg", "sqlite3")
+#: Frames that say nothing of where the task was: the limit's own raising (billiard's and
+#: Celery's signal handler) and the test hooks that stand in for a call (``tests.*``)
+NEUTRAL_MODULES = ("billiard", "celery", "tests.")
 
 
 def blocked_in(exc: BaseException | None) -> str | None:
-    """Where the task was when Celery's soft time limit struck (``exc``, or the exception that
-    wraps it: :func:`soft_time_limit_in`): ``"store"`` when the innermost frame of a known
-    module is the product store's or the file I/O's (:data:`STORE_MODULES`), ``"database"``
-    when it is SQLAlchemy's or its driver's (:data:`DATABASE_MODULES`), None otherwise (the
-    science, a sleep: anywhere). Read from the tracebacks of the exceptions from ``exc`` down
-    to the ``SoftTimeLimitExceeded`` (not of what it interrupted)."""
-    where = None
+    """Where the task was when Celery's soft time limit struck (``exc``, or an exception that
+    wraps it: :func:`soft_time_limit_in`), from the innermost frame of the tracebacks from
+    ``exc`` down to the ``SoftTimeLimitExceeded`` (not of what it interrupted), frames of
+    :data:`NEUTRAL_MODULES` skipped: ``"store"`` in the product store's client or the file I/O
+    (:data:`STORE_MODULES`), ``"database"`` in SQLAlchemy or its driver (:data:`DATABASE_MODULES`),
+    None anywhere else (the science, an import, a sleep)."""
+    chain: list[BaseException] = []
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        tb = exc.__traceback__
+        chain.append(exc)
+        limit = isinstance(exc, SoftTimeLimitExceeded)
+        if limit and exc.__cause__ is None:  # the one the signal raised (or re-raised as it was)
+            break
+        exc = getattr(exc, "orig", None) or exc.__cause__ or (None if limit else exc.__context__)
+    where = None
+    for e in chain:
+        tb = e.__traceback__
         while tb is not None:
             module = tb.tb_frame.f_globals.get("__name__") or ""
             if module.startswith(STORE_MODULES):
                 where = "store"
             elif module.startswith(DATABASE_MODULES):
                 where = "database"
+            elif not module.startswith(NEUTRAL_MODULES):
+                where = None
             tb = tb.tb_next
-        if isinstance(exc, SoftTimeLimitExceeded):
-            break
-        exc = getattr(exc, "orig", None) or exc.__cause__ or exc.__context__
     return where
 
 

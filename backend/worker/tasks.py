@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 
 from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy import select, update
@@ -93,6 +94,40 @@ def _preload_lazy_imports(**_kwargs) -> None:
         # what a kernel's first call runs (caching.load_overload -> context.refresh) imports the
         # entry points' registries: load them here too
         numba.core.entrypoints.init_all()
+    # sunpy.coordinates (with pandas, requests...: 0.3 s) and scipy.interpolate: a calibration
+    # imports them on its first frame (the observer's position, the Sun's angular radius); a
+    # soft limit inside that import (a host frozen and thawed in benchmarks/cluster.py) left
+    # 'sunpy' partially initialised in the child, and the 240 frames it took next failed
+    # "cannot import name 'extern' from partially initialized module 'sunpy'"
+    import scipy.interpolate  # noqa: F401
+    import sunpy.coordinates  # noqa: F401
+    import sunpy.coordinates.sun  # noqa: F401
+
+
+def _forget_broken_imports() -> list[str]:
+    """Remove from ``sys.modules`` the modules whose import was cut short and never cleaned
+    up (their spec still says ``_initializing``): a time limit raised inside an import, at a
+    point of the import machinery's own clean-up, leaves the module there half-initialised, and
+    every later ``from module import name`` in this process fails with "partially initialized
+    module" (a pool child would then fail each frame it takes, in milliseconds). Removed, the
+    next import runs the module again. Called before each task (:func:`_beating`), when this
+    thread is inside no import; a module another thread is importing now (its import lock
+    held: a threads pool) is left alone. Returns the names removed."""
+    import importlib._bootstrap as bootstrap
+
+    def importing(name: str) -> bool:
+        ref = bootstrap._module_locks.get(name)
+        lock = ref() if ref is not None else None
+        return lock is not None and bool(getattr(lock, "count", 0))
+
+    broken = [name for name, module in list(sys.modules.items())
+              if getattr(getattr(module, "__spec__", None), "_initializing", False) is True and not importing(name)]
+    for name in broken:
+        sys.modules.pop(name, None)
+    if broken:
+        log.warning("removed %d half-initialised modules (an import cut short by a time limit): %s; they are "
+                    "imported again when next needed", len(broken), ", ".join(sorted(broken)[:10]))
+    return broken
 
 
 @worker_process_init.connect
@@ -109,7 +144,9 @@ def _beating() -> None:
     """Start this process's heartbeat (:func:`backend.identity.start_heartbeat`) if it is not
     running: every task that claims work calls it first, whatever the pool (prefork child,
     solo or threads in the main process). A database fault raises ``OperationalError``: the
-    task's retry applies."""
+    task's retry applies. First, modules whose import a time limit cut short
+    are forgotten (:func:`_forget_broken_imports`)."""
+    _forget_broken_imports()
     if not heartbeat_running():
         start_heartbeat(get_settings())
 
