@@ -751,11 +751,37 @@ def test_numpy_executor_keeps_host_masters_alive_within_a_small_budget():
     assert BatchExecutor("numpy").masters.max_bytes == batch.HOST_MASTER_BYTES < batch.DEFAULT_DEVICE_MASTER_BYTES
 
 
-def test_a_batch_past_its_soft_time_limit_fails_only_the_product_it_was_making(sim, sqlite_env, eager, monkeypatch):
-    """The soft time limit is the batch's: the product being made when it struck fails with that
-    reason; the products never started are sent again in a new batch message and written, not
-    failed (reviewer's finding: they were all failed as if the batch had broken)."""
+def _limited_batches(monkeypatch, tasks, strikes):
+    """Replace the batch service the batch tasks call: a call for which ``strikes(product_ids)``
+    is true claims its products as the real one does, then meets the soft time limit before
+    any is finished (the first is the one under way); the others run for real. Returns the
+    list of the calls' product ids."""
     from celery.exceptions import SoftTimeLimitExceeded
+
+    from backend.state import claim_product
+
+    real = tasks.calibrate_products_batch
+    calls = []
+
+    def limited(session, product_ids, settings, *, holder=None, **kw):
+        calls.append(list(product_ids))
+        if strikes(product_ids):
+            for pid in product_ids:
+                assert claim_product(session, pid, lease_s=settings.lease_s, max_deliveries=settings.max_deliveries,
+                                     holder=holder).status == "claimed"
+            raise SoftTimeLimitExceeded()
+        return real(session, product_ids, settings, holder=holder, **kw)
+
+    monkeypatch.setattr(tasks, "calibrate_products_batch", limited)
+    return calls
+
+
+def test_a_batch_past_its_soft_time_limit_gives_its_products_back_and_they_are_written(sim, sqlite_env, eager,
+                                                                                      monkeypatch):
+    """The soft time limit is the batch's, not a frame's failure: the product being made when it
+    struck goes back with its start counted, the batch's other unfinished products with theirs
+    not counted, and all are sent again in a new batch message and written (before: the product
+    under way failed with "batch reached its soft time limit", and the job with it)."""
     from sqlalchemy import select
 
     from backend.db import session_scope
@@ -766,26 +792,53 @@ def test_a_batch_past_its_soft_time_limit_fails_only_the_product_it_was_making(s
     monkeypatch.setenv("CPU_BATCH_SIZE", "8")
     _settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None, device="cpu")
     monkeypatch.setattr(reconcile, "send", lambda *a, **k: None)
-    real = tasks.calibrate_products_batch
-    calls = []
-
-    def limited(session, product_ids, settings, *, holder=None, **kw):
-        calls.append(list(product_ids))
-        if len(calls) == 1:  # the first batch: one product under way when the limit strikes
-            with session_scope() as s2:
-                p = s2.get(Product, product_ids[0])
-                p.state, p.claimed_by = ProductState.writing, holder
-            raise SoftTimeLimitExceeded()
-        return real(session, product_ids, settings, holder=holder, **kw)
-
-    monkeypatch.setattr(tasks, "calibrate_products_batch", limited)
+    calls = _limited_batches(monkeypatch, tasks, lambda ids: len(calls) == 1)
     tasks.run_job.apply(args=[job_id]).get()
-    assert len(calls) == 2 and calls[1] == calls[0][1:]
+    assert len(calls) == 2 and calls[1] == calls[0]  # all sent again, in their order
     with session_scope() as s:
         job = s.get(Job, job_id)
         prods = {p.id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
-        first = prods.pop(calls[0][0])
-        assert first.state == ProductState.failed and "soft time limit" in first.error
-        assert all(p.state == ProductState.written for p in prods.values())
+        assert all(p.state == ProductState.written for p in prods.values()), [p.error for p in prods.values()]
+        # the one under way: two starts counted (the limit's and the write's); the others one
+        assert [prods[pid].attempts for pid in calls[0]] == [2] + [1] * (len(calls[0]) - 1)
+        assert job.state == JobState.succeeded and (job.done, job.failed) == (len(prods), 0)
+    get_settings.cache_clear()
+
+
+def test_a_product_a_batch_passes_its_soft_time_limit_on_every_delivery_ends_failed(sim, sqlite_env, eager,
+                                                                                   monkeypatch):
+    """Bounded: a frame that the batch is making each time its soft limit strikes is given back
+    MAX_DELIVERIES - 1 times, then fails with a reason naming both settings; the batch's other
+    products (their starts not counted) are written, and the job ends."""
+    from sqlalchemy import select
+
+    from backend.db import session_scope
+    from backend.models import Job, JobState, Product, ProductState
+    from backend.settings import get_settings
+    from backend.worker import reconcile, tasks
+
+    monkeypatch.setenv("CPU_BATCH_SIZE", "8")
+    settings, job_id, _bad = _gpu_job(sim, monkeypatch, corrupt=None, device="cpu")
+    assert settings.max_deliveries == 3
+    monkeypatch.setattr(reconcile, "send", lambda *a, **k: None)
+    poison: list[int] = []
+
+    def strikes(ids):  # every batch the first product of the job leads
+        if not poison:
+            poison.append(ids[0])
+        return ids[0] == poison[0]
+
+    calls = _limited_batches(monkeypatch, tasks, strikes)
+    tasks.run_job.apply(args=[job_id]).get()
+    assert len(calls) == 4 and calls[0] == calls[1] == calls[2] and calls[3] == calls[0][1:], calls
+    with session_scope() as s:
+        job = s.get(Job, job_id)
+        prods = {p.id: p for p in s.scalars(select(Product).where(Product.job_id == job_id))}
+        bad = prods.pop(poison[0])
+        assert bad.state == ProductState.failed and bad.attempts == 3
+        assert bad.error.startswith("calibration passed the soft time limit of ") and \
+            "(TASK_SOFT_TIME_LIMIT_S)" in bad.error and "delivery 3 of at most 3 (MAX_DELIVERIES)" in bad.error, \
+            bad.error
+        assert all(p.state == ProductState.written and p.attempts == 1 for p in prods.values())
         assert job.state == JobState.failed and (job.done, job.failed) == (len(prods), 1)
     get_settings.cache_clear()

@@ -7,8 +7,11 @@ then commits the row that names them. A dry run records every operation of one c
 operation after the first object is placed up to the row's COMMIT, one calibration stops right
 before it by:
 
-* ``soft``: Celery's ``SoftTimeLimitExceeded`` (the handlers run: the product fails with the
-  reason, the writer removes what it placed);
+* ``soft``: Celery's ``SoftTimeLimitExceeded`` (the handlers run: the claim goes back for another
+  delivery, its start counted, and the writer removes what it placed; struck in the store's
+  client, the lane pauses too; the next delivery writes the product);
+* ``soft_give_up``: the same on the product's last delivery (``MAX_DELIVERIES=1``): it fails with
+  a reason naming ``TASK_SOFT_TIME_LIMIT_S`` and ``MAX_DELIVERIES``;
 * ``enospc``: ``OSError(ENOSPC)`` (a storage fault: the lane pauses, the frame waits, the
   writer removes what it placed; the lane tried again writes the product);
 * ``kill`` / ``kill_give_up``: a kill (:class:`Killed`, a ``BaseException`` no handler of
@@ -147,10 +150,9 @@ def _deliver(settings, pid, holder, ops: Ops | None = None):
                 try:
                     calibrate_products_batch(s, [pid], settings, executor=BatchExecutor("numpy"), holder=holder,
                                              device="cpu")
-                except SoftTimeLimitExceeded:  # what the batch task does then (backend.worker.tasks._run_batch)
+                except SoftTimeLimitExceeded as exc:  # what the batch task does then (backend.worker.tasks._run_batch)
                     s.rollback()
-                    settle_after_time_limit(s, [pid], None, "CPU batch reached its soft time limit while making "
-                                            "this product", holder=holder)
+                    settle_after_time_limit(s, settings, [pid], None, exc, holder=holder)
                     raise
             else:
                 calibrate_product(s, pid, settings, holder=holder)
@@ -239,7 +241,8 @@ def _enospc(kind, dbapi):
     return OSError(errno.ENOSPC, "No space left on device (injected)")
 
 
-FAULTS = {"soft": _soft, "enospc": _enospc, "kill_give_up": lambda *_: Killed(), "kill": lambda *_: Killed()}
+FAULTS = {"soft": _soft, "soft_give_up": _soft, "enospc": _enospc, "kill_give_up": lambda *_: Killed(),
+          "kill": lambda *_: Killed()}
 
 
 def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
@@ -250,7 +253,8 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
 
     _reset(settings, pid)
     ops = Ops(at, FAULTS[variant])
-    exc = _deliver(settings, pid, _holder(f"first-{variant}-{at}"), ops)
+    first = settings.model_copy(update={"max_deliveries": 1}) if variant == "soft_give_up" else settings
+    exc = _deliver(first, pid, _holder(f"first-{variant}-{at}"), ops)
     assert len(ops.seen) >= at and ops.seen[at - 1][0] == expect_kind, (variant, at, ops.seen[at - 1:at])
     state = _row(pid)[0]
     if variant in ("kill", "kill_give_up"):
@@ -267,8 +271,17 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
                 left.lines()
         else:
             assert _deliver(settings, pid, _holder(f"redelivery-{at}")) is None
-    elif variant == "soft":
-        assert state == ProductState.failed, (variant, at, state)
+    elif variant == "soft":  # given back, this start counted; the next delivery writes it
+        assert state == ProductState.planned, (variant, at, state, exc)
+        with session_scope() as s:
+            prod = s.get(Product, pid)
+            assert (prod.attempts, prod.claimed_by, prod.error) == (1, None, None), (variant, at)
+            fault = s.scalar(select(LaneFault.reason))  # struck in the store's client: the lane paused
+            assert fault is None or "soft time limit" in fault, (variant, at, fault)
+            s.execute(delete(LaneFault))
+        assert _deliver(settings, pid, _holder(f"again-{at}")) is None
+    elif variant == "soft_give_up":
+        assert state == ProductState.failed, (variant, at, state, exc)
     elif variant == "enospc" and state == ProductState.failed:
         # the batch path fails a product whose write met a database error (not a storage fault)
         assert DELIVERY["path"] == "batch" and expect_kind == "db", (variant, at, state, exc)
@@ -290,8 +303,10 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
         assert _objects(settings) == [], (variant, at, _objects(settings))
         # (the batch path's reason of a database error met in an autoflush is SQLAlchemy's first
         # line, "OperationalError: (raised as a result of Query-invoked autoflush ...": not checked)
-        want = {"soft": "soft time limit", "kill_give_up": "gave up after 1 deliveries", "enospc": ""}[variant]
+        want = {"soft_give_up": "soft time limit of", "kill_give_up": "gave up after 1 deliveries", "enospc": ""}[variant]
         assert want in error, (variant, at, error)
+        if variant == "soft_give_up":
+            assert "(TASK_SOFT_TIME_LIMIT_S)" in error and "(MAX_DELIVERIES)" in error, (variant, at, error)
     fsck = _fsck(settings)
     assert fsck.clean and not [f for f in fsck.findings if f.kind != "in_progress"], (variant, at, fsck.lines())
     assert not [f for f in fsck.findings if "product" in (f.row or "")], (variant, at, fsck.lines())
@@ -305,7 +320,7 @@ def _case(settings, pid, at: int, expect_kind: str, variant: str) -> str:
     return state.value
 
 
-@pytest.mark.slow  # ~30-60 s each: ten-odd points, four faults, a calibration and a reconciler pass each
+@pytest.mark.slow  # ~40-80 s each: ten-odd points, five faults, a calibration and a reconciler pass each
 @pytest.mark.parametrize(("store_env", "database"), [
     ("local", "sqlite"),  # the embedded default
     ("s3", "sqlite"),
@@ -335,7 +350,8 @@ def test_a_stop_at_every_point_between_placing_and_committing_leaves_one_outcome
                 outcomes[(at, variant)] = _case(settings, pid, at, seen[at - 1][0], variant)
     finally:
         mp.undo()
-    assert {v for (_, f), v in outcomes.items() if f == "soft"} == {"failed"}, outcomes
+    assert {v for (_, f), v in outcomes.items() if f == "soft"} == {"written"}, outcomes
+    assert {v for (_, f), v in outcomes.items() if f == "soft_give_up"} == {"failed"}, outcomes
     assert {v for (_, f), v in outcomes.items() if f == "kill"} == {"written"}, outcomes
     assert {v for (_, f), v in outcomes.items() if f == "enospc"} == (
         {"written"} if DELIVERY["path"] == "task" else {"written", "failed"}), outcomes

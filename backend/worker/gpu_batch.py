@@ -36,9 +36,9 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session
 
 from backend.models import Product, ProductState
-from backend.worker.processing import (PLACED, count_item, give_back_on_storage_fault, prepare_product_files,
-                                       product_write_info, resident_master, settle_placed, soft_time_limit_in,
-                                       write_product)
+from backend.worker.processing import (PLACED, count_item, give_back_after_time_limit, give_back_claim,
+                                       give_back_on_storage_fault, prepare_product_files, product_write_info,
+                                       resident_master, settle_placed, soft_time_limit_in, write_product)
 from backend.worker.storage_faults import lane_of
 from backend.settings import Settings
 from backend.state import Claim, cancel_reason, cancelling_waiter, claim_product, move_product
@@ -48,7 +48,8 @@ from pipelines.errors import DataError, failure_reason
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BatchReport", "calibrate_products_batch", "fail_unfinished", "gpu_executor", "choose_backend"]
+__all__ = ["BatchReport", "calibrate_products_batch", "fail_unfinished", "settle_after_time_limit", "gpu_executor",
+           "choose_backend"]
 
 _EXECUTORS: dict[str, object] = {}
 
@@ -127,6 +128,19 @@ def _fail(session: Session, report: BatchReport, job_id: str | None, product_id:
     _count(session, report, job_id, product_id)
     session.commit()
     report.failed[product_id] = reason
+
+
+def _raise_time_limit(exc: BaseException | None) -> None:
+    """Raise the batch's soft time limit if ``exc`` is it or wraps it
+    (:func:`backend.worker.processing.soft_time_limit_in`), as ``SoftTimeLimitExceeded`` whose
+    ``__cause__`` is ``exc`` (its traceback says where it struck:
+    :func:`backend.worker.processing.blocked_in`), for the task to settle
+    (:func:`settle_after_time_limit`)."""
+    if exc is None or not soft_time_limit_in(exc):
+        return
+    if isinstance(exc, SoftTimeLimitExceeded):
+        raise exc
+    raise SoftTimeLimitExceeded(str(exc)) from exc
 
 
 def calibrate_products_batch(session: Session, product_ids: list[int], settings: Settings, *,
@@ -209,6 +223,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         try:
             cals = {f.kind.value: resident_master(f) for f in prod.calibration_files}
         except Exception as exc:  # noqa: BLE001 - a master changed on disk or unreadable: this product fails
+            _raise_time_limit(exc)  # ... unless it was the batch's soft time limit: the task settles
             _fail(session, report, job_id, pid, failure_reason(exc))
             continue
         try:
@@ -232,6 +247,9 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
         pid = outcome.key
         prepared = outcome.written
         if not outcome.ok:
+            # the executor catches what breaks one frame, the batch's soft time limit too when it
+            # struck the calling thread while it read or staged a frame: that is the task's to settle
+            _raise_time_limit(outcome.exception)
             _fail(session, report, job_id, pid, failure_reason(outcome.exception) if outcome.exception else outcome.error)
             return
         stopper = cancelling_waiter(session, pid)
@@ -255,10 +273,7 @@ def calibrate_products_batch(session: Session, product_ids: list[int], settings:
             if prepared is not None:  # what a writer thread left under temporary names
                 prepared.discard()
             settle_placed(session, settings)  # what it placed, in either store (unless its row names it)
-            if soft_time_limit_in(exc):  # the batch's limit (SQLAlchemy may have wrapped it): the task settles
-                if isinstance(exc, SoftTimeLimitExceeded):
-                    raise
-                raise SoftTimeLimitExceeded(str(exc)) from exc
+            _raise_time_limit(exc)  # the batch's limit (SQLAlchemy may have wrapped it): the task settles
             log.exception("product %s could not be written", pid)
             # a storage fault (disk full, read-only or unreachable store) pauses the lane and
             # gives the claim back instead (backend.worker.storage_faults); the reconciler
@@ -300,14 +315,23 @@ def fail_unfinished(session: Session, product_ids: list[int], job_id: str | None
     return report
 
 
-def settle_after_time_limit(session: Session, product_ids: list[int], job_id: str | None, reason: str, *,
-                            holder: str | None = None) -> tuple[BatchReport, list[int]]:
-    """After a batch task's soft time limit: fail (with ``reason``) the product that was being
-    made under this batch's claim (``writing``, ``holder``), and return, unfailed, the products
-    still ``planned`` (never started: the limit is the batch's, not theirs) for the caller to send
-    again in a new batch message. A product another delivery holds is left to it."""
+def settle_after_time_limit(session: Session, settings: Settings, product_ids: list[int], job_id: str | None,
+                            exc: BaseException, *, holder: str | None = None) -> tuple[BatchReport, list[int]]:
+    """After a batch task's soft time limit (``exc``): the limit is the batch's, not by itself a
+    frame's failure. The first product of ``product_ids`` still held by this batch (``writing``
+    under ``holder``: outcomes are handed over in input order, so it is the one the batch was
+    making) is given back with this start counted, or failed on its last delivery
+    (:func:`backend.worker.processing.give_back_after_time_limit`: ``MAX_DELIVERIES``, the reason
+    naming both settings; waiting on storage, the lane pauses); the others it holds never
+    finished through no fault of theirs and are given back with their start not counted. Each
+    batch limit counts one start, so a batch that passes its limit every time ends (bounded).
+    Products still ``planned`` (given back, or never claimed) are returned, unfailed, with those
+    given back, for the caller to send again in a new batch message (none when the lane
+    paused: the reconciler re-sends them when it is tried again). A product another delivery
+    holds is left to it; a failed one is counted towards ``job_id``."""
     report = BatchReport(backend="none")
-    planned: list[int] = []
+    again: list[int] = []
+    counted = paused = False
     for pid in product_ids:
         prod = session.get(Product, pid)
         if prod is None:
@@ -316,8 +340,28 @@ def settle_after_time_limit(session: Session, product_ids: list[int], job_id: st
         if prod.state == ProductState.writing:
             if holder is not None and prod.claimed_by != holder:
                 report.skipped.append(pid)
-            else:
-                _fail(session, report, job_id, pid, reason)
+                continue
+            claim = Claim("claimed", prod.attempts or 0, prod.claimed_by)
+            if not counted:  # the product under way
+                counted = True
+                lane = lane_of(prod.parameters)
+                outcome = give_back_after_time_limit(session, settings, pid, claim, lane, exc)
+                if outcome == "failed":
+                    _count(session, report, job_id, pid)
+                    session.commit()
+                    report.failed[pid] = session.get(Product, pid).error
+                elif outcome == "again":
+                    again.append(pid)
+                elif outcome == "paused":
+                    paused = True
+                    report.skipped.append(pid)
+                continue
+            if give_back_claim(session, pid, claim, counted=False, sent=not paused):  # claimed, never made
+                again.append(pid)
+            session.commit()
         elif prod.state == ProductState.planned:
-            planned.append(pid)
-    return report, planned
+            again.append(pid)
+    if paused:
+        report.skipped += again
+        again = []
+    return report, again

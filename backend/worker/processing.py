@@ -47,8 +47,8 @@ from pipelines.errors import DataError, failure_reason
 log = logging.getLogger(__name__)
 
 __all__ = ["plan_job", "plan_product", "calibrate_product", "write_product", "settle_placed",
-           "give_back_on_storage_fault", "count_item", "recount_job", "lock_job", "frames_for_job", "finish_job",
-           "resident_master"]
+           "give_back_on_storage_fault", "give_back_after_time_limit", "give_back_claim", "blocked_in", "RESEND",
+           "count_item", "recount_job", "lock_job", "frames_for_job", "finish_job", "resident_master"]
 
 
 def plan_job(session: Session, job_id: str) -> list[int]:
@@ -425,8 +425,12 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
     finds it written, failed, or held by a live claim does nothing and returns it as it is;
     one that finds it past ``MAX_DELIVERIES`` claims fails it with the reason. Data errors
     leave the product ``failed`` with the reason (not raised); other exceptions also mark it
-    ``failed`` and are re-raised so the task can retry them. ``holder``: who claims
-    (:func:`backend.state.this_process` with the task's id and retry number).
+    ``failed`` and are re-raised so the task can retry them. A storage fault gives the claim
+    back and pauses the lane (:func:`give_back_on_storage_fault`); the soft time limit gives
+    the claim back for another delivery, or fails the product on its last one
+    (:func:`give_back_after_time_limit`; the ids to send again at once are left in
+    ``session.info[RESEND]``). ``holder``: who claims (:func:`backend.state.this_process`
+    with the task's id and retry number).
 
     Raises
     ------
@@ -477,19 +481,20 @@ def calibrate_product(session: Session, product_id: int, settings: Settings, *, 
         session.rollback()
         settle_placed(session, settings)
         raise
-    except DataError as exc:
-        session.rollback()
-        settle_placed(session, settings)
-        if not give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
-            _fail_claimed(session, product_id, claim, failure_reason(exc))
-        prod = session.get(Product, product_id)
     except Exception as exc:
         session.rollback()
-        settle_placed(session, settings)
         if soft_time_limit_in(exc):  # also when it interrupted SQLAlchemy, which wraps it
-            _fail_claimed(session, product_id, claim,
-                          f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
-                          "(TASK_SOFT_TIME_LIMIT_S)")
+            # not by itself the frame's failure (a frozen host thawed, a store or database that
+            # did not answer): the claim goes back first (what it placed is settled after it,
+            # or by the reconciler if the hard limit comes first)
+            if give_back_after_time_limit(session, settings, product_id, claim, lane, exc) == "again":
+                session.info.setdefault(RESEND, []).append((product_id, lane))
+            settle_placed(session, settings)
+            return session.get(Product, product_id)
+        settle_placed(session, settings)
+        if isinstance(exc, DataError):
+            if not give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
+                _fail_claimed(session, product_id, claim, failure_reason(exc))
             return session.get(Product, product_id)
         if give_back_on_storage_fault(session, settings, product_id, claim, lane, exc):
             return session.get(Product, product_id)
@@ -517,29 +522,153 @@ def give_back_on_storage_fault(session: Session, settings: Settings, product_id:
     pause ``lane`` with the true reason and give the claim back (``planned``, the start not
     counted), or, once the fault has outlasted ``STORAGE_FAULT_BOUND_S``, fail the product
     with that reason; commits. Returns False (nothing done) for any other error."""
-    from backend.worker.storage_faults import outlasted_reason, record_fault, storage_fault
+    from backend.worker.storage_faults import storage_fault
 
     err = storage_fault(exc)
     if err is None:
         return False
     log.warning("product %s: %s", product_id, err)
+    reason = _pause_lane(session, settings, lane, err)
+    if reason is not None:
+        _fail_claimed(session, product_id, claim, reason)
+        return True
+    give_back_claim(session, product_id, claim, counted=False)  # the store failed, not this frame
+    session.commit()
+    return True
+
+
+def _pause_lane(session: Session, settings: Settings, lane: str, err: OSError) -> str | None:
+    """Record storage fault ``err`` on ``lane`` (:func:`backend.worker.storage_faults.record_fault`,
+    the caller commits); returns the reason to fail the frame with once the fault has outlasted
+    ``STORAGE_FAULT_BOUND_S`` (:func:`backend.worker.storage_faults.outlasted_reason`), else None."""
+    from backend.worker.storage_faults import outlasted_reason, record_fault
+
     try:
         with session.begin_nested():
             row = record_fault(session, lane, err, settings)
     except IntegrityError:  # another worker paused the lane at the same moment: count this try on its row
         row = record_fault(session, lane, err, settings)
-    reason = outlasted_reason(row, settings, row.last_at)
-    if reason is not None:
-        _fail_claimed(session, product_id, claim, reason)
-        return True
-    if confirm_claim(session, product_id, claim.attempt, claim.holder):
-        prod = session.get(Product, product_id)
-        session.refresh(prod)
-        move_product(prod, ProductState.planned)
-        prod.attempts = max(0, (prod.attempts or 0) - 1)  # the store failed, not this frame
-        prod.claimed_at = prod.claimed_by = None
-    session.commit()
+    return outlasted_reason(row, settings, row.last_at)
+
+
+def give_back_claim(session: Session, product_id: int, claim, *, counted: bool, sent: bool = False) -> bool:
+    """Put a product this delivery still holds (``claim``) back to ``planned`` for another
+    delivery (the caller commits): ``counted`` keeps this start in ``attempts`` (towards
+    ``MAX_DELIVERIES``), otherwise it is taken back. ``sent``: the caller sends its message
+    again at once (``sent_at`` = the database's now; else the reconciler re-sends it). Returns
+    False when another delivery holds it (left alone)."""
+    if not confirm_claim(session, product_id, claim.attempt, claim.holder):
+        return False
+    prod = session.get(Product, product_id)
+    session.refresh(prod)
+    move_product(prod, ProductState.planned)
+    if not counted:
+        prod.attempts = max(0, (prod.attempts or 0) - 1)
+    prod.claimed_at = prod.claimed_by = None
+    if sent:
+        prod.sent_at = db_now(session)
     return True
+
+
+#: ``Session.info`` entry: ``[(product id, lane), ...]`` given back after the soft time limit
+#: (:func:`give_back_after_time_limit`, ``"again"``) whose calibration the task sends again
+#: now (``sent_at`` committed; if the send fails the reconciler re-sends it after its grace).
+RESEND = "lstdp_resend"
+
+#: Modules whose frames, when the soft time limit strikes inside them, say the task was waiting
+#: on storage: the product store (:mod:`backend.store`, obstore's client) or the files of
+#: :mod:`pipelines.fitsio` (raw frames read, products written, fsynced, renamed)
+STORE_MODULES = ("backend.store", "obstore", "pipelines.fitsio")
+#: ... or on the database (SQLAlchemy and its driver)
+DATABASE_MODULES = ("sqlalchemy", "psycopg", "sqlite3")
+#: Frames that say nothing of where the task was: the limit's own raising (billiard's and
+#: Celery's signal handler) and the test hooks that stand in for a call (``tests.*``)
+NEUTRAL_MODULES = ("billiard", "celery", "tests.")
+
+
+def blocked_in(exc: BaseException | None) -> str | None:
+    """Where the task was when Celery's soft time limit struck (``exc``, or an exception that
+    wraps it: :func:`soft_time_limit_in`), from the innermost frame of the tracebacks from
+    ``exc`` down to the ``SoftTimeLimitExceeded`` (not of what it interrupted), frames of
+    :data:`NEUTRAL_MODULES` skipped: ``"store"`` in the product store's client or the file I/O
+    (:data:`STORE_MODULES`), ``"database"`` in SQLAlchemy or its driver (:data:`DATABASE_MODULES`),
+    None anywhere else (the science, an import, a sleep)."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        limit = isinstance(exc, SoftTimeLimitExceeded)
+        if limit and exc.__cause__ is None:  # the one the signal raised (or re-raised as it was)
+            break
+        exc = getattr(exc, "orig", None) or exc.__cause__ or (None if limit else exc.__context__)
+    where = None
+    for e in chain:
+        tb = e.__traceback__
+        while tb is not None:
+            module = tb.tb_frame.f_globals.get("__name__") or ""
+            if module.startswith(STORE_MODULES):
+                where = "store"
+            elif module.startswith(DATABASE_MODULES):
+                where = "database"
+            elif not module.startswith(NEUTRAL_MODULES):
+                where = None
+            tb = tb.tb_next
+    return where
+
+
+def time_limit_reason(settings: Settings, attempt: int, where: str | None) -> str:
+    """Why a product fails after the soft time limit struck on its last delivery (``attempt``,
+    its ``MAX_DELIVERIES``-th start), ``where``: :func:`blocked_in`."""
+    waited = {"store": " while it waited on storage (file or object-store I/O)",
+              "database": " while it waited on the database"}
+    return (f"calibration passed the soft time limit of {settings.task_soft_time_limit_s:.0f} s "
+            f"(TASK_SOFT_TIME_LIMIT_S){waited.get(where, '')} on its delivery {attempt} of at most "
+            f"{settings.max_deliveries} (MAX_DELIVERIES); no delivery of this frame finished")
+
+
+def give_back_after_time_limit(session: Session, settings: Settings, product_id: int, claim, lane: str,
+                               exc: BaseException, *, sent: bool = True) -> str:
+    """After Celery's soft time limit (``exc``, :func:`soft_time_limit_in`) struck a calibration
+    that holds ``claim``: not by itself the frame's failure (a host frozen past its limit and
+    thawed, a store or database that did not answer, a loaded machine). Commits.
+
+    * Its last delivery (``claim.attempt`` >= ``MAX_DELIVERIES``): the product fails with
+      :func:`time_limit_reason` (bounded: a frame that passes the limit every time stops).
+    * Waiting on storage (:func:`blocked_in` ``"store"``): a storage fault, the lane
+      pauses with that reason (``ETIMEDOUT``, :mod:`backend.worker.storage_faults`; the
+      reconciler re-sends the frame once the lane is tried again) and the claim goes back,
+      this start counted; the fault's own bound (``STORAGE_FAULT_BOUND_S``) fails it too.
+    * Otherwise the claim goes back, this start counted, ``sent_at`` set when ``sent`` (the
+      caller sends the calibration again now).
+
+    Returns ``"failed"``, ``"paused"`` (given back, lane paused), ``"again"`` (given back, to
+    send), or ``"taken"`` (another delivery holds the product: left alone).
+    """
+    import errno
+
+    where = blocked_in(exc)
+    log.warning("product %s: soft time limit on delivery %d of %d%s", product_id, claim.attempt,
+                settings.max_deliveries, f" (waiting on the {where})" if where else "")
+    if claim.attempt >= settings.max_deliveries:
+        if not confirm_claim(session, product_id, claim.attempt, claim.holder):
+            session.commit()
+            return "taken"
+        _fail_claimed(session, product_id, claim, time_limit_reason(settings, claim.attempt, where))
+        return "failed"
+    if where == "store":
+        err = OSError(errno.ETIMEDOUT, f"storage did not answer a calibration within its soft time limit of "
+                                       f"{settings.task_soft_time_limit_s:.0f} s (TASK_SOFT_TIME_LIMIT_S)")
+        reason = _pause_lane(session, settings, lane, err)
+        if reason is not None:
+            _fail_claimed(session, product_id, claim, reason)
+            return "failed"
+        given = give_back_claim(session, product_id, claim, counted=True)
+        session.commit()
+        return "paused" if given else "taken"
+    given = give_back_claim(session, product_id, claim, counted=True, sent=sent)
+    session.commit()
+    return "again" if given else "taken"
 
 
 def _fail_claimed(session: Session, product_id: int, claim, reason: str) -> None:

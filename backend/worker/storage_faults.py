@@ -18,6 +18,11 @@ disk read ``AttributeError: 'list' object has no attribute '_file'``: astropy's
   reconciler re-sends them once ``retry_at`` has passed (one frame then tries the store
   first: the others wait for its outcome, a pass later).
 * A write that succeeds clears the pause (:func:`clear_fault`).
+* Celery's soft time limit struck while the calibration waited on storage (its traceback in
+  the store's client or the file I/O: :func:`backend.worker.processing.blocked_in`) pauses the
+  lane too, with an ``ETIMEDOUT`` reason naming the limit; that start is counted towards
+  ``MAX_DELIVERIES`` (:func:`backend.worker.processing.give_back_after_time_limit`), so a frame
+  whose own write always outlasts the limit still ends.
 * Only when the fault has lasted ``STORAGE_FAULT_BOUND_S`` (default 1800 s) are the lane's
   frames failed, each with the fault's reason (:func:`outlasted_reason`).
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import sys
 
-from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_init, worker_process_init, worker_ready
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
@@ -31,7 +31,7 @@ from backend.settings import get_settings
 from backend.state import JOB_FINAL, move_job, settle_follow_up, this_process
 from backend.worker.gpu_batch import calibrate_products_batch, fail_unfinished, settle_after_time_limit
 from backend.worker.processing import calibrate_product as _calibrate_product
-from backend.worker.processing import count_item, lock_job, plan_job
+from backend.worker.processing import RESEND, count_item, lock_job, plan_job, soft_time_limit_in
 from backend.worker.reconcile import send_calibration, send_follow_ups
 from backend.worker import notify as _notify_tasks  # noqa: F401 - registers deliver_webhook
 from pipelines.calibration import as_options
@@ -94,6 +94,40 @@ def _preload_lazy_imports(**_kwargs) -> None:
         # what a kernel's first call runs (caching.load_overload -> context.refresh) imports the
         # entry points' registries: load them here too
         numba.core.entrypoints.init_all()
+    # sunpy.coordinates (with pandas, requests...: 0.3 s) and scipy.interpolate: a calibration
+    # imports them on its first frame (the observer's position, the Sun's angular radius); a
+    # soft limit inside that import (a host frozen and thawed in benchmarks/cluster.py) left
+    # 'sunpy' partially initialised in the child, and the 240 frames it took next failed
+    # "cannot import name 'extern' from partially initialized module 'sunpy'"
+    import scipy.interpolate  # noqa: F401
+    import sunpy.coordinates  # noqa: F401
+    import sunpy.coordinates.sun  # noqa: F401
+
+
+def _forget_broken_imports() -> list[str]:
+    """Remove from ``sys.modules`` the modules whose import was cut short and never cleaned
+    up (their spec still says ``_initializing``): a time limit raised inside an import, at a
+    point of the import machinery's own clean-up, leaves the module there half-initialised, and
+    every later ``from module import name`` in this process fails with "partially initialized
+    module" (a pool child would then fail each frame it takes, in milliseconds). Removed, the
+    next import runs the module again. Called before each task (:func:`_beating`), when this
+    thread is inside no import; a module another thread is importing now (its import lock
+    held: a threads pool) is left alone. Returns the names removed."""
+    import importlib._bootstrap as bootstrap
+
+    def importing(name: str) -> bool:
+        ref = bootstrap._module_locks.get(name)
+        lock = ref() if ref is not None else None
+        return lock is not None and bool(getattr(lock, "count", 0))
+
+    broken = [name for name, module in list(sys.modules.items())
+              if getattr(getattr(module, "__spec__", None), "_initializing", False) is True and not importing(name)]
+    for name in broken:
+        sys.modules.pop(name, None)
+    if broken:
+        log.warning("removed %d half-initialised modules (an import cut short by a time limit): %s; they are "
+                    "imported again when next needed", len(broken), ", ".join(sorted(broken)[:10]))
+    return broken
 
 
 @worker_process_init.connect
@@ -110,7 +144,9 @@ def _beating() -> None:
     """Start this process's heartbeat (:func:`backend.identity.start_heartbeat`) if it is not
     running: every task that claims work calls it first, whatever the pool (prefork child,
     solo or threads in the main process). A database fault raises ``OperationalError``: the
-    task's retry applies."""
+    task's retry applies. First, modules whose import a time limit cut short
+    are forgotten (:func:`_forget_broken_imports`)."""
+    _forget_broken_imports()
     if not heartbeat_running():
         start_heartbeat(get_settings())
 
@@ -284,9 +320,23 @@ def calibrate_product(self, product_id: int, job_id: str | None = None) -> dict:
         except Exception as exc:  # recorded as failed on the row; it is counted below all the same
             log.exception("product %s failed", product_id)
             out = {"product_id": product_id, "state": "failed", "error": str(exc)}
+        again = s.info.pop(RESEND, [])
+    for pid, lane in again:  # given back after the soft time limit: its next delivery, now
+        _send_again(pid, job_id, lane)
     if job_id:
         out["job_state"] = _settle(job_id, product_id)
     return out
+
+
+def _send_again(product_id: int, job_id: str | None, lane: str) -> None:
+    """Send product ``product_id``'s calibration again (given back after the soft time limit,
+    its ``sent_at`` committed): a broker that does not take it leaves it to the reconciler,
+    which re-sends a ``planned`` product whose message is gone after its grace."""
+    try:
+        send_calibration(product_id, job_id, lane)
+    except Exception:  # noqa: BLE001 - the reconciler re-sends it
+        log.warning("product %s: could not send its calibration again; the reconciler will", product_id,
+                    exc_info=True)
 
 
 def _settle(job_id: str, product_id: int) -> str | None:
@@ -329,7 +379,8 @@ def calibrate_products_gpu_batch(self, job_id: str | None, product_ids: list[int
     Without a usable GPU the batch runs on NumPy and the products say so (see that module).
     If the batch breaks as a whole (not a database fault, which is retried), its products
     not yet finished fail with the reason, so the job ends. Past the task's soft time limit,
-    the product under way fails and those never started are sent again (:func:`_run_batch`).
+    the product under way is given back (its start counted; failed on its ``MAX_DELIVERIES``-th)
+    and the batch's unfinished products are sent again (:func:`backend.worker.gpu_batch.settle_after_time_limit`).
     When the job ends, its follow-up detections are queued.
     """
     return _run_batch(self, calibrate_products_gpu_batch, job_id, product_ids, "gpu")
@@ -358,15 +409,22 @@ def _run_batch(task, task_fn, job_id: str | None, product_ids: list[int], queue:
             report = calibrate_products_batch(s, list(product_ids), get_settings(), job_id=job_id, holder=holder, **kw)
     except OperationalError:
         raise
-    except SoftTimeLimitExceeded:
-        with session_scope() as s:
-            report, rest = settle_after_time_limit(
-                s, list(product_ids), job_id, f"{label} batch reached its soft time limit while making this product",
-                holder=holder)
-        if rest:  # never started: a new batch message, nothing failed for the batch's time
-            log.warning("%s batch of job %s: soft time limit; %d products sent again", label, job_id, len(rest))
-            task_fn.apply_async(args=[job_id, rest], queue=queue)
     except Exception as exc:  # noqa: BLE001 - the job must end, never wait for the reaper
+        if soft_time_limit_in(exc):  # the batch's limit: given back and sent again, failed only when bounded
+            with session_scope() as s:
+                report, again = settle_after_time_limit(s, get_settings(), list(product_ids), job_id, exc,
+                                                        holder=holder)
+            if again:  # a new batch message (their sent_at committed; if it is lost the reconciler re-sends)
+                log.warning("%s batch of job %s: soft time limit; %d products sent again", label, job_id, len(again))
+                try:
+                    task_fn.apply_async(args=[job_id, again], queue=queue)
+                except Exception:  # noqa: BLE001 - the reconciler re-sends planned products whose message is gone
+                    log.warning("%s batch of job %s: could not send %d products again; the reconciler will", label,
+                                job_id, len(again), exc_info=True)
+            if report.job_finished:
+                with session_scope() as s:
+                    send_follow_ups(s, job_id)
+            return {"job_id": job_id, **report.as_dict()}
         log.exception("%s batch of job %s failed", label, job_id)
         with session_scope() as s:
             report = fail_unfinished(s, list(product_ids), job_id, f"{label} batch failed: {failure_reason(exc)}",
