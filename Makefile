@@ -21,12 +21,12 @@ demo: $(STAMP)
 
 # The suite runs in PYTEST_WORKERS processes (pytest-xdist; the tests of one file in one worker,
 # each worker with a Redis server of its own: tests/conftest.py); PYTEST_WORKERS=0 runs it in one.
-# Three on a 2-core machine: the suite waits on servers, subprocesses and browsers for much of
-# its time (quiet, 2026-12-06: -n 2 18:09, -n 3 17:11 with 1.45 cores busy on average).
+# Four on a 2-core machine: the suite waits on servers, subprocesses and browsers for much of
+# its time (quiet, fresh clones, 2026-12-06: -n 3 14:33, -n 4 13:46; earlier -n 2 18:09).
 # tests/conftest.py hands the files out longest first (the validation campaigns, then the slow
 # and browser files; tests/client and tests/faults each whole to one worker);
 # LSTDP_TEST_ORDER=xdist keeps pytest-xdist's own order, to compare.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?=
 
 test: $(STAMP)

@@ -408,7 +408,7 @@ def simulated_dataset(run_cache):
     return get
 
 
-# -- the order of the files under pytest-xdist (``make test``: ``-n 3 --dist loadfile``) ----------
+# -- the order of the files under pytest-xdist (``make test``: ``-n 4 --dist loadfile``) ----------
 
 #: Packages run as one xdist work unit, all their files in one worker one after another, for
 #: their conftest's costly fixtures: tests/client's ``scope="package"`` live platform (~11 s),
