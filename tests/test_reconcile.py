@@ -342,6 +342,44 @@ def test_in_flight_reads_redis_queues_and_recent_unacknowledged_deliveries(setti
         queue.close()
 
 
+@pytest.mark.redis
+def test_a_delivery_older_than_the_visibility_timeout_is_sent_again_before_the_lease(db_session, settings_env, sent):
+    """A worker killed after taking a calibration and before claiming its product leaves the
+    message unacknowledged and the product ``planned``. Once the delivery is older than the
+    broker's visibility timeout (the broker's own word that its worker is gone) the reconciler
+    sends it again, not only after the lease (``TASK_TIME_LIMIT_S`` + 60 s: 160 s here, 16 min
+    by default)."""
+    import time
+
+    from kombu import Connection
+
+    from tests.conftest import REDIS_URL
+
+    base = REDIS_URL.rsplit("/", 1)[0]
+    settings = settings_env(CELERY_BROKER_URL=f"{base}/13", CELERY_RESULT_BACKEND=f"{base}/13",
+                            TASK_TIME_LIMIT_S="100", TASK_SOFT_TIME_LIMIT_S="90", BROKER_VISIBILITY_TIMEOUT_S="1")
+    from backend.broker import app, ensure_configured, send
+
+    ensure_configured()
+    with Connection(f"{base}/13") as c:
+        c.default_channel.client.flushdb()
+    s = db_session
+    job, (p,) = _job(s, [ProductState.planned], ago_s=60)
+    send(TaskName.calibrate_product, [p.id, job.id])
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue("cpu", no_ack=False)
+        taken = queue.get(timeout=2)  # taken by a worker that is then killed: never acknowledged
+        try:
+            report = reconcile.reconcile_once(s, settings, now=NOW, flight=True)
+            assert report.resent == [] and sent["calibrations"] == []  # delivered a moment ago: in flight
+            time.sleep(1.2)
+            report = reconcile.reconcile_once(s, settings, now=NOW, flight=True)
+            assert report.resent == [p.id] and sent["calibrations"] == [(p.id, job.id, "cpu")]
+        finally:
+            taken.ack()
+            queue.close()
+
+
 def test_follow_ups_are_sent_once_however_often_the_last_message_comes(sqlite_env, sent):
     """88 redundant detection runs for one job: every late progress message queued them."""
     from backend.db import session_scope

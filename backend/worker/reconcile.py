@@ -439,7 +439,12 @@ def reconcile_once(session: Session, settings: Settings | None = None, *, now: d
         _settle_finished(session, report, closed)
         # read the broker after the database: a message taken meanwhile is at worst sent twice
         if flight is True:
-            flight = in_flight(unacked_within_s=settings.lease_s, settings=settings)
+            # a delivery unacknowledged for longer than the broker's visibility timeout is one
+            # the broker itself would deliver again (its worker is taken as gone), and none
+            # lives longer than a lease: a message delivered to a worker killed before it
+            # claimed the product is re-sent then, not only after the lease
+            flight = in_flight(unacked_within_s=min(settings.lease_s, settings.broker_visibility_timeout_s),
+                               settings=settings)
         if flight is None:
             report.broker = "unreadable"
         _lost_products(session, settings, report, flight, now, closed)
