@@ -276,11 +276,13 @@ def cmd_detect(args) -> int:
 
 def _event_line(e) -> str:
     """One detected event as ``lstdp detect`` and the demo print it."""
-    where = (f"PA {e.position_angle:.0f} deg, {e.speed_km_s:.0f} km/s"
-             if e.position_angle is not None and e.speed_km_s is not None
-             else f"PA {e.position_angle:.0f} deg" if e.position_angle is not None
-             else f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")" if e.hpc_x is not None and e.hpc_y is not None else "")
-    return f"{e.event_type} {e.start_time:%Y-%m-%d %H:%M} {e.channels} {where} [{e.frm_name} {e.frm_version}]"
+    parts = [e.event_type, f"{e.start_time:%Y-%m-%d %H:%M}", e.channels or ""]
+    if e.position_angle is not None:  # off the limb (CMEs, prominence eruptions): position angle [deg]
+        speed = f", {e.speed_km_s:.0f} km/s" if e.speed_km_s is not None else ""
+        parts.append(f"PA {e.position_angle:.0f} deg{speed}")
+    elif e.hpc_x is not None and e.hpc_y is not None:  # on the disk: helioprojective [arcsec]
+        parts.append(f"at ({e.hpc_x:.0f}\", {e.hpc_y:.0f}\")")
+    return " ".join(parts) + f" [{e.frm_name} {e.frm_version}]"
 
 
 def cmd_fsck(args) -> int:
