@@ -22,7 +22,7 @@ SUN = (63.4, 64.7)  # 0-based
 OFFSET = (1.7, -1.1)  # occulter minus Sun [px]
 
 
-def _frame(roll: float, rng) -> tuple[np.ndarray, fits.Header]:
+def _frame(roll: float, rng, tilt: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, fits.Header]:
     y, x = np.mgrid[:N, :N].astype(float)
     a = math.radians(roll)
     dx, dy = x - SUN[0], y - SUN[1]
@@ -31,7 +31,9 @@ def _frame(roll: float, rng) -> tuple[np.ndarray, fits.Header]:
     sky = 1e4 * np.maximum(r, 0.3) ** -3 * (1 + 0.3 * np.cos(2 * phi - 0.5) + 0.15 * np.cos(phi + 1.0))
     ro = np.hypot(x - SUN[0] - OFFSET[0], y - SUN[1] - OFFSET[1]) / 30.0
     shadow = np.sin(0.5 * np.pi * np.clip((ro - 1.0) / 0.1, 0, 1)) ** 2
-    img = rng.poisson(sky * shadow).astype(float)
+    # a detector-fixed gain tilt [1/Rsun] (a diffuser flat's large-scale error): does not turn with the roll
+    gain = 1.0 + (tilt[0] * (x - (N - 1) / 2) + tilt[1] * (y - (N - 1) / 2)) / 30.0
+    img = rng.poisson(sky * shadow * gain).astype(float)
     h = fits.Header()
     h["CTYPE1"], h["CTYPE2"], h["CUNIT1"], h["CUNIT2"] = "HPLN-TAN", "HPLT-TAN", "arcsec", "arcsec"
     h["CRPIX1"], h["CRPIX2"] = SUN[0] + 1.0 + 0.8, SUN[1] + 1.0 - 0.5  # pointing error in the header
@@ -40,16 +42,20 @@ def _frame(roll: float, rng) -> tuple[np.ndarray, fits.Header]:
     return img, h
 
 
-@pytest.fixture(scope="module")
-def sequence():
-    rng = np.random.default_rng(11)
+def _sequence(seed: int, rolls=(0.0, 90.0, 180.0, 270.0), tilt=(0.0, 0.0)):
+    rng = np.random.default_rng(seed)
     imgs, hdrs = [], []
-    for roll in (0.0, 90.0, 180.0, 270.0):
-        img, h = _frame(roll, rng)
+    for roll in rolls:
+        img, h = _frame(roll, rng, tilt)
         h1, _ = fit_and_apply_centre(img, h, coronagraph=True, occulter_rsun=1.1)  # the occulter, not the Sun
         imgs.append(img)
         hdrs.append(h1)
     return imgs, hdrs
+
+
+@pytest.fixture(scope="module")
+def sequence():
+    return _sequence(11)
 
 
 def test_occulter_fit_alone_finds_the_occulter_not_the_sun(sequence):
@@ -62,9 +68,9 @@ def test_occulter_fit_alone_finds_the_occulter_not_the_sun(sequence):
 def test_roll_sequence_measures_the_offset_and_the_centre_step_applies_it(sequence):
     imgs, hdrs = sequence
     off = measure_occulter_offset(imgs, hdrs)
-    assert off.n_pairs == 3
-    assert math.hypot(off.dx_px - OFFSET[0], off.dy_px - OFFSET[1]) < 0.1
-    assert off.sigma_px >= 0.1
+    assert off.n_frames == 4 and off.roll_balance < 1e-9
+    assert math.hypot(off.dx_px - OFFSET[0], off.dy_px - OFFSET[1]) < 0.05
+    assert 0.0 < off.sigma_px < 0.05
     kw = off.keywords()
     got = offset_from_parameters({k: v for k, (v, _) in kw.items()})
     assert got == pytest.approx((off.dx_px * SCALE, off.dy_px * SCALE, off.sigma_px * SCALE), abs=1e-3)
@@ -78,3 +84,21 @@ def test_roll_sequence_measures_the_offset_and_the_centre_step_applies_it(sequen
     assert h_off["CSYER1"] > h_plain["CSYER1"] and h_off["CSYER1"] >= off.sigma_px * SCALE * 0.99
     with pytest.raises(DataError, match="fewer than two"):
         measure_occulter_offset(imgs[:1], hdrs[:1])
+
+
+def test_a_detector_fixed_gain_tilt_is_not_read_as_an_offset():
+    """A 2 % per Rsun flat tilt (0.6 px per Rsun of a tilt across the 2.1 Rsun field) times a corona
+    falling as r^-3 mimics a centre shift of about g r^2 / 3 = 0.03 Rsun (0.9 px at 30 px per Rsun):
+    the roll average fits the tilt and finds the offset regardless, and reports the tilt."""
+    imgs, hdrs = _sequence(13, tilt=(0.02, -0.015))
+    off = measure_occulter_offset(imgs, hdrs)
+    assert math.hypot(off.dx_px - OFFSET[0], off.dy_px - OFFSET[1]) < 0.05
+    assert off.gradient == pytest.approx((0.02, -0.015), abs=0.003)
+    kw = off.keywords()
+    assert kw["OCCGRAD1"][0] == pytest.approx(off.gradient[0], rel=1e-3) and kw["OCCOFNFR"][0] == 4
+
+
+def test_rolls_that_do_not_surround_the_sun_are_refused():
+    imgs, hdrs = _sequence(14, rolls=(0.0, 30.0, 60.0))
+    with pytest.raises(DataError, match="not spread round the circle"):
+        measure_occulter_offset(imgs, hdrs)
