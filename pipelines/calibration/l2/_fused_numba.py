@@ -119,10 +119,207 @@ def _clamp(i, n):
     return 0 if i < 0 else (n - 1 if i > n - 1 else i)
 
 @pjit
-def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab, out, dq_out, sig_out):
-    """The fused pass; ``var`` of shape (0, 0) skips the variance/sigma."""
-    # Long: one pass per output pixel for data, DQ and variance is the point (one read of each
-    # source neighbourhood); split into functions, numba would not keep the state in registers.
+def dq_prepass(data, dq, defect_bits, not_finite, hbuf, plane):
+    """The DQ the resampling pass samples, per source pixel, in ``plane`` (uint8, may be ``dq``).
+
+    With ``q = dq | NOT_FINITE`` where ``data`` is not finite: ``plane = (q & ~defects) |
+    OR3x3(q & defects) | 128 * (q & defects != 0)`` -- the nearest neighbour's value of the 3 x 3
+    grown defect bits (``_or_dilate3``) in bits 0-6, and in bit 7 (no DQ bit) whether the pixel
+    itself holds a defect (the "any defect" mark of the bilinear pass). ``hbuf`` (uint8, same
+    shape) holds the OR along rows in between. Two passes, each parallel over rows; ``plane``
+    may be ``dq`` itself (each pixel's own ``dq`` is read before it is written).
+    """
+    ny, nx = dq.shape
+    db = np.uint8(defect_bits)
+    nf = np.uint8(not_finite)
+    keep = np.uint8(255 - defect_bits)
+    for i in prange(ny):
+        prev = np.uint8(0)
+        d = dq[i, 0]
+        if not np.isfinite(data[i, 0]):
+            d |= nf
+        cur = d & db
+        for j in range(nx):
+            if j + 1 < nx:
+                d = dq[i, j + 1]
+                if not np.isfinite(data[i, j + 1]):
+                    d |= nf
+                nxt = d & db
+            else:
+                nxt = np.uint8(0)
+            hbuf[i, j] = prev | cur | nxt | (np.uint8(128) if cur != 0 else np.uint8(0))
+            prev = cur
+            cur = nxt
+    for i in prange(ny):
+        lo = max(i - 1, 0)
+        hi = min(i + 1, ny - 1)
+        for j in range(nx):
+            d = dq[i, j]
+            if not np.isfinite(data[i, j]):
+                d |= nf
+            g = (hbuf[lo, j] | hbuf[i, j] | hbuf[hi, j]) & db
+            plane[i, j] = (d & keep) | g | (hbuf[i, j] & np.uint8(128))
+
+
+@jit
+def _spline_edge(coef, y, x):
+    """One output value of the cubic spline at ``(y, x)``, each tap index clamped (edge pixels)."""
+    ny, nx = coef.shape
+    fy = np.floor(y)
+    fx = np.floor(x)
+    sy = np.int64(fy) - 1
+    sx = np.int64(fx) - 1
+    wy = np.empty(4)
+    wx = np.empty(4)
+    _w3(y - fy, wy)
+    _w3(x - fx, wx)
+    t = 0.0
+    for m in range(4):
+        row = _clamp(sy + m, ny)
+        wym = wy[m]
+        for q in range(4):
+            t += (coef[row, _clamp(sx + q, nx)] * wym) * wx[q]
+    return t
+
+
+@jit
+def _spline_run(r0, r1, r2, r3, c0, n, by, bx, k01, k11, fy, bad, orow):
+    """Output pixels ``c0 + i`` (``0 <= i < n``) of a run: ``floor(y)`` (= ``fy``) and ``floor(x) - c``
+    constant, so pixel ``c0 + i``'s taps are ``r_m[i + q]`` (``r0..r3``: the 4 coefficient rows from
+    the first pixel's first tap column on): contiguous loads, no index clamping, no gathers; the
+    weights and the sum are :func:`_spline_edge`'s, operation for operation (the same float64
+    results); pixel ``c0 + i`` is written to ``orow[i]``, NaN where ``bad[i]``."""
+    for j in range(n):
+        c = c0 + j
+        y = by + c * k01
+        x = bx + c * k11
+        ty = y - fy
+        tx = x - np.floor(x)
+        zy = 1.0 - ty
+        wy1 = (ty * ty * (ty - 2.0) * 3.0 + 4.0) / 6.0
+        wy2 = (zy * zy * (zy - 2.0) * 3.0 + 4.0) / 6.0
+        wy0 = zy * zy * zy / 6.0
+        wy3 = 1.0 - wy0 - wy1 - wy2
+        zx = 1.0 - tx
+        wx1 = (tx * tx * (tx - 2.0) * 3.0 + 4.0) / 6.0
+        wx2 = (zx * zx * (zx - 2.0) * 3.0 + 4.0) / 6.0
+        wx0 = zx * zx * zx / 6.0
+        wx3 = 1.0 - wx0 - wx1 - wx2
+        t = 0.0
+        t += (r0[j] * wy0) * wx0
+        t += (r0[j + 1] * wy0) * wx1
+        t += (r0[j + 2] * wy0) * wx2
+        t += (r0[j + 3] * wy0) * wx3
+        t += (r1[j] * wy1) * wx0
+        t += (r1[j + 1] * wy1) * wx1
+        t += (r1[j + 2] * wy1) * wx2
+        t += (r1[j + 3] * wy1) * wx3
+        t += (r2[j] * wy2) * wx0
+        t += (r2[j + 1] * wy2) * wx1
+        t += (r2[j + 2] * wy2) * wx2
+        t += (r2[j + 3] * wy2) * wx3
+        t += (r3[j] * wy3) * wx0
+        t += (r3[j + 1] * wy3) * wx1
+        t += (r3[j + 2] * wy3) * wx2
+        t += (r3[j + 3] * wy3) * wx3
+        orow[j] = np.float32(np.nan) if bad[j] else np.float32(t)
+
+
+@jit
+def _floor32(v):
+    """``floor`` of a float32 as float32, through the float64 floor (exact both ways: the same value
+    as ``numpy.floor`` of the float32; LLVM vectorises the float64 one, not the float32 call)."""
+    return np.float32(np.floor(np.float64(v)))
+
+
+@jit
+def _sigma_edge(var, y, x, cy, cx, bad, ntab, gtab, fny_hi, fnx_hi):
+    """Sigma of one output pixel (edge pixels: tap indices clamped): the bilinear variance at
+    ``(y, x)`` (SciPy's order-1 sum, ``mode="nearest"``), times the squared-weight factors of the
+    float32 position ``(cy, cx)`` (as ``_apply_factor_numpy``), NaN where ``bad`` or outside."""
+    ny, nx = var.shape
+    ly = np.floor(y)
+    lx = np.floor(x)
+    w0y = 1.0 - (y - ly)
+    w0x = 1.0 - (x - lx)
+    vy1 = 1.0 - w0y
+    vx1 = 1.0 - w0x
+    a0 = np.int64(ly)
+    b0 = np.int64(lx)
+    a1 = _clamp(a0 + 1, ny)
+    b1 = _clamp(b0 + 1, nx)
+    a0 = _clamp(a0, ny)
+    b0 = _clamp(b0, nx)
+    s = 0.0
+    s += (var[a0, b0] * w0y) * w0x
+    s += (var[a0, b1] * w0y) * vx1
+    s += (var[a1, b0] * vy1) * w0x
+    s += (var[a1, b1] * vy1) * vx1
+    v = np.float32(s)
+    fr = cy - np.float32(np.floor(cy))
+    fr = fr * np.float32(ntab)
+    fr = fr + np.float32(0.5)
+    v = v * gtab[np.int64(fr)]
+    fr = cx - np.float32(np.floor(cx))
+    fr = fr * np.float32(ntab)
+    fr = fr + np.float32(0.5)
+    v = v * gtab[np.int64(fr)]
+    if bad or cy < np.float32(-0.5) or cy > fny_hi or cx < np.float32(-0.5) or cx > fnx_hi or not (v == v):
+        return np.float32(np.nan)
+    return np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
+
+
+@jit
+def _sigma_run(v0, v1, c0, n, by, bx, k01, k11, fy, fry, frx, f01, f11, fo0, fo1, ntab, gtab, fny_hi, fnx_hi,
+               bad, srow, ti):
+    """:func:`_sigma_edge` for the pixels ``c0 + i`` (``0 <= i < n``) of a run of :func:`_spline_run`
+    (``v0``, ``v1``: the variance rows ``floor(y)`` and ``floor(y) + 1`` from the first pixel's
+    ``floor(x)`` on; no clamping inside a run), operation for operation; into ``srow[i]``.
+
+    Two loops: the bilinear sum and the factor-table indices (into ``srow`` and ``ti``, int64
+    (2, n) scratch; no branches, so LLVM vectorises it: a table lookup in it would not, it cannot
+    prove the table apart from ``srow``), then the lookups, the NaN rule and the square root."""
+    for j in range(n):
+        c = c0 + j
+        y = by + c * k01
+        x = bx + c * k11
+        w0y = 1.0 - (y - fy)
+        w0x = 1.0 - (x - np.floor(x))
+        vy1 = 1.0 - w0y
+        vx1 = 1.0 - w0x
+        s = 0.0
+        s += (v0[j] * w0y) * w0x
+        s += (v0[j + 1] * w0y) * vx1
+        s += (v1[j] * vy1) * w0x
+        s += (v1[j + 1] * vy1) * vx1
+        cy = fry + (np.float32(c) * f01 + fo0)
+        cx = frx + (np.float32(c) * f11 + fo1)
+        fr = cy - _floor32(cy)
+        fr = fr * np.float32(ntab)
+        fr = fr + np.float32(0.5)
+        ti[0, j] = np.int64(fr)
+        fr = cx - _floor32(cx)
+        fr = fr * np.float32(ntab)
+        fr = fr + np.float32(0.5)
+        ti[1, j] = np.int64(fr)
+        out = (cy < np.float32(-0.5)) | (cy > fny_hi) | (cx < np.float32(-0.5)) | (cx > fnx_hi)
+        srow[j] = np.float32(np.nan) if out else np.float32(s)
+    for j in range(n):
+        v = srow[j]
+        v = v * gtab[ti[0, j]]
+        v = v * gtab[ti[1, j]]
+        if bad[j] or not (v == v):  # NaN also where the position is outside (set above)
+            srow[j] = np.float32(np.nan)
+        else:
+            srow[j] = np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
+
+
+@pjit
+def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, out, dq_out, sig_out):
+    """The fused pass over the output rows; ``plane`` from :func:`dq_prepass`; ``var`` of shape
+    (0, 0) skips the variance/sigma. Per row: the DQ (and which pixels are NaN), then the data and
+    sigma by runs of constant ``floor(y)`` and ``floor(x) - c`` (:func:`_spline_run`,
+    :func:`_sigma_run`; edge pixels by :func:`_spline_edge`, :func:`_sigma_edge`)."""
     ny, nx = coef.shape
     oy, ox = out.shape
     has_var = var.shape[0] > 0
@@ -138,35 +335,17 @@ def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab
     fo0, fo1 = np.float32(o0), np.float32(o1)
     fny_hi, fnx_hi = np.float32(ny - 0.5), np.float32(nx - 0.5)
     for r in prange(oy):
-        wy = np.empty(4)
-        wx = np.empty(4)
-        iy = np.empty(4, np.int64)
-        ix = np.empty(4, np.int64)
+        bad = np.empty(ox, np.bool_)
+        ti = np.empty((2, ox), np.int64)
         by = o0 + r * k00
         bx = o1 + r * k10
         fry = np.float32(r) * f00
         frx = np.float32(r) * f10
+        orow = out[r]
+        # ---- DQ: nearest neighbour of the prepared plane, defects kept where the bilinear "any defect" >= 0.5
         for c in range(ox):
             y = by + c * k01
             x = bx + c * k11
-            # ---- data: cubic spline, taps clamped
-            fy = np.floor(y)
-            fx = np.floor(x)
-            sy = np.int64(fy) - 1
-            sx = np.int64(fx) - 1
-            _w3(y - fy, wy)
-            _w3(x - fx, wx)
-            for m in range(4):
-                iy[m] = _clamp(sy + m, ny)
-                ix[m] = _clamp(sx + m, nx)
-            t = 0.0
-            for m in range(4):
-                row = iy[m]
-                wym = wy[m]
-                for q in range(4):
-                    t += (coef[row, ix[q]] * wym) * wx[q]
-            val = np.float32(t)
-            # ---- DQ: nearest neighbour, defects grown and spread
             if y < -0.5 or y > ny - 0.5 or x < -0.5 or x > nx - 0.5:
                 q8 = nd_bit
                 outside = True
@@ -174,18 +353,8 @@ def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab
                 outside = False
                 ny0 = _clamp(np.int64(np.floor(y + 0.5)), ny)
                 nx0 = _clamp(np.int64(np.floor(x + 0.5)), nx)
-                flag = dq[ny0, nx0]
-                if not np.isfinite(data[ny0, nx0]):
-                    flag |= nf
-                grown = np.uint8(0)
-                for a in range(max(ny0 - 1, 0), min(ny0 + 2, ny)):
-                    for b in range(max(nx0 - 1, 0), min(nx0 + 2, nx)):
-                        d = dq[a, b]
-                        if not np.isfinite(data[a, b]):
-                            d |= nf
-                        grown |= d & db
-                q8 = (flag & keep) | grown
-                if grown != 0:
+                q8 = plane[ny0, nx0] & np.uint8(127)
+                if (q8 & db) != 0:
                     # bilinear weight of "any defect" (255/0), SciPy's order-1 sum, mode nearest
                     ly = np.floor(y)
                     lx = np.floor(x)
@@ -206,53 +375,42 @@ def resample(coef, data, dq, var, k, off, defect_bits, not_finite, no_data, gtab
                         for q in range(2):
                             bb = _clamp(b0 + q, nx)
                             wxx = vx0 if q == 0 else vx1
-                            d = dq[aa, bb]
-                            if not np.isfinite(data[aa, bb]):
-                                d |= nf
-                            mk = 255.0 if (d & db) != 0 else 0.0
+                            mk = 255.0 if (plane[aa, bb] & np.uint8(128)) != 0 else 0.0
                             s += (mk * wyy) * wxx
                     if not (s > 0.0 and s + 0.5 >= 1.0):
                         q8 = q8 & keep
             dq_out[r, c] = q8
-            bad = outside or (q8 & nf) != 0
-            if bad:
-                val = np.float32(np.nan)
-            out[r, c] = val
+            bad[c] = outside or (q8 & nf) != 0
+        # ---- data and sigma: by runs of constant floor(y), floor(x) - c
+        c = 0
+        while c < ox:
+            y = by + c * k01
+            x = bx + c * k11
+            fy = np.floor(y)
+            fx = np.floor(x)
+            sy = np.int64(fy) - 1
+            sx = np.int64(fx) - 1
+            if sy < 0 or sy + 3 > ny - 1 or sx < 0 or sx + 3 > nx - 1:
+                orow[c] = np.float32(np.nan) if bad[c] else np.float32(_spline_edge(coef, y, x))
+                if has_var:
+                    cy = fry + (np.float32(c) * f01 + fo0)
+                    cx = frx + (np.float32(c) * f11 + fo1)
+                    sig_out[r, c] = _sigma_edge(var, y, x, cy, cx, bad[c], ntab, gtab, fny_hi, fnx_hi)
+                c += 1
+                continue
+            c1 = c + 1
+            last = c + (nx - 4 - sx)  # the last column whose taps stay inside
+            while c1 <= last and c1 < ox:
+                if np.floor(by + c1 * k01) != fy or np.floor(bx + c1 * k11) != fx + (c1 - c):
+                    break
+                c1 += 1
+            n = c1 - c
+            _spline_run(coef[sy, sx:], coef[sy + 1, sx:], coef[sy + 2, sx:], coef[sy + 3, sx:], c, n, by, bx,
+                        k01, k11, fy, bad[c:], orow[c:])
             if has_var:
-                ly = np.floor(y)
-                lx = np.floor(x)
-                w0y = 1.0 - (y - ly)
-                w0x = 1.0 - (x - lx)
-                vy1 = 1.0 - w0y
-                vx1 = 1.0 - w0x
-                a0 = np.int64(ly)
-                b0 = np.int64(lx)
-                a1 = _clamp(a0 + 1, ny)
-                b1 = _clamp(b0 + 1, nx)
-                a0 = _clamp(a0, ny)
-                b0 = _clamp(b0, nx)
-                s = 0.0
-                s += (var[a0, b0] * w0y) * w0x
-                s += (var[a0, b1] * w0y) * vx1
-                s += (var[a1, b0] * vy1) * w0x
-                s += (var[a1, b1] * vy1) * vx1
-                v = np.float32(s)
-                # squared-weight factors at float32 positions (as _apply_factor_numpy)
-                cy = fry + (np.float32(c) * f01 + fo0)
-                cx = frx + (np.float32(c) * f11 + fo1)
-                fr = cy - np.float32(np.floor(cy))
-                fr = fr * np.float32(ntab)
-                fr = fr + np.float32(0.5)
-                v = v * gtab[np.int64(fr)]
-                fr = cx - np.float32(np.floor(cx))
-                fr = fr * np.float32(ntab)
-                fr = fr + np.float32(0.5)
-                v = v * gtab[np.int64(fr)]
-                if bad or cy < np.float32(-0.5) or cy > fny_hi or cx < np.float32(-0.5) or cx > fnx_hi \
-                        or not (v == v):
-                    sig_out[r, c] = np.float32(np.nan)
-                else:
-                    sig_out[r, c] = np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
+                _sigma_run(var[sy + 1, sx + 1:], var[sy + 2, sx + 1:], c, n, by, bx, k01, k11, fy, fry, frx, f01,
+                           f11, fo0, fo1, ntab, gtab, fny_hi, fnx_hi, bad[c:], sig_out[r, c:], ti)
+            c = c1
 
 
 @pjit

@@ -110,7 +110,7 @@ def spline_prefilter(a: np.ndarray) -> None:
 
 def resample_pass(coef: np.ndarray, data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_yx: np.ndarray,
                   offset: np.ndarray, g_table: np.ndarray, *, defect_bits: int, not_finite: int,
-                  no_data: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                  no_data: int, overwrite_dq: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The fused resampling pass (module docstring): ``(data, dq, sigma)`` on the output grid.
 
     Parameters
@@ -129,6 +129,8 @@ def resample_pass(coef: np.ndarray, data: np.ndarray, dq: np.ndarray, var: np.nd
         Squared-weight factor table on ``n`` equally spaced fractions 0..1.
     defect_bits, not_finite, no_data : int
         DQ bit values (:class:`pipelines.calibration.l2.steps.DQ`).
+    overwrite_dq : bool
+        ``dq`` (C-contiguous uint8) may be overwritten by the sampled DQ plane (no extra plane).
     """
     ny, nx = coef.shape
     out = np.empty((ny, nx), np.float32)
@@ -139,10 +141,15 @@ def resample_pass(coef: np.ndarray, data: np.ndarray, dq: np.ndarray, var: np.nd
     else:
         var_in = np.ascontiguousarray(var, dtype=np.float32)
         sig = np.empty((ny, nx), np.float32)
-    _kernels().resample(coef, np.ascontiguousarray(data), np.ascontiguousarray(dq, dtype=np.uint8), var_in,
-                        np.ascontiguousarray(k_yx, dtype=np.float64), np.ascontiguousarray(offset, dtype=np.float64),
-                        int(defect_bits), int(not_finite), int(no_data), np.ascontiguousarray(g_table, np.float32),
-                        out, dq_out, sig)
+    kern = _kernels()
+    dq_in = np.ascontiguousarray(dq, dtype=np.uint8)
+    in_place = overwrite_dq and dq_in is dq
+    plane = dq_in if in_place else np.empty_like(dq_in)
+    # the DQ plane the pass samples (dq_out holds the pre-pass's row ORs until the pass writes it)
+    kern.dq_prepass(np.ascontiguousarray(data), dq_in, int(defect_bits), int(not_finite), dq_out, plane)
+    kern.resample(coef, plane, var_in, np.ascontiguousarray(k_yx, dtype=np.float64),
+                  np.ascontiguousarray(offset, dtype=np.float64), int(defect_bits), int(not_finite), int(no_data),
+                  np.ascontiguousarray(g_table, np.float32), out, dq_out, sig)
     return out, dq_out, (sig if var is not None else None)
 
 
