@@ -291,6 +291,16 @@ def test_fused_radius_mask_equals_the_radius_map(inside):
     r = sun.radius_map((n, n), geom, np, dtype=np.float32)
     np.testing.assert_array_equal(sel, (r < 1.7) if inside else (r > 1.7))
     assert 0 < sel.sum() < n * n
+    # the compiled pass (pipelines.calibration.l2.fused.radius_flag): the same pixels flagged, counted
+    from pipelines.calibration.l2 import fused
+
+    if fused.available():
+        dq = np.zeros((n, n), np.uint8)
+        dq[::7, ::5] = np.uint8(steps.DQ.BAD_PIXEL)
+        out = np.empty_like(dq)
+        count = fused.radius_flag(dq, steps._radius_terms((n, n), geom), 1.7, inside, int(steps.DQ.OCCULTED), out)
+        assert count == int(sel.sum())
+        np.testing.assert_array_equal(out, np.where(sel, dq | np.uint8(steps.DQ.OCCULTED), dq))
 
 
 def test_statistics_exact_when_small_and_sampled_with_a_measured_rank_error_when_large():

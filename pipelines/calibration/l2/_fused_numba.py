@@ -511,3 +511,26 @@ def ray_profiles(image, x0, y0, cos_t, sin_t, radii, offsets, round32, prof):
                     v = np.float64(np.float32(v))
                 acc += v
             prof[i, j] = acc / nt
+
+
+@pjit
+def radius_flag(dq, ax, ay, bx, by, radius, inside, bit, out):
+    """``out = dq | bit`` where ``sqrt((ax + ay)**2 + (bx + by)**2) < radius`` (``inside``; else ``>``),
+    ``dq`` elsewhere, in float32 as ``steps._radius_select`` (``ax``, ``bx``: float32 column terms,
+    ``ay``, ``by``: float32 row terms); returns the number of pixels flagged. Parallel over rows."""
+    ny, nx = dq.shape
+    b = np.uint8(bit)
+    counts = np.zeros(ny, np.int64)
+    for i in prange(ny):
+        yi = ay[i]
+        wi = by[i]
+        n = 0
+        for j in range(nx):
+            u = ax[j] + yi
+            v = bx[j] + wi
+            r = np.sqrt(u * u + v * v)
+            sel = (r < radius) if inside else (r > radius)
+            out[i, j] = (dq[i, j] | b) if sel else dq[i, j]
+            n += 1 if sel else 0
+        counts[i] = n
+    return counts.sum()

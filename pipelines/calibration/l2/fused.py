@@ -49,7 +49,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STRIP", "available", "enabled", "set_enabled", "spline_prefilter", "resample_pass", "frame_statistics"]
+__all__ = ["STRIP", "available", "enabled", "set_enabled", "spline_prefilter", "resample_pass", "frame_statistics",
+           "radius_flag", "ray_profiles"]
 
 #: Columns of one strip of the axis-0 prefilter: 32 float64 columns are 256 bytes a row, so a
 #: strip of 4608 rows (1.2 MB) stays in L2 cache while the recursion runs down it and back.
@@ -174,6 +175,20 @@ def frame_statistics(x: np.ndarray, q: np.ndarray, thresholds: np.ndarray
     nchunks = max(1, min(64, numba.get_num_threads() * 4))
     n_good = _kernels().stats_pass(x, q, th, nchunks, buf, hist, below, lo_hi)
     return int(n_good), hist, float(lo_hi[0]), float(lo_hi[1]), below[:th.size], buf
+
+
+def radius_flag(dq: np.ndarray, terms: tuple[np.ndarray, ...], radius_rsun: float, inside: bool, bit: int,
+                out: np.ndarray) -> int:
+    """``out = dq | bit`` on the pixels whose radius [Rsun] is below ``radius_rsun`` (``inside``) or
+    above it, ``dq`` elsewhere, in one compiled pass; returns how many pixels were flagged.
+
+    ``terms``: ``(ax, ay, bx, by)`` of :func:`pipelines.calibration.l2.steps._radius_terms`; the
+    radius is ``sqrt((ax + ay)**2 + (bx + by)**2)`` in float32, the operations of
+    :func:`pipelines.sun.radius_map` (``tests/test_calibration_steps.py`` compares the two).
+    ``dq`` and ``out``: C-contiguous uint8 of one shape.
+    """
+    ax, ay, bx, by = (np.ascontiguousarray(t, dtype=np.float32) for t in terms)
+    return int(_kernels().radius_flag(dq, ax, ay, bx, by, np.float32(radius_rsun), bool(inside), int(bit), out))
 
 
 def ray_profiles(image: np.ndarray, x0: float, y0: float, theta: np.ndarray, radii: np.ndarray,
