@@ -20,8 +20,8 @@ pjit = nb.njit(cache=True, nogil=True, parallel=True)
 def _filter_strip(buf, n, w, z, gain):
     """SciPy's apply_filter along axis 0 of ``buf[:n, :w]`` (float64), one pole."""
     zn = z ** n
-    for j in range(w):
-        for i in range(n):
+    for i in range(n):  # row by row: the buffer's memory order
+        for j in range(w):
             buf[i, j] *= gain
     # causal start, half-sample rule (_init_causal_reflect), for the w columns side by side
     c0 = np.empty(w)
@@ -51,29 +51,6 @@ def _filter_strip(buf, n, w, z, gain):
         for j in range(w):
             buf[i, j] = z * (buf[i + 1, j] - buf[i, j])
 
-@jit
-def _filter_line(c, n, z, gain):
-    """SciPy's apply_filter of one float64 line ``c[:n]``, one pole."""
-    for i in range(n):
-        c[i] *= gain
-    zn = z ** n
-    c0 = c[0]
-    acc = c[0] + zn * c[n - 1]
-    zi = z
-    for i in range(1, n):
-        if zi == 0.0:
-            break
-        acc += zi * (c[i] + zn * c[n - 1 - i])
-        zi *= z
-    acc *= z / (1 - zn * zn)
-    acc += c0
-    c[0] = acc
-    for i in range(1, n):
-        c[i] += z * c[i - 1]
-    c[n - 1] *= z / (z - 1)
-    for i in range(n - 2, -1, -1):
-        c[i] = z * (c[i + 1] - c[i])
-
 @pjit
 def prefilter(a, z, strip):
     ny, nx = a.shape
@@ -91,14 +68,19 @@ def prefilter(a, z, strip):
             for i in range(ny):
                 for j in range(w):
                     a[i, c0 + j] = np.float32(buf[i, j])
-    if nx > 1:
-        for r in prange(ny):
-            line = np.empty(nx)
+    if nx > 1:  # blocks of `strip` rows, transposed into the buffer: the recursion runs down its rows with SIMD
+        nblocks = (ny + strip - 1) // strip
+        for s in prange(nblocks):
+            r0 = s * strip
+            w = min(strip, ny - r0)
+            buf = np.empty((nx, w))
+            for j in range(nx):  # the buffer's order (measured: 2x faster than the frame's here)
+                for i in range(w):
+                    buf[j, i] = a[r0 + i, j]
+            _filter_strip(buf, nx, w, z, gain)
             for j in range(nx):
-                line[j] = a[r, j]
-            _filter_line(line, nx, z, gain)
-            for j in range(nx):
-                a[r, j] = np.float32(line[j])
+                for i in range(w):
+                    a[r0 + i, j] = np.float32(buf[j, i])
 
 @jit
 def _w3(t, w):

@@ -9,8 +9,8 @@ disabled: :func:`enabled`), it runs here in two compiled steps:
    ``scipy.ndimage.spline_filter(a, 3, output=numpy.float32, mode="nearest")`` of SciPy 1.17:
    the pass along axis 0 runs on strips of :data:`STRIP` columns (the recursion goes down the
    rows of a strip held in a float64 buffer, the 32 columns side by side, so it vectorises
-   and the strip stays in cache), the pass along axis 1 on whole rows; both in parallel
-   (``numba.prange``). The recursion is SciPy's (``ni_splines.c``): the gain ``(1 - z)(1 -
+   and the strip stays in cache), the pass along axis 1 the same way on blocks of 32 rows
+   transposed into the buffer; both in parallel (``numba.prange``). The recursion is SciPy's (``ni_splines.c``): the gain ``(1 - z)(1 -
    1/z)``, the causal start of the half-sample ("reflect") rule ``_init_causal_reflect``, the
    anticausal start ``c[n-1] *= z / (z - 1)``, the pole ``z = sqrt(3) - 2``.
 2. :func:`resample_pass` -- one pass over the output, parallel over rows: per output pixel the
