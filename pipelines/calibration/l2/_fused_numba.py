@@ -516,3 +516,62 @@ def radius_flag(dq, ax, ay, bx, by, radius, inside, bit, out):
             n += 1 if sel else 0
         counts[i] = n
     return counts.sum()
+
+
+@pjit
+def detector_signal(d, b, r, f, s, t, c, out):
+    """``out = (d - b - r * s) / f / t * c`` in float32 where the flat ``f`` is finite and > 0, NaN
+    elsewhere (the operations and order of ``steps.correct_detector_signal``'s numexpr expression);
+    returns the number of pixels whose flat is not. Flat float32 arrays, parallel in chunks."""
+    n = d.shape[0]
+    nchunks = 64
+    step = (n + nchunks - 1) // nchunks
+    bad = np.zeros(nchunks, np.int64)
+    nan = np.float32(np.nan)
+    for ch in prange(nchunks):
+        nb = 0
+        for i in range(ch * step, min(n, (ch + 1) * step)):
+            fi = f[i]
+            if np.isfinite(fi) and fi > np.float32(0.0):
+                out[i] = ((d[i] - b[i] - r[i] * s) / fi) / t * c
+            else:
+                out[i] = nan
+                nb += 1
+        bad[ch] = nb
+    return bad.sum()
+
+
+@pjit
+def detector_variance(rw, b, f, dr, be, de, fe, g, k, s, tt, cc, out):
+    """``uncertainty.detector_variance``'s numexpr expression in float32, the same operations in the
+    same order: ``((max(R - B, 0) / g + k [+ Be*Be] [+ (De s)(De s)]) / (F F) [+ (d (Fe / F))**2]) / tt * cc``
+    with ``d = (R - B - Dr s) / F`` (0 where not finite), NaN where ``F`` is not finite or not > 0.
+    ``be``, ``de``, ``fe`` of size 0: the term is absent. Flat float32 arrays, parallel in chunks."""
+    n = rw.shape[0]
+    has_be = be.shape[0] > 0
+    has_de = de.shape[0] > 0
+    has_fe = fe.shape[0] > 0
+    nchunks = 64
+    step = (n + nchunks - 1) // nchunks
+    zero = np.float32(0.0)
+    nan = np.float32(np.nan)
+    for ch in prange(nchunks):
+        for i in range(ch * step, min(n, (ch + 1) * step)):
+            fi = f[i]
+            if not (np.isfinite(fi) and fi > zero):
+                out[i] = nan
+                continue
+            dd = rw[i] - b[i]
+            v = (dd if dd > zero else zero) / g + k
+            if has_be:
+                v = v + be[i] * be[i]
+            if has_de:
+                ds = de[i] * s
+                v = v + ds * ds
+            v = v / (fi * fi)
+            if has_fe:
+                x = (rw[i] - b[i] - dr[i] * s) / fi
+                x = x if np.isfinite(x) else zero
+                y = x * (fe[i] / fi)
+                v = v + y * y
+            out[i] = v / tt * cc

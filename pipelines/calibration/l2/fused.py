@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["STRIP", "available", "enabled", "set_enabled", "spline_prefilter", "resample_pass", "frame_statistics",
-           "radius_flag", "ray_profiles"]
+           "radius_flag", "ray_profiles", "detector_signal", "detector_variance"]
 
 #: Columns of one strip of the axis-0 prefilter: 32 float64 columns are 256 bytes a row, so a
 #: strip of 4608 rows (1.2 MB) stays in L2 cache while the recursion runs down it and back.
@@ -189,6 +189,41 @@ def radius_flag(dq: np.ndarray, terms: tuple[np.ndarray, ...], radius_rsun: floa
     """
     ax, ay, bx, by = (np.ascontiguousarray(t, dtype=np.float32) for t in terms)
     return int(_kernels().radius_flag(dq, ax, ay, bx, by, np.float32(radius_rsun), bool(inside), int(bit), out))
+
+
+def _flat32(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
+
+
+def detector_signal(data: np.ndarray, bias: np.ndarray, dark_rate: np.ndarray, flat: np.ndarray, dark_scale: float,
+                    exposure_s: float, coefficient: float) -> tuple[np.ndarray, int]:
+    """:func:`pipelines.calibration.l2.steps.correct_detector_signal`'s one pass, compiled: the frame
+    ``(data - bias - dark_rate * s) / flat / t * C`` (float32 operations in numexpr's order; NaN where
+    the flat is not finite or not > 0) and the number of such pixels. Float32 (ny, nx) arrays; the
+    scalars are rounded to float32 as numexpr is given them."""
+    out = np.empty(data.shape, np.float32)
+    n_bad = _kernels().detector_signal(_flat32(data), _flat32(bias), _flat32(dark_rate), _flat32(flat),
+                                       np.float32(dark_scale), np.float32(exposure_s), np.float32(coefficient),
+                                       out.reshape(-1))
+    return out, int(n_bad)
+
+
+def detector_variance(raw: np.ndarray, bias: np.ndarray, flat: np.ndarray, dark_rate: np.ndarray,
+                      bias_err: np.ndarray | None, dark_err: np.ndarray | None, flat_err: np.ndarray | None, *,
+                      gain: float, k: float, dark_scale: float, tt: float, cc: float) -> np.ndarray:
+    """:func:`pipelines.calibration.l2.uncertainty.detector_variance`'s one pass, compiled (its numexpr
+    expression's float32 operations in the same order; None: the plane is absent). Float32 (ny, nx)
+    arrays; ``gain``, ``k`` (read noise**2 + ADC), ``dark_scale``, ``tt`` (t**2), ``cc`` (C**2) rounded
+    to float32 as numexpr is given them. Returns the variance, float32 (ny, nx)."""
+    out = np.empty(raw.shape, np.float32)
+    none = np.empty(0, np.float32)
+    f32 = np.float32
+    _kernels().detector_variance(_flat32(raw), _flat32(bias), _flat32(flat), _flat32(dark_rate),
+                                 none if bias_err is None else _flat32(bias_err),
+                                 none if dark_err is None else _flat32(dark_err),
+                                 none if flat_err is None else _flat32(flat_err), f32(gain), f32(k), f32(dark_scale),
+                                 f32(tt), f32(cc), out.reshape(-1))
+    return out
 
 
 def ray_profiles(image: np.ndarray, x0: float, y0: float, theta: np.ndarray, radii: np.ndarray,
