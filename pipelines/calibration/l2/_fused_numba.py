@@ -165,18 +165,25 @@ def _spline_edge(coef, y, x):
 
 
 @jit
-def _spline_run(r0, r1, r2, r3, c0, n, by, bx, k01, k11, fy, bad, orow):
+def _spline_run(r0, r1, r2, r3, c0, n, by, bx, k01, k11, fy, fx, bad, orow):
     """Output pixels ``c0 + i`` (``0 <= i < n``) of a run: ``floor(y)`` (= ``fy``) and ``floor(x) - c``
-    constant, so pixel ``c0 + i``'s taps are ``r_m[i + q]`` (``r0..r3``: the 4 coefficient rows from
-    the first pixel's first tap column on): contiguous loads, no index clamping, no gathers; the
-    weights and the sum are :func:`_spline_edge`'s, operation for operation (the same float64
-    results); pixel ``c0 + i`` is written to ``orow[i]``, NaN where ``bad[i]``."""
+    (= ``fx - c0``) constant, so pixel ``c0 + i``'s taps are ``r_m[i + q]`` (``r0..r3``: the 4
+    coefficient rows from the first pixel's first tap column on): contiguous loads, no index
+    clamping, no gathers; the weights and the sum are :func:`_spline_edge`'s, operation for
+    operation (the same float64 results); pixel ``c0 + i`` is written to ``orow[i]``, NaN where
+    ``bad[i]``. ``n`` is a guess (its taps must lie inside the rows): returns the first ``i`` whose
+    floors differ from the run's (``n`` if none) -- the pixels from there on hold wrong values and
+    must be computed again (the test is in the vectorised loop, no scalar scan ahead of it)."""
+    first = n
     for j in range(n):
         c = c0 + j
         y = by + c * k01
         x = bx + c * k11
         ty = y - fy
-        tx = x - np.floor(x)
+        flx = np.floor(x)
+        tx = x - flx
+        ok = (np.floor(y) == fy) & (flx == fx + j)
+        first = min(first, n if ok else j)
         zy = 1.0 - ty
         wy1 = (ty * ty * (ty - 2.0) * 3.0 + 4.0) / 6.0
         wy2 = (zy * zy * (zy - 2.0) * 3.0 + 4.0) / 6.0
@@ -205,6 +212,7 @@ def _spline_run(r0, r1, r2, r3, c0, n, by, bx, k01, k11, fy, bad, orow):
         t += (r3[j + 2] * wy3) * wx2
         t += (r3[j + 3] * wy3) * wx3
         orow[j] = np.float32(np.nan) if bad[j] else np.float32(t)
+    return first
 
 
 @jit
@@ -380,19 +388,22 @@ def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, o
                     sig_out[r, c] = _sigma_edge(var, y, x, cy, cx, bad[c], ntab, gtab, fny_hi, fnx_hi)
                 c += 1
                 continue
-            c1 = c + 1
-            last = c + (nx - 4 - sx)  # the last column whose taps stay inside
-            while c1 <= last and c1 < ox:
-                if np.floor(by + c1 * k01) != fy or np.floor(bx + c1 * k11) != fx + (c1 - c):
-                    break
-                c1 += 1
-            n = c1 - c
-            _spline_run(coef[sy, sx:], coef[sy + 1, sx:], coef[sy + 2, sx:], coef[sy + 3, sx:], c, n, by, bx,
-                        k01, k11, fy, bad[c:], orow[c:])
+            # a guess of the run's length (from the distances to the next integer of y and of x - c),
+            # within the columns whose taps stay inside; the run itself finds where it really ends
+            m = nx - 3 - sx
+            if ox - c < m:
+                m = ox - c
+            gy = (fy + 1.0 - y) / k01 if k01 > 0.0 else ((y - fy) / -k01 if k01 < 0.0 else np.inf)
+            gx = (fx + 1.0 - x) / (k11 - 1.0) if k11 > 1.0 else ((x - fx) / (1.0 - k11) if k11 < 1.0 else np.inf)
+            g = min(gy, gx) + 2.0  # compared as floats first: an infinite or huge guess is no integer
+            if g < m:
+                m = np.int64(g)
+            n = _spline_run(coef[sy, sx:], coef[sy + 1, sx:], coef[sy + 2, sx:], coef[sy + 3, sx:], c, m, by, bx,
+                            k01, k11, fy, fx, bad[c:], orow[c:])
             if has_var:
                 _sigma_run(var[sy + 1, sx + 1:], var[sy + 2, sx + 1:], c, n, by, bx, k01, k11, fy, fry, frx, f01,
                            f11, fo0, fo1, ntab, gtab, fny_hi, fnx_hi, bad[c:], sig_out[r, c:], ti)
-            c = c1
+            c += n
 
 
 @pjit
