@@ -304,6 +304,67 @@ def _sigma_run(v0, v1, c0, n, by, bx, k01, k11, fy, fry, frx, f01, f11, fo0, fo1
             srow[j] = np.sqrt(v if v > np.float32(0.0) else np.float32(0.0))
 
 
+@jit
+def _dq_pixel(plane, y, x, db, keep, nd_bit):
+    """The output DQ at source position ``(y, x)``: ``NO_DATA`` more than half a pixel outside,
+    else the nearest pixel's value of ``plane`` (:func:`dq_prepass`; index clamped), its defect bits
+    kept only where the bilinear weight of "any defect" (255/0, SciPy's order-1 sum, mode nearest,
+    rounded as SciPy rounds to uint8) is >= 0.5."""
+    ny, nx = plane.shape
+    if y < -0.5 or y > ny - 0.5 or x < -0.5 or x > nx - 0.5:
+        return nd_bit
+    ny0 = _clamp(np.int64(np.floor(y + 0.5)), ny)
+    nx0 = _clamp(np.int64(np.floor(x + 0.5)), nx)
+    q8 = plane[ny0, nx0] & np.uint8(127)
+    if (q8 & db) != 0:
+        ly = np.floor(y)
+        lx = np.floor(x)
+        ty = y - ly
+        tx = x - lx
+        a0 = np.int64(ly)
+        b0 = np.int64(lx)
+        w0y = 1.0 - ty
+        w0x = 1.0 - tx
+        vy0 = w0y
+        vy1 = 1.0 - w0y
+        vx0 = w0x
+        vx1 = 1.0 - w0x
+        s = 0.0
+        for m in range(2):
+            aa = _clamp(a0 + m, ny)
+            wyy = vy0 if m == 0 else vy1
+            for q in range(2):
+                bb = _clamp(b0 + q, nx)
+                wxx = vx0 if q == 0 else vx1
+                mk = 255.0 if (plane[aa, bb] & np.uint8(128)) != 0 else 0.0
+                s += (mk * wyy) * wxx
+        if not (s > 0.0 and s + 0.5 >= 1.0):
+            q8 = q8 & keep
+    return q8
+
+
+@jit
+def _dq_run(prow, c0, n, by, bx, k01, k11, ry, rx, ylo, yhi, xlo, xhi, nf, dq_row, bad_row):
+    """Nearest-neighbour DQ of output pixels ``c0 + i`` (``0 <= i < n``) of a run: nearest row ``ry``
+    and nearest column ``rx + i``, inside the detector, so pixel ``c0 + i`` reads ``prow[i]`` (the
+    plane's row ``ry`` from column ``rx`` on) -- contiguous loads. Writes ``dq_row[i]`` (the value's
+    bits 0-6: the defect test of :func:`_dq_pixel` comes after, for the pixels with defect bits) and
+    ``bad_row[i]`` (``NOT_FINITE`` set); ``n`` is a guess: returns the first ``i`` that leaves the
+    run (``n`` if none), the pixels from there on to be done again."""
+    first = n
+    for j in range(n):
+        c = c0 + j
+        y = by + c * k01
+        x = bx + c * k11
+        ok = (np.floor(y + 0.5) == ry) & (np.floor(x + 0.5) == rx + j) & (y >= ylo) & (y <= yhi) & (x >= xlo) \
+            & (x <= xhi)
+        first = min(first, n if ok else j)
+        q8 = prow[j] & np.uint8(127)
+        dq_row[j] = q8
+        bad_row[j] = (q8 & nf) != 0
+    return first
+
+
 @pjit
 def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, out, dq_out, sig_out):
     """The fused pass over the output rows; ``plane`` from :func:`dq_prepass`; ``var`` of shape
@@ -332,45 +393,43 @@ def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, o
         fry = np.float32(r) * f00
         frx = np.float32(r) * f10
         orow = out[r]
-        # ---- DQ: nearest neighbour of the prepared plane, defects kept where the bilinear "any defect" >= 0.5
-        for c in range(ox):
+        # ---- DQ: nearest neighbour of the prepared plane by runs of constant nearest row and
+        # nearest column - c (:func:`_dq_run`), single pixels at the edges (:func:`_dq_pixel`);
+        # then the defects kept where the bilinear "any defect" >= 0.5 (:func:`_dq_pixel` again)
+        fny_lo, fny_top = -0.5, ny - 0.5
+        fnx_lo, fnx_top = -0.5, nx - 0.5
+        c = 0
+        while c < ox:
             y = by + c * k01
             x = bx + c * k11
-            if y < -0.5 or y > ny - 0.5 or x < -0.5 or x > nx - 0.5:
-                q8 = nd_bit
-                outside = True
-            else:
-                outside = False
-                ny0 = _clamp(np.int64(np.floor(y + 0.5)), ny)
-                nx0 = _clamp(np.int64(np.floor(x + 0.5)), nx)
-                q8 = plane[ny0, nx0] & np.uint8(127)
-                if (q8 & db) != 0:
-                    # bilinear weight of "any defect" (255/0), SciPy's order-1 sum, mode nearest
-                    ly = np.floor(y)
-                    lx = np.floor(x)
-                    ty = y - ly
-                    tx = x - lx
-                    a0 = np.int64(ly)
-                    b0 = np.int64(lx)
-                    w0y = 1.0 - ty
-                    w0x = 1.0 - tx
-                    vy0 = w0y
-                    vy1 = 1.0 - w0y
-                    vx0 = w0x
-                    vx1 = 1.0 - w0x
-                    s = 0.0
-                    for m in range(2):
-                        aa = _clamp(a0 + m, ny)
-                        wyy = vy0 if m == 0 else vy1
-                        for q in range(2):
-                            bb = _clamp(b0 + q, nx)
-                            wxx = vx0 if q == 0 else vx1
-                            mk = 255.0 if (plane[aa, bb] & np.uint8(128)) != 0 else 0.0
-                            s += (mk * wyy) * wxx
-                    if not (s > 0.0 and s + 0.5 >= 1.0):
-                        q8 = q8 & keep
-            dq_out[r, c] = q8
-            bad[c] = outside or (q8 & nf) != 0
+            ry = np.floor(y + 0.5)
+            rx = np.floor(x + 0.5)
+            outside = y < fny_lo or y > fny_top or x < fnx_lo or x > fnx_top
+            if outside or ry > ny - 1 or rx > nx - 1:
+                q8 = _dq_pixel(plane, y, x, db, keep, nd_bit)
+                dq_out[r, c] = q8
+                bad[c] = outside or (q8 & nf) != 0
+                c += 1
+                continue
+            iy = np.int64(ry)
+            ix = np.int64(rx)
+            m = nx - ix
+            if ox - c < m:
+                m = ox - c
+            gy = (ry + 0.5 - y) / k01 if k01 > 0.0 else ((y - (ry - 0.5)) / -k01 if k01 < 0.0 else np.inf)
+            gx = (rx + 0.5 - x) / (k11 - 1.0) if k11 > 1.0 else ((x - (rx - 0.5)) / (1.0 - k11) if k11 < 1.0
+                                                                  else np.inf)
+            g = min(gy, gx) + 2.0
+            if g < m:
+                m = np.int64(g)
+            c += _dq_run(plane[iy, ix:], c, m, by, bx, k01, k11, ry, rx, fny_lo, fny_top, fnx_lo, fnx_top, nf,
+                         dq_out[r, c:], bad[c:])
+        for c in range(ox):
+            q8 = dq_out[r, c]
+            if (q8 & db) != 0:  # inside (NO_DATA pixels hold no defect bit)
+                q8 = _dq_pixel(plane, by + c * k01, bx + c * k11, db, keep, nd_bit)
+                dq_out[r, c] = q8
+                bad[c] = (q8 & nf) != 0
         # ---- data and sigma: by runs of constant floor(y), floor(x) - c
         c = 0
         while c < ox:
