@@ -465,6 +465,71 @@ def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, o
             c += n
 
 
+@jit
+def _stats_chunk3(x, xi, q, thresholds, a, b, ch, buf, part_hist, part_below, part_n, part_lo, part_hi):
+    """:func:`stats_pass` on ``x[a:b]`` for at most 3 thresholds, in two loops: the DQ histogram,
+    then the good pixels' count, buffer, rank counts, min and max without branches (LLVM
+    vectorises it). Min and max are taken on the float32 bits mapped to integers of the same
+    order (``k = i ^ ((i >> 31) & 0x7fffffff)``, an involution; finite values only), so the
+    reduction is an integer one; the values are those of the branchy loop (-0.0 below +0.0: a
+    tie the chunked merge did not fix either)."""
+    h4 = np.zeros((4, 256), np.int64)  # 4 histograms in turn: one bin's increments need not wait on each other
+    i = a
+    while i + 4 <= b:
+        h4[0, q[i]] += 1
+        h4[1, q[i + 1]] += 1
+        h4[2, q[i + 2]] += 1
+        h4[3, q[i + 3]] += 1
+        i += 4
+    while i < b:
+        h4[0, q[i]] += 1
+        i += 1
+    for j in range(256):
+        part_hist[ch, j] += h4[0, j] + h4[1, j] + h4[2, j] + h4[3, j]
+    nt = thresholds.shape[0]
+    t0 = thresholds[0] if nt > 0 else np.float32(-np.inf)
+    t1 = thresholds[1] if nt > 1 else np.float32(-np.inf)
+    t2 = thresholds[2] if nt > 2 else np.float32(-np.inf)
+    big = np.int32(2147483647)
+    small = np.int32(-2147483648)
+    m31 = np.int32(2147483647)
+    ng = 0
+    b0 = 0
+    b1 = 0
+    b2 = 0
+    klo = big
+    khi = small
+    for i in range(a, b):
+        v = x[i]
+        good = (q[i] == 0) & np.isfinite(v)
+        buf[i] = v if good else np.float32(0.0)
+        ng += 1 if good else 0
+        b0 += 1 if good & (v < t0) else 0
+        b1 += 1 if good & (v < t1) else 0
+        b2 += 1 if good & (v < t2) else 0
+        bits = xi[i]
+        key = bits ^ ((bits >> 31) & m31)
+        klo = min(klo, key if good else big)
+        khi = max(khi, key if good else small)
+    part_n[ch] = ng
+    if nt > 0:
+        part_below[ch, 0] += b0
+    if nt > 1:
+        part_below[ch, 1] += b1
+    if nt > 2:
+        part_below[ch, 2] += b2
+    if ng > 0:
+        lo_bits = np.empty(2, np.int32)
+        lo_bits[0] = klo ^ ((klo >> 31) & m31)
+        lo_bits[1] = khi ^ ((khi >> 31) & m31)
+        vals = lo_bits.view(np.float32)
+        part_lo[ch] = vals[0]
+        part_hi[ch] = vals[1]
+    else:
+        part_lo[ch] = np.float32(np.inf)
+        part_hi[ch] = np.float32(-np.inf)
+
+
 @pjit
 def stats_pass(x, q, thresholds, nchunks, buf, hist, below, lo_hi):
     """One pass over a flat float32 frame ``x`` and its DQ ``q`` (see fused.frame_statistics).
@@ -482,9 +547,13 @@ def stats_pass(x, q, thresholds, nchunks, buf, hist, below, lo_hi):
     part_n = np.zeros(nchunks, np.int64)
     part_lo = np.full(nchunks, np.inf, np.float32)
     part_hi = np.full(nchunks, -np.inf, np.float32)
+    xi = x.view(np.int32)
     for ch in prange(nchunks):
         a = ch * step
         b = min(n, a + step)
+        if nt <= 3:
+            _stats_chunk3(x, xi, q, thresholds, a, b, ch, buf, part_hist, part_below, part_n, part_lo, part_hi)
+            continue
         ng = 0
         lo = np.float32(np.inf)
         hi = np.float32(-np.inf)
