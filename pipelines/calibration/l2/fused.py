@@ -10,11 +10,20 @@ disabled: :func:`enabled`), it runs here in two compiled steps:
    the pass along axis 0 runs on strips of :data:`STRIP` columns (the recursion goes down the
    rows of a strip held in a float64 buffer, the 32 columns side by side, so it vectorises
    and the strip stays in cache), the pass along axis 1 the same way on blocks of 32 rows
-   transposed into the buffer; both in parallel (``numba.prange``). The recursion is SciPy's (``ni_splines.c``): the gain ``(1 - z)(1 -
-   1/z)``, the causal start of the half-sample ("reflect") rule ``_init_causal_reflect``, the
-   anticausal start ``c[n-1] *= z / (z - 1)``, the pole ``z = sqrt(3) - 2``.
-2. :func:`resample_pass` -- one pass over the output, parallel over rows: per output pixel the
-   source position ``(offset + r k00) + c k01`` (SciPy 1.17's order of the float64 sums), then
+   transposed into the buffer; both in parallel (``numba.prange``). The recursion is SciPy's
+   (``ni_splines.c``): the gain ``(1 - z)(1 - 1/z)``, the causal start of the half-sample
+   ("reflect") rule ``_init_causal_reflect``, the anticausal start ``c[n-1] *= z / (z - 1)``,
+   the pole ``z = sqrt(3) - 2``.
+2. :func:`resample_pass` -- a pre-pass over the input DQ (``dq_prepass``: per source pixel the
+   value the nearest neighbour takes, grown defects included, and whether the pixel itself
+   holds a defect, in one uint8 plane), then one pass over the output, parallel over rows: per
+   output pixel the source position ``(offset + r k00) + c k01`` (SciPy 1.17's order of the
+   float64 sums). Along an output row ``floor(y)`` and ``floor(x) - c`` stay constant for
+   about ``1 / |k01|`` pixels: over such a run the 16 taps of consecutive pixels are
+   consecutive coefficients of 4 rows, so the run is one loop of contiguous loads without
+   index clamping that LLVM vectorises (``_spline_run``; the nearest-neighbour DQ and the
+   variance likewise, ``_dq_run``, ``_sigma_run``); the pixels whose taps reach past an edge
+   are done one by one with clamped indices. The operations per pixel are the same either way:
 
    * data: the 16 taps of the cubic spline, SciPy's weights
      (``get_spline_interpolation_weights``) and SciPy's order of the float64 sum (row of taps
