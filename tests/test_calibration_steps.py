@@ -261,6 +261,38 @@ def test_fused_detector_signal_equals_the_steps_one_by_one(bad_flat):
     assert np.nanmax(np.abs(without / ref - 1)) > 1e-3
 
 
+@pytest.mark.parametrize("bad_flat", [False, True])
+def test_compiled_detector_pass_equals_numexpr_bit_for_bit(bad_flat):
+    """The compiled detector signal and variance (pipelines.calibration.l2.fused) against the numexpr
+    expressions they replace: equal bytes (float32 operations in the same order), with and without
+    the error planes, with raw values below the bias (the Poisson term's clip)."""
+    from pipelines.calibration.l2 import fused, kernels, uncertainty
+
+    if not fused.available():
+        pytest.skip("numba not installed")
+    assert kernels.available(np.zeros(1))
+    raw, h, bias, rate, flat, planes, flat_err = _random_detector(bad_flat=bad_flat)
+    raw[5, :20] = 50.0  # below the bias
+    kw = dict(reference_temperature_c=-20.0, doubling_temperature_c=6.0)
+    t, s = 3.7, 3.7 * 2 ** (7.5 / 6.0)
+    got, want = {}, {}
+    for on, res in ((True, got), (False, want)):
+        fused.set_enabled(on)
+        try:
+            res["img"], res["h"] = steps.correct_detector_signal(raw, h, bias, rate, flat, 2.5e-3, steps.RADIANCE_UNIT,
+                                                                 **kw)
+            for name, pl, fe in (("all", planes, flat_err), ("none", {}, None),
+                                 ("bias", {"biaserr": planes["biaserr"]}, flat_err)):
+                res[name] = uncertainty.detector_variance(raw, bias, 2.0, 4.0, pl, s, flat, fe, rate, t, 2.5e-3)
+        finally:
+            fused.set_enabled(None)
+    assert got["img"].tobytes() == want["img"].tobytes()
+    assert list(got["h"].items()) == list(want["h"].items())
+    for name in ("all", "none", "bias"):
+        assert got[name].tobytes() == want[name].tobytes(), name
+    assert np.isnan(got["all"]).sum() == (3 if bad_flat else 0)
+
+
 def test_flow_fused_and_step_by_step_paths_agree():
     """calibrate_frame on NumPy (fused) against the step-by-step path the flow takes on
     other backends (forced here by hiding numexpr): data, DQ, uncertainty, statistics."""
@@ -291,6 +323,16 @@ def test_fused_radius_mask_equals_the_radius_map(inside):
     r = sun.radius_map((n, n), geom, np, dtype=np.float32)
     np.testing.assert_array_equal(sel, (r < 1.7) if inside else (r > 1.7))
     assert 0 < sel.sum() < n * n
+    # the compiled pass (pipelines.calibration.l2.fused.radius_flag): the same pixels flagged, counted
+    from pipelines.calibration.l2 import fused
+
+    if fused.available():
+        dq = np.zeros((n, n), np.uint8)
+        dq[::7, ::5] = np.uint8(steps.DQ.BAD_PIXEL)
+        out = np.empty_like(dq)
+        count = fused.radius_flag(dq, steps._radius_terms((n, n), geom), 1.7, inside, int(steps.DQ.OCCULTED), out)
+        assert count == int(sel.sum())
+        np.testing.assert_array_equal(out, np.where(sel, dq | np.uint8(steps.DQ.OCCULTED), dq))
 
 
 def test_statistics_exact_when_small_and_sampled_with_a_measured_rank_error_when_large():

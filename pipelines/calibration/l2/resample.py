@@ -490,8 +490,9 @@ def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_
     variance (:func:`pipelines.calibration.l2.uncertainty.resample_variance`'s model), NaN
     where the data are NaN or the source is outside. ``compiled``: None decides by
     :func:`pipelines.calibration.l2.fused.enabled`. ``overwrite``: the compiled path may fill
-    and prefilter a C-contiguous float32 ``data`` in place and set ``NOT_FINITE`` in ``dq``
-    first (one frame less at the peak; the results are the same).
+    and prefilter a C-contiguous float32 ``data`` in place, set ``NOT_FINITE`` in ``dq`` first
+    and overwrite ``dq`` with the plane the pass samples (one frame and one DQ plane less at
+    the peak; the results are the same).
     """
     from scipy import ndimage as nd
 
@@ -529,7 +530,7 @@ def _north_up_exact(data: np.ndarray, dq: np.ndarray, var: np.ndarray | None, k_
             g = _factor_table(order, 1025, "spline")[1].astype(np.float32)
             out, dq_out, sigma = fused.resample_pass(
                 coef, data32, dq, var_f, k_yx, offset, g, defect_bits=sum(int(b) for b in DEFECT_BITS),
-                not_finite=int(DQ.NOT_FINITE), no_data=int(DQ.NO_DATA))
+                not_finite=int(DQ.NOT_FINITE), no_data=int(DQ.NO_DATA), overwrite_dq=own)
         finally:
             numba.set_num_threads(before)
         return out, dq_out, sigma
@@ -598,8 +599,9 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
     method : {"spline", "opencv-cubic", "opencv-lanczos4"}
         The resampling back end (:data:`RESAMPLE_METHODS`); the OpenCV ones need NumPy input.
     overwrite_input : bool
-        ``data`` may be overwritten (its spline coefficients are computed in its memory: one
-        frame less at the peak). The calibration flow passes its own intermediate frame.
+        ``data`` and ``dq`` may be overwritten (the spline coefficients are computed in the
+        data's memory, the DQ plane the compiled pass samples in the DQ's: one frame and one
+        DQ plane less at the peak). The calibration flow passes its own intermediate frames.
 
     Returns
     -------

@@ -767,6 +767,20 @@ def correct_detector_signal(data: Any, header: fits.Header, bias: Any, dark_rate
         return img, h
     t, factor, why = _dark_scaling(header, reference_temperature_c, doubling_temperature_c, temperature_curve)
     h = _dark_header(header, dark_rate, t, factor, why)
+    from pipelines.calibration.l2 import fused
+
+    if fused.enabled():  # the same expression compiled (one pass at memory speed)
+        out, n_bad = fused.detector_signal(data, bias, dark_rate, flat, t * factor, t, c)
+        if n_bad:
+            good = np.isfinite(flat)
+            good &= flat > 0
+            mean_flat = float(np.mean(np.where(good, flat, np.float32(1.0))))
+            del good
+        else:
+            mean_flat = float(np.mean(flat))
+        h = _flat_header(h, mean_flat, n_bad)
+        h = _exposure_header(h, t)
+        return out, _units_header(h, c, unit)
     good = np.isfinite(flat)
     good &= flat > 0
     n_bad = int(good.size - np.count_nonzero(good))
@@ -940,7 +954,14 @@ def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bo
     geom = sun_geometry(header)
     from pipelines.calibration.l2 import kernels
 
-    if kernels.available(dq):
+    from pipelines.calibration.l2 import fused
+
+    n = None
+    if isinstance(dq, np.ndarray) and dq.dtype == np.uint8 and fused.enabled():  # one compiled pass
+        out = np.empty_like(dq, order="C")
+        n = fused.radius_flag(np.ascontiguousarray(dq), _radius_terms(dq.shape, geom), radius_rsun, inside, int(bit),
+                              out)
+    elif kernels.available(dq):
         sel = _radius_select(dq.shape, geom, radius_rsun, inside)
         out = dq.copy()
         np.bitwise_or(out, np.uint8(int(bit)), out=out, where=sel)
@@ -950,11 +971,24 @@ def _mask_radius(dq: Any, header: fits.Header, radius_rsun: float, *, inside: bo
         del r
         out = xp.where(sel, dq | xp.asarray(int(bit), dtype=xp.uint8), dq)
     h = _copy(header)
-    n = int(xp.count_nonzero(sel))
+    if n is None:
+        n = int(xp.count_nonzero(sel))
     side = "inside" if inside else "outside"
     _history(h, step, f"{n} pixels {side} r = {radius_rsun:g} Rsun ({radius_rsun * geom.rsun_px:.2f} px) "
              f"flagged {bit.name} (DQ bit {int(bit)})")
     return out, h
+
+
+def _radius_terms(shape: tuple[int, int], geom: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The float32 column and row terms of :func:`pipelines.sun.radius_map` [Rsun]: ``(ax, ay, bx, by)``,
+    ``ax``, ``bx`` of shape ``(nx,)`` and ``ay``, ``by`` of shape ``(ny,)`` (each rounded from float64);
+    a pixel's radius is ``sqrt((ax + ay)**2 + (bx + by)**2)`` in float32."""
+    ny, nx = shape
+    m = geom.matrix / geom.rsun_arcsec
+    dx = np.arange(nx, dtype=np.float64) - geom.x0
+    dy = np.arange(ny, dtype=np.float64) - geom.y0
+    return ((m[0, 0] * dx).astype(np.float32), (m[0, 1] * dy).astype(np.float32),
+            (m[1, 0] * dx).astype(np.float32), (m[1, 1] * dy).astype(np.float32))
 
 
 def _radius_select(shape: tuple[int, int], geom: Any, radius_rsun: float, inside: bool) -> np.ndarray:
@@ -968,11 +1002,8 @@ def _radius_select(shape: tuple[int, int], geom: Any, radius_rsun: float, inside
     from pipelines.calibration.l2 import kernels
 
     ny, nx = shape
-    m = geom.matrix / geom.rsun_arcsec
-    dx = (np.arange(nx, dtype=np.float64) - geom.x0).reshape(1, nx)
-    dy = (np.arange(ny, dtype=np.float64) - geom.y0).reshape(ny, 1)
-    env = {"ax": (m[0, 0] * dx).astype(np.float32), "ay": (m[0, 1] * dy).astype(np.float32),
-           "bx": (m[1, 0] * dx).astype(np.float32), "by": (m[1, 1] * dy).astype(np.float32),
+    ax, ay, bx, by = _radius_terms(shape, geom)
+    env = {"ax": ax.reshape(1, nx), "ay": ay.reshape(ny, 1), "bx": bx.reshape(1, nx), "by": by.reshape(ny, 1),
            "R": np.float32(radius_rsun)}
     op = "<" if inside else ">"
     return kernels.evaluate(f"sqrt((ax + ay) * (ax + ay) + (bx + by) * (bx + by)) {op} R", env)
