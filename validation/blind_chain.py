@@ -1596,7 +1596,8 @@ def gate_checks(m: dict[str, float], channels=CHANNELS, *, cosmic: bool = True) 
       better there. Every seed uses that one scene (0.0985 px on seeds 0-9; built from SWAP's
       azimuthal mean 0.0002 px; other edge levels, smoothings and rejections 0.083-0.110 px on it
       and 0.009-0.023 px on the EIT scenes: ``benchmarks/sdi_limb_bias.py``), so the gate's pass
-      rate at 256 px is the noise's and the pixel phase's draw about 0.098 px; SDI states 1.0 arcsec per axis in ``CSYERia``
+      rate at 256 px is the noise's and the pixel phase's draw about 0.098 px; SDI states
+      1.0 arcsec per axis in ``CSYERia``
       (:data:`pipelines.calibration.l2.centre.EDGE_SYSTEMATIC_ARCSEC`), which its error meets;
     * SCI: stray-light error <= 5 % of the K corona at 1.1, 1.5, 2.0 and 2.5 Rsun
       (``stray_pct_C_rR``), or within 3 times the stated stray-light 1-sigma there

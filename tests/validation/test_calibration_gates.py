@@ -245,7 +245,8 @@ def test_a_flat_plane_off_by_its_flatplsg_is_a_frame_wide_mode_not_pixel_scatter
     # a plane 5 stated sigma off on both axes: the frame gate
     (data, unc), = _plane_frames(rng, truth, sg, [(5.0, 5.0)])
     out = {}
-    bc.score_total_pulls(type("L2", (), {"data": data, "uncertainty": unc, "header": _product(truth, unc, FLATPLSG=sg)[0].header,
+    hdr = _product(truth, unc, FLATPLSG=sg)[0].header
+    bc.score_total_pulls(type("L2", (), {"data": data, "uncertainty": unc, "header": hdr,
                                          "dq": np.zeros(truth.shape, np.uint8)}), truth, "WST", out)
     assert out["pull_plane_amp_WST"] > bc.GATES["frame_pull_max"]
     print(f"plane frames: width about the median alone up to {raw.max():.2f}, about the plane up to "
