@@ -595,8 +595,9 @@ def _seed_summary(res: dict) -> dict:
     * ``flat_pull_width``: per channel the RMS over seeds of ``flat_pull_{C}`` (the robust
       width of the flat's error over ``FLATERR``), the channel farthest from 1;
     * ``total_pull_width_worst``: per channel :func:`validation.blind_chain.pooled_pull_width`
-      of (``pull_width_total_{C}``, ``pull_median_total_{C}``) over seeds, the channel farthest
-      from 1.
+      of (``pull_width_total_{C}``, ``pull_median_total_{C}``, ``pull_plane_total_{C}``: the
+      fitted flat-plane mode of a product that states its plane, 0 where a seed has none) over
+      seeds, the channel farthest from 1.
     """
     from validation.blind_chain import CHANNELS as CH, RADII, TUNING_SEEDS, pooled_pull_width
 
@@ -611,7 +612,8 @@ def _seed_summary(res: dict) -> dict:
         return float(max(vals)) if vals else float("nan")
 
     total = {c: pooled_pull_width([r["metrics"].get(f"pull_width_total_{c}", np.nan) for r in rows],
-                                  [r["metrics"].get(f"pull_median_total_{c}", np.nan) for r in rows]) for c in CH}
+                                  [r["metrics"].get(f"pull_median_total_{c}", np.nan) for r in rows],
+                                  [r["metrics"].get(f"pull_plane_total_{c}", np.nan) for r in rows]) for c in CH}
     within = {c: _rms(_vals(rows, [f"pull_width_total_{c}"])) for c in CH}
     shift = {c: _rms(_vals(rows, [f"pull_median_total_{c}"])) for c in CH}
     flat_w = {c: _rms(_vals(rows, [f"flat_pull_{c}"])) for c in CH}
@@ -665,8 +667,11 @@ def write_mismatch_report(out: Path) -> Path:
          "with the frame-wide `RADUNC` times the pixel's value and the centre's `CRDERia`/`CSYERia` through the "
          "image gradient); nothing measured against the truth corrects L2 before it is scored. A frame-wide error "
          "shifts all pixels of a frame together, so two widths: per frame the pixels' robust width about their "
-         "median (`pull_width_total_C`, gated <= 1.1) and the median itself (`pull_median_total_C`, the frame's "
-         "shift, gated within 3); over the seeds the pooled width `sqrt(mean(width^2) + mean(median^2))` "
+         "median (`pull_width_total_C`, gated <= 1.1; where the product states its flat plane, `FLATPLSG`, about that "
+         "fitted frame-wide plane too, whose fitted gradient over `FLATPLSG`, `pull_plane_amp_C`, is gated within 3 "
+         "with the shift) and the median itself (`pull_median_total_C`, the frame's "
+         "shift, gated within 3); over the seeds the pooled width `sqrt(mean(width^2) + mean(median^2) + "
+         "mean(plane^2))`, plane the fitted plane mode's RMS in pull units (`pull_plane_total_C`) "
          "(`validation.blind_chain.pooled_pull_width`: the pull of a pixel of a product taken at random, what a "
          "user's error bar claims; target 1 +- 0.1).", "",
          f"Seeds that set a limit: {', '.join(map(str, LIMIT_SEEDS))} (the cosmic-ray limits, "

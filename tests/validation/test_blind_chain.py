@@ -94,6 +94,7 @@ def test_the_gates_fail_on_the_controls(chain):
                                                                          / chain["centre_err_px_SDI"])
     bad["pull_width_total_SCI-UV"] = 1.12
     bad["pull_median_total_SDI"] = -3.2
+    bad["pull_plane_amp_WST"] = 3.2  # the fitted flat-plane mode beyond 3 stated FLATPLSG
     bad["cr_residual_frac_saa_SCI-WL"] = chain["cr_residual_frac_off_SCI-WL"]
     bad["level_WST"] = 1.012
     bad["level_SCI-WL"] = 1.0 + bc.level_tolerance(chain, "SCI-WL") + 0.002
@@ -101,7 +102,7 @@ def test_the_gates_fail_on_the_controls(chain):
     bad["stray_pull_SCI-WL_r2.5"] = 3.1
     assert set(bc.gate_failures(bad)) - set(bc.gate_failures(chain)) == {
         "centre WST", "centre claim SDI", "dark SDI", "flat SDI", "pull width SCI-UV", "frame pull SDI",
-        "cosmic-ray residual SCI-WL",
+        "frame pull WST", "cosmic-ray residual SCI-WL",
         "level WST", "level SCI-WL", "stray SCI-WL 2.5 Rsun"}
     # a product without the WCS error keywords states no claim: that fails too
     bad = dict(chain)

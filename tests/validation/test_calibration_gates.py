@@ -181,6 +181,78 @@ def test_a_level_off_by_its_radunc_gives_width_one_only_with_radunc():
           f"{out['pull_median_total_SDI']:.2f} (after a truth-measured level: {out_c['pull_median_total_SDI']:.2f})")
 
 
+def _plane_frames(rng, truth, sg, draws, noise_scale=1.0):
+    """Frames of ``truth`` times a flat-plane error exp(-g . r) (g per axis = draw x ``sg`` / nx about
+    the frame centre), noise 0.3 % + 0.5 (times ``noise_scale``), and the UNCERT a product states:
+    the noise (unscaled) and the stated plane's per-pixel 1-sigma in quadrature."""
+    n = truth.shape[0]
+    y, x = np.mgrid[:n, :n] - (n - 1) / 2.0
+    noise = 0.003 * truth + 0.5
+    unc = np.hypot(noise, truth * sg / n * np.hypot(y, x))
+    frames = []
+    for ay, ax in draws:
+        data = truth * np.exp(-(ay * y + ax * x) * sg / n)
+        frames.append((data + rng.normal(0.0, noise_scale * noise), unc))
+    return frames
+
+
+def test_a_flat_plane_off_by_its_flatplsg_is_a_frame_wide_mode_not_pixel_scatter():
+    """Frames whose flat plane is off by draws of the stated FLATPLSG (in UNCERT per pixel): a
+    frame with a large draw has its pixels' pulls spread along the gradient, so their width about
+    the median alone exceeds the 1.1 gate although the statement is right; about the fitted plane
+    mode it does not, the mode's gradient over FLATPLSG is what was drawn, and the pooled width
+    (with the mode's RMS) is 1. A pixel noise understated by 1.3 still fails the frame's width, and
+    a plane 5 stated sigma off fails the frame-pull gate."""
+    from validation import blind_chain as bc
+
+    rng = np.random.default_rng(11)
+    truth = _disk(n=96, r=36.0)
+    sg = 0.02
+    q = _normal_quantiles(16)
+    draws = [(q[i], q[(5 * i + 3) % len(q)]) for i in range(len(q))]
+    frames = _plane_frames(rng, truth, sg, draws)
+    outs = []
+    for data, unc in frames:
+        out = {}
+        prod = type("L2", (), {"data": data, "uncertainty": unc, "header": _product(truth, unc, FLATPLSG=sg)[0].header,
+                               "dq": np.zeros(truth.shape, np.uint8)})
+        bc.score_total_pulls(prod, truth, "WST", out)
+        outs.append(out)
+        assert bc.gate_checks(out | {"level_WST": 1.0, "centre_err_arcsec_WST": 0.0, "centre_claim_arcsec_WST": 1.0,
+                                     "dark_err_frac_WST": 0.0, "centre_err_px_WST": 0.0, "flat_rms_WST": 0.0},
+                              ("WST",), cosmic=False)[:2] == [("pull width WST", True), ("frame pull WST", True)]
+    raw = np.array([o["pull_width_total_raw_WST"] for o in outs])
+    amp = np.array([o["pull_plane_amp_WST"] for o in outs])
+    assert raw.max() > 1.0 + bc.GATES["pull_width_dev"]  # the largest draws: the plane read as pixel scatter
+    assert all(o["pull_width_total_WST"] <= 1.0 + bc.GATES["pull_width_dev"] for o in outs)
+    assert np.allclose(amp, [np.sqrt((a * a + b * b) / 2) for a, b in draws], atol=0.1)
+    pooled = bc.pooled_pull_width([o["pull_width_total_WST"] for o in outs], [o["pull_median_total_WST"] for o in outs],
+                                  [o["pull_plane_total_WST"] for o in outs])
+    assert abs(pooled - 1.0) <= bc.GATES["pull_width_dev"], pooled
+    # the fit takes out the plane and nothing else: a frame whose pixel noise is understated (x 2.5)
+    # has the width about the fitted plane that the same noise gives with no plane error at all
+    # (the stated plane's 1-sigma in UNCERT dilutes any pixel-level understatement alike)
+    widths = []
+    for draw in ((1.5, -1.5), (0.0, 0.0)):
+        (data, unc), = _plane_frames(np.random.default_rng(5), truth, sg, [draw], noise_scale=2.5)
+        out = {}
+        bc.score_total_pulls(type("L2", (), {"data": data, "uncertainty": unc,
+                                             "header": _product(truth, unc, FLATPLSG=sg)[0].header,
+                                             "dq": np.zeros(truth.shape, np.uint8)}), truth, "WST", out)
+        widths.append((out["pull_width_total_WST"], out["pull_width_total_raw_WST"]))
+    assert widths[0][0] > 1.0 + bc.GATES["pull_width_dev"]
+    assert abs(widths[0][0] / widths[1][1] - 1.0) < 0.03, widths
+    # a plane 5 stated sigma off on both axes: the frame gate
+    (data, unc), = _plane_frames(rng, truth, sg, [(5.0, 5.0)])
+    out = {}
+    hdr = _product(truth, unc, FLATPLSG=sg)[0].header
+    bc.score_total_pulls(type("L2", (), {"data": data, "uncertainty": unc, "header": hdr,
+                                         "dq": np.zeros(truth.shape, np.uint8)}), truth, "WST", out)
+    assert out["pull_plane_amp_WST"] > bc.GATES["frame_pull_max"]
+    print(f"plane frames: width about the median alone up to {raw.max():.2f}, about the plane up to "
+          f"{max(o['pull_width_total_WST'] for o in outs):.2f}; pooled {pooled:.3f}")
+
+
 def test_a_centre_off_by_its_csyer_gives_width_one_only_with_the_centre_term():
     """Frames of a disk whose centre is off by draws of its stated CSYER (0.3 px per axis): the
     centre term (CSYER through the image gradient) makes the pooled pull width 1; without it the
