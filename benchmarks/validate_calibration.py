@@ -647,6 +647,18 @@ def _seed_summary(res: dict) -> dict:
             "flat_pull_width": flat_w, "level_pull_rms": level_w, "centre_pull_rms": centre_w}
 
 
+#: Issue 27 point 0: the chain of f32dd98 on the model families, measured before any estimator
+#: changed (commit 6daaaa6's report; the gates and RESULT fields of that time), kept in every
+#: re-rendering of the report so that each later change shows its effect.
+POINT0_BASELINE = (
+    "Point 0 (the chain of f32dd98, before any estimator changed; commit 6daaaa6, 2026-12-05 19:49 UTC, "
+    "the gates and RESULT fields of that time): mismatch on `RESULT seeds=10 gates=41 worst_gate_pass_rate=0.00 "
+    "seeds_all_pass=0 stray_pct_max=936.40 flat_rms_real_pct=5.968 flat_rms_sci_pct=1.092 centre_err_px_max=1.529 "
+    "dark_err_pct_max=3.10 level_dev_pct_max=202.01`; mismatch off `RESULT seeds=10 gates=41 "
+    "worst_gate_pass_rate=0.60 seeds_all_pass=3 stray_pct_max=4.75 flat_rms_real_pct=0.581 flat_rms_sci_pct=0.141 "
+    "centre_err_px_max=0.104 dark_err_pct_max=0.15 level_dev_pct_max=4.25`.")
+
+
 def write_mismatch_report(out: Path) -> Path:
     """``out/calibration_mismatch.md`` from ``out/calibration_mismatch_{off,on}.json`` (whichever exist)."""
     from validation.families import family_rows
@@ -689,6 +701,7 @@ def write_mismatch_report(out: Path) -> Path:
         else:
             L.append("  (scored before issue 27 item 4: the gates and RESULT fields of that time, the pull width "
                      "then against a truth-measured level and centre; not re-run since)")
+    L += ["", POINT0_BASELINE]
     L += ["", "## Model families (mismatch on)", "", *family_rows(), "",
           "Alternating shapes: stray light bent on even seeds for SCI-UV and odd seeds for SCI-WL, two components "
           "otherwise; corona tilt on even seeds, bump on odd; degradation step on even seeds, fast early loss on odd. "
