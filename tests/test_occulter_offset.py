@@ -14,7 +14,7 @@ import pytest
 from astropy.io import fits
 
 from pipelines.calibration.l2.centre import fit_and_apply_centre
-from pipelines.calibration.masters.occulter import measure_occulter_offset, offset_from_parameters
+from pipelines.calibration.masters.occulter import measure_occulter_offset, offset_from_parameters, roll_weights
 from pipelines.errors import DataError
 
 N, SCALE, RSUN = 128, 32.0, 960.0  # 30 px to the solar radius
@@ -22,14 +22,17 @@ SUN = (63.4, 64.7)  # 0-based
 OFFSET = (1.7, -1.1)  # occulter minus Sun [px]
 
 
-def _frame(roll: float, rng, tilt: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, fits.Header]:
+def _frame(roll: float, rng, tilt: tuple[float, float] = (0.0, 0.0),
+           jitter: tuple[float, float] = (0.0, 0.0)) -> tuple[np.ndarray, fits.Header]:
+    """One roll of the sequence; ``jitter`` moves the Sun and the occulter together (pointing)."""
     y, x = np.mgrid[:N, :N].astype(float)
     a = math.radians(roll)
-    dx, dy = x - SUN[0], y - SUN[1]
+    sun = (SUN[0] + jitter[0], SUN[1] + jitter[1])
+    dx, dy = x - sun[0], y - sun[1]
     ux, uy = math.cos(a) * dx - math.sin(a) * dy, math.sin(a) * dx + math.cos(a) * dy  # sky = R(roll) (det - sun)
     r, phi = np.hypot(ux, uy) / 30.0, np.arctan2(uy, ux)
     sky = 1e4 * np.maximum(r, 0.3) ** -3 * (1 + 0.3 * np.cos(2 * phi - 0.5) + 0.15 * np.cos(phi + 1.0))
-    ro = np.hypot(x - SUN[0] - OFFSET[0], y - SUN[1] - OFFSET[1]) / 30.0
+    ro = np.hypot(x - sun[0] - OFFSET[0], y - sun[1] - OFFSET[1]) / 30.0
     shadow = np.sin(0.5 * np.pi * np.clip((ro - 1.0) / 0.1, 0, 1)) ** 2
     # a detector-fixed gain tilt [1/Rsun] (a diffuser flat's large-scale error): does not turn with the roll
     gain = 1.0 + (tilt[0] * (x - (N - 1) / 2) + tilt[1] * (y - (N - 1) / 2)) / 30.0
@@ -42,11 +45,11 @@ def _frame(roll: float, rng, tilt: tuple[float, float] = (0.0, 0.0)) -> tuple[np
     return img, h
 
 
-def _sequence(seed: int, rolls=(0.0, 90.0, 180.0, 270.0), tilt=(0.0, 0.0)):
+def _sequence(seed: int, rolls=(0.0, 90.0, 180.0, 270.0), tilt=(0.0, 0.0), jitter_px: float = 0.0):
     rng = np.random.default_rng(seed)
     imgs, hdrs = [], []
     for roll in rolls:
-        img, h = _frame(roll, rng, tilt)
+        img, h = _frame(roll, rng, tilt, tuple(rng.uniform(-jitter_px, jitter_px, 2)))
         h1, _ = fit_and_apply_centre(img, h, coronagraph=True, occulter_rsun=1.1)  # the occulter, not the Sun
         imgs.append(img)
         hdrs.append(h1)
@@ -98,7 +101,41 @@ def test_a_detector_fixed_gain_tilt_is_not_read_as_an_offset():
     assert kw["OCCGRAD1"][0] == pytest.approx(off.gradient[0], rel=1e-3) and kw["OCCOFNFR"][0] == 4
 
 
-def test_rolls_that_do_not_surround_the_sun_are_refused():
+def test_uneven_rolls_pointing_jitter_and_masked_pixels():
+    """Rolls that surround the Sun unevenly are weighted so that m = 1 cancels; each frame's Sun and
+    occulter move together by up to 2.5 px (pointing) and a patch of each is masked: the offset is
+    still found. The same rolls unweighted leave m = 1 at 0.27 of the corona's."""
+    rolls = (0.0, 100.0, 200.0, 250.0, 300.0)
+    w, left = roll_weights(rolls)
+    assert left < 1e-3 and w.min() >= 0 and w.sum() == pytest.approx(1.0)
+    assert abs(np.mean(np.exp(1j * np.radians(rolls)))) > 0.2
+    imgs, hdrs = _sequence(15, rolls=rolls, jitter_px=2.5)
+    valid = []
+    for k, img in enumerate(imgs):
+        ok = np.ones(img.shape, bool)
+        ok[20 + 7 * k:30 + 7 * k, 95:105] = False  # a bad column block, moving on the sky
+        img[~ok] = 0.0  # what a masked pixel may hold
+        valid.append(ok)
+    off = measure_occulter_offset(imgs, hdrs, valid)
+    assert math.hypot(off.dx_px - OFFSET[0], off.dy_px - OFFSET[1]) < 0.05
+    assert off.n_frames == 5
+
+
+def test_rolls_that_do_not_surround_the_sun_and_bad_inputs_are_refused(sequence):
     imgs, hdrs = _sequence(14, rolls=(0.0, 30.0, 60.0))
-    with pytest.raises(DataError, match="not spread round the circle"):
+    with pytest.raises(DataError, match="do not surround the Sun"):
         measure_occulter_offset(imgs, hdrs)
+    imgs, hdrs = sequence
+    with pytest.raises(DataError, match="differ in shape"):
+        measure_occulter_offset([imgs[0], imgs[1][:-1]], hdrs[:2])
+    with pytest.raises(DataError, match="validity masks"):
+        measure_occulter_offset(imgs, hdrs, [np.ones(imgs[0].shape, bool)])
+    refused = [h.copy() for h in hdrs]
+    for h in refused[1:]:
+        h["FITCSTAT"] = "FAILED"
+    with pytest.raises(DataError, match="accepted occulter fit"):
+        measure_occulter_offset(imgs, refused)
+    moved = [h.copy() for h in hdrs]
+    moved[2].add_history("fit_sun_centre: occulter fit moved by the measured occulter-to-Sun offset (+1.0, +1.0)")
+    with pytest.raises(DataError, match="already moved"):
+        measure_occulter_offset(imgs, moved)

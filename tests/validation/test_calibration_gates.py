@@ -201,7 +201,7 @@ def test_a_flat_plane_off_by_its_flatplsg_is_a_frame_wide_mode_not_pixel_scatter
     frame with a large draw has its pixels' pulls spread along the gradient, so their width about
     the median alone exceeds the 1.1 gate although the statement is right; about the fitted plane
     mode it does not, the mode's gradient over FLATPLSG is what was drawn, and the pooled width
-    (with the mode's RMS) is 1. A pixel noise understated by 1.3 still fails the frame's width, and
+    (with the mode's RMS) is 1. A pixel noise understated by 2.5 still fails the frame's width, and
     a plane 5 stated sigma off fails the frame-pull gate."""
     from validation import blind_chain as bc
 

@@ -641,7 +641,7 @@ def rotate_north_up_full(data: Any, dq: Any | None, variance: Any | None, header
     exact = method == "spline" and isinstance(data, np.ndarray)
     if exact and isinstance(dq, np.ndarray) and dq.dtype == np.uint8:
         _check_2d("dq", dq, data.shape)
-        dq0 = dq  # read only by the exact pass: no copy (one DQ plane less at the peak)
+        dq0 = dq  # no copy (one DQ plane less at the peak); with overwrite_input the fused pass writes over it
     else:
         dq0 = _new_dq(data, dq)
     geom = sun_geometry(header)
