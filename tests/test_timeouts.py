@@ -205,8 +205,9 @@ def api(settings_env, monkeypatch):
 
     clients: list[tuple[TestClient, list[PrivateServer]]] = []
 
-    def make(servers: tuple[PrivateServer, ...] = (), user: str = "tester", **env: str) -> TestClient:
-        monkeypatch.setenv("API_DEADLINE_S", "1.8")
+    def make(servers: tuple[PrivateServer, ...] = (), user: str = "tester", deadline_s: str = "1.8",
+             **env: str) -> TestClient:
+        monkeypatch.setenv("API_DEADLINE_S", deadline_s)
         s = settings_env(**env)
         configure(s, role="api")
         client = TestClient(create_app(), raise_server_exceptions=False)
@@ -390,19 +391,26 @@ def test_servers_down_are_503_within_2_s_with_bodies_that_name_no_host(api):
 @pytest.mark.faults
 def test_broker_failures_stored_on_the_job_name_no_host(private_pg, private_redis, api):
     """The database answers, the broker refuses (nothing listens) or rejects the password:
-    the answer and the job's stored reason say which, and name neither host nor password."""
+    the answer and the job's stored reason say which, and name neither host nor password.
+
+    What is tested is the reason, not the speed (the deadline tests above do that): with the
+    default 1.8 s deadline a loaded machine answered the job's submission at its deadline
+    with the generic 'could not answer within 1.8 s' (CI of 2026-12-06, four xdist workers and
+    two benchmarks beside it), right but not what this test reads. The API here gets a 10 s
+    deadline, far beyond a refused or rejected connection's time."""
     pg, pg_url = private_pg
     dead = _free_port()
     wrong = "wrong-" + REDIS_PASSWORD
+    within = 10.0 + 2.0
     for broker, secrets, says in ((_redis_url(dead), (str(dead), REDIS_PASSWORD), "connection refused"),
                                   (_redis_url(private_redis.port, password=wrong), (str(private_redis.port), wrong),
                                    "authentication failed")):
-        c = api(DATABASE_URL=pg_url, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker)
+        c = api(DATABASE_URL=pg_url, CELERY_BROKER_URL=broker, CELERY_RESULT_BACKEND=broker, deadline_s="10")
         r, took = _timed(c, "GET", "/api/v1/health")
-        assert r.status_code == 503 and took < WITHIN_S and says in r.json()["broker"], r.text
+        assert r.status_code == 503 and took < within and says in r.json()["broker"], r.text
         _assert_reveals_nothing(r.text, *secrets)
         r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
-        assert r.status_code == 503 and took < WITHIN_S and says in r.json()["detail"], r.text
+        assert r.status_code == 503 and took < within and says in r.json()["detail"], r.text
         _assert_reveals_nothing(r.text, *secrets)
         job = c.get(f"/api/v1/jobs/{r.json()['detail'].split()[1]}")
         assert job.json()["state"] == "failed" and says in job.json()["error"], job.text
