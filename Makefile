@@ -31,6 +31,7 @@ PYTEST_ARGS ?=
 
 test: $(STAMP)
 	bash scripts/ensure-services.sh
+	$(BIN)/python scripts/warm_kernels.py
 	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 serve: $(STAMP)

@@ -81,7 +81,8 @@ N_KNOTS = 10
 #: roll weights do not cancel it (uneven rolls).
 N_KNOTS_HARMONIC = 4
 #: Systematic 1-sigma per axis of the offset beyond the fit's formal error [Rsun]: the RMS of the
-#: per-axis error over the formal one in quadrature, on the tuning seeds 1000-1007 of
+#: per-axis error over the formal one in quadrature (``benchmarks/sci_occulter_offset_seeds.py``),
+#: on the tuning seeds 1000-1007 of
 #: :mod:`validation.families` (SCI-UV and SCI-WL, 256 px, noise on, mismatch on: RMS error 0.0097 px,
 #: formal 0.0033 px, so 0.0091 px at 48.4 px per Rsun). The test seeds 0-9 then give a pull RMS of
 #: 1.15. Mostly a common bias of about 0.012 px along y, which the occulter edge fit shows as well
@@ -176,6 +177,30 @@ def roll_weights(rolls_deg: Sequence[float]) -> tuple[np.ndarray, float]:
     return w, float(abs(np.sum(w * np.exp(1j * th))))
 
 
+def _roll_average(images, headers, valid, use, weights, o0) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted mean of frames ``use`` (float64), each moved so that its occulter fit
+    (``FITCRPX1/2``) lands on ``o0`` (0-based x, y: the pointing jitter), and the pixels usable in
+    every frame moved (bool), both of the frames' shape."""
+    from scipy.ndimage import binary_erosion
+    from scipy.ndimage import shift as nd_shift
+
+    total, ok_all = None, None
+    for w, i in zip(weights, use):
+        if w <= 0.0:
+            continue
+        img = np.asarray(images[i], dtype=np.float64)
+        ok = np.isfinite(img) & (np.asarray(valid[i], bool) if valid is not None else True)
+        step = (o0[1] - (float(headers[i]["FITCRPX2"]) - 1.0), o0[0] - (float(headers[i]["FITCRPX1"]) - 1.0))
+        moved = nd_shift(np.where(ok, img, 0.0), step, order=3, mode="nearest")
+        # a masked pixel (set to 0) rings into its neighbours through the cubic spline (about -10 % of
+        # its brightness 1.5 px away, 3 % at 2.5 px): those within 3 px of one are left out too
+        ok_moved = binary_erosion(nd_shift(ok.astype(np.float64), step, order=1, mode="constant", cval=0.0) > 0.999,
+                                  iterations=3, border_value=1)
+        total = w * moved if total is None else total + w * moved
+        ok_all = ok_moved if ok_all is None else ok_all & ok_moved
+    return total, ok_all
+
+
 def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits.Header],
                             valid: Sequence[np.ndarray] | None = None) -> OcculterOffset:
     """The occulter-to-Sun offset from a roll sequence of SCI frames (module docstring).
@@ -203,8 +228,6 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
         did not converge.
     """
     from scipy.interpolate import BSpline
-    from scipy.ndimage import binary_erosion
-    from scipy.ndimage import shift as nd_shift
     from scipy.optimize import least_squares
 
     from pipelines.sun import sun_geometry
@@ -237,21 +260,7 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
     geom = sun_geometry(headers[use[0]])
     rs = float(geom.rsun_px)
     o0 = np.array([float(headers[use[0]]["FITCRPX1"]) - 1.0, float(headers[use[0]]["FITCRPX2"]) - 1.0])
-    total, ok_all = None, None
-    for w, i in zip(weights, use):  # each frame moved so that its occulter fit lands on the first's (pointing jitter)
-        if w <= 0.0:
-            continue
-        img = np.asarray(images[i], dtype=np.float64)
-        ok = np.isfinite(img) & (np.asarray(valid[i], bool) if valid is not None else True)
-        step = (o0[1] - (float(headers[i]["FITCRPX2"]) - 1.0), o0[0] - (float(headers[i]["FITCRPX1"]) - 1.0))
-        moved = nd_shift(np.where(ok, img, 0.0), step, order=3, mode="nearest")
-        # a masked pixel (set to 0) rings into its neighbours through the cubic spline (about -10 % of
-        # its brightness 1.5 px away, 3 % at 2.5 px): those within 3 px of one are left out too
-        ok_moved = binary_erosion(nd_shift(ok.astype(np.float64), step, order=1, mode="constant", cval=0.0) > 0.999,
-                                  iterations=3, border_value=1)
-        total = w * moved if total is None else total + w * moved
-        ok_all = ok_moved if ok_all is None else ok_all & ok_moved
-    mean = total
+    mean, ok_all = _roll_average(images, headers, valid, use, weights, o0)
     ny, nx = mean.shape
     yy, xx = np.mgrid[0:ny, 0:nx]
     rho_o = np.hypot(xx - o0[0], yy - o0[1]) / rs
