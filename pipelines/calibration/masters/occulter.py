@@ -223,9 +223,10 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
     Raises
     ------
     DataError
-        Fewer than two frames with an occulter fit and a roll; rolls not spread round the circle
-        (balance above :data:`ROLL_BALANCE_MAX`); too few usable pixels in the annulus; or the fit
-        did not converge.
+        Fewer than two frames with an accepted occulter fit (``FITCSTAT = 'OK'``) and a roll; a
+        frame whose fit was already moved by an offset; frames, masks or headers that do not
+        match; rolls that do not surround the Sun (m = 1 left above :data:`ROLL_BALANCE_MAX` after
+        :func:`roll_weights`); too few usable pixels in the annulus; or the fit did not converge.
     """
     from scipy.interpolate import BSpline
     from scipy.optimize import least_squares
