@@ -64,7 +64,8 @@ def main() -> None:
                     valids.append(l1.dq == 0)
                 occ = measure_occulter_offset(l1s, hdrs, valids)
                 h0 = hdrs[0]
-                truth = np.array([float(h0["FITCRPX1"]) - frames[0].crpix[0], float(h0["FITCRPX2"]) - frames[0].crpix[1]])
+                truth = np.array([float(h0["FITCRPX1"]) - frames[0].crpix[0],
+                                  float(h0["FITCRPX2"]) - frames[0].crpix[1]])
                 e = np.array([occ.dx_px, occ.dy_px]) - truth
                 rs = float(sun_geometry(h0).rsun_px)
                 # the formal part: the stated 1-sigma without the systematic term
@@ -84,7 +85,8 @@ def main() -> None:
     pulls = e.ravel() / np.repeat(np.array(stated), 2)
     print(f"RESULT seeds={args.seeds} size={args.size} frames_sets={len(errs)} rms_err_px={rms_err:.4f} "
           f"rms_formal_px={rms_formal:.4f} max_err_px={float(np.max(np.hypot(e[:, 0], e[:, 1]))):.4f} "
-          f"systematic_rsun={sys_px / float(np.mean(rs_px)):.3g} stated_pull_rms={float(np.sqrt(np.mean(pulls ** 2))):.3f}")
+          f"systematic_rsun={sys_px / float(np.mean(rs_px)):.3g} "
+          f"stated_pull_rms={float(np.sqrt(np.mean(pulls ** 2))):.3f}")
 
 
 if __name__ == "__main__":
