@@ -113,7 +113,7 @@ def started_worker(tmp_path_factory, run_cache):
     try:
         client.ping()
     except redis.RedisError:
-        pytest.skip(f"Redis at {REDIS_URL} is needed")
+        require(False, f"Redis at {REDIS_URL} is needed")
     folder = tmp_path_factory.mktemp("started_worker")
     (folder / "var").mkdir()
     shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", folder / "var" / "lstdp.sqlite3")
