@@ -576,6 +576,90 @@ def _worst(widths: dict) -> float:
     return max(ok, key=lambda w: abs(w - 1.0)) if ok else float("nan")
 
 
+#: Bootstrap resamples of the seeds for :func:`seed_sampling_intervals` (fixed generator seed,
+#: so a report re-renders identically).
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def seed_sampling_intervals(rows: list[dict], channels=None, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                            rng_seed: int = 27) -> dict:
+    """How far each over-the-seeds width and pass rate can move by the draw of the seeds alone.
+
+    A width over seeds (the pooled pull width, the flat's pull width) is an RMS of per-seed
+    values, and a frame-wide error is *one* draw per seed: with ``n`` seeds its RMS scatters by
+    about ``1 / sqrt(2 n)`` even when the stated error is exactly right (0.22 for 10 seeds). A
+    gate of ``1 +- 0.1`` on such a width says little on 10 seeds. Two measures:
+
+    * ``boot``: per channel the central 68 % interval of the width over ``resamples`` bootstrap
+      resamples of the seeds (with replacement; Efron 1979, Ann. Stat. 7, 1), for
+      ``total`` (:func:`validation.blind_chain.pooled_pull_width`) and ``flat`` (RMS of
+      ``flat_pull_C``);
+    * ``p_within``: the chance that a width of ``n`` seeds lies within ``1 +- 0.1`` when the
+      claim is exactly right and each seed contributes one unit Gaussian draw (the width squared
+      is then chi-square with ``n`` degrees of freedom over ``n``: the gate's power on a
+      shift-dominated width);
+    * ``rate``: per gate the 68 % Wilson score interval of its pass rate (Wilson 1927, JASA 22, 209).
+
+    Parameters
+    ----------
+    rows : list of dict
+        Per-seed rows (``metrics``, ``checks``), tuning seeds already left out.
+    channels : sequence of str, optional
+        Default :data:`validation.blind_chain.CHANNELS`.
+    resamples : int
+        Bootstrap resamples (>= 100).
+    rng_seed : int
+        Seed of the resampling generator.
+
+    Returns
+    -------
+    dict
+        ``{"n": n, "p_within": float, "boot": {C: {"total": (lo, hi), "flat": (lo, hi)}},
+        "rate": {gate: (lo, hi)}}`` (NaN where a channel has no value).
+
+    Raises
+    ------
+    ValueError
+        If ``resamples`` < 100.
+    """
+    from scipy import stats
+
+    from validation.blind_chain import CHANNELS as CH, pooled_pull_width
+
+    if int(resamples) < 100:
+        raise ValueError(f"resamples must be >= 100, got {resamples}")
+    ch = tuple(channels) if channels is not None else CH
+    n = len(rows)
+    out: dict = {"n": n, "boot": {}, "rate": {}}
+    out["p_within"] = (float(stats.chi2.cdf(n * 1.1 ** 2, n) - stats.chi2.cdf(n * 0.9 ** 2, n)) if n
+                       else float("nan"))
+    if not n:
+        return out
+    rng = np.random.default_rng(rng_seed)
+    idx = rng.integers(0, n, size=(int(resamples), n))
+
+    def col(key):
+        return np.array([float(r["metrics"].get(key, np.nan)) for r in rows], dtype=np.float64)
+
+    for c in ch:
+        w, m, p = col(f"pull_width_total_{c}"), col(f"pull_median_total_{c}"), col(f"pull_plane_total_{c}")
+        f = col(f"flat_pull_{c}")
+        tot = np.array([pooled_pull_width(w[i], m[i], p[i]) for i in idx])
+        fl = np.array([_rms(f[i][np.isfinite(f[i])]) for i in idx])
+        out["boot"][c] = {k: ((float(np.nanpercentile(v, 16)), float(np.nanpercentile(v, 84)))
+                              if np.isfinite(v).any() else (float("nan"), float("nan")))
+                          for k, v in (("total", tot), ("flat", fl))}
+    z = 1.0
+    for g in dict.fromkeys(name for r in rows for name, _ in r["checks"]):
+        k = sum(1 for r in rows if dict(r["checks"]).get(g, False))
+        ph = k / n
+        den = 1 + z * z / n
+        centre = (ph + z * z / (2 * n)) / den
+        half = z * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
+        out["rate"][g] = (float(centre - half), float(centre + half))
+    return out
+
+
 def _seed_summary(res: dict) -> dict:
     """Per-gate pass rates over the reported seeds, the pooled pull widths and the RESULT fields.
 
@@ -644,7 +728,8 @@ def _seed_summary(res: dict) -> dict:
                                                  default=float("nan")), 2)}
     return {"pass_rate": rates, "result": result, "other": other, "excluded_seeds": excluded,
             "pull_width_pooled": total, "pull_width_within": within, "pull_shift_rms": shift,
-            "flat_pull_width": flat_w, "level_pull_rms": level_w, "centre_pull_rms": centre_w}
+            "flat_pull_width": flat_w, "level_pull_rms": level_w, "centre_pull_rms": centre_w,
+            "sampling": seed_sampling_intervals(rows)}
 
 
 #: Issue 27 point 0: the chain of f32dd98 on the model families, measured before any estimator
@@ -659,6 +744,12 @@ POINT0_BASELINE = (
     "centre_err_px_max=0.104 dark_err_pct_max=0.15 level_dev_pct_max=4.25`.")
 
 
+def _rate_interval(summary: dict, gate: str) -> str:
+    """`` (lo-hi %)``: the pass rate's 68 % Wilson interval where the summary has it, else ``""``."""
+    iv = summary.get("sampling", {}).get("rate", {}).get(gate)
+    return f" ({iv[0]:.0%}-{iv[1]:.0%})" if iv else ""
+
+
 def write_mismatch_report(out: Path) -> Path:
     """``out/calibration_mismatch.md`` from ``out/calibration_mismatch_{off,on}.json`` (whichever exist)."""
     from validation.families import family_rows
@@ -667,6 +758,9 @@ def write_mismatch_report(out: Path) -> Path:
                                                 out / "calibration_mismatch_on.json") if p.is_file()]
     from validation.blind_chain import LIMIT_SEEDS, TUNING_SEEDS
 
+    for r in runs:  # a run stored before the sampling intervals existed: computed from its stored metrics
+        if "sampling" not in r["summary"] and "other" in r["summary"]:
+            r["summary"]["sampling"] = seed_sampling_intervals([x for x in r["rows"] if x["seed"] not in TUNING_SEEDS])
     L = ["# Blind chain under a wrong model: pass rates over seeds (issue 27, items 0, 1 and 4)", "",
          "The blind end-to-end chain (`validation/blind_chain.py`, noise on, all four channels) run on several seeds, "
          "with the truth drawn from model families the chain does not assume (`--mismatch on`, "
@@ -733,6 +827,22 @@ def write_mismatch_report(out: Path) -> Path:
                          for k in ("pull_width_pooled", "pull_width_within", "pull_shift_rms", "flat_pull_width",
                                    "level_pull_rms", "centre_pull_rms"))
               for r in runs) + " |" for c in CHANNELS], "",
+          "## How far the seeds alone move these figures", "",
+          "A width over seeds is an RMS of per-seed values, and a frame-wide error is one draw per seed: even a "
+          "stated error that is exactly right gives, on n seeds, a width that scatters by about 1/sqrt(2n) "
+          "(`seed_sampling_intervals`). Below: the chance that such a width lies within 1 +- 0.1 (the gate of "
+          "issue 27) when the claim is exactly right and the width is one Gaussian draw per seed, and per channel "
+          "the central 68 % bootstrap interval over the seeds of the pooled pull width and of the flat's pull "
+          "width. An interval that straddles 1 +- 0.1 means these seeds cannot tell.", "",
+          "| run | seeds | P(width within 1 +- 0.1 \\| claim right) | " + " | ".join(
+              f"{c} pooled / FLATERR (68 %)" for c in CHANNELS) + " |",
+          "|---|---|---|" + "---|" * len(CHANNELS),
+          *[f"| mismatch {r['mismatch']} | {r['summary']['sampling']['n']} | "
+            f"{r['summary']['sampling']['p_within']:.2f} | " + " | ".join(
+                " / ".join(f"{_fmt(b[k][0], 2)}-{_fmt(b[k][1], 2)}" for k in ("total", "flat"))
+                for b in (r["summary"]["sampling"]["boot"].get(c, {"total": (np.nan,) * 2, "flat": (np.nan,) * 2})
+                          for c in CHANNELS)) + " |"
+            for r in runs if "sampling" in r["summary"]], "",
           "## Pass rate per gate", ""]
     gates = list(dict.fromkeys(g for r in runs for g in r["summary"]["pass_rate"]))
     L += ["| gate | " + " | ".join(f"mismatch {r['mismatch']}" + ("" if "other" in r["summary"] else
@@ -740,7 +850,8 @@ def write_mismatch_report(out: Path) -> Path:
           "|---|" + "---|" * len(runs)]
     for g in gates:
         L.append(f"| {g} | " + " | ".join(
-            (f"{r['summary']['pass_rate'][g]:.0%}" if g in r["summary"]["pass_rate"] else "—") for r in runs) + " |")
+            (f"{r['summary']['pass_rate'][g]:.0%}" + _rate_interval(r["summary"], g)
+             if g in r["summary"]["pass_rate"] else "—") for r in runs) + " |")
     cols = [("flat_rms_SDI", 100, 3), ("flat_rms_WST", 100, 3), ("flat_rms_SCI-UV", 100, 3),
             ("flat_rms_SCI-WL", 100, 3), ("dark_err_frac_SDI", 100, 2),
             ("stray_pct_SCI-UV_r1.1", 1, 1), ("stray_pct_SCI-UV_r2", 1, 1), ("stray_pct_SCI-WL_r1.1", 1, 1),

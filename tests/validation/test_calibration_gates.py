@@ -374,6 +374,53 @@ def test_seed_summary_prints_the_issue_27_result_fields():
     assert r["flat_rms_real_pct"] == "3.000" and r["flat_rms_real_resid_pct"] == "0.300"
 
 
+def _load_validate_calibration():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "validate_calibration", Path(__file__).resolve().parents[2] / "benchmarks" / "validate_calibration.py")
+    vc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vc)
+    return vc
+
+
+def test_seed_sampling_intervals_match_a_monte_carlo_and_the_wilson_definition():
+    """How far the seeds alone move a width, checked against what it claims from outside: the
+    chance a right claim lands within 1 +- 0.1 against a Monte Carlo of Gaussian shifts; the
+    bootstrap interval narrows as 1/sqrt(n) and holds the estimate; the pass-rate interval is
+    the set of p with |p_hat - p| <= sqrt(p (1 - p) / n) (Wilson's definition, solved on a grid)."""
+    vc = _load_validate_calibration()
+    rng = np.random.default_rng(11)
+
+    def rows(n, fail_every=0):
+        out = []
+        for s in range(n):
+            m = {"pull_width_total_SDI": 0.0, "pull_median_total_SDI": float(rng.normal()),
+                 "flat_pull_SDI": abs(float(rng.normal()))}
+            out.append({"seed": s, "metrics": m, "checks": [("g", not (fail_every and s % fail_every == 0))]})
+        return out
+
+    r10 = vc.seed_sampling_intervals(rows(10, fail_every=3), channels=("SDI",))
+    mc = np.sqrt(np.mean(rng.normal(size=(40000, 10)) ** 2, axis=1))
+    assert r10["p_within"] == pytest.approx(np.mean(np.abs(mc - 1.0) <= 0.1), abs=0.01)
+    assert 0.25 < r10["p_within"] < 0.45  # 10 seeds rarely tell a right claim from a 10 % wrong one
+    lo10, hi10 = r10["boot"]["SDI"]["total"]
+    big = rows(400)
+    r400 = vc.seed_sampling_intervals(big, channels=("SDI",))
+    lo400, hi400 = r400["boot"]["SDI"]["total"]
+    est = np.sqrt(np.mean([x["metrics"]["pull_median_total_SDI"] ** 2 for x in big]))
+    assert lo400 < est < hi400 and 0.5 < (hi10 - lo10) / (hi400 - lo400) / np.sqrt(40) < 2.0
+    assert r400["p_within"] > 0.95
+    # 4 of 10 seeds fail (0, 3, 6, 9): p_hat = 0.6
+    lo, hi = r10["rate"]["g"]
+    grid = np.linspace(0, 1, 200001)
+    inside = grid[np.abs(0.6 - grid) <= np.sqrt(grid * (1 - grid) / 10)]
+    assert lo == pytest.approx(inside.min(), abs=1e-4) and hi == pytest.approx(inside.max(), abs=1e-4)
+    with pytest.raises(ValueError, match="resamples"):
+        vc.seed_sampling_intervals(rows(3), resamples=10)
+
+
 def test_sci_centre_holds_with_an_offset_occulter_and_a_tilted_diffuser():
     """Issue 27: the truth from model families the chain does not assume (``--mismatch on``), seed 4
     of SCI-UV: the occulter 22 arcsec off the Sun and a diffuser whose tilt, read by a pairwise roll
