@@ -31,6 +31,34 @@ def _width(ratio: np.ndarray, rel: np.ndarray, sigma: float) -> float:
     return float(1.4826 * np.median(np.abs(fp - np.median(fp))))
 
 
+def _roll_tilt_flat(sim, chan: str, cals: dict, flat: np.ndarray, fam) -> tuple[np.ndarray, str]:
+    """The flat with the gain tilt its roll sequence measures removed, and a line: found vs injected tilt."""
+    from pipelines.calibration.l2.flow import calibrate_frame
+    from pipelines.calibration.l2.options import CalibrationOptions
+    from pipelines.calibration.masters.diffuser_flat import remove_roll_tilt
+    from pipelines.calibration.masters.occulter import measure_occulter_offset
+    from pipelines.sun import sun_geometry
+    from validation import blind_chain as bc
+
+    l1s, hdrs, valids = [], [], []
+    for f in (f for f in sim.frames if f.channel == chan):
+        d, h, _ = bc._raw(f)
+        l1 = calibrate_frame(d, h, cals, CalibrationOptions(subtract_stray_light=False, rotate_north_up=False))
+        l1s.append(np.asarray(l1.data, dtype=np.float64))
+        hdrs.append(l1.header)
+        valids.append(l1.dq == 0)
+    occ = measure_occulter_offset(l1s, hdrs, valids)
+    rs = float(sun_geometry(hdrs[0]).rsun_px)
+    dm = fam.diffuser.get(chan)
+    if dm is not None:  # the injected tilt in the same units (scoring only): ln(1/D)'s gradient per Rsun
+        c = (flat.shape[1] - 1) / 2.0
+        inj = tuple(-dm.amplitude * dm.tilt_share * f(dm.angle) * rs / c for f in (math.cos, math.sin))
+        note = f"tilt found ({occ.gradient[0]:+.5f}, {occ.gradient[1]:+.5f}) injected ({inj[0]:+.5f}, {inj[1]:+.5f}) /Rsun"
+    else:
+        note = f"tilt found ({occ.gradient[0]:+.5f}, {occ.gradient[1]:+.5f}) /Rsun (none injected)"
+    return remove_roll_tilt(flat, occ.gradient, rs), note
+
+
 def main() -> None:
     from pipelines.calibration.masters.diffuser_flat import DIFFUSER_NONUNIFORMITY_SIGMA
     from pipelines.simulation import simulate
@@ -42,32 +70,41 @@ def main() -> None:
     ap.add_argument("--mismatch", choices=("on", "off"), default="on")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--roll-tilt", action="store_true", help="remove the tilt each seed's roll sequence measures first")
     a = ap.parse_args()
+    from pipelines.calibration.masters.diffuser_flat import DIFFUSER_BOWL_SIGMA
+
+    sigma0 = DIFFUSER_BOWL_SIGMA if a.roll_tilt else DIFFUSER_NONUNIFORMITY_SIGMA
     chans = ("SCI-UV", "SCI-WL")
     data, pulls = [], []
     for seed in _seeds(a.seeds):
         fam = draw_families(seed, a.mismatch == "on", size=a.size)
         with tempfile.TemporaryDirectory(prefix="lstdp-diffuser-") as tmp:
             tmp = Path(tmp)
-            sim = simulate(tmp / "sim", channels=list(bc.CHANNELS), naxis=a.size, noise=True, seed=seed,
-                           sdi_sequence=False, pointing_error_px=bc.POINTING_ERROR_PX,
+            sim = simulate(tmp / "sim", channels=list(chans) if a.roll_tilt else list(bc.CHANNELS), naxis=a.size,
+                           noise=True, seed=seed, sdi_sequence=False, pointing_error_px=bc.POINTING_ERROR_PX,
+                           **({"sci_roll_deg": list(bc.ROLLS_DEG)} if a.roll_tilt else {}),
                            **({} if not fam.variants else {"variants": fam.variants}))
             row = []
             for chan in chans:
                 out: dict[str, float] = {}
                 _c, _e, det, flat = bc._masters(sim, chan, bc.CHANNELS.index(chan), True, seed, tmp / "chain", out, fam)
                 hidden = det["flat"].astype(np.float64)
+                if a.roll_tilt:
+                    flat, note = _roll_tilt_flat(sim, chan, _c, flat, fam)
+                    print(f"  seed {seed} {chan}: {note}", flush=True)
                 ratio = flat / hidden
                 ratio /= ratio.mean()
                 fe = _c["flat"].data["flaterr"].astype(np.float64) / flat
                 data.append((ratio.ravel(), fe.ravel()))
-                row.append(out[f"flat_pull_{chan}"])
-                pulls.append(out[f"flat_pull_{chan}"])
+                w = _width(ratio.ravel(), fe.ravel(), sigma0)
+                row.append(w)
+                pulls.append(w)
             print(f"seed {seed}: " + " ".join(f"flat_pull_{c}={v:.3f}" for c, v in zip(chans, row)), flush=True)
     rms = math.sqrt(float(np.mean(np.square(pulls))))
     per = {c: math.sqrt(float(np.mean(np.square(pulls[i::2])))) for i, c in enumerate(chans)}
     print(f"RESULT sci_flat_pull_rms={rms:.3f} " + " ".join(f"flat_pull_width_{c}={v:.3f}" for c, v in per.items())
-          + f" sigma={DIFFUSER_NONUNIFORMITY_SIGMA:g} seeds={a.seeds} mismatch={a.mismatch}")
+          + f" sigma={sigma0:g} roll_tilt={int(a.roll_tilt)} seeds={a.seeds} mismatch={a.mismatch}")
     if a.tune:
         f = lambda s: math.sqrt(float(np.mean([_width(r, e, s) ** 2 for r, e in data]))) - 1.0  # noqa: E731
         lo, hi = 0.0, 0.1
@@ -77,7 +114,8 @@ def main() -> None:
         for _ in range(40):
             mid = 0.5 * (lo + hi)
             lo, hi = (mid, hi) if f(mid) > 0 else (lo, mid)
-        print(f"RESULT tuned_sigma={0.5 * (lo + hi):.5f} seeds={a.seeds} mismatch={a.mismatch}")
+        print(f"RESULT tuned_sigma={0.5 * (lo + hi):.5f} roll_tilt={int(a.roll_tilt)} seeds={a.seeds} "
+              f"mismatch={a.mismatch}")
 
 
 if __name__ == "__main__":

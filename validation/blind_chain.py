@@ -23,7 +23,10 @@ The **chain side** derives every master from those frames and nothing else:
   to the science frame's ``DET_TEMP`` (:func:`pipelines.calibration.l2.steps.subtract_dark`);
 * flat: SDI/WST :func:`pipelines.calibration.masters.flatfield.derive_flat_master` (``method="subpixel"``)
   with its statistical error (:func:`kll_flat_error`); SCI
-  :func:`validation.blind_units.estimate_detector_masters` (flat and ``FLATERR``);
+  :func:`validation.blind_units.estimate_detector_masters` (flat and ``FLATERR``), then the
+  gain tilt the roll sequence measures (``OCCGRAD1/2``, the occulter offset's fit) taken out
+  of it (:func:`_flat_without_roll_tilt`, ``FLATTLT1/2``; ``FLATDFSG`` restated for the
+  diffuser's radial part left);
 * SCI stray light: :func:`validation.blind_stray.estimate_stray_light` on the roll
   sequence calibrated with the chain's dark and flat, the coronal prior wrong by x0.5 (only its
   shape is used), written by :func:`validation.blind_stray.blind_stray_master`; with the model
@@ -675,7 +678,10 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
         * ``flat_rms_C``: RMS of (chain flat / hidden flat - 1), renormalised, over the pixels
           it measured (:func:`pipelines.calibration.masters.flatfield.compare_flats`); ``flat_pull_C``
           the robust width of that error over ``FLATERR`` (SCI: over ``hypot(FLATERR / flat, FLATDFSG)``,
-          the stated diffuser non-uniformity in quadrature; SDI/WST: with the best-fit plane
+          the stated diffuser non-uniformity in quadrature, of the flat the science frame used:
+          the diffuser flat with the tilt its roll sequence measured taken out,
+          :func:`_flat_without_roll_tilt`; the diffuser flat's own as ``flat_rms_diffuser_C``,
+          ``flat_pull_diffuser_C``; SDI/WST: with the best-fit plane
           removed when the flat states its plane, whose error ``FLATPLSG`` states; also as
           ``flat_pull_width_C``); ``flat_rms_none_C`` the error with no flat; SDI/WST the
           stated plane's scores (issue 27 item 2, :func:`_score_flat_plane`):
@@ -985,11 +991,21 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
         occ = measure_occulter_offset(l1s, hdrs, valids)
     except DataError:
         occ = None
+    tilt = None
     if occ is not None:
         for h in hdrs:
             if "FITCRPX1" in h and "FITCRPX2" in h:
                 h["CRPIX1"] = float(h["FITCRPX1"]) - occ.dx_px
                 h["CRPIX2"] = float(h["FITCRPX2"]) - occ.dy_px
+        # the flat's tilt the roll measured (OCCGRAD1/2): out of the sequence too, as the corrected
+        # flat (_flat_without_roll_tilt) takes it out of the science frame
+        from pipelines.sun import sun_geometry
+
+        tilt = (occ.gradient, float(sun_geometry(hdrs[0]).rsun_px))
+        ny, nx = l1s[0].shape
+        gain = np.exp(occ.gradient[1] * (np.arange(ny) - (ny - 1) / 2.0)[:, None] / tilt[1]
+                      + occ.gradient[0] * (np.arange(nx) - (nx - 1) / 2.0)[None, :] / tilt[1])
+        l1s = [im / gain for im in l1s]
     prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
     # issue 27 item 3: the model set (stated 1-sigma, chi-square, refusal); a refused fit falls back to
     # the channel's default master, LST.md's on-orbit power law (the simulator's given master)
@@ -1002,7 +1018,56 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
         for k, v in occ.keywords().items():
             hdul[0].header[k] = v
     write_fits_atomic(hdul, mpath)
-    return load_calibration_master(mpath), sest
+    return load_calibration_master(mpath), sest, tilt
+
+
+def _flat_without_roll_tilt(flat_cal, tilt, hidden_flat: np.ndarray, chan: str, work: Path,
+                            out: dict[str, float]):
+    """SCI: the diffuser flat master with the gain tilt its roll sequence measured taken out.
+
+    :func:`pipelines.calibration.masters.diffuser_flat.remove_roll_tilt` on the chain's flat
+    (``tilt`` = ``(gradient [1/Rsun], Rsun [px])`` of :func:`_stray_master`), ``FLATDFSG``
+    restated as :data:`~pipelines.calibration.masters.diffuser_flat.DIFFUSER_BOWL_SIGMA` and
+    ``FLATTLT1/2``, ``FLATTLSR`` recorded; written beside the first and loaded. Scores it against
+    the hidden flat (truth used only here) as :func:`derive_chain_masters` scored the first:
+    ``flat_rms_C``, ``flat_level_C`` and ``flat_pull_C`` are then the corrected flat's, the first
+    flat's kept as ``flat_rms_diffuser_C`` and ``flat_pull_diffuser_C``.
+    """
+    from pipelines.calibration.l2.flow import load_calibration_master
+    from pipelines.calibration.masters.diffuser_flat import (DIFFUSER_BOWL_SIGMA, DIFFUSER_SIGMA_KEY,
+                                                             diffuser_flat_keywords, remove_roll_tilt,
+                                                             roll_tilt_keywords)
+    from pipelines.calibration.masters.flatfield import compare_flats
+    from pipelines.fitsio import write_fits_atomic
+
+    gradient, rsun_px = tilt
+    with fits.open(flat_cal.path) as hd:
+        hdul = fits.HDUList([h.copy() for h in hd])
+    flat0 = np.asarray(hdul[0].data, dtype=np.float64)
+    valid = np.isfinite(flat0) & (flat0 > 0)
+    flat1 = remove_roll_tilt(flat0, gradient, rsun_px, valid)
+    hdul[0].data = flat1.astype(np.float32)
+    for k, v in {**roll_tilt_keywords(gradient, "roll sequence OCCGRAD1/2"),
+                 **diffuser_flat_keywords(DIFFUSER_BOWL_SIGMA)}.items():
+        hdul[0].header[k] = v
+    hdul[0].header.add_history("gain tilt measured by the roll sequence removed (FLATTLT1/2); FLATDFSG restated "
+                               "for the diffuser's radial part left")
+    path = Path(work) / f"lst_{chan.lower()}_flat_rolltilt.fits"
+    write_fits_atomic(hdul, path)
+    cal = load_calibration_master(path)
+    out[f"flat_rms_diffuser_{chan}"] = out.get(f"flat_rms_{chan}", float("nan"))
+    out[f"flat_pull_diffuser_{chan}"] = out.get(f"flat_pull_{chan}", float("nan"))
+    flat = np.asarray(cal.data["flat"], dtype=np.float64)
+    out[f"flat_rms_{chan}"] = compare_flats(flat, hidden_flat, valid)["rms"]
+    ratio = flat[valid] / hidden_flat[valid]
+    out[f"flat_level_{chan}"] = float(ratio.mean())
+    ratio /= ratio.mean()
+    rel = np.hypot(np.asarray(cal.data["flaterr"], dtype=np.float64)[valid] / flat[valid],
+                   float(cal.parameters[DIFFUSER_SIGMA_KEY]))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fp = (ratio - 1.0) / rel
+    out[f"flat_pull_{chan}"] = float(1.4826 * np.median(np.abs(fp - np.median(fp))))
+    return cal
 
 
 def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, float]) -> None:
@@ -1188,7 +1253,10 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
             sest = None
             if sci:
                 ref = next(i for i in sim.calibration_files if i.channel == chan)
-                cals["stray_light"], sest = _stray_master(frames, chan, cals, ref, tmp_path / "chain")
+                cals["stray_light"], sest, tilt = _stray_master(frames, chan, cals, ref, tmp_path / "chain")
+                if tilt is not None:  # the diffuser flat's tilt, measured by the roll: out of the flat
+                    cals["flat"] = _flat_without_roll_tilt(cals["flat"], tilt, det["flat"].astype(np.float64),
+                                                           chan, tmp_path / "chain", out)
             for kind, cal in cals.items():
                 cal.id = 9000 + ci * 10 + len(kind)
             # ---- the science frame: cosmic rays at its time's rate (and in an SAA pass), then calibrate

@@ -900,7 +900,8 @@ def _stated_diffuser_error(flat: CalibrationInput, h: fits.Header) -> float | No
     A diffuser flat master (SCI) states with ``FLATDFSG`` the large-scale illumination of the
     diffuser that diffuser frames cannot separate from the flat
     (:mod:`pipelines.calibration.masters.diffuser_flat`); it is copied to the L2 header and
-    added, times the flat, in quadrature to ``FLATERR``. Raises
+    added, times the flat, in quadrature to ``FLATERR``, with the tilt a roll sequence took out of
+    the flat (``FLATTLT1/2``, ``FLATTLSR``) where the master records it. Raises
     :class:`~pipelines.errors.DataError` for a negative or non-finite value.
     """
     from pipelines.calibration.masters.diffuser_flat import DIFFUSER_SIGMA_KEY
@@ -915,6 +916,11 @@ def _stated_diffuser_error(flat: CalibrationInput, h: fits.Header) -> float | No
     if not np.isfinite(sig) or sig < 0.0:
         raise DataError(f"flat master {flat.name}: {DIFFUSER_SIGMA_KEY}={raw!r} must be a finite fraction >= 0")
     h[DIFFUSER_SIGMA_KEY] = (sig, "[1] diffuser non-uniformity 1-sigma (in UNCERT)")
+    from pipelines.calibration.masters.diffuser_flat import ROLL_TILT_KEYWORDS
+
+    for key, comment in ROLL_TILT_KEYWORDS.items():  # the tilt a roll sequence measured, taken out of the flat
+        if flat.parameters.get(key) not in (None, ""):
+            h[key] = (flat.parameters[key], comment)
     return sig
 
 

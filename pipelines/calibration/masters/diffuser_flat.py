@@ -10,11 +10,27 @@ the L2 flow adds ``FLATDFSG * flat`` in quadrature to ``FLATERR`` in ``UNCERT``
 (:func:`pipelines.calibration.l2.flow._stated_diffuser_error`) and copies the keyword to
 the product. The error is one smooth pattern for the whole frame (correlated between
 pixels), carried per pixel so that a pixel's total error is in ``UNCERT``.
+
+**The tilt is measured in flight** (:func:`remove_roll_tilt`). The diffuser is fixed to the
+detector, the Sun's corona turns with the roll: the roll sequence's average, fitted by
+:func:`pipelines.calibration.masters.occulter.measure_occulter_offset` as a radial profile about
+the Sun times a detector-fixed gain gradient, measures the flat's linear error (``OCCGRAD1/2``
+of the stray-light master). On the validation's tuning seeds 1000-1039 it matches the injected
+diffuser tilt to 1.4e-4 / 1.0e-4 per Rsun RMS (x / y; 2.0e-3 per Rsun RMS injected;
+``benchmarks/sci_diffuser_flat_seeds.py --roll-tilt``). The flat is multiplied by ``exp(g . (x - c) / Rsun)``, and what is left, the
+diffuser's radial part (a bowl about the detector centre, which the roll cannot tell from the
+corona's own radial fall-off), is stated by :data:`DIFFUSER_BOWL_SIGMA` instead of
+:data:`DIFFUSER_NONUNIFORMITY_SIGMA`; the master records ``FLATTLT1/2`` and ``FLATTLSR``.
 """
 
 from __future__ import annotations
 
-__all__ = ["DIFFUSER_NONUNIFORMITY_SIGMA", "DIFFUSER_SIGMA_KEY", "diffuser_flat_keywords"]
+import math
+
+import numpy as np
+
+__all__ = ["DIFFUSER_NONUNIFORMITY_SIGMA", "DIFFUSER_BOWL_SIGMA", "DIFFUSER_SIGMA_KEY", "ROLL_TILT_KEYWORDS",
+           "diffuser_flat_keywords", "remove_roll_tilt", "roll_tilt_keywords"]
 
 #: Flat-master keyword: the stated 1-sigma of the diffuser's large-scale non-uniformity,
 #: per pixel, as a fraction of the flat [1].
@@ -34,6 +50,94 @@ DIFFUSER_SIGMA_KEY = "FLATDFSG"
 DIFFUSER_NONUNIFORMITY_SIGMA = 0.00592
 
 
+#: Stated 1-sigma per pixel [fraction of the flat] of the diffuser's large-scale illumination
+#: left in a diffuser flat once the roll sequence's tilt is removed (:func:`remove_roll_tilt`):
+#: its radial part. Tuned like :data:`DIFFUSER_NONUNIFORMITY_SIGMA`, with the tilt each seed's
+#: own roll sequence measured removed first (``benchmarks/sci_diffuser_flat_seeds.py --roll-tilt
+#: --tune --seeds 1000-1039``, SCI-UV and SCI-WL, 256 px, noise on, ``--mismatch on``: 0.00350;
+#: the tilt found there was off the injected one by 1.4e-4 / 1.0e-4 per Rsun RMS (x / y) against
+#: 2.0e-3 injected, at most 3.9e-4); never on the reported seeds 0-9. For flight it must come
+#: from a laboratory map of LST's diffuser.
+DIFFUSER_BOWL_SIGMA = 0.00350
+
+#: Flat-master keywords of the tilt removed with :func:`remove_roll_tilt`.
+ROLL_TILT_KEYWORDS = {
+    "FLATTLT1": "[1/Rsun] gain tilt removed (roll sequence), x",
+    "FLATTLT2": "[1/Rsun] gain tilt removed (roll sequence), y",
+    "FLATTLSR": "what measured the tilt removed",
+}
+
+
+def remove_roll_tilt(flat: np.ndarray, gradient: tuple[float, float], rsun_px: float,
+                     valid: np.ndarray | None = None) -> np.ndarray:
+    """The diffuser flat with the gain tilt that a roll sequence measured taken out.
+
+    A roll sequence calibrated with ``flat`` has a detector-fixed gain ``exp(g . (x - c) / Rsun)``
+    left in it (:func:`pipelines.calibration.masters.occulter.measure_occulter_offset`'s
+    ``gradient``: ``c`` the detector centre, ``((nx - 1) / 2, (ny - 1) / 2)`` 0-based); dividing
+    by ``flat * exp(g . (x - c) / Rsun)`` removes it. The result keeps ``flat``'s mean over the
+    valid pixels (the flat's normalisation, and so the radiometric level, does not move).
+
+    Parameters
+    ----------
+    flat : numpy.ndarray, shape (ny, nx)
+        The diffuser flat [1].
+    gradient : tuple of float
+        ``(gx, gy)`` [1/Rsun]: the gain gradient found along detector x (columns) and y (rows).
+    rsun_px : float
+        The solar radius [pixel] on this detector (the roll sequence's ``RSUN_OBS / CDELT``).
+    valid : numpy.ndarray of bool, shape (ny, nx), optional
+        The pixels the flat measured (default: finite and > 0).
+
+    Returns
+    -------
+    numpy.ndarray, shape (ny, nx), float64
+        The corrected flat (non-finite where ``flat`` is).
+
+    Raises
+    ------
+    ValueError
+        If ``flat`` is not 2-D, ``valid`` differs in shape, ``rsun_px`` is not positive and
+        finite, the gradient is not finite, or no pixel is valid.
+    """
+    f = np.asarray(flat, dtype=np.float64)
+    if f.ndim != 2:
+        raise ValueError(f"flat must be a 2-D image, got shape {f.shape}")
+    gx, gy = (float(g) for g in gradient)
+    if not (math.isfinite(gx) and math.isfinite(gy)):
+        raise ValueError(f"the gradient must be finite, got {gradient!r}")
+    rs = float(rsun_px)
+    if not (math.isfinite(rs) and rs > 0):
+        raise ValueError(f"rsun_px must be a positive number, got {rsun_px!r}")
+    ok = np.isfinite(f) & (f > 0)
+    if valid is not None:
+        if np.shape(valid) != f.shape:
+            raise ValueError(f"valid {np.shape(valid)} and flat {f.shape} must have one shape")
+        ok &= np.asarray(valid, dtype=bool)
+    if not ok.any():
+        raise ValueError("the flat has no valid pixel")
+    ny, nx = f.shape
+    ux = (np.arange(nx, dtype=np.float64) - (nx - 1) / 2.0) / rs
+    uy = (np.arange(ny, dtype=np.float64) - (ny - 1) / 2.0) / rs
+    out = f * np.exp(gy * uy[:, None] + gx * ux[None, :])
+    return out * (f[ok].mean() / out[ok].mean())
+
+
+def roll_tilt_keywords(gradient: tuple[float, float], source: str) -> dict[str, tuple[float | str, str]]:
+    """:data:`ROLL_TILT_KEYWORDS` with values, for a flat corrected by :func:`remove_roll_tilt`.
+
+    Raises
+    ------
+    ValueError
+        If the gradient is not finite or ``source`` is empty.
+    """
+    gx, gy = (float(g) for g in gradient)
+    if not (math.isfinite(gx) and math.isfinite(gy)) or not str(source).strip():
+        raise ValueError(f"need a finite gradient and a source, got {gradient!r}, {source!r}")
+    vals = (float(f"{gx:.5g}"), float(f"{gy:.5g}"), str(source)[:68])
+    return {k: (v, c) for (k, c), v in zip(ROLL_TILT_KEYWORDS.items(), vals)}
+
+
 def diffuser_flat_keywords(sigma: float = DIFFUSER_NONUNIFORMITY_SIGMA) -> dict[str, tuple[float, str]]:
     """The header cards a diffuser flat master carries: ``{FLATDFSG: (sigma, comment)}``.
 
@@ -48,8 +152,6 @@ def diffuser_flat_keywords(sigma: float = DIFFUSER_NONUNIFORMITY_SIGMA) -> dict[
     ValueError
         If ``sigma`` is negative or not finite.
     """
-    import math
-
     s = float(sigma)
     if not math.isfinite(s) or s < 0.0:
         raise ValueError(f"the diffuser sigma must be a finite fraction >= 0, got {sigma!r}")
