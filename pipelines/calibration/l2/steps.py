@@ -714,10 +714,13 @@ def correct_detector_signal(data: Any, header: fits.Header, bias: Any, dark_rate
     :func:`convert_units` in one pass over the frame.
 
     ``out = (data - bias - f(T) * EXPTIME * dark_rate) / flat / EXPTIME * C``, evaluated in
-    float32 by :func:`pipelines.calibration.l2.kernels.evaluate` (numexpr: one pass, no
-    frame-sized temporaries) on NumPy arrays, else by the four steps one after the other.
-    The operations and their order are those of the four steps, so the two paths agree to
-    float32 rounding (``tests/test_calibration_steps.py`` checks it on a random frame).
+    float32 in one pass with no frame-sized temporaries on NumPy arrays: by the compiled kernel
+    :func:`pipelines.calibration.l2.fused.detector_signal` (Numba) where it is enabled, else by
+    :func:`pipelines.calibration.l2.kernels.evaluate` (numexpr, the same expression and the same
+    bytes); on other arrays by the four steps one after the other. The operations and their
+    order are those of the four steps, so the paths agree to float32 rounding
+    (``tests/test_calibration_steps.py`` checks it on a random frame, and the compiled pass
+    against numexpr byte for byte).
 
     Parameters
     ----------
