@@ -51,10 +51,15 @@ def test_a_product_from_a_diffuser_flat_carries_the_term_in_uncert_and_keywords(
     assert "FLATTLT1" not in l2.header  # no roll tilt recorded: none stated
     from pipelines.calibration.masters.diffuser_flat import roll_tilt_keywords
 
-    cals["flat"].parameters.update({k: v[0] for k, v in roll_tilt_keywords((0.003, -0.001), "roll sequence").items()})
+    kw = roll_tilt_keywords((0.003, -0.001), "roll sequence", sigma=(1e-5, 2e-5), rsun_px=20.0)
+    cals["flat"].parameters.update({k: v[0] for k, v in kw.items()})
     tilted = calibrate_frame(raw.data, raw.header, cals, opts)
-    assert (tilted.header["FLATTLT1"], tilted.header["FLATTLT2"], tilted.header["FLATTLSR"]) == (0.003, -0.001,
-                                                                                              "roll sequence")
+    assert {k: tilted.header[k] for k in kw} == {k: v[0] for k, v in kw.items()}
+    from pipelines.errors import DataError
+
+    cals["flat"].parameters["FLATTLT1"] = "tilted"
+    with pytest.raises(DataError, match="FLATTLT1"):
+        calibrate_frame(raw.data, raw.header, cals, opts)
     assert np.array_equal(l2.data, plain.data, equal_nan=True)  # the data are not touched, only the error
     ok = np.isfinite(l2.uncertainty) & np.isfinite(plain.uncertainty) & (l2.dq == 0) & (np.abs(l2.data) > 0)
     extra = l2.uncertainty[ok].astype(np.float64) ** 2 - plain.uncertainty[ok].astype(np.float64) ** 2

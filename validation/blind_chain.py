@@ -997,15 +997,16 @@ def _stray_master(frames, chan: str, cals: dict, ref, work: Path):
             if "FITCRPX1" in h and "FITCRPX2" in h:
                 h["CRPIX1"] = float(h["FITCRPX1"]) - occ.dx_px
                 h["CRPIX2"] = float(h["FITCRPX2"]) - occ.dy_px
-        # the flat's tilt the roll measured (OCCGRAD1/2): out of the sequence too, as the corrected
-        # flat (_flat_without_roll_tilt) takes it out of the science frame
-        from pipelines.sun import sun_geometry
+        # the flat's tilt the roll measured (OCCGRAD1/2): out of the sequence too, by exactly the
+        # factor the corrected flat (_flat_without_roll_tilt) changes the science frame's flat by
+        from pipelines.calibration.masters.diffuser_flat import remove_roll_tilt
 
-        tilt = (occ.gradient, float(sun_geometry(hdrs[0]).rsun_px))
-        ny, nx = l1s[0].shape
-        gain = np.exp(occ.gradient[1] * (np.arange(ny) - (ny - 1) / 2.0)[:, None] / tilt[1]
-                      + occ.gradient[0] * (np.arange(nx) - (nx - 1) / 2.0)[None, :] / tilt[1])
-        l1s = [im / gain for im in l1s]
+        tilt = occ
+        flat0 = np.asarray(cals["flat"].data["flat"], dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = remove_roll_tilt(flat0, occ.gradient, occ.rsun_px) / flat0
+        factor = np.where(np.isfinite(factor), factor, 1.0)
+        l1s = [im / factor for im in l1s]
     prior0 = sci_wl_corona if chan == "SCI-WL" else lyman_alpha_corona
     # issue 27 item 3: the model set (stated 1-sigma, chi-square, refusal); a refused fit falls back to
     # the channel's default master, LST.md's on-orbit power law (the simulator's given master)
@@ -1026,9 +1027,12 @@ def _flat_without_roll_tilt(flat_cal, tilt, hidden_flat: np.ndarray, chan: str, 
     """SCI: the diffuser flat master with the gain tilt its roll sequence measured taken out.
 
     :func:`pipelines.calibration.masters.diffuser_flat.remove_roll_tilt` on the chain's flat
-    (``tilt`` = ``(gradient [1/Rsun], Rsun [px])`` of :func:`_stray_master`), ``FLATDFSG``
-    restated as :data:`~pipelines.calibration.masters.diffuser_flat.DIFFUSER_BOWL_SIGMA` and
-    ``FLATTLT1/2``, ``FLATTLSR`` recorded; written beside the first and loaded. Scores it against
+    (``tilt``: the :class:`~pipelines.calibration.masters.occulter.OcculterOffset` of
+    :func:`_stray_master`), ``FLATERR`` scaled with it, ``FLATDFSG`` restated as
+    :data:`~pipelines.calibration.masters.diffuser_flat.DIFFUSER_BOWL_SIGMA` and
+    :data:`~pipelines.calibration.masters.diffuser_flat.ROLL_TILT_KEYWORDS` recorded; written
+    beside the first and loaded. A flat that already records a removed tilt is refused
+    (``ValueError``: the roll sequence was calibrated with it, so its tilt is the increment). Scores it against
     the hidden flat (truth used only here) as :func:`derive_chain_masters` scored the first:
     ``flat_rms_C``, ``flat_level_C`` and ``flat_pull_C`` are then the corrected flat's, the first
     flat's kept as ``flat_rms_diffuser_C`` and ``flat_pull_diffuser_C``.
@@ -1040,14 +1044,20 @@ def _flat_without_roll_tilt(flat_cal, tilt, hidden_flat: np.ndarray, chan: str, 
     from pipelines.calibration.masters.flatfield import compare_flats
     from pipelines.fitsio import write_fits_atomic
 
-    gradient, rsun_px = tilt
     with fits.open(flat_cal.path) as hd:
         hdul = fits.HDUList([h.copy() for h in hd])
+    if "FLATTLT1" in hdul[0].header:
+        raise ValueError(f"{flat_cal.name}: a roll tilt was already removed (FLATTLT1/2)")
     flat0 = np.asarray(hdul[0].data, dtype=np.float64)
     valid = np.isfinite(flat0) & (flat0 > 0)
-    flat1 = remove_roll_tilt(flat0, gradient, rsun_px, valid)
+    flat1 = remove_roll_tilt(flat0, tilt.gradient, tilt.rsun_px, valid)
     hdul[0].data = flat1.astype(np.float32)
-    for k, v in {**roll_tilt_keywords(gradient, "roll sequence OCCGRAD1/2"),
+    if "FLATERR" in hdul:  # an absolute error: scaled with the flat
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(valid, flat1 / flat0, 1.0)
+        hdul["FLATERR"].data = (np.asarray(hdul["FLATERR"].data, dtype=np.float64) * scale).astype(np.float32)
+    for k, v in {**roll_tilt_keywords(tilt.gradient, "roll sequence OCCGRAD1/2", sigma=tilt.gradient_sigma,
+                                      rsun_px=tilt.rsun_px),
                  **diffuser_flat_keywords(DIFFUSER_BOWL_SIGMA)}.items():
         hdul[0].header[k] = v
     hdul[0].header.add_history("gain tilt measured by the roll sequence removed (FLATTLT1/2); FLATDFSG restated "
@@ -1282,7 +1292,9 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
                     del l2
                     hc = calibrate_frame(d_cr, h, cals, CalibrationOptions(fit_centre=False, rotate_north_up=False)).header
                     out[f"centre_err_px_header_{chan}"] = _centre_err(hc, frames[0].crpix)[0]
-                _score_cosmics(ctag, d, d_cr, dep, h, cals, flat, ref_l1, o1, chan, out)
+                # the flat the frame is calibrated with (SCI: the roll tilt taken out)
+                flat_used = np.asarray(cals["flat"].data["flat"], np.float64) if sci else flat
+                _score_cosmics(ctag, d, d_cr, dep, h, cals, flat_used, ref_l1, o1, chan, out)
                 del d_cr, dep
             del truth, det, flat, cals, est, ref_l1
     out["seconds"] = time.perf_counter() - t_start

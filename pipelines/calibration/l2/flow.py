@@ -637,6 +637,7 @@ def _detector_steps(data: Any, h: fits.Header, cals: dict[str, CalibrationInput]
     if plane_err is not None:
         plane_err = to_device(plane_err, xp, xp.float32)
     diff_err = _stated_diffuser_error(flat_cal, h)
+    _copy_roll_tilt(flat_cal, h)
     if diff_err is not None:  # the stated diffuser non-uniformity (SCI), in quadrature with FLATERR [flat units]
         de = xp.asarray(diff_err, dtype=xp.float32) * flat
         flat_err = de if flat_err is None else xp.sqrt(flat_err * flat_err + de * de)
@@ -900,8 +901,8 @@ def _stated_diffuser_error(flat: CalibrationInput, h: fits.Header) -> float | No
     A diffuser flat master (SCI) states with ``FLATDFSG`` the large-scale illumination of the
     diffuser that diffuser frames cannot separate from the flat
     (:mod:`pipelines.calibration.masters.diffuser_flat`); it is copied to the L2 header and
-    added, times the flat, in quadrature to ``FLATERR``, with the tilt a roll sequence took out of
-    the flat (``FLATTLT1/2``, ``FLATTLSR``) where the master records it. Raises
+    added, times the flat, in quadrature to ``FLATERR`` (the tilt a roll sequence took out of the
+    flat is copied by :func:`_copy_roll_tilt`). Raises
     :class:`~pipelines.errors.DataError` for a negative or non-finite value.
     """
     from pipelines.calibration.masters.diffuser_flat import DIFFUSER_SIGMA_KEY
@@ -916,12 +917,29 @@ def _stated_diffuser_error(flat: CalibrationInput, h: fits.Header) -> float | No
     if not np.isfinite(sig) or sig < 0.0:
         raise DataError(f"flat master {flat.name}: {DIFFUSER_SIGMA_KEY}={raw!r} must be a finite fraction >= 0")
     h[DIFFUSER_SIGMA_KEY] = (sig, "[1] diffuser non-uniformity 1-sigma (in UNCERT)")
+    return sig
+
+
+def _copy_roll_tilt(flat: CalibrationInput, h: fits.Header) -> None:
+    """Copy the tilt a roll sequence took out of the flat (``FLATTLT1/2`` and the rest of
+    :data:`~pipelines.calibration.masters.diffuser_flat.ROLL_TILT_KEYWORDS`) to the product.
+    Raises :class:`~pipelines.errors.DataError` for a numeric keyword that is not a finite number."""
     from pipelines.calibration.masters.diffuser_flat import ROLL_TILT_KEYWORDS
 
-    for key, comment in ROLL_TILT_KEYWORDS.items():  # the tilt a roll sequence measured, taken out of the flat
-        if flat.parameters.get(key) not in (None, ""):
-            h[key] = (flat.parameters[key], comment)
-    return sig
+    for key, comment in ROLL_TILT_KEYWORDS.items():
+        raw = flat.parameters.get(key)
+        if raw in (None, ""):
+            continue
+        if key == "FLATTLSR":
+            h[key] = (str(raw), comment)
+            continue
+        try:
+            val = float(raw)
+        except (TypeError, ValueError):
+            val = float("nan")
+        if not np.isfinite(val):
+            raise DataError(f"flat master {flat.name}: {key}={raw!r} is not a finite number")
+        h[key] = (val, comment)
 
 
 def _flag_stated_flat_plane(h: fits.Header, flat: CalibrationInput) -> None:

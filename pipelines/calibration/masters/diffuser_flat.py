@@ -20,7 +20,12 @@ diffuser tilt to 1.4e-4 / 1.0e-4 per Rsun RMS (x / y; 2.0e-3 per Rsun RMS inject
 ``benchmarks/sci_diffuser_flat_seeds.py --roll-tilt``). The flat is multiplied by ``exp(g . (x - c) / Rsun)``, and what is left, the
 diffuser's radial part (a bowl about the detector centre, which the roll cannot tell from the
 corona's own radial fall-off), is stated by :data:`DIFFUSER_BOWL_SIGMA` instead of
-:data:`DIFFUSER_NONUNIFORMITY_SIGMA`; the master records ``FLATTLT1/2`` and ``FLATTLSR``.
+:data:`DIFFUSER_NONUNIFORMITY_SIGMA`; the master records :data:`ROLL_TILT_KEYWORDS`.
+**Assumed**, as by the offset fit: whatever turns with the roll is radially symmetric about the
+Sun once averaged, and whatever is fixed to the detector is gain. Light fixed to the instrument
+and uneven across it (stray light from the occulter or its pylon, a ghost) would be read as a
+gain gradient and put into the flat; no validation family tests that yet, and the tilt's stated
+error (``FLATTLE1/2``) is the fit's formal one, which does not cover it.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import math
 import numpy as np
 
 __all__ = ["DIFFUSER_NONUNIFORMITY_SIGMA", "DIFFUSER_BOWL_SIGMA", "DIFFUSER_SIGMA_KEY", "ROLL_TILT_KEYWORDS",
-           "diffuser_flat_keywords", "remove_roll_tilt", "roll_tilt_keywords"]
+           "diffuser_flat_keywords", "remove_roll_tilt", "roll_tilt_gain", "roll_tilt_keywords"]
 
 #: Flat-master keyword: the stated 1-sigma of the diffuser's large-scale non-uniformity,
 #: per pixel, as a fraction of the flat [1].
@@ -64,8 +69,51 @@ DIFFUSER_BOWL_SIGMA = 0.00350
 ROLL_TILT_KEYWORDS = {
     "FLATTLT1": "[1/Rsun] gain tilt removed (roll sequence), x",
     "FLATTLT2": "[1/Rsun] gain tilt removed (roll sequence), y",
+    "FLATTLE1": "[1/Rsun] formal 1-sigma of FLATTLT1",
+    "FLATTLE2": "[1/Rsun] formal 1-sigma of FLATTLT2",
+    "FLATTLRS": "[pixel] solar radius FLATTLT1/2 are per",
     "FLATTLSR": "what measured the tilt removed",
 }
+
+
+def roll_tilt_gain(shape: tuple[int, int], gradient: tuple[float, float], rsun_px: float) -> np.ndarray:
+    """The detector-fixed gain ``exp(g . (x - c) / Rsun)`` a roll sequence measures, on the detector grid.
+
+    ``c`` is the detector centre ``((nx - 1) / 2, (ny - 1) / 2)`` in 0-based pixels, ``x`` the
+    pixel's 0-based (column, row), as :func:`pipelines.calibration.masters.occulter.measure_occulter_offset`
+    defines its ``gradient``; the gain is exactly 1 at ``c``.
+
+    Parameters
+    ----------
+    shape : tuple of int
+        ``(ny, nx)``.
+    gradient : tuple of float
+        ``(gx, gy)`` [1/Rsun] along detector x (columns) and y (rows).
+    rsun_px : float
+        The solar radius [pixel].
+
+    Returns
+    -------
+    numpy.ndarray, shape (ny, nx), float64
+
+    Raises
+    ------
+    ValueError
+        If the gradient is not finite, ``rsun_px`` is not positive and finite or ``shape`` is
+        not two positive sizes.
+    """
+    ny, nx = (int(v) for v in shape)
+    gx, gy = (float(g) for g in gradient)
+    if not (math.isfinite(gx) and math.isfinite(gy)):
+        raise ValueError(f"the gradient must be finite, got {gradient!r}")
+    rs = float(rsun_px)
+    if not (math.isfinite(rs) and rs > 0):
+        raise ValueError(f"rsun_px must be a positive number, got {rsun_px!r}")
+    if ny < 1 or nx < 1:
+        raise ValueError(f"shape must be two positive sizes, got {shape!r}")
+    ux = (np.arange(nx, dtype=np.float64) - (nx - 1) / 2.0) / rs
+    uy = (np.arange(ny, dtype=np.float64) - (ny - 1) / 2.0) / rs
+    return np.exp(gy * uy[:, None] + gx * ux[None, :])
 
 
 def remove_roll_tilt(flat: np.ndarray, gradient: tuple[float, float], rsun_px: float,
@@ -87,7 +135,8 @@ def remove_roll_tilt(flat: np.ndarray, gradient: tuple[float, float], rsun_px: f
     rsun_px : float
         The solar radius [pixel] on this detector (the roll sequence's ``RSUN_OBS / CDELT``).
     valid : numpy.ndarray of bool, shape (ny, nx), optional
-        The pixels the flat measured (default: finite and > 0).
+        The pixels the flat measured; the mean is kept over those that are also finite and
+        > 0 (default: all finite and > 0). Every pixel is corrected, valid or not.
 
     Returns
     -------
@@ -103,12 +152,7 @@ def remove_roll_tilt(flat: np.ndarray, gradient: tuple[float, float], rsun_px: f
     f = np.asarray(flat, dtype=np.float64)
     if f.ndim != 2:
         raise ValueError(f"flat must be a 2-D image, got shape {f.shape}")
-    gx, gy = (float(g) for g in gradient)
-    if not (math.isfinite(gx) and math.isfinite(gy)):
-        raise ValueError(f"the gradient must be finite, got {gradient!r}")
-    rs = float(rsun_px)
-    if not (math.isfinite(rs) and rs > 0):
-        raise ValueError(f"rsun_px must be a positive number, got {rsun_px!r}")
+    gain = roll_tilt_gain(f.shape, gradient, rsun_px)
     ok = np.isfinite(f) & (f > 0)
     if valid is not None:
         if np.shape(valid) != f.shape:
@@ -116,25 +160,43 @@ def remove_roll_tilt(flat: np.ndarray, gradient: tuple[float, float], rsun_px: f
         ok &= np.asarray(valid, dtype=bool)
     if not ok.any():
         raise ValueError("the flat has no valid pixel")
-    ny, nx = f.shape
-    ux = (np.arange(nx, dtype=np.float64) - (nx - 1) / 2.0) / rs
-    uy = (np.arange(ny, dtype=np.float64) - (ny - 1) / 2.0) / rs
-    out = f * np.exp(gy * uy[:, None] + gx * ux[None, :])
+    out = f * gain
     return out * (f[ok].mean() / out[ok].mean())
 
 
-def roll_tilt_keywords(gradient: tuple[float, float], source: str) -> dict[str, tuple[float | str, str]]:
+def roll_tilt_keywords(gradient: tuple[float, float], source: str, *, sigma: tuple[float, float],
+                       rsun_px: float) -> dict[str, tuple[float | str, str]]:
     """:data:`ROLL_TILT_KEYWORDS` with values, for a flat corrected by :func:`remove_roll_tilt`.
+
+    Parameters
+    ----------
+    gradient : tuple of float
+        ``(gx, gy)`` [1/Rsun] removed.
+    source : str
+        What measured it (cut to 40 characters).
+    sigma : tuple of float
+        Its formal 1-sigma per axis [1/Rsun] (``OcculterOffset.gradient_sigma``), >= 0.
+    rsun_px : float
+        The solar radius [pixel] the gradient is per.
+
+    Returns
+    -------
+    dict of str to (value, comment)
 
     Raises
     ------
     ValueError
-        If the gradient is not finite or ``source`` is empty.
+        If a value is not finite (or negative, for ``sigma`` and ``rsun_px``), or ``source`` is empty.
     """
     gx, gy = (float(g) for g in gradient)
-    if not (math.isfinite(gx) and math.isfinite(gy)) or not str(source).strip():
-        raise ValueError(f"need a finite gradient and a source, got {gradient!r}, {source!r}")
-    vals = (float(f"{gx:.5g}"), float(f"{gy:.5g}"), str(source)[:68])
+    ex, ey = (float(e) for e in sigma)
+    rs = float(rsun_px)
+    if not all(math.isfinite(v) for v in (gx, gy, ex, ey, rs)) or min(ex, ey) < 0 or rs <= 0 \
+            or not str(source).strip():
+        raise ValueError(f"need a finite gradient, 1-sigma >= 0, Rsun > 0 and a source, got {gradient!r}, "
+                         f"{sigma!r}, {rsun_px!r}, {source!r}")
+    vals = (float(f"{gx:.5g}"), float(f"{gy:.5g}"), float(f"{ex:.3g}"), float(f"{ey:.3g}"), round(rs, 4),
+            str(source)[:40])
     return {k: (v, c) for (k, c), v in zip(ROLL_TILT_KEYWORDS.items(), vals)}
 
 

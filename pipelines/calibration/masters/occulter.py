@@ -116,7 +116,10 @@ OFFSET_KEYWORDS = {
 class OcculterOffset:
     """Occulter centre minus Sun centre along the detector axes [pixel], its 1-sigma per axis [pixel],
     the frames used, the plate scale [arcsec/pixel], the detector-fixed gain gradient found
-    ``(gx, gy)`` [1/Rsun] and the roll set's balance left after weighting ``|sum_k w_k exp(i theta_k)|``."""
+    ``(gx, gy)`` [1/Rsun], the roll set's balance left after weighting ``|sum_k w_k exp(i theta_k)|``,
+    the gradient's formal 1-sigma per axis [1/Rsun] (``s^2 (A^T A)^-1`` of the linear fit at the
+    offset found: a lower bound, the radial model's misfit not included) and the solar radius
+    [pixel] the gradient is per (the first frame used)."""
 
     dx_px: float
     dy_px: float
@@ -125,6 +128,8 @@ class OcculterOffset:
     scale_arcsec: float
     gradient: tuple[float, float] = (0.0, 0.0)
     roll_balance: float = 0.0
+    gradient_sigma: tuple[float, float] = (0.0, 0.0)
+    rsun_px: float = float("nan")
 
     def keywords(self) -> dict[str, tuple[Any, str]]:
         """:data:`OFFSET_KEYWORDS` with values (offset in arcsec)."""
@@ -319,5 +324,10 @@ def measure_occulter_offset(images: Sequence[np.ndarray], headers: Sequence[fits
     fitcsig = np.array([float(headers[i].get("FITCSIG", 0.0) or 0.0) for i in use])
     align = float(np.sqrt(np.sum((weights * fitcsig) ** 2)))
     sig = math.sqrt(formal ** 2 + align ** 2 + (OFFSET_SYSTEMATIC_RSUN * rs) ** 2)
+    try:  # the gain gradient's formal error: the linear fit's covariance at the offset found
+        lin_cov = np.linalg.pinv(a.T @ a) * float(resid @ resid) / dof
+        g_sig = (float(np.sqrt(max(lin_cov[-2, -2], 0.0))), float(np.sqrt(max(lin_cov[-1, -1], 0.0))))
+    except np.linalg.LinAlgError:
+        g_sig = (float("nan"), float("nan"))
     return OcculterOffset(float(d[0]), float(d[1]), sig, int(np.count_nonzero(weights > 0)), float(abs(geom.scale)),
-                          (float(coef[-2]), float(coef[-1])), balance)
+                          (float(coef[-2]), float(coef[-1])), balance, g_sig, rs)
