@@ -723,15 +723,23 @@ def _exit_on_signal(signum, _frame) -> None:
 
 def stop_process_group(proc: subprocess.Popen, *, timeout_s: float = 20.0) -> None:
     """Stop ``proc`` and every process of its process group (it was started with
-    ``start_new_session``: a Celery worker, its pool and its reconciler): SIGTERM (a warm
-    shutdown), then SIGKILL to what is left after ``timeout_s`` [s]. Signals are ignored
-    while this runs, so a second Ctrl-C or SIGTERM cannot leave the group half-stopped."""
+    ``start_new_session``: a Celery worker, its pool and its reconciler): SIGTERM to ``proc``
+    (a warm shutdown: the worker stops its pool and its reconciler itself), then SIGKILL to
+    what is left of the group after ``timeout_s`` [s] (SIGTERM where ``proc`` has ended).
+    Signals are ignored while this runs, so a second Ctrl-C or SIGTERM cannot leave the group
+    half-stopped.
+
+    ``proc`` alone first: SIGTERM to the whole group also reaches the idle pool children of a
+    worker on the filesystem broker while they wait on the pool's task queue holding its read
+    lock; killed so, they never release it, and the worker's exit (billiard's
+    ``Pool._help_stuff_finish``, at interpreter exit) waited on that lock until the SIGKILL,
+    ``timeout_s`` later (``lstdp demo`` took 20 s to stop, 2026-12-06)."""
     old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # nothing where proc was waited for already
         except ProcessLookupError:
-            return
+            pass
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
