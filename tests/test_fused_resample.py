@@ -185,12 +185,20 @@ def test_ray_profiles_equal_scipy_map_coordinates(dtype):
 
 
 @numba_only
-def test_overwriting_the_input_gives_the_same_frames():
+@pytest.mark.parametrize("all_finite", [False, True])
+def test_overwriting_the_input_gives_the_same_frames(all_finite):
+    """In place or not, the same data, DQ and sigma. With all-finite data the pass skips the
+    NOT_FINITE marking and samples the caller's DQ plane in place (the path the calibration flow
+    takes on a clean frame); with NaN/inf it marks them in a new plane first."""
     data, dq, var = _frame()
+    if all_finite:
+        data = np.where(np.isfinite(data), data, np.float32(5.0)).astype(np.float32)
     k, off = _map(-1.36)
     ref = _north_up_exact(data, dq, var, k, off, order=3, threads=2, compiled=True)
-    mine = data.copy()
-    got = _north_up_exact(mine, dq.copy(), var, k, off, order=3, threads=2, compiled=True, overwrite=True)
+    mine, my_dq = data.copy(), dq.copy()
+    got = _north_up_exact(mine, my_dq, var, k, off, order=3, threads=2, compiled=True, overwrite=True)
     for a, b in zip(ref, got):
         assert np.array_equal(a, b, equal_nan=True)
     assert not np.array_equal(mine, data, equal_nan=True)  # the input's memory held the coefficients
+    if all_finite:  # the caller's DQ memory held the plane the pass sampled
+        assert not np.array_equal(my_dq, dq)
