@@ -202,3 +202,17 @@ def test_overwriting_the_input_gives_the_same_frames(all_finite):
     assert not np.array_equal(mine, data, equal_nan=True)  # the input's memory held the coefficients
     if all_finite:  # the caller's DQ memory held the plane the pass sampled
         assert not np.array_equal(my_dq, dq)
+
+
+@numba_only
+def test_an_input_bit_7_cannot_pose_as_the_defect_mark():
+    """The DQ pre-pass keeps its "pixel holds a defect" mark in bit 7, which no DQ bit uses: an
+    input with bit 7 set (a foreign plane) gives the frames of one without it."""
+    assert max(int(b) for b in DQ) < 128
+    data, dq, var = _frame()
+    k, off = _map(-1.36)
+    ref = _north_up_exact(data, dq, var, k, off, order=3, threads=2, compiled=True)
+    dirty = dq | np.uint8(128)
+    got = _north_up_exact(data, dirty, var, k, off, order=3, threads=2, compiled=True)
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b, equal_nan=True)

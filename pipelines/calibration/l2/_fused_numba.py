@@ -107,14 +107,15 @@ def dq_prepass(data, dq, defect_bits, not_finite, hbuf, plane):
     With ``q = dq | NOT_FINITE`` where ``data`` is not finite: ``plane = (q & ~defects) |
     OR3x3(q & defects) | 128 * (q & defects != 0)`` -- the nearest neighbour's value of the 3 x 3
     grown defect bits (``_or_dilate3``) in bits 0-6, and in bit 7 (no DQ bit) whether the pixel
-    itself holds a defect (the "any defect" mark of the bilinear pass). ``hbuf`` (uint8, same
+    itself holds a defect (the "any defect" mark of the bilinear pass; an input bit 7, which no
+    DQ bit uses, is dropped so it cannot pose as the mark). ``hbuf`` (uint8, same
     shape) holds the OR along rows in between. Two passes, each parallel over rows; ``plane``
     may be ``dq`` itself (each pixel's own ``dq`` is read before it is written).
     """
     ny, nx = dq.shape
     db = np.uint8(defect_bits)
     nf = np.uint8(not_finite)
-    keep = np.uint8(255 - defect_bits)
+    keep = np.uint8(127 - defect_bits)  # bit 7 is the mark below: an input bit 7 (no DQ bit) is dropped
     for i in prange(ny):
         prev = np.uint8(0)
         d = dq[i, 0]
@@ -374,7 +375,7 @@ def resample(coef, plane, var, k, off, defect_bits, not_finite, no_data, gtab, o
     ny, nx = coef.shape
     oy, ox = out.shape
     has_var = var.shape[0] > 0
-    keep = np.uint8(255 - defect_bits)
+    keep = np.uint8(127 - defect_bits)  # bit 7 is the mark below: an input bit 7 (no DQ bit) is dropped
     nf = np.uint8(not_finite)
     nd_bit = np.uint8(no_data)
     db = np.uint8(defect_bits)
