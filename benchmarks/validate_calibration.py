@@ -767,6 +767,47 @@ def _rate_interval(summary: dict, gate: str) -> str:
     return f" ({iv[0]:.0%}-{iv[1]:.0%})" if iv else ""
 
 
+def _more_seeds_section(out: Path, runs: list[dict]) -> list[str]:
+    """Report lines for ``out/calibration_mismatch_on_seeds*.json`` (more ``--mismatch on`` runs of
+    other seeds, e.g. ``--seeds 10-29 --out DIR`` with its JSON copied under that name): the
+    RESULT of all mismatch-on seeds together (the main run's and these; a seed twice counts once,
+    the main run's kept), their per-channel widths, the gates below 100 % and the sampling
+    intervals. No lines when there is no such file."""
+    from validation.blind_chain import CHANNELS as CH, TUNING_SEEDS
+
+    extra = [json.loads(p.read_text()) for p in sorted(out.glob("calibration_mismatch_on_seeds*.json"))]
+    main = [r for r in runs if r.get("mismatch") == "on"]
+    if not extra or not main:
+        return []
+    rows, seen = [], set()
+    for r in main + extra:
+        for x in r["rows"]:
+            if x["seed"] not in seen and x["seed"] not in TUNING_SEEDS:
+                seen.add(x["seed"])
+                rows.append(x)
+    summ = _seed_summary({"rows": rows})
+    samp = summ["sampling"]
+    L = ["", "## Mismatch on, more seeds", "",
+         "The runs below add seeds to the mismatch-on run above (same code unless their time says otherwise); "
+         "the RESULT of all their seeds together, scored as above:", ""]
+    for r in extra:
+        L.append(f"- `{r['command']}` on {r['machine']}, {r['when']}; seeds {r['seeds'][0]}-{r['seeds'][-1]}; "
+                 f"{sum(x['seconds'] for x in r['rows']):.0f} s.")
+        L.append(f"  `RESULT {' '.join(f'{k}={v}' for k, v in r['summary']['result'].items())}`")
+    L += ["", f"All {len(rows)} seeds: `RESULT {' '.join(f'{k}={v}' for k, v in summ['result'].items())}`", "",
+          "| channel | pooled pull width (68 %) [P right claim within 1 +- 0.1] | FLATERR width (68 %) |",
+          "|---|---|---|"]
+    for c in CH:
+        b = samp["boot"].get(c, {"total": (np.nan,) * 2, "flat": (np.nan,) * 2})
+        L.append(f"| {c} | {_fmt(summ['pull_width_pooled'].get(c, np.nan), 3)} ({_fmt(b['total'][0], 2)}-"
+                 f"{_fmt(b['total'][1], 2)}) [{_fmt(samp['p_within_C'].get(c, np.nan), 2)}] | "
+                 f"{_fmt(summ['flat_pull_width'].get(c, np.nan), 3)} ({_fmt(b['flat'][0], 2)}-{_fmt(b['flat'][1], 2)}) |")
+    below = {g: v for g, v in summ["pass_rate"].items() if v < 1}
+    L += ["", "Gates below 100 % over these seeds: " + (", ".join(
+        f"{g} {v:.0%}{_rate_interval(summ, g)}" for g, v in below.items()) or "none") + "."]
+    return L
+
+
 def write_mismatch_report(out: Path) -> Path:
     """``out/calibration_mismatch.md`` from ``out/calibration_mismatch_{off,on}.json`` (whichever exist)."""
     from validation.families import family_rows
@@ -902,6 +943,7 @@ def write_mismatch_report(out: Path) -> Path:
                 L.append(f"| {x['seed']} | " + " | ".join(
                     ("" if k not in f else (f"{f[k]:.4g}" if isinstance(f[k], float) else str(f[k]))) for k in keys)
                     + " |")
+    L += _more_seeds_section(out, runs)
     abl = out / "calibration_mismatch_ablation.json"
     if abl.is_file():
         a = json.loads(abl.read_text())

@@ -431,6 +431,28 @@ def test_seed_sampling_intervals_match_a_monte_carlo_and_the_wilson_definition()
         vc.seed_sampling_intervals(rows(3), resamples=10)
 
 
+def test_more_seeds_are_pooled_into_one_result_each_seed_once(tmp_path):
+    """``calibration_mismatch_on_seeds*.json`` beside the mismatch-on run: the report's "more seeds"
+    section scores all their seeds together, a seed present twice counted once."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    vc = _load_validate_calibration()
+    src = Path(__file__).resolve().parents[2] / "benchmarks" / "reports" / "calibration_mismatch_on.json"
+    shutil.copy(src, tmp_path / src.name)
+    run = json.loads(src.read_text())
+    n = len(run["rows"])
+    assert vc._more_seeds_section(tmp_path, [run]) == []  # nothing more: no section
+    moved = dict(run, rows=[dict(r, seed=r["seed"] + 500) for r in run["rows"]])
+    (tmp_path / "calibration_mismatch_on_seeds500.json").write_text(json.dumps(moved))
+    (tmp_path / "calibration_mismatch_on_seeds_again.json").write_text(json.dumps(run))  # the same seeds again
+    text = vc.write_mismatch_report(tmp_path).read_text()
+    assert "## Mismatch on, more seeds" in text and f"All {2 * n} seeds: `RESULT seeds={2 * n} " in text
+    both = vc._seed_summary({"rows": run["rows"] + moved["rows"]})["result"]
+    assert f"RESULT {' '.join(f'{k}={v}' for k, v in both.items())}`" in text
+
+
 def test_sci_centre_holds_with_an_offset_occulter_and_a_tilted_diffuser():
     """Issue 27: the truth from model families the chain does not assume (``--mismatch on``), seed 4
     of SCI-UV: the occulter 22 arcsec off the Sun and a diffuser whose tilt, read by a pairwise roll
