@@ -37,7 +37,6 @@ def _roll_tilt_flat(sim, chan: str, cals: dict, flat: np.ndarray, fam) -> tuple[
     from pipelines.calibration.l2.options import CalibrationOptions
     from pipelines.calibration.masters.diffuser_flat import remove_roll_tilt
     from pipelines.calibration.masters.occulter import measure_occulter_offset
-    from pipelines.sun import sun_geometry
     from validation import blind_chain as bc
 
     l1s, hdrs, valids = [], [], []
@@ -48,7 +47,7 @@ def _roll_tilt_flat(sim, chan: str, cals: dict, flat: np.ndarray, fam) -> tuple[
         hdrs.append(l1.header)
         valids.append(l1.dq == 0)
     occ = measure_occulter_offset(l1s, hdrs, valids)
-    rs = float(sun_geometry(hdrs[0]).rsun_px)
+    rs = occ.rsun_px
     dm = fam.diffuser.get(chan)
     if dm is not None:  # the injected tilt in the same units (scoring only): ln(1/D)'s gradient per Rsun
         c = (flat.shape[1] - 1) / 2.0
@@ -90,12 +89,13 @@ def main() -> None:
                 out: dict[str, float] = {}
                 _c, _e, det, flat = bc._masters(sim, chan, bc.CHANNELS.index(chan), True, seed, tmp / "chain", out, fam)
                 hidden = det["flat"].astype(np.float64)
+                # FLATERR relative to the diffuser flat (the chain scales FLATERR with the correction)
+                fe = _c["flat"].data["flaterr"].astype(np.float64) / flat
                 if a.roll_tilt:
                     flat, note = _roll_tilt_flat(sim, chan, _c, flat, fam)
                     print(f"  seed {seed} {chan}: {note}", flush=True)
                 ratio = flat / hidden
                 ratio /= ratio.mean()
-                fe = _c["flat"].data["flaterr"].astype(np.float64) / flat
                 data.append((ratio.ravel(), fe.ravel()))
                 w = _width(ratio.ravel(), fe.ravel(), sigma0)
                 row.append(w)
