@@ -679,3 +679,40 @@ def test_worker_shares_its_cores_among_its_processes():
         assert resample.default_threads() == resample.available_cores()
     finally:
         resample.set_default_threads(None)
+
+
+_NUMEXPR_RACE = r"""
+import sys, threading
+import numpy as np
+from pipelines.calibration.l2 import kernels
+a = np.random.default_rng(0).random(300_000).astype(np.float32)
+env = {"a": a, "b": a[::-1].copy(), "c": np.float32(2.0)}
+want = a * env["b"] + np.float32(2.0)
+errors = []
+def lane(k):
+    for i in range(300):
+        kernels.set_threads(1 + (i + k) % 2)  # numexpr.set_num_threads between other threads' calls
+        if not np.array_equal(kernels.evaluate("a * b + c", env), want):
+            errors.append(i)
+ts = [threading.Thread(target=lane, args=(k,)) for k in range(4)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("wrong" if errors else "ok")
+"""
+
+
+def test_fused_kernels_called_from_several_threads_neither_hang_nor_mix_results():
+    """The batch executor's lanes call the fused kernels at once. numexpr's thread pool is
+    global: ``set_num_threads`` while another thread evaluated deadlocked (gpu_check --cpu-only
+    hung in ``_stats``; this script hung 3 times in 3 before the lock). In a child process, so a
+    hang fails this test instead of the suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", _NUMEXPR_RACE], capture_output=True, text=True, timeout=180,
+                       cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.stdout, r.stderr[-2000:])

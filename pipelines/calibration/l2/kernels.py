@@ -65,6 +65,9 @@ def set_threads(n: int | None) -> None:
 def evaluate(expression: str, local_dict: dict[str, Any], out: np.ndarray | None = None) -> np.ndarray:
     """``numexpr.evaluate(expression, local_dict)`` on this process's step threads.
 
+    Safe to call from several threads (the batch executor's lanes): the calls are serialised
+    by a process-wide lock, each running on the process's step threads.
+
     Scalars must be given as NumPy scalars of the wanted precision (``numpy.float32``):
     a Python float would make numexpr compute in float64.
 
@@ -78,8 +81,12 @@ def evaluate(expression: str, local_dict: dict[str, Any], out: np.ndarray | None
     if ne is None:
         raise RuntimeError("numexpr is not installed")
     n = _WANT if _WANT is not None else _cores()
-    if n != _THREADS:
-        with _LOCK:
+    # one call at a time in this process: numexpr's thread pool is global, and
+    # ``set_num_threads`` while another thread evaluates deadlocks (the batch executor's two
+    # lanes hung in ``_stats``, 2026-12-06; numexpr issues #80 and #569 for concurrent calls).
+    # Each call still runs on ``n`` threads of its own.
+    with _LOCK:
+        if n != _THREADS:
             ne.set_num_threads(n)
             _THREADS = n
-    return ne.evaluate(expression, local_dict=local_dict, out=out, casting="same_kind")
+        return ne.evaluate(expression, local_dict=local_dict, out=out, casting="same_kind")
