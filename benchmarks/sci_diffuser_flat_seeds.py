@@ -52,7 +52,8 @@ def _roll_tilt_flat(sim, chan: str, cals: dict, flat: np.ndarray, fam) -> tuple[
     if dm is not None:  # the injected tilt in the same units (scoring only): ln(1/D)'s gradient per Rsun
         c = (flat.shape[1] - 1) / 2.0
         inj = tuple(-dm.amplitude * dm.tilt_share * f(dm.angle) * rs / c for f in (math.cos, math.sin))
-        note = f"tilt found ({occ.gradient[0]:+.5f}, {occ.gradient[1]:+.5f}) injected ({inj[0]:+.5f}, {inj[1]:+.5f}) /Rsun"
+        note = (f"tilt found ({occ.gradient[0]:+.5f}, {occ.gradient[1]:+.5f}) injected "
+                f"({inj[0]:+.5f}, {inj[1]:+.5f}) /Rsun")
     else:
         note = f"tilt found ({occ.gradient[0]:+.5f}, {occ.gradient[1]:+.5f}) /Rsun (none injected)"
     return remove_roll_tilt(flat, occ.gradient, rs), note
@@ -69,7 +70,8 @@ def main() -> None:
     ap.add_argument("--mismatch", choices=("on", "off"), default="on")
     ap.add_argument("--size", type=int, default=256)
     ap.add_argument("--tune", action="store_true")
-    ap.add_argument("--roll-tilt", action="store_true", help="remove the tilt each seed's roll sequence measures first")
+    ap.add_argument("--roll-tilt", action="store_true",
+                    help="remove the tilt each seed's roll sequence measures first")
     a = ap.parse_args()
     from pipelines.calibration.masters.diffuser_flat import DIFFUSER_BOWL_SIGMA
 

@@ -801,7 +801,8 @@ def _more_seeds_section(out: Path, runs: list[dict]) -> list[str]:
         b = samp["boot"].get(c, {"total": (np.nan,) * 2, "flat": (np.nan,) * 2})
         L.append(f"| {c} | {_fmt(summ['pull_width_pooled'].get(c, np.nan), 3)} ({_fmt(b['total'][0], 2)}-"
                  f"{_fmt(b['total'][1], 2)}) [{_fmt(samp['p_within_C'].get(c, np.nan), 2)}] | "
-                 f"{_fmt(summ['flat_pull_width'].get(c, np.nan), 3)} ({_fmt(b['flat'][0], 2)}-{_fmt(b['flat'][1], 2)}) |")
+                 f"{_fmt(summ['flat_pull_width'].get(c, np.nan), 3)} ({_fmt(b['flat'][0], 2)}-"
+                 f"{_fmt(b['flat'][1], 2)}) |")
     below = {g: v for g, v in summ["pass_rate"].items() if v < 1}
     L += ["", "Gates below 100 % over these seeds: " + (", ".join(
         f"{g} {v:.0%}{_rate_interval(summ, g)}" for g, v in below.items()) or "none") + "."]
@@ -818,7 +819,8 @@ def write_mismatch_report(out: Path) -> Path:
 
     for r in runs:  # from the stored metrics, so a run stored before today's measures has them too
         if "other" in r["summary"]:
-            r["summary"]["sampling"] = seed_sampling_intervals([x for x in r["rows"] if x["seed"] not in TUNING_SEEDS])
+            r["summary"]["sampling"] = seed_sampling_intervals(
+                [x for x in r["rows"] if x["seed"] not in TUNING_SEEDS])
     L = ["# Blind chain under a wrong model: pass rates over seeds (issue 27, items 0, 1 and 4)", "",
          "The blind end-to-end chain (`validation/blind_chain.py`, noise on, all four channels) run on several seeds, "
          "with the truth drawn from model families the chain does not assume (`--mismatch on`, "

@@ -17,8 +17,8 @@ detector, the Sun's corona turns with the roll: the roll sequence's average, fit
 the Sun times a detector-fixed gain gradient, measures the flat's linear error (``OCCGRAD1/2``
 of the stray-light master). On the validation's tuning seeds 1000-1039 it matches the injected
 diffuser tilt to 1.4e-4 / 1.0e-4 per Rsun RMS (x / y; 2.0e-3 per Rsun RMS injected;
-``benchmarks/sci_diffuser_flat_seeds.py --roll-tilt``). The flat is multiplied by ``exp(g . (x - c) / Rsun)``, and what is left, the
-diffuser's radial part (a bowl about the detector centre, which the roll cannot tell from the
+``benchmarks/sci_diffuser_flat_seeds.py --roll-tilt``). The flat is multiplied by
+``exp(g . (x - c) / Rsun)``, and what is left, the diffuser's radial part (a bowl about the detector centre, which the roll cannot tell from the
 corona's own radial fall-off), is stated by :data:`DIFFUSER_BOWL_SIGMA` instead of
 :data:`DIFFUSER_NONUNIFORMITY_SIGMA`; the master records :data:`ROLL_TILT_KEYWORDS`.
 **Assumed**, as by the offset fit: whatever turns with the roll is radially symmetric about the
