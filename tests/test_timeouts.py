@@ -369,8 +369,17 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
 @pytest.mark.slow
 @pytest.mark.faults
 def test_servers_down_are_503_within_2_s_with_bodies_that_name_no_host(api):
+    """Nothing listens where the database and the broker should be: every route answers 503 at
+    once, naming which server is down and neither its host nor its password.
+
+    The refusal alone must make the answers quick, so the API gets a 10 s deadline: a 503 from
+    the default 1.8 s deadline would be quick too but say "could not answer within 1.8 s", not
+    which server is down. With the default deadline this test once failed on CI (2026-12-06):
+    the page ``/`` was answered by the deadline after 2.55 s, the event loop itself held up
+    0.75 s past it (the route's refusal takes 0.07 s on a quiet machine), so its body named
+    the deadline, not the database."""
     db_port, redis_port = _free_port(), _free_port()  # nothing listens there
-    c = api(DATABASE_URL=f"postgresql+psycopg://lstdp:{PG_PASSWORD}@127.0.0.1:{db_port}/lstdp",
+    c = api(deadline_s="10", DATABASE_URL=f"postgresql+psycopg://lstdp:{PG_PASSWORD}@127.0.0.1:{db_port}/lstdp",
             CELERY_BROKER_URL=_redis_url(redis_port), CELERY_RESULT_BACKEND=_redis_url(redis_port, 1))
     secrets = (str(db_port), str(redis_port), PG_PASSWORD, REDIS_PASSWORD)
     r, took = _timed(c, "GET", "/api/v1/health")
