@@ -103,7 +103,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from astropy.io import fits
@@ -208,7 +208,12 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   ``frame_pull_max`` with the shift, and its RMS in pull units (``pull_plane_total_C``) enters
 #:   the pooled width as the shift does, so the pooled width still holds all of the plane.
 #:   SCI's ``UNCERT`` holds the stated stray-light 1-sigma (issue 27 item 3), so it is part of
-#:   the total error; it widens the total and makes the per-frame pixel width fall below 1.
+#:   the total error. The stray light is one axisymmetric law per frame, so its error is frame-wide
+#:   too, one smooth radial draw per frame: a frame whose draw is large has its pixels' pulls
+#:   spread along radius (seeds 1000-1079 with the calibrated 1-sigma: 14 of 159 SCI frames above
+#:   the 1.1 pixel width, up to 1.58; none about the mode, at most 0.78). Where the product states it, its radial mode (level, slope and
+#:   curvature in radius, in units of the stated 1-sigma) is fitted as the plane is and its RMS
+#:   enters the pooled width the same way (``pull_plane_total_C`` holds whichever mode was fitted).
 #: * ``centre_err_px``: the centre within 0.1 px with a 2 px header error (issue 14 point 4),
 #:   every channel (SDI only just at 256 px, :func:`gate_failures`); it must also lie within its own claim,
 #:   ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)`` (``centre_claim_arcsec_C``).
@@ -661,7 +666,8 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           ``(L2 - truth) / sigma_total`` over the good pixels, the truth as it is and
           ``sigma_total`` the product's total error (:func:`pipelines.products.total_uncertainty_from`):
           the frame's pixel-to-pixel pull width (about the fitted flat-plane mode where the product
-          states ``FLATPLSG``: ``pull_plane_total_C``, ``pull_plane_amp_C``, ``pull_width_total_raw_C``,
+          states ``FLATPLSG``, about the stray light's radial mode where a SCI product states its
+          stray-light 1-sigma: ``pull_plane_total_C``, ``pull_plane_amp_C``, ``pull_width_total_raw_C``,
           :func:`score_total_pulls`) and its median (the frame-wide shift); gated
           (:data:`GATES`); ``pull_frame_total_C`` ``hypot`` of the two; ``level_pull_C``
           ``(level_C - 1) / RADUNC`` (NaN without ``RADUNC``) and ``centre_pull_C`` the centre
@@ -1080,6 +1086,30 @@ def _flat_without_roll_tilt(flat_cal, tilt, hidden_flat: np.ndarray, chan: str, 
     return cal
 
 
+#: Where :func:`_score_l2` keeps what the SCI stray light's scoring used (``None``: nowhere). Set by
+#: ``benchmarks/sci_stray_sigma_tune.py`` only: one ``{seed}_{channel}.npz`` per SCI product, so that
+#: the stated 1-sigma's constants can be tuned on the tuning seeds by re-scoring the same products
+#: offline (:data:`validation.blind_stray.STRAY_TUNING_SEEDS`), not by re-running the chain.
+STRAY_KEEP_DIR: Path | None = None
+#: The seed :func:`_run` is scoring (names the kept files).
+_SCORING_SEED: int | None = None
+
+
+def _keep_stray_scoring(l2, truth, chan: str, rho, stray_inj, kcor, s_est, s_sig, inputs: dict) -> None:
+    """One SCI product's scoring inputs into :data:`STRAY_KEEP_DIR` (``{seed}_{chan}.npz``): the L2
+    data, truth, total error and DQ, the truth's radii, injected stray light and K corona, the
+    estimate and its stated 1-sigma there, and the model set's fit inputs (``in_*``,
+    :attr:`validation.blind_stray.StrayModelSet.inputs`)."""
+    from pipelines.products import total_uncertainty_from
+
+    d = Path(STRAY_KEEP_DIR)
+    d.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(d / f"{_SCORING_SEED}_{chan}.npz", data=l2.data, truth=truth, dq=l2.dq,
+                        sig=total_uncertainty_from(l2.data, l2.uncertainty, l2.header, l2.dq),
+                        rho=rho, stray_inj=stray_inj, kcor=kcor, s_est=s_est, s_sig=s_sig,
+                        **{"in_" + k: v for k, v in inputs.items()})
+
+
 def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, float]) -> None:
     """Pull width, L2 error, level, centre and (SCI) stray light of the science frame's L2, into ``out``."""
     from validation.blind_stray import _annulus, _k_corona_truth
@@ -1094,7 +1124,8 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
     # the gated pulls: L2 against the truth as it is over the total error a user reads from the
     # product (UNCERT with RADUNC and the centre's CRDER/CSYER; pipelines.products.total_uncertainty_from).
     # Nothing measured against the truth corrects L2 before it is scored.
-    score_total_pulls(l2, truth, chan, out)
+    stated = sest is not None and sest.model_set is not None  # the stray light's stated 1-sigma
+    score_total_pulls(l2, truth, chan, out, stray_sigma=sest.stray_sigma if stated else None)
     out[f"centre_err_px_{chan}"], out[f"fit_used_{chan}"] = _centre_err(l2.header, frame.crpix)
     # the product's own claim on its centre (CRDERia random, CSYERia systematic; arcsec)
     h2 = l2.header
@@ -1137,6 +1168,8 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
             sg = sel & good
             out[f"l2_corona_pct_{chan}_r{r0:g}"] = 100 * abs(float(np.mean(l2.data[sg] - tr[sg]))) / k
         out[f"stray_pull_{chan}"] = float(np.sqrt(np.mean(np.square(pulls))))
+        if STRAY_KEEP_DIR is not None and sest.model_set is not None and sest.model_set.inputs is not None:
+            _keep_stray_scoring(l2, tr, chan, rho, stray_inj, kcor, s_est, s_sig, sest.model_set.inputs)
         ms = sest.model_set
         out[f"stray_refused_{chan}"] = float(ms.refused) if ms is not None else float("nan")
         out[f"stray_chi2_{chan}"] = ms.chi2_red if ms is not None else sest.chi2_red
@@ -1152,7 +1185,8 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
         out[f"stray_level_sigma_{chan}"] = float(np.median(s_sig[sel] / tr[sel]))
 
 
-def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float]) -> None:
+def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float], *,
+                      stray_sigma: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
     """The gated pulls of one product against the truth as it is, into ``out``.
 
     ``(L2 - truth) / sigma_total``, ``sigma_total`` what a user reads from the product
@@ -1169,6 +1203,14 @@ def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float]) -
     fitted relative gradient across the frame width over ``FLATPLSG`` (per-axis RMS, NaN without
     ``FLATPLSG``; gated within :data:`GATES` ``frame_pull_max``) and ``pull_width_total_raw_C``
     the width with the mode left in (reported).
+
+    A SCI product whose stray light states its 1-sigma (``stray_sigma``: ``r [Rsun] -> 1-sigma``,
+    the product's master's ``SIGMA`` profile, evaluated at the product's own radii from its
+    header) has the stray light's frame-wide radial mode fitted the same way
+    (:func:`frame_pull_stats` with ``radial``): one axisymmetric law per frame, so one smooth
+    radial draw of error per frame. ``pull_width_total_C`` is then the width about it and
+    ``pull_plane_total_C`` the RMS of the fitted mode (the name is the flat plane's: the
+    frame-wide mode's RMS, whichever it is; it enters :func:`pooled_pull_width` the same way).
     """
     from pipelines.products import total_uncertainty_from
 
@@ -1177,11 +1219,19 @@ def score_total_pulls(l2, truth: np.ndarray, chan: str, out: dict[str, float]) -
     w, m = frame_pull_stats(l2.data, truth, sig, l2.dq)
     out[f"pull_width_total_raw_{chan}"] = w
     out[f"pull_plane_total_{chan}"], out[f"pull_plane_amp_{chan}"] = 0.0, float("nan")
-    if plane_sg is not None and float(plane_sg) > 0:
-        w, m, rms, (gy, gx) = frame_pull_stats(l2.data, truth, sig, l2.dq, plane=True)
+    plane = plane_sg is not None and float(plane_sg) > 0
+    radial = None
+    if stray_sigma is not None:
+        from pipelines.sun import radius_map, sun_geometry
+
+        rho = np.asarray(radius_map(np.shape(l2.data), sun_geometry(l2.header)), dtype=np.float64)
+        radial = (rho, np.asarray(stray_sigma(np.clip(rho, 1.0, 3.0)), dtype=np.float64))
+    if plane or radial is not None:
+        w, m, rms, (gy, gx) = frame_pull_stats(l2.data, truth, sig, l2.dq, plane=plane, radial=radial)
         nx = np.shape(l2.data)[1]
         out[f"pull_plane_total_{chan}"] = rms
-        out[f"pull_plane_amp_{chan}"] = math.sqrt((gy * gy + gx * gx) / 2.0) * nx / float(plane_sg)
+        if plane:
+            out[f"pull_plane_amp_{chan}"] = math.sqrt((gy * gy + gx * gx) / 2.0) * nx / float(plane_sg)
     out[f"pull_width_total_{chan}"], out[f"pull_median_total_{chan}"] = w, m
     out[f"pull_frame_total_{chan}"] = math.hypot(w, m)
 
@@ -1246,6 +1296,8 @@ def _run(size: int, noise: bool, seed: int, *, channels=CHANNELS, pointing_error
         raise ValueError(f"sdi_radiometry must be 'campaign' or 'given', got {sdi_radiometry!r}")
     t_start = time.perf_counter()
     out: dict[str, float] = {}
+    global _SCORING_SEED
+    _SCORING_SEED = int(seed)
     with tempfile.TemporaryDirectory(prefix="lstdp-blind-chain-") as tmp:
         tmp_path = Path(tmp)
         sim = simulate(tmp_path / "sim", channels=channels, naxis=int(size), noise=noise, seed=seed,
@@ -1545,7 +1597,7 @@ def reported_seeds(seeds) -> list[int]:
     return [int(s) for s in seeds if int(s) not in TUNING_SEEDS]
 
 
-def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False):
+def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False, radial: tuple | None = None):
     """Pixel-to-pixel width and median of one frame's pulls ``(data - truth) / sigma``.
 
     Parameters
@@ -1565,16 +1617,33 @@ def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False):
         then again without those beyond 5 robust sigma of the first fit's residual); the width
         is that of the pulls less the fitted ``b`` terms.
 
+    radial : (rho, stray_sigma), optional
+        Also fit the frame-wide stray-light mode of a SCI product that states its stray light's
+        1-sigma, and take the width about it. ``rho`` [Rsun] and ``stray_sigma`` (the stated
+        1-sigma of the subtracted stray light [the data's unit], what the product's ``UNCERT``
+        holds of it), arrays of the frame's shape, both the product's own (its header's geometry,
+        its master's ``SIGMA`` profile). The stray light is one axisymmetric law per frame
+        (:mod:`validation.blind_stray`): its error is one smooth radial draw for the whole frame,
+        like the shift and the flat's plane, not a pixel-to-pixel scatter, so a frame whose
+        stray-light error is a large draw has its pixels' pulls spread along radius. The pulls
+        are fitted with ``c + (b_0 + b_1 P_1(x) + b_2 P_2(x)) stray_sigma / sigma`` (``P_k`` the
+        Legendre polynomials, ``x = (rho - 1.8) / 0.7`` clipped to [-1, 1]: the scored 1.1-2.5
+        Rsun; the error's level, slope and curvature across the field, any smooth radial draw
+        of a law with a handful of parameters; on the chain's products of seeds 1000-1039 the
+        widths with a linear or a cubic mode differ from these by < 0.02), as with ``plane``
+        (robust refit); the width is that of the pulls less the ``b`` terms.
+
     Returns
     -------
     (width, median) : tuple of float
         ``width`` = 1.4826 x the median absolute deviation of the pulls about their median
         (the Gaussian sigma of the pulls' core, robust to the few bad pixels left), ``median``
         the median pull (the frame-wide shift); NaN without good pixels.
-    (width, median, plane_rms, (g_y, g_x)) : with ``plane``
-        ``width`` about the fitted plane mode, ``median`` as without, ``plane_rms`` the RMS of the
-        fitted ``b`` terms over the good pixels about their mean [pull units], ``(g_y, g_x)`` the
-        fitted relative gradient [1/pixel] (``-b``).
+    (width, median, plane_rms, (g_y, g_x)) : with ``plane`` and/or ``radial``
+        ``width`` about the fitted modes, ``median`` as without, ``plane_rms`` the RMS of the
+        fitted modes (the ``b`` terms, plane and radial together) over the good pixels about
+        their mean [pull units], ``(g_y, g_x)`` the fitted relative gradient of the plane
+        [1/pixel] (``-b``; NaN without ``plane``).
     """
     d = np.asarray(data, dtype=np.float64)
     sg = np.asarray(sigma, dtype=np.float64)
@@ -1582,15 +1651,24 @@ def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False):
     if dq is not None:
         good &= np.asarray(dq) == 0
     if not good.any():
-        return (float("nan"), float("nan")) if not plane else (float("nan"),) * 3 + ((float("nan"),) * 2,)
+        return (float("nan"), float("nan")) if not (plane or radial is not None) \
+            else (float("nan"),) * 3 + ((float("nan"),) * 2,)
     pull = (d[good] - np.asarray(truth, dtype=np.float64)[good]) / sg[good]
     med = float(np.median(pull))
-    if not plane:
+    if not plane and radial is None:
         return float(1.4826 * np.median(np.abs(pull - med))), med
     ny, nx = d.shape
-    yy, xx = np.nonzero(good)
-    v = d[good] / sg[good]
-    a = np.column_stack([np.ones(pull.size), v * (yy - (ny - 1) / 2.0), v * (xx - (nx - 1) / 2.0)])
+    cols = [np.ones(pull.size)]
+    if plane:
+        yy, xx = np.nonzero(good)
+        v = d[good] / sg[good]
+        cols += [v * (yy - (ny - 1) / 2.0), v * (xx - (nx - 1) / 2.0)]
+    if radial is not None:
+        rho, ssig = (np.asarray(x, dtype=np.float64)[good] for x in radial)
+        u = np.where(np.isfinite(ssig), ssig, 0.0) / sg[good]
+        x = np.clip((np.where(np.isfinite(rho), rho, 1.8) - 1.8) / 0.7, -1.0, 1.0)
+        cols += [u, u * x, u * (1.5 * x * x - 0.5)]
+    a = np.column_stack(cols)
     keep = np.ones(pull.size, dtype=bool)
     for _ in range(2):  # least squares, then again without the outliers (cosmic-ray residuals, edges)
         coef = np.linalg.lstsq(a[keep], pull[keep], rcond=None)[0]
@@ -1598,8 +1676,14 @@ def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False):
         keep = np.abs(res - np.median(res)) <= 5.0 * 1.4826 * np.median(np.abs(res - np.median(res)))
     mode = a[:, 1:] @ coef[1:]
     rest = pull - mode
-    width = float(1.4826 * np.median(np.abs(rest - np.median(rest))))
-    return width, med, float(np.sqrt(np.mean((mode - mode.mean()) ** 2))), (-float(coef[1]), -float(coef[2]))
+    centre = float(np.median(rest))
+    width = float(1.4826 * np.median(np.abs(rest - centre)))
+    grad = (-float(coef[1]), -float(coef[2])) if plane else (float("nan"), float("nan"))
+    # what the frame-wide field (its constant and modes) gives the pixels' mean square beyond the
+    # frame's shift: so that shift^2 + this^2 is that field's mean square, whatever its skew over
+    # the pixels (a radial mode is not symmetric about its mean: most pixels lie at large radii)
+    field2 = float(np.mean((centre + mode) ** 2))
+    return width, med, float(np.sqrt(max(field2 - med * med, 0.0))), grad
 
 
 def pooled_pull_width(widths, medians, planes=None) -> float:

@@ -24,7 +24,7 @@ from pipelines.calibration.masters.stray_light import StrayLightMeasurement, str
 from pipelines.fitsio import read_image, write_fits_atomic
 from pipelines.simulation import lyman_alpha_corona, simulate, stray_light_model
 from pipelines.sun import radius_map, sun_geometry
-from validation.blind_stray import STRAY_CHI2_LIMIT, fit_stray_model_set
+from validation.blind_stray import STRAY_CHI2_LIMIT, STRAY_CORONA_FRACTION, STRAY_SIGMA_FLOOR, fit_stray_model_set
 
 RADII = np.round(np.arange(1.105, 2.5, 0.01), 4)
 
@@ -50,6 +50,23 @@ def test_a_described_profile_is_adopted_with_a_stated_error():
     # the stated 1-sigma covers the error (the pulls are of order 1, not 10)
     pull = (ms.stray(RADII) - stray) / ms.sigma(RADII)
     assert np.max(np.abs(pull)) < 4.0
+
+
+def test_the_corona_and_floor_terms_enter_the_stated_error_as_documented():
+    """The 1-sigma's corona term is ``corona_fraction`` x the fitted corona and its floor
+    :data:`STRAY_SIGMA_FLOOR` x the stray light: with every other term off the 1-sigma is at
+    least each of them, a larger fraction never lowers it, and neither moves the estimate."""
+    prof, sig, _ = _profile(np.random.default_rng(5))
+    base = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona)
+    more = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, corona_fraction=2 * STRAY_CORONA_FRACTION)
+    only = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, sigma_scale=0.0)
+    np.testing.assert_array_equal(more.stray(RADII), base.stray(RADII))  # the estimate is not the 1-sigma's
+    assert np.all(more.sigma(RADII) >= base.sigma(RADII)) and np.any(more.sigma(RADII) > 1.05 * base.sigma(RADII))
+    # the fitted corona is ~0.7 x the prior (the profile's): the term alone is >= the fraction x 0.6 of it
+    assert np.all(only.sigma(RADII) >= STRAY_CORONA_FRACTION * 0.6 * lyman_alpha_corona(RADII))
+    assert np.all(only.sigma(RADII) >= STRAY_SIGMA_FLOOR * only.stray(RADII) * 0.999)
+    none = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, sigma_scale=0.0, corona_fraction=0.0)
+    assert np.all(none.sigma(RADII) < only.sigma(RADII))
 
 
 def test_a_profile_no_model_describes_is_refused_and_falls_back():

@@ -1,0 +1,188 @@
+"""Tune the SCI stray light's stated 1-sigma on the tuning seeds by re-scoring the chain's products.
+
+The stated 1-sigma of the blind chain's stray light (:func:`validation.blind_stray.fit_stray_model_set`)
+is a quadrature sum of four terms: the fit's covariance, ``STRAY_SIGMA_SCALE`` x the model set's
+spread, ``STRAY_CORONA_FRACTION`` x the fitted corona and ``STRAY_SIGMA_FLOOR`` x the stray light. The estimate itself does
+not depend on them, so a candidate's effect on the products is the stray term of their total
+error swapped: each SCI product of the chain is kept once (``--keep``: the chain with
+:data:`validation.blind_chain.STRAY_KEEP_DIR` set) and re-scored for every candidate as
+:func:`validation.blind_chain.score_total_pulls` scores it (the pixels' pulls against the truth over
+the total error, about the stray light's radial mode) and as the four annuli are scored
+(``stray_pull_C_rR``).
+
+Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
+:data:`validation.blind_stray.STRAY_TUNING_SEEDS`)::
+
+    .venv/bin/python benchmarks/sci_stray_sigma_tune.py --keep /tmp/stray-keep --seeds 1000-1079
+    .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
+        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24
+
+prints one line per candidate and a ``RESULT`` line for the module's constants: ``tw_C`` the
+pooled pull width of the products (:func:`validation.blind_chain.pooled_pull_width`), ``sw`` the
+RMS of the stray pulls at 1.1/1.5/2.0/2.5 Rsun over both channels, ``stray_fail`` the share of
+products that miss a stray gate (> 5 % of the K corona and beyond 3 stated sigma), each over
+all kept seeds and over the two halves of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+#: Seeds below this are test seeds (the benchmark's 0-49): never kept for tuning.
+FIRST_TUNING_SEED = 1000
+
+
+def _seeds(text: str) -> list[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return sorted(out)
+
+
+def keep(directory: Path, seeds: list[int]) -> None:
+    """Run the blind chain (256 px, noise on, mismatch on) on ``seeds``, keeping each SCI product's
+    scoring inputs in ``directory``; seeds whose two files exist are skipped."""
+    from validation import blind_chain as bc
+    from validation.families import draw_families
+
+    low = [s for s in seeds if s < FIRST_TUNING_SEED]
+    if low:
+        raise SystemExit(f"seeds {low} are test seeds: tune on seeds >= {FIRST_TUNING_SEED} only")
+    bc.STRAY_KEEP_DIR = directory
+    for seed in seeds:
+        if all((directory / f"{seed}_{c}.npz").exists() for c in ("SCI-UV", "SCI-WL")):
+            continue
+        t = time.perf_counter()
+        bc.run(256, True, seed, families=draw_families(seed, True, size=256))
+        print(f"seed {seed}: kept in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def load(directory: Path) -> list[dict]:
+    """The kept products (seed >= :data:`FIRST_TUNING_SEED`), each with its model set's terms
+    re-fitted once: ``terms`` = (grid, estimate, fit, spread, corona, stray) on the grid [MSB]."""
+    from validation.blind_stray import fit_stray_model_set
+
+    rows = []
+    for f in sorted(directory.glob("*_SCI-*.npz")):
+        seed, chan = f.stem.split("_")
+        if int(seed) < FIRST_TUNING_SEED:
+            raise SystemExit(f"{f.name}: a test seed's product; tune on seeds >= {FIRST_TUNING_SEED} only")
+        d = dict(np.load(f))
+        r, c, grid, pg, fb = d["in_r"], d["in_c"], d["in_grid"], d["in_prior_grid"], d["in_fb_grid"]
+        lo, hi = float(r.min()), float(r.max())
+
+        def prior(x, r=r, c=c, grid=grid, pg=pg, lo=lo, hi=hi):
+            x = np.asarray(x, dtype=np.float64)
+            return c if x.shape == r.shape and np.allclose(x, r) else np.interp(x, np.clip(grid, lo, hi), pg)
+
+        def one(scale=0.0, corona=0.0, floor=0.0):
+            import validation.blind_stray as bs
+
+            old = bs.STRAY_SIGMA_FLOOR
+            bs.STRAY_SIGMA_FLOOR = floor
+            try:
+                return fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None, sigma_scale=scale,
+                                           corona_fraction=corona)
+            finally:
+                bs.STRAY_SIGMA_FLOOR = old
+
+        base = one()
+        if np.isfinite(fb).all() and base.refused:
+            print(f"{f.name}: the fit is refused (the default law replaces it): left out", flush=True)
+            continue
+
+        def extra(ms):
+            return np.sqrt(np.maximum(ms.sigmas ** 2 - base.sigmas ** 2, 0.0))
+
+        d["seed"], d["chan"] = int(seed), chan
+        d["terms"] = (base.radii, base.values, base.sigmas, extra(one(scale=1.0)), extra(one(corona=1.0)),
+                      extra(one(floor=1.0)))
+        rows.append(d)
+    return rows
+
+
+def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float]) -> dict:
+    """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged)."""
+    from validation.blind_chain import RADII, frame_pull_stats, pooled_pull_width
+    from validation.blind_stray import _annulus
+
+    per: dict[str, dict[str, list]] = {}
+    for d in rows:
+        grid, est, fit, spread, cor, stray = d["terms"]
+        sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2)
+        rho = np.clip(d["rho"], 1.0, 3.0)
+        s_new, g_new = np.interp(rho, grid, est), np.interp(rho, grid, sig_g)
+        data = d["data"] - (s_new - d["s_est"])
+        sig = np.sqrt(np.maximum(d["sig"] ** 2 - d["s_sig"] ** 2 + g_new ** 2, 1e-30))
+        w, m, p, _ = frame_pull_stats(data, d["truth"], sig, d["dq"], radial=(d["rho"], g_new))
+        pulls, miss = [], False
+        for r0 in RADII:
+            sel = _annulus(d["rho"], r0)
+            err = float(np.mean(s_new[sel] - d["stray_inj"][sel]))
+            pull = err / float(np.mean(g_new[sel]))
+            pulls.append(pull)
+            miss |= not (100 * abs(err) / float(np.mean(d["kcor"][sel])) <= 5.0 or abs(pull) <= 3.0)
+        c = per.setdefault(d["chan"], {"w": [], "m": [], "p": [], "sp": [], "miss": []})
+        for k, v in (("w", w), ("m", m), ("p", p), ("miss", miss)):
+            c[k].append(v)
+        c["sp"] += pulls
+    out = {f"tw_{ch}": pooled_pull_width(v["w"], v["m"], v["p"]) for ch, v in sorted(per.items())}
+    out["sw"] = math.sqrt(float(np.mean(np.square([x for v in per.values() for x in v["sp"]]))))
+    out["stray_fail"] = float(np.mean([x for v in per.values() for x in v["miss"]]))
+    out["products"] = sum(len(v["w"]) for v in per.values())
+    return out
+
+
+def _line(res: dict) -> str:
+    return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--keep", type=Path, help="run the chain on --seeds, keeping the SCI products here")
+    ap.add_argument("--seeds", default="1000-1039")
+    ap.add_argument("--rescore", type=Path, help="re-score the products kept here")
+    ap.add_argument("--scale", default="", help="STRAY_SIGMA_SCALE candidates, comma-separated")
+    ap.add_argument("--floor", default="", help="STRAY_SIGMA_FLOOR candidates")
+    ap.add_argument("--corona", default="", help="STRAY_CORONA_FRACTION candidates")
+    ap.add_argument("--corona-uv", default="", help="a fraction of SCI-UV's own (tried; default: --corona's)")
+    args = ap.parse_args(argv)
+    if args.keep:
+        keep(args.keep, _seeds(args.seeds))
+    if not args.rescore:
+        return 0
+    import validation.blind_stray as bs
+
+    rows = load(args.rescore)
+    seeds = sorted({d["seed"] for d in rows})
+    half = seeds[len(seeds) // 2] if seeds else 0
+    now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None)
+
+    def vals(text, default):
+        return [float(x) for x in text.split(",")] if text else [default]
+
+    for cand in itertools.product(vals(args.scale, now[0]), vals(args.floor, now[1]),
+                                  vals(args.corona, now[2]), vals(args.corona_uv, None)):
+        a, fl, cw, cu = cand
+        cu = cw if cu is None else cu
+        cor = {"SCI-UV": cu, "SCI-WL": cw}
+        parts = [rescore(rows, a, fl, cor), rescore([d for d in rows if d["seed"] < half], a, fl, cor),
+                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor)]
+        tag = "RESULT" if cand == now else "candidate"
+        print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} seeds={seeds[0]}-{seeds[-1]} "
+              f"{_line(parts[0])} | first half {_line(parts[1])} | second half {_line(parts[2])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
