@@ -655,7 +655,8 @@ def seed_sampling_intervals(rows: list[dict], channels=None, *, resamples: int =
                               if np.isfinite(v).any() else (float("nan"), float("nan")))
                           for k, v in (("total", tot), ("flat", fl))}
         ok = np.isfinite(w) & np.isfinite(m)
-        within2 = float(np.mean(w[ok] ** 2 + np.nan_to_num(p[ok]) ** 2)) if ok.any() else float("nan")
+        pk = np.nan_to_num(p[ok])  # signed: a mode's share of the mean square (frame_pull_stats)
+        within2 = max(float(np.mean(w[ok] ** 2 + pk * np.abs(pk))), 0.0) if ok.any() else float("nan")
         shift2 = float(np.mean(m[ok] ** 2)) if ok.any() else float("nan")
         if ok.any() and within2 + shift2 > 0:
             w2, s2 = within2 / (within2 + shift2), shift2 / (within2 + shift2)
@@ -697,7 +698,8 @@ def _seed_summary(res: dict) -> dict:
       width of the flat's error over ``FLATERR``), the channel farthest from 1;
     * ``total_pull_width_worst``: per channel :func:`validation.blind_chain.pooled_pull_width`
       of (``pull_width_total_{C}``, ``pull_median_total_{C}``, ``pull_plane_total_{C}``: the
-      fitted flat-plane mode of a product that states its plane, 0 where a seed has none) over
+      fitted mode's share, the flat's plane or the stray light's radial mode, signed; 0 where a
+      seed has none) over
       seeds, the channel farthest from 1.
     """
     from validation.blind_chain import CHANNELS as CH, RADII, TUNING_SEEDS, pooled_pull_width
@@ -835,9 +837,12 @@ def write_mismatch_report(out: Path) -> Path:
          "shifts all pixels of a frame together, so two widths: per frame the pixels' robust width about their "
          "median (`pull_width_total_C`, gated <= 1.1; where the product states its flat plane, `FLATPLSG`, about that "
          "fitted frame-wide plane too, whose fitted gradient over `FLATPLSG`, `pull_plane_amp_C`, is gated within 3 "
-         "with the shift) and the median itself (`pull_median_total_C`, the frame's "
-         "shift, gated within 3); over the seeds the pooled width `sqrt(mean(width^2) + mean(median^2) + "
-         "mean(plane^2))`, plane the fitted plane mode's RMS in pull units (`pull_plane_total_C`) "
+         "with the shift; where a SCI product states its stray-light 1-sigma, about the stray light's fitted radial "
+         "mode, the fitted field's RMS, `pull_field_total_C`, gated within 3) and the median itself "
+         "(`pull_median_total_C`, the frame's "
+         "shift, gated within 3); over the seeds the pooled width `sqrt(mean(width^2 + median^2 + "
+         "mode |mode|))`, mode the fitted mode's share of the pixels' mean square in pull units, signed "
+         "(`pull_plane_total_C`) "
          "(`validation.blind_chain.pooled_pull_width`: the pull of a pixel of a product taken at random, what a "
          "user's error bar claims; target 1 +- 0.1).", "",
          f"Seeds that set a limit: {', '.join(map(str, LIMIT_SEEDS))} (the cosmic-ray limits, "
