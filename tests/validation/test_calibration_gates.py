@@ -306,6 +306,11 @@ def test_a_stray_light_off_by_its_stated_sigma_is_a_radial_mode_not_pixel_scatte
     raw = np.array([o["pull_width_total_raw_SCI-UV"] for o in outs])
     assert raw.max() > 1.0 + bc.GATES["pull_width_dev"], raw  # the largest draws read as pixel scatter
     assert all(o["pull_width_total_SCI-UV"] <= 1.0 + bc.GATES["pull_width_dev"] for o in outs)
+    # the mode's shape is the stated 1-sigma's times a smooth function of radius: about it only the
+    # noise (0.05-0.1 here) and the little of the draw the three terms miss are left (a mode of the
+    # level alone leaves up to 0.84; one that ignores the 1-sigma's radial profile is caught below,
+    # where the noise is understated: here the stray term dominates the total, so u is nearly 1)
+    assert max(o["pull_width_total_SCI-UV"] for o in outs) < 0.2
     assert all(np.isnan(o["pull_plane_amp_SCI-UV"]) for o in outs)  # no flat plane stated, none scored
     pooled = bc.pooled_pull_width([o["pull_width_total_SCI-UV"] for o in outs],
                                   [o["pull_median_total_SCI-UV"] for o in outs],
