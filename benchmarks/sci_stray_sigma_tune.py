@@ -2,8 +2,8 @@
 
 The stated 1-sigma of the blind chain's stray light (:func:`validation.blind_stray.fit_stray_model_set`)
 is a quadrature sum of four terms: the fit's covariance, ``STRAY_SIGMA_SCALE`` x the model set's
-spread, ``STRAY_CORONA_FRACTION`` x the fitted corona and ``STRAY_SIGMA_FLOOR`` x the stray light. The estimate itself does
-not depend on them, so a candidate's effect on the products is the stray term of their total
+spread, ``STRAY_CORONA_FRACTION`` x the fitted corona and ``STRAY_SIGMA_FLOOR`` x the stray light.
+The estimate itself does not depend on them, so a candidate's effect on the products is the stray term of their total
 error swapped: each SCI product of the chain is kept once (``--keep``: the chain with
 :data:`validation.blind_chain.STRAY_KEEP_DIR` set) and re-scored for every candidate as
 :func:`validation.blind_chain.score_total_pulls` scores it (the pixels' pulls against the truth over

@@ -205,15 +205,18 @@ CR_DETECTABLE_SIGMA = 10.0
 #:   on both axes, the pixel width 1.27 with it and 0.69 about it, 2026-12-06). Where the product
 #:   states ``FLATPLSG`` the width is taken about the fitted plane mode (:func:`frame_pull_stats`),
 #:   the mode's gradient over ``FLATPLSG`` (``pull_plane_amp_C``) is gated within
-#:   ``frame_pull_max`` with the shift, and its RMS in pull units (``pull_plane_total_C``) enters
-#:   the pooled width as the shift does, so the pooled width still holds all of the plane.
+#:   ``frame_pull_max`` with the shift, and its share of the pixels' mean square in pull units
+#:   (``pull_plane_total_C``, signed: :func:`frame_pull_stats`) enters the pooled width as the
+#:   shift does, so the pooled width still holds all of the plane.
 #:   SCI's ``UNCERT`` holds the stated stray-light 1-sigma (issue 27 item 3), so it is part of
 #:   the total error. The stray light is one axisymmetric law per frame, so its error is frame-wide
 #:   too, one smooth radial draw per frame: a frame whose draw is large has its pixels' pulls
 #:   spread along radius (seeds 1000-1079 with the calibrated 1-sigma: 14 of 159 SCI frames above
-#:   the 1.1 pixel width, up to 1.58; none about the mode, at most 0.78). Where the product states it, its radial mode (level, slope and
-#:   curvature in radius, in units of the stated 1-sigma) is fitted as the plane is and its RMS
-#:   enters the pooled width the same way (``pull_plane_total_C`` holds whichever mode was fitted).
+#:   the 1.1 pixel width, up to 1.58; none about the mode, at most 0.78). Where the product states
+#:   it, its radial mode (level, slope and curvature in radius, in units of the stated 1-sigma) is
+#:   fitted as the plane is, its share enters the pooled width the same way
+#:   (``pull_plane_total_C`` holds whichever mode was fitted), and the fitted field's RMS
+#:   (``pull_field_total_C``) is gated within ``frame_pull_max`` with the shift.
 #: * ``centre_err_px``: the centre within 0.1 px with a 2 px header error (issue 14 point 4),
 #:   every channel (SDI only just at 256 px, :func:`gate_failures`); it must also lie within its own claim,
 #:   ``hypot(CSYER1, CSYER2) + 3 hypot(CRDER1, CRDER2)`` (``centre_claim_arcsec_C``).
@@ -1639,8 +1642,9 @@ def frame_pull_stats(data, truth, sigma, dq=None, *, plane: bool = False, radial
         are fitted with ``c + (b_0 + b_1 P_1(x) + b_2 P_2(x)) stray_sigma / sigma`` (``P_k`` the
         Legendre polynomials, ``x = (rho - 1.8) / 0.7`` clipped to [-1, 1]: the scored 1.1-2.5
         Rsun; the error's level, slope and curvature across the field, any smooth radial draw
-        of a law with a handful of parameters; on the chain's products of seeds 1000-1039 the
-        widths with a linear or a cubic mode differ from these by < 0.02), as with ``plane``
+        of a law with a handful of parameters; on the chain's products of seeds 1000-1039, with
+        a first candidate's 1-sigma, the pooled widths with a linear or a cubic mode differed
+        from the quadratic's by < 0.01), as with ``plane``
         (robust refit); the width is that of the pulls less the ``b`` terms.
 
     Returns

@@ -508,7 +508,7 @@ STRAY_SIGMA_SCALE = 0.04
 #: 0.5 % with :data:`STRAY_SIGMA_SCALE`'s retuning: a bend of the
 #: law grows outward as a fraction of the corona (at 2 Rsun the stray light is ~55 times the K
 #: corona), and with a smaller spread term only a share of the stray light itself keeps the outer
-#: annuli's pulls within 3 (SCI-UV under a bent law, seeds 1000-1039).
+#: annuli's pulls within 3 (SCI-UV under a bent law, seeds 1000-1079).
 STRAY_SIGMA_FLOOR = 0.005
 #: Half-width [Rsun] of the running maximum taken of the model spread: two models that split the
 #: profile differently cross somewhere, and their spread vanishes there although the split is no
@@ -539,7 +539,6 @@ STRAY_CHI2_LIMIT = 10.0
 #: gate miss on seeds 3 and 13 there (as on the tuning seeds) led to scoring the stray light's
 #: radial mode (``benchmarks/reports/calibration_stray_stated.md``).
 STRAY_TUNING_SEEDS = "mismatch on: 1000-1079; mismatch off: 1000-1005 (256 px)"
-
 #: Centre of the bend and tilt polynomials [Rsun] (the middle of 1.1-2.5 in ln r).
 _X_REF = 1.6
 
