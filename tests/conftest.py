@@ -98,6 +98,17 @@ def _xdist_worker_redis() -> str | None:
 REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")
 
 
+@pytest.fixture
+def curves_read_unbudgeted(monkeypatch):
+    """Lift the light curves' per-request product-read budget (``CURVES_READ_BUDGET_S``, 1 s) to
+    60 s, for tests that check what the curves hold: under CI's load the queries alone once used
+    the whole second and no LST trace was drawn. The budget has its own test in
+    ``tests/test_xray.py`` (``test_curves_of_long_and_reversed_events_and_the_read_budget``)."""
+    from backend.services import event_curves
+
+    monkeypatch.setattr(event_curves, "CURVES_READ_BUDGET_S", 60.0)
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip the test when the machine lacks what it needs (PostgreSQL server binaries, root,
     a second file system), with ``reason``; under CI (``CI`` set, as ``.ci/run`` runs) fail

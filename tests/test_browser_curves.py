@@ -22,11 +22,7 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
-def live(sqlite_env, monkeypatch):
-    from backend.services import event_curves
-
-    # every product read whatever the load (the 1 s read budget has its own test in test_xray)
-    monkeypatch.setattr(event_curves, "CURVES_READ_BUDGET_S", 60.0)
+def live(sqlite_env, curves_read_unbudgeted):
     ids = SimpleNamespace()
     with session_scope() as s:
         fl, prods, other, cals = make_flare_day(s, sqlite_env.products / "SDI")

@@ -189,15 +189,11 @@ def _with_uncert(path: Path, sigma: float) -> None:
     fits.HDUList(hdus).writeto(path, checksum=True, overwrite=True)
 
 
-def test_light_curves_csv_fits_and_json_carry_the_uncertainty(client, db_session, tmp_path, monkeypatch):
+def test_light_curves_csv_fits_and_json_carry_the_uncertainty(client, db_session, tmp_path, curves_read_unbudgeted):
     from astropy.io import fits
     from astropy.table import Table
 
-    from backend.services import event_curves
     from backend.services import products as products_service
-
-    # every product read whatever the load (the 1 s read budget has its own test in test_xray)
-    monkeypatch.setattr(event_curves, "CURVES_READ_BUDGET_S", 60.0)
 
     e = make_event(db_session, "FL", T0, T0 + 5 * MIN, T0 + 10 * MIN, hpc_x=0.0, hpc_y=0.0)
     sigmas = (2.0, 4.0, None)  # the last product predates UNCERT

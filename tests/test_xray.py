@@ -307,14 +307,9 @@ def make_flare_day(s, folder):
 
 
 @pytest.fixture
-def flare_day(db_session, settings, monkeypatch):
-    """The flare day's products and XRS file. The curves' per-request read budget
-    (``CURVES_READ_BUDGET_S``, 1 s) is lifted here: these tests check what the curves hold, and
-    under CI's load the queries alone once used the whole second, leaving no LST trace (the
-    budget itself is tested in ``test_curves_of_long_and_reversed_events_and_the_read_budget``)."""
-    from backend.services import event_curves as ec
-
-    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", 60.0)
+def flare_day(db_session, settings, curves_read_unbudgeted):
+    """The flare day's products and XRS file, the curves' read budget lifted
+    (:func:`tests.conftest.curves_read_unbudgeted`): these tests check what the curves hold."""
     fl, prods, other, cals = make_flare_day(db_session, settings.products / "SDI")
     assert xray_service.ingest_xray_file(db_session, FITS_2011, settings).status == "ingested"
     return fl, prods, other, cals
