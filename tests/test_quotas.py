@@ -481,8 +481,16 @@ def bare_stack(settings_env, tmp_path, monkeypatch):
     own sessions (one per request, rolled back unless the route commits), as in production."""
     from tests.live import live_stack
 
-    for k, v in {"QUOTA_CONCURRENT_JOBS": "1", "QUOTA_FRAMES_PER_DAY": "1000", "RATE_LIMIT_WRITES": "100"}.items():
+    # An hour's write window, entered well before its end (as ``limits`` does): the tests count
+    # writes across several requests, and CI once crossed the 60 s default's end between a
+    # submit and the /me that read its count (used 0, expected 1).
+    window = 3600
+    for k, v in {"QUOTA_CONCURRENT_JOBS": "1", "QUOTA_FRAMES_PER_DAY": "1000", "RATE_LIMIT_WRITES": "100",
+                 "RATE_LIMIT_WINDOW_S": str(window)}.items():
         monkeypatch.setenv(k, v)
+    left = window - (utcnow().timestamp() % window)
+    if left < 120:
+        time.sleep(left + 0.05)
     with live_stack(settings_env, tmp_path, redis_db=11, start_worker=False) as st:
         yield st
 
