@@ -348,16 +348,22 @@ def test_a_delivery_older_than_the_visibility_timeout_is_sent_again_before_the_l
     message unacknowledged and the product ``planned``. Once the delivery is older than the
     broker's visibility timeout (the broker's own word that its worker is gone) the reconciler
     sends it again, not only after the lease (``TASK_TIME_LIMIT_S`` + 60 s: 160 s here, 16 min
-    by default)."""
+    by default).
+
+    The visibility timeout is 5 s: the first pass must read the delivery as younger than it,
+    and the time from ``queue.get`` to that pass's broker read (a database pass, a new Redis
+    connection) is the machine's; a 1 s timeout left a loaded machine less than that."""
     import time
 
     from kombu import Connection
 
     from tests.conftest import REDIS_URL
 
+    VISIBILITY_S = 5.0  # noqa: N806 - a constant of this test
     base = REDIS_URL.rsplit("/", 1)[0]
     settings = settings_env(CELERY_BROKER_URL=f"{base}/13", CELERY_RESULT_BACKEND=f"{base}/13",
-                            TASK_TIME_LIMIT_S="100", TASK_SOFT_TIME_LIMIT_S="90", BROKER_VISIBILITY_TIMEOUT_S="1")
+                            TASK_TIME_LIMIT_S="100", TASK_SOFT_TIME_LIMIT_S="90",
+                            BROKER_VISIBILITY_TIMEOUT_S=str(VISIBILITY_S))
     from backend.broker import app, ensure_configured, send
 
     ensure_configured()
@@ -369,10 +375,12 @@ def test_a_delivery_older_than_the_visibility_timeout_is_sent_again_before_the_l
     with app.connection_for_read() as conn:
         queue = conn.SimpleQueue("cpu", no_ack=False)
         taken = queue.get(timeout=2)  # taken by a worker that is then killed: never acknowledged
+        taken_at = time.monotonic()
         try:
             report = reconcile.reconcile_once(s, settings, now=NOW, flight=True)
+            assert time.monotonic() - taken_at < VISIBILITY_S, "the first pass came too late to see it in flight"
             assert report.resent == [] and sent["calibrations"] == []  # delivered a moment ago: in flight
-            time.sleep(1.2)
+            time.sleep(max(0.0, VISIBILITY_S + 0.2 - (time.monotonic() - taken_at)))
             report = reconcile.reconcile_once(s, settings, now=NOW, flight=True)
             assert report.resent == [p.id] and sent["calibrations"] == [(p.id, job.id, "cpu")]
         finally:
