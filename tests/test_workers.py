@@ -98,9 +98,18 @@ def _pool(worker_pid: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- supervision
+#: The started worker's RECONCILE_INTERVAL_S [s]: its supervisor checks the reconciler every
+#: min(1 s, a quarter of it), so a killed one runs again about 1 s after the kill; the promise
+#: tested is "within one interval". At 2 s that left a loaded 2-core machine about 1 s of slack
+#: for the supervisor thread's wake-up, the fork/exec and the test's /proc scans, three times in
+#: a row; 8 s keeps the promise's bound (a supervisor that waited for a reconcile pass, or never
+#: restarted, still fails) with slack for the load.
+STARTED_INTERVAL_S = 8
+
+
 @pytest.fixture(scope="module")
 def started_worker(tmp_path_factory, run_cache):
-    """One ``lstdp worker`` (two pool processes, its reconciler every 2 s, the test Redis as
+    """One ``lstdp worker`` (two pool processes, its reconciler every ``STARTED_INTERVAL_S``, the test Redis as
     broker, embedded SQLite) one of whose pool processes was killed with SIGKILL as soon as
     both existed, before the worker's start-up check of its pool (Celery then stopped the
     whole worker with ``WorkerLostError('Could not start worker processes')``).
@@ -117,7 +126,7 @@ def started_worker(tmp_path_factory, run_cache):
     folder = tmp_path_factory.mktemp("started_worker")
     (folder / "var").mkdir()
     shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3", folder / "var" / "lstdp.sqlite3")
-    env = {"DATA_DIR": str(folder / "var"), "RECONCILE_INTERVAL_S": "2", "CELERY_BROKER_URL": REDIS_URL,
+    env = {"DATA_DIR": str(folder / "var"), "RECONCILE_INTERVAL_S": str(STARTED_INTERVAL_S), "CELERY_BROKER_URL": REDIS_URL,
            "CELERY_RESULT_BACKEND": REDIS_URL}
     worker = _start_worker(folder, env=env, unset=("DATABASE_URL", "LSTDP_DATABASE_URL", "LSTDP_DATA_DIR",
                                                    "LSTDP_CELERY_BROKER_URL", "LSTDP_CELERY_RESULT_BACKEND"))
@@ -147,9 +156,9 @@ def test_a_pool_childs_death_at_start_leaves_its_worker_up(started_worker):
 
 def test_a_killed_reconciler_runs_again_within_one_reconcile_interval(started_worker):
     """``kill -9`` of the worker's reconciler, three times: each time a new one is running
-    within one ``RECONCILE_INTERVAL_S`` (2 s here), and the worker runs on."""
+    within one ``RECONCILE_INTERVAL_S`` (``STARTED_INTERVAL_S`` here), and the worker runs on."""
     worker, folder, _ = started_worker
-    interval = 2.0
+    interval = float(STARTED_INTERVAL_S)
     first = _wait(lambda: _reconcilers(worker.pid), 60)
     assert first, (folder / "worker.log").read_text()[-2000:]
     current = first[0]
