@@ -15,11 +15,11 @@ Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
 
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --keep /tmp/stray-keep --seeds 1000-1079
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
-        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24
+        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 [--window 0.3]
 
 prints one line per candidate and a ``RESULT`` line for the module's constants: ``tw_C`` the
 pooled pull width of the products (:func:`validation.blind_chain.pooled_pull_width`), ``sw`` the
-RMS of the stray pulls at 1.1/1.5/2.0/2.5 Rsun over both channels, ``stray_fail`` the share of
+RMS of the stray pulls at 1.1/1.5/2.0/2.5 Rsun over both channels (``sw_rR`` at each radius alone), ``stray_fail`` the share of
 products that miss a stray gate (> 5 % of the K corona and beyond 3 stated sigma), each over
 all kept seeds and over the two halves of them.
 """
@@ -111,14 +111,19 @@ def load(directory: Path) -> list[dict]:
     return rows
 
 
-def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float]) -> dict:
-    """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged)."""
+def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float], slope: float | None = None) -> dict:
+    """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged);
+    ``slope``: the corona term's radial weight's exponent (None: the module's
+    :data:`~validation.blind_stray.STRAY_CORONA_SLOPE`, with which the kept terms were computed)."""
+    from validation import blind_stray as bs
     from validation.blind_chain import RADII, frame_pull_stats, pooled_pull_width
     from validation.blind_stray import _annulus
 
     per: dict[str, dict[str, list]] = {}
     for d in rows:
         grid, est, fit, spread, cor, stray = d["terms"]
+        if slope is not None:  # the kept corona term holds the module's weight: swap it for this one
+            cor = cor * (grid / bs.STRAY_CORONA_PIVOT) ** (bs.STRAY_CORONA_SLOPE - slope)
         sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2)
         rho = np.clip(d["rho"], 1.0, 3.0)
         s_new, g_new = np.interp(rho, grid, est), np.interp(rho, grid, sig_g)
@@ -135,9 +140,12 @@ def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, floa
         c = per.setdefault(d["chan"], {"w": [], "m": [], "p": [], "sp": [], "miss": []})
         for k, v in (("w", w), ("m", m), ("p", p), ("miss", miss)):
             c[k].append(v)
-        c["sp"] += pulls
+        c["sp"].append(pulls)
     out = {f"tw_{ch}": pooled_pull_width(v["w"], v["m"], v["p"]) for ch, v in sorted(per.items())}
-    out["sw"] = math.sqrt(float(np.mean(np.square([x for v in per.values() for x in v["sp"]]))))
+    sp = np.array([x for v in per.values() for x in v["sp"]])  # (products, radii)
+    out["sw"] = math.sqrt(float(np.mean(np.square(sp))))
+    for i, r0 in enumerate(RADII):  # per radius: a 1-sigma of the wrong radial shape shows here
+        out[f"sw_r{r0:g}"] = math.sqrt(float(np.mean(np.square(sp[:, i]))))
     out["stray_fail"] = float(np.mean([x for v in per.values() for x in v["miss"]]))
     out["products"] = sum(len(v["w"]) for v in per.values())
     return out
@@ -156,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor", default="", help="STRAY_SIGMA_FLOOR candidates")
     ap.add_argument("--corona", default="", help="STRAY_CORONA_FRACTION candidates")
     ap.add_argument("--corona-uv", default="", help="a fraction of SCI-UV's own (tried; default: --corona's)")
+    ap.add_argument("--slope", default="", help="STRAY_CORONA_SLOPE candidates (the corona term's radial weight)")
+    ap.add_argument("--window", type=float, default=None,
+                    help="STRAY_SPREAD_WINDOW [Rsun] for the re-fit of the kept profiles (one value)")
     args = ap.parse_args(argv)
     if args.keep:
         keep(args.keep, _seeds(args.seeds))
@@ -163,23 +174,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import validation.blind_stray as bs
 
+    window_now = bs.STRAY_SPREAD_WINDOW
+    if args.window is not None:
+        bs.STRAY_SPREAD_WINDOW = args.window
     rows = load(args.rescore)
     seeds = sorted({d["seed"] for d in rows})
     half = seeds[len(seeds) // 2] if seeds else 0
-    now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None)
+    now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None, bs.STRAY_CORONA_SLOPE)
 
     def vals(text, default):
         return [float(x) for x in text.split(",")] if text else [default]
 
     for cand in itertools.product(vals(args.scale, now[0]), vals(args.floor, now[1]),
-                                  vals(args.corona, now[2]), vals(args.corona_uv, None)):
-        a, fl, cw, cu = cand
+                                  vals(args.corona, now[2]), vals(args.corona_uv, None), vals(args.slope, now[4])):
+        a, fl, cw, cu, sl = cand
         cu = cw if cu is None else cu
         cor = {"SCI-UV": cu, "SCI-WL": cw}
-        parts = [rescore(rows, a, fl, cor), rescore([d for d in rows if d["seed"] < half], a, fl, cor),
-                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor)]
-        tag = "RESULT" if cand == now else "candidate"
-        print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} seeds={seeds[0]}-{seeds[-1]} "
+        parts = [rescore(rows, a, fl, cor, sl), rescore([d for d in rows if d["seed"] < half], a, fl, cor, sl),
+                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor, sl)]
+        tag = "RESULT" if cand == now and bs.STRAY_SPREAD_WINDOW == window_now else "candidate"
+        print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} slope={sl:g} "
+              f"window={bs.STRAY_SPREAD_WINDOW:g} seeds={seeds[0]}-{seeds[-1]} "
               f"{_line(parts[0])} | first half {_line(parts[1])} | second half {_line(parts[2])}", flush=True)
     return 0
 
