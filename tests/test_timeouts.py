@@ -310,6 +310,11 @@ def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private
             break
         time.sleep(0.5)
     assert r.status_code == 200 and r.json()["broker"] == "ok", r.text
+    # and with the default deadline again, as the API runs
+    c = api(servers=(private_redis,), DATABASE_URL=pg_url, CELERY_BROKER_URL=redis_url,
+            CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
+    r, took = _timed(c, "GET", "/api/v1/health")
+    assert r.status_code == 200 and r.json()["broker"] == "ok", r.text
     r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
     assert r.status_code == 202, r.text
 

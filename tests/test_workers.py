@@ -102,8 +102,9 @@ def _pool(worker_pid: int) -> list[int]:
 #: min(1 s, a quarter of it), so a killed one runs again about 1 s after the kill; the promise
 #: tested is "within one interval". At 2 s that left a loaded 2-core machine about 1 s of slack
 #: for the supervisor thread's wake-up, the fork/exec and the test's /proc scans, three times in
-#: a row; 8 s keeps the promise's bound (a supervisor that waited for a reconcile pass, or never
-#: restarted, still fails) with slack for the load.
+#: a row; 8 s keeps the promise's bound with slack for the load (a supervisor that never restarts
+#: the reconciler, or restarts it only after more than 8 s, still fails; one that waits for its
+#: next 1 s check does not, and should not).
 STARTED_INTERVAL_S = 8
 
 
