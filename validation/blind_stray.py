@@ -506,7 +506,7 @@ STRAY_SPREAD_CHI2_FACTOR = 3.0
 #: make its RMS). A corona term weighted ``(r / 1.5)^-2`` flattened the RMS by stating twice the
 #: typical frame's error at 1.1 Rsun (quantile 0.52); a spread window of 0.4 Rsun with 0.03 / 0.20 /
 #: 0.4 % flattened the quantiles (0.91 / 1.11 / 1.02 / 0.81) but put the RMS of all pulls at 1.214,
-#: outside issue 27's 1 +- 0.2, where these constants give 1.147.
+#: outside issue 27's 1 +- 0.2, where these constants give 1.146.
 STRAY_SIGMA_SCALE = 0.04
 #: The method's own accuracy [fraction of the stray light], added in quadrature to the stated
 #: 1-sigma: under the simulator's own shapes (tuning seeds, mismatch off, where the model set
