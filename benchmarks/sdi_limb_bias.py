@@ -13,13 +13,23 @@ The blind chain's SDI centre error (``centre_err_px_SDI``) is 0.096-0.101 px on 
   structure removed, everything else kept): the estimator's own bias on this limb profile;
 * ``rot90``/``rot180``: the SWAP image turned before the scene is built (the bias vector turns
   with it when it is the scene's);
+* ``recentred``: SWAP's disk centre taken from a limb fit of the SWAP image itself
+  (:func:`pipelines.calibration.masters.limb.fit_solar_limb`, the limb-brightening peak, as the EIT
+  sources are centred) instead of its header's (511.5, 511.5): when the bias were the header's
+  pointing error (0.2-0.5 SWAP px, 0.7-1.5 arcsec, about the gate's size at 256 px), it would go;
+* ``sectors``: the limb fit's edge radius per 10 deg sector about the true centre against the
+  sector's brightness just inside the limb (3 px in), and their correlation: the edge of a bright
+  sector (plage or an active region at the limb) is found inward, that of a faint one outward, so
+  the scene's limb brightness, not its geometry, carries the bias (its m = 1 part cannot be told
+  from a centre shift by any circle fit);
 * ``variants``: the edge and the circle fit changed (smoothing 0.5-2 px, the gradient centroid
   above 0.3-0.8 of its peak, rejection at 2.5 or 4 robust sigma), on the SWAP scene and on the
   13 EIT 195 A scenes of 2004-03-01 (``sdi_sequence=True``, an independent set of scenes): a
   change that only helps on the one SWAP scene is tuning on it.
 
 Prints one line per case and ``RESULT sdi_truth_bias_px=<b> sdi_sym_bias_px=<s>
-sdi_raw_bias_px_max=<r> eit_bias_px_mean=<e> best_variant_swap_px=<v> best_variant_eit_px=<ve>``::
+sdi_raw_bias_px_max=<r> eit_bias_px_mean=<e> best_variant_swap_px=<v> best_variant_eit_px=<ve>
+sdi_recentred_bias_px=<c> sdi_sector_corr=<k>``::
 
     PYTHONPATH=. python benchmarks/sdi_limb_bias.py --seeds 0-9 --size 256
 """
@@ -37,7 +47,8 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-from pipelines.calibration.l2.centre import edge_points, fit_circle, fit_disk_centre
+from pipelines.calibration.l2.centre import _edges, edge_points, fit_circle, fit_disk_centre
+from pipelines.calibration.masters.limb import fit_solar_limb
 from pipelines.fitsio import read_image
 from pipelines.simulation import simulate
 from pipelines.simulation.scenes import _sdi_reference, _sdi_scene
@@ -80,6 +91,31 @@ def _off(img: np.ndarray, radius: float, variant=None) -> float:
         return math.hypot(f.x0 - c, f.y0 - c)
     x, y = fit_variant(img, c + 1.3, c - 0.8, radius, *variant)
     return math.hypot(x - c, y - c)
+
+
+def limb_sectors(img: np.ndarray, radius: float, n_sectors: int = 36) -> tuple[np.ndarray, np.ndarray]:
+    """Per sector of ``360 / n_sectors`` deg about the frame centre (the true disk centre of a truth
+    image): the mean edge radius minus the median over all rays [px] (``edge_points``' edge, the
+    chain's second pass: half width ``max(3, 0.03 R)``) and the mean brightness 3 px inside the edge."""
+    c = (img.shape[0] - 1) / 2.0
+    n_rays = int(np.clip(2 * math.pi * radius, 180, 4096))
+    hw = max(3.0, 0.5 * float(np.clip(0.06 * radius, 6.0, 30.0)))
+    step = max(0.1, hw / 120.0)
+    theta = np.linspace(0.0, 2.0 * math.pi, n_rays, endpoint=False)
+    radii = np.arange(radius - hw, radius + hw + 0.5 * step, step)
+    cs, sn = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    prof = np.zeros((n_rays, radii.size))
+    for t in (-0.5, 0.0, 0.5):  # as edge_points samples
+        prof += ndimage.map_coordinates(img, [(c + sn * radii - cs * t).ravel(), (c + cs * radii + sn * t).ravel()],
+                                        order=1, mode="nearest").reshape(prof.shape)
+    prof /= 3.0
+    r_edge, ok = _edges(prof, np.ones(n_rays, dtype=bool), radii, step, 1.0, False, True, 0.5)
+    inner = np.array([np.interp(e - 3.0, radii, p) for e, p in zip(r_edge, prof)])
+    d = r_edge - np.median(r_edge[ok])
+    sector = (theta // (2.0 * math.pi / n_sectors)).astype(int)
+    dr = np.array([d[ok & (sector == k)].mean() for k in range(n_sectors)])
+    bright = np.array([inner[ok & (sector == k)].mean() for k in range(n_sectors)])
+    return dr, bright
 
 
 def main() -> None:
@@ -127,6 +163,17 @@ def main() -> None:
             c = (n - 1) / 2.0
             fr = fit_disk_centre(scene(rot), c + 1.3, c - 0.8, rpx)
             print(f"SWAP turned {90 * k} deg: fit ({fr.x0 - c:+.4f}, {fr.y0 - c:+.4f}) px")
+        lf = fit_solar_limb(src.image, edge="peak")
+        rec = copy.copy(src)
+        rec.x0, rec.y0 = lf.x0, lf.y0
+        rec_b = _off(scene(rec), rpx)
+        print(f"SWAP centred on its own limb fit ({lf.x0 - src.x0:+.3f}, {lf.y0 - src.y0:+.3f}) SWAP px from its "
+              f"header's: {rec_b:.4f} px")
+        dr, bright = limb_sectors(truth, rpx)
+        corr = float(np.corrcoef(dr, np.log(bright))[0, 1])
+        print("edge radius - median [px] by 10 deg sector (from +x, counter-clockwise): "
+              + " ".join(f"{v:+.2f}" for v in dr))
+        print(f"correlation of the sector's edge radius with log(brightness 3 px inside): {corr:+.2f}")
         # variants on the SWAP scene (seed 0's truth) and on the EIT scenes
         sim = simulate(Path(tmp) / "eit", channels=("SDI",), naxis=n, noise=False, seed=0, sdi_sequence=True)
         eits = []
@@ -145,7 +192,8 @@ def main() -> None:
     print(f"(best on SWAP: {best[0]}; the chain's: {VARIANTS[0]}) {time.perf_counter() - t0:.0f} s")
     print(f"RESULT sdi_truth_bias_px={np.mean(truth_b):.4f} sdi_sym_bias_px={sym_b:.4f} "
           f"sdi_raw_bias_px_max={max(raw_b):.4f} eit_bias_px_mean={rows[0][2]:.4f} "
-          f"best_variant_swap_px={best[1]:.4f} best_variant_eit_px={best[2]:.4f}")
+          f"best_variant_swap_px={best[1]:.4f} best_variant_eit_px={best[2]:.4f} "
+          f"sdi_recentred_bias_px={rec_b:.4f} sdi_sector_corr={corr:+.2f}")
 
 
 if __name__ == "__main__":
