@@ -341,8 +341,19 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     r, took = _timed(c, "GET", "/api/v1/health")
     body = r.json()
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
-    assert body["broker"] == "ok" and body["database"].startswith("database unreachable"), body
+    assert body["database"].startswith("database unreachable"), body
     _assert_reveals_nothing(r.text, str(pg.port), PG_PASSWORD)
+    # the broker is told apart from the frozen database: its ping has 0.45 s (half the probe's
+    # 0.9 s), which a loaded machine can miss once, so up to five checks, each of them 503 in
+    # time with the database unreachable, and the broker ``ok`` in one of them
+    for _ in range(4):
+        if body["broker"] == "ok":
+            break
+        r, took = _timed(c, "GET", "/api/v1/health")
+        body = r.json()
+        assert r.status_code == 503 and took < WITHIN_S and body["database"].startswith("database unreachable"), \
+            (took, body)
+    assert body["broker"] == "ok", body
 
     r, took = _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
