@@ -10,6 +10,8 @@ import pytest
 from astropy.io import fits
 from astropy.io.fits.hdu.base import _ValidHDU
 
+from backend.services.manifests import hdu_digest
+from pipelines import fitsio
 from pipelines.fitsio import lean_writable, sha256_file, write_fits_atomic, write_fits_lean
 
 
@@ -35,9 +37,12 @@ def _l2_like(seed: int = 0, shape=(37, 53), big_endian: bool = False) -> fits.HD
                          fits.ImageHDU(np.arange(7, dtype=np.int16), name="I16")])
 
 
+@pytest.mark.parametrize("threaded", [False, True], ids=["inline-hash", "hash-thread"])
 @pytest.mark.parametrize("big_endian,shape", [(False, (37, 53)), (True, (37, 53)), (False, (1031, 1100))])
-def test_lean_bytes_equal_astropys_and_the_digest_is_theirs(frozen_time, big_endian, shape):
-    # (1031, 1100): planes of 4.5 MB float32, 9 MB float64: several chunks of the 4 MiB buffer
+def test_lean_bytes_equal_astropys_and_the_digest_is_theirs(frozen_time, monkeypatch, big_endian, shape, threaded):
+    # (1031, 1100): planes of 4.5 MB float32, 9 MB float64: several chunks of the 4 MiB buffers
+    # (more chunks than buffers: each is reused while the hash thread may still read another)
+    monkeypatch.setattr(fitsio, "_LEAN_THREAD_BYTES", 0 if threaded else 1 << 62)
     ref = io.BytesIO()
     _l2_like(big_endian=big_endian, shape=shape).writeto(ref, checksum=True)
     hdul = _l2_like(big_endian=big_endian, shape=shape)
@@ -49,6 +54,29 @@ def test_lean_bytes_equal_astropys_and_the_digest_is_theirs(frozen_time, big_end
     assert all(np.array_equal(a, h.data, equal_nan=True) for a, h in zip(before, hdul))  # input untouched
     with fits.open(io.BytesIO(out.getvalue()), checksum=True) as h:
         assert all(x.verify_checksum() == 1 and x.verify_datasum() == 1 for x in h)
+    digests: list[str] = []  # the manifest's per-HDU digests, hashed on the same thread as the file's
+    assert write_fits_lean(hdul, io.BytesIO(), hdu_digests=digests) == digest
+    assert digests == [hdu_digest(h.data) for h in hdul]
+
+
+def test_a_failing_write_ends_the_hash_thread_and_raises_its_own_error(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(fitsio, "_LEAN_THREAD_BYTES", 0)
+
+    class Full(io.BytesIO):
+        def write(self, b):
+            if self.tell() > 3 << 20:
+                raise OSError(28, "No space left on device")
+            return super().write(b)
+
+    def hashers() -> int:
+        return sum(t.name == "fits-lean-hash" for t in threading.enumerate())
+
+    before = hashers()
+    with pytest.raises(OSError, match="No space left"):
+        write_fits_lean(_l2_like(shape=(1031, 1100)), Full())
+    assert hashers() == before  # joined, not left waiting on its queue
 
 
 def test_write_fits_atomic_uses_the_lean_writer_and_returns_the_files_sha256(tmp_path):
