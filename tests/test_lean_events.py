@@ -562,7 +562,8 @@ def test_the_added_conditions_match_migration_0024s_indexes(db_session, world):
     for query in (b"pa_min=20&pa_max=22", b"pa_min=359.5&pa_max=0.5", b"pa_min=359.5"):
         f = filters(query)
         where = lean._count_where(f, lean._conditions(f, False))
-        assert "ix_events_pa_deg_start" in plan(f"SELECT events.id FROM events WHERE {where}", lean._params(f, None)), query
+        text = plan(f"SELECT events.id FROM events WHERE {where}", lean._params(f, None))
+        assert "ix_events_pa_deg_start" in text, (query, text)
 
     seen = []
 

@@ -20,6 +20,11 @@ What it does differently (issue 29 item 4), for the same answer:
   the catalogue coverage's generation number. Above the limit the planner's estimate is asked
   as today (``EXPLAIN``). Sorts by a nullable key keep their two page statements
   (:func:`~backend.services.event_search._nullable_key_page`), the count then separate.
+  A box over a time window reads its matches once for both (:func:`_one_scan_sql`).
+* **Conditions the indexes answer**, beside the exact ones and keeping the same rows: a
+  (time, Solar X) point in a box (:func:`_conditions`, the GiST ``ix_events_time_hpc_x``) and,
+  in the count of an angle range, the angle's whole degree in the range's degrees
+  (:func:`_pa_box`, the B-tree ``ix_events_pa_deg_start``); migrations 0022 and 0024.
 * **Coverage**: the catalogue spans (:func:`backend.services.coverage.catalogue_spans`) are
   kept per process and database with the ``data_generations`` number they were read with; a
   statement-level trigger on ``catalogue_coverage`` gives that number a new value on every
@@ -583,7 +588,8 @@ def _one_scan_sql(key: str, desc: bool, where: str, det_sql: str | None, longest
            f"LIMIT {_es.EXACT_COUNT_LIMIT + 1}) ")
     meta = _meta_sql(None, det_sql, longest, count="SELECT count(*) FROM matches")
     page = (f"SELECT {_COLS} FROM (SELECT matches.* FROM matches ORDER BY {_order(key, desc, False, 'matches.')} "
-            f"LIMIT %(lim)s OFFSET %(off)s) AS k JOIN events ON events.id = k.id ORDER BY {_order(key, desc, False, 'k.')}")
+            f"LIMIT %(lim)s OFFSET %(off)s) AS k JOIN events ON events.id = k.id "
+            f"ORDER BY {_order(key, desc, False, 'k.')}")
     return cte + f"SELECT meta.*, p.* FROM ({meta}) AS meta LEFT JOIN LATERAL ({page}) AS p ON true"
 
 
