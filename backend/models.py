@@ -580,11 +580,20 @@ class Event(Base):
         Index("ix_events_angular_width", "angular_width"),
         # (start time [s since 2000-01-01 UTC], Solar X) of the events with a position, GiST: a
         # box over a time window bounds both at once (the lean search's point-in-box condition,
-        # backend/services/event_search_lean.py); PostgreSQL only, migration 0022
+        # backend/services/event_search_lean.py); PostgreSQL only, migration 0022; it carries
+        # what the box search tests and returns, so it is read index-only (migration 0024)
         Index("ix_events_time_hpc_x",
               sa_text("point(date_part('epoch', start_time - '2000-01-01 00:00:00+00'::timestamptz), hpc_x)"),
-              postgresql_using="gist", postgresql_include=["hpc_y", "event_type", "owner", "end_time", "peak_time"],
+              postgresql_using="gist",
+              postgresql_include=["hpc_y", "event_type", "owner", "end_time", "peak_time", "start_time", "hpc_x", "id"],
               postgresql_where=sa_text("hpc_x IS NOT NULL")),
+        # (whole degree of the position angle, clamped: NaN and +inf 360, -inf -1; start time) of
+        # the events with an angle: the exact count of an angle range, one range of start times
+        # per degree, index-only (the lean search's degree condition); PostgreSQL only,
+        # migration 0024
+        Index("ix_events_pa_deg_start", sa_text("least(greatest(floor(position_angle), -1), 360)"), "start_time",
+              postgresql_include=["event_type", "owner", "end_time", "peak_time", "position_angle", "id"],
+              postgresql_where=sa_text("position_angle IS NOT NULL")),
     )
 
 

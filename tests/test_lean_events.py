@@ -496,3 +496,91 @@ def test_a_cursor_made_before_keeps_working():
     for f in (EventFilters(), EventFilters(event_types=("CE", "FL"), start=T0, end=T0 + MIN, pa_min=350.0,
                                            pa_max=10.0, viewer="someone", sources=("detected",), noaa_ar=12345)):
         assert f.fingerprint() == before(f)
+
+
+def test_angle_ranges_and_boxes_keep_every_row_same_bytes(clients, world, db_session, monkeypatch):
+    """The conditions the lean search adds beside the exact ones (migration 0024) keep the same
+    rows: the whole-degree condition of an angle range (on stored angles at and around the
+    degree edges, below 0, at and above 360, NaN, +-inf; ranges inside, through 0 deg, touching
+    0 and 360, one bound alone, with and without a time window), and the box over a time window
+    read once for its count and page (every sort, offsets, and above the exact count's limit,
+    where the page is read again from the index)."""
+    from backend.services import event_search
+
+    lean, route = clients
+    t = T0 + dt.timedelta(hours=2)
+    for i, pa in enumerate((float("nan"), float("inf"), float("-inf"), -5.0, -0.5, 0.0, 0.5, 59.5, 60.0, 60.25, 200.0,
+                            299.999, 300.0, 359.99, 360.0, 361.0, 720.0)):
+        _ev(db_session, "CE" if i % 3 else "PR", t + i * MIN, t + (i + 30) * MIN, source="cdaw", position_angle=pa,
+            hpc_x=-100.0 + 25 * i, hpc_y=50.0 - 10 * i)
+    window = {"start": "2024-05-14T17:00:00Z", "end": "2024-05-15T20:00:00Z"}
+    before = lean_events.STATS.lean[lean_events.SEARCH_PATH]
+    ranges = [("60", "300"), ("300", "60"), ("0", "360"), ("60", "60"), ("359.5", "0.5"), ("0", "0"), ("360", "360"),
+              ("59.5", "60.25"), ("300", None), (None, "60"), ("0.5", "359.99"), ("200", "199.9")]
+    for lo, hi in ranges:
+        pa = {k: v for k, v in (("pa_min", lo), ("pa_max", hi)) if v is not None}
+        for extra in ({}, window, dict(window, type="CE"), {"type": ["CE", "PR"], "sort": "id", "offset": "2"}):
+            status, _ = _same(lean, route, {**pa, **extra, "limit": "500"})
+            assert status == 200
+    box = dict(window, hpc_x_min="-200", hpc_x_max="400", hpc_y_min="-900", hpc_y_max="900")
+    for extra in ({}, {"sort": "id"}, {"sort": "-id", "limit": "3"}, {"sort": "peak_time", "offset": "1"},
+                  {"sort": "-speed_km_s", "offset": "2", "limit": "2"}, {"limit": "2", "offset": "3"},
+                  {"type": "CE", "pa_min": "300", "pa_max": "60"}):
+        _same(lean, route, {**box, **extra})
+    monkeypatch.setattr(event_search, "EXACT_COUNT_LIMIT", 3)
+    for extra in ({}, {"sort": "id", "limit": "2"}, {"offset": "1", "limit": "2"}):
+        status, body = _same(lean, route, {**box, **extra})
+        assert status == 200 and b'"total_is_estimate":true' in body
+    assert lean_events.STATS.lean[lean_events.SEARCH_PATH] - before == len(ranges) * 4 + 7 + 3
+
+
+def test_the_added_conditions_match_migration_0024s_indexes(db_session, world):
+    """The texts the lean search adds are those migration 0024 indexes (a text that drifted
+    would leave the index unused, silently): with sequential scans off, an angle range's
+    conditions are read from ``ix_events_pa_deg_start`` (narrow ranges: a few degrees, so that the
+    planner prefers it on the small table; one inside, one through 0 deg, one bound), and
+    a box over a time window's statement reads ``ix_events_time_hpc_x`` once (its count and page
+    from one read of the matches)."""
+    from backend.services import event_search_lean as lean
+
+    conn = db_session.connection().connection.dbapi_connection
+    conn.execute("ANALYZE events")
+
+    def plan(sql: str, params) -> str:
+        with conn.cursor() as cur:
+            cur.execute("SET LOCAL enable_seqscan = off")
+            cur.execute("SET LOCAL enable_bitmapscan = off")
+            cur.execute("EXPLAIN " + sql, params)
+            text = "\n".join(r[0] for r in cur.fetchall())
+            cur.execute("RESET enable_seqscan")
+            cur.execute("RESET enable_bitmapscan")
+        return text
+
+    def filters(query: bytes):
+        return lean_events._filters(lean_events._read_search_params(query), None)
+
+    for query in (b"pa_min=20&pa_max=22", b"pa_min=359.5&pa_max=0.5", b"pa_min=359.5"):
+        f = filters(query)
+        where = lean._count_where(f, lean._conditions(f, False))
+        text = plan(f"SELECT events.id FROM events WHERE {where}", lean._params(f, None))
+        assert "ix_events_pa_deg_start" in text, (query, text)
+
+    seen = []
+
+    class Recording:
+        def __init__(self, cur):
+            self.cur = cur
+
+        def execute(self, sql, params=None):
+            seen.append((sql, params))
+            return self.cur.execute(sql, params)
+
+        def __getattr__(self, name):
+            return getattr(self.cur, name)
+
+    f = filters(b"start=2024-05-14T00:00:00Z&end=2024-05-16T00:00:00Z&hpc_x_min=-500&hpc_x_max=500&hpc_y_min=-500"
+                b"&hpc_y_max=500")
+    with conn.cursor() as cur:
+        lean.lean_search(Recording(cur), f, sort=None, limit=50, cursor=None, offset=0, detected=True)
+    text = plan(*seen[-1])
+    assert text.count("ix_events_time_hpc_x") == 1 and "CTE Scan on matches" in text, text
