@@ -956,8 +956,9 @@ def write_fits_pending(hdul: fits.HDUList, path: str | os.PathLike, *, checksum:
         raise
 
 
-#: Bytes of the lean writer's byteswap buffer (4 MiB: a multiple of every item size and of 4;
-#: stays in the L2/L3 caches, so the swapped bytes are hashed and written while still there).
+#: Bytes of each of the lean writer's byteswap buffers (4 MiB: a multiple of every item size and
+#: of 4; small enough to stay in the L2/L3 caches while the chunk is written and hashed, on this
+#: core or, with the hash thread, on the other).
 _LEAN_CHUNK = 4 << 20
 
 #: Byteswap buffers the lean writer rotates through when it hashes on a thread of its own: one
@@ -1078,8 +1079,9 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO, *, hdu_digests: list[str] |
     """Write ``hdul`` (:func:`lean_writable`) with ``CHECKSUM``/``DATASUM`` to the open binary
     file ``f``: the bytes of ``hdul.writeto(f, checksum=True)``, returning their hex SHA-256.
 
-    Each data plane is byteswapped to big-endian once, chunk by chunk into one small buffer
-    reused by every chunk and HDU (:data:`_LEAN_CHUNK`), and written from it; ``DATASUM`` is summed from the native words (a little-endian 4-byte
+    Each data plane is byteswapped to big-endian once, chunk by chunk into a small buffer
+    reused by every chunk and HDU (:data:`_LEAN_CHUNK`; three in turn with the hash thread below),
+    and written from it; ``DATASUM`` is summed from the native words (a little-endian 4-byte
     word read natively is the big-endian word of the swapped bytes) or from the buffer, so
     astropy's byteswapped copy for the sum is not made; the SHA-256 is computed on the bytes
     as they are written (no re-reading of the file), on a second thread when the data reach
@@ -1105,10 +1107,10 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO, *, hdu_digests: list[str] |
     hdul.update_extend()
     sha = hashlib.sha256()
     little = sys.byteorder == "little"
-    data_bytes = sum(h.data.nbytes for h in hdul if h.data is not None)
-    hasher = _ChunkHasher(data_bytes >= _LEAN_THREAD_BYTES, _LEAN_BUFFERS)
-    # the reused byteswap buffers (cache-sized, not a frame); one when hashing inline
-    bufs = [np.empty(_LEAN_CHUNK, np.uint8) for _ in range(_LEAN_BUFFERS if hasher._thread is not None else 1)]
+    threaded = sum(h.data.nbytes for h in hdul if h.data is not None) >= _LEAN_THREAD_BYTES
+    # the reused byteswap buffers (cache-sized, not a frame; one when hashing inline), made before
+    # the hash thread starts: nothing between its start and the ``try`` that ends it can raise
+    bufs = [np.empty(_LEAN_CHUNK, np.uint8) for _ in range(_LEAN_BUFFERS if threaded else 1)]
     turn = [0]
 
     def put(b, dig=None, buffer: int | None = None) -> None:
@@ -1130,6 +1132,7 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO, *, hdu_digests: list[str] |
             yield k, dst
 
     digs: list[tuple[list[str], Any]] = []  # (hdu_digests, its HDU's hash), read once all is hashed
+    hasher = _ChunkHasher(threaded, len(bufs))  # put/swapped_chunks see it when they are called
     try:
         _write_lean_hdus(hdul, little, put, swapped_chunks, hasher, hdu_digests, digs)
     except BaseException:

@@ -97,3 +97,56 @@ def test_tables_and_scaled_data_go_to_astropy(tmp_path):
     p = tmp_path / "t.fits"
     assert write_fits_atomic(hdul, p) == sha256_file(p)
     assert not lean_writable(fits.HDUList([fits.PrimaryHDU(np.arange(4, dtype=np.uint16))]))  # BZERO
+
+
+def test_a_slow_hash_thread_still_hashes_the_bytes_written(frozen_time, monkeypatch):
+    """The hash thread lags the writer (each update waits 3 ms first): every buffer must be
+    claimed back before it is overwritten, or the digests hash later chunks' bytes. Deterministic,
+    unlike a race on a fast hash (removing the claim's wait fails this test on every run)."""
+    import hashlib as real
+    import time
+    import types
+
+    class SlowSha:
+        def __init__(self, data: bytes = b"") -> None:
+            self._h = real.sha256(data)
+
+        def update(self, b) -> None:
+            time.sleep(0.003)
+            self._h.update(b)
+
+        def hexdigest(self) -> str:
+            return self._h.hexdigest()
+
+    monkeypatch.setattr(fitsio, "_LEAN_THREAD_BYTES", 0)
+    monkeypatch.setattr(fitsio, "hashlib", types.SimpleNamespace(sha256=SlowSha))
+    hdul = _l2_like(shape=(1031, 1100))
+    out = io.BytesIO()
+    digests: list[str] = []
+    digest = write_fits_lean(hdul, out, hdu_digests=digests)
+    assert digest == real.sha256(out.getvalue()).hexdigest()
+    assert digests == [hdu_digest(h.data) for h in hdul]
+
+
+def test_buffers_that_cannot_be_allocated_leave_no_hash_thread(monkeypatch):
+    """(A reviewer's reproducer: the hash thread once started before the buffers were made, and a
+    MemoryError there left it waiting on its queue for the life of the process.)"""
+    import threading
+
+    monkeypatch.setattr(fitsio, "_LEAN_THREAD_BYTES", 0)
+    real = np.empty
+
+    def empty(shape, *a, **k):
+        if shape == fitsio._LEAN_CHUNK:
+            raise MemoryError("no buffer")
+        return real(shape, *a, **k)
+
+    def hashers() -> int:
+        return sum(t.name == "fits-lean-hash" for t in threading.enumerate())
+
+    before = hashers()
+    monkeypatch.setattr(fitsio.np, "empty", empty)
+    with pytest.raises(MemoryError):
+        write_fits_lean(fits.HDUList([fits.PrimaryHDU(np.zeros((64, 64), np.float32))]), io.BytesIO())
+    monkeypatch.setattr(fitsio.np, "empty", real)
+    assert hashers() == before

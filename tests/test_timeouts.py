@@ -343,9 +343,10 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
     assert body["database"].startswith("database unreachable"), body
     _assert_reveals_nothing(r.text, str(pg.port), PG_PASSWORD)
-    # the broker is told apart from the frozen database: its ping has 0.45 s (half the probe's
-    # 0.9 s), which a loaded machine can miss once, so up to five checks, each of them 503 in
-    # time with the database unreachable, and the broker ``ok`` in one of them
+    # the broker is told apart from the frozen database: its ping's socket timeout is 0.45 s (half
+    # of the 0.9 s health probe timeout, itself half of API_DEADLINE_S), which a loaded machine can
+    # miss once, so up to five checks, each of them 503 in time with the database unreachable, and
+    # the broker ``ok`` in one of them
     for _ in range(4):
         if body["broker"] == "ok":
             break
