@@ -17,7 +17,10 @@ Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
         --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 [--window 0.3]
 
-prints one line per candidate and a ``RESULT`` line for the module's constants: ``tw_C`` the
+``--runs DIR`` (exploration) prints, per kept product, the Wald-Wolfowitz runs test of the fit's
+residuals beside its pulls (:func:`residual_runs`).
+
+``--rescore`` prints one line per candidate and a ``RESULT`` line for the module's constants: ``tw_C`` the
 pooled pull width of the products (:func:`validation.blind_chain.pooled_pull_width`), ``sw`` the
 RMS of the stray pulls at 1.1/1.5/2.0/2.5 Rsun over both channels (``sw_rR`` at each radius alone;
 ``sw68_rR`` the 68 % quantile of |pull| there, which a few gross misses do not move), ``stray_fail`` the share of
@@ -153,6 +156,69 @@ def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, floa
     return out
 
 
+def residual_runs(directory: Path, limit: float = -3.0) -> dict:
+    """Whether the adopted fit's residuals are structured, against the pulls at the four radii
+    (exploration, 2026-12-06; nothing of the chain uses it yet).
+
+    Per kept product: the model set re-fitted with the module's constants (no fallback), the
+    Wald-Wolfowitz runs test (Wald & Wolfowitz 1940, Ann. Math. Stat. 11, 147) on the signs of its
+    residuals over the profile's 1-sigma along radius (``z``: runs against those expected of
+    independent signs, in standard deviations; a misfit shape gives long runs, ``z`` << 0), the
+    lag-1 autocorrelation of those normalised residuals, the reduced chi-square, and the stray
+    light's pull at 1.1/1.5/2.0/2.5 Rsun (estimate minus injected, over the stated 1-sigma, each
+    annulus' mean as the chain scores them). Prints a line per product, sorted by |pull at 1.1
+    Rsun|, and returns the summary: products with ``z < limit`` ("flagged"), the RMS pull at 1.1
+    Rsun of the flagged and of the others, and how many of each miss by more than 3 stated sigma.
+    """
+    from validation.blind_chain import RADII
+    from validation.blind_stray import _annulus, fit_stray_model_set
+
+    lines = []
+    for f in sorted(directory.glob("*_SCI-*.npz")):
+        seed, chan = f.stem.split("_")
+        if int(seed) < FIRST_TUNING_SEED:
+            raise SystemExit(f"{f.name}: a test seed's product; explore on seeds >= {FIRST_TUNING_SEED} only")
+        d = dict(np.load(f))
+        r, c, grid, pg = d["in_r"], d["in_c"], d["in_grid"], d["in_prior_grid"]
+        lo, hi = float(r.min()), float(r.max())
+
+        def prior(x, r=r, c=c, grid=grid, pg=pg, lo=lo, hi=hi):
+            x = np.asarray(x, dtype=np.float64)
+            return c if x.shape == r.shape and np.allclose(x, r) else np.interp(x, np.clip(grid, lo, hi), pg)
+
+        ms = fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None)
+        z = ms.residual / ms.profile_sigma
+        sgn = np.sign(z)[z != 0]
+        n1, n2 = int((sgn > 0).sum()), int((sgn < 0).sum())
+        n = n1 + n2
+        runs = 1 + int(np.count_nonzero(np.diff(sgn)))
+        mu = 2.0 * n1 * n2 / n + 1.0
+        var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1.0))
+        zr = (runs - mu) / math.sqrt(var) if var > 0 else math.nan
+        ac1 = float(np.corrcoef(z[:-1], z[1:])[0, 1])
+        rho = np.clip(d["rho"], 1.0, 3.0)
+        s_new, g_new = np.interp(rho, ms.radii, ms.values), np.interp(rho, ms.radii, ms.sigmas)
+        pulls = []
+        for r0 in RADII:
+            sel = _annulus(d["rho"], r0)
+            pulls.append(float(np.mean(s_new[sel] - d["stray_inj"][sel])) / float(np.mean(g_new[sel])))
+        lines.append((int(seed), chan, ms.chi2_red, zr, ac1, pulls))
+    lines.sort(key=lambda x: -abs(x[5][0]))
+    for seed, chan, chi2, zr, ac1, p in lines:
+        print(f"{seed} {chan:6s} chi2_red {chi2:6.2f} runs_z {zr:+6.2f} lag1 {ac1:+.2f} pulls "
+              + " ".join(f"{v:+.2f}" for v in p))
+    flagged = [x for x in lines if x[3] < limit]
+    others = [x for x in lines if not x[3] < limit]
+
+    def rms(rows) -> float:
+        return math.sqrt(float(np.mean([x[5][0] ** 2 for x in rows]))) if rows else math.nan
+
+    return {"products": len(lines), "flagged": len(flagged), "flagged_frac": len(flagged) / max(len(lines), 1),
+            "rms_pull_r1.1_flagged": rms(flagged), "rms_pull_r1.1_others": rms(others),
+            "misses_3sigma_r1.1_flagged": sum(abs(x[5][0]) > 3 for x in flagged),
+            "misses_3sigma_r1.1_others": sum(abs(x[5][0]) > 3 for x in others)}
+
+
 def _line(res: dict) -> str:
     return " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in res.items())
 
@@ -167,11 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corona", default="", help="STRAY_CORONA_FRACTION candidates")
     ap.add_argument("--corona-uv", default="", help="a fraction of SCI-UV's own (tried; default: --corona's)")
     ap.add_argument("--slope", default="", help="exponents of a radial weight (r / 1.5)^-slope on the corona term (tried)")
+    ap.add_argument("--runs", type=Path, help="the runs test of the kept products' fit residuals (exploration)")
     ap.add_argument("--window", type=float, default=None,
                     help="STRAY_SPREAD_WINDOW [Rsun] for the re-fit of the kept profiles (one value)")
     args = ap.parse_args(argv)
     if args.keep:
         keep(args.keep, _seeds(args.seeds))
+    if args.runs:
+        print("RESULT " + _line(residual_runs(args.runs)))
     if not args.rescore:
         return 0
     import validation.blind_stray as bs
