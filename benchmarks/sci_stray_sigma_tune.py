@@ -71,23 +71,34 @@ def keep(directory: Path, seeds: list[int]) -> None:
         print(f"seed {seed}: kept in {time.perf_counter() - t:.0f} s", flush=True)
 
 
+def _kept(directory: Path):
+    """``(seed, channel, arrays, prior)`` of each kept product (seed >= :data:`FIRST_TUNING_SEED`;
+    a test seed's file stops the script): ``prior`` the coronal prior as the chain fitted it
+    (its values at the fit's radii, interpolated on the grid elsewhere)."""
+    for f in sorted(directory.glob("*_SCI-*.npz")):
+        seed, chan = f.stem.split("_")
+        if int(seed) < FIRST_TUNING_SEED:
+            raise SystemExit(f"{f.name}: a test seed's product; use seeds >= {FIRST_TUNING_SEED} only")
+        d = dict(np.load(f))
+        r, c, grid, pg = d["in_r"], d["in_c"], d["in_grid"], d["in_prior_grid"]
+        lo, hi = float(r.min()), float(r.max())
+
+        def prior(x, r=r, c=c, grid=grid, pg=pg, lo=lo, hi=hi):
+            x = np.asarray(x, dtype=np.float64)
+            return c if x.shape == r.shape and np.allclose(x, r) else np.interp(x, np.clip(grid, lo, hi), pg)
+
+        yield int(seed), chan, d, prior
+
+
 def load(directory: Path) -> list[dict]:
     """The kept products (seed >= :data:`FIRST_TUNING_SEED`), each with its model set's terms
     re-fitted once: ``terms`` = (grid, estimate, fit, spread, corona, stray) on the grid [MSB]."""
     from validation.blind_stray import fit_stray_model_set
 
     rows = []
-    for f in sorted(directory.glob("*_SCI-*.npz")):
-        seed, chan = f.stem.split("_")
-        if int(seed) < FIRST_TUNING_SEED:
-            raise SystemExit(f"{f.name}: a test seed's product; tune on seeds >= {FIRST_TUNING_SEED} only")
-        d = dict(np.load(f))
-        r, c, grid, pg, fb = d["in_r"], d["in_c"], d["in_grid"], d["in_prior_grid"], d["in_fb_grid"]
-        lo, hi = float(r.min()), float(r.max())
-
-        def prior(x, r=r, c=c, grid=grid, pg=pg, lo=lo, hi=hi):
-            x = np.asarray(x, dtype=np.float64)
-            return c if x.shape == r.shape and np.allclose(x, r) else np.interp(x, np.clip(grid, lo, hi), pg)
+    for seed, chan, d, prior in _kept(directory):
+        r, fb = d["in_r"], d["in_fb_grid"]
+        f = Path(f"{seed}_{chan}.npz")
 
         def one(scale=0.0, corona=0.0, floor=0.0):
             import validation.blind_stray as bs
@@ -174,18 +185,8 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     from validation.blind_stray import _annulus, fit_stray_model_set
 
     lines = []
-    for f in sorted(directory.glob("*_SCI-*.npz")):
-        seed, chan = f.stem.split("_")
-        if int(seed) < FIRST_TUNING_SEED:
-            raise SystemExit(f"{f.name}: a test seed's product; explore on seeds >= {FIRST_TUNING_SEED} only")
-        d = dict(np.load(f))
-        r, c, grid, pg = d["in_r"], d["in_c"], d["in_grid"], d["in_prior_grid"]
-        lo, hi = float(r.min()), float(r.max())
-
-        def prior(x, r=r, c=c, grid=grid, pg=pg, lo=lo, hi=hi):
-            x = np.asarray(x, dtype=np.float64)
-            return c if x.shape == r.shape and np.allclose(x, r) else np.interp(x, np.clip(grid, lo, hi), pg)
-
+    for seed, chan, d, prior in _kept(directory):
+        r = d["in_r"]
         ms = fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None)
         z = ms.residual / ms.profile_sigma
         sgn = np.sign(z)[z != 0]
