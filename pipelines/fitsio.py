@@ -1089,7 +1089,7 @@ def write_fits_lean(hdul: fits.HDUList, f: BinaryIO, *, hdu_digests: list[str] |
     :data:`_LEAN_BUFFERS` buffers, so the hash and the write of one chunk overlap the byteswap
     of the next). Headers, ``CHECKSUM`` and the card
     comments are astropy's own (``add_checksum`` with the data sum given).
-    ``tests/test_fitsio.py`` compares the bytes with astropy's.
+    ``tests/test_lean_writer.py`` compares the bytes with astropy's (both paths).
 
     ``hdu_digests``: a list to which the SHA-256 (hex) of each HDU's data is appended, in HDU
     order, as :func:`backend.services.manifests.hdu_digest` defines it (the big-endian bytes

@@ -56,6 +56,12 @@ def served(sqlite_env, run_cache):
         yield url
 
 
+def _get(url: str, **kw) -> httpx.Response:
+    """``httpx.get`` with the file's 30 s timeout: a search of the real catalogues on SQLite can
+    take seconds on a busy test machine (httpx's own 5 s default once timed out in CI)."""
+    return httpx.get(url, timeout=30, **kw)
+
+
 def _client(url: str, **default) -> hek.HEKClient:
     c = hek.HEKClient(url=f"{url}/api/v1/hek?")
     if default:
@@ -121,7 +127,7 @@ def test_paging_with_a_small_result_limit(served):
          "event_endtime": MARCH[1], "result_limit": 7}
     pages = []
     for page in range(1, 100):
-        body = httpx.get(f"{url}/api/v1/hek", params={**q, "page": page}).raise_for_status().json()
+        body = _get(f"{url}/api/v1/hek", params={**q, "page": page}).raise_for_status().json()
         pages.append(body)
         if not body["overmax"]:
             break
@@ -130,7 +136,7 @@ def test_paging_with_a_small_result_limit(served):
     starts = [r["event_starttime"] for p in pages for r in p["result"]]
     assert starts == sorted(starts)  # start-time order across pages
     # return: only the fields asked
-    body = httpx.get(f"{url}/api/v1/hek", params={**q, "return": "event_starttime,fl_goescls"}).json()
+    body = _get(f"{url}/api/v1/hek", params={**q, "return": "event_starttime,fl_goescls"}).json()
     assert set(body["result"][0]) == {"event_starttime", "fl_goescls"}
 
 
@@ -185,7 +191,7 @@ def test_bad_queries_are_400_with_the_reason(served):
             "event_starttime": MARCH[0], "event_endtime": MARCH[1]}
 
     def detail(**params) -> str:
-        r = httpx.get(f"{url}/api/v1/hek", params={**base, **params})
+        r = _get(f"{url}/api/v1/hek", params={**base, **params})
         assert r.status_code == 400, (params, r.status_code, r.text)
         return r.json()["detail"]
 
@@ -204,10 +210,10 @@ def test_bad_queries_are_400_with_the_reason(served):
     assert "only cmd=search" in detail(cmd="export-voevent")
     assert "only type=column" in detail(type="contains")
     assert "unknown field(s) 'nope'" in detail(**{"return": "event_starttime,nope"})
-    r = httpx.get(f"{url}/api/v1/hek", params={"cmd": "search"})
+    r = _get(f"{url}/api/v1/hek", params={"cmd": "search"})
     assert r.status_code == 400 and "event_starttime and event_endtime required" in r.json()["detail"]
     # the same parameters given to GET /events are named, not dropped
-    r = httpx.get(f"{url}/api/v1/events", params={"format": "hek", "event_type": "FL", "cosec": 2,
+    r = _get(f"{url}/api/v1/events", params={"format": "hek", "event_type": "FL", "cosec": 2,
                                                   "param0": "FL_GOESCls", "type": "FL"})
     assert r.status_code == 400
     assert r.json()["detail"].startswith("event_type, cosec, param0: HEK query parameter(s)")
@@ -222,7 +228,7 @@ def test_anonymous_hek_search_sees_the_public_catalogue_only(served):
                     start_time=dt.datetime(2012, 3, 7, 1, tzinfo=dt.UTC), goes_class="X9.9", goes_flux=9.9e-4))
     q = urllib.parse.urlencode({"cmd": "search", "event_type": "FL", "event_starttime": "2012-03-07T00:00:00",
                                 "event_endtime": "2012-03-08T00:00:00"})
-    rows = httpx.get(f"{served}/api/v1/hek?{q}").raise_for_status().json()["result"]
+    rows = _get(f"{served}/api/v1/hek?{q}").raise_for_status().json()["result"]
     assert rows and not any(r["fl_goescls"] == "X9.9" for r in rows)
 
 
@@ -244,7 +250,7 @@ def test_rows_without_a_helioprojective_position_are_written_as_hek_writes_them(
     assert 0 < len(seen) < len(rows) and set(boxed["kb_archivid"]) == seen
 
     q = {"cmd": "search", "event_type": "FL", "event_starttime": MARCH[0], "event_endtime": MARCH[1]}
-    result = httpx.get(f"{url}/api/v1/hek", params={**q, "result_limit": 500}).json()["result"]
+    result = _get(f"{url}/api/v1/hek", params={**q, "result_limit": 500}).json()["result"]
     unplaced = [r for r in result if r["hpc_x"] is None]
     assert unplaced and all((r["event_coordsys"], r["event_coord1"], r["event_coord2"], r["noposition"])
                             == ("UTC-HGS-TOPO", 0.0, 0.0, "true") for r in unplaced)

@@ -422,6 +422,32 @@ def _database(conn) -> tuple:
 _LONGEST: dict[tuple, float] = {}
 
 
+def _lower_bound(cur, f: EventFilters, *, fresh: bool, deadline=None) -> tuple[dt.datetime | None, bool | None,
+                                                                                tuple | None, float | None]:
+    """The time-overlap lower bound of :func:`lean_search` (``event_search.filter_conditions``):
+    ``(lower, check, longest_key, secs)``, ``secs`` the longest duration used [s]. From the longest duration of the types, read by a probe
+    (``fresh``, or nothing kept), or, in the one-statement form, from the value the last search
+    read, checked in the same statement (``check``): a kept value at least the current one gives
+    the same rows (the bound only has to be below every overlapping event's start); a smaller one,
+    the search again with the current value (an import stored a longer event). All None
+    without a start time; ``lower`` None (``check`` False) when the bound overflows."""
+    if f.start is None:
+        return None, None, None, None
+    longest_key = (*_database(cur.connection), f.event_types)
+    secs = None if fresh else _LONGEST.get(longest_key)
+    check = secs is not None
+    if secs is None:
+        secs_sql = _sql(("longest", len(f.event_types)), lambda: _longest_sql(len(f.event_types)))
+        _note(deadline, secs_sql)
+        cur.execute(secs_sql, {f"type{i}": t for i, t in enumerate(f.event_types)})
+        secs = float(cur.fetchone()[0] or 0.0)
+        _LONGEST[longest_key] = secs
+    try:
+        return f.start - dt.timedelta(seconds=secs + 1.0), check, longest_key, secs
+    except OverflowError:
+        return None, False, longest_key, secs
+
+
 def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: str | None, offset: int,
                 detected: bool, deadline=None, _probe: bool = False) -> LeanPage | None:
     """One page of light rows, the total, the next cursor, and (when ``detected``) the first
@@ -465,28 +491,8 @@ def lean_search(cur, f: EventFilters, *, sort: str | None, limit: int, cursor: s
         fp = f.fingerprint()
         value, row_id = decode_cursor(cursor, sort_s, fp)
     nullable = SORT_KEYS[key][1]
-    lower = None
-    # the time-overlap lower bound (event_search.filter_conditions): from the longest duration of
-    # the types, read by a probe, or, in the one-statement form, from the value the last search
-    # read, checked in the same statement: a kept value at least the current one gives the same
-    # rows (the bound only has to be below every overlapping event's start); a smaller one, the
-    # search again with the current value (an import stored a longer event)
-    longest_key = check = None
-    if f.start is not None:
-        longest_key = (*_database(cur.connection), f.event_types)
-        secs = None if (_probe or (nullable and not offset)) else _LONGEST.get(longest_key)
-        check = secs is not None
-        if secs is None:
-            secs_sql = _sql(("longest", len(f.event_types)), lambda: _longest_sql(len(f.event_types)))
-            _note(deadline, secs_sql)
-            cur.execute(secs_sql, {f"type{i}": t for i, t in enumerate(f.event_types)})
-            secs = float(cur.fetchone()[0] or 0.0)
-            _LONGEST[longest_key] = secs
-        try:
-            lower = f.start - dt.timedelta(seconds=secs + 1.0)
-        except OverflowError:
-            lower = None
-            check = False
+    lower, check, longest_key, secs = _lower_bound(cur, f, fresh=_probe or (nullable and not offset),
+                                                   deadline=deadline)
     params = _params(f, lower)
     shape = _shape(f) + (lower is not None,)
     by_window = key != "start_time" and f.start is not None and f.end is not None and f.end - f.start <= WINDOW_FIRST_MAX
