@@ -98,7 +98,6 @@ def load(directory: Path) -> list[dict]:
     rows = []
     for seed, chan, d, prior in _kept(directory):
         r, fb = d["in_r"], d["in_fb_grid"]
-        f = Path(f"{seed}_{chan}.npz")
 
         def one(scale=0.0, corona=0.0, floor=0.0):
             import validation.blind_stray as bs
@@ -113,7 +112,7 @@ def load(directory: Path) -> list[dict]:
 
         base = one()
         if np.isfinite(fb).all() and base.refused:
-            print(f"{f.name}: the fit is refused (the default law replaces it): left out", flush=True)
+            print(f"{seed}_{chan}.npz: the fit is refused (the default law replaces it): left out", flush=True)
             continue
 
         def extra(ms):
@@ -126,12 +125,29 @@ def load(directory: Path) -> list[dict]:
     return rows
 
 
+def _annulus_pulls(d: dict, grid: np.ndarray, est: np.ndarray, sig: np.ndarray):
+    """A kept product's stray light ``est`` and its 1-sigma ``sig`` (on ``grid`` [Rsun], [MSB])
+    on its pixels, and per annulus of :data:`validation.blind_chain.RADII` as the chain scores
+    them ``(error [MSB], pull, K corona [MSB])``: the means over the annulus of estimate minus
+    injected, over the mean stated 1-sigma, and of the K corona."""
+    from validation.blind_chain import RADII
+    from validation.blind_stray import _annulus
+
+    rho = np.clip(d["rho"], 1.0, 3.0)
+    s_new, g_new = np.interp(rho, grid, est), np.interp(rho, grid, sig)
+    annuli = []
+    for r0 in RADII:
+        sel = _annulus(d["rho"], r0)
+        err = float(np.mean(s_new[sel] - d["stray_inj"][sel]))
+        annuli.append((err, err / float(np.mean(g_new[sel])), float(np.mean(d["kcor"][sel]))))
+    return s_new, g_new, annuli
+
+
 def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float], slope: float | None = None) -> dict:
     """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged);
     ``slope``: the corona term weighted by ``(r / 1.5 Rsun) ** -slope`` (tried, not adopted: the
     module's corona term has no weight; None or 0: none)."""
     from validation.blind_chain import RADII, frame_pull_stats, pooled_pull_width
-    from validation.blind_stray import _annulus
 
     per: dict[str, dict[str, list]] = {}
     for d in rows:
@@ -139,18 +155,12 @@ def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, floa
         if slope:  # a radial weight on the corona term (exploration)
             cor = cor * (grid / 1.5) ** (-slope)
         sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2)
-        rho = np.clip(d["rho"], 1.0, 3.0)
-        s_new, g_new = np.interp(rho, grid, est), np.interp(rho, grid, sig_g)
+        s_new, g_new, annuli = _annulus_pulls(d, grid, est, sig_g)
         data = d["data"] - (s_new - d["s_est"])
         sig = np.sqrt(np.maximum(d["sig"] ** 2 - d["s_sig"] ** 2 + g_new ** 2, 1e-30))
         w, m, p, _ = frame_pull_stats(data, d["truth"], sig, d["dq"], radial=(d["rho"], g_new))
-        pulls, miss = [], False
-        for r0 in RADII:
-            sel = _annulus(d["rho"], r0)
-            err = float(np.mean(s_new[sel] - d["stray_inj"][sel]))
-            pull = err / float(np.mean(g_new[sel]))
-            pulls.append(pull)
-            miss |= not (100 * abs(err) / float(np.mean(d["kcor"][sel])) <= 5.0 or abs(pull) <= 3.0)
+        pulls = [pull for _, pull, _ in annuli]
+        miss = any(not (100 * abs(err) / kcor <= 5.0 or abs(pull) <= 3.0) for err, pull, kcor in annuli)
         c = per.setdefault(d["chan"], {"w": [], "m": [], "p": [], "sp": [], "miss": []})
         for k, v in (("w", w), ("m", m), ("p", p), ("miss", miss)):
             c[k].append(v)
@@ -181,13 +191,11 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     Rsun|, and returns the summary: products with ``z < limit`` ("flagged"), the RMS pull at 1.1
     Rsun of the flagged and of the others, and how many of each miss by more than 3 stated sigma.
     """
-    from validation.blind_chain import RADII
-    from validation.blind_stray import _annulus, fit_stray_model_set
+    from validation.blind_stray import fit_stray_model_set
 
     lines = []
     for seed, chan, d, prior in _kept(directory):
-        r = d["in_r"]
-        ms = fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None)
+        ms = fit_stray_model_set(d["in_r"], d["in_p"], d["in_s"], prior, fallback=None)
         z = ms.residual / ms.profile_sigma
         sgn = np.sign(z)[z != 0]
         n1, n2 = int((sgn > 0).sum()), int((sgn < 0).sum())
@@ -197,12 +205,7 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
         var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1.0))
         zr = (runs - mu) / math.sqrt(var) if var > 0 else math.nan
         ac1 = float(np.corrcoef(z[:-1], z[1:])[0, 1])
-        rho = np.clip(d["rho"], 1.0, 3.0)
-        s_new, g_new = np.interp(rho, ms.radii, ms.values), np.interp(rho, ms.radii, ms.sigmas)
-        pulls = []
-        for r0 in RADII:
-            sel = _annulus(d["rho"], r0)
-            pulls.append(float(np.mean(s_new[sel] - d["stray_inj"][sel])) / float(np.mean(g_new[sel])))
+        pulls = [pull for _, pull, _ in _annulus_pulls(d, ms.radii, ms.values, ms.sigmas)[2]]
         lines.append((int(seed), chan, ms.chi2_red, zr, ac1, pulls))
     lines.sort(key=lambda x: -abs(x[5][0]))
     for seed, chan, chi2, zr, ac1, p in lines:

@@ -47,7 +47,7 @@ import numpy as np
 from astropy.io import fits
 from scipy import ndimage
 
-from pipelines.calibration.l2.centre import _edges, edge_points, fit_circle, fit_disk_centre
+from pipelines.calibration.l2.centre import edge_points, fit_circle, fit_disk_centre
 from pipelines.calibration.masters.limb import fit_solar_limb
 from pipelines.fitsio import read_image
 from pipelines.simulation import simulate
@@ -95,26 +95,21 @@ def _off(img: np.ndarray, radius: float, variant=None) -> float:
 
 def limb_sectors(img: np.ndarray, radius: float, n_sectors: int = 36) -> tuple[np.ndarray, np.ndarray]:
     """Per sector of ``360 / n_sectors`` deg about the frame centre (the true disk centre of a truth
-    image): the mean edge radius minus the median over all rays [px] (``edge_points``' edge, the
-    chain's second pass: half width ``max(3, 0.03 R)``) and the mean brightness 3 px inside the edge."""
+    image): the mean edge radius minus the median over all rays [px] (the chain's own
+    :func:`edge_points` from the true centre, the second pass's half width ``max(3, 0.03 R)``) and
+    the mean brightness 3 px inside each edge point (bilinear)."""
     c = (img.shape[0] - 1) / 2.0
-    n_rays = int(np.clip(2 * math.pi * radius, 180, 4096))
     hw = max(3.0, 0.5 * float(np.clip(0.06 * radius, 6.0, 30.0)))
-    step = max(0.1, hw / 120.0)
-    theta = np.linspace(0.0, 2.0 * math.pi, n_rays, endpoint=False)
-    radii = np.arange(radius - hw, radius + hw + 0.5 * step, step)
-    cs, sn = np.cos(theta)[:, None], np.sin(theta)[:, None]
-    prof = np.zeros((n_rays, radii.size))
-    for t in (-0.5, 0.0, 0.5):  # as edge_points samples
-        prof += ndimage.map_coordinates(img, [(c + sn * radii - cs * t).ravel(), (c + cs * radii + sn * t).ravel()],
-                                        order=1, mode="nearest").reshape(prof.shape)
-    prof /= 3.0
-    r_edge, ok = _edges(prof, np.ones(n_rays, dtype=bool), radii, step, 1.0, False, True, 0.5)
-    inner = np.array([np.interp(e - 3.0, radii, p) for e, p in zip(r_edge, prof)])
-    d = r_edge - np.median(r_edge[ok])
-    sector = (theta // (2.0 * math.pi / n_sectors)).astype(int)
-    dr = np.array([d[ok & (sector == k)].mean() for k in range(n_sectors)])
-    bright = np.array([inner[ok & (sector == k)].mean() for k in range(n_sectors)])
+    xs, ys = edge_points(img, c, c, radius, rising=False, half_width=hw,
+                         n_rays=int(np.clip(2 * math.pi * radius, 180, 4096)), step=max(0.1, hw / 120.0))
+    theta = np.arctan2(ys - c, xs - c) % (2.0 * math.pi)
+    r_edge = np.hypot(xs - c, ys - c)
+    inner = ndimage.map_coordinates(img, [c + (r_edge - 3.0) * np.sin(theta), c + (r_edge - 3.0) * np.cos(theta)],
+                                    order=1, mode="nearest")
+    d = r_edge - np.median(r_edge)
+    sector = np.minimum((theta // (2.0 * math.pi / n_sectors)).astype(int), n_sectors - 1)
+    dr = np.array([d[sector == k].mean() for k in range(n_sectors)])
+    bright = np.array([inner[sector == k].mean() for k in range(n_sectors)])
     return dr, bright
 
 
