@@ -15,10 +15,12 @@ Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
 
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --keep /tmp/stray-keep --seeds 1000-1079
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
-        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 [--window 0.3]
+        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 --structured 1,2,3 [--window 0.3]
 
-``--runs DIR`` (exploration) prints, per kept product, the Wald-Wolfowitz runs test of the fit's
-residuals beside its pulls (:func:`residual_runs`).
+``--runs DIR`` prints, per kept product, the Wald-Wolfowitz runs test of the fit's residuals
+beside its pulls (:func:`residual_runs`); the chain calls a fit with a runs statistic below
+:data:`validation.blind_stray.STRAY_RUNS_Z_LIMIT` structured and states its corona term
+``--structured`` times larger (:data:`validation.blind_stray.STRAY_STRUCTURED_CORONA_FACTOR`).
 
 ``--rescore`` prints one line per candidate and a ``RESULT`` line for the module's constants: ``tw_C`` the
 pooled pull width of the products (:func:`validation.blind_chain.pooled_pull_width`), ``sw`` the
@@ -102,13 +104,13 @@ def load(directory: Path) -> list[dict]:
         def one(scale=0.0, corona=0.0, floor=0.0):
             import validation.blind_stray as bs
 
-            old = bs.STRAY_SIGMA_FLOOR
-            bs.STRAY_SIGMA_FLOOR = floor
+            old = bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR
+            bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR = floor, 1.0  # the terms unweighted
             try:
                 return fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None, sigma_scale=scale,
                                            corona_fraction=corona)
             finally:
-                bs.STRAY_SIGMA_FLOOR = old
+                bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR = old
 
         base = one()
         if np.isfinite(fb).all() and base.refused:
@@ -118,7 +120,7 @@ def load(directory: Path) -> list[dict]:
         def extra(ms):
             return np.sqrt(np.maximum(ms.sigmas ** 2 - base.sigmas ** 2, 0.0))
 
-        d["seed"], d["chan"] = int(seed), chan
+        d["seed"], d["chan"], d["runs_z"] = int(seed), chan, base.runs_z
         d["terms"] = (base.radii, base.values, base.sigmas, extra(one(scale=1.0)), extra(one(corona=1.0)),
                       extra(one(floor=1.0)))
         rows.append(d)
@@ -143,17 +145,27 @@ def _annulus_pulls(d: dict, grid: np.ndarray, est: np.ndarray, sig: np.ndarray):
     return s_new, g_new, annuli
 
 
-def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float], slope: float | None = None) -> dict:
+def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float], slope: float | None = None,
+            structured: float | None = None) -> dict:
     """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged);
     ``slope``: the corona term weighted by ``(r / 1.5 Rsun) ** -slope`` (tried, not adopted: the
-    module's corona term has no weight; None or 0: none)."""
+    module's corona term has no weight; None or 0: none); ``structured``: the factor on the corona
+    term of a fit whose residuals are structured (runs statistic below
+    :data:`validation.blind_stray.STRAY_RUNS_Z_LIMIT`; None: the module's
+    :data:`validation.blind_stray.STRAY_STRUCTURED_CORONA_FACTOR`)."""
     from validation.blind_chain import RADII, frame_pull_stats, pooled_pull_width
+    from validation.blind_stray import STRAY_RUNS_Z_LIMIT, STRAY_STRUCTURED_CORONA_FACTOR
+
+    if structured is None:
+        structured = STRAY_STRUCTURED_CORONA_FACTOR
 
     per: dict[str, dict[str, list]] = {}
     for d in rows:
         grid, est, fit, spread, cor, stray = d["terms"]
         if slope:  # a radial weight on the corona term (exploration)
             cor = cor * (grid / 1.5) ** (-slope)
+        if d["runs_z"] < STRAY_RUNS_Z_LIMIT:
+            cor = cor * structured
         sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2)
         s_new, g_new, annuli = _annulus_pulls(d, grid, est, sig_g)
         data = d["data"] - (s_new - d["s_est"])
@@ -179,7 +191,7 @@ def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, floa
 
 def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     """Whether the adopted fit's residuals are structured, against the pulls at the four radii
-    (exploration, 2026-12-06; nothing of the chain uses it yet).
+    (the chain's own test since 2026-12-06: :func:`validation.blind_stray.residual_runs_z`).
 
     Per kept product: the model set re-fitted with the module's constants (no fallback), the
     Wald-Wolfowitz runs test (Wald & Wolfowitz 1940, Ann. Math. Stat. 11, 147) on the signs of its
@@ -191,19 +203,13 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     Rsun|, and returns the summary: products with ``z < limit`` ("flagged"), the RMS pull at 1.1
     Rsun of the flagged and of the others, and how many of each miss by more than 3 stated sigma.
     """
-    from validation.blind_stray import fit_stray_model_set
+    from validation.blind_stray import fit_stray_model_set, residual_runs_z
 
     lines = []
     for seed, chan, d, prior in _kept(directory):
         ms = fit_stray_model_set(d["in_r"], d["in_p"], d["in_s"], prior, fallback=None)
         z = ms.residual / ms.profile_sigma
-        sgn = np.sign(z)[z != 0]
-        n1, n2 = int((sgn > 0).sum()), int((sgn < 0).sum())
-        n = n1 + n2
-        runs = 1 + int(np.count_nonzero(np.diff(sgn)))
-        mu = 2.0 * n1 * n2 / n + 1.0
-        var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1.0))
-        zr = (runs - mu) / math.sqrt(var) if var > 0 else math.nan
+        zr = residual_runs_z(ms.residual, ms.profile_sigma)
         ac1 = float(np.corrcoef(z[:-1], z[1:])[0, 1])
         pulls = [pull for _, pull, _ in _annulus_pulls(d, ms.radii, ms.values, ms.sigmas)[2]]
         lines.append((int(seed), chan, ms.chi2_red, zr, ac1, pulls))
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corona", default="", help="STRAY_CORONA_FRACTION candidates")
     ap.add_argument("--corona-uv", default="", help="a fraction of SCI-UV's own (tried; default: --corona's)")
     ap.add_argument("--slope", default="", help="exponents of a radial weight (r / 1.5)^-slope on the corona term (tried)")
+    ap.add_argument("--structured", default="",
+                    help="STRAY_STRUCTURED_CORONA_FACTOR candidates (the corona term of a structured fit)")
     ap.add_argument("--runs", type=Path, help="the runs test of the kept products' fit residuals (exploration)")
     ap.add_argument("--window", type=float, default=None,
                     help="STRAY_SPREAD_WINDOW [Rsun] for the re-fit of the kept profiles (one value)")
@@ -255,20 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     rows = load(args.rescore)
     seeds = sorted({d["seed"] for d in rows})
     half = seeds[len(seeds) // 2] if seeds else 0
-    now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None, 0.0)
+    now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None, 0.0,
+           bs.STRAY_STRUCTURED_CORONA_FACTOR)
 
     def vals(text, default):
         return [float(x) for x in text.split(",")] if text else [default]
 
     for cand in itertools.product(vals(args.scale, now[0]), vals(args.floor, now[1]),
-                                  vals(args.corona, now[2]), vals(args.corona_uv, None), vals(args.slope, now[4])):
-        a, fl, cw, cu, sl = cand
+                                  vals(args.corona, now[2]), vals(args.corona_uv, None), vals(args.slope, now[4]),
+                                  vals(args.structured, now[5])):
+        a, fl, cw, cu, sl, st = cand
         cu = cw if cu is None else cu
         cor = {"SCI-UV": cu, "SCI-WL": cw}
-        parts = [rescore(rows, a, fl, cor, sl), rescore([d for d in rows if d["seed"] < half], a, fl, cor, sl),
-                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor, sl)]
+        parts = [rescore(rows, a, fl, cor, sl, st),
+                 rescore([d for d in rows if d["seed"] < half], a, fl, cor, sl, st),
+                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor, sl, st)]
         tag = "RESULT" if cand == now and bs.STRAY_SPREAD_WINDOW == window_now else "candidate"
-        print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} slope={sl:g} "
+        print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} slope={sl:g} structured={st:g} "
               f"window={bs.STRAY_SPREAD_WINDOW:g} seeds={seeds[0]}-{seeds[-1]} "
               f"{_line(parts[0])} | first half {_line(parts[1])} | second half {_line(parts[2])}", flush=True)
     return 0

@@ -719,6 +719,8 @@ def run(size: int, noise: bool, seed: int, *, sdi_radiometry: str = "campaign", 
           of these over the seeds: ``sqrt(mean(stray_pull_C**2))``); ``stray_chi2_C`` the adopted
           fit's reduced chi-square; ``stray_refused_C`` 1 if the fit was refused (the default law
           used), ``stray_flagged_C`` 1 if the L2 carries QUALITY bit 4 and ``STRYFAIL``;
+          ``stray_runs_z_C`` the runs statistic of the fit's residuals (``STRYRUNZ`` of the L2) and
+          ``stray_structured_C`` 1 if the L2 says ``STRYSTRC = T`` (residuals structured, the 1-sigma widened);
           ``stray_level_sigma_C`` the median share of the stated 1-sigma in the scored brightness;
         * controls: ``centre_err_px_header_C`` (fit off: the header trusted), ``saa_flag_C``;
         * ``seconds``.
@@ -1179,6 +1181,8 @@ def _score_l2(l2, frame, chan: str, truth: np.ndarray, sest, out: dict[str, floa
         out[f"stray_refused_{chan}"] = float(ms.refused) if ms is not None else float("nan")
         out[f"stray_chi2_{chan}"] = ms.chi2_red if ms is not None else sest.chi2_red
         out[f"stray_flagged_{chan}"] = float(int(l2.header.get("QUALITY", 0)) & 4 != 0 and "STRYFAIL" in l2.header)
+        out[f"stray_runs_z_{chan}"] = float(l2.header.get("STRYRUNZ", float("nan")))  # as the product says
+        out[f"stray_structured_{chan}"] = float(l2.header.get("STRYSTRC", False) is True)
         # diagnostic: the level with the stray-light error put back (what of level_C is the stray estimate's)
         fixed = SimpleNamespace(data=l2.data + (s_est - stray_inj), dq=l2.dq)
         out[f"level_stray_corrected_{chan}"] = _level(fixed, tr)

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from validation import blind_chain as bc
+from validation.blind_stray import STRAY_RUNS_Z_LIMIT
 
 SIZE = 256
 
@@ -128,6 +129,9 @@ def test_stray_light_is_scored_for_sci_only(chain):
         assert all(np.isfinite(chain[f"stray_pull_{c}_r{r:g}"]) and chain[f"stray_sigma_pct_{c}_r{r:g}"] > 0
                    for r in bc.RADII)
         assert chain[f"stray_refused_{c}"] in (0.0, 1.0) and chain[f"stray_flagged_{c}"] == chain[f"stray_refused_{c}"]
+        # the runs statistic of the master's fit reaches the product as STRYSTRC
+        assert np.isfinite(chain[f"stray_runs_z_{c}"])
+        assert chain[f"stray_structured_{c}"] == float(chain[f"stray_runs_z_{c}"] < STRAY_RUNS_Z_LIMIT)
         assert chain[f"stray_chi2_{c}"] > 0
     assert not any(k.startswith("stray_pct_SDI") or k.startswith("stray_pct_WST") for k in chain)
 

@@ -144,3 +144,64 @@ def test_the_stray_sigma_is_in_uncert_and_a_refused_fit_flags_the_product(sci_fr
     assert frame_quality(w.header) & FrameQuality.STRAY_LIGHT_REFUSED and w.header["QUALITY"] & 4
     assert w.header["STRYFAIL"].startswith("stray fit chi2 42") and w.header["STRYCHI2"] == 42.0
     assert not frame_quality(wo.header) & FrameQuality.STRAY_LIGHT_REFUSED and "STRYFAIL" not in wo.header
+
+
+def test_the_runs_statistic_tells_structured_residuals_from_noise():
+    """Independent signs give runs near their expectation (z of order 1); a smooth misfit gives
+    long runs of one sign (z far below the limit)."""
+    from validation.blind_stray import STRAY_RUNS_Z_LIMIT, residual_runs_z
+
+    rng = np.random.default_rng(3)
+    zs = [residual_runs_z(rng.normal(size=140), np.ones(140)) for _ in range(400)]
+    assert abs(float(np.mean(zs))) < 0.2 and 0.8 < float(np.std(zs)) < 1.2
+    assert np.mean(np.array(zs) < STRAY_RUNS_Z_LIMIT) < 0.01
+    smooth = np.sin(np.linspace(0, 3 * np.pi, 140)) + 0.3 * rng.normal(size=140)
+    assert residual_runs_z(smooth, np.ones(140)) < -6
+    assert np.isnan(residual_runs_z(np.ones(20), np.ones(20)))  # one sign only: no statistic
+
+
+def test_a_coronal_bump_the_prior_lacks_is_called_structured_and_its_sigma_widened(monkeypatch):
+    """A coronal bump near 1.4 Rsun (a streamer's base; no model of the set has one) leaves
+    structured residuals: the fit is kept (not refused), marked structured, and with a factor on
+    the corona term its stated 1-sigma grows while the estimate stays; a described profile is not
+    marked."""
+    import validation.blind_stray as bs
+
+    rng = np.random.default_rng(7)
+    prof, sig, _ = _profile(rng)
+    plain = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona)
+    assert not plain.structured and plain.runs_z > bs.STRAY_RUNS_Z_LIMIT
+    bump = prof + 0.1 * lyman_alpha_corona(RADII) * np.exp(-0.5 * ((RADII - 1.4) / 0.08) ** 2)
+    monkeypatch.setattr(bs, "STRAY_STRUCTURED_CORONA_FACTOR", 1.0)
+    one = fit_stray_model_set(RADII, bump, sig, lyman_alpha_corona)
+    assert one.structured and one.runs_z < bs.STRAY_RUNS_Z_LIMIT and not one.refused
+    monkeypatch.setattr(bs, "STRAY_STRUCTURED_CORONA_FACTOR", 3.0)
+    wide = fit_stray_model_set(RADII, bump, sig, lyman_alpha_corona)
+    np.testing.assert_array_equal(wide.stray(RADII), one.stray(RADII))
+    assert np.all(wide.sigma(RADII) >= one.sigma(RADII)) and np.any(wide.sigma(RADII) > 1.5 * one.sigma(RADII))
+    monkeypatch.setattr(bs, "STRAY_STRUCTURED_CORONA_FACTOR", 1.0)
+    np.testing.assert_array_equal(fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona).sigma(RADII),
+                                  plain.sigma(RADII))
+
+
+def test_the_runs_statistic_goes_from_the_master_to_the_product(sci_frame):
+    base, raw, cals = sci_frame
+    radii = np.round(np.arange(1.0, 3.0001, 0.005), 4)
+    law = stray_light_model("SCI-UV")
+    meas = StrayLightMeasurement(map=np.zeros((128, 128), np.float32), radii=radii, profile=law.brightness(radii),
+                                 power_law=law, n_frames=8, radial=True, method="test", sigma=np.full(401, 1e-5),
+                                 chi2_red=3.0, residual=(radii[:10], np.zeros(10), np.ones(10)),
+                                 fit_model="PL x bend1, corona tilt0", runs_z=-5.25, structured=True)
+    path = base / "structured.fits"
+    write_fits_atomic(stray_light_map_hdul(meas, "SCI-UV", 9, "2024-01-01T00:00:00"), path)
+    with fits.open(path) as h:
+        assert h[0].header["STRYRUNZ"] == -5.25 and h[0].header["STRYSTRC"] is True
+    cal = load_calibration_master(path)
+    cal.id = 98
+    c = dict(cals)
+    c["stray_light"] = cal
+    out = calibrate_frame(raw.data, raw.header, c,
+                          CalibrationOptions(rotate_north_up=False, fit_centre=False, stray_light_source="profile"))
+    assert out.header["STRYRUNZ"] == -5.25 and out.header["STRYSTRC"] is True
+    # structured is stated, not refused: no frame flag
+    assert not frame_quality(out.header) & FrameQuality.STRAY_LIGHT_REFUSED

@@ -749,6 +749,10 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
             h["STRYUN25"] = (float(sig_prof.brightness(2.5)), "[MSB] stray-light 1-sigma at 2.5 Rsun")
         if "STRYCHI2" in stray_cal.parameters:
             h["STRYCHI2"] = (float(stray_cal.parameters["STRYCHI2"]), "reduced chi2 of the stray-light fit")
+        if "STRYRUNZ" in stray_cal.parameters:
+            h["STRYRUNZ"] = (float(stray_cal.parameters["STRYRUNZ"]), "runs statistic of the stray fit residuals")
+            h["STRYSTRC"] = (bool(stray_cal.parameters.get("STRYSTRC", False)),
+                             "stray fit residuals structured: 1-sigma widened")
         if bool(stray_cal.parameters.get("STRYREFU", False)):  # never silently: the product says so
             why = str(stray_cal.parameters.get("STRYWHY", "") or "stray-light fit refused")
             flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")

@@ -97,6 +97,11 @@ class StrayLightMeasurement:
         The adopted model in words (``STRYMODL``).
     refused : str
         Why the fit was refused ('' if it was not; ``STRYREFU``/``STRYWHY``).
+    runs_z : float, optional
+        Wald-Wolfowitz runs statistic of the fit's residual signs (``STRYRUNZ``; strongly negative:
+        the residuals are structured, the profile has a shape the models lack).
+    structured : bool
+        The fit's residuals were called structured and its stated 1-sigma widened (``STRYSTRC``).
     """
 
     map: np.ndarray
@@ -112,6 +117,8 @@ class StrayLightMeasurement:
     residual: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     fit_model: str = ""
     refused: str = ""
+    runs_z: float | None = None
+    structured: bool = False
 
 
 def radial_profile(image: np.ndarray, r: np.ndarray, edges: np.ndarray, *, statistic: str = "median",
@@ -275,7 +282,9 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         records its fit: ``STRYCHI2`` (reduced chi-square of the adopted fit on the profile's
         own 1-sigma), ``STRYMODL`` (the adopted model), ``STRYREFU`` (True: the fit was refused
         and the law is the fallback; the flow then sets the product's ``QUALITY`` bit 4 and
-        ``STRYFAIL``), ``STRYWHY`` (why), and extension ``RESIDUAL`` (the residual profile:
+        ``STRYFAIL``), ``STRYWHY`` (why), ``STRYRUNZ`` (the runs statistic of the residual signs),
+        ``STRYSTRC`` (True: the residuals are structured and the stated 1-sigma was widened), and
+        extension ``RESIDUAL`` (the residual profile:
         ``R`` [Rsun], ``RESID`` = profile minus model [MSB], ``SIGMA`` the profile's 1-sigma [MSB]).
         Write it with :func:`pipelines.fitsio.write_fits_atomic`; ingest registers it.
     """
@@ -305,6 +314,9 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         h["STRYCHI2"] = (float(measurement.chi2_red), "reduced chi2 of the stray-light fit")
         h["STRYMODL"] = (measurement.fit_model[:40], "adopted stray-light model")
         h["STRYREFU"] = (bool(measurement.refused), "fit refused: the law is the fallback")
+        if measurement.runs_z is not None and np.isfinite(measurement.runs_z):
+            h["STRYRUNZ"] = (round(float(measurement.runs_z), 3), "runs statistic of the fit residuals")
+            h["STRYSTRC"] = (bool(measurement.structured), "residuals structured: 1-sigma widened")
         if measurement.refused:
             h["STRYWHY"] = (" ".join(measurement.refused.split())[:45], "why the fit was refused")
     for note in measurement.notes:
