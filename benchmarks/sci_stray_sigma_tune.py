@@ -15,7 +15,8 @@ Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
 
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --keep /tmp/stray-keep --seeds 1000-1079
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
-        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 --structured 1,2,3 [--window 0.3]
+        --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 \\
+        --structured 1,2,3 [--window 0.3]
 
 ``--runs DIR`` prints, per kept product, the Wald-Wolfowitz runs test of the fit's residuals
 beside its pulls (:func:`residual_runs`); the chain calls a fit with a runs statistic below
@@ -203,13 +204,13 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     Rsun|, and returns the summary: products with ``z < limit`` ("flagged"), the RMS pull at 1.1
     Rsun of the flagged and of the others, and how many of each miss by more than 3 stated sigma.
     """
-    from validation.blind_stray import fit_stray_model_set, residual_runs_z
+    from validation.blind_stray import fit_stray_model_set
 
     lines = []
     for seed, chan, d, prior in _kept(directory):
         ms = fit_stray_model_set(d["in_r"], d["in_p"], d["in_s"], prior, fallback=None)
         z = ms.residual / ms.profile_sigma
-        zr = residual_runs_z(ms.residual, ms.profile_sigma)
+        zr = ms.runs_z  # residual_runs_z along radius, as the chain decides
         ac1 = float(np.corrcoef(z[:-1], z[1:])[0, 1])
         pulls = [pull for _, pull, _ in _annulus_pulls(d, ms.radii, ms.values, ms.sigmas)[2]]
         lines.append((int(seed), chan, ms.chi2_red, zr, ac1, pulls))

@@ -158,6 +158,13 @@ def test_the_runs_statistic_tells_structured_residuals_from_noise():
     smooth = np.sin(np.linspace(0, 3 * np.pi, 140)) + 0.3 * rng.normal(size=140)
     assert residual_runs_z(smooth, np.ones(140)) < -6
     assert np.isnan(residual_runs_z(np.ones(20), np.ones(20)))  # one sign only: no statistic
+    # exact small cases (Wald & Wolfowitz: n1 = n2 = 10, mean 11 runs, variance 4.7368): 2 runs
+    # and 20 runs; zero and non-finite residuals are dropped, not counted as a sign
+    blocks = np.r_[np.ones(10), -np.ones(10)]
+    assert residual_runs_z(blocks, np.ones(20)) == pytest.approx(-4.1352, abs=1e-4)
+    assert residual_runs_z(np.tile([1.0, -1.0], 10), np.ones(20)) == pytest.approx(4.1352, abs=1e-4)
+    padded = np.r_[blocks[:10], 0.0, np.nan, blocks[10:]]
+    assert residual_runs_z(padded, np.ones(22)) == pytest.approx(-4.1352, abs=1e-4)
 
 
 def test_a_coronal_bump_the_prior_lacks_is_called_structured_and_its_sigma_widened(monkeypatch):

@@ -315,7 +315,7 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         h["STRYMODL"] = (measurement.fit_model[:40], "adopted stray-light model")
         h["STRYREFU"] = (bool(measurement.refused), "fit refused: the law is the fallback")
         if measurement.runs_z is not None and np.isfinite(measurement.runs_z):
-            h["STRYRUNZ"] = (round(float(measurement.runs_z), 3), "runs statistic of the fit residuals")
+            h["STRYRUNZ"] = (float(measurement.runs_z), "runs statistic of the fit residuals")
             h["STRYSTRC"] = (bool(measurement.structured), "residuals structured: 1-sigma widened")
         if measurement.refused:
             h["STRYWHY"] = (" ".join(measurement.refused.split())[:45], "why the fit was refused")
