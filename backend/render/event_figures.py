@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import plotly.graph_objects as go
@@ -147,7 +148,11 @@ def event_curves_figure(curves) -> go.Figure:
     # each), the legend (rows of two entries at 800 px) at the bottom of the figure
     notes = list(getattr(c, "notes", []) or [])
     note_px = 16
-    below = legend_margin(len(fig.data), per_row=2) + note_px * len(notes)
+    # a horizontal legend stacks the entries of one legendgroup (the LST ROI and disk curves):
+    # it is at least as many rows as the largest group, however wide the page (a browser audit
+    # found a note over the LST legend's second row when only the two LST curves were drawn)
+    stacked = max(Counter(t.legendgroup for t in fig.data if t.legendgroup).values(), default=1)
+    below = max(legend_margin(len(fig.data), per_row=2), legend_margin(stacked, per_row=1)) + note_px * len(notes)
     for i, note in enumerate(notes):  # annotations take no container reference: from the plot's bottom down
         fig.add_annotation(text=note, showarrow=False, xref="paper", yref="paper", x=0.0, y=0.0,
                            yshift=-(AXIS_BELOW_PX + note_px * i), xanchor="left", yanchor="top",
