@@ -190,7 +190,7 @@ def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, floa
     return out
 
 
-def residual_runs(directory: Path, limit: float = -3.0) -> dict:
+def residual_runs(directory: Path, limit: float | None = None) -> dict:
     """Whether the adopted fit's residuals are structured, against the pulls at the four radii
     (the chain's own test since 2026-12-06: :func:`validation.blind_stray.residual_runs_z`).
 
@@ -201,11 +201,13 @@ def residual_runs(directory: Path, limit: float = -3.0) -> dict:
     lag-1 autocorrelation of those normalised residuals, the reduced chi-square, and the stray
     light's pull at 1.1/1.5/2.0/2.5 Rsun (estimate minus injected, over the stated 1-sigma, each
     annulus' mean as the chain scores them). Prints a line per product, sorted by |pull at 1.1
-    Rsun|, and returns the summary: products with ``z < limit`` ("flagged"), the RMS pull at 1.1
+    Rsun|, and returns the summary: products with ``z < limit`` ("flagged"; default the chain's
+    :data:`validation.blind_stray.STRAY_RUNS_Z_LIMIT`), the RMS pull at 1.1
     Rsun of the flagged and of the others, and how many of each miss by more than 3 stated sigma.
     """
-    from validation.blind_stray import fit_stray_model_set
+    from validation.blind_stray import STRAY_RUNS_Z_LIMIT, fit_stray_model_set
 
+    limit = STRAY_RUNS_Z_LIMIT if limit is None else limit
     lines = []
     for seed, chan, d, prior in _kept(directory):
         ms = fit_stray_model_set(d["in_r"], d["in_p"], d["in_s"], prior, fallback=None)
