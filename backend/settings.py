@@ -164,6 +164,19 @@ class Settings(BaseSettings):
         long of opening (or of the previous answer, on a kept-alive connection) is answered
         408 and closed [s]. Default 10, a choice: far above what a client on a slow link
         needs, short enough that idle half-open connections (slowloris) do not pile up.
+    ``LEAN_EVENTS_THREADS``
+        Event searches (``GET /api/v1/events`` and its detail, the lean path,
+        :mod:`backend.api.lean_events`) that one API process runs against the database at
+        once; more wait in a first-come queue, bounded by ``API_DEADLINE_S``. Default: the
+        host's CPU count plus one, at most the API's 15 pooled connections
+        (:data:`backend.db.API_POOL`). Measured on this project's 2-core machine with the
+        database beside the API (``benchmarks/events_api_load.py``, 16 clients, 1M events,
+        2026-12-07): 3 answers with the throughput of 15 (741-814 against 711-792 requests/s)
+        and a p99 of 30-37 ms against 50-57 ms: running more statements at once than there
+        are cores only time-slices them, so every request waits on all the others. With
+        the database on its own host, its cores plus one is the starting point (PostgreSQL
+        wiki, "Number Of Database Connections": about twice its cores); a queue this short
+        lets a few slow searches (up to ``API_STATEMENT_TIMEOUT_S`` each) hold the others.
     ``BROKER_SOCKET_TIMEOUT_S``
         Redis (broker and result backend): connect and socket timeouts of the workers [s].
         Default 10, a choice: longer than kombu's 1 s ``BRPOP`` wait (the solo pool of the
@@ -257,6 +270,8 @@ class Settings(BaseSettings):
     idempotency_ttl_s: float = Field(default=86_400.0, gt=0, le=30 * 86_400,
                                      validation_alias=_alias("IDEMPOTENCY_TTL_S"))
     header_timeout_s: float = Field(default=10.0, gt=0, le=3600, validation_alias=_alias("HEADER_TIMEOUT_S"))
+    lean_events_threads: int | None = Field(default=None, ge=1, le=1000,
+                                            validation_alias=_alias("LEAN_EVENTS_THREADS"))
     broker_socket_timeout_s: float = Field(default=10.0, gt=0, le=3600,
                                            validation_alias=_alias("BROKER_SOCKET_TIMEOUT_S"))
     quota_concurrent_jobs: int = Field(default=4, ge=0, le=10_000, validation_alias=_alias("QUOTA_CONCURRENT_JOBS"))

@@ -52,7 +52,7 @@ from starlette.requests import Request
 from backend.auth import SESSION_COOKIE
 from backend.services.event_filters import MAX_HPC_ARCSEC, MAX_ID
 
-__all__ = ["install", "SEARCH_PARAMS", "declared_query_params", "LeanStats", "STATS"]
+__all__ = ["install", "SEARCH_PARAMS", "declared_query_params", "LeanStats", "STATS", "lean_threads"]
 
 SEARCH_PATH = "/api/v1/events"
 DETAIL_PATH = "/api/v1/events/{event_id}"
@@ -633,21 +633,32 @@ def _deadline(scope):
     return scope.get("state", {}).get("deadline")
 
 
-#: Threads of the lean path's blocking work: as many as the API's pooled connections
-#: (:data:`backend.db.API_POOL`), since each holds one; more requests wait in the queue, not in
-#: threads (until their deadline answers them).
+#: Threads of the lean path's blocking work (:func:`lean_threads`), each holding one pooled
+#: connection while it runs; more requests wait in the queue, not in threads (until their
+#: deadline answers them).
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
+
+
+def lean_threads() -> int:
+    """How many lean-path requests run against the database at once: ``LEAN_EVENTS_THREADS``,
+    by default the host's CPU count plus one, never more than the API's pooled connections
+    (:data:`backend.db.API_POOL`). Why (measured): :class:`backend.settings.Settings`."""
+    from backend.db import API_POOL
+    from backend.settings import get_settings
+
+    n = get_settings().lean_events_threads
+    if n is None:
+        n = (os.cpu_count() or 1) + 1
+    return max(1, min(int(n), sum(API_POOL)))
 
 
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _EXECUTOR
     if _EXECUTOR is None:
-        from backend.db import API_POOL
-
         with _EXECUTOR_LOCK:
             if _EXECUTOR is None:
-                _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=sum(API_POOL),
+                _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=lean_threads(),
                                                                   thread_name_prefix="lean-events")
     return _EXECUTOR
 
