@@ -165,18 +165,23 @@ class Settings(BaseSettings):
         408 and closed [s]. Default 10, a choice: far above what a client on a slow link
         needs, short enough that idle half-open connections (slowloris) do not pile up.
     ``LEAN_EVENTS_THREADS``
-        Event searches (``GET /api/v1/events`` and its detail, the lean path,
-        :mod:`backend.api.lean_events`) that one API process runs against the database at
-        once; more wait in a first-come queue, bounded by ``API_DEADLINE_S``. Default: the
-        host's CPU count plus one, at most the API's 15 pooled connections
-        (:data:`backend.db.API_POOL`). Measured on this project's 2-core machine with the
-        database beside the API (``benchmarks/events_api_load.py``, 16 clients, 1M events,
-        2026-12-07): 3 answers with the throughput of 15 (741-814 against 711-792 requests/s)
-        and a p99 of 30-37 ms against 50-57 ms: running more statements at once than there
-        are cores only time-slices them, so every request waits on all the others. With
-        the database on its own host, its cores plus one is the starting point (PostgreSQL
-        wiki, "Number Of Database Connections": about twice its cores); a queue this short
-        lets a few slow searches (up to ``API_STATEMENT_TIMEOUT_S`` each) hold the others.
+        Event searches and event details (``GET /api/v1/events`` and ``/api/v1/events/{id}``,
+        the lean path, :mod:`backend.api.lean_events`) that one API process runs against the
+        database at once; the others wait first come, first served, holding no database
+        connection, until their turn or their ``API_DEADLINE_S`` 503. Default: the machine's
+        CPU count plus one (``os.cpu_count()``, standing for the database's cores, which are
+        the machine's when the database runs beside the API, as in the default deployment),
+        at most the API's 15 pooled connections (:data:`backend.db.API_POOL`). Measured on
+        this project's 2-core machine with the database, the API and the load generator on it
+        (``benchmarks/events_api_load.py``, 16 clients, 1M events, 2026-12-07, 20 s runs):
+        3 at once answer as many requests per second as 15 (697-847 against 720-818, the
+        pairs alternated) with a p99 of 28.4-39.4 ms against 51.0-58.4 ms, since more
+        statements at once than cores only time-slice them (2 at once left the cores idle
+        between statements: 664 requests/s, one 15 s run). With the database on its own host, set it by hand from that host's
+        cores: the PostgreSQL wiki's "Number Of Database Connections" starts from
+        ``(core_count * 2) + effective_spindle_count`` connections for the whole server, all
+        clients together. A short queue also lets a few slow searches (each statement up to
+        ``API_STATEMENT_TIMEOUT_S``) delay the others.
     ``BROKER_SOCKET_TIMEOUT_S``
         Redis (broker and result backend): connect and socket timeouts of the workers [s].
         Default 10, a choice: longer than kombu's 1 s ``BRPOP`` wait (the solo pool of the

@@ -25,6 +25,10 @@ read on a pinged connection if that one was lost (:class:`_Reads`,
 pool (:func:`_in_thread`, about 0.03 ms less than ``anyio.to_thread``); plain UTC times
 (``2024-05-14T16:00:00Z``) are read without the general time parser (:func:`_time`).
 
+At most :func:`lean_threads` requests run against the database at once (``LEAN_EVENTS_THREADS``,
+by default the machine's CPUs plus one): the others wait on :func:`_running` before they take
+a connection (the p99 under load, not the CPU: :class:`backend.settings.Settings` says why).
+
 ``LEAN_EVENTS=0`` in the environment turns the lean path off (every request takes the route's
 own handler).
 """
@@ -40,6 +44,7 @@ import math
 import os
 import re
 import threading
+import weakref
 from itertools import repeat
 from typing import Any
 from urllib.parse import parse_qsl
@@ -633,17 +638,20 @@ def _deadline(scope):
     return scope.get("state", {}).get("deadline")
 
 
-#: Threads of the lean path's blocking work (:func:`lean_threads`), each holding one pooled
-#: connection while it runs; more requests wait in the queue, not in threads (until their
-#: deadline answers them).
+#: Threads of the lean path's blocking work: as many as the API's pooled connections
+#: (:data:`backend.db.API_POOL`), since each holds one; how many lean requests run at once is
+#: :func:`lean_threads` (:func:`_running`).
 _EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 _EXECUTOR_LOCK = threading.Lock()
 
 
 def lean_threads() -> int:
-    """How many lean-path requests run against the database at once: ``LEAN_EVENTS_THREADS``,
-    by default the host's CPU count plus one, never more than the API's pooled connections
-    (:data:`backend.db.API_POOL`). Why (measured): :class:`backend.settings.Settings`."""
+    """How many lean-path requests of one API process run at once: ``LEAN_EVENTS_THREADS``, by
+    default the host's CPU count plus one (``os.cpu_count()``: the machine's CPUs, not this
+    process's affinity or a container's quota, since it stands for the database's cores,
+    which are the machine's when the database runs beside the API, as in the default
+    deployment), never more than the API's pooled connections (:data:`backend.db.API_POOL`).
+    Why (measured): :class:`backend.settings.Settings`."""
     from backend.db import API_POOL
     from backend.settings import get_settings
 
@@ -653,12 +661,32 @@ def lean_threads() -> int:
     return max(1, min(int(n), sum(API_POOL)))
 
 
+#: One :func:`lean_threads` semaphore per event loop (an asyncio semaphore belongs to the loop
+#: that first waits on it; the tests' clients each run their own loop).
+_RUNNING: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+
+
+def _running() -> asyncio.Semaphore:
+    """The semaphore a lean request holds from before it takes a database connection (the
+    signed-in caller's session, or the pooled connection of an anonymous read) until its
+    answer is read: the others wait for it first come, first served, holding no connection
+    (so waiting requests can never hold every connection while the running ones wait for
+    one), until their deadline answers them 503."""
+    loop = asyncio.get_running_loop()
+    sem = _RUNNING.get(loop)
+    if sem is None:
+        sem = _RUNNING[loop] = asyncio.Semaphore(lean_threads())
+    return sem
+
+
 def _executor() -> concurrent.futures.ThreadPoolExecutor:
     global _EXECUTOR
     if _EXECUTOR is None:
+        from backend.db import API_POOL
+
         with _EXECUTOR_LOCK:
             if _EXECUTOR is None:
-                _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=lean_threads(),
+                _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=sum(API_POOL),
                                                                   thread_name_prefix="lean-events")
     return _EXECUTOR
 
@@ -748,13 +776,14 @@ class LeanEventsMiddleware:
             except _Refuse:
                 STATS.route[SEARCH_PATH] += 1
                 return False
-            body = await _in_thread(_search_work, None, params, filters, _deadline(scope))
+            async with _running():
+                body = await _in_thread(_search_work, None, params, filters, _deadline(scope))
             if body is _ANSWERED:  # the deadline's 503 went out meanwhile
                 return True
             STATS.lean[SEARCH_PATH] += 1
             await _send_json(send, body)
             return True
-        async with _SessionScope(scope.get("app")) as session:
+        async with _running(), _SessionScope(scope.get("app")) as session:
             principal = await _principal(scope, session) if _needs_principal(scope) else None
             try:
                 filters = _filters(params, principal)
@@ -774,7 +803,8 @@ class LeanEventsMiddleware:
             return False
         event_id = int(raw)
         if not _needs_principal(scope) and _uses_pool(scope.get("app")):
-            body = await _in_thread(_detail_work, None, event_id, None, _deadline(scope))
+            async with _running():
+                body = await _in_thread(_detail_work, None, event_id, None, _deadline(scope))
             if body is _ANSWERED:  # the deadline's 503 went out meanwhile
                 return True
             STATS.lean[DETAIL_PATH] += 1
@@ -782,7 +812,7 @@ class LeanEventsMiddleware:
                 raise HTTPException(404, detail=f"no event with id {event_id}")
             await _send_json(send, body)
             return True
-        async with _SessionScope(scope.get("app")) as session:
+        async with _running(), _SessionScope(scope.get("app")) as session:
             principal = await _principal(scope, session) if _needs_principal(scope) else None
             body = await _in_thread(_detail_work, session, event_id, principal, _deadline(scope))
             if body is _ANSWERED:  # the deadline's 503 went out meanwhile
