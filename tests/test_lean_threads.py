@@ -33,34 +33,48 @@ def test_default_is_the_cpus_plus_one_within_the_pool(settings_env, monkeypatch)
             Settings()
 
 
-@pytest.fixture(params=["session", "pool"])
+@pytest.fixture(params=["session", "pool", "signed-in"])
 def lean_client(request, settings_env, monkeypatch):
-    """A client of the app on each of the lean path's two ways to the database: ``session``,
-    the request's own session (embedded SQLite, as a signed-in caller's or a test's), and
-    ``pool``, an anonymous read on a pooled PostgreSQL connection taken on the thread."""
+    """``(client, headers)`` of the app on each of the lean path's ways to the database:
+    ``session``, the request's own session (embedded SQLite); ``pool``, an anonymous read on a
+    pooled PostgreSQL connection taken on the thread; ``signed-in``, a bearer token on
+    PostgreSQL: the session's pooled connection, first for the token's lookup."""
     from fastapi.testclient import TestClient
+    from sqlalchemy.orm import Session
 
+    from backend import db as dbmod
     from backend.api.app import create_app
+    from tests.conftest import auth_headers
 
     monkeypatch.setenv("LEAN_EVENTS_THREADS", "2")
-    if request.param == "pool":
-        settings_env(DATABASE_URL=request.getfixturevalue("pg_url"))
-    else:
+    headers = {}
+    if request.param == "session":
         settings_env()
+    else:
+        settings_env(DATABASE_URL=request.getfixturevalue("pg_url"))
+        if request.param == "signed-in":
+            with Session(dbmod.get_engine("api")) as s:
+                headers = auth_headers(s, "lean-threads-tester")
+                s.commit()
     app = create_app()
-    assert lean_events._uses_pool(app) == (request.param == "pool")
+    assert lean_events._uses_pool(app) == (request.param != "session")
     with TestClient(app) as c:
-        yield c
+        yield c, headers
 
 
 def test_at_most_the_set_number_run_at_once_and_the_rest_wait(lean_client, monkeypatch):
     """Eight requests at once (four searches, four details, through the app): the first two
     to run hold their places (both inside at once, then until released half a second later);
-    none of the six others may start before that, and all eight are answered 200."""
+    none of the six others may start before that, none of them holds a pooled connection
+    meanwhile (on PostgreSQL), and all eight are answered 200."""
+    from backend.db import get_engine
+
+    client, headers = lean_client
+    pooled = get_engine("api").dialect.name == "postgresql"
     both_in = threading.Barrier(2, timeout=30)  # passes only when two run at the same time
     release = threading.Event()
     lock = threading.Lock()
-    state = {"running": 0, "most": 0, "started": 0}
+    state = {"running": 0, "most": 0, "started": 0, "checked_out": None}
     early = []
 
     def work(*_args, **_kw):
@@ -80,15 +94,22 @@ def test_at_most_the_set_number_run_at_once_and_the_rest_wait(lean_client, monke
             with lock:
                 state["running"] -= 1
 
+    def open_the_gate():
+        if pooled:  # the two running hold theirs (signed-in: the session's), the six waiting none
+            state["checked_out"] = get_engine("api").pool.checkedout()
+        release.set()
+
     monkeypatch.setattr(lean_events, "_search_work", work)
     monkeypatch.setattr(lean_events, "_detail_work", work)
     paths = ["/api/v1/events?limit=5", "/api/v1/events/7"] * 4
-    timer = threading.Timer(0.5, release.set)
+    timer = threading.Timer(0.5, open_the_gate)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(lean_client.get, p) for p in paths]
+        futures = [pool.submit(client.get, p, headers=headers) for p in paths]
         timer.start()
         answers = [f.result(timeout=60) for f in futures]
     timer.cancel()
     assert [(a.status_code, a.content) for a in answers] == [(200, b'{"stub": true}')] * 8
     assert early == [], f"requests {early} started while two held their places"
     assert state["most"] == 2, state
+    if pooled:
+        assert state["checked_out"] is not None and state["checked_out"] <= 2, state

@@ -638,6 +638,12 @@ def _deadline(scope):
     return scope.get("state", {}).get("deadline")
 
 
+def _answered(scope) -> bool:
+    """Whether the request's deadline has already answered it 503 (nothing it does is seen)."""
+    deadline = _deadline(scope)
+    return deadline is not None and deadline.answered
+
+
 #: Threads of the lean path's blocking work: as many as the API's pooled connections
 #: (:data:`backend.db.API_POOL`), since each holds one; how many lean requests run at once is
 #: :func:`lean_threads` (:func:`_running`).
@@ -777,22 +783,27 @@ class LeanEventsMiddleware:
                 STATS.route[SEARCH_PATH] += 1
                 return False
             async with _running():
+                if _answered(scope):  # the deadline's 503 went out while this waited
+                    return True
                 body = await _in_thread(_search_work, None, params, filters, _deadline(scope))
             if body is _ANSWERED:  # the deadline's 503 went out meanwhile
                 return True
             STATS.lean[SEARCH_PATH] += 1
             await _send_json(send, body)
             return True
-        async with _running(), _SessionScope(scope.get("app")) as session:
-            principal = await _principal(scope, session) if _needs_principal(scope) else None
-            try:
-                filters = _filters(params, principal)
-            except _Refuse:
-                STATS.route[SEARCH_PATH] += 1
-                return False
-            body = await _in_thread(_search_work, session, params, filters, _deadline(scope))
-            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+        async with _running():
+            if _answered(scope):  # before the session's connection and the token's lookup
                 return True
+            async with _SessionScope(scope.get("app")) as session:
+                principal = await _principal(scope, session) if _needs_principal(scope) else None
+                try:
+                    filters = _filters(params, principal)
+                except _Refuse:
+                    STATS.route[SEARCH_PATH] += 1
+                    return False
+                body = await _in_thread(_search_work, session, params, filters, _deadline(scope))
+                if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                    return True
         STATS.lean[SEARCH_PATH] += 1
         await _send_json(send, body)
         return True
@@ -804,6 +815,8 @@ class LeanEventsMiddleware:
         event_id = int(raw)
         if not _needs_principal(scope) and _uses_pool(scope.get("app")):
             async with _running():
+                if _answered(scope):  # the deadline's 503 went out while this waited
+                    return True
                 body = await _in_thread(_detail_work, None, event_id, None, _deadline(scope))
             if body is _ANSWERED:  # the deadline's 503 went out meanwhile
                 return True
@@ -812,14 +825,17 @@ class LeanEventsMiddleware:
                 raise HTTPException(404, detail=f"no event with id {event_id}")
             await _send_json(send, body)
             return True
-        async with _running(), _SessionScope(scope.get("app")) as session:
-            principal = await _principal(scope, session) if _needs_principal(scope) else None
-            body = await _in_thread(_detail_work, session, event_id, principal, _deadline(scope))
-            if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+        async with _running():
+            if _answered(scope):  # before the session's connection and the token's lookup
                 return True
-            STATS.lean[DETAIL_PATH] += 1
-            if body is None:  # as the route's _event_or_404: a private event of another user too
-                raise HTTPException(404, detail=f"no event with id {event_id}")
+            async with _SessionScope(scope.get("app")) as session:
+                principal = await _principal(scope, session) if _needs_principal(scope) else None
+                body = await _in_thread(_detail_work, session, event_id, principal, _deadline(scope))
+                if body is _ANSWERED:  # the deadline's 503 went out meanwhile
+                    return True
+                STATS.lean[DETAIL_PATH] += 1
+                if body is None:  # as the route's _event_or_404: a private event of another user too
+                    raise HTTPException(404, detail=f"no event with id {event_id}")
         await _send_json(send, body)
         return True
 
