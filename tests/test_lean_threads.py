@@ -33,7 +33,8 @@ def test_default_is_the_cpus_plus_one_within_the_pool(settings_env, monkeypatch)
             Settings()
 
 
-@pytest.fixture(params=["session", "pool", "signed-in"])
+@pytest.fixture(params=["session", pytest.param("pool", marks=pytest.mark.postgres),
+                        pytest.param("signed-in", marks=pytest.mark.postgres)])
 def lean_client(request, settings_env, monkeypatch):
     """``(client, headers)`` of the app on each of the lean path's ways to the database:
     ``session``, the request's own session (embedded SQLite); ``pool``, an anonymous read on a
