@@ -726,12 +726,6 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
     adopted model's corona (times :data:`STRAY_STRUCTURED_CORONA_FACTOR` when the fit's residuals
     are structured: :func:`residual_runs_z` below :data:`STRAY_RUNS_Z_LIMIT`) and
     :data:`STRAY_SIGMA_FLOOR` times the estimate.
-    The adopted law, its ``sigma_fit`` and the models' ``spread`` are evaluated on the table's
-    radii inward of the first profile point too (the fitted law extrapolated, down to 1.0 Rsun;
-    the 1.1 Rsun annulus the chain scores lies partly there), the corona prior held at its
-    value there (until 2026-12-07 all were held; on the tuning seeds 1000-1079 the stray pulls'
-    RMS went 1.089 -> 1.059, at 1.1 Rsun 1.236 -> 1.127, the stray gates' misses 6.9 -> 6.3 %:
-    ``benchmarks/sci_stray_sigma_tune.py --rescore``). Outward of the last point all are held.
     A fit with reduced chi-square above ``chi2_limit`` is refused: the law becomes
     ``fallback`` (the channel's default master, LST.md's two on-orbit points) and its 1-sigma
     ``hypot(sigma, |fit - fallback|)``; without a fallback the fit is kept, still marked refused.
@@ -772,8 +766,7 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
     c = np.asarray(corona_prior(r), dtype=np.float64)
     lo, hi = float(r.min()), float(r.max())
     grid = np.round(np.arange(1.0, 3.0001, 0.005), 6)
-    rg = np.clip(grid, lo, hi)  # the corona prior (and the fallback's 1-sigma): held beyond the profile
-    rg_law = np.clip(grid, None, hi)  # the stray law: extrapolated inward of the first point, held outward
+    rg = np.clip(grid, lo, hi)
     fits_ = {m: _fit_set_member(r, p, s, c, *m) for m in STRAY_MODEL_SET}
     chi2 = {m: f[2] for m, f in fits_.items()}
     n = r.size
@@ -784,10 +777,10 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
 
     best = min(STRAY_ESTIMATE_MODELS, key=bic)
     th, cov, chi2_best = fits_[best]
-    est, sig_fit = _set_stray(th, cov, best[0], rg_law)
+    est, sig_fit = _set_stray(th, cov, best[0], rg)
     set_min = min(chi2.values())
     accepted = [m for m in STRAY_MODEL_SET if chi2[m] <= STRAY_SPREAD_CHI2_FACTOR * set_min]
-    dev = np.stack([_set_stray(fits_[m][0], fits_[m][1], m[0], rg_law)[0] - est for m in accepted])
+    dev = np.stack([_set_stray(fits_[m][0], fits_[m][1], m[0], rg)[0] - est for m in accepted])
     spread = np.sqrt(np.mean(dev ** 2, axis=0))
     if STRAY_SPREAD_MODE == "relative":  # the largest fractional spread of the field, everywhere
         spread = float(np.max(spread / est)) * est
