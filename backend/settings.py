@@ -177,11 +177,11 @@ class Settings(BaseSettings):
         3 at once answer as many requests per second as 15 (697-847 against 720-818, the
         pairs alternated) with a p99 of 28.4-39.4 ms against 51.0-58.4 ms, since more
         statements at once than cores only time-slice them (2 at once left the cores idle
-        between statements: 664 requests/s, one 15 s run). With the database on its own host, set it by hand from that host's
-        cores: the PostgreSQL wiki's "Number Of Database Connections" starts from
-        ``(core_count * 2) + effective_spindle_count`` connections for the whole server, all
-        clients together. A short queue also lets a few slow searches (each statement up to
-        ``API_STATEMENT_TIMEOUT_S``) delay the others.
+        between statements: 664 requests/s, one 15 s run). With the database on its own
+        host, set it by hand from that host's cores: the PostgreSQL wiki's "Number Of
+        Database Connections" starts from ``(core_count * 2) + effective_spindle_count``
+        connections for the whole server, all clients together. A short queue also lets a
+        few slow searches (each statement up to ``API_STATEMENT_TIMEOUT_S``) delay the others.
     ``BROKER_SOCKET_TIMEOUT_S``
         Redis (broker and result backend): connect and socket timeouts of the workers [s].
         Default 10, a choice: longer than kombu's 1 s ``BRPOP`` wait (the solo pool of the
