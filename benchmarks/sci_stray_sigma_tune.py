@@ -102,16 +102,17 @@ def load(directory: Path) -> list[dict]:
     for seed, chan, d, prior in _kept(directory):
         r, fb = d["in_r"], d["in_fb_grid"]
 
-        def one(scale=0.0, corona=0.0, floor=0.0):
+        def one(scale=0.0, corona=0.0, floor=0.0, influence=0.0):
             import validation.blind_stray as bs
 
-            old = bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR
-            bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR = floor, 1.0  # the terms unweighted
+            old = bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR, bs.STRAY_STRUCTURE_INFLUENCE
+            # the terms unweighted
+            bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR, bs.STRAY_STRUCTURE_INFLUENCE = floor, 1.0, influence
             try:
                 return fit_stray_model_set(r, d["in_p"], d["in_s"], prior, fallback=None, sigma_scale=scale,
                                            corona_fraction=corona)
             finally:
-                bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR = old
+                bs.STRAY_SIGMA_FLOOR, bs.STRAY_STRUCTURED_CORONA_FACTOR, bs.STRAY_STRUCTURE_INFLUENCE = old
 
         base = one()
         if np.isfinite(fb).all() and base.refused:
@@ -123,7 +124,7 @@ def load(directory: Path) -> list[dict]:
 
         d["seed"], d["chan"], d["runs_z"] = int(seed), chan, base.runs_z
         d["terms"] = (base.radii, base.values, base.sigmas, extra(one(scale=1.0)), extra(one(corona=1.0)),
-                      extra(one(floor=1.0)))
+                      extra(one(floor=1.0)), extra(one(influence=1.0)))
         rows.append(d)
     return rows
 
@@ -147,27 +148,32 @@ def _annulus_pulls(d: dict, grid: np.ndarray, est: np.ndarray, sig: np.ndarray):
 
 
 def rescore(rows: list[dict], scale: float, floor: float, corona: dict[str, float], slope: float | None = None,
-            structured: float | None = None) -> dict:
+            structured: float | None = None, influence: float | None = None) -> dict:
     """The products' pulls with the stated 1-sigma of these constants (the estimate unchanged);
     ``slope``: the corona term weighted by ``(r / 1.5 Rsun) ** -slope`` (tried, not adopted: the
     module's corona term has no weight; None or 0: none); ``structured``: the factor on the corona
     term of a fit whose residuals are structured (runs statistic below
     :data:`validation.blind_stray.STRAY_RUNS_Z_LIMIT`; None: the module's
-    :data:`validation.blind_stray.STRAY_STRUCTURED_CORONA_FACTOR`)."""
+    :data:`validation.blind_stray.STRAY_STRUCTURED_CORONA_FACTOR`); ``influence``: the factor on
+    a structured fit's influence term (:func:`validation.blind_stray.structure_influence`; None:
+    the module's :data:`validation.blind_stray.STRAY_STRUCTURE_INFLUENCE`)."""
     from validation.blind_chain import RADII, frame_pull_stats, pooled_pull_width
-    from validation.blind_stray import STRAY_RUNS_Z_LIMIT, STRAY_STRUCTURED_CORONA_FACTOR
+    from validation.blind_stray import STRAY_RUNS_Z_LIMIT, STRAY_STRUCTURE_INFLUENCE, STRAY_STRUCTURED_CORONA_FACTOR
 
     if structured is None:
         structured = STRAY_STRUCTURED_CORONA_FACTOR
+    if influence is None:
+        influence = STRAY_STRUCTURE_INFLUENCE
 
     per: dict[str, dict[str, list]] = {}
     for d in rows:
-        grid, est, fit, spread, cor, stray = d["terms"]
+        grid, est, fit, spread, cor, stray, infl = d["terms"]
         if slope:  # a radial weight on the corona term (exploration)
             cor = cor * (grid / 1.5) ** (-slope)
         if d["runs_z"] < STRAY_RUNS_Z_LIMIT:
             cor = cor * structured
-        sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2)
+        sig_g = np.sqrt(fit ** 2 + (scale * spread) ** 2 + (corona[d["chan"]] * cor) ** 2 + (floor * stray) ** 2
+                        + (influence * infl) ** 2)
         s_new, g_new, annuli = _annulus_pulls(d, grid, est, sig_g)
         data = d["data"] - (s_new - d["s_est"])
         sig = np.sqrt(np.maximum(d["sig"] ** 2 - d["s_sig"] ** 2 + g_new ** 2, 1e-30))
@@ -248,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slope", default="", help="exponents of a radial weight (r / 1.5)^-slope on the corona term (tried)")
     ap.add_argument("--structured", default="",
                     help="STRAY_STRUCTURED_CORONA_FACTOR candidates (the corona term of a structured fit)")
+    ap.add_argument("--influence", default="",
+                    help="STRAY_STRUCTURE_INFLUENCE candidates (a structured fit's leave-the-structure-out term)")
     ap.add_argument("--runs", type=Path, help="the runs test of the kept products' fit residuals (exploration)")
     ap.add_argument("--window", type=float, default=None,
                     help="STRAY_SPREAD_WINDOW [Rsun] for the re-fit of the kept profiles (one value)")
@@ -267,22 +275,23 @@ def main(argv: list[str] | None = None) -> int:
     seeds = sorted({d["seed"] for d in rows})
     half = seeds[len(seeds) // 2] if seeds else 0
     now = (bs.STRAY_SIGMA_SCALE, bs.STRAY_SIGMA_FLOOR, bs.STRAY_CORONA_FRACTION, None, 0.0,
-           bs.STRAY_STRUCTURED_CORONA_FACTOR)
+           bs.STRAY_STRUCTURED_CORONA_FACTOR, bs.STRAY_STRUCTURE_INFLUENCE)
 
     def vals(text, default):
         return [float(x) for x in text.split(",")] if text else [default]
 
     for cand in itertools.product(vals(args.scale, now[0]), vals(args.floor, now[1]),
                                   vals(args.corona, now[2]), vals(args.corona_uv, None), vals(args.slope, now[4]),
-                                  vals(args.structured, now[5])):
-        a, fl, cw, cu, sl, st = cand
+                                  vals(args.structured, now[5]), vals(args.influence, now[6])):
+        a, fl, cw, cu, sl, st, inf = cand
         cu = cw if cu is None else cu
         cor = {"SCI-UV": cu, "SCI-WL": cw}
-        parts = [rescore(rows, a, fl, cor, sl, st),
-                 rescore([d for d in rows if d["seed"] < half], a, fl, cor, sl, st),
-                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor, sl, st)]
+        parts = [rescore(rows, a, fl, cor, sl, st, inf),
+                 rescore([d for d in rows if d["seed"] < half], a, fl, cor, sl, st, inf),
+                 rescore([d for d in rows if d["seed"] >= half], a, fl, cor, sl, st, inf)]
         tag = "RESULT" if cand == now and bs.STRAY_SPREAD_WINDOW == window_now else "candidate"
         print(f"{tag} scale={a:g} floor={fl:g} corona={cw:g} corona_uv={cu:g} slope={sl:g} structured={st:g} "
+              f"influence={inf:g} "
               f"window={bs.STRAY_SPREAD_WINDOW:g} seeds={seeds[0]}-{seeds[-1]} "
               f"{_line(parts[0])} | first half {_line(parts[1])} | second half {_line(parts[2])}", flush=True)
     return 0
