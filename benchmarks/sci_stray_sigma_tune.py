@@ -1,8 +1,10 @@
 """Tune the SCI stray light's stated 1-sigma on the tuning seeds by re-scoring the chain's products.
 
 The stated 1-sigma of the blind chain's stray light (:func:`validation.blind_stray.fit_stray_model_set`)
-is a quadrature sum of four terms: the fit's covariance, ``STRAY_SIGMA_SCALE`` x the model set's
-spread, ``STRAY_CORONA_FRACTION`` x the fitted corona and ``STRAY_SIGMA_FLOOR`` x the stray light.
+is a quadrature sum of five terms: the fit's covariance, ``STRAY_SIGMA_SCALE`` x the model set's
+spread, ``STRAY_CORONA_FRACTION`` x the fitted corona, ``STRAY_SIGMA_FLOOR`` x the stray light and,
+for a fit with structured residuals, ``STRAY_STRUCTURE_INFLUENCE`` x the structure's influence
+(:func:`validation.blind_stray.structure_influence`).
 The estimate itself does not depend on them, so a candidate's effect on the products is the stray term of their total
 error swapped: each SCI product of the chain is kept once (``--keep``: the chain with
 :data:`validation.blind_chain.STRAY_KEEP_DIR` set) and re-scored for every candidate as
@@ -16,7 +18,7 @@ Only seeds >= 1000 may be kept or tuned on (the test seeds 0-49 set nothing;
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --keep /tmp/stray-keep --seeds 1000-1079
     .venv/bin/python benchmarks/sci_stray_sigma_tune.py --rescore /tmp/stray-keep \\
         --scale 0.03,0.04,0.05 --floor 0.004,0.005,0.006 --corona 0.2,0.22,0.24 --slope 0,1,2,3 \\
-        --structured 1,2,3 [--window 0.3]
+        --structured 1,2,3 --influence 0,1 [--window 0.3]
 
 ``--runs DIR`` prints, per kept product, the Wald-Wolfowitz runs test of the fit's residuals
 beside its pulls (:func:`residual_runs`); the chain calls a fit with a runs statistic below
@@ -95,7 +97,9 @@ def _kept(directory: Path):
 
 def load(directory: Path) -> list[dict]:
     """The kept products (seed >= :data:`FIRST_TUNING_SEED`), each with its model set's terms
-    re-fitted once: ``terms`` = (grid, estimate, fit, spread, corona, stray) on the grid [MSB]."""
+    re-fitted once: ``terms`` = (grid, estimate, fit, spread, corona, stray, influence) on the grid
+    [MSB] (``influence``: :func:`validation.blind_stray.structure_influence`, zero for a fit whose
+    residuals are not structured)."""
     from validation.blind_stray import fit_stray_model_set
 
     rows = []

@@ -240,7 +240,11 @@ def test_a_structure_that_moves_the_fit_states_its_influence(monkeypatch):
     assert np.all(np.abs(err[inner]) > 0.3 * 0.7 * lyman_alpha_corona(RADII)[inner])  # the drag is real
     assert np.max(np.abs(err[inner] / off.sigma(RADII)[inner])) > 2.5
     assert np.max(np.abs(err[inner] / on.sigma(RADII)[inner])) < 1.6
-    assert np.all(on.sigma(RADII) >= off.sigma(RADII))
+    assert np.all(on.sigma(RADII) >= off.sigma(RADII)) and np.all(on.sigma(RADII) <= 3 * off.sigma(RADII))
+    # the profile's order does not matter: the runs are counted along radius
+    perm = np.random.default_rng(0).permutation(RADII.size)
+    shuffled = fit_stray_model_set(RADII[perm], prof[perm], sig[perm], lyman_alpha_corona)
+    np.testing.assert_allclose(shuffled.sigma(RADII), on.sigma(RADII), rtol=1e-5)
     plain, psig, _ = _profile(np.random.default_rng(5))
     a = fit_stray_model_set(RADII, plain, psig, lyman_alpha_corona)
     monkeypatch.setattr(bs, "STRAY_STRUCTURE_INFLUENCE", 0.0)
@@ -250,3 +254,38 @@ def test_a_structure_that_moves_the_fit_states_its_influence(monkeypatch):
     # too few points left without the run: no term rather than a fit of nothing
     assert np.all(bs.structure_influence(RADII[:8], plain[:8], psig[:8], lyman_alpha_corona(RADII[:8]), (0, 0),
                                          np.r_[np.ones(4), -np.ones(4)], RADII[:8], plain[:8]) == 0)
+
+
+def test_the_influence_leaves_out_the_run_that_pulls_hardest(monkeypatch):
+    """:func:`validation.blind_stray.structure_influence` re-fits without the run of one sign with
+    the largest sum of squared normalised residuals, not the longest run nor the first: made-up
+    residuals with a long weak run first, a short strong run at 1.8-1.9 Rsun; the points the
+    re-fit gets are checked, in radius order and shuffled."""
+    import validation.blind_stray as bs
+
+    law = stray_light_model("SCI-UV").brightness
+    r = RADII
+    c = lyman_alpha_corona(r)
+    s = 1e-3 * law(r)
+    strong = (r > 1.8) & (r < 1.9)
+    resid = np.where(r < 1.6, 0.5, -0.1) * s  # a long weak positive run, then a long weak negative one
+    resid[strong] = 5.0 * s[strong]  # the short strong run
+    bumped = law(r) + 0.5 * c
+    bumped[strong] *= 1.5  # only the strong run's points are off the model
+    calls = []
+    real = bs._fit_set_member
+
+    def spy(rr, pp, ss, cc, nb, nt):
+        calls.append(rr.copy())
+        return real(rr, pp, ss, cc, nb, nt)
+
+    monkeypatch.setattr(bs, "_fit_set_member", spy)
+    est = law(r) + 0.0
+    bs.structure_influence(r, bumped, s, c, (0, 0), resid, r, est)
+    assert len(calls) == 1 and calls[0].size == r.size - int(strong.sum())
+    assert not np.isin(r[strong], calls[0]).any()
+    # shuffled: the same points are left out
+    perm = np.random.default_rng(1).permutation(r.size)
+    calls.clear()
+    bs.structure_influence(r[perm], bumped[perm], s[perm], c[perm], (0, 0), resid[perm], r, est)
+    assert not np.isin(r[strong], calls[0]).any() and calls[0].size == r.size - int(strong.sum())
