@@ -657,6 +657,10 @@ class StrayModelSet:
         ``runs_z`` < :data:`STRAY_RUNS_Z_LIMIT`: the corona term was stated
         :data:`STRAY_STRUCTURED_CORONA_FACTOR` times larger and the structure's influence
         (:func:`structure_influence`) added.
+    influence : numpy.ndarray, shape (m,) [MSB], or None
+        The structure's influence term as stated (:data:`STRAY_STRUCTURE_INFLUENCE` times
+        :func:`structure_influence`) on :attr:`radii`; None when the fit is not structured or the
+        factor is 0.
     inputs : dict or None
         What the set was fitted to, for re-fitting it offline (the tuning of the 1-sigma's
         constants, ``benchmarks/sci_stray_sigma_tune.py``): ``r``, ``p``, ``s`` (the profile's
@@ -681,6 +685,7 @@ class StrayModelSet:
     inputs: dict | None = field(default=None, repr=False)
     runs_z: float = math.nan
     structured: bool = False
+    influence: np.ndarray | None = None
 
     def stray(self, r: np.ndarray) -> np.ndarray:
         """Adopted stray light [MSB] at ``r`` [Rsun] (linear interpolation of the table)."""
@@ -886,7 +891,9 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
                   + (frac * cor) ** 2 + infl ** 2)
     out = StrayModelSet(radii=grid, values=est, sigmas=sig, adopted=best, chi2_red=float(chi2_best),
                         chi2_models={m: float(v) for m, v in chi2.items()}, fit_radii=r, residual=p - model_p,
-                        profile_sigma=s, fit_range=(lo, hi), runs_z=float(runs_z), structured=structured)
+                        profile_sigma=s, fit_range=(lo, hi), runs_z=float(runs_z), structured=structured,
+                        influence=(np.broadcast_to(infl, est.shape).copy() if structured and STRAY_STRUCTURE_INFLUENCE > 0
+                                   else None))
     out.inputs = {"r": r, "p": p, "s": s, "c": c, "grid": grid,
                   "prior_grid": np.asarray(corona_prior(rg), dtype=np.float64),
                   "fb_grid": (np.asarray(fallback(grid), dtype=np.float64) if fallback is not None
@@ -1130,7 +1137,8 @@ def blind_stray_master(estimate: BlindStrayEstimate, shape: tuple[int, int], hea
     if ms is not None:  # issue 27: the fit's chi-square, residual profile, stated 1-sigma and refusal
         extra = dict(sigma=ms.sigma(radii), chi2_red=ms.chi2_red, residual=(ms.fit_radii, ms.residual, ms.profile_sigma),
                      fit_model=f"PL x bend{ms.adopted[0]}, corona tilt{ms.adopted[1]}",
-                     refused=ms.reason if ms.refused else "", runs_z=ms.runs_z, structured=ms.structured)
+                     refused=ms.reason if ms.refused else "", runs_z=ms.runs_z, structured=ms.structured,
+                     influence=(float(np.interp(1.1, ms.radii, ms.influence)) if ms.influence is not None else None))
     meas = StrayLightMeasurement(map=m, radii=radii, profile=prof, power_law=estimate.model,
                                  n_frames=estimate.n_frames, radial=True,
                                  method=(f"blind: roll sequence ({estimate.roll_span_deg:.0f} deg), power law "

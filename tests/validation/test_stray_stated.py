@@ -198,18 +198,20 @@ def test_the_runs_statistic_goes_from_the_master_to_the_product(sci_frame):
     meas = StrayLightMeasurement(map=np.zeros((128, 128), np.float32), radii=radii, profile=law.brightness(radii),
                                  power_law=law, n_frames=8, radial=True, method="test", sigma=np.full(401, 1e-5),
                                  chi2_red=3.0, residual=(radii[:10], np.zeros(10), np.ones(10)),
-                                 fit_model="PL x bend1, corona tilt0", runs_z=-5.25, structured=True)
+                                 fit_model="PL x bend1, corona tilt0", runs_z=-5.25, structured=True,
+                                 influence=4.5e-6)
     path = base / "structured.fits"
     write_fits_atomic(stray_light_map_hdul(meas, "SCI-UV", 9, "2024-01-01T00:00:00"), path)
     with fits.open(path) as h:
         assert h[0].header["STRYRUNZ"] == -5.25 and h[0].header["STRYSTRC"] is True
+        assert h[0].header["STRYINFL"] == 4.5e-6
     cal = load_calibration_master(path)
     cal.id = 98
     c = dict(cals)
     c["stray_light"] = cal
     out = calibrate_frame(raw.data, raw.header, c,
                           CalibrationOptions(rotate_north_up=False, fit_centre=False, stray_light_source="profile"))
-    assert out.header["STRYRUNZ"] == -5.25 and out.header["STRYSTRC"] is True
+    assert out.header["STRYRUNZ"] == -5.25 and out.header["STRYSTRC"] is True and out.header["STRYINFL"] == 4.5e-6
     # structured is stated, not refused: no frame flag
     assert not frame_quality(out.header) & FrameQuality.STRAY_LIGHT_REFUSED
 
@@ -241,6 +243,9 @@ def test_a_structure_that_moves_the_fit_states_its_influence(monkeypatch):
     assert np.max(np.abs(err[inner] / off.sigma(RADII)[inner])) > 2.5
     assert np.max(np.abs(err[inner] / on.sigma(RADII)[inner])) < 1.6
     assert np.all(on.sigma(RADII) >= off.sigma(RADII)) and np.all(on.sigma(RADII) <= 3 * off.sigma(RADII))
+    # the term as stated is kept on the table's grid (the master's STRYINFL is it at 1.1 Rsun)
+    assert off.influence is None and on.influence.shape == on.radii.shape
+    np.testing.assert_allclose(np.hypot(off.sigmas, on.influence), on.sigmas, rtol=1e-9)
     # the profile's order does not matter: the runs are counted along radius
     perm = np.random.default_rng(0).permutation(RADII.size)
     shuffled = fit_stray_model_set(RADII[perm], prof[perm], sig[perm], lyman_alpha_corona)

@@ -753,6 +753,8 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
             h["STRYRUNZ"] = (float(stray_cal.parameters["STRYRUNZ"]), "runs statistic of the stray fit residuals")
             h["STRYSTRC"] = (bool(stray_cal.parameters.get("STRYSTRC", False)),
                              "stray fit residuals structured: 1-sigma widened")
+        if "STRYINFL" in stray_cal.parameters:
+            h["STRYINFL"] = (float(stray_cal.parameters["STRYINFL"]), "[MSB] stray 1-sigma from structure, 1.1 Rsun")
         if bool(stray_cal.parameters.get("STRYREFU", False)):  # never silently: the product says so
             why = str(stray_cal.parameters.get("STRYWHY", "") or "stray-light fit refused")
             flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")

@@ -102,6 +102,10 @@ class StrayLightMeasurement:
         the residuals are structured, the profile has a shape the models lack).
     structured : bool
         The fit's residuals were called structured and its stated 1-sigma widened (``STRYSTRC``).
+    influence : float, optional
+        [MSB] The part of the stated 1-sigma at 1.1 Rsun that is the structure's influence (the
+        adopted law re-fitted without the residuals' most significant run; ``STRYINFL``); None when
+        none was stated.
     """
 
     map: np.ndarray
@@ -119,6 +123,7 @@ class StrayLightMeasurement:
     refused: str = ""
     runs_z: float | None = None
     structured: bool = False
+    influence: float | None = None
 
 
 def radial_profile(image: np.ndarray, r: np.ndarray, edges: np.ndarray, *, statistic: str = "median",
@@ -283,7 +288,8 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         own 1-sigma), ``STRYMODL`` (the adopted model), ``STRYREFU`` (True: the fit was refused
         and the law is the fallback; the flow then sets the product's ``QUALITY`` bit 4 and
         ``STRYFAIL``), ``STRYWHY`` (why), ``STRYRUNZ`` (the runs statistic of the residual signs),
-        ``STRYSTRC`` (True: the residuals are structured and the stated 1-sigma was widened), and
+        ``STRYSTRC`` (True: the residuals are structured and the stated 1-sigma was widened),
+        ``STRYINFL`` (the part of the 1-sigma at 1.1 Rsun that is the structure's influence), and
         extension ``RESIDUAL`` (the residual profile:
         ``R`` [Rsun], ``RESID`` = profile minus model [MSB], ``SIGMA`` the profile's 1-sigma [MSB]).
         Write it with :func:`pipelines.fitsio.write_fits_atomic`; ingest registers it.
@@ -317,6 +323,8 @@ def stray_light_map_hdul(measurement: StrayLightMeasurement, channel: str, versi
         if measurement.runs_z is not None and np.isfinite(measurement.runs_z):
             h["STRYRUNZ"] = (float(measurement.runs_z), "runs statistic of the fit residuals")
             h["STRYSTRC"] = (bool(measurement.structured), "residuals structured: 1-sigma widened")
+        if measurement.influence is not None and np.isfinite(measurement.influence):
+            h["STRYINFL"] = (float(measurement.influence), "[MSB] stray 1-sigma from structure, 1.1 Rsun")
         if measurement.refused:
             h["STRYWHY"] = (" ".join(measurement.refused.split())[:45], "why the fit was refused")
     for note in measurement.notes:
