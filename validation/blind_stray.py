@@ -98,8 +98,10 @@ profile is fitted by a set of models (:func:`fit_stray_model_set`: power law x a
 0-2 in ln r with the prior's coronal shape; power law with the prior tilted to order 1-2); the
 estimate is the best (BIC) of the first three, and its stated 1-sigma is the fit's covariance,
 the spread of the acceptable models (x :data:`STRAY_SIGMA_SCALE`, running maximum over
-+-:data:`STRAY_SPREAD_WINDOW`), :data:`STRAY_CORONA_FRACTION` of the fitted corona and a floor of
-:data:`STRAY_SIGMA_FLOOR` of the stray light, in quadrature. A fit above :data:`STRAY_CHI2_LIMIT` (reduced chi-square) is refused: the channel's
++-:data:`STRAY_SPREAD_WINDOW`), :data:`STRAY_CORONA_FRACTION` of the fitted corona (x
+:data:`STRAY_STRUCTURED_CORONA_FACTOR` when the fit's residuals are structured), a floor of
+:data:`STRAY_SIGMA_FLOOR` of the stray light and, for a structured fit, the structure's influence
+(:func:`structure_influence`, x :data:`STRAY_STRUCTURE_INFLUENCE`), in quadrature. A fit above :data:`STRAY_CHI2_LIMIT` (reduced chi-square) is refused: the channel's
 default law (LST.md's on-orbit points) is used, its distance from the fit added to the 1-sigma,
 and the master says so (``STRYREFU``), which flags every product made with it (``QUALITY`` bit 4,
 ``STRYFAIL``). The constants were tuned on seeds 1000-1079 only (:data:`STRAY_TUNING_SEEDS`). The
@@ -556,8 +558,9 @@ STRAY_TUNING_SEEDS = "mismatch on: 1000-1079; mismatch off: 1000-1005 (256 px)"
 #: which the fit's residuals are called structured: the profile has a shape none of the model set
 #: has (on the tuning seeds, a coronal bump near 1.3-1.46 Rsun that the prior lacks, part of which
 #: the fit hands to the stray light at the inner edge). A structured fit is kept, but its corona
-#: term is stated :data:`STRAY_STRUCTURED_CORONA_FACTOR` times larger, and the master and products
-#: say so (``STRYRUNZ``, ``STRYSTRC``). -3: three standard deviations fewer runs than independent
+#: term is stated :data:`STRAY_STRUCTURED_CORONA_FACTOR` times larger, the structure's influence is
+#: added (:data:`STRAY_STRUCTURE_INFLUENCE`), and the master and products say so (``STRYRUNZ``,
+#: ``STRYSTRC``, ``STRYINFL``). -3: three standard deviations fewer runs than independent
 #: signs would give (one-sided 0.13 %); the profile's points are correlated a little (annulus
 #: pixels), so the test is not exact, and the limit was not tuned.
 STRAY_RUNS_Z_LIMIT = -3.0
@@ -659,8 +662,9 @@ class StrayModelSet:
         (:func:`structure_influence`) added.
     influence : numpy.ndarray, shape (m,) [MSB], or None
         The structure's influence term as stated (:data:`STRAY_STRUCTURE_INFLUENCE` times
-        :func:`structure_influence`) on :attr:`radii`; None when the fit is not structured or the
-        factor is 0.
+        :func:`structure_influence`) on :attr:`radii` (NaN where it could not be measured); None
+        when the fit is not structured, the factor is 0, or the fit was refused and replaced by
+        the fallback.
     inputs : dict or None
         What the set was fitted to, for re-fitting it offline (the tuning of the 1-sigma's
         constants, ``benchmarks/sci_stray_sigma_tune.py``): ``r``, ``p``, ``s`` (the profile's
@@ -768,10 +772,11 @@ def structure_influence(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarr
     Returns
     -------
     numpy.ndarray, shape (m,)
-        ``|stray light without the run - estimate|`` [MSB]; zeros when fewer than ``3 + n_bend +
-        n_tilt + 5`` points would be left or the re-fit raises or gives non-finite parameters (a
-        zero then states no influence: none was measured; the re-fit did not fail on any of the
-        tuning seeds' 52 structured products).
+        ``|stray light without the run - estimate|`` [MSB]; NaN everywhere when fewer than
+        ``3 + n_bend + n_tilt + 5`` points would be left or the re-fit raises or gives non-finite
+        parameters (none was measured: :func:`fit_stray_model_set` then adds nothing to the
+        1-sigma and no ``STRYINFL`` is written; the re-fit did not fail on any of the tuning
+        seeds' 52 structured products).
     """
     order = np.argsort(r, kind="stable")
     z = (np.asarray(residual, dtype=np.float64) / s)[order]
@@ -780,16 +785,15 @@ def structure_influence(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarr
     keep = np.ones(r.size, dtype=bool)
     keep[order[a:b]] = False
     if keep.sum() < 3 + model[0] + model[1] + 5:
-        return np.zeros_like(grid)
+        return np.full(np.shape(grid), np.nan)
     try:
         th, cov, _ = _fit_set_member(r[keep], p[keep], s[keep], c[keep], *model)
     except (ValueError, np.linalg.LinAlgError):
-        return np.zeros_like(grid)
+        return np.full(np.shape(grid), np.nan)
     if not np.all(np.isfinite(th)):
-        return np.zeros_like(grid)
+        return np.full(np.shape(grid), np.nan)
     alt = _set_stray(th, cov, model[0], grid)[0]
-    d = np.abs(alt - estimate)
-    return np.where(np.isfinite(d), d, 0.0)
+    return np.abs(alt - estimate)
 
 
 def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarray,
@@ -888,7 +892,7 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
     infl = (STRAY_STRUCTURE_INFLUENCE * structure_influence(r, p, s, c, best, p - model_p, rg, est)
             if structured and STRAY_STRUCTURE_INFLUENCE > 0 else 0.0)
     sig = np.sqrt(sig_fit ** 2 + (sigma_scale * spread) ** 2 + (STRAY_SIGMA_FLOOR * est) ** 2
-                  + (frac * cor) ** 2 + infl ** 2)
+                  + (frac * cor) ** 2 + np.nan_to_num(infl, nan=0.0) ** 2)
     out = StrayModelSet(radii=grid, values=est, sigmas=sig, adopted=best, chi2_red=float(chi2_best),
                         chi2_models={m: float(v) for m, v in chi2.items()}, fit_radii=r, residual=p - model_p,
                         profile_sigma=s, fit_range=(lo, hi), runs_z=float(runs_z), structured=structured,
@@ -907,6 +911,7 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
             out.values = np.asarray(fallback(grid), dtype=np.float64)  # the law itself, not held beyond the fit
             out.fallback = "default law (LST.md on-orbit points)"
             out.reason += "; default law used"
+            out.influence = None  # the influence was on the fit's law, which is not used
         else:
             out.reason += "; fit kept"
     return out

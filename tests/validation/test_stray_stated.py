@@ -81,6 +81,8 @@ def test_a_profile_no_model_describes_is_refused_and_falls_back():
     kept = fit_stray_model_set(RADII, prof, sig, lyman_alpha_corona, fallback=None)
     assert kept.refused and kept.reason.endswith("fit kept")
     assert np.all(ms.sigma(r) >= np.abs(kept.stray(r) - fallback(r)) * 0.999)
+    # a structure's influence on a law that was replaced is not stated (no STRYINFL)
+    assert kept.structured and kept.influence is not None and ms.influence is None
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +223,7 @@ def test_a_structure_that_moves_the_fit_states_its_influence(monkeypatch):
     it) drags the fitted stray light at the inner edge by about half the K corona: with the
     structure's influence term (:func:`validation.blind_stray.structure_influence`, the adopted
     model re-fitted without the residuals' most significant run) the stated 1-sigma covers that
-    error, without it the pull there is beyond 3; the estimate is the same either way, and a
+    error, without it the pull there is beyond 2.5 (3.1-3.8 over six noise draws); the estimate is the same either way, and a
     profile whose residuals are not structured states no influence term."""
     import validation.blind_stray as bs
 
@@ -256,9 +258,9 @@ def test_a_structure_that_moves_the_fit_states_its_influence(monkeypatch):
     b = fit_stray_model_set(RADII, plain, psig, lyman_alpha_corona)
     assert not a.structured
     np.testing.assert_array_equal(a.sigma(RADII), b.sigma(RADII))
-    # too few points left without the run: no term rather than a fit of nothing
-    assert np.all(bs.structure_influence(RADII[:8], plain[:8], psig[:8], lyman_alpha_corona(RADII[:8]), (0, 0),
-                                         np.r_[np.ones(4), -np.ones(4)], RADII[:8], plain[:8]) == 0)
+    # too few points left without the run: not measured (NaN) rather than a fit of nothing
+    assert np.all(np.isnan(bs.structure_influence(RADII[:8], plain[:8], psig[:8], lyman_alpha_corona(RADII[:8]), (0, 0),
+                                         np.r_[np.ones(4), -np.ones(4)], RADII[:8], plain[:8])))
 
 
 def test_the_influence_leaves_out_the_run_that_pulls_hardest(monkeypatch):

@@ -747,14 +747,14 @@ def _stray_light_step(img: Any, h: fits.Header, cals: dict[str, CalibrationInput
         if sig_prof is not None:  # the stated stray-light 1-sigma, in UNCERT and in two keywords
             h["STRYUNC"] = (float(sig_prof.brightness(1.1)), "[MSB] stray-light 1-sigma at 1.1 Rsun")
             h["STRYUN25"] = (float(sig_prof.brightness(2.5)), "[MSB] stray-light 1-sigma at 2.5 Rsun")
+            if "STRYINFL" in stray_cal.parameters:  # the part of STRYUNC that is the structure's influence
+                h["STRYINFL"] = (float(stray_cal.parameters["STRYINFL"]), "[MSB] stray 1-sigma from structure, 1.1 Rsun")
         if "STRYCHI2" in stray_cal.parameters:
             h["STRYCHI2"] = (float(stray_cal.parameters["STRYCHI2"]), "reduced chi2 of the stray-light fit")
         if "STRYRUNZ" in stray_cal.parameters:
             h["STRYRUNZ"] = (float(stray_cal.parameters["STRYRUNZ"]), "runs statistic of the stray fit residuals")
             h["STRYSTRC"] = (bool(stray_cal.parameters.get("STRYSTRC", False)),
                              "stray fit residuals structured: 1-sigma widened")
-        if "STRYINFL" in stray_cal.parameters:
-            h["STRYINFL"] = (float(stray_cal.parameters["STRYINFL"]), "[MSB] stray 1-sigma from structure, 1.1 Rsun")
         if bool(stray_cal.parameters.get("STRYREFU", False)):  # never silently: the product says so
             why = str(stray_cal.parameters.get("STRYWHY", "") or "stray-light fit refused")
             flag_frame(h, FrameQuality.STRAY_LIGHT_REFUSED, f"{why} ({stray_cal.name})")
