@@ -192,8 +192,11 @@ def test_event_page_context_images_mark_the_flare(live, page, tmp_path):
     page.screenshot(path=str(tmp_path / "event-context.png"), full_page=True)
     for k, role in enumerate(("before", "peak", "after")):
         fig = page.locator(f"#event-context figure[data-role='{role}']")
-        img = fig.locator("img").bounding_box()
-        c = fig.locator("circle.context-marker").bounding_box()
+        # both boxes in one call, so one layout: the page above may still grow (plots drawn late),
+        # and two separate calls could measure the image and its marker at different scrolls
+        img, c = fig.evaluate("f => [f.querySelector('img'), f.querySelector('circle.context-marker')]"
+                              ".map(e => { const b = e.getBoundingClientRect(); "
+                              "return {x: b.x, y: b.y, width: b.width, height: b.height}; })")
         cx, cy = c["x"] + c["width"] / 2, c["y"] + c["height"] / 2
         x = (cx - img["x"]) / img["width"] * N_BROWSER - 0.5
         y = N_BROWSER - 0.5 - (cy - img["y"]) / img["height"] * N_BROWSER
