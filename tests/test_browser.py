@@ -35,6 +35,19 @@ MIN = dt.timedelta(minutes=1)
 TIMEOUT_MS = 15_000
 
 
+def boxes_in_one_layout(page, *locators) -> list[dict]:
+    """``{x, y, width, height}`` [CSS px, viewport] of each locator's element, measured in one call.
+
+    Two ``Locator.bounding_box`` calls run at two moments: a page whose content above still grows
+    (a plot drawn late, a lazy image) can move between them, and an image and the marker drawn on
+    it then disagree by the shift (a fresh-clone CI saw a marker 1416 image pixels off in y, exact
+    in x). One ``getBoundingClientRect`` pass sees one layout.
+    """
+    handles = [loc.element_handle() for loc in locators]
+    return page.evaluate("els => els.map(e => { const b = e.getBoundingClientRect(); "
+                         "return {x: b.x, y: b.y, width: b.width, height: b.height}; })", handles)
+
+
 @contextlib.contextmanager
 def served_app():
     """The app served by uvicorn in a thread on a free localhost port; yields its base URL and

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.test_browser import served_app, browser, page  # noqa: F401 - fixtures
+from tests.test_browser import boxes_in_one_layout, served_app, browser, page  # noqa: F401 - fixtures
 from tests.test_movies import build_store, simulated, submit_session  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.browser
@@ -68,8 +68,7 @@ def test_player_plays_steps_slides_and_shows_events_as_they_start(live, page, tm
     # the flare's marker sits where the frame's WCS puts it (server-side), on the image
     marker = page.locator(f".movie-marker[data-event-id='{ids.flare}']")
     page.wait_for_selector(f".movie-marker[data-event-id='{ids.flare}']")
-    img = page.locator("#movie-frame").bounding_box()
-    mb = marker.bounding_box()
+    img, mb = boxes_in_one_layout(page, page.locator("#movie-frame"), marker)
     frames = page.evaluate("fetch(document.getElementById('movie-player').dataset.framesUrl).then(r => r.json())")
     fx, fy = frames["frames"][k]["markers"][str(ids.flare)]
     cx, cy = mb["x"] + mb["width"] / 2, mb["y"] + mb["height"] / 2

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from backend.db import session_scope
-from tests.test_browser import served_app, TIMEOUT_MS, browser  # noqa: F401 - the browser fixture
+from tests.test_browser import served_app, TIMEOUT_MS, boxes_in_one_layout, browser  # noqa: F401 - the browser fixture
 from tests.test_viewer import add_flare, expected_rotated, simulate_sdi, store_product
 
 pytestmark = pytest.mark.browser
@@ -192,11 +192,7 @@ def test_event_page_context_images_mark_the_flare(live, page, tmp_path):
     page.screenshot(path=str(tmp_path / "event-context.png"), full_page=True)
     for k, role in enumerate(("before", "peak", "after")):
         fig = page.locator(f"#event-context figure[data-role='{role}']")
-        # both boxes in one call, so one layout: the page above may still grow (plots drawn late),
-        # and two separate calls could measure the image and its marker at different scrolls
-        img, c = fig.evaluate("f => [f.querySelector('img'), f.querySelector('circle.context-marker')]"
-                              ".map(e => { const b = e.getBoundingClientRect(); "
-                              "return {x: b.x, y: b.y, width: b.width, height: b.height}; })")
+        img, c = boxes_in_one_layout(page, fig.locator("img"), fig.locator("circle.context-marker"))
         cx, cy = c["x"] + c["width"] / 2, c["y"] + c["height"] / 2
         x = (cx - img["x"]) / img["width"] * N_BROWSER - 0.5
         y = N_BROWSER - 0.5 - (cy - img["y"]) / img["height"] * N_BROWSER

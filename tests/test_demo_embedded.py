@@ -217,7 +217,7 @@ def test_demo_goes_flare_page_shows_sdi_marker_curves_and_movie(served_demo, tmp
     from playwright.sync_api import sync_playwright
 
     from backend.models import EventAssociation
-    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, boxes_in_one_layout
     from tests.test_viewer import expected_rotated
 
     url, engine = served_demo
@@ -252,7 +252,7 @@ def test_demo_goes_flare_page_shows_sdi_marker_curves_and_movie(served_demo, tmp
                 continue
             img = fig.locator("img")
             page.wait_for_function("el => el.complete && el.naturalWidth > 0", arg=img.element_handle())
-            ib, mb = img.bounding_box(), marker.bounding_box()
+            ib, mb = boxes_in_one_layout(page, img, marker)
             path, date_obs = products[int(fig.get_attribute("data-product-id"))]
             _, _, x, y = expected_rotated(Path(path), *part_xy, part_t)
             ny, nx = fits.getdata(path, 0).shape
