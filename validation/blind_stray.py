@@ -729,17 +729,10 @@ def _set_stray(th: np.ndarray, cov: np.ndarray, nb: int, r: np.ndarray) -> tuple
 
 def _runs(z: np.ndarray) -> list[tuple[int, int]]:
     """``(start, stop)`` index ranges of the maximal runs of one sign of ``z``, shape (k,) with k >= 1
-    (a zero is a run of its own; :func:`residual_runs_z` drops zeros, which an exact-zero residual
-    of a least-squares fit never is in practice)."""
+    (zeros make runs of their own, whose sum of squares is 0)."""
     sgn = np.sign(z)
-    out, i = [], 0
-    while i < sgn.size:
-        j = i + 1
-        while j < sgn.size and sgn[j] == sgn[i] and sgn[i] != 0:
-            j += 1
-        out.append((i, j))
-        i = j
-    return out
+    bounds = np.r_[0, np.flatnonzero(np.diff(sgn)) + 1, sgn.size]
+    return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
 
 def structure_influence(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarray, model: tuple[int, int],
@@ -753,8 +746,9 @@ def structure_influence(r: np.ndarray, p: np.ndarray, s: np.ndarray, c: np.ndarr
     squared normalised residuals: on the tuning seeds' bump family sometimes the bump itself,
     often the lobe at 1.8-2.1 Rsun where the fit compensates for it) is where the fit pulls
     hardest against the data; the adopted model is fitted again without those points, and the
-    change of its stray light is the influence of that run on the estimate (a deletion diagnostic for a group of points: Cook 1977, Technometrics 19, 15;
-    Belsley, Kuh & Welsch 1980, *Regression Diagnostics*, Wiley, ch. 2).
+    change of its stray light is the influence of that run on the estimate (a deletion
+    diagnostic for a group of points: Cook 1977, Technometrics 19, 15; Belsley, Kuh & Welsch 1980,
+    *Regression Diagnostics*, Wiley, ch. 2).
 
     Parameters
     ----------
@@ -890,14 +884,13 @@ def fit_stray_model_set(radii: np.ndarray, profile: np.ndarray, sigma: np.ndarra
     structured = bool(runs_z < STRAY_RUNS_Z_LIMIT)  # NaN: not structured
     frac = corona_fraction * (STRAY_STRUCTURED_CORONA_FACTOR if structured else 1.0)
     infl = (STRAY_STRUCTURE_INFLUENCE * structure_influence(r, p, s, c, best, p - model_p, rg, est)
-            if structured and STRAY_STRUCTURE_INFLUENCE > 0 else 0.0)
+            if structured and STRAY_STRUCTURE_INFLUENCE > 0 else None)
     sig = np.sqrt(sig_fit ** 2 + (sigma_scale * spread) ** 2 + (STRAY_SIGMA_FLOOR * est) ** 2
-                  + (frac * cor) ** 2 + np.nan_to_num(infl, nan=0.0) ** 2)
+                  + (frac * cor) ** 2 + (0.0 if infl is None else np.nan_to_num(infl, nan=0.0) ** 2))
     out = StrayModelSet(radii=grid, values=est, sigmas=sig, adopted=best, chi2_red=float(chi2_best),
                         chi2_models={m: float(v) for m, v in chi2.items()}, fit_radii=r, residual=p - model_p,
                         profile_sigma=s, fit_range=(lo, hi), runs_z=float(runs_z), structured=structured,
-                        influence=(np.broadcast_to(infl, est.shape).copy() if structured and STRAY_STRUCTURE_INFLUENCE > 0
-                                   else None))
+                        influence=infl)
     out.inputs = {"r": r, "p": p, "s": s, "c": c, "grid": grid,
                   "prior_grid": np.asarray(corona_prior(rg), dtype=np.float64),
                   "fb_grid": (np.asarray(fallback(grid), dtype=np.float64) if fallback is not None
