@@ -16,6 +16,7 @@ functions the worker uses (``claim_product``, ``count_item``), between the page'
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 
@@ -60,6 +61,30 @@ def _job(owner: str, n: int, *, publishes: bool = False, options: dict | None = 
     return job_id, todo
 
 
+@contextlib.contextmanager
+def reloading(page, timeout_ms: float = 30_000):
+    """The block's click makes the page show a message, then reload itself (job_actions.js, 600 ms
+    after the API's answer). On exit the new document has loaded; yields a callable giving the
+    message the old document showed.
+
+    A check made between the click and the reload raced it (once in a full run: the old page's
+    status poll already read ``cancelled``, so ``wait_for_selector`` matched the old document and
+    the Retry button was looked for while the new one loaded). Here the message is recorded by a
+    MutationObserver into ``sessionStorage`` (which survives the reload) the moment it is shown,
+    and the old document carries a mark that the new one lacks."""
+    page.evaluate("""() => {
+        window.__lstdpOldDocument = true;
+        sessionStorage.removeItem("lstdpActionMessage");
+        const m = document.querySelector("#job-actions .job-action-message");
+        new MutationObserver(() => {
+            if (!m.hidden) sessionStorage.setItem("lstdpActionMessage", m.textContent);
+        }).observe(m, {attributes: true, childList: true, characterData: true, subtree: true});
+    }""")
+    yield lambda: page.evaluate('() => sessionStorage.getItem("lstdpActionMessage")')
+    page.wait_for_function("() => window.__lstdpOldDocument === undefined", timeout=timeout_ms)
+    page.wait_for_load_state("load")
+
+
 def _settle(job_id: str, pid: int, error: str | None = None) -> None:
     """A worker's calibration of product ``pid``: claim, write the row (or fail it), settle."""
     with session_scope() as s:
@@ -92,19 +117,18 @@ def test_cancel_on_the_page_ends_a_queued_job_cancelled(live, page, tmp_path):
     assert cancel.is_visible() and not retry.is_visible(), "a queued job can be cancelled, not retried"
     page.screenshot(path=str(tmp_path / "job-queued.png"), full_page=True)
 
-    with page.expect_response(re.compile(rf"/api/v1/jobs/{job_id}/cancel$")) as answer:
-        cancel.click()
-    assert answer.value.status == 200, answer.value.text()
-    msg = page.locator("#job-actions .job-action-message")
-    msg.wait_for(state="visible")
-    assert msg.inner_text().startswith("Cancelled:") and "refused" not in msg.inner_text()
+    with reloading(page) as message:
+        with page.expect_response(re.compile(rf"/api/v1/jobs/{job_id}/cancel$")) as answer:
+            cancel.click()
+        assert answer.value.status == 200, answer.value.text()
+    shown = message()
+    assert shown is not None and shown.startswith("Cancelled:") and "refused" not in shown, shown
     with session_scope() as s:
         job = s.get(Job, job_id)
         assert job.state == JobState.cancelled and job.cancelled_by == "tester" and job.finished_at is not None
 
-    # the page reloads: the job reads cancelled, Cancel is gone and Retry offered
-    page.wait_for_selector(".job-status[data-state='cancelled']")
-    page.wait_for_load_state("load")
+    # the page has reloaded: the job reads cancelled, Cancel is gone and Retry offered
+    assert page.locator(".job-status").get_attribute("data-state") == "cancelled"
     assert page.locator(".job-state").inner_text() == "cancelled"
     assert not page.locator("#job-actions .job-cancel").is_visible()
     assert page.locator("#job-actions .job-retry").is_visible()
@@ -132,10 +156,22 @@ def test_retry_on_the_page_sends_exactly_the_failed_frames_again(live, page, tmp
     assert retry.is_visible() and not cancel.is_visible(), "an ended job cannot be cancelled"
     page.screenshot(path=str(tmp_path / "job-failed.png"), full_page=True)
 
-    with page.expect_response(re.compile(rf"/api/v1/jobs/{job_id}/retry$")) as answer:
+    # the answer's body is read as it passes (route.fetch: the page's own request, sent to the
+    # server as the page made it), not from the browser after the reload has discarded it
+    answers: list = []
+
+    def keep(route) -> None:
+        resp = route.fetch()
+        answers.append((resp.status, resp.json()))
+        route.fulfill(response=resp)
+
+    page.route(re.compile(rf"/api/v1/jobs/{job_id}/retry$"), keep)
+    with reloading(page) as message:
         retry.click()
-    assert answer.value.status == 202, answer.value.text()
-    body = answer.value.json()
+    page.unroute(re.compile(rf"/api/v1/jobs/{job_id}/retry$"))
+    assert len(answers) == 1 and answers[0][0] == 202, answers
+    assert message() == "Retry 1 sent: the job runs its failed frames again."
+    body = answers[0][1]
     assert (body["state"], body["retries"], body["done"], body["failed"], body["total"]) == ("running", 1, 3, 0, 5)
     # exactly the failed frames: their products planned again and sent, the done ones untouched
     with session_scope() as s:
@@ -147,9 +183,8 @@ def test_retry_on_the_page_sends_exactly_the_failed_frames_again(live, page, tmp
             select(Product).where(Product.id.in_(done)))} == before
     assert _broker_products(live) - sent_before == set(failed)
 
-    # the page reloads: running, Cancel offered, Retry gone
-    page.wait_for_selector(".job-status[data-state='running']")
-    page.wait_for_load_state("load")
+    # the page has reloaded: running, Cancel offered, Retry gone
+    assert page.locator(".job-status").get_attribute("data-state") == "running"
     assert page.locator("#job-actions .job-cancel").is_visible()
     assert not page.locator("#job-actions .job-retry").is_visible()
     assert "Retried 1 time(s)." in page.locator("#job-actions").inner_text()
