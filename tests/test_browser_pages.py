@@ -551,6 +551,10 @@ def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
     page.click("#saved-new-submit")
     section = page.locator("section.saved-search", has=page.locator("h2", has_text="M flares"))
     section.wait_for()
+    # the page reloads itself after the POST (saved_searches.js): the section shows while the new
+    # document is still parsed, before its deferred script binds the forms (a click then would
+    # submit the form natively); its load comes after that script's DOMContentLoaded handler
+    page.wait_for_load_state("load")
     sid = int(section.get_attribute("data-search-id"))
     with session_scope() as s:
         row = s.get(SavedSearch, sid)
@@ -565,6 +569,7 @@ def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
     section.locator("input[name=query]").fill("type=FL&min_goes_class=X1.0")
     section.locator("button.saved-save").click()
     page.locator(f"#saved-{sid} h2", has_text="X flares").wait_for()
+    page.wait_for_load_state("load")  # reloaded after the PATCH: Delete is bound once it has loaded
     with session_scope() as s:
         assert s.get(SavedSearch, sid).name == "X flares" and s.get(SavedSearch, sid).query["min_goes_class"] == "X1.0"
     page.once("dialog", lambda d: d.accept())
