@@ -166,11 +166,19 @@ def test_viewer_zoom_fetches_a_full_resolution_region_and_dq_layer(live, page, t
     page.wait_for_function("() => window.lstViewer.requests.some(r => r.kind === 'dq')")
     dq = [r for r in _requests(page) if r["kind"] == "dq"][-1]
     assert dq["region"] == reg
+    # the DQ re-draw ended (data-loaded: the requests made when it drew) before the next change
+    page.wait_for_function("() => document.getElementById('viewer-app').dataset.loaded"
+                           " === String(window.lstViewer.requests.length)")
     n = len(_requests(page))
+    drawn = int(page.locator("#viewer-app").get_attribute("data-drawn"))
     page.fill("#viewer-pmax", "95")
     page.locator("#viewer-pmax").dispatch_event("change")
     page.wait_for_function(f"() => window.lstViewer.requests.length > {n + 1}")
-    assert "95" not in page.locator("#viewer-error").inner_text()
+    # the re-draw's end (viewer.js refresh: its images fetched, then drawn, or its error shown); the
+    # requests alone are counted before it, when no error could show yet
+    page.wait_for_function(f"() => Number(document.getElementById('viewer-app').dataset.drawn) > {drawn}"
+                           " || !document.getElementById('viewer-error').hidden")
+    assert "95" not in page.locator("#viewer-error").inner_text() and page.locator("#viewer-error").is_hidden()
     page.fill("#viewer-pmin", "99")  # pmin above pmax: the server's 422 message is shown
     page.locator("#viewer-pmin").dispatch_event("change")
     page.wait_for_selector("#viewer-error:not([hidden])")
