@@ -556,6 +556,9 @@ def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
     # submit the form natively); its load comes after that script's DOMContentLoaded handler
     page.wait_for_load_state("load")
     sid = int(section.get_attribute("data-search-id"))
+    # the list read again at the new search, the prefilled form's URL left behind
+    assert page.url == f"{site.url}/saved-searches#saved-{sid}", page.url
+    assert page.input_value("#saved-new-query") == ""
     with session_scope() as s:
         row = s.get(SavedSearch, sid)
         assert row.owner == "alice" and row.query["min_goes_class"] == "M1.0" and row.query["type"] in ("FL", ["FL"])
@@ -577,6 +580,26 @@ def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
     page.locator(f"#saved-{sid}").wait_for(state="detached")
     with session_scope() as s:
         assert s.get(SavedSearch, sid) is None
+    assert page.js_errors == []
+
+
+def test_a_search_saved_from_the_plain_list_page_shows_in_the_list_read_again(site, signed_in):
+    """From ``/saved-searches`` itself only the fragment changes: the page reloads itself
+    (saved_searches.js), so the new search is listed and the URL points at it."""
+    page = signed_in
+    page.goto(site.url + "/saved-searches")
+    page.fill("#saved-new-name", "CMEs wide")
+    page.fill("#saved-new-query", "type=CE&min_angular_width=120")
+    page.click("#saved-new-submit")
+    section = page.locator("section.saved-search", has=page.locator("h2", has_text="CMEs wide"))
+    section.wait_for()
+    page.wait_for_load_state("load")
+    sid = int(section.get_attribute("data-search-id"))
+    assert page.url == f"{site.url}/saved-searches#saved-{sid}", page.url
+    with session_scope() as s:
+        row = s.get(SavedSearch, sid)
+        assert row.owner == "alice" and row.query["min_angular_width"] in (120, 120.0, "120")
+        s.delete(row)
     assert page.js_errors == []
 
 

@@ -71,8 +71,18 @@
           box.hidden = false;
           box.dataset.searchId = String(saved.id);
         } else {
-          window.location.assign("/saved-searches#saved-" + saved.id);
-          window.location.reload();
+          // to the new search in the list read again: where only the fragment changes, assign()
+          // merely scrolls, so the page is reloaded; from a prefilled form's URL (?kind=&query=)
+          // assign() loads the list itself (a reload() after it would cancel that navigation and
+          // load the old URL again, prefilled form and all)
+          const target = new URL("/saved-searches#saved-" + saved.id, window.location.href);
+          const here = new URL(window.location.href);
+          if (here.pathname === target.pathname && here.search === target.search) {
+            window.location.hash = target.hash;
+            window.location.reload();
+          } else {
+            window.location.assign(target.href);
+          }
         }
       } catch (e) {
         showError(err, "Not saved: " + e.message);
