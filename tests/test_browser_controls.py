@@ -423,13 +423,23 @@ class Driver:
             return None
         if c["tag"] == "form":
             loc.evaluate("f => f.requestSubmit()")
-        else:
-            loc.click()
+            return "open" if c["key"] in RESETS_PAGE else None
+        reloads = loc.evaluate(f"el => el.matches({RELOADS_ITSELF!r})")
+        loc.click()
+        if reloads:  # the page loads itself again a moment later: wait for that document
+            pg.wait_for_function("() => window.__controlsDocument !== true", timeout=TIMEOUT_MS)
+            return "open"
         return "open" if c["key"] in RESETS_PAGE else None
 
 
 #: Controls after which the page is opened afresh although the URL stays (the session changes).
 RESETS_PAGE = {"#signout"}
+
+#: Controls whose success makes the page reload itself a moment later (job_actions.js: Cancel and
+#: Retry, 600 ms after the API's answer). Their click waits for the new document (a timeout is a
+#: problem: the action did not succeed), so that the next control is not clicked while the old
+#: document goes away.
+RELOADS_ITSELF = "#job-actions button[data-action]"
 
 
 def _check_page(browser, site, visit: Visit) -> tuple[int, list[str]]:
