@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import re
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import select
@@ -64,23 +66,45 @@ def _job(owner: str, n: int, *, publishes: bool = False, options: dict | None = 
 @contextlib.contextmanager
 def reloading(page, timeout_ms: float = 30_000):
     """The block's click makes the page show a message, then reload itself (job_actions.js, 600 ms
-    after the API's answer). On exit the new document has loaded; yields a callable giving the
-    message the old document showed.
+    after the API's answer). On exit the new document has loaded. Yields an object whose
+    ``message()`` is the message the old document showed and ``answer()`` the API's answer to
+    the page's own request, ``(status, JSON body)``.
 
     A check made between the click and the reload raced it (once in a full run: the old page's
     status poll already read ``cancelled``, so ``wait_for_selector`` matched the old document and
-    the Retry button was looked for while the new one loaded). Here the message is recorded by a
-    MutationObserver into ``sessionStorage`` (which survives the reload) the moment it is shown,
-    and the old document carries a mark that the new one lacks."""
-    page.evaluate("""() => {
+    the Retry button was looked for while the new one loaded). Here both are kept in
+    ``sessionStorage``, which survives the reload: the message by a MutationObserver the moment it
+    is shown, the answer by the old document's ``fetch`` (the page's request goes to the server as
+    the page sends it, cookie and all; its body is read from a clone before the page gets it). The
+    old document carries a mark that the new one lacks."""
+    page.evaluate(r"""() => {
         window.__lstdpOldDocument = true;
         sessionStorage.removeItem("lstdpActionMessage");
+        sessionStorage.removeItem("lstdpActionAnswer");
         const m = document.querySelector("#job-actions .job-action-message");
         new MutationObserver(() => {
             if (!m.hidden) sessionStorage.setItem("lstdpActionMessage", m.textContent);
         }).observe(m, {attributes: true, childList: true, characterData: true, subtree: true});
+        const send = window.fetch;
+        window.fetch = async function (...args) {
+            const resp = await send.apply(this, args);
+            if (/\/api\/v1\/jobs\/[^/]+\/(cancel|retry)$/.test(new URL(resp.url).pathname)) {
+                const body = await resp.clone().text();
+                sessionStorage.setItem("lstdpActionAnswer", JSON.stringify([resp.status, body]));
+            }
+            return resp;
+        };
     }""")
-    yield lambda: page.evaluate('() => sessionStorage.getItem("lstdpActionMessage")')
+
+    def answer() -> tuple[int, object] | None:
+        got = page.evaluate('() => sessionStorage.getItem("lstdpActionAnswer")')
+        if got is None:
+            return None
+        status, body = json.loads(got)
+        return status, json.loads(body)
+
+    yield SimpleNamespace(message=lambda: page.evaluate('() => sessionStorage.getItem("lstdpActionMessage")'),
+                          answer=answer)
     page.wait_for_function("() => window.__lstdpOldDocument === undefined", timeout=timeout_ms)
     page.wait_for_load_state("load")
 
@@ -117,12 +141,15 @@ def test_cancel_on_the_page_ends_a_queued_job_cancelled(live, page, tmp_path):
     assert cancel.is_visible() and not retry.is_visible(), "a queued job can be cancelled, not retried"
     page.screenshot(path=str(tmp_path / "job-queued.png"), full_page=True)
 
-    with reloading(page) as message:
+    with reloading(page) as seen:
         with page.expect_response(re.compile(rf"/api/v1/jobs/{job_id}/cancel$")) as answer:
             cancel.click()
-        assert answer.value.status == 200, answer.value.text()
-    shown = message()
-    assert shown is not None and shown.startswith("Cancelled:") and "refused" not in shown, shown
+        assert answer.value.status == 200
+    status, body = seen.answer()
+    assert status == 200 and body["state"] == "cancelled", (status, body)
+    shown = seen.message()
+    assert (body["total"], body["cancelled"]) == (0, 0), body  # queued: never planned, no frame counted
+    assert shown == "Cancelled before it was planned: none of its frames will be calibrated.", shown
     with session_scope() as s:
         job = s.get(Job, job_id)
         assert job.state == JobState.cancelled and job.cancelled_by == "tester" and job.finished_at is not None
@@ -156,22 +183,13 @@ def test_retry_on_the_page_sends_exactly_the_failed_frames_again(live, page, tmp
     assert retry.is_visible() and not cancel.is_visible(), "an ended job cannot be cancelled"
     page.screenshot(path=str(tmp_path / "job-failed.png"), full_page=True)
 
-    # the answer's body is read as it passes (route.fetch: the page's own request, sent to the
-    # server as the page made it), not from the browser after the reload has discarded it
-    answers: list = []
-
-    def keep(route) -> None:
-        resp = route.fetch()
-        answers.append((resp.status, resp.json()))
-        route.fulfill(response=resp)
-
-    page.route(re.compile(rf"/api/v1/jobs/{job_id}/retry$"), keep)
-    with reloading(page) as message:
-        retry.click()
-    page.unroute(re.compile(rf"/api/v1/jobs/{job_id}/retry$"))
-    assert len(answers) == 1 and answers[0][0] == 202, answers
-    assert message() == "Retry 1 sent: the job runs its failed frames again."
-    body = answers[0][1]
+    with reloading(page) as seen:
+        with page.expect_response(re.compile(rf"/api/v1/jobs/{job_id}/retry$")) as answer:
+            retry.click()
+        assert answer.value.status == 202
+    status, body = seen.answer()
+    assert status == 202, (status, body)
+    assert seen.message() == "Retry 1 sent: the job runs its failed frames again."
     assert (body["state"], body["retries"], body["done"], body["failed"], body["total"]) == ("running", 1, 3, 0, 5)
     # exactly the failed frames: their products planned again and sent, the done ones untouched
     with session_scope() as s:

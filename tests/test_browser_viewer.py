@@ -151,6 +151,8 @@ def test_viewer_zoom_fetches_a_full_resolution_region_and_dq_layer(live, page, t
     page.mouse.up()
     page.wait_for_function("() => window.lstViewer.requests.some(r => r.kind === 'region' && r.factor === 1)")
     page.wait_for_function("() => document.getElementById('viewer-app').dataset.decimation === '1'")
+    page.wait_for_function("() => document.getElementById('viewer-app').dataset.loaded"
+                           " === String(window.lstViewer.requests.length)")  # the zoom's draw ended
     zoomed = [r for r in _requests(page) if r["kind"] == "region" and r["factor"] == 1][-1]
     reg = zoomed["region"]
     assert reg["x1"] - reg["x0"] < N_BROWSER / 2 and reg["y1"] - reg["y0"] < N_BROWSER / 2
