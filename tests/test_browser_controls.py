@@ -427,7 +427,11 @@ class Driver:
         reloads = loc.evaluate(f"el => el.matches({RELOADS_ITSELF!r})")
         loc.click()
         if reloads:  # the page loads itself again a moment later: wait for that document
-            pg.wait_for_function("() => window.__controlsDocument !== true", timeout=TIMEOUT_MS)
+            try:
+                pg.wait_for_function("() => window.__controlsDocument !== true", timeout=TIMEOUT_MS)
+            except PlaywrightError as exc:  # no reload: the action was refused; say what the page said
+                shown = pg.locator("#job-actions .job-action-message").inner_text(timeout=1_000)
+                raise PlaywrightError(f"no reload after the click; the page says {shown!r}") from exc
             return "open"
         return "open" if c["key"] in RESETS_PAGE else None
 
