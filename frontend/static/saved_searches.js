@@ -71,17 +71,18 @@
           box.hidden = false;
           box.dataset.searchId = String(saved.id);
         } else {
-          // to the new search in the list read again: where only the fragment changes, assign()
-          // merely scrolls, so the page is reloaded; from a prefilled form's URL (?kind=&query=)
-          // assign() loads the list itself (a reload() after it would cancel that navigation and
-          // load the old URL again, prefilled form and all)
+          // to the new search in the list read again, in place of this entry of the history (Back
+          // does not return to the filled form, where Save would save it twice): where only the
+          // fragment changes, loading the URL would merely scroll, so the URL is replaced and the
+          // page reloaded; from a prefilled form's URL (?kind=&query=) replace() loads the list
+          // itself (a reload() after it would cancel that navigation and load the old URL again)
           const target = new URL("/saved-searches#saved-" + saved.id, window.location.href);
           const here = new URL(window.location.href);
           if (here.pathname === target.pathname && here.search === target.search) {
-            window.location.hash = target.hash;
+            window.history.replaceState(null, "", target.href);
             window.location.reload();
           } else {
-            window.location.assign(target.href);
+            window.location.replace(target.href);
           }
         }
       } catch (e) {
