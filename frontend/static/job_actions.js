@@ -56,8 +56,12 @@
       }
       box.dataset.cancelRequested = "yes";
       setButtons(box, body.state, true);
-      show(box, body.state === "cancelled"
-        ? `Cancelled: ${body.cancelled} frame(s) not calibrated.`
+      // a job cancelled while queued was never planned: it has no frames counted (total 0), and
+      // "0 frame(s) not calibrated" would read as if nothing had been stopped
+      const ended = body.total === 0
+        ? "Cancelled before it was planned: none of its frames will be calibrated."
+        : `Cancelled: ${body.cancelled} frame(s) not calibrated.`;
+      show(box, body.state === "cancelled" ? ended
         : "Cancel asked: queued frames will not start; frames being calibrated finish first.", false);
       if (body.state === "cancelled") window.setTimeout(function () { window.location.reload(); }, 600);
     } catch (err) {
