@@ -543,21 +543,28 @@ def test_a_double_click_while_the_zoom_is_loading_is_not_lost(site, signed_in):
     assert page.js_errors == []
 
 
-def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
-    page = signed_in
-    page.goto(site.url + "/saved-searches?kind=events&query=type%3DFL%26min_goes_class%3DM1.0")
-    assert page.input_value("#saved-new-query") == "type=FL&min_goes_class=M1.0"
-    page.fill("#saved-new-name", "M flares")
+def _save_search(site, page, name: str):
+    """Save the new-search form under ``name``; the page then shows the list read again at the new
+    search, whatever URL the form was on (a prefilled ``?kind=&query=`` one left behind).
+    Returns the new search's section and id."""
+    page.fill("#saved-new-name", name)
     page.click("#saved-new-submit")
-    section = page.locator("section.saved-search", has=page.locator("h2", has_text="M flares"))
+    section = page.locator("section.saved-search", has=page.locator("h2", has_text=name))
     section.wait_for()
     # the page reloads itself after the POST (saved_searches.js): the section shows while the new
     # document is still parsed, before its deferred script binds the forms (a click then would
     # submit the form natively); its load comes after that script's DOMContentLoaded handler
     page.wait_for_load_state("load")
     sid = int(section.get_attribute("data-search-id"))
-    # the list read again at the new search, the prefilled form's URL left behind
     assert page.url == f"{site.url}/saved-searches#saved-{sid}", page.url
+    return section, sid
+
+
+def test_saved_search_saved_changed_and_deleted_in_the_browser(site, signed_in):
+    page = signed_in
+    page.goto(site.url + "/saved-searches?kind=events&query=type%3DFL%26min_goes_class%3DM1.0")
+    assert page.input_value("#saved-new-query") == "type=FL&min_goes_class=M1.0"
+    section, sid = _save_search(site, page, "M flares")
     assert page.input_value("#saved-new-query") == ""
     with session_scope() as s:
         row = s.get(SavedSearch, sid)
@@ -588,15 +595,9 @@ def test_a_search_saved_from_the_plain_list_page_shows_in_the_list_read_again(si
     (saved_searches.js), so the new search is listed and the URL points at it."""
     page = signed_in
     page.goto(site.url + "/saved-searches")
-    page.fill("#saved-new-name", "CMEs wide")
     page.fill("#saved-new-query", "type=CE&min_angular_width=120")
-    page.click("#saved-new-submit")
-    section = page.locator("section.saved-search", has=page.locator("h2", has_text="CMEs wide"))
-    section.wait_for()
-    page.wait_for_load_state("load")
-    sid = int(section.get_attribute("data-search-id"))
+    _, sid = _save_search(site, page, "CMEs wide")
     try:
-        assert page.url == f"{site.url}/saved-searches#saved-{sid}", page.url
         with session_scope() as s:
             row = s.get(SavedSearch, sid)
             assert row.owner == "alice" and row.query["min_angular_width"] in (120, 120.0, "120")
