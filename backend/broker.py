@@ -46,6 +46,7 @@ from typing import Literal
 from celery import Celery
 from celery.app.defaults import DEFAULTS
 from kombu import Exchange, Queue
+from kombu import transport as _transport
 
 from backend.faults import public_reason
 from backend.settings import Settings, get_settings
@@ -55,6 +56,12 @@ __all__ = ["app", "configure", "ensure_configured", "send", "broker_status", "Ta
            "TimeLimitError", "api_broker_timeout_s", "Role", "InFlight", "in_flight", "send_calibration"]
 
 log = logging.getLogger(__name__)
+
+# The embedded mode's ``filesystem://`` broker is kombu's transport with whole message files
+# (backend/broker_fs.py: kombu's own can hand a consumer an empty file, which stops the worker;
+# celery/kombu#1551), in every process that imports this module, before any connection is made.
+_transport.TRANSPORT_ALIASES["filesystem"] = "backend.broker_fs:Transport"
+_transport._transport_cache.pop("filesystem", None)
 
 #: Who uses the broker: the API (and the CLI), or a worker.
 Role = Literal["api", "worker"]

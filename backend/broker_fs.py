@@ -1,0 +1,87 @@
+"""kombu's filesystem transport (the embedded mode's broker) with whole message files.
+
+kombu 5.x's ``filesystem`` transport (``kombu.transport.filesystem.Channel._put``) creates a
+message file in the queue's folder, then locks it (an advisory ``flock``) and writes it. A
+consumer (``Channel._get``) lists the folder, moves the file away and reads it, without looking
+at the lock. A consumer that comes between the two reads an empty file: ``json.loads`` raises,
+Celery's consumer calls it an "Unrecoverable error" and the worker exits, and the message is
+lost (the producer writes on into the moved, then deleted, file). It is kombu's open issue
+celery/kombu#1551. It happened here in a CI run (2026-12-07): the embedded worker of
+``tests/client`` died so while a follow-up detection was sent, and the next job waited forever.
+
+:class:`Channel` writes each message under a name that consumers skip (a leading dot and a
+``.part`` suffix: kombu takes the queue from the text after the *first* dot, and
+:func:`backend.broker.in_flight` reads only names ending ``.msg``), flushes it to disk and
+renames it into place (``os.replace``: one ``rename(2)`` within the folder, atomic on POSIX), so a
+consumer sees the whole file or none. A message file that is still not JSON (written by another
+program, a disk fault) is logged with its error and skipped: it no longer stops the worker.
+
+:mod:`backend.broker` makes this the ``filesystem://`` transport of every process that imports
+it (``kombu.transport.TRANSPORT_ALIASES``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from time import monotonic
+
+from kombu.exceptions import ChannelError
+from kombu.transport import filesystem
+from kombu.utils.encoding import str_to_bytes
+from kombu.utils.json import dumps
+
+__all__ = ["Channel", "Transport"]
+
+log = logging.getLogger(__name__)
+
+
+class Channel(filesystem.Channel):
+    """kombu's filesystem channel whose message files appear whole (module docstring)."""
+
+    def _put(self, queue: str, payload: dict, **kwargs) -> None:
+        """Put ``payload`` on ``queue``: written to a hidden ``.part`` file, then renamed.
+
+        The final name is kombu's own (``<monotonic ms>_<uuid>.<queue>.msg``), so the
+        consumers' order (sorted names) is unchanged.
+
+        Raises
+        ------
+        kombu.exceptions.ChannelError
+            If the file cannot be written or renamed (its partial file is removed).
+        """
+        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        final = os.path.join(self.data_folder_out, name)
+        part = os.path.join(self.data_folder_out, f".{name}.part")
+        try:
+            with open(part, "wb") as f:
+                f.write(str_to_bytes(dumps(payload)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _get(self, queue: str) -> dict:
+        """The next message of ``queue``; a message file that is not JSON is logged and skipped.
+
+        Raises
+        ------
+        queue.Empty
+            If the queue has no message (kombu's contract).
+        """
+        while True:
+            try:
+                return super()._get(queue)
+            except ValueError as exc:  # json.JSONDecodeError; kombu has already taken the file away
+                log.error("embedded broker: a message file of queue %r is not JSON and was dropped (%s)", queue, exc)
+
+
+class Transport(filesystem.Transport):
+    """kombu's filesystem transport with :class:`Channel`."""
+
+    Channel = Channel

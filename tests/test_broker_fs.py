@@ -1,0 +1,113 @@
+"""The embedded broker's message files (backend/broker_fs.py; celery/kombu#1551).
+
+kombu's own filesystem transport creates a message file, then locks and writes it; a consumer
+that lists the folder in between takes an empty file and its worker stops ("Unrecoverable
+error: JSONDecodeError"). Here the consumer is made to come at exactly that moment: inside the
+producer's write step (kombu's ``lock`` call, or this transport's ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from queue import Empty
+
+import pytest
+from kombu import Connection
+from kombu.transport import filesystem as kombu_fs
+
+import backend.broker  # noqa: F401 - registers backend.broker_fs as the filesystem:// transport
+from backend import broker_fs
+
+
+def _channel(folder, transport=None):
+    opts = {"data_folder_in": str(folder), "data_folder_out": str(folder), "store_processed": False}
+    conn = Connection("filesystem://", transport=transport, transport_options=opts)
+    return conn, conn.default_channel
+
+
+def test_the_embedded_broker_uses_this_transport(tmp_path, monkeypatch):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "var"))
+    from backend.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        backend.broker.configure()
+        with backend.broker.app.connection_for_write() as conn:
+            assert isinstance(conn.transport, broker_fs.Transport)
+            assert isinstance(conn.default_channel, broker_fs.Channel)
+    finally:
+        get_settings.cache_clear()
+        backend.broker.configure()
+
+
+def test_kombus_own_transport_hands_a_consumer_an_empty_file(tmp_path, monkeypatch):
+    """The defect this module exists for, shown on kombu's own channel: a consumer between the
+    file's creation and its write gets an empty file and json raises."""
+    conn, ch = _channel(tmp_path, transport=kombu_fs.Transport)
+    seen = []
+    real_lock = kombu_fs.lock
+
+    def consumer_comes_now(f, flags):
+        try:
+            seen.append(ch._get("cpu"))
+        except ValueError as exc:
+            seen.append(exc)
+        return real_lock(f, flags)
+
+    monkeypatch.setattr(kombu_fs, "lock", consumer_comes_now)
+    with conn:
+        ch._put("cpu", {"body": "frame 1"})
+    assert len(seen) == 1 and isinstance(seen[0], json.JSONDecodeError), seen
+
+
+def test_a_consumer_never_sees_a_message_file_before_it_is_whole(tmp_path, monkeypatch):
+    conn, ch = _channel(tmp_path)
+    assert isinstance(ch, broker_fs.Channel)
+    seen = []
+    real_replace = os.replace
+
+    def consumer_comes_now(src, dst):
+        assert os.path.basename(src).startswith(".") and src.endswith(".part")
+        assert json.loads(open(src, "rb").read()) == {"body": "frame 1"}  # already whole, not yet visible
+        try:
+            seen.append(ch._get("cpu"))
+        except Empty:
+            seen.append("empty")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(broker_fs.os, "replace", consumer_comes_now)
+    with conn:
+        ch._put("cpu", {"body": "frame 1"})
+        assert seen == ["empty"]  # the partial file is skipped
+        assert ch._get("cpu") == {"body": "frame 1"}  # then the whole message, once
+        with pytest.raises(Empty):
+            ch._get("cpu")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_message_file_that_is_not_json_is_dropped_with_a_log_not_a_dead_worker(tmp_path, caplog):
+    conn, ch = _channel(tmp_path)
+    with conn:
+        (tmp_path / "1_bad.cpu.msg").write_bytes(b"")  # sorted first
+        ch._put("cpu", {"body": "frame 2"})
+        with caplog.at_level(logging.ERROR, logger="backend.broker_fs"):
+            assert ch._get("cpu") == {"body": "frame 2"}
+        assert "not JSON and was dropped" in caplog.text
+        with pytest.raises(Empty):
+            ch._get("cpu")
+
+
+def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    conn, ch = _channel(tmp_path)
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(broker_fs.os, "fsync", full_disk)
+    from kombu.exceptions import ChannelError
+
+    with conn, pytest.raises(ChannelError, match="Cannot add file"):
+        ch._put("cpu", {"body": "frame 3"})
+    assert os.listdir(tmp_path) == []
