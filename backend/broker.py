@@ -12,7 +12,9 @@ Queues: ``cpu`` (default) and ``gpu`` (GPU workers, ``ARRAY_BACKEND=cupy``). Lon
 
 Embedded mode (``CELERY_BROKER_URL=filesystem://``, the default) uses kombu's filesystem
 transport with its folders under ``DATA_DIR/broker``: a worker needs no server, and a
-submitted job still runs asynchronously in the worker process (never in eager mode).
+submitted job still runs asynchronously in the worker process (never in eager mode). Its
+message files are written whole before they appear (:mod:`backend.broker_fs`, registered below
+as the ``filesystem`` transport: kombu's own could hand a worker an empty file and stop it).
 
 Time limits and timeouts (:func:`configure`): every task gets ``TASK_SOFT_TIME_LIMIT_S``
 and ``TASK_TIME_LIMIT_S``; the Redis transport's visibility timeout is
