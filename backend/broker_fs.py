@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import uuid
 from time import monotonic
 
@@ -37,20 +38,50 @@ __all__ = ["Channel", "Transport"]
 
 log = logging.getLogger(__name__)
 
+#: A ``.part`` file older than this [s] was left by a sender that died between its write and its
+#: rename (SIGKILL, a time limit's exception); a new channel removes it.
+STALE_PART_S = 3600.0
+
+# the file operations the tests intercept (here, not process-wide in ``os``)
+_replace = os.replace
+_unlink = os.unlink
+
 
 class Channel(filesystem.Channel):
     """kombu's filesystem channel whose message files appear whole (module docstring)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sweep_parts()
+
+    def _sweep_parts(self) -> None:
+        """Remove ``.part`` files older than :data:`STALE_PART_S` (never seen by a consumer)."""
+        try:
+            names = os.listdir(self.data_folder_out)
+        except OSError:
+            return
+        now = time.time()
+        for name in names:
+            if name.startswith(".") and name.endswith(".part"):
+                path = os.path.join(self.data_folder_out, name)
+                with contextlib.suppress(OSError):
+                    if now - os.stat(path).st_mtime > STALE_PART_S:
+                        _unlink(path)
+                        log.warning("embedded broker: removed %s, a message its sender never finished", name)
 
     def _put(self, queue: str, payload: dict, **kwargs) -> None:
         """Put ``payload`` on ``queue``: written to a hidden ``.part`` file, then renamed.
 
         The final name is kombu's own (``<monotonic ms>_<uuid>.<queue>.msg``), so the
-        consumers' order (sorted names) is unchanged.
+        consumers' order (sorted names) is unchanged. The rename makes the file appear whole; it
+        is not fsynced (kombu's is not either: a power loss can lose a message, which the
+        reconciler sends again, ``backend.reconcile``).
 
         Raises
         ------
         kombu.exceptions.ChannelError
-            If the file cannot be written or renamed (its partial file is removed).
+            If the file cannot be written or renamed. On any error (an exception raised into the
+            sender too) the partial file is removed.
         """
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
@@ -58,13 +89,13 @@ class Channel(filesystem.Channel):
         try:
             with open(part, "wb") as f:
                 f.write(str_to_bytes(dumps(payload)))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(part, final)
-        except OSError as exc:
+            _replace(part, final)
+        except BaseException as exc:
             with contextlib.suppress(OSError):
-                os.unlink(part)
-            raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+                _unlink(part)
+            if isinstance(exc, OSError):
+                raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+            raise
 
     def _get(self, queue: str) -> dict:
         """The next message of ``queue``; a message file that is not JSON is logged and skipped.
@@ -76,9 +107,14 @@ class Channel(filesystem.Channel):
         """
         while True:
             try:
-                return super()._get(queue)
+                payload = super()._get(queue)
             except ValueError as exc:  # json.JSONDecodeError; kombu has already taken the file away
                 log.error("embedded broker: a message file of queue %r is not JSON and was dropped (%s)", queue, exc)
+                continue
+            if isinstance(payload, dict):
+                return payload
+            log.error("embedded broker: a message file of queue %r holds a JSON %s, not a message, and was "
+                      "dropped", queue, type(payload).__name__)
 
 
 class Transport(filesystem.Transport):
