@@ -11,10 +11,11 @@ celery/kombu#1551. It happened here in a CI run (2026-12-07): the embedded worke
 
 :class:`Channel` writes each message under a name that consumers skip (a leading dot and a
 ``.part`` suffix: kombu takes the queue from the text after the *first* dot, and
-:func:`backend.broker.in_flight` reads only names ending ``.msg``), flushes it to disk and
-renames it into place (``os.replace``: one ``rename(2)`` within the folder, atomic on POSIX), so a
-consumer sees the whole file or none. A message file that is still not JSON (written by another
-program, a disk fault) is logged with its error and skipped: it no longer stops the worker.
+:func:`backend.broker.in_flight` reads only names ending ``.msg``) and renames it into place
+(``os.replace``: one ``rename(2)`` within the folder, atomic on POSIX), so a consumer sees the
+whole file or none; a ``.part`` file left by a sender that died is removed by a later channel. A
+message file that is still not a JSON object (written by another program, a disk fault) is
+logged and skipped: it no longer stops the worker.
 
 :mod:`backend.broker` makes this the ``filesystem://`` transport of every process that imports
 it (``kombu.transport.TRANSPORT_ALIASES``).
@@ -27,7 +28,6 @@ import logging
 import os
 import time
 import uuid
-from time import monotonic
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
@@ -75,7 +75,7 @@ class Channel(filesystem.Channel):
         The final name is kombu's own (``<monotonic ms>_<uuid>.<queue>.msg``), so the
         consumers' order (sorted names) is unchanged. The rename makes the file appear whole; it
         is not fsynced (kombu's is not either: a power loss can lose a message, which the
-        reconciler sends again, ``backend.reconcile``).
+        reconciler sends again, :mod:`backend.worker.reconcile`).
 
         Raises
         ------
@@ -83,7 +83,7 @@ class Channel(filesystem.Channel):
             If the file cannot be written or renamed. On any error (an exception raised into the
             sender too) the partial file is removed.
         """
-        name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        name = f"{int(round(time.monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
         final = os.path.join(self.data_folder_out, name)
         part = os.path.join(self.data_folder_out, f".{name}.part")
         try:
