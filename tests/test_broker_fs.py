@@ -95,8 +95,12 @@ def test_a_consumer_never_sees_a_message_file_before_it_is_whole(tmp_path, monke
 def test_a_message_file_that_is_not_json_is_dropped_with_a_log_not_a_dead_worker(tmp_path, caplog):
     conn, ch = _channel(tmp_path)
     with conn:
-        (tmp_path / "1_bad.cpu.msg").write_bytes(b"")  # sorted first
+        # kombu consumes files in the sorted order of their names, '<monotonic ms>_<uuid>.<queue>.msg':
+        # a time of 0 sorts before any real one whatever the machine's uptime ('1_bad' sorted
+        # after '15..._' once the uptime passed 1e6 ms, and the bad file was never read here)
+        (tmp_path / "0_bad.cpu.msg").write_bytes(b"")
         ch._put("cpu", {"body": "frame 2"})
+        assert sorted(os.listdir(tmp_path))[0] == "0_bad.cpu.msg"  # consumed first
         with caplog.at_level(logging.ERROR, logger="backend.broker_fs"):
             assert ch._get("cpu") == {"body": "frame 2"}
         assert "not JSON and was dropped" in caplog.text
@@ -129,9 +133,10 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
 def test_a_json_value_that_is_not_a_message_is_dropped_too(tmp_path, caplog):
     conn, ch = _channel(tmp_path)
     with conn:
-        (tmp_path / "1_null.cpu.msg").write_bytes(b"null")
-        (tmp_path / "2_list.cpu.msg").write_bytes(b"[]")
+        (tmp_path / "0_a.cpu.msg").write_bytes(b"null")
+        (tmp_path / "0_b.cpu.msg").write_bytes(b"[]")
         ch._put("cpu", {"body": "frame 5"})
+        assert sorted(os.listdir(tmp_path))[:2] == ["0_a.cpu.msg", "0_b.cpu.msg"]  # consumed first
         with caplog.at_level(logging.ERROR, logger="backend.broker_fs"):
             assert ch._get("cpu") == {"body": "frame 5"}
         assert "JSON NoneType" in caplog.text and "JSON list" in caplog.text
