@@ -15,7 +15,10 @@ celery/kombu#1551. It happened here in a CI run (2026-12-07): the embedded worke
 (``os.replace``: one ``rename(2)`` within the folder, atomic on POSIX), so a consumer sees the
 whole file or none; a ``.part`` file left by a sender that died is removed by a later channel. A
 message file that is still not a JSON object (written by another program, a disk fault) is
-logged and skipped: it no longer stops the worker.
+logged and skipped: it no longer stops the worker. Names carry the sending time zero-padded
+(:func:`message_name`), so the consumers' string order is the order of sending; kombu's
+unpadded uptime milliseconds let new messages overtake all older ones at each new digit of the
+uptime and after a reboot.
 
 :mod:`backend.broker` makes this the ``filesystem://`` transport of every process that imports
 it (``kombu.transport.TRANSPORT_ALIASES``).
@@ -34,7 +37,7 @@ from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
-__all__ = ["Channel", "Transport"]
+__all__ = ["Channel", "Transport", "message_name"]
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +45,27 @@ log = logging.getLogger(__name__)
 #: rename (SIGKILL, a time limit's exception); a new channel removes it.
 STALE_PART_S = 3600.0
 
-# the file operations the tests intercept (here, not process-wide in ``os``)
+# the calls the tests intercept (here, not process-wide in ``os`` and ``time``)
 _replace = os.replace
 _unlink = os.unlink
+_time_ns = time.time_ns
+
+
+def message_name(queue: str) -> str:
+    """The file name of a new message of ``queue``: ``<ms>_<uuid4>.<queue>.msg``.
+
+    Consumers take files in the sorted order of their names (kombu's ``_get`` sorts the
+    listing as strings), so the time in front is what orders a queue. kombu writes
+    ``round(time.monotonic() * 1000)`` without padding, which string order gets wrong twice:
+    when the uptime gains a digit (1e6, 1e7, 1e8, 1e9 ms: about 17 min, 2.8 h, 28 h and 11.6
+    days) every new message sorts before every older one (``'10000000_' < '9999999_'``), and
+    after a reboot the clock starts again near 0; in both cases the older messages wait until
+    the queue has drained of newer ones. Here the time is the wall clock's milliseconds since
+    1970 (``time.time_ns()``), zero-padded to 15 digits (enough until the year 33658), so string
+    order is time order across processes and reboots; a step of the clock back (NTP) only
+    reorders the messages sent within that step.
+    """
+    return f"{_time_ns() // 1_000_000:015d}_{uuid.uuid4()}.{queue}.msg"
 
 
 class Channel(filesystem.Channel):
@@ -72,8 +93,8 @@ class Channel(filesystem.Channel):
     def _put(self, queue: str, payload: dict, **kwargs) -> None:
         """Put ``payload`` on ``queue``: written to a hidden ``.part`` file, then renamed.
 
-        The final name is kombu's own (``<monotonic ms>_<uuid>.<queue>.msg``), so the
-        consumers' order (sorted names) is unchanged. The rename makes the file appear whole; it
+        The final name is ``<UTC ms, 15 digits>_<uuid>.<queue>.msg`` (:func:`message_name`).
+        The rename makes the file appear whole; it
         is not fsynced (kombu's is not either: a power loss can lose a message, which the
         reconciler sends again, :mod:`backend.worker.reconcile`).
 
@@ -83,7 +104,7 @@ class Channel(filesystem.Channel):
             If the file cannot be written or renamed. On any error (an exception raised into the
             sender too) the partial file is removed.
         """
-        name = f"{int(round(time.monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
+        name = message_name(queue)
         final = os.path.join(self.data_folder_out, name)
         part = os.path.join(self.data_folder_out, f".{name}.part")
         try:

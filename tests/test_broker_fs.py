@@ -20,6 +20,9 @@ from kombu.transport import filesystem as kombu_fs
 import backend.broker  # noqa: F401 - registers backend.broker_fs as the filesystem:// transport
 from backend import broker_fs
 
+#: The time part of a message name that sorts before any real one (time 0, 15 digits).
+BAD = "0" * 15
+
 
 def _channel(folder, transport=None):
     opts = {"data_folder_in": str(folder), "data_folder_out": str(folder), "store_processed": False}
@@ -95,12 +98,12 @@ def test_a_consumer_never_sees_a_message_file_before_it_is_whole(tmp_path, monke
 def test_a_message_file_that_is_not_json_is_dropped_with_a_log_not_a_dead_worker(tmp_path, caplog):
     conn, ch = _channel(tmp_path)
     with conn:
-        # kombu consumes files in the sorted order of their names, '<monotonic ms>_<uuid>.<queue>.msg':
-        # a time of 0 sorts before any real one whatever the machine's uptime ('1_bad' sorted
-        # after '15..._' once the uptime passed 1e6 ms, and the bad file was never read here)
-        (tmp_path / "0_bad.cpu.msg").write_bytes(b"")
+        # consumers take files in the sorted order of their names (broker_fs.message_name): a
+        # time of 0 in the same form sorts first whatever the clock says ('1_bad' sorted after
+        # kombu's unpadded '15..._' once the uptime passed 1e6 ms, and was never read here)
+        (tmp_path / f"{BAD}_bad.cpu.msg").write_bytes(b"")
         ch._put("cpu", {"body": "frame 2"})
-        assert sorted(os.listdir(tmp_path))[0] == "0_bad.cpu.msg"  # consumed first
+        assert sorted(os.listdir(tmp_path))[0] == f"{BAD}_bad.cpu.msg"  # consumed first
         with caplog.at_level(logging.ERROR, logger="backend.broker_fs"):
             assert ch._get("cpu") == {"body": "frame 2"}
         assert "not JSON and was dropped" in caplog.text
@@ -133,10 +136,10 @@ def test_a_failed_write_leaves_no_partial_file(tmp_path, monkeypatch):
 def test_a_json_value_that_is_not_a_message_is_dropped_too(tmp_path, caplog):
     conn, ch = _channel(tmp_path)
     with conn:
-        (tmp_path / "0_a.cpu.msg").write_bytes(b"null")
-        (tmp_path / "0_b.cpu.msg").write_bytes(b"[]")
+        (tmp_path / f"{BAD}_a.cpu.msg").write_bytes(b"null")
+        (tmp_path / f"{BAD}_b.cpu.msg").write_bytes(b"[]")
         ch._put("cpu", {"body": "frame 5"})
-        assert sorted(os.listdir(tmp_path))[:2] == ["0_a.cpu.msg", "0_b.cpu.msg"]  # consumed first
+        assert sorted(os.listdir(tmp_path))[:2] == [f"{BAD}_a.cpu.msg", f"{BAD}_b.cpu.msg"]  # consumed first
         with caplog.at_level(logging.ERROR, logger="backend.broker_fs"):
             assert ch._get("cpu") == {"body": "frame 5"}
         assert "JSON NoneType" in caplog.text and "JSON list" in caplog.text
@@ -152,3 +155,19 @@ def test_a_part_file_its_sender_never_finished_is_removed_later(tmp_path):
     conn, ch = _channel(tmp_path)
     with conn:
         assert sorted(os.listdir(tmp_path)) == [new.name]  # the stale one gone, a current one kept
+
+
+def test_a_queue_is_taken_in_the_order_it_was_sent_when_the_clock_gains_a_digit(tmp_path, monkeypatch):
+    """Names sort as strings: kombu's unpadded monotonic milliseconds put '10000000_' before
+    '9999999_', so at each new digit of the uptime (and after a reboot) new messages overtook
+    every older one. The padded wall-clock time keeps the order."""
+    conn, ch = _channel(tmp_path)
+    sent_ms = [9_999, 10_000, 999_999_999, 1_000_000_000, 1_796_000_000_000]  # each step adds a digit
+    with conn:
+        for i, ms in enumerate(sent_ms):
+            monkeypatch.setattr(broker_fs, "_time_ns", lambda ms=ms: ms * 1_000_000 + 999_999)
+            ch._put("cpu", {"body": f"message {i}"})
+        assert [ch._get("cpu")["body"] for _ in sent_ms] == [f"message {i}" for i in range(len(sent_ms))]
+        with pytest.raises(Empty):
+            ch._get("cpu")
+    assert broker_fs.message_name("cpu").endswith(".cpu.msg")
