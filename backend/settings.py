@@ -144,8 +144,9 @@ class Settings(BaseSettings):
         deadline. Default 1.8: the API answers within 2 s even when PostgreSQL or Redis is
         frozen (no answer at all: connect and statement timeouts do not help then), with
         0.2 s left for the network. The API's database statement timeout, its broker socket
-        timeouts and the health checks are derived from it (``backend.db``,
-        ``backend.broker``, ``backend.api.app``).
+        timeouts, the health checks and the light curves' product-reading budget are derived
+        from it (``backend.db``, ``backend.broker``, ``backend.api.app``,
+        ``backend.services.event_curves.read_budget_s``).
     ``API_STATEMENT_TIMEOUT_S``
         PostgreSQL ``statement_timeout`` of the API's connections [s] (SQLite: the API's
         statements are interrupted after it); 0 for none. Default: two thirds of

@@ -124,8 +124,9 @@ def _fill(settings) -> SimpleNamespace:
 
 
 @pytest.fixture
-def live(sqlite_env):
-    """The app served by uvicorn in a thread, on the temporary SQLite database."""
+def live(sqlite_env, curves_read_unbudgeted):
+    """The app served by uvicorn in a thread, on the temporary SQLite database (the curves'
+    read budget lifted: the event page's test counts the LST points)."""
     ids = _fill(sqlite_env)
     route_celery_to_this_data_dir()  # POST /jobs sends to DATA_DIR/broker/in of this test
     with served_app() as url:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import math
 import shutil
 import warnings
 from pathlib import Path
@@ -515,3 +516,19 @@ def test_curves_of_long_and_reversed_events_and_the_read_budget(client, db_sessi
     monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)  # now cached: read with no budget left
     again = client.get(f"/api/v1/events/{fl.id}/curves").json()
     assert len(again["times"]) == 10 and again["skipped"] == []
+
+
+@pytest.mark.parametrize(("deadline", "budget"), [("1.8", 1.0), ("20", 20 / 1.8), ("0", math.inf)])
+def test_the_curves_read_budget_follows_the_api_deadline(monkeypatch, deadline, budget):
+    """1 s of reading at the default 1.8 s deadline, scaled with a deployment's own, none without
+    one: a server given a long deadline (the suite's 30 s, a slow host) reads every product."""
+    from backend.services import event_curves as ec
+    from backend.settings import get_settings
+
+    monkeypatch.setenv("API_DEADLINE_S", deadline)
+    get_settings.cache_clear()
+    try:
+        assert ec.read_budget_s() == pytest.approx(budget)
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()

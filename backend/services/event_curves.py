@@ -55,11 +55,24 @@ CURVES_MARGIN = dt.timedelta(minutes=30)
 #: a longer event (an active region's 12 days) gets the window of this length centred on its
 #: peak (its start when it has none), and the curves say so.
 MAX_CURVES_WINDOW = dt.timedelta(days=2)
-#: Seconds of product reading one request may spend (under the API's 1.8 s deadline,
-#: ``Settings.api_deadline_s``, with room for the query and the figure). Products not measured
-#: in time are listed in ``skipped`` with that reason; the means are cached per file, so the
-#: next request goes on from there.
+#: Seconds of product reading one request may spend under the API's default 1.8 s deadline
+#: (``Settings.api_deadline_s``), with room for the query and the figure; scaled with a
+#: deployment's own deadline, unlimited without one (:func:`read_budget_s`). Products not
+#: measured in time are listed in ``skipped`` with that reason; the means are cached per file,
+#: so the next request goes on from there.
 CURVES_READ_BUDGET_S = 1.0
+#: The API deadline [s] that :data:`CURVES_READ_BUDGET_S` is the budget of (Settings' default).
+_BUDGET_AT_DEADLINE_S = 1.8
+
+
+def read_budget_s() -> float:
+    """Seconds of product reading one curves request may spend: :data:`CURVES_READ_BUDGET_S`
+    times ``API_DEADLINE_S / 1.8`` (1 s at the default deadline, 11.1 s at 20 s), or infinity
+    where the deployment has no deadline (``API_DEADLINE_S=0``)."""
+    from backend.settings import get_settings
+
+    deadline = get_settings().api_deadline_s
+    return CURVES_READ_BUDGET_S * deadline / _BUDGET_AT_DEADLINE_S if deadline > 0 else math.inf
 
 
 @dataclass
@@ -268,7 +281,7 @@ def event_curves(session: Session, event: Event, *, product_root: Path, channel:
     if end - start < MAX_CURVES_WINDOW:
         start, end = products_service._context_window(session, spec.code, start, end, products_service.CONTEXT_FRAMES)
     out = EventCurves(event=event, channel=spec.code, start=start, end=end, unit=spec.bunit, notes=notes)
-    deadline = time.monotonic() + CURVES_READ_BUDGET_S
+    deadline = time.monotonic() + read_budget_s()
     written = _written_in_window(session, spec.code, start, end)
     chosen = _choose_set(written, calibration_set)
     if chosen is None and calibration_set is not None:
