@@ -60,39 +60,49 @@ def _xdist_worker_redis() -> str | None:
 
     if not os.environ.get("PYTEST_XDIST_WORKER") or os.environ.get("LSTDP_TEST_REDIS"):
         return None
+    import redis
+
     from backend.cli import _die_with_parent
 
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     if not os.path.exists(binary):
         return None
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     folder = tempfile.mkdtemp(prefix=f"lstdp-redis-{os.environ['PYTEST_XDIST_WORKER']}-")
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", folder, "--logfile", os.path.join(folder, "redis.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            preexec_fn=_die_with_parent)  # also when the worker ends without atexit
+    # The port is free when asked and bound by redis-server a moment later: another process (or
+    # another worker's server) can take it in between. So the server that answers must be this
+    # one (its INFO's process_id), and a server that could not bind (it exits) is started again
+    # on a new port.
+    for attempt in range(5):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                 "no", "--dir", folder, "--logfile", os.path.join(folder, f"redis-{attempt}.log")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)  # also when the worker ends without atexit
 
-    def _stop() -> None:
+        def _stop(proc=proc) -> None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            shutil.rmtree(folder, ignore_errors=True)
+
+        atexit.register(_stop)
+        deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                pid = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2).info("server")["process_id"]
+            except (redis.RedisError, OSError):
+                time.sleep(0.1)
+                continue
+            if pid == proc.pid:
+                return f"redis://127.0.0.1:{port}/15"
+            break  # another server holds the port: ours cannot bind it
         proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        shutil.rmtree(folder, ignore_errors=True)
-
-    atexit.register(_stop)
-    deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
-                c.sendall(b"PING\r\n")
-                if c.recv(16).startswith(b"+PONG"):
-                    return f"redis://127.0.0.1:{port}/15"
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"the xdist worker's redis-server on port {port} did not answer; see {folder}/redis.log")
+        proc.wait(timeout=10)
+    raise RuntimeError(f"the xdist worker's redis-server did not start on a port of its own; see {folder}")
 
 
 REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")

@@ -488,12 +488,16 @@ def test_the_heartbeat_renews_while_the_task_thread_is_busy(sqlite_env):
     try:
         with Session(get_engine()) as s:
             first = s.get(WorkerHeartbeat, identity.worker_id()).heartbeat_at
+        # busy, as a calibration in pure Python, until a beat at least 0.4 s after the first is
+        # seen (beats every 0.2 s): a bound of 30 s, not a speed (a fixed 1 s of work held no
+        # beat when the process was descheduled for most of it)
         t0 = time.monotonic()
-        x = 0
-        while time.monotonic() - t0 < 1.0:  # busy, as a calibration in pure Python
-            x += 1
-        with Session(get_engine()) as s:
-            last = s.get(WorkerHeartbeat, identity.worker_id()).heartbeat_at
+        last, x = first, 0
+        while time.monotonic() - t0 < 30.0 and (last - first).total_seconds() < 0.4:
+            for _ in range(200_000):
+                x += 1
+            with Session(get_engine()) as s:
+                last = s.get(WorkerHeartbeat, identity.worker_id()).heartbeat_at
     finally:
         identity.stop_heartbeat()
     assert not identity.heartbeat_running()
