@@ -189,6 +189,15 @@ def test_quarantined_files_are_a_reason_of_a_channel_gap(db_session, settings):
     (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
     assert between.reason == "no frames; 1 quarantined file (frame too small: 4x4 (smallest LST frame side 32))"
     assert [g.reason for g in c.gaps if g is not between] == ["no frames", "no frames"]
+    # a second one, earlier in the gap, quarantined later: the gap quotes the earliest, whatever
+    # order the quarantine folder is listed in
+    early = settings.root / "incoming" / "lst_wst_20230131T061500.fits"
+    fits.PrimaryHDU(np.zeros((4, 4), dtype=np.float32), header=fits.Header({**h, "DATE-OBS": "2023-01-31T06:15:00"})
+                    ).writeto(early)
+    quarantine(early, "frame too small: 4x4 (the earlier one)", settings, move=True)
+    c = ChannelProvider("WST").coverage(db_session, t0 - dt.timedelta(hours=1), t0 + dt.timedelta(hours=2), settings)
+    (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
+    assert between.reason == "no frames; 2 quarantined files (frame too small: 4x4 (the earlier one))"
 
 
 def test_a_file_that_contradicts_itself_is_imported_with_no_span(db_session, tmp_path):

@@ -377,7 +377,9 @@ def quarantined_frames(settings) -> list[tuple[str, dt.datetime, str]]:
 
     Files under ``settings.quarantine`` with a ``<name>.reason`` beside them (what
     :func:`backend.services.ingest.quarantine` keeps); a file whose primary header cannot be
-    read, or names no LST channel or no DATE-OBS, has no time and is left out.
+    read, or names no LST channel or no DATE-OBS, has no time and is left out. Sorted by
+    channel, time and reason (a gap's text quotes its first: the same whatever order the file
+    system lists them in).
     """
     if settings is None:
         return []
@@ -404,7 +406,7 @@ def quarantined_frames(settings) -> list[tuple[str, dt.datetime, str]]:
         if channel:
             reason = reason_file.read_text(errors="replace").strip().splitlines()
             out.append((channel, when, reason[0] if reason else ""))
-    return out
+    return sorted(out)
 
 
 def _public_products():
