@@ -674,14 +674,18 @@ def _sdi_span() -> dict[str, str]:
     return {"channels": ["SDI"], "start": t0.isoformat(), "end": t1.isoformat()}
 
 
-def _read_stream(url: str, headers: dict[str, str], timeout: float = 180.0) -> list[tuple[str, str | None, dict]]:
-    """Read a text/event-stream as a browser does, event by event, until the server closes it."""
+def _read_stream(url: str, headers: dict[str, str], timeout: float = 180.0,
+                 opened=None) -> list[tuple[str, str | None, dict]]:
+    """Read a text/event-stream as a browser does, event by event, until the server closes it;
+    ``opened`` (a ``threading.Event``) is set once the stream's headers are in."""
     import httpx
 
     events, buf = [], ""
     with httpx.Client(timeout=httpx.Timeout(timeout, connect=5)) as c:
         with c.stream("GET", url, headers=headers) as r:
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            if opened is not None:
+                opened.set()
             for chunk in r.iter_text():
                 buf += chunk
                 while "\n\n" in buf:
@@ -695,13 +699,34 @@ def _read_stream(url: str, headers: dict[str, str], timeout: float = 180.0) -> l
 def test_live_sse_progress_reaches_100_percent_and_the_webhook_arrives_once_signed(live):
     import httpx
 
+    import threading
+
     stack, base = live
     headers = _live_token()
+    delay = stack.tmp / "frame-delay"
+    delay.write_text("600")  # every calibration waits until the stream below is open (the wait re-reads it)
     with Receiver() as rx:
         r = httpx.post(f"{base}/api/v1/jobs", json={**_sdi_span(), "webhook_url": rx.url}, headers=headers, timeout=30)
         assert r.status_code == 202, r.text
         job_id, secret = r.json()["id"], r.json()["webhook"]["secret"]
-        events = _read_stream(f"{base}/api/v1/jobs/{job_id}/events", headers=headers)  # the owner: another user's private job is 404
+        opened, read = threading.Event(), []
+
+        def reader():
+            try:  # the owner: another user's private job is 404
+                read.append(_read_stream(f"{base}/api/v1/jobs/{job_id}/events", headers=headers, opened=opened))
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+                read.append(exc)
+                opened.set()
+
+        thread = threading.Thread(target=reader, daemon=True)
+        thread.start()
+        assert opened.wait(60), "the event stream did not open"
+        delay.write_text(str(FRAME_DELAY_S))  # now the frames, each FRAME_DELAY_S long, while the stream reads
+        thread.join(240)
+        assert read and not thread.is_alive(), "the event stream did not end"
+        if isinstance(read[0], BaseException):
+            raise read[0]
+        events = read[0]
         kinds = [k for k, _, _ in events]
         assert kinds[-1] == "end" and kinds.count("end") == 1, kinds
         progress = [d["progress"] for k, _, d in events if k == "progress"]

@@ -26,8 +26,9 @@ Faults
     ``LSTDP_FAULTS_FRAME_DELAY_S``: every calibration first sleeps this long (a job then lasts
     long enough for faults at random moments whatever the machine's speed).
     ``LSTDP_FAULTS_FRAME_DELAY_FILE``: a file holding that delay [s] instead, read at every
-    calibration (a missing or empty file: no delay), so that a test can slow the calibrations
-    only while it needs them slow (a job to be cancelled half-way) and let the rest of it run
+    calibration and every 0.1 s of its wait (a missing or empty file: no delay), so that a test
+    can slow the calibrations only while it needs them slow (a job to be cancelled half-way),
+    hold them until it is ready (a large number, then a small one) and let the rest of it run
     at the machine's speed.
     ``LSTDP_FAULTS_SLOW``: ``NAME:SECONDS``: the first calibration of raw file ``NAME``
     (in any process; a marker file beside the journal says it happened) sleeps this long
@@ -164,9 +165,12 @@ def _install_hooks() -> None:
 
         def calibrate_frame(data, header, *args, **kwargs):
             name = str(header.get("FILENAME", "")).strip()
-            pause = frame_delay()
-            if pause:
-                time.sleep(pause)
+            t0 = time.monotonic()
+            while True:  # the file is read again while waiting: a test may shorten a wait under way
+                left = frame_delay() - (time.monotonic() - t0)
+                if left <= 0:
+                    break
+                time.sleep(min(left, 0.1))
             if name in poison:
                 journal("poison_kill", frame=name)
                 os.kill(os.getpid(), signal.SIGKILL)
