@@ -7,7 +7,10 @@ acknowledges what is sent, and nothing answers. The servers are private ones sta
 here on free ports (a PostgreSQL cluster made by ``initdb`` as the ``postgres`` user, a
 ``redis-server`` with a password), so the shared servers are never stopped; they are
 thawed and stopped, by process id, in the fixtures' teardown whatever the test did.
-The API runs in a FastAPI TestClient with the default deadline (``API_DEADLINE_S=1.8``).
+The API runs in a FastAPI TestClient with the default deadline (``API_DEADLINE_S=1.8``). What
+is timed is each 503 during a fault (within the deadline, :data:`WITHIN_S`); that the API works
+(before, after, and what does not need the frozen server) is a 2xx within a generous bound
+(:data:`HEALTHY_WITHIN_S`) or under a long deadline, never one request's speed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ PG_BIN = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
 #: this guards against: a frozen server holds a request until a TCP or client timeout of 10 s
 #: and more) still fails it; 0.2 s of slack (the former 2.0 s) failed under CPU load.
 WITHIN_S = 1.8 + 2.0
+#: How long a check that the API works (a 2xx) is repeated [s]: one request under the 1.8 s
+#: deadline, its /health probes given 0.9 s and the broker's ping 0.45 s, is missed now and then
+#: by a loaded machine (CI: four xdist workers on two cores), so "it works" is a 2xx within this
+#: bound, never the first answer. A fault that stays (a route that needs a frozen server, an API
+#: that does not recover) still fails it.
+HEALTHY_WITHIN_S = 30.0
 #: Recognisable secrets put in the URLs: no response body may contain them.
 PG_PASSWORD = "pg-S3cret-" + uuid.uuid4().hex[:6]
 REDIS_PASSWORD = "rd-S3cret-" + uuid.uuid4().hex[:6]
@@ -253,6 +262,42 @@ def _timed(client, method: str, url: str, **kw):
     return r, took
 
 
+def _until(client, method: str, url: str, expect: int, ok=lambda r: True, within_s: float = HEALTHY_WITHIN_S,
+           **kw):
+    """``method url`` repeated (every 0.2 s) until it is answered ``expect`` and ``ok(response)``,
+    for up to ``within_s``; the last answer, asserted to be that."""
+    t0 = time.monotonic()
+    while True:
+        r, _ = _timed(client, method, url, **kw)
+        if (r.status_code == expect and ok(r)) or time.monotonic() - t0 > within_s:
+            break
+        time.sleep(0.2)
+    assert r.status_code == expect and ok(r), (f"{method} {url}: not {expect} within {within_s:.0f} s", r.text)
+    print(f"{method} {url}: {expect} after {time.monotonic() - t0:.2f} s")
+    return r
+
+
+def _health_while_frozen(client, down: str, up: str, server: PrivateServer, secret: str) -> dict:
+    """``/health`` while the server behind ``down`` (``database`` or ``broker``) is frozen: every
+    answer a 503 within :data:`WITHIN_S` (the deadline's promise, each time) that says ``down`` is
+    unreachable and names neither its port nor ``secret``. The other one is told apart, ``up`` is
+    ``ok``, in one of them: its probe's timeout (0.9 s for the database, 0.45 s for the broker's
+    ping) is missed now and then by a loaded machine, so the checks repeat, for up to
+    :data:`HEALTHY_WITHIN_S`, until one says so. The last body."""
+    t0 = time.monotonic()
+    while True:
+        r, took = _timed(client, "GET", "/api/v1/health")
+        body = r.json()
+        assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
+        assert body[down].startswith(f"{down} unreachable"), body
+        _assert_reveals_nothing(r.text, str(server.port), secret)
+        if body[up] == "ok" or time.monotonic() - t0 > HEALTHY_WITHIN_S:
+            break
+        time.sleep(0.2)
+    assert body[up] == "ok", body
+    return body
+
+
 def _assert_reveals_nothing(body: str, *secrets: str) -> None:
     for secret in ("127.0.0.1", "localhost", "postgresql", "redis://", "psycopg", *secrets):
         assert secret not in body, (secret, body)
@@ -268,19 +313,11 @@ def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private
     redis_url = _redis_url(private_redis.port)
     c = api(servers=(private_redis,), DATABASE_URL=pg_url, CELERY_BROKER_URL=redis_url,
             CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
-    r, _ = _timed(c, "GET", "/api/v1/health")
-    assert r.status_code == 200, r.text
-    assert _timed(c, "POST", "/api/v1/jobs", json=JOB)[0].status_code == 202
+    _until(c, "GET", "/api/v1/health", 200)  # both servers answer: the API works (see HEALTHY_WITHIN_S)
+    _until(c, "POST", "/api/v1/jobs", 202, json=JOB)
 
     private_redis.freeze()
-    r, took = _timed(c, "GET", "/api/v1/health")
-    body = r.json()
-    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
-    assert body["database"] == "ok" and body["broker"].startswith("broker unreachable"), body
-    _assert_reveals_nothing(r.text, str(private_redis.port), REDIS_PASSWORD)
-
-    r, took = _timed(c, "GET", "/api/v1/events")  # the database answers: the search does not need Redis
-    assert r.status_code == 200 and took < WITHIN_S, (took, r.text)
+    _health_while_frozen(c, "broker", "database", private_redis, REDIS_PASSWORD)
 
     r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)  # the speed: a 503 within the deadline, whichever answers
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
@@ -292,6 +329,10 @@ def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private
     # client with a 10 s deadline, Redis still frozen, gets the route's own refusal.
     c = api(servers=(private_redis,), DATABASE_URL=pg_url, CELERY_BROKER_URL=redis_url,
             CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1), deadline_s="10")
+    # the search does not need Redis: answered (by the database) with Redis frozen. Not a speed
+    # either (the 1.8 s deadline's 503 above is): the 10 s deadline lets a loaded machine answer
+    r, took = _timed(c, "GET", "/api/v1/events")
+    assert r.status_code == 200, (took, r.text)
     r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
     assert r.status_code == 503 and took < 10.0 + 2.0, (took, r.text)
     detail = r.json()["detail"]
@@ -303,20 +344,13 @@ def test_frozen_redis_is_503_within_2_s_and_the_api_recovers(private_pg, private
     _assert_reveals_nothing(json.dumps(job), str(private_redis.port), REDIS_PASSWORD)
 
     private_redis.thaw()
-    deadline = time.monotonic() + 15.0  # the broker's pool reconnects: poll, as after PostgreSQL's thaw
-    while True:
-        r, took = _timed(c, "GET", "/api/v1/health")
-        if (r.status_code == 200 and r.json()["broker"] == "ok") or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert r.status_code == 200 and r.json()["broker"] == "ok", r.text
-    # and with the default deadline again, as the API runs
+    broker_ok = lambda r: r.json()["broker"] == "ok"  # noqa: E731
+    _until(c, "GET", "/api/v1/health", 200, broker_ok)  # the broker's pool reconnects: poll, as after PostgreSQL's thaw
+    # and with the default deadline again, as the API runs: it works (a 2xx within HEALTHY_WITHIN_S)
     c = api(servers=(private_redis,), DATABASE_URL=pg_url, CELERY_BROKER_URL=redis_url,
             CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
-    r, took = _timed(c, "GET", "/api/v1/health")
-    assert r.status_code == 200 and r.json()["broker"] == "ok", r.text
-    r, took = _timed(c, "POST", "/api/v1/jobs", json=JOB)
-    assert r.status_code == 202, r.text
+    _until(c, "GET", "/api/v1/health", 200, broker_ok)
+    _until(c, "POST", "/api/v1/jobs", 202, json=JOB)
 
 
 # -- PostgreSQL frozen, then back -------------------------------------------------------------
@@ -329,8 +363,8 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     owner = f"frozen-{uuid.uuid4().hex[:8]}"  # the token's user: the owner of the job POSTed while frozen
     c = api(servers=(pg,), user=owner, DATABASE_URL=pg_url, CELERY_BROKER_URL=_redis_url(private_redis.port),
             CELERY_RESULT_BACKEND=_redis_url(private_redis.port, 1))
-    assert _timed(c, "GET", "/api/v1/health")[0].status_code == 200
-    assert _timed(c, "GET", "/api/v1/events")[0].status_code == 200
+    _until(c, "GET", "/api/v1/health", 200)  # both servers answer: the API works (see HEALTHY_WITHIN_S)
+    _until(c, "GET", "/api/v1/events", 200)
     from backend.db import get_engine
 
     held = [get_engine("api").connect() for _ in range(4)]  # idle in the pool when the server freezes:
@@ -338,23 +372,11 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
         conn.close()
 
     pg.freeze()
-    r, took = _timed(c, "GET", "/api/v1/health")
-    body = r.json()
-    assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
-    assert body["database"].startswith("database unreachable"), body
-    _assert_reveals_nothing(r.text, str(pg.port), PG_PASSWORD)
     # the broker is told apart from the frozen database: its ping's socket timeout is 0.45 s (half
     # of the 0.9 s health probe timeout, itself half of API_DEADLINE_S), which a loaded machine can
-    # miss once, so up to five checks, each of them 503 in time with the database unreachable, and
-    # the broker ``ok`` in one of them
-    for _ in range(4):
-        if body["broker"] == "ok":
-            break
-        r, took = _timed(c, "GET", "/api/v1/health")
-        body = r.json()
-        assert r.status_code == 503 and took < WITHIN_S and body["database"].startswith("database unreachable"), \
-            (took, body)
-    assert body["broker"] == "ok", body
+    # miss, so checks repeat, each of them 503 in time with the database unreachable, until one
+    # says the broker is ``ok``
+    _health_while_frozen(c, "database", "broker", pg, PG_PASSWORD)
 
     r, took = _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})
     assert r.status_code == 503 and took < WITHIN_S, (took, r.text)
@@ -367,12 +389,8 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
     assert r.status_code == 503 and took < WITHIN_S and r.headers["content-type"].startswith("text/html")
 
     pg.thaw()
-    t0 = time.monotonic()
-    while c.get("/api/v1/health").status_code != 200:
-        assert time.monotonic() - t0 < 15, "the API did not recover within 15 s of the thaw"
-        time.sleep(0.2)
-    print(f"healthy again {time.monotonic() - t0:.2f} s after the thaw")
-    assert _timed(c, "GET", "/api/v1/events", params={"type": "FL", "limit": 5})[0].status_code == 200
+    _until(c, "GET", "/api/v1/health", 200)  # the API recovers (healthy again within HEALTHY_WITHIN_S)
+    _until(c, "GET", "/api/v1/events", 200, params={"type": "FL", "limit": 5})
 
     # the job POSTed while frozen was answered 503: once its request thread has got through,
     # its commit is refused (past its deadline), so no job was stored: a write answered 503
@@ -392,7 +410,7 @@ def test_frozen_postgresql_is_503_within_2_s_and_the_api_recovers(private_pg, pr
         engine.dispose()
     print(f"the job POSTed while frozen: {rows}")
     assert rows == [], rows
-    assert _timed(c, "POST", "/api/v1/jobs", json=JOB)[0].status_code == 202
+    _until(c, "POST", "/api/v1/jobs", 202, json=JOB)
 
 
 # -- servers down (nothing listens), and no body names them ----------------------------------
