@@ -16,9 +16,10 @@ celery/kombu#1551. It happened here in a CI run (2026-12-07): the embedded worke
 whole file or none; a ``.part`` file left by a sender that died is removed by a later channel. A
 message file that is still not a JSON object (written by another program, a disk fault) is
 logged and skipped: it no longer stops the worker. Names carry the sending time zero-padded
-(:func:`message_name`), so the consumers' string order is the order of sending; kombu's
-unpadded uptime milliseconds let new messages overtake all older ones at each new digit of the
-uptime and after a reboot.
+(:func:`message_name`), so the consumers' string order is the order of sending (to the
+millisecond across processes); kombu's unpadded uptime milliseconds let new messages overtake
+all older ones at each new digit of the uptime and after a reboot, and such names left by an
+older version are padded when a channel opens.
 
 :mod:`backend.broker` makes this the ``filesystem://`` transport of every process that imports
 it (``kombu.transport.TRANSPORT_ALIASES``).
@@ -29,6 +30,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import threading
 import time
 import uuid
 
@@ -51,6 +54,10 @@ _unlink = os.unlink
 _time_ns = time.time_ns
 
 
+_last_ms = 0
+_last_lock = threading.Lock()
+
+
 def message_name(queue: str) -> str:
     """The file name of a new message of ``queue``: ``<ms>_<uuid4>.<queue>.msg``.
 
@@ -61,11 +68,23 @@ def message_name(queue: str) -> str:
     days) every new message sorts before every older one (``'10000000_' < '9999999_'``), and
     after a reboot the clock starts again near 0; in both cases the older messages wait until
     the queue has drained of newer ones. Here the time is the wall clock's milliseconds since
-    1970 (``time.time_ns()``), zero-padded to 15 digits (enough until the year 33658), so string
-    order is time order across processes and reboots; a step of the clock back (NTP) only
-    reorders the messages sent within that step.
+    1970 (``time.time_ns()``), zero-padded to 15 digits (enough until the year 33658), and one
+    process never gives two messages the same or a smaller number (the next is at least the last
+    plus one), so the string order is the order of sending within a process, and across
+    processes and reboots to the millisecond (messages of two processes within one millisecond
+    are in their uuids' order, as in kombu); a step of the clock back (NTP) only reorders the
+    messages sent within that step.
     """
-    return f"{_time_ns() // 1_000_000:015d}_{uuid.uuid4()}.{queue}.msg"
+    global _last_ms
+    with _last_lock:
+        _last_ms = max(_time_ns() // 1_000_000, _last_ms + 1)
+        ms = _last_ms
+    return f"{ms:015d}_{uuid.uuid4()}.{queue}.msg"
+
+
+#: A message name of kombu's own form (unpadded uptime milliseconds), left by a process that ran
+#: before this module named the messages: renamed to the padded form when a channel opens.
+_KOMBU_NAME = re.compile(r"^(\d{1,14})_([^.]+\..+\.msg)$")
 
 
 class Channel(filesystem.Channel):
@@ -74,6 +93,23 @@ class Channel(filesystem.Channel):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._sweep_parts()
+        self._pad_kombu_names()
+
+    def _pad_kombu_names(self) -> None:
+        """Rename messages named by kombu's own transport (``<uptime ms>_...``, a process of an
+        older version) to the padded form, same time: unpadded, they would sort after every new
+        message and wait until the queue drained. (A process of the older version that is still
+        running goes on writing such names: stop them all when upgrading.)"""
+        try:
+            names = os.listdir(self.data_folder_out)
+        except OSError:
+            return
+        for name in names:
+            m = _KOMBU_NAME.match(name)
+            if m:
+                with contextlib.suppress(OSError):  # a consumer took it meanwhile
+                    _replace(os.path.join(self.data_folder_out, name),
+                             os.path.join(self.data_folder_out, f"{int(m.group(1)):015d}_{m.group(2)}"))
 
     def _sweep_parts(self) -> None:
         """Remove ``.part`` files older than :data:`STALE_PART_S` (never seen by a consumer)."""
@@ -94,9 +130,9 @@ class Channel(filesystem.Channel):
         """Put ``payload`` on ``queue``: written to a hidden ``.part`` file, then renamed.
 
         The final name is ``<UTC ms, 15 digits>_<uuid>.<queue>.msg`` (:func:`message_name`).
-        The rename makes the file appear whole; it
-        is not fsynced (kombu's is not either: a power loss can lose a message, which the
-        reconciler sends again, :mod:`backend.worker.reconcile`).
+        The rename makes the file appear whole; it is not fsynced (kombu's is not either: a
+        power loss can lose a message, which the reconciler sends again,
+        :mod:`backend.worker.reconcile`).
 
         Raises
         ------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from queue import Empty
 
 import pytest
@@ -162,6 +163,7 @@ def test_a_queue_is_taken_in_the_order_it_was_sent_when_the_clock_gains_a_digit(
     '9999999_', so at each new digit of the uptime (and after a reboot) new messages overtook
     every older one. The padded wall-clock time keeps the order."""
     conn, ch = _channel(tmp_path)
+    monkeypatch.setattr(broker_fs, "_last_ms", 0)  # this process's last name: none yet (restored after)
     sent_ms = [9_999, 10_000, 999_999_999, 1_000_000_000, 1_796_000_000_000]  # each step adds a digit
     with conn:
         for i, ms in enumerate(sent_ms):
@@ -170,4 +172,29 @@ def test_a_queue_is_taken_in_the_order_it_was_sent_when_the_clock_gains_a_digit(
         assert [ch._get("cpu")["body"] for _ in sent_ms] == [f"message {i}" for i in range(len(sent_ms))]
         with pytest.raises(Empty):
             ch._get("cpu")
-    assert broker_fs.message_name("cpu").endswith(".cpu.msg")
+    # the wall clock's milliseconds (a padded uptime would put a reboot's new messages first)
+    monkeypatch.undo()
+    name = broker_fs.message_name("cpu")
+    assert name.endswith(".cpu.msg") and abs(int(name[:15]) - time.time() * 1000) < 60_000, name
+
+
+def test_messages_sent_within_one_millisecond_keep_their_order(tmp_path, monkeypatch):
+    conn, ch = _channel(tmp_path)
+    monkeypatch.setattr(broker_fs, "_last_ms", 0)
+    monkeypatch.setattr(broker_fs, "_time_ns", lambda: 1_796_000_000_000_000_000)  # a clock that stands still
+    with conn:
+        for i in range(50):
+            ch._put("cpu", {"body": f"message {i}"})
+        assert [ch._get("cpu")["body"] for _ in range(50)] == [f"message {i}" for i in range(50)]
+
+
+def test_messages_named_by_an_older_version_are_padded_and_taken_first(tmp_path):
+    """kombu's own names (unpadded uptime ms), left by a process of an older version, sorted after
+    every new message; a channel that opens pads them (same time): they were sent earlier."""
+    old = tmp_path / "1552651_6a0b1c2d-1111-2222-3333-444455556666.cpu.msg"
+    old.write_text(json.dumps({"body": "sent before the upgrade"}))
+    conn, ch = _channel(tmp_path)
+    with conn:
+        assert sorted(os.listdir(tmp_path))[0] == "000000001552651_6a0b1c2d-1111-2222-3333-444455556666.cpu.msg"
+        ch._put("cpu", {"body": "sent after"})
+        assert [ch._get("cpu")["body"] for _ in range(2)] == ["sent before the upgrade", "sent after"]
