@@ -93,7 +93,8 @@ def _xdist_worker_redis() -> str | None:
         deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                pid = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2).info("server")["process_id"]
+                with redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2) as client:
+                    pid = client.info("server")["process_id"]
             except (redis.RedisError, OSError):
                 time.sleep(0.1)
                 continue
@@ -101,8 +102,13 @@ def _xdist_worker_redis() -> str | None:
                 return f"redis://127.0.0.1:{port}/15"
             break  # another server holds the port: ours cannot bind it
         proc.terminate()
-        proc.wait(timeout=10)
-    raise RuntimeError(f"the xdist worker's redis-server did not start on a port of its own; see {folder}")
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    logs = "".join(p.read_text(errors="replace")[-400:] for p in sorted(Path(folder).glob("redis-*.log")))
+    raise RuntimeError(f"the xdist worker's redis-server did not start on a port of its own: {logs}")
 
 
 REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis://127.0.0.1:6379/15")
@@ -110,8 +116,9 @@ REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis:/
 
 @pytest.fixture
 def curves_read_unbudgeted(monkeypatch):
-    """Lift the light curves' per-request product-read budget (``CURVES_READ_BUDGET_S``, 1 s) to
-    60 s, for tests that check what the curves hold: under CI's load the queries alone once used
+    """Lift the light curves' per-request product-read budget (``CURVES_READ_BUDGET_S``, 1 s at
+    the default deadline, scaled with ``API_DEADLINE_S``) 60-fold, for tests that check what the
+    curves hold: under CI's load the queries alone once used
     the whole second and no LST trace was drawn. The budget has its own test in
     ``tests/test_xray.py`` (``test_curves_of_long_and_reversed_events_and_the_read_budget``)."""
     from backend.services import event_curves

@@ -195,9 +195,14 @@ def test_quarantined_files_are_a_reason_of_a_channel_gap(db_session, settings):
     fits.PrimaryHDU(np.zeros((4, 4), dtype=np.float32), header=fits.Header({**h, "DATE-OBS": "2023-01-31T06:15:00"})
                     ).writeto(early)
     quarantine(early, "frame too small: 4x4 (the earlier one)", settings, move=True)
-    c = ChannelProvider("WST").coverage(db_session, t0 - dt.timedelta(hours=1), t0 + dt.timedelta(hours=2), settings)
-    (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
-    assert between.reason == "no frames; 2 quarantined files (frame too small: 4x4 (the earlier one))"
+    listed = Path.rglob
+    for order in (lambda paths: paths, reversed):  # the folder listed either way
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(Path, "rglob", lambda self, pattern, order=order: iter(order(sorted(listed(self, pattern)))))
+            c = ChannelProvider("WST").coverage(db_session, t0 - dt.timedelta(hours=1), t0 + dt.timedelta(hours=2),
+                                                settings)
+        (between,) = [g for g in c.gaps if g.start > t0 and g.end <= t0 + dt.timedelta(hours=1)]
+        assert between.reason == "no frames; 2 quarantined files (frame too small: 4x4 (the earlier one))"
 
 
 def test_a_file_that_contradicts_itself_is_imported_with_no_span(db_session, tmp_path):

@@ -699,8 +699,6 @@ def _read_stream(url: str, headers: dict[str, str], timeout: float = 180.0,
 def test_live_sse_progress_reaches_100_percent_and_the_webhook_arrives_once_signed(live):
     import httpx
 
-    import threading
-
     stack, base = live
     headers = _live_token()
     delay = stack.tmp / "frame-delay"
@@ -720,8 +718,10 @@ def test_live_sse_progress_reaches_100_percent_and_the_webhook_arrives_once_sign
 
         thread = threading.Thread(target=reader, daemon=True)
         thread.start()
-        assert opened.wait(60), "the event stream did not open"
-        delay.write_text(str(FRAME_DELAY_S))  # now the frames, each FRAME_DELAY_S long, while the stream reads
+        try:
+            assert opened.wait(60), "the event stream did not open"
+        finally:  # now the frames, 1 s each (two at a time: seconds between the stream's 0.5 s polls)
+            delay.write_text("1.0")
         thread.join(240)
         assert read and not thread.is_alive(), "the event stream did not end"
         if isinstance(read[0], BaseException):

@@ -277,8 +277,9 @@ def test_two_users_quotas_are_independent(client, db_session, limits):
 
 
 def test_me_gives_the_token_the_quotas_and_the_rate_limit(client, db_session, limits):
-    # an hour's window (not 60 s: ``limits`` leaves only 15 s of a 60 s window, which a loaded
-    # machine can spend between the first POST and /me, whose count then starts again)
+    # an hour's window, the test started with at least 30 s of it left (``limits``; 60 s left
+    # only 15 s, which a loaded machine can spend between the first POST and /me, whose count
+    # then starts again)
     limits(QUOTA_CONCURRENT_JOBS=4, QUOTA_FRAMES_PER_DAY=100, RATE_LIMIT_WRITES=30, RATE_LIMIT_WINDOW_S=3600)
     h = auth_headers(db_session, "carol", ("jobs:submit",), expires_in_days=10)
     first = client.post("/api/v1/jobs", json=_body(8), headers=h)

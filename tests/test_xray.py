@@ -505,17 +505,37 @@ def test_curves_of_long_and_reversed_events_and_the_read_budget(client, db_sessi
     ps._region_mean_cached.cache_clear()
     ps._DISK_KEYS.clear()
     ps._REGION_KEYS.clear()
-    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)
+    real_budget = ec.read_budget_s
+    monkeypatch.setattr(ec, "read_budget_s", lambda: -1.0)
     starved = client.get(f"/api/v1/events/{fl.id}/curves").json()
     assert starved["times"] == [] and len(starved["skipped"]) == 10
     assert {s["reason"] for s in starved["skipped"]} == {"not measured within this request's time budget"}
     fig = client.get(f"/api/v1/events/{fl.id}/curves/figure").json()
     assert any("10 of 10 products not measured yet" in a["text"] for a in fig["layout"]["annotations"])
-    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", 30.0)
+    monkeypatch.setattr(ec, "read_budget_s", lambda: 30.0)
     assert len(client.get(f"/api/v1/events/{fl.id}/curves").json()["times"]) == 10
-    monkeypatch.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)  # now cached: read with no budget left
+    monkeypatch.setattr(ec, "read_budget_s", lambda: -1.0)  # now cached: read with no budget left
     again = client.get(f"/api/v1/events/{fl.id}/curves").json()
     assert len(again["times"]) == 10 and again["skipped"] == []
+    # the request's budget is read_budget_s(): with no deadline, a constant that would starve the
+    # read (CURVES_READ_BUDGET_S < 0) does not limit it
+    from backend.settings import get_settings
+
+    ps._disk_mean_cached.cache_clear()
+    ps._region_mean_cached.cache_clear()
+    ps._DISK_KEYS.clear()
+    ps._REGION_KEYS.clear()
+    with monkeypatch.context() as m:
+        m.setattr(ec, "read_budget_s", real_budget)
+        m.setattr(ec, "CURVES_READ_BUDGET_S", -1.0)
+        m.setenv("API_DEADLINE_S", "0")
+        get_settings.cache_clear()
+        try:
+            unlimited = client.get(f"/api/v1/events/{fl.id}/curves").json()
+        finally:
+            get_settings.cache_clear()
+    get_settings.cache_clear()
+    assert len(unlimited["times"]) == 10 and unlimited["skipped"] == [], unlimited["skipped"]
 
 
 @pytest.mark.parametrize(("deadline", "budget"), [("1.8", 1.0), ("20", 20 / 1.8), ("0", math.inf)])
@@ -525,10 +545,11 @@ def test_the_curves_read_budget_follows_the_api_deadline(monkeypatch, deadline, 
     from backend.services import event_curves as ec
     from backend.settings import get_settings
 
-    monkeypatch.setenv("API_DEADLINE_S", deadline)
-    get_settings.cache_clear()
-    try:
-        assert ec.read_budget_s() == pytest.approx(budget)
-    finally:
-        monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setenv("API_DEADLINE_S", deadline)
         get_settings.cache_clear()
+        try:
+            assert ec.read_budget_s() == pytest.approx(budget)
+        finally:
+            get_settings.cache_clear()
+    get_settings.cache_clear()

@@ -61,18 +61,17 @@ MAX_CURVES_WINDOW = dt.timedelta(days=2)
 #: measured in time are listed in ``skipped`` with that reason; the means are cached per file,
 #: so the next request goes on from there.
 CURVES_READ_BUDGET_S = 1.0
-#: The API deadline [s] that :data:`CURVES_READ_BUDGET_S` is the budget of (Settings' default).
-_BUDGET_AT_DEADLINE_S = 1.8
 
 
 def read_budget_s() -> float:
     """Seconds of product reading one curves request may spend: :data:`CURVES_READ_BUDGET_S`
     times ``API_DEADLINE_S / 1.8`` (1 s at the default deadline, 11.1 s at 20 s), or infinity
     where the deployment has no deadline (``API_DEADLINE_S=0``)."""
-    from backend.settings import get_settings
+    from backend.settings import Settings, get_settings
 
     deadline = get_settings().api_deadline_s
-    return CURVES_READ_BUDGET_S * deadline / _BUDGET_AT_DEADLINE_S if deadline > 0 else math.inf
+    at = Settings.model_fields["api_deadline_s"].default  # the deadline the constant is the budget of
+    return CURVES_READ_BUDGET_S * deadline / at if deadline > 0 else math.inf
 
 
 @dataclass
