@@ -53,7 +53,7 @@ _replace = os.replace
 _unlink = os.unlink
 _time_ns = time.time_ns
 
-
+# the last message time [ms] this process gave (:func:`message_name`)
 _last_ms = 0
 _last_lock = threading.Lock()
 
@@ -92,39 +92,34 @@ class Channel(filesystem.Channel):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._sweep_parts()
-        self._pad_kombu_names()
+        self._tidy_folder()
 
-    def _pad_kombu_names(self) -> None:
-        """Rename messages named by kombu's own transport (``<uptime ms>_...``, a process of an
-        older version) to the padded form, same time: unpadded, they would sort after every new
-        message and wait until the queue drained. (A process of the older version that is still
-        running goes on writing such names: stop them all when upgrading.)"""
-        try:
-            names = os.listdir(self.data_folder_out)
-        except OSError:
-            return
-        for name in names:
-            m = _KOMBU_NAME.match(name)
-            if m:
-                with contextlib.suppress(OSError):  # a consumer took it meanwhile
-                    _replace(os.path.join(self.data_folder_out, name),
-                             os.path.join(self.data_folder_out, f"{int(m.group(1)):015d}_{m.group(2)}"))
+    def _tidy_folder(self) -> None:
+        """One pass over the queue folder when a channel opens:
 
-    def _sweep_parts(self) -> None:
-        """Remove ``.part`` files older than :data:`STALE_PART_S` (never seen by a consumer)."""
+        * ``.part`` files older than :data:`STALE_PART_S` are removed (their senders died; no
+          consumer ever saw them);
+        * messages named by kombu's own transport (``<uptime ms>_...``, a process of an older
+          version) are renamed to the padded form, same time: unpadded, they would sort after
+          every new message and wait until the queue drained. (A process of the older version
+          that is still running goes on writing such names: stop them all when upgrading.)
+        """
+        folder = self.data_folder_out
         try:
-            names = os.listdir(self.data_folder_out)
+            names = os.listdir(folder)
         except OSError:
             return
         now = time.time()
         for name in names:
+            path = os.path.join(folder, name)
             if name.startswith(".") and name.endswith(".part"):
-                path = os.path.join(self.data_folder_out, name)
                 with contextlib.suppress(OSError):
                     if now - os.stat(path).st_mtime > STALE_PART_S:
                         _unlink(path)
                         log.warning("embedded broker: removed %s, a message its sender never finished", name)
+            elif m := _KOMBU_NAME.match(name):
+                with contextlib.suppress(OSError):  # a consumer took it meanwhile
+                    _replace(path, os.path.join(folder, f"{int(m.group(1)):015d}_{m.group(2)}"))
 
     def _put(self, queue: str, payload: dict, **kwargs) -> None:
         """Put ``payload`` on ``queue``: written to a hidden ``.part`` file, then renamed.
