@@ -202,6 +202,9 @@ def configure(settings: Settings | None = None, role: Role | None = None) -> Cel
         }
         conf["worker_enable_remote_control"] = False
         conf["worker_send_task_events"] = False
+        # the blocking loop's timer thread sleeps up to this long [s] between two looks at its
+        # schedule, and a warm shutdown waits for it (Celery's default, 1 s, was 1 s of every stop)
+        conf["worker_timer_precision"] = 0.1
     else:
         sockets = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "socket_keepalive": True,
                    "socket_keepalive_options": KEEPALIVE_OPTIONS}

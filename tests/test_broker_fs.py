@@ -198,3 +198,32 @@ def test_messages_named_by_an_older_version_are_padded_and_taken_first(tmp_path)
         assert sorted(os.listdir(tmp_path))[0] == "000000001552651_6a0b1c2d-1111-2222-3333-444455556666.cpu.msg"
         ch._put("cpu", {"body": "sent after"})
         assert [ch._get("cpu")["body"] for _ in range(2)] == ["sent before the upgrade", "sent after"]
+
+
+@pytest.mark.parametrize("flag", ["should_stop", "should_terminate"])
+def test_a_worker_asked_to_stop_takes_no_more_messages_and_its_wait_ends(tmp_path, monkeypatch, flag):
+    """Celery's blocking loop (the embedded broker's) waits for messages 2 s at a time and looks
+    at its stop flags between waits, and once more after: a warm shutdown began 2-4 s after the
+    signal. Here the wait ends at once when the worker is stopping, taking nothing: the message
+    stays in the folder for the next worker. Celery sets the flag to an exit code, 0 for a warm
+    shutdown (so a truth test of the flag would miss it)."""
+    import socket
+
+    from celery.worker import state as worker_state
+    from kombu import Queue
+
+    conn, _ch = _channel(tmp_path)
+    queue = Queue("cpu", routing_key="cpu")
+    conn.Producer().publish({"n": 1}, routing_key="cpu", declare=[queue])
+    got = []
+    with conn.Consumer(queue, callbacks=[lambda body, message: (got.append(body), message.ack())]):
+        monkeypatch.setattr(worker_state, flag, 0)
+        with pytest.raises(socket.timeout):
+            conn.drain_events(timeout=30)
+        assert got == []
+        assert len(list(tmp_path.glob("*.msg"))) == 1, "the message must stay for the next worker"
+        monkeypatch.setattr(worker_state, flag, None)
+        conn.drain_events(timeout=30)
+    assert got == [{"n": 1}]
+    assert list(tmp_path.glob("*.msg")) == []
+    conn.release()

@@ -9,6 +9,11 @@ Redis broker). Here a child found dead at that check is replaced as after any la
 (billiard's ``maintain_pool``), and the worker runs on. A child that dies at every start is
 still stopped by billiard's restart limit (``RestartFreqExceeded``), not looped for ever.
 
+On the embedded broker (Celery's blocking loop, where the pool runs billiard's threaded
+``Pool``) its time-limit thread looks at whether the pool is stopping every 0.1 s, not every
+second: a warm shutdown joined that thread for up to 1 s. It still checks the tasks' time
+limits once a second, as billiard does.
+
 ``lstdp worker`` uses it for the prefork pool (the ``worker_pool`` setting names the class;
 Celery's ``-P`` option takes aliases only).
 """
@@ -16,7 +21,11 @@ Celery's ``-P`` option takes aliases only).
 from __future__ import annotations
 
 import logging
+import time
 
+from billiard.pool import RUN, CoroStop
+from billiard.pool import Pool as BlockingPool
+from billiard.pool import TimeoutHandler
 from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 
 log = logging.getLogger(__name__)
@@ -27,8 +36,40 @@ __all__ = ["TaskPool", "POOL"]
 POOL = "backend.worker.pool:TaskPool"
 
 
+#: How often [s] the time-limit thread checks the running tasks' limits (billiard's own pace).
+LIMITS_EVERY_S = 1.0
+#: How often [s] it looks at whether the pool is stopping.
+STOP_EVERY_S = 0.1
+
+
+class PromptTimeoutHandler(TimeoutHandler):
+    """billiard's time-limit thread, which checks the limits every :data:`LIMITS_EVERY_S` and
+    ends within :data:`STOP_EVERY_S` of the pool's stop (billiard's sleeps a whole second)."""
+
+    def body(self):
+        ticks = max(1, round(LIMITS_EVERY_S / STOP_EVERY_S))
+        while self._state == RUN:
+            try:
+                for _ in self.handle_timeouts():
+                    for _tick in range(ticks):
+                        if self._state != RUN:
+                            break
+                        time.sleep(STOP_EVERY_S)
+            except CoroStop:
+                break
+
+
+class PromptBlockingPool(BlockingPool):
+    """billiard's threaded pool with :class:`PromptTimeoutHandler`."""
+
+    TimeoutHandler = PromptTimeoutHandler
+
+
 class TaskPool(PreforkTaskPool):
-    """Celery's prefork pool whose start-up check replaces dead children instead of failing."""
+    """Celery's prefork pool whose start-up check replaces dead children instead of failing,
+    and whose threaded form (the blocking loop's) stops without billiard's 1 s wait."""
+
+    BlockingPool = PromptBlockingPool
 
     def did_start_ok(self) -> bool:
         pool = self._pool
