@@ -28,11 +28,18 @@ demo: $(STAMP)
 # LSTDP_TEST_ORDER=xdist keeps pytest-xdist's own order, to compare.
 PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?=
+# With four workers on two cores, threads that wait by spinning burn the cores the other workers
+# need: OpenBLAS's pool spins between calls and libgomp (Numba's `omp` threading layer) spins
+# before it sleeps. One BLAS thread per process, and OpenMP threads that sleep when idle: three
+# copies of tests/validation/test_blind_radiometry.py at once took 28.2 user-s each, 18.4 with
+# both, 21.7 and 23.0 with either alone (2026-12-07). Numba still runs its threads (the threaded
+# kernels' parity tests need them). A one-thread BLAS may round differently in the last bits.
+TEST_ENV := OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1
 
 test: $(STAMP)
 	bash scripts/ensure-services.sh
-	$(BIN)/python scripts/warm_kernels.py
-	$(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python scripts/warm_kernels.py
+	$(TEST_ENV) $(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 serve: $(STAMP)
 	$(BIN)/lstdp serve
