@@ -31,10 +31,11 @@ import contextlib
 import logging
 import os
 import re
+import socket
+import sys
 import threading
 import time
 import uuid
-from queue import Empty
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
@@ -171,11 +172,13 @@ class Channel(filesystem.Channel):
 
 
 def _worker_stopping() -> bool:
-    """Whether the Celery worker of this process was asked to stop (its SIGTERM/SIGINT handlers
-    set ``celery.worker.state.should_stop`` or ``should_terminate`` to an exit code, 0 included:
-    the test of ``celery.worker.state.maybe_shutdown``)."""
-    from celery.worker import state
-
+    """Whether the Celery worker of this process was asked to stop: its signal handlers set
+    ``celery.worker.state.should_stop`` or ``should_terminate`` to an exit code (0 for a warm
+    shutdown) or True, and this is the test of ``celery.worker.state.maybe_shutdown``. A process
+    that never loaded that module runs no worker (and is not made to load it here)."""
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return False
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 
 
@@ -184,33 +187,20 @@ class Transport(filesystem.Transport):
     as the worker is asked to stop.
 
     A worker on this transport runs Celery's blocking loop (``celery.worker.loops.synloop``: the
-    transport has no file descriptor to poll), which asks for messages for 2 s at a time and
-    looks at the stop flags between two such waits, then waits once more in a ``finally`` before
-    it stops: a warm shutdown began 2-4 s after the signal (measured: 4.0 s). Here the wait
-    looks at the flags at every poll (``polling_interval``, 0.2 s) and ends when one is set, with
-    no message taken: a message still in the folder waits for the next worker."""
+    transport has no file descriptor to poll), which asks for messages 2 s at a time, looks at
+    the stop flags between two asks, then asks once more in a ``finally`` before it stops: a warm
+    shutdown began 2-4 s after the signal (measured: 4.0 s). Here each poll of a channel (every
+    ``polling_interval``: 0.2 s as :mod:`backend.broker` configures it, kombu's default 1 s)
+    first looks at the flags and, when one is set, ends the wait (``socket.timeout``, which
+    kombu's polling loop passes on and Celery's loop expects) with no message taken: a message
+    still in the folder waits for the next worker. The flags are the process's own and are never
+    cleared, so once set every wait on this transport in the process ends at once; only the
+    worker's consumer waits on it (producers and the API only publish, results are not kept
+    here)."""
 
     Channel = Channel
 
-    def drain_events(self, connection, timeout=None):
-        """kombu's ``virtual.Transport.drain_events`` (deliver one message, or raise
-        ``socket.timeout`` after ``timeout`` [s], polling every ``polling_interval`` [s]), which
-        also raises ``socket.timeout`` at once when the worker is stopping."""
-        import socket
-
-        start = time.monotonic()
-        polling_interval = self.polling_interval
-        if timeout and polling_interval and polling_interval > timeout:
-            polling_interval = timeout
-        while True:
-            if _worker_stopping():
-                raise socket.timeout()
-            try:
-                self.cycle.get(self._deliver, timeout=timeout)
-            except Empty:
-                if timeout is not None and time.monotonic() - start >= timeout:
-                    raise socket.timeout() from None
-                if polling_interval is not None:
-                    time.sleep(polling_interval)
-            else:
-                return
+    def _drain_channel(self, channel, callback, timeout=None):
+        if _worker_stopping():
+            raise socket.timeout()
+        return super()._drain_channel(channel, callback, timeout=timeout)

@@ -44,6 +44,8 @@ def test_the_embedded_broker_uses_this_transport(tmp_path, monkeypatch):
         with backend.broker.app.connection_for_write() as conn:
             assert isinstance(conn.transport, broker_fs.Transport)
             assert isinstance(conn.default_channel, broker_fs.Channel)
+        # the blocking loop's timer ticks often enough that a warm shutdown does not wait for it
+        assert backend.broker.app.conf.worker_timer_precision <= 0.1
     finally:  # the process's settings and app as they were (the environment first)
         monkeypatch.undo()
         get_settings.cache_clear()
@@ -226,4 +228,33 @@ def test_a_worker_asked_to_stop_takes_no_more_messages_and_its_wait_ends(tmp_pat
         conn.drain_events(timeout=30)
     assert got == [{"n": 1}]
     assert list(tmp_path.glob("*.msg")) == []
+    conn.release()
+
+
+def test_a_stop_asked_for_during_a_wait_ends_it(tmp_path, monkeypatch):
+    """The case of a real SIGTERM: the worker is already waiting on an empty queue when the flag
+    is set (here from another thread, 0.3 s in): the wait ends then, not at its timeout."""
+    import socket
+    import threading
+
+    from celery.worker import state as worker_state
+    from kombu import Queue
+
+    conn, _ch = _channel(tmp_path)
+    queue = Queue("cpu", routing_key="cpu")
+    conn.Producer().publish({"n": 1}, routing_key="cpu", declare=[queue])
+    got = []
+    monkeypatch.setattr(worker_state, "should_stop", None)
+    with conn.Consumer(queue, callbacks=[lambda body, message: (got.append(body), message.ack())]):
+        conn.drain_events(timeout=30)  # the one message: the queue is empty now
+        assert got == [{"n": 1}]
+        timer = threading.Timer(0.3, lambda: setattr(worker_state, "should_stop", 0))
+        timer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=60)
+        finally:
+            timer.cancel()
+        assert time.monotonic() - t0 < 30, "the wait ran to its timeout: the flag was not seen during it"
     conn.release()

@@ -12,11 +12,16 @@ from backend.worker import pool as pool_mod
 def _run_body(monkeypatch, handler_cls, stop_after_sleeps: int) -> tuple[list[float], int]:
     """Run ``handler_cls``'s thread body in this thread: the pool is stopped (state CLOSE) at the
     ``stop_after_sleeps``-th sleep. Returns the sleeps' lengths [s] and how many times the
-    tasks' time limits were checked."""
+    tasks' time limits were checked. Only this thread's sleeps are intercepted."""
+    import threading
+    import time
+
     handler = handler_cls([], {}, None, None)
     sleeps: list[float] = []
     checks = 0
     real = handler.handle_timeouts
+    real_sleep = time.sleep
+    me = threading.get_ident()
 
     def counting():
         nonlocal checks
@@ -25,15 +30,19 @@ def _run_body(monkeypatch, handler_cls, stop_after_sleeps: int) -> tuple[list[fl
             yield item
 
     def fake_sleep(s):
+        if threading.get_ident() != me:  # another thread of this process: a real sleep
+            real_sleep(s)
+            return
         sleeps.append(s)
         if len(sleeps) >= stop_after_sleeps:
             handler._state = CLOSE
 
     monkeypatch.setattr(handler, "handle_timeouts", counting)
-    monkeypatch.setattr(pool_mod.time, "sleep", fake_sleep)
-    import billiard.pool as billiard_pool
+    monkeypatch.setattr(pool_mod, "_sleep", fake_sleep)
+    if handler_cls is BilliardTimeoutHandler:  # billiard calls time.sleep itself
+        import billiard.pool as billiard_pool
 
-    monkeypatch.setattr(billiard_pool.time, "sleep", fake_sleep)
+        monkeypatch.setattr(billiard_pool.time, "sleep", fake_sleep)
     assert handler._state == RUN
     handler.body()
     return sleeps, checks
@@ -53,5 +62,17 @@ def test_billiards_own_thread_sleeps_a_whole_second(monkeypatch):
     assert sleeps == [1.0]
 
 
-def test_the_worker_pool_uses_it_in_its_threaded_form():
-    assert pool_mod.TaskPool.BlockingPool.TimeoutHandler is pool_mod.PromptTimeoutHandler
+def test_the_embedded_workers_pool_is_built_with_it():
+    """The chain that picks it: the filesystem transport cannot be polled (not asynchronous), so
+    Celery runs its blocking loop and starts the pool with threads, and ``TaskPool.on_start``
+    then builds ``BlockingPool``: here a real one-process pool."""
+    from backend import broker_fs
+
+    assert broker_fs.Transport.implements.asynchronous is False
+    pool = pool_mod.TaskPool(limit=1, threads=True, soft_timeout=60, timeout=120)
+    pool.start()
+    try:
+        assert type(pool._pool) is pool_mod.PromptBlockingPool
+        assert type(pool._pool._timeout_handler) is pool_mod.PromptTimeoutHandler
+    finally:
+        pool.terminate()

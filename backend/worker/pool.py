@@ -9,10 +9,11 @@ Redis broker). Here a child found dead at that check is replaced as after any la
 (billiard's ``maintain_pool``), and the worker runs on. A child that dies at every start is
 still stopped by billiard's restart limit (``RestartFreqExceeded``), not looped for ever.
 
-On the embedded broker (Celery's blocking loop, where the pool runs billiard's threaded
-``Pool``) its time-limit thread looks at whether the pool is stopping every 0.1 s, not every
-second: a warm shutdown joined that thread for up to 1 s. It still checks the tasks' time
-limits once a second, as billiard does.
+On the embedded broker (Celery's blocking loop, where the pool is billiard's ``Pool`` with
+its helper threads; tasks still run in forked children) the pool's time-limit thread looks at
+whether the pool is stopping every 0.1 s, not every second: billiard's ``_terminate_pool``,
+which runs when the worker's process ends, joined it for up to 1 s. It still checks the tasks'
+time limits once a second, as billiard does.
 
 ``lstdp worker`` uses it for the prefork pool (the ``worker_pool`` setting names the class;
 Celery's ``-P`` option takes aliases only).
@@ -29,6 +30,9 @@ from billiard.pool import TimeoutHandler
 from celery.concurrency.prefork import TaskPool as PreforkTaskPool
 
 log = logging.getLogger(__name__)
+
+# the call the tests intercept (here, not process-wide in ``time``)
+_sleep = time.sleep
 
 __all__ = ["TaskPool", "POOL"]
 
@@ -54,7 +58,7 @@ class PromptTimeoutHandler(TimeoutHandler):
                     for _tick in range(ticks):
                         if self._state != RUN:
                             break
-                        time.sleep(STOP_EVERY_S)
+                        _sleep(STOP_EVERY_S)
             except CoroStop:
                 break
 
