@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
+import json
 import math
 import shutil
 import warnings
@@ -477,6 +478,58 @@ def test_figure_breaks_lines_at_skipped_frames_and_xrs_gaps():
     xrsb = fig["data"][1]
     assert list(xrsb["y"]) == [1e-6, None, 1e-6, 1e-6, None, 1e-6, 1e-6]  # the flagged sample, then the hole
     assert "dark #1 v4" in [a for a in fig["layout"]["annotations"] if a.get("name") == "calibration"][0]["text"]
+
+
+def test_utc_times_of_tai_seconds_are_astropys_isot_to_the_digit():
+    """``tai_to_utc_iso`` and ``tai_to_datetime`` (erfa's fields, formatted here) give what
+    astropy's ``Time(..., format="unix_tai").utc.isot`` writes, rounding and leap second
+    included: every 0.0997 s through the 2016-12-31 leap second, values that round up to the
+    next second, and random times 1975-2030."""
+    from backend.services.xray import tai_to_datetime, tai_to_utc_iso
+
+    leap = float(Time("2016-12-31T23:59:60.5", scale="utc").unix_tai)
+    rng = np.random.default_rng(5)
+    ts = ([leap + k * 0.0997 for k in range(-30, 31)] + [leap + 0.4999999, leap - 0.5000004, 1e9 + 0.9999996, 1e9 + 0.9994996]
+          + rng.uniform(float(Time("1975-01-01").unix_tai), float(Time("2030-01-01").unix_tai), 2000).tolist())
+    iso3 = Time(np.asarray(ts), format="unix_tai").utc
+    iso3.precision = 3
+    assert tai_to_utc_iso(ts) == [s + "Z" for s in iso3.isot]
+    iso6 = Time(np.asarray(ts), format="unix_tai").utc
+    iso6.precision = 6
+    want = [dt.datetime.fromisoformat(s[:17] + "59.999999" if s[17:19] == "60" else s).replace(tzinfo=dt.UTC)
+            for s in iso6.isot]
+    assert tai_to_datetime(ts) == want
+    assert sum(s[17:19] == "60" for s in iso3.isot) >= 10  # the leap second is in it
+
+
+def test_the_figure_route_writes_the_same_bytes_as_plotly_with_validation():
+    """The route's lean writer (sample lists set after plotly's checks) gives exactly
+    ``Figure.to_json()``: with every trace (ROI, disk, both XRS curves, gaps, None, notes) and
+    with none (no product, no series)."""
+    from types import SimpleNamespace
+
+    from backend.render.event_figures import event_curves_figure, event_curves_figure_json
+    from backend.services.event_curves import CalibrationSetUsed, EventCurves
+    from backend.services.xray import XRaySeriesSamples
+
+    t0 = FLARE["start"]
+    ev = SimpleNamespace(id=7, event_type="FL", start_time=t0, peak_time=FLARE["peak"], end_time=FLARE["end"])
+    times = [t0 + k * 10 * MIN for k in (0, 1, 2, 4, 5)]
+    tai = [float(Time(t0 + dt.timedelta(seconds=2 * k)).unix_tai) for k in (0, 1, 2, 3, 10, 11)]
+    series = SimpleNamespace(satellite="GOES-15", original_name="x.nc", cadence_s=2.0, id=1)
+    xr = XRaySeriesSamples(series=series, t_tai=tai, xrsa=[1e-8, 2e-8, None, 3e-8, 1e-8, 1e-8],
+                           xrsb=[1e-6, None, 1.5e-6, 1e-6, 2.25e-6, 1e-6])
+    full = EventCurves(event=ev, channel="SDI", start=t0 - 30 * MIN, end=FLARE["end"] + 30 * MIN, unit="erg cm-2 s-1 sr-1",
+                       calibration=CalibrationSetUsed(key="dark:1", params_hash="c" * 64, files=[("dark", 1, 4)]),
+                       lst_times=times, disk=[1.0, 2.0, None, 4.0, 5.5], roi=[3.0, 1e-3, 2.0, None, 7.0],
+                       roi_box=(-420.5, 310.0, 60.0), product_ids=[1, 2, 3, 4, 5], xray=xr, xray_others=["GOES-13"])
+    full.notes = ["a note under the plot", "and a second"]
+    empty = EventCurves(event=ev, channel="WST", start=t0 - 30 * MIN, end=FLARE["end"] + 30 * MIN, unit="",
+                        xray_coverage=[("GOES-15", t0 - dt.timedelta(days=3), t0 - dt.timedelta(days=2))])
+    for c in (full, empty):
+        assert event_curves_figure_json(c) == event_curves_figure(c).to_json()
+    body = json.loads(event_curves_figure_json(full))
+    assert [len(t["x"]) for t in body["data"]] == [6, 6, 7, 7]  # the samples are in it, with the breaks
 
 
 def test_curves_of_long_and_reversed_events_and_the_read_budget(client, db_session, flare_day, monkeypatch):

@@ -82,26 +82,34 @@ def _none_if_nan(v: float) -> float | None:
     return None if not math.isfinite(v) else float(v)
 
 
+def _utc_fields(t_tai, digits: int) -> list[tuple[int, int, int, int, int, int, int]]:
+    """(year, month, day, hour, minute, second, fraction in units of 10**-digits s) in UTC of
+    ``unix_tai`` seconds: ``erfa.d2dtf`` on astropy's UTC two-part JD, rounded to ``digits``
+    decimals, the call and rounding that astropy's ``Time.isot`` makes (a leap second has
+    second 60), without its per-element formatting (it was most of the event figure's time)."""
+    import erfa
+
+    t = Time(np.atleast_1d(np.asarray(t_tai, dtype=np.float64)), format="unix_tai").utc
+    iy, im, iday, hmsf = erfa.d2dtf(b"UTC", digits, t.jd1, t.jd2)
+    return list(zip(iy.tolist(), im.tolist(), iday.tolist(), hmsf["h"].tolist(), hmsf["m"].tolist(),
+                    hmsf["s"].tolist(), hmsf["f"].tolist()))
+
+
 def tai_to_datetime(t_tai) -> list[dt.datetime]:
     """Aware UTC datetimes of ``unix_tai`` seconds; a time inside a leap second (23:59:60.x,
     which ``datetime`` cannot hold) becomes 23:59:59.999999 of that day: still after the sample
-    before it and before the next day's first; the exact time is in :func:`tai_to_utc_iso`."""
-    t = Time(np.atleast_1d(np.asarray(t_tai, dtype=np.float64)), format="unix_tai").utc
-    t.precision = 6
-    out = []
-    for iso in t.isot:
-        if ":60" in iso[16:19]:  # 23:59:60.xxx: after 23:59:59 of that day, before the next day
-            iso = iso[:17] + "59.999999"
-        out.append(dt.datetime.fromisoformat(iso).replace(tzinfo=dt.UTC))
-    return out
+    before it and before the next day's first; the exact time is in :func:`tai_to_utc_iso`.
+    (Microseconds as ``Time(...).utc.isot`` at precision 6 writes them.)"""
+    utc = dt.UTC
+    return [dt.datetime(y, mo, d, h, mi, 59, 999999, tzinfo=utc) if s == 60 else
+            dt.datetime(y, mo, d, h, mi, s, f, tzinfo=utc) for y, mo, d, h, mi, s, f in _utc_fields(t_tai, 6)]
 
 
 def tai_to_utc_iso(t_tai) -> list[str]:
     """ISO 8601 UTC strings (``...Z``, millisecond precision) of ``unix_tai`` seconds; a leap
-    second reads ``23:59:60.xxx``."""
-    t = Time(np.atleast_1d(np.asarray(t_tai, dtype=np.float64)), format="unix_tai").utc
-    t.precision = 3
-    return [s + "Z" for s in t.isot]
+    second reads ``23:59:60.xxx`` (the strings of ``Time(...).utc.isot`` at precision 3)."""
+    return [f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}.{f:03d}Z"
+            for y, mo, d, h, mi, s, f in _utc_fields(t_tai, 3)]
 
 
 def _utc_to_tai(t: dt.datetime) -> float:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, Response
 from backend.api.deps import OptionalPrincipal, SessionDep, SettingsDep
 from backend.api.params import MAX_ID, IdPath, canonical_channel
 from backend.api.presenters import visible_set_or_404, window_public
-from backend.render.event_figures import event_curves_figure
+from backend.render.event_figures import event_curves_figure_json
 from backend.services import event_curves as curves_service
 from backend.services import events as events_service
 
@@ -49,7 +49,7 @@ def read_event_curves_figure(event_id: IdPath, session: SessionDep, settings: Se
     products of one calibration set (named in the figure); bottom: GOES XRS 1-8 Å and 0.5-4 Å
     (log W m-2, class bands A..X); the event's start, peak and end as lines; gaps are gaps."""
     c = _curves(session, settings, event_id, channel, principal, calibration_set)
-    return Response(event_curves_figure(c).to_json(), media_type="application/json")
+    return Response(event_curves_figure_json(c), media_type="application/json")
 
 
 @router.get(
