@@ -59,6 +59,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.models import ApiToken, BrowserSession, utcnow
+from backend.scopes import SCOPES  # the scopes a token may carry (their own module: the CLI reads them)
 from pipelines.errors import DataError
 from pipelines.utc import assume_utc
 
@@ -68,12 +69,6 @@ __all__ = ["SCOPES", "TOKEN_PREFIX", "SESSION_COOKIE", "Principal", "AuthError",
            "SAFE_METHODS", "RedactTokensFilter", "install_log_redaction", "create_session",
            "authenticate_session", "revoke_session", "session_state", "unauthorized"]
 
-#: The scopes a token may carry, and what each allows.
-SCOPES: dict[str, str] = {
-    "jobs:submit": "submit recalibration jobs; retry and re-run one's own; saved searches and webhooks",
-    "jobs:cancel": "cancel one's own jobs",
-    "admin": "everyone's jobs, promote calibration sets, manage tokens (implies every other scope)",
-}
 #: Every token starts with this (for secret scanners, and to tell a token from other text).
 TOKEN_PREFIX = "lst_"
 #: The browser's session cookie (HttpOnly, SameSite=Strict, Secure over https), holding a random

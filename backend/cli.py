@@ -982,7 +982,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="check presence only (the SHA-256 pass reads every byte of every file)")
     fk.set_defaults(func=cmd_fsck)
 
-    from backend.auth import SCOPES
+    from backend.scopes import SCOPES  # not backend.auth: every CLI process builds this parser
 
     tk = sub.add_parser("token", help="API tokens: create (shown once), list, revoke",
                         description="Reads need no token; writes need one with a scope: "

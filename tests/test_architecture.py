@@ -327,3 +327,25 @@ def test_the_renderer_rule_can_fail(tmp_path):
     (tmp_path / "backend" / "services" / "q.py").write_text("")
     assert database_imports(tmp_path) == ["backend.render.b: backend.services", "backend.render.b: backend.services.q",
                                           "pipelines.p: sqlalchemy.orm", "pipelines.p: sqlalchemy.orm.Session"]
+
+
+def test_the_cli_parser_and_the_reconciler_load_no_web_framework():
+    """Every CLI process (workers, the reconciler each worker starts, ``lstdp token``) builds the
+    argument parser; the reconciler then loads its module. Neither needs FastAPI (about 0.7
+    CPU-seconds a process; the token scopes are in :mod:`backend.scopes`), and the suite
+    starts dozens of reconcilers (``scripts/suite_profile.py``)."""
+    code = (
+        "import json, sys\n"
+        "import backend.cli\n"
+        "backend.cli.build_parser()\n"
+        "import backend.worker.reconcile\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'backend')\n"
+        "                        and (m.split('.')[0] != 'backend' or m.startswith('backend.api') or m == 'backend.auth'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    from backend.auth import SCOPES
+    from backend.scopes import SCOPES as scopes
+
+    assert SCOPES is scopes and set(SCOPES) == {"jobs:submit", "jobs:cancel", "admin"}
