@@ -304,25 +304,54 @@ def authorize(client, session, user: str = "tester", scopes=("jobs:submit", "job
     return client
 
 
+_SHARED_APPS: dict = {}
+
+
+@contextlib.contextmanager
+def shared_app():
+    """The app for a function-scoped TestClient: one ``create_app()`` per test process (and
+    ``LEAN_EVENTS`` value, read when the app is made), handed out with no dependency override
+    and a middleware stack that Starlette builds anew on its first request (fresh middleware
+    instances); the overrides are cleared again on exit.
+
+    ``create_app()`` analyses every route's parameters (about 0.25 CPU-seconds): one per test
+    was some 800 calls and 6 % of the suite's CPU (``scripts/suite_profile.py``). Settings are
+    read per request, so one app serves tests with different settings. Tests about the app's
+    construction itself, and servers on a port, still call ``create_app()``.
+    """
+    from backend.api.app import create_app
+
+    key = os.environ.get("LEAN_EVENTS", "1")
+    app = _SHARED_APPS.get(key)
+    if app is None:
+        app = _SHARED_APPS[key] = create_app()
+    app.dependency_overrides.clear()
+    app.middleware_stack = None
+    try:
+        yield app
+    finally:
+        app.dependency_overrides.clear()
+        app.middleware_stack = None
+
+
 @pytest.fixture
 def api_client(db_session, settings_env):
     """A TestClient of the app whose requests use ``db_session`` (rolled back after the test),
     with embedded-mode settings in a temporary DATA_DIR; 500s come back as responses."""
     from fastapi.testclient import TestClient
 
-    from backend.api.app import create_app
     from backend.api.deps import get_session
 
     settings_env()
-    app = create_app()
 
     def _session():
         yield db_session
 
-    app.dependency_overrides[get_session] = _session
-    with TestClient(app, raise_server_exceptions=False) as c:
-        authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
-        yield c
+    with shared_app() as app:
+        app.dependency_overrides[get_session] = _session
+        with TestClient(app, raise_server_exceptions=False) as c:
+            authorize(c, db_session)  # user "tester", jobs:submit and jobs:cancel (tests of 401 drop it)
+            yield c
 
 
 # -- data built once per test run (simulated datasets, imported catalogues), read-only ------------

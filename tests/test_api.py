@@ -40,7 +40,7 @@ from backend.models import (
 )
 from backend.services.products import disk_integrated_mean
 from pipelines.products import dq_table_hdu, read_product
-from tests.conftest import auth_headers, authorize
+from tests.conftest import auth_headers, authorize, shared_app
 
 pytestmark = pytest.mark.postgres
 
@@ -195,15 +195,14 @@ def settings(settings_env):
 
 @pytest.fixture
 def client(db_session, settings):
-    app = create_app()
-
     def _session():
         yield db_session
 
-    app.dependency_overrides[get_session] = _session
-    with TestClient(app, raise_server_exceptions=False) as c:
-        authorize(c, db_session)  # user "tester" with jobs:submit and jobs:cancel (POST /jobs needs a token)
-        yield c
+    with shared_app() as app:  # one app per test process (tests/conftest.py)
+        app.dependency_overrides[get_session] = _session
+        with TestClient(app, raise_server_exceptions=False) as c:
+            authorize(c, db_session)  # user "tester" with jobs:submit and jobs:cancel (POST /jobs needs a token)
+            yield c
 
 
 def assert_error(resp, status: int, *needles: str) -> dict:

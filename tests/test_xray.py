@@ -22,13 +22,12 @@ from astropy.time import Time
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from backend.api.app import create_app
 from backend.api.deps import get_session
 from backend.models import CalibrationKind, EventAssociation, XRaySample, XRaySeries
 from backend.services import xray as xray_service
 from pipelines.timeseries.goes_xrs import XRSReadError, read_goes_xrs
 from pipelines.utc import as_utc
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, shared_app
 from tests.test_api import make_calibration, make_event, make_frame, make_product, write_product_fits
 
 XRS = SAMPLE / "xray-timeseries"
@@ -231,14 +230,13 @@ def test_coverage_per_satellite(db_session, settings, tmp_path):
 
 @pytest.fixture
 def client(db_session, settings):
-    app = create_app()
-
     def _session():
         yield db_session
 
-    app.dependency_overrides[get_session] = _session
-    with TestClient(app, raise_server_exceptions=False) as c:
-        yield c
+    with shared_app() as app:  # one app per test process (tests/conftest.py)
+        app.dependency_overrides[get_session] = _session
+        with TestClient(app, raise_server_exceptions=False) as c:
+            yield c
 
 
 @pytest.mark.parametrize("query, needle", [
