@@ -102,9 +102,14 @@ def test_importing_the_science_loads_no_simulator_or_validation_module():
         "print(json.dumps(sorted(m for m in sys.modules\n"
         "                        if m.startswith(('pipelines.simulation', 'validation')) or m == 'validation')))\n"
     )
+    assert _last_json_line(code) == []
+
+
+def _last_json_line(code: str):
+    """Run ``code`` in a new interpreter at the repository root; the JSON of its last line."""
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_the_direction_rule_can_fail(tmp_path):
@@ -342,9 +347,7 @@ def test_the_cli_parser_and_the_reconciler_load_no_web_framework():
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'backend')\n"
         "                        and (m.split('.')[0] != 'backend' or m.startswith('backend.api') or m == 'backend.auth'))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    assert _last_json_line(code) == []
     from backend.auth import SCOPES
     from backend.scopes import SCOPES as scopes
 
