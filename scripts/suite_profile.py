@@ -17,8 +17,8 @@ then summarise::
     .venv/bin/python scripts/suite_profile.py /tmp/suite.spy [--top 40]
 
 It prints the active samples per kind of process (xdist worker, Celery worker, reconciler,
-demo, benchmark, server, other), the share spent importing modules per kind, the modules whose
-import cost most, and the project's functions with the most samples (inclusive) inside the
+demo, benchmark, server, other), the share spent importing modules per kind, the outermost
+modules being imported (what a process's imports cost, by the import that started them), and the project's functions with the most samples (inclusive) inside the
 xdist workers. Samples whose innermost frame is a wait (a lock, ``select``, ``sleep``, a
 socket read) are left out: py-spy's idle detection does not see every wait. A sample is a
 thread seen running *or runnable*, so on a loaded machine the shares are of the time threads
@@ -36,9 +36,18 @@ import collections
 import re
 import sys
 
-#: An innermost frame holding one of these is a thread waiting, not working.
-WAITS = ("wait (threading.py", "select (selectors.py", "poll (selectors.py", "sleep", "Queue.get",
-         "_wait_for_tstate_lock", "accept", "recv", "epoll", "_recv", "acquire")
+#: An innermost frame calling one of these functions is a thread waiting, not working (the
+#: function's name without its class, as py-spy writes it: ``Condition.wait`` is ``wait``).
+WAITS = frozenset({"wait", "select", "poll", "sleep", "_wait_for_tstate_lock", "accept", "recv", "recv_into",
+                   "_recv", "acquire", "epoll", "wait_for"})
+#: ... and these qualified names (``get`` alone is too common a name).
+WAITS_QUALIFIED = frozenset({"Queue.get", "SimpleQueue.get"})
+
+
+def is_wait(frame: str) -> bool:
+    """True when ``frame`` (``name (file:line)``) is a call that waits."""
+    name = frame.rsplit(" (", 1)[0]
+    return name in WAITS_QUALIFIED or name.rpartition(".")[2] in WAITS
 #: The project's own code (the function lines counted in the last table).
 PROJECT = re.compile(r"\((backend|pipelines|tests|validation|benchmarks|scripts|clients)/")
 _LINE = re.compile(r":\d+\)$")
@@ -48,7 +57,7 @@ def kind_of(command: str) -> str:
     """The kind of process from its command line."""
     if "exec(eval(sys.stdin" in command:
         return "xdist worker"
-    if "reconcile" in command:
+    if "cli reconcile" in command:
         return "reconciler"
     if " worker" in command:
         return "celery worker"
@@ -88,17 +97,18 @@ def summarise(path: str, top: int) -> str:
             except ValueError:
                 continue
             command, frames = split_stack(stack)
-            if not frames or any(w in frames[-1] for w in WAITS):
+            if not frames or is_wait(frames[-1]):
                 waits += count
                 continue
             total += count
             kind = kind_of(command)
             per_kind[kind] += count
-            if any(fr.startswith("_find_and_load ") for fr in frames):
+            first = next((i for i, fr in enumerate(frames) if fr.startswith("_find_and_load ")), None)
+            if first is not None:
                 importing[kind] += count
-                modules = [fr for fr in frames if fr.startswith("<module> (")]
-                if modules:
-                    import_roots[(kind, modules[0] if len(modules) == 1 else modules[1])] += count
+                # the outermost module being imported: the first module body below the first import
+                root = next((fr for fr in frames[first:] if fr.startswith("<module> (")), "(importlib or an extension)")
+                import_roots[(kind, root)] += count
             if kind == "xdist worker":
                 for fr in set(frames):
                     if PROJECT.search(fr):
@@ -109,7 +119,7 @@ def summarise(path: str, top: int) -> str:
         out.append(f"| {kind} | {v} | {100 * v / total:.1f} % | {100 * importing[kind] / v:.1f} % |")
     imp = sum(importing.values())
     out += ["", f"importing modules, all processes: {imp} samples, {100 * imp / max(total, 1):.1f} %", "",
-            "| samples | process kind | module being run when the import happened |", "|---|---|---|"]
+            "| samples | process kind | outermost module being imported |", "|---|---|---|"]
     out += [f"| {v} | {k} | {m} |" for (k, m), v in import_roots.most_common(top // 2)]
     xd = per_kind["xdist worker"] or 1
     out += ["", "| samples | share of the xdist workers | project function (inclusive) |", "|---|---|---|"]

@@ -325,13 +325,21 @@ def shared_app():
     app = _SHARED_APPS.get(key)
     if app is None:
         app = _SHARED_APPS[key] = create_app()
+    if getattr(app, "_lstdp_in_use", False):
+        raise RuntimeError("shared_app() is in use already: one per test (a second would clear the first's overrides)")
+    shape = (len(app.router.routes), len(app.user_middleware), dict(app.exception_handlers))
+    app._lstdp_in_use = True
     app.dependency_overrides.clear()
     app.middleware_stack = None
     try:
         yield app
     finally:
+        app._lstdp_in_use = False
         app.dependency_overrides.clear()
         app.middleware_stack = None
+    # a test that changed the app would change it for the tests after it: make it use create_app()
+    assert (len(app.router.routes), len(app.user_middleware), dict(app.exception_handlers)) == shape, (
+        "a test changed the shared app (routes, middleware or exception handlers): use create_app()")
 
 
 @pytest.fixture

@@ -205,6 +205,23 @@ def client(db_session, settings):
             yield c
 
 
+def test_the_shared_app_is_handed_out_once_at_a_time_and_refuses_a_test_that_changes_it():
+    from starlette.routing import Route
+
+    with shared_app() as app:
+        with pytest.raises(RuntimeError, match="in use already"), shared_app():
+            pass
+    extra = Route("/nowhere", lambda request: None)
+    try:
+        with pytest.raises(AssertionError, match="changed the shared app"), shared_app() as app:
+            app.router.routes.append(extra)
+    finally:
+        if extra in app.router.routes:
+            app.router.routes.remove(extra)
+    with shared_app() as again:
+        assert again is app and not again.dependency_overrides
+
+
 def assert_error(resp, status: int, *needles: str) -> dict:
     """``resp`` is a JSON error with ``status`` whose detail contains every needle."""
     assert resp.status_code == status, resp.text

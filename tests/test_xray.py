@@ -524,7 +524,13 @@ def test_the_figure_route_writes_the_same_bytes_as_plotly_with_validation():
     full.notes = ["a note under the plot", "and a second"]
     empty = EventCurves(event=ev, channel="WST", start=t0 - 30 * MIN, end=FLARE["end"] + 30 * MIN, unit="",
                         xray_coverage=[("GOES-15", t0 - dt.timedelta(days=3), t0 - dt.timedelta(days=2))])
-    for c in (full, empty):
+    # NumPy scalars, as a service could hand them over: plotly's checks make Python numbers of them
+    numpy_values = EventCurves(event=ev, channel="SDI", start=full.start, end=full.end, unit="DN s-1",
+                               lst_times=times, disk=[np.float32(0.1), np.float64(2.5), None, np.float32(np.nan), 1.0],
+                               product_ids=[1, 2, 3, 4, 5],
+                               xray=XRaySeriesSamples(series=series, t_tai=tai, xrsa=[np.float32(1e-8)] * 6,
+                                                      xrsb=[np.float64(1e-6)] * 6))
+    for c in (full, empty, numpy_values):
         assert event_curves_figure_json(c) == event_curves_figure(c).to_json()
     body = json.loads(event_curves_figure_json(full))
     assert [len(t["x"]) for t in body["data"]] == [6, 6, 7, 7]  # the samples are in it, with the breaks

@@ -32,7 +32,8 @@ def with_gaps(times: Sequence[dt.datetime], values: Sequence[float | None], max_
     Returns
     -------
     (x, y, text) : lists of equal length
-        ``text`` repeats ``labels`` (or is empty strings) with "" at inserted breaks.
+        ``text`` repeats ``labels`` as strings (or is empty strings) with "" at inserted breaks;
+        ``y`` holds Python numbers and None (NaN becomes None, a NumPy scalar a Python number).
     """
     x, y, text = [], [], []
     prev = None
@@ -42,8 +43,10 @@ def with_gaps(times: Sequence[dt.datetime], values: Sequence[float | None], max_
             y.append(None)
             text.append("")
         x.append(t)
-        y.append(None if v is None or v != v else v)
-        text.append(labels[i] if labels is not None else "")
+        # a NumPy scalar as the Python number plotly's checks make of it (np.float32(0.1) is
+        # 0.10000000149011612): the figure route writes these lists without those checks
+        y.append(None if v is None or v != v else (v.item() if hasattr(v, "item") else v))
+        text.append(str(labels[i]) if labels is not None else "")
         prev = t
     return x, y, text
 

@@ -108,7 +108,7 @@ def tai_to_datetime(t_tai) -> list[dt.datetime]:
 def tai_to_utc_iso(t_tai) -> list[str]:
     """ISO 8601 UTC strings (``...Z``, millisecond precision) of ``unix_tai`` seconds; a leap
     second reads ``23:59:60.xxx`` (the strings of ``Time(...).utc.isot`` at precision 3)."""
-    return [f"{y:04d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}.{f:03d}Z"
+    return [f"{y:d}-{mo:02d}-{d:02d}T{h:02d}:{mi:02d}:{s:02d}.{f:03d}Z"
             for y, mo, d, h, mi, s, f in _utc_fields(t_tai, 3)]
 
 
