@@ -91,10 +91,12 @@ def event_curves_figure_json(curves) -> str:
     plotly checks every element of a trace's lists when they are set on a ``go.Scatter`` (and
     copies them again in ``to_dict``): with a GOES window of some 5000 samples that was 90 % of
     the event page's figure route. Here the traces are built with empty sample lists, which
-    plotly checks as it always does, and the lists (plain floats, None and strings, nothing
-    plotly would coerce) are put in place in the figure's dict before it is written, with
-    plotly's own JSON writer (``plotly.io.to_json``, ``validate=False``, trace ``uid`` removed as
-    ``Figure.to_json`` does). ``tests/test_xray.py`` compares the two on a figure with gaps.
+    plotly checks as it always does, and the lists are put in place in the figure's dict before
+    it is written, with plotly's own JSON writer (``plotly.io.to_json``, ``validate=False``, trace
+    ``uid`` removed as ``Figure.to_json`` does). The lists hold only what plotly's checks leave
+    as they are: Python numbers, None and strings (:func:`with_gaps` makes them so, and every
+    list set here comes from it). ``tests/test_xray.py`` compares the two with every trace, with
+    none, and with NumPy values.
     """
     import plotly.io as pio
 
