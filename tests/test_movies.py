@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import shutil
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,7 @@ from backend.broker import InFlight, TaskName
 from backend.models import Event, Frame, Movie, MovieState, Product, ProductState
 from backend.settings import Settings
 from backend.state import IllegalTransition, move_movie
+from tests.conftest import _migrate_sqlite, _sqlite_path
 
 SIZE = 128
 SIM_SETTINGS = Settings(TASK_TIME_LIMIT_S=100, TASK_SOFT_TIME_LIMIT_S=90, RECONCILE_INTERVAL_S=5, MAX_DELIVERIES=3)
@@ -67,20 +69,56 @@ def build_store(settings, simulated) -> SimpleNamespace:
                                flare=flare.id, cme=cme.id, truth=fl)
 
 
+@pytest.fixture(scope="module")
+def store_template(tmp_path_factory, simulated, run_cache):
+    """The store built once for the module: ``build_store`` run in ``work`` (a DATA_DIR at a
+    fixed path, since the rows name absolute paths under it), then ``work`` copied whole to
+    ``pristine``. Returns (work, pristine, what ``build_store`` returned)."""
+    from backend import db as dbmod
+    from backend.settings import get_settings
+
+    root = tmp_path_factory.mktemp("movie_store")
+    work, pristine = root / "var", root / "pristine"
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DATA_DIR"):
+            mp.delenv(k, raising=False)
+            mp.delenv(f"LSTDP_{k}", raising=False)
+        mp.setenv("DATA_DIR", str(work))
+        get_settings.cache_clear()
+        dbmod.reset_caches()
+        settings = get_settings()
+        settings.ensure_dirs()
+        shutil.copyfile(run_cache.get("sqlite-migrated", _migrate_sqlite) / "lstdp.sqlite3",
+                        _sqlite_path(settings))
+        try:
+            built = build_store(settings, simulated)
+        finally:
+            dbmod.reset_caches()  # every connection closed: the folder is the whole store
+            get_settings.cache_clear()
+    shutil.copytree(work, pristine)
+    return work, pristine, built
+
+
 @pytest.fixture
-def store(sqlite_env, simulated):
-    return SimpleNamespace(settings=sqlite_env, **vars(build_store(sqlite_env, simulated)))
+def store(settings_env, store_template):
+    """A fresh copy of the module's store (``store_template``) at the path its rows name, and
+    the settings pointing at it."""
+    work, pristine, built = store_template
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(pristine, work)
+    settings = settings_env(DATA_DIR=str(work))
+    return SimpleNamespace(settings=settings, **vars(built))
 
 
 @pytest.fixture
 def client(store):
     from fastapi.testclient import TestClient
 
-    from backend.api.app import create_app
+    from tests.conftest import shared_app
     from tests.test_api import route_celery_to_this_data_dir
 
     route_celery_to_this_data_dir()
-    with TestClient(create_app(), raise_server_exceptions=False) as c:
+    with shared_app() as app, TestClient(app, raise_server_exceptions=False) as c:
         c.headers["Authorization"] = f"Bearer {submit_token()}"  # POST /movies needs jobs:submit
         yield c
 
