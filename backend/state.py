@@ -57,7 +57,7 @@ from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobIte
                             Product, ProductState, utcnow)
 from backend.clock import db_now
 from backend.identity import beat, display, worker_id
-from pipelines.fitsio import process_alive
+from pipelines.tmpfiles import process_alive
 
 __all__ = ["IllegalTransition", "MAX_REASON_CHARS", "PRODUCT_MOVES", "JOB_MOVES", "reason_text",
            "move_product", "move_job", "JOB_FINAL", "JOB_RETRY_MOVES", "Claim", "claim_product", "confirm_claim", "this_process",

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ChannelSpec", "CHANNELS", "MIN_FRAME_SIDE", "get_channel", "channel_from_header"]
+__all__ = ["ChannelSpec", "CHANNELS", "MIN_FRAME_SIDE", "SATURATION_DN", "get_channel", "channel_from_header"]
+
+#: Saturation level of LST's 16-bit sensors [DN] (LST.md: 16-bit CMOS).
+SATURATION_DN = 65535.0
 
 
 @dataclass(frozen=True)

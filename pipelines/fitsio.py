@@ -40,10 +40,8 @@ import io
 import math
 import os
 import re
-import socket
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,6 +53,9 @@ from astropy.io import fits
 from astropy.time import Time
 
 from pipelines.errors import DataError, FitsReadError, HeaderFixWarning
+from pipelines.tmpfiles import (  # noqa: F401 - re-exported: the store's temporary files
+    PARTIAL_MAX_AGE_S, PARTIAL_PATTERNS, STORE_TMP_DIR, partial_files, process_alive, sha256_file, store_tmp_dir,
+    sweep_dead_writers, sweep_partial_files, writer_prefix)
 from pipelines.utc import datetime_from_time
 
 __all__ = [
@@ -787,39 +788,6 @@ def read_image(path: str | os.PathLike, *, warn: bool = False, dtype: Any = np.f
                     history_cards=history_cards)
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
-
-
-#: Folder of a store, directly under its root, that holds the temporary files of the writes
-#: in progress (:func:`write_atomic` with ``tmp_dir=store_tmp_dir(root)``). Inside the store,
-#: so on its file system: the final rename is atomic (``rename(2)`` is atomic only within one
-#: file system). Hidden (leading dot), so that walks of the store for products skip it.
-STORE_TMP_DIR = ".tmp"
-
-#: Age [s] after which a temporary file of an atomic write is taken as left by a killed
-#: write and removed (:func:`sweep_partial_files`, ``lstdp fsck --repair``). One hour: a
-#: choice, far above the time a write takes (seconds for a full-size product) and above the
-#: default hard task time limit (``TASK_TIME_LIMIT_S``, 900 s; after it no worker still
-#: writes), so a live write is never removed.
-PARTIAL_MAX_AGE_S = 3600.0
-
-#: Name patterns of the temporary files that earlier versions of the atomic writers left
-#: *beside* the target when killed mid-write (:func:`write_fits_atomic` and
-#: ``pipelines.products.write_quicklook_png`` without ``tmp_dir``).
-PARTIAL_PATTERNS = (".*.part", ".*.part.png")
-
-
-def store_tmp_dir(root: str | os.PathLike) -> Path:
-    """The temporary folder of the store at ``root``: ``<root>/``:data:`STORE_TMP_DIR`."""
-    return Path(root) / STORE_TMP_DIR
-
-
 class PendingFile:
     """A file written and fsynced under a temporary name, not yet renamed to its own
     (:func:`write_atomic` with ``defer=True``): :meth:`commit` makes it the file, :meth:`discard`
@@ -893,7 +861,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     else:
         # the writer's host and pid in the name: a killed writer's file is known at once
         # (:func:`sweep_dead_writers`)
-        folder, prefix = Path(tmp_dir), f"{p.name}.~{socket.gethostname()}~{os.getpid()}~."
+        folder, prefix = Path(tmp_dir), writer_prefix(p.name)
         folder.mkdir(parents=True, exist_ok=True)
         if os.stat(folder).st_dev != os.stat(p.parent).st_dev:
             raise ValueError(f"temporary folder {folder} is not on the file system of {p.parent}: "
@@ -1199,91 +1167,6 @@ def _write_lean_hdus(hdul: fits.HDUList, little: bool, put: Callable, swapped_ch
             del hdu._calculate_datasum
         if dig is not None:
             digs.append((hdu_digests, dig))
-
-
-def partial_files(root: str | os.PathLike) -> list[Path]:
-    """The temporary files of atomic writes under the store ``root``, in progress or left by
-    killed writes: every file in its :func:`store_tmp_dir`, and the writers' older hidden names
-    beside the products (:data:`PARTIAL_PATTERNS`). Sorted; a missing ``root`` has none."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    tmp = store_tmp_dir(base)
-    found = {f for f in tmp.rglob("*") if f.is_file()} if tmp.is_dir() else set()
-    for pattern in PARTIAL_PATTERNS:
-        found.update(f for f in base.rglob(pattern) if f.is_file())
-    return sorted(found)
-
-
-_WRITER = re.compile(r"\.~(?P<host>[^~/]+)~(?P<pid>\d+)~\.")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (``kill(pid, 0)``; another user's counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def sweep_dead_writers(root: str | os.PathLike) -> list[Path]:
-    """Remove the temporary files in the store ``root``'s :func:`store_tmp_dir` whose writer
-    (host and pid in the name, :func:`write_atomic`) ran on this host and is gone: a worker
-    killed mid-write. Files of live writers, of other hosts, or without a writer in the name
-    are left to :func:`sweep_partial_files`'s age rule. Cheap (one folder listing): the
-    reconciler calls it every pass.
-
-    Returns
-    -------
-    list of pathlib.Path
-        The files removed, sorted.
-    """
-    tmp = store_tmp_dir(root)
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        return []
-    host, me, removed = socket.gethostname(), os.getpid(), []
-    for name in names:
-        m = _WRITER.search(name)
-        if not m or m["host"] != host or int(m["pid"]) == me or process_alive(int(m["pid"])):
-            continue
-        try:
-            (tmp / name).unlink()
-            removed.append(tmp / name)
-        except OSError:  # gone meanwhile
-            continue
-    return sorted(removed)
-
-
-def sweep_partial_files(root: str | os.PathLike, *, older_than_s: float = PARTIAL_MAX_AGE_S,
-                        now: float | None = None) -> list[Path]:
-    """Remove the temporary files of atomic writes killed mid-way under the store ``root``.
-
-    The files of :func:`partial_files` (the store's temporary folder :data:`STORE_TMP_DIR`,
-    and the hidden ``.part`` names that earlier versions left beside the products) last
-    modified more than ``older_than_s`` seconds ago (default :data:`PARTIAL_MAX_AGE_S`, one
-    hour) are removed: a write in progress (a full-size product takes seconds) is left alone.
-    A missing ``root`` is nothing to sweep.
-
-    Returns
-    -------
-    list of pathlib.Path
-        The files removed, sorted.
-    """
-    cutoff = (time.time() if now is None else now) - older_than_s
-    removed = []
-    for f in partial_files(root):
-        try:
-            if f.stat().st_mtime < cutoff:
-                f.unlink()
-                removed.append(f)
-        except FileNotFoundError:  # renamed by its writer or removed by another sweeper meanwhile
-            continue
-    return removed
 
 
 def utc_datetime(t: Time) -> dt.datetime:

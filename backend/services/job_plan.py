@@ -31,7 +31,7 @@ from backend.services.calibration_sets import set_for
 from backend.services.registry import params_hash, select_calibrations
 from backend.state import MAX_REASON_CHARS, is_cancel_reason, move_job, move_product, reason_text, requeue_follow_up
 from pipelines.calibration import as_options
-from pipelines.detect.registry import follow_ups
+from pipelines.detect.follow_ups import follow_ups
 
 log = logging.getLogger(__name__)
 

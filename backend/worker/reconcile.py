@@ -85,13 +85,13 @@ from backend.models import (FollowUpState, ItemOutcome, Job, JobFollowUp, JobIte
 from backend.settings import Settings, get_settings
 from backend.state import (cancel_reason, cancelling_waiter, claim_is_dead, confirm_claim, give_up_reason, move_job,
                            move_product, settle_follow_up)
-from backend.worker.processing import count_item, lock_job, recount_job
+from backend.services.job_plan import count_item, lock_job, recount_job
 from backend.worker.notify import reconcile_notifications
 from backend.worker.placements import sweep_placements
 from backend.worker.storage_faults import outlasted_reason
 from pipelines.calibration import as_options
 from pipelines.errors import DataError
-from pipelines.fitsio import sweep_dead_writers
+from pipelines.tmpfiles import sweep_dead_writers
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ Adding a detector
 -----------------
 1. Its module in ``pipelines/detect/``: a pure detect function, a frozen parameters
    dataclass, and ``DETECTOR_NAME`` (HEK ``frm_name``) / ``DETECTOR_VERSION``.
-2. One :class:`Detector` line in :data:`DETECTORS`; and, if it should run by itself after
-   a calibration job over its channels, its ``(name, channel)`` pairs in :data:`FOLLOW_UPS`.
+2. One :class:`Detector` line in :data:`DETECTORS` (its module is imported on first use);
+   and, if it should run by itself after a calibration job over its channels, its
+   ``(name, channel)`` pairs in :data:`pipelines.detect.follow_ups.FOLLOW_UPS`.
 3. Its service function in :mod:`backend.services.detection`, one line in its ``SERVICES``
    map (registry name -> function), called as ``fn(session, *, channel, start, end, params,
    product_root) -> list[Event]``: the loading of one kind of input series
@@ -37,11 +38,13 @@ association map.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-from pipelines.detect import cme, flares, prominence, whitelight
+from pipelines.detect.follow_ups import FOLLOW_UPS, follow_ups  # noqa: F401 - re-exported
 
 __all__ = ["Detector", "DETECTORS", "FOLLOW_UPS", "get_detector", "follow_ups"]
 
@@ -50,23 +53,27 @@ __all__ = ["Detector", "DETECTORS", "FOLLOW_UPS", "get_detector", "follow_ups"]
 class Detector:
     """One detector of the platform.
 
+    What is data here (name, event type, channels, label, description) needs no import; what
+    comes from the detector's module (``frm_name``, ``version``, the detect function and the
+    default parameters) loads that module on first use, so that ``lstdp --help``, the
+    reconciler and the job planner load no detector (and with them no SciPy or astropy).
+
     Attributes
     ----------
     name : str
         Registry name (``lstdp detect --kind``).
-    frm_name, version : str
-        HEK ``frm_name`` and version of the events it stores (the module's
-        ``DETECTOR_NAME``/``DETECTOR_VERSION``).
+    module : str
+        The detector's module in ``pipelines.detect`` (``flares``).
     event_type : str
         HEK event type of its events.
     channels : tuple of str
         LST channels it runs on.
     default_channel : str
         The channel used when none is given (one of ``channels``).
-    detect : callable
-        The pure detect function.
-    default_params : callable
-        ``default_params(channel) -> params``: the default parameters object on a channel.
+    function : str
+        The name of the pure detect function in ``module``.
+    make_params : callable
+        ``make_params(module, channel) -> params``: the default parameters object on a channel.
     label : str
         What it finds, plural (``CMEs``), for messages.
     description : str
@@ -74,19 +81,42 @@ class Detector:
     """
 
     name: str
-    frm_name: str
-    version: str
+    module: str
     event_type: str
     channels: tuple[str, ...]
     default_channel: str
-    detect: Callable[..., Any]
-    default_params: Callable[[str], Any]
+    function: str
+    make_params: Callable[[ModuleType, str], Any]
     label: str
     description: str
 
     def __post_init__(self) -> None:
         if self.default_channel not in self.channels:
             raise ValueError(f"{self.name}: default channel {self.default_channel} is not one of {self.channels}")
+
+    @property
+    def code(self) -> ModuleType:
+        """The detector's module (imported on first use)."""
+        return importlib.import_module(f"pipelines.detect.{self.module}")
+
+    @property
+    def frm_name(self) -> str:
+        """HEK ``frm_name`` of the events it stores (the module's ``DETECTOR_NAME``)."""
+        return self.code.DETECTOR_NAME
+
+    @property
+    def version(self) -> str:
+        """Version of the events it stores (the module's ``DETECTOR_VERSION``)."""
+        return self.code.DETECTOR_VERSION
+
+    @property
+    def detect(self) -> Callable[..., Any]:
+        """The pure detect function."""
+        return getattr(self.code, self.function)
+
+    def default_params(self, channel: str) -> Any:
+        """``default_params(channel) -> params``: the default parameters object on ``channel``."""
+        return self.make_params(self.code, channel)
 
     def channel(self, channel: str | None = None) -> str:
         """``channel``, or the default one when None.
@@ -107,40 +137,29 @@ class Detector:
         return self.default_params(self.channel(channel))
 
 
-def _prominence_params(channel: str) -> prominence.ProminenceParams:
-    return prominence.ProminenceParams.sdi() if channel == "SDI" else prominence.ProminenceParams.sci_uv()
+def _prominence_params(module: ModuleType, channel: str) -> Any:
+    return module.ProminenceParams.sdi() if channel == "SDI" else module.ProminenceParams.sci_uv()
 
 
 #: The detectors by name, in the order ``lstdp detect --help`` lists them.
 DETECTORS: dict[str, Detector] = {
     d.name: d
     for d in (
-        Detector("flares", flares.DETECTOR_NAME, flares.DETECTOR_VERSION, "FL", ("SDI",), "SDI",
-                 flares.detect_flares, lambda channel: flares.FlareDetectionParams(),
+        Detector("flares", "flares", "FL", ("SDI",), "SDI", "detect_flares",
+                 lambda module, channel: module.FlareDetectionParams(),
                  "flares", "Lyman-alpha flares on SDI full-disk series (macropixel running background)"),
-        Detector("cmes", cme.DETECTOR_NAME, cme.DETECTOR_VERSION, "CE", ("SCI-UV", "SCI-WL"), "SCI-UV",
-                 cme.detect_cmes, lambda channel: cme.CMEParams(),
+        Detector("cmes", "cme", "CE", ("SCI-UV", "SCI-WL"), "SCI-UV", "detect_cmes",
+                 lambda module, channel: module.CMEParams(),
                  "CMEs", "coronal mass ejections in SCI coronagraph series (height-time tracks)"),
-        Detector("prominences", prominence.DETECTOR_NAME, prominence.DETECTOR_VERSION, "PR", ("SDI", "SCI-UV"),
-                 "SDI", prominence.detect_prominence_eruptions, _prominence_params,
+        Detector("prominences", "prominence", "PR", ("SDI", "SCI-UV"), "SDI", "detect_prominence_eruptions",
+                 _prominence_params,
                  "prominence eruptions", "prominence eruptions above the limb (SDI 1.02-1.2 Rsun, SCI-UV 1.15-2.45 Rsun)"),
-        Detector("white-light", whitelight.DETECTOR_NAME, whitelight.DETECTOR_VERSION, "FL", ("WST",), "WST",
-                 whitelight.detect_white_light_flares, lambda channel: whitelight.WhiteLightParams(),
+        Detector("white-light", "whitelight", "FL", ("WST",), "WST", "detect_white_light_flares",
+                 lambda module, channel: module.WhiteLightParams(),
                  "white-light flares",
                  "white-light flares on WST 360 nm series (8 % over the pre-flare level, Jing et al. 2024)"),
     )
 }
-
-#: ``(detector, channel)`` run after a calibration job over the channel, in the order they
-#: are queued.
-FOLLOW_UPS: tuple[tuple[str, str], ...] = (
-    ("flares", "SDI"),
-    ("prominences", "SDI"),
-    ("cmes", "SCI-UV"),
-    ("cmes", "SCI-WL"),
-    ("prominences", "SCI-UV"),
-    ("white-light", "WST"),
-)
 
 
 def get_detector(name: str) -> Detector:
@@ -155,12 +174,6 @@ def get_detector(name: str) -> Detector:
         return DETECTORS[name]
     except (KeyError, TypeError):
         raise KeyError(f"unknown detector {name!r}; expected one of {', '.join(DETECTORS)}") from None
-
-
-def follow_ups(channels: Collection[str]) -> list[tuple[str, str]]:
-    """The ``(detector name, channel)`` pairs to run after a calibration job over ``channels``,
-    in queue order (:data:`FOLLOW_UPS`)."""
-    return [(name, channel) for name, channel in FOLLOW_UPS if channel in channels]
 
 
 for _name, _channel in FOLLOW_UPS:  # a follow-up names a detector and one of its channels

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
-from pipelines.calibration.l2.steps import SATURATION_DN
+from pipelines.channels import SATURATION_DN
 from pipelines.errors import DataError
 
 __all__ = ["CalibrationOptions", "as_options"]

@@ -55,7 +55,7 @@ import numpy as np
 from astropy.io import fits
 
 from pipelines.array_backend import namespace_of, to_numpy
-from pipelines.channels import channel_from_header, get_channel
+from pipelines.channels import SATURATION_DN, channel_from_header, get_channel
 from pipelines.errors import DataError
 from pipelines.fitsio import exposure_seconds
 from pipelines.sun import radius_map, sun_geometry
@@ -82,8 +82,6 @@ __all__ = [
     "deconvolve_psf",
 ]
 
-#: Saturation level of LST's 16-bit sensors [DN] (LST.md: 16-bit CMOS).
-SATURATION_DN = 65535.0
 
 RADIANCE_UNIT = "erg cm-2 s-1 sr-1"
 
