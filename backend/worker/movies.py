@@ -31,8 +31,6 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backend.models import Event, Movie, MovieState, utcnow
-from backend.services import products as products_service
-from backend.services.movies import movie_dir, movie_products
 from backend.settings import Settings
 from backend.state import MOVIE_FINAL, claim_is_dead, is_retry_of, move_movie, this_process
 from pipelines.errors import DataError, failure_reason
@@ -219,7 +217,8 @@ def render_movie(session: Session, movie: Movie, settings: Settings, holder: str
     """
     import imageio_ffmpeg
 
-    from backend.services.movies import movie_spec
+    from backend.services import products as products_service
+    from backend.services.movies import movie_dir, movie_products, movie_spec
     from pipelines.movies import diff_label, movie_frame, movie_shape, rgb_frame
 
     prods = movie_products(session, movie.channel_code, movie.start_time, movie.end_time)

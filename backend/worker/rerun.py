@@ -36,13 +36,12 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.broker import InFlight, TaskName, send
 from backend.models import CalibrationFile, Frame, ItemOutcome, Job, JobItem, JobState, Product, RerunItem, utcnow
-from backend.services.manifests import compare_arrays, device_of, product_digests
 from backend.settings import Settings
 from backend.state import claim_is_dead, give_up_reason, move_job, reason_text
-from backend.worker.processing import lock_job, recount_job, resident_master
+from backend.services.job_plan import lock_job, recount_job
 from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
-from pipelines.fitsio import sha256_file
+from pipelines.tmpfiles import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +124,8 @@ def _aware(t: dt.datetime | None) -> dt.datetime | None:
 def _checked_inputs(session: Session, item: RerunItem) -> tuple[Frame, dict]:
     """The frame and the calibration masters by kind, after checking every byte against
     the manifest's sha256. Raises ``DataError`` with both digests on any mismatch."""
+    from backend.worker.processing import resident_master
+
     frame = session.get(Frame, item.frame_id)
     if frame is None:
         raise DataError(f"frame {item.frame_id} no longer exists")
@@ -164,6 +165,7 @@ def _backend(settings: Settings, lane: str, options) -> str:
 
 def _recompute(session: Session, settings: Settings, job: Job, item: RerunItem) -> None:
     """Steps 2-4 of the module docstring; fills ``item``'s result columns."""
+    from backend.services.manifests import compare_arrays, device_of, product_digests
     from pipelines.calibration import calibrate_frame
     from pipelines.fitsio import read_image, store_tmp_dir, write_fits_atomic
     from pipelines.products import build_product_hdul, read_product
