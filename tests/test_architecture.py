@@ -334,22 +334,35 @@ def test_the_renderer_rule_can_fail(tmp_path):
                                           "pipelines.p: sqlalchemy.orm", "pipelines.p: sqlalchemy.orm.Session"]
 
 
-def test_the_cli_parser_and_the_reconciler_load_no_web_framework_science_or_astropy():
+def test_the_cli_parser_and_the_reconciler_load_no_web_framework_science_or_astropy(tmp_path, monkeypatch):
     """Every CLI process (workers, the reconciler each worker starts, ``lstdp token``) builds the
-    argument parser; the reconciler then loads its module. Neither needs FastAPI (about 0.7
-    CPU-seconds a process; the token scopes are in :mod:`backend.scopes`), the detectors (the
-    registry loads a detector's module on first use; 1.8 CPU-seconds with SciPy and astropy),
-    the calibration chain (``pipelines.calibration`` loads what is asked for: the reconciler
-    asks for the options alone) or astropy's FITS (the temporary-file sweeps are in
-    :mod:`pipelines.tmpfiles`), nor does a reconciler's pass (the movie and re-run modules load
-    the products' and the manifests' services when they make or compare something); the suite
-    starts dozens of reconcilers (``scripts/suite_profile.py``): 4.3 -> 2.1 CPU-s a process."""
+    argument parser; the reconciler then loads its module and runs passes. None of it needs
+    FastAPI (about 0.7 CPU-seconds a process; the token scopes are in :mod:`backend.scopes`),
+    the detectors (the registry loads a detector's module on first use; 1.8 CPU-seconds with
+    SciPy and astropy), the calibration chain (``pipelines.calibration`` loads what is asked
+    for: the reconciler asks for the options alone) or astropy's FITS (the temporary-file
+    sweeps are in :mod:`pipelines.tmpfiles`); a pass's movie and re-run steps load the
+    products' and the manifests' services only when they make or compare something. The suite
+    starts dozens of reconcilers (``scripts/suite_profile.py``): 4.3 -> 2.1 CPU-s a process.
+    Here a new interpreter builds the parser and runs one real pass on an empty SQLite
+    database."""
+    for k in ("DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        monkeypatch.delenv(k, raising=False)
+        monkeypatch.delenv(f"LSTDP_{k}", raising=False)
+    monkeypatch.setenv("DATA_DIR", str(tmp_path / "var"))
     code = (
         "import json, sys\n"
+        "from backend.settings import get_settings\n"
+        "from backend.migrate import upgrade\n"
+        "get_settings().ensure_dirs()\n"
+        "upgrade(get_settings().sqlalchemy_url)\n"
         "import backend.cli\n"
         "backend.cli.build_parser()\n"
-        "import backend.worker.reconcile\n"
-        "import backend.worker.movies, backend.worker.rerun  # what a pass imports on first use\n"
+        "from backend.db import session_scope\n"
+        "from backend.worker.reconcile import reconcile_once\n"
+        "with session_scope() as s:\n"
+        "    reconcile_once(s, flight=None)\n"
+        "import backend.worker.movies, backend.worker.rerun  # what a pass's steps import when they act\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('fastapi', 'starlette', 'backend',\n"
         "                                                                   'astropy', 'scipy', 'pipelines')\n"
         "                        and (m.split('.')[0] != 'backend' or m.startswith('backend.api') or m == 'backend.auth')\n"

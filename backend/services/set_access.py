@@ -159,7 +159,7 @@ def job_set_ids(session: Session, job_ids: list[str]) -> dict[str, list[int]]:
 def queue_public_detections(session: Session, row: CalibrationSet) -> list[dict[str, Any]]:
     """Send the public detections (as the platform: no job, so the public scope) of the
     detectors that follow a calibration of ``row``'s channel
-    (:func:`pipelines.detect.registry.follow_ups`), over the DATE-OBS span of the set's
+    (:func:`pipelines.detect.follow_ups.follow_ups`), over the DATE-OBS span of the set's
     written products. Returns what was sent (``[{detector, channel, start, end}]``; [] when
     the set has no written product).
 
@@ -169,7 +169,7 @@ def queue_public_detections(session: Session, row: CalibrationSet) -> list[dict[
         The broker cannot be reached (the caller answers 503; the promotion itself stands).
     """
     from backend.broker import TaskName, send
-    from pipelines.detect.registry import follow_ups
+    from pipelines.detect.follow_ups import follow_ups
     from pipelines.utc import as_utc
 
     span = set_span(session, row.id, written_only=True)

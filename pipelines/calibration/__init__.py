@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
+    """The re-exported ``name``, imported from its module on first use (PEP 562) and kept in
+    the package's namespace. Raises ``AttributeError`` for a name not in :data:`__all__`."""
     source = _SOURCES.get(name)
     if source is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -77,4 +79,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """The package's names, the ones not yet loaded included."""
     return sorted(set(globals()) | set(_SOURCES))

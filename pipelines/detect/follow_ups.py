@@ -1,9 +1,9 @@
 """Which detections follow a calibration job: the ``(detector, channel)`` pairs, as data.
 
-Kept apart from :mod:`pipelines.detect.registry` (which imports every detector and with them
-SciPy and astropy) so that planning and ending jobs (:mod:`backend.services.job_plan`, the
-reconciler) loads none of them. The registry checks at import that each pair names one of its
-detectors and one of that detector's channels.
+Kept apart from :mod:`pipelines.detect.registry` so that planning and ending jobs
+(:mod:`backend.services.job_plan`, the reconciler) needs no registry at all. The registry
+re-exports both names and checks at its import that each pair names one of its detectors and
+one of that detector's channels (``tests/test_detector_registry.py`` too).
 """
 
 from __future__ import annotations
