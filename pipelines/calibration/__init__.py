@@ -41,21 +41,7 @@ _SOURCES = {
     "uncertainty": "pipelines.calibration.l2.uncertainty",
 }
 
-__all__ = [
-    "BatchExecutor",
-    "BatchItem",
-    "CalibrationInput",
-    "CalibrationOptions",
-    "DQ",
-    "L2Result",
-    "as_options",
-    "available_cores",
-    "calibrate_frame",
-    "kernels",
-    "load_calibration_master",
-    "set_default_threads",
-    "uncertainty",
-]
+__all__ = sorted(_SOURCES)
 
 if TYPE_CHECKING:
     from pipelines.calibration.l2 import kernels, uncertainty
