@@ -127,3 +127,27 @@ def test_associate_around_links_found_events_where_they_are_and_nothing_elsewher
     assert linked(g8) == set() and linked(h8) == set()
     assert n >= 5 and associate_around(s, []) == 0
     assert associate_around(s, [sdi for _g, sdi, _c in made]) == 0  # idempotent
+
+
+@pytest.mark.parametrize("text, hidden", [
+    ('{"visible_from_earth": false}', True),
+    ('{"visible\\u005ffrom_earth":false}', True),  # the key written with an escape (any JSON writer may)
+    ('{"visible_from_earth": true, "note": "false"}', False),
+    ('{"visible_from_earth": 0}', False),  # not JSON false
+    ('{"other": {"visible_from_earth": false}}', False),  # only the top-level key counts
+    ('{}', False),
+])
+def test_a_flare_its_catalogue_hides_from_earth_links_to_no_earth_flare_however_its_json_is_written(
+        db_session, text, hidden):
+    """The flag is read from the stored JSON text as the ORM would decode it
+    (``_hidden_from_earth_ids``), whatever the text's spelling: a STIX flare behind the limb as
+    seen from Earth is never the same flare as a GOES one, however close in time and place."""
+    from sqlalchemy import text as sql
+
+    s = db_session
+    goes = ev(s, "FL", T0, T0 + 30 * MIN, peak=T0 + 12 * MIN, goes_class="M2.0", hpc_x=-700, hpc_y=350)
+    stix = ev(s, "FL", T0 + 2 * MIN, T0 + 25 * MIN, peak=T0 + 11 * MIN, source="stix", hpc_x=-705, hpc_y=345)
+    s.execute(sql("UPDATE events SET attributes = CAST(:a AS json) WHERE id = :i"), {"a": text, "i": stix.id})
+    associate_events(s)
+    linked = {o.id for o, _ in associated_events(s, goes.id)}
+    assert (stix.id in linked) is (not hidden)

@@ -503,8 +503,9 @@ def refresh_statistics(session: Session) -> None:
 #: What :func:`associate_events` reads of each event: the columns its rules
 #: (:mod:`pipelines.detect.associate`) and reasons use, not whole ORM objects; of
 #: ``attributes`` it needs only ``visible_from_earth`` (:func:`_hidden_from_earth_ids`).
-#: Over the sample catalogues (79,000 events, SQLite) loading whole objects, each with its
-#: decoded ``attributes``, made a pass 10.4 CPU-s; these columns 5.6.
+#: Over the sample catalogues (79,424 events) loading whole objects, each with its decoded
+#: ``attributes``, made a full pass 10.0 CPU-s on SQLite (``benchmarks/embedded_search.py``'s
+#: build) and 9.9 on PostgreSQL (client side); these columns 5.6 and 4.0, same links.
 _LINK_COLUMNS = (Event.id, Event.event_type, Event.source, Event.owner, Event.frm_name, Event.start_time,
                  Event.peak_time, Event.end_time, Event.hpc_x, Event.hpc_y, Event.noaa_ar, Event.goes_class,
                  Event.position_angle, Event.angular_width)
@@ -626,7 +627,6 @@ def _propose_links(rows: list, hidden: set[int]) -> list[tuple[int, int, str]]:
     cmes = [e for e in rows if e.event_type == "CE"]
     proms = [e for e in rows if e.event_type == "PR"]
     links: list[tuple[int, int, str]] = []
-    by_id = {e.id: e for e in rows}
 
     # same flare: LST flares (detected, WST) against flares of other sources
     lst = [f for f in flares if f.source in (DETECTED_SOURCE, "lst_wst")]
@@ -692,12 +692,13 @@ def _hidden_from_earth_ids(session: Session, conds: list) -> set[int]:
     Earth): such a flare is never the same flare as one seen from Earth or Earth orbit (LST,
     GOES, SDO/HEK), whatever the times say.
 
-    Only rows whose stored ``attributes`` text names the key are read and decoded (a
-    ``LIKE`` on the JSON text, a superset: ``_`` matches any character), so the value is
-    read exactly as the ORM would (JSON ``false``, not ``0`` or ``"false"``).
+    Only rows whose stored ``attributes`` text holds ``false`` are read and decoded (a
+    ``LIKE`` on the JSON text): JSON writes the literal false one way only, whereas a key may
+    be written with ``\\u`` escapes, so every row whose value is false is among them (6,293
+    of the sample catalogues' 79,424 events), and the value is then read exactly as the ORM
+    reads it (JSON ``false``, not ``0`` or ``"false"``; the key at the top level only).
     """
-    q = select(Event.id, Event.attributes).where(
-        *conds, cast(Event.attributes, Text).contains('"visible_from_earth"'))
+    q = select(Event.id, Event.attributes).where(*conds, cast(Event.attributes, Text).contains("false"))
     return {i for i, attrs in session.execute(q) if (attrs or {}).get("visible_from_earth") is False}
 
 
