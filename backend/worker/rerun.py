@@ -36,9 +36,9 @@ from sqlalchemy.orm import Session
 from backend import __version__
 from backend.broker import InFlight, TaskName, send
 from backend.models import CalibrationFile, Frame, ItemOutcome, Job, JobItem, JobState, Product, RerunItem, utcnow
+from backend.services.job_plan import lock_job, recount_job
 from backend.settings import Settings
 from backend.state import claim_is_dead, give_up_reason, move_job, reason_text
-from backend.services.job_plan import lock_job, recount_job
 from pipelines.calibration import as_options
 from pipelines.errors import DataError, failure_reason
 from pipelines.tmpfiles import sha256_file
