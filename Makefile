@@ -34,7 +34,10 @@ PYTEST_ARGS ?=
 # copies of tests/validation/test_blind_radiometry.py at once took 28.2 user-s each, 18.4 with
 # both, 21.7 and 23.0 with either alone (2026-12-07). Numba still runs its threads (the threaded
 # kernels' parity tests need them). A one-thread BLAS may round differently in the last bits.
-TEST_ENV := OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1
+# PYTHONDONTWRITEBYTECODE cleared (set empty): where the environment sets it, pytest keeps no
+# cache of its rewritten test modules and each of the four workers rewrote all of them at
+# collection (scripts/warm_kernels.py fills the cache first).
+TEST_ENV := OMP_WAIT_POLICY=PASSIVE OPENBLAS_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=
 
 test: $(STAMP)
 	bash scripts/ensure-services.sh
