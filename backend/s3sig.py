@@ -12,7 +12,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
-import os
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
@@ -22,23 +21,6 @@ __all__ = ["Signer", "list_multipart_uploads", "abort_multipart_upload", "create
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 #: Seconds an fsck request may take, a choice (a listing of thousands of uploads is one page)
 TIMEOUT_S = 30.0
-
-_SSL_CONTEXTS: dict[int, object] = {}
-
-
-def _ssl_context():
-    """httpx's default TLS context (certifi's CA bundle, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``),
-    made once per process (keyed by PID: a forked pool process makes its own). ``httpx.request``
-    makes a new one per call by default, loading the CA bundle each time: 31 ms of CPU a request
-    on the 2-core development machine (2026-12-08), most of the time of ``lstdp fsck``'s
-    multipart-upload listing on an object store (py-spy of ``tests/test_placement_points.py``)."""
-    import httpx
-
-    pid = os.getpid()
-    ctx = _SSL_CONTEXTS.get(pid)
-    if ctx is None:
-        ctx = _SSL_CONTEXTS[pid] = httpx.create_ssl_context()
-    return ctx
 
 
 @dataclass(frozen=True)
@@ -60,6 +42,8 @@ class Signer:
         """
         import httpx
 
+        from backend.tls import client_context
+
         now = dt.datetime.now(dt.UTC)
         amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
         host = urlsplit(self.endpoint).netloc
@@ -80,7 +64,7 @@ class Signer:
         url = self.endpoint.rstrip("/") + uri + (f"?{qs}" if qs else "")
         r = httpx.request(method, url, headers={**{k: v for k, v in headers.items() if k != "host"},
                                                 "Authorization": auth}, timeout=TIMEOUT_S,
-                          verify=_ssl_context())
+                          verify=client_context())  # one TLS context per process: backend.tls
         if not 200 <= r.status_code < 300:
             raise RuntimeError(f"S3 {method} {path}?{qs}: HTTP {r.status_code}: {r.text[:300]}")
         return r.content

@@ -13,41 +13,94 @@ test modules (``__pycache__/*-pytest-*.pyc``, keyed by each source's hash: pytes
 rewriting). Each xdist worker collects every test module; with no cache each rewrites all of
 them, and collecting took 20 CPU-s a worker against 10 with the cache (2026-12-07, this 2-core
 machine: ``pytest --collect-only -q`` of 1616 tests, cold 20.4 s, warm 10.0 s). The kernels take
-about 20 s alone in a fresh clone, so the collection costs no wall time. Done only where Python
-may write bytecode (``make test`` clears ``PYTHONDONTWRITEBYTECODE``): otherwise pytest would
-write no cache and the collection would be wasted.
+about 20 s alone in a fresh clone (18 s in one, 2026-12-08), so there the collection costs no
+wall time. Done only where Python may write bytecode (``make test`` clears
+``PYTHONDONTWRITEBYTECODE``: otherwise pytest would write no cache) and some test module's cached
+rewrite is missing or out of date (a second ``make test`` of the same tree collects nothing here:
+its workers read and refresh the cache themselves).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _start_collection() -> subprocess.Popen | None:
-    """``pytest --collect-only`` in a child process, or None where bytecode is not written."""
+def _rewrites_current() -> bool:
+    """Whether every test module and conftest under tests/ has pytest's rewrite cached for its
+    present source (the pyc's magic number and source hash, as pytest checks them)."""
+    try:
+        from _pytest.assertion.rewrite import PYC_TAIL  # pytest's cache name, its own
+    except ImportError:
+        return False
+    for src in (ROOT / "tests").rglob("*.py"):
+        if not (src.name == "conftest.py" or src.name.startswith("test_")):
+            continue
+        try:
+            head = (src.parent / "__pycache__" / (src.name[:-3] + PYC_TAIL)).read_bytes()[:16]
+        except OSError:
+            return False
+        if head[:4] != importlib.util.MAGIC_NUMBER or head[8:16] != importlib.util.source_hash(src.read_bytes()):
+            return False
+    return True
+
+
+def _start_collection(log) -> subprocess.Popen | None:
+    """``pytest --collect-only`` in a child process, or None where it would cache nothing."""
     if sys.dont_write_bytecode:
         print("warm_kernels: PYTHONDONTWRITEBYTECODE is set: pytest's rewritten modules are not cached")
         return None
+    if _rewrites_current():
+        return None
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+
+
+def _end_collection(collection: subprocess.Popen, log, t0: float, timeout_s: float = 300.0) -> None:
+    """Wait for the collection (at most ``timeout_s``, then kill it); a failure is reported with
+    the end of its error output and is not fatal: the run itself reports collection errors."""
+    try:
+        rc = collection.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        collection.kill()
+        collection.wait()
+        rc = f"killed after {timeout_s:.0f} s"
+    print(f"warm_kernels: pytest's rewritten test modules cached in {time.perf_counter() - t0:.1f} s"
+          + (f" (collection exited {rc})" if rc else ""))
+    if rc:
+        log.seek(0)
+        print(log.read().decode(errors="replace")[-2000:])
 
 
 def main() -> None:
-    collection = _start_collection()
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile() as log:
+        collection = _start_collection(log)
+        try:
+            _compile_kernels(t0)
+        except BaseException:
+            if collection is not None:
+                collection.kill()
+                collection.wait()
+            raise
+        if collection is not None:
+            _end_collection(collection, log, t0)
+
+
+def _compile_kernels(t0: float) -> None:
+    """Calibrate a 64 px WST and SCI-WL frame (module docstring)."""
     import numpy as np
 
     from pipelines.calibration.l2.flow import calibrate_frame, load_calibration_master
     from pipelines.fitsio import read_image
     from pipelines.simulation import simulate
 
-    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="lstdp-warm-") as tmp:
         sim = simulate(Path(tmp) / "sim", channels=("WST", "SCI-WL"), naxis=64, noise=True, seed=1,
                        sdi_sequence=False)
@@ -61,11 +114,6 @@ def main() -> None:
                     cals[cal.kind] = cal
             calibrate_frame(raw.data, raw.header, cals)
     print(f"warm_kernels: calibration kernels compiled or loaded in {time.perf_counter() - t0:.1f} s")
-    if collection is not None:
-        # a collection error is reported by the run itself; here it only means a cold cache
-        rc = collection.wait()
-        print(f"warm_kernels: pytest's rewritten test modules cached in {time.perf_counter() - t0:.1f} s"
-              + (f" (collection exited {rc})" if rc else ""))
 
 
 if __name__ == "__main__":

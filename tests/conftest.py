@@ -117,40 +117,47 @@ REDIS_URL = _xdist_worker_redis() or os.environ.get("LSTDP_TEST_REDIS", "redis:/
 def _reuse_dependants_under_overrides() -> None:
     """Make FastAPI build each overridden dependency graph once per test process, not per request.
 
-    The tests hand the app their rolled-back session through ``app.dependency_overrides``
-    (``api_client`` and a dozen others). While that dict is not empty, FastAPI's
+    Six places in the tests (``api_client`` among them) hand the app their rolled-back session
+    through ``app.dependency_overrides``. While that dict is not empty, FastAPI's
     ``solve_dependencies`` (0.165) calls ``get_dependant`` for every sub-dependency of every
     request, overridden or not: the signature inspection and the pydantic adapters of each
     parameter, again and again (fastapi/fastapi#16342 and #14441, neither released). Measured: a
     third of the CPU of ``tests/test_lean_events_random.py``; four API test files (that one,
     ``test_api``, ``test_access_matrix``, ``test_lean_events``) 111 -> 78 CPU-s (2026-12-08).
 
-    ``get_dependant`` is a function of its keyword arguments alone (the callable, path, name,
-    scopes, cache flag, scope, concurrency), so its result is kept per distinct set of them: a
-    changed override is another callable and another key; unhashable arguments are not kept.
-    At most 4096 are kept, the oldest dropped first: each test's override is a closure of its
-    own session, which the dict would otherwise hold for the rest of the run.
-    Production apps set no overrides and never take this path (FastAPI builds their graphs once,
-    at route definition)."""
+    Only that request-time call is kept: it is the one call of ``get_dependant`` without
+    ``own_oauth_scopes`` (route definition passes it, and builds as upstream does, so no
+    ``Dependant`` is shared between routes or apps). ``get_dependant`` is a function of its
+    keyword arguments alone (the callable, path, name, scopes, scope, concurrency), so its result
+    is kept per distinct set of them: a changed override is another callable and another key;
+    unhashable arguments are not kept. At most 4096 are kept, the least recently used dropped
+    first: each test's override is a closure of its own session, which the dict would otherwise
+    hold for the rest of the run. Production apps set no overrides and never import this file."""
+    import collections
+
     import fastapi.dependencies.utils as fastapi_deps
 
     build = fastapi_deps.get_dependant
     if getattr(build, "_lstdp_kept", False):
         return
-    kept: dict = {}
+    kept: collections.OrderedDict = collections.OrderedDict()
 
     def get_dependant(**kwargs):
+        if "own_oauth_scopes" in kwargs:  # route definition, or below a request-time build
+            return build(**kwargs)
         try:
             key = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items()))
             hash(key)
         except TypeError:
             return build(**kwargs)
-        dependant = kept.get(key)
-        if dependant is None:
-            dependant = kept[key] = build(**kwargs)
-            if len(kept) > 4096:
-                with contextlib.suppress(KeyError, RuntimeError, StopIteration):  # another thread's eviction
-                    del kept[next(iter(kept))]
+        # the app runs in TestClient's thread: a race only builds twice or drops an entry
+        with contextlib.suppress(KeyError):
+            kept.move_to_end(key)
+            return kept[key]
+        dependant = kept[key] = build(**kwargs)
+        while len(kept) > 4096:
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                kept.popitem(last=False)
         return dependant
 
     get_dependant._lstdp_kept = True

@@ -56,7 +56,6 @@ import hashlib
 import hmac
 import json
 import logging
-import os
 import re
 import secrets
 import time
@@ -440,23 +439,6 @@ def _error_text(exc: Exception, timeout_s: float, connect_s: float) -> str:
     return redact_tokens(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:MAX_ERROR_CHARS]
 
 
-_SSL_CONTEXTS: dict[int, object] = {}
-
-
-def _ssl_context():
-    """The TLS context of every delivery (certifi's CA bundle, as httpx's default with
-    ``trust_env=False``), made once per process (keyed by PID: a forked pool process makes its
-    own). A new ``httpx.Client`` makes one by default, loading the bundle: 31 ms of CPU each
-    (2-core development machine, 2026-12-08)."""
-    import httpx
-
-    pid = os.getpid()
-    ctx = _SSL_CONTEXTS.get(pid)
-    if ctx is None:
-        ctx = _SSL_CONTEXTS[pid] = httpx.create_ssl_context(trust_env=False)
-    return ctx
-
-
 def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body: bytes, *,
                   timeout_s: float = 10.0, now: float | None = None, pin: str | None = None) -> AttemptResult:
     """POST ``body`` to ``url``, signed (module docstring), with short timeouts: connect at
@@ -467,6 +449,8 @@ def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body
     for what the target does; touches no database."""
     import httpx
 
+    from backend.tls import client_context
+
     ts = int(time.time() if now is None else now)
     headers = {"Content-Type": "application/json", "User-Agent": f"lstdp-webhooks/{__version__}",
                EVENT_HEADER: event_name, DELIVERY_HEADER: delivery_id, TIMESTAMP_HEADER: str(ts),
@@ -475,7 +459,7 @@ def post_delivery(url: str, secret: str, delivery_id: str, event_name: str, body
     t0 = time.monotonic()
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=connect_s), follow_redirects=False,
-                          trust_env=False, verify=_ssl_context()) as client:
+                          trust_env=False, verify=client_context(trust_env=False)) as client:
             target, ext = url, {}
             if pin is not None:
                 u = httpx.URL(url)
