@@ -113,7 +113,28 @@ def _compile_kernels(t0: float) -> None:
                     cal = load_calibration_master(info.path)
                     cals[cal.kind] = cal
             calibrate_frame(raw.data, raw.header, cals)
+    _compile_large_frame_kernels()
     print(f"warm_kernels: calibration kernels compiled or loaded in {time.perf_counter() - t0:.1f} s")
+
+
+def _compile_large_frame_kernels() -> None:
+    """The kernels that 64 px frames do not reach: the statistics pass (frames above
+    ``EXACT_PERCENTILE_PIXELS``, 2**20 pixels: the demo's 1152 px frames) and the centre fit's
+    ray sampling, for both image types it is given. Called through the same wrappers as the
+    chain (they make their arguments contiguous and of fixed types), so the compiled signatures
+    are the chain's. In a fresh clone these three were otherwise compiled mid-run, by whichever
+    test process first needed them (2026-12-08)."""
+    import numpy as np
+
+    from pipelines.calibration.l2 import fused
+
+    if not fused.enabled():
+        return
+    fused.frame_statistics(np.ones(4096, np.float32), np.zeros(4096, np.uint8),
+                           np.asarray([0.5, 1.0, 1.5], np.float32))
+    theta = np.linspace(0.0, 2.0 * np.pi, 8, endpoint=False)
+    for dtype in (np.float32, np.float64):
+        fused.ray_profiles(np.ones((64, 64), dtype), 32.0, 32.0, theta, np.arange(5.0, 20.0), (-0.5, 0.0, 0.5))
 
 
 if __name__ == "__main__":
