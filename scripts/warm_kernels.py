@@ -13,8 +13,8 @@ test modules (``__pycache__/*-pytest-*.pyc``, keyed by each source's hash: pytes
 rewriting). Each xdist worker collects every test module; with no cache each rewrites all of
 them, and collecting took 20 CPU-s a worker against 10 with the cache (2026-12-07, this 2-core
 machine: ``pytest --collect-only -q`` of 1616 tests, cold 20.4 s, warm 10.0 s). The kernels take
-about 20 s alone in a fresh clone (18 s in one, 2026-12-08), so there the collection costs no
-wall time. Done only where Python may write bytecode (``make test`` clears
+longer than that alone in a fresh clone (27 s with the large-frame kernels, 2026-12-08), so there
+the collection costs no wall time. Done only where Python may write bytecode (``make test`` clears
 ``PYTHONDONTWRITEBYTECODE``: otherwise pytest would write no cache) and some test module's cached
 rewrite is missing or out of date (a second ``make test`` of the same tree collects nothing here:
 its workers read and refresh the cache themselves).
